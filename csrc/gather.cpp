@@ -1,0 +1,293 @@
+/* Batched window gather kernels; see gather.h for the contract.
+ *
+ * Each output (z) plane is produced row by row. Three cases, by where the output x axis reads the source:
+ *   - along a contiguous source axis, forwards or backwards (no transpose): a vectorised convert loop per row;
+ *   - across rows while the output y axis is contiguous in the source (a y<->x transpose): blocks of K rows are
+ *     transposed in SIMD registers into a small tile, which is then converted row by row like the first case;
+ *   - anything else (isotropic permutations that move x to z): a plain strided gather.
+ */
+#include "gather.h"
+
+#include <cstring>
+#include <new>
+#include <type_traits>
+#include <vector>
+
+#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
+#include <emmintrin.h>
+#define EMF_HAVE_SSE2 1
+#endif
+
+namespace {
+
+inline float bits_to_float(uint32_t bits) {
+    float value;
+    std::memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+inline uint32_t float_to_bits(float value) {
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    return bits;
+}
+
+/* Branch-free binary32 -> binary16 (round to nearest even, as NumPy), written with selects so that loops over
+ * it vectorise. Subnormal halves use the float adder to round: |x| + 0.5 has an ulp of 2^-24, the half's unit. */
+inline uint16_t float_to_half(float value) {
+    const uint32_t bits = float_to_bits(value);
+    const uint32_t sign = (bits >> 16) & 0x8000u;
+    const int32_t magnitude = static_cast<int32_t>(bits & 0x7fffffffu);
+    const uint32_t mag = static_cast<uint32_t>(magnitude);
+    const uint32_t subnormal = float_to_bits(bits_to_float(mag) + 0.5f) - 0x3f000000u;
+    /* Rebias the exponent (127 -> 15) and round on the 13 dropped bits: adding 0xfff plus the kept lsb carries
+     * exactly when the remainder is above half, or at half with an odd lsb. */
+    const uint32_t normal = (mag - 0x38000000u + 0xfffu + ((mag >> 13) & 1u)) >> 13;
+    uint32_t nan = 0x7c00u | ((mag >> 13) & 0x3ffu);
+    nan = nan == 0x7c00u ? 0x7c01u : nan; /* a NaN whose payload sits in the dropped bits stays a NaN */
+    uint32_t half = magnitude < 0x38800000 ? subnormal : normal;
+    half = magnitude >= 0x47800000 ? 0x7c00u : half;
+    half = magnitude > 0x7f800000 ? nan : half;
+    return static_cast<uint16_t>(sign | half);
+}
+
+/* Source element -> output element. */
+struct Copy {
+    template <typename T>
+    T operator()(T value) const { return value; }
+};
+
+template <typename Out>
+struct Convert;
+
+template <>
+struct Convert<float> {
+    float scale, shift;
+    template <typename T>
+    float operator()(T value) const { return static_cast<float>(value) * scale + shift; }
+};
+
+template <>
+struct Convert<uint16_t> { /* float16 output, stored as its bits */
+    float scale, shift;
+    template <typename T>
+    uint16_t operator()(T value) const { return float_to_half(static_cast<float>(value) * scale + shift); }
+};
+
+template <typename Src, typename Out, typename Op>
+inline void row_forward(const Src *src, int64_t n, Out *out, const Op &op) {
+    for (int64_t i = 0; i < n; ++i) out[i] = op(src[i]);
+}
+
+template <typename Src, typename Out, typename Op>
+inline void row_strided(const char *src, int64_t step, int64_t n, Out *out, const Op &op) {
+    for (int64_t i = 0; i < n; ++i) out[i] = op(*reinterpret_cast<const Src *>(src + i * step));
+}
+
+#ifdef EMF_HAVE_SSE2
+template <int Bytes>
+inline __m128i interleave_low(__m128i a, __m128i b);
+template <int Bytes>
+inline __m128i interleave_high(__m128i a, __m128i b);
+template <> inline __m128i interleave_low<1>(__m128i a, __m128i b) { return _mm_unpacklo_epi8(a, b); }
+template <> inline __m128i interleave_high<1>(__m128i a, __m128i b) { return _mm_unpackhi_epi8(a, b); }
+template <> inline __m128i interleave_low<2>(__m128i a, __m128i b) { return _mm_unpacklo_epi16(a, b); }
+template <> inline __m128i interleave_high<2>(__m128i a, __m128i b) { return _mm_unpackhi_epi16(a, b); }
+template <> inline __m128i interleave_low<4>(__m128i a, __m128i b) { return _mm_unpacklo_epi32(a, b); }
+template <> inline __m128i interleave_high<4>(__m128i a, __m128i b) { return _mm_unpackhi_epi32(a, b); }
+template <> inline __m128i interleave_low<8>(__m128i a, __m128i b) { return _mm_unpacklo_epi64(a, b); }
+template <> inline __m128i interleave_high<8>(__m128i a, __m128i b) { return _mm_unpackhi_epi64(a, b); }
+#endif
+
+/* Elements per cache line: the transposer consumes a whole line of each source row per pass, which keeps the
+ * number of passes over (and TLB entries for) the source rows low. */
+template <typename T>
+constexpr int line_elements() { return 128 / sizeof(T); }
+
+#ifdef EMF_HAVE_SSE2
+/* The 16 bytes of v with their T-sized elements in reverse order. */
+template <int Bytes>
+inline __m128i reverse_elements(__m128i v);
+template <> inline __m128i reverse_elements<8>(__m128i v) { return _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)); }
+template <> inline __m128i reverse_elements<4>(__m128i v) { return _mm_shuffle_epi32(v, _MM_SHUFFLE(0, 1, 2, 3)); }
+template <> inline __m128i reverse_elements<2>(__m128i v) {
+    v = reverse_elements<4>(v);
+    return _mm_shufflehi_epi16(_mm_shufflelo_epi16(v, _MM_SHUFFLE(2, 3, 0, 1)), _MM_SHUFFLE(2, 3, 0, 1));
+}
+template <> inline __m128i reverse_elements<1>(__m128i v) {
+    v = reverse_elements<2>(v);
+    return _mm_or_si128(_mm_slli_epi16(v, 8), _mm_srli_epi16(v, 8));
+}
+#endif
+
+/* tile[i] = last[-i] for i < n. */
+template <typename T>
+void reverse_row(const T *last, int64_t n, T *tile) {
+    const T *first = last - (n - 1);
+    int64_t i = 0;
+#ifdef EMF_HAVE_SSE2
+    constexpr int K = 16 / sizeof(T);
+    for (; i + K <= n; i += K) {
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(first + n - i - K));
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(tile + i), reverse_elements<sizeof(T)>(v));
+    }
+#endif
+    for (; i < n; ++i) tile[i] = last[-i];
+}
+
+/* Transposes L = line_elements<T>() contiguous elements from each of nrows source rows (row r at
+ * base + r * row_step) into dst[k * dst_step + r], dst_step in elements and possibly negative. With SSE2, each 16-byte piece of K = 16 / sizeof(T) elements
+ * from K rows goes through one register per row and log2(K) rounds of interleaving rows i and i + K/2 (the
+ * perfect-shuffle transpose). */
+template <typename T>
+void transpose_rows(const char *base, int64_t row_step, int64_t nrows, T *dst, int64_t dst_step) {
+    constexpr int L = line_elements<T>();
+    int64_t r = 0;
+#ifdef EMF_HAVE_SSE2
+    constexpr int K = 16 / sizeof(T);
+    for (; r + K <= nrows; r += K) {
+        for (int piece = 0; piece < L; piece += K) {
+            __m128i v[K], t[K];
+            for (int i = 0; i < K; ++i) {
+                const T *row = reinterpret_cast<const T *>(base + (r + i) * row_step);
+                v[i] = _mm_loadu_si128(reinterpret_cast<const __m128i *>(row + piece));
+            }
+            for (int round = 1; round < K; round *= 2) {
+                for (int i = 0; i < K / 2; ++i) {
+                    t[2 * i] = interleave_low<sizeof(T)>(v[i], v[i + K / 2]);
+                    t[2 * i + 1] = interleave_high<sizeof(T)>(v[i], v[i + K / 2]);
+                }
+                for (int i = 0; i < K; ++i) v[i] = t[i];
+            }
+            for (int k = 0; k < K; ++k)
+                _mm_storeu_si128(reinterpret_cast<__m128i *>(dst + (piece + k) * dst_step + r), v[k]);
+        }
+    }
+#endif
+    for (; r < nrows; ++r) {
+        const T *row = reinterpret_cast<const T *>(base + r * row_step);
+        for (int k = 0; k < L; ++k) dst[k * dst_step + r] = row[k];
+    }
+}
+
+/* One output plane of ny rows by nx columns, output y stepping step_y bytes in the source and x step_x.
+ * tile holds line_elements<Src>() * nx elements. A plain copy (Src == Out) reverses and transposes straight into
+ * the output; a conversion goes through the tile, then through a vectorised forward loop. */
+template <typename Src, typename Out, typename Op>
+void gather_plane(const char *plane, int64_t step_y, int64_t step_x, int64_t ny, int64_t nx, Out *out,
+                  const Op &op, Src *tile) {
+    constexpr bool direct = std::is_same<Op, Copy>::value;
+    const int64_t item = static_cast<int64_t>(sizeof(Src));
+    if (step_x == item) {
+        for (int64_t y = 0; y < ny; ++y, out += nx)
+            row_forward(reinterpret_cast<const Src *>(plane + y * step_y), nx, out, op);
+        return;
+    }
+    if (step_x == -item) {
+        for (int64_t y = 0; y < ny; ++y, out += nx) {
+            const Src *last = reinterpret_cast<const Src *>(plane + y * step_y);
+            if (direct) {
+                reverse_row(last, nx, reinterpret_cast<Src *>(out));
+            } else {
+                reverse_row(last, nx, tile);
+                row_forward(tile, nx, out, op);
+            }
+        }
+        return;
+    }
+    int64_t y = 0;
+    if (step_y == item || step_y == -item) {
+        constexpr int L = line_elements<Src>();
+        for (; y + L <= ny; y += L) {
+            /* The L source elements of output rows y..y+L-1 are contiguous, in reverse for a negative step:
+             * then tile row k belongs to output row y + L - 1 - k. */
+            const bool forward = step_y > 0;
+            const char *base = plane + (forward ? y : y + L - 1) * step_y;
+            if (direct) {
+                Src *first = reinterpret_cast<Src *>(out + (forward ? y : y + L - 1) * nx);
+                transpose_rows(base, step_x, nx, first, forward ? nx : -nx);
+            } else {
+                transpose_rows(base, step_x, nx, tile, nx);
+                for (int k = 0; k < L; ++k) {
+                    const Src *row = tile + (forward ? k : L - 1 - k) * nx;
+                    row_forward(row, nx, out + (y + k) * nx, op);
+                }
+            }
+        }
+    }
+    for (; y < ny; ++y) row_strided<Src>(plane + y * step_y, step_x, nx, out + y * nx, op);
+}
+
+template <typename Src, typename Out, typename Op>
+void gather_window(const emf_window &w, const int64_t shape[4], Out *out, const Op &op, Src *tile) {
+    const int64_t plane_size = shape[2] * shape[3];
+    for (int64_t c = 0; c < shape[0]; ++c) {
+        for (int64_t z = 0; z < shape[1]; ++z, out += plane_size) {
+            gather_plane(w.origin + c * w.steps[0] + z * w.steps[1], w.steps[2], w.steps[3], shape[2], shape[3],
+                         out, op, tile);
+        }
+    }
+}
+
+template <typename Src, typename Out, typename MakeOp>
+int gather_all(const emf_window *windows, int64_t count, const int64_t shape[4], void *out, MakeOp make_op) {
+    try {
+        std::vector<Src> tile(static_cast<size_t>(line_elements<Src>() * shape[3]));
+        const int64_t per_window = shape[0] * shape[1] * shape[2] * shape[3];
+        Out *o = static_cast<Out *>(out);
+        for (int64_t n = 0; n < count; ++n)
+            gather_window<Src>(windows[n], shape, o + n * per_window, make_op(windows[n]), tile.data());
+    } catch (const std::bad_alloc &) {
+        return EMF_NO_MEMORY;
+    }
+    return EMF_OK;
+}
+
+template <typename Src, typename Out>
+int convert_all(const emf_window *windows, int64_t count, const int64_t shape[4], void *out) {
+    return gather_all<Src, Out>(windows, count, shape, out,
+                                [](const emf_window &w) { return Convert<Out>{w.scale, w.shift}; });
+}
+
+template <typename T>
+int copy_all(const emf_window *windows, int64_t count, const int64_t shape[4], void *out) {
+    return gather_all<T, T>(windows, count, shape, out, [](const emf_window &) { return Copy{}; });
+}
+
+template <typename Out>
+int convert_from(const emf_window *windows, int64_t count, const int64_t shape[4], emf_dtype src_dtype,
+                 void *out) {
+    switch (src_dtype) {
+        case EMF_UINT8: return convert_all<uint8_t, Out>(windows, count, shape, out);
+        case EMF_UINT16: return convert_all<uint16_t, Out>(windows, count, shape, out);
+        case EMF_FLOAT32: return convert_all<float, Out>(windows, count, shape, out);
+        default: return EMF_BAD_DTYPE;
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+uint16_t emf_float_to_half(float value) { return float_to_half(value); }
+
+int emf_gather_convert(const emf_window *windows, int64_t count, const int64_t shape[4], emf_dtype src_dtype,
+                       emf_dtype out_dtype, void *out) {
+    switch (out_dtype) {
+        case EMF_FLOAT32: return convert_from<float>(windows, count, shape, src_dtype, out);
+        case EMF_FLOAT16: return convert_from<uint16_t>(windows, count, shape, src_dtype, out);
+        default: return EMF_BAD_DTYPE;
+    }
+}
+
+int emf_gather_copy(const emf_window *windows, int64_t count, const int64_t shape[4], int itemsize, void *out) {
+    switch (itemsize) {
+        case 1: return copy_all<uint8_t>(windows, count, shape, out);
+        case 2: return copy_all<uint16_t>(windows, count, shape, out);
+        case 4: return copy_all<uint32_t>(windows, count, shape, out);
+        case 8: return copy_all<uint64_t>(windows, count, shape, out);
+        default: return EMF_BAD_DTYPE;
+    }
+}
+
+}  // extern "C"

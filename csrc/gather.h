@@ -1,0 +1,57 @@
+/* Batched window gather: crop + dihedral transform + dtype conversion, written contiguous.
+ *
+ * A window is described by the address of the source element that lands at output index (0, 0, 0, 0) and a
+ * signed byte step per output axis (channel, z, y, x). Mirrors are negative steps and axis permutations are
+ * permuted steps, so one strided loop serves all 48 transforms. The caller (the Cython wrapper) checks that
+ * every addressed element lies inside its source array; these functions assume valid input and never touch
+ * Python, so they run without the GIL.
+ */
+#ifndef EMFAST_GATHER_H
+#define EMFAST_GATHER_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    EMF_UINT8 = 0,
+    EMF_UINT16 = 1,
+    EMF_UINT32 = 2,
+    EMF_UINT64 = 3,
+    EMF_FLOAT32 = 4,
+    EMF_FLOAT16 = 5,
+} emf_dtype;
+
+typedef enum {
+    EMF_OK = 0,
+    EMF_BAD_DTYPE = 1,
+    EMF_NO_MEMORY = 2,
+} emf_status;
+
+typedef struct {
+    const char *origin; /* source element written to output (0, 0, 0, 0) */
+    int64_t steps[4];   /* byte step in the source per output step along (c, z, y, x) */
+    float scale;        /* conversion only: out = float(src) * scale + shift */
+    float shift;
+} emf_window;
+
+/* out[n, c, z, y, x] = convert(src_n[c, z, y, x]) for n < count, with out contiguous of shape
+ * (count, shape[0], shape[1], shape[2], shape[3]). src_dtype: uint8, uint16 or float32; out_dtype: float32 or
+ * float16 (IEEE binary16 stored as uint16, rounded to nearest even like NumPy). Arithmetic is float32 without
+ * fused multiply-add, so results are bit-identical to NumPy's (x.astype(float32) * scale + shift).astype(out). */
+int emf_gather_convert(const emf_window *windows, int64_t count, const int64_t shape[4],
+                       emf_dtype src_dtype, emf_dtype out_dtype, void *out);
+
+/* The same geometry without conversion: elements of itemsize 1, 2, 4 or 8 bytes are copied bit for bit. */
+int emf_gather_copy(const emf_window *windows, int64_t count, const int64_t shape[4], int itemsize, void *out);
+
+/* IEEE binary32 -> binary16 bits, round to nearest even, NaN kept NaN, overflow to infinity. */
+uint16_t emf_float_to_half(float value);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

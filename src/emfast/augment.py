@@ -1,0 +1,209 @@
+"""Augmentation specifications and their per-example parameter draws (no pixel work happens here).
+
+An augmentation turns uniform draws into transform parameters for a whole batch at once. The geometric ones
+(:class:`Mirror`, :class:`Transpose`) compose into one of the 48 axis permutations/mirrors per example, which the
+gather kernel applies while cropping; :class:`Intensity` composes into the per-example scale and shift the kernel
+applies while converting. Raw and labels share the geometry; only raw gets the intensity change.
+"""
+from __future__ import annotations
+
+import difflib
+import itertools
+from dataclasses import dataclass, field
+from typing import ClassVar, Iterable, Sequence, Union
+
+import numpy as np
+
+AXES = "zyx"
+
+
+@dataclass
+class Params:
+    """Per-example transform parameters of one batch.
+
+    The output of example n is ``transpose(flip(window, flips[n]), perms[n])``, its raw intensities then mapped
+    as ``x * gain[n] + bias[n]`` after normalisation. ``flips`` are in source axes (z, y, x); output axis j
+    reads source axis ``perms[n][j]``.
+    """
+
+    perms: np.ndarray
+    flips: np.ndarray
+    gain: np.ndarray
+    bias: np.ndarray
+
+    @classmethod
+    def identity(cls, examples: int) -> "Params":
+        return cls(
+            perms=np.tile(np.arange(3, dtype=np.int64), (examples, 1)),
+            flips=np.zeros((examples, 3), dtype=bool),
+            gain=np.ones(examples),
+            bias=np.zeros(examples),
+        )
+
+
+def _parse_axes(axes: str, owner: str) -> tuple[int, ...]:
+    if not isinstance(axes, str) or not axes or any(a not in AXES for a in axes) or len(set(axes)) != len(axes):
+        raise ValueError(f"{owner}: axes must be distinct letters from 'zyx', got {axes!r}")
+    return tuple(AXES.index(a) for a in axes)
+
+
+def _check_probability(p: float, owner: str) -> float:
+    if not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+        raise ValueError(f"{owner}: probability p must be in [0, 1], got {p!r}")
+    return float(p)
+
+
+class Augmentation:
+    """Base class: ``draws`` uniforms per example in, parameters updated in place."""
+
+    name: ClassVar[str]
+    draws: ClassVar[int]
+
+    def check(self, isotropic: bool) -> None:
+        """Raise if this augmentation is not allowed for the data (anisotropic unless ``isotropic``)."""
+
+    def apply(self, uniforms: np.ndarray, params: Params) -> None:
+        raise NotImplementedError
+
+    def permutations(self) -> list[tuple[int, ...]]:
+        """Axis orders this augmentation can produce from the identity (for sizing windows)."""
+        return [(0, 1, 2)]
+
+
+@dataclass
+class Mirror(Augmentation):
+    """Mirror each of ``axes`` independently with probability ``p``.
+
+    Parameters
+    ----------
+    axes : str
+        Output axes that may be mirrored, letters of ``"zyx"``. Mirroring z is safe for anisotropic data.
+    p : float
+        Probability of mirroring each axis; 0.5 makes all mirror combinations equally likely.
+    """
+
+    axes: str = "zyx"
+    p: float = 0.5
+    name: ClassVar[str] = "mirror"
+    draws: ClassVar[int] = 3
+
+    def __post_init__(self) -> None:
+        self._axes = _parse_axes(self.axes, "Mirror")
+        self.p = _check_probability(self.p, "Mirror")
+
+    def apply(self, uniforms: np.ndarray, params: Params) -> None:
+        rows = np.arange(len(uniforms))
+        for i, out_axis in enumerate(self._axes):
+            source_axis = params.perms[:, out_axis]
+            params.flips[rows, source_axis] ^= uniforms[:, i] < self.p
+
+
+@dataclass
+class Transpose(Augmentation):
+    """Permute ``axes`` with a uniformly drawn order (all ``len(axes)!`` orders equally likely).
+
+    Parameters
+    ----------
+    axes : str
+        Output axes to permute among themselves: ``"yx"`` (the default, safe for anisotropic EM) or, for
+        isotropic data (``Loader(isotropic=True)``), any set including z such as ``"zyx"``.
+    """
+
+    axes: str = "yx"
+    name: ClassVar[str] = "transpose"
+    draws: ClassVar[int] = 1
+    _orders: list = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        positions = _parse_axes(self.axes, "Transpose")
+        if len(positions) < 2:
+            raise ValueError(f"Transpose: needs at least two axes, got {self.axes!r}")
+        self._orders = []
+        for order in itertools.permutations(positions):
+            perm = list(range(3))
+            for slot, axis in zip(sorted(positions), order):
+                perm[slot] = axis
+            self._orders.append(perm)
+
+    def check(self, isotropic: bool) -> None:
+        if "z" in self.axes and not isotropic:
+            raise ValueError(
+                f"Transpose(axes={self.axes!r}) swaps z with y/x, which distorts anisotropic EM data; "
+                "pass isotropic=True to the Loader if z has the same resolution as y and x")
+
+    def apply(self, uniforms: np.ndarray, params: Params) -> None:
+        orders = np.asarray(self._orders, dtype=np.int64)
+        choice = np.minimum((uniforms[:, 0] * len(orders)).astype(np.int64), len(orders) - 1)
+        params.perms[:] = np.take_along_axis(params.perms, orders[choice], axis=1)
+
+    def permutations(self) -> list[tuple[int, ...]]:
+        return [tuple(p) for p in self._orders]
+
+
+@dataclass
+class Intensity(Augmentation):
+    """Per-example random contrast and brightness of raw: ``x * a + b`` after normalisation.
+
+    Parameters
+    ----------
+    scale : float
+        ``a`` is drawn uniformly from ``[1 - scale, 1 + scale]``; must be in [0, 1).
+    shift : float
+        ``b`` is drawn uniformly from ``[-shift, shift]``; must be >= 0.
+    """
+
+    scale: float = 0.1
+    shift: float = 0.1
+    name: ClassVar[str] = "intensity"
+    draws: ClassVar[int] = 2
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.scale, (int, float)) or not 0.0 <= self.scale < 1.0:
+            raise ValueError(f"Intensity: scale must be in [0, 1), got {self.scale!r}")
+        if not isinstance(self.shift, (int, float)) or not 0.0 <= self.shift < float("inf"):
+            raise ValueError(f"Intensity: shift must be a finite number >= 0, got {self.shift!r}")
+
+    def apply(self, uniforms: np.ndarray, params: Params) -> None:
+        a = 1.0 + self.scale * (2.0 * uniforms[:, 0] - 1.0)
+        b = self.shift * (2.0 * uniforms[:, 1] - 1.0)
+        params.gain *= a
+        params.bias = params.bias * a + b
+
+
+REGISTRY = {cls.name: cls for cls in (Mirror, Transpose, Intensity)}
+AugmentationLike = Union[Augmentation, str]
+
+
+def resolve(items: Iterable[AugmentationLike], isotropic: bool) -> list[Augmentation]:
+    """Turn a list of augmentations or their names into checked augmentation objects.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name (with the closest known one), or an augmentation the data does not allow.
+    TypeError
+        For an item that is neither a name nor an :class:`Augmentation`.
+    """
+    if isinstance(items, (str, Augmentation)):
+        items = [items]
+    resolved = []
+    for item in items:
+        if isinstance(item, str):
+            if item not in REGISTRY:
+                close = difflib.get_close_matches(item, REGISTRY, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"unknown augmentation {item!r}{hint} (known: {', '.join(sorted(REGISTRY))})")
+            item = REGISTRY[item]()
+        if not isinstance(item, Augmentation):
+            raise TypeError(f"augmentations must be names or Augmentation objects, got {item!r}")
+        item.check(isotropic)
+        resolved.append(item)
+    return resolved
+
+
+def reachable_permutations(augmentations: Sequence[Augmentation]) -> set[tuple[int, ...]]:
+    """All axis orders the augmentations can produce together."""
+    perms = {(0, 1, 2)}
+    for augmentation in augmentations:
+        perms = {tuple(p[i] for i in q) for p in perms for q in augmentation.permutations()}
+    return perms

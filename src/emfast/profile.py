@@ -1,0 +1,96 @@
+"""Per-stage timing of a loader: where the time of each batch goes."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Dict
+
+#: Stage name -> what it measures.
+STAGES = {
+    "sample": "drawing window positions and transforms (producer)",
+    "read": "reading windows from lazy volumes (producer)",
+    "kernel": "crop + transform + convert kernels (producer)",
+    "stall": "producers waiting for a free slot (consumer is slower)",
+    "wait": "consumer waiting for a batch (producers are slower)",
+}
+
+
+@dataclass(frozen=True)
+class ProfileReport:
+    """A snapshot of a loader's timings.
+
+    Attributes
+    ----------
+    seconds : dict
+        Total seconds per stage, summed over all producer threads (so producer stages can exceed wall time).
+    batches : int
+        Batches handed to the consumer.
+    elapsed : float
+        Wall-clock seconds since the loader started.
+    """
+
+    seconds: Dict[str, float]
+    batches: int
+    elapsed: float
+    threads: int = 1
+    stages: Dict[str, str] = field(default_factory=lambda: dict(STAGES))
+
+    def per_batch_ms(self, stage: str) -> float:
+        return 1e3 * self.seconds[stage] / self.batches if self.batches else 0.0
+
+    def as_dict(self) -> dict:
+        return {"batches": self.batches, "elapsed_s": self.elapsed, "threads": self.threads,
+                "seconds": dict(self.seconds),
+                "per_batch_ms": {s: self.per_batch_ms(s) for s in self.seconds}}
+
+    def __str__(self) -> str:
+        rate = self.batches / self.elapsed if self.elapsed > 0 else 0.0
+        lines = [f"{self.batches} batches in {self.elapsed:.2f} s ({rate:.1f} batches/s, {self.threads} "
+                 f"producer thread{'s' if self.threads != 1 else ''})",
+                 f"{'stage':<8} {'total s':>9} {'ms/batch':>9}  meaning"]
+        for stage, meaning in self.stages.items():
+            lines.append(f"{stage:<8} {self.seconds[stage]:>9.3f} {self.per_batch_ms(stage):>9.2f}  {meaning}")
+        return "\n".join(lines)
+
+
+class Profile:
+    """Thread-safe accumulator of stage times."""
+
+    def __init__(self, threads: int) -> None:
+        self._lock = threading.Lock()
+        self._seconds = {stage: 0.0 for stage in STAGES}
+        self._batches = 0
+        self._threads = threads
+        self._start = time.perf_counter()
+
+    def add(self, stage: str, seconds: float) -> None:
+        with self._lock:
+            self._seconds[stage] += seconds
+
+    def count_batch(self) -> None:
+        with self._lock:
+            self._batches += 1
+
+    def timer(self, stage: str) -> "_Timer":
+        """Context manager adding the time spent inside it to ``stage``."""
+        return _Timer(self, stage)
+
+    def report(self) -> ProfileReport:
+        with self._lock:
+            return ProfileReport(seconds=dict(self._seconds), batches=self._batches,
+                                 elapsed=time.perf_counter() - self._start, threads=self._threads)
+
+
+class _Timer:
+    __slots__ = ("_profile", "_stage", "_start")
+
+    def __init__(self, profile: Profile, stage: str) -> None:
+        self._profile = profile
+        self._stage = stage
+
+    def __enter__(self) -> None:
+        self._start = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        self._profile.add(self._stage, time.perf_counter() - self._start)

@@ -1,0 +1,112 @@
+"""The ring of pre-allocated batch slots shared by producer threads and the consumer.
+
+Batches are numbered 0, 1, 2, ... across epochs. Batch k is written into slot k % S, which is free once the
+consumer has released batch k - S: back-pressure instead of an unbounded queue, and batches come out in order
+however many producers fill them. A producer's exception is kept with the batch it was making; the consumer
+raises it when it reaches that batch, after every earlier batch, and no producer starts a later one.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+#: Seconds between checks while blocked, so that Ctrl-C and close() are noticed promptly.
+POLL_SECONDS = 0.1
+
+
+class RingClosed(Exception):
+    """The ring was closed while a thread was waiting on it."""
+
+
+class Ring:
+    """Ordered hand-off of numbered batches through a fixed set of slots.
+
+    Parameters
+    ----------
+    slots : list of dict
+        Pre-allocated arrays of each slot (name -> ndarray).
+    """
+
+    def __init__(self, slots: List[Dict[str, np.ndarray]]) -> None:
+        if len(slots) < 2:
+            raise ValueError("a ring needs at least 2 slots")
+        self.slots = slots
+        self._cond = threading.Condition()
+        self._next_claim = 0
+        self._released = 0  # batches < _released are released by the consumer
+        self._ready: Dict[int, Any] = {}
+        self._errors: Dict[int, BaseException] = {}
+        self._limit: Optional[int] = None  # no batch >= _limit is started (set by the first failure)
+        self._closed = False
+
+    @property
+    def size(self) -> int:
+        return len(self.slots)
+
+    def claim(self) -> Optional[int]:
+        """Next batch number for a producer, or None when producers should stop."""
+        with self._cond:
+            if self._closed or (self._limit is not None and self._next_claim >= self._limit):
+                return None
+            number = self._next_claim
+            self._next_claim += 1
+            return number
+
+    def wait_free(self, number: int) -> Dict[str, np.ndarray]:
+        """Block until batch ``number``'s slot is free; return its arrays. Raises RingClosed on close."""
+        self._wait(lambda: self._released > number - self.size)
+        return self.slots[number % self.size]
+
+    def publish(self, number: int, info: Any) -> None:
+        """Mark batch ``number`` written; ``info`` goes to the consumer with it."""
+        with self._cond:
+            self._ready[number] = info
+            self._cond.notify_all()
+
+    def fail(self, number: int, error: BaseException) -> None:
+        """Record that making batch ``number`` raised ``error``."""
+        with self._cond:
+            self._errors[number] = error
+            self._limit = number if self._limit is None else min(self._limit, number)
+            self._cond.notify_all()
+
+    def take(self, number: int, producers_alive: Callable[[], bool]):
+        """Consumer: wait for batch ``number``; return (arrays, info) or raise the producer's error."""
+        def arrived() -> bool:
+            return number in self._ready or number in self._errors or not producers_alive()
+
+        self._wait(arrived)
+        with self._cond:
+            if number in self._errors:
+                raise self._errors[number]
+            if number not in self._ready:
+                raise RuntimeError("the producer threads stopped without delivering batch "
+                                   f"{number} and without an error")
+            return self.slots[number % self.size], self._ready.pop(number)
+
+    def release(self, number: int) -> None:
+        """Consumer: batch ``number`` (and every earlier one) is no longer used; its slot can be refilled."""
+        with self._cond:
+            self._released = max(self._released, number + 1)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Wake every waiting thread; producers stop, later waits raise RingClosed."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _wait(self, predicate: Callable[[], bool]) -> None:
+        with self._cond:
+            while not predicate():
+                if self._closed:
+                    raise RingClosed()
+                self._cond.wait(POLL_SECONDS)
+            if self._closed:
+                raise RingClosed()
