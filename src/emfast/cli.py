@@ -1,0 +1,170 @@
+"""The ``emfast`` command: ``emfast demo`` streams batches from a built-in volume; ``emfast info`` lists a file."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import List, Optional, TextIO
+
+import h5py
+import numpy as np
+
+from . import __version__
+from .augment import Intensity, Mirror, Transpose
+from .loader import Loader
+from .synthetic import LABELS_DATASET, RAW_DATASET, demo_volume_path
+from .volumes import _open_hdf5, hdf5
+
+#: Seconds between progress-bar redraws.
+_REDRAW_SECONDS = 0.1
+_BAR_WIDTH = 24
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+class Progress:
+    """A one-line progress bar with batches/s and voxels/s; plain periodic lines when not on a terminal."""
+
+    def __init__(self, total: int, voxels_per_batch: int, stream: TextIO) -> None:
+        self.total = total
+        self.voxels_per_batch = voxels_per_batch
+        self.stream = stream
+        self.interactive = stream.isatty()
+        self.start = time.perf_counter()
+        self._last_draw = 0.0
+        self._last_line_fraction = -1.0
+
+    def line(self, done: int) -> str:
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        rate = done / elapsed
+        filled = int(_BAR_WIDTH * done / self.total)
+        bar = "#" * filled + "." * (_BAR_WIDTH - filled)
+        return (f"[{bar}] {done}/{self.total} batches  {rate:7.1f} batches/s  "
+                f"{rate * self.voxels_per_batch / 1e6:8.1f} Mvoxel/s")
+
+    def update(self, done: int) -> None:
+        now = time.perf_counter()
+        if self.interactive:
+            if now - self._last_draw >= _REDRAW_SECONDS or done == self.total:
+                self.stream.write("\r" + self.line(done))
+                self.stream.flush()
+                self._last_draw = now
+        elif done / self.total - self._last_line_fraction >= 0.1 or done == self.total:
+            self.stream.write(self.line(done) + "\n")
+            self._last_line_fraction = done / self.total
+
+    def finish(self) -> None:
+        if self.interactive:
+            self.stream.write("\n")
+
+
+def _triple(text: List[int]) -> tuple:
+    return tuple(int(v) for v in text)
+
+
+def demo(args: argparse.Namespace) -> int:
+    """Build (once) the built-in volume and stream batches through the full loader."""
+    shape = _triple(args.volume_shape)
+    print(f"emfast {__version__}: preparing the built-in EM volume {shape} ...", file=sys.stderr)
+    path = demo_volume_path(cache_dir=args.cache_dir, shape=shape)
+    raw = hdf5(path, RAW_DATASET, in_memory=not args.lazy)
+    labels = hdf5(path, LABELS_DATASET, in_memory=not args.lazy)
+    augment = [Mirror(), Transpose(), Intensity(scale=0.1, shift=0.1)]
+    loader = Loader(raw, labels, patch=_triple(args.patch), batch_size=args.batch_size, augment=augment,
+                    threads=args.threads, seed=args.seed, dtype=args.dtype, epoch_size=args.batches)
+    print(f"volume: {path}\n  raw {raw.shape} {raw.dtype}, labels {labels.dtype}"
+          f"{' (read lazily)' if args.lazy else ''}\n"
+          f"batches of {args.batch_size} x {loader.patch}, {args.threads} producer thread(s), "
+          f"augment: {', '.join(a.name for a in augment)}", file=sys.stderr)
+    progress = Progress(args.batches, args.batch_size * int(np.prod(loader.patch)), sys.stderr)
+    try:
+        with loader:
+            for done, _ in enumerate(loader, start=1):
+                progress.update(done)
+    finally:
+        progress.finish()
+        raw.close()
+        labels.close()
+    print(loader.profile)
+    return 0
+
+
+def _format_attrs(attrs: h5py.AttributeManager) -> str:
+    items = []
+    for key, value in attrs.items():
+        value = value.tolist() if isinstance(value, np.ndarray) else value
+        items.append(f"{key}={value}")
+    return ", ".join(items)
+
+
+def info(args: argparse.Namespace) -> int:
+    """List the datasets of an HDF5 file with shape, dtype, chunks and attributes."""
+    with _open_hdf5(args.file) as file:
+        print(f"{args.file}" + (f"  [{_format_attrs(file.attrs)}]" if len(file.attrs) else ""))
+        rows = []
+
+        def visit(name: str, node) -> None:
+            if isinstance(node, h5py.Dataset):
+                compression = f" {node.compression}" if node.compression else ""
+                attrs = f"  [{_format_attrs(node.attrs)}]" if len(node.attrs) else ""
+                rows.append(f"  {name}: shape={node.shape} dtype={node.dtype} chunks={node.chunks}"
+                            f"{compression}{attrs}")
+
+        file.visititems(visit)
+        print("\n".join(rows) if rows else "  (no datasets)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="emfast", description="Fast 3-D patch loading from EM volumes.")
+    parser.add_argument("--version", action="version", version=f"emfast {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("demo", help="stream augmented batches from a built-in EM-like volume",
+                              description="Stream augmented batches from a built-in EM-like volume (generated "
+                                          "and cached on first use) and print the per-stage profile.")
+    run.add_argument("--batches", type=int, default=300, help="batches to stream (default: %(default)s)")
+    run.add_argument("--batch-size", type=int, default=8, help="examples per batch (default: %(default)s)")
+    run.add_argument("--patch", type=int, nargs=3, default=[32, 128, 128], metavar=("Z", "Y", "X"),
+                     help="patch size (default: 32 128 128)")
+    run.add_argument("--threads", type=int, default=_cores(), help="producer threads (default: all cores, "
+                                                                   "%(default)s here)")
+    run.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    run.add_argument("--dtype", choices=["float32", "float16"], default="float32", help="raw output type")
+    run.add_argument("--lazy", action="store_true", help="read windows from the HDF5 file instead of memory")
+    run.add_argument("--cache-dir", default=None,
+                     help="where the built-in volume is cached (default: $EMFAST_CACHE_DIR or ~/.cache/emfast)")
+    run.add_argument("--volume-shape", type=int, nargs=3, default=[96, 384, 384], metavar=("Z", "Y", "X"),
+                     help="shape of the built-in volume (default: 96 384 384)")
+    run.set_defaults(handler=demo)
+
+    show = commands.add_parser("info", help="list the datasets of an HDF5 file",
+                               description="List every dataset of an HDF5 file with shape, dtype, chunks, "
+                                           "compression and attributes.")
+    show.add_argument("file", help="an HDF5 file")
+    show.set_defaults(handler=info)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of the ``emfast`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except KeyboardInterrupt:
+        print("\nemfast: interrupted", file=sys.stderr)
+        return 130
+    except (OSError, ValueError, TypeError, KeyError, RuntimeError) as error:
+        print(f"emfast: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
