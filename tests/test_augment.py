@@ -1,0 +1,77 @@
+"""Augmentation specs: names, checks and the distribution of the transforms they draw."""
+import collections
+
+import numpy as np
+import pytest
+
+import emfast as ef
+from emfast.augment import Params, reachable_permutations, resolve
+from emfast.plan import Planner
+
+
+def draw(augmentations, batches=200, batch_size=16):
+    planner = Planner(patch=(4, 8, 8), batch_size=batch_size, sampler=ef.Uniform(),
+                      augmentations=resolve(augmentations, isotropic=True), lo=(0, 0, 0), hi=(16, 16, 16), seed=3)
+    return [planner.plan(0, k) for k in range(batches)]
+
+
+def test_mirror_and_transpose_cover_the_16_anisotropic_transforms_evenly():
+    counts = collections.Counter()
+    for plan in draw([ef.Mirror(), ef.Transpose()]):
+        for perm, flips in zip(plan.params.perms, plan.params.flips):
+            counts[(tuple(perm), tuple(flips))] += 1
+    assert len(counts) == 16
+    expected = sum(counts.values()) / 16
+    assert all(abs(c - expected) < 0.25 * expected for c in counts.values()), counts
+
+
+def test_isotropic_transpose_reaches_all_48():
+    seen = {(tuple(p), tuple(f)) for plan in draw([ef.Mirror(), ef.Transpose("zyx")])
+            for p, f in zip(plan.params.perms, plan.params.flips)}
+    assert len(seen) == 48
+
+
+def test_mirror_probability_is_respected():
+    flips = np.concatenate([p.params.flips for p in draw([ef.Mirror(axes="x", p=0.2)])])
+    assert not flips[:, :2].any()
+    assert abs(flips[:, 2].mean() - 0.2) < 0.03
+
+
+def test_intensity_gain_and_bias_ranges():
+    params = [p.params for p in draw([ef.Intensity(scale=0.3, shift=0.2)])]
+    gain = np.concatenate([p.gain for p in params])
+    bias = np.concatenate([p.bias for p in params])
+    assert 0.7 <= gain.min() < 0.75 and 1.25 < gain.max() <= 1.3
+    assert -0.2 <= bias.min() < -0.15 and 0.15 < bias.max() <= 0.2
+
+
+def test_mirror_after_transpose_flips_the_output_axis():
+    params = Params.identity(1)
+    ef.Transpose().apply(np.array([[0.9]]), params)  # the swapped order
+    assert params.perms.tolist() == [[0, 2, 1]]
+    ef.Mirror(axes="x", p=1.0).apply(np.zeros((1, 3)), params)
+    assert params.flips.tolist() == [[False, True, False]]  # output x reads source y
+
+
+def test_unknown_name_suggests_the_closest():
+    with pytest.raises(ValueError, match="did you mean 'transpose'"):
+        resolve(["mirror", "transpos"], isotropic=False)
+
+
+def test_transpose_across_z_needs_isotropic_opt_in():
+    with pytest.raises(ValueError, match="isotropic=True"):
+        resolve([ef.Transpose(axes="zyx")], isotropic=False)
+    assert reachable_permutations(resolve([ef.Transpose(axes="zx")], isotropic=True)) == {(0, 1, 2), (2, 1, 0)}
+
+
+@pytest.mark.parametrize("make", [lambda: ef.Mirror(axes="w"), lambda: ef.Mirror(axes="xx"),
+                                  lambda: ef.Mirror(p=1.5), lambda: ef.Transpose(axes="x"),
+                                  lambda: ef.Intensity(scale=-0.1), lambda: ef.Intensity(shift=float("nan"))])
+def test_bad_parameters(make):
+    with pytest.raises(ValueError):
+        make()
+
+
+def test_not_an_augmentation():
+    with pytest.raises(TypeError, match="names or Augmentation"):
+        resolve([42], isotropic=False)

@@ -1,0 +1,303 @@
+"""The loader end to end: contents, reproducibility, epochs, release semantics, errors and shutdown."""
+import gc
+import threading
+import time
+import tracemalloc
+import traceback
+import warnings
+
+import h5py
+import numpy as np
+import pytest
+
+import emfast as ef
+from reference import converted, window
+
+PATCH = (4, 16, 12)
+
+
+@pytest.fixture
+def volumes(rng):
+    raw = rng.integers(0, 256, (12, 40, 36), dtype=np.uint8)
+    labels = rng.integers(0, 2**40, (12, 40, 36), dtype=np.uint64)
+    return raw, labels
+
+
+def collect(loader, count):
+    """Copies of the first ``count`` batches with their plans."""
+    batches = []
+    with loader:
+        for _, batch in zip(range(count), loader):
+            batches.append((batch.copy(), batch.positions.copy(), batch.perms.copy(), batch.flips.copy()))
+    return batches
+
+
+def test_batches_equal_the_numpy_reference(volumes):
+    raw, labels = volumes
+    loader = ef.Loader(raw, labels, patch=PATCH, batch_size=5, augment=["mirror", "transpose"], seed=7,
+                       normalize=(0.5, -1.0))
+    for arrays, positions, perms, flips in collect(loader, 6):
+        assert arrays["raw"].shape == (5, 1) + PATCH and arrays["raw"].dtype == np.float32
+        assert arrays["labels"].shape == (5, 1) + PATCH and arrays["labels"].dtype == np.uint64
+        for n in range(5):
+            expected_raw = converted(raw[None], positions[n], PATCH, perms[n], flips[n], 0.5, -1.0, np.float32)
+            np.testing.assert_array_equal(arrays["raw"][n], expected_raw)
+            np.testing.assert_array_equal(arrays["labels"][n], window(labels[None], positions[n], PATCH,
+                                                                      perms[n], flips[n]))
+
+
+def test_intensity_changes_raw_only_and_float16_output(volumes):
+    raw, labels = volumes
+    plain = collect(ef.Loader(raw, labels, patch=PATCH, augment=["mirror"], seed=1), 3)
+    bright = collect(ef.Loader(raw, labels, patch=PATCH, augment=["mirror", ef.Intensity(0.5, 0.5)], seed=1,
+                               dtype="float16"), 3)
+    for (a, *_), (b, *_) in zip(plain, bright):
+        np.testing.assert_array_equal(a["labels"], b["labels"])
+        assert b["raw"].dtype == np.float16
+        assert not np.allclose(a["raw"], b["raw"].astype(np.float32), atol=1e-2)
+
+
+@pytest.mark.parametrize("threads,buffers", [(1, 2), (3, 5), (2, 9)])
+def test_same_seed_same_batches_whatever_threads_and_buffers(volumes, threads, buffers):
+    raw, labels = volumes
+    reference = collect(ef.Loader(raw, labels, patch=PATCH, batch_size=3, seed=11), 12)
+    other = collect(ef.Loader(raw, labels, patch=PATCH, batch_size=3, seed=11, threads=threads,
+                              buffers=buffers), 12)
+    for (a, pa, *_), (b, pb, *_) in zip(reference, other):
+        np.testing.assert_array_equal(pa, pb)
+        np.testing.assert_array_equal(a["raw"], b["raw"])
+        np.testing.assert_array_equal(a["labels"], b["labels"])
+    different = collect(ef.Loader(raw, labels, patch=PATCH, batch_size=3, seed=12), 1)
+    assert not np.array_equal(different[0][1], reference[0][1])
+
+
+def test_epochs_have_fixed_size_and_differ(volumes):
+    raw, _ = volumes
+    with ef.Loader(raw, patch=PATCH, batch_size=2, epoch_size=4, threads=2) as loader:
+        first = [(b.epoch, b.index, b.positions.copy()) for b in loader]
+        assert loader.epoch == 1
+        second = [(b.epoch, b.index, b.positions.copy()) for b in loader]
+    assert [(e, i) for e, i, _ in first] == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    assert [(e, i) for e, i, _ in second] == [(1, 0), (1, 1), (1, 2), (1, 3)]
+    assert not np.array_equal(first[0][2], second[0][2])
+
+
+def test_windows_cover_the_volume_uniformly():
+    raw = np.zeros((4, 20, 20), np.uint8)
+    with ef.Loader(raw, patch=(4, 10, 10), batch_size=50, augment=[], seed=5) as loader:
+        corners = np.concatenate([b.positions for _, b in zip(range(40), loader)])
+    assert corners[:, 0].max() == 0
+    for axis in (1, 2):
+        counts = np.bincount(corners[:, axis], minlength=11)
+        assert len(counts) == 11 and counts.min() > 0.6 * counts.mean()
+
+
+def test_lazy_reading_gives_the_in_memory_batches(small_h5):
+    path, _, _ = small_h5
+    batches = {}
+    for in_memory in (True, False):
+        raw = ef.hdf5(path, "volumes/raw", in_memory=in_memory)
+        labels = ef.hdf5(path, "volumes/labels/neuron_ids", in_memory=in_memory)
+        batches[in_memory] = collect(ef.Loader(raw, labels, patch=PATCH, batch_size=4, threads=2, seed=2), 5)
+        raw.close()
+        labels.close()
+    for (a, *_), (b, *_) in zip(batches[True], batches[False]):
+        np.testing.assert_array_equal(a["raw"], b["raw"])
+        np.testing.assert_array_equal(a["labels"], b["labels"])
+
+
+def test_labels_covering_part_of_raw(rng):
+    raw = rng.integers(0, 256, (10, 40, 40), dtype=np.uint8)
+    labels = rng.integers(0, 9, (6, 20, 30), dtype=np.uint32)
+    offset = (2, 15, 5)
+    loader = ef.Loader(raw, labels, patch=(3, 8, 8), batch_size=4, label_offset=offset, seed=4)
+    assert loader.region == ((2, 15, 5), (8, 35, 35))
+    for arrays, positions, perms, flips in collect(loader, 5):
+        for n in range(4):
+            local = positions[n] - np.array(offset)
+            np.testing.assert_array_equal(arrays["labels"][n],
+                                          window(labels[None], local, (3, 8, 8), perms[n], flips[n]))
+            np.testing.assert_array_equal(arrays["raw"][n], converted(raw[None], positions[n], (3, 8, 8),
+                                                                      perms[n], flips[n], 1 / 255, 0, np.float32))
+
+
+def test_alignment_from_offset_and_resolution_attributes(tmp_path, rng):
+    path = tmp_path / "aligned.h5"
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("raw", data=rng.integers(0, 256, (10, 40, 40), dtype=np.uint8))
+        d.attrs.update(resolution=(40, 4, 4), offset=(0, 0, 0))
+        d = f.create_dataset("labels", data=np.ones((6, 20, 20), np.uint64))
+        d.attrs.update(resolution=(40, 4, 4), offset=(80, 40, 20))
+        d = f.create_dataset("coarse", data=np.ones((6, 20, 20), np.uint64))
+        d.attrs.update(resolution=(40, 8, 8), offset=(80, 40, 20))
+        d = f.create_dataset("half_voxel", data=np.ones((6, 20, 20), np.uint64))
+        d.attrs.update(resolution=(40, 4, 4), offset=(80, 42, 20))
+    raw = ef.hdf5(path, "raw")
+    assert ef.Loader(raw, ef.hdf5(path, "labels"), patch=(2, 4, 4)).region == ((2, 10, 5), (8, 30, 25))
+    with pytest.raises(ValueError, match="resolution mismatch"):
+        ef.Loader(raw, ef.hdf5(path, "coarse"), patch=(2, 4, 4))
+    with pytest.raises(ValueError, match="whole number of voxels"):
+        ef.Loader(raw, ef.hdf5(path, "half_voxel"), patch=(2, 4, 4))
+
+
+def test_batch_is_invalid_after_release_and_next(volumes):
+    raw, labels = volumes
+    with ef.Loader(raw, labels, patch=PATCH) as loader:
+        iterator = iter(loader)
+        first = next(iterator)
+        assert "raw" in first and len(first) == 2
+        first.release()
+        first.release()  # idempotent
+        with pytest.raises(ef.BatchReleasedError, match="batch 0"):
+            first["raw"]
+        second = next(iterator)
+        third = next(iterator)
+        with pytest.raises(ef.BatchReleasedError):
+            second["labels"]
+        assert third["raw"].shape[0] == 8
+    with pytest.raises(ef.BatchReleasedError):
+        third["raw"]
+
+
+def test_arrays_kept_after_release_are_never_overwritten(volumes):
+    raw, labels = volumes
+    kept = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with ef.Loader(raw, labels, patch=PATCH, buffers=2, threads=2, seed=3) as loader:
+            for _, batch in zip(range(20), loader):
+                kept.append((batch["raw"], batch["labels"][1:3], batch["raw"].sum(), batch["labels"][1:3].sum()))
+    assert all(np.float32(a.sum()) == np.float32(sa) and b.sum() == sb for a, b, sa, sb in kept)
+    # and they are exactly the batches the same seed gives without keeping anything
+    fresh = collect(ef.Loader(raw, labels, patch=PATCH, buffers=2, threads=2, seed=3), 20)
+    for (a, b, _, _), (arrays, *_) in zip(kept, fresh):
+        np.testing.assert_array_equal(a, arrays["raw"])
+        np.testing.assert_array_equal(b, arrays["labels"][1:3])
+    assert sum(issubclass(w.category, ResourceWarning) for w in caught) == 1
+
+
+def failing_plan(planner, epoch, index):
+    if index == 3:
+        raise ZeroDivisionError("boom in the producer")
+    return planner.__class__.plan(planner, epoch, index)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_producer_error_reaches_consumer_with_traceback_after_earlier_batches(volumes, threads, monkeypatch):
+    raw, _ = volumes
+    loader = ef.Loader(raw, patch=PATCH, threads=threads, buffers=threads + 3)
+    monkeypatch.setattr(loader._planner, "plan", lambda e, i: failing_plan(loader._planner, e, i))
+    seen = []
+    with pytest.raises(ZeroDivisionError, match="boom") as info:
+        with loader:
+            for batch in loader:
+                seen.append(batch.index)
+    assert seen == [0, 1, 2]
+    frames = "".join(traceback.format_tb(info.value.__traceback__))
+    assert "failing_plan" in frames and "_run" in frames  # the producer's own frames are kept
+
+
+def test_keyboard_interrupt_in_the_loop_stops_every_thread(volumes):
+    raw, labels = volumes
+    with pytest.raises(KeyboardInterrupt):
+        with ef.Loader(raw, labels, patch=PATCH, threads=3) as loader:
+            for n, _ in enumerate(loader):
+                if n == 2:
+                    raise KeyboardInterrupt
+    # the autouse fixture checks that no emfast thread is left
+
+
+def test_close_with_producers_blocked_on_a_full_ring(volumes):
+    raw, _ = volumes
+    loader = ef.Loader(raw, patch=PATCH, threads=2, buffers=2).start()
+    time.sleep(0.2)  # producers fill both slots and block waiting for the consumer
+    started = time.perf_counter()
+    loader.close()
+    assert time.perf_counter() - started < 2
+    loader.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        loader.next_batch()
+
+
+def test_abandoned_loader_stops_its_threads(volumes):
+    raw, _ = volumes
+    loader = ef.Loader(raw, patch=PATCH, threads=2)
+    next(iter(loader))
+    del loader
+    gc.collect()
+    deadline = time.time() + 5
+    while any(t.name.startswith("emfast-") for t in threading.enumerate()) and time.time() < deadline:
+        time.sleep(0.01)
+    assert not any(t.name.startswith("emfast-") for t in threading.enumerate())
+
+
+def test_profile_reports_every_stage(volumes):
+    raw, labels = volumes
+    with ef.Loader(raw, labels, patch=PATCH, epoch_size=10) as loader:
+        for _ in loader:
+            pass
+    report = loader.profile
+    assert report.batches == 10 and report.seconds["kernel"] > 0 and report.seconds["sample"] > 0
+    assert set(report.seconds) == {"sample", "read", "kernel", "stall", "wait"}
+    text = str(report)
+    assert "kernel" in text and "batches/s" in text
+    assert report.as_dict()["per_batch_ms"]["kernel"] > 0
+
+
+def test_memory_does_not_grow_while_streaming(volumes):
+    raw, labels = volumes
+    with ef.Loader(raw, labels, patch=PATCH, threads=2) as loader:
+        iterator = iter(loader)
+        tracemalloc.start()
+        for _ in range(500):
+            next(iterator)
+        before = tracemalloc.take_snapshot()
+        for _ in range(3000):
+            next(iterator)
+        after = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+    # The interpreter's free lists (e.g. up to 2000 small tuples) may still fill up: bounded, ~100 KiB. Keeping
+    # anything per batch would cost far more: a plan is ~0.5 KiB, a batch 6 KiB, so at least 1.5 MiB here.
+    growth = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    assert growth < 256 * 1024, f"{growth} bytes more after 3000 batches"
+    assert loader.slot_bytes == 8 * int(np.prod(PATCH)) * (4 + 8)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(patch=(4, 16)), ValueError, "patch must be 3 integers"),
+    (dict(patch=(0, 16, 12)), ValueError, "patch must be positive"),
+    (dict(patch=(4, 16.5, 12)), ValueError, "patch must be 3 integers"),
+    (dict(patch=(13, 16, 12)), ValueError, r"patch \(13, 16, 12\) does not fit"),
+    (dict(patch=(4, 39, 12)), ValueError, "for transposed examples"),
+    (dict(batch_size=0), ValueError, "batch_size must be an integer >= 1"),
+    (dict(threads=0), ValueError, "threads"),
+    (dict(buffers=1), ValueError, "buffers must be an integer >= 2"),
+    (dict(epoch_size=0), ValueError, "epoch_size"),
+    (dict(seed=-1), ValueError, "seed"),
+    (dict(dtype="float64"), ValueError, "dtype must be"),
+    (dict(augment=["mirorr"]), ValueError, "did you mean 'mirror'"),
+    (dict(augment=[ef.Transpose("zyx")]), ValueError, "isotropic=True"),
+    (dict(normalize=(1.0, float("nan"))), ValueError, "normalize"),
+    (dict(label_offset=(1, 2, 3)), ValueError, "no labels"),
+    (dict(pach=(4, 16, 12)), TypeError, "pach"),
+])
+def test_bad_arguments_fail_before_streaming(volumes, kwargs, error, match):
+    raw, _ = volumes
+    arguments = dict(patch=PATCH)
+    arguments.update(kwargs)
+    with pytest.raises(error, match=match):
+        ef.Loader(raw, **arguments)
+
+
+def test_bad_volumes(rng):
+    raw = rng.integers(0, 256, (12, 40, 36), dtype=np.uint8)
+    with pytest.raises(ValueError, match="pass label_offset"):
+        ef.Loader(raw, np.zeros((12, 40, 35), np.uint64), patch=PATCH)
+    with pytest.raises(TypeError, match="labels must be uint32, uint64 or int64"):
+        ef.Loader(raw, raw, patch=PATCH)
+    with pytest.raises(TypeError, match="raw must be uint8, uint16 or float32"):
+        ef.Loader(raw.astype(np.uint64), patch=PATCH)
+    with pytest.raises(TypeError, match="NumPy array"):
+        ef.Loader([[[1]]], patch=PATCH)
+    with pytest.raises(ValueError, match="does not overlap"):
+        ef.Loader(raw, np.zeros((4, 4, 4), np.uint64), patch=(1, 1, 1), label_offset=(20, 0, 0))

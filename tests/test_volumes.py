@@ -1,0 +1,104 @@
+"""Opening volumes: metadata, in-memory and lazy reads, and clear errors for bad input."""
+import hashlib
+
+import h5py
+import numpy as np
+import pytest
+
+import emfast as ef
+
+
+def digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_hdf5_metadata_and_read_box(small_h5, in_memory):
+    path, raw, _ = small_h5
+    with ef.hdf5(path, "volumes/raw", in_memory=in_memory) as volume:
+        assert volume.shape == raw.shape and volume.channels == 1 and volume.dtype == np.uint8
+        assert volume.chunks == (4, 16, 16)
+        assert volume.resolution == (40.0, 4.0, 4.0) and volume.offset == (0.0, 0.0, 0.0)
+        assert volume.in_memory is in_memory
+        out = np.empty((1, 3, 5, 7), np.uint8)
+        volume.read_box((2, 10, 30), (3, 5, 7), out)
+        np.testing.assert_array_equal(out[0], raw[2:5, 10:15, 30:37])
+
+
+def test_file_is_opened_read_only_and_left_unchanged(small_h5):
+    path, _, _ = small_h5
+    before = digest(path)
+    for in_memory in (True, False):
+        with ef.hdf5(path, "volumes/raw", in_memory=in_memory):
+            pass
+    with ef.Loader(ef.hdf5(path, "volumes/raw", in_memory=False), patch=(2, 8, 8), epoch_size=3) as loader:
+        for _ in loader:
+            pass
+    assert digest(path) == before
+
+
+def test_four_d_arrays_have_channels(rng):
+    data = rng.integers(0, 255, (3, 4, 5, 6), dtype=np.uint8)
+    volume = ef.Volume.from_array(data, resolution=(1, 1, 1))
+    assert volume.shape == (4, 5, 6) and volume.channels == 3 and volume.array is data
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.h5"):
+        ef.hdf5(tmp_path / "nope.h5", "raw")
+
+
+def test_directory_instead_of_file(tmp_path):
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        ef.hdf5(tmp_path, "raw")
+
+
+def test_not_an_hdf5_file(tmp_path):
+    path = tmp_path / "notes.h5"
+    path.write_text("hello")
+    with pytest.raises(OSError, match="notes.h5"):
+        ef.hdf5(path, "raw")
+
+
+def test_missing_dataset_lists_what_exists(small_h5):
+    path, _, _ = small_h5
+    with pytest.raises(ef.DatasetNotFoundError) as info:
+        ef.hdf5(path, "volumes/raww")
+    message = str(info.value)
+    assert "volumes/raww" in message and "volumes/raw" in message and "neuron_ids" in message
+
+
+def test_group_instead_of_dataset(small_h5):
+    path, _, _ = small_h5
+    with pytest.raises(ValueError, match="is a group"):
+        ef.hdf5(path, "volumes/labels")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int8, np.complex64, bool])
+def test_unsupported_dtype_names_dataset_and_dtype(tmp_path, dtype):
+    path = tmp_path / "odd.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=np.zeros((4, 4, 4), dtype=dtype))
+    with pytest.raises(TypeError, match=r"odd\.h5:data.*unsupported dtype"):
+        ef.hdf5(path, "data")
+
+
+@pytest.mark.parametrize("shape", [(4, 4), (1, 2, 3, 4, 5)])
+def test_wrong_number_of_dimensions(shape):
+    with pytest.raises(ValueError, match="3-D"):
+        ef.Volume.from_array(np.zeros(shape, np.uint8))
+
+
+def test_bad_resolution_attribute(tmp_path):
+    path = tmp_path / "res.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("raw", data=np.zeros((4, 4, 4), np.uint8)).attrs["resolution"] = (1.0, 2.0)
+    with pytest.raises(ValueError, match="resolution must be 3"):
+        ef.hdf5(path, "raw")
+
+
+def test_nan_in_float_volume_is_reported():
+    data = np.zeros((8, 8, 8), np.float32)
+    data[3, 4, 5] = np.nan
+    with pytest.raises(ValueError, match=r"NaN.*\(0, 3, 4, 5\)"):
+        ef.Loader(data, patch=(2, 2, 2))
