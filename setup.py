@@ -27,6 +27,7 @@ kernels = Extension(
     "emfast._kernels",
     sources=["src/emfast/_kernels.pyx", "csrc/gather.cpp", "csrc/philox.cpp"],
     include_dirs=["csrc", np.get_include()],
+    depends=["csrc/gather.h", "csrc/philox.h"],
     language="c++",
     extra_compile_args=COMPILE_ARGS,
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
