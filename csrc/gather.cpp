@@ -8,9 +8,9 @@
  */
 #include "gather.h"
 
+#include <cstdint>
 #include <cstring>
 #include <new>
-#include <type_traits>
 #include <vector>
 
 #if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
@@ -32,8 +32,7 @@ inline uint32_t float_to_bits(float value) {
     return bits;
 }
 
-/* Branch-free binary32 -> binary16 (round to nearest even, as NumPy), written with selects so that loops over
- * it vectorise. Subnormal halves use the float adder to round: |x| + 0.5 has an ulp of 2^-24, the half's unit. */
+/* Branch-free binary32 -> binary16 (round to nearest even, as NumPy), so that loops over it vectorise. Subnormal halves use the float adder to round: |x| + 0.5 has an ulp of 2^-24, the half's unit. */
 inline uint16_t float_to_half(float value) {
     const uint32_t bits = float_to_bits(value);
     const uint32_t sign = (bits >> 16) & 0x8000u;
@@ -43,11 +42,16 @@ inline uint16_t float_to_half(float value) {
     /* Rebias the exponent (127 -> 15) and round on the 13 dropped bits: adding 0xfff plus the kept lsb carries
      * exactly when the remainder is above half, or at half with an odd lsb. */
     const uint32_t normal = (mag - 0x38000000u + 0xfffu + ((mag >> 13) & 1u)) >> 13;
-    uint32_t nan = 0x7c00u | ((mag >> 13) & 0x3ffu);
-    nan = nan == 0x7c00u ? 0x7c01u : nan; /* a NaN whose payload sits in the dropped bits stays a NaN */
-    uint32_t half = magnitude < 0x38800000 ? subnormal : normal;
-    half = magnitude >= 0x47800000 ? 0x7c00u : half;
-    half = magnitude > 0x7f800000 ? nan : half;
+    /* Selects as bit masks rather than ?:, which GCC turns into branches that block vectorisation. A NaN
+     * keeps its top payload bits, or becomes 0x7c01 if those are all zero, so that it stays a NaN. */
+    const uint32_t payload = (mag >> 13) & 0x3ffu;
+    const uint32_t nan = 0x7c00u | payload | static_cast<uint32_t>(payload == 0);
+    const uint32_t is_subnormal = 0u - static_cast<uint32_t>(magnitude < 0x38800000);
+    const uint32_t is_infinite = 0u - static_cast<uint32_t>(magnitude >= 0x47800000);
+    const uint32_t is_nan = 0u - static_cast<uint32_t>(magnitude > 0x7f800000);
+    uint32_t half = (subnormal & is_subnormal) | (normal & ~is_subnormal);
+    half = (0x7c00u & is_infinite) | (half & ~is_infinite);
+    half = (nan & is_nan) | (half & ~is_nan);
     return static_cast<uint16_t>(sign | half);
 }
 
@@ -79,6 +83,36 @@ inline void row_forward(const Src *src, int64_t n, Out *out, const Op &op) {
     for (int64_t i = 0; i < n; ++i) out[i] = op(src[i]);
 }
 
+/* Output of at least this many bytes per call is written with non-temporal (streaming) stores: it cannot stay
+ * in cache anyway, and streaming skips reading each output line before overwriting it, which is a third of
+ * the memory traffic of a uint8 -> float32 gather. Smaller outputs stay in cache for the consumer. */
+constexpr int64_t kStreamBytes = 2 << 20;
+
+/* row_forward into the final output, streaming when asked. */
+template <typename Src, typename Out, typename Op>
+inline void emit_row(const Src *src, int64_t n, Out *out, const Op &op, bool stream) {
+#ifdef EMF_HAVE_SSE2
+    if (stream) {
+        constexpr int64_t kChunk = 256 / sizeof(Out);
+        int64_t i = 0;
+        for (; i < n && (reinterpret_cast<uintptr_t>(out + i) & 15u); ++i) out[i] = op(src[i]);
+        alignas(16) Out chunk[kChunk];
+        for (; i + kChunk <= n; i += kChunk) {
+            row_forward(src + i, kChunk, chunk, op);
+            char *dst = reinterpret_cast<char *>(out + i);
+            for (size_t b = 0; b < sizeof chunk; b += 16)
+                _mm_stream_si128(reinterpret_cast<__m128i *>(dst + b),
+                                 _mm_load_si128(reinterpret_cast<const __m128i *>(reinterpret_cast<char *>(chunk) + b)));
+        }
+        row_forward(src + i, n - i, out + i, op);
+        return;
+    }
+#else
+    (void)stream;
+#endif
+    row_forward(src, n, out, op);
+}
+
 template <typename Src, typename Out, typename Op>
 inline void row_strided(const char *src, int64_t step, int64_t n, Out *out, const Op &op) {
     for (int64_t i = 0; i < n; ++i) out[i] = op(*reinterpret_cast<const Src *>(src + i * step));
@@ -98,6 +132,25 @@ template <> inline __m128i interleave_high<4>(__m128i a, __m128i b) { return _mm
 template <> inline __m128i interleave_low<8>(__m128i a, __m128i b) { return _mm_unpacklo_epi64(a, b); }
 template <> inline __m128i interleave_high<8>(__m128i a, __m128i b) { return _mm_unpackhi_epi64(a, b); }
 #endif
+
+/* Source rows are requested this many rows ahead. Output rows are always written in ascending order (writing
+ * them backwards costs up to 4x), so a mirrored y axis reads source rows backwards while reading each row
+ * forwards, a pattern the hardware prefetcher does not follow: software prefetch covers it. */
+constexpr int64_t kPrefetchRows = 8;
+/* The transposer requests the rows of this many groups (of K rows) ahead. */
+constexpr int64_t kPrefetchGroups = 2;
+
+/* Prefetch the bytes [row + first, row + first + bytes) into cache. */
+inline void prefetch_row(const char *row, int64_t first, int64_t bytes) {
+#ifdef EMF_HAVE_SSE2
+    for (int64_t offset = 0; offset < bytes; offset += 64)
+        _mm_prefetch(row + first + offset, _MM_HINT_T0);
+#else
+    (void)row;
+    (void)first;
+    (void)bytes;
+#endif
+}
 
 /* Elements per cache line: the transposer consumes a whole line of each source row per pass, which keeps the
  * number of passes over (and TLB entries for) the source rows low. */
@@ -146,6 +199,9 @@ void transpose_rows(const char *base, int64_t row_step, int64_t nrows, T *dst, i
 #ifdef EMF_HAVE_SSE2
     constexpr int K = 16 / sizeof(T);
     for (; r + K <= nrows; r += K) {
+        /* Rows are visited across the source (row_step apart): request the ones a few groups ahead. */
+        for (int i = 0; i < K && r + kPrefetchGroups * K + i < nrows; ++i)
+            prefetch_row(base + (r + kPrefetchGroups * K + i) * row_step, 0, L * sizeof(T));
         for (int piece = 0; piece < L; piece += K) {
             __m128i v[K], t[K];
             for (int i = 0; i < K; ++i) {
@@ -171,26 +227,22 @@ void transpose_rows(const char *base, int64_t row_step, int64_t nrows, T *dst, i
 }
 
 /* One output plane of ny rows by nx columns, output y stepping step_y bytes in the source and x step_x.
- * tile holds line_elements<Src>() * nx elements. A plain copy (Src == Out) reverses and transposes straight into
- * the output; a conversion goes through the tile, then through a vectorised forward loop. */
+ * tile holds line_elements<Src>() * nx elements: reversed rows and transposed blocks are put there first, then
+ * every output row is written by one forward (vectorised) loop. */
 template <typename Src, typename Out, typename Op>
 void gather_plane(const char *plane, int64_t step_y, int64_t step_x, int64_t ny, int64_t nx, Out *out,
-                  const Op &op, Src *tile) {
-    constexpr bool direct = std::is_same<Op, Copy>::value;
+                  const Op &op, Src *tile, bool stream) {
     const int64_t item = static_cast<int64_t>(sizeof(Src));
-    if (step_x == item) {
-        for (int64_t y = 0; y < ny; ++y, out += nx)
-            row_forward(reinterpret_cast<const Src *>(plane + y * step_y), nx, out, op);
-        return;
-    }
-    if (step_x == -item) {
+    if (step_x == item || step_x == -item) {
         for (int64_t y = 0; y < ny; ++y, out += nx) {
-            const Src *last = reinterpret_cast<const Src *>(plane + y * step_y);
-            if (direct) {
-                reverse_row(last, nx, reinterpret_cast<Src *>(out));
+            if (y + kPrefetchRows < ny)
+                prefetch_row(plane + (y + kPrefetchRows) * step_y, step_x > 0 ? 0 : -(nx - 1) * item, nx * item);
+            const Src *start = reinterpret_cast<const Src *>(plane + y * step_y);
+            if (step_x > 0) {
+                emit_row(start, nx, out, op, stream);
             } else {
-                reverse_row(last, nx, tile);
-                row_forward(tile, nx, out, op);
+                reverse_row(start, nx, tile);
+                emit_row(tile, nx, out, op, stream);
             }
         }
         return;
@@ -202,29 +254,21 @@ void gather_plane(const char *plane, int64_t step_y, int64_t step_x, int64_t ny,
             /* The L source elements of output rows y..y+L-1 are contiguous, in reverse for a negative step:
              * then tile row k belongs to output row y + L - 1 - k. */
             const bool forward = step_y > 0;
-            const char *base = plane + (forward ? y : y + L - 1) * step_y;
-            if (direct) {
-                Src *first = reinterpret_cast<Src *>(out + (forward ? y : y + L - 1) * nx);
-                transpose_rows(base, step_x, nx, first, forward ? nx : -nx);
-            } else {
-                transpose_rows(base, step_x, nx, tile, nx);
-                for (int k = 0; k < L; ++k) {
-                    const Src *row = tile + (forward ? k : L - 1 - k) * nx;
-                    row_forward(row, nx, out + (y + k) * nx, op);
-                }
-            }
+            transpose_rows(plane + (forward ? y : y + L - 1) * step_y, step_x, nx, tile, nx);
+            for (int k = 0; k < L; ++k)
+                emit_row(tile + (forward ? k : L - 1 - k) * nx, nx, out + (y + k) * nx, op, stream);
         }
     }
     for (; y < ny; ++y) row_strided<Src>(plane + y * step_y, step_x, nx, out + y * nx, op);
 }
 
 template <typename Src, typename Out, typename Op>
-void gather_window(const emf_window &w, const int64_t shape[4], Out *out, const Op &op, Src *tile) {
+void gather_window(const emf_window &w, const int64_t shape[4], Out *out, const Op &op, Src *tile, bool stream) {
     const int64_t plane_size = shape[2] * shape[3];
     for (int64_t c = 0; c < shape[0]; ++c) {
         for (int64_t z = 0; z < shape[1]; ++z, out += plane_size) {
             gather_plane(w.origin + c * w.steps[0] + z * w.steps[1], w.steps[2], w.steps[3], shape[2], shape[3],
-                         out, op, tile);
+                         out, op, tile, stream);
         }
     }
 }
@@ -234,9 +278,13 @@ int gather_all(const emf_window *windows, int64_t count, const int64_t shape[4],
     try {
         std::vector<Src> tile(static_cast<size_t>(line_elements<Src>() * shape[3]));
         const int64_t per_window = shape[0] * shape[1] * shape[2] * shape[3];
+        const bool stream = count * per_window * static_cast<int64_t>(sizeof(Out)) >= kStreamBytes;
         Out *o = static_cast<Out *>(out);
         for (int64_t n = 0; n < count; ++n)
-            gather_window<Src>(windows[n], shape, o + n * per_window, make_op(windows[n]), tile.data());
+            gather_window<Src>(windows[n], shape, o + n * per_window, make_op(windows[n]), tile.data(), stream);
+#ifdef EMF_HAVE_SSE2
+        if (stream) _mm_sfence(); /* streamed stores are globally visible before the batch is handed over */
+#endif
     } catch (const std::bad_alloc &) {
         return EMF_NO_MEMORY;
     }
