@@ -173,19 +173,19 @@ template <> inline __m128i reverse_elements<1>(__m128i v) {
 }
 #endif
 
-/* tile[i] = last[-i] for i < n. */
+/* tile[i] = last[-i] for i < n, reading the source in ascending order (as the prefetchers expect). */
 template <typename T>
 void reverse_row(const T *last, int64_t n, T *tile) {
     const T *first = last - (n - 1);
-    int64_t i = 0;
+    int64_t j = 0; /* source index, ascending */
 #ifdef EMF_HAVE_SSE2
     constexpr int K = 16 / sizeof(T);
-    for (; i + K <= n; i += K) {
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(first + n - i - K));
-        _mm_storeu_si128(reinterpret_cast<__m128i *>(tile + i), reverse_elements<sizeof(T)>(v));
+    for (; j + K <= n; j += K) {
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(first + j));
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(tile + n - j - K), reverse_elements<sizeof(T)>(v));
     }
 #endif
-    for (; i < n; ++i) tile[i] = last[-i];
+    for (; j < n; ++j) tile[n - 1 - j] = first[j];
 }
 
 /* Transposes L = line_elements<T>() contiguous elements from each of nrows source rows (row r at
