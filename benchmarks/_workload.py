@@ -1,0 +1,188 @@
+"""The standard benchmark workload, shared by the pytest-benchmark suite and ``foundation.py``.
+
+Standard task: batches of 8 windows of (32, 128, 128) cut at random corners from a (96, 384, 384) volume held in
+memory, each with one of the 16 anisotropic transforms (mirror z/y/x with p=0.5 each, transpose y<->x with
+p=0.5), uint8 raw -> float32 normalised as ``x * scale + shift``, uint64 labels copied bit for bit.
+
+Plans come from emfast's own :class:`~emfast.plan.Planner` (``Mirror()`` + ``Transpose()``, uniform corners) with a
+fixed seed, and are drawn once: every timed call replays one of a fixed list of plans, so all rounds and all
+methods do comparable work.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from typing import List, Sequence
+
+import numpy as np
+
+import emfast
+from emfast import _kernels
+from emfast.augment import Params
+from emfast.plan import BatchPlan, Planner, window_extents
+from emfast.sampling import Uniform
+
+VOLUME_SHAPE = (96, 384, 384)
+PATCH = (32, 128, 128)
+BATCH = 8
+N_PLANS = 16
+#: Raw normalisation of the standard task: uint8 [0, 255] -> [-1, 1].
+SCALE = 2.0 / 255.0
+SHIFT = -1.0
+
+
+def make_volumes(shape: Sequence[int] = VOLUME_SHAPE, seed: int = 0):
+    """Random uint8 raw and uint64 labels of ``shape`` (z, y, x); content does not matter to the kernels."""
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=tuple(shape), dtype=np.uint8)
+    labels = rng.integers(0, 1 << 40, size=tuple(shape), dtype=np.uint64)
+    return raw, labels
+
+
+def make_plans(shape: Sequence[int] = VOLUME_SHAPE, patch: Sequence[int] = PATCH, batch: int = BATCH,
+               count: int = N_PLANS, seed: int = 1) -> List[BatchPlan]:
+    """``count`` batch plans with the 16 anisotropic transforms and uniform corners, as the Loader draws them."""
+    planner = Planner(patch=tuple(patch), batch_size=batch, sampler=Uniform(),
+                      augmentations=[emfast.Mirror(), emfast.Transpose()],
+                      lo=np.zeros(3, dtype=np.int64), hi=np.asarray(shape, dtype=np.int64), seed=seed)
+    return [planner.plan(0, i) for i in range(count)]
+
+
+def transform_codes(plans: Sequence[BatchPlan]) -> set:
+    """Distinct (perm, flips) combinations used by the plans (to check the workload covers the transforms)."""
+    return {(tuple(p), tuple(bool(f) for f in fl)) for plan in plans
+            for p, fl in zip(plan.params.perms.tolist(), plan.params.flips.tolist())}
+
+
+def uniform_plan(plan: BatchPlan, perm: Sequence[int], flips: Sequence[bool], patch: Sequence[int],
+                 shape: Sequence[int]) -> BatchPlan:
+    """``plan``'s corners (clipped to fit) with every example given the same transform (for per-transform timing)."""
+    b = len(plan.corners)
+    params = Params.identity(b)
+    params.perms[:] = np.asarray(perm, dtype=np.int64)
+    params.flips[:] = np.asarray(flips, dtype=bool)
+    extents = window_extents(patch, params.perms)
+    corners = np.minimum(plan.corners, np.asarray(shape, dtype=np.int64) - extents)
+    return BatchPlan(epoch=plan.epoch, index=plan.index, corners=corners, extents=extents, params=params)
+
+
+@dataclass
+class Workload:
+    """Volumes (4-D views, as the kernels take them), plans and output buffers of one benchmark setting."""
+
+    raw: np.ndarray  # (1, Z, Y, X) uint8
+    labels: np.ndarray  # (1, Z, Y, X) uint64
+    plans: List[BatchPlan]
+    patch: tuple
+    batch: int
+
+    @classmethod
+    def create(cls, shape=VOLUME_SHAPE, patch=PATCH, batch=BATCH, count=N_PLANS, seed=0) -> "Workload":
+        raw, labels = make_volumes(shape, seed)
+        return cls(raw[np.newaxis], labels[np.newaxis], make_plans(shape, patch, batch, count, seed + 1),
+                   tuple(patch), batch)
+
+    @property
+    def out_shape(self) -> tuple:
+        return (self.batch, 1) + self.patch
+
+    def new_raw_out(self) -> np.ndarray:
+        out = np.empty(self.out_shape, dtype=np.float32)
+        out.fill(0)  # map the pages now, not inside a timed call
+        return out
+
+    def new_labels_out(self) -> np.ndarray:
+        out = np.empty(self.out_shape, dtype=np.uint64)
+        out.fill(0)
+        return out
+
+    def scale_shift(self):
+        scale = np.full(self.batch, SCALE, dtype=np.float32)
+        shift = np.full(self.batch, SHIFT, dtype=np.float32)
+        return scale, shift
+
+    # -- the emfast kernels, one call per batch ---------------------------------------------------------------
+
+    def kernel_raw(self, plan: BatchPlan, out: np.ndarray) -> np.ndarray:
+        scale, shift = self.scale_shift()
+        p = plan.params
+        return _kernels.gather_convert([self.raw] * self.batch, plan.corners, p.perms, p.flips, scale, shift, out)
+
+    def kernel_labels(self, plan: BatchPlan, out: np.ndarray) -> np.ndarray:
+        p = plan.params
+        return _kernels.gather_copy([self.labels] * self.batch, plan.corners, p.perms, p.flips, out)
+
+    # -- the NumPy reference pipelines --------------------------------------------------------------------------
+
+    def reference_raw(self, plan: BatchPlan) -> np.ndarray:
+        """Per example: crop, np.flip, transpose, astype(float32), * scale + shift (in place); then np.stack."""
+        scale, shift = self.scale_shift()
+        return np.stack([_convert(_window(self.raw, plan, n), scale[n], shift[n]) for n in range(self.batch)])
+
+    def reference_labels(self, plan: BatchPlan) -> np.ndarray:
+        """Per example: crop, np.flip, transpose; then np.stack (which makes the copy)."""
+        return np.stack([_window(self.labels, plan, n) for n in range(self.batch)])
+
+
+def _window(volume: np.ndarray, plan: BatchPlan, n: int) -> np.ndarray:
+    """The transformed window of example n of ``plan`` as a NumPy view of the 4-D ``volume``."""
+    corner, extent = plan.corners[n], plan.extents[n]
+    window = volume[(slice(None),) + tuple(slice(int(c), int(c) + int(e)) for c, e in zip(corner, extent))]
+    flipped = tuple(1 + a for a in range(3) if plan.params.flips[n, a])
+    if flipped:
+        window = np.flip(window, axis=flipped)
+    return window.transpose((0,) + tuple(1 + int(a) for a in plan.params.perms[n]))
+
+
+def _convert(window: np.ndarray, scale: np.float32, shift: np.float32) -> np.ndarray:
+    converted = window.astype(np.float32)
+    converted *= scale
+    converted += shift
+    return converted
+
+
+# -- machine description --------------------------------------------------------------------------------------
+
+def _read_field(path: str, key: str):
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process now (VmRSS), in bytes."""
+    value = _read_field("/proc/self/status", "VmRSS")
+    if value is not None:
+        return int(value.split()[0]) * 1024
+    import resource  # fallback: peak RSS only (kB on Linux), better than nothing
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def machine_info() -> dict:
+    mem = _read_field("/proc/meminfo", "MemTotal")
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    try:
+        load = tuple(round(v, 2) for v in os.getloadavg())
+    except OSError:
+        load = None
+    return {
+        "cpu": _read_field("/proc/cpuinfo", "model name") or platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "memory_gib": round(int(mem.split()[0]) / 2**20, 1) if mem else None,
+        "load_average": load,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "emfast": getattr(emfast, "__version__", "?"),
+        "platform": sys.platform,
+    }
