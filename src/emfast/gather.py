@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import numpy as np
 
@@ -73,7 +73,8 @@ class Gatherer:
                 for f in self.fields if not f.volume.in_memory}
 
     def fill(self, arrays: Dict[str, np.ndarray], plan: BatchPlan, scratch: Dict[str, List[np.ndarray]],
-             profile: Optional[Profile] = None) -> None:
+             profile: Profile) -> None:
+        """Write the batch of ``plan`` into ``arrays``, timing reads and kernels in ``profile``."""
         params = plan.params
         for f in self.fields:
             corners = plan.corners - f.origin
