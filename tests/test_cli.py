@@ -52,3 +52,8 @@ def test_module_entry_point():
     result = subprocess.run([sys.executable, "-m", "emfast", "--version"], capture_output=True, text=True,
                             check=True)
     assert result.stdout.startswith("emfast ")
+
+
+def test_demo_checks_its_options_before_building_the_volume(tmp_path, capsys):
+    assert main(["demo", "--batches", "0", "--cache-dir", str(tmp_path)]) == 2
+    assert "--batches" in capsys.readouterr().err and not list(tmp_path.iterdir())

@@ -176,3 +176,36 @@ def test_uniform_batch_is_keyed_and_uniform():
     big = _kernels.uniform_batch(7, 7, 7, 7, 1000, 100).ravel()
     histogram = np.histogram(big, bins=10, range=(0, 1))[0]
     assert np.all(np.abs(histogram - 10000) < 500)  # ~5 sigma
+
+
+def test_huge_corner_does_not_overflow_the_bounds_check(rng):
+    source = random_volume(rng, (1, 4, 4, 4), np.uint8)
+    out = np.empty((1, 1, 4, 4, 4), np.float32)
+    with pytest.raises(IndexError, match="axis x"):
+        _kernels.gather_convert([source], [[0, 0, 2**63 - 2]], [[0, 1, 2]], [[0, 0, 0]], [1], [0], out)
+
+
+def test_object_and_byte_swapped_arrays_are_refused():
+    objects = np.empty((1, 2, 2, 2), dtype=object)
+    with pytest.raises(TypeError, match="object"):
+        _kernels.gather_copy([objects], [[0, 0, 0]], [[0, 1, 2]], [[0, 0, 0]], np.empty((1, 1, 2, 2, 2), object))
+    swapped = np.zeros((1, 2, 2, 2), dtype=">u2")
+    with pytest.raises(TypeError, match="native-endian"):
+        _kernels.gather_copy([swapped], [[0, 0, 0]], [[0, 1, 2]], [[0, 0, 0]], np.empty((1, 1, 2, 2, 2), ">u2"))
+
+
+class Liar(np.ndarray):
+    """An ndarray subclass that misreports its shape."""
+
+    @property
+    def shape(self):
+        return (1, 4096, 4096, 4096)
+
+
+def test_subclasses_cannot_misreport_their_geometry(rng):
+    source = random_volume(rng, (1, 4, 4, 4), np.uint8).view(Liar)
+    out = np.empty((1, 1, 2, 2, 2), np.uint8)
+    with pytest.raises(IndexError):
+        _kernels.gather_copy([source], [[4000, 0, 0]], [[0, 1, 2]], [[0, 0, 0]], out)
+    _kernels.gather_copy([source], [[2, 2, 2]], [[0, 1, 2]], [[0, 0, 0]], out)
+    np.testing.assert_array_equal(out[0], np.asarray(source)[:, 2:, 2:, 2:])

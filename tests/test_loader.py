@@ -301,3 +301,86 @@ def test_bad_volumes(rng):
         ef.Loader([[[1]]], patch=PATCH)
     with pytest.raises(ValueError, match="does not overlap"):
         ef.Loader(raw, np.zeros((4, 4, 4), np.uint64), patch=(1, 1, 1), label_offset=(20, 0, 0))
+
+
+def test_released_batch_refuses_iteration_and_copy(volumes):
+    raw, _ = volumes
+    with ef.Loader(raw, patch=PATCH) as loader:
+        batch = loader.next_batch()
+        batch.release()
+        for use in (list, len, lambda b: b.copy(), lambda b: "raw" in b):
+            with pytest.raises(ef.BatchReleasedError):
+                use(batch)
+
+
+def test_interruption_during_hand_over_leaves_no_slot_leased(volumes, monkeypatch):
+    """Ctrl-C inside next_batch must not leave a slot that is never released (the stream would hang)."""
+    raw, _ = volumes
+    with ef.Loader(raw, patch=PATCH, buffers=2, seed=9) as loader:
+        calls = []
+
+        def count_batch():
+            calls.append(1)
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(loader._profile, "count_batch", count_batch)
+        loader.next_batch()
+        with pytest.raises(KeyboardInterrupt):
+            loader.next_batch()
+        numbers = []
+        consumer = threading.Thread(target=lambda: numbers.extend(loader.next_batch().number for _ in range(6)))
+        consumer.start()
+        consumer.join(10)
+        stalled = consumer.is_alive()
+    consumer.join()
+    assert not stalled and numbers == [2, 3, 4, 5, 6, 7]
+
+
+def test_error_while_preparing_a_producer_reaches_the_consumer(small_h5, monkeypatch):
+    path, _, _ = small_h5
+    raw = ef.hdf5(path, "volumes/raw", in_memory=False)
+    loader = ef.Loader(raw, patch=PATCH)
+
+    def no_memory():
+        raise MemoryError("scratch buffers")
+
+    monkeypatch.setattr(loader._gatherer, "new_scratch", no_memory)
+    with pytest.raises(MemoryError, match="scratch"):
+        with loader:
+            loader.next_batch()
+    raw.close()
+
+
+def test_resolution_mismatch_is_refused_even_for_equal_shapes(rng):
+    raw = ef.Volume.from_array(rng.integers(0, 9, (8, 16, 16), dtype=np.uint8), resolution=(40, 4, 4))
+    labels = ef.Volume.from_array(np.zeros((8, 16, 16), np.uint64), resolution=(40, 8, 8))
+    with pytest.raises(ValueError, match="resolution mismatch"):
+        ef.Loader(raw, labels, patch=(2, 4, 4))
+
+
+def test_numpy_scalars_and_arrays_are_accepted_where_numbers_are(volumes):
+    raw, _ = volumes
+    loader = ef.Loader(raw, patch=np.array(PATCH), batch_size=np.int64(2), normalize=np.array([1.0, 0.0]),
+                       augment=[ef.Mirror(p=np.float32(0.3)), ef.Intensity(np.float32(0.1), np.float64(0.1))],
+                       label_offset=None, threads=np.int32(1))
+    assert loader.patch == PATCH and loader.batch_size == 2
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(sampler="uniform"), "emfast sampler"),
+    (dict(normalize=("a", 1)), "normalize"),
+    (dict(labels=np.zeros((12, 40, 36), np.uint64), label_offset=(True, 0, 0)), "label_offset"),
+    (dict(labels=np.zeros((12, 40, 36), np.uint64), label_offset=(2**70, 0, 0)), "out of range"),
+])
+def test_more_bad_arguments(volumes, kwargs, match):
+    raw, _ = volumes
+    with pytest.raises((TypeError, ValueError), match=match):
+        ef.Loader(raw, patch=PATCH, **kwargs)
+
+
+def test_no_augmentation(volumes):
+    raw, _ = volumes
+    with ef.Loader(raw, patch=PATCH, augment=None) as loader:
+        batch = loader.next_batch()
+        assert (batch.perms == [0, 1, 2]).all() and not batch.flips.any()

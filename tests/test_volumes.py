@@ -102,3 +102,20 @@ def test_nan_in_float_volume_is_reported():
     data[3, 4, 5] = np.nan
     with pytest.raises(ValueError, match=r"NaN.*\(0, 3, 4, 5\)"):
         ef.Loader(data, patch=(2, 2, 2))
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_big_endian_hdf5_is_read_as_native(tmp_path, rng, in_memory):
+    data = rng.integers(0, 60000, (6, 10, 10), dtype=np.uint16)
+    path = tmp_path / "be.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("raw", data=data.astype(">u2"))
+    with ef.hdf5(path, "raw", in_memory=in_memory) as volume:
+        assert volume.dtype == np.dtype(np.uint16)
+        out = np.empty((1, 2, 3, 4), np.uint16)
+        np.testing.assert_array_equal(volume.read_box((1, 2, 3), (2, 3, 4), out)[0], data[1:3, 2:5, 3:7])
+
+
+def test_byte_swapped_array_is_refused():
+    with pytest.raises(TypeError, match="byte-swapped"):
+        ef.Volume.from_array(np.zeros((4, 4, 4), ">u2"))

@@ -41,7 +41,7 @@ _CONVERT_SOURCES = {np.dtype(np.uint8): EMF_UINT8, np.dtype(np.uint16): EMF_UINT
 _CONVERT_OUTPUTS = {np.dtype(np.float32): EMF_FLOAT32, np.dtype(np.float16): EMF_FLOAT16}
 
 
-cdef emf_window *_windows(list sources, corners, perms, flips, tuple out_shape) except NULL:
+cdef emf_window *_windows(tuple sources, corners, perms, flips, tuple out_shape) except NULL:
     """Validate B windows and describe each as an origin pointer plus signed byte steps (caller frees)."""
     cdef Py_ssize_t count = len(sources)
     cdef Py_ssize_t n, j, axis
@@ -60,8 +60,6 @@ cdef emf_window *_windows(list sources, corners, perms, flips, tuple out_shape) 
     try:
         for n in range(count):
             src = sources[n]
-            if not isinstance(src, np.ndarray):
-                raise TypeError(f"source {n} is a {type(src).__name__}, not a NumPy array")
             if src.ndim != 4 or src.shape[0] != out_shape[0]:
                 raise ValueError(f"source {n} must be 4-D (C, Z, Y, X) with C={out_shape[0]}, "
                                  f"got shape {src.shape}")
@@ -73,7 +71,7 @@ cdef emf_window *_windows(list sources, corners, perms, flips, tuple out_shape) 
             windows[n].steps[0] = src.strides[0]
             for axis in range(3):
                 corner = corners[n, axis]
-                if corner < 0 or corner + extent[axis] > src.shape[1 + axis]:
+                if corner < 0 or corner > src.shape[1 + axis] - extent[axis]:  # no overflow for huge corners
                     raise IndexError(
                         f"window {n} spans [{corner}, {corner + extent[axis]}) along axis {'zyx'[axis]}, "
                         f"outside the source extent {src.shape[1 + axis]}")
@@ -92,15 +90,34 @@ cdef emf_window *_windows(list sources, corners, perms, flips, tuple out_shape) 
     return windows
 
 
-cdef tuple _check_out(out, Py_ssize_t count):
-    if not isinstance(out, np.ndarray) or out.ndim != 5 or not out.flags.c_contiguous or not out.flags.writeable:
+cdef tuple _plain_sources(sources):
+    """Base-class views of the sources: an ndarray subclass cannot misreport shape, strides or dtype, and the
+    tuple keeps every source alive while the kernel runs without the GIL."""
+    plain = []
+    for n, src in enumerate(sources):
+        if not isinstance(src, np.ndarray):
+            raise TypeError(f"source {n} is a {type(src).__name__}, not a NumPy array")
+        if src.dtype.hasobject or not src.dtype.isnative:
+            raise TypeError(f"source {n} has dtype {src.dtype}; the kernels read native-endian numbers only")
+        plain.append(np.asarray(src))
+    return tuple(plain)
+
+
+cdef object _plain_out(out, Py_ssize_t count):
+    """A base-class view of ``out`` after checking it (see _plain_sources)."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a NumPy array, got {type(out).__name__}")
+    out = np.asarray(out)
+    if out.ndim != 5 or not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError("out must be a writeable C-contiguous ndarray of shape (B, C, Z, Y, X)")
+    if out.dtype.hasobject or not out.dtype.isnative:
+        raise TypeError(f"out has dtype {out.dtype}; the kernels write native-endian numbers only")
     if out.shape[0] != count:
         raise ValueError(f"out holds {out.shape[0]} windows but {count} sources were given")
-    return tuple(out.shape[1:])
+    return out
 
 
-def gather_convert(list sources not None, corners, perms, flips, scale, shift, cnp.ndarray out not None):
+def gather_convert(sources, corners, perms, flips, scale, shift, out):
     """Crop, transform and convert B windows into ``out`` (B, C, Z, Y, X) in one pass, without the GIL.
 
     ``out[n] = transpose(flip(src_n[:, window_n], flips[n]), perms[n]).astype(float32) * scale[n] + shift[n]``,
@@ -108,10 +125,13 @@ def gather_convert(list sources not None, corners, perms, flips, scale, shift, c
     source axes; its extent along source axis ``perms[n][j]`` is ``out.shape[2 + j]``. Sources (4-D, any strides)
     share one dtype: uint8, uint16 or float32.
     """
+    sources = _plain_sources(sources)
     cdef Py_ssize_t count = len(sources)
-    shape = _check_out(out, count)
+    result = out
+    out = _plain_out(out, count)
+    shape = out.shape[1:]
     if count == 0:
-        return out
+        return result
     src_dtype = sources[0].dtype
     if any(s.dtype != src_dtype for s in sources):
         raise TypeError("all sources of one gather must share a dtype")
@@ -128,7 +148,7 @@ def gather_convert(list sources not None, corners, perms, flips, scale, shift, c
         c_shape[j] = shape[j]
     cdef emf_dtype c_src = _CONVERT_SOURCES[src_dtype]
     cdef emf_dtype c_out = _CONVERT_OUTPUTS[out.dtype]
-    cdef void *c_data = cnp.PyArray_DATA(out)
+    cdef void *c_data = cnp.PyArray_DATA(<cnp.ndarray> out)
     cdef emf_window *windows = _windows(sources, corners, perms, flips, shape)
     cdef Py_ssize_t n
     cdef int status
@@ -140,19 +160,22 @@ def gather_convert(list sources not None, corners, perms, flips, scale, shift, c
     free(windows)
     if status != 0:
         raise RuntimeError(f"gather_convert kernel failed with status {status}")
-    return out
+    return result
 
 
-def gather_copy(list sources not None, corners, perms, flips, cnp.ndarray out not None):
+def gather_copy(sources, corners, perms, flips, out):
     """Crop and transform B windows into ``out`` (B, C, Z, Y, X) bit for bit, without the GIL.
 
     Same geometry as :func:`gather_convert`; ``out`` must have the sources' dtype (any of 1, 2, 4 or 8 bytes,
     e.g. labels of uint32, uint64 or int64, or uint8 masks).
     """
+    sources = _plain_sources(sources)
     cdef Py_ssize_t count = len(sources)
-    shape = _check_out(out, count)
+    result = out
+    out = _plain_out(out, count)
+    shape = out.shape[1:]
     if count == 0:
-        return out
+        return result
     if any(s.dtype != out.dtype for s in sources):
         raise TypeError(f"gather_copy needs sources of the output dtype {out.dtype}, "
                         f"got {sorted({str(s.dtype) for s in sources})}")
@@ -162,7 +185,7 @@ def gather_copy(list sources not None, corners, perms, flips, cnp.ndarray out no
     for j in range(4):
         c_shape[j] = shape[j]
     cdef int itemsize = out.itemsize
-    cdef void *c_data = cnp.PyArray_DATA(out)
+    cdef void *c_data = cnp.PyArray_DATA(<cnp.ndarray> out)
     cdef emf_window *windows = _windows(sources, corners, perms, flips, shape)
     cdef int status
     with nogil:
@@ -170,7 +193,7 @@ def gather_copy(list sources not None, corners, perms, flips, cnp.ndarray out no
     free(windows)
     if status != 0:
         raise RuntimeError(f"gather_copy kernel failed with status {status}")
-    return out
+    return result
 
 
 def float_to_half(values):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import numbers
 from dataclasses import dataclass, field
 from typing import ClassVar, Iterable, Sequence, Union
 
@@ -48,7 +49,7 @@ def _parse_axes(axes: str, owner: str) -> tuple[int, ...]:
 
 
 def _check_probability(p: float, owner: str) -> float:
-    if not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p <= 1.0:
         raise ValueError(f"{owner}: probability p must be in [0, 1], got {p!r}")
     return float(p)
 
@@ -158,9 +159,9 @@ class Intensity(Augmentation):
     draws: ClassVar[int] = 2
 
     def __post_init__(self) -> None:
-        if not isinstance(self.scale, (int, float)) or not 0.0 <= self.scale < 1.0:
+        if not isinstance(self.scale, numbers.Real) or not 0.0 <= self.scale < 1.0:
             raise ValueError(f"Intensity: scale must be in [0, 1), got {self.scale!r}")
-        if not isinstance(self.shift, (int, float)) or not 0.0 <= self.shift < float("inf"):
+        if not isinstance(self.shift, numbers.Real) or not 0.0 <= self.shift < float("inf"):
             raise ValueError(f"Intensity: shift must be a finite number >= 0, got {self.shift!r}")
 
     def apply(self, uniforms: np.ndarray, params: Params) -> None:

@@ -70,6 +70,8 @@ def _triple(text: List[int]) -> tuple:
 
 def demo(args: argparse.Namespace) -> int:
     """Build (once) the built-in volume and stream batches through the full loader."""
+    if args.batches < 1:
+        raise ValueError(f"--batches must be at least 1, got {args.batches}")
     shape = _triple(args.volume_shape)
     print(f"emfast {__version__}: preparing the built-in EM volume {shape} ...", file=sys.stderr)
     path = demo_volume_path(cache_dir=args.cache_dir, shape=shape)

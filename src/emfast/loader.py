@@ -23,7 +23,7 @@ from .plan import BatchPlan, Planner, window_extents
 from .profile import Profile, ProfileReport
 from .ring import Ring, RingClosed
 from .rng import check_seed
-from .sampling import Uniform
+from .sampling import Sampler, Uniform
 from .volumes import LABEL_DTYPES, RAW_DTYPES, Volume, as_volume
 
 OUTPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
@@ -70,17 +70,20 @@ class Batch(Mapping):
     def released(self) -> bool:
         return self._arrays is None
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def _live(self) -> Dict[str, np.ndarray]:
         if self._arrays is None:
             raise BatchReleasedError(f"batch {self.number} (epoch {self.epoch}, index {self.index}) was released; "
                                      "copy what you need to keep with batch.copy() before requesting the next")
-        return self._arrays[name]
+        return self._arrays
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._live()[name]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._arrays or ())
+        return iter(self._live())
 
     def __len__(self) -> int:
-        return len(self._arrays or ())
+        return len(self._live())
 
     def copy(self) -> Dict[str, np.ndarray]:
         """Return copies of all arrays (they stay valid forever)."""
@@ -100,41 +103,54 @@ class Batch(Mapping):
         return f"<Batch {self.number} epoch={self.epoch} index={self.index} {fields}>"
 
 
-def _positive_triple(value, what: str) -> tuple:
-    try:
-        items = tuple(value)
-    except TypeError:
-        items = ()
-    if len(items) != 3 or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in items):
-        raise ValueError(f"{what} must be 3 integers (z, y, x), got {value!r}")
-    if min(items) < 1:
-        raise ValueError(f"{what} must be positive, got {value!r}")
-    return tuple(int(v) for v in items)
-
-
 def _positive_int(value, what: str, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
 
+def _integer_triple(value, what: str) -> tuple:
+    try:
+        items = tuple(value)
+    except TypeError:
+        items = ()
+    if len(items) != 3 or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in items):
+        raise ValueError(f"{what} must be 3 integers (z, y, x), got {value!r}")
+    if max(abs(int(v)) for v in items) >= 1 << 62:
+        raise ValueError(f"{what} is out of range: {value!r}")
+    return tuple(int(v) for v in items)
+
+
+def _positive_triple(value, what: str) -> tuple:
+    items = _integer_triple(value, what)
+    if min(items) < 1:
+        raise ValueError(f"{what} must be positive, got {value!r}")
+    return items
+
+
+def _pair(value) -> tuple:
+    """(scale, shift) as two finite floats."""
+    try:
+        pair = tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+        pair = ()
+    if len(pair) != 2 or not all(np.isfinite(pair)):
+        raise ValueError(f"normalize must be (scale, shift), two finite numbers, got {value!r}")
+    return pair
+
+
 def _label_origin(raw: Volume, labels: Volume, label_offset) -> np.ndarray:
     """Position of the labels' voxel (0, 0, 0) in raw voxel coordinates."""
+    if raw.resolution is not None and labels.resolution is not None and not np.allclose(raw.resolution,
+                                                                                          labels.resolution):
+        raise ValueError(f"resolution mismatch: {raw.name} has {raw.resolution}, {labels.name} has "
+                         f"{labels.resolution}")
     if label_offset is not None:
-        try:
-            items = tuple(label_offset)
-        except TypeError:
-            items = ()
-        if len(items) != 3 or not all(isinstance(v, numbers.Integral) for v in items):
-            raise ValueError(f"label_offset must be 3 integers (z, y, x), got {label_offset!r}")
-        return np.asarray(items, dtype=np.int64)
+        return np.asarray(_integer_triple(label_offset, "label_offset"), dtype=np.int64)
     if raw.offset is not None and labels.offset is not None:
         if raw.resolution is None or labels.resolution is None:
             raise ValueError(f"{raw.name} and {labels.name} have 'offset' attributes but not both a "
                              "'resolution'; pass label_offset=(z, y, x) in voxels")
-        if not np.allclose(raw.resolution, labels.resolution):
-            raise ValueError(f"resolution mismatch: {raw.name} has {raw.resolution}, {labels.name} has "
-                             f"{labels.resolution}")
         voxels = (np.asarray(labels.offset) - np.asarray(raw.offset)) / np.asarray(raw.resolution)
         if not np.allclose(voxels, np.round(voxels)):
             raise ValueError(f"{labels.name} is offset by {tuple(voxels)} voxels from {raw.name}, "
@@ -177,12 +193,14 @@ class _Producers:
         return divmod(number, self.epoch_size) if self.epoch_size else (0, number)
 
     def _run(self) -> None:
-        scratch = self.gatherer.new_scratch()
+        scratch = None
         while True:
             number = self.ring.claim()
             if number is None:
                 return
             try:
+                if scratch is None:
+                    scratch = self.gatherer.new_scratch()
                 with self.profile.timer("stall"):
                     arrays = self.ring.wait_free(number)
                 with self.profile.timer("sample"):
@@ -255,8 +273,10 @@ class Loader:
         self.buffers = max(2, self.threads + 2) if buffers is None else _positive_int(buffers, "buffers", 2)
         self.seed = check_seed(seed)
         self.dtype = self._output_dtype(dtype)
-        self.augmentations = _augment.resolve(augment, isotropic)
+        self.augmentations = _augment.resolve(() if augment is None else augment, isotropic)
         self.sampler = Uniform() if sampler is None else sampler
+        if not isinstance(self.sampler, Sampler):
+            raise TypeError(f"sampler must be an emfast sampler such as emfast.Uniform(), got {sampler!r}")
 
         raw_volume = as_volume(raw, "raw")
         if raw_volume.dtype not in RAW_DTYPES:
@@ -281,10 +301,7 @@ class Loader:
         self._check_fits(lo, hi, [f.volume.name for f in fields])
         self.region = (tuple(int(v) for v in lo), tuple(int(v) for v in hi))
 
-        normalization = DEFAULT_NORMALIZATION[raw_volume.dtype] if normalize is None else normalize
-        if (not isinstance(normalization, (tuple, list)) or len(normalization) != 2
-                or not np.all(np.isfinite(np.asarray(normalization, dtype=np.float64)))):
-            raise ValueError(f"normalize must be (scale, shift), two finite numbers, got {normalize!r}")
+        normalization = DEFAULT_NORMALIZATION[raw_volume.dtype] if normalize is None else _pair(normalize)
         self._gatherer = Gatherer(fields, self.patch, self.batch_size, normalization)
         self._planner = Planner(patch=self.patch, batch_size=self.batch_size, sampler=self.sampler,
                                 augmentations=self.augmentations, lo=lo, hi=hi, seed=self.seed)
@@ -372,10 +389,12 @@ class Loader:
         number = self._consumed
         with self._profile.timer("wait"):
             arrays, plan = self._ring.take(number, self._producers.alive)
-        self._consumed += 1
+        # An interruption before these two assignments leaves the batch in the ring to be taken again; after
+        # them, it is current and is released by the next request. Either way no slot is left leased.
+        batch = Batch(self, number, arrays, plan)
+        self._current, self._consumed = batch, number + 1
         self._profile.count_batch()
-        self._current = Batch(self, number, arrays, plan)
-        return self._current
+        return batch
 
     def _release(self, batch: Batch) -> None:
         if batch is not self._current:

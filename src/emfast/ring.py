@@ -16,8 +16,11 @@ import numpy as np
 POLL_SECONDS = 0.1
 
 
-class RingClosed(Exception):
+class RingClosed(RuntimeError):
     """The ring was closed while a thread was waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__("the loader was closed")
 
 
 class Ring:
@@ -37,7 +40,7 @@ class Ring:
         self._next_claim = 0
         self._released = 0  # batches < _released are released by the consumer
         self._ready: Dict[int, Any] = {}
-        self._errors: Dict[int, BaseException] = {}
+        self._errors: Dict[int, tuple] = {}  # batch number -> (exception, its original traceback)
         self._limit: Optional[int] = None  # no batch >= _limit is started (set by the first failure)
         self._closed = False
 
@@ -68,27 +71,32 @@ class Ring:
     def fail(self, number: int, error: BaseException) -> None:
         """Record that making batch ``number`` raised ``error``."""
         with self._cond:
-            self._errors[number] = error
+            self._errors[number] = (error, error.__traceback__)
             self._limit = number if self._limit is None else min(self._limit, number)
             self._cond.notify_all()
 
     def take(self, number: int, producers_alive: Callable[[], bool]):
-        """Consumer: wait for batch ``number``; return (arrays, info) or raise the producer's error."""
+        """Consumer: wait for batch ``number``; return (arrays, info) or raise the producer's error.
+
+        The batch stays available until :meth:`release`, so taking it again (after an interruption) is safe.
+        """
         def arrived() -> bool:
             return number in self._ready or number in self._errors or not producers_alive()
 
         self._wait(arrived)
         with self._cond:
             if number in self._errors:
-                raise self._errors[number]
+                error, original = self._errors[number]
+                raise error.with_traceback(original)  # the same traceback each time it is raised
             if number not in self._ready:
                 raise RuntimeError("the producer threads stopped without delivering batch "
                                    f"{number} and without an error")
-            return self.slots[number % self.size], self._ready.pop(number)
+            return self.slots[number % self.size], self._ready[number]
 
     def release(self, number: int) -> None:
         """Consumer: batch ``number`` (and every earlier one) is no longer used; its slot can be refilled."""
         with self._cond:
+            self._ready.pop(number, None)
             self._released = max(self._released, number + 1)
             self._cond.notify_all()
 

@@ -4,7 +4,17 @@ from __future__ import annotations
 import numpy as np
 
 
-class Uniform:
+class Sampler:
+    """Base class: turns ``draws`` uniforms per example into window corners."""
+
+    name = "sampler"
+    draws = 0
+
+    def corners(self, uniforms: np.ndarray, lo: np.ndarray, hi: np.ndarray, extents: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+class Uniform(Sampler):
     """Window corners uniformly distributed over every position where the window fits in the region."""
 
     name = "uniform"

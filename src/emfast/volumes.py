@@ -66,13 +66,18 @@ class Volume:
         if data.ndim not in (3, 4):
             raise ValueError(f"{name}: expected a 3-D (z, y, x) or 4-D (c, z, y, x) volume, "
                              f"got {data.ndim}-D shape {tuple(data.shape)}")
-        if np.dtype(data.dtype) not in SUPPORTED_DTYPES:
+        dtype = np.dtype(data.dtype)
+        if isinstance(data, np.ndarray) and not dtype.isnative:
+            raise TypeError(f"{name}: byte-swapped dtype {dtype}; convert it with "
+                            f"array.astype(array.dtype.newbyteorder('='))")
+        dtype = dtype.newbyteorder("=")  # HDF5 converts big-endian data when it is read into native buffers
+        if dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"{name}: unsupported dtype {data.dtype}; supported: "
                             f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
         if 0 in data.shape:
             raise ValueError(f"{name}: volume is empty (shape {tuple(data.shape)})")
         self.name = name
-        self.dtype = np.dtype(data.dtype)
+        self.dtype = dtype
         full_shape = tuple(int(s) for s in data.shape)
         self.channels = full_shape[0] if data.ndim == 4 else 1
         self.shape = full_shape[-3:]
