@@ -22,6 +22,7 @@ from .gather import DEFAULT_NORMALIZATION, Field, Gatherer
 from .plan import BatchPlan, Planner, window_extents
 from .profile import Profile, ProfileReport
 from .ring import Ring, RingClosed
+from .transfer import Copier, resolve_device
 from .rng import check_seed
 from .sampling import Sampler, Uniform
 from .volumes import LABEL_DTYPES, RAW_DTYPES, Volume, as_volume
@@ -215,8 +216,27 @@ class _Producers:
                 return
 
 
-def _references(arrays: Dict[str, np.ndarray]) -> List[int]:
+def _references(arrays: Dict[str, object]) -> List[int]:
     return [sys.getrefcount(array) for array in arrays.values()]
+
+
+class _Pipeline:
+    """Everything with a thread: producers, and for a device the copier. Holds no reference to the Loader."""
+
+    def __init__(self, producers: _Producers, consumer_ring: Ring, copier: Optional[Copier]) -> None:
+        self.producers = producers
+        self.consumer_ring = consumer_ring
+        self.copier = copier
+
+    def alive(self) -> bool:
+        """Whether anything can still deliver a batch to the consumer."""
+        return self.copier.alive() if self.copier is not None else self.producers.alive()
+
+    def stop(self) -> None:
+        self.consumer_ring.close()
+        self.producers.stop()  # closes the host ring
+        if self.copier is not None:
+            self.copier.finish()
 
 
 class Loader:
@@ -254,6 +274,10 @@ class Loader:
     label_offset : (int, int, int), optional
         Position of the labels' first voxel in raw voxels, when labels cover only part of raw. Otherwise taken
         from the datasets' ``offset``/``resolution`` attributes, or the shapes must be equal.
+    device : str
+        Where batches are delivered: ``"cpu"`` (NumPy arrays), ``"cuda"`` / ``"cuda:N"`` (device arrays with
+        ``__cuda_array_interface__``, copied asynchronously from page-locked memory; needs pycuda), or
+        ``"auto"`` (CUDA if usable, else the CPU with a notice). See :mod:`emfast.transfer`.
 
     Examples
     --------
@@ -265,7 +289,7 @@ class Loader:
     def __init__(self, raw, labels=None, *, patch: Sequence[int], batch_size: int = 8,
                  augment: Sequence = ("mirror", "transpose"), sampler=None, epoch_size: Optional[int] = None,
                  threads: int = 1, buffers: Optional[int] = None, seed: int = 0, dtype="float32",
-                 normalize=None, isotropic: bool = False, label_offset=None) -> None:
+                 normalize=None, isotropic: bool = False, label_offset=None, device="cpu") -> None:
         self.patch = _positive_triple(patch, "patch")
         self.batch_size = _positive_int(batch_size, "batch_size")
         self.epoch_size = None if epoch_size is None else _positive_int(epoch_size, "epoch_size")
@@ -275,6 +299,8 @@ class Loader:
         self.dtype = self._output_dtype(dtype)
         self.augmentations = _augment.resolve(() if augment is None else augment, isotropic)
         self.sampler = Uniform() if sampler is None else sampler
+        self._backend = resolve_device(device)
+        self.device = "cpu" if self._backend is None else self._backend.name
         if not isinstance(self.sampler, Sampler):
             raise TypeError(f"sampler must be an emfast sampler such as emfast.Uniform(), got {sampler!r}")
 
@@ -306,9 +332,8 @@ class Loader:
         self._planner = Planner(patch=self.patch, batch_size=self.batch_size, sampler=self.sampler,
                                 augmentations=self.augmentations, lo=lo, hi=hi, seed=self.seed)
         self._profile = Profile(self.threads)
-        self._ring: Optional[Ring] = None
-        self._producers: Optional[_Producers] = None
-        self._baseline: List[List[int]] = []
+        self._pipeline: Optional[_Pipeline] = None
+        self._baseline: Dict[int, tuple] = {}  # slot index -> (its arrays, their reference counts when taken)
         self._current: Optional[Batch] = None
         self._consumed = 0
         self._closed = False
@@ -340,14 +365,22 @@ class Loader:
         """Allocate the slots and start the producer threads (done by ``with`` and by iteration)."""
         if self._closed:
             raise RuntimeError("this loader is closed; create a new Loader")
-        if self._producers is None:
-            slots = [self._gatherer.allocate() for _ in range(self.buffers)]
-            self._baseline = [_references(slot) for slot in slots]
-            self._ring = Ring(slots)
-            self._producers = _Producers(self._ring, self._planner, self._gatherer, self._profile,
-                                         self.epoch_size, self.threads)
-            self._finalizer = weakref.finalize(self, self._producers.stop)
-            self._producers.start()
+        if self._pipeline is None:
+            copier = None
+            if self._backend is None:
+                host_ring = consumer_ring = Ring([self._gatherer.allocate() for _ in range(self.buffers)])
+            else:
+                fields = {name: (shape, dtype) for name, (shape, dtype) in self.fields.items()}
+                copier = Copier(self._backend, fields, self.buffers, self._profile)
+                copier.open()
+                host_ring, consumer_ring = copier.host_ring, copier.device_ring
+            producers = _Producers(host_ring, self._planner, self._gatherer, self._profile, self.epoch_size,
+                                   self.threads)
+            self._pipeline = _Pipeline(producers, consumer_ring, copier)
+            self._finalizer = weakref.finalize(self, self._pipeline.stop)
+            producers.start()
+            if copier is not None:
+                copier.run(producers.alive)
         return self
 
     def close(self) -> None:
@@ -356,7 +389,7 @@ class Loader:
             self._current._detach()
             self._current = None
         self._closed = True
-        if self._producers is not None:
+        if self._pipeline is not None:
             self._finalizer()
 
     def __enter__(self) -> "Loader":
@@ -387,8 +420,12 @@ class Loader:
         if self._current is not None:
             self._release(self._current)
         number = self._consumed
+        ring = self._pipeline.consumer_ring
         with self._profile.timer("wait"):
-            arrays, plan = self._ring.take(number, self._producers.alive)
+            arrays, plan = ring.take(number, self._pipeline.alive)
+        index = number % ring.size
+        if self._baseline.get(index, (None,))[0] is not arrays:  # a new slot: count its references unleased
+            self._baseline[index] = (arrays, _references(arrays))
         # An interruption before these two assignments leaves the batch in the ring to be taken again; after
         # them, it is current and is released by the next request. Either way no slot is left leased.
         batch = Batch(self, number, arrays, plan)
@@ -401,17 +438,22 @@ class Loader:
             return
         self._current = None
         batch._detach()
-        index = batch.number % self._ring.size
-        if _references(self._ring.slots[index]) != self._baseline[index]:
+        ring = self._pipeline.consumer_ring
+        index = batch.number % ring.size
+        arrays, counts = self._baseline[index]
+        if _references(arrays) != counts:
             # The consumer still holds arrays of this slot: leave them to it and give the slot new memory.
-            self._ring.slots[index] = self._gatherer.allocate()
-            self._baseline[index] = _references(self._ring.slots[index])
+            if self._pipeline.copier is not None:
+                self._pipeline.copier.reallocate(index)
+            else:
+                ring.slots[index] = self._gatherer.allocate()
             if not self._warned_escape:
                 self._warned_escape = True
                 warnings.warn("emfast: arrays of a released batch are still referenced; they stay intact, but "
                               "the loader had to allocate a new slot. Use batch.copy() to keep data.",
                               ResourceWarning, stacklevel=3)
-        self._ring.release(batch.number)
+        del arrays
+        ring.release(batch.number)
 
     # -- information ------------------------------------------------------------------------------------------
 
@@ -436,6 +478,6 @@ class Loader:
         return sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in self.fields.values())
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "running" if self._producers is not None else "not started"
+        state = "closed" if self._closed else "running" if self._pipeline is not None else "not started"
         return (f"Loader(patch={self.patch}, batch_size={self.batch_size}, threads={self.threads}, "
-                f"buffers={self.buffers}, fields={list(self.fields)}, {state})")
+                f"buffers={self.buffers}, fields={list(self.fields)}, device={self.device!r}, {state})")
