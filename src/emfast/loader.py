@@ -87,8 +87,32 @@ class Batch(Mapping):
         return len(self._live())
 
     def copy(self) -> Dict[str, np.ndarray]:
-        """Return copies of all arrays (they stay valid forever)."""
-        return {name: self[name].copy() for name in self}
+        """Return host copies of all arrays (CPU loaders only; they stay valid forever)."""
+        arrays = self._live()
+        if not all(isinstance(array, np.ndarray) for array in arrays.values()):
+            raise TypeError("batch.copy() copies host arrays; for a device batch use batch.torch() or "
+                            "batch.cupy() and clone the tensors you keep")
+        return {name: array.copy() for name, array in arrays.items()}
+
+    def torch(self) -> Dict[str, "torch.Tensor"]:
+        """The arrays as PyTorch tensors without copying: CPU tensors, or CUDA tensors for a device loader.
+
+        They share the batch's memory, so the validity rules of the batch apply (clone what you keep).
+        """
+        try:
+            import torch
+        except ImportError as error:
+            raise ImportError("batch.torch() needs PyTorch (pip install torch)") from error
+        return {name: torch.from_numpy(array) if isinstance(array, np.ndarray)
+                else torch.as_tensor(array, device=array.device) for name, array in self._live().items()}
+
+    def cupy(self) -> Dict[str, "cupy.ndarray"]:
+        """The arrays as CuPy arrays: zero-copy for a device loader; copied to the GPU for a CPU loader."""
+        try:
+            import cupy
+        except ImportError as error:
+            raise ImportError("batch.cupy() needs CuPy (pip install cupy-cuda12x or similar)") from error
+        return {name: cupy.asarray(array) for name, array in self._live().items()}
 
     def release(self) -> None:
         """Hand the slot back to the producers now (idempotent)."""
