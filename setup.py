@@ -33,4 +33,14 @@ kernels = Extension(
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
 )
 
-setup(ext_modules=cythonize([kernels], compiler_directives=CYTHON_DIRECTIVES))
+targets = Extension(
+    "emfast._targets",
+    sources=["src/emfast/_targets.pyx", "csrc/targets.cpp"],
+    include_dirs=["csrc", np.get_include()],
+    depends=["csrc/targets.h", "csrc/gather.h"],
+    language="c++",
+    extra_compile_args=COMPILE_ARGS,
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
+)
+
+setup(ext_modules=cythonize([kernels, targets], compiler_directives=CYTHON_DIRECTIVES))

@@ -42,3 +42,77 @@ def random_volume(rng, shape, dtype):
         return (rng.random(shape) * 1000 - 200).astype(dtype)
     info = np.iinfo(dtype)
     return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+
+
+# -- label -> target references (emfast.targets) ----------------------------------------------------------------
+
+def _inner(labels, margin):
+    """The output region of a (B, 1, Z, Y, X) label batch: label voxels [margin, shape - margin) per axis."""
+    return labels[(slice(None), 0) + tuple(slice(m, s - m) for m, s in zip(margin, labels.shape[2:]))]
+
+
+def _neighbours(labels, margin, offset):
+    """(neighbour labels, neighbour inside the patch) of every output voxel u, for the neighbour u + offset.
+
+    Pads the patch with unknown voxels and slices the padded arrays, so it shares no bounds logic with the kernels.
+    """
+    shape = labels.shape[2:]
+    out = [s - 2 * m for s, m in zip(shape, margin)]
+    if any(abs(d) >= s for d, s in zip(offset, shape)):  # every neighbour is outside the patch
+        return np.zeros((labels.shape[0],) + tuple(out), labels.dtype), np.zeros((1,) + tuple(out), bool)
+    pad = [abs(d) for d in offset]
+    padded = np.pad(labels[:, 0], [(0, 0)] + [(p, p) for p in pad])
+    known = np.pad(np.ones((1,) + tuple(shape), bool), [(0, 0)] + [(p, p) for p in pad])
+    box = tuple(slice(p + m + d, p + m + d + o) for p, m, d, o in zip(pad, margin, offset, out))
+    return padded[(slice(None),) + box], known[(slice(None),) + box]
+
+
+def affinities_reference(labels, offsets, margin=(0, 0, 0), background=0, ignore=None, dtype=np.float32):
+    """gunpowder's seg_to_affgraph convention: channel k links u with u - offsets[k].
+
+    Returns (affinities, mask) of shape (B, K, Z - 2 mz, Y - 2 my, X - 2 mx).
+    """
+    inner = _inner(labels, margin)
+    affinities, masks = [], []
+    for offset in offsets:
+        neighbour, known = _neighbours(labels, margin, [-d for d in offset])
+        same = (inner == neighbour) & known
+        if background is not None:
+            same &= inner != background
+        mask = np.broadcast_to(known, inner.shape)
+        if ignore is not None:
+            mask = mask & (inner != ignore) & (neighbour != ignore)
+        affinities.append(same.astype(dtype))
+        masks.append(mask.astype(np.uint8))
+    return np.stack(affinities, axis=1), np.stack(masks, axis=1)
+
+
+def boundaries_reference(labels, margin=(0, 0, 0), thickness=1, in_plane=False):
+    """1 where a voxel up to ``thickness`` steps away along +-z, +-y or +-x (not z if ``in_plane``), inside the
+    patch, has another label. Shape (B, 1, Z - 2 mz, Y - 2 my, X - 2 mx), uint8."""
+    inner = _inner(labels, margin)
+    boundary = np.zeros(inner.shape, bool)
+    for axis in range(1 if in_plane else 0, 3):
+        for t in range(1, thickness + 1):
+            for sign in (1, -1):
+                offset = [0, 0, 0]
+                offset[axis] = sign * t
+                neighbour, known = _neighbours(labels, margin, offset)
+                boundary |= known & (neighbour != inner)
+    return boundary.astype(np.uint8)[:, np.newaxis]
+
+
+def classes_reference(labels, margin=(0, 0, 0), background=0, thickness=1, in_plane=False, values=(0, 1, 2),
+                      dtype=np.int64):
+    """values[0] on background, values[1] on boundary voxels, values[2] inside."""
+    boundary = boundaries_reference(labels, margin, thickness, in_plane)[:, 0].astype(bool)
+    inner = _inner(labels, margin)
+    classes = np.where(boundary, values[1], values[2])
+    if background is not None:
+        classes = np.where(inner == background, values[0], classes)
+    return classes.astype(dtype)[:, np.newaxis]
+
+
+def foreground_reference(labels, margin=(0, 0, 0), background=0):
+    """1 where the label is not ``background``."""
+    return (_inner(labels, margin) != background).astype(np.uint8)[:, np.newaxis]
