@@ -1,0 +1,64 @@
+/* Training targets derived from a batch of label patches: affinities, boundaries, class maps, foreground.
+ *
+ * Input: `count` label patches stored contiguous as (count, 1, shape[0], shape[1], shape[2]), 4- or 8-byte
+ * integers compared for equality only (so int64 labels are passed as their uint64 bits). Output voxel
+ * (z, y, x) of every target is label voxel (z + margin[0], y + margin[1], x + margin[2]); outputs are
+ * contiguous (count, channels, shape[0] - 2 margin[0], shape[1] - 2 margin[1], shape[2] - 2 margin[2]).
+ * Label voxels outside the patch are unknown: they are never compared with.
+ *
+ * The caller (the Cython wrapper) checks dtypes, shapes, margins (0 <= 2 margin < shape), that outputs do
+ * not overlap the labels and that offsets fit in [-shape, shape] per axis; these functions assume valid input
+ * and never touch Python, so they run without the GIL.
+ */
+#ifndef EMFAST_TARGETS_H
+#define EMFAST_TARGETS_H
+
+#include <stdint.h>
+
+#include "gather.h" /* emf_status */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element types of target outputs. */
+typedef enum {
+    EMF_TARGET_UINT8 = 0,
+    EMF_TARGET_FLOAT32 = 1,
+    EMF_TARGET_INT64 = 2,
+} emf_target_dtype;
+
+typedef struct {
+    const void *data;  /* first label of patch 0 */
+    int64_t count;     /* patches in the batch */
+    int64_t shape[3];  /* label patch extent (z, y, x) */
+    int64_t margin[3]; /* output covers label voxels [margin, shape - margin) per axis */
+    int itemsize;      /* 4 or 8 bytes per label */
+} emf_labels;
+
+/* Affinities for `channels` offsets (offsets[3 k + axis], any sign, not all zero), after gunpowder's
+ * seg_to_affgraph: at output voxel v (label voxel u = v + margin),
+ *     out[n, k, v]  = label[u] == label[u - offset_k] and (no background or label[u] != background)
+ *     mask[n, k, v] = u - offset_k inside the patch and (no ignore or neither label equals ignore)
+ * with out forced to 0 where the neighbour is outside the patch. out_dtype: uint8 or float32 (0 / 1). */
+int emf_affinities(const emf_labels *labels, const int64_t *offsets, int64_t channels, int has_background,
+                   uint64_t background, int has_ignore, uint64_t ignore, emf_target_dtype out_dtype, void *out,
+                   uint8_t *mask);
+
+/* Boundaries (one channel, uint8): out[n, 0, v] = 1 where some label voxel u + t e, e one of +-z, +-y, +-x (not
+ * +-z if in_plane), 1 <= t <= thickness, lies inside the patch and has a label other than label[u]. */
+int emf_boundaries(const emf_labels *labels, int64_t thickness, int in_plane, uint8_t *out);
+
+/* Class map (one channel): values[0] where label[u] == background (if has_background), else values[1] where u
+ * is a boundary voxel as in emf_boundaries, else values[2]. out_dtype: uint8 or int64. */
+int emf_classes(const emf_labels *labels, int64_t thickness, int in_plane, int has_background, uint64_t background,
+                const int64_t values[3], emf_target_dtype out_dtype, void *out);
+
+/* Foreground (one channel, uint8): out[n, 0, v] = label[u] != background. */
+int emf_foreground(const emf_labels *labels, uint64_t background, uint8_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
