@@ -13,15 +13,23 @@ from .augment import Augmentation, Intensity, Mirror, Transpose
 from .loader import Batch, BatchReleasedError, Loader
 from .profile import ProfileReport
 from .sampling import Uniform
+from .targets import Affinities, Boundaries, Classes, Foreground, compute_targets
+from .transfer import DeviceArray, DeviceNotice
 from .volumes import DatasetNotFoundError, Volume, hdf5
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Affinities",
     "Augmentation",
     "Batch",
     "BatchReleasedError",
+    "Boundaries",
+    "Classes",
     "DatasetNotFoundError",
+    "DeviceArray",
+    "DeviceNotice",
+    "Foreground",
     "Intensity",
     "Loader",
     "Mirror",
@@ -29,5 +37,6 @@ __all__ = [
     "Transpose",
     "Uniform",
     "Volume",
+    "compute_targets",
     "hdf5",
 ]
