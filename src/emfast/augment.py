@@ -7,13 +7,14 @@ applies while converting. Raw and labels share the geometry; only raw gets the i
 """
 from __future__ import annotations
 
-import difflib
 import itertools
 import numbers
 from dataclasses import dataclass, field
 from typing import ClassVar, Iterable, Sequence, Union
 
 import numpy as np
+
+from .names import instantiate
 
 AXES = "zyx"
 
@@ -185,20 +186,9 @@ def resolve(items: Iterable[AugmentationLike], isotropic: bool) -> list[Augmenta
     TypeError
         For an item that is neither a name nor an :class:`Augmentation`.
     """
-    if isinstance(items, (str, Augmentation)):
-        items = [items]
-    resolved = []
-    for item in items:
-        if isinstance(item, str):
-            if item not in REGISTRY:
-                close = difflib.get_close_matches(item, REGISTRY, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ValueError(f"unknown augmentation {item!r}{hint} (known: {', '.join(sorted(REGISTRY))})")
-            item = REGISTRY[item]()
-        if not isinstance(item, Augmentation):
-            raise TypeError(f"augmentations must be names or Augmentation objects, got {item!r}")
-        item.check(isotropic)
-        resolved.append(item)
+    resolved = instantiate(items, REGISTRY, Augmentation, "augmentation")
+    for augmentation in resolved:
+        augmentation.check(isotropic)
     return resolved
 
 

@@ -20,7 +20,6 @@ Example::
 """
 from __future__ import annotations
 
-import difflib
 import numbers
 from dataclasses import dataclass
 from typing import ClassVar, Dict, Iterable, Optional, Sequence, Tuple, Union
@@ -28,6 +27,7 @@ from typing import ClassVar, Dict, Iterable, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _targets
+from .names import instantiate
 
 #: Label dtypes targets can be computed from.
 LABEL_DTYPES = tuple(_targets.LABEL_DTYPES)
@@ -361,19 +361,7 @@ def resolve(items: Union[TargetLike, Iterable[TargetLike]]) -> list:
     TypeError
         For an item that is neither a name nor a :class:`Target`.
     """
-    if isinstance(items, (str, Target)):
-        items = [items]
-    resolved = []
-    for item in items:
-        if isinstance(item, str):
-            if item not in REGISTRY:
-                close = difflib.get_close_matches(item, REGISTRY, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ValueError(f"unknown target {item!r}{hint} (known: {', '.join(sorted(REGISTRY))})")
-            item = REGISTRY[item]()
-        if not isinstance(item, Target):
-            raise TypeError(f"targets must be names or Target objects, got {item!r}")
-        resolved.append(item)
+    resolved = instantiate(items, REGISTRY, Target, "target")
     outputs(resolved)  # distinct field names
     return resolved
 
