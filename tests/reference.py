@@ -116,3 +116,24 @@ def classes_reference(labels, margin=(0, 0, 0), background=0, thickness=1, in_pl
 def foreground_reference(labels, margin=(0, 0, 0), background=0):
     """1 where the label is not ``background``."""
     return (_inner(labels, margin) != background).astype(np.uint8)[:, np.newaxis]
+
+
+def assert_releases_gil(kernel, *args):
+    """While one thread runs ``kernel(*args)`` (long enough: tens of ms), this one keeps running Python code.
+
+    With the GIL held for the whole call, the loop below could run only between bytecode switches (a handful of
+    times); released, it spins for the whole call.
+    """
+    import threading
+    import time
+
+    started = time.perf_counter()
+    kernel(*args)
+    one_call = time.perf_counter() - started
+    ticks = 0
+    worker = threading.Thread(target=kernel, args=args)
+    worker.start()
+    while worker.is_alive():
+        ticks += 1
+    worker.join()
+    assert ticks > 1000, f"only {ticks} Python iterations ran during a {one_call * 1e3:.0f} ms kernel call"

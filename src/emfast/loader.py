@@ -394,8 +394,7 @@ class Loader:
             if self._backend is None:
                 host_ring = consumer_ring = Ring([self._gatherer.allocate() for _ in range(self.buffers)])
             else:
-                fields = {name: (shape, dtype) for name, (shape, dtype) in self.fields.items()}
-                copier = Copier(self._backend, fields, self.buffers, self._profile)
+                copier = Copier(self._backend, self.fields, self.buffers, self._profile)
                 copier.open()
                 host_ring, consumer_ring = copier.host_ring, copier.device_ring
             producers = _Producers(host_ring, self._planner, self._gatherer, self._profile, self.epoch_size,

@@ -11,10 +11,10 @@ def instantiate(items, registry: Dict[str, type], base: type, kind: str) -> List
     Names get default parameters. Raises ValueError for an unknown name, naming the closest known one, and
     TypeError for an item that is neither.
     """
-    if isinstance(items, (str, base)):
-        items = [items]
+    if isinstance(items, (str, base)) or not isinstance(items, Iterable):
+        items = [items]  # a single item; a non-item gets its TypeError below
     resolved = []
-    for item in items if isinstance(items, Iterable) else [items]:
+    for item in items:
         if isinstance(item, str):
             if item not in registry:
                 close = difflib.get_close_matches(item, registry, n=1)
