@@ -23,24 +23,23 @@ else:
     # -ffp-contract=off: no fused multiply-add, so x * scale + shift rounds exactly as NumPy does.
     COMPILE_ARGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-strict-aliasing"]
 
-kernels = Extension(
-    "emfast._kernels",
-    sources=["src/emfast/_kernels.pyx", "csrc/gather.cpp", "csrc/philox.cpp"],
-    include_dirs=["csrc", np.get_include()],
-    depends=["csrc/gather.h", "csrc/philox.h"],
-    language="c++",
-    extra_compile_args=COMPILE_ARGS,
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
-)
 
-targets = Extension(
-    "emfast._targets",
-    sources=["src/emfast/_targets.pyx", "csrc/targets.cpp"],
-    include_dirs=["csrc", np.get_include()],
-    depends=["csrc/targets.h", "csrc/gather.h"],
-    language="c++",
-    extra_compile_args=COMPILE_ARGS,
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
-)
+def extension(name, sources, depends=()):
+    """One compiled module: a Cython wrapper plus its C++ kernels, all built with the settings above."""
+    return Extension(
+        f"emfast.{name}",
+        sources=[f"src/emfast/{name}.pyx"] + [f"csrc/{source}" for source in sources],
+        include_dirs=["csrc", np.get_include()],
+        depends=[f"csrc/{header}" for header in depends],
+        language="c++",
+        extra_compile_args=COMPILE_ARGS,
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
+    )
 
-setup(ext_modules=cythonize([kernels, targets], compiler_directives=CYTHON_DIRECTIVES))
+
+EXTENSIONS = [
+    extension("_kernels", ["gather.cpp", "philox.cpp"], ["gather.h", "philox.h"]),
+    extension("_targets", ["targets.cpp"], ["targets.h", "gather.h"]),
+]
+
+setup(ext_modules=cythonize(EXTENSIONS, compiler_directives=CYTHON_DIRECTIVES))
