@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import numbers
 from dataclasses import dataclass, field
-from typing import ClassVar, Iterable, Sequence, Union
+from typing import ClassVar, Iterable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -55,17 +55,57 @@ def _check_probability(p: float, owner: str) -> float:
     return float(p)
 
 
+@dataclass
+class Patches:
+    """The arrays of one batch that pixel-wise augmentations change, after the geometry has been applied.
+
+    Attributes
+    ----------
+    raw : ndarray, (B, C, Z, Y, X) float32 or float16
+        The converted, normalised raw input windows.
+    labels : ndarray or None, (B, 1, Zl, Yl, Xl)
+        The label windows (before targets are computed from them).
+    labels_offset : (int, int, int)
+        Position of ``labels[:, :, 0, 0, 0]`` in the raw window's output coordinates (negative when the label
+        window, cut with a target margin, reaches beyond the raw window). Section z of labels is section
+        ``z + labels_offset[0]`` of raw.
+    labels_valid : ndarray or None, uint8, shaped like ``labels``
+        1 where the label is known, 0 where it is not (e.g. shifted in from outside); None when not tracked.
+    valid : int
+        Examples at the front of the batch that are real.
+    """
+
+    raw: np.ndarray
+    labels: Optional[np.ndarray] = None
+    labels_offset: tuple = (0, 0, 0)
+    labels_valid: Optional[np.ndarray] = None
+    valid: int = 0
+
+
 class Augmentation:
-    """Base class: ``draws`` uniforms per example in, parameters updated in place."""
+    """Base class: ``draws`` uniforms per example in, parameters updated in place.
+
+    Geometric and linear-intensity augmentations fold into :class:`Params` in :meth:`apply`, which the gather
+    kernels apply while cropping. Pixel-wise augmentations (noise, blur, section defects) also return a record
+    of their draws from :meth:`apply` and set ``pixelwise = True``; the loader then calls :meth:`process` with
+    that record on the cropped batch, in the order the augmentations were listed.
+    """
 
     name: ClassVar[str]
     draws: ClassVar[int]
+    pixelwise: ClassVar[bool] = False
 
     def check(self, isotropic: bool) -> None:
         """Raise if this augmentation is not allowed for the data (anisotropic unless ``isotropic``)."""
 
-    def apply(self, uniforms: np.ndarray, params: Params) -> None:
+    def apply(self, uniforms: np.ndarray, params: Params):
+        """Draw this batch's parameters from ``uniforms`` (B, draws); fold them into ``params`` and/or return a
+        record for :meth:`process`."""
         raise NotImplementedError
+
+    def process(self, record, patches: Patches) -> None:
+        """Change ``patches`` in place according to ``record`` (pixel-wise augmentations only)."""
+        raise NotImplementedError(f"{type(self).__name__} is not a pixel-wise augmentation")
 
     def permutations(self) -> list[tuple[int, ...]]:
         """Axis orders this augmentation can produce from the identity (for sizing windows)."""
