@@ -119,3 +119,49 @@ def test_big_endian_hdf5_is_read_as_native(tmp_path, rng, in_memory):
 def test_byte_swapped_array_is_refused():
     with pytest.raises(TypeError, match="byte-swapped"):
         ef.Volume.from_array(np.zeros((4, 4, 4), ">u2"))
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_read_box_refuses_boxes_outside_and_wrong_buffers(small_h5, in_memory):
+    path, _, _ = small_h5
+    with ef.hdf5(path, "volumes/raw", in_memory=in_memory) as volume:
+        good = np.empty((1, 2, 2, 2), np.uint8)
+        for corner in [(-1, 0, 0), (19, 0, 0), (0, 47, 0), (0, 0, 39)]:
+            with pytest.raises(ValueError, match=r"sample\.h5:volumes/raw.*not inside the volume"):
+                volume.read_box(corner, (2, 2, 2), good)
+        with pytest.raises(ValueError, match="not inside"):
+            volume.read_box((0, 0, 0), (0, 2, 2), np.empty((1, 0, 2, 2), np.uint8))
+        for out in [np.empty((1, 2, 2, 3), np.uint8), np.empty((1, 2, 2, 2), np.uint16), [[0]]]:
+            with pytest.raises(ValueError, match=r"out must be a uint8 array of shape \(1, 2, 2, 2\)"):
+                volume.read_box((0, 0, 0), (2, 2, 2), out)
+
+
+@pytest.mark.parametrize("channels", [None, 2])
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_slabs_cover_the_volume_in_chunk_aligned_sections(tmp_path, rng, channels, in_memory):
+    shape = (23, 12, 10) if channels is None else (channels, 23, 12, 10)
+    data = rng.integers(0, 60000, shape, dtype=np.uint16)
+    with h5py.File(tmp_path / "s.h5", "w") as f:
+        f.create_dataset("raw", data=data, chunks=shape[:-3] + (3, 6, 5))
+    section = (channels or 1) * 12 * 10 * 2
+    with ef.hdf5(tmp_path / "s.h5", "raw", in_memory=in_memory) as volume:
+        starts, pieces = [], []
+        for z, slab in volume.slabs(max_bytes=7 * section):  # 7 sections fit: 6, a multiple of the chunks' 3
+            starts.append(z)
+            pieces.append(slab.copy())
+        assert starts == [0, 6, 12, 18]
+        np.testing.assert_array_equal(np.concatenate(pieces, axis=1), data if channels else data[np.newaxis])
+        assert [z for z, _ in volume.slabs(max_bytes=1)] == list(range(23))  # at least one section per slab
+        if not in_memory:
+            assert volume.cache_stats.misses == 0  # slabs bypass the chunk cache
+
+
+def test_source_records_the_file_as_opened(small_h5):
+    path, _, _ = small_h5
+    for in_memory in (True, False):
+        with ef.hdf5(path, "volumes/raw", in_memory=in_memory) as volume:
+            source = volume.source
+            assert source.path == path.resolve() and source.dataset == "volumes/raw"
+            assert (source.size, source.mtime_ns) == (path.stat().st_size, path.stat().st_mtime_ns)
+            assert source.unchanged()
+    assert ef.Volume.from_array(np.zeros((2, 2, 2), np.uint8)).source is None

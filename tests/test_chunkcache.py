@@ -1,0 +1,256 @@
+"""Lazy volumes read through the bounded chunk cache: exact boxes, the budget, concurrency and bad budgets."""
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import h5py
+import numpy as np
+import pytest
+
+import emfast as ef
+from emfast.chunkcache import CONTIGUOUS_BLOCK, default_budget
+from reference import random_volume
+
+# name -> create_dataset keyword arguments (chunks are (z, y, x); 4-D layouts get channel chunks prepended)
+LAYOUTS = {
+    "chunked": dict(chunks=(4, 8, 16)),
+    "gzip-shuffle": dict(chunks=(4, 8, 16), compression="gzip", compression_opts=1, shuffle=True),
+    "gzip": dict(chunks=(5, 16, 8), compression="gzip"),
+    "lzf": dict(chunks=(4, 8, 16), compression="lzf"),  # not decoded by emfast: read through HDF5
+    "contiguous": dict(),
+}
+SHAPE = (13, 37, 45)  # not a multiple of any chunk: edge blocks are partial
+
+
+def write(path, data, layout, channel_chunk=1, byte_order="="):
+    kwargs = dict(LAYOUTS[layout])
+    if data.ndim == 4 and "chunks" in kwargs:
+        kwargs["chunks"] = (channel_chunk,) + kwargs["chunks"]
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=data.astype(data.dtype.newbyteorder(byte_order)), **kwargs)
+
+
+def block_bytes(volume):
+    return volume.channels * int(np.prod(volume.cache_stats.block_shape)) * volume.dtype.itemsize
+
+
+def random_box(rng, shape):
+    """A random box; one in three touches the volume's far edge along every axis."""
+    extent = [int(rng.integers(1, s + 1)) for s in shape]
+    if rng.random() < 1 / 3:
+        return [s - e for s, e in zip(shape, extent)], extent
+    return [int(rng.integers(0, s - e + 1)) for s, e in zip(shape, extent)], extent
+
+
+def check_boxes(volume, data, rng, count):
+    source = data if data.ndim == 4 else data[np.newaxis]
+    budget = volume.cache_stats.budget_bytes
+    for _ in range(count):
+        corner, extent = random_box(rng, volume.shape)
+        out = np.empty((volume.channels,) + tuple(extent), volume.dtype)
+        volume.read_box(corner, extent, out)
+        expected = source[(slice(None),) + tuple(slice(c, c + e) for c, e in zip(corner, extent))]
+        np.testing.assert_array_equal(out, expected)
+        assert volume.cache_stats.bytes_held <= budget
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32, np.uint64])
+def test_random_boxes_equal_numpy_3d(tmp_path, rng, layout, dtype):
+    data = random_volume(rng, SHAPE, dtype)
+    write(tmp_path / "v.h5", data, layout)
+    with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False) as probe:
+        budget = 3 * block_bytes(probe)  # a few blocks: most boxes evict
+    with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False, cache_bytes=budget) as volume:
+        # shuffle/deflate chunks are decoded by emfast; other layouts go through HDF5 (both must be exact)
+        assert (volume._cache._direct is not None) == (layout not in ("lzf", "contiguous"))
+        check_boxes(volume, data, rng, 25)
+        stats = volume.cache_stats
+        assert stats.misses >= stats.blocks_held > 0
+
+
+@pytest.mark.parametrize("layout", ["chunked", "gzip-shuffle", "contiguous"])
+@pytest.mark.parametrize("channel_chunk", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+def test_random_boxes_equal_numpy_4d(tmp_path, rng, layout, channel_chunk, dtype):
+    data = random_volume(rng, (3,) + SHAPE, dtype)
+    write(tmp_path / "v.h5", data, layout, channel_chunk)
+    with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False, cache_bytes=1 << 20) as volume:
+        assert volume.channels == 3
+        check_boxes(volume, data, rng, 20)
+
+
+@pytest.mark.parametrize("layout", ["chunked", "gzip-shuffle"])
+def test_big_endian_files_are_read_native(tmp_path, rng, layout):
+    data = random_volume(rng, SHAPE, np.uint16)
+    write(tmp_path / "v.h5", data, layout, byte_order=">")
+    with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False, cache_bytes=1 << 16) as volume:
+        check_boxes(volume, data, rng, 20)
+
+
+def test_chunks_never_written_read_as_fill_value(tmp_path, rng):
+    data = np.full(SHAPE, 7, np.uint16)
+    data[:4, :8, :16] = rng.integers(0, 1000, (4, 8, 16))
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        d = f.create_dataset("data", shape=SHAPE, dtype=np.uint16, chunks=(4, 8, 16), fillvalue=7,
+                             compression="gzip", shuffle=True)
+        d[:4, :8, :16] = data[:4, :8, :16]  # one chunk written, every other left unallocated
+    with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False) as volume:
+        check_boxes(volume, data, rng, 20)
+
+
+def test_budget_is_never_exceeded_and_old_blocks_are_evicted(tmp_path, rng):
+    data = random_volume(rng, SHAPE, np.uint8)
+    write(tmp_path / "v.h5", data, "chunked")
+    block = 4 * 8 * 16
+    with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False, cache_bytes=4 * block) as volume:
+        out = np.empty((1, 4, 8, 16), np.uint8)
+        corners = [(0, 8 * (i % 4), 16 * (i // 4)) for i in range(6)]
+        for corner in corners:  # six distinct aligned blocks, each one miss
+            volume.read_box(corner, (4, 8, 16), out)
+        stats = volume.cache_stats
+        assert (stats.misses, stats.hits, stats.blocks_held, stats.bytes_held) == (6, 0, 4, 4 * block)
+        volume.read_box(corners[5], (4, 8, 16), out)  # the newest block is held: a hit
+        volume.read_box(corners[0], (4, 8, 16), out)  # the oldest was evicted: a miss
+        stats = volume.cache_stats
+        assert (stats.hits, stats.misses) == (1, 7) and stats.bytes_held == 4 * block
+        check_boxes(volume, data, rng, 50)  # boxes spanning more blocks than the budget holds
+
+
+def test_threads_hammering_read_box_get_exact_boxes(tmp_path, rng):
+    data = random_volume(rng, SHAPE, np.uint16)
+    write(tmp_path / "v.h5", data, "gzip-shuffle")
+    budget = 6 * 4 * 8 * 16 * 2
+    with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False, cache_bytes=budget) as volume:
+        def worker(seed):
+            local = np.random.default_rng(seed)
+            check_boxes(volume, data, local, 30)
+
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(worker, range(4)))
+        stats = volume.cache_stats
+        assert stats.bytes_held <= budget and stats.hits + stats.shared > 0
+
+
+def slow_fetches(cache, release):
+    """Make ``cache`` count its block reads per key, each read waiting for ``release`` first."""
+    counts = {}
+    original = cache._fetch
+
+    def fetch(key):
+        counts[key] = counts.get(key, 0) + 1
+        assert release(key).wait(10), "a fetch was never released"
+        return original(key)
+
+    cache._fetch = fetch
+    return counts
+
+
+def test_threads_missing_the_same_block_read_it_once(tmp_path, rng):
+    data = random_volume(rng, SHAPE, np.uint8)
+    write(tmp_path / "v.h5", data, "chunked")
+    with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False) as volume:
+        cache = volume._cache
+        go = threading.Event()
+        counts = slow_fetches(cache, lambda key: go)
+        outs = [np.empty((1, 8, 16, 32), np.uint8) for _ in range(6)]
+        threads = [threading.Thread(target=volume.read_box, args=((2, 4, 8), (8, 16, 32), out)) for out in outs]
+        for thread in threads:
+            thread.start()
+        while cache.stats.shared < 5:  # the other five threads are now waiting on the first one's read
+            threading.Event().wait(0.001)
+        go.set()
+        for thread in threads:
+            thread.join()
+        assert set(counts.values()) == {1} and len(counts) == 3 * 3 * 3  # z 2..9, y 4..19, x 8..39
+        for out in outs:
+            np.testing.assert_array_equal(out[0], data[2:10, 4:20, 8:40])
+
+
+def test_reads_of_different_blocks_proceed_while_one_is_in_flight(tmp_path, rng):
+    data = random_volume(rng, SHAPE, np.uint8)
+    write(tmp_path / "v.h5", data, "chunked")
+    with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False) as volume:
+        stuck, free = threading.Event(), threading.Event()
+        free.set()
+        slow_fetches(volume._cache, lambda key: stuck if key == (0, 0, 0) else free)
+        blocked = threading.Thread(target=volume.read_box, args=((0, 0, 0), (4, 8, 16), np.empty((1, 4, 8, 16),
+                                                                                                  np.uint8)))
+        blocked.start()
+        out = np.empty((1, 4, 8, 16), np.uint8)
+        volume.read_box((4, 8, 16), (4, 8, 16), out)  # completes although block (0, 0, 0) is still being read
+        np.testing.assert_array_equal(out[0], data[4:8, 8:16, 16:32])
+        assert blocked.is_alive()
+        stuck.set()
+        blocked.join()
+
+
+def test_a_failed_read_reaches_every_waiter_and_is_retried(tmp_path, rng):
+    data = random_volume(rng, SHAPE, np.uint8)
+    write(tmp_path / "v.h5", data, "chunked")
+    with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False) as volume:
+        cache = volume._cache
+        original, go, errors = cache._fetch, threading.Event(), []
+
+        def failing(key):
+            go.wait(10)
+            raise OSError("disk on fire")
+
+        cache._fetch = failing
+
+        def reader():
+            try:
+                volume.read_box((0, 0, 0), (2, 2, 2), np.empty((1, 2, 2, 2), np.uint8))
+            except OSError as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=reader) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        while cache.stats.shared < 2:
+            threading.Event().wait(0.001)
+        go.set()
+        for thread in threads:
+            thread.join()
+        assert len(errors) == 3 and all("disk on fire" in str(e) for e in errors)
+        cache._fetch = original
+        out = np.empty((1, 2, 2, 2), np.uint8)
+        np.testing.assert_array_equal(volume.read_box((0, 0, 0), (2, 2, 2), out)[0], data[:2, :2, :2])
+
+
+@pytest.mark.parametrize("budget, error, match", [
+    (0, ValueError, "must be positive"),
+    (-5, ValueError, "must be positive"),
+    (1.5e9, TypeError, "integer number of bytes"),
+    ("1GiB", TypeError, "integer number of bytes"),
+    (True, TypeError, "integer number of bytes"),
+    (4 * 8 * 16 - 1, ValueError, r"one cache block .* is 512 bytes, more than cache_bytes=511"),
+])
+def test_bad_budgets_are_refused_at_open(tmp_path, rng, budget, error, match):
+    write(tmp_path / "v.h5", random_volume(rng, SHAPE, np.uint8), "chunked")
+    with pytest.raises(error, match=match) as info:
+        ef.hdf5(tmp_path / "v.h5", "data", in_memory=False, cache_bytes=budget)
+    assert "v.h5:data" in str(info.value)
+
+
+def test_cache_bytes_needs_a_lazy_volume(tmp_path, rng):
+    write(tmp_path / "v.h5", random_volume(rng, SHAPE, np.uint8), "chunked")
+    with pytest.raises(ValueError, match="in_memory=False"):
+        ef.hdf5(tmp_path / "v.h5", "data", cache_bytes=1 << 20)
+
+
+def test_contiguous_datasets_use_fixed_blocks_and_a_default_budget(tmp_path, rng):
+    write(tmp_path / "v.h5", random_volume(rng, (70, 20, 100), np.uint8), "contiguous")
+    with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False) as volume:
+        stats = volume.cache_stats
+        assert stats.block_shape == (64, 20, 64) and CONTIGUOUS_BLOCK == (64, 64, 64)
+        assert stats.budget_bytes == default_budget() and 0 < default_budget() <= 1 << 30
+    assert ef.Volume.from_array(np.zeros((2, 2, 2), np.uint8)).cache_stats is None
+
+
+def test_closing_drops_the_cached_blocks(tmp_path, rng):
+    write(tmp_path / "v.h5", random_volume(rng, SHAPE, np.uint8), "chunked")
+    volume = ef.hdf5(tmp_path / "v.h5", "data", in_memory=False)
+    volume.read_box((0, 0, 0), SHAPE, np.empty((1,) + SHAPE, np.uint8))
+    assert volume.cache_stats.bytes_held > 0
+    volume.close()
+    assert volume.cache_stats.bytes_held == 0
