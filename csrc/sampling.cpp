@@ -1,0 +1,251 @@
+/* Index kernels of the samplers; see sampling.h for the contract.
+ *
+ * Classes are computed one label row (z, y) at a time into a byte buffer: a boundary voxel is found by comparing
+ * the row with itself shifted along x and with the neighbouring rows along y and z, whose start pointers are
+ * worked out once per row (null where the neighbour row lies outside the view). Window sums are separable running
+ * sums: along x per row, along y per plane, and along z by adding the plane entering the window and subtracting
+ * the one leaving it (recomputed, so scratch memory is a few planes whatever the window depth).
+ */
+#include "sampling.h"
+
+#include <algorithm>
+#include <bitset>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <vector>
+
+namespace {
+
+/* Largest boundary thickness (the wrapper refuses more): bounds the neighbour rows of one row. */
+constexpr int64_t kMaxThickness = 16;
+
+template <typename T>
+inline T load(const char *p) {
+    T v;
+    std::memcpy(&v, p, sizeof(T)); /* views may be unaligned (any byte strides) */
+    return v;
+}
+
+/* Classes of voxels x0 <= x < x1 of row (z, y) into out[0 .. x1 - x0). */
+template <typename T>
+void classify_row(const emf_label_view &view, const emf_class_rule &rule, int64_t z, int64_t y, int64_t x0,
+                  int64_t x1, uint8_t *out) {
+    const int64_t sx = view.strides[2];
+    const char *row = view.data + z * view.strides[0] + y * view.strides[1];
+    if (rule.mode == EMF_CLASSES_MAP) {
+        bool cached = false;
+        T last = 0;
+        uint8_t last_class = EMF_NO_CLASS;
+        const uint64_t *ids_end = rule.ids + rule.n_ids;
+        for (int64_t x = x0; x < x1; ++x) {
+            const T v = load<T>(row + x * sx);
+            if (!cached || v != last) { /* labels come in runs: look an id up once per run */
+                const uint64_t *found = std::lower_bound(rule.ids, ids_end, static_cast<uint64_t>(v));
+                last_class = (found != ids_end && *found == static_cast<uint64_t>(v))
+                                 ? rule.id_classes[found - rule.ids]
+                                 : static_cast<uint8_t>(EMF_NO_CLASS);
+                last = v;
+                cached = true;
+            }
+            out[x - x0] = last_class;
+        }
+        return;
+    }
+    /* Neighbour rows along y and z that exist in the view. */
+    const char *others[4 * kMaxThickness];
+    int n_others = 0;
+    const int64_t thickness = rule.thickness;
+    for (int64_t t = 1; t <= thickness; ++t) {
+        if (y - t >= 0) others[n_others++] = row - t * view.strides[1];
+        if (y + t < view.shape[1]) others[n_others++] = row + t * view.strides[1];
+        if (!rule.in_plane) {
+            if (z - t >= 0) others[n_others++] = row - t * view.strides[0];
+            if (z + t < view.shape[0]) others[n_others++] = row + t * view.strides[0];
+        }
+    }
+    const int64_t width = view.shape[2];
+    for (int64_t x = x0; x < x1; ++x) {
+        const T v = load<T>(row + x * sx);
+        bool boundary = false;
+        for (int i = 0; i < n_others && !boundary; ++i) boundary = load<T>(others[i] + x * sx) != v;
+        for (int64_t t = 1; t <= thickness && !boundary; ++t) {
+            boundary = (x - t >= 0 && load<T>(row + (x - t) * sx) != v) ||
+                       (x + t < width && load<T>(row + (x + t) * sx) != v);
+        }
+        out[x - x0] = boundary ? 0 : 1;
+    }
+}
+
+void classify(const emf_label_view &view, const emf_class_rule &rule, int64_t z, int64_t y, int64_t x0, int64_t x1,
+              uint8_t *out) {
+    if (view.itemsize == 4) {
+        classify_row<uint32_t>(view, rule, z, y, x0, x1, out);
+    } else {
+        classify_row<uint64_t>(view, rule, z, y, x0, x1, out);
+    }
+}
+
+inline int popcount(uint64_t w) {
+#if defined(__GNUC__) || defined(__clang__)
+    return __builtin_popcountll(w);
+#else
+    return static_cast<int>(std::bitset<64>(w).count());
+#endif
+}
+
+/* Window sums along x then y of coverage plane z: out is (shape[1] - extent[1] + 1, px), rows is scratch
+ * (shape[1], px). */
+void plane_sums(const uint8_t *coverage, const int64_t shape[3], const int64_t extent[3], int64_t z, int32_t *rows,
+                int32_t *out) {
+    const int64_t ny = shape[1], nx = shape[2];
+    const int64_t ey = extent[1], ex = extent[2];
+    const int64_t py = ny - ey + 1, px = nx - ex + 1;
+    for (int64_t y = 0; y < ny; ++y) {
+        const uint8_t *r = coverage + (z * ny + y) * nx;
+        int32_t *q = rows + y * px;
+        int32_t s = 0;
+        for (int64_t x = 0; x < ex; ++x) s += r[x];
+        q[0] = s;
+        for (int64_t x = 1; x < px; ++x) {
+            s += static_cast<int32_t>(r[x + ex - 1]) - static_cast<int32_t>(r[x - 1]);
+            q[x] = s;
+        }
+    }
+    std::fill(out, out + px, 0);
+    for (int64_t y = 0; y < ey; ++y) {
+        const int32_t *q = rows + y * px;
+        for (int64_t x = 0; x < px; ++x) out[x] += q[x];
+    }
+    for (int64_t y = 1; y < py; ++y) {
+        const int32_t *previous = out + (y - 1) * px;
+        const int32_t *entering = rows + (y + ey - 1) * px;
+        const int32_t *leaving = rows + (y - 1) * px;
+        int32_t *o = out + y * px;
+        for (int64_t x = 0; x < px; ++x) o[x] = previous[x] + entering[x] - leaving[x];
+    }
+}
+
+}  // namespace
+
+extern "C" int emf_count_classes(const emf_label_view *labels, const emf_class_rule *rule, const int64_t lo[3],
+                                 const int64_t hi[3], const int64_t block[3], uint32_t *counts) {
+    int64_t grid[3];
+    for (int a = 0; a < 3; ++a) grid[a] = (hi[a] - lo[a] + block[a] - 1) / block[a];
+    const int64_t n_classes = rule->n_classes;
+    std::fill(counts, counts + grid[0] * grid[1] * grid[2] * n_classes, 0u);
+    std::vector<uint8_t> classes;
+    try {
+        classes.resize(static_cast<size_t>(hi[2] - lo[2]));
+    } catch (const std::bad_alloc &) {
+        return EMF_SAMPLING_NO_MEMORY;
+    }
+    for (int64_t z = lo[0]; z < hi[0]; ++z) {
+        const int64_t bz = (z - lo[0]) / block[0];
+        for (int64_t y = lo[1]; y < hi[1]; ++y) {
+            const int64_t by = (y - lo[1]) / block[1];
+            classify(*labels, *rule, z, y, lo[2], hi[2], classes.data());
+            uint32_t *row = counts + (bz * grid[1] + by) * grid[2] * n_classes;
+            for (int64_t bx = 0; bx < grid[2]; ++bx) {
+                uint32_t *cell = row + bx * n_classes;
+                const int64_t end = std::min((bx + 1) * block[2], hi[2] - lo[2]);
+                for (int64_t x = bx * block[2]; x < end; ++x) {
+                    const uint8_t c = classes[x];
+                    if (c != EMF_NO_CLASS) ++cell[c];
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+extern "C" int emf_select_class(const emf_label_view *labels, const emf_class_rule *rule, const int64_t lo[3],
+                                const int64_t hi[3], int cls, int64_t rank, int64_t out[3]) {
+    out[0] = out[1] = out[2] = -1;
+    std::vector<uint8_t> classes;
+    try {
+        classes.resize(static_cast<size_t>(hi[2] - lo[2]));
+    } catch (const std::bad_alloc &) {
+        return EMF_SAMPLING_NO_MEMORY;
+    }
+    for (int64_t z = lo[0]; z < hi[0]; ++z) {
+        for (int64_t y = lo[1]; y < hi[1]; ++y) {
+            classify(*labels, *rule, z, y, lo[2], hi[2], classes.data());
+            for (int64_t x = lo[2]; x < hi[2]; ++x) {
+                if (classes[x - lo[2]] == cls && rank-- == 0) {
+                    out[0] = z;
+                    out[1] = y;
+                    out[2] = x;
+                    return 0;
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+extern "C" int emf_window_bits(const uint8_t *coverage, const int64_t shape[3], const int64_t extent[3],
+                               int64_t threshold, uint64_t *bits, int64_t words_per_row, int64_t *row_counts,
+                               int64_t *max_count) {
+    const int64_t pz = shape[0] - extent[0] + 1, py = shape[1] - extent[1] + 1, px = shape[2] - extent[2] + 1;
+    std::vector<int32_t> rows, plane, window;
+    try {
+        rows.resize(static_cast<size_t>(shape[1] * px));
+        plane.resize(static_cast<size_t>(py * px));
+        window.resize(static_cast<size_t>(py * px), 0);
+    } catch (const std::bad_alloc &) {
+        return EMF_SAMPLING_NO_MEMORY;
+    }
+    const auto add = [&](int64_t z, int32_t sign) {
+        plane_sums(coverage, shape, extent, z, rows.data(), plane.data());
+        for (int64_t i = 0; i < py * px; ++i) window[i] += sign * plane[i];
+    };
+    for (int64_t z = 0; z < extent[0]; ++z) add(z, 1);
+    int64_t best = 0;
+    for (int64_t cz = 0; cz < pz; ++cz) {
+        if (cz > 0) {
+            add(cz - 1, -1);
+            add(cz + extent[0] - 1, 1);
+        }
+        for (int64_t y = 0; y < py; ++y) {
+            const int64_t row = cz * py + y;
+            uint64_t *words = bits + row * words_per_row;
+            std::fill(words, words + words_per_row, uint64_t{0});
+            const int32_t *sums = window.data() + y * px;
+            int64_t count = 0;
+            for (int64_t x = 0; x < px; ++x) {
+                const int64_t sum = sums[x];
+                best = std::max(best, sum);
+                if (sum >= threshold) {
+                    words[x >> 6] |= uint64_t{1} << (x & 63);
+                    ++count;
+                }
+            }
+            row_counts[row] = count;
+        }
+    }
+    *max_count = best;
+    return 0;
+}
+
+extern "C" void emf_select_bits(const uint64_t *bits, int64_t words_per_row, const int64_t *rows,
+                                const int64_t *ranks, int64_t n, int64_t *out) {
+    for (int64_t i = 0; i < n; ++i) {
+        const uint64_t *words = bits + rows[i] * words_per_row;
+        int64_t rank = ranks[i];
+        out[i] = -1;
+        for (int64_t w = 0; w < words_per_row; ++w) {
+            const int ones = popcount(words[w]);
+            if (rank >= ones) {
+                rank -= ones;
+                continue;
+            }
+            uint64_t word = words[w];
+            for (int64_t k = 0; k < rank; ++k) word &= word - 1; /* drop the lowest set bits before ours */
+            int bit = 0;
+            while (!((word >> bit) & 1)) ++bit;
+            out[i] = w * 64 + bit;
+            break;
+        }
+    }
+}

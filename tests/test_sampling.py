@@ -1,0 +1,406 @@
+"""Samplers (Uniform, Masked, Balanced, Tiled) and their index kernels, against NumPy references."""
+import itertools
+import warnings
+
+import h5py
+import numpy as np
+import pytest
+
+from emfast import _sampling, sampling
+from emfast.sampling import Balanced, Masked, Region, Tiled, Uniform
+from emfast.volumes import Volume, hdf5
+from reference import assert_releases_gil, boundaries_reference
+
+LABEL_DTYPES = [np.uint32, np.uint64, np.int64]
+
+
+def region(name="a", weight=1.0, lo=(0, 0, 0), hi=None, labels=None, labels_origin=(0, 0, 0), mask=None,
+           mask_origin=(0, 0, 0)):
+    volume = labels if labels is not None else mask
+    hi = volume.shape if hi is None else hi
+    return Region(name, weight, np.asarray(lo, np.int64), np.asarray(hi, np.int64),
+                  labels=None if labels is None else Volume.from_array(labels),
+                  labels_origin=np.asarray(labels_origin, np.int64),
+                  mask=None if mask is None else Volume.from_array(mask),
+                  mask_origin=np.asarray(mask_origin, np.int64))
+
+
+def blocky_labels(rng, shape, ids=(1, 2, 3, 4), size=(3, 4, 4), dtype=np.uint64):
+    """Piecewise-constant labels (boxes of ``size``), so that both boundary and interior voxels occur."""
+    coarse = rng.integers(0, len(ids), tuple(-(-s // b) for s, b in zip(shape, size)))
+    full = coarse.repeat(size[0], 0).repeat(size[1], 1).repeat(size[2], 2)
+    return np.asarray(ids, dtype=dtype)[full[:shape[0], :shape[1], :shape[2]]]
+
+
+def within(count, n, p, sigmas=4.0):
+    """``count`` successes of ``n`` draws are within ``sigmas`` standard deviations of probability ``p``."""
+    return abs(count - n * p) <= sigmas * np.sqrt(n * p * (1 - p)) + 1e-9
+
+
+def lazy(tmp_path, array, name="data"):
+    path = tmp_path / f"{name}.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset(name, data=array, chunks=tuple(min(4, s) for s in array.shape))
+    return hdf5(path, name, in_memory=False)
+
+
+# -- kernels ----------------------------------------------------------------------------------------------------
+
+def window_sums(coverage, extent):
+    """Sum of every window of ``extent`` (NumPy: a summed-area table)."""
+    table = np.pad(coverage.astype(np.int64), [(1, 0)] * 3).cumsum(0).cumsum(1).cumsum(2)
+    ez, ey, ex = extent
+    return (table[ez:, ey:, ex:] - table[:-ez, ey:, ex:] - table[ez:, :-ey, ex:] - table[ez:, ey:, :-ex]
+            + table[:-ez, :-ey, ex:] + table[:-ez, ey:, :-ex] + table[ez:, :-ey, :-ex] - table[:-ez, :-ey, :-ex])
+
+
+@pytest.mark.parametrize("extent", [(1, 1, 1), (2, 3, 5), (6, 9, 70)])
+def test_window_bits_match_numpy(rng, extent):
+    coverage = (rng.random((6, 9, 130)) < 0.7).astype(np.uint8)
+    sums = window_sums(coverage, extent)
+    threshold = int(np.median(sums))
+    rows = sums.shape[0] * sums.shape[1]
+    bits = np.full((rows, _sampling.words_per_row(sums.shape[2])), 0xAB, np.uint64)  # every word is rewritten
+    counts = np.full(rows, -1, np.int64)
+    best = _sampling.window_bits(coverage, extent, threshold, bits, counts)
+    expected = (sums >= threshold).reshape(rows, -1)
+    unpacked = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little").astype(bool)
+    np.testing.assert_array_equal(unpacked[:, :sums.shape[2]], expected)
+    assert not unpacked[:, sums.shape[2]:].any()
+    np.testing.assert_array_equal(counts, expected.sum(axis=1))
+    assert best == sums.max()
+    ranks = rng.integers(0, 80, rows)
+    picked = _sampling.select_bits(bits, np.arange(rows), ranks)
+    for row in range(rows):
+        ones = np.flatnonzero(expected[row])
+        assert picked[row] == (ones[ranks[row]] if ranks[row] < len(ones) else -1)
+
+
+@pytest.mark.parametrize("dtype", LABEL_DTYPES)
+@pytest.mark.parametrize("thickness,in_plane", [(1, False), (2, True), (3, False)])
+def test_count_and_select_boundary_classes_match_numpy(rng, dtype, thickness, in_plane):
+    labels = blocky_labels(rng, (13, 22, 40), ids=(0, 5, np.iinfo(dtype).max, 7), size=(2, 3, 5), dtype=dtype)
+    view = labels[:, ::-1, 1:]  # a negative stride and an offset: the kernel follows any layout
+    boundary = boundaries_reference(view[None, None], thickness=thickness, in_plane=in_plane)[0, 0]
+    classes = 1 - boundary.astype(np.int64)  # class 0 boundary, class 1 interior
+    rule = _sampling.ClassRule(2, thickness=thickness, in_plane=in_plane)
+    lo, hi, block = (1, 2, 3), (12, 21, 38), (4, 5, 16)
+    grid = _sampling.grid_shape(lo, hi, block)
+    counts = np.full(grid + (2,), 99, np.uint32)
+    _sampling.count_classes(view, rule, lo, hi, block, counts)
+    box = classes[1:12, 2:21, 3:38]
+    for b in itertools.product(*(range(g) for g in grid)):
+        cell = box[tuple(slice(i * s, (i + 1) * s) for i, s in zip(b, block))]
+        assert counts[b].tolist() == [(cell == 0).sum(), (cell == 1).sum()], b
+    for cls in (0, 1):
+        voxels = np.argwhere(box == cls)
+        for rank in [0, len(voxels) // 3, len(voxels) - 1]:
+            found = _sampling.select_class(view, rule, lo, hi, cls, rank)
+            assert found == tuple(int(v) for v in voxels[rank] + lo)
+        assert _sampling.select_class(view, rule, lo, hi, cls, len(voxels)) is None
+
+
+@pytest.mark.parametrize("dtype", LABEL_DTYPES)
+def test_count_map_classes_match_numpy(rng, dtype):
+    ids = [0, 3, int(np.iinfo(dtype).max), 9]
+    labels = np.asarray(ids, dtype=dtype)[rng.integers(0, 4, (5, 7, 33))]
+    bits = [i & 0xFFFFFFFFFFFFFFFF for i in ids]
+    rule = _sampling.ClassRule(2, ids=[bits[2], bits[1], bits[0]], id_classes=[1, 0, 1])  # id 9: no class
+    counts = np.empty((1, 1, 1, 2), np.uint32)
+    _sampling.count_classes(labels, rule, (0, 0, 0), labels.shape, labels.shape, counts)
+    assert counts.ravel().tolist() == [(labels == ids[1]).sum(), np.isin(labels, [ids[0], ids[2]]).sum()]
+    voxels = np.argwhere(labels == ids[1])
+    assert _sampling.select_class(labels, rule, (0, 0, 0), labels.shape, 0, 5) == tuple(voxels[5])
+
+
+def test_index_kernels_release_the_gil():
+    labels = np.random.default_rng(0).integers(0, 3, (64, 256, 256), dtype=np.uint64)
+    rule = _sampling.ClassRule(2, thickness=1)
+    counts = np.empty(_sampling.grid_shape((0, 0, 0), labels.shape, (8, 16, 16)) + (2,), np.uint32)
+    assert_releases_gil(_sampling.count_classes, labels, rule, (0, 0, 0), labels.shape, (8, 16, 16), counts)
+    coverage = (labels < 2).astype(np.uint8)
+    extent = (8, 32, 32)
+    rows = (64 - 7) * (256 - 31)
+    assert_releases_gil(_sampling.window_bits, coverage, extent, 1000, np.empty((rows, 4), np.uint64),
+                        np.empty(rows, np.int64))
+
+
+def test_kernel_wrappers_reject_bad_input():
+    labels = np.zeros((4, 4, 4), np.uint64)
+    rule = _sampling.ClassRule(2)
+    with pytest.raises(TypeError, match="dtype"):
+        _sampling.count_classes(labels.astype(np.int8), rule, (0, 0, 0), (4, 4, 4), (2, 2, 2),
+                                np.empty((2, 2, 2, 2), np.uint32))
+    with pytest.raises(ValueError, match="outside"):
+        _sampling.select_class(labels, rule, (0, 0, 0), (5, 4, 4), 0, 0)
+    with pytest.raises(ValueError, match="counts"):
+        _sampling.count_classes(labels, rule, (0, 0, 0), (4, 4, 4), (2, 2, 2), np.empty((2, 2, 2, 2), np.int64))
+    with pytest.raises(ValueError, match="thickness"):
+        _sampling.ClassRule(2, thickness=17)
+    with pytest.raises(ValueError, match="extent"):
+        _sampling.window_bits(np.zeros((2, 2, 2), np.uint8), (3, 1, 1), 1, np.empty((0, 1), np.uint64),
+                              np.empty(0, np.int64))
+
+
+# -- Uniform ----------------------------------------------------------------------------------------------------
+
+def test_uniform_windows_inside_regions_and_weights_respected(rng):
+    regions = [region("a", 1.0, lo=(2, 3, 4), hi=(10, 20, 30), mask=np.ones((12, 24, 34), np.uint8)),
+               region("b", 3.0, lo=(0, 0, 0), hi=(6, 9, 9), mask=np.ones((6, 9, 9), np.uint8))]
+    sampler = Uniform()
+    extents = np.array([[3, 5, 7]])
+    sampler.bind(regions, extents, 8)
+    n = 4000
+    draw = sampler.sample(rng.random((n, sampler.draws)), np.repeat(extents, n, 0), 0, 0)
+    lo = np.stack([regions[v].lo for v in draw.volumes])
+    hi = np.stack([regions[v].hi for v in draw.volumes])
+    assert np.all(draw.corners >= lo) and np.all(draw.corners + extents <= hi)
+    assert within((draw.volumes == 1).sum(), n, 0.75)
+    a = draw.corners[draw.volumes == 0]
+    assert {tuple(c) for c in a[:, :1]} == {(z,) for z in range(2, 8)}  # every position along z reached
+
+
+# -- Masked -----------------------------------------------------------------------------------------------------
+
+def valid_corners(covered, lo, hi, extent, fraction):
+    """Every corner in [lo, hi - extent] whose window has covered / voxels >= fraction."""
+    sums = window_sums(covered[tuple(slice(a, b) for a, b in zip(lo, hi))], extent)
+    return {tuple(int(v) for v in c + lo) for c in np.argwhere(sums / np.prod(extent) >= fraction)}
+
+
+def test_masked_draws_only_and_all_valid_windows(rng):
+    mask = (rng.random((9, 12, 75)) < 0.55).astype(np.uint8) * 7
+    origin = np.array([1, 2, 3])
+    regions = [region("a", lo=(0, 1, 0), hi=(11, 15, 80), mask=mask, mask_origin=origin)]
+    extents = np.array([[3, 4, 5], [3, 5, 4]])
+    sampler = Masked(min_fraction=0.6)
+    sampler.bind(regions, extents, 8)
+    covered = np.zeros((11, 15, 80), bool)
+    covered[1:10, 2:14, 3:78] = mask != 0  # voxels outside the mask are not covered
+    for extent in extents:
+        expected = valid_corners(covered, regions[0].lo, regions[0].hi, extent, 0.6)
+        assert 100 < len(expected) < 2000
+        n = 12 * len(expected)  # each corner missed with probability e^-12
+        draw = sampler.sample(rng.random((n, 2)), np.repeat(extent[None], n, 0), 0, 0)
+        assert set(map(tuple, draw.corners.tolist())) == expected
+
+
+def test_masked_by_labels_lazy_equals_in_memory(rng, tmp_path, monkeypatch):
+    monkeypatch.setattr(sampling, "_SLAB_VOXELS", 3 * 20 * 30)  # slabs of one corner plane: slab seams tested
+    labels = blocky_labels(rng, (10, 20, 30), ids=(0, 0, 3, 4), size=(2, 3, 3), dtype=np.int64)
+    extents = np.array([[2, 6, 6]])
+    memory = Masked(0.7, source="labels", unlabelled=0)
+    memory.bind([region(labels=labels)], extents, 4)
+    on_disk = Masked(0.7, source="labels", unlabelled=0)
+    on_disk.bind([Region("a", 1.0, np.zeros(3, np.int64), np.array(labels.shape), labels=lazy(tmp_path, labels),
+                         labels_origin=np.zeros(3, np.int64))], extents, 4)
+    uniforms = rng.random((500, 2))
+    a = memory.sample(uniforms, np.repeat(extents, 500, 0), 0, 0)
+    b = on_disk.sample(uniforms, np.repeat(extents, 500, 0), 0, 0)
+    np.testing.assert_array_equal(a.corners, b.corners)
+    expected = valid_corners(labels != 0, np.zeros(3, int), np.array(labels.shape), extents[0], 0.7)
+    assert set(map(tuple, a.corners.tolist())) <= expected
+
+
+def test_masked_skips_regions_without_valid_windows_and_errors_when_none_has_one(rng):
+    good = np.ones((6, 10, 10), np.uint8)
+    poor = (rng.random((6, 10, 10)) < 0.2).astype(np.uint8)
+    sampler = Masked(0.9)
+    regions = [region("poor", 5.0, mask=poor), region("good", 1.0, mask=good)]
+    with pytest.warns(UserWarning, match="'poor' has no window"):
+        sampler.bind(regions, np.array([[3, 3, 3]]), 8)
+    draw = sampler.sample(rng.random((200, 2)), np.repeat([[3, 3, 3]], 200, 0), 0, 0)
+    assert np.all(draw.volumes == 1)
+    with pytest.raises(ValueError, match=r"'poor'.*best covered fraction is 0\.\d+ \(region 'poor'\)"):
+        Masked(0.9).bind([regions[0]], np.array([[3, 3, 3]]), 8)
+    with pytest.raises(ValueError, match="has no mask"):
+        Masked().bind([region(labels=np.ones((4, 4, 4), np.uint64))], np.array([[2, 2, 2]]), 8)
+
+
+@pytest.mark.parametrize("kwargs,match", [(dict(min_fraction=0), "min_fraction"),
+                                          (dict(min_fraction=1.5), "min_fraction"),
+                                          (dict(min_fraction="half"), "min_fraction"),
+                                          (dict(source="raw"), "source"),
+                                          (dict(unlabelled=0.5), "unlabelled")])
+def test_masked_rejects_bad_parameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Masked(**kwargs)
+
+
+def test_masked_threshold_is_exact():
+    sampler = Masked(0.1)
+    for voxels in [10, 30, 49, 1000, 3 * 7 * 11]:
+        needed = sampler.threshold(voxels)
+        assert needed / voxels >= 0.1 > (needed - 1) / voxels
+
+
+# -- Balanced ---------------------------------------------------------------------------------------------------
+
+def test_balanced_reaches_class_priors_at_the_window_centre(rng):
+    labels = blocky_labels(rng, (20, 40, 40), size=(4, 8, 8))
+    origin = np.array([2, 1, 0])
+    regions = [region("a", 1.0, lo=(0, 0, 0), hi=(24, 44, 40), labels=labels, labels_origin=origin)]
+    extents = np.array([[5, 8, 6], [5, 6, 8]])
+    sampler = Balanced(priors={"boundary": 1, "interior": 4}, thickness=2, in_plane=True)
+    sampler.bind(regions, extents, 8)
+    boundary = boundaries_reference(labels[None, None], thickness=2, in_plane=True)[0, 0].astype(bool)
+    n = 4000
+    for extent in extents:
+        draw = sampler.sample(rng.random((n, 3)), np.repeat(extent[None], n, 0), 0, 0)
+        assert np.all(draw.corners >= regions[0].lo) and np.all(draw.corners + extent <= regions[0].hi)
+        centres = draw.corners + (extent - 1) // 2 - origin
+        assert np.all(centres >= 0) and np.all(centres < labels.shape)
+        assert within(boundary[tuple(centres.T)].sum(), n, 0.2)
+
+
+def test_balanced_reaches_every_voxel_of_a_class_uniformly(rng):
+    labels = blocky_labels(rng, (6, 12, 12), size=(3, 4, 4))
+    sampler = Balanced(priors={"boundary": 1})
+    extents = np.array([[1, 3, 3]])
+    sampler.bind([region(labels=labels)], extents, 8)
+    boundary = boundaries_reference(labels[None, None])[0, 0].astype(bool)
+    boundary[:, [0, -1], :] = False  # centres of 3 x 3 windows never lie on the y/x border
+    boundary[:, :, [0, -1]] = False
+    expected = {tuple(v) for v in np.argwhere(boundary)}
+    assert len(expected) > 100
+    n = 12 * len(expected)
+    draw = sampler.sample(rng.random((n, 3)), np.repeat(extents, n, 0), 0, 0)
+    centres = [tuple(c) for c in (draw.corners + 1 - [1, 0, 0]).tolist()]
+    assert set(centres) == expected
+    counts = np.unique(centres, axis=0, return_counts=True)[1]
+    assert counts.std() / counts.mean() < 0.5  # uniform: Poisson(12) spread is 0.29
+
+
+@pytest.mark.parametrize("in_plane", [False, True])
+def test_balanced_lazy_equals_in_memory(rng, tmp_path, monkeypatch, in_plane):
+    monkeypatch.setattr(sampling, "_SLAB_VOXELS", 40 * 40 * 8)  # one block row per slab: halos at slab seams
+    labels = blocky_labels(rng, (30, 40, 40), size=(3, 2, 7), dtype=np.uint32)
+    extents = np.array([[4, 9, 9]])
+    samplers = []
+    for volume in (Volume.from_array(labels), lazy(tmp_path, labels)):
+        sampler = Balanced(thickness=2, in_plane=in_plane)
+        sampler.bind([Region("a", 1.0, np.array([0, 2, 1]), np.array([28, 40, 40]), labels=volume,
+                             labels_origin=np.zeros(3, np.int64))], extents, 8)
+        samplers.append(sampler)
+    boundary = boundaries_reference(labels[None, None], thickness=2, in_plane=in_plane)[0, 0]
+    box = boundary[1:26, 6:36, 5:36]  # centres of 4 x 9 x 9 windows in [lo, hi)
+    expected = {"a": {"boundary": int(box.sum()), "interior": int((1 - box).sum())}}
+    assert samplers[0].class_counts() == samplers[1].class_counts() == expected
+    uniforms = rng.random((300, 3))
+    a, b = (s.sample(uniforms, np.repeat(extents, 300, 0), 0, 0) for s in samplers)
+    np.testing.assert_array_equal(a.corners, b.corners)
+
+
+def test_balanced_semantic_classes_and_region_weights(rng, tmp_path):
+    a = rng.integers(0, 4, (8, 16, 16)).astype(np.uint32)
+    b = rng.integers(0, 4, (8, 16, 16)).astype(np.uint32)
+    b[b == 3] = 2  # class "c" only in region a
+    regions = [region("a", 1.0, labels=a),
+               Region("b", 3.0, np.zeros(3, np.int64), np.array(b.shape), labels=lazy(tmp_path, b),
+                      labels_origin=np.zeros(3, np.int64))]
+    sampler = Balanced(classes={1: "x", 2: "y", 3: "c"}, priors={"x": 1, "y": 1, "c": 2})
+    with pytest.warns(UserWarning, match=r"class 'c' is absent from region\(s\) 'b'"):
+        sampler.bind(regions, np.array([[3, 3, 3]]), 8)
+    n = 3000
+    draw = sampler.sample(rng.random((n, 3)), np.full((n, 3), 3), 0, 0)
+    assert within((draw.volumes == 1).sum(), n, 0.75)
+    centre = [(a, b)[v][tuple(c + 1)] for v, c in zip(draw.volumes, draw.corners)]
+    centre = np.asarray(centre)
+    in_a, in_b = centre[draw.volumes == 0], centre[draw.volumes == 1]
+    assert within((in_a == 3).sum(), len(in_a), 0.5) and within((in_a == 1).sum(), len(in_a), 0.25)
+    assert not np.isin(centre, [0]).any()  # unmapped ids are never centres
+    assert within((in_b == 1).sum(), len(in_b), 0.5)  # c's prior redistributed to x and y equally
+    assert sampler.class_counts()["b"]["c"] == 0
+
+
+def test_balanced_errors(rng):
+    with pytest.raises(ValueError, match=r"class 'edge'.*'boundary', 'interior'"):
+        Balanced(priors={"edge": 1})
+    with pytest.raises(ValueError, match="prior of class 'interior'"):
+        Balanced(priors={"interior": -1})
+    with pytest.raises(ValueError, match="positive sum"):
+        Balanced(priors={"interior": 0, "boundary": 0})
+    with pytest.raises(ValueError, match="classes"):
+        Balanced(classes="semantic")
+    with pytest.raises(ValueError, match="thickness"):
+        Balanced(thickness=0)
+    with pytest.raises(ValueError, match="in_plane"):
+        Balanced(in_plane=1)
+    uniform = np.full((4, 4, 4), 5, np.uint64)  # no boundary anywhere
+    with pytest.raises(ValueError, match="no region has a voxel"):
+        Balanced(priors={"boundary": 1}).bind([region(labels=uniform)], np.array([[2, 2, 2]]), 8)
+    with pytest.raises(ValueError, match="has no labels"):
+        Balanced().bind([region(mask=np.ones((4, 4, 4), np.uint8))], np.array([[2, 2, 2]]), 8)
+
+
+# -- Tiled ------------------------------------------------------------------------------------------------------
+
+def tiled_draws(sampler, batch):
+    return [sampler.sample(np.empty((batch, 0)), np.repeat(sampler._extent[None], batch, 0), 0, i)
+            for i in range(sampler.batches_per_epoch())]
+
+
+@pytest.mark.parametrize("stride", [None, 3, (2, 5, 4)])
+def test_tiled_covers_every_voxel_of_every_region(stride):
+    regions = [region("a", lo=(1, 2, 3), hi=(9, 17, 20), mask=np.ones((10, 20, 20), np.uint8)),
+               region("b", lo=(0, 0, 0), hi=(4, 6, 6), mask=np.ones((4, 6, 6), np.uint8))]
+    extent = np.array([4, 6, 5])
+    sampler = Tiled(stride=stride)
+    sampler.bind(regions, extent[None], 4)
+    seen = [np.zeros((10, 20, 20), bool), np.zeros((4, 6, 6), bool)]
+    for draw in tiled_draws(sampler, 4):
+        for v, c in zip(draw.volumes[:draw.valid], draw.corners[:draw.valid]):
+            assert np.all(c >= regions[v].lo) and np.all(c + extent <= regions[v].hi)
+            seen[v][tuple(slice(a, a + e) for a, e in zip(c, extent))] = True
+    assert seen[0][1:9, 2:17, 3:20].all() and seen[0].sum() == 8 * 15 * 17
+    assert seen[1].all()
+
+
+@pytest.mark.parametrize("last", ["keep", "drop", "roll"])
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_tiled_last_batch_and_shards(last, world_size):
+    regions = [region(lo=(0, 0, 0), hi=(2, 10, 12), mask=np.ones((2, 10, 12), np.uint8))]
+    extent = np.array([[2, 2, 2]])  # 30 tiles
+    batch = 4
+    shards = []
+    for rank in range(world_size):
+        sampler = Tiled(last=last)
+        sampler.bind(regions, extent, batch, rank, world_size)
+        n = len(range(rank, 30, world_size))
+        draws = tiled_draws(sampler, batch)
+        assert len(draws) == {"keep": -(-n // batch), "drop": n // batch, "roll": -(-n // batch)}[last]
+        tiles = [sampler.tile(i)[1].tolist() for i in range(rank, 30, world_size)]
+        delivered = [c.tolist() for d in draws for c in d.corners[:d.valid]]
+        if last == "keep":
+            assert delivered == tiles
+            assert [d.valid for d in draws] == [batch] * (len(draws) - 1) + [n - (len(draws) - 1) * batch]
+            assert all((d.corners[d.valid:] == d.corners[d.valid - 1]).all() for d in draws)
+        elif last == "drop":
+            assert delivered == tiles[:len(draws) * batch] and all(d.valid == batch for d in draws)
+        else:
+            assert delivered == [tiles[p % n] for p in range(len(draws) * batch)]
+        shards.append({tuple(t) for t in tiles})
+    assert sum(len(s) for s in shards) == 30 and len(set.union(*shards)) == 30
+
+
+def test_tiled_errors():
+    regions = [region(mask=np.ones((4, 8, 8), np.uint8))]
+    with pytest.raises(ValueError, match="same extent"):
+        Tiled().bind(regions, np.array([[2, 4, 2], [2, 2, 4]]), 4)
+    with pytest.raises(ValueError, match="gaps"):
+        Tiled(stride=3).bind(regions, np.array([[2, 2, 2]]), 4)
+    with pytest.raises(ValueError, match="leaves no batch"):
+        Tiled(last="drop").bind(regions, np.array([[4, 8, 8]]), 4)
+    for stride in [0, -1, (1, 2), (1, 2, 0), "2", 1.5]:
+        with pytest.raises(ValueError, match="stride"):
+            Tiled(stride=stride)
+    with pytest.raises(ValueError, match="last"):
+        Tiled(last="wrap")
+
+
+def test_reprs():
+    assert repr(Masked(0.25)) == "Masked(min_fraction=0.25, source='mask')"
+    assert repr(Tiled(2, "roll")) == "Tiled(stride=(2, 2, 2), last='roll')"
+    assert repr(Balanced(priors={"boundary": 2})) == \
+        "Balanced(classes='boundary', priors={'boundary': 2.0, 'interior': 0.0}, thickness=1, in_plane=False)"
+    assert repr(Uniform()) == "Uniform()"
