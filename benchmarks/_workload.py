@@ -22,7 +22,7 @@ import emfast
 from emfast import _kernels
 from emfast.augment import Params
 from emfast.plan import BatchPlan, Planner, window_extents
-from emfast.sampling import Uniform
+from emfast.sampling import Region, Uniform
 
 VOLUME_SHAPE = (96, 384, 384)
 PATCH = (32, 128, 128)
@@ -44,9 +44,11 @@ def make_volumes(shape: Sequence[int] = VOLUME_SHAPE, seed: int = 0):
 def make_plans(shape: Sequence[int] = VOLUME_SHAPE, patch: Sequence[int] = PATCH, batch: int = BATCH,
                count: int = N_PLANS, seed: int = 1) -> List[BatchPlan]:
     """``count`` batch plans with the 16 anisotropic transforms and uniform corners, as the Loader draws them."""
-    planner = Planner(patch=tuple(patch), batch_size=batch, sampler=Uniform(),
-                      augmentations=[emfast.Mirror(), emfast.Transpose()],
-                      lo=np.zeros(3, dtype=np.int64), hi=np.asarray(shape, dtype=np.int64), seed=seed)
+    sampler = Uniform()
+    sampler.bind([Region("volume", 1.0, np.zeros(3, dtype=np.int64), np.asarray(shape, dtype=np.int64))],
+                 window_extents(patch, np.array([[0, 1, 2], [0, 2, 1]])), batch)
+    planner = Planner(patch=tuple(patch), batch_size=batch, sampler=sampler,
+                      augmentations=[emfast.Mirror(), emfast.Transpose()], seed=seed)
     return [planner.plan(0, i) for i in range(count)]
 
 

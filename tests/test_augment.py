@@ -7,11 +7,15 @@ import pytest
 import emfast as ef
 from emfast.augment import Params, reachable_permutations, resolve
 from emfast.plan import Planner
+from emfast.sampling import Region
 
 
 def draw(augmentations, batches=200, batch_size=16):
-    planner = Planner(patch=(4, 8, 8), batch_size=batch_size, sampler=ef.Uniform(),
-                      augmentations=resolve(augmentations, isotropic=True), lo=(0, 0, 0), hi=(16, 16, 16), seed=3)
+    sampler = ef.Uniform()
+    sampler.bind([Region("cube", 1.0, np.zeros(3, np.int64), np.full(3, 16, np.int64))], np.array([[4, 8, 8]]),
+                 batch_size)
+    planner = Planner(patch=(4, 8, 8), batch_size=batch_size, sampler=sampler,
+                      augmentations=resolve(augmentations, isotropic=True), seed=3)
     return [planner.plan(0, k) for k in range(batches)]
 
 

@@ -111,7 +111,8 @@ def test_labels_covering_part_of_raw(rng):
     labels = rng.integers(0, 9, (6, 20, 30), dtype=np.uint32)
     offset = (2, 15, 5)
     loader = ef.Loader(raw, labels, patch=(3, 8, 8), batch_size=4, label_offset=offset, seed=4)
-    assert loader.region == ((2, 15, 5), (8, 35, 35))
+    region = loader.regions[0]
+    assert (tuple(region.lo), tuple(region.hi)) == ((2, 15, 5), (8, 35, 35))
     for arrays, positions, perms, flips in collect(loader, 5):
         for n in range(4):
             local = positions[n] - np.array(offset)
@@ -133,7 +134,8 @@ def test_alignment_from_offset_and_resolution_attributes(tmp_path, rng):
         d = f.create_dataset("half_voxel", data=np.ones((6, 20, 20), np.uint64))
         d.attrs.update(resolution=(40, 4, 4), offset=(80, 42, 20))
     raw = ef.hdf5(path, "raw")
-    assert ef.Loader(raw, ef.hdf5(path, "labels"), patch=(2, 4, 4)).region == ((2, 10, 5), (8, 30, 25))
+    region = ef.Loader(raw, ef.hdf5(path, "labels"), patch=(2, 4, 4)).regions[0]
+    assert (tuple(region.lo), tuple(region.hi)) == ((2, 10, 5), (8, 30, 25))
     with pytest.raises(ValueError, match="resolution mismatch"):
         ef.Loader(raw, ef.hdf5(path, "coarse"), patch=(2, 4, 4))
     with pytest.raises(ValueError, match="whole number of voxels"):
@@ -238,7 +240,7 @@ def test_profile_reports_every_stage(volumes):
             pass
     report = loader.profile
     assert report.batches == 10 and report.seconds["kernel"] > 0 and report.seconds["sample"] > 0
-    assert set(report.seconds) == {"sample", "read", "kernel", "copy", "stall", "wait"}
+    assert set(report.seconds) == {"sample", "read", "kernel", "augment", "targets", "copy", "stall", "wait"}
     assert report.seconds["copy"] == 0  # no device
     text = str(report)
     assert "kernel" in text and "batches/s" in text

@@ -10,6 +10,7 @@ Quick start::
             ...  # batch["raw"]: (8, 1, 32, 128, 128) float32, batch["labels"]: (8, 1, 32, 128, 128) uint64
 """
 from .augment import Augmentation, Intensity, Mirror, Transpose
+from .dataset import Dataset, Sample
 from .loader import Batch, BatchReleasedError, Loader
 from .profile import ProfileReport
 from .sampling import Uniform
@@ -26,6 +27,7 @@ __all__ = [
     "BatchReleasedError",
     "Boundaries",
     "Classes",
+    "Dataset",
     "DatasetNotFoundError",
     "DeviceArray",
     "DeviceNotice",
@@ -34,6 +36,7 @@ __all__ = [
     "Loader",
     "Mirror",
     "ProfileReport",
+    "Sample",
     "Transpose",
     "Uniform",
     "Volume",

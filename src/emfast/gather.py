@@ -1,15 +1,25 @@
-"""Turning a batch plan into output arrays: window reads for lazy volumes, then one kernel call per field."""
+"""Turning a batch plan into output arrays: window reads for lazy volumes, one kernel call per field, then the
+pixel-wise augmentations and the targets.
+
+Geometry. A plan places each example's *output* window (``patch_out``) in its volume. Every field is a window
+of its own size centred on it: the raw input (``patch_in``, larger by the network's context), the labels (the
+output window grown by the targets' margin), the mask (the output window). A field's window starts at
+``offset`` from the output window's corner, per output axis; for transposed examples offsets and extents are
+permuted into source axes like the patch itself.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from . import _kernels
-from .plan import BatchPlan
+from .augment import Augmentation, Patches
+from .dataset import Placed
+from .plan import BatchPlan, window_extents
 from .profile import Profile
-from .volumes import Volume
+from .targets import Target, compute_targets
 
 #: Default normalisation (scale, shift) per raw dtype: integers to [0, 1], floats unchanged.
 DEFAULT_NORMALIZATION = {
@@ -21,85 +31,170 @@ DEFAULT_NORMALIZATION = {
 
 @dataclass
 class Field:
-    """One named output of a batch, cut from one volume.
+    """One window of a batch, cut from the same kind of volume in every sample.
 
-    ``origin`` is the position of the volume's voxel (0, 0, 0) in raw coordinates; ``convert`` selects the
-    converting kernel (raw) rather than the bit-exact copy (labels).
+    Attributes
+    ----------
+    name : str
+        Batch field name (``raw``, an extra channel's name, ``labels``, ``mask``).
+    sources : list of Placed
+        Per sample of the dataset, the volume and its origin in raw voxel coordinates.
+    dtype : numpy.dtype
+        Output dtype.
+    patch : tuple of int
+        Window size along the output axes.
+    offset : tuple of int
+        Window corner relative to the output window's corner, along the output axes.
+    normalization : ndarray (S, 2) or None
+        Per sample ``(scale, shift)`` for converted fields; None for fields copied bit for bit.
+    intensity : bool
+        Whether the per-example intensity augmentation (gain, bias) applies (raw only).
+    delivered : bool
+        Whether the field is a batch array (else a per-thread intermediate, e.g. labels with a target margin).
     """
 
     name: str
-    volume: Volume
-    origin: np.ndarray
+    sources: List[Placed]
     dtype: np.dtype
-    convert: bool
+    patch: tuple
+    offset: tuple
+    normalization: Optional[np.ndarray] = None
+    intensity: bool = False
+    delivered: bool = True
 
-    def shape(self, batch_size: int, patch: Sequence[int]) -> tuple:
-        return (batch_size, self.volume.channels) + tuple(patch)
+    @property
+    def channels(self) -> int:
+        return self.sources[0].volume.channels
+
+    @property
+    def convert(self) -> bool:
+        return self.normalization is not None
+
+    def shape(self, batch_size: int) -> tuple:
+        return (batch_size, self.channels) + tuple(self.patch)
+
+    @property
+    def lazy(self) -> bool:
+        return any(not placed.volume.in_memory for placed in self.sources)
 
 
 class Gatherer:
-    """Fills a slot's arrays with the windows of a plan.
+    """Fills a slot's arrays with the windows of a plan, then augments and computes targets.
 
     Parameters
     ----------
     fields : list of Field
-        What a batch holds, in order.
-    patch : tuple of int
-        Output window (z, y, x).
+        Windows to cut, in order. The labels field (if any) is named ``"labels"``.
     batch_size : int
         Examples per batch.
-    normalization : (float, float)
-        Raw ``scale`` and ``shift``: converted raw = ``x * scale + shift``, before intensity augmentation.
+    patch_out : tuple of int
+        Output window (z, y, x): the size of the delivered labels, mask and targets.
+    pixelwise : list of (int, Augmentation)
+        Pixel-wise augmentations with their position in the plan's records, run in order after cropping.
+    targets : list of Target
+        Targets computed from the (augmented) labels.
+    margin : tuple of int
+        The targets' margin: the labels field is cut ``margin`` larger on each side than ``patch_out``.
     """
 
-    def __init__(self, fields: List[Field], patch, batch_size: int, normalization) -> None:
+    def __init__(self, fields: List[Field], batch_size: int, patch_out: Sequence[int],
+                 pixelwise: Sequence[tuple] = (), targets: Sequence[Target] = (),
+                 margin: Sequence[int] = (0, 0, 0)) -> None:
         self.fields = fields
-        self.patch = tuple(patch)
         self.batch_size = batch_size
-        self.scale, self.shift = (float(v) for v in normalization)
-        self._window_elements = int(np.prod(self.patch))
+        self.patch_out = tuple(patch_out)
+        self.pixelwise = list(pixelwise)
+        self.targets = list(targets)
+        self.margin = tuple(int(m) for m in margin)
+        self._by_name = {f.name: f for f in fields}
+        self._target_fields = {}
+        for target in self.targets:
+            for name, (channels, dtype) in target.outputs().items():
+                self._target_fields[name] = ((batch_size, channels) + self.patch_out, dtype)
+
+    def output_fields(self) -> Dict[str, tuple]:
+        """Batch field name -> (shape, dtype), in delivery order."""
+        shapes = {f.name: (f.shape(self.batch_size), np.dtype(f.dtype)) for f in self.fields if f.delivered}
+        if "labels" in self._by_name and not self._by_name["labels"].delivered:
+            shapes["labels"] = ((self.batch_size, 1) + self.patch_out, np.dtype(self._by_name["labels"].dtype))
+        shapes.update({name: (shape, np.dtype(dtype)) for name, (shape, dtype) in self._target_fields.items()})
+        return shapes
 
     def allocate(self) -> Dict[str, np.ndarray]:
         """New output arrays for one slot, with their pages already mapped (no first-touch cost mid-stream)."""
-        arrays = {f.name: np.empty(f.shape(self.batch_size, self.patch), dtype=f.dtype) for f in self.fields}
+        arrays = {name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in self.output_fields().items()}
         for array in arrays.values():
             array.fill(0)
         return arrays
 
-    def new_scratch(self) -> Dict[str, List[np.ndarray]]:
-        """Per-thread read buffers, one flat buffer per example, for each lazily read field."""
-        size = self._window_elements
-        return {f.name: [np.empty(f.volume.channels * size, dtype=f.volume.dtype) for _ in range(self.batch_size)]
-                for f in self.fields if not f.volume.in_memory}
-
-    def fill(self, arrays: Dict[str, np.ndarray], plan: BatchPlan, scratch: Dict[str, List[np.ndarray]],
-             profile: Profile) -> None:
-        """Write the batch of ``plan`` into ``arrays``, timing reads and kernels in ``profile``."""
-        params = plan.params
+    def new_scratch(self) -> Dict[str, object]:
+        """Per-thread buffers: flat read buffers per example for lazily read fields, and intermediate fields."""
+        scratch: Dict[str, object] = {}
         for f in self.fields:
-            corners = plan.corners - f.origin
-            if f.volume.in_memory:
-                sources = [f.volume.array] * self.batch_size
-            else:
-                with profile.timer("read"):
-                    sources = self._read(f, corners, plan.extents, scratch[f.name])
-                corners = np.zeros_like(corners)
-            with profile.timer("kernel"):
-                if f.convert:
-                    scale = (self.scale * params.gain).astype(np.float32)
-                    shift = (self.shift * params.gain + params.bias).astype(np.float32)
-                    _kernels.gather_convert(sources, corners, params.perms, params.flips, scale, shift,
-                                            arrays[f.name])
-                else:
-                    _kernels.gather_copy(sources, corners, params.perms, params.flips, arrays[f.name])
+            if f.lazy:
+                size = f.channels * int(np.prod(f.patch))
+                dtype = f.sources[0].volume.dtype
+                scratch["read:" + f.name] = [np.empty(size, dtype=dtype) for _ in range(self.batch_size)]
+            if not f.delivered:
+                scratch[f.name] = np.zeros(f.shape(self.batch_size), dtype=f.dtype)
+        return scratch
 
-    def _read(self, f: Field, corners: np.ndarray, extents: np.ndarray, buffers: List[np.ndarray]):
+    def fill(self, arrays: Dict[str, np.ndarray], plan: BatchPlan, scratch: Dict[str, object],
+             profile: Profile) -> None:
+        """Write the batch of ``plan`` into ``arrays``, timing each stage in ``profile``."""
+        windows = {}
+        for f in self.fields:
+            out = arrays[f.name] if f.delivered else scratch[f.name]
+            self._gather(f, plan, out, scratch.get("read:" + f.name), profile)
+            windows[f.name] = out
+        labels = windows.get("labels")
+        if self.pixelwise:
+            with profile.timer("augment"):
+                offset = tuple(np.asarray(self._by_name["labels"].offset) - np.asarray(self._by_name["raw"].offset)) \
+                    if labels is not None else (0, 0, 0)
+                patches = Patches(raw=windows["raw"], labels=labels, labels_offset=offset, valid=plan.valid)
+                for position, augmentation in self.pixelwise:
+                    augmentation.process(plan.records[position], patches)
+        if labels is not None and not self._by_name["labels"].delivered:
+            m = self.margin
+            inner = labels[:, :, m[0]:labels.shape[2] - m[0], m[1]:labels.shape[3] - m[1],
+                           m[2]:labels.shape[4] - m[2]]
+            np.copyto(arrays["labels"], inner)
+        if self.targets:
+            with profile.timer("targets"):
+                compute_targets(labels, self.targets, self.margin,
+                                out={name: arrays[name] for name in self._target_fields})
+
+    def _gather(self, f: Field, plan: BatchPlan, out: np.ndarray, read_buffers, profile: Profile) -> None:
+        params = plan.params
+        extents = window_extents(f.patch, params.perms)
+        origins = np.stack([f.sources[v].origin for v in plan.volumes])
+        corners = plan.corners + window_extents(f.offset, params.perms) - origins
+        if read_buffers is None:
+            sources = [f.sources[v].volume.array for v in plan.volumes]
+        else:
+            with profile.timer("read"):
+                sources = self._read(f, plan.volumes, corners, extents, read_buffers)
+            corners = np.zeros_like(corners)
+        with profile.timer("kernel"):
+            if f.convert:
+                scale, shift = f.normalization[plan.volumes].T
+                if f.intensity:
+                    scale, shift = scale * params.gain, shift * params.gain + params.bias
+                scale, shift = scale.astype(np.float32), shift.astype(np.float32)
+                _kernels.gather_convert(sources, corners, params.perms, params.flips, scale, shift, out)
+            else:
+                _kernels.gather_copy(sources, corners, params.perms, params.flips, out)
+
+    @staticmethod
+    def _read(f: Field, volumes: np.ndarray, corners: np.ndarray, extents: np.ndarray, buffers: List[np.ndarray]):
         sources = []
-        for corner, extent, buffer in zip(corners, extents, buffers):
-            window = buffer.reshape((f.volume.channels,) + tuple(int(e) for e in extent))
-            f.volume.read_box(corner, extent, window)
-            if f.convert and f.volume.dtype.kind == "f" and not np.isfinite(window).all():
-                raise ValueError(f"{f.volume.name}: NaN or infinity in the window at (z, y, x) = "
+        for v, corner, extent, buffer in zip(volumes, corners, extents, buffers):
+            volume = f.sources[v].volume
+            window = buffer.reshape((volume.channels,) + tuple(int(e) for e in extent))
+            volume.read_box(corner, extent, window)
+            if f.convert and volume.dtype.kind == "f" and not np.isfinite(window).all():
+                raise ValueError(f"{volume.name}: NaN or infinity in the window at (z, y, x) = "
                                  f"{tuple(int(c) for c in corner)}")
             sources.append(window)
         return sources

@@ -7,6 +7,7 @@ valid until the next one is requested, :meth:`Batch.release` is called, or the l
 """
 from __future__ import annotations
 
+import copy
 import numbers
 import sys
 import threading
@@ -18,16 +19,41 @@ from typing import Dict, Iterator, List, Optional, Sequence
 import numpy as np
 
 from . import augment as _augment
+from . import targets as _targets
+from .dataset import Dataset, Placed, as_dataset, integer_triple
 from .gather import DEFAULT_NORMALIZATION, Field, Gatherer
 from .plan import BatchPlan, Planner, window_extents
 from .profile import Profile, ProfileReport
 from .ring import Ring, RingClosed
 from .transfer import Copier, resolve_device
 from .rng import check_seed
-from .sampling import Sampler, Uniform
-from .volumes import LABEL_DTYPES, RAW_DTYPES, Volume, as_volume
+from .sampling import Region, Sampler, Uniform
+from .volumes import Volume
 
 OUTPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+
+
+def _standardize(volume: Volume) -> tuple:
+    from .stats import volume_statistics
+    statistics = volume_statistics(volume)
+    if not statistics.std > 0:
+        raise ValueError(f"{volume.name}: constant volume (std 0) cannot be standardised; pass normalize=(scale, "
+                         "shift)")
+    return 1.0 / statistics.std, -statistics.mean / statistics.std
+
+
+def _min_max(volume: Volume) -> tuple:
+    from .stats import volume_statistics
+    statistics = volume_statistics(volume)
+    if not statistics.max > statistics.min:
+        raise ValueError(f"{volume.name}: constant volume (min = max) cannot be min/max scaled; pass "
+                         "normalize=(scale, shift)")
+    return 1.0 / (statistics.max - statistics.min), -statistics.min / (statistics.max - statistics.min)
+
+
+#: Per-volume normalisation modes: to zero mean and unit variance, or min/max to [0, 1], from statistics
+#: computed once per volume and cached (see :mod:`emfast.stats`).
+NORMALIZE_MODES = {"volume": _standardize, "minmax": _min_max}
 
 
 class BatchReleasedError(RuntimeError):
@@ -48,12 +74,18 @@ class Batch(Mapping):
         Epoch number and batch index within the epoch.
     number : int
         Position in the whole stream, counting across epochs.
+    volumes : ndarray, (B,) int64
+        Index of each example's sample in the loader's dataset; ``names`` holds the sample names.
     positions : ndarray, (B, 3) int64
-        Low corner (z, y, x) of each example's source window in raw voxel coordinates.
+        Low corner (z, y, x) of each example's output window (``patch_out``) in its sample's raw voxel
+        coordinates. The raw input window (``patch_in``) is centred on it.
     extents : ndarray, (B, 3) int64
-        Source window size along z, y, x (the patch, permuted for transposed examples).
+        Output window size along the source axes z, y, x (``patch_out``, permuted for transposed examples).
     perms, flips : ndarray, (B, 3)
         Each example's transform: output = ``transpose(flip(window, flips[n]), perms[n])``.
+    valid : int
+        Real examples at the front of the batch; fewer than B only in the last batch of a
+        :class:`~emfast.sampling.Tiled` epoch that keeps its incomplete batch (the rest repeat the last window).
     """
 
     def __init__(self, owner: "Loader", number: int, arrays: Dict[str, np.ndarray], plan: BatchPlan) -> None:
@@ -62,10 +94,13 @@ class Batch(Mapping):
         self.number = number
         self.epoch = plan.epoch
         self.index = plan.index
+        self.volumes = plan.volumes
+        self.names = [owner.dataset.names[v] for v in plan.volumes]
         self.positions = plan.corners
         self.extents = plan.extents
         self.perms = plan.params.perms
         self.flips = plan.params.flips
+        self.valid = plan.valid
 
     @property
     def released(self) -> bool:
@@ -134,20 +169,8 @@ def _positive_int(value, what: str, minimum: int = 1) -> int:
     return int(value)
 
 
-def _integer_triple(value, what: str) -> tuple:
-    try:
-        items = tuple(value)
-    except TypeError:
-        items = ()
-    if len(items) != 3 or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in items):
-        raise ValueError(f"{what} must be 3 integers (z, y, x), got {value!r}")
-    if max(abs(int(v)) for v in items) >= 1 << 62:
-        raise ValueError(f"{what} is out of range: {value!r}")
-    return tuple(int(v) for v in items)
-
-
 def _positive_triple(value, what: str) -> tuple:
-    items = _integer_triple(value, what)
+    items = integer_triple(value, what)
     if min(items) < 1:
         raise ValueError(f"{what} must be positive, got {value!r}")
     return items
@@ -164,28 +187,42 @@ def _pair(value) -> tuple:
     return pair
 
 
-def _label_origin(raw: Volume, labels: Volume, label_offset) -> np.ndarray:
-    """Position of the labels' voxel (0, 0, 0) in raw voxel coordinates."""
-    if raw.resolution is not None and labels.resolution is not None and not np.allclose(raw.resolution,
-                                                                                          labels.resolution):
-        raise ValueError(f"resolution mismatch: {raw.name} has {raw.resolution}, {labels.name} has "
-                         f"{labels.resolution}")
-    if label_offset is not None:
-        return np.asarray(_integer_triple(label_offset, "label_offset"), dtype=np.int64)
-    if raw.offset is not None and labels.offset is not None:
-        if raw.resolution is None or labels.resolution is None:
-            raise ValueError(f"{raw.name} and {labels.name} have 'offset' attributes but not both a "
-                             "'resolution'; pass label_offset=(z, y, x) in voxels")
-        voxels = (np.asarray(labels.offset) - np.asarray(raw.offset)) / np.asarray(raw.resolution)
-        if not np.allclose(voxels, np.round(voxels)):
-            raise ValueError(f"{labels.name} is offset by {tuple(voxels)} voxels from {raw.name}, "
-                             "not a whole number of voxels")
-        return np.round(voxels).astype(np.int64)
-    if raw.shape != labels.shape:
-        raise ValueError(f"{raw.name} has shape {raw.shape} but {labels.name} has {labels.shape}; pass "
-                         "label_offset=(z, y, x) (labels' first voxel in raw voxels) or give both datasets "
-                         "'offset' and 'resolution' attributes")
-    return np.zeros(3, dtype=np.int64)
+def _normalization(volume: Volume, normalize) -> tuple:
+    """(scale, shift) mapping ``volume``'s values to the network's input range."""
+    if normalize is None:
+        return DEFAULT_NORMALIZATION[volume.dtype]
+    if isinstance(normalize, dict):
+        unknown = sorted(set(normalize) - {"mean", "std"})
+        if unknown or set(normalize) != {"mean", "std"}:
+            raise ValueError(f"normalize as a dict needs exactly the keys 'mean' and 'std', got {sorted(normalize)}")
+        mean, std = _pair((normalize["mean"], normalize["std"]))
+        if std <= 0:
+            raise ValueError(f"normalize: std must be positive, got {std}")
+        return 1.0 / std, -mean / std
+    if isinstance(normalize, str):
+        if normalize not in NORMALIZE_MODES:
+            raise ValueError(f"normalize must be one of {sorted(NORMALIZE_MODES)}, (scale, shift), or "
+                             f"{{'mean': ..., 'std': ...}}; got {normalize!r}")
+        return NORMALIZE_MODES[normalize](volume)
+    return _pair(normalize)
+
+
+def _geometry(patch, patch_in, patch_out) -> tuple:
+    """(patch_in, patch_out) from the loader's arguments."""
+    if patch is not None:
+        if patch_in is not None or patch_out is not None:
+            raise ValueError("give either patch, or patch_in and/or patch_out, not both")
+        patch_in = patch_out = _positive_triple(patch, "patch")
+    elif patch_in is None and patch_out is None:
+        raise ValueError("patch (or patch_in and patch_out) is required")
+    else:
+        patch_in = _positive_triple(patch_in if patch_in is not None else patch_out, "patch_in")
+        patch_out = _positive_triple(patch_out if patch_out is not None else patch_in, "patch_out")
+    difference = np.subtract(patch_in, patch_out)
+    if np.any(difference < 0) or np.any(difference % 2):
+        raise ValueError(f"patch_in {patch_in} must exceed patch_out {patch_out} by an even number of voxels along "
+                         "each axis, so that the output window is centred in the input window")
+    return patch_in, patch_out
 
 
 class _Producers:
@@ -268,18 +305,28 @@ class Loader:
 
     Parameters
     ----------
-    raw : Volume or ndarray
-        The image: (z, y, x) or (c, z, y, x), uint8, uint16 or float32. Converted to ``dtype`` and normalised.
+    data : Dataset, Sample, list of Sample, Volume or ndarray
+        What to draw from: a :class:`~emfast.Dataset` of several annotated volumes, or a single raw volume
+        ((z, y, x) or (c, z, y, x), uint8, uint16 or float32), converted to ``dtype`` and normalised.
     labels : Volume or ndarray, optional
-        Labels (uint32, uint64 or int64), cut with the same geometry and copied bit for bit.
+        With a single raw volume: its labels (uint32, uint64 or int64), cut with the same geometry and copied bit
+        for bit.
     patch : (int, int, int)
-        Output window (z, y, x).
+        Window (z, y, x) of input and output alike; or give ``patch_in`` and ``patch_out``.
+    patch_in, patch_out : (int, int, int)
+        Input (raw, extra channels) and output (labels, mask, targets) windows, for networks with valid
+        convolutions: ``patch_in`` exceeds ``patch_out`` by an even number per axis and the output window is
+        centred in it. 2.5-D: ``patch_in=(5, 256, 256), patch_out=(1, 256, 256)``.
     batch_size : int
         Examples per batch.
     augment : sequence of Augmentation or str
         Augmentations, e.g. ``[Mirror(), Transpose(), Intensity()]`` or ``["mirror", "transpose"]``.
-    sampler : Uniform, optional
-        Where windows are cut (uniform over the volume by default).
+    targets : sequence of Target or str
+        Targets computed from the augmented labels, e.g. ``[Affinities(), Boundaries()]``; each adds its
+        fields to the batch. Labels are cut larger by the targets' margin, so targets are exact up to the border.
+    sampler : Sampler, optional
+        Where windows are cut: :class:`~emfast.Uniform` (default), or a mask-aware, label-balanced or tiled
+        sampler from :mod:`emfast.sampling`. The loader works on its own copy.
     epoch_size : int, optional
         Batches per epoch: each ``for batch in loader`` runs to the end of the current epoch. None: endless.
     threads : int
@@ -287,17 +334,24 @@ class Loader:
     buffers : int, optional
         Batch slots in the ring (default ``threads + 2``, at least 2). Memory = volumes + slots.
     seed : int
-        Seed in [0, 2**64). Batches are a pure function of (seed, epoch, batch index): the same whatever
+        Seed in [0, 2**64). Batches are a pure function of (seed, epoch, batch index, rank): the same whatever
         ``threads`` and ``buffers``.
     dtype : str
         Raw output type, ``"float32"`` or ``"float16"``.
-    normalize : (float, float), optional
-        Raw ``(scale, shift)``: output = ``x * scale + shift``. Default: integers to [0, 1], float unchanged.
+    normalize : (float, float), dict, str, optional
+        Raw and extra channels: ``(scale, shift)`` (output = ``x * scale + shift``), ``{"mean": m, "std": s}``,
+        ``"volume"`` (each volume to zero mean, unit variance from its statistics) or ``"minmax"`` (each
+        volume's range to [0, 1]); per-volume statistics are computed once and cached beside the data, never in
+        it. Default: integers to [0, 1], float unchanged.
     isotropic : bool
         Allow transforms that swap z with y/x (only for data of equal resolution along all axes).
     label_offset : (int, int, int), optional
-        Position of the labels' first voxel in raw voxels, when labels cover only part of raw. Otherwise taken
-        from the datasets' ``offset``/``resolution`` attributes, or the shapes must be equal.
+        With a single raw volume: position of the labels' first voxel in raw voxels, when labels cover only part
+        of raw. Otherwise taken from the datasets' ``offset``/``resolution`` attributes, or the shapes must be
+        equal.
+    rank, world_size : int
+        Shard of the stream for distributed training (the ``torch.distributed`` convention): each rank draws a
+        disjoint, deterministic set of batches.
     device : str
         Where batches are delivered: ``"cpu"`` (NumPy arrays), ``"cuda"`` / ``"cuda:N"`` (device arrays with
         ``__cuda_array_interface__``, copied asynchronously from page-locked memory; needs pycuda), or
@@ -310,51 +364,49 @@ class Loader:
     ...         train_step(batch["raw"], batch["labels"])
     """
 
-    def __init__(self, raw, labels=None, *, patch: Sequence[int], batch_size: int = 8,
-                 augment: Sequence = ("mirror", "transpose"), sampler=None, epoch_size: Optional[int] = None,
-                 threads: int = 1, buffers: Optional[int] = None, seed: int = 0, dtype="float32",
-                 normalize=None, isotropic: bool = False, label_offset=None, device="cpu") -> None:
-        self.patch = _positive_triple(patch, "patch")
+    def __init__(self, data, labels=None, *, patch: Optional[Sequence[int]] = None,
+                 patch_in: Optional[Sequence[int]] = None, patch_out: Optional[Sequence[int]] = None,
+                 batch_size: int = 8, augment: Sequence = ("mirror", "transpose"), targets: Sequence = (),
+                 sampler: Optional[Sampler] = None, epoch_size: Optional[int] = None, threads: int = 1,
+                 buffers: Optional[int] = None, seed: int = 0, dtype="float32", normalize=None,
+                 isotropic: bool = False, label_offset=None, rank: int = 0, world_size: int = 1,
+                 device="cpu") -> None:
+        self.patch_in, self.patch_out = _geometry(patch, patch_in, patch_out)
         self.batch_size = _positive_int(batch_size, "batch_size")
-        self.epoch_size = None if epoch_size is None else _positive_int(epoch_size, "epoch_size")
         self.threads = _positive_int(threads, "threads")
         self.buffers = max(2, self.threads + 2) if buffers is None else _positive_int(buffers, "buffers", 2)
+        self.world_size = _positive_int(world_size, "world_size")
+        self.rank = _positive_int(rank, "rank", 0)
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank must be in [0, world_size) = [0, {self.world_size}), got {rank}")
         self.seed = check_seed(seed)
         self.dtype = self._output_dtype(dtype)
         self.augmentations = _augment.resolve(() if augment is None else augment, isotropic)
-        self.sampler = Uniform() if sampler is None else sampler
+        self.targets = _targets.resolve(targets) if targets else []
+        if sampler is not None and not isinstance(sampler, Sampler):
+            raise TypeError(f"sampler must be an emfast sampler such as emfast.Uniform(), got {sampler!r}")
+        # A copy, so that one sampler object can serve several loaders (bind() stores the regions).
+        self.sampler = copy.copy(sampler) if sampler is not None else Uniform()
+        self.dataset = as_dataset(data, labels, label_offset)
+        if self.targets and not self.dataset.has_labels:
+            raise ValueError(f"targets {[t.name for t in self.targets]} need labels, but the data has none")
+        for target in self.targets:
+            target.check(self.dataset.samples[0].placed_labels.volume.dtype)
+        self.margin = _targets.required_margin(self.targets) if self.targets else (0, 0, 0)
         self._backend = resolve_device(device)
         self.device = "cpu" if self._backend is None else self._backend.name
-        if not isinstance(self.sampler, Sampler):
-            raise TypeError(f"sampler must be an emfast sampler such as emfast.Uniform(), got {sampler!r}")
 
-        raw_volume = as_volume(raw, "raw")
-        if raw_volume.dtype not in RAW_DTYPES:
-            raise TypeError(f"{raw_volume.name}: raw must be uint8, uint16 or float32, not {raw_volume.dtype}")
-        raw_volume.check_finite()
-        fields = [Field("raw", raw_volume, np.zeros(3, dtype=np.int64), self.dtype, convert=True)]
-        lo, hi = np.zeros(3, dtype=np.int64), np.asarray(raw_volume.shape, dtype=np.int64)
-        if labels is not None:
-            label_volume = as_volume(labels, "labels")
-            if label_volume.dtype not in LABEL_DTYPES:
-                raise TypeError(f"{label_volume.name}: labels must be uint32, uint64 or int64, "
-                                f"not {label_volume.dtype}")
-            origin = _label_origin(raw_volume, label_volume, label_offset)
-            fields.append(Field("labels", label_volume, origin, label_volume.dtype, convert=False))
-            lo = np.maximum(lo, origin)
-            hi = np.minimum(hi, origin + np.asarray(label_volume.shape))
-            if np.any(hi <= lo):
-                raise ValueError(f"{label_volume.name} (at {tuple(origin)}, shape {label_volume.shape}) does "
-                                 f"not overlap {raw_volume.name} (shape {raw_volume.shape})")
-        elif label_offset is not None:
-            raise ValueError("label_offset was given but no labels")
-        self._check_fits(lo, hi, [f.volume.name for f in fields])
-        self.region = (tuple(int(v) for v in lo), tuple(int(v) for v in hi))
+        fields = self._fields(normalize)
+        self.regions = self._regions()
+        extents = np.unique(window_extents(self.patch_out, np.asarray(self._perms)), axis=0)
+        self.sampler.bind(self.regions, extents, self.batch_size, self.rank, self.world_size)
+        self.epoch_size = self._epoch_size(epoch_size)
 
-        normalization = DEFAULT_NORMALIZATION[raw_volume.dtype] if normalize is None else _pair(normalize)
-        self._gatherer = Gatherer(fields, self.patch, self.batch_size, normalization)
-        self._planner = Planner(patch=self.patch, batch_size=self.batch_size, sampler=self.sampler,
-                                augmentations=self.augmentations, lo=lo, hi=hi, seed=self.seed)
+        pixelwise = [(i, a) for i, a in enumerate(self.augmentations) if a.pixelwise]
+        self._gatherer = Gatherer(fields, self.batch_size, self.patch_out, pixelwise, self.targets, self.margin)
+        self._planner = Planner(patch=self.patch_out, batch_size=self.batch_size, sampler=self.sampler,
+                                augmentations=self.augmentations, seed=self.seed, rank=self.rank,
+                                world_size=self.world_size)
         self._profile = Profile(self.threads)
         self._pipeline: Optional[_Pipeline] = None
         self._baseline: Dict[int, tuple] = {}  # slot index -> (its arrays, their reference counts when taken)
@@ -362,6 +414,85 @@ class Loader:
         self._consumed = 0
         self._closed = False
         self._warned_escape = False
+
+    @property
+    def patch(self) -> tuple:
+        """The output window (z, y, x) (``patch_out``)."""
+        return self.patch_out
+
+    @property
+    def _perms(self) -> List[tuple]:
+        return sorted(_augment.reachable_permutations(self.augmentations))
+
+    def _fields(self, normalize) -> List[Field]:
+        """The windows each example is cut into: raw and extra channels with context, labels with the target
+        margin, the mask."""
+        samples = self.dataset.samples
+        origin = np.zeros(3, dtype=np.int64)
+        context = tuple(-((i - o) // 2) for i, o in zip(self.patch_in, self.patch_out))
+
+        def converted(name: str, volumes: List[Volume], intensity: bool) -> Field:
+            normalization = np.asarray([_normalization(v, normalize) for v in volumes], dtype=np.float64)
+            return Field(name, [Placed(v, origin) for v in volumes], self.dtype, self.patch_in, context,
+                         normalization=normalization, intensity=intensity)
+
+        fields = [converted("raw", [s.raw for s in samples], intensity=True)]
+        for name in samples[0].extra:
+            if name in ("raw", "labels", "mask") or name in _targets.outputs(self.targets):
+                raise ValueError(f"extra channel name {name!r} collides with a batch field; rename it")
+            fields.append(converted(name, [s.extra[name] for s in samples], intensity=False))
+        if self.dataset.has_labels:
+            label_patch = tuple(p + 2 * m for p, m in zip(self.patch_out, self.margin))
+            placed = [s.placed_labels for s in samples]
+            fields.append(Field("labels", placed, placed[0].volume.dtype, label_patch,
+                                tuple(-m for m in self.margin), delivered=not any(self.margin)))
+        if self.dataset.has_mask:
+            placed = [s.placed_mask for s in samples]
+            fields.append(Field("mask", placed, placed[0].volume.dtype, self.patch_out, (0, 0, 0)))
+        return fields
+
+    def _regions(self) -> List[Region]:
+        """Per sample, the box where output windows fit with every field's window inside its volume."""
+        perms = np.asarray(self._perms)
+        context = window_extents([(i - o) // 2 for i, o in zip(self.patch_in, self.patch_out)], perms).max(axis=0)
+        margin = window_extents(self.margin, perms).max(axis=0)
+        extents = window_extents(self.patch_out, perms)
+        patch_name = "patch" if self.patch_in == self.patch_out else "patch_out"
+        regions = []
+        for sample in self.dataset.samples:
+            lo, hi = context.copy(), np.asarray(sample.raw.shape, dtype=np.int64) - context
+            labels, mask = sample.placed_labels, sample.placed_mask
+            if labels is not None:
+                lo, hi = np.maximum(lo, labels.origin + margin), np.minimum(hi, labels.end - margin)
+            if mask is not None:
+                lo, hi = np.maximum(lo, mask.origin), np.minimum(hi, mask.end)
+            for perm, extent in zip(perms, extents):
+                if np.any(hi - lo < extent):
+                    transposed = "" if tuple(perm) == (0, 1, 2) else \
+                        f" (window {tuple(int(e) for e in extent)} in source axes for transposed examples)"
+                    grown = f", grown to patch_in {self.patch_in} by the network's context" \
+                        if self.patch_in != self.patch_out else ""
+                    margin_note = f" and by the targets' label margin {self.margin}" if any(self.margin) else ""
+                    raise ValueError(
+                        f"sample {sample.name!r}: {patch_name} {self.patch_out}{transposed}{grown}{margin_note} does "
+                        f"not fit in its data (raw {sample.raw.shape}" +
+                        (f", labels {labels.volume.shape} at {tuple(int(v) for v in labels.origin)}"
+                         if labels is not None else "") + ")")
+            regions.append(Region(sample.name, sample.weight, lo, hi,
+                                  labels=None if labels is None else labels.volume,
+                                  labels_origin=None if labels is None else labels.origin,
+                                  mask=None if mask is None else mask.volume,
+                                  mask_origin=None if mask is None else mask.origin))
+        return regions
+
+    def _epoch_size(self, epoch_size: Optional[int]) -> Optional[int]:
+        finite = self.sampler.batches_per_epoch()
+        if epoch_size is not None:
+            epoch_size = _positive_int(epoch_size, "epoch_size")
+            if finite is not None and epoch_size != finite:
+                raise ValueError(f"epoch_size={epoch_size}, but {self.sampler!r} has {finite} batches per epoch; "
+                                 "leave epoch_size out")
+        return finite if epoch_size is None else epoch_size
 
     @staticmethod
     def _output_dtype(dtype) -> np.dtype:
@@ -372,16 +503,6 @@ class Loader:
         if resolved not in OUTPUT_DTYPES:
             raise ValueError(f"dtype must be 'float32' or 'float16', got {dtype!r}")
         return resolved
-
-    def _check_fits(self, lo: np.ndarray, hi: np.ndarray, names: List[str]) -> None:
-        available = hi - lo
-        for perm in sorted(_augment.reachable_permutations(self.augmentations)):
-            extent = window_extents(self.patch, np.asarray([perm]))[0]
-            if np.any(extent > available):
-                transposed = "" if perm == (0, 1, 2) else f" (source window {tuple(int(e) for e in extent)} " \
-                                                          f"for transposed examples)"
-                raise ValueError(f"patch {self.patch}{transposed} does not fit in the sampling region of shape "
-                                 f"{tuple(int(a) for a in available)} of {' and '.join(names)}")
 
     # -- life cycle -------------------------------------------------------------------------------------------
 
@@ -493,7 +614,7 @@ class Loader:
     @property
     def fields(self) -> Dict[str, tuple]:
         """Field name -> (shape, dtype) of the batch arrays."""
-        return {f.name: (f.shape(self.batch_size, self.patch), np.dtype(f.dtype)) for f in self._gatherer.fields}
+        return self._gatherer.output_fields()
 
     @property
     def slot_bytes(self) -> int:

@@ -11,6 +11,8 @@ STAGES = {
     "sample": "drawing window positions and transforms (producer)",
     "read": "reading windows from lazy volumes (producer)",
     "kernel": "crop + transform + convert kernels (producer)",
+    "augment": "pixel-wise augmentations: noise, blur, section defects (producer)",
+    "targets": "targets computed from the labels (producer)",
     "copy": "host-to-device copies, issue to completion (copier thread; GPU only)",
     "stall": "producers waiting for a free slot (consumer is slower)",
     "wait": "consumer waiting for a batch (producers are slower)",
