@@ -10,9 +10,6 @@ methods do comparable work.
 """
 from __future__ import annotations
 
-import os
-import platform
-import sys
 from dataclasses import dataclass
 from typing import List, Sequence
 
@@ -145,46 +142,6 @@ def _convert(window: np.ndarray, scale: np.float32, shift: np.float32) -> np.nda
     return converted
 
 
-# -- machine description --------------------------------------------------------------------------------------
+# -- machine description: shared with `emfast bench` ---------------------------------------------------------
 
-def _read_field(path: str, key: str):
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(key):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process now (VmRSS), in bytes."""
-    value = _read_field("/proc/self/status", "VmRSS")
-    if value is not None:
-        return int(value.split()[0]) * 1024
-    import resource  # fallback: peak RSS only (kB on Linux), better than nothing
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def machine_info() -> dict:
-    mem = _read_field("/proc/meminfo", "MemTotal")
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    try:
-        load = tuple(round(v, 2) for v in os.getloadavg())
-    except OSError:
-        load = None
-    return {
-        "cpu": _read_field("/proc/cpuinfo", "model name") or platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "usable_cores": usable,
-        "memory_gib": round(int(mem.split()[0]) / 2**20, 1) if mem else None,
-        "load_average": load,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "emfast": getattr(emfast, "__version__", "?"),
-        "platform": sys.platform,
-    }
+from emfast.bench import machine_info, read_proc_field as _read_field, rss_bytes  # noqa: E402,F401
