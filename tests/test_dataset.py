@@ -1,0 +1,248 @@
+"""Datasets of several volumes through the loader: alignment, context windows, targets, shards and bad input."""
+import h5py
+import numpy as np
+import pytest
+
+import emfast as ef
+from emfast.augment import Augmentation, Patches
+from emfast.plan import window_extents
+
+from reference import affinities_reference, converted, window
+
+PATCH = (4, 12, 10)
+
+
+def make_sample(rng, shape, name, label_shape=None, label_offset=None, weight=1.0, mask=False):
+    raw = rng.integers(0, 256, shape, dtype=np.uint8)
+    label_shape = shape if label_shape is None else label_shape
+    labels = rng.integers(1, 4, label_shape, dtype=np.uint64)
+    mask_array = np.ones(label_shape, np.uint8) if mask else None
+    return ef.Sample(raw, labels, mask=mask_array, name=name, weight=weight, label_offset=label_offset,
+                     mask_offset=label_offset if mask else None)
+
+
+@pytest.fixture
+def dataset(rng):
+    return ef.Dataset([make_sample(rng, (10, 40, 36), "a"),
+                       make_sample(rng, (14, 30, 44), "b", label_shape=(10, 24, 30), label_offset=(2, 3, 4)),
+                       make_sample(rng, (8, 20, 20), "c", weight=2.0)])
+
+
+def test_every_example_comes_from_its_sample_at_its_position(dataset):
+    with ef.Loader(dataset, patch=PATCH, batch_size=6, epoch_size=6, seed=5) as loader:
+        seen = set()
+        for batch in loader:
+            for n in range(6):
+                sample = dataset.samples[batch.volumes[n]]
+                assert batch.names[n] == sample.name
+                args = (batch.positions[n], PATCH, batch.perms[n], batch.flips[n])
+                expected = converted(sample.raw.array, *args, 1 / 255, 0.0, np.float32)
+                np.testing.assert_array_equal(batch["raw"][n], expected)
+                labels = sample.placed_labels
+                corner = batch.positions[n] - labels.origin
+                np.testing.assert_array_equal(batch["labels"][n], window(labels.volume.array, corner, *args[1:]))
+                seen.add(sample.name)
+    assert seen == {"a", "b", "c"}
+
+
+def test_sample_weights_are_respected(dataset):
+    with ef.Loader(dataset, patch=PATCH, batch_size=64, seed=1, augment=()) as loader:
+        volumes = np.concatenate([loader.next_batch().volumes for _ in range(30)])
+    frequencies = np.bincount(volumes, minlength=3) / len(volumes)
+    np.testing.assert_allclose(frequencies, [0.25, 0.25, 0.5], atol=0.03)
+
+
+def test_labels_covering_part_of_raw_keep_windows_inside_the_labels(dataset):
+    with ef.Loader(dataset, patch=PATCH, batch_size=16, seed=2) as loader:
+        for _ in range(20):
+            batch = loader.next_batch()
+            for n in np.flatnonzero(batch.volumes == 1):
+                lo = batch.positions[n]
+                assert np.all(lo >= (2, 3, 4)) and np.all(lo + batch.extents[n] <= (12, 27, 34))
+
+
+def test_context_window_is_centred_on_the_output_window(rng):
+    """Raw holds each voxel's linear index; the output window's raw must equal its labels, for all transforms."""
+    shape = (16, 30, 30)
+    index = np.arange(np.prod(shape)).reshape(shape)
+    sample = ef.Sample(index.astype(np.float32), index.astype(np.uint64))
+    with ef.Loader(sample, patch_in=(6, 20, 16), patch_out=(2, 10, 8), batch_size=8, epoch_size=4, seed=3,
+                   augment=["mirror", "transpose"]) as loader:
+        assert loader.fields["raw"][0] == (8, 1, 6, 20, 16)
+        assert loader.fields["labels"][0] == (8, 1, 2, 10, 8)
+        for batch in loader:
+            inner = batch["raw"][:, :, 2:4, 5:15, 4:12]
+            np.testing.assert_array_equal(inner, batch["labels"].astype(np.float32))
+            for n in range(8):
+                context = window_extents((2, 5, 4), batch.perms[n:n + 1])[0]
+                expected = converted(index[None].astype(np.float32), batch.positions[n] - context, (6, 20, 16),
+                                     batch.perms[n], batch.flips[n], 1.0, 0.0, np.float32)
+                np.testing.assert_array_equal(batch["raw"][n], expected)
+
+
+def test_two_and_a_half_d(rng):
+    raw = rng.integers(0, 256, (12, 32, 32), dtype=np.uint8)
+    labels = rng.integers(0, 3, (12, 32, 32), dtype=np.uint32)
+    with ef.Loader(raw, labels, patch_in=(5, 16, 16), patch_out=(1, 16, 16), batch_size=4, seed=1) as loader:
+        batch = loader.next_batch()
+        assert batch["raw"].shape == (4, 1, 5, 16, 16) and batch["labels"].shape == (4, 1, 1, 16, 16)
+        for n in range(4):
+            args = (batch.positions[n], (1, 16, 16), batch.perms[n], batch.flips[n])
+            np.testing.assert_array_equal(batch["raw"][n, :, 2:3], converted(raw[None], *args, 1 / 255, 0, np.float32))
+            np.testing.assert_array_equal(batch["labels"][n], window(labels[None], *args))
+
+
+def test_targets_match_the_reference_on_labels_cut_with_their_margin(dataset):
+    offsets = ((1, 0, 0), (0, 1, 0), (0, 0, 1), (0, 0, 3))
+    targets = [ef.Affinities(offsets=offsets, ignore=2), ef.Foreground(background=3)]
+    with ef.Loader(dataset, patch=PATCH, batch_size=4, seed=7, targets=targets) as loader:
+        assert loader.margin == (1, 1, 3)
+        for _ in range(5):
+            batch = loader.next_batch()
+            assert batch["affinities"].shape == (4, 4) + PATCH
+            for n in range(4):
+                placed = dataset.samples[batch.volumes[n]].placed_labels
+                grown = np.asarray(PATCH) + 2 * np.asarray(loader.margin)
+                source_margin = np.empty(3, np.int64)
+                source_margin[batch.perms[n]] = loader.margin
+                corner = batch.positions[n] - source_margin - placed.origin
+                cut = window(placed.volume.array, corner, grown, batch.perms[n], batch.flips[n])[None]
+                affinities, mask = affinities_reference(cut, offsets, loader.margin, ignore=2)
+                np.testing.assert_array_equal(batch["affinities"][n], affinities[0])
+                np.testing.assert_array_equal(batch["affinities_mask"][n], mask[0])
+                inner = cut[0, 0, 1:-1, 1:-1, 3:-3]
+                np.testing.assert_array_equal(batch["labels"][n, 0], inner)
+                np.testing.assert_array_equal(batch["foreground"][n, 0], inner != 3)
+
+
+def test_mask_is_delivered_with_the_output_window(rng):
+    raw = rng.integers(0, 256, (8, 24, 24), dtype=np.uint8)
+    mask = (rng.random((8, 24, 24)) < 0.5).astype(np.uint8)
+    with ef.Loader(ef.Sample(raw, mask=mask), patch=(2, 8, 8), batch_size=4, seed=0) as loader:
+        batch = loader.next_batch()
+        for n in range(4):
+            expected = window(mask[None], batch.positions[n], (2, 8, 8), batch.perms[n], batch.flips[n])
+            np.testing.assert_array_equal(batch["mask"][n], expected)
+
+
+def test_extra_channels_are_converted_with_the_same_geometry(rng):
+    raw = rng.integers(0, 256, (8, 24, 24), dtype=np.uint8)
+    second = rng.random((8, 24, 24)).astype(np.float32)
+    sample = ef.Sample(raw, extra={"second": second})
+    with ef.Loader(sample, patch=(2, 8, 8), batch_size=4, seed=0, augment=["mirror", "transpose", "intensity"]) \
+            as loader:
+        batch = loader.next_batch()
+        for n in range(4):
+            expected = window(second[None], batch.positions[n], (2, 8, 8), batch.perms[n], batch.flips[n])
+            np.testing.assert_array_equal(batch["second"][n], expected)  # no intensity change on extras
+
+
+def test_shards_are_disjoint_and_together_the_single_process_stream(dataset):
+    def stream(epoch_size, **extra):
+        with ef.Loader(dataset, patch=PATCH, batch_size=3, seed=11, epoch_size=epoch_size, **extra) as loader:
+            return [(b.volumes.tolist(), b.positions.tolist(), b.perms.tolist(), b.flips.tolist()) for b in loader]
+
+    whole = stream(16)
+    shards = [stream(8, rank=rank, world_size=2) for rank in range(2)]
+    for rank in range(2):
+        assert shards[rank] == whole[rank::2]
+    assert not any(batch in shards[1] for batch in shards[0])
+
+
+def test_hold_out_splits_by_name(dataset):
+    train, validation = dataset.split(hold_out=["b"])
+    assert train.names == ["a", "c"] and validation.names == ["b"]
+    with pytest.raises(ValueError, match=r"\['x'\] match no sample; samples: \['a', 'b', 'c'\]"):
+        dataset.split(hold_out=["x"])
+    with pytest.raises(ValueError, match="at most 2"):
+        dataset.split(hold_out=["a", "b", "c"])
+
+
+def test_per_volume_normalisation(rng, tmp_path, monkeypatch):
+    monkeypatch.setenv("EMFAST_CACHE_DIR", str(tmp_path))
+    raw = rng.integers(10, 200, (8, 20, 20), dtype=np.uint8)
+    for mode, expected in (("volume", (raw - raw.mean()) / raw.std()),
+                           ("minmax", (raw - raw.min()) / (raw.max() - raw.min()))):
+        with ef.Loader(raw, patch=(8, 20, 20), batch_size=1, augment=(), normalize=mode) as loader:
+            np.testing.assert_allclose(loader.next_batch()["raw"][0, 0], expected, rtol=1e-5, atol=1e-5)
+    with ef.Loader(raw, patch=(8, 20, 20), batch_size=1, augment=(), normalize={"mean": 100, "std": 50}) as loader:
+        np.testing.assert_allclose(loader.next_batch()["raw"][0, 0], (raw - 100.0) / 50, rtol=1e-6, atol=1e-6)
+
+
+class Stamp(Augmentation):
+    """A pixel-wise test augmentation: writes each example's drawn value into raw and marks label section 0."""
+
+    name = "stamp"
+    draws = 1
+    pixelwise = True
+
+    def apply(self, uniforms, params):
+        return uniforms[:, 0].copy()
+
+    def process(self, record, patches: Patches):
+        patches.raw[:] = record[:, None, None, None, None]
+        patches.labels[:, :, 0] = 0
+        assert patches.labels_offset == (1, 2, 2)
+
+
+def test_pixelwise_augmentations_run_on_the_batch_before_the_targets(rng):
+    raw = rng.integers(0, 256, (10, 24, 24), dtype=np.uint8)
+    labels = np.ones((10, 24, 24), np.uint64)
+    with ef.Loader(raw, labels, patch_in=(4, 8, 8), patch_out=(2, 4, 4), batch_size=3, seed=0,
+                   augment=[Stamp()], targets=["foreground"]) as loader:
+        batch = loader.next_batch()
+        assert len(set(batch["raw"][:, 0, 0, 0, 0].tolist())) == 3
+        assert np.all(batch["raw"] == batch["raw"][:, :, :1, :1, :1])
+        assert not batch["foreground"][:, 0, 0].any() and batch["foreground"][:, 0, 1].all()
+
+
+def test_bad_datasets_fail_clearly(rng, tmp_path):
+    raw = rng.integers(0, 256, (8, 20, 20), dtype=np.uint8)
+    labels = np.ones((8, 20, 20), np.uint64)
+    with pytest.raises(ValueError, match="does not overlap"):
+        ef.Sample(raw, labels, label_offset=(0, 30, 0))
+    with pytest.raises(ValueError, match="label_offset of labels must be 3 integers"):
+        ef.Sample(raw, labels, label_offset=(0, 1))
+    with pytest.raises(ValueError, match="weight must be a positive number"):
+        ef.Sample(raw, weight=0)
+    with pytest.raises(ValueError, match="mask_offset was given but no mask"):
+        ef.Sample(raw, mask_offset=(0, 0, 0))
+    with pytest.raises(TypeError, match="mask must be uint8 or bool"):
+        ef.Sample(raw, mask=labels)
+    with pytest.raises(ValueError, match="extra channels must be aligned"):
+        ef.Sample(raw, extra={"second": raw[:4]})
+    with pytest.raises(ValueError, match="names must be unique"):
+        ef.Dataset([ef.Sample(raw, name="x"), ef.Sample(raw, name="x")])
+    with pytest.raises(ValueError, match="differ in labels dtype"):
+        ef.Dataset([ef.Sample(raw, labels, name="x"), ef.Sample(raw, name="y")])
+    with pytest.raises(ValueError, match="at least one Sample"):
+        ef.Dataset([])
+    with pytest.raises(ValueError, match="even number"):
+        ef.Loader(raw, patch_in=(4, 9, 8), patch_out=(2, 4, 4))
+    with pytest.raises(ValueError, match="even number"):
+        ef.Loader(raw, patch_in=(2, 8, 8), patch_out=(4, 4, 4))
+    with pytest.raises(ValueError, match="either patch, or patch_in"):
+        ef.Loader(raw, patch=(2, 4, 4), patch_out=(2, 4, 4))
+    with pytest.raises(ValueError, match="patch_in must be positive"):
+        ef.Loader(raw, patch_in=(-2, 4, 4), patch_out=(2, 4, 4))
+    with pytest.raises(ValueError, match="need labels"):
+        ef.Loader(raw, patch=(2, 4, 4), targets=["affinities"])
+    with pytest.raises(ValueError, match=r"sample 'small'.*patch_out \(2, 4, 4\).*patch_in \(6, 8, 8\)"):
+        ef.Loader(ef.Dataset([ef.Sample(raw, name="big"), ef.Sample(raw[:, :6, :6], name="small")]),
+                  patch_in=(6, 8, 8), patch_out=(2, 4, 4))
+    with pytest.raises(ValueError, match="label margin"):
+        ef.Loader(raw, labels, patch=(8, 4, 4), targets=["affinities"])
+    with pytest.raises(ValueError, match="rank must be in"):
+        ef.Loader(raw, patch=(2, 4, 4), rank=2, world_size=2)
+    with pytest.raises(ValueError, match="cannot be combined with a Dataset"):
+        ef.Loader(ef.Dataset([ef.Sample(raw)]), labels, patch=(2, 4, 4))
+    with pytest.raises(ValueError, match="normalize must be one of"):
+        ef.Loader(raw, patch=(2, 4, 4), normalize="zscore")
+    with pytest.raises(ValueError, match="exactly the keys 'mean' and 'std'"):
+        ef.Loader(raw, patch=(2, 4, 4), normalize={"mean": 1, "sd": 2})
+    path = tmp_path / "misaligned.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("raw", data=raw).attrs.update(resolution=(40, 4, 4), offset=(0, 0, 0))
+        f.create_dataset("labels", data=labels).attrs.update(resolution=(40, 8, 8), offset=(0, 0, 0))
+    with pytest.raises(ValueError, match="resolution mismatch"):
+        ef.Sample(ef.hdf5(path, "raw"), ef.hdf5(path, "labels"))
