@@ -41,6 +41,7 @@ import numpy as np
 from . import bench_reference as reference
 from .augment import Intensity, Mirror, Transpose
 from .loader import Loader
+from .profile import STAGES
 from .rng import check_seed
 from .synthetic import LABELS_DATASET, RAW_DATASET, demo_volume_path
 from .targets import Affinities
@@ -363,8 +364,8 @@ class Measurement:
 
     batches: int
     seconds: float
+    cpu_seconds: float
     profile_ms: Optional[Dict[str, float]] = None
-    peak_rss: Optional[int] = None
 
     @property
     def batches_per_s(self) -> float:
@@ -374,20 +375,25 @@ class Measurement:
     def ms_per_batch(self) -> float:
         return 1e3 * self.seconds / self.batches
 
+    @property
+    def cpu_cores(self) -> float:
+        """Cores this process kept busy (worker processes not included)."""
+        return self.cpu_seconds / self.seconds
 
-def _stream(produce: Callable[[], object], seconds: float, warmup: int = 2, min_batches: int = 3) -> tuple:
+
+def _stream(produce: Callable[[], object], seconds: float, warmup: int = 2, min_batches: int = 3) -> Measurement:
     """Call ``produce`` ``warmup`` times untimed, then for ``seconds`` (at least ``min_batches`` times).
-    Returns (batches, seconds)."""
+    Returns a :class:`Measurement`."""
     for _ in range(warmup):
         produce()
     clock = time.perf_counter
-    count, start = 0, clock()
+    count, cpu, start = 0, time.process_time(), clock()
     while True:
         produce()
         count += 1
         elapsed = clock() - start
         if elapsed >= seconds and count >= min_batches:
-            return count, elapsed
+            return Measurement(count, elapsed, time.process_time() - cpu)
 
 
 def _stage_ms(before, after, batches: int) -> Dict[str, float]:
@@ -400,9 +406,9 @@ def measure_emfast(volumes: Volumes, patch, batch_size: int, threads: int, secon
     with emfast_loader(volumes, patch, batch_size, threads, buffers, seed) as loader:
         loader.next_batch()
         before = loader.profile
-        batches, elapsed = _stream(loader.next_batch, seconds, warmup=1)
-        profile = _stage_ms(before, loader.profile, batches)
-    return Measurement(batches, elapsed, profile_ms=profile)
+        result = _stream(loader.next_batch, seconds, warmup=1)
+        result.profile_ms = _stage_ms(before, loader.profile, result.batches)
+    return result
 
 
 def measure_numpy(volumes: Volumes, patch, batch_size: int, seconds: float, seed: int = SEED) -> Measurement:
@@ -414,8 +420,7 @@ def measure_numpy(volumes: Volumes, patch, batch_size: int, seconds: float, seed
         return reference.reference_batch(raw, labels, reference.draw_examples(rng, batch_size, patch, raw.shape),
                                          patch)
 
-    batches, elapsed = _stream(produce, seconds, warmup=1)
-    return Measurement(batches, elapsed)
+    return _stream(produce, seconds, warmup=1)
 
 
 @contextmanager
@@ -439,16 +444,14 @@ def measure_torch(volumes: Volumes, patch, batch_size: int, workers: int, second
                   seed: int = SEED) -> Measurement:
     """Batches/s of a PyTorch ``DataLoader`` with ``workers`` worker processes (start-up excluded)."""
     with torch_batches(volumes, patch, batch_size, workers, seed) as produce:
-        batches, elapsed = _stream(produce, seconds, warmup=workers + 1)
-    return Measurement(batches, elapsed)
+        return _stream(produce, seconds, warmup=workers + 1)
 
 
 def measure_copy(nbytes: int, seconds: float) -> Measurement:
     """Copies/s of ``np.copyto`` between two buffers of ``nbytes`` (pages mapped before timing)."""
     source = np.ones(nbytes, dtype=np.uint8)
     target = np.zeros(nbytes, dtype=np.uint8)
-    batches, elapsed = _stream(lambda: np.copyto(target, source), seconds)
-    return Measurement(batches, elapsed)
+    return _stream(lambda: np.copyto(target, source), seconds)
 
 
 def torch_available() -> bool:
@@ -507,7 +510,8 @@ def compare(volumes: Volumes, config: Settings) -> dict:
                        ratio_to_emfast=None, rounds=[])
             continue
         best = max(runs[name], key=lambda m: m.batches_per_s)
-        row.update(skipped=None, batches=best.batches, seconds=best.seconds, batches_per_s=best.batches_per_s,
+        row.update(skipped=None, batches=best.batches, seconds=best.seconds, cpu_cores=best.cpu_cores,
+                   batches_per_s=best.batches_per_s,
                    voxels_per_s=best.batches_per_s * voxels, ms_per_batch=best.ms_per_batch,
                    # time per batch of this row / emfast's: > 1 means emfast is faster
                    ratio_to_emfast=best.ms_per_batch / best_emfast.ms_per_batch,
@@ -631,24 +635,31 @@ def _fmt_ratio(ratio: Optional[float]) -> str:
     return "" if ratio is None else f"{ratio:.2f}"
 
 
-def explain(rows: Dict[str, dict], config: Settings) -> List[str]:
-    """Where emfast's time goes: its per-stage profile, and the floor the producers' kernels run against."""
+def explain(rows: Dict[str, dict], config: Settings, load_average) -> List[str]:
+    """Where emfast's time goes: its per-stage profile (``loader.profile``) against the copy floor."""
     emfast = rows["emfast"]
-    profile = emfast["profile_ms_per_batch"]
-    n = config.threads
-    lines = [f"where the time goes: emfast threads={n}, {emfast['ms_per_batch']:.2f} ms per batch; per-stage "
-             f"profile (loader.profile), ms per batch summed over the {n} producer thread(s):"]
-    producer = sum(v for stage, v in profile.items() if stage not in ("wait", "stall"))
+    profile = dict(emfast["profile_ms_per_batch"])
+    n, wall = config.threads, emfast["ms_per_batch"]
+    wait = profile.pop("wait")
+    # Producers are busy all the time when the consumer only takes batches: n threads x wall time per batch is
+    # spent in the stages or between them (copying the delivered labels out of the margin window, Python).
+    other = max(0.0, n * wall - sum(profile.values()))
+    lines = [f"where the time goes: emfast threads={n}, {wall:.2f} ms per batch, {emfast['cpu_cores']:.2f} cores "
+             f"busy; loader.profile in ms per batch, summed over the {n} producer thread(s):"]
     for stage, ms in sorted(profile.items(), key=lambda item: -item[1]):
-        if ms < 0.005:
-            continue
-        share = f" ({100 * ms / producer:.0f}% of producer work)" if stage not in ("wait", "stall") else ""
-        lines.append(f"  {stage:<8} {ms:8.2f}{share}")
+        if ms >= 0.005:
+            lines.append(f"  {stage:<8} {ms:8.2f}  {STAGES[stage]}")
+    lines.append(f"  {'other':<8} {other:8.2f}  outside the stages: labels copied out of the margin window, Python")
+    lines.append(f"  {'wait':<8} {wait:8.2f}  {STAGES['wait']}")
     copy_ms = rows["copy"]["ms_per_batch"]
-    lines.append(f"  producer work per batch / {n} threads = {producer / n:.2f} ms against {copy_ms:.2f} ms to "
-                 f"copy the outputs once; emfast also delivers the uint64 labels "
+    work = n * wall - profile.get("stall", 0.0)
+    lines.append(f"  the producers work {work:.2f} ms per batch ({n} x {wall:.2f} ms, less stalls); one np.copyto of "
+                 f"the task's outputs takes {copy_ms:.2f} ms. emfast also delivers the uint64 labels "
                  f"({config.batch_size * int(np.prod(config.patch)) * 8 / MiB:.0f} MiB per batch), which no other "
-                 f"row writes")
+                 f"row writes.")
+    if emfast["cpu_cores"] < 0.8 * min(n, cores()):
+        lines.append(f"  WARNING: emfast's {n} threads kept only {emfast['cpu_cores']:.2f} cores busy (load average "
+                     f"{load_average}): other processes held the CPU, repeat on a quiet machine")
     return lines
 
 
@@ -689,7 +700,7 @@ def report(info: dict, config: Settings, volumes_path: str, rows: Dict[str, dict
     out("")
     if missed:
         out(f"MISSED: {'; '.join(missed)}")
-    lines.extend(explain(rows, config))
+    lines.extend(explain(rows, config, info["load_average"]))
     if curve is not None:
         out("")
         out(f"scaling (emfast; ~{config.curve_seconds:g} s per point, one round each):")
@@ -750,7 +761,7 @@ def plot(path: str, config: Settings, rows: Dict[str, dict], curve: Optional[dic
 
         xs, kept = series(curve["threads"], "threads")
         axes[1].plot(xs, [p["batches_per_s"] for p in kept], "o-")
-        axes[1].set(xlabel="producer threads", ylabel="batches/s", title="emfast vs threads")
+        axes[1].set(xlabel="producer threads", ylabel="batches/s", title="emfast vs threads", xticks=xs)
         for ax, key, title, xlabel in ((axes[2], "patch", "vs cubic patch size", "patch edge (voxels)"),
                                        (axes[3], "batch_size", "vs batch size", "batch size")):
             points = [p for p in curve[key] if "skipped" not in p]
@@ -765,8 +776,12 @@ def plot(path: str, config: Settings, rows: Dict[str, dict], curve: Optional[dic
         axes[4].plot([p["slots"] for p in slots], [p["peak_growth"] / MiB for p in slots], "o-", label="peak RSS growth")
         axes[4].plot([p["slots"] for p in slots], [p["slot_bytes_total"] / MiB for p in slots], "s--",
                      color="tab:grey", label="slots x slot size")
-        axes[4].set(xlabel="ring slots (buffers)", ylabel="MiB", title="memory vs slots")
+        axes[4].set(xlabel="ring slots (buffers)", ylabel="MiB", title="peak RSS vs slots",
+                    xticks=[p["slots"] for p in slots])
         axes[4].legend(fontsize=8)
+    for ax in axes[1:panels]:
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
     for ax in axes[panels:]:
         ax.axis("off")
     figure.tight_layout()

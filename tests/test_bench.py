@@ -1,0 +1,239 @@
+"""``emfast bench``: the NumPy reference does emfast's work exactly, the report's numbers hang together, bad input
+fails before anything is measured, and nothing is left running."""
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import emfast
+from emfast import bench
+from emfast import bench_reference as reference
+from emfast.cli import main
+from emfast.synthetic import demo_volume_path
+
+from reference import affinities_reference, converted
+
+try:
+    import torch  # noqa: F401
+    HAVE_TORCH = True
+except ImportError:
+    HAVE_TORCH = False
+
+#: A tiny run: one short round per row, small curves.
+FAST = ["--quick", "--seconds", "0.05"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A cache folder holding the quick run's built-in volume, generated once for the module."""
+    folder = tmp_path_factory.mktemp("bench-cache")
+    demo_volume_path(cache_dir=folder, shape=bench.QUICK["volume_shape"])
+    return folder
+
+
+def nothing_left_running():
+    """No emfast thread and no child process of this process (DataLoader workers, RSS probes)."""
+    threads = [t.name for t in threading.enumerate() if t.name.startswith(("emfast-", "pt_", "torch"))]
+    assert not threads, f"threads still running: {threads}"
+    assert bench._child_pids() == []
+
+
+# -- the reference does emfast's work ----------------------------------------------------------------------------
+
+def test_reference_equals_the_emfast_batch_for_the_same_windows_and_transforms(rng):
+    raw = rng.integers(0, 256, (20, 40, 36), dtype=np.uint8)
+    labels = rng.integers(0, 3, (20, 40, 36)).astype(np.uint64)  # few ids: affinities of both values
+    patch = (6, 12, 16)  # y != x, so a transposed window reads a differently shaped box
+    with emfast.Loader(raw, labels, patch=patch, batch_size=8, augment=[emfast.Mirror(), emfast.Transpose()],
+                       targets=[emfast.Affinities()], seed=3) as loader:
+        seen = set()
+        for _ in range(4):
+            batch = loader.next_batch()
+            for n in range(8):
+                seen.add((tuple(batch.perms[n]), tuple(batch.flips[n])))
+                example = reference.Example(tuple(batch.positions[n]), tuple(batch.perms[n]),
+                                            tuple(batch.flips[n]), 1 / 255, 0.0)
+                expected = reference.reference_example(raw, labels, example, patch)
+                assert set(expected) <= set(batch)
+                for name, array in expected.items():
+                    np.testing.assert_array_equal(array, batch[name][n], err_msg=f"{name}, example {n}")
+    assert len(seen) >= 8  # mirrors and transposes both exercised
+
+
+def test_reference_example_against_the_test_suites_references(rng):
+    raw = rng.integers(0, 256, (12, 20, 20), dtype=np.uint8)
+    labels = rng.integers(0, 4, (12, 20, 20)).astype(np.uint64)
+    patch, example = (4, 6, 8), reference.Example((3, 5, 4), (0, 2, 1), (True, False, True), 0.9 / 255, 0.05)
+    result = reference.reference_example(raw, labels, example, patch)
+    np.testing.assert_array_equal(result["raw"], converted(raw[np.newaxis], example.corner, patch, example.perm,
+                                                           example.flips, example.scale, example.shift,
+                                                           np.float32))
+    grown = reference.window(labels, example.corner, patch, example.perm, example.flips, reference.MARGIN)
+    assert grown.shape == (6, 8, 10)
+    affinities, mask = affinities_reference(grown[np.newaxis, np.newaxis], reference.NEAREST_NEIGHBOURS,
+                                            reference.MARGIN)
+    np.testing.assert_array_equal(result["affinities"], affinities[0])
+    np.testing.assert_array_equal(result["affinities_mask"], mask[0])
+
+
+def test_reference_draws_cover_the_standard_augmentations():
+    rng = np.random.default_rng(0)
+    examples = reference.draw_examples(rng, 400, (8, 16, 24), (20, 40, 40))
+    assert {e.perm for e in examples} == {(0, 1, 2), (0, 2, 1)}
+    assert len({e.flips for e in examples}) == 8
+    gains = np.array([e.scale for e in examples]) * 255
+    assert 0.9 <= gains.min() < 0.95 and 1.05 < gains.max() <= 1.1
+    for e in examples:  # windows and their label margin inside the volume
+        extent = reference.source_extent((8, 16, 24), e.perm)
+        assert all(1 <= c and c + x + 1 <= s for c, x, s in zip(e.corner, extent, (20, 40, 40)))
+
+
+# -- the run and its report ----------------------------------------------------------------------------------------
+
+def test_quick_run_writes_consistent_json(cache, tmp_path, capsys):
+    out = tmp_path / "results" / "bench.json"
+    assert main(["bench", *FAST, "--no-curves", "--cache-dir", str(cache), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["schema"] == bench.SCHEMA
+    assert {"cpu", "cores", "usable_cores", "memory_gib", "torch"} <= set(result["machine"])
+    assert result["task"]["patch"] == list(bench.QUICK["patch"]) and result["curves"] is None
+    rows = result["rows"]
+    assert list(rows) == ["emfast", "emfast_1", "numpy", "torch", "copy"] or rows["emfast"]["threads"] == 1
+    emfast_ms = rows["emfast"]["ms_per_batch"]
+    for name, row in rows.items():
+        if row["skipped"]:
+            continue
+        assert row["ms_per_batch"] == pytest.approx(1e3 * row["seconds"] / row["batches"])
+        assert row["batches_per_s"] == pytest.approx(row["batches"] / row["seconds"])
+        assert row["ratio_to_emfast"] == pytest.approx(row["ms_per_batch"] / emfast_ms)
+        assert row["label"] in printed
+    if HAVE_TORCH:
+        assert rows["torch"]["skipped"] is None and rows["torch"]["batches"] >= 3
+    else:
+        assert rows["torch"]["skipped"] == "skipped: torch not installed"
+        assert "skipped: torch not installed" in printed
+    goals = {goal["name"]: goal for goal in result["targets"]}
+    floor = next(goal for name, goal in goals.items() if "copy floor" in name)
+    assert floor["measured"] == pytest.approx(emfast_ms / rows["copy"]["ms_per_batch"])
+    assert floor["result"] == ("PASS" if floor["measured"] <= bench.TARGET_FLOOR_RATIO else "MISS")
+    assert "kernel" in rows["emfast"]["profile_ms_per_batch"] and "where the time goes" in printed
+    assert result["leftovers"] == {"threads": [], "processes": []}
+    nothing_left_running()
+
+
+def test_curves_and_plot(cache, tmp_path):
+    pytest.importorskip("matplotlib")
+    config = bench.settings(quick=True, seconds=0.05, cache_dir=str(cache), plot=str(tmp_path / "bench.png"))
+    config = dataclasses.replace(config, curve_seconds=0.02, thread_curve=(1, 2), patch_curve=(8, 64),
+                                 batch_curve=(1, 2), slot_curve=(2, 4))
+    result = bench.run(config)
+    curves = result["curves"]
+    assert [p["threads"] for p in curves["threads"]] == [1, 2]
+    assert "does not fit" in curves["patch"][1]["skipped"]  # 64^3 in a (40, 96, 96) volume
+    assert curves["patch"][0]["voxels_per_s"] == pytest.approx(curves["patch"][0]["batches_per_s"] * 4 * 8 ** 3)
+    small, large = curves["slots"]
+    assert large["slot_bytes_total"] == 2 * small["slot_bytes_total"]
+    assert large["peak_growth"] > small["peak_growth"]  # each slot is resident: two more cost memory
+    assert any("peak RSS" in line for line in result["report"])
+    bench.plot(config.plot, config, result["rows"], curves)
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    nothing_left_running()
+
+
+# -- bad input -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, culprit", [
+    (["--patch", "0", "64", "64"], "--patch"),
+    (["--patch", "16", "-4", "64"], "--patch"),
+    (["--patch", "64", "64", "64"], "does not fit"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--threads", "0"], "--threads"),
+    (["--rounds", "0"], "--rounds"),
+    (["--seconds", "0"], "--seconds"),
+    (["--volume-shape", "4", "96", "96"], "--volume-shape"),
+    (["--batch-size", "100000000"], "GiB"),
+    (["--plot", "out.txt"], ".png"),
+])
+def test_nonsense_sizes_fail_before_anything_is_built(tmp_path, capsys, args, culprit):
+    assert main(["bench", "--quick", "--cache-dir", str(tmp_path), *args]) == 2
+    assert culprit in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # no volume generated
+
+
+@pytest.mark.parametrize("option", ["--json", "--plot"])
+def test_unwritable_output_paths_fail_before_measuring(tmp_path, capsys, option):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    for path in (blocker / "out.png", tmp_path):
+        assert main(["bench", "--quick", "--cache-dir", str(tmp_path / "cache"), option, str(path)]) == 2
+        err = capsys.readouterr().err
+        assert option in err and "emfast: error:" in err
+    assert not (tmp_path / "cache").exists()
+
+
+def test_plot_without_matplotlib_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    with pytest.raises(ValueError, match="--plot needs matplotlib"):
+        bench.settings(quick=True, plot=str(tmp_path / "bench.png"))
+
+
+# -- nothing left running ------------------------------------------------------------------------------------------
+
+def test_an_interruption_closes_the_loaders(cache, monkeypatch, capsys):
+    calls = []
+    stream = bench._stream
+
+    def interrupted(produce, seconds, **kwargs):
+        calls.append(produce)
+        if len(calls) == 2:  # the second row, emfast threads=1, inside its running loader
+            raise KeyboardInterrupt
+        return stream(produce, seconds, **kwargs)
+
+    monkeypatch.setattr(bench, "_stream", interrupted)
+    assert main(["bench", *FAST, "--no-curves", "--cache-dir", str(cache)]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    nothing_left_running()
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch not installed")
+def test_an_error_in_a_dataloader_worker_shuts_the_workers_down(cache, monkeypatch, capsys):
+    def broken(self, index):
+        raise ValueError(f"broken item {index}")
+
+    monkeypatch.setattr(reference.ReferenceDataset, "__getitem__", broken)
+    assert main(["bench", *FAST, "--no-curves", "--cache-dir", str(cache)]) == 2
+    assert "broken item" in capsys.readouterr().err
+    nothing_left_running()
+
+
+def test_ctrl_c_leaves_no_process_behind(cache):
+    """SIGINT to a running ``emfast bench`` (as Ctrl-C sends it): exit status 130, and no process whose command
+    line names this run's cache folder survives (DataLoader workers are forks with the same command line)."""
+    command = [sys.executable, "-m", "emfast", "bench", "--quick", "--seconds", "0.3", "--no-curves",
+               "--cache-dir", str(cache)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in process.stderr:  # interrupt while the torch row (or, without torch, the copy row) runs
+        if "NumPy reference" in line:
+            time.sleep(0.2)
+            process.send_signal(signal.SIGINT)
+            break
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    time.sleep(0.2)
+    survivors = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if str(cache).encode() in f.read():
+                    survivors.append(int(pid))
+        except OSError:
+            continue
+    assert survivors == []
