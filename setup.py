@@ -40,6 +40,7 @@ def extension(name, sources, depends=()):
 EXTENSIONS = [
     extension("_kernels", ["gather.cpp", "philox.cpp"], ["gather.h", "philox.h"]),
     extension("_targets", ["targets.cpp"], ["targets.h", "gather.h"]),
+    extension("_intensity", ["intensity.cpp", "philox.cpp"], ["intensity.h", "philox.h"]),
     extension("_sampling", ["sampling.cpp"], ["sampling.h"]),
 ]
 

@@ -238,3 +238,10 @@ def reachable_permutations(augmentations: Sequence[Augmentation]) -> set[tuple[i
     for augmentation in augmentations:
         perms = {tuple(p[i] for i in q) for p in perms for q in augmentation.permutations()}
     return perms
+
+
+# The pixel-wise augmentations live in modules that import this one, so they register once it is complete.
+from .defects import Artifacts, LowContrast, MissingSection, Slip  # noqa: E402
+from .intensity import Blur, Contrast, Gamma, Noise  # noqa: E402
+
+REGISTRY.update({cls.name: cls for cls in (Gamma, Contrast, Noise, Blur, MissingSection, LowContrast, Slip, Artifacts)})
