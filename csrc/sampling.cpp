@@ -1,8 +1,8 @@
 /* Index kernels of the samplers; see sampling.h for the contract.
  *
  * Classes are computed one label row (z, y) at a time into a byte buffer: a boundary voxel is found by comparing
- * the row with itself shifted along x and with the neighbouring rows along y and z, whose start pointers are
- * worked out once per row (null where the neighbour row lies outside the view). Window sums are separable running
+ * the row with itself shifted along x and with each neighbouring row along y and z that lies in the view, one
+ * branch-free pass per neighbour. Window sums are separable running
  * sums: along x per row, along y per plane, and along z by adding the plane entering the window and subtracting
  * the one leaving it (recomputed, so scratch memory is a few planes whatever the window depth).
  */
@@ -16,9 +16,6 @@
 #include <vector>
 
 namespace {
-
-/* Largest boundary thickness (the wrapper refuses more): bounds the neighbour rows of one row. */
-constexpr int64_t kMaxThickness = 16;
 
 template <typename T>
 inline T load(const char *p) {
@@ -52,29 +49,32 @@ void classify_row(const emf_label_view &view, const emf_class_rule &rule, int64_
         }
         return;
     }
-    /* Neighbour rows along y and z that exist in the view. */
-    const char *others[4 * kMaxThickness];
-    int n_others = 0;
-    const int64_t thickness = rule.thickness;
-    for (int64_t t = 1; t <= thickness; ++t) {
-        if (y - t >= 0) others[n_others++] = row - t * view.strides[1];
-        if (y + t < view.shape[1]) others[n_others++] = row + t * view.strides[1];
-        if (!rule.in_plane) {
-            if (z - t >= 0) others[n_others++] = row - t * view.strides[0];
-            if (z + t < view.shape[0]) others[n_others++] = row + t * view.strides[0];
+    /* A voxel is a boundary voxel (out = 1 for now) where a neighbour differs: one pass per neighbour row along
+     * y and z, and per shift along x, each a plain compare-and-or loop the compiler can vectorise. */
+    std::fill(out, out + (x1 - x0), uint8_t{0});
+    const auto compare = [&](const char *other, int64_t begin, int64_t end, int64_t shift) {
+        if (sx == static_cast<int64_t>(sizeof(T))) { /* contiguous rows: a constant stride lets this vectorise */
+            for (int64_t x = begin; x < end; ++x) {
+                out[x - x0] |= load<T>(other + (x + shift) * sizeof(T)) != load<T>(row + x * sizeof(T));
+            }
+            return;
         }
-    }
+        for (int64_t x = begin; x < end; ++x) {
+            out[x - x0] |= load<T>(other + (x + shift) * sx) != load<T>(row + x * sx);
+        }
+    };
     const int64_t width = view.shape[2];
-    for (int64_t x = x0; x < x1; ++x) {
-        const T v = load<T>(row + x * sx);
-        bool boundary = false;
-        for (int i = 0; i < n_others && !boundary; ++i) boundary = load<T>(others[i] + x * sx) != v;
-        for (int64_t t = 1; t <= thickness && !boundary; ++t) {
-            boundary = (x - t >= 0 && load<T>(row + (x - t) * sx) != v) ||
-                       (x + t < width && load<T>(row + (x + t) * sx) != v);
+    for (int64_t t = 1; t <= rule.thickness; ++t) {
+        if (y - t >= 0) compare(row - t * view.strides[1], x0, x1, 0);
+        if (y + t < view.shape[1]) compare(row + t * view.strides[1], x0, x1, 0);
+        if (!rule.in_plane) {
+            if (z - t >= 0) compare(row - t * view.strides[0], x0, x1, 0);
+            if (z + t < view.shape[0]) compare(row + t * view.strides[0], x0, x1, 0);
         }
-        out[x - x0] = boundary ? 0 : 1;
+        compare(row, std::max(x0, t), x1, -t);
+        compare(row, x0, std::min(x1, width - t), t);
     }
+    for (int64_t x = x0; x < x1; ++x) out[x - x0] ^= 1; /* class 0 boundary, class 1 interior */
 }
 
 void classify(const emf_label_view &view, const emf_class_rule &rule, int64_t z, int64_t y, int64_t x0, int64_t x1,
@@ -148,8 +148,15 @@ extern "C" int emf_count_classes(const emf_label_view *labels, const emf_class_r
             uint32_t *row = counts + (bz * grid[1] + by) * grid[2] * n_classes;
             for (int64_t bx = 0; bx < grid[2]; ++bx) {
                 uint32_t *cell = row + bx * n_classes;
-                const int64_t end = std::min((bx + 1) * block[2], hi[2] - lo[2]);
-                for (int64_t x = bx * block[2]; x < end; ++x) {
+                const int64_t begin = bx * block[2], end = std::min((bx + 1) * block[2], hi[2] - lo[2]);
+                if (rule->mode == EMF_CLASSES_BOUNDARY) { /* classes are 0 / 1: their sum counts class 1 */
+                    uint32_t interior = 0;
+                    for (int64_t x = begin; x < end; ++x) interior += classes[x];
+                    cell[0] += static_cast<uint32_t>(end - begin) - interior;
+                    cell[1] += interior;
+                    continue;
+                }
+                for (int64_t x = begin; x < end; ++x) {
                     const uint8_t c = classes[x];
                     if (c != EMF_NO_CLASS) ++cell[c];
                 }

@@ -30,7 +30,7 @@ typedef struct {
 
 typedef enum {
     /* class 0 ("boundary") where some voxel t steps away along +-z, +-y or +-x (not z if in_plane),
-     * 1 <= t <= thickness <= 16, lies inside the view and has another label; class 1 ("interior") elsewhere */
+     * 1 <= t <= thickness, lies inside the view and has another label; class 1 ("interior") elsewhere */
     EMF_CLASSES_BOUNDARY = 0,
     /* class id_classes[i] where the label equals ids[i] (ids sorted ascending, distinct), EMF_NO_CLASS elsewhere */
     EMF_CLASSES_MAP = 1,

@@ -47,8 +47,6 @@ cdef extern from "sampling.h" nogil:
 
 #: Label dtypes the class kernels read (int64 labels are compared as their uint64 bits).
 LABEL_DTYPES = (np.dtype(np.uint32), np.dtype(np.uint64), np.dtype(np.int64))
-#: Largest boundary thickness of a class rule.
-MAX_THICKNESS = 16
 #: Class index of voxels that belong to no class.
 NO_CLASS = EMF_NO_CLASS
 #: Largest window volume (voxels) emf_window_bits can sum (int32 sums).
@@ -68,7 +66,7 @@ cdef class ClassRule:
     n_classes : int
         Number of classes, in [1, 255).
     thickness : int
-        Boundary rule: reach of the comparison, in [1, MAX_THICKNESS]; unused with a map.
+        Boundary rule: reach of the comparison, >= 1; unused with a map.
     in_plane : bool
         Boundary rule: compare along y and x only.
     ids, id_classes : ndarray or None
@@ -90,8 +88,8 @@ cdef class ClassRule:
         if ids is None:
             if n_classes != 2:
                 raise ValueError(f"the boundary rule has 2 classes, got n_classes={n_classes}")
-            if not 1 <= thickness <= MAX_THICKNESS:
-                raise ValueError(f"thickness must be in [1, {MAX_THICKNESS}], got {thickness}")
+            if thickness < 1:
+                raise ValueError(f"thickness must be >= 1, got {thickness}")
             self.rule.mode = EMF_CLASSES_BOUNDARY
             self.rule.thickness = thickness
             return

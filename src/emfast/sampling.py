@@ -431,7 +431,7 @@ class Balanced(Sampler):
         class equally likely. In a region where a class is absent, its prior goes to the present classes,
         proportionally to theirs (with one warning per absent class at :meth:`bind`).
     thickness : int
-        Boundary reach in voxels, in [1, 16] (``classes="boundary"`` only).
+        Boundary reach in voxels, >= 1 (``classes="boundary"`` only).
     in_plane : bool
         Compare along y and x only (``classes="boundary"`` only).
 
@@ -472,9 +472,8 @@ class Balanced(Sampler):
         else:
             raise ValueError(f"Balanced: classes must be 'boundary' or a mapping {{label_id: class_name}}, "
                              f"got {classes!r}")
-        if not _is_integer(thickness) or not 1 <= int(thickness) <= _sampling.MAX_THICKNESS:
-            raise ValueError(f"Balanced: thickness must be an integer in [1, {_sampling.MAX_THICKNESS}], "
-                             f"got {thickness!r}")
+        if not _is_integer(thickness) or int(thickness) < 1:
+            raise ValueError(f"Balanced: thickness must be an integer >= 1, got {thickness!r}")
         if not isinstance(in_plane, (bool, np.bool_)):
             raise ValueError(f"Balanced: in_plane must be True or False, got {in_plane!r}")
         self.thickness = int(thickness)
