@@ -1,5 +1,6 @@
 """The ``emfast`` command: ``emfast demo`` streams batches from a built-in volume; ``emfast info`` lists a file;
-``emfast bench`` compares emfast with NumPy, PyTorch and the memory-bandwidth floor (see :mod:`emfast.bench`)."""
+``emfast check`` validates a YAML config (see :mod:`emfast.config`); ``emfast bench`` compares emfast with NumPy,
+PyTorch and the memory-bandwidth floor (see :mod:`emfast.bench`)."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,7 @@ import numpy as np
 
 from . import __version__
 from . import bench as _bench
+from . import config as _config
 from .augment import Intensity, Mirror, Transpose
 from .loader import Loader
 from .synthetic import LABELS_DATASET, RAW_DATASET, demo_volume_path
@@ -74,6 +76,8 @@ def demo(args: argparse.Namespace) -> int:
     """Build (once) the built-in volume and stream batches through the full loader."""
     if args.batches < 1:
         raise ValueError(f"--batches must be at least 1, got {args.batches}")
+    if args.config is not None:
+        return _config_demo(args)
     shape = _triple(args.volume_shape)
     print(f"emfast {__version__}: preparing the built-in EM volume {shape} ...", file=sys.stderr)
     path = demo_volume_path(cache_dir=args.cache_dir, shape=shape)
@@ -96,6 +100,36 @@ def demo(args: argparse.Namespace) -> int:
         raw.close()
         labels.close()
     print(loader.profile)
+    return 0
+
+
+def _config_demo(args: argparse.Namespace) -> int:
+    """Stream ``--batches`` batches from the training loader of a config (the built-in one without a FILE)."""
+    source = args.config or _config.BUILTIN_CONFIG
+    config = _config.load_config(source)
+    print(f"emfast {__version__}: building the loader of {source} ...", file=sys.stderr)
+    loader = config.loader("train", cache_dir=args.cache_dir, demo_shape=_triple(args.volume_shape))
+    print(f"samples: {', '.join(loader.dataset.names)}\n"
+          f"batches of {loader.batch_size} x {loader.patch}, {loader.threads} producer thread(s), "
+          f"augment: {', '.join(a.name for a in loader.augmentations) or 'none'}, "
+          f"targets: {', '.join(t.name for t in loader.targets) or 'none'}, sampler: {loader.sampler.name}",
+          file=sys.stderr)
+    progress = Progress(args.batches, loader.batch_size * int(np.prod(loader.patch)), sys.stderr)
+    try:
+        with loader:
+            for done in range(1, args.batches + 1):
+                loader.next_batch()
+                progress.update(done)
+    finally:
+        progress.finish()
+        _config.close_volumes(loader.dataset)
+    print(loader.profile)
+    return 0
+
+
+def check(args: argparse.Namespace) -> int:
+    """Validate a config by building its loaders without streaming; print what they would read."""
+    print(_config.describe(_config.load_config(args.config), cache_dir=args.cache_dir))
     return 0
 
 
@@ -146,7 +180,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help="where the built-in volume is cached (default: $EMFAST_CACHE_DIR or ~/.cache/emfast)")
     run.add_argument("--volume-shape", type=int, nargs=3, default=[96, 384, 384], metavar=("Z", "Y", "X"),
                      help="shape of the built-in volume (default: 96 384 384)")
+    run.add_argument("--config", nargs="?", const="", default=None, metavar="FILE",
+                     help="stream from the training loader of a YAML config (without FILE: the built-in one on the "
+                          "built-in volume); the config sets patch, batch size, threads, seed, dtype and laziness, "
+                          "while --batches, --cache-dir and --volume-shape still apply")
     run.set_defaults(handler=demo)
+
+    validate = commands.add_parser("check", help="validate a YAML config and summarise its data",
+                                   description="Validate a YAML config without streaming: open every volume, build "
+                                               "the loaders (and the sampler's index), and print per sample the "
+                                               "volumes, alignment, label classes and usable windows, and the "
+                                               "memory estimate. Exit status 0 if valid, 2 with the error if not.")
+    validate.add_argument("config", help="a YAML config (see docs/CONFIG.md)")
+    validate.add_argument("--cache-dir", default=None,
+                          help="where the built-in volume is cached (default: $EMFAST_CACHE_DIR or ~/.cache/emfast)")
+    validate.set_defaults(handler=check)
 
     show = commands.add_parser("info", help="list the datasets of an HDF5 file",
                                description="List every dataset of an HDF5 file with shape, dtype, chunks, "
