@@ -41,6 +41,7 @@ EXTENSIONS = [
     extension("_kernels", ["gather.cpp", "philox.cpp"], ["gather.h", "philox.h"]),
     extension("_targets", ["targets.cpp"], ["targets.h", "gather.h"]),
     extension("_intensity", ["intensity.cpp", "philox.cpp"], ["intensity.h", "philox.h"]),
+    extension("_warp", ["warp.cpp", "gather.cpp"], ["warp.h", "gather.h"]),
     extension("_sampling", ["sampling.cpp"], ["sampling.h"]),
 ]
 

@@ -25,13 +25,21 @@ class Params:
 
     The output of example n is ``transpose(flip(window, flips[n]), perms[n])``, its raw intensities then mapped
     as ``x * gain[n] + bias[n]`` after normalisation. ``flips`` are in source axes (z, y, x); output axis j
-    reads source axis ``perms[n][j]``.
+    reads source axis ``perms[n][j]``. ``matrix`` (B, 3, 3) holds the rotation/scale of the warp augmentations
+    and ``elastic`` their control grid (B, 3, gz, gy, gx) float32, or None; see :mod:`emfast.warp`
+    (``full_matrix`` composes them with perms/flips).
     """
 
     perms: np.ndarray
     flips: np.ndarray
     gain: np.ndarray
     bias: np.ndarray
+    matrix: Optional[np.ndarray] = None
+    elastic: Optional[np.ndarray] = None
+
+    def __post_init__(self) -> None:
+        if self.matrix is None:
+            self.matrix = np.tile(np.eye(3), (len(self.perms), 1, 1))
 
     @classmethod
     def identity(cls, examples: int) -> "Params":
@@ -245,3 +253,7 @@ from .defects import Artifacts, LowContrast, MissingSection, Slip  # noqa: E402
 from .intensity import Blur, Contrast, Gamma, Noise  # noqa: E402
 
 REGISTRY.update({cls.name: cls for cls in (Gamma, Contrast, Noise, Blur, MissingSection, LowContrast, Slip, Artifacts)})
+
+from .warp import Elastic, Rotate, Scale  # noqa: E402
+
+REGISTRY.update({cls.name: cls for cls in (Rotate, Scale, Elastic)})
