@@ -168,10 +168,14 @@ class Builtin:
 
 @dataclass(frozen=True)
 class VolumeSpec:
-    """One HDF5 dataset: an absolute file path (or the built-in volume) and the dataset inside it."""
+    """One HDF5 dataset: an absolute file path (or the built-in volume) and the dataset inside it.
+
+    ``shared_file`` (not compared) records that the file came from the sample's ``file`` key, for messages.
+    """
 
     file: Union[Path, Builtin]
     dataset: str
+    shared_file: bool = field(default=False, compare=False, repr=False)
 
     def to_yaml(self) -> dict:
         file = self.file.to_yaml() if isinstance(self.file, Builtin) else str(self.file)
@@ -395,10 +399,12 @@ def _volume(reader: _Reader, value, path: Path_, sample_file) -> VolumeSpec:
         if sample_file is None:
             raise reader.error(path, f"{value!r} names a dataset, but the sample has no 'file'; write "
                                      "{file: ..., dataset: ...} or give the sample a file")
-        return VolumeSpec(sample_file, value)
+        return VolumeSpec(sample_file, value, shared_file=True)
     reader.mapping(value, path, ("file", "dataset"), required=("dataset",) if sample_file else ("file", "dataset"))
-    file = _file(reader, value["file"], path + ("file",)) if "file" in value else sample_file
-    return VolumeSpec(file, reader.string(value["dataset"], path + ("dataset",)))
+    dataset = reader.string(value["dataset"], path + ("dataset",))
+    if "file" in value:
+        return VolumeSpec(_file(reader, value["file"], path + ("file",)), dataset)
+    return VolumeSpec(sample_file, dataset, shared_file=True)
 
 
 def _sample(reader: _Reader, value, path: Path_) -> SampleSpec:
@@ -614,7 +620,8 @@ class Config:
                 try:
                     opened.append(hdf5(file, volume.dataset, in_memory=not spec.lazy, cache_bytes=spec.cache_bytes))
                 except OSError as error:
-                    raise reader.error(path + key + ("file",), str(error)) from error
+                    raise reader.error(path + (("file",) if volume.shared_file else key + ("file",)),
+                                       str(error)) from error
                 except (KeyError, TypeError, ValueError) as error:
                     raise reader.error(path + key + ("dataset",), str(error)) from error
                 volumes[key] = opened[-1]

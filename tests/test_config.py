@@ -1,0 +1,346 @@
+"""YAML configs: parsing, round trip, the objects they build, every error with key path and line, emfast check and
+emfast demo --config."""
+import textwrap
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+
+import emfast as ef
+from emfast import augment as _augment
+from emfast.cli import main
+from emfast.config import BUILTIN_CONFIG, ConfigError, close_volumes, describe, dump_config, load_config
+from emfast.sampling import Balanced, Tiled
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.yaml"
+SHAPE = (16, 48, 48)
+
+
+def _labels(rng, shape=SHAPE):
+    """Blocky ids with stripes of background (x < 12) and of id 3 (12 <= x < 18), so boundaries, interiors,
+    background and id 3 all occur."""
+    coarse = rng.integers(1, 20, (shape[0] // 4 + 1, shape[1] // 8 + 1, shape[2] // 8 + 1)).astype(np.uint64)
+    labels = coarse.repeat(4, 0).repeat(8, 1).repeat(8, 2)[:shape[0], :shape[1], :shape[2]].copy()
+    labels[:, :, :12] = 0
+    labels[:, :, 12:18] = 3
+    return labels
+
+
+@pytest.fixture
+def files(tmp_path):
+    """Two samples a.h5 and b.h5 (raw uint8, labels uint64, mask uint8 with the first quarter of y masked out)."""
+    rng = np.random.default_rng(7)
+    for name in ("a", "b"):
+        with h5py.File(tmp_path / f"{name}.h5", "w") as f:
+            f.create_dataset("volumes/raw", data=rng.integers(0, 256, SHAPE, dtype=np.uint8), chunks=(4, 16, 16))
+            f.create_dataset("volumes/labels", data=_labels(rng))
+            mask = np.ones(SHAPE, np.uint8)
+            mask[:, :12] = 0
+            f.create_dataset("volumes/mask", data=mask)
+            f.create_dataset("volumes/small", data=np.zeros((8, 8, 8), np.uint64))
+    return tmp_path
+
+
+BASE = """\
+data:
+  samples:
+    - name: A
+      file: a.h5
+      raw: volumes/raw
+      labels: volumes/labels
+    - name: B
+      raw: {file: b.h5, dataset: volumes/raw}
+      labels: {file: b.h5, dataset: volumes/labels}
+loader:
+  patch: [4, 16, 16]
+  batch_size: 2
+  seed: 3
+augment:
+  - mirror
+  - intensity: {scale: 0.2, shift: 0.1}
+"""
+
+
+def _write(folder: Path, text: str, name: str = "config.yaml") -> Path:
+    path = folder / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+FULL = """\
+data:
+  samples:
+    - name: A
+      file: a.h5
+      raw: volumes/raw
+      labels: volumes/labels
+      mask: volumes/mask
+      extra: {second: volumes/raw}
+      weight: 2.5
+      label_offset: [0, 0, 0]
+    - name: B
+      file: b.h5
+      raw: volumes/raw
+      labels: volumes/labels
+      mask: volumes/mask
+      extra: {second: volumes/raw}
+      lazy: true
+      cache_bytes: 1000000
+  hold_out: [B]
+loader:
+  patch_in: [6, 20, 20]
+  patch_out: [4, 16, 16]
+  batch_size: 2
+  threads: 2
+  seed: 5
+  epoch_size: 3
+  normalize: {mean: 100, std: 50}
+augment:
+  - mirror: {axes: yx, p: 0.25}
+  - transpose
+  - intensity: {scale: 0.1, shift: 0.1}
+targets:
+  - affinities: {offsets: [[1, 0, 0], [0, 1, 0], [0, 0, 2]], ignore: 7}
+  - boundaries
+sampler:
+  balanced: {classes: {0: background, 3: three}, priors: {background: 1, three: 2}}
+validation:
+  loader: {batch_size: 1}
+  sampler: {tiled: {stride: [4, 8, 8]}}
+  augment: []
+"""
+
+
+def test_round_trip_gives_an_equal_config_and_equivalent_objects(files, tmp_path):
+    config = load_config(_write(files, FULL))
+    text = dump_config(config, tmp_path / "elsewhere.yaml")
+    assert yaml.safe_load(text) == config.to_dict()
+    for again in (load_config(text), load_config(tmp_path / "elsewhere.yaml")):
+        assert again == config
+        for split in ("train", "validation"):
+            ours, theirs = config.loader_kwargs(split), again.loader_kwargs(split)
+            assert ours.keys() == theirs.keys()
+            sampler, other = ours.pop("sampler"), theirs.pop("sampler")
+            assert type(sampler) is type(other) and vars(sampler) == vars(other)
+            assert ours == theirs  # augmentations and targets are dataclasses: compared by their parameters
+    assert config.samples[1].raw.file == (files / "b.h5").resolve()
+    assert config != load_config(_write(files, FULL.replace("weight: 2.5", "weight: 3"), "other.yaml"))
+
+
+def test_sections_become_the_python_objects(files):
+    config = load_config(_write(files, FULL))
+    train = config.loader_kwargs("train")
+    assert train["augment"] == [ef.Mirror(axes="yx", p=0.25), ef.Transpose(), ef.Intensity(0.1, 0.1)]
+    assert train["targets"] == [ef.Affinities(offsets=((1, 0, 0), (0, 1, 0), (0, 0, 2)), ignore=7), ef.Boundaries()]
+    assert isinstance(train["sampler"], Balanced) and train["sampler"].mapping == {0: "background", 3: "three"}
+    assert train["epoch_size"] == 3 and train["normalize"] == {"mean": 100, "std": 50}
+    validation = config.loader_kwargs("validation")
+    assert validation["augment"] == [] and validation["batch_size"] == 1 and "epoch_size" not in validation
+    assert isinstance(validation["sampler"], Tiled) and validation["sampler"].stride == (4, 8, 8)
+    with config.loader("validation") as loader:
+        assert loader.dataset.names == ["B"] and not loader.dataset.samples[0].raw.in_memory
+        assert loader.dataset.samples[0].raw.cache_stats.budget_bytes == 1000000
+        assert loader.epoch_size == loader.sampler.batches_per_epoch() and loader.augmentations == []
+        assert set(loader.fields) >= {"raw", "second", "mask", "affinities", "affinities_mask", "boundaries"}
+    close_volumes(loader.dataset)
+
+
+def test_config_loader_gives_the_batches_of_the_same_loader_built_by_hand(files):
+    config = load_config(_write(files, BASE))
+    with config.loader() as loader:
+        ours = [loader.next_batch().copy() for _ in range(2)]
+    samples = [ef.Sample(ef.hdf5(files / f"{n.lower()}.h5", "volumes/raw"),
+                         ef.hdf5(files / f"{n.lower()}.h5", "volumes/labels"), name=n) for n in "AB"]
+    with ef.Loader(ef.Dataset(samples), patch=(4, 16, 16), batch_size=2, seed=3,
+                   augment=[ef.Mirror(), ef.Intensity(scale=0.2, shift=0.1)]) as reference:
+        theirs = [reference.next_batch().copy() for _ in range(2)]
+    for a, b in zip(ours, theirs):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_relative_paths_resolve_against_the_config_folder(files, tmp_path, monkeypatch):
+    path = _write(files, BASE)
+    monkeypatch.chdir(tmp_path.parent)
+    config = load_config(str(path))
+    assert config.samples[0].raw.file == (files / "a.h5").resolve()
+    assert config.source == str(path)
+
+
+def _error(text: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_config(textwrap.dedent(text))
+    return info.value
+
+
+def _line_of(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(textwrap.dedent(text).splitlines(), 1) if needle in line)
+
+
+@pytest.mark.parametrize("old, new, path, needle, words", [
+    ("  batch_size: 2", "  bach_size: 2", "loader.bach_size", "bach_size", ["did you mean 'batch_size'"]),
+    ("  patch: [4, 16, 16]", "  patch: big", "loader.patch", "patch: big", ["list of 3 integers", "'big'"]),
+    ("  patch: [4, 16, 16]", "  patch: [4, 16]", "loader.patch", "patch: [4, 16]", ["list of 3 integers"]),
+    ("  seed: 3", "  seed: three", "loader.seed", "seed: three", ["expected an integer"]),
+    ("  - mirror", "  - mirorr", "augment[0]", "mirorr", ["unknown augmentation", "did you mean 'mirror'"]),
+    ("{scale: 0.2", "{scael: 0.2", "augment[1].intensity.scael", "scael",
+     ["did you mean 'scale'", "parameters: scale, shift"]),
+    ("{scale: 0.2", "{scale: 2.0", "augment[1].intensity.scale", "intensity", ["scale must be in [0, 1)"]),
+    ("  - mirror", "  - mirror: 3", "augment[0].mirror", "mirror: 3", ["must be a mapping"]),
+    ("  - mirror", "  - {mirror: {}, transpose: {}}", "augment[0]", "transpose", ["with one name"]),
+    ("      raw: {file: b.h5, dataset: volumes/raw}", "      raw: {file: b.h5, datset: volumes/raw}",
+     "data.samples[1].raw.datset", "datset", ["did you mean 'dataset'"]),
+    ("      raw: {file: b.h5, dataset: volumes/raw}", "      raw: {file: b.h5}", "data.samples[1].raw",
+     "raw: {file: b.h5}", ["missing required key 'dataset'"]),
+    ("      raw: volumes/raw\n", "", "data.samples[0]", "- name: A", ["missing required key 'raw'"]),
+    ("  patch: [4, 16, 16]\n", "", "loader", "loader:", ["missing required key 'patch'"]),
+    ("    - name: A\n", "    - name: A\n      weight: -1\n", "data.samples[0].weight", "weight", ["positive"]),
+    ("    - name: A\n", "    - name: A\n      lazy: yes please\n", "data.samples[0].lazy", "lazy", ["true or false"]),
+    ("loader:", "  hold_out: [C]\nloader:", "data.hold_out[0]", "hold_out", ["'C' matches no sample", "'A', 'B'"]),
+    ("loader:", "  hold_out: [A, B]\nloader:", "data.hold_out", "hold_out", ["every sample"]),
+    ("loader:", "validation: {sampler: tiled}\nloader:", "validation", "validation", ["hold_out"]),
+    ("augment:", "targets: [affinity]\naugment:", "targets[0]", "affinity", ["did you mean 'affinities'"]),
+    ("augment:", "targets: [boundaries, boundaries]\naugment:", "targets", "targets", ["two targets write the field 'boundaries'"]),
+    ("augment:", "sampler: balance\naugment:", "sampler", "balance", ["unknown sampler", "did you mean 'balanced'"]),
+    ("augment:", "sampler: {masked: {fraction: 0.5}}\naugment:", "sampler.masked.fraction", "fraction",
+     ["did you mean 'min_fraction'", "parameters: min_fraction, source, unlabelled"]),
+    ("augment:", "sampler: {tiled: {last: never}}\naugment:", "sampler.tiled.last", "tiled", ["'keep'"]),
+    ("  - mirror", "  - transpose: {axes: zyx}", "augment[0]", "zyx", ["isotropic=True"]),
+    ("augment:", "augmentations: []\naugment:", "augmentations", "augmentations", ["did you mean 'augment'"]),
+])
+def test_bad_input_names_the_key_path_and_line(old, new, path, needle, words):
+    assert old in BASE
+    text = BASE.replace(old, new)
+    error = _error(text)
+    assert error.path == path, str(error)
+    assert error.line == _line_of(text, needle), str(error)
+    assert isinstance(error, ValueError) and f"line {error.line}: {path}: " in str(error)
+    for word in words:
+        assert word in str(error)
+
+
+def test_the_loader_keys_are_the_loaders_arguments():
+    error = _error(BASE.replace("  seed: 3", "  label_offset: [0, 0, 0]"))
+    assert error.path == "loader.label_offset" and "device" in error.reason and "patch_in" in error.reason
+
+
+@pytest.mark.parametrize("text, line, words", [
+    ("data: !!python/object/apply:os.system [echo hi]\nloader: {}\n", 1, ["not allowed", "python/object"]),
+    ("data:\n  samples: [a\nloader: {}\n", 3, ["invalid YAML"]),
+    ("data: {}\ndata: {}\n", 2, ["appears twice"]),
+    ("- a\n- b\n", 1, ["expected a mapping", "got a list"]),
+])
+def test_unsafe_or_malformed_yaml_is_refused_with_its_line(text, line, words):
+    error = _error(text)
+    assert error.line == line, str(error)
+    for word in words:
+        assert word in str(error)
+
+
+def test_a_python_tag_never_runs(tmp_path):
+    marker = tmp_path / "ran"
+    error = _error(f"data: !!python/object/apply:os.system ['touch {marker}']\nloader: {{patch: [1, 1, 1]}}\n")
+    assert error.path == "data" and not marker.exists()
+
+
+def test_a_missing_config_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read the config file"):
+        load_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("old, new, path, needle, words", [
+    ("file: a.h5", "file: missing.h5", "data.samples[0].file", "missing.h5", ["not found", "missing.h5"]),
+    ("{file: b.h5, dataset: volumes/raw}", "{file: nowhere.h5, dataset: volumes/raw}", "data.samples[1].raw.file",
+     "nowhere.h5", ["nowhere.h5"]),
+    ("      labels: volumes/labels\n", "      labels: volumes/lables\n", "data.samples[0].labels.dataset",
+     "lables", ["'volumes/lables' not found", "volumes/labels"]),
+    ("      labels: volumes/labels\n", "      labels: volumes/small\n", "data.samples[0]", "name: A",
+     ["has shape (16, 48, 48)", "label_offset"]),
+    ("      labels: volumes/labels\n", "", "data.samples", "samples:", ["'A' and 'B' differ", "labels"]),
+    ("  patch: [4, 16, 16]", "  patch: [4, 64, 16]", "loader", "loader:", ["does not fit"]),
+    ("augment:", "sampler: masked\naugment:", "sampler", "sampler:", ["has no mask"]),
+    ("augment:", "targets: [{foreground: {background: -1}}]\naugment:", "targets", "targets:",
+     ["cannot occur in uint64"]),
+])
+def test_errors_when_building_name_the_section_they_come_from(files, old, new, path, needle, words):
+    assert old in BASE
+    text = BASE.replace(old, new)
+    config = load_config(_write(files, text))
+    with pytest.raises(ConfigError) as info:
+        config.loader()
+    error = info.value
+    assert error.path == path, str(error)
+    assert error.line == _line_of(text, needle), str(error)
+    for word in words:
+        assert word in str(error)
+
+
+def test_check_prints_the_summary_and_exits_0(files, capsys):
+    text = FULL.replace("  balanced: {classes: {0: background, 3: three}, priors: {background: 1, three: 2}}",
+                        "  masked: {min_fraction: 0.9}")
+    assert main(["check", str(_write(files, text))]) == 0
+    out = capsys.readouterr().out
+    assert "sample 'A' (train, weight 2.5)" in out and "sample 'B' (validation, weight 1)" in out
+    assert f"{(files / 'a.h5').resolve()}:volumes/raw, shape (16, 48, 48), uint8, chunks (4, 16, 16)" in out
+    assert "origin (0, 0, 0) in raw voxels; overlap with raw (16, 48, 48) = 100.0% of raw" in out
+    assert "background (id 0) 25.0%" in out  # x < 12 of 48, counted on every voxel (a small volume)
+    # windows lie in z [1, 15), y and x [2, 46) (patch_in adds 1, 2, 2 of context): 11 x 29 x 29 corners; the
+    # mask covers y >= 12, so a window (16 voxels along y) is covered to 90% from y corner 11 on: 20 of 29
+    assert "Masked(min_fraction=0.9, source='mask'): 69.0% of 9,251 window positions qualify" in out
+    assert "lazy, chunk cache 976.6 KiB" in out and "loader (validation): batch 1" in out
+    assert "memory: volumes in memory" in out and out.rstrip().endswith("valid")
+
+
+def test_check_reports_the_masked_share_and_balanced_classes_exactly(files):
+    config = load_config(_write(files, FULL.replace("  hold_out: [B]\n", "").replace(
+        "validation:\n  loader: {batch_size: 1}\n  sampler: {tiled: {stride: [4, 8, 8]}}\n  augment: []\n", "")))
+    text = describe(config)
+    with config.loader() as loader:
+        labels = loader.dataset.samples[0].placed_labels.volume.array[0]
+        region = loader.regions[0]
+    close_volumes(loader.dataset)
+    half = (np.asarray([4, 16, 16]) - 1) // 2  # voxels whose centred window fits, for both transposes
+    box = labels[tuple(slice(lo + h, hi - e + h + 1) for lo, hi, e, h in zip(region.lo, region.hi, (4, 16, 16),
+                                                                          half))]
+    zero, three = np.count_nonzero(box == 0), np.count_nonzero(box == 3)
+    assert f"background {100 * zero / (zero + three):.1f}%, three {100 * three / (zero + three):.1f}%" in text
+
+
+def test_check_fails_with_exit_2_and_the_message(files, capsys):
+    text = BASE.replace("  batch_size: 2", "  bach_size: 2")
+    path = _write(files, text)
+    assert main(["check", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"emfast: error: {path}, line {_line_of(text, 'bach')}: loader.bach_size: unknown key" in captured.err
+    assert "Traceback" not in captured.err
+
+
+def test_demo_streams_from_a_config(files, capsys):
+    path = _write(files, BASE)
+    assert main(["demo", "--config", str(path), "--batches", "3"]) == 0
+    captured = capsys.readouterr()
+    assert "3 batches in" in captured.out
+    assert "samples: A, B" in captured.err and "3/3 batches" in captured.err
+
+
+def test_demo_with_the_builtin_config(tmp_path, capsys):
+    assert BUILTIN_CONFIG.is_file()
+    args = ["demo", "--config", "--batches", "1", "--cache-dir", str(tmp_path), "--volume-shape", "40", "160", "160"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "1 batches in" in captured.out and "sampler: balanced" in captured.err
+    assert [p.name for p in tmp_path.glob("*.h5")] == ["demo-v1-40x160x160-s0.h5"]
+
+
+def test_the_example_config_loads_and_validates(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EMFAST_CACHE_DIR", str(tmp_path))
+    config = load_config(EXAMPLE)
+    assert load_config(dump_config(config)) == config and config.hold_out
+    assert main(["check", str(EXAMPLE)]) == 0
+    out = capsys.readouterr().out
+    assert "(validation," in out and out.rstrip().endswith("valid")
+    assert all(name in _augment.REGISTRY for name in (item.name for item in config.augment))
