@@ -211,6 +211,17 @@ void blur_volume(float *vol, const int64_t shape[3], const float *w, int64_t rad
     }
 }
 
+/* One run of emf_blend; a contiguous source row (step 1, the usual case) gets its own loop, which vectorises. */
+template <typename T>
+inline void blend_run(float *x, int64_t n, const T *in, int64_t step, const emf_source &src, float keep, float a) {
+    if (step == 1) {
+        for (int64_t i = 0; i < n; ++i) x[i] = x[i] * keep + (static_cast<float>(in[i]) * src.scale + src.shift) * a;
+    } else {
+        for (int64_t i = 0; i < n; ++i)
+            x[i] = x[i] * keep + (static_cast<float>(in[i * step]) * src.scale + src.shift) * a;
+    }
+}
+
 template <typename T>
 void fill_planes(const emf_planes &planes, T fill) {
     const int64_t size = planes.height * planes.width;
@@ -354,14 +365,10 @@ void emf_blend(const emf_blocks *blocks, int64_t width, const emf_source *source
         const float a = alpha[b], keep = 1.0f - a;
         for_runs(*blocks, b, width, true, [&](float *x, int64_t n, int64_t offset) {
             const int64_t first = origin[b] + (offset / width) * src.steps[0] + (offset % width) * src.steps[1];
-            if (src.is_uint8) {
-                const uint8_t *in = static_cast<const uint8_t *>(src.data) + first;
-                for (int64_t i = 0; i < n; ++i)
-                    x[i] = x[i] * keep + (static_cast<float>(in[i * src.steps[1]]) * src.scale + src.shift) * a;
-            } else {
-                const float *in = static_cast<const float *>(src.data) + first;
-                for (int64_t i = 0; i < n; ++i) x[i] = x[i] * keep + (in[i * src.steps[1]] * src.scale + src.shift) * a;
-            }
+            if (src.is_uint8)
+                blend_run(x, n, static_cast<const uint8_t *>(src.data) + first, src.steps[1], src, keep, a);
+            else
+                blend_run(x, n, static_cast<const float *>(src.data) + first, src.steps[1], src, keep, a);
         });
     }
 }

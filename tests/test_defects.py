@@ -293,3 +293,18 @@ def test_names_resolve_for_config_files():
     assert [type(a) for a in resolved] == [MissingSection, LowContrast, Slip]
     with pytest.raises(ValueError, match="needs a volume"):
         resolve(["artifacts"], isotropic=False)
+
+
+def test_artifacts_read_strided_volumes(rng):
+    """A view with steps in x (here every second column, mirrored) blends like its contiguous copy."""
+    source = rng.integers(0, 256, (3, 24, 60), dtype=np.uint8)[:, ::-1, ::-2]
+    raw = random_raw(rng, np.float32, (2, 1, 5, 12, 21))
+    outputs = []
+    for volume in (source, np.ascontiguousarray(source)):
+        artifacts = Artifacts(volume, p=0.5)
+        record = artifacts.apply(np.linspace(0.1, 0.9, 4).reshape(2, 2), Params.identity(2))
+        out = raw.copy()
+        artifacts.process(record, Patches(raw=out, valid=2))
+        outputs.append(out)
+    assert not np.array_equal(outputs[0], raw)
+    np.testing.assert_array_equal(outputs[0], outputs[1])
