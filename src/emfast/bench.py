@@ -188,7 +188,10 @@ def _positive(value, what: str) -> int:
 
 
 def _triple(value, what: str) -> tuple:
-    items = tuple(value)
+    try:
+        items = tuple(value)
+    except TypeError:
+        items = ()
     if len(items) != 3:
         raise ValueError(f"{what} must be 3 integers (z, y, x), got {value!r}")
     return tuple(_positive(v, f"{what} ({'zyx'[i]})") for i, v in enumerate(items))
@@ -227,10 +230,11 @@ def output_bytes(patch: Sequence[int], batch_size: int) -> int:
     return batch_size * int(np.prod(patch)) * (4 + 3 * 4 + 3 * 1)
 
 
-def _run_bytes(patch: Sequence[int], batch_size: int, threads: int, buffers: Optional[int] = None) -> int:
-    """Memory a measurement of this size needs on top of the volumes: the loader's slots and per-thread label
-    scratch, or the reference's batch, or the copy floor's two buffers, whichever is largest."""
-    slots = (buffers or threads + 2) * slot_bytes(patch, batch_size)
+def _run_bytes(patch: Sequence[int], batch_size: int, threads: int) -> int:
+    """Memory a measurement of this size needs on top of the volumes: the loader's slots (the default
+    ``threads + 2``) and per-thread label scratch, or the reference's batch and the copy floor's two buffers,
+    whichever is larger."""
+    slots = (threads + 2) * slot_bytes(patch, batch_size)
     grown = tuple(p + 2 * m for p, m in zip(patch, reference.MARGIN))
     scratch = threads * batch_size * int(np.prod(grown)) * 8
     return max(slots + scratch, 2 * output_bytes(patch, batch_size) + batch_size * int(np.prod(grown)) * 8)
@@ -299,11 +303,10 @@ def settings(*, patch=None, batch_size=None, threads=None, volume_shape=None, se
         except ImportError:
             raise ValueError("--plot needs matplotlib, which is not installed: pip install matplotlib "
                              "(or emfast[plot])") from None
-    result = Settings(patch=patch, batch_size=batch_size, threads=threads, volume_shape=shape, seconds=seconds,
-                      rounds=rounds, curve_seconds=defaults.get("curve_seconds", max(0.3, seconds / 2)),
-                      curves=curves, quick=quick, seed=seed, cache_dir=cache_dir, json=json_path, plot=plot,
-                      **_default_curves(threads, quick))
-    return result
+    return Settings(patch=patch, batch_size=batch_size, threads=threads, volume_shape=shape, seconds=seconds,
+                    rounds=rounds, curve_seconds=defaults.get("curve_seconds", max(0.3, seconds / 2)),
+                    curves=curves, quick=quick, seed=seed, cache_dir=cache_dir, json=json_path, plot=plot,
+                    **_default_curves(threads, quick))
 
 
 # -- the pipelines -------------------------------------------------------------------------------------------------
@@ -401,9 +404,9 @@ def _stage_ms(before, after, batches: int) -> Dict[str, float]:
 
 
 def measure_emfast(volumes: Volumes, patch, batch_size: int, threads: int, seconds: float,
-                   buffers: Optional[int] = None, seed: int = SEED) -> Measurement:
+                   seed: int = SEED) -> Measurement:
     """Batches/s of a running emfast loader (start-up and warm-up excluded), with its per-stage profile."""
-    with emfast_loader(volumes, patch, batch_size, threads, buffers, seed) as loader:
+    with emfast_loader(volumes, patch, batch_size, threads, seed=seed) as loader:
         loader.next_batch()
         before = loader.profile
         result = _stream(loader.next_batch, seconds, warmup=1)
