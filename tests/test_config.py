@@ -260,7 +260,8 @@ def test_a_missing_config_file_is_a_config_error(tmp_path):
     ("      labels: volumes/labels\n", "      labels: volumes/small\n", "data.samples[0]", "name: A",
      ["has shape (16, 48, 48)", "label_offset"]),
     ("      labels: volumes/labels\n", "", "data.samples", "samples:", ["'A' and 'B' differ", "labels"]),
-    ("  patch: [4, 16, 16]", "  patch: [4, 64, 16]", "loader", "loader:", ["does not fit"]),
+    ("  patch: [4, 16, 16]", "  patch: [4, 64, 16]", "loader.patch", "patch:", ["does not fit"]),
+    ("  batch_size: 2", "  batch_size: 2\n  dtype: float64", "loader.dtype", "dtype", ["'float32' or 'float16'"]),
     ("augment:", "sampler: masked\naugment:", "sampler", "sampler:", ["has no mask"]),
     ("augment:", "targets: [{foreground: {background: -1}}]\naugment:", "targets", "targets:",
      ["cannot occur in uint64"]),
@@ -344,3 +345,12 @@ def test_the_example_config_loads_and_validates(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "(validation," in out and out.rstrip().endswith("valid")
     assert all(name in _augment.REGISTRY for name in (item.name for item in config.augment))
+
+
+def test_check_and_demo_config_have_help(capsys):
+    for command in (["check", "--help"], ["demo", "--help"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(command)
+        assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: emfast check" in out and "--config [FILE]" in out

@@ -492,6 +492,12 @@ def _signature_parameters(cls: type) -> Optional[List[str]]:
                                                       inspect.Parameter.KEYWORD_ONLY)]
 
 
+def _named_key(error: BaseException, keys) -> Tuple[str, ...]:
+    """The one key of ``keys`` that the message of ``error`` names as a word, if it names exactly one."""
+    named = [key for key in keys if re.search(rf"\b{re.escape(str(key))}\b", str(error))]
+    return (str(named[0]),) if len(named) == 1 else ()
+
+
 def _construct(reader: _Reader, spec: ComponentSpec, section: str, path: Path_):
     """Build the object of ``spec`` from its registry, mapping constructor errors to ConfigError at ``path``."""
     kind, registry = _KINDS[section][0], _KINDS[section][1]()
@@ -499,9 +505,7 @@ def _construct(reader: _Reader, spec: ComponentSpec, section: str, path: Path_):
     try:
         return cls(**spec.params)
     except (TypeError, ValueError) as error:
-        # point at the one parameter the message names, if it names exactly one
-        named = [key for key in spec.params if re.search(rf"\b{re.escape(str(key))}\b", str(error))]
-        where = path + (spec.name,) + ((named[0],) if len(named) == 1 else ())
+        where = path + (spec.name,) + _named_key(error, spec.params)
         allowed = _signature_parameters(cls)
         note = "" if allowed is None or not isinstance(error, TypeError) else \
             f" (parameters of {kind} {spec.name!r}: {', '.join(allowed) or 'none'})"
@@ -725,6 +729,8 @@ class Config:
                           "targets": self.validation.targets is not None,
                           "augment": self.validation.augment is not None}
             section = ("validation", culprit) if split == "validation" and overridden[culprit] else (culprit,)
+            if culprit == "loader":
+                section += _named_key(error, self.validation.loader if len(section) == 2 else self.loader_args)
             raise self._reader().error(section, str(error)) from error
         except BaseException:
             close_volumes(dataset.samples)
@@ -916,7 +922,7 @@ def _label_census(labels: Volume) -> str:
     if labels.in_memory:
         step = max(1, math.ceil((float(np.prod(shape)) / CENSUS_VOXELS) ** (1 / 3)))
         data = labels.array[0][::step, ::step, ::step]
-        how = f"every {step}th voxel along each axis" if step > 1 else "every voxel"
+        how = f"a subsample with step {step} along each axis" if step > 1 else "every voxel"
     else:
         extent = np.minimum(shape, [32, 128, 128])
         corner = (shape - extent) // 2
