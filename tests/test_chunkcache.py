@@ -8,7 +8,7 @@ import pytest
 
 import emfast as ef
 from emfast.chunkcache import CONTIGUOUS_BLOCK, default_budget
-from reference import random_volume
+from reference import assert_releases_gil, random_volume
 
 # name -> create_dataset keyword arguments (chunks are (z, y, x); 4-D layouts get channel chunks prepended)
 LAYOUTS = {
@@ -116,6 +116,21 @@ def test_budget_is_never_exceeded_and_old_blocks_are_evicted(tmp_path, rng):
         check_boxes(volume, data, rng, 50)  # boxes spanning more blocks than the budget holds
 
 
+def test_evicted_blocks_still_in_use_are_never_overwritten(tmp_path, rng):
+    data = random_volume(rng, SHAPE, np.uint8)
+    write(tmp_path / "v.h5", data, "chunked")
+    with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False, cache_bytes=2 * 4 * 8 * 16) as volume:
+        cache = volume._cache
+        held = cache._get((0, 0, 0))  # as a reader copying out of it would hold it
+        out = np.empty((1, 4, 8, 16), np.uint8)
+        for y in range(1, 4):  # evicts block (0, 0, 0), then reuses the buffers of the blocks nobody holds
+            volume.read_box((0, 8 * y, 0), (4, 8, 16), out)
+            np.testing.assert_array_equal(out[0], data[:4, 8 * y:8 * y + 8, :16])
+        assert cache.stats.misses == 4
+        np.testing.assert_array_equal(held[0], data[:4, :8, :16])
+        assert not held.flags.writeable
+
+
 def test_threads_hammering_read_box_get_exact_boxes(tmp_path, rng):
     data = random_volume(rng, SHAPE, np.uint16)
     write(tmp_path / "v.h5", data, "gzip-shuffle")
@@ -215,6 +230,16 @@ def test_a_failed_read_reaches_every_waiter_and_is_retried(tmp_path, rng):
         cache._fetch = original
         out = np.empty((1, 2, 2, 2), np.uint8)
         np.testing.assert_array_equal(volume.read_box((0, 0, 0), (2, 2, 2), out)[0], data[:2, :2, :2])
+
+
+def test_decoding_gzip_chunks_releases_the_gil(tmp_path, rng):
+    # one 2 MiB gzip chunk: tens of ms of zlib, which must not stop other threads (h5py's lock is not held)
+    data = rng.normal(128, 30, (32, 256, 256)).clip(0, 255).astype(np.uint8)
+    with h5py.File(tmp_path / "g.h5", "w") as f:
+        f.create_dataset("data", data=data, chunks=data.shape, compression="gzip", compression_opts=1)
+    with ef.hdf5(tmp_path / "g.h5", "data", in_memory=False) as volume:
+        assert_releases_gil(volume._cache._fetch, (0, 0, 0))
+        np.testing.assert_array_equal(volume._cache._fetch((0, 0, 0))[0], data)
 
 
 @pytest.mark.parametrize("budget, error, match", [

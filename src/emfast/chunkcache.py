@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 import zlib
 from collections import OrderedDict
@@ -39,6 +40,9 @@ CONTIGUOUS_BLOCK = (64, 64, 64)
 
 #: Default budget when the user gives none: 1 GiB, or an eighth of physical memory if that is smaller.
 DEFAULT_BUDGET_CAP = 1 << 30
+
+#: Most buffers of evicted blocks kept for reuse (outside the budget; in steady state one or two are used).
+SPARE_BUFFERS = 4
 
 _DIRECT_FILTERS = {h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_DEFLATE}
 
@@ -136,6 +140,12 @@ class ChunkCache:
         self._pending: Dict[Key, Future] = {}
         self._bytes_held = 0
         self._hits = self._misses = self._shared = 0
+        # Buffers of evicted full-size blocks. Reusing them instead of freeing and allocating keeps the process
+        # at budget + in-flight reads: with malloc, blocks freed into one producer thread's heap and allocated
+        # from another's leave freed memory resident, and glibc's adaptive mmap threshold soon sends every
+        # block to those heaps.
+        self._full_bytes = block_bytes
+        self._spare: list = []
 
     @property
     def stats(self) -> CacheStats:
@@ -147,6 +157,7 @@ class ChunkCache:
         """Drop every cached block (reads in flight still complete)."""
         with self._lock:
             self._blocks.clear()
+            self._spare.clear()
             self._bytes_held = 0
 
     def read_box(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
@@ -188,17 +199,31 @@ class ChunkCache:
             while self._blocks and self._bytes_held + block.nbytes > self.budget_bytes:
                 _, evicted = self._blocks.popitem(last=False)
                 self._bytes_held -= evicted.nbytes
+                if evicted.nbytes == self._full_bytes and len(self._spare) < SPARE_BUFFERS:
+                    self._spare.append(evicted.base)
             self._blocks[key] = block
             self._bytes_held += block.nbytes
             del self._pending[key]
         pending.set_result(block)
         return block
 
+    def _buffer(self, nbytes: int) -> np.ndarray:
+        """A uint8 buffer for a block of ``nbytes``: an evicted block's that no reader still uses, else new."""
+        if nbytes == self._full_bytes:
+            with self._lock:
+                while self._spare:
+                    buffer = self._spare.pop()
+                    # references: `buffer` and getrefcount's argument; any more are views a reader still copies from
+                    if sys.getrefcount(buffer) == 2:
+                        return buffer
+        return np.empty(nbytes, np.uint8)
+
     def _fetch(self, key: Key) -> np.ndarray:
         """Read block ``key`` from the file, as a read-only (c, z, y, x) array."""
         origin = [k * b for k, b in zip(key, self.block_shape)]
         stop = [min(o + b, s) for o, b, s in zip(origin, self.block_shape, self._shape)]
-        block = np.empty((self._channels,) + tuple(b - a for a, b in zip(origin, stop)), dtype=self._dtype)
+        shape = (self._channels,) + tuple(b - a for a, b in zip(origin, stop))
+        block = self._buffer(int(np.prod(shape)) * self._dtype.itemsize).view(self._dtype).reshape(shape)
         box = tuple(slice(a, b) for a, b in zip(origin, stop))
         if self._direct is None or not self._direct.read(self._dataset, origin, block, self._name):
             if self._dataset.ndim == 4:
@@ -254,7 +279,7 @@ class _DirectChunkReader:
         for code in self._decode:
             if code == h5py.h5z.FILTER_DEFLATE:
                 try:
-                    data = zlib.decompress(data)
+                    data = zlib.decompress(data, bufsize=expected)  # sized once: no growing copies
                 except zlib.error as exc:
                     raise OSError(f"{name}: cannot decompress the chunk at {offset}: {exc}") from exc
             elif itemsize > 1:  # shuffle: byte k of every element stored together; a no-op for 1-byte types
