@@ -11,32 +11,49 @@ Quick start::
 """
 from .augment import Augmentation, Intensity, Mirror, Transpose
 from .dataset import Dataset, Sample
+from .defects import Artifacts, LowContrast, MissingSection, Slip
+from .intensity import Blur, Contrast, Gamma, Noise
 from .loader import Batch, BatchReleasedError, Loader
 from .profile import ProfileReport
-from .sampling import Uniform
+from .sampling import Balanced, Masked, Tiled, Uniform
 from .targets import Affinities, Boundaries, Classes, Foreground, compute_targets
 from .transfer import DeviceArray, DeviceNotice
 from .volumes import DatasetNotFoundError, Volume, hdf5
+from .warp import Elastic, Rotate, Scale
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Affinities",
+    "Artifacts",
     "Augmentation",
+    "Balanced",
     "Batch",
     "BatchReleasedError",
+    "Blur",
     "Boundaries",
     "Classes",
+    "Contrast",
     "Dataset",
     "DatasetNotFoundError",
     "DeviceArray",
     "DeviceNotice",
+    "Elastic",
     "Foreground",
+    "Gamma",
     "Intensity",
     "Loader",
+    "LowContrast",
+    "Masked",
     "Mirror",
+    "MissingSection",
+    "Noise",
     "ProfileReport",
+    "Rotate",
     "Sample",
+    "Scale",
+    "Slip",
+    "Tiled",
     "Transpose",
     "Uniform",
     "Volume",

@@ -19,7 +19,8 @@ from .augment import Augmentation, Patches
 from .dataset import Placed
 from .plan import BatchPlan, window_extents
 from .profile import Profile
-from .targets import Target, compute_targets
+from .targets import Affinities, Target, compute_targets
+from .warp import WarpPlan, warp_labels, warp_raw
 
 #: Default normalisation (scale, shift) per raw dtype: integers to [0, 1], floats unchanged.
 DEFAULT_NORMALIZATION = {
@@ -95,18 +96,26 @@ class Gatherer:
         Targets computed from the (augmented) labels.
     margin : tuple of int
         The targets' margin: the labels field is cut ``margin`` larger on each side than ``patch_out``.
+    warps : list of Augmentation
+        The warp augmentations (rotation, scaling, elastic); examples they moved are sampled by the warp kernels.
+    track_valid : bool
+        Deliver ``labels_valid`` (1 where the label is known): needed when augmentations can move voxels from
+        outside the data into the window. Affinities touching an unknown voxel are masked as well.
     """
 
     def __init__(self, fields: List[Field], batch_size: int, patch_out: Sequence[int],
                  pixelwise: Sequence[tuple] = (), targets: Sequence[Target] = (),
-                 margin: Sequence[int] = (0, 0, 0)) -> None:
+                 margin: Sequence[int] = (0, 0, 0), warps: Sequence[Augmentation] = (),
+                 track_valid: bool = False) -> None:
         self.fields = fields
         self.batch_size = batch_size
         self.patch_out = tuple(patch_out)
         self.pixelwise = list(pixelwise)
         self.targets = list(targets)
         self.margin = tuple(int(m) for m in margin)
+        self.warps = list(warps)
         self._by_name = {f.name: f for f in fields}
+        self.track_valid = track_valid and "labels" in self._by_name
         self._target_fields = {}
         for target in self.targets:
             for name, (channels, dtype) in target.outputs().items():
@@ -117,6 +126,8 @@ class Gatherer:
         shapes = {f.name: (f.shape(self.batch_size), np.dtype(f.dtype)) for f in self.fields if f.delivered}
         if "labels" in self._by_name and not self._by_name["labels"].delivered:
             shapes["labels"] = ((self.batch_size, 1) + self.patch_out, np.dtype(self._by_name["labels"].dtype))
+        if self.track_valid:
+            shapes["labels_valid"] = ((self.batch_size, 1) + self.patch_out, np.dtype(np.uint8))
         shapes.update({name: (shape, np.dtype(dtype)) for name, (shape, dtype) in self._target_fields.items()})
         return shapes
 
@@ -137,33 +148,106 @@ class Gatherer:
                 scratch["read:" + f.name] = [np.empty(size, dtype=dtype) for _ in range(self.batch_size)]
             if not f.delivered:
                 scratch[f.name] = np.zeros(f.shape(self.batch_size), dtype=f.dtype)
+        if self.track_valid:
+            scratch["labels_valid"] = np.ones(self._by_name["labels"].shape(self.batch_size), dtype=np.uint8)
         return scratch
 
     def fill(self, arrays: Dict[str, np.ndarray], plan: BatchPlan, scratch: Dict[str, object],
              profile: Profile) -> None:
         """Write the batch of ``plan`` into ``arrays``, timing each stage in ``profile``."""
+        warp = WarpPlan.from_params(plan.params, self.warps) if self.warps else None
+        if warp is not None and not warp.warped.any():
+            warp = None
+        valid = scratch.get("labels_valid")
+        if valid is not None:
+            valid.fill(1)
         windows = {}
         for f in self.fields:
             out = arrays[f.name] if f.delivered else scratch[f.name]
-            self._gather(f, plan, out, scratch.get("read:" + f.name), profile)
+            if warp is None:
+                self._gather(f, plan, out, scratch.get("read:" + f.name), profile)
+            else:
+                self._warp(f, plan, warp, out, valid if f.name == "labels" else None, profile)
             windows[f.name] = out
         labels = windows.get("labels")
         if self.pixelwise:
             with profile.timer("augment"):
                 offset = tuple(np.asarray(self._by_name["labels"].offset) - np.asarray(self._by_name["raw"].offset)) \
                     if labels is not None else (0, 0, 0)
-                patches = Patches(raw=windows["raw"], labels=labels, labels_offset=offset, valid=plan.valid)
+                patches = Patches(raw=windows["raw"], labels=labels, labels_offset=offset, labels_valid=valid,
+                                  valid=plan.valid)
                 for position, augmentation in self.pixelwise:
                     augmentation.process(plan.records[position], patches)
         if labels is not None and not self._by_name["labels"].delivered:
-            m = self.margin
-            inner = labels[:, :, m[0]:labels.shape[2] - m[0], m[1]:labels.shape[3] - m[1],
-                           m[2]:labels.shape[4] - m[2]]
-            np.copyto(arrays["labels"], inner)
+            np.copyto(arrays["labels"], self._inner(labels))
         if self.targets:
             with profile.timer("targets"):
                 compute_targets(labels, self.targets, self.margin,
                                 out={name: arrays[name] for name in self._target_fields})
+                if valid is not None:
+                    self._mask_unknown(valid, arrays)
+        if valid is not None:
+            np.copyto(arrays["labels_valid"], self._inner(valid))
+
+    def _inner(self, cut: np.ndarray) -> np.ndarray:
+        """The output window of an array cut with the targets' margin."""
+        m = self.margin
+        return cut[:, :, m[0]:cut.shape[2] - m[0], m[1]:cut.shape[3] - m[1], m[2]:cut.shape[4] - m[2]]
+
+    def _mask_unknown(self, valid: np.ndarray, arrays: Dict[str, np.ndarray]) -> None:
+        """Mask every affinity whose voxel or neighbour is unknown (moved in from outside the data)."""
+        inner = self._inner(valid)[:, 0]
+        m = self.margin
+        for target in self.targets:
+            if not isinstance(target, Affinities):
+                continue
+            mask = arrays[target.mask_name]
+            for k, offset in enumerate(target.offsets):
+                neighbour = valid[:, 0, m[0] - offset[0]:valid.shape[2] - m[0] - offset[0],
+                                  m[1] - offset[1]:valid.shape[3] - m[1] - offset[1],
+                                  m[2] - offset[2]:valid.shape[4] - m[2] - offset[2]]
+                np.bitwise_and(mask[:, k], inner, out=mask[:, k])
+                np.bitwise_and(mask[:, k], neighbour, out=mask[:, k])
+
+    def _warp(self, f: Field, plan: BatchPlan, warp: WarpPlan, out: np.ndarray, valid: Optional[np.ndarray],
+              profile: Profile) -> None:
+        """Sample a field through the batch's warps: every field's window is centred on the output window."""
+        origins = np.stack([f.sources[v].origin for v in plan.volumes])
+        centres = plan.corners + (plan.extents - 1) / 2.0 - origins
+        if f.lazy:
+            with profile.timer("read"):
+                sources, centres = self._read_boxes(f, plan.volumes, centres, warp)
+        else:
+            sources = [f.sources[v].volume.array for v in plan.volumes]
+        geometry = dict(grid=warp.grid, grid_spacing=warp.grid_spacing, grid_origin=warp.grid_origin)
+        with profile.timer("kernel"):
+            if f.convert:
+                scale, shift = self._normalization(f, plan)
+                warp_raw(sources, centres, warp.matrices, out, scale=scale, shift=shift, **geometry)
+            else:
+                warp_labels(sources, centres, warp.matrices, out, valid=valid, **geometry)
+
+    def _read_boxes(self, f: Field, volumes: np.ndarray, centres: np.ndarray, warp: WarpPlan):
+        """Read, per example, the part of the volume its warp can reach; centres move into the read boxes."""
+        lo, hi = warp.source_boxes(f.patch, centres)
+        sources, starts = [], []
+        for v, box_lo, box_hi in zip(volumes, lo, hi):
+            volume = f.sources[v].volume
+            start = np.clip(box_lo, 0, volume.shape)
+            stop = np.maximum(np.clip(box_hi, 0, volume.shape), start)
+            window = np.empty((volume.channels,) + tuple(int(e) for e in stop - start), dtype=volume.dtype)
+            if window.size:
+                volume.read_box(start, stop - start, window)
+            sources.append(window)
+            starts.append(start)
+        return sources, centres - np.asarray(starts)
+
+    def _normalization(self, f: Field, plan: BatchPlan) -> tuple:
+        """Per-example float32 (scale, shift) of a converted field, with the intensity augmentation for raw."""
+        scale, shift = f.normalization[plan.volumes].T
+        if f.intensity:
+            scale, shift = scale * plan.params.gain, shift * plan.params.gain + plan.params.bias
+        return scale.astype(np.float32), shift.astype(np.float32)
 
     def _gather(self, f: Field, plan: BatchPlan, out: np.ndarray, read_buffers, profile: Profile) -> None:
         params = plan.params
@@ -178,10 +262,7 @@ class Gatherer:
             corners = np.zeros_like(corners)
         with profile.timer("kernel"):
             if f.convert:
-                scale, shift = f.normalization[plan.volumes].T
-                if f.intensity:
-                    scale, shift = scale * params.gain, shift * params.gain + params.bias
-                scale, shift = scale.astype(np.float32), shift.astype(np.float32)
+                scale, shift = self._normalization(f, plan)
                 _kernels.gather_convert(sources, corners, params.perms, params.flips, scale, shift, out)
             else:
                 _kernels.gather_copy(sources, corners, params.perms, params.flips, out)

@@ -21,6 +21,7 @@ import numpy as np
 from . import augment as _augment
 from . import targets as _targets
 from .dataset import Dataset, Placed, as_dataset, integer_triple
+from .defects import Artifacts, Slip
 from .gather import DEFAULT_NORMALIZATION, Field, Gatherer
 from .plan import BatchPlan, Planner, window_extents
 from .profile import Profile, ProfileReport
@@ -29,6 +30,10 @@ from .transfer import Copier, resolve_device
 from .rng import check_seed
 from .sampling import Region, Sampler, Uniform
 from .volumes import Volume
+from .warp import Elastic, Rotate, Scale
+
+#: Augmentations sampled by the warp kernels; like slips they can bring unknown voxels into a window.
+WARPS = (Rotate, Scale, Elastic)
 
 OUTPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
@@ -381,7 +386,8 @@ class Loader:
             raise ValueError(f"rank must be in [0, world_size) = [0, {self.world_size}), got {rank}")
         self.seed = check_seed(seed)
         self.dtype = self._output_dtype(dtype)
-        self.augmentations = _augment.resolve(() if augment is None else augment, isotropic)
+        # Copies: binding an augmentation to this loader's window sizes must not change the caller's object.
+        self.augmentations = [copy.copy(a) for a in _augment.resolve(() if augment is None else augment, isotropic)]
         self.targets = _targets.resolve(targets) if targets else []
         if sampler is not None and not isinstance(sampler, Sampler):
             raise TypeError(f"sampler must be an emfast sampler such as emfast.Uniform(), got {sampler!r}")
@@ -397,13 +403,17 @@ class Loader:
         self.device = "cpu" if self._backend is None else self._backend.name
 
         fields = self._fields(normalize)
+        self._bind_augmentations(fields)
         self.regions = self._regions()
         extents = np.unique(window_extents(self.patch_out, np.asarray(self._perms)), axis=0)
         self.sampler.bind(self.regions, extents, self.batch_size, self.rank, self.world_size)
         self.epoch_size = self._epoch_size(epoch_size)
 
         pixelwise = [(i, a) for i, a in enumerate(self.augmentations) if a.pixelwise]
-        self._gatherer = Gatherer(fields, self.batch_size, self.patch_out, pixelwise, self.targets, self.margin)
+        warps = [a for a in self.augmentations if isinstance(a, WARPS)]
+        track_valid = any(isinstance(a, WARPS + (Slip,)) for a in self.augmentations)
+        self._gatherer = Gatherer(fields, self.batch_size, self.patch_out, pixelwise, self.targets, self.margin,
+                                  warps, track_valid)
         self._planner = Planner(patch=self.patch_out, batch_size=self.batch_size, sampler=self.sampler,
                                 augmentations=self.augmentations, seed=self.seed, rank=self.rank,
                                 world_size=self.world_size)
@@ -450,6 +460,17 @@ class Loader:
             placed = [s.placed_mask for s in samples]
             fields.append(Field("mask", placed, placed[0].volume.dtype, self.patch_out, (0, 0, 0)))
         return fields
+
+    def _bind_augmentations(self, fields: List[Field]) -> None:
+        """Size what depends on the windows: the elastic grid covers the largest window; artifact sections must
+        cover a raw section in either y/x order."""
+        largest = tuple(int(n) for n in np.max([f.patch for f in fields], axis=0))
+        for augmentation in self.augmentations:
+            if isinstance(augmentation, Elastic):
+                augmentation.bind(largest)
+            elif isinstance(augmentation, Artifacts):
+                side = max(self.patch_in[1:]) if len(self._perms) > 1 else None
+                augmentation.check_section(side or self.patch_in[1], side or self.patch_in[2])
 
     def _regions(self) -> List[Region]:
         """Per sample, the box where output windows fit with every field's window inside its volume."""
