@@ -257,3 +257,8 @@ REGISTRY.update({cls.name: cls for cls in (Gamma, Contrast, Noise, Blur, Missing
 from .warp import Elastic, Rotate, Scale  # noqa: E402
 
 REGISTRY.update({cls.name: cls for cls in (Rotate, Scale, Elastic)})
+
+#: The full default augmentation list for anisotropic EM training, by name (each with its default parameters):
+#: geometry (dihedral, rotation about z, elastic), intensity, and section defects. ``Loader(augment=FULL)``.
+FULL = ("mirror", "transpose", "rotate", "elastic", "intensity", "gamma", "contrast", "noise", "blur",
+        "missing_section", "low_contrast", "slip")
