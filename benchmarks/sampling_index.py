@@ -4,7 +4,7 @@
 
 Data: a uint64 label volume of ``--size`` million voxels (default 256; 1024 is the 1-gigavoxel, 8 GB case and
 needs about 10 GB of free memory), shaped (z, 1024, 1024), held in memory and made of random ids in boxes of
-(4, 24, 24) voxels, so that about a fifth of the voxels are boundary voxels.
+(4, 24, 24) voxels, so that both classes are common (about 57 % of the voxels are boundary voxels).
 
 Measured, interleaved, ``--reps`` times each (the median is reported):
 
