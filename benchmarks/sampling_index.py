@@ -2,7 +2,7 @@
 
     python benchmarks/sampling_index.py [--size MVOXELS] [--reps N] [--json PATH]
 
-Data: a uint64 label volume of ``--size`` million voxels (default 256; 1024 is the 1-gigavoxel, 8 GB case and
+Data: a uint64 label volume of ``--size`` Mi voxels (2**20; default 256; 1024 is the 1-gigavoxel, 8 GiB case and
 needs about 10 GB of free memory), shaped (z, 1024, 1024), held in memory and made of random ids in boxes of
 (4, 24, 24) voxels, so that both classes are common (about 57 % of the voxels are boundary voxels).
 
@@ -131,7 +131,7 @@ def timed(function, *args):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=256, metavar="MVOXELS",
-                        help="label volume size in millions of voxels (multiple of 8; default 256)")
+                        help="label volume size in units of 2**20 voxels (multiple of 8; default 256)")
     parser.add_argument("--reps", type=int, default=3, metavar="N", help="interleaved repetitions (default 3)")
     parser.add_argument("--json", metavar="PATH", help="also write every number to this JSON file")
     args = parser.parse_args()
