@@ -1,6 +1,5 @@
 """Samplers (Uniform, Masked, Balanced, Tiled) and their index kernels, against NumPy references."""
 import itertools
-import warnings
 
 import h5py
 import numpy as np
