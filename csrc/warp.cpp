@@ -2,7 +2,8 @@
  *
  * Each example is walked row by row (output z, then y). The elastic displacement is evaluated separably: the
  * control grid is contracted along z once per output plane, along y once per row, and along x into the row's
- * displacement through dense per-control-point weight rows (contiguous, vectorisable loops). The source
+ * displacement one segment of x at a time (within a segment the four control points are fixed, so the loop
+ * over x is four contiguous multiply-adds, vectorisable). The source
  * coordinate is then affine in x plus that displacement: it is produced in runs of kRun voxels, in float64 at
  * the start of a run and in float32 relative to the run's integer base voxel within it, split into integer
  * voxel and fraction by vectorisable loops, and finally sampled voxel by voxel.
@@ -16,21 +17,29 @@
 #include <new>
 #include <vector>
 
+#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
+#include <emmintrin.h>
+#define EMF_HAVE_SSE2 1
+#endif
+
 namespace {
 
 constexpr int kRun = 16;
 
 /* Cubic B-spline weights along one output axis of `length` voxels for a grid of `points` control points.
  * Output index i uses control points index[4 i + tap] (clamped into the grid) with weight[4 i + tap]. With
- * `dense`, the same weights are also laid out per control point, dense[k * length + i], non-zero only for
- * i in [first[k], last[k]), so a row's displacement is a few contiguous multiply-adds per control point. */
+ * `segments`, the weights are also laid out per tap, by_tap[tap * length + i], and the axis is cut into
+ * segments [begin, end) of output indices that share their four control points. */
 struct AxisSpline {
     std::vector<int64_t> index;
     std::vector<float> weight;
-    std::vector<float> dense;
-    std::vector<int64_t> first, last;
+    struct Segment {
+        int64_t begin, end, index[4];
+    };
+    std::vector<float> by_tap;
+    std::vector<Segment> segments;
 
-    void build(int64_t length, int64_t points, double spacing, double origin, bool with_dense) {
+    void build(int64_t length, int64_t points, double spacing, double origin, bool with_segments) {
         index.resize(4 * length);
         weight.resize(4 * length);
         const double centre = (length - 1) / 2.0;
@@ -47,17 +56,16 @@ struct AxisSpline {
                 weight[4 * i + tap] = static_cast<float>(w[tap]);
             }
         }
-        if (!with_dense) return;
-        dense.assign(points * length, 0.0f);
-        first.assign(points, length);
-        last.assign(points, 0);
+        if (!with_segments) return;
+        by_tap.resize(4 * length);
+        segments.clear();
         for (int64_t i = 0; i < length; ++i) {
-            for (int tap = 0; tap < 4; ++tap) {
-                const int64_t k = index[4 * i + tap];
-                dense[k * length + i] += weight[4 * i + tap];
-                first[k] = std::min(first[k], i);
-                last[k] = std::max(last[k], i + 1);
+            for (int tap = 0; tap < 4; ++tap) by_tap[tap * length + i] = weight[4 * i + tap];
+            if (segments.empty() || !std::equal(index.begin() + 4 * i, index.begin() + 4 * i + 4,
+                                                segments.back().index)) {
+                segments.push_back({i, i, {index[4 * i], index[4 * i + 1], index[4 * i + 2], index[4 * i + 3]}});
             }
+            segments.back().end = i + 1;
         }
     }
 };
@@ -147,12 +155,13 @@ void walk(const emf_warp_example &ex, const Field &field, Scratch &scratch, Visi
                     for (int64_t k = 0; k < gx; ++k) line[k] += w * src[k];
                 }
                 float *__restrict disp = scratch.disp.data() + c * stride;
-                std::fill(disp, disp + X, 0.0f);
-                for (int64_t k = 0; k < gx; ++k) {
-                    const float g = line[k];
-                    const float *__restrict w = sx.dense.data() + k * X;
-                    const int64_t first = sx.first[k], last = sx.last[k];
-                    for (int64_t x = first; x < last; ++x) disp[x] += w[x] * g;
+                const float *__restrict w0 = sx.by_tap.data(), *__restrict w1 = w0 + X, *__restrict w2 = w1 + X,
+                                        *__restrict w3 = w2 + X;
+                for (const AxisSpline::Segment &segment : sx.segments) {
+                    const float g0 = line[segment.index[0]], g1 = line[segment.index[1]],
+                                g2 = line[segment.index[2]], g3 = line[segment.index[3]];
+                    const int64_t begin = segment.begin, end = segment.end;
+                    for (int64_t x = begin; x < end; ++x) disp[x] = w0[x] * g0 + w1[x] * g1 + w2[x] * g2 + w3[x] * g3;
                 }
             }
             for (int c = 0; c < 3; ++c) {
@@ -180,6 +189,43 @@ inline void prefetch(const char *p) {
     __builtin_prefetch(p);
 #else
     (void)p;
+#endif
+}
+
+/* For the kRun coordinates s of one axis of a run: t = floor(s), f = s - t (exact), inside &= lo <= s <= hi (as
+ * all-ones masks). With nearest sampling t becomes floor(s + 0.5), computed exactly as floor(s) + (f >= 0.5),
+ * and f is not written. */
+template <bool Linear>
+inline void split_axis(const float *s, float lo, float hi, int32_t *t, float *f, int32_t *inside) {
+#ifdef EMF_HAVE_SSE2
+    const __m128 low = _mm_set1_ps(lo), high = _mm_set1_ps(hi), half = _mm_set1_ps(0.5f);
+    for (int i = 0; i < kRun; i += 4) {
+        const __m128 v = _mm_loadu_ps(s + i);
+        __m128i ti = _mm_cvttps_epi32(v);
+        /* Truncation rounded negative non-integers up: add the all-ones (-1) comparison mask. */
+        ti = _mm_add_epi32(ti, _mm_castps_si128(_mm_cmplt_ps(v, _mm_cvtepi32_ps(ti))));
+        const __m128 fi = _mm_sub_ps(v, _mm_cvtepi32_ps(ti));
+        if (Linear)
+            _mm_storeu_ps(f + i, fi);
+        else
+            ti = _mm_sub_epi32(ti, _mm_castps_si128(_mm_cmpge_ps(fi, half)));
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(t + i), ti);
+        const __m128i in = _mm_castps_si128(_mm_and_ps(_mm_cmpge_ps(v, low), _mm_cmple_ps(v, high)));
+        __m128i *mask = reinterpret_cast<__m128i *>(inside + i);
+        _mm_storeu_si128(mask, _mm_and_si128(_mm_loadu_si128(mask), in));
+    }
+#else
+    for (int i = 0; i < kRun; ++i) {
+        int32_t ti = static_cast<int32_t>(s[i]);
+        ti -= static_cast<int32_t>(s[i] < static_cast<float>(ti));
+        const float fi = s[i] - static_cast<float>(ti);
+        if (Linear)
+            f[i] = fi;
+        else
+            ti += static_cast<int32_t>(fi >= 0.5f);
+        t[i] = ti;
+        inside[i] &= -static_cast<int32_t>(s[i] >= lo && s[i] <= hi);
+    }
 #endif
 }
 
@@ -222,8 +268,7 @@ struct Sampler {
         }
     }
 
-    /* Integer voxels, fractions and inside test of one run: vectorisable loops. With nearest sampling the voxel
-     * is floor(s + 0.5), computed exactly as floor(s) plus (fraction >= 0.5). */
+    /* Addresses (and, for linear sampling, fractions and edges) of one row's voxels, prefetched. */
     void prepare(const Row &row, Prepared &p) {
         const int64_t stz = ex->strides[1], sty = ex->strides[2], stx = ex->strides[3];
         for (int64_t x0 = 0; x0 < length; x0 += kRun) {
@@ -231,44 +276,29 @@ struct Sampler {
             const int64_t *base = row.base.data() + 3 * (x0 / kRun);
             alignas(16) int32_t t[3][kRun];
             alignas(16) int32_t inside[kRun];
-            for (int i = 0; i < kRun; ++i) inside[i] = 1;
+            for (int i = 0; i < kRun; ++i) inside[i] = -1;
             for (int c = 0; c < 3; ++c) {
                 /* Exact wherever s can be near them (|s| < 2^21, so a bound beyond 2^24 never decides). */
                 const float lo = static_cast<float>(-static_cast<double>(base[c]));
                 const float hi = static_cast<float>(static_cast<double>(extent[c] - 1 - base[c]));
-                const float *__restrict s = row.s.data() + c * row.stride + x0;
-                float *__restrict f = p.f.data() + c * row.stride + x0;
-                int32_t *__restrict tc = t[c];
-                for (int i = 0; i < kRun; ++i) {
-                    int32_t ti = static_cast<int32_t>(s[i]);
-                    ti -= static_cast<int32_t>(s[i] < static_cast<float>(ti)); /* truncation -> floor */
-                    const float fi = s[i] - static_cast<float>(ti);           /* exact */
-                    if (Linear)
-                        f[i] = fi;
-                    else
-                        ti += static_cast<int32_t>(fi >= 0.5f);
-                    tc[i] = ti;
-                    inside[i] &= static_cast<int32_t>(s[i] >= lo) & static_cast<int32_t>(s[i] <= hi);
-                }
+                split_axis<Linear>(row.s.data() + c * row.stride + x0, lo, hi, t[c], p.f.data() + c * row.stride + x0,
+                                   inside);
             }
+            const int64_t origin = base[0] * stz + base[1] * sty + base[2] * stx;
             for (int i = 0; i < n; ++i) {
                 if (!inside[i]) {
                     p.at[x0 + i] = nullptr;
                     continue;
                 }
-                const int64_t iz = base[0] + t[0][i], iy = base[1] + t[1][i], ix = base[2] + t[2][i];
-                const char *at = ex->data + iz * stz + iy * sty + ix * stx;
+                const char *at = ex->data + (origin + t[0][i] * stz + t[1][i] * sty + t[2][i] * stx);
                 p.at[x0 + i] = at;
                 prefetch(at);
                 if (Linear) {
-                    const uint8_t edge = static_cast<uint8_t>((iz == extent[0] - 1) | (iy == extent[1] - 1) << 1 |
-                                                              (ix == extent[2] - 1) << 2);
+                    const uint8_t edge = static_cast<uint8_t>((base[0] + t[0][i] == extent[0] - 1) |
+                                                              (base[1] + t[1][i] == extent[1] - 1) << 1 |
+                                                              (base[2] + t[2][i] == extent[2] - 1) << 2);
                     p.edge[x0 + i] = edge;
                     if (!(edge & 2)) prefetch(at + sty);
-                    if (!(edge & 1)) {
-                        prefetch(at + stz);
-                        if (!(edge & 2)) prefetch(at + stz + sty);
-                    }
                 }
             }
         }
