@@ -104,6 +104,13 @@ inline void emit_row(const Src *src, int64_t n, Out *out, const Op &op, bool str
                 _mm_stream_si128(reinterpret_cast<__m128i *>(dst + b),
                                  _mm_load_si128(reinterpret_cast<const __m128i *>(reinterpret_cast<char *>(chunk) + b)));
         }
+        /* The rest of the row streams too, 16 bytes at a time: an ordinary store into a line that is being
+         * streamed (the next row shares it unless rows are whole lines) costs far more than it saves. */
+        constexpr int64_t kUnit = 16 / sizeof(Out);
+        for (; i + kUnit <= n; i += kUnit) {
+            row_forward(src + i, kUnit, chunk, op);
+            _mm_stream_si128(reinterpret_cast<__m128i *>(out + i), _mm_load_si128(reinterpret_cast<const __m128i *>(chunk)));
+        }
         row_forward(src + i, n - i, out + i, op);
         return;
     }
@@ -278,7 +285,9 @@ int gather_all(const emf_window *windows, int64_t count, const int64_t shape[4],
     try {
         std::vector<Src> tile(static_cast<size_t>(line_elements<Src>() * shape[3]));
         const int64_t per_window = shape[0] * shape[1] * shape[2] * shape[3];
-        const bool stream = count * per_window * static_cast<int64_t>(sizeof(Out)) >= kStreamBytes;
+        /* Streaming needs every row to start 16-byte aligned, so that no ordinary store touches a streamed line. */
+        const bool aligned = reinterpret_cast<uintptr_t>(out) % 16 == 0 && shape[3] * sizeof(Out) % 16 == 0;
+        const bool stream = aligned && count * per_window * static_cast<int64_t>(sizeof(Out)) >= kStreamBytes;
         Out *o = static_cast<Out *>(out);
         for (int64_t n = 0; n < count; ++n)
             gather_window<Src>(windows[n], shape, o + n * per_window, make_op(windows[n]), tile.data(), stream);
