@@ -246,3 +246,15 @@ def test_bad_datasets_fail_clearly(rng, tmp_path):
         f.create_dataset("labels", data=labels).attrs.update(resolution=(40, 8, 8), offset=(0, 0, 0))
     with pytest.raises(ValueError, match="resolution mismatch"):
         ef.Sample(ef.hdf5(path, "raw"), ef.hdf5(path, "labels"))
+
+
+def test_labels_can_be_left_out_when_only_targets_are_needed(dataset):
+    kwargs = dict(patch=PATCH, batch_size=2, seed=1, targets=["affinities"])
+    with ef.Loader(dataset, keep_labels=False, **kwargs) as lean, ef.Loader(dataset, **kwargs) as full:
+        a, b = lean.next_batch(), full.next_batch()
+        assert set(a) == set(b) - {"labels"}
+        np.testing.assert_array_equal(a["affinities"], b["affinities"])
+    with ef.Loader(dataset, patch=PATCH, batch_size=2, keep_labels=False) as loader:
+        assert set(loader.next_batch()) == {"raw"}
+    with pytest.raises(TypeError, match="keep_labels must be True or False"):
+        ef.Loader(dataset, patch=PATCH, keep_labels="no")

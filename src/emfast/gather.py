@@ -98,6 +98,8 @@ class Gatherer:
         The targets' margin: the labels field is cut ``margin`` larger on each side than ``patch_out``.
     warps : list of Augmentation
         The warp augmentations (rotation, scaling, elastic); examples they moved are sampled by the warp kernels.
+    keep_labels : bool
+        Deliver the labels themselves (else only what is computed from them).
     track_valid : bool
         Deliver ``labels_valid`` (1 where the label is known): needed when augmentations can move voxels from
         outside the data into the window. Affinities touching an unknown voxel are masked as well.
@@ -106,7 +108,7 @@ class Gatherer:
     def __init__(self, fields: List[Field], batch_size: int, patch_out: Sequence[int],
                  pixelwise: Sequence[tuple] = (), targets: Sequence[Target] = (),
                  margin: Sequence[int] = (0, 0, 0), warps: Sequence[Augmentation] = (),
-                 track_valid: bool = False) -> None:
+                 keep_labels: bool = True, track_valid: bool = False) -> None:
         self.fields = fields
         self.batch_size = batch_size
         self.patch_out = tuple(patch_out)
@@ -114,6 +116,7 @@ class Gatherer:
         self.targets = list(targets)
         self.margin = tuple(int(m) for m in margin)
         self.warps = list(warps)
+        self.keep_labels = keep_labels
         self._by_name = {f.name: f for f in fields}
         self.track_valid = track_valid and "labels" in self._by_name
         self._target_fields = {}
@@ -124,7 +127,7 @@ class Gatherer:
     def output_fields(self) -> Dict[str, tuple]:
         """Batch field name -> (shape, dtype), in delivery order."""
         shapes = {f.name: (f.shape(self.batch_size), np.dtype(f.dtype)) for f in self.fields if f.delivered}
-        if "labels" in self._by_name and not self._by_name["labels"].delivered:
+        if self.keep_labels and "labels" in self._by_name and not self._by_name["labels"].delivered:
             shapes["labels"] = ((self.batch_size, 1) + self.patch_out, np.dtype(self._by_name["labels"].dtype))
         if self.track_valid:
             shapes["labels_valid"] = ((self.batch_size, 1) + self.patch_out, np.dtype(np.uint8))
@@ -178,7 +181,7 @@ class Gatherer:
                                   valid=plan.valid)
                 for position, augmentation in self.pixelwise:
                     augmentation.process(plan.records[position], patches)
-        if labels is not None and not self._by_name["labels"].delivered:
+        if labels is not None and self.keep_labels and not self._by_name["labels"].delivered:
             np.copyto(arrays["labels"], self._inner(labels))
         if self.targets:
             with profile.timer("targets"):

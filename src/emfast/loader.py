@@ -354,6 +354,9 @@ class Loader:
         With a single raw volume: position of the labels' first voxel in raw voxels, when labels cover only part
         of raw. Otherwise taken from the datasets' ``offset``/``resolution`` attributes, or the shapes must be
         equal.
+    keep_labels : bool
+        Deliver ``batch["labels"]``. With targets you may not need them: False saves their copy (and, on a GPU,
+        their transfer).
     rank, world_size : int
         Shard of the stream for distributed training (the ``torch.distributed`` convention): each rank draws a
         disjoint, deterministic set of batches.
@@ -374,8 +377,8 @@ class Loader:
                  batch_size: int = 8, augment: Sequence = ("mirror", "transpose"), targets: Sequence = (),
                  sampler: Optional[Sampler] = None, epoch_size: Optional[int] = None, threads: int = 1,
                  buffers: Optional[int] = None, seed: int = 0, dtype="float32", normalize=None,
-                 isotropic: bool = False, label_offset=None, rank: int = 0, world_size: int = 1,
-                 device="cpu") -> None:
+                 isotropic: bool = False, label_offset=None, keep_labels: bool = True, rank: int = 0,
+                 world_size: int = 1, device="cpu") -> None:
         self.patch_in, self.patch_out = _geometry(patch, patch_in, patch_out)
         self.batch_size = _positive_int(batch_size, "batch_size")
         self.threads = _positive_int(threads, "threads")
@@ -399,6 +402,9 @@ class Loader:
         for target in self.targets:
             target.check(self.dataset.samples[0].placed_labels.volume.dtype)
         self.margin = _targets.required_margin(self.targets) if self.targets else (0, 0, 0)
+        if not isinstance(keep_labels, bool):
+            raise TypeError(f"keep_labels must be True or False, got {keep_labels!r}")
+        self.keep_labels = keep_labels
         self._backend = resolve_device(device)
         self.device = "cpu" if self._backend is None else self._backend.name
 
@@ -413,7 +419,7 @@ class Loader:
         warps = [a for a in self.augmentations if isinstance(a, WARPS)]
         track_valid = any(isinstance(a, WARPS + (Slip,)) for a in self.augmentations)
         self._gatherer = Gatherer(fields, self.batch_size, self.patch_out, pixelwise, self.targets, self.margin,
-                                  warps, track_valid)
+                                  warps, self.keep_labels, track_valid)
         self._planner = Planner(patch=self.patch_out, batch_size=self.batch_size, sampler=self.sampler,
                                 augmentations=self.augmentations, seed=self.seed, rank=self.rank,
                                 world_size=self.world_size)
@@ -455,7 +461,7 @@ class Loader:
             label_patch = tuple(p + 2 * m for p, m in zip(self.patch_out, self.margin))
             placed = [s.placed_labels for s in samples]
             fields.append(Field("labels", placed, placed[0].volume.dtype, label_patch,
-                                tuple(-m for m in self.margin), delivered=not any(self.margin)))
+                                tuple(-m for m in self.margin), delivered=self.keep_labels and not any(self.margin)))
         if self.dataset.has_mask:
             placed = [s.placed_mask for s in samples]
             fields.append(Field("mask", placed, placed[0].volume.dtype, self.patch_out, (0, 0, 0)))
