@@ -6,7 +6,9 @@
  * over x is four contiguous multiply-adds, vectorisable). The source
  * coordinate is then affine in x plus that displacement: it is produced in runs of kRun voxels, in float64 at
  * the start of a run and in float32 relative to the run's integer base voxel within it, split into integer
- * voxel and fraction by vectorisable loops, and finally sampled voxel by voxel.
+ * voxel and fraction by vectorisable loops, and finally sampled voxel by voxel. Where the CPU has AVX2 (checked
+ * at run time), the AVX2 samplers below split, address and gather eight voxels at a time instead, with the
+ * same float32 arithmetic and so the same bits.
  */
 #include "warp.h"
 
@@ -15,11 +17,20 @@
 #include <cstdint>
 #include <cstring>
 #include <new>
+#include <type_traits>
 #include <vector>
 
 #if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
 #include <emmintrin.h>
 #define EMF_HAVE_SSE2 1
+#endif
+
+/* The AVX2 samplers are compiled for AVX2 alone (function attributes; the rest of the file keeps the baseline
+ * target) and chosen at run time by CPU. */
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+#include <immintrin.h>
+#define EMF_HAVE_AVX2 1
+#define EMF_AVX2 __attribute__((target("avx2")))
 #endif
 
 namespace {
@@ -105,6 +116,20 @@ struct Scratch {
     Row row;
 };
 
+/* s[i] = r + i a + d[i] for the kRun voxels of a run (spelled out in SSE2, which compilers do not always find). */
+inline void run_coordinates(float r, float a, const float *__restrict d, float *__restrict s) {
+#ifdef EMF_HAVE_SSE2
+    const __m128 start = _mm_set1_ps(r), step = _mm_set1_ps(a);
+    for (int i = 0; i < kRun; i += 4) {
+        const __m128 ramp = _mm_setr_ps(static_cast<float>(i), static_cast<float>(i + 1), static_cast<float>(i + 2),
+                                        static_cast<float>(i + 3));
+        _mm_storeu_ps(s + i, _mm_add_ps(_mm_add_ps(start, _mm_mul_ps(ramp, step)), _mm_loadu_ps(d + i)));
+    }
+#else
+    for (int i = 0; i < kRun; ++i) s[i] = r + static_cast<float>(i) * a + d[i];
+#endif
+}
+
 /* Calls visit.row(row, offset) for every output row of example `ex` in order, offset being the row's first
  * voxel in (Z, Y, X), then visit.end(). */
 template <typename Visit>
@@ -147,12 +172,21 @@ void walk(const emf_warp_example &ex, const Field &field, Scratch &scratch, Visi
         for (int64_t y = 0; y < Y; ++y) {
             for (int c = 0; c < 3; ++c) {
                 if (!moving[c]) continue;
-                float *line = scratch.line.data() + c * gx;
-                std::fill(line, line + gx, 0.0f);
-                for (int tap = 0; tap < 4; ++tap) {
-                    const float w = sy.weight[4 * y + tap];
-                    const float *src = scratch.plane.data() + c * gy * gx + sy.index[4 * y + tap] * gx;
-                    for (int64_t k = 0; k < gx; ++k) line[k] += w * src[k];
+                float *__restrict line = scratch.line.data() + c * gx;
+                const float *plane = scratch.plane.data() + c * gy * gx;
+                const float *__restrict p0 = plane + sy.index[4 * y] * gx, *__restrict p1 = plane + sy.index[4 * y + 1] * gx,
+                                        *__restrict p2 = plane + sy.index[4 * y + 2] * gx,
+                                        *__restrict p3 = plane + sy.index[4 * y + 3] * gx;
+                const float v0 = sy.weight[4 * y], v1 = sy.weight[4 * y + 1], v2 = sy.weight[4 * y + 2],
+                            v3 = sy.weight[4 * y + 3];
+                /* Summed from 0 in tap order in a register (not through memory), the same bits as tap by tap. */
+                for (int64_t k = 0; k < gx; ++k) {
+                    float sum = 0.0f;
+                    sum += v0 * p0[k];
+                    sum += v1 * p1[k];
+                    sum += v2 * p2[k];
+                    sum += v3 * p3[k];
+                    line[k] = sum;
                 }
                 float *__restrict disp = scratch.disp.data() + c * stride;
                 const float *__restrict w0 = sx.by_tap.data(), *__restrict w1 = w0 + X, *__restrict w2 = w1 + X,
@@ -175,7 +209,7 @@ void walk(const emf_warp_example &ex, const Field &field, Scratch &scratch, Visi
                     const float r = static_cast<float>(first - base);
                     const float *__restrict d = scratch.disp.data() + c * stride + x0;
                     float *__restrict s = row.s.data() + c * stride + x0;
-                    for (int i = 0; i < kRun; ++i) s[i] = r + static_cast<float>(i) * a + d[i];
+                    run_coordinates(r, a, d, s);
                 }
             }
             visit.row(row, (z * Y + y) * X);
@@ -331,6 +365,22 @@ inline float load_float(const char *p) {
 
 inline float lerp(float a, float b, float f) { return a + f * (b - a); }
 
+/* Trilinear sample at `at` with the byte offsets of the +1 neighbours (0 for one past the last voxel, whose
+ * weight is 0). A voxel whose z fraction is 0 (any warp that keeps z on the sections) reads only its own
+ * plane: the other plane has weight 0. */
+template <typename Src>
+inline float trilinear(const char *at, int64_t dz, int64_t dy, int64_t dx, float fz, float fy, float fx) {
+    float v = lerp(lerp(load_float<Src>(at), load_float<Src>(at + dx), fx),
+                   lerp(load_float<Src>(at + dy), load_float<Src>(at + dy + dx), fx), fy);
+    if (fz != 0.0f) {
+        const char *up = at + dz;
+        const float w = lerp(lerp(load_float<Src>(up), load_float<Src>(up + dx), fx),
+                             lerp(load_float<Src>(up + dy), load_float<Src>(up + dy + dx), fx), fy);
+        v = lerp(v, w, fz);
+    }
+    return v;
+}
+
 /* Output element from the float32 result: float32 itself, or float16 bits. */
 template <typename Out>
 struct Store;
@@ -343,8 +393,7 @@ struct Store<uint16_t> {
     static uint16_t from(float v) { return emf_float_to_half(v); }
 };
 
-/* Raw: trilinear samples of every channel, converted as value * scale + shift. A voxel whose z fraction is 0
- * (any warp that keeps z on the sections) reads only its own plane: the other plane has weight 0. */
+/* Raw: trilinear samples of every channel, converted as value * scale + shift. */
 template <typename Src, typename Out>
 struct Linear : Sampler<Out, true> {
     using Base = Sampler<Out, true>;
@@ -368,18 +417,10 @@ struct Linear : Sampler<Out, true> {
             }
             /* A neighbour past the last voxel has weight 0 (s <= extent - 1): read the voxel itself instead. */
             const uint8_t edge = p.edge[x];
-            const int64_t dy = edge & 2 ? 0 : sty, dx = edge & 4 ? 0 : stx;
-            for (int64_t ch = 0; ch < Base::channels; ++ch, at += stc) {
-                float v = lerp(lerp(load_float<Src>(at), load_float<Src>(at + dx), fx[x]),
-                               lerp(load_float<Src>(at + dy), load_float<Src>(at + dy + dx), fx[x]), fy[x]);
-                if (fz[x] != 0.0f) {
-                    const char *up = at + (edge & 1 ? 0 : stz);
-                    const float w = lerp(lerp(load_float<Src>(up), load_float<Src>(up + dx), fx[x]),
-                                         lerp(load_float<Src>(up + dy), load_float<Src>(up + dy + dx), fx[x]), fy[x]);
-                    v = lerp(v, w, fz[x]);
-                }
-                dst[ch * plane + x] = Store<Out>::from(v * scale + shift);
-            }
+            const int64_t dz = edge & 1 ? 0 : stz, dy = edge & 2 ? 0 : sty, dx = edge & 4 ? 0 : stx;
+            for (int64_t ch = 0; ch < Base::channels; ++ch, at += stc)
+                dst[ch * plane + x] =
+                    Store<Out>::from(trilinear<Src>(at, dz, dy, dx, fz[x], fy[x], fx[x]) * scale + shift);
         }
     }
 };
@@ -405,6 +446,337 @@ struct Nearest : Sampler<T, false> {
         }
     }
 };
+
+#ifdef EMF_HAVE_AVX2
+/* AVX2 samplers, used where the CPU has AVX2 and the example's source spans less than 2^31 bytes, so that a
+ * voxel's byte offset from the source's first element fits in int32 (gather indices). Eight voxels at a time:
+ * integer voxel, fractions and inside mask from the same float32 operations as split_axis, offsets in int32
+ * (computed modulo 2^32 from the run's base voxel: exact, since every offset used lies inside the source),
+ * source values by gathers. The arithmetic on values is the scalar samplers', operation for operation (no
+ * fused multiply-add: the target is AVX2 alone), so both give the same bits. */
+
+/* One row of source voxels for the AVX2 samplers, laid out like Row (whole runs): the byte offset of each
+ * voxel (0 when outside), the inside mask (all ones or 0), and for linear sampling the fractions and the byte
+ * offsets of the +1 neighbours (0 past the last voxel, whose weight is 0). */
+struct Lanes {
+    std::vector<int32_t> at, inside, dz, dy, dx;
+    std::vector<float> f; /* (3, stride) */
+    int64_t offset = -1;  /* the row's first voxel in (Z, Y, X); -1 when nothing is pending */
+};
+
+/* The highest byte offset of a source element over (Z, Y, X), or -1 when the elements' offsets do not fit in
+ * int32 with room to spare for a 4-byte read. */
+inline int64_t int32_reach(const emf_warp_example &ex) {
+    int64_t low = 0, high = 0;
+    for (int a = 1; a < 4; ++a) {
+        const int64_t reach = (ex.shape[a] - 1) * ex.strides[a];
+        (reach < 0 ? low : high) += reach;
+    }
+    const int64_t room = (int64_t{1} << 31) - 64;
+    return low >= -room && high <= room ? high : -1;
+}
+
+/* The two-row pipeline of Sampler, with Lanes in place of Prepared. */
+template <typename Out, bool Linear>
+struct WideSampler {
+    Out *all; /* the whole output batch */
+    Out fill;
+    const emf_warp_example *ex;
+    int64_t extent[3], channels, plane, length, stride;
+    int64_t item;  /* source element bytes */
+    int64_t last;  /* the highest byte offset from which a 4-byte read stays inside the source */
+    Out *out;
+    uint8_t *valid;
+    Lanes pending[2];
+    int next = 0;
+
+    static bool accepts(const emf_warp_example &example) { return int32_reach(example) >= 0; }
+
+    void begin(const emf_warp_example &example, int64_t n, const int64_t shape[4], uint8_t *valid_n) {
+        ex = &example;
+        for (int a = 0; a < 3; ++a) extent[a] = example.shape[1 + a];
+        channels = shape[0];
+        plane = shape[1] * shape[2] * shape[3];
+        length = shape[3];
+        stride = whole_runs(length);
+        last = int32_reach(example) + item - 4;
+        out = all + n * channels * plane;
+        valid = valid_n;
+        for (Lanes &p : pending) {
+            for (std::vector<int32_t> *v : {&p.at, &p.inside}) v->resize(stride);
+            for (std::vector<int32_t> *v : {&p.dz, &p.dy, &p.dx}) v->resize(Linear ? stride : 0);
+            p.f.resize(Linear ? 3 * stride : 0);
+            p.offset = -1;
+        }
+    }
+
+    /* Offsets, masks and fractions of one row's voxels; their cache lines prefetched. */
+    EMF_AVX2 void prepare(const Row &row, Lanes &p) {
+        int32_t step[3];
+        for (int c = 0; c < 3; ++c) step[c] = static_cast<int32_t>(static_cast<uint32_t>(ex->strides[1 + c]));
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+        for (int64_t x0 = 0; x0 < length; x0 += kRun) {
+            const int64_t *base = row.base.data() + 3 * (x0 / kRun);
+            uint64_t origin = 0;
+            __m256 lo[3], hi[3];
+            for (int c = 0; c < 3; ++c) {
+                origin += static_cast<uint64_t>(base[c]) * static_cast<uint64_t>(ex->strides[1 + c]);
+                /* As in Sampler::prepare. */
+                lo[c] = _mm256_set1_ps(static_cast<float>(-static_cast<double>(base[c])));
+                hi[c] = _mm256_set1_ps(static_cast<float>(static_cast<double>(extent[c] - 1 - base[c])));
+            }
+            for (int64_t x = x0; x < x0 + kRun; x += 8) {
+                __m256i inside = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(std::min<int64_t>(
+                                                        length - x, 8))),
+                                                    lane);
+                __m256i at = _mm256_set1_epi32(static_cast<int32_t>(static_cast<uint32_t>(origin)));
+                __m256i next[3];
+                for (int c = 0; c < 3; ++c) {
+                    const __m256 s = _mm256_loadu_ps(row.s.data() + c * row.stride + x);
+                    __m256 t = _mm256_floor_ps(s);
+                    const __m256 f = _mm256_sub_ps(s, t);
+                    inside = _mm256_and_si256(inside, _mm256_castps_si256(_mm256_and_ps(
+                                                          _mm256_cmp_ps(s, lo[c], _CMP_GE_OQ),
+                                                          _mm256_cmp_ps(s, hi[c], _CMP_LE_OQ))));
+                    if (Linear) {
+                        _mm256_storeu_ps(p.f.data() + c * stride + x, f);
+                        next[c] = _mm256_andnot_si256(_mm256_castps_si256(_mm256_cmp_ps(t, hi[c], _CMP_EQ_OQ)),
+                                                      _mm256_set1_epi32(step[c]));
+                    } else {
+                        t = _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(f, half, _CMP_GE_OQ), one));
+                    }
+                    at = _mm256_add_epi32(at, _mm256_mullo_epi32(_mm256_cvttps_epi32(t), _mm256_set1_epi32(step[c])));
+                }
+                _mm256_storeu_si256(reinterpret_cast<__m256i *>(p.at.data() + x), _mm256_and_si256(at, inside));
+                _mm256_storeu_si256(reinterpret_cast<__m256i *>(p.inside.data() + x), inside);
+                if (Linear) {
+                    int32_t *d[3] = {p.dz.data(), p.dy.data(), p.dx.data()};
+                    for (int c = 0; c < 3; ++c)
+                        _mm256_storeu_si256(reinterpret_cast<__m256i *>(d[c] + x), _mm256_and_si256(next[c], inside));
+                }
+            }
+        }
+        const int32_t *at = p.at.data();
+        for (int64_t x = 0; x < length; ++x) prefetch(ex->data + at[x]);
+        if (Linear)
+            for (int64_t x = 0; x < length; ++x) prefetch(ex->data + at[x] + p.dy[x]);
+    }
+
+    /* Prepares `row` (if any) and returns the previous row, with its valid bytes written (NULL if none). */
+    EMF_AVX2 Lanes *advance(const Row *row, int64_t offset) {
+        Lanes &current = pending[next];
+        if (row) {
+            current.offset = offset;
+            prepare(*row, current);
+        }
+        next ^= 1;
+        Lanes &previous = pending[next];
+        if (previous.offset < 0) return nullptr;
+        if (valid)
+            for (int64_t x = 0; x < length; ++x)
+                valid[previous.offset + x] = static_cast<uint8_t>(previous.inside[x] & 1);
+        return &previous;
+    }
+
+};
+
+/* Source values of one gather as float32: the element at each offset, or (second) the one after it, which a
+ * 4-byte read of a 1- or 2-byte element also holds. */
+template <typename Src>
+EMF_AVX2 inline __m256 first(__m256i g) {
+    if (sizeof(Src) == 1) return _mm256_cvtepi32_ps(_mm256_and_si256(g, _mm256_set1_epi32(0xff)));
+    if (sizeof(Src) == 2) return _mm256_cvtepi32_ps(_mm256_and_si256(g, _mm256_set1_epi32(0xffff)));
+    return _mm256_castsi256_ps(g);
+}
+
+template <typename Src>
+EMF_AVX2 inline __m256 second(__m256i g) {
+    if (sizeof(Src) == 1) return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(g, 8), _mm256_set1_epi32(0xff)));
+    return _mm256_cvtepi32_ps(_mm256_srli_epi32(g, 16));
+}
+
+EMF_AVX2 inline __m256 lerp8(__m256 a, __m256 b, __m256 f) { return _mm256_add_ps(a, _mm256_mul_ps(f, _mm256_sub_ps(b, a))); }
+
+EMF_AVX2 inline __m256i gather(const char *p, __m256i at) {
+    return _mm256_i32gather_epi32(reinterpret_cast<const int *>(p), at, 1);
+}
+
+/* Bilinear sample of one plane: x neighbours from one 4-byte read each (Pair: the source is contiguous along
+ * x in 1- or 2-byte elements) or from two gathers. */
+template <typename Src, bool Pair>
+EMF_AVX2 inline __m256 bilinear8(const char *p, __m256i at, __m256i dy, __m256i dx, __m256 fy, __m256 fx) {
+    const __m256i below = _mm256_add_epi32(at, dy);
+    const __m256i g0 = gather(p, at), g1 = gather(p, below);
+    if (Pair) return lerp8(lerp8(first<Src>(g0), second<Src>(g0), fx), lerp8(first<Src>(g1), second<Src>(g1), fx), fy);
+    return lerp8(lerp8(first<Src>(g0), first<Src>(gather(p, _mm256_add_epi32(at, dx))), fx),
+                 lerp8(first<Src>(g1), first<Src>(gather(p, _mm256_add_epi32(below, dx))), fx), fy);
+}
+
+template <typename Src, typename Out>
+struct WideLinear : WideSampler<Out, true> {
+    using Base = WideSampler<Out, true>;
+    float fill_float; /* fill before conversion to Out */
+
+    EMF_AVX2 void row(const Row &row, int64_t offset) {
+        if (Lanes *p = Base::advance(&row, offset)) emit(*p);
+    }
+    EMF_AVX2 void end() {
+        if (Lanes *p = Base::advance(nullptr, 0)) emit(*p);
+    }
+
+    EMF_AVX2 void emit(const Lanes &p) {
+        if (sizeof(Src) < 4 && Base::ex->strides[3] == static_cast<int64_t>(sizeof(Src)))
+            emit_as<true>(p);
+        else
+            emit_as<false>(p);
+    }
+
+    template <bool Pair>
+    EMF_AVX2 void emit_as(const Lanes &p) {
+        const emf_warp_example *ex = Base::ex;
+        const int64_t length = Base::length, plane = Base::plane, stride = Base::stride, stc = ex->strides[0];
+        const __m256 scale = _mm256_set1_ps(ex->scale), shift = _mm256_set1_ps(ex->shift), zero = _mm256_setzero_ps();
+        const __m256 fill = _mm256_set1_ps(fill_float);
+        const __m256i last = _mm256_set1_epi32(static_cast<int32_t>(std::max<int64_t>(Base::last, -1)));
+        Out *dst = Base::out + p.offset;
+        for (int64_t x = 0; x < length; x += 8) {
+            const int n = static_cast<int>(std::min<int64_t>(8, length - x));
+            const __m256i at = load(p.at, x), inside = load(p.inside, x), dz = load(p.dz, x), dy = load(p.dy, x),
+                          dx = load(p.dx, x);
+            if (sizeof(Src) < 4) {
+                /* A 4-byte read of a 1- or 2-byte element near the end of the source would pass its end. */
+                __m256i reach = _mm256_max_epi32(at, _mm256_add_epi32(at, dy));
+                reach = _mm256_max_epi32(reach, _mm256_add_epi32(reach, dz));
+                if (!Pair) reach = _mm256_max_epi32(reach, _mm256_add_epi32(reach, dx));
+                if (!_mm256_testz_si256(_mm256_cmpgt_epi32(reach, last), _mm256_cmpgt_epi32(reach, last))) {
+                    emit_scalar(p, x, n, dst);
+                    continue;
+                }
+            }
+            const __m256 fz = _mm256_loadu_ps(p.f.data() + x), fy = _mm256_loadu_ps(p.f.data() + stride + x),
+                         fx = _mm256_loadu_ps(p.f.data() + 2 * stride + x);
+            const __m256 moving = _mm256_cmp_ps(fz, zero, _CMP_NEQ_UQ);
+            const bool upper = !_mm256_testz_ps(moving, moving);
+            const char *src = ex->data;
+            for (int64_t ch = 0; ch < Base::channels; ++ch, src += stc) {
+                __m256 v = bilinear8<Src, Pair>(src, at, dy, dx, fy, fx);
+                if (upper) {
+                    const __m256 w = bilinear8<Src, Pair>(src, _mm256_add_epi32(at, dz), dy, dx, fy, fx);
+                    v = _mm256_blendv_ps(v, lerp8(v, w, fz), moving);
+                }
+                v = _mm256_blendv_ps(fill, _mm256_add_ps(_mm256_mul_ps(v, scale), shift), _mm256_castsi256_ps(inside));
+                put(dst + ch * plane + x, v, n);
+            }
+        }
+    }
+
+    /* The same voxels through the scalar arithmetic. */
+    void emit_scalar(const Lanes &p, int64_t x, int n, Out *dst) {
+        const emf_warp_example *ex = Base::ex;
+        const int64_t stride = Base::stride;
+        for (int64_t i = x; i < x + n; ++i) {
+            const char *at = ex->data + p.at[i];
+            for (int64_t ch = 0; ch < Base::channels; ++ch, at += ex->strides[0])
+                dst[ch * Base::plane + i] =
+                    p.inside[i] ? Store<Out>::from(trilinear<Src>(at, p.dz[i], p.dy[i], p.dx[i], p.f[i],
+                                                                  p.f[stride + i], p.f[2 * stride + i]) *
+                                                       ex->scale +
+                                                   ex->shift)
+                                : Base::fill;
+        }
+    }
+
+    static EMF_AVX2 __m256i load(const std::vector<int32_t> &v, int64_t x) {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(v.data() + x));
+    }
+
+    static EMF_AVX2 void put(Out *dst, __m256 v, int n) {
+        if (std::is_same<Out, float>::value && n == 8) {
+            _mm256_storeu_ps(reinterpret_cast<float *>(dst), v);
+            return;
+        }
+        alignas(32) float values[8];
+        _mm256_store_ps(values, v);
+        Out converted[8];
+        for (int i = 0; i < n; ++i) converted[i] = Store<Out>::from(values[i]);
+        std::memcpy(dst, converted, n * sizeof(Out));
+    }
+};
+
+/* Labels: the nearest voxel of every channel, gathered with the fill in outside lanes. */
+template <typename T>
+struct WideNearest : WideSampler<T, false> {
+    using Base = WideSampler<T, false>;
+
+    EMF_AVX2 void row(const Row &row, int64_t offset) {
+        if (Lanes *p = Base::advance(&row, offset)) emit(*p);
+    }
+    EMF_AVX2 void end() {
+        if (Lanes *p = Base::advance(nullptr, 0)) emit(*p);
+    }
+
+    EMF_AVX2 void emit(const Lanes &p) {
+        const emf_warp_example *ex = Base::ex;
+        const int64_t length = Base::length, plane = Base::plane, stc = ex->strides[0];
+        uint64_t fill_bits = 0;
+        std::memcpy(&fill_bits, &this->fill, sizeof(T));
+        const __m256i last = _mm256_set1_epi32(static_cast<int32_t>(std::max<int64_t>(Base::last, -1)));
+        T *dst = Base::out + p.offset;
+        for (int64_t x = 0; x < length; x += 8) {
+            const int n = static_cast<int>(std::min<int64_t>(8, length - x));
+            const __m256i at = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p.at.data() + x));
+            const __m256i inside = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p.inside.data() + x));
+            const char *src = ex->data;
+            if (sizeof(T) == 8) {
+                const __m256i fill = _mm256_set1_epi64x(static_cast<long long>(fill_bits));
+                const __m128i at0 = _mm256_castsi256_si128(at), at1 = _mm256_extracti128_si256(at, 1);
+                const __m256i in0 = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(inside)),
+                              in1 = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(inside, 1));
+                for (int64_t ch = 0; ch < Base::channels; ++ch, src += stc) {
+                    const long long *base = reinterpret_cast<const long long *>(src);
+                    const __m256i g0 = _mm256_mask_i32gather_epi64(fill, base, at0, in0, 1),
+                                  g1 = _mm256_mask_i32gather_epi64(fill, base, at1, in1, 1);
+                    T *d = dst + ch * plane + x;
+                    if (n == 8) {
+                        _mm256_storeu_si256(reinterpret_cast<__m256i *>(d), g0);
+                        _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + 4), g1);
+                    } else {
+                        alignas(32) T values[8];
+                        _mm256_store_si256(reinterpret_cast<__m256i *>(values), g0);
+                        _mm256_store_si256(reinterpret_cast<__m256i *>(values + 4), g1);
+                        std::memcpy(d, values, n * sizeof(T));
+                    }
+                }
+                continue;
+            }
+            /* A 4-byte read of a 1- or 2-byte element near the end of the source would pass its end. */
+            const __m256i past = _mm256_and_si256(_mm256_cmpgt_epi32(at, last), inside);
+            const bool guarded = sizeof(T) < 4 && !_mm256_testz_si256(past, past);
+            const __m256i fill = _mm256_set1_epi32(static_cast<int32_t>(static_cast<uint32_t>(fill_bits)));
+            for (int64_t ch = 0; ch < Base::channels; ++ch, src += stc) {
+                T *d = dst + ch * plane + x;
+                if (guarded) {
+                    for (int i = 0; i < n; ++i)
+                        if (p.inside[x + i])
+                            std::memcpy(d + i, src + p.at[x + i], sizeof(T));
+                        else
+                            d[i] = Base::fill;
+                    continue;
+                }
+                const __m256i g = _mm256_mask_i32gather_epi32(fill, reinterpret_cast<const int *>(src), at, inside, 1);
+                alignas(32) uint32_t values[8];
+                _mm256_store_si256(reinterpret_cast<__m256i *>(values), g);
+                if (sizeof(T) == 4 && n == 8) {
+                    _mm256_storeu_si256(reinterpret_cast<__m256i *>(d), g);
+                    continue;
+                }
+                for (int i = 0; i < n; ++i) d[i] = static_cast<T>(values[i]);
+            }
+        }
+    }
+};
+#endif
 
 /* The coordinates themselves, as float64. */
 struct Coordinates {
@@ -456,14 +828,18 @@ bool as_window(const emf_warp_example &ex, const int64_t shape[4], emf_window *w
     return true;
 }
 
-/* Runs `sampler` over every example, except those the gather path takes (`gather(window, n)`). */
-template <typename Sampler, typename Gather>
+/* Runs `sampler` over every example, except those the gather path takes (`gather(window, n)`) and those `wide`
+ * accepts (the AVX2 sampler, when the CPU has AVX2). */
+template <typename Sampler, typename Wide, typename Gather>
 int warp_batch(const emf_warp_example *examples, int64_t count, const int64_t shape[4], const emf_warp_grid *grid,
-               int allow_gather, uint8_t *valid, Sampler &sampler, const Gather &gather) {
+               int allow_gather, uint8_t *valid, Sampler &sampler, Wide &wide, const Gather &gather) {
     try {
         const Field field(shape + 1, grid);
         Scratch scratch;
         const int64_t plane = shape[1] * shape[2] * shape[3];
+#ifdef EMF_HAVE_AVX2
+        const bool avx2 = __builtin_cpu_supports("avx2");
+#endif
         for (int64_t n = 0; n < count; ++n) {
             const emf_warp_example &ex = examples[n];
             uint8_t *valid_n = valid ? valid + n * plane : nullptr;
@@ -474,6 +850,15 @@ int warp_batch(const emf_warp_example *examples, int64_t count, const int64_t sh
                 if (valid_n) std::memset(valid_n, 1, plane);
                 continue;
             }
+#ifdef EMF_HAVE_AVX2
+            if (avx2 && wide.accepts(ex)) {
+                wide.begin(ex, n, shape, valid_n);
+                walk(ex, field, scratch, wide);
+                continue;
+            }
+#else
+            (void)wide;
+#endif
             sampler.begin(ex, n, shape, valid_n);
             walk(ex, field, scratch, sampler);
         }
@@ -483,17 +868,31 @@ int warp_batch(const emf_warp_example *examples, int64_t count, const int64_t sh
     return EMF_OK;
 }
 
+#ifndef EMF_HAVE_AVX2
+/* Stands in for the AVX2 samplers where they are not compiled. */
+struct WideNone {};
+#endif
+
 template <typename Src, typename Out>
 int convert(const emf_warp_example *examples, int64_t count, const int64_t shape[4], const emf_warp_grid *grid,
             emf_dtype src_dtype, emf_dtype out_dtype, float fill, void *out, uint8_t *valid, int allow_gather) {
     Linear<Src, Out> sampler{};
     sampler.all = static_cast<Out *>(out);
     sampler.fill = Store<Out>::from(fill);
+#ifdef EMF_HAVE_AVX2
+    WideLinear<Src, Out> wide{};
+    wide.all = sampler.all;
+    wide.fill = sampler.fill;
+    wide.fill_float = fill;
+    wide.item = sizeof(Src);
+#else
+    WideNone wide;
+#endif
     const int64_t example_size = shape[0] * shape[1] * shape[2] * shape[3];
     auto gather = [&](const emf_window &window, int64_t n) {
         return emf_gather_convert(&window, 1, shape, src_dtype, out_dtype, static_cast<Out *>(out) + n * example_size);
     };
-    return warp_batch(examples, count, shape, grid, allow_gather, valid, sampler, gather);
+    return warp_batch(examples, count, shape, grid, allow_gather, valid, sampler, wide, gather);
 }
 
 template <typename T>
@@ -502,11 +901,19 @@ int copy(const emf_warp_example *examples, int64_t count, const int64_t shape[4]
     Nearest<T> sampler{};
     sampler.all = static_cast<T *>(out);
     std::memcpy(&sampler.fill, fill, sizeof(T));
+#ifdef EMF_HAVE_AVX2
+    WideNearest<T> wide{};
+    wide.all = sampler.all;
+    wide.fill = sampler.fill;
+    wide.item = sizeof(T);
+#else
+    WideNone wide;
+#endif
     const int64_t example_size = shape[0] * shape[1] * shape[2] * shape[3];
     auto gather = [&](const emf_window &window, int64_t n) {
         return emf_gather_copy(&window, 1, shape, sizeof(T), static_cast<T *>(out) + n * example_size);
     };
-    return warp_batch(examples, count, shape, grid, allow_gather, valid, sampler, gather);
+    return warp_batch(examples, count, shape, grid, allow_gather, valid, sampler, wide, gather);
 }
 
 template <typename Out>
