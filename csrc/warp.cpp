@@ -32,6 +32,11 @@
 #define EMF_HAVE_AVX2 1
 #define EMF_AVX2 __attribute__((target("avx2")))
 #endif
+#if defined(__GNUC__) || defined(__clang__)
+#define EMF_INLINE inline __attribute__((always_inline))
+#else
+#define EMF_INLINE inline
+#endif
 
 namespace {
 
@@ -98,11 +103,16 @@ struct Field {
 };
 
 /* One output row: the source coordinates of its X voxels, in runs of kRun voxels, each relative to the run's
- * integer base voxel: voxel x reads base[3 (x / kRun) + c] + s[c * stride + x] along source axis c. The stride
- * rounds X up to whole runs, so that every loop over a run has the constant trip count kRun. */
+ * integer base voxel: voxel x reads base[3 (x / kRun) + c] + s[c * stride + x] along source axis c, where
+ * s = start[3 (x / kRun) + c] + (x % kRun) step[c] + disp[c * stride + x], in float32 in that order. The stride
+ * rounds X up to whole runs, so that every loop over a run has the constant trip count kRun. s itself is only
+ * filled for visitors that read it (reads_s); the others evaluate the same expression as they go. */
 struct Row {
     int64_t stride;
     std::vector<int64_t> base;
+    std::vector<float> start;
+    float step[3];
+    const float *disp;
     std::vector<float> s;
 };
 
@@ -133,7 +143,7 @@ inline void run_coordinates(float r, float a, const float *__restrict d, float *
 /* Calls visit.row(row, offset) for every output row of example `ex` in order, offset being the row's first
  * voxel in (Z, Y, X), then visit.end(). */
 template <typename Visit>
-void walk(const emf_warp_example &ex, const Field &field, Scratch &scratch, Visit &visit) {
+EMF_INLINE void walk(const emf_warp_example &ex, const Field &field, Scratch &scratch, Visit &visit) {
     const int64_t Z = field.shape[0], Y = field.shape[1], X = field.shape[2];
     const double *A = ex.matrix;
     bool moving[3] = {false, false, false}; /* components with a non-zero control value */
@@ -154,10 +164,11 @@ void walk(const emf_warp_example &ex, const Field &field, Scratch &scratch, Visi
     Row &row = scratch.row;
     row.stride = stride;
     row.base.resize(3 * (stride / kRun));
-    row.s.resize(3 * stride);
+    row.start.resize(3 * (stride / kRun));
+    row.disp = scratch.disp.data();
+    if (Visit::reads_s) row.s.resize(3 * stride);
     const AxisSpline &sz = field.axis[0], &sy = field.axis[1], &sx = field.axis[2];
-    float step[3];
-    for (int c = 0; c < 3; ++c) step[c] = static_cast<float>(A[3 * c + 2]);
+    for (int c = 0; c < 3; ++c) row.step[c] = static_cast<float>(A[3 * c + 2]);
     for (int64_t z = 0; z < Z; ++z) {
         for (int c = 0; c < 3; ++c) {
             if (!moving[c]) continue;
@@ -201,15 +212,14 @@ void walk(const emf_warp_example &ex, const Field &field, Scratch &scratch, Visi
             for (int c = 0; c < 3; ++c) {
                 const double start = ex.centre[c] + A[3 * c] * (z - field.centre[0]) +
                                      A[3 * c + 1] * (y - field.centre[1]) - A[3 * c + 2] * field.centre[2];
-                const float a = step[c];
                 for (int64_t x0 = 0; x0 < X; x0 += kRun) {
                     const double first = start + A[3 * c + 2] * x0;
                     const double base = std::floor(first);
                     row.base[3 * (x0 / kRun) + c] = static_cast<int64_t>(base);
                     const float r = static_cast<float>(first - base);
-                    const float *__restrict d = scratch.disp.data() + c * stride + x0;
-                    float *__restrict s = row.s.data() + c * stride + x0;
-                    run_coordinates(r, a, d, s);
+                    row.start[3 * (x0 / kRun) + c] = r;
+                    if (Visit::reads_s)
+                        run_coordinates(r, row.step[c], row.disp + c * stride + x0, row.s.data() + c * stride + x0);
                 }
             }
             visit.row(row, (z * Y + y) * X);
@@ -277,6 +287,7 @@ struct Prepared {
  * source reads, which follow the warp rather than memory order, mostly find their lines in cache. */
 template <typename Out, bool Linear>
 struct Sampler {
+    static constexpr bool reads_s = true;
     Out *all; /* the whole output batch */
     Out fill;
     const emf_warp_example *ex;
@@ -479,6 +490,7 @@ inline int64_t int32_reach(const emf_warp_example &ex) {
 /* The two-row pipeline of Sampler, with Lanes in place of Prepared. */
 template <typename Out, bool Linear>
 struct WideSampler {
+    static constexpr bool reads_s = false;
     Out *all; /* the whole output batch */
     Out fill;
     const emf_warp_example *ex;
@@ -512,28 +524,36 @@ struct WideSampler {
 
     /* Offsets, masks and fractions of one row's voxels; their cache lines prefetched. */
     EMF_AVX2 void prepare(const Row &row, Lanes &p) {
-        int32_t step[3];
-        for (int c = 0; c < 3; ++c) step[c] = static_cast<int32_t>(static_cast<uint32_t>(ex->strides[1 + c]));
+        __m256i bytes[3]; /* the strides, modulo 2^32 */
+        for (int c = 0; c < 3; ++c)
+            bytes[c] = _mm256_set1_epi32(static_cast<int32_t>(static_cast<uint32_t>(ex->strides[1 + c])));
         const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+        static_assert(kRun == 16, "a run is two vectors");
+        const __m256 ramp[2] = {_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), _mm256_setr_ps(8, 9, 10, 11, 12, 13, 14, 15)};
+        const __m256 step[3] = {_mm256_set1_ps(row.step[0]), _mm256_set1_ps(row.step[1]), _mm256_set1_ps(row.step[2])};
         for (int64_t x0 = 0; x0 < length; x0 += kRun) {
             const int64_t *base = row.base.data() + 3 * (x0 / kRun);
             uint64_t origin = 0;
-            __m256 lo[3], hi[3];
+            __m256 lo[3], hi[3], start[3];
             for (int c = 0; c < 3; ++c) {
+                start[c] = _mm256_set1_ps(row.start[3 * (x0 / kRun) + c]);
                 origin += static_cast<uint64_t>(base[c]) * static_cast<uint64_t>(ex->strides[1 + c]);
                 /* As in Sampler::prepare. */
                 lo[c] = _mm256_set1_ps(static_cast<float>(-static_cast<double>(base[c])));
                 hi[c] = _mm256_set1_ps(static_cast<float>(static_cast<double>(extent[c] - 1 - base[c])));
             }
-            for (int64_t x = x0; x < x0 + kRun; x += 8) {
+            for (int h = 0; h < 2; ++h) {
+                const int64_t x = x0 + 8 * h;
                 __m256i inside = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(std::min<int64_t>(
                                                         length - x, 8))),
                                                     lane);
                 __m256i at = _mm256_set1_epi32(static_cast<int32_t>(static_cast<uint32_t>(origin)));
                 __m256i next[3];
                 for (int c = 0; c < 3; ++c) {
-                    const __m256 s = _mm256_loadu_ps(row.s.data() + c * row.stride + x);
+                    const __m256 s = _mm256_add_ps(
+                        _mm256_add_ps(start[c], _mm256_mul_ps(ramp[h], step[c])),
+                        _mm256_loadu_ps(row.disp + c * row.stride + x));
                     __m256 t = _mm256_floor_ps(s);
                     const __m256 f = _mm256_sub_ps(s, t);
                     inside = _mm256_and_si256(inside, _mm256_castps_si256(_mm256_and_ps(
@@ -542,11 +562,11 @@ struct WideSampler {
                     if (Linear) {
                         _mm256_storeu_ps(p.f.data() + c * stride + x, f);
                         next[c] = _mm256_andnot_si256(_mm256_castps_si256(_mm256_cmp_ps(t, hi[c], _CMP_EQ_OQ)),
-                                                      _mm256_set1_epi32(step[c]));
+                                                      bytes[c]);
                     } else {
                         t = _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(f, half, _CMP_GE_OQ), one));
                     }
-                    at = _mm256_add_epi32(at, _mm256_mullo_epi32(_mm256_cvttps_epi32(t), _mm256_set1_epi32(step[c])));
+                    at = _mm256_add_epi32(at, _mm256_mullo_epi32(_mm256_cvttps_epi32(t), bytes[c]));
                 }
                 _mm256_storeu_si256(reinterpret_cast<__m256i *>(p.at.data() + x), _mm256_and_si256(at, inside));
                 _mm256_storeu_si256(reinterpret_cast<__m256i *>(p.inside.data() + x), inside);
@@ -780,6 +800,7 @@ struct WideNearest : WideSampler<T, false> {
 
 /* The coordinates themselves, as float64. */
 struct Coordinates {
+    static constexpr bool reads_s = true;
     int64_t plane, length;
     double *out;
 
@@ -828,6 +849,14 @@ bool as_window(const emf_warp_example &ex, const int64_t shape[4], emf_window *w
     return true;
 }
 
+#ifdef EMF_HAVE_AVX2
+/* walk compiled for AVX2 (its loops over x vectorise 8 wide), for the AVX2 samplers. */
+template <typename Visit>
+EMF_AVX2 void walk_avx2(const emf_warp_example &ex, const Field &field, Scratch &scratch, Visit &visit) {
+    walk(ex, field, scratch, visit);
+}
+#endif
+
 /* Runs `sampler` over every example, except those the gather path takes (`gather(window, n)`) and those `wide`
  * accepts (the AVX2 sampler, when the CPU has AVX2). */
 template <typename Sampler, typename Wide, typename Gather>
@@ -853,7 +882,7 @@ int warp_batch(const emf_warp_example *examples, int64_t count, const int64_t sh
 #ifdef EMF_HAVE_AVX2
             if (avx2 && wide.accepts(ex)) {
                 wide.begin(ex, n, shape, valid_n);
-                walk(ex, field, scratch, wide);
+                walk_avx2(ex, field, scratch, wide);
                 continue;
             }
 #else
