@@ -17,6 +17,8 @@
  * An example with a signed permutation matrix, no grid, an integer source coordinate of output voxel 0 and
  * every voxel inside is handed to the gather kernel (gather.h) when allow_gather is non-zero; the general path
  * gives the same bits for finite sources (allow_gather = 0 lets tests and benchmarks check that).
+ * On CPUs with AVX2 (checked at run time) examples whose source spans less than 2^31 bytes are sampled eight
+ * voxels at a time; that path computes the same coordinates and values, bit for bit, as the portable one.
  *
  * The caller (the Cython wrapper) checks dtypes, shapes and value ranges (finite; |A| <= 1024, |grid| <= 2^20,
  * |centre| <= 2^40, so no float-to-integer conversion overflows); these functions assume valid input and never
