@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <type_traits>
@@ -866,7 +867,8 @@ int warp_batch(const emf_warp_example *examples, int64_t count, const int64_t sh
         Scratch scratch;
         const int64_t plane = shape[1] * shape[2] * shape[3];
 #ifdef EMF_HAVE_AVX2
-        const bool avx2 = __builtin_cpu_supports("avx2");
+        /* EMFAST_NO_AVX2 set: the portable path everywhere (to test it, or to compare the two). */
+        const bool avx2 = __builtin_cpu_supports("avx2") && std::getenv("EMFAST_NO_AVX2") == nullptr;
 #endif
         for (int64_t n = 0; n < count; ++n) {
             const emf_warp_example &ex = examples[n];

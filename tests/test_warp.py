@@ -1,4 +1,8 @@
 """The warp kernels (emfast.warp) against the gather kernel, NumPy and scipy.ndimage.map_coordinates."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from scipy import ndimage
@@ -463,3 +467,42 @@ def test_registry_and_plan(rng):
     assert lo.shape == hi.shape == (6, 3) and np.all(hi - lo >= [9, 65, 65]) and np.all(hi[0] - lo[0] >= [9, 80, 80])
     with pytest.raises(ValueError, match="Elastic grid layout"):
         WarpPlan.from_params(params, [])
+
+
+_PORTABLE_CASE = """
+import sys
+import numpy as np
+from emfast.warp import warp_labels, warp_raw
+rng = np.random.default_rng(7)
+raw = rng.integers(0, 256, (1, 20, 40, 40), dtype=np.uint8)
+labels = rng.integers(0, 1 << 40, (1, 20, 40, 40), dtype=np.uint64)
+angles = rng.uniform(0, 2 * np.pi, 4)
+matrices = np.zeros((4, 3, 3))
+matrices[:, 0, 0] = 1
+matrices[:, 1, 1] = matrices[:, 2, 2] = np.cos(angles)
+matrices[:, 1, 2], matrices[:, 2, 1] = -np.sin(angles), np.sin(angles)
+centres = rng.uniform(5, 15, (4, 3)) + [0, 10, 10]
+grid = rng.normal(0, 2, (4, 3, 4, 4, 4)).astype(np.float32)
+geometry = dict(grid=grid, grid_spacing=(4.0, 8.0, 8.0))
+out = np.empty((4, 1, 8, 24, 24), np.float32)
+warp_raw([raw] * 4, centres, matrices, out, scale=np.full(4, 1 / 255, np.float32), shift=np.zeros(4, np.float32),
+         **geometry)
+ids = np.empty((4, 1, 8, 24, 24), np.uint64)
+valid = np.empty((4, 1, 8, 24, 24), np.uint8)
+warp_labels([labels] * 4, centres, matrices, ids, valid=valid, **geometry)
+np.savez(sys.argv[1], raw=out, labels=ids, valid=valid)
+"""
+
+
+def test_portable_path_gives_the_bits_of_the_vectorised_one(tmp_path):
+    """EMFAST_NO_AVX2 forces the portable samplers; on an AVX2 machine this compares the two paths."""
+    runs = {}
+    for name, extra in (("default", {}), ("portable", {"EMFAST_NO_AVX2": "1"})):
+        env = {k: v for k, v in os.environ.items() if k != "EMFAST_NO_AVX2"}
+        env.update(extra)
+        path = tmp_path / f"{name}.npz"
+        subprocess.run([sys.executable, "-c", _PORTABLE_CASE, str(path)], check=True, env=env)
+        runs[name] = np.load(path)
+    for field in ("raw", "labels", "valid"):
+        np.testing.assert_array_equal(runs["default"][field], runs["portable"][field])
+    assert 0 < runs["default"]["valid"].mean() < 1

@@ -19,6 +19,8 @@ A signed permutation matrix with an integer-aligned centre and no grid reproduce
 
 Coordinates are computed in float64 per run of 16 voxels and in float32 within (see csrc/warp.h): the error
 in ``s`` stays below 1e-5 voxel for ``|A| <= 2`` and displacements up to 16 voxels; integer coordinates are exact.
+On CPUs with AVX2 the samplers run 8 voxels at a time with the same bits as the portable path; setting the
+environment variable ``EMFAST_NO_AVX2`` forces the portable path.
 
 Augmentations (:class:`Rotate`, :class:`Scale`, :class:`Elastic`) compose into :class:`~emfast.augment.Params`
 ``matrix`` and ``elastic``; :func:`full_matrix` folds in the Mirror/Transpose permutation and
