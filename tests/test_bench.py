@@ -25,6 +25,11 @@ try:
     HAVE_TORCH = True
 except ImportError:
     HAVE_TORCH = False
+try:
+    import matplotlib  # noqa: F401
+    HAVE_MATPLOTLIB = True
+except ImportError:
+    HAVE_MATPLOTLIB = False
 
 #: A tiny run: one short round per row, small curves.
 FAST = ["--quick", "--seconds", "0.05"]
@@ -129,8 +134,8 @@ def test_quick_run_writes_consistent_json(cache, tmp_path, capsys):
     nothing_left_running()
 
 
+@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="matplotlib not installed")
 def test_curves_and_plot(cache, tmp_path):
-    pytest.importorskip("matplotlib")
     config = bench.settings(quick=True, seconds=0.05, cache_dir=str(cache), plot=str(tmp_path / "bench.png"))
     config = dataclasses.replace(config, curve_seconds=0.02, thread_curve=(1, 2), patch_curve=(8, 64),
                                  batch_curve=(1, 2), slot_curve=(2, 4))
@@ -218,11 +223,10 @@ def test_ctrl_c_leaves_no_process_behind(cache):
     """SIGINT to the process group of a running ``emfast bench``, as Ctrl-C in a terminal sends it: exit status
     130, and no process whose command line names this run's cache folder survives (DataLoader workers are forks
     with the same command line)."""
-    command = [sys.executable, "-m", "emfast", "bench", "--quick", "--seconds", "0.1", "--no-curves",
-               "--cache-dir", str(cache)]
+    command = [sys.executable, "-m", "emfast", "bench", "--quick", "--seconds", "0.1", "--cache-dir", str(cache)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
-    for line in process.stderr:  # interrupt while the torch row (or, without torch, the copy row) runs
+    for line in process.stderr:  # interrupt in the torch row, or without torch in the curves
         if "NumPy reference" in line:
             time.sleep(0.2)
             os.killpg(process.pid, signal.SIGINT)
@@ -239,3 +243,12 @@ def test_ctrl_c_leaves_no_process_behind(cache):
         except OSError:
             continue
     assert survivors == []
+
+
+def test_help_lists_the_options(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for option in ("--patch", "--batch-size", "--threads", "--json", "--plot", "--quick", "--no-curves"):
+        assert option in text
