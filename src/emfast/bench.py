@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
@@ -155,25 +155,39 @@ def leftovers(threads_before: Sequence[threading.Thread]) -> dict:
 
 @dataclass
 class Settings:
-    """What one ``emfast bench`` run measures. Build with :func:`settings`, which checks every value."""
+    """What one ``emfast bench`` run measures. Build with :func:`settings`, which checks every value.
 
-    patch: tuple = PATCH
-    batch_size: int = BATCH
-    threads: int = field(default_factory=cores)
-    volume_shape: tuple = VOLUME_SHAPE
-    seconds: float = 1.5
-    rounds: int = 3
-    curve_seconds: float = 0.8
-    curves: bool = True
-    quick: bool = False
-    seed: int = SEED
-    cache_dir: Optional[str] = None
-    json: Optional[str] = None
-    plot: Optional[str] = None
-    thread_curve: tuple = ()
-    patch_curve: tuple = ()
-    batch_curve: tuple = ()
-    slot_curve: tuple = ()
+    Attributes
+    ----------
+    patch, batch_size, threads, volume_shape
+        The main rows' task and emfast threads / DataLoader workers.
+    seconds, rounds
+        Time per row and round, and interleaved rounds of the comparison.
+    curve_seconds, curves
+        Time per curve point (split over two passes), and whether to measure the curves at all.
+    thread_curve, patch_curve, batch_curve, slot_curve
+        The curves' points: thread counts, cubic patch edges, batch sizes, ring slots.
+    quick, seed, cache_dir, json, plot
+        Smoke-run defaults, seed of every draw, built-in volume cache, and the output files (None: none).
+    """
+
+    patch: tuple
+    batch_size: int
+    threads: int
+    volume_shape: tuple
+    seconds: float
+    rounds: int
+    curve_seconds: float
+    curves: bool
+    thread_curve: tuple
+    patch_curve: tuple
+    batch_curve: tuple
+    slot_curve: tuple
+    quick: bool
+    seed: int
+    cache_dir: Optional[str]
+    json: Optional[str]
+    plot: Optional[str]
 
 
 #: --quick: a small volume, small batches and short measurements, for tests and CI (seconds, not minutes).
