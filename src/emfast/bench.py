@@ -232,10 +232,9 @@ def _check_output(path: Optional[str], option: str, suffix: Optional[str] = None
 
 
 def slot_bytes(patch: Sequence[int], batch_size: int) -> int:
-    """Bytes of one batch of the standard task as the loader delivers it: raw float32, labels uint64,
+    """Bytes of one batch of the standard task as the loader delivers it (``keep_labels=False``): raw float32,
     3 affinities float32 and their uint8 mask."""
-    voxels = batch_size * int(np.prod(patch))
-    return voxels * (4 + 8 + 3 * 4 + 3 * 1)
+    return output_bytes(patch, batch_size)
 
 
 def output_bytes(patch: Sequence[int], batch_size: int) -> int:
@@ -371,8 +370,8 @@ def emfast_loader(volumes: Volumes, patch, batch_size: int, threads: int, buffer
                   seed: int = SEED) -> Loader:
     """The emfast loader of the standard task."""
     return Loader(volumes.raw, volumes.labels, patch=tuple(patch), batch_size=batch_size, augment=augmentations(),
-                  targets=[Affinities(offsets=reference.NEAREST_NEIGHBOURS)], threads=threads, buffers=buffers,
-                  seed=seed)
+                  targets=[Affinities(offsets=reference.NEAREST_NEIGHBOURS)], keep_labels=False, threads=threads,
+                  buffers=buffers, seed=seed)
 
 
 @dataclass
@@ -670,21 +669,19 @@ def explain(rows: Dict[str, dict], config: Settings, load_average) -> List[str]:
     n, wall = config.threads, emfast["ms_per_batch"]
     wait = profile.pop("wait")
     # Producers are busy all the time when the consumer only takes batches: n threads x wall time per batch is
-    # spent in the stages or between them (copying the delivered labels out of the margin window, Python).
+    # spent in the stages or between them (Python, handing batches over).
     other = max(0.0, n * wall - sum(profile.values()))
     lines = [f"where the time goes: emfast threads={n}, {wall:.2f} ms per batch, {emfast['cpu_cores']:.2f} cores "
              f"busy; loader.profile in ms per batch, summed over the {n} producer thread(s):"]
     for stage, ms in sorted(profile.items(), key=lambda item: -item[1]):
         if ms >= 0.005:
             lines.append(f"  {stage:<8} {ms:8.2f}  {STAGES[stage]}")
-    lines.append(f"  {'other':<8} {other:8.2f}  outside the stages: labels copied out of the margin window, Python")
+    lines.append(f"  {'other':<8} {other:8.2f}  outside the stages: Python, handing batches over")
     lines.append(f"  {'wait':<8} {wait:8.2f}  {STAGES['wait']}")
     copy_ms = rows["copy"]["ms_per_batch"]
     work = n * wall - profile.get("stall", 0.0)
     lines.append(f"  the producers work {work:.2f} ms per batch ({n} x {wall:.2f} ms, less stalls); one np.copyto of "
-                 f"the task's outputs takes {copy_ms:.2f} ms. emfast also delivers the uint64 labels "
-                 f"({config.batch_size * int(np.prod(config.patch)) * 8 / MiB:.0f} MiB per batch), which no other "
-                 f"row writes.")
+                 f"the task's outputs takes {copy_ms:.2f} ms.")
     if emfast["cpu_cores"] < 0.8 * min(n, cores()):
         lines.append(f"  WARNING: emfast's {n} threads kept only {emfast['cpu_cores']:.2f} cores busy (load average "
                      f"{load_average}): other processes held the CPU, repeat on a quiet machine")
