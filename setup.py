@@ -38,10 +38,10 @@ def extension(name, sources, depends=()):
 
 
 EXTENSIONS = [
-    extension("_kernels", ["gather.cpp", "philox.cpp"], ["gather.h", "philox.h"]),
+    extension("_kernels", ["gather.cpp", "philox.cpp"], ["gather.h", "half.h", "philox.h"]),
     extension("_targets", ["targets.cpp"], ["targets.h", "gather.h"]),
-    extension("_intensity", ["intensity.cpp", "philox.cpp"], ["intensity.h", "philox.h"]),
-    extension("_warp", ["warp.cpp", "gather.cpp"], ["warp.h", "gather.h"]),
+    extension("_intensity", ["intensity.cpp", "philox.cpp"], ["intensity.h", "half.h", "philox.h"]),
+    extension("_warp", ["warp.cpp", "gather.cpp"], ["warp.h", "gather.h", "half.h"]),
     extension("_sampling", ["sampling.cpp"], ["sampling.h"]),
 ]
 

@@ -6,6 +6,7 @@
  * rows (y and z passes) or a padded copy of one row (x pass).
  */
 #include "intensity.h"
+#include "half.h"
 
 #include <algorithm>
 #include <cmath>
@@ -23,59 +24,16 @@
 
 namespace {
 
+using emf_half::bits_to_float;
+using emf_half::float_to_bits;
+using emf_half::float_to_half;
+using emf_half::half_to_float;
+
 /* Elements per float32 run of a float16 block; a multiple of 8, so that noise runs start on a Philox block. */
 constexpr int64_t kChunk = 4096;
 /* Normals made per step of the noise kernel: a multiple of 8 dividing kChunk. */
 constexpr int64_t kBatch = 512;
 constexpr int64_t kPairs = kBatch / 2;
-
-inline float bits_to_float(uint32_t bits) {
-    float value;
-    std::memcpy(&value, &bits, sizeof value);
-    return value;
-}
-
-inline uint32_t float_to_bits(float value) {
-    uint32_t bits;
-    std::memcpy(&bits, &value, sizeof bits);
-    return bits;
-}
-
-/* binary16 -> binary32, exact. Branch-free so that row conversions vectorise. */
-inline float half_to_float(uint16_t half) {
-    const uint32_t h = half;
-    const uint32_t sign = (h & 0x8000u) << 16;
-    const uint32_t magnitude = h & 0x7fffu;
-    const uint32_t exponent = h & 0x7c00u;
-    /* normal: rebias the exponent 15 -> 127; infinity / NaN: exponent all ones */
-    uint32_t bits = (magnitude << 13) + 0x38000000u;
-    const uint32_t is_special = 0u - static_cast<uint32_t>(exponent == 0x7c00u);
-    bits += 0x38000000u & is_special;
-    /* subnormal or zero: mantissa * 2^-24, exact in float32 */
-    const uint32_t tiny = float_to_bits(static_cast<float>(magnitude & 0x3ffu) * 5.9604644775390625e-8f);
-    const uint32_t is_tiny = 0u - static_cast<uint32_t>(exponent == 0);
-    return bits_to_float(sign | (tiny & is_tiny) | (bits & ~is_tiny));
-}
-
-/* binary32 -> binary16, round to nearest even as NumPy; the same method as gather.cpp's conversion. Subnormal
- * halves round through the float adder (|x| + 0.5 has an ulp of 2^-24, the half's unit). */
-inline uint16_t float_to_half(float value) {
-    const uint32_t bits = float_to_bits(value);
-    const uint32_t sign = (bits >> 16) & 0x8000u;
-    const uint32_t mag = bits & 0x7fffffffu;
-    const int32_t magnitude = static_cast<int32_t>(mag);
-    const uint32_t subnormal = float_to_bits(bits_to_float(mag) + 0.5f) - 0x3f000000u;
-    const uint32_t normal = (mag - 0x38000000u + 0xfffu + ((mag >> 13) & 1u)) >> 13;
-    const uint32_t payload = (mag >> 13) & 0x3ffu;
-    const uint32_t nan = 0x7c00u | payload | static_cast<uint32_t>(payload == 0);
-    const uint32_t is_subnormal = 0u - static_cast<uint32_t>(magnitude < 0x38800000);
-    const uint32_t is_infinite = 0u - static_cast<uint32_t>(magnitude >= 0x47800000);
-    const uint32_t is_nan = 0u - static_cast<uint32_t>(magnitude > 0x7f800000);
-    uint32_t half = (subnormal & is_subnormal) | (normal & ~is_subnormal);
-    half = (0x7c00u & is_infinite) | (half & ~is_infinite);
-    half = (nan & is_nan) | (half & ~is_nan);
-    return static_cast<uint16_t>(sign | half);
-}
 
 /* Calls op(run, n, offset) on float32 runs covering block b, offset = position of the run in the block. Runs
  * never cross a multiple of `row` elements (a whole float32 block is one run when row = size); float16 runs are
