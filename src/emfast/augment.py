@@ -57,6 +57,13 @@ def _parse_axes(axes: str, owner: str) -> tuple[int, ...]:
     return tuple(AXES.index(a) for a in axes)
 
 
+def _require_isotropic(owner: str, axes: str, isotropic: bool, effect: str) -> None:
+    """Refuse an augmentation over ``axes`` that include z on anisotropic data; ``effect`` says what it would do."""
+    if "z" in axes and not isotropic:
+        raise ValueError(f"{owner}(axes={axes!r}) {effect}; pass isotropic=True to the Loader if z has the same "
+                         "resolution as y and x")
+
+
 def _check_probability(p: float, owner: str) -> float:
     if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p <= 1.0:
         raise ValueError(f"{owner}: probability p must be in [0, 1], got {p!r}")
@@ -176,10 +183,7 @@ class Transpose(Augmentation):
             self._orders.append(perm)
 
     def check(self, isotropic: bool) -> None:
-        if "z" in self.axes and not isotropic:
-            raise ValueError(
-                f"Transpose(axes={self.axes!r}) swaps z with y/x, which distorts anisotropic EM data; "
-                "pass isotropic=True to the Loader if z has the same resolution as y and x")
+        _require_isotropic("Transpose", self.axes, isotropic, "swaps z with y/x, which distorts anisotropic EM data")
 
     def apply(self, uniforms: np.ndarray, params: Params) -> None:
         orders = np.asarray(self._orders, dtype=np.int64)

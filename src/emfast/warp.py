@@ -36,7 +36,7 @@ from typing import ClassVar, Optional, Sequence
 import numpy as np
 
 from . import _warp
-from .augment import Augmentation, Params, _check_probability, _parse_axes
+from .augment import Augmentation, Params, _check_probability, _parse_axes, _require_isotropic
 
 #: Coordinate error allowance when bounding the voxels a warp reads (well above the float32 error, csrc/warp.h).
 _COORDINATE_SLACK = 1e-3
@@ -355,10 +355,7 @@ class Rotate(Augmentation):
         self.p = _check_probability(self.p, "Rotate")
 
     def check(self, isotropic: bool) -> None:
-        if "z" in self.axes and not isotropic:
-            raise ValueError(
-                f"Rotate(axes={self.axes!r}) mixes z with y/x, which distorts anisotropic EM data; "
-                "pass isotropic=True to the Loader if z has the same resolution as y and x")
+        _require_isotropic("Rotate", self.axes, isotropic, "mixes z with y/x, which distorts anisotropic EM data")
 
     def apply(self, uniforms: np.ndarray, params: Params) -> None:
         angle = np.deg2rad(self.angle) * (2.0 * uniforms[:, 1] - 1.0)
@@ -417,10 +414,8 @@ class Scale(Augmentation):
         self._axes = _parse_axes(self.axes, "Scale")
 
     def check(self, isotropic: bool) -> None:
-        if "z" in self.axes and not isotropic:
-            raise ValueError(
-                f"Scale(axes={self.axes!r}) resamples z, which blends sections of anisotropic EM data; "
-                "pass isotropic=True to the Loader if z has the same resolution as y and x")
+        _require_isotropic("Scale", self.axes, isotropic,
+                           "resamples z, which blends sections of anisotropic EM data")
 
     def apply(self, uniforms: np.ndarray, params: Params) -> None:
         low, high = self.range
