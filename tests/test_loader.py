@@ -161,23 +161,6 @@ def test_batch_is_invalid_after_release_and_next(volumes):
         third["raw"]
 
 
-def test_arrays_kept_after_release_are_never_overwritten(volumes):
-    raw, labels = volumes
-    kept = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with ef.Loader(raw, labels, patch=PATCH, buffers=2, threads=2, seed=3) as loader:
-            for _, batch in zip(range(20), loader):
-                kept.append((batch["raw"], batch["labels"][1:3], batch["raw"].sum(), batch["labels"][1:3].sum()))
-    assert all(np.float32(a.sum()) == np.float32(sa) and b.sum() == sb for a, b, sa, sb in kept)
-    # and they are exactly the batches the same seed gives without keeping anything
-    fresh = collect(ef.Loader(raw, labels, patch=PATCH, buffers=2, threads=2, seed=3), 20)
-    for (a, b, _, _), (arrays, *_) in zip(kept, fresh):
-        np.testing.assert_array_equal(a, arrays["raw"])
-        np.testing.assert_array_equal(b, arrays["labels"][1:3])
-    assert sum(issubclass(w.category, ResourceWarning) for w in caught) == 1
-
-
 def failing_plan(planner, epoch, index):
     if index == 3:
         raise ZeroDivisionError("boom in the producer")

@@ -34,7 +34,7 @@ def test_device_batches_equal_cpu_batches_in_order(volumes, threads, buffers):
     for a, b in zip(expected, got):
         np.testing.assert_array_equal(a["raw"], b["raw"])
         np.testing.assert_array_equal(a["labels"], b["labels"])
-    assert device.closed
+    assert device.closed and device.violations == [] and device.live == 0
     assert device.callers == {"emfast-copier"}  # every device call, allocation and free in one thread
 
 
@@ -50,20 +50,6 @@ def test_no_slot_is_overwritten_while_leased(volumes):
             assert {name: array.tobytes() for name, array in batch.items()} == checksum
             np.testing.assert_array_equal(batch["raw"], expected[n]["raw"])
             assert not (batch["labels"].view(np.uint8) == POISON).all()
-
-
-def test_device_arrays_kept_past_release_stay_intact(volumes):
-    raw, labels = volumes
-    device = FakeDevice()
-    kept = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        with ef.Loader(raw, labels, patch=PATCH, batch_size=3, seed=5, buffers=2, device=device) as loader:
-            for _, batch in zip(range(12), loader):
-                kept.append(batch["labels"])
-    for array, reference in zip(kept, stream(raw, labels, 12)):
-        np.testing.assert_array_equal(array, reference["labels"])  # never poisoned, never overwritten
-    assert device.reallocations >= 10
 
 
 def failing_plan(planner, epoch, index):

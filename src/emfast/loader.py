@@ -1,17 +1,17 @@
 """The loader: producer threads fill a ring of pre-allocated batch slots; the consumer iterates over batches.
 
 Producers compute each batch's plan (pure function of seed, epoch and batch index), read windows and call the
-GIL-releasing kernels, so ``threads=N`` uses N cores. The consumer gets batches in order. A yielded batch is
-valid until the next one is requested, :meth:`Batch.release` is called, or the loader closes; see
-:class:`Batch` for what happens to arrays kept longer.
+GIL-releasing kernels, so ``threads=N`` uses N cores. The consumer gets batches in order. A batch's memory
+comes from a :class:`~emfast.pool.SlotPool` and goes back to it when the last array or tensor viewing it dies
+(see :class:`Batch`), so a loop that keeps the previous batch until it reassigns its variables allocates nothing.
 """
 from __future__ import annotations
 
 import copy
+import gc
 import numbers
-import sys
 import threading
-import warnings
+import time
 import weakref
 from collections.abc import Mapping
 from typing import Dict, Iterator, List, Optional, Sequence
@@ -24,6 +24,7 @@ from .dataset import Dataset, Placed, as_dataset, integer_triple
 from .defects import Artifacts, Slip
 from .gather import DEFAULT_NORMALIZATION, Field, Gatherer
 from .plan import BatchPlan, Planner, window_extents
+from .pool import Lease, SlotPool, SlotsExhaustedError
 from .profile import Profile, ProfileReport
 from .ring import Ring, RingClosed
 from .transfer import Copier, resolve_device
@@ -36,6 +37,10 @@ from .warp import Elastic, Rotate, Scale
 WARPS = (Rotate, Scale, Elastic)
 
 OUTPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+
+#: Seconds the consumer waits while the program itself holds every slot, before it collects cycles once and then
+#: raises SlotsExhaustedError (another thread of the program may still drop its references meanwhile).
+EXHAUSTED_GRACE_SECONDS = 2.0
 
 
 def _standardize(volume: Volume) -> tuple:
@@ -68,10 +73,11 @@ class BatchReleasedError(RuntimeError):
 class Batch(Mapping):
     """One batch: a mapping of field name to array of shape (B, C, Z, Y, X), plus where it came from.
 
-    The arrays live in the loader's ring and are valid until the next batch is requested, :meth:`release` is
-    called, or the loader closes; afterwards indexing the batch raises :class:`BatchReleasedError`. Arrays you
-    obtained from it and still hold at release are never overwritten: the loader detects them and gives that
-    slot fresh memory (with a one-time warning, as it costs an allocation). Use :meth:`copy` to keep data.
+    The mapping is valid until the next batch is requested, :meth:`release` is called, or the loader closes;
+    afterwards indexing the batch raises :class:`BatchReleasedError`. The arrays (and views, tensors or CuPy
+    arrays made from them) stay valid for as long as you hold them: their slot goes back to the loader only when
+    the last of them dies. Holding the previous batch until the next step reassigns it costs one extra slot, no
+    allocation per batch; holding many batches makes the loader wait once its ``max_buffers`` slots are in use.
 
     Attributes
     ----------
@@ -94,8 +100,8 @@ class Batch(Mapping):
     """
 
     def __init__(self, owner: "Loader", number: int, arrays: Dict[str, np.ndarray], plan: BatchPlan) -> None:
-        self._owner = owner
-        self._arrays: Optional[Dict[str, np.ndarray]] = dict(arrays)
+        self._owner = weakref.ref(owner)  # a batch must not keep an abandoned loader (and its threads) alive
+        self._arrays: Optional[Dict[str, np.ndarray]] = arrays
         self.number = number
         self.epoch = plan.epoch
         self.index = plan.index
@@ -127,7 +133,7 @@ class Batch(Mapping):
         return len(self._live())
 
     def copy(self) -> Dict[str, np.ndarray]:
-        """Return host copies of all arrays (CPU loaders only; they stay valid forever)."""
+        """Return host copies of all arrays (CPU loaders only), detached from the loader's memory."""
         arrays = self._live()
         if not all(isinstance(array, np.ndarray) for array in arrays.values()):
             raise TypeError("batch.copy() copies host arrays; for a device batch use batch.torch() or "
@@ -137,7 +143,7 @@ class Batch(Mapping):
     def torch(self) -> Dict[str, "torch.Tensor"]:
         """The arrays as PyTorch tensors without copying: CPU tensors, or CUDA tensors for a device loader.
 
-        They share the batch's memory, so the validity rules of the batch apply (clone what you keep).
+        They share the batch's memory, which stays theirs for as long as they live.
         """
         try:
             import torch
@@ -155,8 +161,15 @@ class Batch(Mapping):
         return {name: cupy.asarray(array) for name, array in self._live().items()}
 
     def release(self) -> None:
-        """Hand the slot back to the producers now (idempotent)."""
-        self._owner._release(self)
+        """Let the producers start another batch now, and drop the mapping (idempotent).
+
+        The slot itself goes back once no array taken from the batch is alive.
+        """
+        owner = self._owner()
+        if owner is not None:
+            owner._release(self)
+        else:
+            self._detach()
 
     def _detach(self) -> None:
         self._arrays = None
@@ -231,11 +244,15 @@ def _geometry(patch, patch_in, patch_out) -> tuple:
 
 
 class _Producers:
-    """The producer threads. Holds no reference to the Loader, so an abandoned loader can be collected."""
+    """The producer threads. Holds no reference to the Loader, so an abandoned loader can be collected.
 
-    def __init__(self, ring: Ring, planner: Planner, gatherer: Gatherer, profile: Profile,
+    ``slots`` gives each batch its memory (``acquire(number)``) and wraps it for the ring (``lease(slot)``).
+    """
+
+    def __init__(self, ring: Ring, slots, planner: Planner, gatherer: Gatherer, profile: Profile,
                  epoch_size: Optional[int], threads: int) -> None:
         self.ring = ring
+        self.slots = slots
         self.planner = planner
         self.gatherer = gatherer
         self.profile = profile
@@ -253,7 +270,8 @@ class _Producers:
     def stop(self) -> None:
         self.ring.close()
         for thread in self.threads:
-            if thread.ident is not None:
+            # A collection on a producer thread may run the loader's finalizer there: it cannot join itself.
+            if thread.ident is not None and thread is not threading.current_thread():
                 thread.join()
 
     def position(self, number: int) -> tuple:
@@ -269,12 +287,13 @@ class _Producers:
                 if scratch is None:
                     scratch = self.gatherer.new_scratch()
                 with self.profile.timer("stall"):
-                    arrays = self.ring.wait_free(number)
+                    self.ring.wait_turn(number)
+                    slot = self.slots.acquire(number, lambda: self.ring.closed)
                 with self.profile.timer("sample"):
                     plan = self.planner.plan(*self.position(number))
-                self.gatherer.fill(arrays, plan, scratch, self.profile)
-                del arrays  # no reference to the slot may outlive its publication (see Loader._release)
-                self.ring.publish(number, plan)
+                self.gatherer.fill(slot.memory, plan, scratch, self.profile)
+                self.ring.publish(number, (self.slots.lease(slot), plan))
+                del slot
             except RingClosed:
                 return
             except BaseException as error:  # handed to the consumer, who re-raises it with its traceback
@@ -282,17 +301,34 @@ class _Producers:
                 return
 
 
-def _references(arrays: Dict[str, object]) -> List[int]:
-    return [sys.getrefcount(array) for array in arrays.values()]
+class _HostView:
+    """Exports one slot array to NumPy (``__array_interface__``) so that every view made keeps the lease."""
+
+    __slots__ = ("__array_interface__", "_array", "_lease")
+
+    def __init__(self, array: np.ndarray, lease: Lease) -> None:
+        self.__array_interface__ = array.__array_interface__
+        self._array = array
+        self._lease = lease
+
+
+def _host_arrays(lease: Lease) -> Dict[str, np.ndarray]:
+    return {name: np.asarray(_HostView(array, lease)) for name, array in lease.slot.memory.items()}
 
 
 class _Pipeline:
-    """Everything with a thread: producers, and for a device the copier. Holds no reference to the Loader."""
+    """Everything with a thread: producers, and for a device the copier. Holds no reference to the Loader.
 
-    def __init__(self, producers: _Producers, consumer_ring: Ring, copier: Optional[Copier]) -> None:
+    ``pool`` is where the consumer's batches come from: the host pool, or the copier's device pool.
+    """
+
+    def __init__(self, producers: _Producers, consumer_ring: Ring, pool: SlotPool, copier: Optional[Copier],
+                 export) -> None:
         self.producers = producers
         self.consumer_ring = consumer_ring
+        self.pool = pool
         self.copier = copier
+        self.export = export
 
     def alive(self) -> bool:
         """Whether anything can still deliver a batch to the consumer."""
@@ -302,7 +338,17 @@ class _Pipeline:
         self.consumer_ring.close()
         self.producers.stop()  # closes the host ring
         if self.copier is not None:
-            self.copier.finish()
+            self.copier.finish()  # closes the device pool in the copier thread
+        else:
+            self.pool.close()
+
+    def exhausted(self, number: int) -> Optional[str]:
+        """Why batch ``number`` cannot be made while the consumer waits for it, or None."""
+        if not self.pool.starved(number):
+            return None
+        return (f"batch {number} cannot be made: all {self.pool.capacity} batch slots (max_buffers) are in use and "
+                "the program, waiting for the batch, still holds arrays or tensors of the others. Drop references "
+                "to old batches, keep copies (batch.copy(), tensor.clone()), or raise max_buffers.")
 
 
 class Loader:
@@ -337,7 +383,14 @@ class Loader:
     threads : int
         Producer threads. The kernels release the GIL, so throughput scales with cores.
     buffers : int, optional
-        Batch slots in the ring (default ``threads + 2``, at least 2). Memory = volumes + slots.
+        Batches in flight: being made, ready, or current (default ``threads + 2``, at least 2).
+    max_buffers : int, optional
+        Most batch slots in memory (default ``2 * buffers``; host memory for a CPU loader, device memory for a
+        GPU loader). A slot is in use from when a producer starts a batch until the last array or tensor of
+        that batch dies, so slots beyond ``buffers`` hold batches your program keeps. The loader starts with
+        ``buffers`` slots and grows only when you keep batches; at ``max_buffers`` producers wait (``stall``)
+        with one :class:`~emfast.pool.BackPressureWarning`, and a :class:`~emfast.pool.SlotsExhaustedError`
+        ends the wait if the program holds every slot while it waits for the next batch.
     seed : int
         Seed in [0, 2**64). Batches are a pure function of (seed, epoch, batch index, rank): the same whatever
         ``threads`` and ``buffers``.
@@ -376,13 +429,17 @@ class Loader:
                  patch_in: Optional[Sequence[int]] = None, patch_out: Optional[Sequence[int]] = None,
                  batch_size: int = 8, augment: Sequence = ("mirror", "transpose"), targets: Sequence = (),
                  sampler: Optional[Sampler] = None, epoch_size: Optional[int] = None, threads: int = 1,
-                 buffers: Optional[int] = None, seed: int = 0, dtype="float32", normalize=None,
+                 buffers: Optional[int] = None, max_buffers: Optional[int] = None, seed: int = 0, dtype="float32",
+                 normalize=None,
                  isotropic: bool = False, label_offset=None, keep_labels: bool = True, rank: int = 0,
                  world_size: int = 1, device="cpu") -> None:
         self.patch_in, self.patch_out = _geometry(patch, patch_in, patch_out)
         self.batch_size = _positive_int(batch_size, "batch_size")
         self.threads = _positive_int(threads, "threads")
         self.buffers = max(2, self.threads + 2) if buffers is None else _positive_int(buffers, "buffers", 2)
+        self.max_buffers = 2 * self.buffers if max_buffers is None else _positive_int(max_buffers, "max_buffers", 2)
+        if self.max_buffers < self.buffers:
+            raise ValueError(f"max_buffers ({self.max_buffers}) must be at least buffers ({self.buffers})")
         self.world_size = _positive_int(world_size, "world_size")
         self.rank = _positive_int(rank, "rank", 0)
         if self.rank >= self.world_size:
@@ -425,11 +482,9 @@ class Loader:
                                 world_size=self.world_size)
         self._profile = Profile(self.threads)
         self._pipeline: Optional[_Pipeline] = None
-        self._baseline: Dict[int, tuple] = {}  # slot index -> (its arrays, their reference counts when taken)
         self._current: Optional[Batch] = None
         self._consumed = 0
         self._closed = False
-        self._warned_escape = False
 
     @property
     def patch(self) -> tuple:
@@ -538,16 +593,22 @@ class Loader:
         if self._closed:
             raise RuntimeError("this loader is closed; create a new Loader")
         if self._pipeline is None:
-            copier = None
             if self._backend is None:
-                host_ring = consumer_ring = Ring([self._gatherer.allocate() for _ in range(self.buffers)])
+                copier = None
+                pool = host_slots = SlotPool(self._gatherer.allocate, lambda memory: None, self.max_buffers)
+                pool.prefill(self.buffers)
+                host_ring = consumer_ring = Ring(self.buffers)
+                export = _host_arrays
             else:
-                copier = Copier(self._backend, self.fields, self.buffers, self._profile)
+                copier = Copier(self._backend, self.fields, self.buffers, self.max_buffers, self._profile)
                 copier.open()
+                pool, host_slots = copier.device_pool, copier.host_slots
                 host_ring, consumer_ring = copier.host_ring, copier.device_ring
-            producers = _Producers(host_ring, self._planner, self._gatherer, self._profile, self.epoch_size,
-                                   self.threads)
-            self._pipeline = _Pipeline(producers, consumer_ring, copier)
+                backend = self._backend
+                export = lambda lease: backend.export(lease.slot.memory, lease)  # noqa: E731
+            producers = _Producers(host_ring, host_slots, self._planner, self._gatherer, self._profile,
+                                   self.epoch_size, self.threads)
+            self._pipeline = _Pipeline(producers, consumer_ring, pool, copier, export)
             self._finalizer = weakref.finalize(self, self._pipeline.stop)
             producers.start()
             if copier is not None:
@@ -591,15 +652,13 @@ class Loader:
         if self._current is not None:
             self._release(self._current)
         number = self._consumed
-        ring = self._pipeline.consumer_ring
+        pipeline = self._pipeline
         with self._profile.timer("wait"):
-            arrays, plan = ring.take(number, self._pipeline.alive)
-        index = number % ring.size
-        if self._baseline.get(index, (None,))[0] is not arrays:  # a new slot: count its references unleased
-            self._baseline[index] = (arrays, _references(arrays))
-        # An interruption before these two assignments leaves the batch in the ring to be taken again; after
-        # them, it is current and is released by the next request. Either way no slot is left leased.
-        batch = Batch(self, number, arrays, plan)
+            lease, plan = pipeline.consumer_ring.take(number, pipeline.alive, _ExhaustionCheck(pipeline, number))
+        # An interruption before these two assignments leaves the batch (and its lease) in the ring to be taken
+        # again; after them, it is current and is released by the next request. Either way no slot is lost.
+        batch = Batch(self, number, pipeline.export(lease), plan)
+        del lease
         self._current, self._consumed = batch, number + 1
         self._profile.count_batch()
         return batch
@@ -609,22 +668,7 @@ class Loader:
             return
         self._current = None
         batch._detach()
-        ring = self._pipeline.consumer_ring
-        index = batch.number % ring.size
-        arrays, counts = self._baseline[index]
-        if _references(arrays) != counts:
-            # The consumer still holds arrays of this slot: leave them to it and give the slot new memory.
-            if self._pipeline.copier is not None:
-                self._pipeline.copier.reallocate(index)
-            else:
-                ring.slots[index] = self._gatherer.allocate()
-            if not self._warned_escape:
-                self._warned_escape = True
-                warnings.warn("emfast: arrays of a released batch are still referenced; they stay intact, but "
-                              "the loader had to allocate a new slot. Use batch.copy() to keep data.",
-                              ResourceWarning, stacklevel=3)
-        del arrays
-        ring.release(batch.number)
+        self._pipeline.consumer_ring.release(batch.number)
 
     # -- information ------------------------------------------------------------------------------------------
 
@@ -645,10 +689,45 @@ class Loader:
 
     @property
     def slot_bytes(self) -> int:
-        """Bytes of one batch slot (the ring holds ``buffers`` of them)."""
+        """Bytes of one batch slot (``buffers`` of them at start, at most ``max_buffers``)."""
         return sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in self.fields.values())
+
+    @property
+    def slots_allocated(self) -> int:
+        """Batch slots allocated so far (0 before start): ``buffers``, plus one per batch the program kept
+        alive beyond them at the busiest moment, at most ``max_buffers``."""
+        return 0 if self._pipeline is None else self._pipeline.pool.allocations
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "running" if self._pipeline is not None else "not started"
         return (f"Loader(patch={self.patch}, batch_size={self.batch_size}, threads={self.threads}, "
-                f"buffers={self.buffers}, fields={list(self.fields)}, device={self.device!r}, {state})")
+                f"buffers={self.buffers}, max_buffers={self.max_buffers}, fields={list(self.fields)}, "
+                f"device={self.device!r}, {state})")
+
+
+class _ExhaustionCheck:
+    """Ends the consumer's wait with SlotsExhaustedError when the program itself holds every slot.
+
+    That wait could otherwise never end: the batch waited for needs a slot only the waiting program can free.
+    Reference cycles are collected once first, and another thread of the program gets a grace period.
+    """
+
+    def __init__(self, pipeline: _Pipeline, number: int) -> None:
+        self.pipeline = pipeline
+        self.number = number
+        self.since: Optional[float] = None
+        self.collected = False
+
+    def __call__(self) -> None:
+        reason = self.pipeline.exhausted(self.number)
+        if reason is None:
+            self.since = None
+            return
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        elif not self.collected:
+            self.collected = True
+            gc.collect()
+        elif now - self.since > EXHAUSTED_GRACE_SECONDS:
+            raise SlotsExhaustedError(reason)

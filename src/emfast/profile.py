@@ -14,7 +14,7 @@ STAGES = {
     "augment": "pixel-wise augmentations: noise, blur, section defects (producer)",
     "targets": "targets computed from the labels (producer)",
     "copy": "host-to-device copies, issue to completion (copier thread; GPU only)",
-    "stall": "producers waiting for a free slot (consumer is slower)",
+    "stall": "producers (or the copier) waiting for a free slot: the consumer is slower, or holds every slot",
     "wait": "consumer waiting for a batch (producers are slower)",
 }
 

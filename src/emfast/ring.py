@@ -1,16 +1,16 @@
-"""The ring of pre-allocated batch slots shared by producer threads and the consumer.
+"""The ordered hand-off of numbered batches between producer threads and the consumer.
 
-Batches are numbered 0, 1, 2, ... across epochs. Batch k is written into slot k % S, which is free once the
-consumer has released batch k - S: back-pressure instead of an unbounded queue, and batches come out in order
-however many producers fill them. A producer's exception is kept with the batch it was making; the consumer
-raises it when it reaches that batch, after every earlier batch, and no producer starts a later one.
+Batches are numbered 0, 1, 2, ... across epochs. Batch k may be started once the consumer has released batch
+k - S (S = ``size``): at most S batches are in flight, back-pressure instead of an unbounded queue, and batches
+come out in order however many producers make them. Where a batch's memory comes from is the caller's choice
+(a fixed slot k % S, or a :class:`~emfast.pool.SlotPool`). A producer's exception is kept with the batch it was
+making; the consumer raises it when it reaches that batch, after every earlier batch, and no producer starts a
+later one.
 """
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Dict, List, Optional
-
-import numpy as np
+from typing import Any, Callable, Dict, Optional
 
 #: Seconds between checks while blocked, so that Ctrl-C and close() are noticed promptly.
 POLL_SECONDS = 0.1
@@ -24,18 +24,18 @@ class RingClosed(RuntimeError):
 
 
 class Ring:
-    """Ordered hand-off of numbered batches through a fixed set of slots.
+    """Ordered hand-off of numbered batches, at most ``size`` in flight.
 
     Parameters
     ----------
-    slots : list of dict
-        Pre-allocated arrays of each slot (name -> ndarray).
+    size : int
+        Batches that may be in flight (being made, ready, or held by the consumer before release).
     """
 
-    def __init__(self, slots: List[Dict[str, np.ndarray]]) -> None:
-        if len(slots) < 2:
+    def __init__(self, size: int) -> None:
+        if size < 2:
             raise ValueError("a ring needs at least 2 slots")
-        self.slots = slots
+        self.size = size
         self._cond = threading.Condition()
         self._next_claim = 0
         self._released = 0  # batches < _released are released by the consumer
@@ -43,10 +43,6 @@ class Ring:
         self._errors: Dict[int, tuple] = {}  # batch number -> (exception, its original traceback)
         self._limit: Optional[int] = None  # no batch >= _limit is started (set by the first failure)
         self._closed = False
-
-    @property
-    def size(self) -> int:
-        return len(self.slots)
 
     def claim(self) -> Optional[int]:
         """Next batch number for a producer, or None when producers should stop."""
@@ -57,15 +53,16 @@ class Ring:
             self._next_claim += 1
             return number
 
-    def wait_free(self, number: int) -> Dict[str, np.ndarray]:
-        """Block until batch ``number``'s slot is free; return its arrays. Raises RingClosed on close."""
+    def wait_turn(self, number: int) -> None:
+        """Block until batch ``number`` may be started (batch number - size released). Raises RingClosed on close."""
         self._wait(lambda: self._released > number - self.size)
-        return self.slots[number % self.size]
 
-    def publish(self, number: int, info: Any) -> None:
-        """Mark batch ``number`` written; ``info`` goes to the consumer with it."""
+    def publish(self, number: int, payload: Any) -> None:
+        """Mark batch ``number`` made; ``payload`` goes to the consumer with it (dropped once closed)."""
         with self._cond:
-            self._ready[number] = info
+            if self._closed:
+                return
+            self._ready[number] = payload
             self._cond.notify_all()
 
     def fail(self, number: int, error: BaseException) -> None:
@@ -75,12 +72,14 @@ class Ring:
             self._limit = number if self._limit is None else min(self._limit, number)
             self._cond.notify_all()
 
-    def take(self, number: int, producers_alive: Callable[[], bool]):
-        """Consumer: wait for batch ``number``; return (arrays, info) or raise the producer's error.
+    def take(self, number: int, producers_alive: Callable[[], bool], check: Callable[[], None] = lambda: None):
+        """Consumer: wait for batch ``number``; return its payload or raise the producer's error.
 
-        The batch stays available until :meth:`release`, so taking it again (after an interruption) is safe.
+        ``check`` is called while waiting and may raise to end the wait. The batch stays available until
+        :meth:`release`, so taking it again (after an interruption) is safe.
         """
         def arrived() -> bool:
+            check()
             return number in self._ready or number in self._errors or not producers_alive()
 
         self._wait(arrived)
@@ -91,7 +90,7 @@ class Ring:
             if number not in self._ready:
                 raise RuntimeError("the producer threads stopped without delivering batch "
                                    f"{number} and without an error")
-            return self.slots[number % self.size], self._ready[number]
+            return self._ready[number]
 
     def release(self, number: int) -> None:
         """Consumer: batch ``number`` (and every earlier one) is no longer used; its slot can be refilled."""
@@ -101,10 +100,13 @@ class Ring:
             self._cond.notify_all()
 
     def close(self) -> None:
-        """Wake every waiting thread; producers stop, later waits raise RingClosed."""
+        """Wake every waiting thread; producers stop, later waits raise RingClosed. Batches not taken are
+        dropped, so that their memory goes back to where it came from."""
         with self._cond:
             self._closed = True
+            ready, self._ready = self._ready, {}
             self._cond.notify_all()
+        del ready  # outside the lock: dropping a batch may run a finalizer
 
     @property
     def closed(self) -> bool:

@@ -1,25 +1,32 @@
 """Where batches live when the consumer gets them: host memory, or a CUDA device through pycuda.
 
 ``device="cpu"``: the producers' slots are the batches. ``device="cuda[:N]"``: producers fill page-locked host
-slots; one copier thread, which creates, uses and frees every CUDA object, copies each filled slot to a device
-slot on a non-blocking stream and hands the device batch to the consumer once the copy has completed (so a
-batch's ``__cuda_array_interface__`` can say ``stream: None`` truthfully). Before a device slot is overwritten,
-the copy stream waits for an event recorded on the legacy default stream after the consumer released the slot,
-so work the consumer queued on PyTorch's default stream (or any blocking stream) that reads the batch finishes
-first.
+slots; one copier thread, which creates and uses every CUDA object, copies each filled slot into a device slot
+from a :class:`~emfast.pool.SlotPool` on a non-blocking stream and hands the device batch to the consumer once the
+copy has completed (so a batch's ``__cuda_array_interface__`` can say ``stream: None`` truthfully).
+
+A device slot returns to the pool when the last array or tensor viewing it dies, on whatever thread that is; the
+stream current there (PyTorch's, else CuPy's, else the legacy default stream) is noted, and before the slot is
+overwritten the copy stream waits for an event recorded on that stream, so the work queued there that reads the
+batch finishes first. Device memory is freed by the copier thread at close, or, for slots still held then, by the
+thread that drops the last reference, with the primary context pushed: never out of its context.
 
 A :class:`TransferBackend` does the device work; :class:`PycudaBackend` is the real one, and the tests drive the
-same copier logic with a fake whose copies complete on timer threads.
+same copier logic with a fake device that enforces these rules.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import re
+import sys
 import threading
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .pool import FixedSlots, SlotPool
 from .profile import Profile
 from .ring import Ring, RingClosed
 
@@ -27,6 +34,8 @@ Fields = Dict[str, Tuple[tuple, np.dtype]]
 
 #: cuStreamCreate flag CU_STREAM_NON_BLOCKING: no implicit synchronisation with the legacy default stream.
 _CU_STREAM_NON_BLOCKING = 1
+#: cuEventCreate flag CU_EVENT_DISABLE_TIMING: the cheapest event, for ordering only.
+_CU_EVENT_DISABLE_TIMING = 2
 
 
 class DeviceNotice(UserWarning):
@@ -63,36 +72,52 @@ class DeviceArray:
 
 
 class TransferBackend:
-    """Device memory and copies. The copier thread is the only caller of every method."""
+    """Device memory and copies.
+
+    The copier thread calls every method except :meth:`current_stream` (called where a device slot is given back)
+    and :meth:`free` inside :meth:`activate` (called by a thread that gives a slot back after :meth:`close`).
+    """
 
     name = "device"
 
-    def open(self, fields: Fields, host_slots: int, device_slots: int) -> List[Dict[str, np.ndarray]]:
-        """Allocate everything; return the host slots. On failure, leave nothing allocated and raise."""
+    def open(self, fields: Fields, host_slots: int) -> List[Dict[str, np.ndarray]]:
+        """Prepare the device and return the page-locked host slots. On failure, leave nothing and raise."""
         raise NotImplementedError
 
-    def device_batch(self, index: int) -> Dict[str, Any]:
-        """The consumer-facing arrays of device slot ``index`` (fresh objects)."""
+    def allocate(self) -> Any:
+        """Memory for one device slot (every field of a batch)."""
         raise NotImplementedError
 
-    def reallocate(self, index: int) -> None:
-        """Give device slot ``index`` new memory; the old stays with arrays the consumer kept."""
+    def free(self, memory: Any) -> None:
+        """Free one device slot's memory; the caller is the copier thread or inside :meth:`activate`."""
         raise NotImplementedError
 
-    def guard(self, index: int) -> None:
-        """Order the next copy into slot ``index`` after the work the consumer has queued so far."""
+    def export(self, memory: Any, owner: Any) -> Dict[str, Any]:
+        """The consumer-facing arrays of a device slot; each keeps ``owner`` alive."""
         raise NotImplementedError
 
-    def copy(self, host: Dict[str, np.ndarray], index: int) -> None:
-        """Start copying the host slot's arrays into device slot ``index``."""
+    def current_stream(self) -> Any:
+        """The stream current on the calling thread, for :meth:`guard` later (any thread may call this)."""
         raise NotImplementedError
 
-    def wait(self, index: int) -> None:
-        """Block until the copy into device slot ``index`` has completed."""
+    def activate(self) -> ContextManager:
+        """Make the device's context current on the calling thread for the duration (to free memory there)."""
         raise NotImplementedError
 
-    def close(self) -> None:
-        """Free everything (idempotent)."""
+    def guard(self, memory: Any, stream: Any) -> None:
+        """Order the next copy into ``memory`` after the work queued on ``stream`` so far."""
+        raise NotImplementedError
+
+    def copy(self, host: Dict[str, np.ndarray], memory: Any) -> None:
+        """Start copying the host slot's arrays into the device slot ``memory``."""
+        raise NotImplementedError
+
+    def wait(self, memory: Any) -> None:
+        """Block until the copy into ``memory`` has completed."""
+        raise NotImplementedError
+
+    def close(self, slots_outstanding: int) -> None:
+        """Free everything but the device slots still held (``slots_outstanding`` of them); idempotent."""
         raise NotImplementedError
 
 
@@ -150,6 +175,59 @@ def resolve_device(device) -> Optional[TransferBackend]:
     return PycudaBackend(ordinal)
 
 
+class _Driver:
+    """The CUDA driver calls pycuda lacks: recording an event on a stream that another library created."""
+
+    def __init__(self) -> None:
+        library = None
+        for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+            try:
+                library = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        if library is None:
+            raise OSError("the CUDA driver library (libcuda) cannot be loaded")
+        handle, pointer = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
+        self._calls = {}
+        for call, arguments in (("cuEventCreate", [pointer, ctypes.c_uint]),
+                                ("cuEventRecord", [handle, handle]),
+                                ("cuStreamWaitEvent", [handle, handle, ctypes.c_uint]),
+                                ("cuEventDestroy_v2", [handle])):
+            function = getattr(library, call)
+            function.argtypes, function.restype = arguments, ctypes.c_int
+            self._calls[call] = function
+
+    def _call(self, call: str, *arguments) -> None:
+        status = self._calls[call](*arguments)
+        if status != 0:
+            raise RuntimeError(f"{call} failed with CUDA error {status}")
+
+    def event(self) -> int:
+        event = ctypes.c_void_p()
+        self._call("cuEventCreate", ctypes.byref(event), _CU_EVENT_DISABLE_TIMING)
+        return event.value
+
+    def order(self, event: int, stream: int, waiting_stream: int) -> None:
+        """Make ``waiting_stream`` wait for the work queued on ``stream`` so far."""
+        self._call("cuEventRecord", event, stream)
+        self._call("cuStreamWaitEvent", waiting_stream, event, 0)
+
+    def destroy(self, event: int) -> None:
+        self._call("cuEventDestroy_v2", event)
+
+
+class _DeviceSlot:
+    """One batch's device memory: an allocation per field, and the events that order copies into it."""
+
+    __slots__ = ("allocations", "copied", "released")
+
+    def __init__(self, allocations: Dict[str, Any], copied: Any, released: int) -> None:
+        self.allocations = allocations
+        self.copied = copied  # recorded on the copy stream after the copy
+        self.released = released  # recorded on the consumer's stream before the next copy
+
+
 class PycudaBackend(TransferBackend):
     """Page-locked host slots, device slots and one non-blocking copy stream in the device's primary context.
 
@@ -162,15 +240,15 @@ class PycudaBackend(TransferBackend):
         self.name = f"cuda:{ordinal}"
         self._context = None
         self._host: List[Dict[str, np.ndarray]] = []
-        self._device: List[Dict[str, Any]] = []
         self._fields: Fields = {}
 
-    def open(self, fields: Fields, host_slots: int, device_slots: int) -> List[Dict[str, np.ndarray]]:
+    def open(self, fields: Fields, host_slots: int) -> List[Dict[str, np.ndarray]]:
         import pycuda.driver as cuda
 
         self._cuda = cuda
         self._fields = dict(fields)
         cuda.init()
+        self._driver = _Driver()
         self._context = cuda.Device(self.ordinal).retain_primary_context()
         self._context.push()
         slot_bytes = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in fields.values())
@@ -178,81 +256,113 @@ class PycudaBackend(TransferBackend):
             self._stream = cuda.Stream(flags=_CU_STREAM_NON_BLOCKING)
             self._host = [{name: cuda.pagelocked_empty(shape, dtype) for name, (shape, dtype) in fields.items()}
                           for _ in range(host_slots)]
-            self._device = [self._allocate() for _ in range(device_slots)]
-            self._copied = [cuda.Event() for _ in range(device_slots)]
-            self._released = [cuda.Event() for _ in range(device_slots)]
         except (cuda.Error, MemoryError) as error:
-            self.close()
-            raise MemoryError(f"cannot allocate {host_slots} page-locked host slots and {device_slots} slots on "
-                              f"{self.name} of {slot_bytes / 2**20:.1f} MiB each: {error}") from error
+            self.close(0)
+            raise MemoryError(f"cannot allocate {host_slots} page-locked host slots of {slot_bytes / 2**20:.1f} "
+                              f"MiB each: {error}") from error
         return self._host
 
-    def _allocate(self) -> Dict[str, Any]:
-        return {name: self._cuda.mem_alloc(int(np.prod(shape)) * np.dtype(dtype).itemsize)
-                for name, (shape, dtype) in self._fields.items()}
+    def allocate(self) -> _DeviceSlot:
+        cuda = self._cuda
+        try:
+            allocations = {name: cuda.mem_alloc(int(np.prod(shape)) * np.dtype(dtype).itemsize)
+                           for name, (shape, dtype) in self._fields.items()}
+        except cuda.Error as error:
+            slot_bytes = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in self._fields.values())
+            raise MemoryError(f"cannot allocate a batch slot of {slot_bytes / 2**20:.1f} MiB on {self.name}: "
+                              f"{error}") from error
+        return _DeviceSlot(allocations, cuda.Event(), self._driver.event())
 
-    def device_batch(self, index: int) -> Dict[str, Any]:
-        return {name: DeviceArray(int(memory), self._fields[name][0], self._fields[name][1], self.name, memory)
-                for name, memory in self._device[index].items()}
+    def free(self, memory: _DeviceSlot) -> None:
+        for allocation in memory.allocations.values():
+            allocation.free()
+        self._driver.destroy(memory.released)
+        memory.allocations, memory.copied = {}, None
 
-    def reallocate(self, index: int) -> None:
-        self._device[index] = self._allocate()
+    def export(self, memory: _DeviceSlot, owner: Any) -> Dict[str, Any]:
+        return {name: DeviceArray(int(allocation), self._fields[name][0], self._fields[name][1], self.name, owner)
+                for name, allocation in memory.allocations.items()}
 
-    def guard(self, index: int) -> None:
-        self._released[index].record()  # the legacy default stream: after everything the consumer queued
-        self._stream.wait_for_event(self._released[index])
+    def current_stream(self) -> int:
+        """PyTorch's current stream if PyTorch uses CUDA, else CuPy's if CuPy is loaded, else the legacy one (0)."""
+        try:
+            torch = sys.modules.get("torch")
+            if torch is not None and torch.cuda.is_initialized():
+                return int(torch.cuda.current_stream(self.ordinal).cuda_stream)
+            cupy = sys.modules.get("cupy")
+            if cupy is not None:
+                return int(cupy.cuda.get_current_stream().ptr)
+        except Exception:  # noqa: BLE001 - e.g. at interpreter shutdown; the legacy stream is the safe default
+            pass
+        return 0
 
-    def copy(self, host: Dict[str, np.ndarray], index: int) -> None:
-        for name, memory in self._device[index].items():
-            self._cuda.memcpy_htod_async(memory, host[name], self._stream)
-        self._copied[index].record(self._stream)
+    @contextlib.contextmanager
+    def activate(self):
+        self._context.push()
+        try:
+            yield
+        finally:
+            self._cuda.Context.pop()
 
-    def wait(self, index: int) -> None:
-        self._copied[index].synchronize()
+    def guard(self, memory: _DeviceSlot, stream: Any) -> None:
+        if stream is not None:
+            self._driver.order(memory.released, stream, self._stream.handle)
 
-    def close(self) -> None:
+    def copy(self, host: Dict[str, np.ndarray], memory: _DeviceSlot) -> None:
+        for name, allocation in memory.allocations.items():
+            self._cuda.memcpy_htod_async(allocation, host[name], self._stream)
+        memory.copied.record(self._stream)
+
+    def wait(self, memory: _DeviceSlot) -> None:
+        memory.copied.synchronize()
+
+    def close(self, slots_outstanding: int) -> None:
         if self._context is None:
             return
         stream = getattr(self, "_stream", None)
         if stream is not None:
             stream.synchronize()
-        # Dropping the last references frees memory, events and the stream here, in the context's thread;
-        # device arrays a consumer still holds keep their allocation until they go.
-        self._host, self._device, self._copied, self._released, self._stream = [], [], [], [], None
+        # Dropping the last references frees the host slots and the stream here, in the context's thread.
+        self._host, self._stream = [], None
         self._cuda.Context.pop()
-        self._context.detach()
-        self._context = None
+        if slots_outstanding == 0:
+            self._context.detach()
+            self._context = None
+        # Otherwise the context object stays: threads that give the held slots back push it to free them.
 
 
 class Copier:
-    """The thread that owns the backend and moves batch k from host slot k % S to device slot k % S, in order.
+    """The thread that owns the backend and moves batch k from host slot k % S into a device slot, in order.
 
     Parameters
     ----------
     backend : TransferBackend
-        Does the device work; only this thread calls it.
+        Does the device work; only this thread calls it (see :class:`TransferBackend` for the exceptions).
     fields : dict
         Field name -> (shape, dtype) of a batch.
     slots : int
-        Host slots and device slots (as many of each).
+        Host slots, and batches in flight on the device side.
+    capacity : int
+        Most device slots; more than ``slots`` lets the consumer keep earlier batches without waits.
     profile : Profile
-        Copy time goes to the ``copy`` stage.
+        Copy time goes to the ``copy`` stage, waits for a device slot to ``stall``.
     """
 
-    def __init__(self, backend: TransferBackend, fields: Fields, slots: int, profile: Profile) -> None:
+    def __init__(self, backend: TransferBackend, fields: Fields, slots: int, capacity: int, profile: Profile) -> None:
         self.backend = backend
         self.fields = fields
         self.slots = slots
+        self.capacity = capacity
         self.profile = profile
-        self.host_ring: Optional[Ring] = None
-        self.device_ring: Optional[Ring] = None
+        self.host_slots: Optional[FixedSlots] = None
+        self.host_ring = Ring(slots)
+        self.device_ring = Ring(slots)
+        self.device_pool: Optional[SlotPool] = None
         self._producers_alive: Callable[[], bool] = lambda: False
         self._opened = threading.Event()
         self._go = threading.Event()
         self._producers_done = threading.Event()
         self._open_error: Optional[BaseException] = None
-        self._lock = threading.Lock()
-        self._reallocate: set = set()
         self.thread = threading.Thread(target=self._run, name="emfast-copier", daemon=True)
 
     def open(self) -> None:
@@ -268,11 +378,6 @@ class Copier:
         self._producers_alive = producers_alive
         self._go.set()
 
-    def reallocate(self, index: int) -> None:
-        """Consumer: device slot ``index`` was kept past release; give it new memory before its next use."""
-        with self._lock:
-            self._reallocate.add(index)
-
     def alive(self) -> bool:
         return self.thread.is_alive()
 
@@ -280,16 +385,19 @@ class Copier:
         """After the rings are closed and the producers joined: free everything in the thread and join it."""
         self._producers_done.set()
         self._go.set()
-        if self.thread.ident is not None:
+        if self.thread.ident is not None and self.thread is not threading.current_thread():
             self.thread.join()
 
     def _run(self) -> None:
         try:
-            host = self.backend.open(self.fields, self.slots, self.slots)
-            self.host_ring = Ring(host)
-            self.device_ring = Ring([self.backend.device_batch(i) for i in range(self.slots)])
+            self.host_slots = FixedSlots(self.backend.open(self.fields, self.slots))
+            self.device_pool = SlotPool(self.backend.allocate, self.backend.free, self.capacity,
+                                        self.backend.current_stream, self.backend.activate)
+            self.device_pool.prefill(self.slots)
         except BaseException as error:
             self._open_error = error
+            if self.device_pool is not None:
+                self.backend.close(self.device_pool.close())
             self._opened.set()
             return
         self._opened.set()
@@ -298,9 +406,9 @@ class Copier:
             self._copy_all()
         finally:
             self.host_ring.close()  # stops the producers if the copier stopped first (an error)
-            self._producers_done.wait()
-            self.host_ring.slots = []
-            self.backend.close()
+            self._producers_done.wait()  # set by finish(), after the consumer closed the device ring
+            self.host_slots.close()
+            self.backend.close(self.device_pool.close())
 
     def _copy_all(self) -> None:
         number = 0
@@ -313,21 +421,17 @@ class Copier:
                 self.device_ring.fail(number, error)
                 return
             try:
-                self.device_ring.wait_free(number)
-                index = number % self.slots
-                with self._lock:
-                    renew = index in self._reallocate
-                    self._reallocate.discard(index)
-                if renew:
-                    self.backend.reallocate(index)
-                    self.device_ring.slots[index] = self.backend.device_batch(index)
+                with self.profile.timer("stall"):
+                    self.device_ring.wait_turn(number)
+                    slot = self.device_pool.acquire(number, lambda: self.device_ring.closed)
                 with self.profile.timer("copy"):
-                    self.backend.guard(index)
-                    self.backend.copy(host, index)
-                    self.backend.wait(index)
+                    self.backend.guard(slot.memory, slot.stream)
+                    slot.stream = None
+                    self.backend.copy(host.slot.memory, slot.memory)
+                    self.backend.wait(slot.memory)
                 del host
                 self.host_ring.release(number)
-                self.device_ring.publish(number, plan)
+                self.device_ring.publish(number, (self.device_pool.lease(slot), plan))
             except RingClosed:
                 return
             except BaseException as error:

@@ -1,0 +1,220 @@
+"""Batch lifetime as training loops really hold batches: the previous batch alive until reassigned, batches kept,
+dropped loaders. On the CPU and on the fake device, which enforces the rules of a real GPU."""
+import gc
+import hashlib
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+import emfast as ef
+from emfast.pool import BackPressureWarning, SlotsExhaustedError
+from fake_transfer import FakeDevice
+
+PATCH = (4, 16, 12)
+DEVICES = ["cpu", "fake"]
+
+
+@pytest.fixture
+def volumes(rng):
+    return (rng.integers(0, 256, (12, 40, 36), dtype=np.uint8),
+            rng.integers(0, 2**40, (12, 40, 36), dtype=np.uint64))
+
+
+def make_loader(volumes, device, **kwargs):
+    raw, labels = volumes
+    backend = FakeDevice(max_delay=0.0005) if device == "fake" else "cpu"
+    arguments = dict(patch=PATCH, batch_size=3, seed=5, threads=2, device=backend)
+    arguments.update(kwargs)
+    return ef.Loader(raw, labels, **arguments), backend
+
+
+def digest(*arrays):
+    hasher = hashlib.sha256()
+    for array in arrays:
+        hasher.update(np.ascontiguousarray(array).tobytes())
+    return hasher.hexdigest()
+
+
+def careful_stream(volumes, device, count):
+    """Digests of ``count`` batches, every reference dropped before the next request."""
+    loader, _ = make_loader(volumes, device)
+    with loader:
+        return [digest(batch["raw"], batch["labels"]) for _, batch in zip(range(count), loader)]
+
+
+def assert_rules_kept(backend):
+    if isinstance(backend, FakeDevice):
+        assert backend.violations == []
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_natural_loop_allocates_nothing_per_batch_and_never_touches_held_arrays(volumes, device):
+    count = 2000
+    loader, backend = make_loader(volumes, device)
+    digests, held = [], None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning at all in steady state
+        with loader:
+            for _, batch in zip(range(count), loader):
+                if held is not None:  # the previous batch is still referenced here: it must be unchanged
+                    assert digest(*held[:2]) == held[2]
+                # as a training step keeps them: x and y live until this line runs again
+                x, y = batch["raw"], batch["labels"][:, :, 1:]
+                held = (x, y, digest(x, y))
+                digests.append(digest(batch["raw"], batch["labels"]))
+    assert loader.slots_allocated <= loader.buffers + 1
+    assert_rules_kept(backend)
+    assert digests == careful_stream(volumes, device, count)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kept_batches_stay_intact_within_max_buffers(volumes, device):
+    loader, backend = make_loader(volumes, device, buffers=2, max_buffers=24)
+    kept = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with loader:
+            for _, batch in zip(range(20), loader):
+                kept.append((batch["raw"], batch["labels"][1:3]))
+                kept[-1] += (digest(*kept[-1]),)
+    assert [digest(a, b) for a, b, _ in kept] == [d for *_, d in kept]  # also after close
+    assert_rules_kept(backend)
+    careful = []
+    with make_loader(volumes, device)[0] as again:
+        for _, batch in zip(range(20), again):
+            careful.append(digest(batch["raw"], batch["labels"][1:3]))
+    assert [d for *_, d in kept] == careful
+    del kept
+    if isinstance(backend, FakeDevice):
+        assert backend.live == 0 and backend.violations == []  # the slots kept past close were freed in context
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_holding_every_slot_warns_once_then_fails_clearly_instead_of_hanging(volumes, device):
+    loader, backend = make_loader(volumes, device, buffers=2, max_buffers=3)
+    kept = []
+    started = time.monotonic()
+    with pytest.warns(BackPressureWarning, match="max_buffers") as caught:
+        with pytest.raises(SlotsExhaustedError, match="all 3 batch slots"):
+            with loader:
+                for batch in loader:
+                    kept.append(batch["raw"])
+    assert time.monotonic() - started < 20
+    assert sum(issubclass(w.category, BackPressureWarning) for w in caught) == 1
+    assert len(kept) == 3
+    del kept, batch
+    assert_rules_kept(backend)
+    if isinstance(backend, FakeDevice):
+        assert backend.live == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_another_thread_dropping_batches_later_is_waited_for(volumes, device):
+    """A consumer that hands batches to another thread: at the cap the loader waits, it does not fail."""
+    loader, backend = make_loader(volumes, device, buffers=2, max_buffers=3)
+    handed = []
+    lock = threading.Lock()
+
+    def drop_later():
+        time.sleep(0.3)
+        with lock:
+            handed.clear()
+
+    droppers = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BackPressureWarning)
+        with loader:
+            for _, batch in zip(range(8), loader):
+                with lock:
+                    handed.append(batch["raw"])
+                droppers.append(threading.Thread(target=drop_later))
+                droppers[-1].start()
+    for thread in droppers:
+        thread.join()
+    assert loader.profile.seconds["stall"] > 0
+    assert_rules_kept(backend)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_arrays_outlive_release_and_close(volumes, device):
+    loader, backend = make_loader(volumes, device)
+    with loader:
+        batch = loader.next_batch()
+        x = batch["raw"][:, :, 1:3]
+        expected = x.copy()
+        batch.release()
+        with pytest.raises(ef.BatchReleasedError):
+            batch["raw"]
+        for _ in range(10):
+            loader.next_batch()
+        np.testing.assert_array_equal(x, expected)
+    np.testing.assert_array_equal(x, expected)
+    if isinstance(backend, FakeDevice):
+        assert backend.live == 1  # only x's slot is left, until x goes
+        del x
+        assert backend.live == 0
+    assert_rules_kept(backend)
+
+
+def test_device_slot_waits_for_the_stream_current_where_it_was_given_back(volumes):
+    loader, device = make_loader(volumes, "fake", buffers=2)
+    with loader:
+        iterator = iter(loader)
+        for _ in range(12):
+            with device.stream("training"):  # as under torch.cuda.stream(s): the last reference dies here
+                batch = next(iterator)
+                x = batch["raw"]
+                del x
+    streams = {stream for _, stream in device.guards}
+    assert streams == {"training"} and len(device.guards) >= 8
+    assert device.violations == []
+
+
+def test_a_dropped_loader_stops_without_the_cycle_collector(volumes):
+    """No reference cycle keeps a loader alive: it stops as soon as it is unreachable, even while the program
+    still holds its last batch and arrays."""
+    gc.disable()
+    try:
+        kept = []
+        for _ in range(100):
+            loader, _ = make_loader(volumes, "cpu", threads=1)
+            batch = loader.next_batch()
+            kept.append((batch, batch["raw"]))
+            del loader, batch
+        deadline = time.time() + 10
+        while any(t.name.startswith("emfast-") for t in threading.enumerate()) and time.time() < deadline:
+            time.sleep(0.01)
+        assert not any(t.name.startswith("emfast-") for t in threading.enumerate())
+        batch, raw = kept[-1]
+        assert raw.shape == (3, 1) + PATCH and batch.release() is None
+    finally:
+        gc.enable()
+
+
+def test_finalizer_running_on_a_producer_thread_does_not_join_itself(volumes, monkeypatch):
+    """A collection can run an abandoned loader's finalizer on one of its own producer threads."""
+    loader, _ = make_loader(volumes, "cpu", threads=2)
+    errors = []
+    plan = type(loader._planner).plan
+
+    def plan_then_finalize(epoch, index):
+        if index == 3:
+            try:
+                loader._finalizer()
+            except BaseException as error:  # noqa: BLE001 - recorded for the assertion
+                errors.append(error)
+        return plan(loader._planner, epoch, index)
+
+    monkeypatch.setattr(loader._planner, "plan", plan_then_finalize)
+    with pytest.raises(RuntimeError, match="closed"):
+        with loader:
+            for _ in loader:
+                pass
+    assert errors == []
+    # The thread that ran the finalizer could not join itself: it ends on its own, promptly.
+    deadline = time.time() + 5
+    while any(t.name.startswith("emfast-") for t in threading.enumerate()) and time.time() < deadline:
+        time.sleep(0.01)
