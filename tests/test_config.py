@@ -185,6 +185,7 @@ def _line_of(text: str, needle: str) -> int:
     ("  patch: [4, 16, 16]", "  patch: big", "loader.patch", "patch: big", ["list of 3 integers", "'big'"]),
     ("  patch: [4, 16, 16]", "  patch: [4, 16]", "loader.patch", "patch: [4, 16]", ["list of 3 integers"]),
     ("  seed: 3", "  seed: three", "loader.seed", "seed: three", ["expected an integer"]),
+    ("  seed: 3", "  max_buffers: 1", "loader.max_buffers", "max_buffers", ["integer >= 2"]),
     ("  - mirror", "  - mirorr", "augment[0]", "mirorr", ["unknown augmentation", "did you mean 'mirror'"]),
     ("{scale: 0.2", "{scael: 0.2", "augment[1].intensity.scael", "scael",
      ["did you mean 'scale'", "parameters: scale, shift"]),

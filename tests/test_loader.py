@@ -258,6 +258,8 @@ def test_memory_does_not_grow_while_streaming(volumes):
     (dict(batch_size=0), ValueError, "batch_size must be an integer >= 1"),
     (dict(threads=0), ValueError, "threads"),
     (dict(buffers=1), ValueError, "buffers must be an integer >= 2"),
+    (dict(buffers=5, max_buffers=3), ValueError, r"max_buffers \(3\) must be at least buffers \(5\)"),
+    (dict(max_buffers=True), ValueError, "max_buffers must be an integer"),
     (dict(epoch_size=0), ValueError, "epoch_size"),
     (dict(seed=-1), ValueError, "seed"),
     (dict(dtype="float64"), ValueError, "dtype must be"),

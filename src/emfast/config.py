@@ -464,7 +464,7 @@ def _check_loader_value(reader: _Reader, key: str, value, path: Path_):
         return reader.integer(value, path, minimum=positive[key])
     if key == "epoch_size":
         return None if value is None else reader.integer(value, path, minimum=1)
-    if key == "buffers":
+    if key in ("buffers", "max_buffers"):
         return None if value is None else reader.integer(value, path, minimum=2)
     if key in ("dtype", "device"):
         return reader.string(value, path)
@@ -1013,16 +1013,19 @@ def describe(config: Config, *, cache_dir=None, demo_shape=None) -> str:
             geometry = f"patch {_tuple(loader.patch_out)}" if loader.patch_in == loader.patch_out else \
                 f"patch_in {_tuple(loader.patch_in)} -> patch_out {_tuple(loader.patch_out)}"
             lines.append(f"loader ({split}): batch {loader.batch_size} x {geometry}, {loader.threads} thread(s), "
-                         f"{loader.buffers} buffers, {epoch}, seed {loader.seed}, device {loader.device}")
+                         f"{loader.buffers} buffers (at most {loader.max_buffers}), {epoch}, seed {loader.seed}, "
+                         f"device {loader.device}")
             lines.append("  augment  " + (", ".join(map(repr, loader.augmentations)) or "none"))
             lines.append("  targets  " + (", ".join(map(repr, loader.targets)) or "none"))
             lines.append(f"  sampler  {loader.sampler!r}")
             lines.append("  fields   " + ", ".join(f"{name} {_tuple(shape)} {dtype}"
                                                   for name, (shape, dtype) in loader.fields.items()))
-            slots += loader.buffers * loader.slot_bytes
-            if loader.device != "cpu":
-                lines.append(f"  device   {_size(loader.buffers * loader.slot_bytes)} of device slots besides the "
-                             "page-locked host slots")
+            if loader.device == "cpu":
+                slots += loader.max_buffers * loader.slot_bytes
+            else:
+                slots += loader.buffers * loader.slot_bytes
+                lines.append(f"  device   at most {_size(loader.max_buffers * loader.slot_bytes)} of device slots "
+                             "besides the page-locked host slots")
             indexes += getattr(loader.sampler, "index_nbytes", 0)
         total = in_memory + slots + caches + indexes
         lines.append(f"memory: volumes in memory {_size(in_memory)}, batch slots {_size(slots)}, chunk-cache "
