@@ -71,3 +71,28 @@ def test_missing_device_is_a_clear_error(volumes):
     raw, _ = volumes
     with pytest.raises(RuntimeError, match="cuda:64' cannot be used"):
         ef.Loader(raw, patch=PATCH, device="cuda:64")
+
+
+def test_natural_torch_loop_keeps_device_memory_flat(volumes):
+    """The loop users write: the previous batch's tensors live until reassigned. No device slot per batch, no
+    memory lost, and tensors held past close stay readable, then are freed in context."""
+    torch = pytest.importorskip("torch")
+    raw, labels = volumes
+    with ef.Loader(raw, labels, patch=PATCH, seed=6, threads=2, device="cuda") as loader, \
+            ef.Loader(raw, labels, patch=PATCH, seed=6) as cpu:
+        iterator, expected = iter(loader), iter(cpu)
+        for _ in range(50):
+            tensors = next(iterator).torch()
+            torch.testing.assert_close(tensors["raw"].cpu(), torch.from_numpy(next(expected)["raw"]))
+        torch.cuda.synchronize()
+        free = torch.cuda.mem_get_info()[0]
+        for _ in range(1000):
+            tensors = next(iterator).torch()
+            tensors["raw"].mul(2).sum().item()
+        torch.cuda.synchronize()
+        assert torch.cuda.mem_get_info()[0] >= free - 2**20
+        assert loader.slots_allocated <= loader.buffers + 1
+        kept = tensors["labels"].clone()
+    torch.testing.assert_close(tensors["labels"], kept)  # still valid after close
+    del tensors
+    torch.cuda.synchronize()
