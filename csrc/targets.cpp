@@ -108,15 +108,15 @@ inline void store_lanes(uint8_t *out, const __m128i lanes[4]) { store_bytes(out,
 /* ---------------------------------------------------------------------------------------------------------- */
 /* Affinities */
 
-/* Output voxels of one channel whose neighbour u - offset is inside the patch: [lo, hi) along each axis. */
+/* Output voxels of one channel whose neighbour u + offset is inside the patch: [lo, hi) along each axis. */
 struct Overlap {
     int64_t lo[3], hi[3];
 
     Overlap(const Geometry &g, const int64_t offset[3]) {
         for (int a = 0; a < 3; ++a) {
-            /* 0 <= v + margin - offset < shape  <=>  offset - margin <= v < shape - margin + offset */
-            lo[a] = std::min(std::max<int64_t>(offset[a] - g.margin[a], 0), g.out[a]);
-            hi[a] = std::max(std::min(g.shape[a] - g.margin[a] + offset[a], g.out[a]), lo[a]);
+            /* 0 <= v + margin + offset < shape  <=>  -offset - margin <= v < shape - margin - offset */
+            lo[a] = std::min(std::max<int64_t>(-offset[a] - g.margin[a], 0), g.out[a]);
+            hi[a] = std::max(std::min(g.shape[a] - g.margin[a] - offset[a], g.out[a]), lo[a]);
         }
     }
 };
@@ -155,11 +155,11 @@ void affinities_all(const emf_labels &labels, const int64_t *offsets, int64_t ch
     const Geometry g(labels);
     const T *data = static_cast<const T *>(labels.data);
     std::vector<Overlap> boxes;
-    std::vector<int64_t> backs; /* element distance u -> u - offset */
+    std::vector<int64_t> steps; /* element distance u -> u + offset */
     for (int64_t k = 0; k < channels; ++k) {
         const int64_t *d = offsets + 3 * k;
         boxes.emplace_back(g, d);
-        backs.push_back(d[0] * g.stride_z + d[1] * g.stride_y + d[2]);
+        steps.push_back(d[0] * g.stride_z + d[1] * g.stride_y + d[2]);
     }
     const int64_t nx = g.out[2];
     for (int64_t n = 0; n < labels.count; ++n) {
@@ -180,7 +180,7 @@ void affinities_all(const emf_labels &labels, const int64_t *offsets, int64_t ch
                     std::memset(m + x1, 0, static_cast<size_t>(nx - x1));
                     if (x0 == x1) continue;
                     if (!kIgnore) std::memset(m + x0, 1, static_cast<size_t>(x1 - x0));
-                    affinity_row<T, Out, kBackground, kIgnore>(center + x0, center + x0 - backs[k], x1 - x0,
+                    affinity_row<T, Out, kBackground, kIgnore>(center + x0, center + x0 + steps[k], x1 - x0,
                                                                background, ignore, o + x0, m + x0);
                 }
             }

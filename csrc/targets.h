@@ -38,8 +38,8 @@ typedef struct {
 
 /* Affinities for `channels` offsets (offsets[3 k + axis], any sign, not all zero), after gunpowder's
  * seg_to_affgraph: at output voxel v (label voxel u = v + margin),
- *     out[n, k, v]  = label[u] == label[u - offset_k] and (no background or label[u] != background)
- *     mask[n, k, v] = u - offset_k inside the patch and (no ignore or neither label equals ignore)
+ *     out[n, k, v]  = label[u] == label[u + offset_k] and (no background or label[u] != background)
+ *     mask[n, k, v] = u + offset_k inside the patch and (no ignore or neither label equals ignore)
  * with out forced to 0 where the neighbour is outside the patch. out_dtype: uint8 or float32 (0 / 1). */
 int emf_affinities(const emf_labels *labels, const int64_t *offsets, int64_t channels, int has_background,
                    uint64_t background, int has_ignore, uint64_t ignore, emf_target_dtype out_dtype, void *out,

@@ -68,14 +68,14 @@ def _neighbours(labels, margin, offset):
 
 
 def affinities_reference(labels, offsets, margin=(0, 0, 0), background=0, ignore=None, dtype=np.float32):
-    """gunpowder's seg_to_affgraph convention: channel k links u with u - offsets[k].
+    """gunpowder's seg_to_affgraph convention: channel k links u with u + offsets[k].
 
     Returns (affinities, mask) of shape (B, K, Z - 2 mz, Y - 2 my, X - 2 mx).
     """
     inner = _inner(labels, margin)
     affinities, masks = [], []
     for offset in offsets:
-        neighbour, known = _neighbours(labels, margin, [-d for d in offset])
+        neighbour, known = _neighbours(labels, margin, offset)
         same = (inner == neighbour) & known
         if background is not None:
             same &= inner != background

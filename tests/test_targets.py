@@ -63,14 +63,52 @@ def test_affinities_match_numpy(rng, dtype, margin, offsets):
 
 
 def test_affinities_follow_gunpowder_convention():
-    """Channel k at v links v with v - offset: by hand on one row."""
+    """Channel k at v links v with v + offset: by hand on one row."""
     labels = np.array([1, 1, 2, 2, 0, 0, 3], dtype=np.uint64).reshape(1, 1, 1, 1, 7)
     out, mask = np.empty((1, 2, 1, 1, 7), np.float32), np.empty((1, 2, 1, 1, 7), np.uint8)
-    _targets.affinities(labels, [(0, 0, 1), (0, 0, -2)], (0, 0, 0), 0, 3, out, mask)
+    _targets.affinities(labels, [(0, 0, -1), (0, 0, 2)], (0, 0, 0), 0, 3, out, mask)
     np.testing.assert_array_equal(out[0, 0, 0, 0], [0, 1, 0, 1, 0, 0, 0])  # label[x] == label[x - 1] != 0
     np.testing.assert_array_equal(mask[0, 0, 0, 0], [0, 1, 1, 1, 1, 1, 0])  # x - 1 outside; 3 is ignored
     np.testing.assert_array_equal(out[0, 1, 0, 0], [0, 0, 0, 0, 0, 0, 0])  # label[x] == label[x + 2]
     np.testing.assert_array_equal(mask[0, 1, 0, 0], [1, 1, 1, 1, 0, 0, 0])
+
+
+def seg_to_affgraph(seg, nhood):
+    """gunpowder's documented definition (``gunpowder.nodes.add_affinities.seg_to_affgraph``), restated: for
+    edge e with offset d, the voxels v with v and v + d both inside get ``seg[v] == seg[v + d]`` and both > 0;
+    every other voxel gets 0."""
+    aff = np.zeros((len(nhood),) + seg.shape, dtype=np.int32)
+    for e, d in enumerate(nhood):
+        here = tuple(slice(max(0, -k), min(n, n - k)) for k, n in zip(d, seg.shape))
+        there = tuple(slice(max(0, k), min(n, n + k)) for k, n in zip(d, seg.shape))
+        aff[(e,) + here] = (seg[here] == seg[there]) & (seg[here] > 0) & (seg[there] > 0)
+    return aff
+
+
+@pytest.mark.parametrize("nhood", [
+    [(-1, 0, 0), (0, -1, 0), (0, 0, -1)],                       # gunpowder's usual nearest neighbours
+    [(1, 0, 0), (0, 1, 0), (0, 0, 1)],
+    [(-1, 0, 0), (0, -3, 0), (0, 0, -9), (0, 9, 0), (-2, 4, -5)],  # long range and mixed signs (lsd configs)
+])
+def test_affinities_equal_gunpowder_seg_to_affgraph(rng, nhood):
+    seg = rng.integers(0, 4, (7, 22, 23)).astype(np.uint64)  # few ids and background 0: many equal neighbours
+    out = np.empty((1, len(nhood)) + seg.shape, np.float32)
+    mask = np.empty(out.shape, np.uint8)
+    _targets.affinities(seg[None, None], nhood, (0, 0, 0), 0, None, out, mask)
+    np.testing.assert_array_equal(out[0], seg_to_affgraph(seg, nhood))
+    # and through the public target, cut from a larger label window: the same where the neighbour is known
+    target = Affinities(offsets=nhood)
+    margin = target.margin()
+    outputs = {name: np.empty((1, channels) + tuple(s - 2 * m for s, m in zip(seg.shape, margin)), dtype)
+               for name, (channels, dtype) in target.outputs().items()}
+    target.compute(seg[None, None], margin, outputs)
+    inner = tuple(slice(m, s - m) for m, s in zip(margin, seg.shape))
+    np.testing.assert_array_equal(outputs["affinities"][0], seg_to_affgraph(seg, nhood)[(slice(None),) + inner])
+    assert outputs["affinities_mask"].all()
+
+
+def test_default_affinities_are_gunpowders_nearest_neighbours():
+    assert Affinities().offsets == ((-1, 0, 0), (0, -1, 0), (0, 0, -1))
 
 
 def test_huge_offsets_give_a_masked_channel(rng):

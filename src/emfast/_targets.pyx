@@ -153,7 +153,7 @@ def affinities(labels, offsets, margin, background, ignore, out, mask):
     """Affinities of a label batch for K offsets, into ``out`` and ``mask`` (B, K, Zo, Yo, Xo), without the GIL.
 
     Convention of gunpowder's ``seg_to_affgraph``: channel k at output voxel v (label voxel u = v + margin) links
-    u with its neighbour u - offsets[k]. ``out`` is 1 where both labels are equal and label[u] is not
+    u with its neighbour u + offsets[k]. ``out`` is 1 where both labels are equal and label[u] is not
     ``background``, else 0, and 0 where the neighbour lies outside the patch. ``mask`` is 0 where the neighbour
     lies outside the patch or where either label equals ``ignore``, else 1.
 

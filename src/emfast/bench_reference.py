@@ -20,7 +20,7 @@ import numpy as np
 Triple = Tuple[int, int, int]
 
 #: The standard task's targets: affinities to the previous voxel along z, y and x (``emfast.Affinities()``).
-NEAREST_NEIGHBOURS = ((1, 0, 0), (0, 1, 0), (0, 0, 1))
+NEAREST_NEIGHBOURS = ((-1, 0, 0), (0, -1, 0), (0, 0, -1))
 #: Label voxels cut on each side of the output window so that every affinity is known.
 MARGIN = (1, 1, 1)
 #: Intensity augmentation of the standard task: gain in [1 - 0.1, 1 + 0.1], bias in [-0.1, 0.1].
@@ -79,7 +79,7 @@ def window(volume: np.ndarray, corner: Sequence[int], patch: Sequence[int], perm
 def affinities(labels: np.ndarray, offsets: Sequence[Sequence[int]] = NEAREST_NEIGHBOURS,
                margin: Sequence[int] = MARGIN, background: int = 0) -> Tuple[np.ndarray, np.ndarray]:
     """Affinities of a (Z + 2 mz, Y + 2 my, X + 2 mx) label window, gunpowder's convention (as
-    :class:`emfast.Affinities`): channel k at voxel v is 1 where v and ``v - offsets[k]`` have the same label and
+    :class:`emfast.Affinities`): channel k at voxel v is 1 where v and ``v + offsets[k]`` have the same label and
     it is not ``background``. Every offset lies within the margin, so every neighbour is known and the mask is 1.
 
     Returns (affinities (K, Z, Y, X) float32, mask (K, Z, Y, X) uint8).
@@ -91,7 +91,7 @@ def affinities(labels: np.ndarray, offsets: Sequence[Sequence[int]] = NEAREST_NE
     for k, offset in enumerate(offsets):
         if any(abs(d) > m for d, m in zip(offset, margin)):
             raise ValueError(f"offset {tuple(offset)} reaches beyond the margin {tuple(margin)}")
-        neighbour = labels[tuple(slice(m - d, m - d + o) for m, d, o in zip(margin, offset, out))]
+        neighbour = labels[tuple(slice(m + d, m + d + o) for m, d, o in zip(margin, offset, out))]
         result[k] = (inner == neighbour) & foreground
     return result, np.ones(result.shape, dtype=np.uint8)
 

@@ -13,7 +13,7 @@ parameters, and optional overrides for a validation loader on held-out samples::
       hold_out: [B]
     loader: {patch: [32, 128, 128], batch_size: 8, threads: 2, epoch_size: 100}
     augment: [mirror, transpose, {intensity: {scale: 0.1, shift: 0.1}}]
-    targets: [{affinities: {offsets: [[1, 0, 0], [0, 1, 0], [0, 0, 1]]}}]
+    targets: [{affinities: {offsets: [[-1, 0, 0], [0, -1, 0], [0, 0, -1]]}}]
     sampler: {balanced: {classes: boundary}}
     validation: {sampler: tiled, augment: []}
 

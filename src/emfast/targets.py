@@ -12,7 +12,7 @@ cut labels with :func:`required_margin` of all targets to get targets that are e
 
 Example::
 
-    targets = [Affinities(offsets=((1, 0, 0), (0, 1, 0), (0, 0, 1))), Foreground()]
+    targets = [Affinities(offsets=((-1, 0, 0), (0, -1, 0), (0, 0, -1))), Foreground()]
     margin = required_margin(targets)                      # (1, 1, 1)
     labels = ...                                           # (8, 1, 34, 130, 130) uint64, cut with that margin
     out = compute_targets(labels, targets, margin)         # {"affinities": (8, 3, 32, 128, 128) float32,
@@ -137,16 +137,19 @@ class Target:
 class Affinities(Target):
     """Affinities to neighbours at fixed offsets, with a mask of where they are known.
 
-    Convention of gunpowder's ``seg_to_affgraph``: channel k at voxel v is the affinity between v and its
-    neighbour ``v - offsets[k]``. It is 1 where both have the same label and that label is not ``background``,
-    else 0. The mask (field ``name + "_mask"``) is 0 where the neighbour lies outside the label patch (unknown;
+    Convention of gunpowder's ``seg_to_affgraph``, exactly: channel k at voxel v is the affinity between v and
+    its neighbour ``v + offsets[k]``, so the usual nearest-neighbour set is ``(-1, 0, 0), (0, -1, 0),
+    (0, 0, -1)`` (the default), and neighbourhoods copied from gunpowder or lsd configs mean the same here. It is
+    1 where both have the same label and that label is not ``background``, else 0. Only ``background`` is
+    background: gunpowder also treats negative ids (int64 labels) as background, emfast treats them as ordinary
+    objects; map them to ``background`` first if you rely on that. The mask (field ``name + "_mask"``) is 0 where the neighbour lies outside the label patch (unknown;
     the affinity is 0 there too) or where either voxel is labelled ``ignore``, else 1.
 
     Parameters
     ----------
     offsets : sequence of (int, int, int)
-        One (dz, dy, dx) per channel, any sign, not all zero, e.g. ``((1, 0, 0), (0, 1, 0), (0, 0, 1))`` for the
-        nearest neighbours and ``(0, 0, 9)`` for a long-range one. An offset as long as the patch along an axis is
+        One (dz, dy, dx) per channel, any sign, not all zero, e.g. ``((-1, 0, 0), (0, -1, 0), (0, 0, -1))`` for
+        the nearest neighbours and ``(0, 0, -9)`` for a long-range one. An offset as long as the patch along an axis is
         legal: its channel is then entirely masked.
     background : int or None
         Label id that never has affinity, not even to itself; None for no background.
@@ -158,7 +161,7 @@ class Affinities(Target):
         Field name of the affinities; the mask is ``name + "_mask"``.
     """
 
-    offsets: Sequence[Sequence[int]] = ((1, 0, 0), (0, 1, 0), (0, 0, 1))
+    offsets: Sequence[Sequence[int]] = ((-1, 0, 0), (0, -1, 0), (0, 0, -1))
     background: Optional[int] = 0
     ignore: Optional[int] = None
     dtype: str = "float32"
