@@ -1,6 +1,7 @@
 """YAML configs: parsing, round trip, the objects they build, every error with key path and line, emfast check and
 emfast demo --config."""
 import textwrap
+import time
 from pathlib import Path
 
 import h5py
@@ -239,6 +240,24 @@ def test_unsafe_or_malformed_yaml_is_refused_with_its_line(text, line, words):
     assert error.line == line, str(error)
     for word in words:
         assert word in str(error)
+
+
+def test_alias_bomb_is_refused_within_a_second():
+    """Nine nested levels of nine aliases would expand to 9**9 values (about 80 GB through the line marks)."""
+    levels = ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    for level in range(1, 9):
+        name, previous = chr(ord("a") + level), chr(ord("a") + level - 1)
+        levels.append(f"{name}: &{name} [" + ", ".join([f"*{previous}"] * 9) + "]")
+    text = "data:\n" + "".join(f"  {line}\n" for line in levels) + "loader: {patch: [1, 1, 1]}\n"
+    started = time.perf_counter()
+    error = _error(text)
+    assert time.perf_counter() - started < 1
+    assert "more than 100,000 values" in str(error) and "aliases" in str(error)
+
+
+def test_a_few_aliases_are_still_fine():
+    text = BASE.replace("  patch: [4, 16, 16]", "  patch: &p [4, 16, 16]").replace("  seed: 3", "  seed: 3\n  patch_in: *p")
+    assert load_config(text).loader_args["patch_in"] == [4, 16, 16]
 
 
 def test_a_python_tag_never_runs(tmp_path):

@@ -87,9 +87,18 @@ def _format_path(path: Path_) -> str:
 
 _SAFE_TAGS = set(yaml.SafeLoader.yaml_constructors) | {"tag:yaml.org,2002:merge"}
 
+#: Most nodes a config may expand to, counting every use of an alias: a real config has a few hundred, and a few
+#: nested aliases ("billion laughs") would otherwise expand to billions, costing minutes and gigabytes.
+MAX_NODES = 100_000
 
-def _marks(node: yaml.Node, path: Path_, marks: Dict[Path_, int], source: str) -> None:
-    """Record the line of every key and item under ``node``; refuse unsafe tags and repeated keys."""
+
+def _marks(node: yaml.Node, path: Path_, marks: Dict[Path_, int], source: str, budget: List[int]) -> None:
+    """Record the line of every key and item under ``node``; refuse unsafe tags, repeated keys, and more than
+    ``MAX_NODES`` expanded nodes (``budget`` holds the nodes left)."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ConfigError(f"the config expands to more than {MAX_NODES:,} values (through YAML aliases?); refused "
+                          "before reading it", _format_path(path), node.start_mark.line + 1, source)
     marks.setdefault(path, node.start_mark.line + 1)
     if node.tag not in _SAFE_TAGS:
         raise ConfigError(f"the YAML tag {node.tag!r} is not allowed; configs hold only mappings, lists, strings, "
@@ -97,21 +106,21 @@ def _marks(node: yaml.Node, path: Path_, marks: Dict[Path_, int], source: str) -
                           _format_path(path), node.start_mark.line + 1, source)
     if isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
-            _marks(item, path + (index,), marks, source)
+            _marks(item, path + (index,), marks, source, budget)
     elif isinstance(node, yaml.MappingNode):
         seen = set()
         for key, value in node.value:
             name = str(key.value) if isinstance(key, yaml.ScalarNode) else "?"
             if key.tag == "tag:yaml.org,2002:merge":
-                _marks(value, path, marks, source)
+                _marks(value, path, marks, source, budget)
                 continue
             if name in seen:
                 raise ConfigError(f"the key {name!r} appears twice", _format_path(path + (name,)),
                                   key.start_mark.line + 1, source)
             seen.add(name)
             marks[path + (name,)] = key.start_mark.line + 1
-            _marks(key, path + (name,), {}, source)  # tags of keys are checked too
-            _marks(value, path + (name,), marks, source)
+            _marks(key, path + (name,), {}, source, budget)  # tags of keys are checked too
+            _marks(value, path + (name,), marks, source, budget)
 
 
 def _parse(text: str, source: str) -> Tuple[Any, Dict[Path_, int]]:
@@ -121,7 +130,7 @@ def _parse(text: str, source: str) -> Tuple[Any, Dict[Path_, int]]:
         marks: Dict[Path_, int] = {}
         if node is None:
             return None, marks
-        _marks(node, (), marks, source)
+        _marks(node, (), marks, source, [MAX_NODES])
         return loader.construct_document(node), marks
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
