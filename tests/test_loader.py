@@ -372,3 +372,25 @@ def test_no_augmentation(volumes):
     with ef.Loader(raw, patch=PATCH, augment=None) as loader:
         batch = loader.next_batch()
         assert (batch.perms == [0, 1, 2]).all() and not batch.flips.any()
+
+
+@pytest.mark.parametrize("where", ["array", "hdf5", "lazy", "lazy-gzip"])
+def test_bool_masks_are_read_as_uint8(volumes, tmp_path, where):
+    """README and Sample accept bool masks: delivered as uint8 0/1, usable by the masked sampler."""
+    raw, labels = volumes
+    mask = np.random.default_rng(4).random(raw.shape) > 0.3
+    if where == "array":
+        source = mask
+    else:
+        path = tmp_path / "mask.h5"
+        with h5py.File(path, "w") as f:
+            f.create_dataset("mask", data=mask, chunks=(4, 8, 8), compression="gzip" if "gzip" in where else None)
+        source = ef.hdf5(path, "mask", in_memory=where == "hdf5")
+    sample = ef.Sample(raw, labels=labels, mask=source)
+    with ef.Loader(sample, patch=PATCH, augment=[], sampler=ef.sampling.Masked(0.6), seed=2) as loader:
+        for _, batch in zip(range(3), loader):
+            assert batch["mask"].dtype == np.uint8
+            for n, (z, y, x) in enumerate(batch.positions):
+                expected = mask[z:z + PATCH[0], y:y + PATCH[1], x:x + PATCH[2]]
+                np.testing.assert_array_equal(batch["mask"][n, 0], expected.astype(np.uint8))
+                assert expected.mean() >= 0.6

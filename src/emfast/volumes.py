@@ -83,6 +83,8 @@ def _checked_dtype(data, name: str) -> np.dtype:
         raise TypeError(f"{name}: byte-swapped dtype {dtype}; convert it with "
                         f"array.astype(array.dtype.newbyteorder('='))")
     dtype = dtype.newbyteorder("=")  # HDF5 converts big-endian data when it is read into native buffers
+    if dtype == np.dtype(bool):
+        return np.dtype(np.uint8)  # a mask: bool is one byte of 0 or 1, read as uint8 without a copy
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{name}: unsupported dtype {data.dtype}; supported: "
                         f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
@@ -133,6 +135,8 @@ class Volume:
         self._array = None
         self._cache = None
         if isinstance(data, np.ndarray):
+            if data.dtype == bool:
+                data = data.view(np.uint8)  # a bool mask, as the uint8 it is byte for byte
             self._array = data if data.ndim == 4 else data[np.newaxis]
         else:
             self._cache = ChunkCache(data, dtype, default_budget() if cache_bytes is None else cache_bytes, name)
