@@ -144,4 +144,5 @@ def _convert(window: np.ndarray, scale: np.float32, shift: np.float32) -> np.nda
 
 # -- machine description: shared with `emfast bench` ---------------------------------------------------------
 
-from emfast.bench import machine_info, read_proc_field as _read_field, rss_bytes  # noqa: E402,F401
+from emfast.bench import machine_info, rss_bytes  # noqa: E402,F401
+from emfast.machine import read_proc_field as _read_field  # noqa: E402,F401

@@ -4,7 +4,6 @@ import threading
 import time
 import tracemalloc
 import traceback
-import warnings
 
 import h5py
 import numpy as np
@@ -260,6 +259,8 @@ def test_memory_does_not_grow_while_streaming(volumes):
     (dict(buffers=1), ValueError, "buffers must be an integer >= 2"),
     (dict(buffers=5, max_buffers=3), ValueError, r"max_buffers \(3\) must be at least buffers \(5\)"),
     (dict(max_buffers=True), ValueError, "max_buffers must be an integer"),
+    (dict(threads=1000), ValueError, "threads=1000 is far beyond this machine's"),
+    (dict(batch_size=64, buffers=10**7), MemoryError, r"buffers=10000000 batch slots of .* GiB of memory is"),
     (dict(epoch_size=0), ValueError, "epoch_size"),
     (dict(seed=-1), ValueError, "seed"),
     (dict(dtype="float64"), ValueError, "dtype must be"),

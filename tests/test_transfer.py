@@ -2,7 +2,6 @@
 import threading
 import time
 import traceback
-import warnings
 
 import numpy as np
 import pytest

@@ -41,6 +41,7 @@ import numpy as np
 from . import bench_reference as reference
 from .augment import Intensity, Mirror, Transpose
 from .loader import Loader
+from .machine import available_bytes, cores, read_proc_field
 from .profile import STAGES
 from .rng import check_seed
 from .synthetic import LABELS_DATASET, RAW_DATASET, demo_volume_path
@@ -68,26 +69,6 @@ def log(message: str) -> None:
 
 # -- the machine -------------------------------------------------------------------------------------------------
 
-def read_proc_field(path: str, key: str) -> Optional[str]:
-    """The value of the line starting with ``key`` in a ``/proc`` file such as ``/proc/meminfo``, or None."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(key):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
-def cores() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def rss_bytes() -> int:
     """Resident set size of this process now (VmRSS), in bytes."""
     value = read_proc_field("/proc/self/status", "VmRSS")
@@ -95,12 +76,6 @@ def rss_bytes() -> int:
         return int(value.split()[0]) * 1024
     import resource  # fallback: peak RSS only (kB on Linux), better than nothing
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def available_bytes() -> Optional[int]:
-    """Memory available to new allocations (MemAvailable), or None where unknown."""
-    value = read_proc_field("/proc/meminfo", "MemAvailable")
-    return int(value.split()[0]) * 1024 if value else None
 
 
 def machine_info() -> dict:

@@ -4,7 +4,6 @@ PyTorch and the memory-bandwidth floor (see :mod:`emfast.bench`)."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from typing import List, Optional, TextIO
@@ -17,19 +16,13 @@ from . import bench as _bench
 from . import config as _config
 from .augment import Intensity, Mirror, Transpose
 from .loader import Loader
+from .machine import cores
 from .synthetic import LABELS_DATASET, RAW_DATASET, demo_volume_path
 from .volumes import _open_hdf5, hdf5
 
 #: Seconds between progress-bar redraws.
 _REDRAW_SECONDS = 0.1
 _BAR_WIDTH = 24
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 class Progress:
@@ -171,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batch-size", type=int, default=8, help="examples per batch (default: %(default)s)")
     run.add_argument("--patch", type=int, nargs=3, default=[32, 128, 128], metavar=("Z", "Y", "X"),
                      help="patch size (default: 32 128 128)")
-    run.add_argument("--threads", type=int, default=_cores(), help="producer threads (default: all cores, "
+    run.add_argument("--threads", type=int, default=cores(), help="producer threads (default: all cores, "
                                                                    "%(default)s here)")
     run.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     run.add_argument("--dtype", choices=["float32", "float16"], default="float32", help="raw output type")

@@ -20,9 +20,10 @@ import numpy as np
 
 from . import augment as _augment
 from . import targets as _targets
-from .dataset import Dataset, Placed, as_dataset, integer_triple
+from .dataset import Placed, as_dataset, integer_triple
 from .defects import Artifacts, Slip
 from .gather import DEFAULT_NORMALIZATION, Field, Gatherer
+from .machine import available_bytes, cores
 from .plan import BatchPlan, Planner, window_extents
 from .pool import Lease, SlotPool, SlotsExhaustedError
 from .profile import Profile, ProfileReport
@@ -37,6 +38,10 @@ from .warp import Elastic, Rotate, Scale
 WARPS = (Rotate, Scale, Elastic)
 
 OUTPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+
+#: Producer threads beyond this many per usable core (or beyond MIN_THREAD_LIMIT on small machines) are refused.
+THREADS_PER_CORE = 4
+MIN_THREAD_LIMIT = 16
 
 #: Seconds the consumer waits while the program itself holds every slot, before it collects cycles once and then
 #: raises SlotsExhaustedError (another thread of the program may still drop its references meanwhile).
@@ -480,6 +485,7 @@ class Loader:
         self._planner = Planner(patch=self.patch_out, batch_size=self.batch_size, sampler=self.sampler,
                                 augmentations=self.augmentations, seed=self.seed, rank=self.rank,
                                 world_size=self.world_size)
+        self._check_resources()
         self._profile = Profile(self.threads)
         self._pipeline: Optional[_Pipeline] = None
         self._current: Optional[Batch] = None
@@ -575,6 +581,21 @@ class Loader:
                 raise ValueError(f"epoch_size={epoch_size}, but {self.sampler!r} has {finite} batches per epoch; "
                                  "leave epoch_size out")
         return finite if epoch_size is None else epoch_size
+
+    def _check_resources(self) -> None:
+        """Refuse thread counts far beyond the cores, and slots that do not fit in memory, before allocating."""
+        usable = cores()
+        limit = max(MIN_THREAD_LIMIT, THREADS_PER_CORE * usable)
+        if self.threads > limit:
+            raise ValueError(f"threads={self.threads} is far beyond this machine's {usable} usable cores (at most "
+                             f"{limit}): the kernels release the GIL, so about one thread per core is fastest")
+        available = available_bytes()
+        needed = (self.buffers + self.threads) * self.slot_bytes  # slots at start, plus one growth per producer
+        if available is not None and needed > available:
+            raise MemoryError(
+                f"buffers={self.buffers} batch slots of {self.slot_bytes / 2**20:.1f} MiB each need "
+                f"{needed / 2**30:.2f} GiB, but only {available / 2**30:.2f} GiB of memory is available; use fewer "
+                "buffers or threads, or a smaller batch_size or patch")
 
     @staticmethod
     def _output_dtype(dtype) -> np.dtype:

@@ -1,0 +1,31 @@
+"""What this machine offers: usable cores and available memory, for limits and benchmark reports."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+
+def read_proc_field(path: str, key: str) -> Optional[str]:
+    """The value of the line starting with ``key`` in a ``/proc`` file such as ``/proc/meminfo``, or None."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def available_bytes() -> Optional[int]:
+    """Memory available to new allocations (MemAvailable), or None where unknown."""
+    value = read_proc_field("/proc/meminfo", "MemAvailable")
+    return int(value.split()[0]) * 1024 if value else None
