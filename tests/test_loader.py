@@ -1,4 +1,5 @@
 """The loader end to end: contents, reproducibility, epochs, release semantics, errors and shutdown."""
+import _thread
 import gc
 import threading
 import time
@@ -395,3 +396,23 @@ def test_bool_masks_are_read_as_uint8(volumes, tmp_path, where):
                 expected = mask[z:z + PATCH[0], y:y + PATCH[1], x:x + PATCH[2]]
                 np.testing.assert_array_equal(batch["mask"][n, 0], expected.astype(np.uint8))
                 assert expected.mean() >= 0.6
+
+
+def test_ctrl_c_during_close_still_joins_every_thread(volumes, monkeypatch):
+    """A second Ctrl-C that lands while close() joins the producers must not leave them running."""
+    raw, labels = volumes
+    loader = ef.Loader(raw, labels, patch=PATCH, threads=3, buffers=6, seed=1)
+    fill = type(loader._gatherer).fill
+
+    def slow_fill(*args):
+        time.sleep(0.3)  # producers busy, so joining them takes a while
+        return fill(loader._gatherer, *args)
+
+    monkeypatch.setattr(loader._gatherer, "fill", slow_fill)
+    loader.start()
+    time.sleep(0.05)
+    threading.Timer(0.1, _thread.interrupt_main).start()  # SIGINT's effect, while close() joins
+    with pytest.raises(KeyboardInterrupt):
+        loader.close()
+    assert not any(t.name.startswith("emfast-") for t in threading.enumerate())
+    loader.close()  # and again, quietly

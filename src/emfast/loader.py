@@ -27,7 +27,7 @@ from .machine import available_bytes, cores
 from .plan import BatchPlan, Planner, window_extents
 from .pool import Lease, SlotPool, SlotsExhaustedError
 from .profile import Profile, ProfileReport
-from .ring import Ring, RingClosed
+from .ring import Ring, RingClosed, join_all
 from .transfer import Copier, resolve_device
 from .rng import check_seed
 from .sampling import Region, Sampler, Uniform
@@ -274,10 +274,8 @@ class _Producers:
 
     def stop(self) -> None:
         self.ring.close()
-        for thread in self.threads:
-            # A collection on a producer thread may run the loader's finalizer there: it cannot join itself.
-            if thread.ident is not None and thread is not threading.current_thread():
-                thread.join()
+        # A collection on a producer thread may run the loader's finalizer there: it cannot join itself.
+        join_all([t for t in self.threads if t.ident is not None and t is not threading.current_thread()])
 
     def position(self, number: int) -> tuple:
         return divmod(number, self.epoch_size) if self.epoch_size else (0, number)
@@ -643,7 +641,10 @@ class Loader:
             self._current = None
         self._closed = True
         if self._pipeline is not None:
-            self._finalizer()
+            if self._finalizer.alive:
+                self._finalizer()
+            else:  # an earlier close() was interrupted (Ctrl-C twice): stopping again is safe
+                self._pipeline.stop()
 
     def __enter__(self) -> "Loader":
         return self.start()

@@ -10,7 +10,7 @@ later one.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Sequence
 
 #: Seconds between checks while blocked, so that Ctrl-C and close() are noticed promptly.
 POLL_SECONDS = 0.1
@@ -120,3 +120,16 @@ class Ring:
                 self._cond.wait(POLL_SECONDS)
             if self._closed:
                 raise RingClosed()
+
+
+def join_all(threads: Sequence[threading.Thread]) -> None:
+    """Join every thread even if Ctrl-C arrives meanwhile (again and again); then raise the interrupt."""
+    interrupted: Optional[KeyboardInterrupt] = None
+    for thread in threads:
+        while thread.is_alive():
+            try:
+                thread.join()
+            except KeyboardInterrupt as error:
+                interrupted = error
+    if interrupted is not None:
+        raise interrupted

@@ -28,7 +28,7 @@ import numpy as np
 
 from .pool import FixedSlots, SlotPool
 from .profile import Profile
-from .ring import Ring, RingClosed
+from .ring import Ring, RingClosed, join_all
 
 Fields = Dict[str, Tuple[tuple, np.dtype]]
 
@@ -386,7 +386,7 @@ class Copier:
         self._producers_done.set()
         self._go.set()
         if self.thread.ident is not None and self.thread is not threading.current_thread():
-            self.thread.join()
+            join_all([self.thread])
 
     def _run(self) -> None:
         try:
