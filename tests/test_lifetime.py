@@ -218,3 +218,40 @@ def test_finalizer_running_on_a_producer_thread_does_not_join_itself(volumes, mo
     deadline = time.time() + 5
     while any(t.name.startswith("emfast-") for t in threading.enumerate()) and time.time() < deadline:
         time.sleep(0.01)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_resumed_stream_is_byte_identical(volumes, device):
+    import json
+
+    def fresh(**kwargs):
+        return make_loader(volumes, device, epoch_size=5, augment=["mirror", "transpose", "intensity"], **kwargs)[0]
+
+    with fresh() as whole:
+        expected = [(batch.epoch, batch.index, digest(batch["raw"], batch["labels"]))
+                    for batch in (whole.next_batch() for _ in range(14))]
+    with fresh() as first:
+        for _ in range(7):
+            first.next_batch()
+        state = json.loads(json.dumps(first.state_dict()))  # as a checkpoint would store it
+    resumed = fresh(threads=1, buffers=3)  # producer count and buffers do not change the stream
+    resumed.load_state_dict(state)
+    assert resumed.epoch == 1
+    with resumed:
+        rest_of_epoch = [(b.epoch, b.index, digest(b["raw"], b["labels"])) for b in resumed]
+        later = [(b.epoch, b.index, digest(b["raw"], b["labels"])) for _, b in zip(range(4), resumed)]
+    assert rest_of_epoch + later == expected[7:]
+
+
+def test_a_state_from_another_stream_or_after_start_is_refused(volumes):
+    loader, _ = make_loader(volumes, "cpu")
+    state = loader.state_dict()
+    other, _ = make_loader(volumes, "cpu", seed=6, batch_size=4)
+    with pytest.raises(ValueError, match=r"another stream: seed 5 \(this loader: 6\), batch_size 3"):
+        other.load_state_dict(state)
+    with pytest.raises(ValueError, match="not an emfast loader state"):
+        loader.load_state_dict({"next_batch": -1, "version": 1})
+    with loader:
+        loader.next_batch()
+        with pytest.raises(RuntimeError, match="before the loader starts"):
+            loader.load_state_dict(state)

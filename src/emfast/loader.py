@@ -614,12 +614,14 @@ class Loader:
         if self._pipeline is None:
             if self._backend is None:
                 copier = None
-                pool = host_slots = SlotPool(self._gatherer.allocate, lambda memory: None, self.max_buffers)
+                pool = host_slots = SlotPool(self._gatherer.allocate, lambda memory: None, self.max_buffers,
+                                             first=self._consumed)
                 pool.prefill(self.buffers)
-                host_ring = consumer_ring = Ring(self.buffers)
+                host_ring = consumer_ring = Ring(self.buffers, self._consumed)
                 export = _host_arrays
             else:
-                copier = Copier(self._backend, self.fields, self.buffers, self.max_buffers, self._profile)
+                copier = Copier(self._backend, self.fields, self.buffers, self.max_buffers, self._profile,
+                                self._consumed)
                 copier.open()
                 pool, host_slots = copier.device_pool, copier.host_slots
                 host_ring, consumer_ring = copier.host_ring, copier.device_ring
@@ -692,6 +694,45 @@ class Loader:
         batch._detach()
         self._pipeline.consumer_ring.release(batch.number)
 
+    # -- resuming ---------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> Dict[str, object]:
+        """Where the stream stands: the next batch to deliver, and what the stream depends on.
+
+        Save it with your checkpoint; :meth:`load_state_dict` on a new loader built with the same arguments
+        continues with the very batches this one would have delivered next, bit for bit. A batch counts as
+        delivered once :meth:`next_batch` (or iteration) returned it.
+        """
+        return {"version": 1, "next_batch": self._consumed, **self._stream_identity()}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Continue the stream from ``state`` (see :meth:`state_dict`); call it before the loader starts.
+
+        Raises
+        ------
+        ValueError
+            If the state is malformed or was saved by a loader whose stream differs (seed, batch size, epoch size,
+            patch, shard); the message names the differing keys.
+        RuntimeError
+            If this loader has started already.
+        """
+        if self._pipeline is not None or self._closed:
+            raise RuntimeError("load_state_dict() must be called before the loader starts")
+        if not isinstance(state, Mapping) or state.get("version") != 1 or \
+                not isinstance(state.get("next_batch"), numbers.Integral) or state["next_batch"] < 0:
+            raise ValueError(f"not an emfast loader state (from Loader.state_dict()): {state!r}")
+        identity = self._stream_identity()
+        differing = [key for key in identity if _plain(state.get(key)) != identity[key]]
+        if differing:
+            details = ", ".join(f"{key} {state.get(key)!r} (this loader: {identity[key]!r})" for key in differing)
+            raise ValueError(f"the state was saved by a loader with another stream: {details}")
+        self._consumed = int(state["next_batch"])
+
+    def _stream_identity(self) -> Dict[str, object]:
+        return {"seed": self.seed, "batch_size": self.batch_size, "epoch_size": self.epoch_size,
+                "patch_in": list(self.patch_in), "patch_out": list(self.patch_out), "rank": self.rank,
+                "world_size": self.world_size}
+
     # -- information ------------------------------------------------------------------------------------------
 
     @property
@@ -725,6 +766,11 @@ class Loader:
         return (f"Loader(patch={self.patch}, batch_size={self.batch_size}, threads={self.threads}, "
                 f"buffers={self.buffers}, max_buffers={self.max_buffers}, fields={list(self.fields)}, "
                 f"device={self.device!r}, {state})")
+
+
+def _plain(value):
+    """Tuples as lists, so that a state that went through JSON compares equal."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 class _ExhaustionCheck:

@@ -97,11 +97,13 @@ class SlotPool:
         orders its writes after the work queued there (for device memory).
     activate : callable, optional
         Context manager that lets a thread other than the owner free memory.
+    first : int
+        Number of the first batch that will ask for a slot.
     """
 
     def __init__(self, allocate: Callable[[], Any], free: Callable[[Any], None], capacity: int,
                  current_stream: Optional[Callable[[], Any]] = None,
-                 activate: Callable[[], ContextManager] = contextlib.nullcontext) -> None:
+                 activate: Callable[[], ContextManager] = contextlib.nullcontext, first: int = 0) -> None:
         self.capacity = capacity
         self._allocate = allocate
         self._free = free
@@ -112,7 +114,7 @@ class SlotPool:
         self._slots: List[Slot] = []
         self._waiting: set = set()  # batch numbers whose taker waits for a slot
         self._turn = threading.Condition(threading.Lock())
-        self._next_number = 0  # the batch whose turn it is to get a slot
+        self._next_number = first  # the batch whose turn it is to get a slot
         self._warned = False
         self._closed = False
         self.allocations = 0

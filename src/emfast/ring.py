@@ -30,15 +30,17 @@ class Ring:
     ----------
     size : int
         Batches that may be in flight (being made, ready, or held by the consumer before release).
+    first : int
+        Number of the first batch (a resumed stream starts where it stopped).
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, first: int = 0) -> None:
         if size < 2:
             raise ValueError("a ring needs at least 2 slots")
         self.size = size
         self._cond = threading.Condition()
-        self._next_claim = 0
-        self._released = 0  # batches < _released are released by the consumer
+        self._next_claim = first
+        self._released = first  # batches < _released are released by the consumer
         self._ready: Dict[int, Any] = {}
         self._errors: Dict[int, tuple] = {}  # batch number -> (exception, its original traceback)
         self._limit: Optional[int] = None  # no batch >= _limit is started (set by the first failure)

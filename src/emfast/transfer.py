@@ -346,17 +346,21 @@ class Copier:
         Most device slots; more than ``slots`` lets the consumer keep earlier batches without waits.
     profile : Profile
         Copy time goes to the ``copy`` stage, waits for a device slot to ``stall``.
+    first : int
+        Number of the first batch.
     """
 
-    def __init__(self, backend: TransferBackend, fields: Fields, slots: int, capacity: int, profile: Profile) -> None:
+    def __init__(self, backend: TransferBackend, fields: Fields, slots: int, capacity: int, profile: Profile,
+                 first: int = 0) -> None:
         self.backend = backend
         self.fields = fields
         self.slots = slots
         self.capacity = capacity
         self.profile = profile
+        self.first = first
         self.host_slots: Optional[FixedSlots] = None
-        self.host_ring = Ring(slots)
-        self.device_ring = Ring(slots)
+        self.host_ring = Ring(slots, first)
+        self.device_ring = Ring(slots, first)
         self.device_pool: Optional[SlotPool] = None
         self._producers_alive: Callable[[], bool] = lambda: False
         self._opened = threading.Event()
@@ -392,7 +396,7 @@ class Copier:
         try:
             self.host_slots = FixedSlots(self.backend.open(self.fields, self.slots))
             self.device_pool = SlotPool(self.backend.allocate, self.backend.free, self.capacity,
-                                        self.backend.current_stream, self.backend.activate)
+                                        self.backend.current_stream, self.backend.activate, self.first)
             self.device_pool.prefill(self.slots)
         except BaseException as error:
             self._open_error = error
@@ -411,7 +415,7 @@ class Copier:
             self.backend.close(self.device_pool.close())
 
     def _copy_all(self) -> None:
-        number = 0
+        number = self.first
         while not self._producers_done.is_set():
             try:
                 host, plan = self.host_ring.take(number, self._producers_alive)
