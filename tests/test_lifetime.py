@@ -1,6 +1,8 @@
 """Batch lifetime as training loops really hold batches: the previous batch alive until reassigned, batches kept,
 dropped loaders. On the CPU and on the fake device, which enforces the rules of a real GPU."""
 import gc
+import os
+import sys
 import hashlib
 import threading
 import time
@@ -255,3 +257,57 @@ def test_a_state_from_another_stream_or_after_start_is_refused(volumes):
         loader.next_batch()
         with pytest.raises(RuntimeError, match="before the loader starts"):
             loader.load_state_dict(state)
+
+
+def test_torch_dataloader_workers_draw_disjoint_shards(volumes, monkeypatch):
+    """Inside a torch DataLoader worker (as get_worker_info() reports it), each worker's loader draws its own
+    shard, like rank/world_size; worker_sharding=False opts out."""
+    import types
+
+    current = {"info": None}
+    data = types.SimpleNamespace(get_worker_info=lambda: current["info"])
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(utils=types.SimpleNamespace(data=data)))
+
+    def stream(worker, **kwargs):
+        current["info"] = None if worker is None else types.SimpleNamespace(id=worker, num_workers=2)
+        loader, _ = make_loader(volumes, "cpu", **kwargs)
+        current["info"] = None
+        with loader:
+            return [digest(b["raw"], b["labels"]) for b in (loader.next_batch() for _ in range(6))]
+
+    workers = [stream(0), stream(1)]
+    assert not set(workers[0]) & set(workers[1])
+    assert workers == [stream(None, rank=0, world_size=2), stream(None, rank=1, world_size=2)]
+    assert stream(0, worker_sharding=False) == stream(1, worker_sharding=False) == stream(None)
+    assert stream(1, rank=1, world_size=3) == stream(None, rank=3, world_size=6)
+
+
+def test_a_loader_started_before_fork_fails_clearly_in_the_child(volumes):
+    loader, _ = make_loader(volumes, "cpu")
+    with loader:
+        before = digest(loader.next_batch()["raw"])
+        reader, writer = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report what happens, then leave without running the parent's cleanup
+            try:
+                try:
+                    loader.next_batch()
+                    message = "no error"
+                except RuntimeError as error:
+                    message = str(error)
+                loader.close()
+                again, _ = make_loader(volumes, "cpu", threads=1)
+                with again:
+                    message += "|" + digest(again.next_batch()["raw"])
+            except BaseException as error:  # noqa: BLE001 - any failure goes to the parent's assertion
+                message = f"child failed: {error!r}"
+            os.write(writer, message.encode())
+            os._exit(0)
+        os.close(writer)
+        with os.fdopen(reader) as pipe:
+            message = pipe.read()
+        os.waitpid(pid, 0)
+        loader.next_batch()  # the parent's loader is unaffected
+    error, child_digest = message.split("|")
+    assert "before it forked" in error and "Create the Loader in the child" in error
+    assert child_digest == before

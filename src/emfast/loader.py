@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import gc
 import numbers
+import os
+import sys
 import threading
 import time
 import weakref
@@ -416,6 +418,10 @@ class Loader:
     rank, world_size : int
         Shard of the stream for distributed training (the ``torch.distributed`` convention): each rank draws a
         disjoint, deterministic set of batches.
+    worker_sharding : bool
+        A loader created inside a PyTorch ``DataLoader`` worker shards the stream further by the worker's id and
+        the number of workers (as ``rank``/``world_size`` do), so that workers never deliver the same batches.
+        False: every worker draws the whole stream of its rank.
     device : str
         Where batches are delivered: ``"cpu"`` (NumPy arrays), ``"cuda"`` / ``"cuda:N"`` (device arrays with
         ``__cuda_array_interface__``, copied asynchronously from page-locked memory; needs pycuda), or
@@ -435,7 +441,7 @@ class Loader:
                  buffers: Optional[int] = None, max_buffers: Optional[int] = None, seed: int = 0, dtype="float32",
                  normalize=None,
                  isotropic: bool = False, label_offset=None, keep_labels: bool = True, rank: int = 0,
-                 world_size: int = 1, device="cpu") -> None:
+                 world_size: int = 1, worker_sharding: bool = True, device="cpu") -> None:
         self.patch_in, self.patch_out = _geometry(patch, patch_in, patch_out)
         self.batch_size = _positive_int(batch_size, "batch_size")
         self.threads = _positive_int(threads, "threads")
@@ -447,6 +453,13 @@ class Loader:
         self.rank = _positive_int(rank, "rank", 0)
         if self.rank >= self.world_size:
             raise ValueError(f"rank must be in [0, world_size) = [0, {self.world_size}), got {rank}")
+        if not isinstance(worker_sharding, bool):
+            raise TypeError(f"worker_sharding must be True or False, got {worker_sharding!r}")
+        worker = torch_worker() if worker_sharding else None
+        #: (rank, world size) of this loader's share of the stream: ``rank``/``world_size``, refined by the
+        #: PyTorch DataLoader worker this loader was created in.
+        self.shard = (self.rank, self.world_size) if worker is None else \
+            (self.rank * worker[1] + worker[0], self.world_size * worker[1])
         self.seed = check_seed(seed)
         self.dtype = self._output_dtype(dtype)
         # Copies: binding an augmentation to this loader's window sizes must not change the caller's object.
@@ -472,7 +485,7 @@ class Loader:
         self._bind_augmentations(fields)
         self.regions = self._regions()
         extents = np.unique(window_extents(self.patch_out, np.asarray(self._perms)), axis=0)
-        self.sampler.bind(self.regions, extents, self.batch_size, self.rank, self.world_size)
+        self.sampler.bind(self.regions, extents, self.batch_size, *self.shard)
         self.epoch_size = self._epoch_size(epoch_size)
 
         pixelwise = [(i, a) for i, a in enumerate(self.augmentations) if a.pixelwise]
@@ -481,14 +494,15 @@ class Loader:
         self._gatherer = Gatherer(fields, self.batch_size, self.patch_out, pixelwise, self.targets, self.margin,
                                   warps, self.keep_labels, track_valid)
         self._planner = Planner(patch=self.patch_out, batch_size=self.batch_size, sampler=self.sampler,
-                                augmentations=self.augmentations, seed=self.seed, rank=self.rank,
-                                world_size=self.world_size)
+                                augmentations=self.augmentations, seed=self.seed, rank=self.shard[0],
+                                world_size=self.shard[1])
         self._check_resources()
         self._profile = Profile(self.threads)
         self._pipeline: Optional[_Pipeline] = None
         self._current: Optional[Batch] = None
         self._consumed = 0
         self._closed = False
+        self._forked_from: Optional[int] = None
 
     @property
     def patch(self) -> tuple:
@@ -609,6 +623,11 @@ class Loader:
 
     def start(self) -> "Loader":
         """Allocate the slots and start the producer threads (done by ``with`` and by iteration)."""
+        if self._forked_from is not None:
+            raise RuntimeError(
+                f"this Loader was started in process {self._forked_from} before it forked; its threads do not exist "
+                "in this child process. Create the Loader in the child, e.g. in the Dataset's __iter__ of a "
+                "torch DataLoader worker (each worker then draws its own shard), and start it there")
         if self._closed:
             raise RuntimeError("this loader is closed; create a new Loader")
         if self._pipeline is None:
@@ -630,6 +649,7 @@ class Loader:
             producers = _Producers(host_ring, host_slots, self._planner, self._gatherer, self._profile,
                                    self.epoch_size, self.threads)
             self._pipeline = _Pipeline(producers, consumer_ring, pool, copier, export)
+            _STARTED.add(self)
             self._finalizer = weakref.finalize(self, self._pipeline.stop)
             producers.start()
             if copier is not None:
@@ -638,6 +658,9 @@ class Loader:
 
     def close(self) -> None:
         """Stop and join every producer thread (idempotent; also after errors and Ctrl-C)."""
+        if self._forked_from is not None:  # the threads are the parent's; its locks may be held forever here
+            self._closed = True
+            return
         if self._current is not None:
             self._current._detach()
             self._current = None
@@ -670,6 +693,8 @@ class Loader:
 
         Raises the exception of a failed producer, with its original traceback.
         """
+        if self._forked_from is not None:
+            self.start()  # raises: the threads stayed in the parent
         if self._closed:
             raise RuntimeError("this loader is closed; create a new Loader")
         self.start()
@@ -688,11 +713,17 @@ class Loader:
         return batch
 
     def _release(self, batch: Batch) -> None:
-        if batch is not self._current:
+        if batch is not self._current or self._forked_from is not None:
+            batch._detach()
             return
         self._current = None
         batch._detach()
         self._pipeline.consumer_ring.release(batch.number)
+
+    def _forked(self) -> None:
+        """In a child process after fork(): the threads stayed in the parent; refuse to be used here."""
+        self._forked_from = os.getppid()
+        self._finalizer.detach()
 
     # -- resuming ---------------------------------------------------------------------------------------------
 
@@ -730,8 +761,7 @@ class Loader:
 
     def _stream_identity(self) -> Dict[str, object]:
         return {"seed": self.seed, "batch_size": self.batch_size, "epoch_size": self.epoch_size,
-                "patch_in": list(self.patch_in), "patch_out": list(self.patch_out), "rank": self.rank,
-                "world_size": self.world_size}
+                "patch_in": list(self.patch_in), "patch_out": list(self.patch_out), "shard": list(self.shard)}
 
     # -- information ------------------------------------------------------------------------------------------
 
@@ -766,6 +796,28 @@ class Loader:
         return (f"Loader(patch={self.patch}, batch_size={self.batch_size}, threads={self.threads}, "
                 f"buffers={self.buffers}, max_buffers={self.max_buffers}, fields={list(self.fields)}, "
                 f"device={self.device!r}, {state})")
+
+
+def torch_worker() -> Optional[tuple]:
+    """(worker id, number of workers) when called inside a PyTorch DataLoader worker, else None."""
+    torch = sys.modules.get("torch")  # never imported here: a process without torch has no torch workers
+    if torch is None:
+        return None
+    info = torch.utils.data.get_worker_info()
+    return None if info is None else (int(info.id), int(info.num_workers))
+
+
+#: Loaders whose threads run in this process; after a fork their threads do not exist in the child.
+_STARTED: "weakref.WeakSet[Loader]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for loader in list(_STARTED):
+        loader._forked()
+    _STARTED.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _plain(value):
