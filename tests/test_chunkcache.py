@@ -1,4 +1,5 @@
 """Lazy volumes read through the bounded chunk cache: exact boxes, the budget, concurrency and bad budgets."""
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -279,3 +280,32 @@ def test_closing_drops_the_cached_blocks(tmp_path, rng):
     assert volume.cache_stats.bytes_held > 0
     volume.close()
     assert volume.cache_stats.bytes_held == 0
+
+
+@pytest.mark.parametrize("layout", ["chunked", "gzip", "contiguous", "chunked-tail"])
+def test_a_file_truncated_under_a_lazy_loader_is_an_error_not_zeros(tmp_path, layout):
+    """HDF5 reads bytes past the end of a file as zeros: a lazy volume must notice and name file and block."""
+    raw = np.random.default_rng(0).integers(1, 256, (40, 128, 128), dtype=np.uint8)  # no zero anywhere
+    path = tmp_path / "raw.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("raw", data=raw, chunks=None if layout == "contiguous" else (8, 32, 32),
+                         compression="gzip" if layout == "gzip" else None)
+    volume = ef.hdf5(path, "raw", in_memory=False, cache_bytes=2**22)
+    os.truncate(path, int(os.path.getsize(path) * (0.9 if layout == "chunked-tail" else 0.5)))
+    with pytest.raises(OSError, match=rf"raw\.h5:raw: .*block at \(\d+, \d+, \d+\).*(truncated|corrupt)"):
+        with ef.Loader(volume, patch=(8, 32, 32), augment=[], seed=1) as loader:
+            for _ in range(100):
+                assert (loader.next_batch()["raw"] != 0).all()  # never a silent zero
+
+
+def test_a_corrupt_chunk_read_into_memory_names_file_and_dataset(tmp_path):
+    path = tmp_path / "raw.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("raw", data=np.arange(16 * 32 * 32).reshape(16, 32, 32).astype(np.uint8),
+                         chunks=(8, 16, 16), compression="gzip")
+        info = f["raw"].id.get_chunk_info(0)
+    with open(path, "r+b") as f:
+        f.seek(info.byte_offset)
+        f.write(b"\xff" * info.size)
+    with pytest.raises(OSError, match=r"raw\.h5:raw: cannot read the dataset"):
+        ef.hdf5(path, "raw")

@@ -225,6 +225,7 @@ class ChunkCache:
         shape = (self._channels,) + tuple(b - a for a, b in zip(origin, stop))
         block = self._buffer(int(np.prod(shape)) * self._dtype.itemsize).view(self._dtype).reshape(shape)
         box = tuple(slice(a, b) for a, b in zip(origin, stop))
+        self._check_stored(origin)
         if self._direct is None or not self._direct.read(self._dataset, origin, block, self._name):
             if self._dataset.ndim == 4:
                 self._dataset.read_direct(block, source_sel=(slice(None),) + box)
@@ -232,6 +233,31 @@ class ChunkCache:
                 self._dataset.read_direct(block[0], source_sel=box)
         block.flags.writeable = False
         return block
+
+
+    def _check_stored(self, origin: Sequence[int]) -> None:
+        """Refuse a block whose bytes lie past the end of the file: HDF5 reads them as zeros, silently, when the
+        file was truncated after it was opened."""
+        dataset = self._dataset
+        size = os.fstat(dataset.file.id.get_vfd_handle()).st_size
+        if dataset.chunks is None:
+            spans = [(dataset.id.get_offset(), dataset.id.get_storage_size())]
+        else:
+            channel_chunk = dataset.chunks[0] if dataset.ndim == 4 else self._channels
+            spans = []
+            for c0 in range(0, self._channels, channel_chunk):
+                coord = ((c0,) if dataset.ndim == 4 else ()) + tuple(int(o) for o in origin)
+                try:
+                    info = dataset.id.get_chunk_info_by_coord(coord)
+                except (RuntimeError, OSError) as error:  # the chunk index itself is damaged or gone
+                    raise OSError(f"{self._name}: cannot locate the block at {tuple(int(o) for o in origin)} "
+                                  f"({error}); the file ({size} bytes now) is truncated or corrupt") from error
+                spans.append((info.byte_offset, info.size))
+        for offset, length in spans:
+            if offset is not None and offset + length > size:
+                raise OSError(f"{self._name}: the block at {tuple(int(o) for o in origin)} is stored at bytes "
+                              f"{offset}-{offset + length} but the file now has {size} bytes: it was truncated "
+                              "or is being rewritten")
 
 
 class _DirectChunkReader:

@@ -332,7 +332,11 @@ def hdf5(path: Union[str, os.PathLike], dataset: str, *, in_memory: bool = True,
                      source=source)
         if in_memory:
             data = np.empty(node.shape, dtype=_checked_dtype(node, name))  # checked before reading everything
-            node.read_direct(data)
+            try:
+                node.read_direct(data)
+            except OSError as error:  # h5py names neither file nor dataset (e.g. a corrupt compressed chunk)
+                raise OSError(f"{name}: cannot read the dataset ({error}); the file may be truncated or "
+                              "corrupt") from error
             file.close()
             return Volume(data, name=name, **attrs)
         return Volume(node, name=name, file=file, cache_bytes=cache_bytes, **attrs)
