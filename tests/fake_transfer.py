@@ -5,7 +5,10 @@ events are threading primitives. It drives the same copier, pool and ring logic 
 records every breach of the rules that make pycuda leak or corrupt memory on real hardware:
 
 - memory is freed only on the thread that opened the device, or inside ``activate()`` (the context pushed);
-  a free anywhere else is a leak on a real GPU (pycuda cannot free out of its context);
+  a free anywhere else is a leak on a real GPU (pycuda cannot free out of its context), and so is a free after
+  ``close()`` let the context go;
+- ``close(slots_outstanding)`` must be told exactly how many slots are still allocated;
+- the stream a slot is ordered after is the one current where its last view died, noted then;
 - a copy into a slot that any exported array (or view, or tensor of it) still reaches is an error;
 - live allocations are counted, so a test can bound them.
 """
@@ -35,6 +38,7 @@ class _Memory:
         self.done = threading.Event()
         self.done.set()
         self.freed = False
+        self.released_on = None  # the stream current where the last view died
 
 
 class _Export:
@@ -62,6 +66,7 @@ class FakeDevice(TransferBackend):
         self.violations = []
         self.guards = []  # (slot id, stream) per guarded copy into a slot that had been lent out
         self.closed = False
+        self.context_kept = True
         self.owner = None
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -86,8 +91,8 @@ class FakeDevice(TransferBackend):
         finally:
             self._local.stream = previous
 
-    def current_stream(self):
-        return getattr(self._local, "stream", "default")
+    def given_back(self, memory):
+        memory.released_on = getattr(self._local, "stream", "default")
 
     # -- the backend -----------------------------------------------------------------------------------------
 
@@ -114,6 +119,8 @@ class FakeDevice(TransferBackend):
         thread = threading.current_thread()
         if thread is not self.owner and not getattr(self._local, "active", False):
             self._broken(f"device memory freed on {thread.name} without its context (a leak on a real GPU)")
+        if self.closed and not self.context_kept:
+            self._broken("device memory freed after close() released the context (a leak on a real GPU)")
         if memory.freed:
             self._broken("device memory freed twice")
         if any(export() is not None for export in memory.exports):
@@ -135,10 +142,11 @@ class FakeDevice(TransferBackend):
         memory.exports = [weakref.ref(e) for e in exports.values()]
         return {name: np.asarray(e) for name, e in exports.items()}
 
-    def guard(self, memory, stream):
+    def guard(self, memory):
         self._called()
-        if stream is not None:
-            self.guards.append((id(memory), stream))
+        if memory.released_on is not None:
+            self.guards.append((id(memory), memory.released_on))
+            memory.released_on = None
         for array in memory.arrays.values():  # whatever still reads this slot now sees poison
             array.view(np.uint8).fill(POISON)
 
@@ -173,5 +181,8 @@ class FakeDevice(TransferBackend):
         self._called()
         for thread in self._copiers:
             thread.join()
+        if slots_outstanding != self.live:
+            self._broken(f"close() told {slots_outstanding} slots are outstanding, but {self.live} are allocated")
         self.outstanding_at_close = slots_outstanding
+        self.context_kept = slots_outstanding > 0
         self.closed = True

@@ -216,10 +216,55 @@ def test_finalizer_running_on_a_producer_thread_does_not_join_itself(volumes, mo
             for _ in loader:
                 pass
     assert errors == []
-    # The thread that ran the finalizer could not join itself: it ends on its own, promptly.
-    deadline = time.time() + 5
+    assert_threads_end()
+
+
+def assert_threads_end(seconds=10):
+    deadline = time.time() + seconds
     while any(t.name.startswith("emfast-") for t in threading.enumerate()) and time.time() < deadline:
         time.sleep(0.01)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("emfast-")]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_loader_in_a_cycle_collected_on_any_thread_stops(volumes, device):
+    """Collected by whichever thread's allocation triggers the collection, maybe one holding a ring's lock: the
+    finalizer must not block there."""
+    thresholds = gc.get_threshold()
+    try:
+        for _ in range(3):
+            loader, _ = make_loader(volumes, device)
+            for _ in range(3):
+                loader.next_batch()
+            loader.cycle = loader
+            gc.set_threshold(1, 1, 1)  # collections everywhere, on every thread
+            del loader
+            assert_threads_end()
+            gc.set_threshold(*thresholds)
+    finally:
+        gc.set_threshold(*thresholds)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_loader_dropped_after_a_producer_error_stops(volumes, device, monkeypatch):
+    loader, backend = make_loader(volumes, device)
+    plan = type(loader._planner).plan
+
+    def failing(epoch, index):
+        if index == 2:
+            raise ZeroDivisionError("producer failed")
+        return plan(loader._planner, epoch, index)
+
+    monkeypatch.setattr(loader._planner, "plan", failing)
+    with pytest.raises(ZeroDivisionError):
+        for _ in range(5):
+            loader.next_batch()
+    with pytest.raises(ZeroDivisionError):  # raised again, as often as asked
+        loader.next_batch()
+    del loader, failing
+    assert_threads_end()  # the stored error holds no frame of the consumer, so nothing keeps the loader
+    if isinstance(backend, FakeDevice):
+        assert backend.live == 0 and backend.violations == []
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -650,7 +650,7 @@ class Loader:
                                    self.epoch_size, self.threads)
             self._pipeline = _Pipeline(producers, consumer_ring, pool, copier, export)
             _STARTED.add(self)
-            self._finalizer = weakref.finalize(self, self._pipeline.stop)
+            self._finalizer = weakref.finalize(self, _stop_abandoned, self._pipeline)
             producers.start()
             if copier is not None:
                 copier.run(producers.alive)
@@ -666,10 +666,8 @@ class Loader:
             self._current = None
         self._closed = True
         if self._pipeline is not None:
-            if self._finalizer.alive:
-                self._finalizer()
-            else:  # an earlier close() was interrupted (Ctrl-C twice): stopping again is safe
-                self._pipeline.stop()
+            self._finalizer.detach()
+            self._pipeline.stop()  # idempotent: a close() after an interrupted one (Ctrl-C twice) stops again
 
     def __enter__(self) -> "Loader":
         return self.start()
@@ -796,6 +794,15 @@ class Loader:
         return (f"Loader(patch={self.patch}, batch_size={self.batch_size}, threads={self.threads}, "
                 f"buffers={self.buffers}, max_buffers={self.max_buffers}, fields={list(self.fields)}, "
                 f"device={self.device!r}, {state})")
+
+
+def _stop_abandoned(pipeline: _Pipeline) -> None:
+    """Finalizer of an unreachable loader. It may run inside a garbage collection on any thread, even one that
+    holds a lock the pipeline's threads wait for, so it must not block: a new thread stops the pipeline."""
+    try:
+        threading.Thread(target=pipeline.stop, name="emfast-stopper", daemon=True).start()
+    except RuntimeError:  # no new threads at interpreter shutdown: nothing can hold the locks any more
+        pipeline.stop()
 
 
 def torch_worker() -> Optional[tuple]:

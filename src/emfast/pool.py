@@ -7,9 +7,10 @@ memory) takes it from there. A training loop that keeps the previous batch until
 costs one extra slot, not an allocation per batch. The pool grows on demand up to ``capacity`` slots; past it, the
 taker waits for a slot to come back and a :class:`BackPressureWarning` says why, once.
 
-Giving back never takes a lock and never frees: it may run inside a garbage collection on any thread. Memory is
-freed only by the owning thread at :meth:`SlotPool.close`, or, for slots still lent out then, by the thread that
-gives them back later, inside the owner's ``activate()`` (for CUDA memory: with its context pushed).
+Giving back never takes a lock before the pool is closed and never frees: it may run inside a garbage collection
+on any thread. Memory is freed only by the owning thread at :meth:`SlotPool.close`, or, for slots still lent out
+then, by the thread that gives them back later, inside the owner's ``activate()`` (for CUDA memory: with its
+context pushed).
 """
 from __future__ import annotations
 
@@ -31,15 +32,14 @@ class SlotsExhaustedError(RuntimeError):
 
 
 class Slot:
-    """One batch's memory. ``stream`` is the stream that was current where the slot was last given back."""
+    """One batch's memory, and whether it is lent out."""
 
-    __slots__ = ("index", "memory", "leased", "stream")
+    __slots__ = ("index", "memory", "leased")
 
     def __init__(self, index: int, memory: Any) -> None:
         self.index = index
         self.memory = memory
         self.leased = False
-        self.stream: Any = None
 
 
 class Lease:
@@ -77,6 +77,8 @@ class FixedSlots:
         """Nothing to do: the slot is reused when the ring lets batch k + S start."""
 
     def close(self) -> None:
+        for slot in self._slots:  # a producer's traceback may still hold a slot: it must not hold the memory
+            slot.memory = None
         self._slots = []
 
 
@@ -92,9 +94,9 @@ class SlotPool:
         after :meth:`close`.
     capacity : int
         Most slots allocated at once.
-    current_stream : callable, optional
-        Called where a slot is given back; what it returns is kept as ``slot.stream`` for the next taker, who
-        orders its writes after the work queued there (for device memory).
+    on_give_back : callable, optional
+        ``on_give_back(memory)``, called where a slot is given back before the pool is closed (for device memory:
+        record what the next writer must wait for). The slot is given back even if it raises.
     activate : callable, optional
         Context manager that lets a thread other than the owner free memory.
     first : int
@@ -102,12 +104,12 @@ class SlotPool:
     """
 
     def __init__(self, allocate: Callable[[], Any], free: Callable[[Any], None], capacity: int,
-                 current_stream: Optional[Callable[[], Any]] = None,
+                 on_give_back: Optional[Callable[[Any], None]] = None,
                  activate: Callable[[], ContextManager] = contextlib.nullcontext, first: int = 0) -> None:
         self.capacity = capacity
         self._allocate = allocate
         self._free = free
-        self._current_stream = current_stream
+        self._on_give_back = on_give_back
         self._activate = activate
         self._returned: "queue.SimpleQueue[Slot]" = queue.SimpleQueue()  # put() is safe inside a finalizer
         self._lock = threading.RLock()  # re-entrant: a collection may give a slot back while it is held
@@ -117,6 +119,7 @@ class SlotPool:
         self._next_number = first  # the batch whose turn it is to get a slot
         self._warned = False
         self._closed = False
+        self._live = 0  # slots whose memory is allocated and not yet freed
         self.allocations = 0
 
     def acquire(self, number: int, cancelled: Callable[[], bool] = lambda: False) -> Slot:
@@ -172,6 +175,8 @@ class SlotPool:
             with self._lock:
                 self._slots.remove(slot)
             raise
+        with self._lock:
+            self._live += 1
         self.allocations += 1
         return slot
 
@@ -202,24 +207,32 @@ class SlotPool:
         with self._lock:
             return number in self._waiting and len(self._slots) >= self.capacity and self._returned.empty()
 
-    def close(self) -> int:
-        """Owning thread, after its takers stopped: free every slot not lent out; return how many still are.
+    @property
+    def live(self) -> int:
+        """Slots whose memory is allocated and not yet freed (after close: being freed, or still lent out)."""
+        with self._lock:
+            return self._live
 
-        Those are freed by whichever thread gives them back, inside ``activate()``.
+    def close(self) -> None:
+        """Owning thread, after its takers stopped: free every slot not lent out (all of them, even if one free
+        fails; the first error is raised at the end). Slots lent out are freed by whichever thread gives them
+        back, inside ``activate()``; :attr:`live` counts them until then.
         """
         with self._lock:
             self._closed = True
         while self._next_returned(block=False) is not None:
             pass
-        outstanding = 0
+        errors = []
         for slot in self._slots:
-            if slot.leased:
-                outstanding += 1
-                continue
-            memory = self._take_memory(slot)
-            if memory is not None:
-                self._free(memory)
-        return outstanding
+            if not slot.leased:
+                memory = self._take_memory(slot)
+                if memory is not None:
+                    try:
+                        self._free_memory(memory, activate=False)
+                    except BaseException as error:  # noqa: BLE001 - keep freeing; raised below
+                        errors.append(error)
+        if errors:
+            raise errors[0]
 
     def _next_returned(self, block: bool) -> Optional[Slot]:
         try:
@@ -230,12 +243,14 @@ class SlotPool:
         return slot
 
     def _give_back(self, slot: Slot) -> None:
-        if self._current_stream is not None:
-            slot.stream = self._current_stream()
-        self._returned.put(slot)
-        # Checked after the put: if close() ran before this read, it either drained the slot or left it for us.
-        if self._closed:
-            self._drain_returned()
+        try:
+            if self._on_give_back is not None and not self._closed:
+                self._on_give_back(slot.memory)
+        finally:  # even on an error or Ctrl-C there: a slot never given back is lost for good
+            self._returned.put(slot)
+            # Checked after the put: if close() ran before this read, it either drained the slot or left it to us.
+            if self._closed:
+                self._drain_returned()
 
     def _drain_returned(self) -> None:
         """After close: free the slots given back since (each is taken from the queue by exactly one thread)."""
@@ -245,8 +260,18 @@ class SlotPool:
                 return
             memory = self._take_memory(slot)
             if memory is not None:
+                self._free_memory(memory, activate=True)
+
+    def _free_memory(self, memory: Any, activate: bool) -> None:
+        try:
+            if activate:
                 with self._activate():
                     self._free(memory)
+            else:
+                self._free(memory)
+        finally:  # counted as freed only now, so that the owner keeps what freeing needs until then
+            with self._lock:
+                self._live -= 1
 
     def _take_memory(self, slot: Slot) -> Any:
         """Detach a slot's memory so that exactly one thread frees it."""

@@ -9,6 +9,7 @@ later one.
 """
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any, Callable, Dict, Optional, Sequence
 
@@ -81,14 +82,13 @@ class Ring:
         :meth:`release`, so taking it again (after an interruption) is safe.
         """
         def arrived() -> bool:
-            check()
             return number in self._ready or number in self._errors or not producers_alive()
 
-        self._wait(arrived)
+        self._wait(arrived, check)
         with self._cond:
             if number in self._errors:
                 error, original = self._errors[number]
-                raise error.with_traceback(original)  # the same traceback each time it is raised
+                raise _fresh(error).with_traceback(original)  # the producer's traceback, each time
             if number not in self._ready:
                 raise RuntimeError("the producer threads stopped without delivering batch "
                                    f"{number} and without an error")
@@ -97,9 +97,11 @@ class Ring:
     def release(self, number: int) -> None:
         """Consumer: batch ``number`` (and every earlier one) is no longer used; its slot can be refilled."""
         with self._cond:
-            self._ready.pop(number, None)
+            # every earlier batch too: one left by an interrupted release must not hold its slot until close
+            dropped = [self._ready.pop(n) for n in [n for n in self._ready if n <= number]]
             self._released = max(self._released, number + 1)
             self._cond.notify_all()
+        del dropped  # outside the lock: dropping a batch may give its slot back
 
     def close(self) -> None:
         """Wake every waiting thread; producers stop, later waits raise RingClosed. Batches not taken are
@@ -114,14 +116,33 @@ class Ring:
     def closed(self) -> bool:
         return self._closed
 
-    def _wait(self, predicate: Callable[[], bool]) -> None:
-        with self._cond:
-            while not predicate():
+    def _wait(self, predicate: Callable[[], bool], check: Optional[Callable[[], None]] = None) -> None:
+        """Wait until ``predicate()`` (checked under the lock); ``check()`` runs between waits, outside it."""
+        while True:
+            with self._cond:
                 if self._closed:
                     raise RingClosed()
+                if predicate():
+                    return
                 self._cond.wait(POLL_SECONDS)
-            if self._closed:
-                raise RingClosed()
+                if self._closed:
+                    raise RingClosed()
+                if predicate():
+                    return
+            if check is not None:
+                check()
+
+
+def _fresh(error: BaseException) -> BaseException:
+    """A copy of ``error`` to raise: a raised exception collects the frames it passes (the consumer's, holding
+    the loader), and the stored original must not, or the ring would keep an abandoned loader alive."""
+    try:
+        fresh = copy.copy(error)
+    except Exception:  # noqa: BLE001 - an exception that cannot be copied is raised itself
+        return error
+    fresh.__cause__, fresh.__context__ = error.__cause__, error.__context__
+    fresh.__suppress_context__ = error.__suppress_context__
+    return fresh
 
 
 def join_all(threads: Sequence[threading.Thread]) -> None:

@@ -5,10 +5,10 @@ slots; one copier thread, which creates and uses every CUDA object, copies each 
 from a :class:`~emfast.pool.SlotPool` on a non-blocking stream and hands the device batch to the consumer once the
 copy has completed (so a batch's ``__cuda_array_interface__`` can say ``stream: None`` truthfully).
 
-A device slot returns to the pool when the last array or tensor viewing it dies, on whatever thread that is; the
-stream current there (PyTorch's, else CuPy's, else the legacy default stream) is noted, and before the slot is
-overwritten the copy stream waits for an event recorded on that stream, so the work queued there that reads the
-batch finishes first. Device memory is freed by the copier thread at close, or, for slots still held then, by the
+A device slot returns to the pool when the last array or tensor viewing it dies, on whatever thread that is; an
+event is recorded there on the current stream (PyTorch's, else CuPy's, else the legacy default stream), and
+before the slot is overwritten the copy stream waits for that event, so the work queued until then that reads
+the batch finishes first. Device memory is freed by the copier thread at close, or, for slots still held then, by the
 thread that drops the last reference, with the primary context pushed: never out of its context.
 
 A :class:`TransferBackend` does the device work; :class:`PycudaBackend` is the real one, and the tests drive the
@@ -74,7 +74,7 @@ class DeviceArray:
 class TransferBackend:
     """Device memory and copies.
 
-    The copier thread calls every method except :meth:`current_stream` (called where a device slot is given back)
+    The copier thread calls every method except :meth:`given_back` (called where a device slot is given back)
     and :meth:`free` inside :meth:`activate` (called by a thread that gives a slot back after :meth:`close`).
     """
 
@@ -96,16 +96,17 @@ class TransferBackend:
         """The consumer-facing arrays of a device slot; each keeps ``owner`` alive."""
         raise NotImplementedError
 
-    def current_stream(self) -> Any:
-        """The stream current on the calling thread, for :meth:`guard` later (any thread may call this)."""
+    def given_back(self, memory: Any) -> None:
+        """On the thread that dropped the last view of ``memory``: note the work queued on its current stream,
+        for :meth:`guard`. Must not block."""
         raise NotImplementedError
 
     def activate(self) -> ContextManager:
         """Make the device's context current on the calling thread for the duration (to free memory there)."""
         raise NotImplementedError
 
-    def guard(self, memory: Any, stream: Any) -> None:
-        """Order the next copy into ``memory`` after the work queued on ``stream`` so far."""
+    def guard(self, memory: Any) -> None:
+        """Order the next copy into ``memory`` after the work noted by :meth:`given_back`."""
         raise NotImplementedError
 
     def copy(self, host: Dict[str, np.ndarray], memory: Any) -> None:
@@ -208,10 +209,12 @@ class _Driver:
         self._call("cuEventCreate", ctypes.byref(event), _CU_EVENT_DISABLE_TIMING)
         return event.value
 
-    def order(self, event: int, stream: int, waiting_stream: int) -> None:
-        """Make ``waiting_stream`` wait for the work queued on ``stream`` so far."""
+    def record(self, event: int, stream: int) -> None:
         self._call("cuEventRecord", event, stream)
-        self._call("cuStreamWaitEvent", waiting_stream, event, 0)
+
+    def wait(self, stream: int, event: int) -> None:
+        """Make ``stream`` wait for ``event``'s work."""
+        self._call("cuStreamWaitEvent", stream, event, 0)
 
     def destroy(self, event: int) -> None:
         self._call("cuEventDestroy_v2", event)
@@ -220,12 +223,14 @@ class _Driver:
 class _DeviceSlot:
     """One batch's device memory: an allocation per field, and the events that order copies into it."""
 
-    __slots__ = ("allocations", "copied", "released")
+    __slots__ = ("allocations", "copied", "released", "recorded", "unordered")
 
     def __init__(self, allocations: Dict[str, Any], copied: Any, released: int) -> None:
         self.allocations = allocations
         self.copied = copied  # recorded on the copy stream after the copy
-        self.released = released  # recorded on the consumer's stream before the next copy
+        self.released = released  # recorded on the consumer's stream where the slot was given back
+        self.recorded = False  # `released` holds the consumer's work to wait for
+        self.unordered = False  # giving back could not record it: synchronise the device before the next copy
 
 
 class PycudaBackend(TransferBackend):
@@ -274,27 +279,40 @@ class PycudaBackend(TransferBackend):
         return _DeviceSlot(allocations, cuda.Event(), self._driver.event())
 
     def free(self, memory: _DeviceSlot) -> None:
+        errors = []
         for allocation in memory.allocations.values():
-            allocation.free()
-        self._driver.destroy(memory.released)
-        memory.allocations, memory.copied = {}, None
+            try:
+                allocation.free()
+            except Exception as error:  # noqa: BLE001 - free the rest; raised below
+                errors.append(error)
+        try:
+            self._driver.destroy(memory.released)
+        finally:
+            memory.allocations, memory.copied = {}, None  # the copy event goes here too, in this context
+        if errors:
+            raise errors[0]
 
     def export(self, memory: _DeviceSlot, owner: Any) -> Dict[str, Any]:
         return {name: DeviceArray(int(allocation), self._fields[name][0], self._fields[name][1], self.name, owner)
                 for name, allocation in memory.allocations.items()}
 
-    def current_stream(self) -> int:
+    def _current_stream(self) -> int:
         """PyTorch's current stream if PyTorch uses CUDA, else CuPy's if CuPy is loaded, else the legacy one (0)."""
-        try:
-            torch = sys.modules.get("torch")
-            if torch is not None and torch.cuda.is_initialized():
-                return int(torch.cuda.current_stream(self.ordinal).cuda_stream)
-            cupy = sys.modules.get("cupy")
-            if cupy is not None:
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            return int(torch.cuda.current_stream(self.ordinal).cuda_stream)
+        cupy = sys.modules.get("cupy")
+        if cupy is not None:
+            with cupy.cuda.Device(self.ordinal):
                 return int(cupy.cuda.get_current_stream().ptr)
-        except Exception:  # noqa: BLE001 - e.g. at interpreter shutdown; the legacy stream is the safe default
-            pass
         return 0
+
+    def given_back(self, memory: _DeviceSlot) -> None:
+        memory.unordered = True  # until the event is recorded: an error or interrupt here means synchronise
+        stream = self._current_stream()
+        with self.activate():
+            self._driver.record(memory.released, stream)
+        memory.recorded, memory.unordered = True, False
 
     @contextlib.contextmanager
     def activate(self):
@@ -304,9 +322,12 @@ class PycudaBackend(TransferBackend):
         finally:
             self._cuda.Context.pop()
 
-    def guard(self, memory: _DeviceSlot, stream: Any) -> None:
-        if stream is not None:
-            self._driver.order(memory.released, stream, self._stream.handle)
+    def guard(self, memory: _DeviceSlot) -> None:
+        if memory.unordered:
+            self._cuda.Context.synchronize()
+        elif memory.recorded:
+            self._driver.wait(self._stream.handle, memory.released)
+        memory.recorded = memory.unordered = False
 
     def copy(self, host: Dict[str, np.ndarray], memory: _DeviceSlot) -> None:
         for name, allocation in memory.allocations.items():
@@ -320,15 +341,19 @@ class PycudaBackend(TransferBackend):
         if self._context is None:
             return
         stream = getattr(self, "_stream", None)
-        if stream is not None:
-            stream.synchronize()
-        # Dropping the last references frees the host slots and the stream here, in the context's thread.
-        self._host, self._stream = [], None
-        self._cuda.Context.pop()
-        if slots_outstanding == 0:
-            self._context.detach()
-            self._context = None
-        # Otherwise the context object stays: threads that give the held slots back push it to free them.
+        try:
+            if stream is not None:
+                stream.synchronize()
+        finally:  # even after a CUDA error: a thread that ends with a context pushed aborts the process
+            # Dropping the last references frees the host slots and the stream here, in the context's thread.
+            self._host, self._stream = [], None
+            self._cuda.Context.pop()
+            if slots_outstanding == 0:
+                self._context.detach()
+                self._context = None
+            # Otherwise the context object stays: threads that give the held slots back push it to free them.
+            # Its retain of the primary context (which PyTorch holds anyway) is then released only if pycuda
+            # destroys the object on a thread where that is allowed.
 
 
 class Copier:
@@ -396,12 +421,14 @@ class Copier:
         try:
             self.host_slots = FixedSlots(self.backend.open(self.fields, self.slots))
             self.device_pool = SlotPool(self.backend.allocate, self.backend.free, self.capacity,
-                                        self.backend.current_stream, self.backend.activate, self.first)
+                                        self.backend.given_back, self.backend.activate, self.first)
             self.device_pool.prefill(self.slots)
         except BaseException as error:
             self._open_error = error
+            if self.host_slots is not None:
+                self.host_slots.close()
             if self.device_pool is not None:
-                self.backend.close(self.device_pool.close())
+                self._close_device()
             self._opened.set()
             return
         self._opened.set()
@@ -412,7 +439,13 @@ class Copier:
             self.host_ring.close()  # stops the producers if the copier stopped first (an error)
             self._producers_done.wait()  # set by finish(), after the consumer closed the device ring
             self.host_slots.close()
-            self.backend.close(self.device_pool.close())
+            self._close_device()
+
+    def _close_device(self) -> None:
+        try:
+            self.device_pool.close()
+        finally:
+            self.backend.close(self.device_pool.live)
 
     def _copy_all(self) -> None:
         number = self.first
@@ -429,8 +462,7 @@ class Copier:
                     self.device_ring.wait_turn(number)
                     slot = self.device_pool.acquire(number, lambda: self.device_ring.closed)
                 with self.profile.timer("copy"):
-                    self.backend.guard(slot.memory, slot.stream)
-                    slot.stream = None
+                    self.backend.guard(slot.memory)
                     self.backend.copy(host.slot.memory, slot.memory)
                     self.backend.wait(slot.memory)
                 del host
