@@ -356,3 +356,40 @@ def test_a_loader_started_before_fork_fails_clearly_in_the_child(volumes):
     error, child_digest = message.split("|")
     assert "before it forked" in error and "Create the Loader in the child" in error
     assert child_digest == before
+
+
+def _first_digests(loader, count=3):
+    """Runs in a spawned process: the loader arrives pickled, unstarted."""
+    with loader:
+        return [digest(b["raw"], b["labels"]) for b in (loader.next_batch() for _ in range(count))]
+
+
+def test_an_unstarted_loader_pickles_for_spawned_processes_with_lazy_volumes(tmp_path):
+    import multiprocessing
+    import pickle
+
+    import h5py
+
+    rng = np.random.default_rng(8)
+    path = tmp_path / "sample.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("raw", data=rng.integers(0, 256, (12, 40, 36), dtype=np.uint8), chunks=(4, 16, 16))
+        f.create_dataset("labels", data=rng.integers(0, 9, (12, 40, 36), dtype=np.uint64), chunks=(4, 16, 16))
+    sample = ef.Sample(ef.hdf5(path, "raw", in_memory=False), labels=ef.hdf5(path, "labels", in_memory=False))
+    loader = ef.Loader(sample, patch=PATCH, batch_size=3, seed=5, augment=["mirror", "intensity"],
+                       targets=[ef.Affinities()])
+    loader.load_state_dict({**loader.state_dict(), "next_batch": 4})  # the position travels too
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        spawned = pool.apply(_first_digests, (loader,))
+    assert spawned == _first_digests(pickle.loads(pickle.dumps(loader)))
+    twin = ef.Loader(sample, patch=PATCH, batch_size=3, seed=5, augment=["mirror", "intensity"],
+                     targets=[ef.Affinities()])
+    with twin:
+        for _ in range(4):
+            twin.next_batch()
+        assert [digest(b["raw"], b["labels"]) for b in (twin.next_batch() for _ in range(3))] == spawned
+    with loader:
+        with pytest.raises(TypeError, match="started or closed Loader cannot be pickled"):
+            pickle.dumps(loader)
+        with pytest.raises(TypeError, match=r"pickle batch.copy\(\)"):
+            pickle.dumps(loader.next_batch())

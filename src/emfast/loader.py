@@ -167,6 +167,10 @@ class Batch(Mapping):
             raise ImportError("batch.cupy() needs CuPy (pip install cupy-cuda12x or similar)") from error
         return {name: cupy.asarray(array) for name, array in self._live().items()}
 
+    def __reduce__(self):
+        raise TypeError("a Batch lives in its loader's memory and cannot be pickled; pickle batch.copy() (a dict "
+                        "of arrays) and the attributes you need")
+
     def release(self) -> None:
         """Let the producers start another batch now, and drop the mapping (idempotent).
 
@@ -442,6 +446,8 @@ class Loader:
                  normalize=None,
                  isotropic: bool = False, label_offset=None, keep_labels: bool = True, rank: int = 0,
                  world_size: int = 1, worker_sharding: bool = True, device="cpu") -> None:
+        # Every argument as given, first thing: an unstarted loader pickles as them (see __reduce__).
+        self._arguments = {name: value for name, value in locals().items() if name != "self"}
         self.patch_in, self.patch_out = _geometry(patch, patch_in, patch_out)
         self.batch_size = _positive_int(batch_size, "batch_size")
         self.threads = _positive_int(threads, "threads")
@@ -669,6 +675,14 @@ class Loader:
             self._finalizer.detach()
             self._pipeline.stop()  # idempotent: a close() after an interrupted one (Ctrl-C twice) stops again
 
+    def __reduce__(self):
+        """An unstarted loader pickles as its arguments and stream position (for spawned processes)."""
+        if self._pipeline is not None or self._closed:
+            raise TypeError("a started or closed Loader cannot be pickled: its threads and memory stay in this "
+                            "process. Pickle it before it starts (it travels as its arguments and position) and "
+                            "start it where it is unpickled")
+        return _unpickled_loader, (self._arguments, self.state_dict())
+
     def __enter__(self) -> "Loader":
         return self.start()
 
@@ -794,6 +808,12 @@ class Loader:
         return (f"Loader(patch={self.patch}, batch_size={self.batch_size}, threads={self.threads}, "
                 f"buffers={self.buffers}, max_buffers={self.max_buffers}, fields={list(self.fields)}, "
                 f"device={self.device!r}, {state})")
+
+
+def _unpickled_loader(arguments: Dict[str, object], state: Dict[str, object]) -> Loader:
+    loader = Loader(**arguments)
+    loader.load_state_dict(state)
+    return loader
 
 
 def _stop_abandoned(pipeline: _Pipeline) -> None:

@@ -148,6 +148,12 @@ class Volume:
             raise TypeError(f"{name}: expected a NumPy array, got {type(array).__name__}")
         return cls(array, name=name, resolution=resolution, offset=offset)
 
+    def __reduce__(self):
+        """Pickle an in-memory volume with its data, a lazy one as its file and dataset (reopened read-only)."""
+        if self._array is not None:
+            return _rebuilt_volume, (self._array, self.name, self.resolution, self.offset, self.chunks, self.source)
+        return _reopened_volume, (str(self.source.path), self.source.dataset, self._cache.budget_bytes)
+
     @property
     def in_memory(self) -> bool:
         return self._array is not None
@@ -343,6 +349,14 @@ def hdf5(path: Union[str, os.PathLike], dataset: str, *, in_memory: bool = True,
     except BaseException:
         file.close()
         raise
+
+
+def _rebuilt_volume(array, name, resolution, offset, chunks, source) -> Volume:
+    return Volume(array, name=name, resolution=resolution, offset=offset, chunks=chunks, source=source)
+
+
+def _reopened_volume(path: str, dataset: str, cache_bytes: int) -> Volume:
+    return hdf5(path, dataset, in_memory=False, cache_bytes=cache_bytes)
 
 
 def as_volume(source, name: str) -> Volume:
