@@ -1,0 +1,231 @@
+"""Reliability: faults injected at every stage, fuzzed arguments, configs and files, loaders sharing one file in
+one process and across processes. The outcome is always a clear error or correct batches; threads always end."""
+import gc
+import multiprocessing
+import os
+import random
+import threading
+import time
+
+import h5py
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import emfast as ef
+from emfast.config import ConfigError, load_config
+from fake_transfer import FakeDevice
+
+PATCH = (4, 16, 12)
+FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture
+def volumes(rng):
+    return (rng.integers(0, 256, (12, 40, 36), dtype=np.uint8),
+            rng.integers(0, 2**40, (12, 40, 36), dtype=np.uint64))
+
+
+def open_descriptors():
+    return len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
+
+
+def threads_end(seconds=10):
+    deadline = time.time() + seconds
+    while any(t.name.startswith("emfast-") for t in threading.enumerate()) and time.time() < deadline:
+        time.sleep(0.01)
+    return not any(t.name.startswith("emfast-") for t in threading.enumerate())
+
+
+class Injected(Exception):
+    """The fault a test injects."""
+
+
+def inject(loader, stage, at):
+    """Make ``stage`` fail while making batch number ``at``."""
+    if stage == "plan":
+        plan = type(loader._planner).plan
+
+        def failing(epoch, index):
+            if index == at:
+                raise Injected(f"plan of batch {index}")
+            return plan(loader._planner, epoch, index)
+
+        loader._planner.plan = failing
+    elif stage == "kernel":
+        fill = type(loader._gatherer).fill
+
+        def failing(arrays, plan, *args):
+            if plan.index == at:
+                raise Injected(f"kernel of batch {plan.index}")
+            return fill(loader._gatherer, arrays, plan, *args)
+
+        loader._gatherer.fill = failing
+    elif stage == "read":
+        volume = loader.dataset.samples[0].raw
+        read_box, calls = volume.read_box, []
+
+        def failing(*args):
+            calls.append(1)
+            if len(calls) > at * loader.batch_size:
+                raise OSError(f"{volume.name}: injected read error")
+            return read_box(*args)
+
+        volume.read_box = failing
+
+
+@pytest.mark.parametrize("device,stage", [(device, stage) for device in ("cpu", "fake")
+                                          for stage in ("plan", "kernel", "read")] + [("fake", "copy")])
+@pytest.mark.parametrize("seed", range(3))
+def test_an_injected_fault_reaches_the_consumer_and_nothing_leaks(volumes, device, stage, seed, tmp_path):
+    at = random.Random(seed).randrange(1, 8)
+    raw, labels = volumes
+    path = tmp_path / "raw.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("raw", data=raw, chunks=(4, 16, 16))
+    descriptors = open_descriptors()
+    backend = FakeDevice(max_delay=0.0005, fail_copy_at=at if stage == "copy" else None) if device == "fake" \
+        else "cpu"
+    volume = ef.hdf5(path, "raw", in_memory=False) if stage == "read" else raw
+    loader = ef.Loader(volume, labels, patch=PATCH, batch_size=3, threads=2, seed=seed, device=backend)
+    inject(loader, stage, at)
+    delivered = []
+    expected = (RuntimeError, "copy") if stage == "copy" else (OSError, "read") if stage == "read" else \
+        (Injected, stage)
+    with pytest.raises(expected[0], match=expected[1]):
+        with loader:
+            for batch in loader:
+                delivered.append(batch.number)
+    assert delivered == list(range(len(delivered))) and len(delivered) <= at + 1
+    assert threads_end()
+    if isinstance(backend, FakeDevice):
+        assert backend.live == 0 and backend.violations == []
+    del loader, volume, batch
+    gc.collect()  # the injected read fault is a closure stored on the volume it reads: a cycle of the test's own
+    assert open_descriptors() <= descriptors  # the lazy file is closed once its volume is gone
+
+
+def test_an_abandoned_iterator_leaves_the_loader_usable(volumes):
+    raw, labels = volumes
+    with ef.Loader(raw, labels, patch=PATCH, epoch_size=10, seed=2) as loader:
+        iterator = iter(loader)
+        first = next(iterator).number
+        del iterator  # a loop left by break or an exception
+        assert loader.next_batch().number == first + 1
+        assert [b.index for b in loader] == list(range(2, 10))
+
+
+@FUZZ
+@given(patch=st.tuples(*[st.integers(-2, 50)] * 3), batch_size=st.integers(-1, 6), threads=st.integers(0, 3),
+       buffers=st.one_of(st.none(), st.integers(0, 5)), label_offset=st.one_of(
+           st.none(), st.tuples(*[st.integers(-4, 4)] * 3)), dtype=st.sampled_from(["float32", "float16", "int8"]))
+def test_fuzzed_arguments_give_batches_or_a_clear_error(volumes, patch, batch_size, threads, buffers,
+                                                        label_offset, dtype):
+    raw, labels = volumes
+    try:
+        loader = ef.Loader(raw, labels[:11, :38, :35] if label_offset else labels, patch=patch,
+                           batch_size=batch_size, threads=threads, buffers=buffers, label_offset=label_offset,
+                           dtype=dtype)
+    except (ValueError, TypeError) as error:
+        assert str(error)  # a message that says something
+        return
+    with loader:
+        batch = loader.next_batch()
+        assert batch["raw"].shape == (batch_size, 1) + tuple(patch) and batch["raw"].dtype == np.dtype(dtype)
+        assert batch["labels"].shape == (batch_size, 1) + tuple(patch)
+
+
+BASE = """\
+data:
+  samples:
+    - name: A
+      raw: {builtin: demo, shape: [16, 48, 48]}
+loader: {patch: [4, 16, 16], batch_size: 2, seed: 3}
+augment: [mirror, {intensity: {scale: 0.2, shift: 0.1}}]
+targets: [affinities]
+"""
+
+
+@FUZZ
+@given(position=st.integers(0, len(BASE) - 1), length=st.integers(0, 8),
+       insert=st.text(alphabet="[]{}:,-&*!|>'\"# \n\tabcxyz0129.", max_size=8))
+def test_fuzzed_configs_give_a_config_or_a_config_error(position, length, insert):
+    text = BASE[:position] + insert + BASE[position + length:]
+    try:
+        load_config(text)
+    except ConfigError as error:
+        assert "line" in str(error) or str(error)
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    path = tmp_path_factory.mktemp("stored") / "volume.h5"
+    rng = np.random.default_rng(3)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("raw", data=rng.integers(1, 256, (16, 48, 48), dtype=np.uint8), chunks=(4, 16, 16),
+                         compression="gzip")
+        f.create_dataset("labels", data=rng.integers(1, 9, (16, 48, 48), dtype=np.uint64), chunks=(4, 16, 16))
+    return path.read_bytes()
+
+
+@FUZZ
+@given(cut=st.floats(0.0, 1.0), flips=st.lists(st.tuples(st.floats(0.0, 1.0), st.integers(1, 255)), max_size=4),
+       lazy=st.booleans())
+def test_damaged_files_give_correct_batches_or_a_clear_error(stored, tmp_path_factory, cut, flips, lazy):
+    data = bytearray(stored[:max(1, int(len(stored) * cut))] if cut < 1 else stored)
+    for where, value in flips:
+        data[min(len(data) - 1, int(where * len(data)))] ^= value
+    path = tmp_path_factory.mktemp("damaged") / "volume.h5"
+    path.write_bytes(bytes(data))
+    try:
+        raw = ef.hdf5(path, "raw", in_memory=not lazy)
+        labels = ef.hdf5(path, "labels", in_memory=not lazy)
+        with ef.Loader(raw, labels, patch=(4, 16, 16), batch_size=2, seed=1) as loader:
+            for _ in range(4):
+                batch = loader.next_batch()
+                assert batch["raw"].shape == (2, 1, 4, 16, 16)
+    except (OSError, ValueError, TypeError, KeyError, RuntimeError) as error:
+        assert str(error)
+    assert threads_end()
+
+
+def test_two_loaders_on_one_lazy_file_in_one_process(stored, tmp_path):
+    path = tmp_path / "volume.h5"
+    path.write_bytes(stored)
+    with h5py.File(path, "r") as f:
+        raw = f["raw"][()]
+
+    def stream(volume, seed):
+        with ef.Loader(volume, patch=(4, 16, 16), seed=seed, augment=[], threads=2, normalize=(1.0, 0.0)) as loader:
+            return [(b.positions.copy(), b["raw"].copy()) for b in (loader.next_batch() for _ in range(10))]
+
+    shared = ef.hdf5(path, "raw", in_memory=False, cache_bytes=2**16)  # a small cache: many reads
+    results = {}
+    workers = [threading.Thread(target=lambda s=s: results.__setitem__(s, stream(shared, s))) for s in (1, 2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    for seed in (1, 2):
+        for positions, batch in results[seed]:
+            for n, (z, y, x) in enumerate(positions):
+                np.testing.assert_array_equal(batch[n, 0], raw[z:z + 4, y:y + 16, x:x + 16])
+
+
+def _digests_in_a_process(path, seed):
+    import hashlib
+
+    with ef.Loader(ef.hdf5(path, "raw", in_memory=False), ef.hdf5(path, "labels", in_memory=False),
+                   patch=(4, 16, 16), seed=seed, threads=2) as loader:
+        return [hashlib.sha256(b["raw"].tobytes() + b["labels"].tobytes()).hexdigest()
+                for b in (loader.next_batch() for _ in range(8))]
+
+
+def test_loaders_in_several_processes_read_one_file(stored, tmp_path):
+    """As under torch.distributed: one loader per process, all on one HDF5 file."""
+    path = tmp_path / "volume.h5"
+    path.write_bytes(stored)
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        spawned = pool.starmap(_digests_in_a_process, [(str(path), 1), (str(path), 2)])
+    assert spawned == [_digests_in_a_process(str(path), 1), _digests_in_a_process(str(path), 2)]
