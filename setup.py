@@ -2,6 +2,7 @@
 
 All compiler settings live here, in one place.
 """
+import os
 import sys
 
 import numpy as np
@@ -24,6 +25,11 @@ else:
     COMPILE_ARGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-strict-aliasing"]
 
 
+# EMFAST_SANITIZE=1 (tools/sanitize.sh): AddressSanitizer and UBSan, for checking the kernels, never for wheels.
+SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"] \
+    if os.environ.get("EMFAST_SANITIZE") == "1" else []
+
+
 def extension(name, sources, depends=()):
     """One compiled module: a Cython wrapper plus its C++ kernels, all built with the settings above."""
     return Extension(
@@ -32,7 +38,8 @@ def extension(name, sources, depends=()):
         include_dirs=["csrc", np.get_include()],
         depends=[f"csrc/{header}" for header in depends],
         language="c++",
-        extra_compile_args=COMPILE_ARGS,
+        extra_compile_args=COMPILE_ARGS + SANITIZE,
+        extra_link_args=SANITIZE,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
     )
 

@@ -140,7 +140,9 @@ BASE = """\
 data:
   samples:
     - name: A
-      raw: {builtin: demo, shape: [16, 48, 48]}
+      file: {builtin: demo, shape: [16, 48, 48]}
+      raw: volumes/raw
+      labels: volumes/labels/neuron_ids
 loader: {patch: [4, 16, 16], batch_size: 2, seed: 3}
 augment: [mirror, {intensity: {scale: 0.2, shift: 0.1}}]
 targets: [affinities]
@@ -152,6 +154,7 @@ targets: [affinities]
        insert=st.text(alphabet="[]{}:,-&*!|>'\"# \n\tabcxyz0129.", max_size=8))
 def test_fuzzed_configs_give_a_config_or_a_config_error(position, length, insert):
     text = BASE[:position] + insert + BASE[position + length:]
+    load_config(BASE)  # the unmutated config is valid
     try:
         load_config(text)
     except ConfigError as error:
@@ -246,3 +249,32 @@ def test_short_soak_keeps_threads_slots_and_memory_flat(device):
     assert max(result["slots"]) <= 2 + 2 + 1  # buffers (threads + 2), plus the one the loop keeps: bounded
     # a kept batch of this size is 1 MiB: leaking one per batch would add about 1 GiB per 1,000 batches
     assert result["rss_slope_bytes_per_1000"] < 256 * 1024
+
+
+def test_a_config_run_writes_only_into_the_cache_directory_and_never_touches_its_inputs(tmp_path, monkeypatch):
+    import hashlib
+
+    from emfast.cli import main
+
+    data, cache, home, cwd = (tmp_path / name for name in ("data", "cache", "home", "cwd"))
+    for folder in (data, home, cwd):
+        folder.mkdir()
+    rng = np.random.default_rng(1)
+    with h5py.File(data / "a.h5", "w") as f:
+        f.create_dataset("raw", data=rng.integers(0, 256, (16, 48, 48), dtype=np.uint8))
+        f.create_dataset("labels", data=rng.integers(1, 9, (16, 48, 48), dtype=np.uint64))
+    (data / "train.yaml").write_text(
+        "data: {samples: [{name: A, file: a.h5, raw: raw, labels: labels}, "
+        "{name: B, file: {builtin: demo, shape: [16, 48, 48]}, raw: volumes/raw, labels: volumes/labels/neuron_ids}]}\n"
+        "loader: {patch: [4, 16, 16], batch_size: 2, normalize: volume}\ntargets: [affinities]\n")
+    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in data.iterdir()}
+    monkeypatch.setenv("EMFAST_CACHE_DIR", str(cache))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.chdir(cwd)
+    assert main(["check", str(data / "train.yaml")]) == 0
+    with load_config(data / "train.yaml").loader() as loader:
+        loader.next_batch()
+    assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in data.iterdir()} == before
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_relative_to(data)]
+    assert written and all(p.is_relative_to(cache) for p in written), written
