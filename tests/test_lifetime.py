@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import emfast as ef
-from emfast.pool import BackPressureWarning, SlotsExhaustedError
+from emfast import BackPressureWarning, SlotsExhaustedError
 from fake_transfer import FakeDevice
 
 PATCH = (4, 16, 12)

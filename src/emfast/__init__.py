@@ -8,12 +8,14 @@ Quick start::
     with ef.Loader(raw, labels, patch=(32, 128, 128), batch_size=8, threads=2, epoch_size=1000) as loader:
         for batch in loader:
             ...  # batch["raw"]: (8, 1, 32, 128, 128) float32, batch["labels"]: (8, 1, 32, 128, 128) uint64
+            # arrays taken from a batch stay valid while you hold them; their memory is reused after
 """
 from .augment import Augmentation, Intensity, Mirror, Transpose
 from .dataset import Dataset, Sample
 from .defects import Artifacts, LowContrast, MissingSection, Slip
 from .intensity import Blur, Contrast, Gamma, Noise
 from .loader import Batch, BatchReleasedError, Loader
+from .pool import BackPressureWarning, SlotsExhaustedError
 from .profile import ProfileReport
 from .sampling import Balanced, Masked, Tiled, Uniform
 from .targets import Affinities, Boundaries, Classes, Foreground, compute_targets
@@ -27,6 +29,7 @@ __all__ = [
     "Affinities",
     "Artifacts",
     "Augmentation",
+    "BackPressureWarning",
     "Balanced",
     "Batch",
     "BatchReleasedError",
@@ -53,6 +56,7 @@ __all__ = [
     "Sample",
     "Scale",
     "Slip",
+    "SlotsExhaustedError",
     "Tiled",
     "Transpose",
     "Uniform",
