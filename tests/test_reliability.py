@@ -279,3 +279,18 @@ def test_a_config_run_writes_only_into_the_cache_directory_and_never_touches_its
     assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in data.iterdir()} == before
     written = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_relative_to(data)]
     assert written and all(p.is_relative_to(cache) for p in written), written
+
+
+def test_a_lazy_file_removed_under_the_loader_is_still_read_correctly(stored, tmp_path):
+    """POSIX keeps an open file's data until it is closed: removing the path does not disturb the loader."""
+    path = tmp_path / "volume.h5"
+    path.write_bytes(stored)
+    with h5py.File(path, "r") as f:
+        raw = f["raw"][()]
+    volume = ef.hdf5(path, "raw", in_memory=False, cache_bytes=2**16)
+    with ef.Loader(volume, patch=(4, 16, 16), augment=[], normalize=(1.0, 0.0), seed=4) as loader:
+        loader.next_batch()
+        path.unlink()
+        for batch in (loader.next_batch() for _ in range(20)):
+            for n, (z, y, x) in enumerate(batch.positions):
+                np.testing.assert_array_equal(batch["raw"][n, 0], raw[z:z + 4, y:y + 16, x:x + 16])
