@@ -193,15 +193,6 @@ class SlotPool:
         slot.leased = True
         return Lease(self, slot)
 
-    @property
-    def size(self) -> int:
-        """Slots allocated so far."""
-        return len(self._slots)
-
-    def in_use(self) -> int:
-        """Slots neither free nor given back (filling, waiting for the consumer, or held by the program)."""
-        return len(self._slots) - self._returned.qsize()
-
     def starved(self, number: int) -> bool:
         """Whether batch ``number`` waits for a slot and none can come from the pool itself."""
         with self._lock:
