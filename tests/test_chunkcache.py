@@ -292,7 +292,7 @@ def test_a_file_truncated_under_a_lazy_loader_is_an_error_not_zeros(tmp_path, la
                          compression="gzip" if layout == "gzip" else None)
     volume = ef.hdf5(path, "raw", in_memory=False, cache_bytes=2**22)
     os.truncate(path, int(os.path.getsize(path) * (0.9 if layout == "chunked-tail" else 0.5)))
-    with pytest.raises(OSError, match=rf"raw\.h5:raw: .*block at \(\d+, \d+, \d+\).*(truncated|corrupt)"):
+    with pytest.raises(OSError, match=r"raw\.h5:raw: .*block at \(\d+, \d+, \d+\).*(truncated|corrupt)"):
         with ef.Loader(volume, patch=(8, 32, 32), augment=[], seed=1) as loader:
             for _ in range(100):
                 assert (loader.next_batch()["raw"] != 0).all()  # never a silent zero
@@ -309,3 +309,15 @@ def test_a_corrupt_chunk_read_into_memory_names_file_and_dataset(tmp_path):
         f.write(b"\xff" * info.size)
     with pytest.raises(OSError, match=r"raw\.h5:raw: cannot read the dataset"):
         ef.hdf5(path, "raw")
+
+
+def test_lazy_reads_work_with_another_hdf5_driver(tmp_path, monkeypatch):
+    """HDF5_DRIVER=stdio: the truncation check must not assume a file descriptor."""
+    raw = np.random.default_rng(1).integers(0, 256, (8, 32, 32), dtype=np.uint8)
+    path = tmp_path / "raw.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("raw", data=raw, chunks=(4, 16, 16))
+    monkeypatch.setenv("HDF5_DRIVER", "stdio")
+    volume = ef.hdf5(path, "raw", in_memory=False)
+    out = np.empty((1, 8, 32, 32), np.uint8)
+    np.testing.assert_array_equal(volume.read_box((0, 0, 0), (8, 32, 32), out)[0], raw)

@@ -255,6 +255,14 @@ def test_alias_bomb_is_refused_within_a_second():
     assert "more than 100,000 values" in str(error) and "aliases" in str(error)
 
 
+@pytest.mark.parametrize("text", ["data: &a [*a]\nloader: {patch: [1, 1, 1]}\n",
+                                  "data: &a {x: *a}\nloader: {patch: [1, 1, 1]}\n",
+                                  "data: " + "[" * 200 + "]" * 200 + "\nloader: {patch: [1, 1, 1]}\n"])
+def test_an_alias_that_contains_itself_or_deep_nesting_is_refused(text):
+    error = _error(text)
+    assert "nests more than 64 levels" in str(error)
+
+
 def test_a_few_aliases_are_still_fine():
     text = BASE.replace("  patch: [4, 16, 16]", "  patch: &p [4, 16, 16]").replace("  seed: 3", "  seed: 3\n  patch_in: *p")
     assert load_config(text).loader_args["patch_in"] == [4, 16, 16]

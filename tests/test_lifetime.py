@@ -2,6 +2,7 @@
 dropped loaders. On the CPU and on the fake device, which enforces the rules of a real GPU."""
 import gc
 import os
+import select
 import sys
 import hashlib
 import threading
@@ -315,16 +316,25 @@ def test_torch_dataloader_workers_draw_disjoint_shards(volumes, monkeypatch):
 
     def stream(worker, **kwargs):
         current["info"] = None if worker is None else types.SimpleNamespace(id=worker, num_workers=2)
-        loader, _ = make_loader(volumes, "cpu", **kwargs)
-        current["info"] = None
-        with loader:
-            return [digest(b["raw"], b["labels"]) for b in (loader.next_batch() for _ in range(6))]
+        try:
+            loader, _ = make_loader(volumes, "cpu", **kwargs)
+            with loader:
+                return [digest(b["raw"], b["labels"]) for b in (loader.next_batch() for _ in range(6))]
+        finally:
+            current["info"] = None
 
     workers = [stream(0), stream(1)]
     assert not set(workers[0]) & set(workers[1])
     assert workers == [stream(None, rank=0, world_size=2), stream(None, rank=1, world_size=2)]
     assert stream(0, worker_sharding=False) == stream(1, worker_sharding=False) == stream(None)
     assert stream(1, rank=1, world_size=3) == stream(None, rank=3, world_size=6)
+    # built in the main process and handed to the workers (fork or pickle): the shard is the one it starts in
+    built_in_parent, _ = make_loader(volumes, "cpu")
+    current["info"] = types.SimpleNamespace(id=1, num_workers=2)
+    with built_in_parent:
+        started_in_worker = [digest(b["raw"], b["labels"]) for b in (built_in_parent.next_batch() for _ in range(6))]
+    current["info"] = None
+    assert started_in_worker == workers[1] and built_in_parent.shard == (1, 2)
 
 
 def test_a_loader_started_before_fork_fails_clearly_in_the_child(volumes):
@@ -349,6 +359,10 @@ def test_a_loader_started_before_fork_fails_clearly_in_the_child(volumes):
             os.write(writer, message.encode())
             os._exit(0)
         os.close(writer)
+        answered = select.select([reader], [], [], 60)[0]  # a child that hangs fails the test, it cannot hang it
+        if not answered:
+            os.kill(pid, 9)
+        assert answered, "the forked child did not answer within 60 s"
         with os.fdopen(reader) as pipe:
             message = pipe.read()
         os.waitpid(pid, 0)

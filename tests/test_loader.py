@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import emfast as ef
+from fake_transfer import FakeDevice
 from reference import converted, window
 
 PATCH = (4, 16, 12)
@@ -398,10 +399,13 @@ def test_bool_masks_are_read_as_uint8(volumes, tmp_path, where):
                 assert expected.mean() >= 0.6
 
 
-def test_ctrl_c_during_close_still_joins_every_thread(volumes, monkeypatch):
-    """A second Ctrl-C that lands while close() joins the producers must not leave them running."""
+@pytest.mark.parametrize("device", ["cpu", "fake"])
+def test_ctrl_c_during_close_still_joins_every_thread(volumes, monkeypatch, device):
+    """A second Ctrl-C that lands while close() joins the producers must not leave them (or the copier, or
+    device memory) behind."""
     raw, labels = volumes
-    loader = ef.Loader(raw, labels, patch=PATCH, threads=3, buffers=6, seed=1)
+    backend = FakeDevice() if device == "fake" else "cpu"
+    loader = ef.Loader(raw, labels, patch=PATCH, threads=3, buffers=6, seed=1, device=backend)
     fill = type(loader._gatherer).fill
 
     def slow_fill(*args):
@@ -415,4 +419,31 @@ def test_ctrl_c_during_close_still_joins_every_thread(volumes, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         loader.close()
     assert not any(t.name.startswith("emfast-") for t in threading.enumerate())
+    if device == "fake":
+        assert backend.closed and backend.live == 0 and backend.violations == []
     loader.close()  # and again, quietly
+
+
+class FormattedError(Exception):
+    def __init__(self, number):
+        super().__init__(f"batch {number} is bad")
+        self.number = number
+
+
+def test_a_producer_error_reaches_the_consumer_with_its_message_and_attributes(volumes, monkeypatch):
+    raw, _ = volumes
+    loader = ef.Loader(raw, patch=PATCH, seed=1)
+    plan = type(loader._planner).plan
+
+    def failing(epoch, index):
+        if index == 1:
+            raise FormattedError(index)
+        return plan(loader._planner, epoch, index)
+
+    monkeypatch.setattr(loader._planner, "plan", failing)
+    with loader:
+        loader.next_batch()
+        for _ in range(2):  # raised again as often as asked, the same each time
+            with pytest.raises(FormattedError) as info:
+                loader.next_batch()
+            assert str(info.value) == "batch 1 is bad" and info.value.number == 1

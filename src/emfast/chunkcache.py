@@ -26,6 +26,7 @@ import itertools
 import os
 import sys
 import threading
+import weakref
 import zlib
 from collections import OrderedDict
 from concurrent.futures import Future
@@ -146,6 +147,8 @@ class ChunkCache:
         # block to those heaps.
         self._full_bytes = block_bytes
         self._spare: list = []
+        self._opened_size = self._file_size()
+        _CACHES.add(self)
 
     @property
     def stats(self) -> CacheStats:
@@ -235,11 +238,28 @@ class ChunkCache:
         return block
 
 
+    def _file_size(self) -> Optional[int]:
+        """The file's size now (None where it cannot be told: another HDF5 driver, or a removed path)."""
+        file = self._dataset.file
+        try:
+            if file.driver == "sec2":  # the open descriptor: right even if the path was removed or replaced
+                return os.fstat(file.id.get_vfd_handle()).st_size
+            return os.stat(file.filename).st_size
+        except (OSError, ValueError):
+            return None
+
+    def _after_fork(self) -> None:
+        """In a child process: a read in flight in the parent at fork() never completes here."""
+        self._lock = threading.Lock()
+        self._pending.clear()
+
     def _check_stored(self, origin: Sequence[int]) -> None:
         """Refuse a block whose bytes lie past the end of the file: HDF5 reads them as zeros, silently, when the
-        file was truncated after it was opened."""
+        file was truncated after it was opened. Only a file smaller than when it was opened is looked into."""
+        size = self._file_size()
+        if size is None or self._opened_size is None or size >= self._opened_size:
+            return
         dataset = self._dataset
-        size = os.fstat(dataset.file.id.get_vfd_handle()).st_size
         if dataset.chunks is None:
             spans = [(dataset.id.get_offset(), dataset.id.get_storage_size())]
         else:
@@ -258,6 +278,18 @@ class ChunkCache:
                 raise OSError(f"{self._name}: the block at {tuple(int(o) for o in origin)} is stored at bytes "
                               f"{offset}-{offset + length} but the file now has {size} bytes: it was truncated "
                               "or is being rewritten")
+
+
+#: Every chunk cache of this process, for the fork handler below.
+_CACHES: "weakref.WeakSet[ChunkCache]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for cache in list(_CACHES):
+        cache._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _DirectChunkReader:

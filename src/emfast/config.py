@@ -90,6 +90,8 @@ _SAFE_TAGS = set(yaml.SafeLoader.yaml_constructors) | {"tag:yaml.org,2002:merge"
 #: Most nodes a config may expand to, counting every use of an alias: a real config has a few hundred, and a few
 #: nested aliases ("billion laughs") would otherwise expand to billions, costing minutes and gigabytes.
 MAX_NODES = 100_000
+#: Deepest nesting a config may have: a real one has under 10 levels, an alias that contains itself has no end.
+MAX_DEPTH = 64
 
 
 def _marks(node: yaml.Node, path: Path_, marks: Dict[Path_, int], source: str, budget: List[int]) -> None:
@@ -99,6 +101,9 @@ def _marks(node: yaml.Node, path: Path_, marks: Dict[Path_, int], source: str, b
     if budget[0] < 0:
         raise ConfigError(f"the config expands to more than {MAX_NODES:,} values (through YAML aliases?); refused "
                           "before reading it", _format_path(path), node.start_mark.line + 1, source)
+    if len(path) > MAX_DEPTH:
+        raise ConfigError(f"the config nests more than {MAX_DEPTH} levels deep (a YAML alias that contains "
+                          "itself?)", _format_path(path[:MAX_DEPTH]), node.start_mark.line + 1, source)
     marks.setdefault(path, node.start_mark.line + 1)
     if node.tag not in _SAFE_TAGS:
         raise ConfigError(f"the YAML tag {node.tag!r} is not allowed; configs hold only mappings, lists, strings, "

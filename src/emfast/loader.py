@@ -344,12 +344,16 @@ class _Pipeline:
         return self.copier.alive() if self.copier is not None else self.producers.alive()
 
     def stop(self) -> None:
-        self.consumer_ring.close()
-        self.producers.stop()  # closes the host ring
-        if self.copier is not None:
-            self.copier.finish()  # closes the device pool in the copier thread
-        else:
-            self.pool.close()
+        """Close, join and free everything; every step runs even if Ctrl-C interrupts one, then it is raised."""
+        interrupted: Optional[KeyboardInterrupt] = None
+        finish = self.copier.finish if self.copier is not None else self.pool.close  # the copier frees its pool
+        for step in (self.consumer_ring.close, self.producers.stop, finish):
+            try:
+                step()
+            except KeyboardInterrupt as error:
+                interrupted = error
+        if interrupted is not None:
+            raise interrupted
 
     def exhausted(self, number: int) -> Optional[str]:
         """Why batch ``number`` cannot be made while the consumer waits for it, or None."""
@@ -461,11 +465,10 @@ class Loader:
             raise ValueError(f"rank must be in [0, world_size) = [0, {self.world_size}), got {rank}")
         if not isinstance(worker_sharding, bool):
             raise TypeError(f"worker_sharding must be True or False, got {worker_sharding!r}")
-        worker = torch_worker() if worker_sharding else None
+        self.worker_sharding = worker_sharding
         #: (rank, world size) of this loader's share of the stream: ``rank``/``world_size``, refined by the
-        #: PyTorch DataLoader worker this loader was created in.
-        self.shard = (self.rank, self.world_size) if worker is None else \
-            (self.rank * worker[1] + worker[0], self.world_size * worker[1])
+        #: PyTorch DataLoader worker this loader was created or started in.
+        self.shard = self._current_shard()
         self.seed = check_seed(seed)
         self.dtype = self._output_dtype(dtype)
         # Copies: binding an augmentation to this loader's window sizes must not change the caller's object.
@@ -490,18 +493,14 @@ class Loader:
         fields = self._fields(normalize)
         self._bind_augmentations(fields)
         self.regions = self._regions()
-        extents = np.unique(window_extents(self.patch_out, np.asarray(self._perms)), axis=0)
-        self.sampler.bind(self.regions, extents, self.batch_size, *self.shard)
-        self.epoch_size = self._epoch_size(epoch_size)
+        self._extents = np.unique(window_extents(self.patch_out, np.asarray(self._perms)), axis=0)
+        self._bind_stream()
 
         pixelwise = [(i, a) for i, a in enumerate(self.augmentations) if a.pixelwise]
         warps = [a for a in self.augmentations if isinstance(a, WARPS)]
         track_valid = any(isinstance(a, WARPS + (Slip,)) for a in self.augmentations)
         self._gatherer = Gatherer(fields, self.batch_size, self.patch_out, pixelwise, self.targets, self.margin,
                                   warps, self.keep_labels, track_valid)
-        self._planner = Planner(patch=self.patch_out, batch_size=self.batch_size, sampler=self.sampler,
-                                augmentations=self.augmentations, seed=self.seed, rank=self.shard[0],
-                                world_size=self.shard[1])
         self._check_resources()
         self._profile = Profile(self.threads)
         self._pipeline: Optional[_Pipeline] = None
@@ -600,6 +599,19 @@ class Loader:
                                  "leave epoch_size out")
         return finite if epoch_size is None else epoch_size
 
+    def _current_shard(self) -> tuple:
+        worker = torch_worker() if self.worker_sharding else None
+        return (self.rank, self.world_size) if worker is None else \
+            (self.rank * worker[1] + worker[0], self.world_size * worker[1])
+
+    def _bind_stream(self) -> None:
+        """Bind the sampler to this loader's shard, and plan batches from it."""
+        self.sampler.bind(self.regions, self._extents, self.batch_size, *self.shard)
+        self.epoch_size = self._epoch_size(self._arguments["epoch_size"])
+        self._planner = Planner(patch=self.patch_out, batch_size=self.batch_size, sampler=self.sampler,
+                                augmentations=self.augmentations, seed=self.seed, rank=self.shard[0],
+                                world_size=self.shard[1])
+
     def _check_resources(self) -> None:
         """Refuse thread counts far beyond the cores, and slots that do not fit in memory, before allocating."""
         usable = cores()
@@ -636,6 +648,10 @@ class Loader:
                 "torch DataLoader worker (each worker then draws its own shard), and start it there")
         if self._closed:
             raise RuntimeError("this loader is closed; create a new Loader")
+        if self._pipeline is None and self._current_shard() != self.shard:
+            # built in the main process, started in a torch DataLoader worker: draw this worker's shard
+            self.shard = self._current_shard()
+            self._bind_stream()
         if self._pipeline is None:
             if self._backend is None:
                 copier = None
@@ -655,8 +671,8 @@ class Loader:
             producers = _Producers(host_ring, host_slots, self._planner, self._gatherer, self._profile,
                                    self.epoch_size, self.threads)
             self._pipeline = _Pipeline(producers, consumer_ring, pool, copier, export)
-            _STARTED.add(self)
             self._finalizer = weakref.finalize(self, _stop_abandoned, self._pipeline)
+            _STARTED.add(self)
             producers.start()
             if copier is not None:
                 copier.run(producers.alive)
@@ -672,8 +688,8 @@ class Loader:
             self._current = None
         self._closed = True
         if self._pipeline is not None:
-            self._finalizer.detach()
             self._pipeline.stop()  # idempotent: a close() after an interrupted one (Ctrl-C twice) stops again
+            self._finalizer.detach()
 
     def __reduce__(self):
         """An unstarted loader pickles as its arguments and stream position (for spawned processes)."""
@@ -736,6 +752,7 @@ class Loader:
         """In a child process after fork(): the threads stayed in the parent; refuse to be used here."""
         self._forked_from = os.getppid()
         self._finalizer.detach()
+        self._pipeline.pool._on_give_back = None  # no device calls from the child for batches dropped here
 
     # -- resuming ---------------------------------------------------------------------------------------------
 
@@ -840,7 +857,10 @@ _STARTED: "weakref.WeakSet[Loader]" = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     for loader in list(_STARTED):
-        loader._forked()
+        try:
+            loader._forked()
+        except Exception:  # noqa: BLE001 - one loader caught mid-start must not spare the others
+            pass
     _STARTED.clear()
 
 

@@ -9,7 +9,6 @@ later one.
 """
 from __future__ import annotations
 
-import copy
 import threading
 from typing import Any, Callable, Dict, Optional, Sequence
 
@@ -136,9 +135,16 @@ class Ring:
 def _fresh(error: BaseException) -> BaseException:
     """A copy of ``error`` to raise: a raised exception collects the frames it passes (the consumer's, holding
     the loader), and the stored original must not, or the ring would keep an abandoned loader alive."""
-    try:
-        fresh = copy.copy(error)
-    except Exception:  # noqa: BLE001 - an exception that cannot be copied is raised itself
+    try:  # __new__ without __init__: an __init__ that formats its message would format it twice
+        fresh = type(error).__new__(type(error), *error.args)
+        fresh.args = error.args  # some built-in types (MemoryError) drop them in __new__
+        fresh.__dict__.update(error.__dict__)
+        for name in ("filename", "filename2"):  # an OSError keeps these outside __dict__ and args
+            if getattr(error, name, None) is not None:
+                setattr(fresh, name, getattr(error, name))
+        if str(fresh) != str(error):  # state kept elsewhere (UnicodeDecodeError): the original says it right
+            return error
+    except Exception:  # noqa: BLE001 - an exception that cannot be rebuilt is raised itself
         return error
     fresh.__cause__, fresh.__context__ = error.__cause__, error.__context__
     fresh.__suppress_context__ = error.__suppress_context__
