@@ -867,8 +867,7 @@ int warp_batch(const emf_warp_example *examples, int64_t count, const int64_t sh
         Scratch scratch;
         const int64_t plane = shape[1] * shape[2] * shape[3];
 #ifdef EMF_HAVE_AVX2
-        /* EMFAST_NO_AVX2 set: the portable path everywhere (to test it, or to compare the two). */
-        const bool avx2 = __builtin_cpu_supports("avx2") && std::getenv("EMFAST_NO_AVX2") == nullptr;
+        const bool avx2 = emf_warp_uses_avx2() != 0;
 #endif
         for (int64_t n = 0; n < count; ++n) {
             const emf_warp_example &ex = examples[n];
@@ -991,6 +990,15 @@ extern "C" int emf_warp_copy(const emf_warp_example *examples, int64_t count, co
         case 8: return copy<uint64_t>(examples, count, shape, grid, fill, out, valid, allow_gather);
         default: return EMF_BAD_DTYPE;
     }
+}
+
+extern "C" int emf_warp_uses_avx2(void) {
+#ifdef EMF_HAVE_AVX2
+    /* EMFAST_NO_AVX2 set: the portable path everywhere (to test it, or to compare the two). */
+    return __builtin_cpu_supports("avx2") && std::getenv("EMFAST_NO_AVX2") == nullptr;
+#else
+    return 0;
+#endif
 }
 
 extern "C" int emf_warp_coordinates(const emf_warp_example *examples, int64_t count, const int64_t shape[3],

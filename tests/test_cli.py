@@ -1,9 +1,11 @@
 """The emfast command line."""
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import emfast as ef
 from emfast.cli import main
 
 SMALL_DEMO = ["--volume-shape", "16", "64", "64", "--patch", "8", "32", "32", "--batch-size", "2"]
@@ -57,3 +59,31 @@ def test_module_entry_point():
 def test_demo_checks_its_options_before_building_the_volume(tmp_path, capsys):
     assert main(["demo", "--batches", "0", "--cache-dir", str(tmp_path)]) == 2
     assert "--batches" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_version_is_single_sourced_and_printed(capsys):
+    import importlib.metadata
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"emfast {ef.__version__}" == \
+        f"emfast {importlib.metadata.version('emfast')}"
+    changelog = Path(__file__).resolve().parents[1] / "CHANGELOG.md"
+    if changelog.exists():  # beside the sources (an installed wheel's tests run without it)
+        assert f"## {ef.__version__}" in changelog.read_text()
+
+
+@pytest.mark.parametrize("no_avx2", [False, True])
+def test_info_without_a_file_describes_the_installation(capsys, monkeypatch, no_avx2):
+    from emfast import _warp
+    from emfast.transfer import cuda_unavailable
+
+    if no_avx2:
+        monkeypatch.setenv("EMFAST_NO_AVX2", "1")
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"emfast {ef.__version__} (Python ")
+    assert ("AVX2 warp samplers in use" in out) == _warp.uses_avx2() and (not no_avx2 or "not used" in out)
+    reason = cuda_unavailable()
+    assert ("GPU: usable" in out) if reason is None else (f"GPU: not available: {reason}" in out)

@@ -10,6 +10,7 @@ Quick start::
             ...  # batch["raw"]: (8, 1, 32, 128, 128) float32, batch["labels"]: (8, 1, 32, 128, 128) uint64
             # arrays taken from a batch stay valid while you hold them; their memory is reused after
 """
+from ._version import __version__
 from .augment import Augmentation, Intensity, Mirror, Transpose
 from .dataset import Dataset, Sample
 from .defects import Artifacts, LowContrast, MissingSection, Slip
@@ -23,7 +24,6 @@ from .transfer import DeviceArray, DeviceNotice
 from .volumes import DatasetNotFoundError, Volume, hdf5
 from .warp import Elastic, Rotate, Scale
 
-__version__ = "0.1.0"
 
 __all__ = [
     "Affinities",

@@ -49,6 +49,7 @@ cdef extern from "warp.h" nogil:
                       int allow_gather)
     int emf_warp_coordinates(const emf_warp_example *examples, int64_t count, const int64_t *shape,
                              const emf_warp_grid *grid, double *out)
+    int emf_warp_uses_avx2()
 
 
 _CONVERT_SOURCES = {np.dtype(np.uint8): EMF_UINT8, np.dtype(np.uint16): EMF_UINT16,
@@ -306,3 +307,9 @@ def warp_coordinates(shape, centres, matrices, grid, spacing, origin):
     if status != 0:
         raise RuntimeError(f"warp_coordinates kernel failed with status {status}")
     return result
+
+
+def uses_avx2():
+    """Whether the warp samplers run their AVX2 path here (compiled in, supported by this CPU, and the
+    environment variable ``EMFAST_NO_AVX2`` unset)."""
+    return bool(emf_warp_uses_avx2())

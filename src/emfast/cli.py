@@ -134,8 +134,24 @@ def _format_attrs(attrs: h5py.AttributeManager) -> str:
     return ", ".join(items)
 
 
+def installation() -> List[str]:
+    """What this installation of emfast is and can use: version, CPU features, GPU."""
+    from . import _warp
+    from .transfer import cuda_unavailable
+
+    gpu = cuda_unavailable()
+    return [f"emfast {__version__} (Python {sys.version.split()[0]}, NumPy {np.__version__}, h5py {h5py.__version__})",
+            "CPU: SSE2 kernels; AVX2 warp samplers " + ("in use" if _warp.uses_avx2() else
+                                                       "not used (CPU without AVX2, or EMFAST_NO_AVX2 set)"),
+            f"cores: {cores()} usable",
+            "GPU: " + ("usable through pycuda (device='cuda')" if gpu is None else f"not available: {gpu}")]
+
+
 def info(args: argparse.Namespace) -> int:
-    """List the datasets of an HDF5 file with shape, dtype, chunks and attributes."""
+    """Without a file: the installation. With one: its datasets with shape, dtype, chunks and attributes."""
+    if args.file is None:
+        print("\n".join(installation()))
+        return 0
     with _open_hdf5(args.file) as file:
         print(f"{args.file}" + (f"  [{_format_attrs(file.attrs)}]" if len(file.attrs) else ""))
         rows = []
@@ -189,10 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
                           help="where the built-in volume is cached (default: $EMFAST_CACHE_DIR or ~/.cache/emfast)")
     validate.set_defaults(handler=check)
 
-    show = commands.add_parser("info", help="list the datasets of an HDF5 file",
-                               description="List every dataset of an HDF5 file with shape, dtype, chunks, "
-                                           "compression and attributes.")
-    show.add_argument("file", help="an HDF5 file")
+    show = commands.add_parser("info", help="this installation, or the datasets of an HDF5 file",
+                               description="Without FILE: the version, the CPU features the kernels use, and "
+                                           "whether pycuda and a GPU are available. With FILE: every dataset of "
+                                           "the HDF5 file with shape, dtype, chunks, compression and attributes.")
+    show.add_argument("file", nargs="?", help="an HDF5 file")
     show.set_defaults(handler=info)
 
     measure = commands.add_parser("bench", help="compare emfast with NumPy, PyTorch and the copy floor",
