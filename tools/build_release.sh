@@ -53,7 +53,9 @@ export PATH="$work/no-compiler:$PATH" CC=false CXX=false
 
 step "the test suite against the installed wheel"
 mkdir -p "$work/run"
-cp -r "$repo/tests" "$repo/benchmarks" "$repo/examples" "$repo/pyproject.toml" "$work/run/"  # pyproject: pytest settings only
+cp -r "$work/src-tree/tests" "$work/src-tree/benchmarks" "$work/src-tree/examples" "$work/src-tree/docs" \
+    "$work/src-tree/README.md" \
+    "$work/src-tree/pyproject.toml" "$work/run/"  # the commit's tests; pyproject for the pytest settings only
 cd "$work/run"
 "$work/test/bin/python" -c "import emfast, emfast._kernels, emfast._warp; \
 assert 'site-packages' in emfast.__file__, emfast.__file__; print('importing', emfast.__file__)"

@@ -1,0 +1,14 @@
+"""Sphinx configuration of emfast's API reference: ``python -m sphinx -W -b html docs/api build/docs``."""
+from emfast import __version__
+
+project = "emfast"
+release = version = __version__
+extensions = ["sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx.ext.intersphinx"]
+napoleon_google_docstring = False
+napoleon_numpy_docstring = True
+autodoc_member_order = "bysource"
+autodoc_typehints = "none"  # the docstrings say the types, in the words of the field
+intersphinx_mapping = {}
+html_theme = "alabaster"
+exclude_patterns = []
+nitpicky = False
