@@ -1,8 +1,8 @@
-import threading
-
 import h5py
 import numpy as np
 import pytest
+
+from threads import emfast_threads
 
 
 @pytest.fixture
@@ -30,5 +30,5 @@ def small_h5(tmp_path, rng):
 def no_leftover_threads():
     """Every test must leave no emfast producer thread running."""
     yield
-    alive = [t.name for t in threading.enumerate() if t.name.startswith("emfast-")]
+    alive = emfast_threads()
     assert not alive, f"threads still running after the test: {alive}"

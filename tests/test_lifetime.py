@@ -15,6 +15,7 @@ import pytest
 import emfast as ef
 from emfast import BackPressureWarning, SlotsExhaustedError
 from fake_transfer import FakeDevice
+from threads import threads_end
 
 PATCH = (4, 16, 12)
 DEVICES = ["cpu", "fake"]
@@ -187,10 +188,7 @@ def test_a_dropped_loader_stops_without_the_cycle_collector(volumes):
             batch = loader.next_batch()
             kept.append((batch, batch["raw"]))
             del loader, batch
-        deadline = time.time() + 10
-        while any(t.name.startswith("emfast-") for t in threading.enumerate()) and time.time() < deadline:
-            time.sleep(0.01)
-        assert not any(t.name.startswith("emfast-") for t in threading.enumerate())
+        assert threads_end()
         batch, raw = kept[-1]
         assert raw.shape == (3, 1) + PATCH and batch.release() is None
     finally:
@@ -217,14 +215,7 @@ def test_finalizer_running_on_a_producer_thread_does_not_join_itself(volumes, mo
             for _ in loader:
                 pass
     assert errors == []
-    assert_threads_end()
-
-
-def assert_threads_end(seconds=10):
-    deadline = time.time() + seconds
-    while any(t.name.startswith("emfast-") for t in threading.enumerate()) and time.time() < deadline:
-        time.sleep(0.01)
-    assert not [t.name for t in threading.enumerate() if t.name.startswith("emfast-")]
+    assert threads_end()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -240,7 +231,7 @@ def test_a_loader_in_a_cycle_collected_on_any_thread_stops(volumes, device):
             loader.cycle = loader
             gc.set_threshold(1, 1, 1)  # collections everywhere, on every thread
             del loader
-            assert_threads_end()
+            assert threads_end()
             gc.set_threshold(*thresholds)
     finally:
         gc.set_threshold(*thresholds)
@@ -263,7 +254,7 @@ def test_a_loader_dropped_after_a_producer_error_stops(volumes, device, monkeypa
     with pytest.raises(ZeroDivisionError):  # raised again, as often as asked
         loader.next_batch()
     del loader, failing
-    assert_threads_end()  # the stored error holds no frame of the consumer, so nothing keeps the loader
+    assert threads_end()  # the stored error holds no frame of the consumer, so nothing keeps the loader
     if isinstance(backend, FakeDevice):
         assert backend.live == 0 and backend.violations == []
 

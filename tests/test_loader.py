@@ -12,6 +12,7 @@ import pytest
 
 import emfast as ef
 from fake_transfer import FakeDevice
+from threads import emfast_threads, threads_end
 from reference import converted, window
 
 PATCH = (4, 16, 12)
@@ -211,10 +212,7 @@ def test_abandoned_loader_stops_its_threads(volumes):
     next(iter(loader))
     del loader
     gc.collect()
-    deadline = time.time() + 5
-    while any(t.name.startswith("emfast-") for t in threading.enumerate()) and time.time() < deadline:
-        time.sleep(0.01)
-    assert not any(t.name.startswith("emfast-") for t in threading.enumerate())
+    assert threads_end(5)
 
 
 def test_profile_reports_every_stage(volumes):
@@ -418,7 +416,7 @@ def test_ctrl_c_during_close_still_joins_every_thread(volumes, monkeypatch, devi
     threading.Timer(0.1, _thread.interrupt_main).start()  # SIGINT's effect, while close() joins
     with pytest.raises(KeyboardInterrupt):
         loader.close()
-    assert not any(t.name.startswith("emfast-") for t in threading.enumerate())
+    assert not emfast_threads()
     if device == "fake":
         assert backend.closed and backend.live == 0 and backend.violations == []
     loader.close()  # and again, quietly

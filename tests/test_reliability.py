@@ -5,7 +5,6 @@ import multiprocessing
 import os
 import random
 import threading
-import time
 
 import h5py
 import numpy as np
@@ -16,6 +15,7 @@ from hypothesis import strategies as st
 import emfast as ef
 from emfast.config import ConfigError, load_config
 from fake_transfer import FakeDevice
+from threads import threads_end
 
 PATCH = (4, 16, 12)
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
@@ -30,13 +30,6 @@ def volumes(rng):
 
 def open_descriptors():
     return len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
-
-
-def threads_end(seconds=10):
-    deadline = time.time() + seconds
-    while any(t.name.startswith("emfast-") for t in threading.enumerate()) and time.time() < deadline:
-        time.sleep(0.01)
-    return not any(t.name.startswith("emfast-") for t in threading.enumerate())
 
 
 class Injected(Exception):

@@ -1,5 +1,4 @@
 """The device path: device selection, and the copier/ring logic driven by a fake device without a GPU."""
-import threading
 import time
 import traceback
 
@@ -9,6 +8,7 @@ import pytest
 import emfast as ef
 from emfast.transfer import DeviceArray, DeviceNotice, cuda_unavailable, resolve_device
 from fake_transfer import POISON, FakeDevice
+from threads import emfast_threads
 
 PATCH = (4, 16, 12)
 
@@ -86,7 +86,7 @@ def test_allocation_failure_fails_start_and_leaves_no_thread(volumes):
     loader = ef.Loader(raw, labels, patch=PATCH, device=FakeDevice(fail_open=True))
     with pytest.raises(MemoryError, match="cannot allocate"):
         loader.start()
-    assert not [t for t in threading.enumerate() if t.name.startswith("emfast-")]
+    assert not emfast_threads()
 
 
 def test_ctrl_c_with_a_device_joins_producers_and_copier(volumes):

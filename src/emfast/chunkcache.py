@@ -259,23 +259,23 @@ class ChunkCache:
         size = self._file_size()
         if size is None or self._opened_size is None or size >= self._opened_size:
             return
-        dataset = self._dataset
+        dataset, where = self._dataset, tuple(int(o) for o in origin)
         if dataset.chunks is None:
             spans = [(dataset.id.get_offset(), dataset.id.get_storage_size())]
         else:
             channel_chunk = dataset.chunks[0] if dataset.ndim == 4 else self._channels
             spans = []
             for c0 in range(0, self._channels, channel_chunk):
-                coord = ((c0,) if dataset.ndim == 4 else ()) + tuple(int(o) for o in origin)
+                coord = ((c0,) if dataset.ndim == 4 else ()) + where
                 try:
                     info = dataset.id.get_chunk_info_by_coord(coord)
                 except (RuntimeError, OSError) as error:  # the chunk index itself is damaged or gone
-                    raise OSError(f"{self._name}: cannot locate the block at {tuple(int(o) for o in origin)} "
+                    raise OSError(f"{self._name}: cannot locate the block at {where} "
                                   f"({error}); the file ({size} bytes now) is truncated or corrupt") from error
                 spans.append((info.byte_offset, info.size))
         for offset, length in spans:
             if offset is not None and offset + length > size:
-                raise OSError(f"{self._name}: the block at {tuple(int(o) for o in origin)} is stored at bytes "
+                raise OSError(f"{self._name}: the block at {where} is stored at bytes "
                               f"{offset}-{offset + length} but the file now has {size} bytes: it was truncated "
                               "or is being rewritten")
 

@@ -34,10 +34,9 @@ class SlotsExhaustedError(RuntimeError):
 class Slot:
     """One batch's memory, and whether it is lent out."""
 
-    __slots__ = ("index", "memory", "leased")
+    __slots__ = ("memory", "leased")
 
-    def __init__(self, index: int, memory: Any) -> None:
-        self.index = index
+    def __init__(self, memory: Any) -> None:
         self.memory = memory
         self.leased = False
 
@@ -65,7 +64,7 @@ class FixedSlots:
     """
 
     def __init__(self, memory: List[Any]) -> None:
-        self._slots = [Slot(index, m) for index, m in enumerate(memory)]
+        self._slots = [Slot(m) for m in memory]
 
     def acquire(self, number: int, cancelled: Callable[[], bool] = lambda: False) -> Slot:
         return self._slots[number % len(self._slots)]
@@ -167,7 +166,7 @@ class SlotPool:
                 raise RingClosed()
             if len(self._slots) >= self.capacity:
                 return None
-            slot = Slot(len(self._slots), None)
+            slot = Slot(None)
             self._slots.append(slot)
         try:
             slot.memory = self._allocate()

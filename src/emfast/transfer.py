@@ -256,27 +256,28 @@ class PycudaBackend(TransferBackend):
         self._driver = _Driver()
         self._context = cuda.Device(self.ordinal).retain_primary_context()
         self._context.push()
-        slot_bytes = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in fields.values())
         try:
             self._stream = cuda.Stream(flags=_CU_STREAM_NON_BLOCKING)
             self._host = [{name: cuda.pagelocked_empty(shape, dtype) for name, (shape, dtype) in fields.items()}
                           for _ in range(host_slots)]
         except (cuda.Error, MemoryError) as error:
             self.close(0)
-            raise MemoryError(f"cannot allocate {host_slots} page-locked host slots of {slot_bytes / 2**20:.1f} "
-                              f"MiB each: {error}") from error
+            raise MemoryError(f"cannot allocate {host_slots} page-locked host slots of "
+                              f"{sum(self._field_bytes().values()) / 2**20:.1f} MiB each: {error}") from error
         return self._host
 
     def allocate(self) -> _DeviceSlot:
         cuda = self._cuda
+        sizes = self._field_bytes()
         try:
-            allocations = {name: cuda.mem_alloc(int(np.prod(shape)) * np.dtype(dtype).itemsize)
-                           for name, (shape, dtype) in self._fields.items()}
+            allocations = {name: cuda.mem_alloc(size) for name, size in sizes.items()}
         except cuda.Error as error:
-            slot_bytes = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in self._fields.values())
-            raise MemoryError(f"cannot allocate a batch slot of {slot_bytes / 2**20:.1f} MiB on {self.name}: "
-                              f"{error}") from error
+            raise MemoryError(f"cannot allocate a batch slot of {sum(sizes.values()) / 2**20:.1f} MiB on "
+                              f"{self.name}: {error}") from error
         return _DeviceSlot(allocations, cuda.Event(), self._driver.event())
+
+    def _field_bytes(self) -> Dict[str, int]:
+        return {name: int(np.prod(shape)) * np.dtype(dtype).itemsize for name, (shape, dtype) in self._fields.items()}
 
     def free(self, memory: _DeviceSlot) -> None:
         errors = []
