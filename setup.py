@@ -1,4 +1,4 @@
-"""Build the compiled core: C++ kernels in csrc/ behind thin Cython wrappers in src/emfast/.
+"""Build the compiled core: C++ kernels in csrc/ behind thin Cython wrappers in src/emfast/_core/.
 
 All compiler settings live here, in one place.
 """
@@ -31,12 +31,12 @@ SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g"] \
 
 
 def extension(name, sources, depends=()):
-    """One compiled module: a Cython wrapper plus its C++ kernels, all built with the settings above."""
+    """One module of the compiled core: a Cython wrapper plus its C++ kernels, all built with the settings above."""
     return Extension(
-        f"emfast.{name}",
-        sources=[f"src/emfast/{name}.pyx"] + [f"csrc/{source}" for source in sources],
+        f"emfast._core.{name}",
+        sources=[f"src/emfast/_core/{name}.pyx"] + [f"csrc/{source}" for source in sources],
         include_dirs=["csrc", np.get_include()],
-        depends=[f"csrc/{header}" for header in depends],
+        depends=["csrc/common.h", "src/emfast/_core/common.pxd"] + [f"csrc/{header}" for header in depends],
         language="c++",
         extra_compile_args=COMPILE_ARGS + SANITIZE,
         extra_link_args=SANITIZE,
@@ -45,11 +45,14 @@ def extension(name, sources, depends=()):
 
 
 EXTENSIONS = [
-    extension("_kernels", ["gather.cpp", "philox.cpp"], ["gather.h", "half.h", "philox.h"]),
-    extension("_targets", ["targets.cpp"], ["targets.h", "gather.h"]),
-    extension("_intensity", ["intensity.cpp", "philox.cpp"], ["intensity.h", "half.h", "philox.h"]),
-    extension("_warp", ["warp.cpp", "gather.cpp"], ["warp.h", "gather.h", "half.h"]),
-    extension("_sampling", ["sampling.cpp"], ["sampling.h"]),
+    extension("common", []),
+    extension("gather", ["gather.cpp"], ["gather.h", "half.h"]),
+    extension("random", ["philox.cpp"], ["philox.h"]),
+    extension("targets", ["targets.cpp"], ["targets.h"]),
+    extension("intensity", ["intensity.cpp", "philox.cpp"], ["intensity.h", "half.h", "philox.h"]),
+    extension("warp", ["warp.cpp", "gather.cpp"], ["warp.h", "gather.h", "half.h"]),
+    extension("sampling", ["sampling.cpp"], ["sampling.h"]),
 ]
 
-setup(ext_modules=cythonize(EXTENSIONS, compiler_directives=CYTHON_DIRECTIVES))
+# include_path: the wrappers cimport emfast._core.common from src/.
+setup(ext_modules=cythonize(EXTENSIONS, compiler_directives=CYTHON_DIRECTIVES, include_path=["src"]))

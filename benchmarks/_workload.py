@@ -16,9 +16,10 @@ from typing import List, Sequence
 import numpy as np
 
 import emfast
-from emfast import _kernels
+from emfast._core import gather as _kernels
+from emfast.bench._reference import window as reference_window
 from emfast.augment import Params
-from emfast.plan import BatchPlan, Planner, window_extents
+from emfast.pipeline._plan import BatchPlan, Planner, window_extents
 from emfast.sampling import Region, Uniform
 
 VOLUME_SHAPE = (96, 384, 384)
@@ -127,12 +128,9 @@ class Workload:
 
 def _window(volume: np.ndarray, plan: BatchPlan, n: int) -> np.ndarray:
     """The transformed window of example n of ``plan`` as a NumPy view of the 4-D ``volume``."""
-    corner, extent = plan.corners[n], plan.extents[n]
-    window = volume[(slice(None),) + tuple(slice(int(c), int(c) + int(e)) for c, e in zip(corner, extent))]
-    flipped = tuple(1 + a for a in range(3) if plan.params.flips[n, a])
-    if flipped:
-        window = np.flip(window, axis=flipped)
-    return window.transpose((0,) + tuple(1 + int(a) for a in plan.params.perms[n]))
+    perm = plan.params.perms[n]
+    patch = tuple(int(plan.extents[n][a]) for a in perm)  # output axis j spans source axis perm[j]
+    return reference_window(volume, plan.corners[n], patch, perm, plan.params.flips[n])
 
 
 def _convert(window: np.ndarray, scale: np.float32, shift: np.float32) -> np.ndarray:
@@ -145,4 +143,4 @@ def _convert(window: np.ndarray, scale: np.float32, shift: np.float32) -> np.nda
 # -- machine description: shared with `emfast bench` ---------------------------------------------------------
 
 from emfast.bench import machine_info, rss_bytes  # noqa: E402,F401
-from emfast.machine import read_proc_field as _read_field  # noqa: E402,F401
+from emfast._machine import read_proc_field as _read_field  # noqa: E402,F401

@@ -32,7 +32,7 @@ import numpy as np
 from _workload import machine_info
 
 from emfast.sampling import Balanced, Masked, Region
-from emfast.volumes import Volume
+from emfast.io import Volume
 
 BOX = (4, 24, 24)
 PLANE = (1024, 1024)

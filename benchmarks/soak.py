@@ -40,8 +40,7 @@ def soak(batches: int, threads: int = 2, device: str = "cpu", every: int = 500, 
     labels = rng.integers(0, 50, shape, dtype=np.uint64)
     backend = device
     if device == "fake":
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
-        from fake_transfer import FakeDevice
+        from emfast.transfer._fake import FakeDevice
         backend = FakeDevice(max_delay=0.0)
     samples = []
     with ef.Loader(raw, labels, patch=patch, batch_size=8, threads=threads, seed=0, device=backend,

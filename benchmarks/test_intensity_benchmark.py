@@ -23,8 +23,8 @@ import pytest
 from scipy import ndimage
 
 from emfast.augment import Params, Patches
-from emfast.defects import Artifacts, LowContrast, MissingSection, Slip
-from emfast.intensity import Blur, Contrast, Gamma, Noise
+from emfast.augment import Artifacts, LowContrast, MissingSection, Slip
+from emfast.augment import Blur, Contrast, Gamma, Noise
 
 SHAPE = (8, 1, 32, 128, 128)
 ROUNDS = 10

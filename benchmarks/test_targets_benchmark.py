@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from emfast import _targets
+from emfast._core import targets as _targets
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
 

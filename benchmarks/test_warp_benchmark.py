@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from emfast import warp
-from emfast.augment import Params
+import emfast as ef
+from emfast.augment import Params, _geometry, _resample
 
 VOLUME = (160, 224, 224)
 PATCH = (128, 128, 128)
@@ -40,24 +40,24 @@ class WarpTask:
         rng = np.random.default_rng(seed)
         self.raw = rng.integers(0, 256, (1,) + VOLUME, dtype=np.uint8)
         self.labels = rng.integers(0, 2 ** 40, (1,) + VOLUME, dtype=np.uint64)  # exact in scipy's float64
-        augmentations = [warp.Rotate(), warp.Elastic().bind(PATCH)]
+        augmentations = [ef.Rotate(), ef.Elastic().bind(PATCH)]
         params = Params.identity(1)
         for augmentation in augmentations:
             augmentation.apply(rng.random((1, augmentation.draws)), params)
-        self.plan = warp.WarpPlan.from_params(params, augmentations)
+        self.plan = _geometry.WarpPlan.from_params(params)
         self.centres = (np.array(VOLUME, dtype=np.float64)[None] - 1) / 2.0
         self.grid_args = dict(grid=self.plan.grid, grid_spacing=self.plan.grid_spacing,
                               grid_origin=self.plan.grid_origin)
-        self.coordinates = warp.warp_coordinates(PATCH, self.centres, self.plan.matrices, **self.grid_args)[0]
+        self.coordinates = _resample.warp_coordinates(PATCH, self.centres, self.plan.matrices, **self.grid_args)[0]
         self.raw_out = np.zeros((1, 1) + PATCH, np.float32)
         self.labels_out = np.zeros((1, 1) + PATCH, np.uint64)
 
     def emfast_raw(self) -> np.ndarray:
-        return warp.warp_raw([self.raw], self.centres, self.plan.matrices, self.raw_out, scale=[SCALE],
+        return _resample.warp_raw([self.raw], self.centres, self.plan.matrices, self.raw_out, scale=[SCALE],
                              shift=[SHIFT], **self.grid_args)
 
     def emfast_labels(self) -> np.ndarray:
-        return warp.warp_labels([self.labels], self.centres, self.plan.matrices, self.labels_out, **self.grid_args)
+        return _resample.warp_labels([self.labels], self.centres, self.plan.matrices, self.labels_out, **self.grid_args)
 
     def scipy_raw(self) -> np.ndarray:
         sampled = ndimage.map_coordinates(self.raw[0], self.coordinates, order=1, output=np.float32,

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import emfast as ef  # noqa: E402
 from emfast.sampling import Balanced  # noqa: E402
-from emfast.synthetic import make_em_volume  # noqa: E402
+from emfast.io._demo import make_em_volume  # noqa: E402
 from _workload import machine_info  # noqa: E402
 
 PATCH = (32, 128, 128)

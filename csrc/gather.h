@@ -11,24 +11,11 @@
 
 #include <stdint.h>
 
+#include "common.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef enum {
-    EMF_UINT8 = 0,
-    EMF_UINT16 = 1,
-    EMF_UINT32 = 2,
-    EMF_UINT64 = 3,
-    EMF_FLOAT32 = 4,
-    EMF_FLOAT16 = 5,
-} emf_dtype;
-
-typedef enum {
-    EMF_OK = 0,
-    EMF_BAD_DTYPE = 1,
-    EMF_NO_MEMORY = 2,
-} emf_status;
 
 typedef struct {
     const char *origin; /* source element written to output (0, 0, 0, 0) */

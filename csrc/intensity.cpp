@@ -42,7 +42,7 @@ constexpr int64_t kPairs = kBatch / 2;
 template <typename Op>
 void for_runs(const emf_blocks &blocks, int64_t b, int64_t row, bool writeback, Op op) {
     const int64_t start = blocks.index[b] * blocks.size;
-    if (blocks.dtype == EMF_RAW_FLOAT32) {
+    if (blocks.dtype == EMF_FLOAT32) {
         float *data = static_cast<float *>(blocks.data) + start;
         for (int64_t offset = 0; offset < blocks.size; offset += row) op(data + offset, row, offset);
         return;
@@ -298,7 +298,7 @@ int emf_blur(const emf_blocks *blocks, const int64_t shape[3], const double *sig
             hi.resize(radius + 1);
             float *vol;
             uint16_t *half = nullptr;
-            if (blocks->dtype == EMF_RAW_FLOAT32) {
+            if (blocks->dtype == EMF_FLOAT32) {
                 vol = static_cast<float *>(blocks->data) + blocks->index[b] * volume;
             } else {
                 half = static_cast<uint16_t *>(blocks->data) + blocks->index[b] * volume;
@@ -311,9 +311,9 @@ int emf_blur(const emf_blocks *blocks, const int64_t shape[3], const double *sig
                 for (int64_t i = 0; i < volume; ++i) half[i] = float_to_half(work[i]);
         }
     } catch (const std::bad_alloc &) {
-        return EMF_INTENSITY_NO_MEMORY;
+        return EMF_NO_MEMORY;
     }
-    return EMF_INTENSITY_OK;
+    return EMF_OK;
 }
 
 void emf_blend(const emf_blocks *blocks, int64_t width, const emf_source *source, const int64_t *origin,

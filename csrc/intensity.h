@@ -15,25 +15,16 @@
 
 #include <stdint.h>
 
+#include "common.h" /* emf_dtype, emf_status */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum {
-    EMF_RAW_FLOAT32 = 0,
-    EMF_RAW_FLOAT16 = 1,
-} emf_raw_dtype;
-
-/* Return codes. */
-enum {
-    EMF_INTENSITY_OK = 0,
-    EMF_INTENSITY_NO_MEMORY = 2,
-};
-
 /* Blocks index[0..count) of `size` elements each of a raw batch: block b starts at element index[b] * size. */
 typedef struct {
     void *data;
-    emf_raw_dtype dtype;
+    emf_dtype dtype; /* EMF_FLOAT32 or EMF_FLOAT16 */
     int64_t size;
     const int64_t *index;
     int64_t count;
@@ -59,7 +50,7 @@ void emf_noise(const emf_blocks *blocks, const float *sigma, const uint64_t *key
  * scipy.ndimage.gaussian_filter(mode="reflect", truncate=truncate) up to float32 rounding: separable passes
  * z, y, x with weights exp(-k^2 / (2 sigma^2)) normalised to sum 1, |k| <= int(truncate * sigma + 0.5), edges
  * mirrored about the outer voxel faces (d c b a | a b c d | d c b a, repeated as often as the radius needs).
- * Returns EMF_INTENSITY_NO_MEMORY if a work buffer cannot be allocated. */
+ * Returns EMF_NO_MEMORY if a work buffer cannot be allocated. */
 int emf_blur(const emf_blocks *blocks, const int64_t shape[3], const double *sigma, int per_section,
              double truncate);
 

@@ -138,7 +138,7 @@ extern "C" int emf_count_classes(const emf_label_view *labels, const emf_class_r
     try {
         classes.resize(static_cast<size_t>(hi[2] - lo[2]));
     } catch (const std::bad_alloc &) {
-        return EMF_SAMPLING_NO_MEMORY;
+        return EMF_NO_MEMORY;
     }
     for (int64_t z = lo[0]; z < hi[0]; ++z) {
         const int64_t bz = (z - lo[0]) / block[0];
@@ -163,7 +163,7 @@ extern "C" int emf_count_classes(const emf_label_view *labels, const emf_class_r
             }
         }
     }
-    return 0;
+    return EMF_OK;
 }
 
 extern "C" int emf_select_class(const emf_label_view *labels, const emf_class_rule *rule, const int64_t lo[3],
@@ -173,7 +173,7 @@ extern "C" int emf_select_class(const emf_label_view *labels, const emf_class_ru
     try {
         classes.resize(static_cast<size_t>(hi[2] - lo[2]));
     } catch (const std::bad_alloc &) {
-        return EMF_SAMPLING_NO_MEMORY;
+        return EMF_NO_MEMORY;
     }
     for (int64_t z = lo[0]; z < hi[0]; ++z) {
         for (int64_t y = lo[1]; y < hi[1]; ++y) {
@@ -183,12 +183,12 @@ extern "C" int emf_select_class(const emf_label_view *labels, const emf_class_ru
                     out[0] = z;
                     out[1] = y;
                     out[2] = x;
-                    return 0;
+                    return EMF_OK;
                 }
             }
         }
     }
-    return 0;
+    return EMF_OK;
 }
 
 extern "C" int emf_window_bits(const uint8_t *coverage, const int64_t shape[3], const int64_t extent[3],
@@ -201,7 +201,7 @@ extern "C" int emf_window_bits(const uint8_t *coverage, const int64_t shape[3], 
         plane.resize(static_cast<size_t>(py * px));
         window.resize(static_cast<size_t>(py * px), 0);
     } catch (const std::bad_alloc &) {
-        return EMF_SAMPLING_NO_MEMORY;
+        return EMF_NO_MEMORY;
     }
     const auto add = [&](int64_t z, int32_t sign) {
         plane_sums(coverage, shape, extent, z, rows.data(), plane.data());
@@ -232,7 +232,7 @@ extern "C" int emf_window_bits(const uint8_t *coverage, const int64_t shape[3], 
         }
     }
     *max_count = best;
-    return 0;
+    return EMF_OK;
 }
 
 extern "C" void emf_select_bits(const uint64_t *bits, int64_t words_per_row, const int64_t *rows,

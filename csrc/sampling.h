@@ -1,8 +1,8 @@
 /* Index kernels of the samplers (emfast.sampling): which output windows a mask covers well enough, and which
  * voxels of a label volume belong to which class.
  *
- * Every function assumes valid input (checked by the Cython wrapper, src/emfast/_sampling.pyx), never touches
- * Python and returns 0, or EMF_SAMPLING_NO_MEMORY when a scratch buffer cannot be allocated, so it runs without
+ * Every function assumes valid input (checked by the Cython wrapper, src/emfast/_core/sampling.pyx), never touches
+ * Python and returns 0, or EMF_NO_MEMORY when a scratch buffer cannot be allocated, so it runs without
  * the GIL.
  */
 #ifndef EMFAST_SAMPLING_H
@@ -10,11 +10,11 @@
 
 #include <stdint.h>
 
+#include "common.h" /* emf_status */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define EMF_SAMPLING_NO_MEMORY 1
 
 /* Class index meaning "this voxel belongs to no class" (a label id missing from a class map). */
 #define EMF_NO_CLASS 255

@@ -210,13 +210,13 @@ int affinities_for(const emf_labels &labels, const int64_t *offsets, int64_t cha
 
 template <typename T>
 int affinities_typed(const emf_labels &labels, const int64_t *offsets, int64_t channels, int has_background,
-                     uint64_t background, int has_ignore, uint64_t ignore, emf_target_dtype out_dtype, void *out,
+                     uint64_t background, int has_ignore, uint64_t ignore, emf_dtype out_dtype, void *out,
                      uint8_t *mask) {
     switch (out_dtype) {
-        case EMF_TARGET_UINT8:
+        case EMF_UINT8:
             return affinities_for<T, uint8_t>(labels, offsets, channels, has_background, background, has_ignore,
                                               ignore, out, mask);
-        case EMF_TARGET_FLOAT32:
+        case EMF_FLOAT32:
             return affinities_for<T, float>(labels, offsets, channels, has_background, background, has_ignore,
                                             ignore, out, mask);
         default: return EMF_BAD_DTYPE;
@@ -322,11 +322,11 @@ int classes_for(const emf_labels &labels, int64_t thickness, bool in_plane, int 
 
 template <typename T>
 int classes_typed(const emf_labels &labels, int64_t thickness, bool in_plane, int has_background,
-                  uint64_t background, const int64_t values[3], emf_target_dtype out_dtype, void *out) {
+                  uint64_t background, const int64_t values[3], emf_dtype out_dtype, void *out) {
     switch (out_dtype) {
-        case EMF_TARGET_UINT8:
+        case EMF_UINT8:
             return classes_for<T, uint8_t>(labels, thickness, in_plane, has_background, background, values, out);
-        case EMF_TARGET_INT64:
+        case EMF_INT64:
             return classes_for<T, int64_t>(labels, thickness, in_plane, has_background, background, values, out);
         default: return EMF_BAD_DTYPE;
     }
@@ -365,7 +365,7 @@ void foreground_typed(const emf_labels &labels, T background, uint8_t *out) {
 extern "C" {
 
 int emf_affinities(const emf_labels *labels, const int64_t *offsets, int64_t channels, int has_background,
-                   uint64_t background, int has_ignore, uint64_t ignore, emf_target_dtype out_dtype, void *out,
+                   uint64_t background, int has_ignore, uint64_t ignore, emf_dtype out_dtype, void *out,
                    uint8_t *mask) {
     switch (labels->itemsize) {
         case 4:
@@ -387,7 +387,7 @@ int emf_boundaries(const emf_labels *labels, int64_t thickness, int in_plane, ui
 }
 
 int emf_classes(const emf_labels *labels, int64_t thickness, int in_plane, int has_background, uint64_t background,
-                const int64_t values[3], emf_target_dtype out_dtype, void *out) {
+                const int64_t values[3], emf_dtype out_dtype, void *out) {
     switch (labels->itemsize) {
         case 4:
             return classes_typed<uint32_t>(*labels, thickness, in_plane != 0, has_background, background, values,

@@ -15,18 +15,11 @@
 
 #include <stdint.h>
 
-#include "gather.h" /* emf_status */
+#include "common.h" /* emf_dtype, emf_status */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Element types of target outputs. */
-typedef enum {
-    EMF_TARGET_UINT8 = 0,
-    EMF_TARGET_FLOAT32 = 1,
-    EMF_TARGET_INT64 = 2,
-} emf_target_dtype;
 
 typedef struct {
     const void *data;  /* first label of patch 0 */
@@ -42,7 +35,7 @@ typedef struct {
  *     mask[n, k, v] = u + offset_k inside the patch and (no ignore or neither label equals ignore)
  * with out forced to 0 where the neighbour is outside the patch. out_dtype: uint8 or float32 (0 / 1). */
 int emf_affinities(const emf_labels *labels, const int64_t *offsets, int64_t channels, int has_background,
-                   uint64_t background, int has_ignore, uint64_t ignore, emf_target_dtype out_dtype, void *out,
+                   uint64_t background, int has_ignore, uint64_t ignore, emf_dtype out_dtype, void *out,
                    uint8_t *mask);
 
 /* Boundaries (one channel, uint8): out[n, 0, v] = 1 where some label voxel u + t e, e one of +-z, +-y, +-x (not
@@ -52,7 +45,7 @@ int emf_boundaries(const emf_labels *labels, int64_t thickness, int in_plane, ui
 /* Class map (one channel): values[0] where label[u] == background (if has_background), else values[1] where u
  * is a boundary voxel as in emf_boundaries, else values[2]. out_dtype: uint8 or int64. */
 int emf_classes(const emf_labels *labels, int64_t thickness, int in_plane, int has_background, uint64_t background,
-                const int64_t values[3], emf_target_dtype out_dtype, void *out);
+                const int64_t values[3], emf_dtype out_dtype, void *out);
 
 /* Foreground (one channel, uint8): out[n, 0, v] = label[u] != background. */
 int emf_foreground(const emf_labels *labels, uint64_t background, uint8_t *out);

@@ -11,6 +11,7 @@
  * same float32 arithmetic and so the same bits.
  */
 #include "warp.h"
+#include "gather.h"
 
 #include <algorithm>
 #include <cmath>

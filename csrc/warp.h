@@ -29,7 +29,7 @@
 
 #include <stdint.h>
 
-#include "gather.h" /* emf_dtype, emf_status */
+#include "common.h" /* emf_dtype, emf_status */
 
 #ifdef __cplusplus
 extern "C" {

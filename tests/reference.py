@@ -3,6 +3,9 @@ import itertools
 
 import numpy as np
 
+# The crop reference is emfast bench's, so that tests and bench compare against one definition.
+from emfast.bench._reference import source_extent, window  # noqa: F401 (window is used by the tests)
+
 ALL_PERMS = [list(p) for p in itertools.permutations(range(3))]
 ALL_FLIPS = [list(f) for f in itertools.product([False, True], repeat=3)]
 #: The 16 transforms of anisotropic EM data: mirrors along z, y, x and the y<->x transpose.
@@ -12,18 +15,7 @@ ISOTROPIC = [(p, f) for p in ALL_PERMS for f in ALL_FLIPS]
 
 
 def extent_of(patch, perm):
-    extent = [0, 0, 0]
-    for j, axis in enumerate(perm):
-        extent[axis] = patch[j]
-    return extent
-
-
-def window(source, corner, patch, perm, flips):
-    """transpose(flip(crop)) of a 4-D (c, z, y, x) source: output axis j reads source axis perm[j]."""
-    extent = extent_of(patch, perm)
-    crop = source[(slice(None),) + tuple(slice(c, c + e) for c, e in zip(corner, extent))]
-    crop = np.flip(crop, [1 + a for a in range(3) if flips[a]])
-    return crop.transpose(0, *(1 + p for p in perm))
+    return list(source_extent(patch, perm))
 
 
 def converted(source, corner, patch, perm, flips, scale, shift, dtype):

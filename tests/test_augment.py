@@ -6,7 +6,7 @@ import pytest
 
 import emfast as ef
 from emfast.augment import Params, reachable_permutations, resolve
-from emfast.plan import Planner
+from emfast.pipeline._plan import Planner
 from emfast.sampling import Region
 
 

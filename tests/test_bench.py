@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import emfast
-from emfast import bench
-from emfast import bench_reference as reference
+from emfast.bench import _bench as bench
+from emfast.bench import _reference as reference
 from emfast.cli import main
-from emfast.synthetic import demo_volume_path
+from emfast.io._demo import demo_volume_path
 
 from reference import affinities_reference, converted
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import emfast as ef
-from emfast.chunkcache import CONTIGUOUS_BLOCK, default_budget
+from emfast.io._chunkcache import CONTIGUOUS_BLOCK, default_budget
 from reference import assert_releases_gil, random_volume
 
 # name -> create_dataset keyword arguments (chunks are (z, y, x); 4-D layouts get channel chunks prepended)

@@ -76,7 +76,7 @@ def test_version_is_single_sourced_and_printed(capsys):
 
 @pytest.mark.parametrize("no_avx2", [False, True])
 def test_info_without_a_file_describes_the_installation(capsys, monkeypatch, no_avx2):
-    from emfast import _warp
+    from emfast._core import warp as _warp
     from emfast.transfer import cuda_unavailable
 
     if no_avx2:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import emfast as ef
-from emfast import augment as _augment
+from emfast._registry import registered
 from emfast.cli import main
 from emfast.config import BUILTIN_CONFIG, ConfigError, close_volumes, describe, dump_config, load_config
 from emfast.sampling import Balanced, Tiled
@@ -372,7 +372,7 @@ def test_the_example_config_loads_and_validates(tmp_path, monkeypatch, capsys):
     assert main(["check", str(EXAMPLE)]) == 0
     out = capsys.readouterr().out
     assert "(validation," in out and out.rstrip().endswith("valid")
-    assert all(name in _augment.REGISTRY for name in (item.name for item in config.augment))
+    assert all(name in registered("augmentation") for name in (item.name for item in config.augment))
 
 
 def test_check_and_demo_config_have_help(capsys):

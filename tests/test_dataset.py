@@ -5,7 +5,7 @@ import pytest
 
 import emfast as ef
 from emfast.augment import Augmentation, Patches
-from emfast.plan import window_extents
+from emfast.pipeline._plan import window_extents
 
 from reference import affinities_reference, converted, window
 
@@ -223,7 +223,7 @@ def test_bad_datasets_fail_clearly(rng, tmp_path):
         ef.Loader(raw, patch_in=(2, 8, 8), patch_out=(4, 4, 4))
     with pytest.raises(ValueError, match="either patch, or patch_in"):
         ef.Loader(raw, patch=(2, 4, 4), patch_out=(2, 4, 4))
-    with pytest.raises(ValueError, match="patch_in must be positive"):
+    with pytest.raises(ValueError, match=r"patch_in must be 3 integers >= 1 \(z, y, x\)"):
         ef.Loader(raw, patch_in=(-2, 4, 4), patch_out=(2, 4, 4))
     with pytest.raises(ValueError, match="need labels"):
         ef.Loader(raw, patch=(2, 4, 4), targets=["affinities"])

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 
 import emfast as ef
-from emfast import _intensity
+from emfast._core import intensity as _intensity
 from emfast.augment import Params, Patches, resolve
-from emfast.defects import Artifacts, LowContrast, MissingSection, Slip
+from emfast.augment import Artifacts, LowContrast, MissingSection, Slip
 from reference import assert_releases_gil
 
 RAW_DTYPES = [np.float32, np.float16]

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 from scipy import ndimage, stats
 
-import emfast.intensity as ei
-from emfast import _intensity
+import emfast.augment as ei
+from emfast._core import intensity as _intensity
 from emfast.augment import Params, Patches, resolve
 from reference import assert_releases_gil
 

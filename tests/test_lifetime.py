@@ -14,7 +14,7 @@ import pytest
 
 import emfast as ef
 from emfast import BackPressureWarning, SlotsExhaustedError
-from fake_transfer import FakeDevice
+from emfast.transfer._fake import FakeDevice
 from threads import threads_end
 
 PATCH = (4, 16, 12)

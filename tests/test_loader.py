@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import emfast as ef
-from fake_transfer import FakeDevice
+from emfast.transfer._fake import FakeDevice
 from threads import emfast_threads, threads_end
 from reference import converted, window
 
@@ -250,7 +250,7 @@ def test_memory_does_not_grow_while_streaming(volumes):
 
 @pytest.mark.parametrize("kwargs,error,match", [
     (dict(patch=(4, 16)), ValueError, "patch must be 3 integers"),
-    (dict(patch=(0, 16, 12)), ValueError, "patch must be positive"),
+    (dict(patch=(0, 16, 12)), ValueError, r"patch must be 3 integers >= 1 \(z, y, x\), got \(0, 16, 12\)"),
     (dict(patch=(4, 16.5, 12)), ValueError, "patch must be 3 integers"),
     (dict(patch=(13, 16, 12)), ValueError, r"patch \(13, 16, 12\) does not fit"),
     (dict(patch=(4, 39, 12)), ValueError, "for transposed examples"),
@@ -357,7 +357,9 @@ def test_numpy_scalars_and_arrays_are_accepted_where_numbers_are(volumes):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(sampler="uniform"), "emfast sampler"),
+    (dict(sampler="uniformm"), "unknown sampler 'uniformm'; did you mean 'uniform'"),
+    (dict(sampler=["uniform"]), "one sampler"),
+    (dict(sampler=ef.Mirror()), "samplers must be names or Sampler objects"),
     (dict(normalize=("a", 1)), "normalize"),
     (dict(labels=np.zeros((12, 40, 36), np.uint64), label_offset=(True, 0, 0)), "label_offset"),
     (dict(labels=np.zeros((12, 40, 36), np.uint64), label_offset=(2**70, 0, 0)), "out of range"),
@@ -366,6 +368,12 @@ def test_more_bad_arguments(volumes, kwargs, match):
     raw, _ = volumes
     with pytest.raises((TypeError, ValueError), match=match):
         ef.Loader(raw, patch=PATCH, **kwargs)
+
+
+def test_samplers_by_name_as_in_configs(volumes):
+    raw, _ = volumes
+    with ef.Loader(raw, patch=PATCH, sampler="tiled", batch_size=2, augment=["mirror"]) as loader:
+        assert type(loader.sampler) is ef.Tiled and loader.epoch_size == loader.sampler.batches_per_epoch()
 
 
 def test_no_augmentation(volumes):

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from emfast.pool import SlotPool
-from emfast.ring import RingClosed
+from emfast.pipeline._pool import SlotPool
+from emfast.pipeline._ring import RingClosed
 
 
 class Memory:

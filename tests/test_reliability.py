@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import emfast as ef
 from emfast.config import ConfigError, load_config
-from fake_transfer import FakeDevice
+from emfast.transfer._fake import FakeDevice
 from threads import threads_end
 
 PATCH = (4, 16, 12)

@@ -5,9 +5,11 @@ import h5py
 import numpy as np
 import pytest
 
-from emfast import _sampling, sampling
+from emfast import sampling
+from emfast.sampling import _samplers
+from emfast._core import sampling as _sampling
 from emfast.sampling import Balanced, Masked, Region, Tiled, Uniform
-from emfast.volumes import Volume, hdf5
+from emfast.io import Volume, hdf5
 from reference import assert_releases_gil, boundaries_reference
 
 LABEL_DTYPES = [np.uint32, np.uint64, np.int64]
@@ -185,7 +187,7 @@ def test_masked_draws_only_and_all_valid_windows(rng):
 
 
 def test_masked_by_labels_lazy_equals_in_memory(rng, tmp_path, monkeypatch):
-    monkeypatch.setattr(sampling, "_SLAB_VOXELS", 3 * 20 * 30)  # slabs of one corner plane: slab seams tested
+    monkeypatch.setattr(_samplers, "_SLAB_VOXELS", 3 * 20 * 30)  # slabs of one corner plane: slab seams tested
     labels = blocky_labels(rng, (10, 20, 30), ids=(0, 0, 3, 4), size=(2, 3, 3), dtype=np.int64)
     extents = np.array([[2, 6, 6]])
     memory = Masked(0.7, source="labels", unlabelled=0)
@@ -272,7 +274,7 @@ def test_balanced_reaches_every_voxel_of_a_class_uniformly(rng):
 
 @pytest.mark.parametrize("in_plane", [False, True])
 def test_balanced_lazy_equals_in_memory(rng, tmp_path, monkeypatch, in_plane):
-    monkeypatch.setattr(sampling, "_SLAB_VOXELS", 40 * 40 * 8)  # one block row per slab: halos at slab seams
+    monkeypatch.setattr(_samplers, "_SLAB_VOXELS", 40 * 40 * 8)  # one block row per slab: halos at slab seams
     labels = blocky_labels(rng, (30, 40, 40), size=(3, 2, 7), dtype=np.uint32)
     extents = np.array([[4, 9, 9]])
     samplers = []

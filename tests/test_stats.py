@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import emfast as ef
-from emfast import stats as stats_module
-from emfast.stats import PERCENTILES, STATS_FORMAT_VERSION, volume_statistics
+from emfast.io import _stats as stats_module
+from emfast.io._stats import PERCENTILES, STATS_FORMAT_VERSION, volume_statistics
 from reference import random_volume
 
 

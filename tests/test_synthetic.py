@@ -8,8 +8,8 @@ import h5py
 import numpy as np
 import pytest
 
-from emfast import synthetic
-from emfast.synthetic import (
+from emfast.io import _demo as synthetic
+from emfast.io._demo import (
     LABELS_DATASET,
     RAW_DATASET,
     demo_volume_path,

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from emfast import _targets
+from emfast._core import targets as _targets
 from emfast.targets import (Affinities, Boundaries, Classes, Foreground, Target, compute_targets, outputs,
                             required_margin, resolve)
 from reference import (affinities_reference, assert_releases_gil, boundaries_reference, classes_reference,

@@ -7,7 +7,7 @@ import pytest
 
 import emfast as ef
 from emfast.transfer import DeviceArray, DeviceNotice, cuda_unavailable, resolve_device
-from fake_transfer import POISON, FakeDevice
+from emfast.transfer._fake import POISON, FakeDevice
 from threads import emfast_threads
 
 PATCH = (4, 16, 12)

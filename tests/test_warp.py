@@ -1,4 +1,4 @@
-"""The warp kernels (emfast.warp) against the gather kernel, NumPy and scipy.ndimage.map_coordinates."""
+"""The warp kernels (emfast.augment._resample) against the gather kernel, NumPy and scipy.ndimage.map_coordinates."""
 import os
 import subprocess
 import sys
@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from emfast import warp
-from emfast.augment import Params, resolve
-from emfast.warp import Elastic, Rotate, Scale, WarpPlan
+from emfast.augment import Elastic, Params, Rotate, Scale, _geometry, _resample, resolve
+from emfast.augment._geometry import WarpPlan
 from reference import ISOTROPIC, assert_releases_gil, converted, extent_of, random_corner, random_volume, window
 
 PATCH = (5, 19, 23)  # odd, unequal sizes catch axis mix-ups; 23 > 16 crosses a coordinate run
@@ -78,7 +77,7 @@ def test_raw_axis_transforms_equal_the_gather_kernel_for_all_48(rng, src_dtype, 
     shift = rng.normal(size=count).astype(np.float32)
     out = np.empty((count, 2) + PATCH, dtype=out_dtype)
     valid = np.zeros((count, 1) + PATCH, dtype=np.uint8)
-    warp.warp_raw([source] * count, centres, warp.full_matrix(params), out, scale=scale, shift=shift, valid=valid,
+    _resample.warp_raw([source] * count, centres, _geometry.full_matrix(params), out, scale=scale, shift=shift, valid=valid,
                   gather_path=gather_path)
     bits = f"u{out.itemsize}"
     for n, (perm, flips) in enumerate(ISOTROPIC):
@@ -92,11 +91,11 @@ def test_raw_axis_transforms_equal_the_gather_kernel_for_all_48(rng, src_dtype, 
 def test_label_axis_transforms_equal_the_gather_kernel_for_all_48(rng, dtype, gather_path):
     source = random_volume(rng, (1, 30, 40, 36), dtype)
     count = len(ISOTROPIC)
-    matrices = warp.permutation_matrices([p for p, _ in ISOTROPIC], [f for _, f in ISOTROPIC])
+    matrices = _geometry.permutation_matrices([p for p, _ in ISOTROPIC], [f for _, f in ISOTROPIC])
     corners = [random_corner(rng, source.shape[1:], extent_of(PATCH, p)) for p, _ in ISOTROPIC]
     centres = [centre_of(c, PATCH, p) for c, (p, _) in zip(corners, ISOTROPIC)]
     out = np.empty((count, 1) + PATCH, dtype=dtype)
-    warp.warp_labels([source] * count, centres, matrices, out, gather_path=gather_path)
+    _resample.warp_labels([source] * count, centres, matrices, out, gather_path=gather_path)
     for n, (perm, flips) in enumerate(ISOTROPIC):
         np.testing.assert_array_equal(out[n], window(source, corners[n], PATCH, perm, flips))
 
@@ -106,15 +105,15 @@ def test_rotation_by_90_degrees_about_z_is_a_transpose_and_mirror(rng):
     labels = random_volume(rng, (1, 12, 30, 34), np.uint64)
     quarter = np.array([[1.0, 0, 0], [0, 0, -1], [0, 1, 0]])  # s_y = -o_x, s_x = o_y
     perm, flips = [0, 2, 1], [False, True, False]  # output x reads source y, reversed
-    np.testing.assert_array_equal(warp.permutation_matrices([perm], [flips])[0], quarter)
+    np.testing.assert_array_equal(_geometry.permutation_matrices([perm], [flips])[0], quarter)
     corner = random_corner(rng, raw.shape[1:], extent_of(PATCH, perm))
     centre = [centre_of(corner, PATCH, perm)]
     for gather_path in (True, False):
         out = np.empty((1, 1) + PATCH, np.float32)
-        warp.warp_raw([raw], centre, [quarter], out, scale=[1.0], shift=[0.0], gather_path=gather_path)
+        _resample.warp_raw([raw], centre, [quarter], out, scale=[1.0], shift=[0.0], gather_path=gather_path)
         np.testing.assert_array_equal(out[0], window(raw, corner, PATCH, perm, flips))
         out = np.empty((1, 1) + PATCH, np.uint64)
-        warp.warp_labels([labels], centre, [quarter], out, gather_path=gather_path)
+        _resample.warp_labels([labels], centre, [quarter], out, gather_path=gather_path)
         np.testing.assert_array_equal(out[0], window(labels, corner, PATCH, perm, flips))
 
 
@@ -126,12 +125,12 @@ def test_identity_reproduces_the_input_also_through_a_zero_grid(rng):
     for grid, spacing in ((None, None), (zero, (2.0, 5.0, 5.0))):
         out = np.empty((1,) + source.shape, np.float32)
         valid = np.zeros((1, 1) + source.shape[1:], np.uint8)
-        warp.warp_raw([source], centre, [np.eye(3)], out, scale=[1.0], shift=[0.0], grid=grid, grid_spacing=spacing,
+        _resample.warp_raw([source], centre, [np.eye(3)], out, scale=[1.0], shift=[0.0], grid=grid, grid_spacing=spacing,
                       valid=valid)
         np.testing.assert_array_equal(out[0], source)
         assert valid.all()
         out = np.empty((1,) + labels.shape, np.int64)
-        warp.warp_labels([labels], centre, [np.eye(3)], out, grid=grid, grid_spacing=spacing)
+        _resample.warp_labels([labels], centre, [np.eye(3)], out, grid=grid, grid_spacing=spacing)
         np.testing.assert_array_equal(out[0], labels)
 
 
@@ -143,7 +142,7 @@ def test_coordinates_follow_the_definition(rng):
     centres = rng.uniform(-50, 50, (count, 3))
     grid = random_grid(rng, count, (5, 4, 6))
     spacing, origin = (3.0, 7.0, 9.0), (-5.0, -11.0, -20.0)
-    coords = warp.warp_coordinates(shape, centres, matrices, grid=grid, grid_spacing=spacing, grid_origin=origin)
+    coords = _resample.warp_coordinates(shape, centres, matrices, grid=grid, grid_spacing=spacing, grid_origin=origin)
     for n in range(count):
         expected = reference_coordinates(shape, centres[n], matrices[n], grid[n], spacing, origin)
         np.testing.assert_allclose(coords[n], expected, rtol=0, atol=1e-5)
@@ -153,10 +152,10 @@ def test_windows_of_different_extents_share_the_geometry(rng):
     """A 48^3 raw window and a 34^3 label window around one centre: voxel i of the small one is i + 7 of the
     large one."""
     matrices, centres = random_matrices(rng, 1), [[40.3, 41.0, 39.6]]
-    grid = random_grid(rng, 1, warp.grid_shape((48, 48, 48), (16, 16, 16)))
+    grid = random_grid(rng, 1, _geometry.grid_shape((48, 48, 48), (16, 16, 16)))
     args = dict(grid=grid, grid_spacing=(16, 16, 16))
-    big = warp.warp_coordinates((48, 48, 48), centres, matrices, **args)
-    small = warp.warp_coordinates((34, 34, 34), centres, matrices, **args)
+    big = _resample.warp_coordinates((48, 48, 48), centres, matrices, **args)
+    small = _resample.warp_coordinates((34, 34, 34), centres, matrices, **args)
     np.testing.assert_allclose(small, big[:, :, 7:41, 7:41, 7:41], rtol=0, atol=1e-5)
 
 
@@ -171,9 +170,9 @@ def test_linear_matches_map_coordinates(rng, src_dtype):
     args = dict(grid=grid, grid_spacing=(3.0, 8.0, 10.0))
     out = np.empty((count, 1) + shape, np.float32)
     valid = np.empty((count, 1) + shape, np.uint8)
-    warp.warp_raw([source] * count, centres, matrices, out, scale=np.ones(count), shift=np.zeros(count), fill=-7.5,
+    _resample.warp_raw([source] * count, centres, matrices, out, scale=np.ones(count), shift=np.zeros(count), fill=-7.5,
                   valid=valid, **args)
-    coords = warp.warp_coordinates(shape, centres, matrices, **args)
+    coords = _resample.warp_coordinates(shape, centres, matrices, **args)
     spread = float(source.max()) - float(source.min())
     for n in range(count):
         expected = ndimage.map_coordinates(source[0].astype(np.float64), coords[n], order=1, mode="constant",
@@ -198,8 +197,8 @@ def test_nearest_matches_map_coordinates(rng, dtype):
     args = dict(grid=grid, grid_spacing=(3.0, 8.0, 10.0))
     out = np.empty((count, 1) + shape, dtype)
     valid = np.empty((count, 1) + shape, np.uint8)
-    warp.warp_labels([source] * count, centres, matrices, out, fill=7, valid=valid, **args)
-    coords = warp.warp_coordinates(shape, centres, matrices, **args)
+    _resample.warp_labels([source] * count, centres, matrices, out, fill=7, valid=valid, **args)
+    coords = _resample.warp_coordinates(shape, centres, matrices, **args)
     for n in range(count):
         expected = ndimage.map_coordinates(source[0], coords[n], order=0, mode="constant", cval=7)
         np.testing.assert_array_equal(out[n, 0], expected)
@@ -215,14 +214,14 @@ def test_raw_and_labels_stay_aligned(rng):
     count, shape = 2, (16, 20, 24)
     matrices = random_matrices(rng, count, spread=0.0)
     centres = (np.array(source_shape) - 1) / 2.0 + rng.uniform(-1, 1, (count, 3))
-    grid = random_grid(rng, count, warp.grid_shape(shape, (8, 8, 8)), sigma=(1.5, 1.5, 1.5))
+    grid = random_grid(rng, count, _geometry.grid_shape(shape, (8, 8, 8)), sigma=(1.5, 1.5, 1.5))
     args = dict(grid=grid, grid_spacing=(8, 8, 8))
     sampled = np.empty((count, 3) + shape, np.float32)
     valid = np.empty((count, 1) + shape, np.uint8)
-    warp.warp_raw([raw] * count, centres, matrices, sampled, scale=np.ones(count), shift=np.zeros(count),
+    _resample.warp_raw([raw] * count, centres, matrices, sampled, scale=np.ones(count), shift=np.zeros(count),
                   valid=valid, **args)
     nearest = np.empty((count, 1) + shape, np.uint64)
-    warp.warp_labels([labels] * count, centres, matrices, nearest, valid=valid.copy(), **args)
+    _resample.warp_labels([labels] * count, centres, matrices, nearest, valid=valid.copy(), **args)
     inside_voxels = valid[:, 0].astype(bool)
     assert inside_voxels.mean() > 0.3
     voxel = np.stack(np.unravel_index(nearest[:, 0][inside_voxels].astype(np.int64), source_shape))
@@ -241,10 +240,10 @@ def test_outside_voxels_get_the_fill_and_valid_zero(rng):
     centre = [[1.5, 11.5, 0.5]]  # reads z -2..5, y 6..17, x -5..6
     out = np.empty((1, 1) + shape, np.float32)
     valid = np.empty((1, 1) + shape, np.uint8)
-    warp.warp_raw([source], centre, [np.eye(3)], out, scale=[2.0], shift=[1.0], fill=-3.0, valid=valid)
+    _resample.warp_raw([source], centre, [np.eye(3)], out, scale=[2.0], shift=[1.0], fill=-3.0, valid=valid)
     label_out = np.empty((1, 1) + shape, np.uint32)
     label_valid = np.empty_like(valid)
-    warp.warp_labels([labels], centre, [np.eye(3)], label_out, fill=4000000000, valid=label_valid)
+    _resample.warp_labels([labels], centre, [np.eye(3)], label_out, fill=4000000000, valid=label_valid)
     coords = reference_coordinates(shape, centre[0], np.eye(3))
     expected_valid = inside(coords, source.shape[1:])
     assert expected_valid.sum() == 6 * 6 * 7
@@ -263,7 +262,7 @@ def test_each_example_reads_its_own_source(rng):
     corners = [random_corner(rng, s.shape[1:], patch) for s in sources]
     centres = [centre_of(c, patch, [0, 1, 2]) for c in corners]
     out = np.empty((3, 1) + patch, np.float32)
-    warp.warp_raw(sources, centres, np.tile(np.eye(3), (3, 1, 1)), out, scale=np.ones(3), shift=np.zeros(3),
+    _resample.warp_raw(sources, centres, np.tile(np.eye(3), (3, 1, 1)), out, scale=np.ones(3), shift=np.zeros(3),
                   grid=np.zeros((3, 3, 2, 2, 2), np.float32), grid_spacing=(4, 4, 4))
     for n in range(3):
         np.testing.assert_array_equal(out[n], window(sources[n], corners[n], patch, [0, 1, 2], [False] * 3))
@@ -273,11 +272,11 @@ def test_source_box_covers_every_voxel_read(rng):
     shape, count = (9, 30, 31), 4
     matrices = random_matrices(rng, count)
     centres = rng.uniform(20, 40, (count, 3))
-    grid = random_grid(rng, count, warp.grid_shape(shape, (4, 8, 8)))
-    coords = warp.warp_coordinates(shape, centres, matrices, grid=grid, grid_spacing=(4, 8, 8))
+    grid = random_grid(rng, count, _geometry.grid_shape(shape, (4, 8, 8)))
+    coords = _resample.warp_coordinates(shape, centres, matrices, grid=grid, grid_spacing=(4, 8, 8))
     bound = np.abs(grid).reshape(count, 3, -1).max(axis=2)
     for n in range(count):
-        lo, hi = warp.source_box(shape, centres[n], matrices[n], bound[n])
+        lo, hi = _geometry.source_box(shape, centres[n], matrices[n], bound[n])
         read = coords[n].reshape(3, -1)
         assert np.all(np.floor(read.min(axis=1)) >= lo) and np.all(np.floor(read.max(axis=1)) + 1 < hi)
         assert np.all(hi - lo <= np.ceil(read.max(axis=1) - read.min(axis=1)) + 2 * bound[n] + 4)
@@ -289,9 +288,9 @@ def test_kernels_release_the_gil(rng):
     shape, count = (48, 96, 96), 2
     matrices, centres = random_matrices(rng, count), np.tile([35.0, 75.0, 75.0], (count, 1))
     out, label_out = np.empty((count, 1) + shape, np.float32), np.empty((count, 1) + shape, np.uint64)
-    assert_releases_gil(lambda: warp.warp_raw([source] * count, centres, matrices, out, scale=np.ones(count),
+    assert_releases_gil(lambda: _resample.warp_raw([source] * count, centres, matrices, out, scale=np.ones(count),
                                               shift=np.zeros(count)))
-    assert_releases_gil(lambda: warp.warp_labels([labels] * count, centres, matrices, label_out))
+    assert_releases_gil(lambda: _resample.warp_labels([labels] * count, centres, matrices, label_out))
 
 
 # -- bad input ----------------------------------------------------------------------------------------------------
@@ -300,7 +299,7 @@ def _raw_call(**change):
     args = dict(sources=[np.zeros((1, 8, 8, 8), np.uint8)], centres=[[4.0, 4.0, 4.0]], matrices=[np.eye(3)],
                 out=np.zeros((1, 1, 4, 4, 4), np.float32), scale=[1.0], shift=[0.0])
     args.update(change)
-    return lambda: warp.warp_raw(args.pop("sources"), args.pop("centres"), args.pop("matrices"), args.pop("out"),
+    return lambda: _resample.warp_raw(args.pop("sources"), args.pop("centres"), args.pop("matrices"), args.pop("out"),
                                  **args)
 
 
@@ -308,7 +307,7 @@ def _label_call(**change):
     args = dict(sources=[np.zeros((1, 8, 8, 8), np.uint16)], centres=[[4.0, 4.0, 4.0]], matrices=[np.eye(3)],
                 out=np.zeros((1, 1, 4, 4, 4), np.uint16))
     args.update(change)
-    return lambda: warp.warp_labels(args.pop("sources"), args.pop("centres"), args.pop("matrices"),
+    return lambda: _resample.warp_labels(args.pop("sources"), args.pop("centres"), args.pop("matrices"),
                                     args.pop("out"), **args)
 
 
@@ -324,7 +323,7 @@ BAD_CALLS = [
     (_raw_call(sources=[np.zeros((1, 8, 8, 8), np.uint8)] * 2), ValueError, "2 sources"),
     (_raw_call(out=np.zeros((1, 1, 4, 4, 4), np.float64)), TypeError, "float64"),
     (_raw_call(out=np.zeros((1, 1, 4, 4, 8), np.float32)[..., ::2]), ValueError, "C-contiguous"),
-    (_raw_call(out=[0.0]), TypeError, "out must be a NumPy array"),
+    (_raw_call(out=[0.0]), TypeError, "out is a list, not a NumPy array"),
     (_raw_call(sources=[_SHARED[:512].reshape(1, 8, 8, 8)], out=_SHARED[500:564].reshape(1, 1, 4, 4, 4)), ValueError,
      "overlap"),
     (_raw_call(centres=[[4.0, 4.0]]), ValueError, "centres must have shape (1, 3)"),
@@ -380,10 +379,10 @@ def test_bad_input_raises_a_clear_error(call, error, message):
     (lambda: Elastic(sigma=(0, 2)), "sigma must be three numbers"),
     (lambda: Elastic(p=2), "probability"),
     (lambda: Elastic().bind((32, 128)), "shape must be three extents"),
-    (lambda: warp.source_box((4, 4), [0, 0, 0], np.eye(3)), "shape must be three extents"),
-    (lambda: warp.source_box((4, 4, 4), [0, np.inf, 0], np.eye(3)), "centre must be three finite"),
-    (lambda: warp.source_box((4, 4, 4), [0, 0, 0], np.eye(2)), "matrix must be a finite 3x3"),
-    (lambda: warp.source_box((4, 4, 4), [0, 0, 0], np.eye(3), -1.0), "max_displacement must be finite and >= 0"),
+    (lambda: _geometry.source_box((4, 4), [0, 0, 0], np.eye(3)), "shape must be three extents"),
+    (lambda: _geometry.source_box((4, 4, 4), [0, np.inf, 0], np.eye(3)), "centre must be three finite"),
+    (lambda: _geometry.source_box((4, 4, 4), [0, 0, 0], np.eye(2)), "matrix must be a finite 3x3"),
+    (lambda: _geometry.source_box((4, 4, 4), [0, 0, 0], np.eye(3), -1.0), "max_displacement must be finite and >= 0"),
 ])
 def test_bad_augmentation_parameters_raise_value_errors(make, message):
     with pytest.raises(ValueError, match=message):
@@ -431,7 +430,7 @@ def test_scale_factors_stay_in_range(rng):
 
 def test_elastic_jitter(rng):
     elastic = Elastic(spacing=(4, 32, 32), sigma=(0, 2, 3), p=0.75).bind((32, 128, 128))
-    assert elastic.grid == warp.grid_shape((32, 128, 128), (4, 32, 32)) == (11, 7, 7)
+    assert elastic.grid == _geometry.grid_shape((32, 128, 128), (4, 32, 32)) == (11, 7, 7)
     assert elastic.draws == 1 + 2 * 11 * 7 * 7
     uniforms = rng.random((40, elastic.draws))
     params = Params.identity(40)
@@ -457,22 +456,27 @@ def test_registry_and_plan(rng):
         augmentation.apply(np.where(np.arange(6)[:, None] < 3, 0.2, 0.9) * np.ones((6, augmentation.draws)),
                            params)
     params.elastic[1:3] = 0  # only example 0 deformed
-    plan = WarpPlan.from_params(params, [elastic])
+    plan = WarpPlan.from_params(params)
     np.testing.assert_array_equal(plan.warped, [True, True, True, False, False, False])
-    np.testing.assert_allclose(plan.matrices, warp.permutation_matrices(params.perms, params.flips) @ params.matrix)
-    assert plan.grid_spacing == elastic.spacing and plan.grid_origin == warp.centred_origin(elastic.grid,
+    np.testing.assert_allclose(plan.matrices, _geometry.permutation_matrices(params.perms, params.flips) @ params.matrix)
+    assert plan.grid_spacing == elastic.spacing and plan.grid_origin == _geometry.centred_origin(elastic.grid,
                                                                                              elastic.spacing)
     assert plan.max_displacement[0, 1] > 0 and not plan.max_displacement[1:].any()
     lo, hi = plan.source_boxes((8, 64, 64), np.full((6, 3), 100.0))
     assert lo.shape == hi.shape == (6, 3) and np.all(hi - lo >= [9, 65, 65]) and np.all(hi[0] - lo[0] >= [9, 80, 80])
-    with pytest.raises(ValueError, match="Elastic grid layout"):
-        WarpPlan.from_params(params, [])
+    params.elastic_spacing = None
+    with pytest.raises(ValueError, match="elastic_spacing"):
+        WarpPlan.from_params(params)
+    other = Elastic(spacing=(4.0, 16.0, 16.0)).bind((8, 64, 64))
+    params.elastic_spacing = elastic.spacing
+    with pytest.raises(ValueError, match="this grid is"):  # a second grid layout cannot share the batch's grid
+        other.apply(np.full((6, other.draws), 0.2), params)
 
 
 _PORTABLE_CASE = """
 import sys
 import numpy as np
-from emfast.warp import warp_labels, warp_raw
+from emfast.augment._resample import warp_labels, warp_raw
 rng = np.random.default_rng(7)
 raw = rng.integers(0, 256, (1, 20, 40, 40), dtype=np.uint8)
 labels = rng.integers(0, 1 << 40, (1, 20, 40, 40), dtype=np.uint64)

@@ -1,5 +1,10 @@
 """emfast: fast 3-D patch loading and augmentation from electron-microscopy volumes for deep learning.
 
+The package is laid out by pipeline stage, and imports run one way, down this list: ``cli`` and ``bench``;
+``config``; ``pipeline`` (plans, gather, ring, pool, copier, Loader); ``transfer`` (device backends);
+``augment``, ``targets``, ``sampling``; ``io`` (volumes); and the shared base, ``_core`` (the compiled kernels),
+``_registry``, ``_checks``, ``_machine``. This module is the public API: every name in ``__all__``.
+
 Quick start::
 
     import emfast as ef
@@ -11,19 +16,13 @@ Quick start::
             # arrays taken from a batch stay valid while you hold them; their memory is reused after
 """
 from ._version import __version__
-from .augment import Augmentation, Intensity, Mirror, Transpose
-from .dataset import Dataset, Sample
-from .defects import Artifacts, LowContrast, MissingSection, Slip
-from .intensity import Blur, Contrast, Gamma, Noise
-from .loader import Batch, BatchReleasedError, Loader
-from .pool import BackPressureWarning, SlotsExhaustedError
-from .profile import ProfileReport
-from .sampling import Balanced, Masked, Tiled, Uniform
+from .augment import (Artifacts, Augmentation, Blur, Contrast, Elastic, Gamma, Intensity, LowContrast, Mirror,
+                      MissingSection, Noise, Rotate, Scale, Slip, Transpose)
+from .io import DatasetNotFoundError, Volume, hdf5
+from .pipeline import BackPressureWarning, Batch, BatchReleasedError, Loader, ProfileReport, SlotsExhaustedError
+from .sampling import Balanced, Dataset, Masked, Sample, Tiled, Uniform
 from .targets import Affinities, Boundaries, Classes, Foreground, compute_targets
 from .transfer import DeviceArray, DeviceNotice
-from .volumes import DatasetNotFoundError, Volume, hdf5
-from .warp import Elastic, Rotate, Scale
-
 
 __all__ = [
     "Affinities",

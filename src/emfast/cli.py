@@ -14,11 +14,10 @@ import numpy as np
 from . import __version__
 from . import bench as _bench
 from . import config as _config
+from ._machine import cores
 from .augment import Intensity, Mirror, Transpose
-from .loader import Loader
-from .machine import cores
-from .synthetic import LABELS_DATASET, RAW_DATASET, demo_volume_path
-from .volumes import _open_hdf5, hdf5
+from .io import LABELS_DATASET, RAW_DATASET, demo_volume_path, hdf5, open_hdf5
+from .pipeline import Loader
 
 #: Seconds between progress-bar redraws.
 _REDRAW_SECONDS = 0.1
@@ -136,7 +135,7 @@ def _format_attrs(attrs: h5py.AttributeManager) -> str:
 
 def installation() -> List[str]:
     """What this installation of emfast is and can use: version, CPU features, GPU."""
-    from . import _warp
+    from ._core import warp as _warp
     from .transfer import cuda_unavailable
 
     gpu = cuda_unavailable()
@@ -152,7 +151,7 @@ def info(args: argparse.Namespace) -> int:
     if args.file is None:
         print("\n".join(installation()))
         return 0
-    with _open_hdf5(args.file) as file:
+    with open_hdf5(args.file) as file:
         print(f"{args.file}" + (f"  [{_format_attrs(file.attrs)}]" if len(file.attrs) else ""))
         rows = []
 

@@ -1,0 +1,181 @@
+# cython: language_level=3
+"""Thin typed wrappers around the gather kernels in csrc/gather.cpp (contract in csrc/gather.h).
+
+Each public function checks its arguments (types, dtypes, shapes, bounds), translates them into plain pointers and
+byte steps, and calls the kernel once per batch with the GIL released. Kernels assume valid input; all checking is
+here.
+"""
+from libc.stdint cimport int64_t, uint16_t
+from libc.stdlib cimport free, malloc
+
+import numpy as np
+
+cimport numpy as cnp
+
+from emfast._core.common cimport check_status, dtype_code, emf_dtype, plain_array, writeable_array
+
+from emfast._core.common import FLOAT_DTYPES, RAW_DTYPES
+
+cnp.import_array()
+
+
+cdef extern from "gather.h" nogil:
+    ctypedef struct emf_window:
+        const char *origin
+        int64_t steps[4]
+        float scale
+        float shift
+
+    int emf_gather_convert(const emf_window *windows, int64_t count, const int64_t *shape,
+                           emf_dtype src_dtype, emf_dtype out_dtype, void *out)
+    int emf_gather_copy(const emf_window *windows, int64_t count, const int64_t *shape, int itemsize, void *out)
+    uint16_t emf_float_to_half(float value)
+
+
+cdef emf_window *_windows(tuple sources, corners, perms, flips, tuple out_shape) except NULL:
+    """Validate B windows and describe each as an origin pointer plus signed byte steps (caller frees)."""
+    cdef Py_ssize_t count = len(sources)
+    cdef Py_ssize_t n, j, axis
+    cdef int64_t extent[3]
+    cdef int64_t corner, stride
+    cdef const char *origin
+    corners = np.asarray(corners, dtype=np.int64)
+    perms = np.asarray(perms, dtype=np.int64)
+    flips = np.asarray(flips, dtype=bool)
+    for name, arr in (("corners", corners), ("perms", perms), ("flips", flips)):
+        if arr.shape != (count, 3):
+            raise ValueError(f"{name} must have shape ({count}, 3), got {arr.shape}")
+    cdef emf_window *windows = <emf_window *> malloc(max(count, 1) * sizeof(emf_window))
+    if windows == NULL:
+        raise MemoryError("cannot allocate the window table")
+    try:
+        for n in range(count):
+            src = sources[n]
+            if src.ndim != 4 or src.shape[0] != out_shape[0]:
+                raise ValueError(f"source {n} must be 4-D (C, Z, Y, X) with C={out_shape[0]}, "
+                                 f"got shape {src.shape}")
+            if sorted(perms[n]) != [0, 1, 2]:
+                raise ValueError(f"perms[{n}] = {perms[n].tolist()} is not a permutation of (0, 1, 2)")
+            for j in range(3):
+                extent[perms[n, j]] = out_shape[1 + j]
+            origin = <const char *> cnp.PyArray_DATA(<cnp.ndarray> src)
+            windows[n].steps[0] = src.strides[0]
+            for axis in range(3):
+                corner = corners[n, axis]
+                if corner < 0 or corner > src.shape[1 + axis] - extent[axis]:  # no overflow for huge corners
+                    raise IndexError(
+                        f"window {n} spans [{corner}, {corner + extent[axis]}) along axis {'zyx'[axis]}, "
+                        f"outside the source extent {src.shape[1 + axis]}")
+                origin += corner * src.strides[1 + axis]
+            for j in range(3):
+                axis = perms[n, j]
+                stride = src.strides[1 + axis]
+                if flips[n, axis]:
+                    origin += stride * (extent[axis] - 1)
+                    stride = -stride
+                windows[n].steps[1 + j] = stride
+            windows[n].origin = origin
+    except BaseException:
+        free(windows)
+        raise
+    return windows
+
+
+cdef tuple _plain_sources(sources):
+    """Checked base-class views of the sources; the tuple keeps every source alive while the kernel runs."""
+    return tuple(plain_array(src, f"source {n}") for n, src in enumerate(sources))
+
+
+cdef object _plain_out(out, Py_ssize_t count):
+    """A base-class view of ``out`` after checking it (see _plain_sources)."""
+    out = writeable_array(out, "out")
+    if out.ndim != 5:
+        raise ValueError(f"out must be a writeable C-contiguous ndarray of shape (B, C, Z, Y, X), got {out.shape}")
+    if out.shape[0] != count:
+        raise ValueError(f"out holds {out.shape[0]} windows but {count} sources were given")
+    return out
+
+
+def gather_convert(sources, corners, perms, flips, scale, shift, out):
+    """Crop, transform and convert B windows into ``out`` (B, C, Z, Y, X) in one pass, without the GIL.
+
+    ``out[n] = transpose(flip(src_n[:, window_n], flips[n]), perms[n]).astype(float32) * scale[n] + shift[n]``,
+    cast to ``out.dtype`` (float32 or float16). The window of example n starts at ``corners[n]`` (z, y, x) in
+    source axes; its extent along source axis ``perms[n][j]`` is ``out.shape[2 + j]``. Sources (4-D, any strides)
+    share one dtype: uint8, uint16 or float32.
+    """
+    sources = _plain_sources(sources)
+    cdef Py_ssize_t count = len(sources)
+    result = out
+    out = _plain_out(out, count)
+    shape = out.shape[1:]
+    if count == 0:
+        return result
+    src_dtype = sources[0].dtype
+    if any(s.dtype != src_dtype for s in sources):
+        raise TypeError("all sources of one gather must share a dtype")
+    cdef emf_dtype c_src = dtype_code(src_dtype, "the sources", RAW_DTYPES)
+    cdef emf_dtype c_out = dtype_code(out.dtype, "out", FLOAT_DTYPES)
+    scale = np.asarray(scale, dtype=np.float32)
+    shift = np.asarray(shift, dtype=np.float32)
+    if scale.shape != (count,) or shift.shape != (count,):
+        raise ValueError(f"scale and shift must have shape ({count},)")
+    cdef int64_t c_shape[4]
+    for j in range(4):
+        c_shape[j] = shape[j]
+    cdef void *c_data = cnp.PyArray_DATA(<cnp.ndarray> out)
+    cdef emf_window *windows = _windows(sources, corners, perms, flips, shape)
+    cdef Py_ssize_t n
+    cdef int status
+    for n in range(count):
+        windows[n].scale = scale[n]
+        windows[n].shift = shift[n]
+    with nogil:
+        status = emf_gather_convert(windows, count, c_shape, c_src, c_out, c_data)
+    free(windows)
+    check_status(status, "gather_convert")
+    return result
+
+
+def gather_copy(sources, corners, perms, flips, out):
+    """Crop and transform B windows into ``out`` (B, C, Z, Y, X) bit for bit, without the GIL.
+
+    Same geometry as :func:`gather_convert`; ``out`` must have the sources' dtype (any of 1, 2, 4 or 8 bytes,
+    e.g. labels of uint32, uint64 or int64, or uint8 masks).
+    """
+    sources = _plain_sources(sources)
+    cdef Py_ssize_t count = len(sources)
+    result = out
+    out = _plain_out(out, count)
+    shape = out.shape[1:]
+    if count == 0:
+        return result
+    if any(s.dtype != out.dtype for s in sources):
+        raise TypeError(f"gather_copy needs sources of the output dtype {out.dtype}, "
+                        f"got {sorted({str(s.dtype) for s in sources})}")
+    if out.itemsize not in (1, 2, 4, 8):
+        raise TypeError(f"cannot copy elements of {out.itemsize} bytes")
+    cdef int64_t c_shape[4]
+    for j in range(4):
+        c_shape[j] = shape[j]
+    cdef int itemsize = out.itemsize
+    cdef void *c_data = cnp.PyArray_DATA(<cnp.ndarray> out)
+    cdef emf_window *windows = _windows(sources, corners, perms, flips, shape)
+    cdef int status
+    with nogil:
+        status = emf_gather_copy(windows, count, c_shape, itemsize, c_data)
+    free(windows)
+    check_status(status, "gather_copy")
+    return result
+
+
+def float_to_half(values):
+    """Convert float32 values to float16 with the kernels' rounding (for testing against NumPy)."""
+    cdef float[::1] src = np.ascontiguousarray(values, dtype=np.float32).ravel()
+    result = np.empty(src.shape[0], dtype=np.uint16)
+    cdef uint16_t[::1] dst = result
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(src.shape[0]):
+            dst[i] = emf_float_to_half(src[i])
+    return result.view(np.float16).reshape(np.shape(values))

@@ -1,0 +1,298 @@
+# cython: language_level=3
+"""Thin typed wrappers around the label -> target kernels in csrc/targets.cpp.
+
+Every function takes a batch of label patches ``labels`` (B, 1, Zi, Yi, Xi), C-contiguous uint32, uint64 or int64,
+and a ``margin`` (mz, my, mx): output voxel (z, y, x) is label voxel (z + mz, y + my, x + mx), so outputs have
+shape (B, K, Zi - 2 mz, Yi - 2 my, Xi - 2 mx). Label voxels outside the patch are unknown. Each function checks
+its arguments and calls its kernel once per batch with the GIL released; kernels assume valid input, all
+checking is here. The user-facing specifications are in :mod:`emfast.targets`.
+"""
+import numbers
+import operator
+
+from libc.stdint cimport int64_t, uint8_t, uint64_t
+
+import numpy as np
+
+cimport numpy as cnp
+from emfast._core.common cimport check_status, dtype_code, emf_dtype, writeable_array
+
+from emfast._core.common import LABEL_DTYPES
+
+cnp.import_array()
+
+
+cdef extern from "targets.h" nogil:
+    ctypedef struct emf_labels:
+        const void *data
+        int64_t count
+        int64_t shape[3]
+        int64_t margin[3]
+        int itemsize
+
+    int emf_affinities(const emf_labels *labels, const int64_t *offsets, int64_t channels, int has_background,
+                       uint64_t background, int has_ignore, uint64_t ignore, emf_dtype out_dtype,
+                       void *out, uint8_t *mask)
+    int emf_boundaries(const emf_labels *labels, int64_t thickness, int in_plane, uint8_t *out)
+    int emf_classes(const emf_labels *labels, int64_t thickness, int in_plane, int has_background,
+                    uint64_t background, const int64_t *values, emf_dtype out_dtype, void *out)
+    int emf_foreground(const emf_labels *labels, uint64_t background, uint8_t *out)
+
+
+_AXES = "zyx"
+
+
+def _integer(value, what):
+    """``value`` as a Python int, refusing bools, floats and other non-integers."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
+        raise TypeError(f"{what} must be an integer, got {value!r}")
+    return operator.index(value)
+
+
+cdef object _plain_labels(labels):
+    """A base-class view of ``labels`` after checking it: an ndarray subclass cannot misreport its geometry, and
+    the caller's reference keeps the array alive while the kernel runs without the GIL."""
+    if not isinstance(labels, np.ndarray):
+        raise TypeError(f"labels must be a NumPy array, got {type(labels).__name__}")
+    labels = np.asarray(labels)
+    if labels.dtype not in LABEL_DTYPES or not labels.dtype.isnative:
+        raise TypeError(f"labels have dtype {labels.dtype}; supported: uint32, uint64, int64 (native-endian)")
+    if labels.ndim != 5 or labels.shape[1] != 1:
+        raise ValueError(f"labels must have shape (B, 1, Z, Y, X), got {labels.shape}")
+    if not labels.flags.c_contiguous:
+        raise ValueError("labels must be C-contiguous")
+    return labels
+
+
+cdef tuple _margin(margin, tuple shape):
+    """The margin as three ints, checked to leave at least one output voxel along each axis."""
+    try:
+        values = tuple(margin)
+    except TypeError:
+        raise TypeError(f"margin must be three integers (z, y, x), got {margin!r}") from None
+    if len(values) != 3:
+        raise ValueError(f"margin must be three integers (z, y, x), got {margin!r}")
+    values = tuple(_integer(m, "margin") for m in values)
+    for axis in range(3):
+        if values[axis] < 0:
+            raise ValueError(f"margin must be >= 0 along each axis, got {values}")
+        if 2 * values[axis] >= shape[axis]:
+            raise ValueError(
+                f"margin {values} leaves no output voxel along axis {_AXES[axis]}: the label patch has extent "
+                f"{shape[axis]} there, which must exceed 2 * {values[axis]}")
+    return values
+
+
+cdef uint64_t _label_bits(value, labels_dtype, what) except? 0:
+    """An id (background, ignore) as the bits of a label of ``labels_dtype``; it must be representable."""
+    value = _integer(value, what)
+    info = np.iinfo(labels_dtype)
+    if not info.min <= value <= info.max:
+        raise ValueError(f"{what} {value} cannot occur in {labels_dtype} labels "
+                         f"(range [{info.min}, {info.max}])")
+    return <uint64_t> (value & 0xFFFFFFFFFFFFFFFF)
+
+
+cdef object _plain_out(out, name, tuple shape, dtypes, labels):
+    """A base-class view of the output ``out`` after checking shape, dtype, layout and overlap with the labels."""
+    out = writeable_array(out, name)
+    dtype_code(out.dtype, name, dtypes)
+    if out.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {out.shape}")
+    if np.may_share_memory(out, labels):
+        raise ValueError(f"{name} must not overlap the labels")
+    return out
+
+
+cdef void _describe(labels, tuple margin, emf_labels *desc):
+    desc.data = cnp.PyArray_DATA(<cnp.ndarray> labels)
+    desc.count = labels.shape[0]
+    desc.itemsize = labels.itemsize
+    for axis in range(3):
+        desc.shape[axis] = labels.shape[2 + axis]
+        desc.margin[axis] = margin[axis]
+
+
+cdef tuple _out_shape(labels, tuple margin, Py_ssize_t channels):
+    return (labels.shape[0], channels) + tuple(labels.shape[2 + a] - 2 * margin[a] for a in range(3))
+
+
+cdef int64_t _thickness(thickness, tuple shape) except -1:
+    thickness = _integer(thickness, "thickness")
+    if thickness < 1:
+        raise ValueError(f"thickness must be >= 1, got {thickness}")
+    return min(thickness, max(shape))  # a step of the patch extent or more never reaches a voxel inside
+
+
+def output_shape(labels, margin, Py_ssize_t channels):
+    """The shape (B, channels, Zo, Yo, Xo) of a target of ``labels`` cut with ``margin``, after the checks every
+    kernel wrapper makes of these two arguments."""
+    if channels < 1:
+        raise ValueError(f"channels must be >= 1, got {channels}")
+    labels = _plain_labels(labels)
+    return _out_shape(labels, _margin(margin, labels.shape[2:]), channels)
+
+
+def affinities(labels, offsets, margin, background, ignore, out, mask):
+    """Affinities of a label batch for K offsets, into ``out`` and ``mask`` (B, K, Zo, Yo, Xo), without the GIL.
+
+    Convention of gunpowder's ``seg_to_affgraph``: channel k at output voxel v (label voxel u = v + margin) links
+    u with its neighbour u + offsets[k]. ``out`` is 1 where both labels are equal and label[u] is not
+    ``background``, else 0, and 0 where the neighbour lies outside the patch. ``mask`` is 0 where the neighbour
+    lies outside the patch or where either label equals ``ignore``, else 1.
+
+    Parameters
+    ----------
+    labels : ndarray
+        (B, 1, Zi, Yi, Xi) uint32, uint64 or int64, C-contiguous.
+    offsets : sequence of (int, int, int)
+        K >= 1 offsets (dz, dy, dx), any sign, none all zero. An offset as long as the patch along some axis is
+        legal: its channel is then all 0 and fully masked.
+    margin : (int, int, int)
+        Label voxels on each side of the output region, >= 0, with 2 * margin < label extent.
+    background, ignore : int or None
+        Label ids (None: no such id); each must be representable in the labels' dtype.
+    out : ndarray
+        (B, K, Zo, Yo, Xo) float32 or uint8, C-contiguous, written.
+    mask : ndarray
+        (B, K, Zo, Yo, Xo) uint8, C-contiguous, written.
+
+    Returns
+    -------
+    (out, mask)
+    """
+    labels = _plain_labels(labels)
+    shape = labels.shape[2:]
+    cdef tuple m = _margin(margin, shape)
+    try:
+        rows = list(offsets)
+    except TypeError:
+        raise TypeError(f"offsets must be a sequence of (dz, dy, dx) triples, got {offsets!r}") from None
+    if not rows:
+        raise ValueError("offsets must hold at least one (dz, dy, dx) triple")
+    table = np.empty((len(rows), 3), dtype=np.int64)
+    for k, row in enumerate(rows):
+        try:
+            row = tuple(row)
+        except TypeError:
+            raise TypeError(f"offset {k} must be a (dz, dy, dx) triple, got {row!r}") from None
+        if len(row) != 3:
+            raise ValueError(f"offset {k} must be a (dz, dy, dx) triple, got {row!r}")
+        row = tuple(_integer(d, f"offset {k}") for d in row)
+        if row == (0, 0, 0):
+            raise ValueError(f"offset {k} is (0, 0, 0); an affinity needs a neighbour at a non-zero offset")
+        for axis in range(3):  # steps beyond the patch all land outside it: clamping changes nothing
+            table[k, axis] = max(-shape[axis], min(row[axis], shape[axis]))
+    cdef int has_background = background is not None
+    cdef int has_ignore = ignore is not None
+    cdef uint64_t c_background = _label_bits(background, labels.dtype, "background") if has_background else 0
+    cdef uint64_t c_ignore = _label_bits(ignore, labels.dtype, "ignore") if has_ignore else 0
+    out_shape = _out_shape(labels, m, len(rows))
+    result = (out, mask)
+    out = _plain_out(out, "out", out_shape, (np.dtype(np.float32), np.dtype(np.uint8)), labels)
+    mask = _plain_out(mask, "mask", out_shape, (np.dtype(np.uint8),), labels)
+    if np.may_share_memory(out, mask):
+        raise ValueError("out and mask must not overlap")
+    if out.size == 0:
+        return result
+    cdef emf_labels desc
+    _describe(labels, m, &desc)
+    cdef int64_t[:, ::1] c_offsets = table
+    cdef int64_t channels = len(rows)
+    cdef emf_dtype c_dtype = dtype_code(out.dtype, "out", (out.dtype,))
+    cdef void *c_out = cnp.PyArray_DATA(<cnp.ndarray> out)
+    cdef uint8_t *c_mask = <uint8_t *> cnp.PyArray_DATA(<cnp.ndarray> mask)
+    cdef int status
+    with nogil:
+        status = emf_affinities(&desc, &c_offsets[0, 0], channels, has_background, c_background, has_ignore,
+                                c_ignore, c_dtype, c_out, c_mask)
+    check_status(status, "affinities")
+    return result
+
+
+def boundaries(labels, margin, thickness, in_plane, out):
+    """Boundary map of a label batch into ``out`` (B, 1, Zo, Yo, Xo) uint8, without the GIL.
+
+    Output voxel v (label voxel u = v + margin) is 1 where some label voxel u + t e, with e one of the six unit
+    steps +-z, +-y, +-x (only +-y, +-x if ``in_plane``) and 1 <= t <= ``thickness``, lies inside the patch and
+    has a label other than label[u]; else 0. Voxels outside the patch do not count.
+    """
+    labels = _plain_labels(labels)
+    shape = labels.shape[2:]
+    cdef tuple m = _margin(margin, shape)
+    cdef int64_t c_thickness = _thickness(thickness, shape)
+    cdef int c_in_plane = bool(in_plane)
+    result = out
+    out = _plain_out(out, "out", _out_shape(labels, m, 1), (np.dtype(np.uint8),), labels)
+    if out.size == 0:
+        return result
+    cdef emf_labels desc
+    _describe(labels, m, &desc)
+    cdef uint8_t *c_out = <uint8_t *> cnp.PyArray_DATA(<cnp.ndarray> out)
+    cdef int status
+    with nogil:
+        status = emf_boundaries(&desc, c_thickness, c_in_plane, c_out)
+    check_status(status, "boundaries")
+    return result
+
+
+def classes(labels, margin, thickness, in_plane, background, values, out):
+    """Class map of a label batch into ``out`` (B, 1, Zo, Yo, Xo) int64 or uint8, without the GIL.
+
+    ``values[0]`` where the label is ``background`` (never if None), else ``values[1]`` on boundary voxels (as in
+    :func:`boundaries` with ``thickness`` and ``in_plane``), else ``values[2]``. Values must fit ``out.dtype``.
+    """
+    labels = _plain_labels(labels)
+    shape = labels.shape[2:]
+    cdef tuple m = _margin(margin, shape)
+    cdef int64_t c_thickness = _thickness(thickness, shape)
+    cdef int c_in_plane = bool(in_plane)
+    cdef int has_background = background is not None
+    cdef uint64_t c_background = _label_bits(background, labels.dtype, "background") if has_background else 0
+    result = out
+    out = _plain_out(out, "out", _out_shape(labels, m, 1), (np.dtype(np.int64), np.dtype(np.uint8)), labels)
+    try:
+        values = tuple(values)
+    except TypeError:
+        raise TypeError(f"values must be three integers (background, boundary, inside), got {values!r}") from None
+    if len(values) != 3:
+        raise ValueError(f"values must be three integers (background, boundary, inside), got {values!r}")
+    values = tuple(_integer(v, "values") for v in values)
+    info = np.iinfo(out.dtype)
+    if not all(info.min <= v <= info.max for v in values):
+        raise ValueError(f"values {values} do not fit the output dtype {out.dtype}")
+    cdef int64_t c_values[3]
+    for j in range(3):
+        c_values[j] = values[j]
+    if out.size == 0:
+        return result
+    cdef emf_labels desc
+    _describe(labels, m, &desc)
+    cdef emf_dtype c_dtype = dtype_code(out.dtype, "out", (out.dtype,))
+    cdef void *c_out = cnp.PyArray_DATA(<cnp.ndarray> out)
+    cdef int status
+    with nogil:
+        status = emf_classes(&desc, c_thickness, c_in_plane, has_background, c_background, c_values, c_dtype,
+                             c_out)
+    check_status(status, "classes")
+    return result
+
+
+def foreground(labels, margin, background, out):
+    """Foreground mask of a label batch into ``out`` (B, 1, Zo, Yo, Xo) uint8: 1 where label != ``background``."""
+    labels = _plain_labels(labels)
+    shape = labels.shape[2:]
+    cdef tuple m = _margin(margin, shape)
+    cdef uint64_t c_background = _label_bits(background, labels.dtype, "background")
+    result = out
+    out = _plain_out(out, "out", _out_shape(labels, m, 1), (np.dtype(np.uint8),), labels)
+    if out.size == 0:
+        return result
+    cdef emf_labels desc
+    _describe(labels, m, &desc)
+    cdef uint8_t *c_out = <uint8_t *> cnp.PyArray_DATA(<cnp.ndarray> out)
+    cdef int status
+    with nogil:
+        status = emf_foreground(&desc, c_background, c_out)
+    check_status(status, "foreground")
+    return result

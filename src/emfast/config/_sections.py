@@ -1,0 +1,223 @@
+"""Parsing the sections of a config: samples and their volumes, loader arguments, and the augmentations, targets and
+sampler by their registered names (``emfast._registry``), each built once to check its parameters."""
+from __future__ import annotations
+
+import difflib
+import inspect
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+
+from ..pipeline import NORMALIZE_MODES, Loader
+from .._registry import lookup
+from ..targets import outputs
+from ._yaml import Path_, Reader, describe_value
+from ._spec import Builtin, ComponentSpec, SampleSpec, VolumeSpec
+
+
+# The registry kind of each section that names components.
+_KINDS = {"augment": "augmentation", "targets": "target", "sampler": "sampler"}
+
+# Loader arguments that have their own section of the config, or belong to each sample.
+_NOT_LOADER_KEYS = {"self", "data", "labels", "augment", "targets", "sampler", "label_offset"}
+
+
+def _loader_keys() -> List[str]:
+    return [name for name in inspect.signature(Loader.__init__).parameters if name not in _NOT_LOADER_KEYS]
+
+
+def loader_default(name: str):
+    return inspect.signature(Loader.__init__).parameters[name].default
+
+
+# -- parsing the sections -----------------------------------------------------------------------------------------
+
+_SAMPLE_KEYS = ("name", "file", "raw", "labels", "mask", "extra", "weight", "label_offset", "mask_offset", "lazy",
+                "cache_bytes")
+
+
+def _file(reader: Reader, value, path: Path_) -> Union[Path, Builtin]:
+    if isinstance(value, dict):
+        reader.mapping(value, path, ("builtin", "shape", "seed"), required=("builtin",))
+        if value["builtin"] != "demo":
+            raise reader.error(path + ("builtin",), f"the only built-in volume is 'demo', got "
+                                                    f"{describe_value(value['builtin'])}")
+        shape = value.get("shape")
+        return Builtin(None if shape is None else reader.triple(shape, path + ("shape",), minimum=8),
+                       reader.integer(value.get("seed", 0), path + ("seed",), minimum=0))
+    text = reader.string(value, path)
+    file = Path(text).expanduser()
+    return (file if file.is_absolute() else reader.base / file).resolve()
+
+
+def _volume(reader: Reader, value, path: Path_, sample_file) -> VolumeSpec:
+    if isinstance(value, str):
+        if sample_file is None:
+            raise reader.error(path, f"{value!r} names a dataset, but the sample has no 'file'; write "
+                                     "{file: ..., dataset: ...} or give the sample a file")
+        return VolumeSpec(sample_file, value, shared_file=True)
+    reader.mapping(value, path, ("file", "dataset"), required=("dataset",) if sample_file else ("file", "dataset"))
+    dataset = reader.string(value["dataset"], path + ("dataset",))
+    if "file" in value:
+        return VolumeSpec(_file(reader, value["file"], path + ("file",)), dataset)
+    return VolumeSpec(sample_file, dataset, shared_file=True)
+
+
+def sample_spec(reader: Reader, value, path: Path_) -> SampleSpec:
+    reader.mapping(value, path, _SAMPLE_KEYS, required=("raw",))
+    file = _file(reader, value["file"], path + ("file",)) if "file" in value else None
+    volumes = {key: _volume(reader, value[key], path + (key,), file) for key in ("raw", "labels", "mask")
+               if value.get(key) is not None}
+    extra = value.get("extra") or {}
+    if not isinstance(extra, dict):
+        raise reader.error(path + ("extra",), f"expected a mapping of field name to volume, got {describe_value(extra)}")
+    extra = tuple((reader.string(key, path + ("extra",)), _volume(reader, item, path + ("extra", str(key)), file))
+                  for key, item in extra.items())
+    optional = {}
+    if value.get("name") is not None:
+        optional["name"] = reader.string(value["name"], path + ("name",))
+    if "weight" in value:
+        optional["weight"] = reader.number(value["weight"], path + ("weight",), positive=True)
+    for key in ("label_offset", "mask_offset"):
+        if value.get(key) is not None:
+            optional[key] = reader.triple(value[key], path + (key,))
+    if "lazy" in value:
+        optional["lazy"] = reader.boolean(value["lazy"], path + ("lazy",))
+    if value.get("cache_bytes") is not None:
+        optional["cache_bytes"] = reader.integer(value["cache_bytes"], path + ("cache_bytes",), minimum=1)
+        if not optional.get("lazy"):
+            raise reader.error(path + ("cache_bytes",), "cache_bytes applies to lazy volumes; add lazy: true")
+    for key, offset in (("label_offset", "labels"), ("mask_offset", "mask")):
+        if key in optional and offset not in volumes:
+            raise reader.error(path + (key,), f"{key} was given but the sample has no {offset}")
+    return SampleSpec(extra=extra, **volumes, **optional)
+
+
+def _check_normalize(reader: Reader, value, path: Path_):
+    if value is None or (isinstance(value, str) and value in NORMALIZE_MODES):
+        return value
+    if isinstance(value, list) and len(value) == 2:
+        for index, item in enumerate(value):
+            reader.number(item, path + (index,))
+        return value
+    if isinstance(value, dict):
+        reader.mapping(value, path, ("mean", "std"), required=("mean", "std"))
+        reader.number(value["mean"], path + ("mean",))
+        reader.number(value["std"], path + ("std",), positive=True)
+        return value
+    modes = ", ".join(repr(mode) for mode in NORMALIZE_MODES)
+    raise reader.error(path, f"expected one of {modes}, [scale, shift] or {{mean: m, std: s}}; got "
+                             f"{describe_value(value)}")
+
+
+def _check_loader_value(reader: Reader, key: str, value, path: Path_):
+    """Type-check the Loader arguments whose types are known here; the Loader checks the rest when built."""
+    path = path + (key,)
+    positive = {"batch_size": 1, "threads": 1, "world_size": 1, "rank": 0, "seed": 0}
+    if key in ("patch", "patch_in", "patch_out"):
+        return list(reader.triple(value, path, minimum=1))
+    if key in positive:
+        return reader.integer(value, path, minimum=positive[key])
+    if key == "epoch_size":
+        return None if value is None else reader.integer(value, path, minimum=1)
+    if key in ("buffers", "max_buffers"):
+        return None if value is None else reader.integer(value, path, minimum=2)
+    if key in ("dtype", "device"):
+        return reader.string(value, path)
+    if key == "isotropic":
+        return reader.boolean(value, path)
+    if key == "normalize":
+        return _check_normalize(reader, value, path)
+    return value
+
+
+def loader_section(reader: Reader, value, path: Path_, require_patch: bool) -> Dict[str, Any]:
+    keys = _loader_keys()
+    reader.mapping(value, path, keys)
+    if require_patch and not {"patch", "patch_in", "patch_out"} & set(value):
+        raise reader.error(path, "missing required key 'patch' (or 'patch_in' and 'patch_out')")
+    return {key: _check_loader_value(reader, key, item, path) for key, item in value.items()}
+
+
+def _signature_parameters(cls: type) -> Optional[List[str]]:
+    """Keyword parameters of ``cls``'s constructor; None if it takes ``**kwargs``."""
+    parameters = list(inspect.signature(cls).parameters.values())
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return [p.name for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                      inspect.Parameter.KEYWORD_ONLY)]
+
+
+def named_key(error: BaseException, keys) -> Tuple[str, ...]:
+    """The one key of ``keys`` that the message of ``error`` names as a word, if it names exactly one."""
+    named = [key for key in keys if re.search(rf"\b{re.escape(str(key))}\b", str(error))]
+    return (str(named[0]),) if len(named) == 1 else ()
+
+
+def construct(reader: Reader, spec: ComponentSpec, section: str, path: Path_):
+    """Build the object of ``spec`` from its registry, mapping constructor errors to ConfigError at ``path``."""
+    kind = _KINDS[section]
+    cls = lookup(kind, spec.name)
+    try:
+        return cls(**spec.params)
+    except (TypeError, ValueError) as error:
+        where = path + (spec.name,) + named_key(error, spec.params)
+        allowed = _signature_parameters(cls)
+        note = "" if allowed is None or not isinstance(error, TypeError) else \
+            f" (parameters of {kind} {spec.name!r}: {', '.join(allowed) or 'none'})"
+        raise reader.error(where, f"{error}{note}") from error
+
+
+def component(reader: Reader, value, path: Path_, section: str) -> ComponentSpec:
+    kind = _KINDS[section]
+    if isinstance(value, str):
+        name, params, params_path = value, {}, path
+    elif isinstance(value, dict) and len(value) == 1:
+        name, params = next(iter(value.items()))
+        params_path = path + (str(name),)
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            raise reader.error(params_path, f"the parameters of {kind} {name!r} must be a mapping "
+                                            f"{{parameter: value}}, got {describe_value(params)}")
+    else:
+        raise reader.error(path, f"expected a {kind} name, or a mapping {{name: {{parameter: value}}}} with one "
+                                 f"name; got {describe_value(value)}")
+    try:
+        cls = lookup(kind, str(name))
+    except ValueError as error:
+        raise reader.error(params_path, str(error)) from None
+    allowed = _signature_parameters(cls)
+    for key in params:
+        if allowed is not None and key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise reader.error(params_path + (str(key),),
+                               f"unknown parameter {key!r} of {kind} {name!r}{hint} (parameters: "
+                               f"{', '.join(allowed) or 'none'})")
+    spec = ComponentSpec(name, params)
+    construct(reader, spec, section, path)
+    return spec
+
+
+def components(reader: Reader, value, path: Path_, section: str) -> Tuple[ComponentSpec, ...]:
+    if isinstance(value, (str, dict)):
+        value = [value]  # a single item
+    items = tuple(component(reader, item, path + (index,), section)
+                  for index, item in enumerate(reader.listing(value, path)))
+    if section == "targets":
+        try:
+            outputs([construct(reader, item, section, path) for item in items])
+        except ValueError as error:
+            raise reader.error(path, str(error)) from error
+    return items
+
+
+def check_augment(reader: Reader, items: Optional[Tuple[ComponentSpec, ...]], isotropic: bool,
+                   path: Path_) -> None:
+    for index, item in enumerate(items or ()):
+        try:
+            construct(reader, item, "augment", path + (index,)).check(isotropic)
+        except ValueError as error:
+            raise reader.error(path + (index,), str(error)) from error

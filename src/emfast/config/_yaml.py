@@ -1,0 +1,182 @@
+"""YAML with line marks, the :class:`ConfigError` that names a key path and line, and the typed reader of values."""
+from __future__ import annotations
+
+import difflib
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import yaml
+
+
+
+Path_ = Tuple[Union[str, int], ...]
+
+
+class ConfigError(ValueError):
+    """A config that cannot be loaded or built.
+
+    Attributes
+    ----------
+    path : str
+        Key path of the culprit, e.g. ``data.samples[1].raw.dataset`` (empty for the whole document).
+    line : int or None
+        1-based line of that key in the YAML file (or of its closest enclosing key), when known.
+    source : str
+        The config file, or ``"<text>"``.
+    reason : str
+        What is wrong.
+    """
+
+    def __init__(self, reason: str, path: str = "", line: Optional[int] = None, source: str = "<text>") -> None:
+        self.reason, self.path, self.line, self.source = reason, path, line, source
+        where = source + (f", line {line}" if line is not None else "")
+        super().__init__(f"{where}: {path + ': ' if path else ''}{reason}")
+
+
+def _format_path(path: Path_) -> str:
+    text = ""
+    for key in path:
+        text += f"[{key}]" if isinstance(key, int) else (f".{key}" if text else str(key))
+    return text
+
+
+# -- YAML with line marks -----------------------------------------------------------------------------------------
+
+_SAFE_TAGS = set(yaml.SafeLoader.yaml_constructors) | {"tag:yaml.org,2002:merge"}
+
+#: Most nodes a config may expand to, counting every use of an alias: a real config has a few hundred, and a few
+#: nested aliases ("billion laughs") would otherwise expand to billions, costing minutes and gigabytes.
+MAX_NODES = 100_000
+#: Deepest nesting a config may have: a real one has under 10 levels, an alias that contains itself has no end.
+MAX_DEPTH = 64
+
+
+def _marks(node: yaml.Node, path: Path_, marks: Dict[Path_, int], source: str, budget: List[int]) -> None:
+    """Record the line of every key and item under ``node``; refuse unsafe tags, repeated keys, and more than
+    ``MAX_NODES`` expanded nodes (``budget`` holds the nodes left)."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ConfigError(f"the config expands to more than {MAX_NODES:,} values (through YAML aliases?); refused "
+                          "before reading it", _format_path(path), node.start_mark.line + 1, source)
+    if len(path) > MAX_DEPTH:
+        raise ConfigError(f"the config nests more than {MAX_DEPTH} levels deep (a YAML alias that contains "
+                          "itself?)", _format_path(path[:MAX_DEPTH]), node.start_mark.line + 1, source)
+    marks.setdefault(path, node.start_mark.line + 1)
+    if node.tag not in _SAFE_TAGS:
+        raise ConfigError(f"the YAML tag {node.tag!r} is not allowed; configs hold only mappings, lists, strings, "
+                          "numbers, booleans and null (they are parsed with yaml.SafeLoader)",
+                          _format_path(path), node.start_mark.line + 1, source)
+    if isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _marks(item, path + (index,), marks, source, budget)
+    elif isinstance(node, yaml.MappingNode):
+        seen = set()
+        for key, value in node.value:
+            name = str(key.value) if isinstance(key, yaml.ScalarNode) else "?"
+            if key.tag == "tag:yaml.org,2002:merge":
+                _marks(value, path, marks, source, budget)
+                continue
+            if name in seen:
+                raise ConfigError(f"the key {name!r} appears twice", _format_path(path + (name,)),
+                                  key.start_mark.line + 1, source)
+            seen.add(name)
+            marks[path + (name,)] = key.start_mark.line + 1
+            _marks(key, path + (name,), {}, source, budget)  # tags of keys are checked too
+            _marks(value, path + (name,), marks, source, budget)
+
+
+def parse_yaml(text: str, source: str) -> Tuple[Any, Dict[Path_, int]]:
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        marks: Dict[Path_, int] = {}
+        if node is None:
+            return None, marks
+        _marks(node, (), marks, source, [MAX_NODES])
+        return loader.construct_document(node), marks
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        reason = " ".join(part for part in (error.context, error.problem) if part)
+        raise ConfigError(f"invalid YAML: {reason}", "", None if mark is None else mark.line + 1,
+                          source) from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"invalid YAML: {error}", "", None, source) from None
+    finally:
+        loader.dispose()
+
+
+# -- checking values ----------------------------------------------------------------------------------------------
+
+class Reader:
+    """Checks values of the parsed document, raising ConfigError with key path and line."""
+
+    def __init__(self, marks: Dict[Path_, int], source: str, base: Path) -> None:
+        self.marks, self.source, self.base = marks, source, base
+
+    def line(self, path: Path_) -> Optional[int]:
+        for end in range(len(path), -1, -1):
+            if path[:end] in self.marks:
+                return self.marks[path[:end]]
+        return None
+
+    def error(self, path: Path_, reason: str) -> ConfigError:
+        return ConfigError(reason, _format_path(path), self.line(path), self.source)
+
+    def mapping(self, value, path: Path_, allowed: Sequence[str], required: Sequence[str] = ()) -> dict:
+        if not isinstance(value, dict):
+            raise self.error(path, f"expected a mapping with keys {', '.join(allowed)}; got {describe_value(value)}")
+        for key in value:
+            if key not in allowed:
+                close = difflib.get_close_matches(str(key), allowed, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise self.error(path + (str(key),), f"unknown key {key!r}{hint} (allowed: {', '.join(allowed)})")
+        for key in required:
+            if key not in value:
+                raise self.error(path, f"missing required key {key!r}")
+        return value
+
+    def integer(self, value, path: Path_, minimum: Optional[int] = None) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or (minimum is not None and value < minimum):
+            bound = "" if minimum is None else f" >= {minimum}"
+            raise self.error(path, f"expected an integer{bound}, got {describe_value(value)}")
+        return value
+
+    def number(self, value, path: Path_, positive: bool = False) -> float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
+                or (positive and value <= 0):
+            raise self.error(path, f"expected a {'positive' if positive else 'finite'} number, got "
+                                   f"{describe_value(value)}")
+        return value
+
+    def boolean(self, value, path: Path_) -> bool:
+        if not isinstance(value, bool):
+            raise self.error(path, f"expected true or false, got {describe_value(value)}")
+        return value
+
+    def string(self, value, path: Path_) -> str:
+        if not isinstance(value, str) or not value:
+            raise self.error(path, f"expected a non-empty string, got {describe_value(value)}")
+        return value
+
+    def triple(self, value, path: Path_, minimum: Optional[int] = None) -> Tuple[int, int, int]:
+        items = value if isinstance(value, list) else None
+        if items is None or len(items) != 3 or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                       and (minimum is None or v >= minimum) for v in items):
+            kind = "integers" if minimum is None else f"integers >= {minimum}"
+            raise self.error(path, f"expected a list of 3 {kind} [z, y, x], got {describe_value(value)}")
+        return tuple(items)
+
+    def listing(self, value, path: Path_) -> list:
+        if not isinstance(value, list):
+            raise self.error(path, f"expected a list, got {describe_value(value)}")
+        return value
+
+
+def describe_value(value) -> str:
+    kind = {dict: "a mapping", list: "a list", str: "the string", bool: "the boolean", type(None): "nothing (null)",
+            int: "the integer", float: "the number"}.get(type(value), type(value).__name__)
+    if isinstance(value, (dict, list)):
+        text = repr(value)
+        return f"{kind} {text if len(text) < 60 else text[:57] + '...'}"
+    return kind if value is None else f"{kind} {value!r}"

@@ -1,0 +1,230 @@
+"""Per-volume intensity statistics for normalisation, computed in one streaming pass and cached on disk.
+
+:func:`volume_statistics` reads a volume slab by slab (a lazy volume is never loaded whole, and its chunk cache is
+left alone) and returns a :class:`VolumeStatistics`. Integer volumes (uint8, uint16) are counted into a
+histogram, from which mean, variance and percentiles follow exactly; float32 volumes are summed in float64 per
+piece, and the pieces' means and squared deviations are merged with Chan et al.'s pairwise formula, which stays
+accurate where a running sum of squares would cancel.
+
+For a volume opened from an HDF5 file the result is cached as a small JSON file in the emfast cache directory
+(``$EMFAST_CACHE_DIR``, else ``$XDG_CACHE_HOME/emfast``, else ``~/.cache/emfast``), never in the user's file. The
+cache entry is keyed by the file's absolute path, the dataset, the file's size and modification time (ns) and
+:data:`STATS_FORMAT_VERSION`, so a changed file is recomputed. An unwritable cache directory only costs the
+caching (a warning), never the result.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import secrets
+import warnings
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .._core.common import RAW_DTYPES
+from .._machine import cache_directory
+from ._volume import Volume, as_volume
+
+#: Bumped whenever the statistics or the cache file layout change; part of every cache key.
+STATS_FORMAT_VERSION = 1
+#: Percentiles reported for integer volumes (NumPy's default "linear" method).
+PERCENTILES = (0.5, 99.5)
+#: Bytes of one slab read from the volume (whole sections, chunk-aligned; see :meth:`Volume.slabs`).
+_SLAB_BYTES = 32 << 20
+#: Elements per piece of work within a slab (bounds the 8-byte temporaries to 8 x this many bytes).
+_PIECE = 1 << 20
+
+__all__ = ["PERCENTILES", "STATS_FORMAT_VERSION", "VolumeStatistics", "volume_statistics"]
+
+
+@dataclass(frozen=True)
+class VolumeStatistics:
+    """Intensity statistics of a whole volume, over every voxel of every channel.
+
+    Attributes
+    ----------
+    mean, std : float
+        Mean and population standard deviation (``ddof=0``, as :func:`numpy.std`).
+    min, max : float
+        Smallest and largest value.
+    count : int
+        Number of values (channels x z x y x).
+    p0_5, p99_5 : float or None
+        The 0.5th and 99.5th percentiles, as :func:`numpy.percentile` computes them; integer volumes only (None
+        for float32, where they would need a second pass).
+    """
+
+    mean: float
+    std: float
+    min: float
+    max: float
+    count: int
+    p0_5: Optional[float]
+    p99_5: Optional[float]
+
+
+def volume_statistics(volume, *, cache: bool = True) -> VolumeStatistics:
+    """Mean, standard deviation, range and (for integers) percentiles of a raw volume, in one streaming pass.
+
+    Parameters
+    ----------
+    volume : Volume or numpy.ndarray
+        A uint8, uint16 or float32 volume, in memory or lazy. Lazy volumes are read slab by slab (32 MiB at a
+        time) straight from the file.
+    cache : bool
+        Reuse and store the result in the emfast cache directory, for volumes opened from an HDF5 file whose
+        file has not changed since it was opened. Arrays are never cached.
+
+    Returns
+    -------
+    VolumeStatistics
+
+    Raises
+    ------
+    TypeError
+        Not a volume or array, or not a raw dtype.
+    ValueError
+        A float volume contains NaN or infinity (the message names the volume and the first such voxel).
+    """
+    volume = as_volume(volume, "volume")
+    if volume.dtype not in RAW_DTYPES:
+        raise TypeError(f"{volume.name}: statistics are for raw volumes (uint8, uint16, float32), "
+                        f"not {volume.dtype}")
+    if not isinstance(cache, bool):
+        raise TypeError(f"cache must be True or False, got {cache!r}")
+    entry = _CacheEntry.for_volume(volume) if cache else None
+    if entry is not None:
+        cached = entry.load()
+        if cached is not None:
+            return cached
+    statistics = _integer_statistics(volume) if volume.dtype.kind == "u" else _float_statistics(volume)
+    if entry is not None:
+        entry.store(statistics)
+    return statistics
+
+
+# -- computing ----------------------------------------------------------------------------------------------------
+
+def _integer_statistics(volume: Volume) -> VolumeStatistics:
+    levels = 1 << (8 * volume.dtype.itemsize)
+    histogram = np.zeros(levels, np.int64)
+    for _, slab in volume.slabs(_SLAB_BYTES):
+        flat = slab.reshape(-1)
+        for start in range(0, flat.size, _PIECE):  # bincount widens to intp: bound that temporary
+            histogram += np.bincount(flat[start:start + _PIECE], minlength=levels)
+    present = np.flatnonzero(histogram)
+    values = [int(v) for v in present]
+    counts = [int(c) for c in histogram[present]]
+    count = sum(counts)
+    total = sum(v * c for v, c in zip(values, counts))  # Python ints: exact whatever the volume size
+    squares = sum(v * v * c for v, c in zip(values, counts))
+    variance = Fraction(count * squares - total * total, count * count)
+    cumulative = np.cumsum(histogram[present])
+    p_low, p_high = (_percentile(present, cumulative, count, p) for p in PERCENTILES)
+    return VolumeStatistics(mean=float(Fraction(total, count)), std=math.sqrt(variance), min=float(values[0]),
+                            max=float(values[-1]), count=count, p0_5=p_low, p99_5=p_high)
+
+
+def _percentile(values: np.ndarray, cumulative: np.ndarray, count: int, percent: float) -> float:
+    """NumPy's "linear" percentile of the sorted data described by (distinct values, cumulative counts)."""
+    index = np.float64(percent) / 100 * (count - 1)
+    below = math.floor(index)
+    gamma = np.float64(index - below)
+
+    def sorted_value(k: int) -> np.float64:  # the k-th smallest value
+        return np.float64(values[np.searchsorted(cumulative, k, side="right")])
+
+    a, b = sorted_value(below), sorted_value(min(below + 1, count - 1))
+    difference = b - a
+    # numpy's _lerp: from whichever end is nearer, so the result is exact at both ends
+    return float(b - difference * (1 - gamma) if gamma >= 0.5 else a + difference * gamma)
+
+
+def _float_statistics(volume: Volume) -> VolumeStatistics:
+    count, mean, squared = 0, 0.0, 0.0
+    low, high = math.inf, -math.inf
+    for z, slab in volume.slabs(_SLAB_BYTES):
+        _check_finite(volume, z, slab)
+        low, high = min(low, float(slab.min())), max(high, float(slab.max()))
+        flat = slab.reshape(-1)
+        for start in range(0, flat.size, _PIECE):
+            piece = flat[start:start + _PIECE].astype(np.float64)
+            n = piece.size
+            piece_mean = float(piece.sum()) / n
+            piece -= piece_mean
+            piece_squared = float(np.dot(piece, piece))
+            # Chan, Golub & LeVeque: merge (count, mean, M2) of two parts without cancellation
+            merged = count + n
+            delta = piece_mean - mean
+            mean += delta * n / merged
+            squared += piece_squared + delta * delta * count * n / merged
+            count = merged
+    return VolumeStatistics(mean=mean, std=math.sqrt(squared / count), min=low, max=high, count=count,
+                            p0_5=None, p99_5=None)
+
+
+def _check_finite(volume: Volume, z: int, slab: np.ndarray) -> None:
+    finite = np.isfinite(slab)
+    if not finite.all():
+        c, dz, y, x = np.argwhere(~finite)[0]
+        raise ValueError(f"{volume.name}: contains NaN or infinity, first at (c, z, y, x) = "
+                         f"({c}, {z + dz}, {y}, {x}); statistics need finite values")
+
+
+# -- caching ------------------------------------------------------------------------------------------------------
+
+class _CacheEntry:
+    """The JSON cache file of one HDF5 dataset at one file version."""
+
+    def __init__(self, key: dict) -> None:
+        self.key = key
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+        self.directory = cache_directory(None) / "stats"
+        self.path = self.directory / f"stats-{digest}.json"
+
+    @classmethod
+    def for_volume(cls, volume: Volume) -> Optional["_CacheEntry"]:
+        source = volume.source
+        # A file changed since it was opened may no longer hold the data this volume reads: do not cache.
+        if source is None or not source.unchanged():
+            return None
+        return cls({"format": STATS_FORMAT_VERSION, "path": str(source.path), "dataset": source.dataset,
+                    "size": source.size, "mtime_ns": source.mtime_ns})
+
+    def load(self) -> Optional[VolumeStatistics]:
+        """The cached statistics, or None if there are none for this key (missing, stale or unreadable)."""
+        try:
+            with open(self.path, encoding="utf-8") as file:
+                content = json.load(file)
+            if content.get("key") != self.key:
+                return None
+            return VolumeStatistics(**content["statistics"])
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return None
+
+    def store(self, statistics: VolumeStatistics) -> None:
+        """Write the entry atomically (temporary file + rename); warn and carry on if that is impossible."""
+        temporary = self.directory / f".{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with open(temporary, "x", encoding="utf-8") as file:
+                json.dump({"key": self.key, "statistics": asdict(statistics)}, file)
+            os.replace(temporary, self.path)
+        except OSError as exc:
+            _remove_quietly(temporary)
+            warnings.warn(f"emfast: cannot cache volume statistics in {self.directory} ({exc.strerror or exc}); "
+                          f"they will be recomputed next time. Set EMFAST_CACHE_DIR to a writable directory.",
+                          RuntimeWarning, stacklevel=3)
+
+
+def _remove_quietly(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:  # the directory itself is unusable; nothing was left behind
+        pass

@@ -1,0 +1,16 @@
+"""How a batch is made and handed over: plans (``_plan``, with the counter-based random streams of ``_rng``), the
+gatherer that cuts, augments and computes targets (``_gather``, with normalisation in ``_normalize``), the
+ordered hand-off (``_ring``), batch memory lent as leases (``_pool``), per-stage timing (``_profile``), the copier
+thread of a GPU loader (``_copier``), and the :class:`Loader` that runs it all (``_loader``).
+
+May import: every stage below it (``emfast.io``, ``emfast.sampling``, ``emfast.augment``, ``emfast.targets``,
+``emfast.transfer``) and the shared modules (``emfast._core``, ``emfast._registry``, ``emfast._checks``,
+``emfast._machine``).
+"""
+from ._loader import Batch, BatchReleasedError, Loader
+from ._normalize import NORMALIZE_MODES
+from ._pool import BackPressureWarning, SlotsExhaustedError
+from ._profile import ProfileReport
+
+__all__ = ["NORMALIZE_MODES", "BackPressureWarning", "Batch", "BatchReleasedError", "Loader", "ProfileReport",
+           "SlotsExhaustedError"]

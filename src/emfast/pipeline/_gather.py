@@ -1,0 +1,264 @@
+"""Turning a batch plan into output arrays: window reads for lazy volumes, one kernel call per field, then the
+pixel-wise augmentations and the targets.
+
+Geometry. A plan places each example's *output* window (``patch_out``) in its volume. Every field is a window
+of its own size centred on it: the raw input (``patch_in``, larger by the network's context), the labels (the
+output window grown by the targets' margin), the mask (the output window). A field's window starts at
+``offset`` from the output window's corner, per output axis; for transposed examples offsets and extents are
+permuted into source axes like the patch itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .._core import gather as _gather
+from ..augment import Patches
+from ..augment._geometry import WarpPlan
+from ..augment._resample import warp_labels, warp_raw
+from ..sampling import Placed
+from ..targets import Target, compute_targets
+from ._plan import BatchPlan, window_extents
+from ._profile import Profile
+
+@dataclass
+class Field:
+    """One window of a batch, cut from the same kind of volume in every sample.
+
+    Attributes
+    ----------
+    name : str
+        Batch field name (``raw``, an extra channel's name, ``labels``, ``mask``).
+    sources : list of Placed
+        Per sample of the dataset, the volume and its origin in raw voxel coordinates.
+    dtype : numpy.dtype
+        Output dtype.
+    patch : tuple of int
+        Window size along the output axes.
+    offset : tuple of int
+        Window corner relative to the output window's corner, along the output axes.
+    normalization : ndarray (S, 2) or None
+        Per sample ``(scale, shift)`` for converted fields; None for fields copied bit for bit.
+    intensity : bool
+        Whether the per-example intensity augmentation (gain, bias) applies (raw only).
+    delivered : bool
+        Whether the field is a batch array (else a per-thread intermediate, e.g. labels with a target margin).
+    """
+
+    name: str
+    sources: List[Placed]
+    dtype: np.dtype
+    patch: tuple
+    offset: tuple
+    normalization: Optional[np.ndarray] = None
+    intensity: bool = False
+    delivered: bool = True
+
+    @property
+    def channels(self) -> int:
+        return self.sources[0].volume.channels
+
+    @property
+    def convert(self) -> bool:
+        return self.normalization is not None
+
+    def shape(self, batch_size: int) -> tuple:
+        return (batch_size, self.channels) + tuple(self.patch)
+
+    @property
+    def lazy(self) -> bool:
+        return any(not placed.volume.in_memory for placed in self.sources)
+
+
+class Gatherer:
+    """Fills a slot's arrays with the windows of a plan, then augments and computes targets.
+
+    Parameters
+    ----------
+    fields : list of Field
+        Windows to cut, in order. The labels field (if any) is named ``"labels"``.
+    batch_size : int
+        Examples per batch.
+    patch_out : tuple of int
+        Output window (z, y, x): the size of the delivered labels, mask and targets.
+    pixelwise : list of (int, Augmentation)
+        Pixel-wise augmentations with their position in the plan's records, run in order after cropping.
+    targets : list of Target
+        Targets computed from the (augmented) labels.
+    margin : tuple of int
+        The targets' margin: the labels field is cut ``margin`` larger on each side than ``patch_out``.
+    warps : bool
+        Whether an augmentation moves voxels off the grid (rotation, scaling, elastic): batches with an example it
+        moved are sampled by the warp kernels.
+    keep_labels : bool
+        Deliver the labels themselves (else only what is computed from them).
+    track_valid : bool
+        Deliver ``labels_valid`` (1 where the label is known): needed when augmentations can move voxels from
+        outside the data into the window. Affinities touching an unknown voxel are masked as well.
+    """
+
+    def __init__(self, fields: List[Field], batch_size: int, patch_out: Sequence[int],
+                 pixelwise: Sequence[tuple] = (), targets: Sequence[Target] = (),
+                 margin: Sequence[int] = (0, 0, 0), warps: bool = False,
+                 keep_labels: bool = True, track_valid: bool = False) -> None:
+        self.fields = fields
+        self.batch_size = batch_size
+        self.patch_out = tuple(patch_out)
+        self.pixelwise = list(pixelwise)
+        self.targets = list(targets)
+        self.margin = tuple(int(m) for m in margin)
+        self.warps = warps
+        self.keep_labels = keep_labels
+        self._by_name = {f.name: f for f in fields}
+        self.track_valid = track_valid and "labels" in self._by_name
+        self._target_fields = {}
+        for target in self.targets:
+            for name, (channels, dtype) in target.outputs().items():
+                self._target_fields[name] = ((batch_size, channels) + self.patch_out, dtype)
+
+    def output_fields(self) -> Dict[str, tuple]:
+        """Batch field name -> (shape, dtype), in delivery order."""
+        shapes = {f.name: (f.shape(self.batch_size), np.dtype(f.dtype)) for f in self.fields if f.delivered}
+        if self.keep_labels and "labels" in self._by_name and not self._by_name["labels"].delivered:
+            shapes["labels"] = ((self.batch_size, 1) + self.patch_out, np.dtype(self._by_name["labels"].dtype))
+        if self.track_valid:
+            shapes["labels_valid"] = ((self.batch_size, 1) + self.patch_out, np.dtype(np.uint8))
+        shapes.update({name: (shape, np.dtype(dtype)) for name, (shape, dtype) in self._target_fields.items()})
+        return shapes
+
+    def allocate(self) -> Dict[str, np.ndarray]:
+        """New output arrays for one slot, with their pages already mapped (no first-touch cost mid-stream)."""
+        arrays = {name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in self.output_fields().items()}
+        for array in arrays.values():
+            array.fill(0)
+        return arrays
+
+    def new_scratch(self) -> Dict[str, object]:
+        """Per-thread buffers: flat read buffers per example for lazily read fields, and intermediate fields."""
+        scratch: Dict[str, object] = {}
+        for f in self.fields:
+            if f.lazy:
+                size = f.channels * int(np.prod(f.patch))
+                dtype = f.sources[0].volume.dtype
+                scratch["read:" + f.name] = [np.empty(size, dtype=dtype) for _ in range(self.batch_size)]
+            if not f.delivered:
+                scratch[f.name] = np.zeros(f.shape(self.batch_size), dtype=f.dtype)
+        if self.track_valid:
+            scratch["labels_valid"] = np.ones(self._by_name["labels"].shape(self.batch_size), dtype=np.uint8)
+        return scratch
+
+    def fill(self, arrays: Dict[str, np.ndarray], plan: BatchPlan, scratch: Dict[str, object],
+             profile: Profile) -> None:
+        """Write the batch of ``plan`` into ``arrays``, timing each stage in ``profile``."""
+        warp = WarpPlan.from_params(plan.params) if self.warps else None
+        if warp is not None and not warp.warped.any():
+            warp = None
+        valid = scratch.get("labels_valid")
+        if valid is not None:
+            valid.fill(1)
+        windows = {}
+        for f in self.fields:
+            out = arrays[f.name] if f.delivered else scratch[f.name]
+            if warp is None:
+                self._gather(f, plan, out, scratch.get("read:" + f.name), profile)
+            else:
+                self._warp(f, plan, warp, out, valid if f.name == "labels" else None, profile)
+            windows[f.name] = out
+        labels = windows.get("labels")
+        if self.pixelwise:
+            with profile.timer("augment"):
+                offset = tuple(np.asarray(self._by_name["labels"].offset) - np.asarray(self._by_name["raw"].offset)) \
+                    if labels is not None else (0, 0, 0)
+                patches = Patches(raw=windows["raw"], labels=labels, labels_offset=offset, labels_valid=valid,
+                                  valid=plan.valid)
+                for position, augmentation in self.pixelwise:
+                    augmentation.process(plan.records[position], patches)
+        if labels is not None and self.keep_labels and not self._by_name["labels"].delivered:
+            np.copyto(arrays["labels"], self._inner(labels))
+        if self.targets:
+            with profile.timer("targets"):
+                compute_targets(labels, self.targets, self.margin,
+                                out={name: arrays[name] for name in self._target_fields})
+                if valid is not None:
+                    for target in self.targets:
+                        target.mask_unknown(valid, self.margin, arrays)
+        if valid is not None:
+            np.copyto(arrays["labels_valid"], self._inner(valid))
+
+    def _inner(self, cut: np.ndarray) -> np.ndarray:
+        """The output window of an array cut with the targets' margin."""
+        m = self.margin
+        return cut[:, :, m[0]:cut.shape[2] - m[0], m[1]:cut.shape[3] - m[1], m[2]:cut.shape[4] - m[2]]
+
+    def _warp(self, f: Field, plan: BatchPlan, warp: WarpPlan, out: np.ndarray, valid: Optional[np.ndarray],
+              profile: Profile) -> None:
+        """Sample a field through the batch's warps: every field's window is centred on the output window."""
+        origins = np.stack([f.sources[v].origin for v in plan.volumes])
+        centres = plan.corners + (plan.extents - 1) / 2.0 - origins
+        if f.lazy:
+            with profile.timer("read"):
+                sources, centres = self._read_boxes(f, plan.volumes, centres, warp)
+        else:
+            sources = [f.sources[v].volume.array for v in plan.volumes]
+        geometry = dict(grid=warp.grid, grid_spacing=warp.grid_spacing, grid_origin=warp.grid_origin)
+        with profile.timer("kernel"):
+            if f.convert:
+                scale, shift = self._normalization(f, plan)
+                warp_raw(sources, centres, warp.matrices, out, scale=scale, shift=shift, **geometry)
+            else:
+                warp_labels(sources, centres, warp.matrices, out, valid=valid, **geometry)
+
+    def _read_boxes(self, f: Field, volumes: np.ndarray, centres: np.ndarray, warp: WarpPlan):
+        """Read, per example, the part of the volume its warp can reach; centres move into the read boxes."""
+        lo, hi = warp.source_boxes(f.patch, centres)
+        sources, starts = [], []
+        for v, box_lo, box_hi in zip(volumes, lo, hi):
+            volume = f.sources[v].volume
+            start = np.clip(box_lo, 0, volume.shape)
+            stop = np.maximum(np.clip(box_hi, 0, volume.shape), start)
+            window = np.empty((volume.channels,) + tuple(int(e) for e in stop - start), dtype=volume.dtype)
+            if window.size:
+                volume.read_box(start, stop - start, window)
+            sources.append(window)
+            starts.append(start)
+        return sources, centres - np.asarray(starts)
+
+    def _normalization(self, f: Field, plan: BatchPlan) -> tuple:
+        """Per-example float32 (scale, shift) of a converted field, with the intensity augmentation for raw."""
+        scale, shift = f.normalization[plan.volumes].T
+        if f.intensity:
+            scale, shift = scale * plan.params.gain, shift * plan.params.gain + plan.params.bias
+        return scale.astype(np.float32), shift.astype(np.float32)
+
+    def _gather(self, f: Field, plan: BatchPlan, out: np.ndarray, read_buffers, profile: Profile) -> None:
+        params = plan.params
+        extents = window_extents(f.patch, params.perms)
+        origins = np.stack([f.sources[v].origin for v in plan.volumes])
+        corners = plan.corners + window_extents(f.offset, params.perms) - origins
+        if read_buffers is None:
+            sources = [f.sources[v].volume.array for v in plan.volumes]
+        else:
+            with profile.timer("read"):
+                sources = self._read(f, plan.volumes, corners, extents, read_buffers)
+            corners = np.zeros_like(corners)
+        with profile.timer("kernel"):
+            if f.convert:
+                scale, shift = self._normalization(f, plan)
+                _gather.gather_convert(sources, corners, params.perms, params.flips, scale, shift, out)
+            else:
+                _gather.gather_copy(sources, corners, params.perms, params.flips, out)
+
+    @staticmethod
+    def _read(f: Field, volumes: np.ndarray, corners: np.ndarray, extents: np.ndarray, buffers: List[np.ndarray]):
+        sources = []
+        for v, corner, extent, buffer in zip(volumes, corners, extents, buffers):
+            volume = f.sources[v].volume
+            window = buffer.reshape((volume.channels,) + tuple(int(e) for e in extent))
+            volume.read_box(corner, extent, window)
+            if f.convert and volume.dtype.kind == "f" and not np.isfinite(window).all():
+                raise ValueError(f"{volume.name}: NaN or infinity in the window at (z, y, x) = "
+                                 f"{tuple(int(c) for c in corner)}")
+            sources.append(window)
+        return sources

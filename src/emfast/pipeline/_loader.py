@@ -1,0 +1,834 @@
+"""The loader: producer threads fill a ring of pre-allocated batch slots; the consumer iterates over batches.
+
+Producers compute each batch's plan (pure function of seed, epoch and batch index), read windows and call the
+GIL-releasing kernels, so ``threads=N`` uses N cores. The consumer gets batches in order. A batch's memory
+comes from a :class:`~emfast.pipeline._pool.SlotPool` and goes back to it when the last array or tensor viewing it dies
+(see :class:`Batch`), so a loop that keeps the previous batch until it reassigns its variables allocates nothing.
+"""
+from __future__ import annotations
+
+import copy
+import gc
+import numbers
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from typing import Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+from .. import augment as _augment
+from .. import targets as _targets
+from .._checks import integer, triple
+from .._machine import available_bytes, cores
+from .._registry import instantiate
+from ..augment import Windows
+from ..io import Volume
+from ..sampling import Placed, Region, Sampler, Uniform, as_dataset
+from ..transfer import resolve_device
+from ._copier import Copier
+from ._gather import Field, Gatherer
+from ._normalize import normalization
+from ._plan import BatchPlan, Planner, window_extents
+from ._pool import Lease, SlotPool, SlotsExhaustedError
+from ._profile import Profile, ProfileReport
+from ._ring import Ring, RingClosed, join_all
+from ._rng import check_seed
+
+OUTPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+
+#: Producer threads beyond this many per usable core (or beyond MIN_THREAD_LIMIT on small machines) are refused.
+THREADS_PER_CORE = 4
+MIN_THREAD_LIMIT = 16
+
+#: Seconds the consumer waits while the program itself holds every slot, before it collects cycles once and then
+#: raises SlotsExhaustedError (another thread of the program may still drop its references meanwhile).
+EXHAUSTED_GRACE_SECONDS = 2.0
+
+
+
+
+class BatchReleasedError(RuntimeError):
+    """A batch was used after it was released (its slot may already hold a newer batch)."""
+
+
+class Batch(Mapping):
+    """One batch: a mapping of field name to array of shape (B, C, Z, Y, X), plus where it came from.
+
+    The mapping is valid until the next batch is requested, :meth:`release` is called, or the loader closes;
+    afterwards indexing the batch raises :class:`BatchReleasedError`. The arrays (and views, tensors or CuPy
+    arrays made from them) stay valid for as long as you hold them: their slot goes back to the loader only when
+    the last of them dies. Holding the previous batch until the next step reassigns it costs one extra slot, no
+    allocation per batch; holding many batches makes the loader wait once its ``max_buffers`` slots are in use.
+
+    Attributes
+    ----------
+    epoch, index : int
+        Epoch number and batch index within the epoch.
+    number : int
+        Position in the whole stream, counting across epochs.
+    volumes : ndarray, (B,) int64
+        Index of each example's sample in the loader's dataset; ``names`` holds the sample names.
+    positions : ndarray, (B, 3) int64
+        Low corner (z, y, x) of each example's output window (``patch_out``) in its sample's raw voxel
+        coordinates. The raw input window (``patch_in``) is centred on it.
+    extents : ndarray, (B, 3) int64
+        Output window size along the source axes z, y, x (``patch_out``, permuted for transposed examples).
+    perms, flips : ndarray, (B, 3)
+        Each example's transform: output = ``transpose(flip(window, flips[n]), perms[n])``.
+    valid : int
+        Real examples at the front of the batch; fewer than B only in the last batch of a
+        :class:`~emfast.sampling.Tiled` epoch that keeps its incomplete batch (the rest repeat the last window).
+    """
+
+    def __init__(self, owner: "Loader", number: int, arrays: Dict[str, np.ndarray], plan: BatchPlan) -> None:
+        self._owner = weakref.ref(owner)  # a batch must not keep an abandoned loader (and its threads) alive
+        self._arrays: Optional[Dict[str, np.ndarray]] = arrays
+        self.number = number
+        self.epoch = plan.epoch
+        self.index = plan.index
+        self.volumes = plan.volumes
+        self.names = [owner.dataset.names[v] for v in plan.volumes]
+        self.positions = plan.corners
+        self.extents = plan.extents
+        self.perms = plan.params.perms
+        self.flips = plan.params.flips
+        self.valid = plan.valid
+
+    @property
+    def released(self) -> bool:
+        return self._arrays is None
+
+    def _live(self) -> Dict[str, np.ndarray]:
+        if self._arrays is None:
+            raise BatchReleasedError(f"batch {self.number} (epoch {self.epoch}, index {self.index}) was released; "
+                                     "copy what you need to keep with batch.copy() before requesting the next")
+        return self._arrays
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._live()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._live())
+
+    def __len__(self) -> int:
+        return len(self._live())
+
+    def copy(self) -> Dict[str, np.ndarray]:
+        """Return host copies of all arrays (CPU loaders only), detached from the loader's memory."""
+        arrays = self._live()
+        if not all(isinstance(array, np.ndarray) for array in arrays.values()):
+            raise TypeError("batch.copy() copies host arrays; for a device batch use batch.torch() or "
+                            "batch.cupy() and clone the tensors you keep")
+        return {name: array.copy() for name, array in arrays.items()}
+
+    def torch(self) -> Dict[str, "torch.Tensor"]:
+        """The arrays as PyTorch tensors without copying: CPU tensors, or CUDA tensors for a device loader.
+
+        They share the batch's memory, which stays theirs for as long as they live.
+        """
+        try:
+            import torch
+        except ImportError as error:
+            raise ImportError("batch.torch() needs PyTorch (pip install torch)") from error
+        return {name: torch.from_numpy(array) if isinstance(array, np.ndarray)
+                else torch.as_tensor(array, device=array.device) for name, array in self._live().items()}
+
+    def cupy(self) -> Dict[str, "cupy.ndarray"]:
+        """The arrays as CuPy arrays: zero-copy for a device loader; copied to the GPU for a CPU loader."""
+        try:
+            import cupy
+        except ImportError as error:
+            raise ImportError("batch.cupy() needs CuPy (pip install cupy-cuda12x or similar)") from error
+        return {name: cupy.asarray(array) for name, array in self._live().items()}
+
+    def __reduce__(self):
+        raise TypeError("a Batch lives in its loader's memory and cannot be pickled; pickle batch.copy() (a dict "
+                        "of arrays) and the attributes you need")
+
+    def release(self) -> None:
+        """Let the producers start another batch now, and drop the mapping (idempotent).
+
+        The slot itself goes back once no array taken from the batch is alive.
+        """
+        owner = self._owner()
+        if owner is not None:
+            owner._release(self)
+        else:
+            self._detach()
+
+    def _detach(self) -> None:
+        self._arrays = None
+
+    def __repr__(self) -> str:
+        if self._arrays is None:
+            return f"<Batch {self.number} (released)>"
+        fields = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self._arrays.items())
+        return f"<Batch {self.number} epoch={self.epoch} index={self.index} {fields}>"
+
+
+def _geometry(patch, patch_in, patch_out) -> tuple:
+    """(patch_in, patch_out) from the loader's arguments."""
+    if patch is not None:
+        if patch_in is not None or patch_out is not None:
+            raise ValueError("give either patch, or patch_in and/or patch_out, not both")
+        patch_in = patch_out = triple(patch, "patch", minimum=1)
+    elif patch_in is None and patch_out is None:
+        raise ValueError("patch (or patch_in and patch_out) is required")
+    else:
+        patch_in = triple(patch_in if patch_in is not None else patch_out, "patch_in", minimum=1)
+        patch_out = triple(patch_out if patch_out is not None else patch_in, "patch_out", minimum=1)
+    difference = np.subtract(patch_in, patch_out)
+    if np.any(difference < 0) or np.any(difference % 2):
+        raise ValueError(f"patch_in {patch_in} must exceed patch_out {patch_out} by an even number of voxels along "
+                         "each axis, so that the output window is centred in the input window")
+    return patch_in, patch_out
+
+
+class _Producers:
+    """The producer threads. Holds no reference to the Loader, so an abandoned loader can be collected.
+
+    ``slots`` gives each batch its memory (``acquire(number)``) and wraps it for the ring (``lease(slot)``).
+    """
+
+    def __init__(self, ring: Ring, slots, planner: Planner, gatherer: Gatherer, profile: Profile,
+                 epoch_size: Optional[int], threads: int) -> None:
+        self.ring = ring
+        self.slots = slots
+        self.planner = planner
+        self.gatherer = gatherer
+        self.profile = profile
+        self.epoch_size = epoch_size
+        self.threads = [threading.Thread(target=self._run, name=f"emfast-producer-{i}", daemon=True)
+                        for i in range(threads)]
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def alive(self) -> bool:
+        return any(thread.is_alive() for thread in self.threads)
+
+    def stop(self) -> None:
+        self.ring.close()
+        # A collection on a producer thread may run the loader's finalizer there: it cannot join itself.
+        join_all([t for t in self.threads if t.ident is not None and t is not threading.current_thread()])
+
+    def position(self, number: int) -> tuple:
+        return divmod(number, self.epoch_size) if self.epoch_size else (0, number)
+
+    def _run(self) -> None:
+        scratch = None
+        while True:
+            number = self.ring.claim()
+            if number is None:
+                return
+            try:
+                if scratch is None:
+                    scratch = self.gatherer.new_scratch()
+                with self.profile.timer("stall"):
+                    self.ring.wait_turn(number)
+                    slot = self.slots.acquire(number, lambda: self.ring.closed)
+                with self.profile.timer("sample"):
+                    plan = self.planner.plan(*self.position(number))
+                self.gatherer.fill(slot.memory, plan, scratch, self.profile)
+                self.ring.publish(number, (self.slots.lease(slot), plan))
+                del slot
+            except RingClosed:
+                return
+            except BaseException as error:  # handed to the consumer, who re-raises it with its traceback
+                self.ring.fail(number, error)
+                return
+
+
+class _HostView:
+    """Exports one slot array to NumPy (``__array_interface__``) so that every view made keeps the lease."""
+
+    __slots__ = ("__array_interface__", "_array", "_lease")
+
+    def __init__(self, array: np.ndarray, lease: Lease) -> None:
+        self.__array_interface__ = array.__array_interface__
+        self._array = array
+        self._lease = lease
+
+
+def _host_arrays(lease: Lease) -> Dict[str, np.ndarray]:
+    return {name: np.asarray(_HostView(array, lease)) for name, array in lease.slot.memory.items()}
+
+
+class _Pipeline:
+    """Everything with a thread: producers, and for a device the copier. Holds no reference to the Loader.
+
+    ``pool`` is where the consumer's batches come from: the host pool, or the copier's device pool.
+    """
+
+    def __init__(self, producers: _Producers, consumer_ring: Ring, pool: SlotPool, copier: Optional[Copier],
+                 export) -> None:
+        self.producers = producers
+        self.consumer_ring = consumer_ring
+        self.pool = pool
+        self.copier = copier
+        self.export = export
+
+    def alive(self) -> bool:
+        """Whether anything can still deliver a batch to the consumer."""
+        return self.copier.alive() if self.copier is not None else self.producers.alive()
+
+    def stop(self) -> None:
+        """Close, join and free everything; every step runs even if Ctrl-C interrupts one, then it is raised."""
+        interrupted: Optional[KeyboardInterrupt] = None
+        finish = self.copier.finish if self.copier is not None else self.pool.close  # the copier frees its pool
+        for step in (self.consumer_ring.close, self.producers.stop, finish):
+            try:
+                step()
+            except KeyboardInterrupt as error:
+                interrupted = error
+        if interrupted is not None:
+            raise interrupted
+
+    def exhausted(self, number: int) -> Optional[str]:
+        """Why batch ``number`` cannot be made while the consumer waits for it, or None."""
+        if not self.pool.starved(number):
+            return None
+        return (f"batch {number} cannot be made: all {self.pool.capacity} batch slots (max_buffers) are in use and "
+                "the program, waiting for the batch, still holds arrays or tensors of the others. Drop references "
+                "to old batches, keep copies (batch.copy(), tensor.clone()), or raise max_buffers.")
+
+
+class Loader:
+    """Streams batches of augmented 3-D patches from EM volumes, produced by background threads.
+
+    Parameters
+    ----------
+    data : Dataset, Sample, list of Sample, Volume or ndarray
+        What to draw from: a :class:`~emfast.Dataset` of several annotated volumes, or a single raw volume
+        ((z, y, x) or (c, z, y, x), uint8, uint16 or float32), converted to ``dtype`` and normalised.
+    labels : Volume or ndarray, optional
+        With a single raw volume: its labels (uint32, uint64 or int64), cut with the same geometry and copied bit
+        for bit.
+    patch : (int, int, int)
+        Window (z, y, x) of input and output alike; or give ``patch_in`` and ``patch_out``.
+    patch_in, patch_out : (int, int, int)
+        Input (raw, extra channels) and output (labels, mask, targets) windows, for networks with valid
+        convolutions: ``patch_in`` exceeds ``patch_out`` by an even number per axis and the output window is
+        centred in it. 2.5-D: ``patch_in=(5, 256, 256), patch_out=(1, 256, 256)``.
+    batch_size : int
+        Examples per batch.
+    augment : sequence of Augmentation or str
+        Augmentations, e.g. ``[Mirror(), Transpose(), Intensity()]`` or ``["mirror", "transpose"]``.
+    targets : sequence of Target or str
+        Targets computed from the augmented labels, e.g. ``[Affinities(), Boundaries()]``; each adds its
+        fields to the batch. Labels are cut larger by the targets' margin, so targets are exact up to the border.
+    sampler : Sampler or str, optional
+        Where windows are cut: :class:`~emfast.Uniform` (default), or a mask-aware, label-balanced or tiled
+        sampler from :mod:`emfast.sampling`, or its registered name (``"masked"``, with default parameters), as in
+        configs. The loader works on its own copy.
+    epoch_size : int, optional
+        Batches per epoch: each ``for batch in loader`` runs to the end of the current epoch. None: endless.
+    threads : int
+        Producer threads. The kernels release the GIL, so throughput scales with cores.
+    buffers : int, optional
+        Batches in flight: being made, ready, or current (default ``threads + 2``, at least 2).
+    max_buffers : int, optional
+        Most batch slots in memory (default ``2 * buffers``; host memory for a CPU loader, device memory for a
+        GPU loader). A slot is in use from when a producer starts a batch until the last array or tensor of
+        that batch dies, so slots beyond ``buffers`` hold batches your program keeps. The loader starts with
+        ``buffers`` slots and grows only when you keep batches; at ``max_buffers`` producers wait (``stall``)
+        with one :class:`~emfast.BackPressureWarning`, and a :class:`~emfast.SlotsExhaustedError`
+        ends the wait if the program holds every slot while it waits for the next batch.
+    seed : int
+        Seed in [0, 2**64). Batches are a pure function of (seed, epoch, batch index, rank): the same whatever
+        ``threads`` and ``buffers``.
+    dtype : str
+        Raw output type, ``"float32"`` or ``"float16"``.
+    normalize : (float, float), dict, str, optional
+        Raw and extra channels: ``(scale, shift)`` (output = ``x * scale + shift``), ``{"mean": m, "std": s}``,
+        ``"volume"`` (each volume to zero mean, unit variance from its statistics) or ``"minmax"`` (each
+        volume's range to [0, 1]); per-volume statistics are computed once and cached beside the data, never in
+        it. Default: integers to [0, 1], float unchanged.
+    isotropic : bool
+        Allow transforms that swap z with y/x (only for data of equal resolution along all axes).
+    label_offset : (int, int, int), optional
+        With a single raw volume: position of the labels' first voxel in raw voxels, when labels cover only part
+        of raw. Otherwise taken from the datasets' ``offset``/``resolution`` attributes, or the shapes must be
+        equal.
+    keep_labels : bool
+        Deliver ``batch["labels"]``. With targets you may not need them: False saves their copy (and, on a GPU,
+        their transfer).
+    rank, world_size : int
+        Shard of the stream for distributed training (the ``torch.distributed`` convention): each rank draws a
+        disjoint, deterministic set of batches.
+    worker_sharding : bool
+        A loader created inside a PyTorch ``DataLoader`` worker shards the stream further by the worker's id and
+        the number of workers (as ``rank``/``world_size`` do), so that workers never deliver the same batches.
+        False: every worker draws the whole stream of its rank.
+    device : str
+        Where batches are delivered: ``"cpu"`` (NumPy arrays), ``"cuda"`` / ``"cuda:N"`` (device arrays with
+        ``__cuda_array_interface__``, copied asynchronously from page-locked memory; needs pycuda), or
+        ``"auto"`` (CUDA if usable, else the CPU with a notice). See :mod:`emfast.transfer`.
+
+    Examples
+    --------
+    >>> with Loader(raw, labels, patch=(32, 128, 128), batch_size=8, epoch_size=100, threads=2) as loader:
+    ...     for batch in loader:
+    ...         train_step(batch["raw"], batch["labels"])
+    """
+
+    def __init__(self, data, labels=None, *, patch: Optional[Sequence[int]] = None,
+                 patch_in: Optional[Sequence[int]] = None, patch_out: Optional[Sequence[int]] = None,
+                 batch_size: int = 8, augment: Sequence = ("mirror", "transpose"), targets: Sequence = (),
+                 sampler: Optional[Sampler] = None, epoch_size: Optional[int] = None, threads: int = 1,
+                 buffers: Optional[int] = None, max_buffers: Optional[int] = None, seed: int = 0, dtype="float32",
+                 normalize=None,
+                 isotropic: bool = False, label_offset=None, keep_labels: bool = True, rank: int = 0,
+                 world_size: int = 1, worker_sharding: bool = True, device="cpu") -> None:
+        # Every argument as given, first thing: an unstarted loader pickles as them (see __reduce__).
+        self._arguments = {name: value for name, value in locals().items() if name != "self"}
+        self.patch_in, self.patch_out = _geometry(patch, patch_in, patch_out)
+        self.batch_size = integer(batch_size, "batch_size")
+        self.threads = integer(threads, "threads")
+        self.buffers = max(2, self.threads + 2) if buffers is None else integer(buffers, "buffers", 2)
+        self.max_buffers = 2 * self.buffers if max_buffers is None else integer(max_buffers, "max_buffers", 2)
+        if self.max_buffers < self.buffers:
+            raise ValueError(f"max_buffers ({self.max_buffers}) must be at least buffers ({self.buffers})")
+        self.world_size = integer(world_size, "world_size")
+        self.rank = integer(rank, "rank", 0)
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank must be in [0, world_size) = [0, {self.world_size}), got {rank}")
+        if not isinstance(worker_sharding, bool):
+            raise TypeError(f"worker_sharding must be True or False, got {worker_sharding!r}")
+        self.worker_sharding = worker_sharding
+        #: (rank, world size) of this loader's share of the stream: ``rank``/``world_size``, refined by the
+        #: PyTorch DataLoader worker this loader was created or started in.
+        self.shard = self._current_shard()
+        self.seed = check_seed(seed)
+        self.dtype = self._output_dtype(dtype)
+        # Copies: binding an augmentation to this loader's window sizes must not change the caller's object.
+        self.augmentations = [copy.copy(a) for a in _augment.resolve(() if augment is None else augment, isotropic)]
+        self.targets = _targets.resolve(targets) if targets else []
+        if isinstance(sampler, (list, tuple)):
+            raise TypeError(f"sampler must be one sampler (an emfast sampler such as emfast.Uniform(), or its "
+                            f"name), got {sampler!r}")
+        # A copy, so that one sampler object can serve several loaders (bind() stores the regions).
+        self.sampler = copy.copy(instantiate(sampler, "sampler", Sampler)[0]) if sampler is not None else Uniform()
+        self.dataset = as_dataset(data, labels, label_offset)
+        if self.targets and not self.dataset.has_labels:
+            raise ValueError(f"targets {[t.name for t in self.targets]} need labels, but the data has none")
+        for target in self.targets:
+            target.check(self.dataset.samples[0].placed_labels.volume.dtype)
+        self.margin = _targets.required_margin(self.targets) if self.targets else (0, 0, 0)
+        if not isinstance(keep_labels, bool):
+            raise TypeError(f"keep_labels must be True or False, got {keep_labels!r}")
+        self.keep_labels = keep_labels
+        self._backend = resolve_device(device)
+        self.device = "cpu" if self._backend is None else self._backend.name
+
+        fields = self._fields(normalize)
+        self._bind_augmentations(fields)
+        self.regions = self._regions()
+        self._extents = np.unique(window_extents(self.patch_out, np.asarray(self._perms)), axis=0)
+        self._bind_stream()
+
+        pixelwise = [(i, a) for i, a in enumerate(self.augmentations) if a.pixelwise]
+        warps = any(a.moves_voxels for a in self.augmentations)
+        track_valid = any(a.unknown_voxels for a in self.augmentations)
+        self._gatherer = Gatherer(fields, self.batch_size, self.patch_out, pixelwise, self.targets, self.margin,
+                                  warps, self.keep_labels, track_valid)
+        self._check_resources()
+        self._profile = Profile(self.threads)
+        self._pipeline: Optional[_Pipeline] = None
+        self._current: Optional[Batch] = None
+        self._consumed = 0
+        self._closed = False
+        self._forked_from: Optional[int] = None
+
+    @property
+    def patch(self) -> tuple:
+        """The output window (z, y, x) (``patch_out``)."""
+        return self.patch_out
+
+    @property
+    def _perms(self) -> List[tuple]:
+        return sorted(_augment.reachable_permutations(self.augmentations))
+
+    def _fields(self, normalize) -> List[Field]:
+        """The windows each example is cut into: raw and extra channels with context, labels with the target
+        margin, the mask."""
+        samples = self.dataset.samples
+        origin = np.zeros(3, dtype=np.int64)
+        context = tuple(-((i - o) // 2) for i, o in zip(self.patch_in, self.patch_out))
+
+        def converted(name: str, volumes: List[Volume], intensity: bool) -> Field:
+            scales = np.asarray([normalization(v, normalize) for v in volumes], dtype=np.float64)
+            return Field(name, [Placed(v, origin) for v in volumes], self.dtype, self.patch_in, context,
+                         normalization=scales, intensity=intensity)
+
+        fields = [converted("raw", [s.raw for s in samples], intensity=True)]
+        for name in samples[0].extra:
+            if name in ("raw", "labels", "mask") or name in _targets.outputs(self.targets):
+                raise ValueError(f"extra channel name {name!r} collides with a batch field; rename it")
+            fields.append(converted(name, [s.extra[name] for s in samples], intensity=False))
+        if self.dataset.has_labels:
+            label_patch = tuple(p + 2 * m for p, m in zip(self.patch_out, self.margin))
+            placed = [s.placed_labels for s in samples]
+            fields.append(Field("labels", placed, placed[0].volume.dtype, label_patch,
+                                tuple(-m for m in self.margin), delivered=self.keep_labels and not any(self.margin)))
+        if self.dataset.has_mask:
+            placed = [s.placed_mask for s in samples]
+            fields.append(Field("mask", placed, placed[0].volume.dtype, self.patch_out, (0, 0, 0)))
+        return fields
+
+    def _bind_augmentations(self, fields: List[Field]) -> None:
+        """Let each augmentation fit the windows (an elastic grid covers the largest; artifact sections must cover a
+        raw section in either y/x order)."""
+        largest = tuple(int(n) for n in np.max([f.patch for f in fields], axis=0))
+        side = max(self.patch_in[1:]) if len(self._perms) > 1 else None
+        windows = Windows(largest, (side or self.patch_in[1], side or self.patch_in[2]))
+        for augmentation in self.augmentations:
+            augmentation.bind_windows(windows)
+
+    def _regions(self) -> List[Region]:
+        """Per sample, the box where output windows fit with every field's window inside its volume."""
+        perms = np.asarray(self._perms)
+        context = window_extents([(i - o) // 2 for i, o in zip(self.patch_in, self.patch_out)], perms).max(axis=0)
+        margin = window_extents(self.margin, perms).max(axis=0)
+        extents = window_extents(self.patch_out, perms)
+        patch_name = "patch" if self.patch_in == self.patch_out else "patch_out"
+        regions = []
+        for sample in self.dataset.samples:
+            lo, hi = context.copy(), np.asarray(sample.raw.shape, dtype=np.int64) - context
+            labels, mask = sample.placed_labels, sample.placed_mask
+            if labels is not None:
+                lo, hi = np.maximum(lo, labels.origin + margin), np.minimum(hi, labels.end - margin)
+            if mask is not None:
+                lo, hi = np.maximum(lo, mask.origin), np.minimum(hi, mask.end)
+            for perm, extent in zip(perms, extents):
+                if np.any(hi - lo < extent):
+                    transposed = "" if tuple(perm) == (0, 1, 2) else \
+                        f" (window {tuple(int(e) for e in extent)} in source axes for transposed examples)"
+                    grown = f", grown to patch_in {self.patch_in} by the network's context" \
+                        if self.patch_in != self.patch_out else ""
+                    margin_note = f" and by the targets' label margin {self.margin}" if any(self.margin) else ""
+                    raise ValueError(
+                        f"sample {sample.name!r}: {patch_name} {self.patch_out}{transposed}{grown}{margin_note} does "
+                        f"not fit in its data (raw {sample.raw.shape}" +
+                        (f", labels {labels.volume.shape} at {tuple(int(v) for v in labels.origin)}"
+                         if labels is not None else "") + ")")
+            regions.append(Region(sample.name, sample.weight, lo, hi,
+                                  labels=None if labels is None else labels.volume,
+                                  labels_origin=None if labels is None else labels.origin,
+                                  mask=None if mask is None else mask.volume,
+                                  mask_origin=None if mask is None else mask.origin))
+        return regions
+
+    def _epoch_size(self, epoch_size: Optional[int]) -> Optional[int]:
+        finite = self.sampler.batches_per_epoch()
+        if epoch_size is not None:
+            epoch_size = integer(epoch_size, "epoch_size")
+            if finite is not None and epoch_size != finite:
+                raise ValueError(f"epoch_size={epoch_size}, but {self.sampler!r} has {finite} batches per epoch; "
+                                 "leave epoch_size out")
+        return finite if epoch_size is None else epoch_size
+
+    def _current_shard(self) -> tuple:
+        worker = torch_worker() if self.worker_sharding else None
+        return (self.rank, self.world_size) if worker is None else \
+            (self.rank * worker[1] + worker[0], self.world_size * worker[1])
+
+    def _bind_stream(self) -> None:
+        """Bind the sampler to this loader's shard, and plan batches from it."""
+        self.sampler.bind(self.regions, self._extents, self.batch_size, *self.shard)
+        self.epoch_size = self._epoch_size(self._arguments["epoch_size"])
+        self._planner = Planner(patch=self.patch_out, batch_size=self.batch_size, sampler=self.sampler,
+                                augmentations=self.augmentations, seed=self.seed, rank=self.shard[0],
+                                world_size=self.shard[1])
+
+    def _check_resources(self) -> None:
+        """Refuse thread counts far beyond the cores, and slots that do not fit in memory, before allocating."""
+        usable = cores()
+        limit = max(MIN_THREAD_LIMIT, THREADS_PER_CORE * usable)
+        if self.threads > limit:
+            raise ValueError(f"threads={self.threads} is far beyond this machine's {usable} usable cores (at most "
+                             f"{limit}): the kernels release the GIL, so about one thread per core is fastest")
+        available = available_bytes()
+        needed = (self.buffers + self.threads) * self.slot_bytes  # slots at start, plus one growth per producer
+        if available is not None and needed > available:
+            raise MemoryError(
+                f"buffers={self.buffers} batch slots of {self.slot_bytes / 2**20:.1f} MiB each need "
+                f"{needed / 2**30:.2f} GiB, but only {available / 2**30:.2f} GiB of memory is available; use fewer "
+                "buffers or threads, or a smaller batch_size or patch")
+
+    @staticmethod
+    def _output_dtype(dtype) -> np.dtype:
+        try:
+            resolved = np.dtype(dtype)
+        except TypeError:
+            resolved = None
+        if resolved not in OUTPUT_DTYPES:
+            raise ValueError(f"dtype must be 'float32' or 'float16', got {dtype!r}")
+        return resolved
+
+    # -- life cycle -------------------------------------------------------------------------------------------
+
+    def start(self) -> "Loader":
+        """Allocate the slots and start the producer threads (done by ``with`` and by iteration)."""
+        if self._forked_from is not None:
+            raise RuntimeError(
+                f"this Loader was started in process {self._forked_from} before it forked; its threads do not exist "
+                "in this child process. Create the Loader in the child, e.g. in the Dataset's __iter__ of a "
+                "torch DataLoader worker (each worker then draws its own shard), and start it there")
+        if self._closed:
+            raise RuntimeError("this loader is closed; create a new Loader")
+        if self._pipeline is None and self._current_shard() != self.shard:
+            # built in the main process, started in a torch DataLoader worker: draw this worker's shard
+            self.shard = self._current_shard()
+            self._bind_stream()
+        if self._pipeline is None:
+            if self._backend is None:
+                copier = None
+                pool = host_slots = SlotPool(self._gatherer.allocate, lambda memory: None, self.max_buffers,
+                                             first=self._consumed)
+                pool.prefill(self.buffers)
+                host_ring = consumer_ring = Ring(self.buffers, self._consumed)
+                export = _host_arrays
+            else:
+                copier = Copier(self._backend, self.fields, self.buffers, self.max_buffers, self._profile,
+                                self._consumed)
+                copier.open()
+                pool, host_slots = copier.device_pool, copier.host_slots
+                host_ring, consumer_ring = copier.host_ring, copier.device_ring
+                backend = self._backend
+                export = lambda lease: backend.export(lease.slot.memory, lease)  # noqa: E731
+            producers = _Producers(host_ring, host_slots, self._planner, self._gatherer, self._profile,
+                                   self.epoch_size, self.threads)
+            self._pipeline = _Pipeline(producers, consumer_ring, pool, copier, export)
+            self._finalizer = weakref.finalize(self, _stop_abandoned, self._pipeline)
+            _STARTED.add(self)
+            producers.start()
+            if copier is not None:
+                copier.run(producers.alive)
+        return self
+
+    def close(self) -> None:
+        """Stop and join every producer thread (idempotent; also after errors and Ctrl-C)."""
+        if self._forked_from is not None:  # the threads are the parent's; its locks may be held forever here
+            self._closed = True
+            return
+        if self._current is not None:
+            self._current._detach()
+            self._current = None
+        self._closed = True
+        if self._pipeline is not None:
+            self._pipeline.stop()  # idempotent: a close() after an interrupted one (Ctrl-C twice) stops again
+            self._finalizer.detach()
+
+    def __reduce__(self):
+        """An unstarted loader pickles as its arguments and stream position (for spawned processes)."""
+        if self._pipeline is not None or self._closed:
+            raise TypeError("a started or closed Loader cannot be pickled: its threads and memory stay in this "
+                            "process. Pickle it before it starts (it travels as its arguments and position) and "
+                            "start it where it is unpickled")
+        return _unpickled_loader, (self._arguments, self.state_dict())
+
+    def __enter__(self) -> "Loader":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- consuming --------------------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Batch]:
+        """Yield batches to the end of the current epoch (forever without ``epoch_size``)."""
+        self.start()
+        while True:
+            batch = self.next_batch()
+            yield batch
+            if self.epoch_size is not None and batch.index == self.epoch_size - 1:
+                return
+
+    def next_batch(self) -> Batch:
+        """Release the previous batch and return the next one, waiting for it if needed.
+
+        Raises the exception of a failed producer, with its original traceback.
+        """
+        if self._forked_from is not None:
+            self.start()  # raises: the threads stayed in the parent
+        if self._closed:
+            raise RuntimeError("this loader is closed; create a new Loader")
+        self.start()
+        if self._current is not None:
+            self._release(self._current)
+        number = self._consumed
+        pipeline = self._pipeline
+        with self._profile.timer("wait"):
+            lease, plan = pipeline.consumer_ring.take(number, pipeline.alive, _ExhaustionCheck(pipeline, number))
+        # An interruption before these two assignments leaves the batch (and its lease) in the ring to be taken
+        # again; after them, it is current and is released by the next request. Either way no slot is lost.
+        batch = Batch(self, number, pipeline.export(lease), plan)
+        del lease
+        self._current, self._consumed = batch, number + 1
+        self._profile.count_batch()
+        return batch
+
+    def _release(self, batch: Batch) -> None:
+        if batch is not self._current or self._forked_from is not None:
+            batch._detach()
+            return
+        self._current = None
+        batch._detach()
+        self._pipeline.consumer_ring.release(batch.number)
+
+    def _forked(self) -> None:
+        """In a child process after fork(): the threads stayed in the parent; refuse to be used here."""
+        self._forked_from = os.getppid()
+        self._finalizer.detach()
+        self._pipeline.pool._on_give_back = None  # no device calls from the child for batches dropped here
+
+    # -- resuming ---------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> Dict[str, object]:
+        """Where the stream stands: the next batch to deliver, and what the stream depends on.
+
+        Save it with your checkpoint; :meth:`load_state_dict` on a new loader built with the same arguments
+        continues with the very batches this one would have delivered next, bit for bit. A batch counts as
+        delivered once :meth:`next_batch` (or iteration) returned it.
+        """
+        return {"version": 1, "next_batch": self._consumed, **self._stream_identity()}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Continue the stream from ``state`` (see :meth:`state_dict`); call it before the loader starts.
+
+        Raises
+        ------
+        ValueError
+            If the state is malformed or was saved by a loader whose stream differs (seed, batch size, epoch size,
+            patch, shard); the message names the differing keys.
+        RuntimeError
+            If this loader has started already.
+        """
+        if self._pipeline is not None or self._closed:
+            raise RuntimeError("load_state_dict() must be called before the loader starts")
+        if not isinstance(state, Mapping) or state.get("version") != 1 or \
+                not isinstance(state.get("next_batch"), numbers.Integral) or state["next_batch"] < 0:
+            raise ValueError(f"not an emfast loader state (from Loader.state_dict()): {state!r}")
+        identity = self._stream_identity()
+        differing = [key for key in identity if _plain(state.get(key)) != identity[key]]
+        if differing:
+            details = ", ".join(f"{key} {state.get(key)!r} (this loader: {identity[key]!r})" for key in differing)
+            raise ValueError(f"the state was saved by a loader with another stream: {details}")
+        self._consumed = int(state["next_batch"])
+
+    def _stream_identity(self) -> Dict[str, object]:
+        return {"seed": self.seed, "batch_size": self.batch_size, "epoch_size": self.epoch_size,
+                "patch_in": list(self.patch_in), "patch_out": list(self.patch_out), "shard": list(self.shard)}
+
+    # -- information ------------------------------------------------------------------------------------------
+
+    @property
+    def profile(self) -> ProfileReport:
+        """Per-stage times so far (see :class:`emfast.ProfileReport`)."""
+        return self._profile.report()
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the next batch."""
+        return self._consumed // self.epoch_size if self.epoch_size else 0
+
+    @property
+    def fields(self) -> Dict[str, tuple]:
+        """Field name -> (shape, dtype) of the batch arrays."""
+        return self._gatherer.output_fields()
+
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of one batch slot (``buffers`` of them at start, at most ``max_buffers``)."""
+        return sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in self.fields.values())
+
+    @property
+    def slots_allocated(self) -> int:
+        """Batch slots allocated so far (0 before start): ``buffers``, plus one per batch the program kept
+        alive beyond them at the busiest moment, at most ``max_buffers``."""
+        return 0 if self._pipeline is None else self._pipeline.pool.allocations
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "running" if self._pipeline is not None else "not started"
+        return (f"Loader(patch={self.patch}, batch_size={self.batch_size}, threads={self.threads}, "
+                f"buffers={self.buffers}, max_buffers={self.max_buffers}, fields={list(self.fields)}, "
+                f"device={self.device!r}, {state})")
+
+
+def _unpickled_loader(arguments: Dict[str, object], state: Dict[str, object]) -> Loader:
+    loader = Loader(**arguments)
+    loader.load_state_dict(state)
+    return loader
+
+
+def _stop_abandoned(pipeline: _Pipeline) -> None:
+    """Finalizer of an unreachable loader. It may run inside a garbage collection on any thread, even one that
+    holds a lock the pipeline's threads wait for, so it must not block: a new thread stops the pipeline."""
+    try:
+        threading.Thread(target=pipeline.stop, name="emfast-stopper", daemon=True).start()
+    except RuntimeError:  # no new threads at interpreter shutdown: nothing can hold the locks any more
+        pipeline.stop()
+
+
+def torch_worker() -> Optional[tuple]:
+    """(worker id, number of workers) when called inside a PyTorch DataLoader worker, else None."""
+    torch = sys.modules.get("torch")  # never imported here: a process without torch has no torch workers
+    if torch is None:
+        return None
+    info = torch.utils.data.get_worker_info()
+    return None if info is None else (int(info.id), int(info.num_workers))
+
+
+#: Loaders whose threads run in this process; after a fork their threads do not exist in the child.
+_STARTED: "weakref.WeakSet[Loader]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for loader in list(_STARTED):
+        try:
+            loader._forked()
+        except Exception:  # noqa: BLE001 - one loader caught mid-start must not spare the others
+            pass
+    _STARTED.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _plain(value):
+    """Tuples as lists, so that a state that went through JSON compares equal."""
+    return list(value) if isinstance(value, tuple) else value
+
+
+class _ExhaustionCheck:
+    """Ends the consumer's wait with SlotsExhaustedError when the program itself holds every slot.
+
+    That wait could otherwise never end: the batch waited for needs a slot only the waiting program can free.
+    Reference cycles are collected once first, and another thread of the program gets a grace period.
+    """
+
+    def __init__(self, pipeline: _Pipeline, number: int) -> None:
+        self.pipeline = pipeline
+        self.number = number
+        self.since: Optional[float] = None
+        self.collected = False
+
+    def __call__(self) -> None:
+        reason = self.pipeline.exhausted(self.number)
+        if reason is None:
+            self.since = None
+            return
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        elif not self.collected:
+            self.collected = True
+            gc.collect()
+        elif now - self.since > EXHAUSTED_GRACE_SECONDS:
+            raise SlotsExhaustedError(reason)

@@ -1,0 +1,259 @@
+"""Training sets of several volumes: raw, labels, masks and extra channels, aligned and checked up front.
+
+A :class:`Sample` is one annotated volume; a :class:`Dataset` is a list of them with sampling weights. All the
+checking (dtypes, alignment, resolution, overlap) happens when they are built, so a mistake is reported before
+any thread starts.
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .._checks import triple
+from .._core.common import LABEL_DTYPES, RAW_DTYPES
+from ..io import Volume, as_volume
+
+#: Mask dtypes: non-zero marks usable voxels.
+MASK_DTYPES = (np.dtype(np.uint8), np.dtype(bool))
+
+
+def origin_in(raw: Volume, other: Volume, offset, offset_name: str = "offset") -> np.ndarray:
+    """Position of ``other``'s voxel (0, 0, 0) in ``raw``'s voxel coordinates.
+
+    From the explicit ``offset`` (voxels) if given, else from both volumes' ``offset``/``resolution``
+    attributes (physical units), else the shapes must be equal and the origin is 0.
+    """
+    if raw.resolution is not None and other.resolution is not None and not np.allclose(raw.resolution,
+                                                                                        other.resolution):
+        raise ValueError(f"resolution mismatch: {raw.name} has {raw.resolution}, {other.name} has "
+                         f"{other.resolution}")
+    if offset is not None:
+        return np.asarray(triple(offset, f"{offset_name} of {other.name}"), dtype=np.int64)
+    if raw.offset is not None and other.offset is not None:
+        if raw.resolution is None or other.resolution is None:
+            raise ValueError(f"{raw.name} and {other.name} have 'offset' attributes but not both a "
+                             "'resolution'; give the offset in voxels explicitly")
+        voxels = (np.asarray(other.offset) - np.asarray(raw.offset)) / np.asarray(raw.resolution)
+        if not np.allclose(voxels, np.round(voxels)):
+            raise ValueError(f"{other.name} is offset by {tuple(float(v) for v in voxels)} voxels from "
+                             f"{raw.name}, not a whole number of voxels")
+        return np.round(voxels).astype(np.int64)
+    if raw.shape != other.shape:
+        raise ValueError(f"{raw.name} has shape {raw.shape} but {other.name} has {other.shape}; pass "
+                         f"{offset_name}=(z, y, x) (its first voxel in raw voxels), or give both datasets 'offset' "
+                         "and 'resolution' attributes")
+    return np.zeros(3, dtype=np.int64)
+
+
+@dataclass
+class Placed:
+    """A volume and the position of its voxel (0, 0, 0) in raw voxel coordinates."""
+
+    volume: Volume
+    origin: np.ndarray
+
+    @property
+    def end(self) -> np.ndarray:
+        return self.origin + np.asarray(self.volume.shape, dtype=np.int64)
+
+
+def _check_overlap(raw: Volume, placed: Placed) -> None:
+    lo = np.maximum(0, placed.origin)
+    hi = np.minimum(np.asarray(raw.shape), placed.end)
+    if np.any(hi <= lo):
+        raise ValueError(f"{placed.volume.name} (at {tuple(int(v) for v in placed.origin)}, shape "
+                         f"{placed.volume.shape}) does not overlap {raw.name} (shape {raw.shape})")
+
+
+@dataclass
+class Sample:
+    """One annotated volume: raw plus optional labels, mask and extra aligned input channels.
+
+    Parameters
+    ----------
+    raw : Volume or ndarray
+        The image, (z, y, x) or (c, z, y, x), uint8, uint16 or float32.
+    labels : Volume or ndarray, optional
+        Label ids (uint32, uint64 or int64). May cover only part of raw (see ``label_offset``).
+    mask : Volume or ndarray, optional
+        uint8 or bool, non-zero where the data may be used; delivered as the batch field ``"mask"`` and used by
+        :class:`~emfast.sampling.Masked`.
+    extra : dict of str to Volume or ndarray, optional
+        Further input channels aligned with raw (same (z, y, x) shape, e.g. a second imaging channel); each is
+        converted like raw and delivered as its own batch field under its name.
+    name : str, optional
+        Name for messages and hold-out (default: the raw volume's name).
+    weight : float
+        Relative probability of drawing an example from this sample (> 0).
+    label_offset, mask_offset : (int, int, int), optional
+        Position of the labels' / mask's first voxel in raw voxels. Otherwise taken from the datasets'
+        ``offset``/``resolution`` attributes, or the shapes must be equal.
+    """
+
+    raw: Union[Volume, np.ndarray]
+    labels: Optional[Union[Volume, np.ndarray]] = None
+    mask: Optional[Union[Volume, np.ndarray]] = None
+    extra: Dict[str, Union[Volume, np.ndarray]] = field(default_factory=dict)
+    name: Optional[str] = None
+    weight: float = 1.0
+    label_offset: Optional[Sequence[int]] = None
+    mask_offset: Optional[Sequence[int]] = None
+
+    def __post_init__(self) -> None:
+        self.raw = as_volume(self.raw, "raw")
+        if self.raw.dtype not in RAW_DTYPES:
+            raise TypeError(f"{self.raw.name}: raw must be uint8, uint16 or float32, not {self.raw.dtype}")
+        self.raw.check_finite()
+        self.name = self.raw.name if self.name is None else str(self.name)
+        if isinstance(self.weight, bool) or not isinstance(self.weight, numbers.Real) \
+                or not 0 < self.weight < float("inf"):
+            raise ValueError(f"sample {self.name}: weight must be a positive number, got {self.weight!r}")
+        self.weight = float(self.weight)
+        self.placed_labels = self._place(self.labels, "labels", LABEL_DTYPES, self.label_offset)
+        self.placed_mask = self._place(self.mask, "mask", MASK_DTYPES, self.mask_offset)
+        if self.label_offset is not None and self.labels is None:
+            raise ValueError(f"sample {self.name}: label_offset was given but no labels")
+        if self.mask_offset is not None and self.mask is None:
+            raise ValueError(f"sample {self.name}: mask_offset was given but no mask")
+        if not isinstance(self.extra, dict):
+            raise TypeError(f"sample {self.name}: extra must be a dict of name to volume, got "
+                            f"{type(self.extra).__name__}")
+        extra = {}
+        for key, source in self.extra.items():
+            volume = as_volume(source, f"extra {key!r}")
+            if volume.dtype not in RAW_DTYPES:
+                raise TypeError(f"{volume.name}: extra channels must be uint8, uint16 or float32, "
+                                f"not {volume.dtype}")
+            if volume.shape != self.raw.shape:
+                raise ValueError(f"{volume.name} has shape {volume.shape} but {self.raw.name} has "
+                                 f"{self.raw.shape}; extra channels must be aligned with raw voxel for voxel")
+            volume.check_finite()
+            extra[str(key)] = volume
+        self.extra = extra
+
+    def _place(self, source, what: str, dtypes, offset) -> Optional[Placed]:
+        if source is None:
+            return None
+        volume = as_volume(source, what)
+        if volume.dtype not in dtypes:
+            names = [str(d) for d in dtypes]
+            allowed = ", ".join(names[:-1]) + " or " + names[-1]
+            raise TypeError(f"{volume.name}: {what} must be {allowed}, not {volume.dtype}")
+        if volume.channels != 1:
+            raise ValueError(f"{volume.name}: {what} must have one channel, got {volume.channels}")
+        placed = Placed(volume, origin_in(self.raw, volume, offset, f"{what.rstrip('s')}_offset"))
+        _check_overlap(self.raw, placed)
+        return placed
+
+    def __repr__(self) -> str:
+        parts = [f"raw={self.raw.shape}"]
+        if self.placed_labels is not None:
+            parts.append(f"labels={self.placed_labels.volume.shape} at {tuple(self.placed_labels.origin)}")
+        if self.placed_mask is not None:
+            parts.append(f"mask={self.placed_mask.volume.shape} at {tuple(self.placed_mask.origin)}")
+        parts += [f"{key}={volume.shape}" for key, volume in self.extra.items()]
+        return f"Sample({self.name!r}, {', '.join(parts)}, weight={self.weight})"
+
+
+class Dataset:
+    """Several samples that batches are drawn from, checked to be consistent with each other.
+
+    Parameters
+    ----------
+    samples : sequence of Sample
+        At least one. All have the same raw dtype and channel count, and either all or none have labels
+        (of one dtype), masks, and the same extra channels.
+
+    Examples
+    --------
+    >>> dataset = Dataset([Sample(raw_a, labels_a, name="A"), Sample(raw_b, labels_b, name="B", weight=2)])
+    >>> train, validation = dataset.split(hold_out=["B"])
+    """
+
+    def __init__(self, samples: Iterable[Sample]) -> None:
+        if isinstance(samples, Sample):
+            samples = [samples]
+        self.samples: List[Sample] = list(samples)
+        if not self.samples:
+            raise ValueError("a Dataset needs at least one Sample")
+        for sample in self.samples:
+            if not isinstance(sample, Sample):
+                raise TypeError(f"Dataset items must be emfast.Sample, got {type(sample).__name__}")
+        names = [sample.name for sample in self.samples]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"sample names must be unique; repeated: {duplicates} (pass name=... to Sample)")
+        self._check_consistent()
+
+    def _check_consistent(self) -> None:
+        first = self.samples[0]
+
+        def describe(sample: Sample) -> tuple:
+            labels = sample.placed_labels.volume.dtype if sample.placed_labels is not None else None
+            return (sample.raw.dtype, sample.raw.channels, labels, sample.placed_mask is not None,
+                    tuple(sorted((key, volume.dtype, volume.channels) for key, volume in sample.extra.items())))
+
+        what = ("raw dtype", "raw channels", "labels dtype (or no labels)", "having a mask",
+                "extra channels (names, dtypes, channels)")
+        reference = describe(first)
+        for sample in self.samples[1:]:
+            for name, a, b in zip(what, reference, describe(sample)):
+                if a != b:
+                    raise ValueError(f"samples {first.name!r} and {sample.name!r} differ in {name}: {a} vs {b}")
+
+    @property
+    def names(self) -> List[str]:
+        return [sample.name for sample in self.samples]
+
+    @property
+    def has_labels(self) -> bool:
+        return self.samples[0].placed_labels is not None
+
+    @property
+    def has_mask(self) -> bool:
+        return self.samples[0].placed_mask is not None
+
+    def split(self, hold_out: Iterable[str]) -> Tuple["Dataset", "Dataset"]:
+        """Split into (training, held-out) datasets by sample name, for cross-validation.
+
+        Raises
+        ------
+        ValueError
+            A name that matches no sample, or holding out every sample (or none).
+        """
+        if isinstance(hold_out, str):
+            hold_out = [hold_out]
+        held = list(hold_out)
+        unknown = [name for name in held if name not in self.names]
+        if unknown:
+            raise ValueError(f"hold-out name(s) {unknown} match no sample; samples: {self.names}")
+        if not held or len(set(held)) == len(self.samples):
+            raise ValueError(f"hold out at least one and at most {len(self.samples) - 1} of {self.names}")
+        train = [sample for sample in self.samples if sample.name not in held]
+        validation = [sample for sample in self.samples if sample.name in held]
+        return Dataset(train), Dataset(validation)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __iter__(self):
+        return iter(self.samples)
+
+    def __repr__(self) -> str:
+        return "Dataset([" + ", ".join(repr(sample) for sample in self.samples) + "])"
+
+
+def as_dataset(data, labels=None, label_offset=None) -> Dataset:
+    """Accept a Dataset, a Sample, a list of Samples, or raw (Volume/ndarray) with optional labels."""
+    if isinstance(data, Dataset):
+        extra = [name for name, value in (("labels", labels), ("label_offset", label_offset)) if value is not None]
+        if extra:
+            raise ValueError(f"{' and '.join(extra)} cannot be combined with a Dataset; put them in its Samples")
+        return data
+    if isinstance(data, Sample) or (isinstance(data, (list, tuple)) and data and
+                                    all(isinstance(item, Sample) for item in data)):
+        return as_dataset(Dataset(data), labels, label_offset)
+    return Dataset([Sample(data, labels, label_offset=label_offset)])

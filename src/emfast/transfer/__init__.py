@@ -1,0 +1,11 @@
+"""Device backends: where batches live when the consumer gets them. The backend protocol and device arrays
+(``_backend``), the pycuda backend (``_pycuda``), a fake device that enforces a GPU's rules in host memory
+(``_fake``), and the ``device=`` argument's resolution (``_resolve``). The copier thread that drives a backend is
+a pipeline stage (:mod:`emfast.pipeline._copier`).
+
+May import: nothing else of emfast (pycuda only when a CUDA device is asked for).
+"""
+from ._backend import DeviceArray, DeviceNotice, Fields, TransferBackend, cuda_unavailable
+from ._resolve import resolve_device
+
+__all__ = ["DeviceArray", "DeviceNotice", "Fields", "TransferBackend", "cuda_unavailable", "resolve_device"]

@@ -1,0 +1,198 @@
+"""The real device: page-locked host slots, device slots and a non-blocking copy stream through pycuda, plus the few
+driver calls pycuda lacks, through ctypes (the rules are in :mod:`emfast.transfer._backend`)."""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import sys
+from typing import Any, Dict, List
+
+import numpy as np
+
+from ._backend import DeviceArray, Fields, TransferBackend
+
+#: cuStreamCreate flag CU_STREAM_NON_BLOCKING: no implicit synchronisation with the legacy default stream.
+_CU_STREAM_NON_BLOCKING = 1
+#: cuEventCreate flag CU_EVENT_DISABLE_TIMING: the cheapest event, for ordering only.
+_CU_EVENT_DISABLE_TIMING = 2
+
+
+class _Driver:
+    """The CUDA driver calls pycuda lacks: recording an event on a stream that another library created."""
+
+    def __init__(self) -> None:
+        library = None
+        for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+            try:
+                library = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        if library is None:
+            raise OSError("the CUDA driver library (libcuda) cannot be loaded")
+        handle, pointer = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
+        self._calls = {}
+        for call, arguments in (("cuEventCreate", [pointer, ctypes.c_uint]),
+                                ("cuEventRecord", [handle, handle]),
+                                ("cuStreamWaitEvent", [handle, handle, ctypes.c_uint]),
+                                ("cuEventDestroy_v2", [handle])):
+            function = getattr(library, call)
+            function.argtypes, function.restype = arguments, ctypes.c_int
+            self._calls[call] = function
+
+    def _call(self, call: str, *arguments) -> None:
+        status = self._calls[call](*arguments)
+        if status != 0:
+            raise RuntimeError(f"{call} failed with CUDA error {status}")
+
+    def event(self) -> int:
+        event = ctypes.c_void_p()
+        self._call("cuEventCreate", ctypes.byref(event), _CU_EVENT_DISABLE_TIMING)
+        return event.value
+
+    def record(self, event: int, stream: int) -> None:
+        self._call("cuEventRecord", event, stream)
+
+    def wait(self, stream: int, event: int) -> None:
+        """Make ``stream`` wait for ``event``'s work."""
+        self._call("cuStreamWaitEvent", stream, event, 0)
+
+    def destroy(self, event: int) -> None:
+        self._call("cuEventDestroy_v2", event)
+
+
+class _DeviceSlot:
+    """One batch's device memory: an allocation per field, and the events that order copies into it."""
+
+    __slots__ = ("allocations", "copied", "released", "recorded", "unordered")
+
+    def __init__(self, allocations: Dict[str, Any], copied: Any, released: int) -> None:
+        self.allocations = allocations
+        self.copied = copied  # recorded on the copy stream after the copy
+        self.released = released  # recorded on the consumer's stream where the slot was given back
+        self.recorded = False  # `released` holds the consumer's work to wait for
+        self.unordered = False  # giving back could not record it: synchronise the device before the next copy
+
+
+class PycudaBackend(TransferBackend):
+    """Page-locked host slots, device slots and one non-blocking copy stream in the device's primary context.
+
+    The primary context is the one PyTorch and CuPy use, so their tensors and these buffers live in the same
+    context. It is pushed in the copier thread for the thread's lifetime and popped at :meth:`close`.
+    """
+
+    def __init__(self, ordinal: int = 0) -> None:
+        self.ordinal = ordinal
+        self.name = f"cuda:{ordinal}"
+        self._context = None
+        self._host: List[Dict[str, np.ndarray]] = []
+        self._fields: Fields = {}
+
+    def open(self, fields: Fields, host_slots: int) -> List[Dict[str, np.ndarray]]:
+        import pycuda.driver as cuda
+
+        self._cuda = cuda
+        self._fields = dict(fields)
+        cuda.init()
+        self._driver = _Driver()
+        self._context = cuda.Device(self.ordinal).retain_primary_context()
+        self._context.push()
+        try:
+            self._stream = cuda.Stream(flags=_CU_STREAM_NON_BLOCKING)
+            self._host = [{name: cuda.pagelocked_empty(shape, dtype) for name, (shape, dtype) in fields.items()}
+                          for _ in range(host_slots)]
+        except (cuda.Error, MemoryError) as error:
+            self.close(0)
+            raise MemoryError(f"cannot allocate {host_slots} page-locked host slots of "
+                              f"{sum(self._field_bytes().values()) / 2**20:.1f} MiB each: {error}") from error
+        return self._host
+
+    def allocate(self) -> _DeviceSlot:
+        cuda = self._cuda
+        sizes = self._field_bytes()
+        try:
+            allocations = {name: cuda.mem_alloc(size) for name, size in sizes.items()}
+        except cuda.Error as error:
+            raise MemoryError(f"cannot allocate a batch slot of {sum(sizes.values()) / 2**20:.1f} MiB on "
+                              f"{self.name}: {error}") from error
+        return _DeviceSlot(allocations, cuda.Event(), self._driver.event())
+
+    def _field_bytes(self) -> Dict[str, int]:
+        return {name: int(np.prod(shape)) * np.dtype(dtype).itemsize for name, (shape, dtype) in self._fields.items()}
+
+    def free(self, memory: _DeviceSlot) -> None:
+        errors = []
+        for allocation in memory.allocations.values():
+            try:
+                allocation.free()
+            except Exception as error:  # noqa: BLE001 - free the rest; raised below
+                errors.append(error)
+        try:
+            self._driver.destroy(memory.released)
+        finally:
+            memory.allocations, memory.copied = {}, None  # the copy event goes here too, in this context
+        if errors:
+            raise errors[0]
+
+    def export(self, memory: _DeviceSlot, owner: Any) -> Dict[str, Any]:
+        return {name: DeviceArray(int(allocation), self._fields[name][0], self._fields[name][1], self.name, owner)
+                for name, allocation in memory.allocations.items()}
+
+    def _current_stream(self) -> int:
+        """PyTorch's current stream if PyTorch uses CUDA, else CuPy's if CuPy is loaded, else the legacy one (0)."""
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            return int(torch.cuda.current_stream(self.ordinal).cuda_stream)
+        cupy = sys.modules.get("cupy")
+        if cupy is not None:
+            with cupy.cuda.Device(self.ordinal):
+                return int(cupy.cuda.get_current_stream().ptr)
+        return 0
+
+    def given_back(self, memory: _DeviceSlot) -> None:
+        memory.unordered = True  # until the event is recorded: an error or interrupt here means synchronise
+        stream = self._current_stream()
+        with self.activate():
+            self._driver.record(memory.released, stream)
+        memory.recorded, memory.unordered = True, False
+
+    @contextlib.contextmanager
+    def activate(self):
+        self._context.push()
+        try:
+            yield
+        finally:
+            self._cuda.Context.pop()
+
+    def guard(self, memory: _DeviceSlot) -> None:
+        if memory.unordered:
+            self._cuda.Context.synchronize()
+        elif memory.recorded:
+            self._driver.wait(self._stream.handle, memory.released)
+        memory.recorded = memory.unordered = False
+
+    def copy(self, host: Dict[str, np.ndarray], memory: _DeviceSlot) -> None:
+        for name, allocation in memory.allocations.items():
+            self._cuda.memcpy_htod_async(allocation, host[name], self._stream)
+        memory.copied.record(self._stream)
+
+    def wait(self, memory: _DeviceSlot) -> None:
+        memory.copied.synchronize()
+
+    def close(self, slots_outstanding: int) -> None:
+        if self._context is None:
+            return
+        stream = getattr(self, "_stream", None)
+        try:
+            if stream is not None:
+                stream.synchronize()
+        finally:  # even after a CUDA error: a thread that ends with a context pushed aborts the process
+            # Dropping the last references frees the host slots and the stream here, in the context's thread.
+            self._host, self._stream = [], None
+            self._cuda.Context.pop()
+            if slots_outstanding == 0:
+                self._context.detach()
+                self._context = None
+            # Otherwise the context object stays: threads that give the held slots back push it to free them.
+            # Its retain of the primary context (which PyTorch holds anyway) is then released only if pycuda
+            # destroys the object on a thread where that is allowed.
