@@ -4,7 +4,7 @@ Standard task: batches of 8 windows of (32, 128, 128) cut at random corners from
 memory, each with one of the 16 anisotropic transforms (mirror z/y/x with p=0.5 each, transpose y<->x with
 p=0.5), uint8 raw -> float32 normalised as ``x * scale + shift``, uint64 labels copied bit for bit.
 
-Plans come from emfast's own :class:`~emfast.plan.Planner` (``Mirror()`` + ``Transpose()``, uniform corners) with a
+Plans come from emfast's own :class:`~emfast.pipeline._plan.Planner` (``Mirror()`` + ``Transpose()``, uniform corners) with a
 fixed seed, and are drawn once: every timed call replays one of a fixed list of plans, so all rounds and all
 methods do comparable work.
 """

@@ -1,4 +1,4 @@
-"""Benchmark of the warp kernels (emfast.warp) against scipy.ndimage.map_coordinates.
+"""Benchmark of the warp kernels (emfast.augment._resample) against scipy.ndimage.map_coordinates.
 
 Run (timings):            python -m pytest benchmarks/test_warp_benchmark.py -q --benchmark-enable
 Run (correctness only):   python -m pytest benchmarks/test_warp_benchmark.py -q      (each benchmark body runs once)

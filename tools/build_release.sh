@@ -28,7 +28,7 @@ git -C "$repo" archive HEAD | tar -x -C "$work/src-tree"
 "$work/tools/bin/python" -m build --outdir "$work/raw" "$work/src-tree"
 sdist=$(ls "$work"/raw/*.tar.gz)
 listing=$(tar -tzf "$sdist")
-for needed in csrc/gather.cpp csrc/warp.h src/emfast/_kernels.pyx pyproject.toml setup.py; do
+for needed in csrc/gather.cpp csrc/warp.h src/emfast/_core/gather.pyx src/emfast/_core/common.pxd csrc/common.h pyproject.toml setup.py; do
     grep -q "/$needed\$" <<< "$listing" || { echo "the sdist lacks $needed"; exit 1; }
 done
 
@@ -57,7 +57,7 @@ cp -r "$work/src-tree/tests" "$work/src-tree/benchmarks" "$work/src-tree/example
     "$work/src-tree/README.md" \
     "$work/src-tree/pyproject.toml" "$work/run/"  # the commit's tests; pyproject for the pytest settings only
 cd "$work/run"
-"$work/test/bin/python" -c "import emfast, emfast._kernels, emfast._warp; \
+"$work/test/bin/python" -c "import emfast, emfast._core.gather, emfast._core.warp; \
 assert 'site-packages' in emfast.__file__, emfast.__file__; print('importing', emfast.__file__)"
 "$work/test/bin/python" -m pytest -q -p no:cacheprovider
 EMFAST_NO_AVX2=1 "$work/test/bin/python" -m pytest -q -p no:cacheprovider tests/test_warp.py tests/test_kernels.py \

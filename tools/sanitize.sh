@@ -21,5 +21,5 @@ export PYTHONPATH="$work/src"
 tests=("$@")
 [ ${#tests[@]} -gt 0 ] || tests=(tests/test_kernels.py tests/test_targets.py tests/test_warp.py tests/test_intensity.py
                                  tests/test_sampling.py tests/test_defects.py tests/test_chunkcache.py)
-venv/bin/python -c "import emfast._kernels as k; assert '$work' in k.__file__, k.__file__"
+venv/bin/python -c "import emfast._core.gather as k; assert '$work' in k.__file__, k.__file__"
 venv/bin/python -m pytest -q -p no:cacheprovider -p no:randomly --rootdir="$work" "${tests[@]}"

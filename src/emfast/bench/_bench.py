@@ -39,6 +39,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 
 from .. import __version__
+from .._checks import integer, triple
 from .._machine import available_bytes, cores, read_proc_field
 from ..augment import Intensity, Mirror, Transpose
 from ..io import LABELS_DATASET, RAW_DATASET, Volume, demo_volume_path, hdf5
@@ -169,22 +170,6 @@ QUICK = {"patch": (16, 48, 48), "batch_size": 4, "volume_shape": (40, 96, 96), "
          "curve_seconds": 0.1}
 
 
-def _positive(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{what} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _triple(value, what: str) -> tuple:
-    try:
-        items = tuple(value)
-    except TypeError:
-        items = ()
-    if len(items) != 3:
-        raise ValueError(f"{what} must be 3 integers (z, y, x), got {value!r}")
-    return tuple(_positive(v, f"{what} ({'zyx'[i]})") for i, v in enumerate(items))
-
-
 def _check_output(path: Optional[str], option: str, suffix: Optional[str] = None) -> Optional[str]:
     """Fail now, not after minutes of measuring, if ``path`` cannot be written."""
     if path is None:
@@ -259,18 +244,15 @@ def settings(*, patch=None, batch_size=None, threads=None, volume_shape=None, se
         Naming the offending option.
     """
     defaults = QUICK if quick else {}
-    patch = _triple(patch if patch is not None else defaults.get("patch", PATCH), "--patch")
-    batch_size = _positive(batch_size if batch_size is not None else defaults.get("batch_size", BATCH),
-                           "--batch-size")
-    threads = _positive(threads if threads is not None else cores(), "--threads")
-    shape = _triple(volume_shape if volume_shape is not None else defaults.get("volume_shape", VOLUME_SHAPE),
-                    "--volume-shape")
-    if min(shape) < 8:
-        raise ValueError(f"--volume-shape must be at least 8 along each axis, got {shape}")
+    patch = triple(patch if patch is not None else defaults.get("patch", PATCH), "--patch", minimum=1)
+    batch_size = integer(batch_size if batch_size is not None else defaults.get("batch_size", BATCH), "--batch-size")
+    threads = integer(threads if threads is not None else cores(), "--threads")
+    shape = triple(volume_shape if volume_shape is not None else defaults.get("volume_shape", VOLUME_SHAPE),
+                   "--volume-shape", minimum=8)
     seconds = float(seconds if seconds is not None else defaults.get("seconds", 1.5))
     if not 0 < seconds <= 600:
         raise ValueError(f"--seconds must be in (0, 600], got {seconds}")
-    rounds = _positive(rounds if rounds is not None else defaults.get("rounds", 3), "--rounds")
+    rounds = integer(rounds if rounds is not None else defaults.get("rounds", 3), "--rounds")
     seed = check_seed(seed)
     if not _fits(patch, shape):
         raise ValueError(f"--patch {patch} plus the affinities' margin of {max(reference.MARGIN)} voxel on each "

@@ -8,6 +8,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import yaml
 
+from .._checks import triple
+
 
 
 Path_ = Tuple[Union[str, int], ...]
@@ -160,12 +162,13 @@ class Reader:
         return value
 
     def triple(self, value, path: Path_, minimum: Optional[int] = None) -> Tuple[int, int, int]:
-        items = value if isinstance(value, list) else None
-        if items is None or len(items) != 3 or not all(isinstance(v, int) and not isinstance(v, bool)
-                                                       and (minimum is None or v >= minimum) for v in items):
+        try:
+            if not isinstance(value, list):
+                raise ValueError("not a list")
+            return triple(value, _format_path(path), minimum=minimum)
+        except ValueError:
             kind = "integers" if minimum is None else f"integers >= {minimum}"
-            raise self.error(path, f"expected a list of 3 {kind} [z, y, x], got {describe_value(value)}")
-        return tuple(items)
+            raise self.error(path, f"expected a list of 3 {kind} [z, y, x], got {describe_value(value)}") from None
 
     def listing(self, value, path: Path_) -> list:
         if not isinstance(value, list):
