@@ -63,7 +63,7 @@ def test_random_boxes_equal_numpy_3d(tmp_path, rng, layout, dtype):
         budget = 3 * block_bytes(probe)  # a few blocks: most boxes evict
     with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False, cache_bytes=budget) as volume:
         # shuffle/deflate chunks are decoded by emfast; other layouts go through HDF5 (both must be exact)
-        assert (volume._cache._direct is not None) == (layout not in ("lzf", "contiguous"))
+        assert (volume._reader._direct is not None) == (layout not in ("lzf", "contiguous"))
         check_boxes(volume, data, rng, 25)
         stats = volume.cache_stats
         assert stats.misses >= stats.blocks_held > 0

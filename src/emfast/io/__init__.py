@@ -6,14 +6,19 @@ May import: ``emfast._core``, ``emfast._checks``, ``emfast._machine``.
 from ._chunkcache import CacheStats, default_budget
 from ._demo import LABELS_DATASET, RAW_DATASET, demo_volume_path, make_em_volume
 from ._stats import VolumeStatistics, volume_statistics
-from ._volume import DatasetNotFoundError, Volume, as_volume, hdf5, list_datasets, open_hdf5
+from ._hdf5 import Hdf5Source, hdf5, list_datasets, open_hdf5
+from ._source import DatasetNotFoundError, Stamp, VolumeSource
+from ._volume import Volume, as_volume
 
 __all__ = [
     "LABELS_DATASET",
     "RAW_DATASET",
     "CacheStats",
     "DatasetNotFoundError",
+    "Hdf5Source",
+    "Stamp",
     "Volume",
+    "VolumeSource",
     "VolumeStatistics",
     "as_volume",
     "default_budget",

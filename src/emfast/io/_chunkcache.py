@@ -1,24 +1,18 @@
-"""A bounded, thread-safe LRU cache of decompressed HDF5 chunks, for volumes read lazily.
+"""A bounded, thread-safe LRU cache of decoded chunks, for volumes read lazily.
 
 A lazy :class:`~emfast.io.Volume` reads every window through a :class:`ChunkCache`. The cache splits the
-volume into *blocks*: the dataset's own chunks (all channels of a 4-D dataset together, since a window always
-reads every channel), or :data:`CONTIGUOUS_BLOCK` voxels for datasets stored without chunking. A window is
-assembled from the blocks it overlaps; a missing block is read from the file once and kept until the memory
-budget needs its room, least recently used first.
+volume into *blocks*: the store's own chunks (all channels of a 4-D volume together, since a window always
+reads every channel), or :data:`CONTIGUOUS_BLOCK` voxels for data stored without chunking. A window is
+assembled from the blocks it overlaps; a missing block is read from its
+:class:`~emfast.io._source.VolumeSource` once and kept until the memory budget needs its room, least recently
+used first. The source decodes: HDF5, zarr and N5 all decode chunks outside the GIL, so several producer threads
+decode in parallel.
 
 Concurrency
 -----------
 One lock guards the cache's bookkeeping only; no file read happens under it. A thread that misses a block
 registers a future for it and reads it; other threads that want the same block wait on that future instead of
 reading it again, while misses on other blocks proceed in parallel.
-
-Reading a block
----------------
-For chunked datasets whose filters are at most shuffle and deflate (gzip), blocks are read with
-``Dataset.id.read_direct_chunk`` and decoded here: h5py's global lock is held only while the compressed bytes
-are read, and ``zlib`` decompresses with the GIL released, so several producer threads decode in parallel. Any
-other dataset (contiguous, other filters, chunks never written, which read as the fill value) goes through
-``Dataset.read_direct`` of the block's selection, which HDF5 serialises.
 """
 from __future__ import annotations
 
@@ -27,13 +21,11 @@ import os
 import sys
 import threading
 import weakref
-import zlib
 from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
-import h5py
 import numpy as np
 
 #: Block shape (z, y, x) for datasets stored contiguously (no HDF5 chunks), clipped to the volume.
@@ -45,7 +37,6 @@ DEFAULT_BUDGET_CAP = 1 << 30
 #: Most buffers of evicted blocks kept for reuse (outside the budget; in steady state one or two are used).
 SPARE_BUFFERS = 4
 
-_DIRECT_FILTERS = {h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_DEFLATE}
 
 Key = Tuple[int, int, int]
 
@@ -100,14 +91,14 @@ def check_budget(budget, name: str) -> int:
 
 
 class ChunkCache:
-    """Read boxes of an open HDF5 dataset through an LRU cache of its blocks, within a budget in bytes.
+    """Read boxes of a volume source through an LRU cache of its blocks, within a budget in bytes.
 
     Parameters
     ----------
-    dataset : h5py.Dataset
-        A 3-D (z, y, x) or 4-D (c, z, y, x) dataset, opened read-only.
+    source : VolumeSource
+        A 3-D (z, y, x) or 4-D (c, z, y, x) stored volume.
     dtype : numpy.dtype
-        The native dtype blocks are held in (HDF5 converts other byte orders).
+        The native dtype blocks are held in.
     budget_bytes : int
         Most bytes of blocks held at once.
     name : str
@@ -119,15 +110,14 @@ class ChunkCache:
         One block is larger than the whole budget.
     """
 
-    def __init__(self, dataset: h5py.Dataset, dtype: np.dtype, budget_bytes: int, name: str) -> None:
-        self._dataset = dataset
+    def __init__(self, source, dtype: np.dtype, budget_bytes: int, name: str) -> None:
+        self._source = source
         self._dtype = np.dtype(dtype)
         self._name = name
-        shape = tuple(int(s) for s in dataset.shape)
-        self._channels = shape[0] if dataset.ndim == 4 else 1
+        shape = tuple(int(s) for s in source.full_shape)
+        self._channels = shape[0] if len(shape) == 4 else 1
         self._shape = shape[-3:]
-        chunks = dataset.chunks
-        block = chunks[-3:] if chunks is not None else CONTIGUOUS_BLOCK
+        block = source.chunks if source.chunks is not None else CONTIGUOUS_BLOCK
         self.block_shape = tuple(min(int(b), s) for b, s in zip(block, self._shape))
         self.budget_bytes = int(budget_bytes)
         block_bytes = self._channels * int(np.prod(self.block_shape)) * self._dtype.itemsize
@@ -135,7 +125,6 @@ class ChunkCache:
             raise ValueError(f"{name}: one cache block ({self._channels} channel(s) x {self.block_shape} "
                              f"{self._dtype}) is {block_bytes} bytes, more than cache_bytes={self.budget_bytes}; "
                              f"give a budget of at least {block_bytes} bytes (a few hundred blocks is typical)")
-        self._direct = _DirectChunkReader.for_dataset(dataset)
         self._lock = threading.Lock()
         self._blocks: "OrderedDict[Key, np.ndarray]" = OrderedDict()
         self._pending: Dict[Key, Future] = {}
@@ -147,7 +136,6 @@ class ChunkCache:
         # block to those heaps.
         self._full_bytes = block_bytes
         self._spare: list = []
-        self._opened_size = self._file_size()
         _CACHES.add(self)
 
     @property
@@ -222,62 +210,19 @@ class ChunkCache:
         return np.empty(nbytes, np.uint8)
 
     def _fetch(self, key: Key) -> np.ndarray:
-        """Read block ``key`` from the file, as a read-only (c, z, y, x) array."""
+        """Read block ``key`` from the source, as a read-only (c, z, y, x) array."""
         origin = [k * b for k, b in zip(key, self.block_shape)]
         stop = [min(o + b, s) for o, b, s in zip(origin, self.block_shape, self._shape)]
         shape = (self._channels,) + tuple(b - a for a, b in zip(origin, stop))
         block = self._buffer(int(np.prod(shape)) * self._dtype.itemsize).view(self._dtype).reshape(shape)
-        box = tuple(slice(a, b) for a, b in zip(origin, stop))
-        self._check_stored(origin)
-        if self._direct is None or not self._direct.read(self._dataset, origin, block, self._name):
-            if self._dataset.ndim == 4:
-                self._dataset.read_direct(block, source_sel=(slice(None),) + box)
-            else:
-                self._dataset.read_direct(block[0], source_sel=box)
+        self._source.read(origin, shape[1:], block)
         block.flags.writeable = False
         return block
-
-
-    def _file_size(self) -> Optional[int]:
-        """The file's size now (None where it cannot be told: another HDF5 driver, or a removed path)."""
-        file = self._dataset.file
-        try:
-            if file.driver == "sec2":  # the open descriptor: right even if the path was removed or replaced
-                return os.fstat(file.id.get_vfd_handle()).st_size
-            return os.stat(file.filename).st_size
-        except (OSError, ValueError):
-            return None
 
     def _after_fork(self) -> None:
         """In a child process: a read in flight in the parent at fork() never completes here."""
         self._lock = threading.Lock()
         self._pending.clear()
-
-    def _check_stored(self, origin: Sequence[int]) -> None:
-        """Refuse a block whose bytes lie past the end of the file: HDF5 reads them as zeros, silently, when the
-        file was truncated after it was opened. Only a file smaller than when it was opened is looked into."""
-        size = self._file_size()
-        if size is None or self._opened_size is None or size >= self._opened_size:
-            return
-        dataset, where = self._dataset, tuple(int(o) for o in origin)
-        if dataset.chunks is None:
-            spans = [(dataset.id.get_offset(), dataset.id.get_storage_size())]
-        else:
-            channel_chunk = dataset.chunks[0] if dataset.ndim == 4 else self._channels
-            spans = []
-            for c0 in range(0, self._channels, channel_chunk):
-                coord = ((c0,) if dataset.ndim == 4 else ()) + where
-                try:
-                    info = dataset.id.get_chunk_info_by_coord(coord)
-                except (RuntimeError, OSError) as error:  # the chunk index itself is damaged or gone
-                    raise OSError(f"{self._name}: cannot locate the block at {where} "
-                                  f"({error}); the file ({size} bytes now) is truncated or corrupt") from error
-                spans.append((info.byte_offset, info.size))
-        for offset, length in spans:
-            if offset is not None and offset + length > size:
-                raise OSError(f"{self._name}: the block at {where} is stored at bytes "
-                              f"{offset}-{offset + length} but the file now has {size} bytes: it was truncated "
-                              "or is being rewritten")
 
 
 #: Every chunk cache of this process, for the fork handler below.
@@ -290,58 +235,3 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-class _DirectChunkReader:
-    """Reads a block chunk by chunk with ``read_direct_chunk`` and decodes shuffle + deflate itself."""
-
-    def __init__(self, chunks: Tuple[int, ...], file_dtype: np.dtype, filters: Sequence[int]) -> None:
-        self._chunks = chunks
-        self._file_dtype = file_dtype
-        self._decode = tuple(reversed(filters))  # filters run in pipeline order on write, reversed on read
-
-    @classmethod
-    def for_dataset(cls, dataset: h5py.Dataset) -> Optional["_DirectChunkReader"]:
-        """A reader if ``dataset`` is chunked with only shuffle/deflate filters and a plain numeric type."""
-        if dataset.chunks is None or dataset.dtype.kind not in "uif":
-            return None
-        plist = dataset.id.get_create_plist()
-        filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
-        if not set(filters) <= _DIRECT_FILTERS:
-            return None
-        return cls(tuple(int(c) for c in dataset.chunks), np.dtype(dataset.dtype), filters)
-
-    def read(self, dataset: h5py.Dataset, origin: Sequence[int], block: np.ndarray, name: str) -> bool:
-        """Fill ``block`` (c, z, y, x) whose first voxel is at ``origin`` (z, y, x); False if a chunk has no
-        storage or skipped a filter, in which case the caller reads the block through HDF5."""
-        channel_chunk = self._chunks[0] if dataset.ndim == 4 else 1
-        channels = block.shape[0]
-        for c0 in range(0, channels, channel_chunk):
-            offset = ((c0,) if dataset.ndim == 4 else ()) + tuple(origin)
-            try:
-                filter_mask, raw = dataset.id.read_direct_chunk(offset)
-            except RuntimeError:  # chunk never written: HDF5 returns the fill value instead
-                return False
-            if filter_mask:
-                return False
-            chunk = self._decoded(raw, offset, name).reshape((-1,) + self._chunks[-3:])
-            c1 = min(c0 + channel_chunk, channels)
-            z, y, x = block.shape[1:]
-            block[c0:c1] = chunk[:c1 - c0, :z, :y, :x]
-        return True
-
-    def _decoded(self, raw: bytes, offset: Tuple[int, ...], name: str) -> np.ndarray:
-        itemsize = self._file_dtype.itemsize
-        expected = int(np.prod(self._chunks)) * itemsize
-        data = raw
-        for code in self._decode:
-            if code == h5py.h5z.FILTER_DEFLATE:
-                try:
-                    data = zlib.decompress(data, bufsize=expected)  # sized once: no growing copies
-                except zlib.error as exc:
-                    raise OSError(f"{name}: cannot decompress the chunk at {offset}: {exc}") from exc
-            elif itemsize > 1:  # shuffle: byte k of every element stored together; a no-op for 1-byte types
-                data = np.frombuffer(data, np.uint8).reshape(itemsize, -1).T.tobytes()
-        if len(data) != expected:
-            raise OSError(f"{name}: the chunk at {offset} decodes to {len(data)} bytes, expected {expected}")
-        return np.frombuffer(data, self._file_dtype)

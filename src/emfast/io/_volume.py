@@ -1,23 +1,17 @@
-"""Volume sources: HDF5 datasets (h5py) and NumPy arrays or memmaps, with their metadata.
-
-A :class:`Volume` is a 3-D (z, y, x) or 4-D (c, z, y, x) array. It is either in memory (or memory-mapped), in
-which case the gather kernel reads it directly, or lazy, in which case each window is assembled into a
-pre-allocated buffer from a bounded cache of the file's chunks (:mod:`emfast.io._chunkcache`). HDF5 files are always
-opened read-only.
+"""Volumes: a 3-D (z, y, x) or 4-D (c, z, y, x) array the kernels read, held in memory or read lazily from a
+:class:`~emfast.io._source.VolumeSource` (HDF5, zarr, N5, precomputed) through the bounded chunk cache
+(:mod:`emfast.io._chunkcache`). Stores are always opened read-only.
 """
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple
 
-import h5py
 import numpy as np
 
 from .._checks import triple
 from .._core.common import LABEL_DTYPES, RAW_DTYPES
 from ._chunkcache import CacheStats, ChunkCache, check_budget, default_budget
+from ._source import VolumeSource
 
 SUPPORTED_DTYPES = RAW_DTYPES + LABEL_DTYPES
 
@@ -29,39 +23,11 @@ SLAB_BYTES = 32 << 20
 Triple = Tuple[float, float, float]
 
 
-class DatasetNotFoundError(KeyError):
-    """A dataset named by the user does not exist in its HDF5 file."""
+class _Described:
+    """Shape and dtype of a source, for :func:`_checked_dtype`."""
 
-    def __str__(self) -> str:  # KeyError would print the message quoted, like a key
-        return str(self.args[0])
-
-
-@dataclass(frozen=True)
-class Source:
-    """The HDF5 dataset a volume was opened from, and its file's size and modification time at that moment.
-
-    Attributes
-    ----------
-    path : pathlib.Path
-        Absolute path of the file.
-    dataset : str
-        Path of the dataset inside the file.
-    size, mtime_ns : int
-        ``os.stat`` of the file when the volume was opened.
-    """
-
-    path: Path
-    dataset: str
-    size: int
-    mtime_ns: int
-
-    def unchanged(self) -> bool:
-        """True if the file still has the size and modification time it had when the volume was opened."""
-        try:
-            now = os.stat(self.path)
-        except OSError:
-            return False
-        return (now.st_size, now.st_mtime_ns) == (self.size, self.mtime_ns)
+    def __init__(self, shape, dtype) -> None:
+        self.shape, self.dtype, self.ndim = tuple(shape), np.dtype(dtype), len(shape)
 
 
 def _checked_dtype(data, name: str) -> np.dtype:
@@ -73,7 +39,7 @@ def _checked_dtype(data, name: str) -> np.dtype:
     if isinstance(data, np.ndarray) and not dtype.isnative:
         raise TypeError(f"{name}: byte-swapped dtype {dtype}; convert it with "
                         f"array.astype(array.dtype.newbyteorder('='))")
-    dtype = dtype.newbyteorder("=")  # HDF5 converts big-endian data when it is read into native buffers
+    dtype = dtype.newbyteorder("=")  # sources convert stored byte orders when they read into native buffers
     if dtype == np.dtype(bool):
         return np.dtype(np.uint8)  # a mask: bool is one byte of 0 or 1, read as uint8 without a copy
     if dtype not in SUPPORTED_DTYPES:
@@ -85,9 +51,9 @@ def _checked_dtype(data, name: str) -> np.dtype:
 
 
 class Volume:
-    """A 3-D or 4-D EM volume, in memory, memory-mapped or read lazily from HDF5.
+    """A 3-D or 4-D EM volume, in memory, memory-mapped or read lazily from a store.
 
-    Build one with :meth:`from_array` or :func:`hdf5`.
+    Build one with :meth:`from_array`, :func:`emfast.open` or :func:`emfast.hdf5`.
 
     Attributes
     ----------
@@ -100,37 +66,69 @@ class Volume:
     dtype : numpy.dtype
         Element type.
     chunks : tuple of int or None
-        HDF5 chunk shape, if chunked.
+        The store's chunk shape (z, y, x), if chunked.
     resolution, offset : tuple of float or None
-        Voxel size and world position of voxel (0, 0, 0), from the ``resolution`` / ``offset`` attributes.
+        Voxel size and world position of voxel (0, 0, 0), (z, y, x), from the store's metadata.
     in_memory : bool
-        True when the kernels read :attr:`array` directly; False for lazy HDF5 reads.
-    source : Source or None
-        The HDF5 file and dataset the volume came from (None for arrays).
+        True when the kernels read :attr:`array` directly; False for lazy reads through the chunk cache.
+    source : Stamp or None
+        The file or store and dataset the volume came from, as it was when opened (None for arrays).
     """
 
-    def __init__(self, data, *, name: str, resolution=None, offset=None, chunks=None, file=None, source=None,
+    def __init__(self, data, *, name: Optional[str], resolution=None, offset=None, chunks=None, source=None,
                  cache_bytes: Optional[int] = None) -> None:
-        dtype = _checked_dtype(data, name)
+        """``data``: a NumPy array (held as it is), or a :class:`VolumeSource` read lazily through a chunk cache of
+        ``cache_bytes``; ``source`` is the :class:`Stamp` of an array read from a store."""
+        lazy = isinstance(data, VolumeSource)
+        name = data.name if lazy and name is None else name
+        dtype = _checked_dtype(_Described(data.full_shape, data.dtype) if lazy else data, name)
         self.name = name
         self.dtype = dtype
-        full_shape = tuple(int(s) for s in data.shape)
-        self.channels = full_shape[0] if data.ndim == 4 else 1
+        full_shape = tuple(int(s) for s in (data.full_shape if lazy else data.shape))
+        self.channels = full_shape[0] if len(full_shape) == 4 else 1
         self.shape = full_shape[-3:]
-        self.chunks = chunks
+        self.chunks = data.chunks if lazy else chunks
+        resolution, offset = (data.resolution, data.offset) if lazy else (resolution, offset)
         self.resolution = None if resolution is None else triple(resolution, f"{name}: resolution", integer=False)
         self.offset = None if offset is None else triple(offset, f"{name}: offset", integer=False)
-        self.source = source
-        self._file = file
-        self._dataset = None if isinstance(data, np.ndarray) else data
+        self.source = data.stamp if lazy else source
+        self._reader: Optional[VolumeSource] = data if lazy else None
         self._array = None
         self._cache = None
-        if isinstance(data, np.ndarray):
+        if lazy:
+            self._cache = ChunkCache(data, dtype, default_budget() if cache_bytes is None else cache_bytes, name)
+        else:
             if data.dtype == bool:
                 data = data.view(np.uint8)  # a bool mask, as the uint8 it is byte for byte
             self._array = data if data.ndim == 4 else data[np.newaxis]
-        else:
-            self._cache = ChunkCache(data, dtype, default_budget() if cache_bytes is None else cache_bytes, name)
+
+    @classmethod
+    def open(cls, source: VolumeSource, *, in_memory: bool = True, cache_bytes: Optional[int] = None) -> "Volume":
+        """A volume of ``source``: read whole into memory (the source is closed after), or lazily.
+
+        Raises
+        ------
+        TypeError, ValueError
+            Unsupported dtype or shape (the source is closed), or ``cache_bytes`` with ``in_memory=True``.
+        """
+        name = source.name
+        try:
+            if cache_bytes is not None:
+                if in_memory:
+                    raise ValueError(f"{name}: cache_bytes applies to lazy volumes; pass in_memory=False with it")
+                cache_bytes = check_budget(cache_bytes, name)
+            if not in_memory:
+                return cls(source, name=name, cache_bytes=cache_bytes)
+            data = np.empty(source.full_shape, dtype=_checked_dtype(_Described(source.full_shape, source.dtype),
+                                                                      name))
+            whole = data if data.ndim == 4 else data[np.newaxis]
+            source.read((0, 0, 0), whole.shape[1:], whole)
+        except BaseException:
+            source.close()
+            raise
+        source.close()
+        return cls(data, name=name, resolution=source.resolution, offset=source.offset, chunks=source.chunks,
+                   source=source.stamp)
 
     @classmethod
     def from_array(cls, array: np.ndarray, *, name: str = "array", resolution=None, offset=None) -> "Volume":
@@ -143,7 +141,7 @@ class Volume:
         """Pickle an in-memory volume with its data, a lazy one as its file and dataset (reopened read-only)."""
         if self._array is not None:
             return _rebuilt_volume, (self._array, self.name, self.resolution, self.offset, self.chunks, self.source)
-        return _reopened_volume, (str(self.source.path), self.source.dataset, self._cache.budget_bytes)
+        return _reopened_volume, (type(self._reader), self._reader.reopen_arguments(), self._cache.budget_bytes)
 
     @property
     def in_memory(self) -> bool:
@@ -222,10 +220,7 @@ class Volume:
             else:  # a contiguous prefix of the buffer, as HDF5 needs
                 slab = buffer[:self.channels * dz * int(np.prod(section_shape))].reshape(
                     (self.channels, dz) + section_shape)
-                if self._dataset.ndim == 4:
-                    self._dataset.read_direct(slab, source_sel=np.s_[:, z:z + dz])
-                else:
-                    self._dataset.read_direct(slab[0], source_sel=np.s_[z:z + dz])
+                self._reader.read((z, 0, 0), (dz,) + section_shape, slab)
                 yield z, slab
 
     def check_finite(self) -> None:
@@ -240,12 +235,11 @@ class Volume:
                                  f"({bad[0]}, {z + bad[1]}, {bad[2]}, {bad[3]})")
 
     def close(self) -> None:
-        """Close the HDF5 file of a lazy volume (in-memory volumes hold no file)."""
+        """Close the file or store of a lazy volume (in-memory volumes hold none)."""
         if self._cache is not None:
             self._cache.clear()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._reader is not None:
+            self._reader.close()
 
     def __enter__(self) -> "Volume":
         return self
@@ -259,95 +253,12 @@ class Volume:
         return f"Volume({self.name!r}, shape={self.shape}, {channels}dtype={self.dtype}, {where})"
 
 
-def open_hdf5(path: Union[str, os.PathLike]) -> h5py.File:
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a directory, not an HDF5 file")
-    if not path.exists():
-        raise FileNotFoundError(f"HDF5 file not found: {path}")
-    try:
-        return h5py.File(path, "r")
-    except OSError as exc:
-        raise OSError(f"cannot open {path} as an HDF5 file: {exc}") from exc
-
-
-def list_datasets(file: h5py.File) -> list[str]:
-    """Names of all datasets in an open HDF5 file, depth first."""
-    names: list[str] = []
-    file.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
-    return names
-
-
-def hdf5(path: Union[str, os.PathLike], dataset: str, *, in_memory: bool = True,
-         cache_bytes: Optional[int] = None) -> Volume:
-    """Open a dataset of an HDF5 file as a :class:`Volume`, read-only.
-
-    Parameters
-    ----------
-    path : str or path-like
-        The HDF5 file. It is opened read-only and never modified.
-    dataset : str
-        Path of the dataset inside the file, e.g. ``"volumes/raw"``.
-    in_memory : bool
-        Load the whole dataset into memory (fastest; the default), or read windows lazily through a bounded
-        cache of the file's chunks (for volumes larger than memory).
-    cache_bytes : int, optional
-        Lazy volumes only: most bytes of decompressed chunks kept in memory, least recently used dropped
-        first. Default: 1 GiB, or an eighth of physical memory if smaller (:func:`emfast.io._chunkcache.
-        default_budget`). A cache block is one HDF5 chunk with all channels (64x64x64 voxels for unchunked
-        datasets); the budget must hold at least one, and should hold several windows' worth for good hit
-        rates. Threads that need the same missing chunk read it once; shuffle/gzip chunks are decompressed
-        outside h5py's global lock, so several loader threads decode in parallel.
-
-    Raises
-    ------
-    FileNotFoundError, IsADirectoryError, OSError
-        The path is missing, is a directory, or is not an HDF5 file.
-    DatasetNotFoundError
-        No dataset of that name; the message lists the datasets the file has.
-    TypeError, ValueError
-        Unsupported dtype, or not 3-D/4-D; a ``cache_bytes`` that is not a positive integer, is smaller than
-        one cache block, or is given with ``in_memory=True``.
-    """
-    name = f"{path}:{dataset}"
-    if cache_bytes is not None:
-        if in_memory:
-            raise ValueError(f"{name}: cache_bytes applies to lazy volumes; pass in_memory=False with it")
-        cache_bytes = check_budget(cache_bytes, name)
-    file = open_hdf5(path)
-    try:
-        node = file.get(dataset)
-        if node is None:
-            available = ", ".join(list_datasets(file)) or "none"
-            raise DatasetNotFoundError(f"dataset {dataset!r} not found in {path}; datasets there: {available}")
-        if not isinstance(node, h5py.Dataset):
-            raise ValueError(f"{name} is a group, not a dataset; datasets in the file: "
-                             f"{', '.join(list_datasets(file))}")
-        stat = os.stat(path)
-        source = Source(Path(path).resolve(), dataset, stat.st_size, stat.st_mtime_ns)
-        attrs = dict(resolution=node.attrs.get("resolution"), offset=node.attrs.get("offset"), chunks=node.chunks,
-                     source=source)
-        if in_memory:
-            data = np.empty(node.shape, dtype=_checked_dtype(node, name))  # checked before reading everything
-            try:
-                node.read_direct(data)
-            except OSError as error:  # h5py names neither file nor dataset (e.g. a corrupt compressed chunk)
-                raise OSError(f"{name}: cannot read the dataset ({error}); the file may be truncated or "
-                              "corrupt") from error
-            file.close()
-            return Volume(data, name=name, **attrs)
-        return Volume(node, name=name, file=file, cache_bytes=cache_bytes, **attrs)
-    except BaseException:
-        file.close()
-        raise
-
-
 def _rebuilt_volume(array, name, resolution, offset, chunks, source) -> Volume:
     return Volume(array, name=name, resolution=resolution, offset=offset, chunks=chunks, source=source)
 
 
-def _reopened_volume(path: str, dataset: str, cache_bytes: int) -> Volume:
-    return hdf5(path, dataset, in_memory=False, cache_bytes=cache_bytes)
+def _reopened_volume(source_type: type, arguments: tuple, cache_bytes: int) -> Volume:
+    return Volume(source_type(*arguments), name=None, cache_bytes=cache_bytes)
 
 
 def as_volume(source, name: str) -> Volume:
