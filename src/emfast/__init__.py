@@ -19,6 +19,7 @@ from ._version import __version__
 from .augment import (Artifacts, Augmentation, Blur, Contrast, Elastic, Gamma, Intensity, LowContrast, Mirror,
                       MissingSection, Noise, Rotate, Scale, Slip, Transpose)
 from .io import DatasetNotFoundError, Volume, hdf5
+from .io import open_volume as open
 from .pipeline import BackPressureWarning, Batch, BatchReleasedError, Loader, ProfileReport, SlotsExhaustedError
 from .sampling import Balanced, Dataset, Masked, Sample, Tiled, Uniform
 from .targets import Affinities, Boundaries, Classes, Foreground, compute_targets
@@ -62,4 +63,5 @@ __all__ = [
     "Volume",
     "compute_targets",
     "hdf5",
+    "open",
 ]

@@ -16,7 +16,10 @@ from . import bench as _bench
 from . import config as _config
 from ._machine import cores
 from .augment import Intensity, Mirror, Transpose
-from .io import LABELS_DATASET, RAW_DATASET, demo_volume_path, hdf5, open_hdf5
+from .io import LABELS_DATASET, RAW_DATASET, demo_volume_path, hdf5, open_hdf5, open_volume, split_path
+from .io._n5 import list_n5_datasets
+from .io._open import detect
+from .io._zarr import list_arrays
 from .pipeline import Loader
 
 #: Seconds between progress-bar redraws.
@@ -151,7 +154,10 @@ def info(args: argparse.Namespace) -> int:
     if args.file is None:
         print("\n".join(installation()))
         return 0
-    with open_hdf5(args.file) as file:
+    container, inner, kind = split_path(args.file)
+    if (kind or detect(container)) != "hdf5":
+        return _store_info(args.file)
+    with open_hdf5(container) as file:
         print(f"{args.file}" + (f"  [{_format_attrs(file.attrs)}]" if len(file.attrs) else ""))
         rows = []
 
@@ -165,6 +171,38 @@ def info(args: argparse.Namespace) -> int:
         file.visititems(visit)
         print("\n".join(rows) if rows else "  (no datasets)")
     return 0
+
+
+def _store_info(path: str) -> int:
+    """zarr, N5 or precomputed: every array (or the one named) with shape, dtype, chunks and metadata."""
+    container, inner, _ = split_path(path)
+    print(path)
+    names = _store_arrays(container, inner)
+    for name in names:
+        with open_volume(container, name, in_memory=False) as volume:
+            channels = f" channels={volume.channels}" if volume.channels > 1 else ""
+            print(f"  {name or '.'}: shape={volume.shape}{channels} dtype={volume.dtype} chunks={volume.chunks} "
+                  f"resolution={volume.resolution} offset={volume.offset}")
+    if not names:
+        print("  (no arrays)")
+    return 0
+
+
+def _store_arrays(container, inner: str) -> List[str]:
+    """The arrays ``emfast info`` describes: the one named, or every one below the named group."""
+    kind = split_path(container)[2] or detect(container)
+    if kind == "precomputed":
+        return [""]
+    if kind == "n5":
+        names = list_n5_datasets(container / inner)
+    else:
+        import zarr
+        node = zarr.open(store=str(container), mode="r")
+        node = node[inner] if inner else node
+        if isinstance(node, zarr.Array) or "multiscales" in node.attrs.get("ome", node.attrs):
+            return [inner]
+        names = list_arrays(node)
+    return [f"{inner}/{name}".strip("/.") if name != "." else inner for name in names]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -204,11 +242,13 @@ def build_parser() -> argparse.ArgumentParser:
                           help="where the built-in volume is cached (default: $EMFAST_CACHE_DIR or ~/.cache/emfast)")
     validate.set_defaults(handler=check)
 
-    show = commands.add_parser("info", help="this installation, or the datasets of an HDF5 file",
+    show = commands.add_parser("info", help="this installation, or the datasets of a file or store",
                                description="Without FILE: the version, the CPU features the kernels use, and "
                                            "whether pycuda and a GPU are available. With FILE: every dataset of "
-                                           "the HDF5 file with shape, dtype, chunks, compression and attributes.")
-    show.add_argument("file", nargs="?", help="an HDF5 file")
+                                           "the HDF5 file, zarr or N5 store (or precomputed volume) with shape, "
+                                           "dtype, chunks and metadata; a path inside a store names one array or "
+                                           "group.")
+    show.add_argument("file", nargs="?", help="an HDF5 file, a zarr/N5 store or a precomputed volume")
     show.set_defaults(handler=info)
 
     measure = commands.add_parser("bench", help="compare emfast with NumPy, PyTorch and the copy floor",

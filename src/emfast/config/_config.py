@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 import yaml
 
 from .. import augment as _augment
-from ..io import Volume, hdf5
+from ..io import Volume, open_volume
 from ..pipeline import Loader
 from ..sampling import Dataset, Sample, Sampler
 from ..targets import Target
@@ -103,7 +103,8 @@ class Config:
             for key, volume in spec.volumes():
                 file = volume.file.path(cache_dir, demo_shape) if isinstance(volume.file, Builtin) else volume.file
                 try:
-                    opened.append(hdf5(file, volume.dataset, in_memory=not spec.lazy, cache_bytes=spec.cache_bytes))
+                    opened.append(open_volume(file, volume.dataset, in_memory=not spec.lazy,
+                                               cache_bytes=spec.cache_bytes))
                 except OSError as error:
                     raise reader.error(path + (("file",) if volume.shared_file else key + ("file",)),
                                        str(error)) from error

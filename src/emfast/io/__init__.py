@@ -1,5 +1,7 @@
-"""Where the data comes from: volumes (NumPy arrays and HDF5 datasets, read-only, in memory or lazily through a
-bounded chunk cache), per-volume statistics cached beside the user's data, and the built-in demo volume.
+"""Where the data comes from: volumes (NumPy arrays, or stores read-only, in memory or lazily through a bounded
+chunk cache), the volume-source protocol and its formats (HDF5, zarr and OME-Zarr, N5, neuroglancer precomputed),
+format detection (``open_volume``, public as ``emfast.open``), per-volume statistics cached beside the user's
+data, and the built-in demo volume.
 
 May import: ``emfast._core``, ``emfast._checks``, ``emfast._machine``.
 """
@@ -7,8 +9,12 @@ from ._chunkcache import CacheStats, default_budget
 from ._demo import LABELS_DATASET, RAW_DATASET, demo_volume_path, make_em_volume
 from ._stats import VolumeStatistics, volume_statistics
 from ._hdf5 import Hdf5Source, hdf5, list_datasets, open_hdf5
+from ._n5 import N5Source
+from ._open import open_source, open_volume, split_path
+from ._precomputed import PrecomputedSource, tensorstore_missing
 from ._source import DatasetNotFoundError, Stamp, VolumeSource
 from ._volume import Volume, as_volume
+from ._zarr import ZarrSource, zarr_missing
 
 __all__ = [
     "LABELS_DATASET",
@@ -16,10 +22,13 @@ __all__ = [
     "CacheStats",
     "DatasetNotFoundError",
     "Hdf5Source",
+    "N5Source",
+    "PrecomputedSource",
     "Stamp",
     "Volume",
     "VolumeSource",
     "VolumeStatistics",
+    "ZarrSource",
     "as_volume",
     "default_budget",
     "demo_volume_path",
@@ -27,5 +36,10 @@ __all__ = [
     "list_datasets",
     "make_em_volume",
     "open_hdf5",
+    "open_source",
+    "open_volume",
+    "split_path",
+    "tensorstore_missing",
     "volume_statistics",
+    "zarr_missing",
 ]

@@ -1,0 +1,124 @@
+"""``emfast.open``: one entry point for every format, which it detects from the container."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Sequence, Tuple, Union
+
+import h5py
+
+from ._hdf5 import Hdf5Source
+from ._n5 import N5Source, is_n5
+from ._precomputed import PrecomputedSource, is_precomputed
+from ._source import VolumeSource
+from ._volume import Volume
+from ._zarr import GROUP_MARKERS, ZarrSource
+
+#: Container suffixes and their formats; a path may go on past the container into the dataset inside it.
+SUFFIXES = {".zarr": "zarr", ".n5": "n5", ".h5": "hdf5", ".hdf5": "hdf5", ".hdf": "hdf5"}
+FORMATS = ("hdf5", "zarr", "n5", "precomputed")
+
+
+def split_path(path: Union[str, os.PathLike], dataset: Optional[str] = None) -> Tuple[Path, str, Optional[str]]:
+    """(container, dataset inside it, format or None) of ``path``, which may name the dataset after the container
+    (``sample.zarr/volumes/raw``), with ``dataset`` appended."""
+    parts = Path(path).parts
+    for i, part in enumerate(parts):
+        kind = SUFFIXES.get(Path(part).suffix.lower())
+        if kind is not None:
+            container, inner = Path(*parts[:i + 1]), "/".join(parts[i + 1:])
+            break
+    else:
+        container, inner, kind = Path(path), "", None
+    dataset = "/".join(p.strip("/") for p in (inner, dataset or "") if p.strip("/"))
+    return container, dataset, kind
+
+
+def detect(container: Path) -> str:
+    """The format of a container without a telling suffix, from what it holds."""
+    if container.is_file():
+        if h5py.is_hdf5(str(container)):
+            return "hdf5"
+        raise ValueError(f"{container} is neither an HDF5 file nor a zarr, N5 or precomputed directory")
+    if not container.exists():
+        raise FileNotFoundError(f"no such file or store: {container}")
+    if is_n5(container):
+        return "n5"
+    if any((container / marker).is_file() for marker in GROUP_MARKERS + (".zarray",)):
+        return "zarr"
+    if is_precomputed(container):
+        return "precomputed"
+    raise ValueError(f"{container}: cannot tell its format (no zarr.json/.zarray/.zgroup, N5 attributes.json or "
+                     f"precomputed info); name the container with a suffix {sorted(SUFFIXES)} or pass format=")
+
+
+def open_source(path: Union[str, os.PathLike], dataset: Optional[str] = None, *, format: Optional[str] = None,
+                level: Optional[int] = None, resolution: Optional[Sequence[float]] = None) -> VolumeSource:
+    """The :class:`~emfast.io._source.VolumeSource` for ``path`` and ``dataset`` (see :func:`open_volume`)."""
+    container, inner, kind = split_path(path, dataset)
+    if format is not None:
+        if format not in FORMATS:
+            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+        kind = format
+    if kind is None:
+        kind = detect(container)
+    if kind not in ("zarr", "precomputed") and (level is not None or resolution is not None):
+        raise ValueError(f"{container}: level and resolution choose a level of a multiscale image (OME-Zarr or "
+                         f"precomputed), not of {kind}")
+    if kind == "hdf5":
+        if not inner:
+            raise ValueError(f"{container}: name the dataset, e.g. {container}/volumes/raw")
+        return Hdf5Source(container, inner)
+    if kind == "zarr":
+        return ZarrSource(container, inner, level=level, resolution=resolution)
+    if kind == "n5":
+        return N5Source(container, inner)
+    return PrecomputedSource(container, scale=level, resolution=resolution)
+
+
+def open_volume(path: Union[str, os.PathLike], dataset: Optional[str] = None, *, in_memory: bool = True,
+                cache_bytes: Optional[int] = None, format: Optional[str] = None, level: Optional[int] = None,
+                resolution: Optional[Sequence[float]] = None) -> Volume:
+    """Open a volume from HDF5, zarr (v2, v3, sharded), OME-Zarr, N5 or neuroglancer precomputed, read-only.
+
+    The format comes from the container's suffix (``.zarr``, ``.n5``, ``.h5``/``.hdf5``/``.hdf``) or, without
+    one, from what the path holds (an HDF5 file; ``zarr.json``/``.zarray``/``.zgroup``; an N5 ``attributes.json``;
+    a precomputed ``info``). The dataset may follow the container in ``path``:
+    ``open("sample.zarr/volumes/raw")`` and ``open("sample.zarr", "volumes/raw")`` are the same.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file or store, optionally followed by the dataset inside it.
+    dataset : str, optional
+        The dataset (array) inside the container, or an OME-Zarr image group.
+    in_memory : bool
+        Read the whole volume into memory (fastest), or lazily through a bounded cache of the store's chunks.
+    cache_bytes : int, optional
+        Lazy volumes only: the chunk cache's budget (see :func:`emfast.hdf5`).
+    format : {"hdf5", "zarr", "n5", "precomputed"}, optional
+        Skip detection.
+    level, resolution : optional
+        For an OME-Zarr multiscale image or a precomputed volume: the level (scale) by index, or by its (z, y, x)
+        voxel size. Default: level 0, the finest.
+
+    Returns
+    -------
+    Volume
+        With ``resolution`` and ``offset`` from the metadata: gunpowder/funlib ``resolution``/``voxel_size`` and
+        ``offset`` (reversed in N5), N5 ``pixelResolution``, OME-NGFF ``coordinateTransformations``, precomputed
+        scales. Samples align raw, labels and masks with them, as for HDF5.
+
+    Raises
+    ------
+    FileNotFoundError
+        No such file or store.
+    DatasetNotFoundError
+        No such dataset; the message lists those there are.
+    ImportError
+        zarr (``emfast[zarr]``) or tensorstore (``emfast[tensorstore]``) is needed and missing.
+    OSError, TypeError, ValueError
+        An unreadable or inconsistent store, an unsupported codec or dtype, bad arguments.
+    """
+    source = open_source(path, dataset, format=format, level=level, resolution=resolution)
+    return Volume.open(source, in_memory=in_memory, cache_bytes=cache_bytes)

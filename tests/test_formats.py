@@ -1,0 +1,344 @@
+"""zarr (v2, v3, sharded), OME-Zarr, N5 and precomputed volumes: reads equal NumPy, metadata follows each
+convention's documented definition, bad stores get clear errors, and stores are never written."""
+import hashlib
+import json
+import os
+import pickle
+import struct
+import sys
+import threading
+import zlib
+
+import h5py
+import numpy as np
+import pytest
+
+import emfast as ef
+from emfast.io import DatasetNotFoundError, tensorstore_missing, zarr_missing
+
+zarr = pytest.importorskip("zarr", reason="zarr is not installed (pip install 'emfast[zarr]')")
+needs_tensorstore = pytest.mark.skipif(tensorstore_missing() is not None, reason=str(tensorstore_missing()))
+
+SHAPE = (20, 40, 36)
+CHUNKS = (8, 16, 16)
+
+
+@pytest.fixture
+def raw(rng):
+    return rng.integers(0, 256, SHAPE, dtype=np.uint8)
+
+
+def write_zarr(path, name, data, *, zarr_format=3, shards=None, compressor="zstd", attrs=None, fill_value=0):
+    compressors = {"zstd": zarr.codecs.ZstdCodec(), "blosc": zarr.codecs.BloscCodec(), "none": None}[compressor] \
+        if zarr_format == 3 else {"zstd": {"id": "zstd", "level": 1}, "blosc": {"id": "blosc"}, "none": None}[compressor]
+    root = zarr.open_group(str(path), mode="a", zarr_format=zarr_format)
+    chunks = CHUNKS if data.ndim == 3 else (data.shape[0],) + CHUNKS
+    array = root.create_array(name, shape=data.shape, chunks=chunks, shards=shards, dtype=data.dtype,
+                              compressors=compressors, fill_value=fill_value)
+    array[...] = data
+    array.attrs.update(attrs or {})
+    return array
+
+
+def tree_digest(path):
+    """Every file's path, size, mtime and content under ``path``: any write to the store changes it."""
+    digest = hashlib.sha256()
+    for root, _, files in sorted(os.walk(path)):
+        for name in sorted(files):
+            full = os.path.join(root, name)
+            stat = os.stat(full)
+            digest.update(f"{full}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+            with open(full, "rb") as file:
+                digest.update(file.read())
+    return digest.hexdigest()
+
+
+def random_boxes(rng, count=30):
+    for _ in range(count):
+        extent = [int(rng.integers(1, s + 1)) for s in SHAPE]
+        corner = [int(rng.integers(0, s - e + 1)) for s, e in zip(SHAPE, extent)]
+        yield corner, extent
+
+
+@pytest.mark.parametrize("zarr_format,shards,compressor", [
+    (2, None, "zstd"), (2, None, "blosc"), (3, None, "zstd"), (3, None, "blosc"), (3, (16, 32, 32), "zstd"),
+    (3, None, "none")], ids=["v2-zstd", "v2-blosc", "v3-zstd", "v3-blosc", "v3-sharded", "v3-raw"])
+def test_zarr_reads_equal_numpy_lazily_and_in_memory(tmp_path, rng, raw, zarr_format, shards, compressor):
+    write_zarr(tmp_path / "s.zarr", "volumes/raw", raw, zarr_format=zarr_format, shards=shards, compressor=compressor)
+    before = tree_digest(tmp_path / "s.zarr")
+    np.testing.assert_array_equal(ef.open(tmp_path / "s.zarr/volumes/raw").array[0], raw)
+    with ef.open(tmp_path / "s.zarr", "volumes/raw", in_memory=False, cache_bytes=6 * 8 * 16 * 16) as volume:
+        assert volume.chunks == CHUNKS and volume.shape == SHAPE and not volume.in_memory
+        for corner, extent in random_boxes(rng):
+            out = np.empty((1,) + tuple(extent), np.uint8)
+            volume.read_box(corner, extent, out)
+            box = tuple(slice(c, c + e) for c, e in zip(corner, extent))
+            np.testing.assert_array_equal(out[0], raw[box])
+        assert volume.cache_stats.misses > 0
+    assert tree_digest(tmp_path / "s.zarr") == before  # read-only: nothing written, not even metadata
+
+
+def test_channels_and_big_endian_v2(tmp_path, rng):
+    data = rng.integers(0, 2**16, (2,) + SHAPE, dtype=np.uint16).astype(">u2")
+    write_zarr(tmp_path / "c.zarr", "raw", data, zarr_format=2)
+    volume = ef.open(tmp_path / "c.zarr/raw", in_memory=False)
+    assert volume.channels == 2 and volume.dtype == np.dtype(np.uint16)
+    out = np.empty((2, 5, 6, 7), np.uint16)
+    volume.read_box((1, 2, 3), (5, 6, 7), out)
+    np.testing.assert_array_equal(out, data[:, 1:6, 2:8, 3:10])
+
+
+def test_open_forms_mean_the_same(tmp_path, raw):
+    write_zarr(tmp_path / "s.zarr", "volumes/raw", raw)
+    with h5py.File(tmp_path / "s.h5", "w") as f:
+        f.create_dataset("volumes/raw", data=raw, chunks=CHUNKS)
+    for volume in (ef.open(tmp_path / "s.zarr/volumes/raw"), ef.open(tmp_path / "s.zarr", "volumes/raw"),
+                   ef.open(str(tmp_path / "s.zarr") + "/volumes", "raw"), ef.open(tmp_path / "s.h5/volumes/raw"),
+                   ef.open(tmp_path / "s.h5", "volumes/raw"), ef.open(tmp_path / "s.h5", "/volumes/raw")):
+        np.testing.assert_array_equal(volume.array[0], raw)
+    os.rename(tmp_path / "s.zarr", tmp_path / "plain")  # no suffix: detected from zarr.json
+    np.testing.assert_array_equal(ef.open(tmp_path / "plain", "volumes/raw").array[0], raw)
+
+
+def test_gunpowder_attributes_align_labels_without_arguments(tmp_path, rng, raw):
+    """gunpowder/funlib write resolution and offset (world units, z, y, x); labels covering part of raw line up."""
+    labels = rng.integers(1, 9, (10, 20, 16), dtype=np.uint64)
+    write_zarr(tmp_path / "s.zarr", "raw", raw, attrs={"resolution": [40, 4, 4], "offset": [0, 0, 0]})
+    write_zarr(tmp_path / "s.zarr", "labels", labels, attrs={"resolution": [40, 4, 4], "offset": [200, 40, 48]})
+    sample = ef.Sample(ef.open(tmp_path / "s.zarr/raw"), labels=ef.open(tmp_path / "s.zarr/labels"))
+    np.testing.assert_array_equal(sample.placed_labels.origin, [5, 10, 12])
+    with ef.Loader(ef.Dataset([sample]), patch=(4, 8, 8), batch_size=4, augment=[], seed=1) as loader:
+        batch = loader.next_batch()
+        for n, corner in enumerate(batch.positions):
+            z, y, x = (int(c) for c in corner)
+            np.testing.assert_array_equal(batch["labels"][n, 0], labels[z - 5:z - 1, y - 10:y - 2, x - 12:x - 4])
+            expected = raw[z:z + 4, y:y + 8, x:x + 8].astype(np.float32) * np.float32(1 / 255)
+            np.testing.assert_array_equal(batch["raw"][n, 0], expected)
+
+
+def write_n5(path, dataset, data, block, compression="gzip", attrs=None):
+    """An N5 dataset written from the specification, independently of the reader: (x, y, z) metadata, a
+    big-endian header per block (mode 0, ndim, the block's size), big-endian elements with x fastest."""
+    directory = path / dataset
+    directory.mkdir(parents=True)
+    (path / "attributes.json").write_text(json.dumps({"n5": "2.5.1"}))
+    meta = {"dimensions": list(data.shape[::-1]), "blockSize": list(block[::-1]), "dataType": data.dtype.name,
+            "compression": {"type": compression}, **(attrs or {})}
+    (directory / "attributes.json").write_text(json.dumps(meta))
+    for index in np.ndindex(*(-(-s // b) for s, b in zip(data.shape, block))):
+        if index == (0, 1, 1):
+            continue  # a block never written reads as 0
+        piece = data[tuple(slice(i * b, (i + 1) * b) for i, b in zip(index, block))]
+        body = piece.astype(piece.dtype.newbyteorder(">")).tobytes()
+        if compression == "gzip":
+            body = zlib.compress(body)  # zlib header: N5's gzip type accepts it (decoded with auto-detection)
+        header = struct.pack(">HH", 0, 3) + struct.pack(">3I", *piece.shape[::-1])
+        block_path = directory.joinpath(*(str(i) for i in index[::-1]))
+        block_path.parent.mkdir(parents=True, exist_ok=True)
+        block_path.write_bytes(header + body)
+
+
+@pytest.mark.parametrize("compression", ["raw", "gzip"])
+def test_n5_from_the_specification(tmp_path, rng, compression):
+    data = rng.integers(0, 2**16, SHAPE, dtype=np.uint16)
+    write_n5(tmp_path / "a.n5", "volumes/raw", data, CHUNKS, compression,
+             attrs={"resolution": [4, 4, 40], "offset": [8, 4, 80]})
+    expected = data.copy()
+    expected[0:8, 16:32, 16:32] = 0
+    volume = ef.open(tmp_path / "a.n5", "volumes/raw", in_memory=False)
+    assert volume.resolution == (40.0, 4.0, 4.0) and volume.offset == (80.0, 4.0, 8.0)  # funlib: reversed in N5
+    for corner, extent in random_boxes(rng):
+        out = np.empty((1,) + tuple(extent), np.uint16)
+        volume.read_box(corner, extent, out)
+        np.testing.assert_array_equal(out[0], expected[tuple(slice(c, c + e) for c, e in zip(corner, extent))])
+    (tmp_path / "b.n5").mkdir()
+    write_n5(tmp_path / "b.n5", "raw", data, CHUNKS, attrs={"pixelResolution": {"dimensions": [4, 5, 40],
+                                                                                  "unit": "nm"}})
+    assert ef.open(tmp_path / "b.n5/raw").resolution == (40.0, 5.0, 4.0)
+
+
+@needs_tensorstore
+def test_n5_and_precomputed_written_by_tensorstore(tmp_path, rng):
+    import tensorstore as ts
+    data = rng.integers(0, 2**16, SHAPE, dtype=np.uint16)
+    store = ts.open({"driver": "n5", "kvstore": {"driver": "file", "path": str(tmp_path / "t.n5" / "raw")},
+                     "metadata": {"dimensions": list(SHAPE[::-1]), "blockSize": list(CHUNKS[::-1]),
+                                  "dataType": "uint16", "compression": {"type": "gzip"}}, "create": True}).result()
+    store[...] = data.T
+    np.testing.assert_array_equal(ef.open(tmp_path / "t.n5/raw").array[0], data)
+    info = {"type": "image", "data_type": "uint16", "num_channels": 1}
+    store = ts.open({"driver": "neuroglancer_precomputed", "kvstore": {"driver": "file", "path": str(tmp_path / "pc")},
+                     "multiscale_metadata": info,
+                     "scale_metadata": {"resolution": [4, 4, 40], "voxel_offset": [3, 2, 1],
+                                        "size": list(SHAPE[::-1]), "chunk_size": list(CHUNKS[::-1]),
+                                        "encoding": "raw"}, "create": True}).result()
+    store[...] = data.T[..., np.newaxis]
+    volume = ef.open(tmp_path / "pc", in_memory=False)
+    assert volume.resolution == (40.0, 4.0, 4.0) and volume.offset == (40.0, 8.0, 12.0)
+    out = np.empty((1, 5, 6, 7), np.uint16)
+    volume.read_box((2, 3, 4), (5, 6, 7), out)
+    np.testing.assert_array_equal(out[0], data[2:7, 3:9, 4:11])
+
+
+def ome_attrs(axes, levels, version="0.4"):
+    """OME-NGFF multiscales as the specification's example writes them."""
+    return {"multiscales": [{"version": version, "name": "image",
+                             "axes": [{"name": a, "type": {"c": "channel", "t": "time"}.get(a, "space")} for a in axes],
+                             "datasets": [{"path": path, "coordinateTransformations": [
+                                 {"type": "scale", "scale": scale}, {"type": "translation", "translation": shift}]}
+                                 for path, scale, shift in levels],
+                             "coordinateTransformations": [{"type": "scale", "scale": [1.0] * len(axes)}]}]}
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_ome_zarr_levels_axes_and_transforms(tmp_path, rng, zarr_format):
+    full = rng.integers(0, 256, (1, 2) + SHAPE, dtype=np.uint8)  # t, c, z, y, x
+    half = full[:, :, :, ::2, ::2].copy()
+    for path, data in (("0", full), ("1", half)):
+        root = zarr.open_group(str(tmp_path / "img.zarr"), mode="a", zarr_format=zarr_format)
+        root.create_array(path, shape=data.shape, chunks=(1, 1) + CHUNKS, dtype=data.dtype)[...] = data
+    attrs = ome_attrs("tczyx", [("0", [1, 1, 40, 4, 4], [0, 0, 0, 2, 2]), ("1", [1, 1, 40, 8, 8], [0, 0, 0, 4, 4])],
+                      "0.4" if zarr_format == 2 else "0.5")
+    root = zarr.open_group(str(tmp_path / "img.zarr"), mode="a")
+    root.attrs.update(attrs if zarr_format == 2 else {"ome": attrs})
+    level0 = ef.open(tmp_path / "img.zarr", in_memory=False)
+    assert level0.channels == 2 and level0.shape == SHAPE
+    assert level0.resolution == (40.0, 4.0, 4.0) and level0.offset == (0.0, 2.0, 2.0)
+    out = np.empty((2, 4, 5, 6), np.uint8)
+    level0.read_box((1, 2, 3), (4, 5, 6), out)
+    np.testing.assert_array_equal(out, full[0, :, 1:5, 2:7, 3:9])
+    level1 = ef.open(tmp_path / "img.zarr", resolution=(40, 8, 8))
+    assert level1.shape == half.shape[2:] and level1.offset == (0.0, 4.0, 4.0)
+    np.testing.assert_array_equal(level1.array, half[0])
+    np.testing.assert_array_equal(ef.open(tmp_path / "img.zarr", level=1).array, half[0])
+    with pytest.raises(ValueError, match=r"no level has resolution \(40.0, 2.0, 2.0\)"):
+        ef.open(tmp_path / "img.zarr", resolution=(40, 2, 2))
+    with pytest.raises(ValueError, match="level must be an index in"):
+        ef.open(tmp_path / "img.zarr", level=2)
+    volume = pickle.loads(pickle.dumps(ef.open(tmp_path / "img.zarr", level=1, in_memory=False)))
+    assert volume.name.endswith("img.zarr:1") and not volume.in_memory
+
+
+def test_lazy_zarr_stream_equals_in_memory_and_any_thread_count(tmp_path, rng):
+    raw = rng.integers(0, 256, (24, 64, 64), dtype=np.uint8)
+    labels = rng.integers(1, 5, (24, 64, 64), dtype=np.uint64)
+    write_zarr(tmp_path / "s.zarr", "raw", raw)
+    write_zarr(tmp_path / "s.zarr", "labels", labels)
+
+    def stream(in_memory, threads):
+        volumes = [ef.open(tmp_path / "s.zarr", name, in_memory=in_memory) for name in ("raw", "labels")]
+        volumes = [pickle.loads(pickle.dumps(v)) for v in volumes]  # as a DataLoader worker gets them
+        with ef.Loader(*volumes, patch=(8, 24, 24), batch_size=4, threads=threads, augment=["mirror", "rotate"],
+                       targets=[ef.Affinities()], seed=5, epoch_size=6) as loader:
+            return [{k: batch[k].copy() for k in batch} for batch in loader]
+
+    reference = stream(True, 1)
+    for in_memory, threads in ((False, 1), (False, 2)):
+        for a, b in zip(reference, stream(in_memory, threads)):
+            for key in a:
+                np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_missing_chunks_read_as_the_fill_value(tmp_path, raw):
+    root = zarr.open_group(str(tmp_path / "f.zarr"), mode="w")
+    array = root.create_array("raw", shape=SHAPE, chunks=CHUNKS, dtype=np.uint8, fill_value=7)
+    array[0:8, 0:16, 0:16] = raw[0:8, 0:16, 0:16]  # one chunk written; the rest were never stored
+    volume = ef.open(tmp_path / "f.zarr/raw", in_memory=False)
+    out = np.empty((1, 12, 20, 20), np.uint8)
+    volume.read_box((0, 0, 0), (12, 20, 20), out)
+    expected = np.full((12, 20, 20), 7, np.uint8)
+    expected[0:8, 0:16, 0:16] = raw[0:8, 0:16, 0:16]
+    np.testing.assert_array_equal(out[0], expected)
+
+
+def test_bad_stores_fail_clearly(tmp_path, raw):
+    with pytest.raises(FileNotFoundError, match="zarr store not found"):
+        ef.open(tmp_path / "none.zarr/raw")
+    with pytest.raises(FileNotFoundError, match="no such file or store"):
+        ef.open(tmp_path / "nothing")
+    write_zarr(tmp_path / "s.zarr", "volumes/raw", raw)
+    write_zarr(tmp_path / "s.zarr", "volumes/labels", raw)
+    with pytest.raises(DatasetNotFoundError, match="'volumes/rwa' not found .* arrays there: volumes/labels, "
+                                                   "volumes/raw"):
+        ef.open(tmp_path / "s.zarr/volumes/rwa")
+    with pytest.raises(DatasetNotFoundError, match="is a group, not an array"):
+        ef.open(tmp_path / "s.zarr/volumes")
+    # an unsupported codec, in v2 metadata as another tool might write it
+    write_zarr(tmp_path / "c.zarr", "raw", raw, zarr_format=2)
+    meta = json.loads((tmp_path / "c.zarr/raw/.zarray").read_text())
+    meta["compressor"] = {"id": "nosuchcodec"}
+    (tmp_path / "c.zarr/raw/.zarray").write_text(json.dumps(meta))
+    with pytest.raises(OSError, match="nosuchcodec"):
+        ef.open(tmp_path / "c.zarr/raw").array
+    # a corrupt chunk: the error names the store and the chunk
+    write_zarr(tmp_path / "k.zarr", "raw", raw)
+    chunk = tmp_path / "k.zarr/raw/c/1/1/0"
+    chunk.write_bytes(b"not zstd" * 10)
+    volume = ef.open(tmp_path / "k.zarr/raw", in_memory=False)
+    with pytest.raises(OSError, match=r"k.zarr:raw: cannot read chunk\(s\) \(z, y, x\) = \(1..1, 1..1, 0..0\)"):
+        volume.read_box((8, 16, 0), (8, 16, 16), np.empty((1, 8, 16, 16), np.uint8))
+    # inconsistent metadata
+    write_n5(tmp_path / "bad.n5", "raw", raw, CHUNKS)
+    meta = json.loads((tmp_path / "bad.n5/raw/attributes.json").read_text())
+    meta["blockSize"] = [16, 16]
+    (tmp_path / "bad.n5/raw/attributes.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="inconsistent metadata"):
+        ef.open(tmp_path / "bad.n5/raw")
+    root = zarr.open_group(str(tmp_path / "o.zarr"), mode="w")
+    root.create_array("0", shape=SHAPE, chunks=CHUNKS, dtype=np.uint8)
+    root.attrs.update(ome_attrs("czyx", [("0", [1, 40, 4, 4], [0, 0, 0, 0])]))
+    with pytest.raises(ValueError, match="3-D array but 4 axes"):
+        ef.open(tmp_path / "o.zarr")
+    root.attrs.update(ome_attrs("zyx", [("1", [40, 4, 4], [0, 0, 0])]))
+    with pytest.raises(ValueError, match="names level '1', which the store does not have"):
+        ef.open(tmp_path / "o.zarr")
+
+
+def test_a_chunk_rewritten_while_read(tmp_path, raw):
+    """Documented behaviour: a block already in the cache keeps the data it had when read; a block read later gets
+    the store's data of that moment; a chunk is never seen half written by zarr's own writes (whole files)."""
+    array = write_zarr(tmp_path / "s.zarr", "raw", raw)
+    volume = ef.open(tmp_path / "s.zarr/raw", in_memory=False)
+    out = np.empty((1, 8, 16, 16), np.uint8)
+    volume.read_box((0, 0, 0), (8, 16, 16), out)
+    stop = threading.Event()
+
+    def writer():
+        while not stop.is_set():
+            array[0:8, 0:16, 0:16] = 255 - raw[0:8, 0:16, 0:16]
+            array[0:8, 0:16, 0:16] = raw[0:8, 0:16, 0:16]
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        for _ in range(50):
+            volume._cache.clear()
+            volume.read_box((0, 0, 0), (8, 16, 16), out)
+            assert np.array_equal(out[0], raw[0:8, 0:16, 0:16]) or np.array_equal(out[0], 255 - raw[0:8, 0:16, 0:16])
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_zarr_in_configs_and_emfast_info(tmp_path, raw, capsys):
+    from emfast.cli import main
+    from emfast.config import load_config
+    write_zarr(tmp_path / "s.zarr", "volumes/raw", raw, attrs={"resolution": [40, 4, 4]})
+    config = tmp_path / "c.yaml"
+    config.write_text("data:\n  samples:\n    - {file: s.zarr, raw: volumes/raw, lazy: true}\n"
+                      "loader: {patch: [4, 8, 8], batch_size: 2}\n")
+    with load_config(config).loader() as loader:
+        assert loader.next_batch()["raw"].shape == (2, 1, 4, 8, 8)
+    assert main(["info", str(tmp_path / "s.zarr")]) == 0
+    out = capsys.readouterr().out
+    assert "volumes/raw" in out and "(20, 40, 36)" in out
+
+
+def test_a_missing_optional_dependency_is_named(tmp_path, raw, monkeypatch):
+    write_zarr(tmp_path / "s.zarr", "raw", raw)
+    monkeypatch.setitem(sys.modules, "zarr", None)  # as if zarr were not installed
+    assert "pip install 'emfast[zarr]'" in zarr_missing()
+    with pytest.raises(ImportError, match=r"emfast\[zarr\]"):
+        ef.open(tmp_path / "s.zarr/raw")
+    monkeypatch.setitem(sys.modules, "tensorstore", None)
+    assert "pip install 'emfast[tensorstore]'" in tensorstore_missing()
