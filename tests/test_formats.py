@@ -69,6 +69,8 @@ def test_zarr_reads_equal_numpy_lazily_and_in_memory(tmp_path, rng, raw, zarr_fo
     np.testing.assert_array_equal(ef.open(tmp_path / "s.zarr/volumes/raw").array[0], raw)
     with ef.open(tmp_path / "s.zarr", "volumes/raw", in_memory=False, cache_bytes=6 * 8 * 16 * 16) as volume:
         assert volume.chunks == CHUNKS and volume.shape == SHAPE and not volume.in_memory
+        # plain layouts are decoded by emfast, sharded ones by zarr-python; both must be exact
+        assert (volume._reader._direct is None) == (shards is not None)
         for corner, extent in random_boxes(rng):
             out = np.empty((1,) + tuple(extent), np.uint8)
             volume.read_box(corner, extent, out)
@@ -275,8 +277,11 @@ def test_bad_stores_fail_clearly(tmp_path, raw):
     chunk = tmp_path / "k.zarr/raw/c/1/1/0"
     chunk.write_bytes(b"not zstd" * 10)
     volume = ef.open(tmp_path / "k.zarr/raw", in_memory=False)
-    with pytest.raises(OSError, match=r"k.zarr:raw: cannot read chunk\(s\) \(z, y, x\) = \(1..1, 1..1, 0..0\)"):
+    with pytest.raises(OSError, match="k.zarr:raw: cannot decode chunk c/1/1/0"):  # emfast's own decoding
         volume.read_box((8, 16, 0), (8, 16, 16), np.empty((1, 8, 16, 16), np.uint8))
+    source = volume._reader
+    with pytest.raises(OSError, match=r"k.zarr:raw: cannot read chunk\(s\) \(z, y, x\) = \(0..1, 0..1, 0..0\)"):
+        source.read((4, 4, 0), (8, 16, 8), np.empty((1, 8, 16, 8), np.uint8))  # not one chunk: zarr-python
     # inconsistent metadata
     write_n5(tmp_path / "bad.n5", "raw", raw, CHUNKS)
     meta = json.loads((tmp_path / "bad.n5/raw/attributes.json").read_text())
