@@ -347,3 +347,64 @@ def test_a_missing_optional_dependency_is_named(tmp_path, raw, monkeypatch):
         ef.open(tmp_path / "s.zarr/raw")
     monkeypatch.setitem(sys.modules, "tensorstore", None)
     assert "pip install 'emfast[tensorstore]'" in tensorstore_missing()
+
+
+def test_convert_hdf5_to_zarr_resumes_byte_identical_and_never_clobbers(tmp_path, rng, monkeypatch, capsys):
+    from emfast.cli import main
+    from emfast.io import _convert
+    data = rng.integers(0, 2**16, (2,) + SHAPE, dtype=np.uint16)
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        d = f.create_dataset("volumes/raw", data=data, chunks=(2,) + CHUNKS, compression="gzip")
+        d.attrs["resolution"] = (40.0, 4.0, 4.0)
+        d.attrs["offset"] = (80.0, 8.0, 8.0)
+        d.attrs["note"] = "from the microscope"
+    source_before = tree_digest(tmp_path / "in.h5")
+    args = ["convert", str(tmp_path / "in.h5/volumes/raw"), str(tmp_path / "whole.zarr/raw"), "--chunks", "8", "8",
+            "16"]
+    assert main(args) == 0
+    whole = ef.open(tmp_path / "whole.zarr/raw")
+    np.testing.assert_array_equal(whole.array, data)
+    assert whole.resolution == (40.0, 4.0, 4.0) and whole.offset == (80.0, 8.0, 8.0) and whole.chunks == (8, 8, 16)
+    attrs = dict(zarr.open_array(str(tmp_path / "whole.zarr/raw"), mode="r").attrs)
+    assert attrs["note"] == "from the microscope" and attrs["emfast_convert"]["complete"] is True
+
+    # interrupted after 3 tiles (as Ctrl-C would), then resumed by the same command
+    written = []
+    real = _convert._ZarrWriter.write
+
+    def failing(self, corner, tile):
+        if len(written) == 3:
+            raise KeyboardInterrupt
+        written.append(corner)
+        real(self, corner, tile)
+
+    monkeypatch.setattr(_convert, "TILE_BYTES", 2 * 8 * 8 * 16 * 2)
+    monkeypatch.setattr(_convert._ZarrWriter, "write", failing)
+    args[2] = str(tmp_path / "resumed.zarr/raw")
+    assert main(args) == 130
+    record = dict(zarr.open_array(str(tmp_path / "resumed.zarr/raw"), mode="r").attrs)["emfast_convert"]
+    assert record["done"] == 3 and record["complete"] is False
+    monkeypatch.setattr(_convert._ZarrWriter, "write", real)
+    assert main(args) == 0
+    np.testing.assert_array_equal(ef.open(tmp_path / "resumed.zarr/raw").array, data)
+    chunk_files = 0
+    for root, _, files in os.walk(tmp_path / "whole.zarr/raw/c"):  # the chunks equal the uninterrupted run's
+        for name in files:
+            other = os.path.join(str(root).replace("whole.zarr", "resumed.zarr"), name)
+            with open(os.path.join(root, name), "rb") as a, open(other, "rb") as b:
+                assert a.read() == b.read()
+            chunk_files += 1
+    assert chunk_files == 3 * 5 * 3
+    # an existing output that is not an unfinished conversion of this source is refused, then replaced on request
+    capsys.readouterr()
+    other = ["convert", str(tmp_path / "in.h5/volumes/raw"), str(tmp_path / "whole.zarr/raw"), "--compressor", "gzip"]
+    assert main(other) == 2
+    assert "exists and it is a conversion with another source or other settings" in capsys.readouterr().err
+    assert main(other + ["--overwrite"]) == 0
+    np.testing.assert_array_equal(ef.open(tmp_path / "whole.zarr/raw").array, data)
+    assert main(["convert", str(tmp_path / "whole.zarr/raw"), str(tmp_path / "back.h5/raw"), "--compressor",
+                 "gzip"]) == 0
+    np.testing.assert_array_equal(ef.open(tmp_path / "back.h5/raw").array, data)
+    assert main(["convert", str(tmp_path / "whole.zarr/raw"), str(tmp_path / "whole.zarr/copy")]) == 2
+    assert "inside the source" in capsys.readouterr().err
+    assert tree_digest(tmp_path / "in.h5") == source_before

@@ -17,6 +17,8 @@ from . import config as _config
 from ._machine import cores
 from .augment import Intensity, Mirror, Transpose
 from .io import LABELS_DATASET, RAW_DATASET, demo_volume_path, hdf5, open_hdf5, open_volume, split_path
+from .io._convert import COMPRESSORS, progress_bar
+from .io._convert import convert as convert_volume
 from .io._n5 import list_n5_datasets
 from .io._open import detect
 from .io._zarr import list_arrays
@@ -205,6 +207,14 @@ def _store_arrays(container, inner: str) -> List[str]:
     return [f"{inner}/{name}".strip("/.") if name != "." else inner for name in names]
 
 
+def convert(args: argparse.Namespace) -> int:
+    """Convert a volume between formats, resumably (run the same command again after an interruption)."""
+    output = convert_volume(args.source, args.destination, chunks=args.chunks, compressor=args.compressor,
+                            zarr_format=args.zarr_format, overwrite=args.overwrite, progress=progress_bar())
+    print(f"wrote {args.destination} ({output})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="emfast", description="Fast 3-D patch loading from EM volumes.")
     parser.add_argument("--version", action="version", version=f"emfast {__version__}")
@@ -251,6 +261,24 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("file", nargs="?", help="an HDF5 file, a zarr/N5 store or a precomputed volume")
     show.set_defaults(handler=info)
 
+    change = commands.add_parser("convert", help="convert a volume between formats (HDF5, zarr, N5, precomputed "
+                                                 "to zarr or HDF5)",
+                                 description="Copy SOURCE (any path emfast.open takes, e.g. in.h5/volumes/raw) to "
+                                             "DESTINATION (out.zarr/raw or out.h5/raw) chunk tile by tile, with its "
+                                             "attributes, resolution and offset. Interrupted? Run the same command "
+                                             "again: it resumes after the last finished tile. An existing output "
+                                             "that is not an unfinished conversion of SOURCE is refused without "
+                                             "--overwrite. SOURCE is never written.")
+    change.add_argument("source", help="the volume to read")
+    change.add_argument("destination", help="the dataset to write, inside a .zarr or .h5 container")
+    change.add_argument("--chunks", type=int, nargs=3, metavar=("Z", "Y", "X"),
+                        help="output chunks (default: the source's, else 64 64 64)")
+    change.add_argument("--compressor", choices=COMPRESSORS, default="zstd",
+                        help="zarr: zstd (default), blosc, gzip or none; HDF5: gzip or none")
+    change.add_argument("--zarr-format", type=int, choices=[2, 3], default=3, help="zarr format (default 3)")
+    change.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    change.set_defaults(handler=convert)
+
     measure = commands.add_parser("bench", help="compare emfast with NumPy, PyTorch and the copy floor",
                                   description="Time the standard task (batch 8 x (32, 128, 128), uint8 raw -> "
                                               "float32, uint64 labels -> 3 affinities, mirror/transpose + "
@@ -271,7 +299,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print("\nemfast: interrupted", file=sys.stderr)
         return 130
-    except (OSError, ValueError, TypeError, KeyError, RuntimeError) as error:
+    except (OSError, ValueError, TypeError, KeyError, RuntimeError, ImportError) as error:
         print(f"emfast: error: {error}", file=sys.stderr)
         return 2
 

@@ -90,6 +90,9 @@ class Hdf5Source(VolumeSource):
             raise OSError(f"{self.name}: cannot read the dataset ({error}); the file may be truncated or "
                           "corrupt") from error
 
+    def attributes(self) -> dict:
+        return dict(self._dataset.attrs)
+
     def reopen_arguments(self) -> tuple:
         return str(self.stamp.path), self.stamp.dataset
 

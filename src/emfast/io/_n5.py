@@ -27,6 +27,9 @@ import numpy as np
 from ._metadata import voxel_metadata
 from ._source import DatasetNotFoundError, Stamp, VolumeSource
 
+#: Attributes that describe the N5 layout itself, not the data.
+_STRUCTURE = {"dimensions", "blockSize", "dataType", "compression", "compressionType", "resolution", "offset",
+              "pixelResolution"}
 _DTYPES = {name: np.dtype(name).newbyteorder(">") for name in
            ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64")}
 
@@ -90,6 +93,7 @@ class N5Source(VolumeSource):
         self._root, self._dataset = root, dataset
         self.resolution, self.offset = voxel_metadata(meta, self.name, reversed_order=True)
         self.stamp = Stamp.of(root, dataset, attributes)
+        self._attributes = {k: v for k, v in meta.items() if k not in _STRUCTURE}
 
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
         lead = len(self.full_shape) - 3
@@ -136,6 +140,9 @@ class N5Source(VolumeSource):
             return np.frombuffer(raw, self._stored, count).reshape(shape)
         except (ValueError, struct.error, OSError, EOFError, zlib.error, lzma.LZMAError) as error:
             raise OSError(f"{where} is corrupt: {error}") from error
+
+    def attributes(self) -> dict:
+        return dict(self._attributes)
 
     def reopen_arguments(self) -> tuple:
         return str(self._root), self._dataset

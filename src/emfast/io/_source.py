@@ -94,6 +94,10 @@ class VolumeSource:
         channel. The box lies inside the volume. Safe to call from several threads at once."""
         raise NotImplementedError
 
+    def attributes(self) -> dict:
+        """The dataset's own metadata attributes (what ``emfast convert`` carries over)."""
+        return {}
+
     def reopen_arguments(self) -> tuple:
         """The arguments of this class that open the same source again (a lazy volume pickles as them)."""
         raise NotImplementedError

@@ -152,6 +152,9 @@ class ZarrSource(VolumeSource):
                           "store may be corrupt or being written") from error
         np.copyto(out, data if "c" in self._take else data[np.newaxis])
 
+    def attributes(self) -> dict:
+        return dict(self._array.attrs)
+
     def reopen_arguments(self) -> tuple:
         return str(self._path), self._given, self._level, self._resolution
 
