@@ -149,14 +149,7 @@ class _ZarrWriter:
                 raise ConvertError(f"{self._container}/{self._dataset} exists and {why}; pass --overwrite to "
                                    "replace it")
             shutil.rmtree(self._container / self._dataset, ignore_errors=True)
-        codec = {"zstd": ("zstd", self._zarr.codecs.ZstdCodec(level=3)), "blosc": ("blosc", self._zarr.codecs.BloscCodec()),
-                 "gzip": ("gzip", self._zarr.codecs.GzipCodec()), "none": (None, None)}[self._compressor]
-        if self._format == 2:
-            import numcodecs
-            compressors = None if codec[0] is None else {"zstd": numcodecs.Zstd(level=3), "blosc": numcodecs.Blosc(),
-                                                         "gzip": numcodecs.GZip()}[codec[0]]
-        else:
-            compressors = codec[1]
+        compressors = _zarr_compressor(self._compressor, self._format, zarr)
         root = zarr.open_group(str(self._container), mode="a", zarr_format=self._format)
         lead = tuple(self._source.full_shape[:-3])
         self._array = root.create_array(self._dataset, shape=self._source.full_shape, chunks=lead + self._chunks,
@@ -216,6 +209,17 @@ class _Hdf5Writer:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _zarr_compressor(name: str, zarr_format: int, zarr):
+    """The codec object for ``name``: numcodecs for zarr v2 metadata, zarr's own codecs for v3; None for none."""
+    if name == "none":
+        return None
+    if zarr_format == 2:
+        import numcodecs
+        return {"zstd": lambda: numcodecs.Zstd(level=3), "blosc": numcodecs.Blosc, "gzip": numcodecs.GZip}[name]()
+    return {"zstd": lambda: zarr.codecs.ZstdCodec(level=3), "blosc": zarr.codecs.BloscCodec,
+            "gzip": zarr.codecs.GzipCodec}[name]()
 
 
 def _carried_attributes(source: VolumeSource) -> dict:
