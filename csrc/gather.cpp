@@ -290,6 +290,56 @@ int convert_from(const emf_window *windows, int64_t count, const int64_t shape[4
     }
 }
 
+/* Padded windows: one table lookup per element. Rows whose z or y index is padding take the fill value whole. */
+template <typename Src, typename Out, typename Op>
+void padded_window(const emf_padded_window &w, const int64_t shape[4], Src fill, Out *out, const Op &op) {
+    const Out filled = op(fill);
+    const int64_t *oz = w.offsets[0], *oy = w.offsets[1], *ox = w.offsets[2];
+    for (int64_t c = 0; c < shape[0]; ++c) {
+        for (int64_t z = 0; z < shape[1]; ++z) {
+            for (int64_t y = 0; y < shape[2]; ++y, out += shape[3]) {
+                if (oz[z] == EMF_PAD_FILL || oy[y] == EMF_PAD_FILL) {
+                    for (int64_t x = 0; x < shape[3]; ++x) out[x] = filled;
+                    continue;
+                }
+                const char *row = w.origin + c * w.channel_step + oz[z] + oy[y];
+                for (int64_t x = 0; x < shape[3]; ++x)
+                    out[x] = ox[x] == EMF_PAD_FILL ? filled : op(*reinterpret_cast<const Src *>(row + ox[x]));
+            }
+        }
+    }
+}
+
+template <typename Src, typename Out, typename MakeOp>
+int padded_all(const emf_padded_window *windows, int64_t count, const int64_t shape[4], const void *fill,
+               void *out, MakeOp make_op) {
+    const int64_t per_window = shape[0] * shape[1] * shape[2] * shape[3];
+    Src fill_value;
+    std::memcpy(&fill_value, fill, sizeof(Src));
+    Out *o = static_cast<Out *>(out);
+    for (int64_t n = 0; n < count; ++n)
+        padded_window<Src>(windows[n], shape, fill_value, o + n * per_window, make_op(windows[n]));
+    return EMF_OK;
+}
+
+template <typename Out>
+int padded_convert_from(const emf_padded_window *windows, int64_t count, const int64_t shape[4],
+                        emf_dtype src_dtype, const void *fill, void *out) {
+    auto make_op = [](const emf_padded_window &w) { return Convert<Out>{w.scale, w.shift}; };
+    switch (src_dtype) {
+        case EMF_UINT8: return padded_all<uint8_t, Out>(windows, count, shape, fill, out, make_op);
+        case EMF_UINT16: return padded_all<uint16_t, Out>(windows, count, shape, fill, out, make_op);
+        case EMF_FLOAT32: return padded_all<float, Out>(windows, count, shape, fill, out, make_op);
+        default: return EMF_BAD_DTYPE;
+    }
+}
+
+template <typename T>
+int padded_copy_all(const emf_padded_window *windows, int64_t count, const int64_t shape[4], const void *fill,
+                    void *out) {
+    return padded_all<T, T>(windows, count, shape, fill, out, [](const emf_padded_window &) { return Copy{}; });
+}
+
 }  // namespace
 
 extern "C" {
@@ -311,6 +361,26 @@ int emf_gather_copy(const emf_window *windows, int64_t count, const int64_t shap
         case 2: return copy_all<uint16_t>(windows, count, shape, out);
         case 4: return copy_all<uint32_t>(windows, count, shape, out);
         case 8: return copy_all<uint64_t>(windows, count, shape, out);
+        default: return EMF_BAD_DTYPE;
+    }
+}
+
+int emf_gather_padded_convert(const emf_padded_window *windows, int64_t count, const int64_t shape[4],
+                              emf_dtype src_dtype, emf_dtype out_dtype, const void *fill, void *out) {
+    switch (out_dtype) {
+        case EMF_FLOAT32: return padded_convert_from<float>(windows, count, shape, src_dtype, fill, out);
+        case EMF_FLOAT16: return padded_convert_from<uint16_t>(windows, count, shape, src_dtype, fill, out);
+        default: return EMF_BAD_DTYPE;
+    }
+}
+
+int emf_gather_padded_copy(const emf_padded_window *windows, int64_t count, const int64_t shape[4], int itemsize,
+                           const void *fill, void *out) {
+    switch (itemsize) {
+        case 1: return padded_copy_all<uint8_t>(windows, count, shape, fill, out);
+        case 2: return padded_copy_all<uint16_t>(windows, count, shape, fill, out);
+        case 4: return padded_copy_all<uint32_t>(windows, count, shape, fill, out);
+        case 8: return padded_copy_all<uint64_t>(windows, count, shape, fill, out);
         default: return EMF_BAD_DTYPE;
     }
 }

@@ -34,6 +34,30 @@ int emf_gather_convert(const emf_window *windows, int64_t count, const int64_t s
 /* The same geometry without conversion: elements of itemsize 1, 2, 4 or 8 bytes are copied bit for bit. */
 int emf_gather_copy(const emf_window *windows, int64_t count, const int64_t shape[4], int itemsize, void *out);
 
+/* Byte offset marking an output index that takes the fill value instead of a source element. */
+#define EMF_PAD_FILL INT64_MIN
+
+/* A window that may reach past its source (padding): output index i along z, y or x reads the source element at
+ * byte offset offsets[axis][i] from origin (the first element of channel 0), or takes the fill value where that
+ * offset is EMF_PAD_FILL. Mirrors, permutations and the padding rule (reflect, edge) are all in the tables,
+ * which the caller computes and checks. */
+typedef struct {
+    const char *origin;
+    int64_t channel_step;      /* byte step in the source per output channel */
+    const int64_t *offsets[3]; /* per output axis (z, y, x): one byte offset per output index */
+    float scale;               /* conversion only, as in emf_window */
+    float shift;
+} emf_padded_window;
+
+/* emf_gather_convert for padded windows; fill points to one source element (of src_dtype), converted like the
+ * rest. */
+int emf_gather_padded_convert(const emf_padded_window *windows, int64_t count, const int64_t shape[4],
+                              emf_dtype src_dtype, emf_dtype out_dtype, const void *fill, void *out);
+
+/* emf_gather_copy for padded windows; fill points to one element of itemsize bytes. */
+int emf_gather_padded_copy(const emf_padded_window *windows, int64_t count, const int64_t shape[4], int itemsize,
+                           const void *fill, void *out);
+
 /* IEEE binary32 -> binary16 bits, round to nearest even, NaN kept NaN, overflow to infinity. */
 uint16_t emf_float_to_half(float value);
 

@@ -31,6 +31,111 @@ cdef extern from "gather.h" nogil:
     int emf_gather_copy(const emf_window *windows, int64_t count, const int64_t *shape, int itemsize, void *out)
     uint16_t emf_float_to_half(float value)
 
+    int64_t EMF_PAD_FILL
+    ctypedef struct emf_padded_window:
+        const char *origin
+        int64_t channel_step
+        const int64_t *offsets[3]
+        float scale
+        float shift
+
+    int emf_gather_padded_convert(const emf_padded_window *windows, int64_t count, const int64_t *shape,
+                                  emf_dtype src_dtype, emf_dtype out_dtype, const void *fill, void *out)
+    int emf_gather_padded_copy(const emf_padded_window *windows, int64_t count, const int64_t *shape, int itemsize,
+                               const void *fill, void *out)
+
+#: Ways to fill the part of a window outside its source: NumPy's np.pad modes of the same names.
+PAD_MODES = ("reflect", "edge", "constant")
+
+
+def pad_indices(indices, Py_ssize_t extent, str mode):
+    """The source index each of ``indices`` reads along an axis of ``extent`` elements under padding ``mode``
+    (as ``np.pad``: "reflect" mirrors about the border elements without repeating them, "edge" repeats them);
+    -1 where "constant" takes the fill value."""
+    indices = np.asarray(indices, dtype=np.int64)
+    if mode == "edge":
+        return np.clip(indices, 0, extent - 1)
+    if mode == "constant":
+        return np.where((indices >= 0) & (indices < extent), indices, -1)
+    if mode == "reflect":
+        if extent == 1:
+            return np.zeros_like(indices)
+        period = 2 * (extent - 1)
+        folded = np.mod(indices, period)
+        return np.where(folded >= extent, period - folded, folded)
+    raise ValueError(f"pad must be one of {', '.join(PAD_MODES)} or None, got {mode!r}")
+
+
+def _geometry(Py_ssize_t count, corners, perms, flips):
+    """corners, perms and flips as (count, 3) arrays."""
+    corners = np.asarray(corners, dtype=np.int64)
+    perms = np.asarray(perms, dtype=np.int64)
+    flips = np.asarray(flips, dtype=bool)
+    for name, arr in (("corners", corners), ("perms", perms), ("flips", flips)):
+        if arr.shape != (count, 3):
+            raise ValueError(f"{name} must have shape ({count}, 3), got {arr.shape}")
+    return corners, perms, flips
+
+
+def _source_extent(Py_ssize_t n, src, perm, tuple out_shape):
+    """The extent (z, y, x) in source axes of window n, after checking the source's shape and the permutation."""
+    if src.ndim != 4 or src.shape[0] != out_shape[0]:
+        raise ValueError(f"source {n} must be 4-D (C, Z, Y, X) with C={out_shape[0]}, got shape {src.shape}")
+    if sorted(perm) != [0, 1, 2]:
+        raise ValueError(f"perms[{n}] = {perm.tolist()} is not a permutation of (0, 1, 2)")
+    extent = [0, 0, 0]
+    for j in range(3):
+        extent[perm[j]] = out_shape[1 + j]
+    return extent
+
+
+class _PaddedTables:
+    """The byte-offset tables of padded windows (kept alive while the kernel reads them)."""
+
+    def __init__(self, tuple sources, corners, perms, flips, tuple out_shape, str mode):
+        count = len(sources)
+        corners, perms, flips = _geometry(count, corners, perms, flips)
+        self.tables = []
+        for n in range(count):
+            src = sources[n]
+            extent = _source_extent(n, src, perms[n], out_shape)
+            per_axis = []
+            for j in range(3):
+                axis = perms[n, j]
+                indices = corners[n, axis] + np.arange(extent[axis], dtype=np.int64)
+                if flips[n, axis]:
+                    indices = indices[::-1]
+                read = pad_indices(indices, src.shape[1 + axis], mode)
+                per_axis.append(np.ascontiguousarray(
+                    np.where(read < 0, EMF_PAD_FILL, read * src.strides[1 + axis]), dtype=np.int64))
+            self.tables.append(per_axis)
+
+
+cdef emf_padded_window *_padded_windows(tuple sources, tables) except NULL:
+    """Padded windows pointing into ``tables`` (a _PaddedTables); the caller frees."""
+    cdef Py_ssize_t count = len(sources)
+    cdef Py_ssize_t n, j
+    cdef int64_t[::1] table
+    cdef emf_padded_window *windows = <emf_padded_window *> malloc(max(count, 1) * sizeof(emf_padded_window))
+    if windows == NULL:
+        raise MemoryError("cannot allocate the window table")
+    for n in range(count):
+        windows[n].origin = <const char *> cnp.PyArray_DATA(<cnp.ndarray> sources[n])
+        windows[n].channel_step = sources[n].strides[0]
+        for j in range(3):
+            table = tables.tables[n][j]
+            windows[n].offsets[j] = &table[0]
+    return windows
+
+
+def _fill_element(fill, dtype, what):
+    """``fill`` as a one-element array of ``dtype``; ValueError if it does not fit."""
+    value = np.asarray(fill)
+    cast = value.astype(dtype)
+    if value.ndim != 0 or not np.array_equal(cast, value, equal_nan=dtype.kind == "f"):
+        raise ValueError(f"fill {fill!r} is not a single value representable in {what}'s dtype {dtype}")
+    return cast.reshape(1)
+
 
 cdef emf_window *_windows(tuple sources, corners, perms, flips, tuple out_shape) except NULL:
     """Validate B windows and describe each as an origin pointer plus signed byte steps (caller frees)."""
@@ -39,25 +144,15 @@ cdef emf_window *_windows(tuple sources, corners, perms, flips, tuple out_shape)
     cdef int64_t extent[3]
     cdef int64_t corner, stride
     cdef const char *origin
-    corners = np.asarray(corners, dtype=np.int64)
-    perms = np.asarray(perms, dtype=np.int64)
-    flips = np.asarray(flips, dtype=bool)
-    for name, arr in (("corners", corners), ("perms", perms), ("flips", flips)):
-        if arr.shape != (count, 3):
-            raise ValueError(f"{name} must have shape ({count}, 3), got {arr.shape}")
+    corners, perms, flips = _geometry(count, corners, perms, flips)
     cdef emf_window *windows = <emf_window *> malloc(max(count, 1) * sizeof(emf_window))
     if windows == NULL:
         raise MemoryError("cannot allocate the window table")
     try:
         for n in range(count):
             src = sources[n]
-            if src.ndim != 4 or src.shape[0] != out_shape[0]:
-                raise ValueError(f"source {n} must be 4-D (C, Z, Y, X) with C={out_shape[0]}, "
-                                 f"got shape {src.shape}")
-            if sorted(perms[n]) != [0, 1, 2]:
-                raise ValueError(f"perms[{n}] = {perms[n].tolist()} is not a permutation of (0, 1, 2)")
-            for j in range(3):
-                extent[perms[n, j]] = out_shape[1 + j]
+            for axis, size in enumerate(_source_extent(n, src, perms[n], out_shape)):
+                extent[axis] = size
             origin = <const char *> cnp.PyArray_DATA(<cnp.ndarray> src)
             windows[n].steps[0] = src.strides[0]
             for axis in range(3):
@@ -96,20 +191,24 @@ cdef object _plain_out(out, Py_ssize_t count):
     return out
 
 
-def gather_convert(sources, corners, perms, flips, scale, shift, out):
+def gather_convert(sources, corners, perms, flips, scale, shift, out, pad=None, fill=0):
     """Crop, transform and convert B windows into ``out`` (B, C, Z, Y, X) in one pass, without the GIL.
 
     ``out[n] = transpose(flip(src_n[:, window_n], flips[n]), perms[n]).astype(float32) * scale[n] + shift[n]``,
     cast to ``out.dtype`` (float32 or float16). The window of example n starts at ``corners[n]`` (z, y, x) in
     source axes; its extent along source axis ``perms[n][j]`` is ``out.shape[2 + j]``. Sources (4-D, any strides)
     share one dtype: uint8, uint16 or float32.
+
+    Windows must lie inside their sources (IndexError otherwise) unless ``pad`` is given: then the part outside
+    is read as ``np.pad(src, mode=pad)`` would have it ("reflect", "edge", or "constant" with the value ``fill``
+    in the sources' dtype), before the transform and the conversion.
     """
     sources = _plain_sources(sources)
     cdef Py_ssize_t count = len(sources)
     result = out
     out = _plain_out(out, count)
     shape = out.shape[1:]
-    if count == 0:
+    if count == 0 or 0 in shape:
         return result
     src_dtype = sources[0].dtype
     if any(s.dtype != src_dtype for s in sources):
@@ -124,31 +223,47 @@ def gather_convert(sources, corners, perms, flips, scale, shift, out):
     for j in range(4):
         c_shape[j] = shape[j]
     cdef void *c_data = cnp.PyArray_DATA(<cnp.ndarray> out)
-    cdef emf_window *windows = _windows(sources, corners, perms, flips, shape)
     cdef Py_ssize_t n
     cdef int status
-    for n in range(count):
-        windows[n].scale = scale[n]
-        windows[n].shift = shift[n]
-    with nogil:
-        status = emf_gather_convert(windows, count, c_shape, c_src, c_out, c_data)
-    free(windows)
+    cdef emf_window *windows
+    cdef emf_padded_window *padded
+    cdef cnp.ndarray fill_value
+    cdef const void *c_fill
+    if pad is None:
+        windows = _windows(sources, corners, perms, flips, shape)
+        for n in range(count):
+            windows[n].scale = scale[n]
+            windows[n].shift = shift[n]
+        with nogil:
+            status = emf_gather_convert(windows, count, c_shape, c_src, c_out, c_data)
+        free(windows)
+    else:
+        fill_value = _fill_element(fill, src_dtype, "the sources")
+        c_fill = cnp.PyArray_DATA(fill_value)
+        tables = _PaddedTables(sources, corners, perms, flips, shape, pad)
+        padded = _padded_windows(sources, tables)
+        for n in range(count):
+            padded[n].scale = scale[n]
+            padded[n].shift = shift[n]
+        with nogil:
+            status = emf_gather_padded_convert(padded, count, c_shape, c_src, c_out, c_fill, c_data)
+        free(padded)
     check_status(status, "gather_convert")
     return result
 
 
-def gather_copy(sources, corners, perms, flips, out):
+def gather_copy(sources, corners, perms, flips, out, pad=None, fill=0):
     """Crop and transform B windows into ``out`` (B, C, Z, Y, X) bit for bit, without the GIL.
 
-    Same geometry as :func:`gather_convert`; ``out`` must have the sources' dtype (any of 1, 2, 4 or 8 bytes,
-    e.g. labels of uint32, uint64 or int64, or uint8 masks).
+    Same geometry and padding as :func:`gather_convert`; ``out`` must have the sources' dtype (any of 1, 2, 4 or
+    8 bytes, e.g. labels of uint32, uint64 or int64, or uint8 masks).
     """
     sources = _plain_sources(sources)
     cdef Py_ssize_t count = len(sources)
     result = out
     out = _plain_out(out, count)
     shape = out.shape[1:]
-    if count == 0:
+    if count == 0 or 0 in shape:
         return result
     if any(s.dtype != out.dtype for s in sources):
         raise TypeError(f"gather_copy needs sources of the output dtype {out.dtype}, "
@@ -160,11 +275,24 @@ def gather_copy(sources, corners, perms, flips, out):
         c_shape[j] = shape[j]
     cdef int itemsize = out.itemsize
     cdef void *c_data = cnp.PyArray_DATA(<cnp.ndarray> out)
-    cdef emf_window *windows = _windows(sources, corners, perms, flips, shape)
     cdef int status
-    with nogil:
-        status = emf_gather_copy(windows, count, c_shape, itemsize, c_data)
-    free(windows)
+    cdef emf_window *windows
+    cdef emf_padded_window *padded
+    cdef cnp.ndarray fill_value
+    cdef const void *c_fill
+    if pad is None:
+        windows = _windows(sources, corners, perms, flips, shape)
+        with nogil:
+            status = emf_gather_copy(windows, count, c_shape, itemsize, c_data)
+        free(windows)
+    else:
+        fill_value = _fill_element(fill, out.dtype, "out")
+        c_fill = cnp.PyArray_DATA(fill_value)
+        tables = _PaddedTables(sources, corners, perms, flips, shape, pad)
+        padded = _padded_windows(sources, tables)
+        with nogil:
+            status = emf_gather_padded_copy(padded, count, c_shape, itemsize, c_fill, c_data)
+        free(padded)
     check_status(status, "gather_copy")
     return result
 
