@@ -87,3 +87,26 @@ def test_pad_indices_fold_any_distance():
     np.testing.assert_array_equal(pad_indices([-7, 9], 4, "edge"), [0, 3])
     np.testing.assert_array_equal(pad_indices([-1, 0, 4], 4, "constant"), [-1, 0, -1])
     np.testing.assert_array_equal(pad_indices([-3, 5], 1, "reflect"), [0, 0])
+
+
+@pytest.mark.parametrize("mode", PAD_MODES)
+def test_volume_reads_past_its_border_like_numpy_pad(tmp_path, mode):
+    import h5py
+
+    from emfast.io import hdf5
+
+    rng = np.random.default_rng(11)
+    data = rng.integers(0, 255, (13, 9, 17), dtype=np.uint8)
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        f.create_dataset("raw", data=data, chunks=(4, 4, 4))
+    padded = np.pad(data[np.newaxis], ((0, 0),) + ((MARGIN, MARGIN),) * 3, mode=mode,
+                    **({"constant_values": 3} if mode == "constant" else {}))
+    for volume in (hdf5(tmp_path / "v.h5", "raw", in_memory=False), hdf5(tmp_path / "v.h5", "raw")):
+        for _ in range(30):
+            corner = tuple(int(rng.integers(-20, s + 5)) for s in data.shape)
+            extent = tuple(int(rng.integers(1, 20)) for _ in range(3))
+            out = np.empty((1,) + extent, np.uint8)
+            volume.read_padded(corner, extent, out, mode, fill=3)
+            expected = padded[(slice(None),) + tuple(slice(c + MARGIN, c + MARGIN + e)
+                                                     for c, e in zip(corner, extent))]
+            np.testing.assert_array_equal(out, expected, err_msg=f"{volume} {corner} {extent}")

@@ -10,6 +10,7 @@ import numpy as np
 
 from .._checks import triple
 from .._core.common import LABEL_DTYPES, RAW_DTYPES
+from .._core.gather import gather_copy, pad_indices
 from ._chunkcache import CacheStats, ChunkCache, check_budget, default_budget
 from ._source import VolumeSource
 
@@ -195,6 +196,42 @@ class Volume:
             np.copyto(out, self._array[(slice(None),) + box])
         else:
             self._cache.read_box(corner, extent, out)
+        return out
+
+    def read_padded(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray, pad: str,
+                    fill=0) -> np.ndarray:
+        """Read the box ``[corner, corner + extent)`` into ``out`` like :meth:`read_box`, but the box may reach
+        past the volume: that part is read as ``np.pad(volume, mode=pad)`` would have it ("reflect", "edge", or
+        "constant" with ``fill``). Reads only the voxels the padded box uses."""
+        corner = tuple(int(c) for c in corner)
+        extent = tuple(int(e) for e in extent)
+        if len(corner) != 3 or len(extent) != 3 or min(extent) < 1:
+            raise ValueError(f"{self.name}: a padded box needs a corner and an extent >= 1 (z, y, x), got "
+                             f"{corner} and {extent}")
+        if all(c >= 0 and c + e <= s for c, e, s in zip(corner, extent, self.shape)):
+            return self.read_box(corner, extent, out)
+        if not isinstance(out, np.ndarray) or out.shape != (self.channels,) + extent or out.dtype != self.dtype:
+            raise ValueError(f"{self.name}: out must be a {self.dtype} array of shape {(self.channels,) + extent}")
+        target = out[np.newaxis] if out.flags.c_contiguous else np.empty((1,) + out.shape, self.dtype)
+        used = [pad_indices(np.arange(c, c + e), s, pad) for c, e, s in zip(corner, extent, self.shape)]
+        used = [u[u >= 0] for u in used]
+        if min(u.size for u in used) == 0:  # a constant pad that misses the volume entirely
+            target[...] = fill
+        else:
+            # Grown to the volume's border on every padded side, the box of used voxels pads like the volume, as
+            # long as no index is reflected twice (else the whole axis is read).
+            low, size = [], []
+            for u, c, e, s in zip(used, corner, extent, self.shape):
+                twice = pad == "reflect" and (c < 1 - s or c + e > 2 * s - 1)
+                first = 0 if c < 0 or twice else int(u.min())
+                low.append(first)
+                size.append((s if c + e > s or twice else int(u.max()) + 1) - first)
+            low, size = tuple(low), tuple(size)
+            inside = self.read_box(low, size, np.empty((self.channels,) + size, self.dtype))
+            gather_copy([inside], [tuple(c - lo for c, lo in zip(corner, low))], [(0, 1, 2)], [(False,) * 3],
+                        target, pad=pad, fill=fill)
+        if target.base is not out:
+            np.copyto(out, target[0])
         return out
 
     def slabs(self, max_bytes: int = SLAB_BYTES):
