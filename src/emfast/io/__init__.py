@@ -6,6 +6,7 @@ data, and the built-in demo volume.
 May import: ``emfast._core``, ``emfast._checks``, ``emfast._machine``.
 """
 from ._chunkcache import CacheStats, default_budget
+from ._convert import COMPRESSORS, ConvertError, convert, progress_bar, zarr_compressor
 from ._demo import LABELS_DATASET, RAW_DATASET, demo_volume_path, make_em_volume
 from ._stats import VolumeStatistics, volume_statistics
 from ._hdf5 import Hdf5Source, hdf5, list_datasets, open_hdf5
@@ -14,9 +15,11 @@ from ._open import open_source, open_volume, split_path
 from ._precomputed import PrecomputedSource, tensorstore_missing
 from ._source import DatasetNotFoundError, Stamp, VolumeSource
 from ._volume import Volume, as_volume
-from ._zarr import ZarrSource, zarr_missing
+from ._zarr import ZarrSource, import_zarr, zarr_missing
 
 __all__ = [
+    "COMPRESSORS",
+    "ConvertError",
     "LABELS_DATASET",
     "RAW_DATASET",
     "CacheStats",
@@ -30,14 +33,17 @@ __all__ = [
     "VolumeStatistics",
     "ZarrSource",
     "as_volume",
+    "convert",
     "default_budget",
     "demo_volume_path",
     "hdf5",
+    "import_zarr",
     "list_datasets",
     "make_em_volume",
     "open_hdf5",
     "open_source",
     "open_volume",
+    "progress_bar",
     "split_path",
     "tensorstore_missing",
     "volume_statistics",

@@ -120,8 +120,8 @@ def _tiles(shape, chunks, itemsize: int, tile_bytes: int):
 
 class _ZarrWriter:
     def __init__(self, container: Path, dataset: str, source: VolumeSource, chunks, compressor, zarr_format):
-        from ._zarr import _zarr
-        self._zarr = _zarr()
+        from ._zarr import import_zarr
+        self._zarr = import_zarr()
         self._container, self._dataset, self._source = container, dataset, source
         self._chunks, self._compressor, self._format = chunks, compressor, zarr_format
         self._array = None
@@ -149,7 +149,7 @@ class _ZarrWriter:
                 raise ConvertError(f"{self._container}/{self._dataset} exists and {why}; pass --overwrite to "
                                    "replace it")
             shutil.rmtree(self._container / self._dataset, ignore_errors=True)
-        compressors = _zarr_compressor(self._compressor, self._format, zarr)
+        compressors = zarr_compressor(self._compressor, self._format, zarr)
         root = zarr.open_group(str(self._container), mode="a", zarr_format=self._format)
         lead = tuple(self._source.full_shape[:-3])
         self._array = root.create_array(self._dataset, shape=self._source.full_shape, chunks=lead + self._chunks,
@@ -211,7 +211,7 @@ class _Hdf5Writer:
         self._file.close()
 
 
-def _zarr_compressor(name: str, zarr_format: int, zarr):
+def zarr_compressor(name: str, zarr_format: int, zarr):
     """The codec object for ``name``: numcodecs for zarr v2 metadata, zarr's own codecs for v3; None for none."""
     if name == "none":
         return None
@@ -243,8 +243,9 @@ def _carried_attributes(source: VolumeSource) -> dict:
     return carried
 
 
-def progress_bar(stream=None) -> Callable[[int, int], None]:
-    """A one-line progress bar with the time left, redrawn in place on ``stream`` (default: standard error)."""
+def progress_bar(stream=None, unit: str = "tiles") -> Callable[[int, int], None]:
+    """A one-line progress bar with the time left, redrawn in place on ``stream`` (default: standard error),
+    counting ``unit``."""
     stream = sys.stderr if stream is None else stream
     start = time.monotonic()
 
@@ -252,7 +253,7 @@ def progress_bar(stream=None) -> Callable[[int, int], None]:
         elapsed = time.monotonic() - start
         left = elapsed / done * (total - done) if done else 0.0
         filled = int(30 * done / total) if total else 30
-        stream.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{total} tiles, {left:5.0f} s left ")
+        stream.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{total} {unit}, {left:5.0f} s left ")
         if done == total:
             stream.write("\n")
         stream.flush()

@@ -37,7 +37,7 @@ def zarr_missing() -> Optional[str]:
     return None
 
 
-def _zarr():
+def import_zarr():
     reason = zarr_missing()
     if reason is not None:
         raise ImportError(reason)
@@ -47,7 +47,7 @@ def _zarr():
 
 def list_arrays(group) -> List[str]:
     """Paths of every array below a zarr group, depth first."""
-    zarr = _zarr()
+    zarr = import_zarr()
     names = []
     for name, member in group.members(max_depth=None):
         if isinstance(member, zarr.Array):
@@ -70,7 +70,7 @@ class ZarrSource(VolumeSource):
 
     def __init__(self, path: Union[str, os.PathLike], dataset: str = "", level: Optional[int] = None,
                  resolution: Optional[Sequence[float]] = None) -> None:
-        zarr = _zarr()
+        zarr = import_zarr()
         path = Path(path)
         dataset = dataset.strip("/")
         self._given = dataset
@@ -179,7 +179,7 @@ class _DirectChunks:
     @classmethod
     def for_array(cls, array, directory: Path) -> Optional["_DirectChunks"]:
         """A reader if the array's layout is one this class decodes exactly, else None (zarr-python reads it)."""
-        zarr = _zarr()
+        zarr = import_zarr()
         if not directory.is_dir() or getattr(array, "shards", None) is not None or array.filters:
             return None
         if getattr(array.metadata, "order", "C") != "C" or np.dtype(array.dtype).kind not in "uif":
@@ -223,7 +223,7 @@ class _DirectChunks:
 def _decoder(codec):
     """A bytes -> bytes function for one zarr compressor, or None if emfast does not decode it itself."""
     import numcodecs
-    zarr = _zarr()
+    zarr = import_zarr()
     if isinstance(codec, numcodecs.abc.Codec):  # zarr v2 metadata: numcodecs objects
         return codec.decode if codec.codec_id in ("zstd", "blosc", "zlib", "gzip", "lz4") else None
     if isinstance(codec, zarr.codecs.ZstdCodec):

@@ -8,9 +8,9 @@ May import: every stage below it (``emfast.io``, ``emfast.sampling``, ``emfast.a
 ``emfast._machine``).
 """
 from ._loader import Batch, BatchReleasedError, Loader
-from ._normalize import NORMALIZE_MODES
+from ._normalize import NORMALIZE_MODES, normalization
 from ._pool import BackPressureWarning, SlotsExhaustedError
 from ._profile import ProfileReport
 
 __all__ = ["NORMALIZE_MODES", "BackPressureWarning", "Batch", "BatchReleasedError", "Loader", "ProfileReport",
-           "SlotsExhaustedError"]
+           "SlotsExhaustedError", "normalization"]

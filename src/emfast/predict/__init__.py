@@ -1,0 +1,17 @@
+"""Prediction over whole volumes: the tile plan and its chunk-aligned blocks (``_tiling``), blend weights
+(``_blend``), test-time variants (``_tta``), the model adapter (``_model``), one block's computation
+(``_block``), the output store with its record of finished blocks (``_store``), the local and Dask engines
+(``_local``, ``_dask``) and :func:`predict` (``_predict``).
+
+May import: ``emfast.pipeline`` (normalisation), ``emfast.io``, and the shared modules (``emfast._core``,
+``emfast._checks``, ``emfast._version``).
+"""
+from ._blend import BLENDS
+from ._model import ModelOutputError
+from ._predict import Prediction, predict
+from ._store import COMPRESSIONS, OUTPUT_DTYPES, BlockWriteError, OutputExistsError
+from ._tiling import Block, TilePlan
+from ._tta import TTA_COUNTS
+
+__all__ = ["BLENDS", "COMPRESSIONS", "OUTPUT_DTYPES", "TTA_COUNTS", "Block", "BlockWriteError", "ModelOutputError",
+           "OutputExistsError", "Prediction", "TilePlan", "predict"]

@@ -1,0 +1,80 @@
+"""One block of a prediction: read its input (padded past the volume's border), run the network over its tiles
+and their test-time variants in batches, blend, and convert to the output dtype.
+
+A block's result depends only on the block: the same tiles, variants and batches in the same order, every
+time. So a resumed run, or one spread over Dask workers, writes the same bytes as one uninterrupted run.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import numpy as np
+
+from .._core.gather import gather_convert
+from ..io import Volume
+from ._blend import Weights
+from ._model import ModelCaller
+from ._tiling import Block, TilePlan
+from ._tta import Variant, undo
+
+
+def quantize(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Blended float64 values as the output dtype; uint8 maps [0, 1] to 0..255 (rounded, clipped)."""
+    if dtype == np.uint8:
+        return np.rint(np.clip(values, 0.0, 1.0) * 255.0).astype(np.uint8)
+    return values.astype(dtype)
+
+
+class BlockPredictor:
+    """Everything a block needs. Picklable when the model is: a lazy volume travels as its file and dataset."""
+
+    def __init__(self, volume: Volume, model: ModelCaller, plan: TilePlan, blend: str, variants: List[Variant],
+                 scale: float, shift: float, pad: str, fill, batch_size: int, dtype: np.dtype) -> None:
+        self.volume, self.model, self.plan = volume, model, plan
+        self.weights = Weights(plan, blend)
+        self.variants, self.scale, self.shift = variants, scale, shift
+        self.pad, self.fill, self.batch_size, self.dtype = pad, fill, batch_size, np.dtype(dtype)
+        self.channels: Optional[int] = None  # learned from the first prediction, then enforced
+
+    def read(self, block: Block) -> np.ndarray:
+        """The block's input, context included, as the volume's dtype (channels, z, y, x)."""
+        corner, extent = self.plan.input_box(block)
+        region = np.empty((self.volume.channels,) + extent, self.volume.dtype)
+        return self.volume.read_padded(corner, extent, region, self.pad, self.fill)
+
+    def compute(self, block: Block, region: np.ndarray) -> np.ndarray:
+        """The block's blended prediction (channels, z, y, x) in the output dtype."""
+        plan = self.plan
+        corner, _ = plan.input_box(block)
+        jobs = [(tuple(int(v) for v in tile), variant) for tile in block.tiles for variant in self.variants]
+        sums = weights = None
+        for first in range(0, len(jobs), self.batch_size):
+            part = jobs[first:first + self.batch_size]
+            predictions = self.predict_batch(region, corner, part)
+            if sums is None:
+                sums = np.zeros((predictions.shape[1],) + block.shape, np.float64)
+                weights = np.zeros(block.shape, np.float64)
+            for (tile, variant), prediction in zip(part, predictions):
+                low = [max(t, b) for t, b in zip(tile, block.start)]
+                high = [min(t + p, b) for t, p, b in zip(tile, plan.patch_out, block.stop)]
+                in_tile = tuple(slice(lo - t, hi - t) for lo, hi, t in zip(low, high, tile))
+                in_block = tuple(slice(lo - b, hi - b) for lo, hi, b in zip(low, high, block.start))
+                weight = self.weights.tile(tile)[in_tile]
+                sums[(slice(None),) + in_block] += weight * undo(prediction, variant)[(slice(None),) + in_tile]
+                weights[in_block] += weight
+        np.divide(sums, weights, out=sums)
+        return quantize(sums, self.dtype)
+
+    def predict_batch(self, region: np.ndarray, corner, part) -> np.ndarray:
+        """The network's predictions for a batch of (tile, variant) jobs, read from ``region``."""
+        plan = self.plan
+        perms = [variant[0] for _, variant in part]
+        shape_in = tuple(plan.patch_in[a] for a in perms[0])
+        shape_out = tuple(plan.patch_out[a] for a in perms[0])
+        batch = np.empty((len(part), region.shape[0]) + shape_in, np.float32)
+        corners = [[t - c - k for t, c, k in zip(tile, corner, plan.context)] for tile, _ in part]
+        gather_convert([region] * len(part), corners, perms, [variant[1] for _, variant in part],
+                       [self.scale] * len(part), [self.shift] * len(part), batch)
+        predictions = self.model(batch, shape_out, self.channels)
+        self.channels = predictions.shape[1]
+        return predictions

@@ -1,0 +1,52 @@
+"""The Dask engine: the same blocks as Dask tasks. Each task reads its block's input with its context, runs the
+network, blends and writes its own chunks of the output, then flags the block finished, so a real cluster
+needs only another client. Tasks reopen the output store where they run; the predictor (volume, model and
+plan) is sent to each worker once.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, List, Optional
+
+from ._block import BlockPredictor
+from ._local import write_block
+from ._store import OutputStore
+from ._tiling import Block
+
+def dask_missing() -> Optional[str]:
+    """Why Dask cannot run predictions here, or None."""
+    try:
+        import distributed  # noqa: F401
+    except ImportError as error:
+        return f"client= needs dask.distributed ({error}); install it with pip install 'emfast[dask]'"
+    return None
+
+
+def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset: str, kind: str) -> int:
+    """One Dask task: compute, write and flag ``block``."""
+    result = predictor.compute(block, predictor.read(block))
+    store = OutputStore.reopen(Path(container), dataset, kind)
+    try:
+        return write_block(store, block, result, predictor.plan.grid)
+    finally:
+        store.close()
+
+
+def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List[Block],
+             progress: Optional[Callable[[], None]]) -> None:
+    """Run ``blocks`` as tasks on ``client``'s cluster; the first failed task cancels the rest and is raised."""
+    from distributed import as_completed
+
+    if store.kind != "zarr":
+        raise ValueError(f"client= writes from many processes at once, which HDF5 does not allow; write "
+                         f"{store.path} as a .zarr output (emfast convert can make an HDF5 copy afterwards)")
+    shared = client.scatter(predictor, broadcast=True)
+    futures = client.map(_run_block, blocks, predictor=shared, container=str(store.container),
+                         dataset=store.dataset, kind=store.kind, pure=False)
+    try:
+        for future in as_completed(futures):
+            future.result()
+            if progress is not None:
+                progress()
+    finally:
+        client.cancel(futures)

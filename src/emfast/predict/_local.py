@@ -1,0 +1,65 @@
+"""The local engine: reader threads fetch blocks' inputs ahead, the calling thread runs the network and blends,
+and one writer thread writes finished blocks while the next is computed.
+
+Memory stays bounded by the blocks in flight: ``threads`` inputs read ahead, one block being computed, and at
+most :data:`WRITES_IN_FLIGHT` waiting to be written. Every thread is joined before :func:`run_local` returns or
+raises; a block being written when an error or Ctrl-C arrives is finished and recorded first.
+"""
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, List, Optional
+
+from ._block import BlockPredictor
+from ._store import BlockWriteError, OutputStore
+from ._tiling import Block
+
+#: Finished blocks that may wait for the writer.
+WRITES_IN_FLIGHT = 2
+
+
+def write_block(store: OutputStore, block: Block, result, grid) -> int:
+    """Write a block's chunks, then flag it finished; a failure leaves it unflagged and raises BlockWriteError."""
+    try:
+        store.write(block.start, result)
+        store.mark(block.index, grid)
+    except Exception as error:
+        raise BlockWriteError(f"writing block {block.index} (voxels {block.start}..{block.stop}) to {store.path} "
+                              f"failed: {error}. The blocks written before it are recorded; run again with "
+                              "resume=True to continue") from error
+    return block.index
+
+
+def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block], threads: int,
+              progress: Optional[Callable[[], None]]) -> None:
+    """Compute and write ``blocks`` in order."""
+    grid = predictor.plan.grid
+    readers = ThreadPoolExecutor(threads, thread_name_prefix="emfast-predict-read")
+    writer = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-write")
+    reads: deque = deque()
+    writes: deque = deque()
+    upcoming = iter(blocks)
+    try:
+        for block in upcoming:
+            reads.append((block, readers.submit(predictor.read, block)))
+            if len(reads) > threads:
+                break
+        while reads:
+            block, region = reads.popleft()
+            for following in upcoming:
+                reads.append((following, readers.submit(predictor.read, following)))
+                break
+            result = predictor.compute(block, region.result())
+            while len(writes) >= WRITES_IN_FLIGHT:
+                writes.popleft().result()
+                if progress is not None:
+                    progress()
+            writes.append(writer.submit(write_block, store, block, result, grid))
+        while writes:
+            writes.popleft().result()
+            if progress is not None:
+                progress()
+    finally:
+        readers.shutdown(wait=True, cancel_futures=True)
+        writer.shutdown(wait=True)

@@ -1,0 +1,70 @@
+"""The network as emfast calls it: a batch of float32 inputs (B, C, z, y, x) as a NumPy array, or as a torch
+tensor on a device, and a checked NumPy prediction back."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+
+#: Prediction dtypes a model may return; they are blended in float64.
+PREDICTION_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+class ModelOutputError(ValueError):
+    """The model returned something of the wrong type, shape or dtype."""
+
+
+def model_name(model) -> str:
+    """``module:qualname`` of the model (its class for callable objects), recorded with its output."""
+    target = model if hasattr(model, "__qualname__") else type(model)
+    return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(target))}"
+
+
+class ModelCaller:
+    """Calls ``model`` on NumPy batches (``device=None``) or on torch tensors on ``device``, and checks that the
+    prediction has shape (B, channels, *patch_out) (``channels`` None: any) and a float dtype.
+
+    Picklable when the model is, so Dask workers get their own.
+    """
+
+    def __init__(self, model: Callable, device: Optional[str] = None) -> None:
+        if not callable(model):
+            raise TypeError(f"model must be callable (a function or a torch module), got {type(model).__name__}")
+        self.model = model
+        self.device = device
+        self.name = model_name(model)
+
+    def __call__(self, batch: np.ndarray, out_shape: tuple, channels: Optional[int]) -> np.ndarray:
+        if self.device is None:
+            prediction = self.model(batch)
+        else:
+            prediction = self._torch(batch)
+        return self._checked(prediction, batch.shape[0], out_shape, channels)
+
+    def _torch(self, batch: np.ndarray):
+        import torch
+
+        with torch.inference_mode():
+            source = torch.from_numpy(batch)
+            if torch.device(self.device).type == "cuda":
+                source = source.pin_memory()
+            result = self.model(source.to(self.device, non_blocking=True))
+            if isinstance(result, torch.Tensor):
+                return result.detach().cpu().numpy()
+            return result
+
+    def _checked(self, prediction, count: int, out_shape: tuple, channels: Optional[int]) -> np.ndarray:
+        if not isinstance(prediction, np.ndarray):
+            raise ModelOutputError(f"model {self.name} returned a {type(prediction).__name__}; expected a NumPy "
+                                   f"array{' (or a torch tensor)' if self.device else ''} of shape "
+                                   f"({count}, C, {', '.join(map(str, out_shape))})")
+        shape_ok = (prediction.ndim == 5 and prediction.shape[0] == count and prediction.shape[2:] == out_shape
+                    and (channels is None or prediction.shape[1] == channels))
+        if not shape_ok:
+            wanted = f"({count}, {'C' if channels is None else channels}, {', '.join(map(str, out_shape))})"
+            raise ModelOutputError(f"model {self.name} returned shape {prediction.shape} for an input of "
+                                   f"{count} tiles; expected {wanted}: the batch, the channels and patch_out")
+        if prediction.dtype not in PREDICTION_DTYPES:
+            raise ModelOutputError(f"model {self.name} returned dtype {prediction.dtype}; expected one of "
+                                   f"{', '.join(str(d) for d in PREDICTION_DTYPES)}")
+        return prediction

@@ -1,0 +1,258 @@
+"""``emfast.predict``: run a network over a whole volume, or a region of it, and write the result beside it."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Tuple, Union
+
+import numpy as np
+
+from .._checks import integer, is_integer, triple
+from .._core.gather import PAD_MODES
+from .._version import __version__
+from ..io import Volume, open_volume, progress_bar
+from ..pipeline import normalization
+from ._block import BlockPredictor
+from ._blend import BLENDS
+from ._dask import dask_missing, run_dask
+from ._local import run_local
+from ._model import ModelCaller
+from ._store import OUTPUT_DTYPES, OutputStore, check_compression, parse_output
+from ._tiling import TilePlan
+from ._tta import IDENTITY, variants
+
+#: Default output chunk edge when the input has no chunks.
+CHUNK_EDGE = 64
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What :func:`predict` did.
+
+    Attributes
+    ----------
+    path : str
+        The output, ``container/dataset``.
+    shape : tuple of int
+        The output's shape (channels, z, y, x).
+    dtype : numpy.dtype
+        The output's dtype.
+    blocks : int
+        Blocks of the plan.
+    computed : int
+        Blocks computed and written by this call (the others were finished before).
+    tiles : int
+        Tiles of the plan (each computed once per block it writes into, and once per test-time variant).
+    seconds : float
+        Wall time of this call.
+    """
+
+    path: str
+    shape: Tuple[int, int, int, int]
+    dtype: np.dtype
+    blocks: int
+    computed: int
+    tiles: int
+    seconds: float
+
+
+def _as_volume(volume) -> Tuple[Volume, bool]:
+    """The input as a Volume, and whether this call opened it (and must close it)."""
+    if isinstance(volume, Volume):
+        return volume, False
+    if isinstance(volume, np.ndarray):
+        return Volume.from_array(volume, name="input array"), False
+    if isinstance(volume, (str, os.PathLike)):
+        return open_volume(volume, in_memory=False), True
+    raise TypeError(f"volume must be an emfast Volume, a NumPy array or a path, got {type(volume).__name__}")
+
+
+def _triple_or_int(value, what: str, minimum: int) -> Tuple[int, int, int]:
+    return triple((value,) * 3 if is_integer(value) else value, what, minimum=minimum)
+
+
+def _record(volume: Volume, caller: ModelCaller, plan: TilePlan, settings: dict) -> dict:
+    """What decides the output's bytes, stored with it and compared when resuming."""
+    source = {"name": volume.name, "shape": [volume.channels, *volume.shape], "dtype": volume.dtype.str}
+    if volume.source is not None:
+        stamp = volume.source
+        source.update(path=str(stamp.path), dataset=stamp.dataset, size=stamp.size, mtime_ns=stamp.mtime_ns)
+    return dict(settings, input=source, model=caller.name, patch_in=list(plan.patch_in),
+                patch_out=list(plan.patch_out), overlap=list(plan.overlap), roi=[list(c) for c in plan.roi],
+                chunks=list(plan.chunks), block=list(plan.block), emfast=__version__)
+
+
+def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=None, roi=None,
+            blend: str = "gaussian", tta: int = 0, pad: str = "reflect", fill=0, normalize=None,
+            channels: Optional[int] = None, dtype: str = "float32", chunks=None, block=None,
+            compression: Optional[str] = None, batch_size: int = 1, device: Optional[str] = None, threads: int = 2,
+            resume: bool = False, overwrite: bool = False, client=None,
+            progress: Union[bool, Callable[[int, int], None]] = False) -> Prediction:
+    """Predict every voxel of ``volume`` (or of ``roi``) with ``model`` and write the result to ``out``.
+
+    The volume is cut into overlapping tiles (``patch_out`` voxels each, read with the context ``patch_in``
+    needs; past the volume's border the input is padded), grouped into blocks of whole output chunks. Each
+    block runs its tiles and their test-time variants through the network in batches, blends them and writes
+    its chunks; a finished block is recorded, so an interrupted run continues with ``resume=True`` and writes
+    the same bytes as an uninterrupted one.
+
+    Parameters
+    ----------
+    model : callable
+        Takes a float32 batch (B, C_in, *patch_in) and returns (B, C_out, *patch_out) as float16/32/64: NumPy in
+        and out, or, with ``device``, torch tensors on that device (the input is a tensor there; the output may
+        be a tensor anywhere).
+    volume : Volume, numpy.ndarray or path
+        The input; a path is opened lazily (any format :func:`emfast.open` reads).
+    out : str or path-like
+        ``container/dataset`` of a .zarr or .h5 output; it gets shape (C_out, z, y, x) over the whole volume
+        (voxels outside ``roi`` stay 0), the input's resolution and offset, and the record ``emfast_predict``.
+    patch_in, patch_out : int or (int, int, int)
+        The network's input and output window (z, y, x); ``patch_out`` defaults to ``patch_in``. Their
+        difference must be even: the context is the same on both sides.
+    overlap : int or (int, int, int), optional
+        Voxels shared by neighbouring tiles; default a quarter of ``patch_out`` when blending, 0 with
+        ``blend="none"``.
+    roi : ((int, int, int), (int, int, int)), optional
+        ``(start, stop)`` of the region to predict; default the whole volume.
+    blend : {"gaussian", "bump", "none"}
+        How overlapping tiles combine: smooth weights falling off towards a tile's border, or "none": each voxel
+        from the tile it is most central in. Where the predictions agree, blending returns them bit for bit.
+    tta : {0, 4, 8, 16}
+        Test-time augmentation: mirrors of y and x (4), of z, y and x (8), and those transposed in y/x (16);
+        each prediction is transformed back before blending.
+    pad : {"reflect", "edge", "constant"}
+        How the input is read past the volume's border (as ``np.pad``); ``fill`` is the constant.
+    normalize : optional
+        Input scaling, as :class:`emfast.Loader` takes it (default: integers to [0, 1]).
+    channels : int, optional
+        The model's output channels; default: learned from one call on the first tile.
+    dtype : {"float32", "float16", "uint8"}
+        Output dtype; "uint8" stores [0, 1] as 0..255.
+    chunks : (int, int, int), optional
+        Output chunks; default the input's, else 64 per axis.
+    block : (int, int, int), optional
+        Voxels per block, a multiple of ``chunks``; default about 128 per axis.
+    compression : {"zstd", "blosc", "gzip", "none"}, optional
+        Output codec; default "zstd" for zarr, "gzip" for HDF5 (which takes only "gzip" or "none").
+    batch_size : int
+        Tiles (or variants) per model call.
+    device : str, optional
+        Feed the model torch tensors on this device ("cuda", "cuda:1", "cpu").
+    threads : int
+        Threads reading blocks' inputs ahead of the model.
+    resume, overwrite : bool
+        Continue an unfinished prediction with the same settings, or replace an existing output. Without
+        either, an existing output is refused.
+    client : dask.distributed.Client, optional
+        Run the blocks as tasks on this cluster (zarr outputs); the model, volume and plan must pickle.
+    progress : bool or callable
+        Draw a progress bar with the time left, or call ``progress(blocks done, blocks in all)``.
+
+    Returns
+    -------
+    Prediction
+
+    Raises
+    ------
+    OutputExistsError
+        ``out`` exists and neither ``resume`` (with the same settings) nor ``overwrite`` was given.
+    ModelOutputError
+        The model returned the wrong type, shape or dtype (the message names both).
+    BlockWriteError
+        Writing failed; the blocks written before are recorded, and ``resume=True`` continues.
+    """
+    started = time.monotonic()
+    if blend not in BLENDS:
+        raise ValueError(f"blend must be one of {', '.join(BLENDS)}, got {blend!r}")
+    if pad not in PAD_MODES:
+        raise ValueError(f"pad must be one of {', '.join(PAD_MODES)}, got {pad!r}")
+    if dtype not in OUTPUT_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(OUTPUT_DTYPES)}, got {dtype!r}")
+    if resume and overwrite:
+        raise ValueError("pass resume=True or overwrite=True, not both")
+    batch_size = integer(batch_size, "batch_size")
+    threads = integer(threads, "threads")
+    if channels is not None:
+        channels = integer(channels, "channels")
+    if client is not None and dask_missing():
+        raise ImportError(dask_missing())
+    container, dataset, kind = parse_output(out)
+    compression = compression or ("gzip" if kind == "hdf5" else "zstd")
+    check_compression(compression, kind)
+    caller = ModelCaller(model, device)
+    volume, opened = _as_volume(volume)
+    try:
+        if volume.source is not None and container.resolve() == volume.source.path:
+            if kind == "hdf5":
+                raise ValueError(f"out {out} is in the input's HDF5 file; a writer killed mid-write can corrupt "
+                                 "a whole HDF5 file, so emfast never writes into an input's: write to another "
+                                 ".h5 file or a .zarr")
+            if dataset.strip("/") == volume.source.dataset.strip("/"):
+                raise ValueError(f"out {out} is the input itself; write the prediction beside it")
+        patch_in = _triple_or_int(patch_in, "patch_in", 1)
+        patch_out = patch_in if patch_out is None else _triple_or_int(patch_out, "patch_out", 1)
+        if overlap is None:
+            overlap = (0, 0, 0) if blend == "none" else tuple(p // 4 for p in patch_out)
+        overlap = _triple_or_int(overlap, "overlap", 0)
+        chunks = chunks or volume.chunks or tuple(min(CHUNK_EDGE, s) for s in volume.shape)
+        plan = TilePlan(volume.shape, patch_in, patch_out, overlap, triple(chunks, "chunks", minimum=1), roi,
+                        block, crop=blend == "none")
+        scale, shift = normalization(volume, normalize)
+        predictor = BlockPredictor(volume, caller, plan, blend, variants(tta, patch_in, patch_out), scale,
+                                   shift, pad, fill, batch_size, np.dtype(dtype))
+        blocks = plan.blocks()
+        predictor.channels = channels or _probe(predictor, blocks[0])
+        settings = dict(blend=blend, tta=tta, pad=pad, fill=float(fill), normalize=[float(scale), float(shift)],
+                        channels=predictor.channels, dtype=dtype, compression=compression, batch_size=batch_size)
+        shape = (predictor.channels,) + volume.shape
+        attributes = {}
+        if volume.resolution is not None:
+            attributes["resolution"] = list(volume.resolution)
+        if volume.offset is not None:
+            attributes["offset"] = list(volume.offset)
+        store, finished = OutputStore.prepare(out, shape, dtype, plan.chunks, compression, plan.grid,
+                                              _record(volume, caller, plan, settings), attributes, resume,
+                                              overwrite)
+        try:
+            todo = [b for b in blocks if b.index not in finished]
+            tick = _ticker(progress, len(blocks), len(blocks) - len(todo))
+            if client is not None:
+                run_dask(client, predictor, store, todo, tick)
+            else:
+                run_local(predictor, store, todo, threads, tick)
+            if todo or finished:
+                store.finish()
+        finally:
+            store.close()
+    finally:
+        if opened:
+            volume.close()
+    return Prediction(f"{container}/{dataset}", shape, np.dtype(dtype), len(blocks), len(todo), plan.tile_count,
+                      time.monotonic() - started)
+
+
+def _probe(predictor: BlockPredictor, block) -> int:
+    """The model's output channels, from one call on the first tile of ``block``."""
+    plan = predictor.plan
+    tile = tuple(int(v) for v in block.tiles[0])
+    corner = tuple(t - c for t, c in zip(tile, plan.context))
+    region = np.empty((predictor.volume.channels,) + plan.patch_in, predictor.volume.dtype)
+    predictor.volume.read_padded(corner, plan.patch_in, region, predictor.pad, predictor.fill)
+    return int(predictor.predict_batch(region, corner, [(tile, IDENTITY)]).shape[1])
+
+
+def _ticker(progress, total: int, done: int) -> Optional[Callable[[], None]]:
+    """A no-argument callback counting finished blocks into ``progress``."""
+    if progress is False or progress is None:
+        return None
+    report = progress_bar(unit="blocks") if progress is True else progress
+    count = [done]
+    report(done, total)
+
+    def tick() -> None:
+        count[0] += 1
+        report(count[0], total)
+
+    return tick

@@ -1,0 +1,376 @@
+"""emfast.predict: tiles, padding, blending and test-time augmentation against a whole-volume NumPy reference;
+resumed, failed and distributed runs against uninterrupted ones, byte for byte."""
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+import emfast as ef
+from emfast.predict import BlockWriteError, ModelOutputError, OutputExistsError, TilePlan
+from emfast.predict._blend import Weights
+from emfast.predict._store import OutputStore
+from emfast.predict._tta import variants
+
+zarr = pytest.importorskip("zarr", reason="prediction outputs in these tests are zarr (pip install 'emfast[zarr]')")
+
+PATCH_IN = (10, 20, 20)
+PATCH_OUT = (6, 12, 12)
+CONTEXT = (2, 4, 4)
+
+
+def crop(batch):
+    """The identity network: the input's central patch_out."""
+    return batch[:, :, 2:-2, 4:-4, 4:-4]
+
+
+def lopsided(batch):
+    """A network that is not mirror-symmetric (a ramp along x, a square): test-time variants differ."""
+    centre = crop(batch)
+    ramp = np.linspace(0.5, 1.5, centre.shape[-1], dtype=np.float32)
+    return np.concatenate([centre * ramp, centre ** 2], axis=1)
+
+
+def normalized(volume):
+    """The network's input: uint8 scaled to [0, 1] as the kernels do it (by the float32 1/255)."""
+    return volume.astype(np.float32) * np.float32(1 / 255)
+
+
+@pytest.fixture(scope="module")
+def volume():
+    rng = np.random.default_rng(7)
+    return rng.integers(0, 256, (23, 41, 37), dtype=np.uint8)  # no axis a multiple of a tile or a chunk
+
+
+def _read(path):
+    """The output array, read with zarr-python or h5py (float16 is not an input dtype of emfast.open)."""
+    container, dataset = str(path).split(".zarr/") if ".zarr/" in str(path) else str(path).split(".h5/")
+    if ".zarr/" in str(path):
+        return zarr.open_array(container + ".zarr", path=dataset, mode="r")[...]
+    with h5py.File(container + ".h5", "r") as f:
+        return f[dataset][...]
+
+
+def _reference(model, volume, roi, overlap, blend, tta, pad):
+    """Whole-volume prediction written the plain way: np.pad, every tile and variant, one float64 accumulator."""
+    plan = TilePlan(volume.shape, PATCH_IN, PATCH_OUT, overlap, (1, 1, 1), roi, crop=blend == "none")
+    weights = Weights(plan, blend)
+    margin = 40
+    padded = np.pad(normalized(volume), margin, mode=pad)
+    sums = weights_sum = None
+    for tile in np.stack(np.meshgrid(*plan.starts, indexing="ij"), -1).reshape(-1, 3):
+        window = padded[tuple(slice(t - c + margin, t - c + margin + p) for t, c, p in zip(tile, CONTEXT, PATCH_IN))]
+        for perm, flips in variants(tta, PATCH_IN, PATCH_OUT):
+            seen = np.flip(window, [a for a in range(3) if flips[a]]) if any(flips) else window
+            seen = np.transpose(seen, perm)
+            prediction = model(np.ascontiguousarray(seen)[None, None])[0]
+            back = np.transpose(prediction, (0,) + tuple(1 + perm.index(a) for a in range(3)))
+            back = np.flip(back, [1 + a for a in range(3) if flips[a]]) if any(flips) else back
+            if sums is None:
+                sums = np.zeros((back.shape[0],) + volume.shape)
+                weights_sum = np.zeros(volume.shape)
+            box = tuple(slice(t, min(t + p, s)) for t, p, s in zip(tile, PATCH_OUT, volume.shape))
+            inside = tuple(slice(0, b.stop - b.start) for b in box)
+            w = weights.tile(tuple(tile))[inside]
+            sums[(slice(None),) + box] += w * back[(slice(None),) + inside]
+            weights_sum[box] += w
+    result = np.zeros_like(sums)
+    region = tuple(slice(a, b) for a, b in zip(*plan.roi))
+    result[(slice(None),) + region] = sums[(slice(None),) + region] / weights_sum[region]
+    return result
+
+
+@pytest.mark.parametrize("blend", ["gaussian", "bump", "none"])
+@pytest.mark.parametrize("tta", [0, 8, 16])
+def test_identity_reproduces_the_input_exactly(tmp_path, volume, blend, tta):
+    result = ef.predict(crop, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT,
+                        overlap=(2, 5, 3), blend=blend, tta=tta, chunks=(8, 16, 16), block=(8, 16, 16),
+                        batch_size=3)
+    assert result.blocks == 3 * 3 * 3 and result.computed == result.blocks
+    np.testing.assert_array_equal(_read(tmp_path / "p.zarr/pred")[0], normalized(volume))
+
+
+@pytest.mark.parametrize("pad", ["reflect", "edge", "constant"])
+def test_identity_over_a_roi_at_the_border_with_every_pad(tmp_path, volume, pad):
+    roi = ((0, 30, 5), (9, 41, 37))  # touches the border on five sides, smaller than a tile in y
+    ef.predict(crop, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT, roi=roi, pad=pad,
+               chunks=(4, 8, 8))
+    expected = np.zeros((1,) + volume.shape, np.float32)
+    box = (slice(None),) + tuple(slice(a, b) for a, b in zip(*roi))
+    expected[box] = normalized(volume[box[1:]])
+    np.testing.assert_array_equal(_read(tmp_path / "p.zarr/pred"), expected)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "uint8"])
+def test_identity_in_every_output_dtype(tmp_path, volume, dtype):
+    ef.predict(crop, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT, dtype=dtype,
+               tta=4)
+    output = _read(tmp_path / "p.zarr/pred")[0]
+    assert output.dtype == np.dtype(dtype)
+    expected = volume if dtype == "uint8" else (normalized(volume)).astype(np.float16)
+    np.testing.assert_array_equal(output, expected)
+
+
+@pytest.mark.parametrize("blend, tta, pad", [("gaussian", 16, "reflect"), ("bump", 8, "edge"),
+                                             ("none", 4, "constant"), ("gaussian", 0, "reflect")])
+def test_blending_and_tta_match_a_whole_volume_reference(tmp_path, volume, blend, tta, pad):
+    roi = ((3, 0, 2), (23, 35, 37))
+    ef.predict(lopsided, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT,
+               overlap=(3, 4, 5), roi=roi, blend=blend, tta=tta, pad=pad, chunks=(8, 8, 16), block=(8, 16, 16),
+               batch_size=5)
+    expected = _reference(lopsided, volume, roi, (3, 4, 5), blend, tta, pad)
+    np.testing.assert_allclose(_read(tmp_path / "p.zarr/pred"), expected, rtol=2e-6, atol=1e-7)
+
+
+def test_no_blend_gives_each_voxel_its_nearest_tile(tmp_path):
+    tiles = []
+
+    def which_tile(batch):
+        tiles.append(len(tiles))
+        return np.full((len(batch), 1) + PATCH_OUT, float(len(tiles)), np.float32)
+
+    flat = np.zeros((6, 40, 12), np.uint8)
+    ef.predict(which_tile, flat, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT,
+               overlap=(0, 4, 0), blend="none", channels=1)
+    # Along y the tiles start at 0, 8, 16, 24 and 28 (moved back to end at 40); each overlap is cut in its middle.
+    owners = _read(tmp_path / "p.zarr/pred")[0, 0, :, 0]
+    assert [int(np.argmax(owners == v)) for v in np.unique(owners)] == [0, 10, 18, 26, 32]
+
+
+def test_tile_plan_covers_the_roi_and_blocks_own_whole_chunks():
+    plan = TilePlan((50, 60, 70), (12, 20, 20), (8, 16, 16), (2, 4, 4), (8, 16, 16), ((3, 5, 0), (50, 60, 33)),
+                    block=(16, 32, 32))
+    for axis in range(3):
+        starts = plan.starts[axis]
+        assert starts[0] == plan.roi[0][axis] and starts[-1] + plan.patch_out[axis] == plan.roi[1][axis]
+        assert np.all(np.diff(starts) <= plan.stride[axis])
+    covered = np.zeros((50, 60, 70), int)
+    for block in plan.blocks():
+        assert all(a % b == 0 or a == r for a, b, r in zip(block.start, plan.block, plan.roi[0]))
+        covered[tuple(slice(a, b) for a, b in zip(block.start, block.stop))] += 1
+    roi = tuple(slice(a, b) for a, b in zip(*plan.roi))
+    assert covered[roi].min() == 1 and covered.sum() == covered[roi].size
+
+
+def _interrupting(model, calls, error):
+    count = [0]
+
+    def wrapped(batch):
+        count[0] += 1
+        if count[0] == calls:
+            raise error
+        return model(batch)
+
+    return wrapped
+
+
+SETTINGS = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT, overlap=(2, 4, 4), tta=4, chunks=(8, 16, 16),
+                block=(8, 16, 16), batch_size=2)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("model failed"), KeyboardInterrupt()])
+@pytest.mark.parametrize("container", ["p.zarr", "p.h5"])
+def test_a_resumed_run_equals_an_uninterrupted_one_byte_for_byte(tmp_path, volume, error, container):
+    whole = ef.predict(lopsided, volume, tmp_path / f"whole_{container}/pred", **SETTINGS)
+    path = tmp_path / container / "pred"
+    with pytest.raises(type(error)):
+        ef.predict(_interrupting(lopsided, 40, error), volume, path, **SETTINGS)
+    assert not [t for t in threading.enumerate() if t.name.startswith("emfast-predict")]
+    with pytest.raises(OutputExistsError, match="resume=True"):
+        ef.predict(lopsided, volume, path, **SETTINGS)
+    resumed = ef.predict(lopsided, volume, path, resume=True, **SETTINGS)
+    assert 0 < resumed.computed < whole.computed
+    np.testing.assert_array_equal(_read(path), _read(tmp_path / f"whole_{container}/pred"))
+    again = ef.predict(lopsided, volume, path, resume=True, **SETTINGS)
+    assert again.computed == 0
+
+
+def _wait_for_a_finished_block(container, seconds=30.0):
+    """The block flags once at least one block is recorded (the writer thread trails the model)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        flags = zarr.open_array(str(container), path="pred.blocks", mode="r")[...]
+        if flags.sum() or time.monotonic() > deadline:
+            return flags
+        time.sleep(0.05)
+
+
+def test_a_killed_process_resumes_to_the_same_bytes(tmp_path, volume):
+    np.save(tmp_path / "volume.npy", volume)
+    script = textwrap.dedent(f"""
+        import sys, time
+        import numpy as np
+        import emfast as ef
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_predict import lopsided, SETTINGS
+        calls = [0]
+        def slow(batch):
+            calls[0] += 1
+            if calls[0] == 30:
+                print("half way", flush=True)
+                time.sleep(60)
+            return lopsided(batch)
+        ef.predict(slow, np.load(sys.argv[1]), sys.argv[2], **SETTINGS)
+        """)
+    process = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "volume.npy"),
+                                str(tmp_path / "p.zarr/pred")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "half way"
+        flags = _wait_for_a_finished_block(tmp_path / "p.zarr")
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    assert 0 < flags.sum() < flags.size
+    ef.predict(lopsided, volume, tmp_path / "p.zarr/pred", resume=True, **SETTINGS)
+    ef.predict(lopsided, volume, tmp_path / "whole.zarr/pred", **SETTINGS)
+    np.testing.assert_array_equal(_read(tmp_path / "p.zarr/pred"), _read(tmp_path / "whole.zarr/pred"))
+
+
+def test_a_failed_write_leaves_a_resumable_store(tmp_path, volume, monkeypatch):
+    original = OutputStore.write
+    writes = [0]
+
+    def disk_full(self, start, data):
+        writes[0] += 1
+        if writes[0] == 5:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        original(self, start, data)
+
+    monkeypatch.setattr(OutputStore, "write", disk_full)
+    path = tmp_path / "p.zarr/pred"
+    with pytest.raises(BlockWriteError, match=r"writing block \d+ .* No space left on device.*resume=True"):
+        ef.predict(lopsided, volume, path, **SETTINGS)
+    monkeypatch.setattr(OutputStore, "write", original)
+    ef.predict(lopsided, volume, path, resume=True, **SETTINGS)
+    ef.predict(lopsided, volume, tmp_path / "whole.zarr/pred", **SETTINGS)
+    np.testing.assert_array_equal(_read(path), _read(tmp_path / "whole.zarr/pred"))
+
+
+def test_existing_outputs_are_refused_replaced_or_resumed_only_with_the_same_settings(tmp_path, volume):
+    path = tmp_path / "p.zarr/pred"
+    root = zarr.open_group(str(tmp_path / "p.zarr"), mode="w")
+    root.create_array("pred", shape=(3,), dtype="uint8")[...] = [1, 2, 3]
+    with pytest.raises(OutputExistsError, match="exists; pass resume=True .* or overwrite=True"):
+        ef.predict(crop, volume, path, patch_in=PATCH_IN, patch_out=PATCH_OUT)
+    assert list(zarr.open_array(str(tmp_path / "p.zarr"), path="pred", mode="r")[...]) == [1, 2, 3]
+    with pytest.raises(OutputExistsError, match="other settings"):
+        ef.predict(crop, volume, path, patch_in=PATCH_IN, patch_out=PATCH_OUT, resume=True)
+    ef.predict(crop, volume, path, patch_in=PATCH_IN, patch_out=PATCH_OUT, overwrite=True)
+    assert _read(path).shape == (1,) + volume.shape
+    with pytest.raises(OutputExistsError, match=r"tta: 0 there, 4 now"):
+        ef.predict(crop, volume, path, patch_in=PATCH_IN, patch_out=PATCH_OUT, tta=4, resume=True)
+
+
+def test_wrong_model_outputs_are_named(tmp_path, volume):
+    def arguments(model):
+        return dict(model=model, volume=volume, out=tmp_path / "p.zarr/pred", patch_in=PATCH_IN,
+                    patch_out=PATCH_OUT, overwrite=True)
+
+    with pytest.raises(ModelOutputError, match=r"returned shape \(1, 1, 10, 20, 20\) .* expected \(1, C, 6, 12, 12\)"):
+        ef.predict(**arguments(lambda batch: batch))
+    with pytest.raises(ModelOutputError, match="returned dtype int32; expected one of float16, float32, float64"):
+        ef.predict(**arguments(lambda batch: crop(batch).astype(np.int32)))
+    with pytest.raises(ModelOutputError, match="returned a list"):
+        ef.predict(**arguments(lambda batch: [crop(batch)]))
+    changing = [1]
+
+    def more_channels(batch):
+        changing[0] += 1
+        return np.repeat(crop(batch), changing[0], axis=1)
+
+    with pytest.raises(ModelOutputError, match=r"expected \(1, 2, 6, 12, 12\)"):
+        ef.predict(**arguments(more_channels))
+
+
+def test_bad_arguments_are_named(tmp_path, volume):
+    out = tmp_path / "p.zarr/pred"
+    for kwargs, message in [(dict(patch_out=(7, 12, 12)), "must exceed patch_out .* by an even number"),
+                            (dict(overlap=6), "overlap .* must be smaller than patch_out"),
+                            (dict(blend="linear"), "blend must be one of gaussian, bump, none"),
+                            (dict(tta=2), "tta must be one of 0, 4, 8, 16"),
+                            (dict(pad="wrap"), "pad must be one of reflect, edge, constant"),
+                            (dict(dtype="int8"), "dtype must be one of float32, float16, uint8"),
+                            (dict(roi=((0, 0, 0), (30, 10, 10))), "roi .* inside the volume"),
+                            (dict(block=(10, 16, 16), chunks=(8, 16, 16)), "multiple of the output chunks"),
+                            (dict(patch_in=(10, 20, 24), patch_out=(6, 12, 16), tta=16), "square in y and x")]:
+        settings = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT)
+        settings.update(kwargs)
+        with pytest.raises(ValueError, match=message):
+            ef.predict(crop, volume, out, **settings)
+    with pytest.raises(ValueError, match="out must name a dataset in a .zarr or .h5 container"):
+        ef.predict(crop, volume, tmp_path / "p.txt", patch_in=PATCH_IN, patch_out=PATCH_OUT)
+
+
+def test_output_records_its_origin_and_keeps_resolution_and_offset(tmp_path, volume):
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        dataset = f.create_dataset("raw", data=volume, chunks=(8, 16, 16))
+        dataset.attrs["resolution"] = (40.0, 4.0, 4.0)
+        dataset.attrs["offset"] = (400.0, 0.0, 8.0)
+    ef.predict(crop, str(tmp_path / "in.h5/raw"), tmp_path / "out.h5/pred", patch_in=PATCH_IN,
+               patch_out=PATCH_OUT, dtype="uint8")
+    output = ef.open(tmp_path / "out.h5/pred")
+    assert output.resolution == (40.0, 4.0, 4.0) and output.offset == (400.0, 0.0, 8.0)
+    assert output.chunks == (8, 16, 16)
+    np.testing.assert_array_equal(output.array[0], volume)
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        record = json.loads(f["pred"].attrs["emfast_predict"])
+        assert "pred.blocks" not in f and f["pred"].compression == "gzip"
+    assert record["complete"] and record["input"]["dataset"] == "raw" and record["model"].endswith(":crop")
+    before = (tmp_path / "in.h5").read_bytes()
+    with pytest.raises(ValueError, match="in the input's HDF5 file"):
+        ef.predict(crop, str(tmp_path / "in.h5/raw"), tmp_path / "in.h5/pred", patch_in=PATCH_IN,
+                   patch_out=PATCH_OUT)
+    assert (tmp_path / "in.h5").read_bytes() == before
+
+
+def test_zarr_outputs_go_beside_the_input_but_never_over_it(tmp_path, volume):
+    root = zarr.open_group(str(tmp_path / "data.zarr"), mode="w")
+    root.create_array("raw", data=volume, chunks=(8, 16, 16))
+    ef.predict(crop, str(tmp_path / "data.zarr/raw"), tmp_path / "data.zarr/pred", patch_in=PATCH_IN,
+               patch_out=PATCH_OUT)
+    np.testing.assert_array_equal(_read(tmp_path / "data.zarr/pred")[0], normalized(volume))
+    with pytest.raises(ValueError, match="is the input itself"):
+        ef.predict(crop, str(tmp_path / "data.zarr/raw"), tmp_path / "data.zarr/raw", patch_in=PATCH_IN,
+                   patch_out=PATCH_OUT, overwrite=True)
+    np.testing.assert_array_equal(_read(tmp_path / "data.zarr/raw"), volume)
+
+
+def test_progress_counts_blocks(tmp_path, volume):
+    seen = []
+    ef.predict(crop, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT,
+               chunks=(8, 16, 16), block=(8, 16, 16), progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(n, 27) for n in range(28)]
+
+
+def test_a_torch_module_on_the_cpu(tmp_path, volume):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+
+    class Crop(torch.nn.Module):
+        def forward(self, batch):
+            assert isinstance(batch, torch.Tensor)
+            return batch[:, :, 2:-2, 4:-4, 4:-4] * 2
+
+    ef.predict(Crop(), volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT, device="cpu",
+               tta=4, batch_size=4)
+    np.testing.assert_array_equal(_read(tmp_path / "p.zarr/pred")[0],
+                                  normalized(volume) * 2)
+
+
+def test_dask_with_two_workers_equals_one_process(tmp_path, volume):
+    distributed = pytest.importorskip("distributed", reason="dask.distributed is not installed "
+                                                            "(pip install 'emfast[dask]')")
+    ef.predict(lopsided, volume, tmp_path / "local.zarr/pred", **SETTINGS)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=40) as cluster, distributed.Client(cluster) as client:
+        result = ef.predict(lopsided, volume, tmp_path / "dask.zarr/pred", client=client, **SETTINGS)
+        workers = client.run(os.getpid)
+    assert len(set(workers.values())) == 2 and result.computed == result.blocks
+    np.testing.assert_array_equal(_read(tmp_path / "dask.zarr/pred"), _read(tmp_path / "local.zarr/pred"))
