@@ -374,3 +374,80 @@ def test_dask_with_two_workers_equals_one_process(tmp_path, volume):
         workers = client.run(os.getpid)
     assert len(set(workers.values())) == 2 and result.computed == result.blocks
     np.testing.assert_array_equal(_read(tmp_path / "dask.zarr/pred"), _read(tmp_path / "local.zarr/pred"))
+
+
+NETS = '''
+import numpy as np
+
+def load(gain=1.0):
+    def network(batch):
+        return batch[:, :, 2:-2, 4:-4, 4:-4] * np.float32(gain)
+    return network
+'''
+
+
+def _predict_config(tmp_path, body):
+    (tmp_path / "nets.py").write_text(NETS)
+    (tmp_path / "predict.yaml").write_text(textwrap.dedent(body))
+    return tmp_path / "predict.yaml"
+
+
+def test_emfast_predict_runs_a_config_and_resumes(tmp_path, volume, capsys):
+    from emfast.cli import main
+
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("raw", data=volume, chunks=(8, 16, 16))
+    config = _predict_config(tmp_path, """
+        predict:
+          model: nets:load
+          model_args: {gain: 2.0}
+          input: {file: in.h5, dataset: raw}
+          output: out.zarr/pred
+          patch_in: [10, 20, 20]
+          patch_out: [6, 12, 12]
+          overlap: [2, 4, 4]
+          blend: bump
+          tta: 8
+          dtype: float32
+          batch_size: 4
+        """)
+    assert main(["predict", str(config)]) == 0
+    out = capsys.readouterr()
+    assert "wrote" in out.out and "blocks computed" in out.out and "blocks" in out.err
+    np.testing.assert_array_equal(_read(tmp_path / "out.zarr/pred")[0], normalized(volume) * np.float32(2))
+    assert main(["predict", str(config)]) == 2
+    assert "exists; pass resume=True" in capsys.readouterr().err
+    assert main(["predict", str(config), "--resume"]) == 0
+    assert "0 of 1 blocks computed" in capsys.readouterr().out
+
+
+def test_predict_config_errors_name_the_key_and_line(tmp_path):
+    from emfast.config import ConfigError, load_config, load_predict_config
+
+    config = _predict_config(tmp_path, """
+        predict:
+          model: nets:load
+          input: in.h5/raw
+          output: out.zarr/pred
+          patch_in: [10, 20, 20]
+          tta: 3
+        """)
+    with pytest.raises(ConfigError, match=r"line 7: predict\.tta: expected one of 0, 4, 8, 16, got the integer 3"):
+        load_predict_config(config)
+    config.write_text(config.read_text().replace("tta: 3", "blending: gaussian"))
+    with pytest.raises(ConfigError, match="unknown key 'blending'; did you mean 'blend'"):
+        load_predict_config(config)
+    config.write_text(config.read_text().replace("blending:", "blend:").replace("nets:load", "nets.load"))
+    with pytest.raises(ConfigError, match="expected module:function"):
+        load_predict_config(config)
+    with pytest.raises(ConfigError, match="no predict section"):
+        load_predict_config("data: {}\n")
+    training = textwrap.dedent("""
+        data: {samples: [{file: {builtin: demo}, raw: volumes/raw}]}
+        loader: {patch: [8, 16, 16]}
+        predict: {model: nets:load, input: in.h5/raw, output: out.zarr/pred, patch_in: [10, 20, 20], pad: wrap}
+        """)
+    with pytest.raises(ConfigError, match=r"predict\.pad.*expected one of reflect, edge, constant"):
+        load_config(training)
+    spec = load_predict_config(training.replace("pad: wrap", "engine: {dask: {workers: 2}}"))
+    assert spec.engine == {"workers": 2} and spec.options["patch_in"] == (10, 20, 20)

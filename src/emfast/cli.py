@@ -1,6 +1,7 @@
 """The ``emfast`` command: ``emfast demo`` streams batches from a built-in volume; ``emfast info`` lists a file;
-``emfast check`` validates a YAML config (see :mod:`emfast.config`); ``emfast bench`` compares emfast with NumPy,
-PyTorch and the memory-bandwidth floor (see :mod:`emfast.bench`)."""
+``emfast check`` validates a YAML config (see :mod:`emfast.config`); ``emfast convert`` copies a volume between
+formats; ``emfast predict`` runs a network over a whole volume (see :mod:`emfast.predict`); ``emfast bench``
+compares emfast with NumPy, PyTorch and the memory-bandwidth floor (see :mod:`emfast.bench`)."""
 from __future__ import annotations
 
 import argparse
@@ -215,6 +216,16 @@ def convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def predict(args: argparse.Namespace) -> int:
+    """Run the predict section of a config, with a progress bar; resumable with --resume."""
+    spec = _config.load_predict_config(args.config)
+    result = spec.run(resume=args.resume, overwrite=args.overwrite, progress=True, cache_dir=args.cache_dir)
+    channels, *spatial = result.shape
+    print(f"wrote {result.path}: {channels} channels x {' x '.join(map(str, spatial))} {result.dtype}; "
+          f"{result.computed} of {result.blocks} blocks computed in {result.seconds:.1f} s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="emfast", description="Fast 3-D patch loading from EM volumes.")
     parser.add_argument("--version", action="version", version=f"emfast {__version__}")
@@ -278,6 +289,20 @@ def build_parser() -> argparse.ArgumentParser:
     change.add_argument("--zarr-format", type=int, choices=[2, 3], default=3, help="zarr format (default 3)")
     change.add_argument("--overwrite", action="store_true", help="replace an existing output")
     change.set_defaults(handler=convert)
+
+    infer = commands.add_parser("predict", help="run a network over a whole volume and write the result",
+                                description="Run the predict section of CONFIG (see docs/CONFIG.md): the model "
+                                            "factory (module:function) over the input in overlapping tiles, "
+                                            "blended and written block by block to the output, with a progress "
+                                            "bar. Interrupted? Run it again with --resume: finished blocks are "
+                                            "skipped and the result is the same, byte for byte. An existing "
+                                            "output is refused without --resume or --overwrite.")
+    infer.add_argument("config", help="a YAML config with a predict section")
+    infer.add_argument("--resume", action="store_true", help="continue an unfinished prediction")
+    infer.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    infer.add_argument("--cache-dir", default=None,
+                       help="where the built-in volume is cached (default: $EMFAST_CACHE_DIR or ~/.cache/emfast)")
+    infer.set_defaults(handler=predict)
 
     measure = commands.add_parser("bench", help="compare emfast with NumPy, PyTorch and the copy floor",
                                   description="Time the standard task (batch 8 x (32, 128, 128), uint8 raw -> "

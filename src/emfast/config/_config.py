@@ -38,6 +38,7 @@ from ..pipeline import Loader
 from ..sampling import Dataset, Sample, Sampler
 from ..targets import Target
 from ._yaml import ConfigError, Path_, Reader, parse_yaml
+from ._predict import predict_section
 from ._spec import Builtin, ComponentSpec, SampleSpec, Validation, plain
 from ._sections import (check_augment, component, components, construct, loader_default, loader_section, named_key,
                         sample_spec)
@@ -306,8 +307,10 @@ def load_config(source: Union[str, os.PathLike]) -> Config:
 def _load(text: str, source: str, base: Path) -> Config:
     document, marks = parse_yaml(text, source)
     reader = Reader(marks, source, base)
-    reader.mapping(document, (), ("data", "loader", "augment", "targets", "sampler", "validation"),
+    reader.mapping(document, (), ("data", "loader", "augment", "targets", "sampler", "validation", "predict"),
                    required=("data", "loader"))
+    if document.get("predict") is not None:  # checked here, run by emfast predict (see _predict)
+        predict_section(reader, document["predict"], ("predict",))
     data = reader.mapping(document["data"], ("data",), ("samples", "hold_out"), required=("samples",))
     items = reader.listing(data["samples"], ("data", "samples"))
     if not items:
