@@ -1,0 +1,29 @@
+"""The examples run as users run them (short versions)."""
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_and_predict_quick(tmp_path, monkeypatch):
+    pytest.importorskip("torch", reason="examples/train_and_predict.py needs torch (pip install torch)")
+    pytest.importorskip("zarr", reason="examples/train_and_predict.py writes zarr (pip install 'emfast[zarr]')")
+    monkeypatch.setenv("EMFAST_CACHE_DIR", str(tmp_path / "cache"))
+    example = _load("train_and_predict")
+    result = example.main(["--quick", "--out", str(tmp_path / "prediction.zarr")])
+    import emfast as ef
+
+    predicted = ef.open(result["path"])
+    assert predicted.shape == (24, 96, 96) and predicted.channels == 3 and predicted.dtype == np.uint8
+    assert result["loss"] < 0.6  # down from log(2) = 0.69 of an untrained network
+    assert 0.0 <= result["boundary_f1"] <= 1.0 and result["accuracy"] >= result["majority"] - 0.05
