@@ -52,6 +52,7 @@ EXTENSIONS = [
     extension("intensity", ["intensity.cpp", "philox.cpp"], ["intensity.h", "half.h", "philox.h"]),
     extension("warp", ["warp.cpp", "gather.cpp"], ["warp.h", "gather.h", "half.h"]),
     extension("sampling", ["sampling.cpp"], ["sampling.h"]),
+    extension("blend", ["blend.cpp"], ["blend.h", "half.h"]),
 ]
 
 # include_path: the wrappers cimport emfast._core.common from src/.

@@ -17,6 +17,7 @@ typedef enum {
     EMF_FLOAT32 = 4,
     EMF_FLOAT16 = 5,
     EMF_INT64 = 6,
+    EMF_FLOAT64 = 7,
 } emf_dtype;
 
 /* Return codes of every kernel. */

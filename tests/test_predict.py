@@ -1,4 +1,4 @@
-"""emfast.predict: tiles, padding, blending and test-time augmentation against a whole-volume NumPy reference;
+"""emfast.predict (emfast.inference): tiles, padding, blending and test-time augmentation against a whole-volume NumPy reference;
 resumed, failed and distributed runs against uninterrupted ones, byte for byte."""
 import errno
 import json
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import emfast as ef
-from emfast.predict import BlockWriteError, ModelOutputError, OutputExistsError, TilePlan
-from emfast.predict._blend import Weights
-from emfast.predict._store import OutputStore
-from emfast.predict._tta import variants
+from emfast.inference import BlockWriteError, ModelOutputError, OutputExistsError, TilePlan
+from emfast.inference._blend import Weights
+from emfast.inference._store import OutputStore
+from emfast.inference._tta import variants
 
 zarr = pytest.importorskip("zarr", reason="prediction outputs in these tests are zarr (pip install 'emfast[zarr]')")
 
@@ -77,9 +77,10 @@ def _reference(model, volume, roi, overlap, blend, tta, pad):
             if sums is None:
                 sums = np.zeros((back.shape[0],) + volume.shape)
                 weights_sum = np.zeros(volume.shape)
-            box = tuple(slice(t, min(t + p, s)) for t, p, s in zip(tile, PATCH_OUT, volume.shape))
-            inside = tuple(slice(0, b.stop - b.start) for b in box)
-            w = weights.tile(tuple(tile))[inside]
+            w, (low, high) = weights.tile(tuple(tile))
+            box = tuple(slice(lo, min(hi, s)) for lo, hi, s in zip(low, high, volume.shape))
+            inside = tuple(slice(b.start - t, b.stop - t) for b, t in zip(box, tile))
+            w = w[inside]
             sums[(slice(None),) + box] += w * back[(slice(None),) + inside]
             weights_sum[box] += w
     result = np.zeros_like(sums)

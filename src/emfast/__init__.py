@@ -1,7 +1,7 @@
 """emfast: fast 3-D patch loading and augmentation from electron-microscopy volumes for deep learning.
 
 The package is laid out by pipeline stage, and imports run one way, down this list: ``cli`` and ``bench``;
-``config``; ``predict`` (whole-volume prediction); ``pipeline`` (plans, gather, ring, pool, copier, Loader);
+``config``; ``inference`` (whole-volume prediction, ``predict``); ``pipeline`` (plans, gather, ring, pool, copier, Loader);
 ``transfer`` (device backends); ``augment``, ``targets``, ``sampling``; ``io`` (volumes); and the shared base, ``_core`` (the compiled kernels),
 ``_registry``, ``_checks``, ``_machine``. This module is the public API: every name in ``__all__``.
 
@@ -20,7 +20,7 @@ from .augment import (Artifacts, Augmentation, Blur, Contrast, Elastic, Gamma, I
                       MissingSection, Noise, Rotate, Scale, Slip, Transpose)
 from .io import DatasetNotFoundError, Volume, hdf5
 from .io import open_volume as open
-from .predict import Prediction, predict
+from .inference import Prediction, predict
 from .pipeline import BackPressureWarning, Batch, BatchReleasedError, Loader, ProfileReport, SlotsExhaustedError
 from .sampling import Balanced, Dataset, Masked, Sample, Tiled, Uniform
 from .targets import Affinities, Boundaries, Classes, Foreground, compute_targets

@@ -1,6 +1,6 @@
 """The ``emfast`` command: ``emfast demo`` streams batches from a built-in volume; ``emfast info`` lists a file;
 ``emfast check`` validates a YAML config (see :mod:`emfast.config`); ``emfast convert`` copies a volume between
-formats; ``emfast predict`` runs a network over a whole volume (see :mod:`emfast.predict`); ``emfast bench``
+formats; ``emfast predict`` runs a network over a whole volume (see :mod:`emfast.inference`); ``emfast bench``
 compares emfast with NumPy, PyTorch and the memory-bandwidth floor (see :mod:`emfast.bench`)."""
 from __future__ import annotations
 

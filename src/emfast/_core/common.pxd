@@ -11,6 +11,7 @@ cdef extern from "common.h" nogil:
         EMF_FLOAT32
         EMF_FLOAT16
         EMF_INT64
+        EMF_FLOAT64
 
     ctypedef enum emf_status:
         EMF_OK

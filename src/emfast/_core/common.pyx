@@ -21,6 +21,7 @@ _CODES = {
     np.dtype(np.float32): EMF_FLOAT32,
     np.dtype(np.float16): EMF_FLOAT16,
     np.dtype(np.int64): EMF_INT64,
+    np.dtype(np.float64): EMF_FLOAT64,
 }
 
 

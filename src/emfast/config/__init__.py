@@ -3,7 +3,7 @@ and the typed reader (``_yaml``), the spec dataclasses (``_spec``), parsing of e
 (``_sections``), :class:`Config` with its builders and :func:`load_config` (``_config``), the ``emfast check``
 summary (``_report``), and the ``predict`` section that ``emfast predict`` runs (``_predict``).
 
-May import: ``emfast.predict``, the pipeline and every stage below them.
+May import: ``emfast.inference``, the pipeline and every stage below them.
 """
 from ._config import BUILTIN_CONFIG, Config, close_volumes, dump_config, load_config
 from ._predict import PredictSpec, load_predict_config

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Union
 
 from .._core.gather import PAD_MODES
-from ..predict import BLENDS, COMPRESSIONS, OUTPUT_DTYPES, TTA_COUNTS, Prediction, predict
+from ..inference import BLENDS, COMPRESSIONS, OUTPUT_DTYPES, TTA_COUNTS, Prediction, predict
 from ._sections import _check_normalize, _file
 from ._spec import Builtin, plain
 from ._yaml import ConfigError, Path_, Reader, describe_value, parse_yaml

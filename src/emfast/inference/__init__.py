@@ -1,4 +1,4 @@
-"""Prediction over whole volumes: the tile plan and its chunk-aligned blocks (``_tiling``), blend weights
+"""Prediction over whole volumes (:func:`predict`, public as ``emfast.predict``): the tile plan and its chunk-aligned blocks (``_tiling``), blend weights
 (``_blend``), test-time variants (``_tta``), the model adapter (``_model``), one block's computation
 (``_block``), the output store with its record of finished blocks (``_store``), the local and Dask engines
 (``_local``, ``_dask``) and :func:`predict` (``_predict``).

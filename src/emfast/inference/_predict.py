@@ -1,4 +1,4 @@
-"""``emfast.predict``: run a network over a whole volume, or a region of it, and write the result beside it."""
+"""``emfast.predict`` (:func:`predict`): run a network over a whole volume, or a region of it, and write the result beside it."""
 from __future__ import annotations
 
 import os

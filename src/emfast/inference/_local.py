@@ -2,7 +2,7 @@
 and one writer thread writes finished blocks while the next is computed.
 
 Memory stays bounded by the blocks in flight: ``threads`` inputs read ahead, one block being computed, and at
-most :data:`WRITES_IN_FLIGHT` waiting to be written. Every thread is joined before :func:`run_local` returns or
+most :data:`WRITES_IN_FLIGHT` being written, whose output buffers are reused once written. Every thread is joined before :func:`run_local` returns or
 raises; a block being written when an error or Ctrl-C arrives is finished and recorded first.
 """
 from __future__ import annotations
@@ -11,12 +11,17 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, List, Optional
 
+import numpy as np
+
 from ._block import BlockPredictor
 from ._store import BlockWriteError, OutputStore
 from ._tiling import Block
 
-#: Finished blocks that may wait for the writer.
+#: Finished blocks that may wait for the writers.
 WRITES_IN_FLIGHT = 2
+#: Writer threads: compression releases the GIL, and two blocks written at once keep both cores of a small machine
+#: busy while the network runs (each block writes its own chunks; HDF5 writes are serialised by h5py).
+WRITERS = 2
 
 
 def write_block(store: OutputStore, block: Block, result, grid) -> int:
@@ -36,10 +41,19 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
     """Compute and write ``blocks`` in order."""
     grid = predictor.plan.grid
     readers = ThreadPoolExecutor(threads, thread_name_prefix="emfast-predict-read")
-    writer = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-write")
+    writer = ThreadPoolExecutor(WRITERS, thread_name_prefix="emfast-predict-write")
     reads: deque = deque()
-    writes: deque = deque()
+    writes: deque = deque()  # (future, the output buffer it writes from)
+    spare: List[np.ndarray] = []  # output buffers whose write finished, reused: no page faults
     upcoming = iter(blocks)
+
+    def finish_write() -> None:
+        future, buffer = writes.popleft()
+        future.result()
+        spare.append(buffer)
+        if progress is not None:
+            progress()
+
     try:
         for block in upcoming:
             reads.append((block, readers.submit(predictor.read, block)))
@@ -50,16 +64,15 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
             for following in upcoming:
                 reads.append((following, readers.submit(predictor.read, following)))
                 break
-            result = predictor.compute(block, region.result())
             while len(writes) >= WRITES_IN_FLIGHT:
-                writes.popleft().result()
-                if progress is not None:
-                    progress()
-            writes.append(writer.submit(write_block, store, block, result, grid))
+                finish_write()
+            buffer = spare.pop() if spare else None
+            result = predictor.compute(block, region.result(), buffer)
+            if buffer is None or not np.shares_memory(result, buffer):  # a new, larger buffer
+                buffer = result.reshape(-1)
+            writes.append((writer.submit(write_block, store, block, result, grid), buffer))
         while writes:
-            writes.popleft().result()
-            if progress is not None:
-                progress()
+            finish_write()
     finally:
         readers.shutdown(wait=True, cancel_futures=True)
         writer.shutdown(wait=True)
