@@ -37,7 +37,7 @@ from ..io import Volume, open_volume
 from ..pipeline import Loader
 from ..sampling import Dataset, Sample, Sampler
 from ..targets import Target
-from ._yaml import ConfigError, Path_, Reader, parse_yaml
+from ._yaml import Path_, Reader, parse_yaml, read_source
 from ._predict import predict_section
 from ._spec import Builtin, ComponentSpec, SampleSpec, Validation, plain
 from ._sections import (check_augment, component, components, construct, loader_default, loader_section, named_key,
@@ -292,16 +292,7 @@ def load_config(source: Union[str, os.PathLike]) -> Config:
         sampler or parameter (with the allowed ones), a parameter value its constructor refuses, a held-out name
         that matches no sample. Files are not opened here; :meth:`Config.loader` reports those problems.
     """
-    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source):
-        path = Path(source).expanduser()
-        try:
-            text = path.read_text()
-        except OSError as error:
-            raise ConfigError(f"cannot read the config file: {error.strerror or error}", source=str(path)) from None
-        return _load(text, str(path), path.resolve().parent)
-    if not isinstance(source, str):
-        raise TypeError(f"load_config takes a path or YAML text, got {type(source).__name__}")
-    return _load(source, "<text>", Path.cwd())
+    return _load(*read_source(source, "load_config"))
 
 
 def _load(text: str, source: str, base: Path) -> Config:

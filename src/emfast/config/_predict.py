@@ -29,7 +29,7 @@ from .._core.gather import PAD_MODES
 from ..inference import BLENDS, COMPRESSIONS, OUTPUT_DTYPES, TTA_COUNTS, Prediction, predict
 from ._sections import _check_normalize, _file
 from ._spec import Builtin, plain
-from ._yaml import ConfigError, Path_, Reader, describe_value, parse_yaml
+from ._yaml import ConfigError, Path_, Reader, describe_value, parse_yaml, read_source
 
 _KEYS = ("model", "model_args", "input", "output", "patch_in", "patch_out", "overlap", "roi", "blend", "tta", "pad",
          "fill", "normalize", "channels", "dtype", "chunks", "block", "compression", "batch_size", "device",
@@ -192,15 +192,7 @@ def load_predict_config(source: Union[str, os.PathLike]) -> PredictSpec:
     ConfigError
         The file cannot be read, has no ``predict`` section, or the section is invalid (key path and line).
     """
-    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source):
-        path = Path(source).expanduser()
-        try:
-            text = path.read_text()
-        except OSError as error:
-            raise ConfigError(f"cannot read the config file: {error.strerror or error}", source=str(path)) from None
-        name, base = str(path), path.resolve().parent
-    else:
-        text, name, base = source, "<text>", Path.cwd()
+    text, name, base = read_source(source, "load_predict_config")
     document, marks = parse_yaml(text, name)
     reader = Reader(marks, name, base)
     if not isinstance(document, dict) or "predict" not in document:

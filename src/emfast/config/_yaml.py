@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -86,6 +87,21 @@ def _marks(node: yaml.Node, path: Path_, marks: Dict[Path_, int], source: str, b
             marks[path + (name,)] = key.start_mark.line + 1
             _marks(key, path + (name,), {}, source, budget)  # tags of keys are checked too
             _marks(value, path + (name,), marks, source, budget)
+
+
+def read_source(source: Union[str, os.PathLike], what: str) -> Tuple[str, str, Path]:
+    """(text, name, base folder) of a config given as a path (a path-like, or a string without a newline) or as
+    YAML text (a string with a newline; its base is the working directory)."""
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source):
+        path = Path(source).expanduser()
+        try:
+            text = path.read_text()
+        except OSError as error:
+            raise ConfigError(f"cannot read the config file: {error.strerror or error}", source=str(path)) from None
+        return text, str(path), path.resolve().parent
+    if not isinstance(source, str):
+        raise TypeError(f"{what} takes a path or YAML text, got {type(source).__name__}")
+    return source, "<text>", Path.cwd()
 
 
 def parse_yaml(text: str, source: str) -> Tuple[Any, Dict[Path_, int]]:

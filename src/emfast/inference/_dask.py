@@ -16,7 +16,7 @@ from ._tiling import Block
 def dask_missing() -> Optional[str]:
     """Why Dask cannot run predictions here, or None."""
     try:
-        import distributed  # noqa: F401
+        import distributed  # noqa: F401  (only whether it imports)
     except ImportError as error:
         return f"client= needs dask.distributed ({error}); install it with pip install 'emfast[dask]'"
     return None
