@@ -452,3 +452,17 @@ def test_predict_config_errors_name_the_key_and_line(tmp_path):
         load_config(training)
     spec = load_predict_config(training.replace("pad: wrap", "engine: {dask: {workers: 2}}"))
     assert spec.engine == {"workers": 2} and spec.options["patch_in"] == (10, 20, 20)
+
+
+def test_resuming_after_the_input_changed_is_refused(tmp_path, volume):
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("raw", data=volume, chunks=(8, 16, 16))
+    path = tmp_path / "p.zarr/pred"
+    with pytest.raises(RuntimeError):
+        ef.predict(_interrupting(lopsided, 20, RuntimeError("stop")), str(tmp_path / "in.h5/raw"), path,
+                   **SETTINGS)
+    with h5py.File(tmp_path / "in.h5", "a") as f:  # the input is rewritten between the runs
+        f["raw"][0] = 255 - f["raw"][0]
+    os.utime(tmp_path / "in.h5", ns=(time.time_ns(), time.time_ns() + 10**9))
+    with pytest.raises(OutputExistsError, match=r"other settings \(input: "):
+        ef.predict(lopsided, str(tmp_path / "in.h5/raw"), path, resume=True, **SETTINGS)
