@@ -16,13 +16,14 @@ from typing import Optional, Set, Tuple
 import h5py
 import numpy as np
 
-from ..io import import_zarr, split_path, zarr_compressor
+from ..io import COMPRESSORS, import_zarr, split_path, zarr_compressor
 
 RECORD = "emfast_predict"
 #: Record entries kept for provenance and not compared when resuming: a retrained model keeps its name, a wrapped
 #: one changes it, and neither tells whether the result would differ.
 PROVENANCE = ("model", "emfast", "complete")
-COMPRESSIONS = ("zstd", "blosc", "gzip", "none")
+#: Output codecs: those of emfast convert.
+COMPRESSIONS = COMPRESSORS
 OUTPUT_DTYPES = ("float32", "float16", "uint8")
 
 
