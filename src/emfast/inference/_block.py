@@ -70,9 +70,9 @@ class BlockPredictor:
                 sums.fill(0.0)
                 weights.fill(0.0)
             for (tile, variant), prediction in zip(part, predictions):
-                weight, (first, last) = self.weights.tile(tile)
-                low = [max(f, b) for f, b in zip(first, block.start)]
-                high = [min(f, b) for f, b in zip(last, block.stop)]
+                weight, (reach_low, reach_high) = self.weights.tile(tile)
+                low = [max(r, b) for r, b in zip(reach_low, block.start)]
+                high = [min(r, b) for r, b in zip(reach_high, block.stop)]
                 if any(lo >= hi for lo, hi in zip(low, high)):
                     continue
                 in_tile = tuple(slice(lo - t, hi - t) for lo, hi, t in zip(low, high, tile))

@@ -1,9 +1,10 @@
 """The local engine: reader threads fetch blocks' inputs ahead, the calling thread runs the network and blends,
-and one writer thread writes finished blocks while the next is computed.
+and :data:`WRITERS` writer threads write finished blocks while the next is computed.
 
 Memory stays bounded by the blocks in flight: ``threads`` inputs read ahead, one block being computed, and at
-most :data:`WRITES_IN_FLIGHT` being written, whose output buffers are reused once written. Every thread is joined before :func:`run_local` returns or
-raises; a block being written when an error or Ctrl-C arrives is finished and recorded first.
+most :data:`WRITES_IN_FLIGHT` being written, whose output buffers are reused once written. Every thread is joined
+before :func:`run_local` returns or raises; a block being written when an error or Ctrl-C arrives is finished and
+recorded first.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
     """Compute and write ``blocks`` in order."""
     grid = predictor.plan.grid
     readers = ThreadPoolExecutor(threads, thread_name_prefix="emfast-predict-read")
-    writer = ThreadPoolExecutor(WRITERS, thread_name_prefix="emfast-predict-write")
+    writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="emfast-predict-write")
     reads: deque = deque()
     writes: deque = deque()  # (future, the output buffer it writes from)
     spare: List[np.ndarray] = []  # output buffers whose write finished, reused: no page faults
@@ -70,9 +71,9 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
             result = predictor.compute(block, region.result(), buffer)
             if buffer is None or not np.shares_memory(result, buffer):  # a new, larger buffer
                 buffer = result.reshape(-1)
-            writes.append((writer.submit(write_block, store, block, result, grid), buffer))
+            writes.append((writers.submit(write_block, store, block, result, grid), buffer))
         while writes:
             finish_write()
     finally:
         readers.shutdown(wait=True, cancel_futures=True)
-        writer.shutdown(wait=True)
+        writers.shutdown(wait=True)

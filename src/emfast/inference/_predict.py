@@ -222,8 +222,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                 run_dask(client, predictor, store, todo, tick)
             else:
                 run_local(predictor, store, todo, threads, tick)
-            if todo or finished:
-                store.finish()
+            store.finish()
         finally:
             store.close()
     finally:
