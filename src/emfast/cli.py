@@ -127,8 +127,9 @@ def _config_demo(args: argparse.Namespace) -> int:
 
 
 def check(args: argparse.Namespace) -> int:
-    """Validate a config by building its loaders without streaming; print what they would read."""
-    print(_config.describe(_config.load_config(args.config), cache_dir=args.cache_dir))
+    """Validate a config (training sections, a predict section, or both) without streaming or calling the model;
+    print what it would read."""
+    print(_config.check_config(args.config, cache_dir=args.cache_dir))
     return 0
 
 
@@ -258,7 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    description="Validate a YAML config without streaming: open every volume, build "
                                                "the loaders (and the sampler's index), and print per sample the "
                                                "volumes, alignment, label classes and usable windows, and the "
-                                               "memory estimate. Exit status 0 if valid, 2 with the error if not.")
+                                               "memory estimate. A predict section (alone or beside them): import "
+                                               "the model factory without calling it, match model_args to it, check "
+                                               "the device, open the input and lay the tiles. Exit status 0 if "
+                                               "valid, 2 with the error (file, line, key) if not.")
     validate.add_argument("config", help="a YAML config (see docs/CONFIG.md)")
     validate.add_argument("--cache-dir", default=None,
                           help="where the built-in volume is cached (default: $EMFAST_CACHE_DIR or ~/.cache/emfast)")
