@@ -662,6 +662,24 @@ def explain(rows: Dict[str, dict], config: Settings, load_average) -> List[str]:
     return lines
 
 
+def tables(rows: Dict[str, dict], goals: List[dict]) -> List[str]:
+    """The comparison table and the targets table of the report, from the ``rows`` and ``targets`` of a run's
+    result (or of its JSON record: the README's tables are checked against the recorded run this way)."""
+    lines = [f"{'row':<42} {'batches/s':>10} {'Mvoxel/s':>10} {'ms/batch':>10} {'/ emfast':>9}", "-" * 85]
+    for row in rows.values():
+        if row["skipped"]:
+            lines.append(f"{row['label']:<42} {row['skipped']}")
+            continue
+        lines.append(f"{row['label']:<42} {row['batches_per_s']:10.1f} {row['voxels_per_s'] / 1e6:10.1f} "
+                     f"{row['ms_per_batch']:10.2f} {_fmt_ratio(row['ratio_to_emfast']):>9}")
+    lines += ["", f"{'target (same run)':<62} {'measured':>9} {'target':>8}  result", "-" * 89]
+    for goal in goals:
+        measured = "" if goal["measured"] is None else (f"{goal['measured']:.2f}x" if "speed-up" in goal["name"]
+                                                        else f"{goal['measured']:.2f}")
+        lines.append(f"{goal['name']:<62} {measured:>9} {goal['target']:>8}  {goal['result']}")
+    return lines
+
+
 def report(info: dict, config: Settings, volumes_path: str, rows: Dict[str, dict], goals: List[dict],
            curve: Optional[dict]) -> List[str]:
     """The text report."""
@@ -680,21 +698,7 @@ def report(info: dict, config: Settings, volumes_path: str, rows: Dict[str, dict
     out(f"timing: {config.rounds} interleaved round(s) of ~{config.seconds:g} s per row; best round per row; "
         f"ratio = time per batch / emfast's (threads={n})")
     out("")
-    out(f"{'row':<42} {'batches/s':>10} {'Mvoxel/s':>10} {'ms/batch':>10} {'/ emfast':>9}")
-    out("-" * 85)
-    for row in rows.values():
-        if row["skipped"]:
-            out(f"{row['label']:<42} {row['skipped']}")
-            continue
-        out(f"{row['label']:<42} {row['batches_per_s']:10.1f} {row['voxels_per_s'] / 1e6:10.1f} "
-            f"{row['ms_per_batch']:10.2f} {_fmt_ratio(row['ratio_to_emfast']):>9}")
-    out("")
-    out(f"{'target (same run)':<62} {'measured':>9} {'target':>8}  result")
-    out("-" * 89)
-    for goal in goals:
-        measured = "" if goal["measured"] is None else (f"{goal['measured']:.2f}x" if "speed-up" in goal["name"]
-                                                        else f"{goal['measured']:.2f}")
-        out(f"{goal['name']:<62} {measured:>9} {goal['target']:>8}  {goal['result']}")
+    lines.extend(tables(rows, goals))
     missed = [goal["name"] for goal in goals if goal["result"] == "MISS"]
     out("")
     if missed:
