@@ -1,12 +1,15 @@
 """The predict section as ``emfast check`` and ``emfast predict`` read it: a predict-only config is checked as it
 is run, the model factory is imported (never called) by check, and every problem names the config file, the line
 and the key path (``predict.model_args.gian``); a data file given instead of a config is named as such."""
+import importlib.util
 import re
 import textwrap
 
 import h5py
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from emfast.cli import main
 from emfast.config import ConfigError, check_config, load_config, load_predict_config
@@ -102,7 +105,8 @@ def test_check_of_a_training_config_with_a_predict_section_checks_both(folder, c
     ("def load(:\n", "broken:load", ["SyntaxError", "broken.py, line 1"]),
     ("import os\nimport not_installed_anywhere\n", "broken:load",
      ["No module named 'not_installed_anywhere'", "broken.py, line 2"]),
-    ("raise RuntimeError('needs a GPU at import')\n", "broken:load", ["RuntimeError: needs a GPU", "broken.py, line 1"]),
+    ("raise RuntimeError('needs a GPU at import')\n", "broken:load",
+     ["RuntimeError: needs a GPU", "broken.py, line 1"]),
     (None, "nets:lod", ["has no 'lod'; did you mean 'load'?"]),
     ("load = 3\n", "broken:load", ["broken:load is the integer 3, not a factory function"]),
 ])
@@ -182,11 +186,8 @@ def test_output_errors_name_their_key_when_the_config_is_read(folder, old, new, 
 
 
 def test_a_device_without_pytorch_names_the_device_key(folder, capsys):
-    try:
-        import torch  # noqa: F401
+    if importlib.util.find_spec("torch") is not None:
         pytest.skip("torch is installed: the missing-PyTorch error cannot occur here")
-    except ImportError:
-        pass
     text = PREDICT + "  device: cuda\n"
     error = _check_and_predict_fail(_config(folder, text), capsys)
     assert f"predict.yaml, line {_line_of(text, 'device')}: predict.device: device 'cuda' feeds the model torch " \
@@ -247,3 +248,19 @@ def test_an_hdf5_file_with_a_user_block_is_recognised(folder):
         f.create_dataset("raw", data=np.zeros((2, 2, 2), np.uint8))
     with pytest.raises(ConfigError, match="is an HDF5 file"):
         check_config(folder / "block.h5")
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(position=st.integers(0, len(PREDICT) - 1), length=st.integers(0, 8),
+       insert=st.text(alphabet="[]{}:,-_/.# \nabcdeinrw0129", max_size=8))
+def test_a_mutated_predict_config_is_valid_or_names_its_line(folder, position, length, insert):
+    """The class, not only the instances above: whatever a typo does to a predict config, check either accepts it
+    or raises a ConfigError that names the config file and a line; no other exception escapes."""
+    text = PREDICT[:position] + insert + PREDICT[position + length:]
+    path = folder / "mutated.yaml"
+    path.write_text(text)
+    try:
+        check_config(path)
+    except ConfigError as error:
+        assert error.source == str(path) and error.line is not None and error.reason, str(error)

@@ -13,6 +13,6 @@ from ._report import describe
 from ._spec import Builtin, ComponentSpec, SampleSpec, Validation, VolumeSpec
 from ._yaml import ConfigError
 
-__all__ = ["BUILTIN_CONFIG", "Builtin", "ComponentSpec", "Config", "ConfigError", "PredictSpec", "SampleSpec", "Validation",
-           "VolumeSpec", "check_config", "close_volumes", "describe", "dump_config", "load_config",
+__all__ = ["BUILTIN_CONFIG", "Builtin", "ComponentSpec", "Config", "ConfigError", "PredictSpec", "SampleSpec",
+           "Validation", "VolumeSpec", "check_config", "close_volumes", "describe", "dump_config", "load_config",
            "load_predict_config"]
