@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -86,7 +87,8 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few steps on a small volume (for CI)")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default 300, quick: 20)")
-    parser.add_argument("--out", type=Path, default=None, help="the zarr store to write (default: a temp dir)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the zarr store to write and keep (default: a temporary one, removed at the end)")
     args = parser.parse_args(argv)
     steps = args.steps or (20 if args.quick else 300)
     volume_file = demo_volume_path(shape=(24, 96, 96) if args.quick else (96, 384, 384))
@@ -102,20 +104,33 @@ def main(argv=None) -> dict:
     def affinities(batch: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(net(batch))
 
-    out_dir = args.out or Path(tempfile.mkdtemp(prefix="emfast-example-")) / "prediction.zarr"
-    patch_out = PATCH_OUT if args.quick else PREDICT_OUT
-    result = ef.predict(affinities, f"{volume_file}/{RAW_DATASET}", f"{out_dir}/affinities",
-                        patch_in=tuple(p + 2 * CONTEXT for p in patch_out), patch_out=patch_out,
-                        overlap=tuple(p // 4 for p in patch_out), blend="gaussian", tta=4, dtype="uint8",
-                        device="cpu", batch_size=4, overwrite=True, progress=True)
-    print(f"predicted {result.shape} in {result.seconds:.1f} s -> {result.path}")
+    with output_store(args.out) as out_dir:
+        patch_out = PATCH_OUT if args.quick else PREDICT_OUT
+        result = ef.predict(affinities, f"{volume_file}/{RAW_DATASET}", f"{out_dir}/affinities",
+                            patch_in=tuple(p + 2 * CONTEXT for p in patch_out), patch_out=patch_out,
+                            overlap=tuple(p // 4 for p in patch_out), blend="gaussian", tta=4, dtype="uint8",
+                            device="cpu", batch_size=4, overwrite=True, progress=True)
+        print(f"predicted {result.shape} in {result.seconds:.1f} s -> {result.path}")
 
-    predicted = ef.open(result.path).array
-    labels = ef.hdf5(volume_file, LABELS_DATASET).array[0]
-    scores = score(predicted, labels)
+        predicted = ef.open(result.path).array
+        labels = ef.hdf5(volume_file, LABELS_DATASET).array[0]
+        scores = score(predicted, labels)
     print(f"affinity accuracy {scores['accuracy']:.3f} (always the majority class: {scores['majority']:.3f}), "
           f"boundary F1 {scores['boundary_f1']:.3f}")
-    return dict(scores, loss=loss, path=result.path)
+    if args.out is None:
+        print("the prediction was written to a temporary folder, now removed: pass --out to keep it")
+    return dict(scores, loss=loss, path=result.path if args.out is not None else None)
+
+
+@contextmanager
+def output_store(out: Path | None):
+    """The zarr store to predict into: ``out`` if given (kept), else one in a temporary folder that is removed on
+    leaving, so that runs do not pile up predictions in /tmp."""
+    if out is not None:
+        yield out
+        return
+    with tempfile.TemporaryDirectory(prefix="emfast-example-") as folder:
+        yield Path(folder) / "prediction.zarr"
 
 
 if __name__ == "__main__":

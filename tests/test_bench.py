@@ -43,11 +43,19 @@ def cache(tmp_path_factory):
     return folder
 
 
-def nothing_left_running():
-    """No emfast thread and no child process of this process (DataLoader workers, RSS probes)."""
+@pytest.fixture
+def children_before():
+    """The child processes this test process had before the test: some are not the benchmark's (an earlier test's
+    Dask cluster leaves multiprocessing's resource tracker running)."""
+    return bench._child_pids()
+
+
+def nothing_left_running(children_before):
+    """No emfast thread and no child process of this process started since ``children_before`` (DataLoader
+    workers, RSS probes)."""
     threads = [t.name for t in threading.enumerate() if t.name.startswith(("emfast-", "pt_", "torch"))]
     assert not threads, f"threads still running: {threads}"
-    assert bench._child_pids() == []
+    assert [pid for pid in bench._child_pids() if pid not in children_before] == []
 
 
 # -- the reference does emfast's work ----------------------------------------------------------------------------
@@ -102,7 +110,7 @@ def test_reference_draws_cover_the_standard_augmentations():
 
 # -- the run and its report ----------------------------------------------------------------------------------------
 
-def test_quick_run_writes_consistent_json(cache, tmp_path, capsys):
+def test_quick_run_writes_consistent_json(cache, tmp_path, capsys, children_before):
     out = tmp_path / "results" / "bench.json"
     assert main(["bench", *FAST, "--no-curves", "--cache-dir", str(cache), "--json", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -131,11 +139,11 @@ def test_quick_run_writes_consistent_json(cache, tmp_path, capsys):
     assert floor["result"] == ("PASS" if floor["measured"] <= bench.TARGET_FLOOR_RATIO else "MISS")
     assert "kernel" in rows["emfast"]["profile_ms_per_batch"] and "where the time goes" in printed
     assert result["leftovers"] == {"threads": [], "processes": []}
-    nothing_left_running()
+    nothing_left_running(children_before)
 
 
 @pytest.mark.skipif(not HAVE_MATPLOTLIB, reason="matplotlib not installed")
-def test_curves_and_plot(cache, tmp_path):
+def test_curves_and_plot(cache, tmp_path, children_before):
     config = bench.settings(quick=True, seconds=0.05, cache_dir=str(cache), plot=str(tmp_path / "bench.png"))
     config = dataclasses.replace(config, curve_seconds=0.02, thread_curve=(1, 2), patch_curve=(8, 64),
                                  batch_curve=(1, 2), slot_curve=(2, 4))
@@ -150,7 +158,65 @@ def test_curves_and_plot(cache, tmp_path):
     assert any("peak RSS" in line for line in result["report"])
     bench.plot(config.plot, config, result["rows"], curves)
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    nothing_left_running()
+    nothing_left_running(children_before)
+
+
+def test_the_real_command_measures_everything_and_writes_json_and_plot(cache, tmp_path):
+    """``emfast bench --quick`` as a user runs it, curves and their fresh RSS processes included: every section of
+    the JSON is there and complete, and nothing is left running."""
+    out, picture = tmp_path / "bench.json", tmp_path / "bench.png"
+    command = [sys.executable, "-m", "emfast", "bench", "--quick", "--seconds", "0.05", "--cache-dir", str(cache),
+               "--json", str(out)] + (["--plot", str(picture)] if HAVE_MATPLOTLIB else [])
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["complete"] is True and "error" not in result
+    assert result["leftovers"] == {"threads": [], "processes": []}
+    slots = result["curves"]["slots"]
+    assert [p["slots"] for p in slots] == list(bench.settings(quick=True).slot_curve)
+    assert all(p["peak_rss"] > p["rss_before"] > 0 for p in slots)
+    assert {m["stage"] for m in result["measurements"]} == {"comparison", "curve"}
+    assert "peak RSS against ring slots" in done.stdout
+    if HAVE_MATPLOTLIB:
+        assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_late_failure_keeps_every_number_measured_before(cache, tmp_path, monkeypatch, capsys,
+                                                             children_before):
+    """The failure met: the RSS curve, the last thing measured, could not import its probe; every number of the
+    minutes before was lost. Now the JSON and the printed report keep them, with the error."""
+    monkeypatch.setattr(bench, "PROBE_CODE", "from emfast.bench import _rss_probe")
+    out = tmp_path / "bench.json"
+    assert main(["bench", *FAST, "--cache-dir", str(cache), "--json", str(out)]) != 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["complete"] is False and "_rss_probe" in result["error"]
+    assert result["rows"]["emfast"]["batches_per_s"] > 0  # the comparison table, finished before
+    rounds = [m for m in result["measurements"] if m["stage"] == "comparison"]
+    points = [m for m in result["measurements"] if m["stage"] == "curve"]
+    assert {m["row"] for m in rounds} >= {"emfast", "numpy", "copy"}
+    assert {m["curve"] for m in points} >= {"threads", "patch", "batch_size"}
+    assert "emfast bench stopped (RuntimeError: the RSS measurement" in printed
+    for measurement in rounds + points:
+        assert bench.measurement_line(measurement) in printed
+    assert not list(tmp_path.glob("*.partial"))
+    nothing_left_running(children_before)
+
+
+def test_leftovers_count_only_what_the_bench_started(cache, tmp_path, children_before):
+    """A child the caller started before (a Dask test leaves multiprocessing's resource tracker) is not the
+    benchmark's leftover: the check holds whatever ran before it."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert sleeper.pid in bench._child_pids()
+        config = bench.settings(quick=True, seconds=0.05, curves=False, cache_dir=str(cache))
+        assert bench.run(config)["leftovers"] == {"threads": [], "processes": []}
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 # -- bad input -----------------------------------------------------------------------------------------------------
@@ -192,7 +258,7 @@ def test_plot_without_matplotlib_is_a_clear_error(tmp_path, monkeypatch):
 
 # -- nothing left running ------------------------------------------------------------------------------------------
 
-def test_an_interruption_closes_the_loaders(cache, monkeypatch, capsys):
+def test_an_interruption_closes_the_loaders(cache, monkeypatch, capsys, children_before):
     calls = []
     stream = bench._stream
 
@@ -205,18 +271,18 @@ def test_an_interruption_closes_the_loaders(cache, monkeypatch, capsys):
     monkeypatch.setattr(bench, "_stream", interrupted)
     assert main(["bench", *FAST, "--no-curves", "--cache-dir", str(cache)]) == 130
     assert "interrupted" in capsys.readouterr().err
-    nothing_left_running()
+    nothing_left_running(children_before)
 
 
 @pytest.mark.skipif(not HAVE_TORCH, reason="torch not installed")
-def test_an_error_in_a_dataloader_worker_shuts_the_workers_down(cache, monkeypatch, capsys):
+def test_an_error_in_a_dataloader_worker_shuts_the_workers_down(cache, monkeypatch, capsys, children_before):
     def broken(self, index):
         raise ValueError(f"broken item {index}")
 
     monkeypatch.setattr(reference.ReferenceDataset, "__getitem__", broken)
     assert main(["bench", *FAST, "--no-curves", "--cache-dir", str(cache)]) == 2
     assert "broken item" in capsys.readouterr().err
-    nothing_left_running()
+    nothing_left_running(children_before)
 
 
 def test_ctrl_c_leaves_no_process_behind(cache):

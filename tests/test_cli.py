@@ -87,3 +87,38 @@ def test_info_without_a_file_describes_the_installation(capsys, monkeypatch, no_
     assert ("AVX2 warp samplers in use" in out) == _warp.uses_avx2() and (not no_avx2 or "not used" in out)
     reason = cuda_unavailable()
     assert ("GPU: usable" in out) if reason is None else (f"GPU: not available: {reason}" in out)
+
+
+# -- errors: the user's in one line, emfast's bugs with their traceback ----------------------------------------------
+
+@pytest.mark.parametrize("bug", [TypeError("unsupported operand"), KeyError("shape"), AttributeError("no .chunks"),
+                                 RuntimeError("producer died")])
+def test_a_bug_shows_its_traceback_and_asks_for_a_report(monkeypatch, capsys, bug):
+    def broken():
+        raise bug
+
+    monkeypatch.setattr("emfast.cli.installation", broken)
+    assert main(["info"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "in broken" in err
+    assert f"internal error ({type(bug).__name__})" in err and "please report it" in err
+
+
+def test_the_users_errors_stay_one_line(tmp_path, small_h5, capsys, monkeypatch):
+    path, _, _ = small_h5
+    missing_dataset = ["convert", f"{path}/volumes/nothing", str(tmp_path / "out.zarr/raw")]
+    missing_file = ["info", str(tmp_path / "missing.h5")]
+    bad_config = tmp_path / "bad.yaml"
+    bad_config.write_text("data: {samples: []}\nloader: {patch: [8, 8, 8]}\n")
+    for argv, culprit in ((missing_dataset, "volumes/nothing"), (missing_file, "missing.h5"),
+                          (["check", str(bad_config)], "bad.yaml, line 1: data.samples")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("emfast: error:") and culprit in err and "Traceback" not in err, err
+    import zarr
+
+    zarr.create_array(tmp_path / "store.zarr", shape=(4, 4, 4), dtype="uint8", chunks=(2, 2, 2))
+    monkeypatch.setitem(sys.modules, "zarr", None)  # the optional package not installed: import zarr fails
+    assert main(["info", str(tmp_path / "store.zarr")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("emfast: error:") and "zarr" in err and "Traceback" not in err

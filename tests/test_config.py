@@ -375,6 +375,28 @@ def test_the_example_config_loads_and_validates(tmp_path, monkeypatch, capsys):
     assert all(name in registered("augmentation") for name in (item.name for item in config.augment))
 
 
+def test_the_example_says_what_its_tiled_validation_pass_covers(tmp_path, monkeypatch):
+    """The comment under examples/train.yaml's tiled sampler quotes the tiles, the share of the volume they cover
+    and how often the covered voxels come: measured here from the validation loader's windows."""
+    monkeypatch.setenv("EMFAST_CACHE_DIR", str(tmp_path))
+    comment = EXAMPLE.read_text().split("sampler: tiled", 1)[1]
+    with load_config(EXAMPLE).loader("validation") as loader:
+        shape, patch = loader.dataset.samples[0].raw.shape, loader.patch
+        count = np.zeros(shape, np.int32)
+        tiles = 0
+        for batch in loader:
+            for z, y, x in batch.positions[:batch.valid]:
+                count[z:z + patch[0], y:y + patch[1], x:x + patch[2]] += 1
+                tiles += 1
+    close_volumes(loader.dataset)
+    covered = count > 0
+    assert f"{tiles} output windows of {patch}" in comment
+    assert f"{round(100 * covered.mean())}% of B's {' x '.join(map(str, shape))} voxels" in comment
+    shares = {times: round(100 * np.count_nonzero(count == times) / covered.sum()) for times in (1, 2, 4)}
+    assert f"{shares[1]}% of the covered voxels come once, {shares[2]}% twice and {shares[4]}% four times" in \
+        " ".join(line.lstrip("# ") for line in comment.splitlines())
+
+
 def test_check_and_demo_config_have_help(capsys):
     for command in (["check", "--help"], ["demo", "--help"]):
         with pytest.raises(SystemExit) as exit_info:

@@ -27,3 +27,18 @@ def test_train_and_predict_quick(tmp_path, monkeypatch):
     assert predicted.shape == (24, 96, 96) and predicted.channels == 3 and predicted.dtype == np.uint8
     assert result["loss"] < 0.6  # down from log(2) = 0.69 of an untrained network
     assert 0.0 <= result["boundary_f1"] <= 1.0 and result["accuracy"] >= result["majority"] - 0.05
+
+
+def test_train_and_predict_leaves_nothing_in_the_temporary_folder(tmp_path, monkeypatch):
+    """Without --out the prediction goes to a temporary folder that is removed at the end, not left in /tmp on
+    every run."""
+    pytest.importorskip("torch", reason="examples/train_and_predict.py needs torch (pip install torch)")
+    pytest.importorskip("zarr", reason="examples/train_and_predict.py writes zarr (pip install 'emfast[zarr]')")
+    import tempfile
+
+    monkeypatch.setenv("EMFAST_CACHE_DIR", str(tmp_path / "cache"))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    result = _load("train_and_predict").main(["--quick", "--steps", "2"])
+    assert result["path"] is None and list(scratch.iterdir()) == []

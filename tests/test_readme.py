@@ -4,6 +4,7 @@ Only sizes shrink, so that the blocks run in seconds: epochs of 1,000 batches be
 test-time variants none. Blocks
 that use PyTorch skip where it is not installed, saying so.
 """
+import json
 import re
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import h5py
 import numpy as np
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 SHRINK = [("epoch_size=1000", "epoch_size=2"), ("range(10)", "range(1)"), ("tta=8,", "tta=0,")]
 
 
@@ -84,3 +86,25 @@ def test_the_api_reference_builds_without_warnings(tmp_path):
     assert status == 0, warnings.read_text()
     loader_page = (tmp_path / "html" / "loader.html").read_text()
     assert "max_buffers" in loader_page and "state_dict" in loader_page  # autodoc really ran
+
+
+def test_the_bench_tables_are_the_recorded_runs():
+    """The README's comparison and targets tables are those of the JSON file it names, and the version it names is
+    the one that wrote that file: a new recorded run fails this test until the README shows it."""
+    from emfast.bench._bench import tables
+
+    if not README.exists():
+        pytest.skip("README.md is not beside the tests (an installed wheel's tests run without the repository)")
+    text = README.read_text()
+    found = re.search(r"with emfast (\S+)\n\(`(benchmarks/results/[^`]+\.json)`.*?<!-- bench tables: (\S+) -->\n"
+                      r"```\n(.*?)```", text, flags=re.S)
+    assert found, "the Performance section must name the version and JSON file before its bench tables"
+    version, named, marked, shown = found.groups()
+    assert named == marked
+    record = json.loads((ROOT / named).read_text())
+    expected = "\n".join(tables(record["rows"], record["targets"])) + "\n"
+    assert shown == expected, f"README's tables differ from {named}; they should read:\n{expected}"
+    assert version.rstrip(",.") == record["machine"]["emfast"], f"{named} was written by emfast " \
+                                                                 f"{record['machine']['emfast']}"
+    report = (ROOT / named).with_suffix(".txt")
+    assert expected in report.read_text() + "\n", f"{report} is not the report of the same run"

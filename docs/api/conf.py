@@ -12,3 +12,6 @@ intersphinx_mapping = {}
 html_theme = "alabaster"
 exclude_patterns = []
 nitpicky = False
+# Types written in words in the docstrings ("a path", "path-like") match attributes of several classes (both
+# ConfigError and Prediction have a ``path``); those ambiguous links are left out rather than guessed.
+suppress_warnings = ["ref.python"]

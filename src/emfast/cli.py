@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import traceback
 from typing import List, Optional, TextIO
 
 import h5py
@@ -126,8 +127,9 @@ def _config_demo(args: argparse.Namespace) -> int:
 
 
 def check(args: argparse.Namespace) -> int:
-    """Validate a config by building its loaders without streaming; print what they would read."""
-    print(_config.describe(_config.load_config(args.config), cache_dir=args.cache_dir))
+    """Validate a config (training sections, a predict section, or both) without streaming or calling the model;
+    print what it would read."""
+    print(_config.check_config(args.config, cache_dir=args.cache_dir))
     return 0
 
 
@@ -257,7 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    description="Validate a YAML config without streaming: open every volume, build "
                                                "the loaders (and the sampler's index), and print per sample the "
                                                "volumes, alignment, label classes and usable windows, and the "
-                                               "memory estimate. Exit status 0 if valid, 2 with the error if not.")
+                                               "memory estimate. A predict section (alone or beside them): import "
+                                               "the model factory without calling it, match model_args to it, check "
+                                               "the device, open the input and lay the tiles. Exit status 0 if "
+                                               "valid, 2 with the error (file, line, key) if not.")
     validate.add_argument("config", help="a YAML config (see docs/CONFIG.md)")
     validate.add_argument("--cache-dir", default=None,
                           help="where the built-in volume is cached (default: $EMFAST_CACHE_DIR or ~/.cache/emfast)")
@@ -315,8 +320,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def user_error(error: BaseException) -> bool:
+    """Whether ``error`` is about the user's input or environment, to be told in one line; anything else is a bug
+    of emfast, whose traceback must be seen.
+
+    One line: ``ValueError`` and its subclasses (bad values, config errors naming file, line and key), ``OSError``
+    (missing or unreadable files, full disks: the machine's state, never a logic error), an ``ImportError`` of an
+    optional package, and the errors emfast declares itself (such as ``DatasetNotFoundError``, a ``KeyError``).
+    A ``TypeError``, a plain ``KeyError``, an ``AttributeError``, a ``RuntimeError`` and the like are bugs.
+    """
+    if isinstance(error, (ValueError, OSError)):
+        return True
+    if isinstance(error, ImportError):  # emfast's own modules failing to import is a bug, a missing extra is not
+        return not (error.name or "").startswith("emfast")
+    return type(error).__module__.startswith("emfast.")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point of the ``emfast`` console script; returns the exit status."""
+    """Entry point of the ``emfast`` console script; returns the exit status: 0 done, 2 a user error (told in one
+    line), 1 a bug (its traceback and a request to report it), 130 interrupted."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -324,9 +346,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print("\nemfast: interrupted", file=sys.stderr)
         return 130
-    except (OSError, ValueError, TypeError, KeyError, RuntimeError, ImportError) as error:
-        print(f"emfast: error: {error}", file=sys.stderr)
-        return 2
+    except Exception as error:
+        if user_error(error):
+            print(f"emfast: error: {error}", file=sys.stderr)
+            return 2
+        traceback.print_exc()
+        print(f"emfast {__version__}: internal error ({type(error).__name__}): this is a bug in emfast, not in your "
+              f"input; please report it with the command you ran and the traceback above", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

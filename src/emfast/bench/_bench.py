@@ -120,10 +120,12 @@ def _child_pids() -> List[int]:
     return sorted(pids)
 
 
-def leftovers(threads_before: Sequence[threading.Thread]) -> dict:
-    """Threads started and child processes left since ``threads_before`` was taken (should be none)."""
+def leftovers(threads_before: Sequence[threading.Thread], children_before: Sequence[int]) -> dict:
+    """Threads and child processes started since ``threads_before`` and ``children_before`` were taken and still
+    alive (should be none). Only what started since counts: a process the caller had running before, such as
+    multiprocessing's resource tracker, is not the benchmark's."""
     threads = [t.name for t in threading.enumerate() if t not in threads_before and t.is_alive()]
-    return {"threads": threads, "processes": _child_pids()}
+    return {"threads": threads, "processes": [pid for pid in _child_pids() if pid not in children_before]}
 
 
 # -- settings and their checks -----------------------------------------------------------------------------------
@@ -451,8 +453,9 @@ def _rows(config: Settings) -> Dict[str, dict]:
     return rows
 
 
-def compare(volumes: Volumes, config: Settings) -> dict:
-    """The table: every row measured ``rounds`` times, interleaved; each row's best round counts."""
+def compare(volumes: Volumes, config: Settings, record: "Record") -> dict:
+    """The table: every row measured ``rounds`` times, interleaved; each row's best round counts. Every round
+    goes to ``record`` as soon as it is measured."""
     rows = _rows(config)
     skipped = {}
     if not torch_available():
@@ -472,8 +475,9 @@ def compare(volumes: Volumes, config: Settings) -> dict:
         for name in names[shift:] + names[:shift]:
             result = measures[name]()
             runs[name].append(result)
-            log(f"  round {round_ + 1}/{config.rounds}: {rows[name]['label']:<40} "
-                f"{result.batches_per_s:8.1f} batches/s")
+            record.measured({"stage": "comparison", "row": name, "label": rows[name]["label"],
+                             "round": round_ + 1, "batches": result.batches, "seconds": result.seconds,
+                             "batches_per_s": result.batches_per_s})
     voxels = batch * int(np.prod(patch))
     best_emfast = max(runs["emfast"], key=lambda m: m.batches_per_s)
     for name, row in rows.items():
@@ -545,6 +549,12 @@ def _rss_probe(request: dict) -> dict:
             "peak_from": "VmHWM" if exact else "VmRSS sampled after every batch"}
 
 
+#: What the fresh process of :func:`rss_point` runs: the probe imported from this very module, so that a move or
+#: rename cannot break it unseen.
+PROBE_CODE = (f"import json, sys; from {__name__} import _rss_probe; "
+              "print(json.dumps(_rss_probe(json.loads(sys.argv[1]))))")
+
+
 def rss_point(config: Settings, slots: int) -> dict:
     """Peak RSS of a fresh process that loads the volume and streams from a loader with ``slots`` slots (the
     run's patch, batch size and threads), and its growth over the same process before the loader started. A
@@ -553,17 +563,17 @@ def rss_point(config: Settings, slots: int) -> dict:
                "batch_size": config.batch_size, "threads": config.threads, "slots": slots,
                "seconds": config.curve_seconds, "seed": config.seed}
     seconds = config.curve_seconds
-    code = "import json, sys; from emfast.bench import _rss_probe; print(json.dumps(_rss_probe(json.loads(sys.argv[1]))))"
     # run() kills the child on any exception here, Ctrl-C included
-    done = subprocess.run([sys.executable, "-c", code, json.dumps(request)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", PROBE_CODE, json.dumps(request)], capture_output=True, text=True,
                           timeout=120 + 10 * seconds)
     if done.returncode != 0:
         raise RuntimeError(f"the RSS measurement with {slots} slots failed:\n{done.stderr.strip()}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def curves(volumes: Volumes, config: Settings) -> dict:
-    """emfast batches/s and voxels/s against threads, patch size and batch size; peak RSS against slots.
+def curves(volumes: Volumes, config: Settings, record: "Record") -> dict:
+    """emfast batches/s and voxels/s against threads, patch size and batch size; peak RSS against slots. Every
+    point of every pass goes to ``record`` as soon as it is measured.
 
     Each throughput curve is measured in two passes, forwards and backwards, of half the time per point; a
     point's better pass counts, so a busy moment of the machine does not bend one curve's shape.
@@ -579,16 +589,19 @@ def curves(volumes: Volumes, config: Settings) -> dict:
             return f"needs {need / GiB:.1f} GiB, {available / GiB:.1f} GiB available"
         return None
 
-    def curve(settings_: List[tuple], floor: bool) -> List[dict]:
+    def curve(name: str, settings_: List[tuple], floor: bool) -> List[dict]:
         entries = [{"patch": list(p), "batch_size": b, "threads": t} for p, b, t in settings_]
         for entry in entries:
             reason = skip_reason(entry["patch"], entry["batch_size"], entry["threads"])
             if reason:
                 entry["skipped"] = reason
         live = [entry for entry in entries if "skipped" not in entry]
-        for entry in live + live[::-1]:
+        for pass_, entry in [(1, e) for e in live] + [(2, e) for e in live[::-1]]:
             m = measure_emfast(volumes, entry["patch"], entry["batch_size"], entry["threads"], seconds,
                                seed=config.seed)
+            record.measured({"stage": "curve", "curve": name, "pass": pass_, "patch": entry["patch"],
+                             "batch_size": entry["batch_size"], "threads": entry["threads"],
+                             "batches_per_s": m.batches_per_s})
             if m.batches_per_s > entry.get("batches_per_s", 0.0):
                 voxels = entry["batch_size"] * int(np.prod(entry["patch"]))
                 entry.update(batches_per_s=m.batches_per_s, voxels_per_s=m.batches_per_s * voxels,
@@ -596,19 +609,24 @@ def curves(volumes: Volumes, config: Settings) -> dict:
         if floor:
             for entry in live:
                 c = measure_copy(output_bytes(entry["patch"], entry["batch_size"]), seconds)
+                record.measured({"stage": "curve", "curve": f"{name} copy floor", "patch": entry["patch"],
+                                 "batch_size": entry["batch_size"], "batches_per_s": c.batches_per_s})
                 entry.update(copy_voxels_per_s=c.batches_per_s * entry["voxels_per_s"] / entry["batches_per_s"],
                              vs_copy=entry["ms_per_batch"] / c.ms_per_batch)
         return entries
 
     result = {}
     log(f"curve: threads {list(config.thread_curve)}")
-    result["threads"] = curve([(patch, batch, t) for t in config.thread_curve], floor=False)
+    result["threads"] = curve("threads", [(patch, batch, t) for t in config.thread_curve], floor=False)
     log(f"curve: cubic patches {list(config.patch_curve)}")
-    result["patch"] = curve([((s, s, s), batch, n) for s in config.patch_curve], floor=True)
+    result["patch"] = curve("patch", [((s, s, s), batch, n) for s in config.patch_curve], floor=True)
     log(f"curve: batch sizes {list(config.batch_curve)}")
-    result["batch_size"] = curve([(patch, b, n) for b in config.batch_curve], floor=True)
+    result["batch_size"] = curve("batch_size", [(patch, b, n) for b in config.batch_curve], floor=True)
     log(f"curve: ring slots {list(config.slot_curve)} (one fresh process each)")
-    result["slots"] = [rss_point(config, slots) for slots in config.slot_curve]
+    result["slots"] = []
+    for slots in config.slot_curve:
+        result["slots"].append(rss_point(config, slots))
+        record.measured({"stage": "curve", "curve": "slots", **result["slots"][-1]})
     return result
 
 
@@ -644,6 +662,24 @@ def explain(rows: Dict[str, dict], config: Settings, load_average) -> List[str]:
     return lines
 
 
+def tables(rows: Dict[str, dict], goals: List[dict]) -> List[str]:
+    """The comparison table and the targets table of the report, from the ``rows`` and ``targets`` of a run's
+    result (or of its JSON record: the README's tables are checked against the recorded run this way)."""
+    lines = [f"{'row':<42} {'batches/s':>10} {'Mvoxel/s':>10} {'ms/batch':>10} {'/ emfast':>9}", "-" * 85]
+    for row in rows.values():
+        if row["skipped"]:
+            lines.append(f"{row['label']:<42} {row['skipped']}")
+            continue
+        lines.append(f"{row['label']:<42} {row['batches_per_s']:10.1f} {row['voxels_per_s'] / 1e6:10.1f} "
+                     f"{row['ms_per_batch']:10.2f} {_fmt_ratio(row['ratio_to_emfast']):>9}")
+    lines += ["", f"{'target (same run)':<62} {'measured':>9} {'target':>8}  result", "-" * 89]
+    for goal in goals:
+        measured = "" if goal["measured"] is None else (f"{goal['measured']:.2f}x" if "speed-up" in goal["name"]
+                                                        else f"{goal['measured']:.2f}")
+        lines.append(f"{goal['name']:<62} {measured:>9} {goal['target']:>8}  {goal['result']}")
+    return lines
+
+
 def report(info: dict, config: Settings, volumes_path: str, rows: Dict[str, dict], goals: List[dict],
            curve: Optional[dict]) -> List[str]:
     """The text report."""
@@ -662,21 +698,7 @@ def report(info: dict, config: Settings, volumes_path: str, rows: Dict[str, dict
     out(f"timing: {config.rounds} interleaved round(s) of ~{config.seconds:g} s per row; best round per row; "
         f"ratio = time per batch / emfast's (threads={n})")
     out("")
-    out(f"{'row':<42} {'batches/s':>10} {'Mvoxel/s':>10} {'ms/batch':>10} {'/ emfast':>9}")
-    out("-" * 85)
-    for row in rows.values():
-        if row["skipped"]:
-            out(f"{row['label']:<42} {row['skipped']}")
-            continue
-        out(f"{row['label']:<42} {row['batches_per_s']:10.1f} {row['voxels_per_s'] / 1e6:10.1f} "
-            f"{row['ms_per_batch']:10.2f} {_fmt_ratio(row['ratio_to_emfast']):>9}")
-    out("")
-    out(f"{'target (same run)':<62} {'measured':>9} {'target':>8}  result")
-    out("-" * 89)
-    for goal in goals:
-        measured = "" if goal["measured"] is None else (f"{goal['measured']:.2f}x" if "speed-up" in goal["name"]
-                                                        else f"{goal['measured']:.2f}")
-        out(f"{goal['name']:<62} {measured:>9} {goal['target']:>8}  {goal['result']}")
+    lines.extend(tables(rows, goals))
     missed = [goal["name"] for goal in goals if goal["result"] == "MISS"]
     out("")
     if missed:
@@ -782,39 +804,110 @@ def _jsonable(value):
     return value
 
 
-def run(config: Settings) -> dict:
-    """Measure everything ``config`` asks for; returns the result that ``--json`` writes."""
-    threads_before = threading.enumerate()
+def measurement_line(entry: dict) -> str:
+    """One measurement of :class:`Record` as a line of text, as it is logged and as a failed run reports it."""
+    if entry["stage"] == "comparison":
+        return f"  round {entry['round']}: {entry['label']:<40} {entry['batches_per_s']:8.1f} batches/s"
+    if entry["curve"] == "slots":
+        return f"  curve slots={entry['slots']}: peak RSS {entry['peak_rss'] / MiB:.1f} MiB"
+    where = f"batch {entry['batch_size']} x {tuple(entry['patch'])}"
+    threads = f", threads={entry['threads']}" if "threads" in entry else ""
+    pass_ = f", pass {entry['pass']}" if "pass" in entry else ""
+    return f"  curve {entry['curve']}: {where}{threads}{pass_}: {entry['batches_per_s']:.1f} batches/s"
+
+
+class Record:
+    """The result of a run as it grows: every measurement is added, logged and (with a JSON path) written the
+    moment it is taken, so that a run which fails or is interrupted late still leaves every number it measured.
+
+    The JSON file is rewritten whole after each measurement (through a temporary file beside it, so it is never
+    half written). ``"complete"`` stays false until the run ends; a failed run adds ``"error"``.
+
+    Parameters
+    ----------
+    path : str, optional
+        The ``--json`` file.
+    """
+
+    def __init__(self, path: Optional[str] = None) -> None:
+        self.path = path
+        self.result: dict = {"schema": SCHEMA, "complete": False, "measurements": []}
+
+    def update(self, **values) -> None:
+        """Set top-level entries of the result."""
+        self.result.update(_jsonable(values))
+        self.save()
+
+    def measured(self, entry: dict) -> None:
+        """One measurement, just taken."""
+        self.result["measurements"].append(_jsonable(entry))
+        log(measurement_line(entry))
+        self.save()
+
+    def failed(self, error: BaseException) -> None:
+        """Note what stopped the run, keeping what was measured before."""
+        self.update(error=f"{type(error).__name__}: {error}".strip())
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        temporary = f"{self.path}.partial"
+        with open(temporary, "w") as f:
+            json.dump(self.result, f, indent=1)
+        os.replace(temporary, self.path)
+
+    def partial_report(self) -> List[str]:
+        """What a run that did not finish measured, and what stopped it."""
+        measurements = self.result["measurements"]
+        lines = [f"emfast bench stopped ({self.result.get('error', 'interrupted')}); "
+                 f"{len(measurements)} measurement(s) taken before:"]
+        lines.extend(measurement_line(entry) for entry in measurements)
+        if self.path is not None:
+            lines.append(f"every one of them is in {self.path}")
+        return lines
+
+
+def run(config: Settings, record: Optional[Record] = None) -> dict:
+    """Measure everything ``config`` asks for; returns the result that ``--json`` writes.
+
+    Each measurement goes to ``record`` as soon as it is taken; if the run fails, ``record`` keeps them and the
+    error, and the exception is raised on.
+    """
+    record = record if record is not None else Record()
+    threads_before, children_before = threading.enumerate(), _child_pids()
     info = machine_info()
     info["torch"] = _torch_version()
-    log(f"emfast bench: preparing the built-in volume {tuple(config.volume_shape)} ...")
-    volumes = load_volumes(config.volume_shape, config.cache_dir)
+    record.update(machine=info, settings={key: value for key, value in asdict(config).items()
+                                          if key not in ("json", "plot")})
     try:
-        started = time.perf_counter()
-        log(f"comparison: {config.rounds} round(s) of ~{config.seconds:g} s per row ...")
-        rows = compare(volumes, config)
-        goals = targets(rows, config)
-        curve = curves(volumes, config) if config.curves else None
-        seconds = time.perf_counter() - started
-    finally:
-        volumes.close()
-    result = {
-        "schema": SCHEMA,
-        "machine": info,
-        "settings": {key: value for key, value in asdict(config).items() if key not in ("json", "plot")},
-        "task": {"volume": volumes.path, "volume_shape": list(config.volume_shape), "patch": list(config.patch),
-                 "batch_size": config.batch_size, "raw": "uint8 -> float32, x/255, intensity gain/bias",
-                 "labels": "uint64 -> affinities (1,0,0) (0,1,0) (0,0,1) float32 + uint8 mask",
-                 "augment": "mirror z/y/x p=0.5, transpose y<->x p=0.5, intensity",
-                 "output_bytes": output_bytes(config.patch, config.batch_size)},
-        "rows": rows,
-        "targets": goals,
-        "curves": curve,
-        "seconds": seconds,
-        "leftovers": leftovers(threads_before),
-    }
-    result["report"] = report(info, config, volumes.path, rows, goals, curve)
-    return _jsonable(result)
+        log(f"emfast bench: preparing the built-in volume {tuple(config.volume_shape)} ...")
+        volumes = load_volumes(config.volume_shape, config.cache_dir)
+        try:
+            record.update(task=_task(volumes.path, config))
+            started = time.perf_counter()
+            log(f"comparison: {config.rounds} round(s) of ~{config.seconds:g} s per row ...")
+            rows = compare(volumes, config, record)
+            goals = targets(rows, config)
+            record.update(rows=rows, targets=goals)
+            curve = curves(volumes, config, record) if config.curves else None
+            seconds = time.perf_counter() - started
+        finally:
+            volumes.close()
+    except BaseException as error:
+        record.failed(error)
+        raise
+    record.update(curves=curve, seconds=seconds, leftovers=leftovers(threads_before, children_before),
+                  report=report(info, config, volumes.path, rows, goals, curve), complete=True)
+    return record.result
+
+
+def _task(volume_path: str, config: Settings) -> dict:
+    """The standard task as the JSON record states it."""
+    return {"volume": volume_path, "volume_shape": list(config.volume_shape), "patch": list(config.patch),
+            "batch_size": config.batch_size, "raw": "uint8 -> float32, x/255, intensity gain/bias",
+            "labels": "uint64 -> affinities (1,0,0) (0,1,0) (0,0,1) float32 + uint8 mask",
+            "augment": "mirror z/y/x p=0.5, transpose y<->x p=0.5, intensity",
+            "output_bytes": output_bytes(config.patch, config.batch_size)}
 
 
 # -- the command line ----------------------------------------------------------------------------------------------
@@ -847,15 +940,18 @@ def command(args: argparse.Namespace) -> int:
                       volume_shape=args.volume_shape, seconds=args.seconds, rounds=args.rounds,
                       curves=not args.no_curves, quick=args.quick, seed=args.seed, cache_dir=args.cache_dir,
                       json_path=args.json, plot=args.plot)
-    result = run(config)
+    record = Record(config.json)
+    try:
+        result = run(config, record)
+    except BaseException:
+        print("\n".join(record.partial_report()), flush=True)
+        raise
     print("\n".join(result["report"]))
     left = result["leftovers"]
     if left["threads"] or left["processes"]:
         print(f"WARNING: still running after the benchmark: threads {left['threads']}, processes "
               f"{left['processes']}")
     if config.json:
-        with open(config.json, "w") as f:
-            json.dump(result, f, indent=1)
         log(f"wrote {config.json}")
     if config.plot:
         plot(config.plot, config, result["rows"], result["curves"])

@@ -13,20 +13,29 @@ factory returning the network), the input and output, and the keyword arguments 
       tta: 8
       engine: local                         # or {dask: {address: tcp://host:8786}} or {dask: {workers: 2}}
 
-A config may hold this section beside the training sections, or alone. Everything is checked before any file is
-opened; problems are :class:`ConfigError` naming the key and line.
+A config may hold this section beside the training sections, or alone. Reading it checks every value without
+opening a file; :meth:`PredictSpec.check` (run by ``emfast check`` and before ``emfast predict``) then imports the
+model factory without calling it, matches ``model_args`` to its parameters, checks ``device``, opens the input and
+lays the tiles over it. Every problem is a :class:`ConfigError` naming the file, line and key path
+(``predict.model_args.checkpoint``), each attributed by the step that checks that key.
 """
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
 import os
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, List, Mapping, Optional, Union
 
 from .._core.gather import PAD_MODES
-from ..inference import BLENDS, COMPRESSIONS, OUTPUT_DTYPES, TTA_COUNTS, Prediction, predict
+from ..inference import BLENDS, COMPRESSIONS, OUTPUT_DTYPES, TTA_COUNTS, Prediction, TilePlan, predict
+from ..inference._predict import CHUNK_EDGE
+from ..inference._store import check_compression, parse_output
+from ..io import open_volume
 from ._sections import _check_normalize, _file
 from ._spec import Builtin, plain
 from ._yaml import ConfigError, Path_, Reader, describe_value, parse_yaml, read_source
@@ -62,6 +71,8 @@ class PredictSpec:
         None: run here; else the ``dask`` settings (``address`` of a scheduler, or ``workers`` of a local cluster).
     base : Path
         The config's folder: relative paths resolve, and model modules import, from there.
+    source : str
+        The config file (or ``"<text>"``), and ``marks`` the line of every key: what errors name.
     """
 
     model: str
@@ -72,21 +83,192 @@ class PredictSpec:
     dataset: Optional[str] = None
     engine: Optional[Mapping[str, Any]] = None
     base: Path = Path(".")
+    source: str = field(default="<text>", compare=False)
+    marks: Mapping[Path_, int] = field(default_factory=dict, compare=False, repr=False)
 
-    def load_model(self) -> Callable:
-        """Import the factory and call it with ``model_args``."""
+    def error(self, key: Path_, reason: str) -> ConfigError:
+        """A :class:`ConfigError` for ``predict.<key>``, with the config's file and the key's line."""
+        return Reader(dict(self.marks), self.source, self.base).error(("predict",) + key, reason)
+
+    # -- the model ---------------------------------------------------------------------------------------------
+
+    def factory(self) -> Callable:
+        """Import the model factory (``module:function``, the module found from the config's folder first) without
+        calling it.
+
+        Raises
+        ------
+        ConfigError
+            At ``predict.model``: the module cannot be imported or raises while importing (with the file and
+            line of the failure inside it), or has no such callable.
+        """
         module_name, _, function = self.model.partition(":")
         added = str(self.base) not in sys.path
         if added:
             sys.path.insert(0, str(self.base))
+        _forget_if_elsewhere(module_name, self.base)
         try:
-            factory = getattr(importlib.import_module(module_name), function)
-        except (ImportError, AttributeError) as error:
-            raise ConfigError(f"cannot import {self.model}: {error}", "predict.model") from error
+            module = importlib.import_module(module_name)
+        except Exception as error:  # anything the user's module raises while importing is reported, not a bug
+            raise self.error(("model",), f"cannot import the module {module_name!r} of {self.model}: "
+                                         f"{_what_failed(error)}") from error
         finally:
             if added:
                 sys.path.remove(str(self.base))
-        return factory(**self.model_args)
+        factory = getattr(module, function, None)
+        if factory is None:
+            close = difflib.get_close_matches(function, [n for n in dir(module) if not n.startswith("_")], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise self.error(("model",), f"the module {module_name!r} ({getattr(module, '__file__', '?')}) has "
+                                         f"no {function!r}{hint}")
+        if not callable(factory):
+            raise self.error(("model",), f"{self.model} is {describe_value(factory)}, not a factory function")
+        return factory
+
+    def check_model_args(self, factory: Callable) -> None:
+        """``model_args`` against the factory's parameters: every key one of them, every required one given.
+
+        Raises
+        ------
+        ConfigError
+            At ``predict.model_args.<key>`` for a key the factory does not take (with the closest one), at
+            ``predict.model_args`` for a required parameter left out.
+        """
+        try:
+            signature = inspect.signature(factory)
+        except (TypeError, ValueError):  # a callable without a readable signature (some C functions)
+            return
+        parameters = signature.parameters.values()
+        named = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+            for key in self.model_args:
+                if key not in named:
+                    close = difflib.get_close_matches(str(key), named, n=1)
+                    hint = f"; did you mean {close[0]!r}?" if close else ""
+                    raise self.error(("model_args", str(key)), f"{self.model} takes no argument {key!r}{hint} "
+                                                               f"(it takes: {', '.join(named) or 'none'})")
+        missing = [p.name for p in parameters if p.default is p.empty
+                   and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in self.model_args]
+        if missing:
+            raise self.error(("model_args",), f"{self.model} needs {', '.join(map(repr, missing))}: add "
+                                              f"{'them' if len(missing) > 1 else 'it'} to model_args")
+
+    def load_model(self) -> Callable:
+        """Import the factory, check ``model_args`` against it and call it.
+
+        Raises
+        ------
+        ConfigError
+            As :meth:`factory` and :meth:`check_model_args`; and at ``predict.model`` when the factory raises,
+            naming the exception and where it was raised.
+        """
+        factory = self.factory()
+        self.check_model_args(factory)
+        try:
+            return factory(**self.model_args)
+        except Exception as error:  # the user's factory failing (a missing checkpoint...) is reported, not a bug
+            raise self.error(("model",), f"{self.model}(**model_args) failed: {_what_failed(error)}") from error
+
+    # -- the device, the input, the tiles ----------------------------------------------------------------------
+
+    def check_device(self) -> Optional[str]:
+        """Whether ``device`` can be used here: PyTorch installed, the name a torch device, a GPU there for
+        ``cuda``. Returns a description of the device (None without one).
+
+        Raises
+        ------
+        ConfigError
+            At ``predict.device``.
+        """
+        device = self.options.get("device")
+        if device is None:
+            return None
+        try:
+            import torch
+        except ImportError:
+            raise self.error(("device",), f"device {device!r} feeds the model torch tensors, but PyTorch is not "
+                                          "installed (pip install torch); leave device out to feed it NumPy "
+                                          "arrays") from None
+        try:
+            kind = torch.device(device)
+        except (RuntimeError, ValueError) as error:
+            raise self.error(("device",), f"{device!r} is not a torch device ('cpu', 'cuda', 'cuda:1'): "
+                                          f"{error}") from None
+        if kind.type != "cuda":
+            return f"{device} (PyTorch {torch.__version__})"
+        if not torch.cuda.is_available():
+            raise self.error(("device",), f"device {device!r}: no usable NVIDIA GPU here (PyTorch "
+                                          f"{torch.__version__}, built for CUDA {torch.version.cuda or 'none'}, "
+                                          "finds none: no GPU, no driver, or CUDA_VISIBLE_DEVICES hides them); "
+                                          "use device: cpu or run where there is one")
+        if kind.index is not None and kind.index >= torch.cuda.device_count():
+            raise self.error(("device",), f"device {device!r}: this machine has {torch.cuda.device_count()} "
+                                          f"GPU(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+        return f"{device}: {torch.cuda.get_device_name(kind.index or 0)}"
+
+    def plan(self, cache_dir=None) -> TilePlan:
+        """Open the input and lay the tiles over it as :func:`emfast.predict` will.
+
+        The plan is built one argument at a time (patches, overlap, region, block), so that a refusal is
+        attributed to the argument just added.
+
+        Raises
+        ------
+        ConfigError
+            At ``predict.input`` (or its ``file``/``dataset``) when the input cannot be opened, else at the key
+            whose value does not fit the input or the other values.
+        """
+        input_key = ("input",) if self.dataset is None or isinstance(self.input, Builtin) else ("input", "file")
+        try:
+            volume = open_volume(self.input_path(cache_dir), in_memory=False)
+        except KeyError as error:
+            raise self.error(("input", "dataset") if self.dataset else input_key, str(error).strip("'\"")) from None
+        except (OSError, ValueError) as error:
+            raise self.error(input_key, str(error)) from None
+        try:
+            shape, chunks = volume.shape, self.options.get("chunks") or volume.chunks
+        finally:
+            volume.close()
+        chunks = chunks or tuple(min(CHUNK_EDGE, s) for s in shape)  # predict's default
+        patch_in = self.options["patch_in"]
+        patch_out = self.options.get("patch_out", patch_in)
+        blend = self.options.get("blend", "gaussian")
+        default_overlap = (0, 0, 0) if blend == "none" else tuple(p // 4 for p in patch_out)
+        steps = [(("patch_out",) if "patch_out" in self.options else ("patch_in",), {}),
+                 (("overlap",), {"overlap": self.options.get("overlap", default_overlap)}),
+                 (("roi",), {"roi": self.options.get("roi")}),
+                 (("block",), {"block": self.options.get("block")})]
+        arguments = {"overlap": (0, 0, 0)}
+        for key, added in steps:
+            arguments.update(added)
+            try:
+                plan = TilePlan(shape, patch_in, patch_out, chunks=chunks, crop=blend == "none", **arguments)
+            except ValueError as error:
+                raise self.error(key, f"{error} (input {self.input_path(cache_dir)}, shape {shape})") from None
+        return plan
+
+    def check(self, cache_dir=None) -> List[str]:
+        """Everything that can be checked without calling the model: the factory imports, ``model_args`` fit
+        it, the device is there, the input opens and the tiles fit it. Returns the summary ``emfast check``
+        prints.
+
+        Raises
+        ------
+        ConfigError
+            Naming the file, line and key of the first problem.
+        """
+        factory = self.factory()
+        self.check_model_args(factory)
+        device = self.check_device()
+        plan = self.plan(cache_dir)
+        where = getattr(inspect.getmodule(factory), "__file__", None)
+        return [f"predict: model {self.model}" + (f" ({where})" if where else "")
+                + (f" with {', '.join(f'{k}={v!r}' for k, v in self.model_args.items())}" if self.model_args else ""),
+                f"  input {self.input_path(cache_dir)}, shape {plan.shape}; output {self.output}",
+                f"  {plan.tile_count} tiles of {plan.patch_out} (input {plan.patch_in}, overlap {plan.overlap}) "
+                f"in {len(plan.blocks())} blocks of {plan.block} over {plan.roi[0]}..{plan.roi[1]}",
+                f"  device: {device or 'none (the model gets NumPy arrays)'}",
+                "  engine: " + ("local" if self.engine is None else f"dask {dict(self.engine)}")]
 
     def input_path(self, cache_dir=None) -> str:
         if isinstance(self.input, Builtin):
@@ -96,6 +278,8 @@ class PredictSpec:
     def run(self, *, resume: bool = False, overwrite: bool = False, progress=True, cache_dir=None) -> Prediction:
         """Run the prediction; a Dask engine gets a client for the run's duration."""
         arguments = dict(self.options, resume=resume, overwrite=overwrite, progress=progress)
+        self.check_device()
+        self.plan(cache_dir)
         model = self.load_model()
         if self.engine is None:
             return predict(model, self.input_path(cache_dir), self.output, **arguments)
@@ -167,8 +351,49 @@ def predict_section(reader: Reader, value, path: Path_) -> PredictSpec:
         options["normalize"] = _check_normalize(reader, section["normalize"], path + ("normalize",))
     if section.get("device") is not None:
         options["device"] = reader.string(section["device"], path + ("device",))
+    _check_output(reader, output, options.get("compression"), path)
     return PredictSpec(model, input_file, output, options, dict(model_args), dataset,
-                       _engine(reader, section.get("engine"), path + ("engine",)), reader.base)
+                       _engine(reader, section.get("engine"), path + ("engine",)), reader.base, reader.source,
+                       reader.marks)
+
+
+def _check_output(reader: Reader, output: Path, compression: Optional[str], path: Path_) -> None:
+    """The output names a dataset in a .zarr or .h5 container, and the compression suits that container."""
+    try:
+        _, _, kind = parse_output(output)
+    except ValueError as error:
+        raise reader.error(path + ("output",), str(error)) from None
+    if compression is not None:
+        try:
+            check_compression(compression, kind)
+        except ValueError as error:
+            raise reader.error(path + ("compression",), str(error)) from None
+
+
+def _forget_if_elsewhere(module_name: str, base: Path) -> None:
+    """Drop an imported module (with its submodules) of the same top-level name as one in ``base`` but loaded from
+    elsewhere, e.g. the nets.py of another config read earlier in this process: a config's model comes from its
+    own folder."""
+    top = module_name.split(".")[0]
+    if not ((base / f"{top}.py").is_file() or (base / top / "__init__.py").is_file()):
+        return
+    loaded = getattr(sys.modules.get(top), "__file__", None)
+    if loaded is None or Path(loaded).resolve().is_relative_to(base.resolve()):
+        return
+    for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+        del sys.modules[name]
+
+
+def _what_failed(error: BaseException) -> str:
+    """``error`` in one line with where it was raised: the file and line of a syntax error, else of the
+    innermost frame of its traceback (the user's code)."""
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"SyntaxError: {error.msg} ({error.filename}, line {error.lineno})"
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__)
+              if not frame.filename.startswith("<frozen") and frame.filename != __file__
+              and os.sep + "importlib" + os.sep not in frame.filename]
+    where = f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+    return f"{type(error).__name__}: {error}{where}"
 
 
 def _engine(reader: Reader, value, path: Path_) -> Optional[Mapping[str, Any]]:

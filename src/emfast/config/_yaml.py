@@ -94,14 +94,38 @@ def read_source(source: Union[str, os.PathLike], what: str) -> Tuple[str, str, P
     YAML text (a string with a newline; its base is the working directory)."""
     if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source):
         path = Path(source).expanduser()
-        try:
-            text = path.read_text()
-        except OSError as error:
-            raise ConfigError(f"cannot read the config file: {error.strerror or error}", source=str(path)) from None
-        return text, str(path), path.resolve().parent
+        return _config_text(path), str(path), path.resolve().parent
     if not isinstance(source, str):
         raise TypeError(f"{what} takes a path or YAML text, got {type(source).__name__}")
     return source, "<text>", Path.cwd()
+
+
+#: The signature an HDF5 file starts with (at byte 0, or after a user block of 512, 1024, 2048... bytes).
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _config_text(path: Path) -> str:
+    """The text of a config file; a data file or store given by mistake is named as such, not as a decode error."""
+    if path.is_dir():
+        raise ConfigError("is a folder (a zarr or N5 store?), not a YAML config file; give the config that names "
+                          f"it (see docs/CONFIG.md); emfast info {path} lists its arrays", source=str(path))
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ConfigError(f"cannot read the config file: {error.strerror or error}", source=str(path)) from None
+    offsets = [0] + [512 * 2**k for k in range(12) if 512 * 2**k < len(data)]
+    if any(data[offset:offset + len(HDF5_SIGNATURE)] == HDF5_SIGNATURE for offset in offsets):
+        raise ConfigError("is an HDF5 file, not a YAML config file; give the config that names it (see "
+                          f"docs/CONFIG.md); emfast info {path} lists its datasets", source=str(path))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"is not a YAML config file: it looks like a binary file (byte {error.start} is not "
+                          "UTF-8 text)", source=str(path)) from None
+    if "\0" in text:
+        raise ConfigError(f"is not a YAML config file: it looks like a binary file (byte {text.index(chr(0))} is "
+                          "NUL)", source=str(path))
+    return text
 
 
 def parse_yaml(text: str, source: str) -> Tuple[Any, Dict[Path_, int]]:

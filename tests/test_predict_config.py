@@ -1,0 +1,266 @@
+"""The predict section as ``emfast check`` and ``emfast predict`` read it: a predict-only config is checked as it
+is run, the model factory is imported (never called) by check, and every problem names the config file, the line
+and the key path (``predict.model_args.gian``); a data file given instead of a config is named as such."""
+import importlib.util
+import re
+import textwrap
+
+import h5py
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from emfast.cli import main
+from emfast.config import ConfigError, check_config, load_config, load_predict_config
+
+NETS = '''\
+import pathlib
+
+import numpy as np
+
+
+def load(gain=1.0):
+    pathlib.Path("factory-called").touch()
+    def network(batch):
+        return batch[:, :, 2:-2, 4:-4, 4:-4] * np.float32(gain)
+    return network
+
+
+def needs_checkpoint(checkpoint, gain=1.0):
+    return open(checkpoint, "rb")
+'''
+
+PREDICT = """\
+predict:
+  model: nets:load
+  model_args: {gain: 2.0}
+  input: {file: in.h5, dataset: raw}
+  output: out.zarr/pred
+  patch_in: [10, 20, 20]
+  patch_out: [6, 12, 12]
+  overlap: [2, 4, 4]
+"""
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    """A folder as a user has it: the network's module, an HDF5 input with chunks (8, 16, 16), and the working
+    directory there (so a factory that was called leaves its marker)."""
+    (tmp_path / "nets.py").write_text(NETS)
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("raw", data=np.random.default_rng(0).integers(0, 256, (24, 48, 48), dtype=np.uint8),
+                         chunks=(8, 16, 16))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path / "elsewhere"))  # sys.path is restored after the test
+    return tmp_path
+
+
+def _config(folder, text, name="predict.yaml"):
+    path = folder / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def _line_of(text, needle):
+    return next(n for n, line in enumerate(text.splitlines(), start=1) if needle in line)
+
+
+def _check_and_predict_fail(path, capsys):
+    """The error of ``emfast check`` and of ``emfast predict`` on ``path``, which must be the same one line."""
+    assert main(["check", str(path)]) == 2
+    checked = capsys.readouterr()
+    assert main(["predict", str(path)]) == 2
+    predicted = capsys.readouterr().err
+    assert checked.out == "" and checked.err == predicted and "Traceback" not in predicted
+    return predicted
+
+
+def test_check_accepts_the_predict_only_config_that_predict_runs(folder, capsys):
+    path = _config(folder, PREDICT)
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"predict: model nets:load ({folder / 'nets.py'}) with gain=2.0" in out
+    assert "input" in out and "shape (24, 48, 48)" in out and out.rstrip().endswith("valid")
+    assert not (folder / "factory-called").exists()  # check imports the factory, never calls it
+    assert main(["predict", str(path)]) == 0
+    assert (folder / "factory-called").exists() and (folder / "out.zarr").is_dir()
+
+
+def test_check_of_a_training_config_with_a_predict_section_checks_both(folder, capsys):
+    text = PREDICT.replace("nets:load", "nets:lod") + "data: {samples: [{file: in.h5, raw: raw}]}\n" \
+                                                      "loader: {patch: [8, 16, 16]}\n"
+    path = _config(folder, text)
+    assert main(["check", str(path)]) == 2
+    assert f"{path}, line 2: predict.model: the module 'nets'" in capsys.readouterr().err
+    _config(folder, text.replace("nets:lod", "nets:load"))
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "sample" in out and "predict: model nets:load" in out and out.rstrip().endswith("valid")
+    assert out.splitlines().count("valid") == 1
+
+
+@pytest.mark.parametrize("module, model, words", [
+    (None, "nosuch:load", ["cannot import the module 'nosuch'", "No module named 'nosuch'"]),
+    ("def load(:\n", "broken:load", ["SyntaxError", "broken.py, line 1"]),
+    ("import os\nimport not_installed_anywhere\n", "broken:load",
+     ["No module named 'not_installed_anywhere'", "broken.py, line 2"]),
+    ("raise RuntimeError('needs a GPU at import')\n", "broken:load",
+     ["RuntimeError: needs a GPU", "broken.py, line 1"]),
+    (None, "nets:lod", ["has no 'lod'; did you mean 'load'?"]),
+    ("load = 3\n", "broken:load", ["broken:load is the integer 3, not a factory function"]),
+])
+def test_a_model_that_cannot_be_imported_names_the_model_key_and_line(folder, capsys, module, model, words):
+    if module is not None:
+        (folder / "broken.py").write_text(module)
+    text = PREDICT.replace("nets:load", model)
+    error = _check_and_predict_fail(_config(folder, text), capsys)
+    assert error.startswith(f"emfast: error: {folder / 'predict.yaml'}, line 2: predict.model: "), error
+    for word in words:
+        assert word in error
+
+
+@pytest.mark.parametrize("args, key, words", [
+    ("{gian: 2.0}", "predict.model_args.gian", ["takes no argument 'gian'; did you mean 'gain'?"]),
+    ("{gain: 2.0, depth: 3}", "predict.model_args.depth", ["takes no argument 'depth'", "(it takes: gain)"]),
+])
+def test_model_args_that_the_factory_does_not_take_name_their_key(folder, capsys, args, key, words):
+    text = PREDICT.replace("{gain: 2.0}", args)
+    error = _check_and_predict_fail(_config(folder, text), capsys)
+    assert f"predict.yaml, line 3: {key}: " in error
+    for word in words:
+        assert word in error
+    assert not (folder / "factory-called").exists()
+
+
+def test_a_factory_that_fails_names_the_model_key_and_the_line_that_raised(folder, capsys):
+    text = PREDICT.replace("nets:load", "nets:needs_checkpoint")
+    path = _config(folder, text)
+    assert main(["check", str(path)]) == 2
+    assert "predict.yaml, line 3: predict.model_args: nets:needs_checkpoint needs 'checkpoint'" in \
+        capsys.readouterr().err
+    _config(folder, text.replace("{gain: 2.0}", "{checkpoint: unet.pt}"))
+    assert main(["check", str(path)]) == 0  # the factory is not called: its checkpoint is not looked at
+    capsys.readouterr()
+    assert main(["predict", str(path)]) == 2
+    error = capsys.readouterr().err
+    assert "predict.yaml, line 2: predict.model: nets:needs_checkpoint(**model_args) failed: FileNotFoundError" \
+        in error and "unet.pt" in error and f"{folder / 'nets.py'}, line 14)" in error
+
+
+@pytest.mark.parametrize("old, new, key, words", [
+    ("patch_out: [6, 12, 12]", "patch_out: [5, 12, 12]", "predict.patch_out", ["by an even number"]),
+    ("overlap: [2, 4, 4]", "overlap: [2, 12, 4]", "predict.overlap", ["must be smaller than patch_out"]),
+    ("overlap: [2, 4, 4]", "overlap: [2, 4, 4]\n  roi: {start: [0, 0, 0], stop: [30, 48, 48]}", "predict.roi",
+     ["inside the volume of shape (24, 48, 48)"]),
+    ("overlap: [2, 4, 4]", "overlap: [2, 4, 4]\n  block: [12, 16, 16]", "predict.block",
+     ["multiple of the output chunks (8, 16, 16)"]),
+    ("dataset: raw}", "dataset: rwa}", "predict.input.dataset", ["rwa"]),
+    ("file: in.h5,", "file: missing.h5,", "predict.input.file", ["missing.h5"]),
+])
+def test_values_that_do_not_fit_the_input_name_their_key_and_line(folder, capsys, old, new, key, words):
+    text = PREDICT.replace(old, new)
+    error = _check_and_predict_fail(_config(folder, text), capsys)
+    line = _line_of(text, key.split(".")[-1] + ":") if "input" not in key else _line_of(text, "input:")
+    assert f"predict.yaml, line {line}: {key}: " in error, error
+    for word in words:
+        assert word in error
+    assert not (folder / "out.zarr").exists()
+
+
+@pytest.mark.parametrize("old, new, key, words", [
+    ("output: out.zarr/pred", "output: out.n5/pred", "predict.output", ["in a .zarr or .h5 container"]),
+    ("output: out.zarr/pred", "output: out.h5/pred\n  compression: blosc", "predict.compression",
+     ["HDF5 outputs support the compressions gzip and none"]),
+])
+def test_output_errors_name_their_key_when_the_config_is_read(folder, old, new, key, words):
+    text = PREDICT.replace(old, new)
+    path = _config(folder, text)
+    for read in (load_predict_config, check_config):
+        with pytest.raises(ConfigError) as info:
+            read(path)
+        assert (info.value.path, info.value.line, info.value.source) == (key, _line_of(text, key.split(".")[1]),
+                                                                           str(path))
+        for word in words:
+            assert word in str(info.value)
+
+
+def test_a_device_without_pytorch_names_the_device_key(folder, capsys):
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed: the missing-PyTorch error cannot occur here")
+    text = PREDICT + "  device: cuda\n"
+    error = _check_and_predict_fail(_config(folder, text), capsys)
+    assert f"predict.yaml, line {_line_of(text, 'device')}: predict.device: device 'cuda' feeds the model torch " \
+           "tensors, but PyTorch is not installed" in error
+
+
+def test_cuda_without_a_gpu_names_the_device_key(folder, capsys):
+    torch = pytest.importorskip("torch", reason="torch not installed (the test extra does not carry it)")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: cuda is usable")
+    text = PREDICT + "  device: cuda\n"
+    error = _check_and_predict_fail(_config(folder, text), capsys)
+    assert f"line {_line_of(text, 'device')}: predict.device: device 'cuda': no usable NVIDIA GPU here" in error
+
+
+def test_the_model_module_comes_from_the_configs_folder(folder, tmp_path_factory, capsys):
+    """Two configs in two folders, each with its own nets.py, in one process: each gets its own module, not the
+    one imported first."""
+    assert main(["check", str(_config(folder, PREDICT))]) == 0
+    other = tmp_path_factory.mktemp("other")
+    (other / "nets.py").write_text(NETS.replace("def load(gain=1.0)", "def load(gain=1.0, depth=2)"))
+    (other / "in.h5").symlink_to(folder / "in.h5")
+    assert main(["check", str(_config(other, PREDICT.replace("{gain: 2.0}", "{depth: 3}")))]) == 0
+    assert f"predict: model nets:load ({other / 'nets.py'}) with depth=3" in capsys.readouterr().out
+
+
+def test_predict_spec_errors_name_the_file_not_text(folder):
+    """Errors raised after reading (importing, calling the model) still name the config file and the line."""
+    path = _config(folder, PREDICT.replace("nets:load", "nets:lod"))
+    spec = load_predict_config(path)
+    with pytest.raises(ConfigError) as info:
+        spec.load_model()
+    assert (info.value.source, info.value.line, info.value.path) == (str(path), 2, "predict.model")
+
+
+# -- a data file instead of a config --------------------------------------------------------------------------------
+
+def test_a_data_file_or_store_given_as_the_config_is_named_as_such(folder, capsys):
+    import zarr
+
+    zarr.create_array(folder / "store.zarr", shape=(4, 4, 4), dtype="uint8", chunks=(2, 2, 2))
+    (folder / "picture.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe")
+    cases = {"in.h5": "is an HDF5 file, not a YAML config file", "store.zarr": "is a folder (a zarr or N5 store?)",
+             "picture.png": "is not a YAML config file: it looks like a binary file"}
+    for name, words in cases.items():
+        for command in ("check", "predict", "demo"):
+            argv = [command, "--config", name] if command == "demo" else [command, name]
+            assert main(argv) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"emfast: error: {name}: {words}") and "codec" not in err, err
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            load_config(folder / name)
+    assert (folder / "in.h5").stat().st_size > 0 and h5py.is_hdf5(folder / "in.h5")  # never written
+
+
+def test_an_hdf5_file_with_a_user_block_is_recognised(folder):
+    with h5py.File(folder / "block.h5", "w", userblock_size=1024) as f:
+        f.create_dataset("raw", data=np.zeros((2, 2, 2), np.uint8))
+    with pytest.raises(ConfigError, match="is an HDF5 file"):
+        check_config(folder / "block.h5")
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(position=st.integers(0, len(PREDICT) - 1), length=st.integers(0, 8),
+       insert=st.text(alphabet="[]{}:,-_/.# \nabcdeinrw0129", max_size=8))
+def test_a_mutated_predict_config_is_valid_or_names_its_line(folder, position, length, insert):
+    """The class, not only the instances above: whatever a typo does to a predict config, check either accepts it
+    or raises a ConfigError that names the config file and a line; no other exception escapes."""
+    text = PREDICT[:position] + insert + PREDICT[position + length:]
+    path = folder / "mutated.yaml"
+    path.write_text(text)
+    try:
+        check_config(path)
+    except ConfigError as error:
+        assert error.source == str(path) and error.line is not None and error.reason, str(error)
