@@ -13,13 +13,14 @@ from ._hdf5 import Hdf5Source, hdf5, list_datasets, open_hdf5
 from ._n5 import N5Source
 from ._open import open_source, open_volume, split_path
 from ._precomputed import PrecomputedSource, tensorstore_missing
-from ._source import DatasetNotFoundError, Stamp, VolumeSource
+from ._source import CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource
 from ._volume import Volume, as_volume
 from ._zarr import ZarrSource, import_zarr, zarr_missing
 
 __all__ = [
     "COMPRESSORS",
     "ConvertError",
+    "CorruptChunkError",
     "LABELS_DATASET",
     "RAW_DATASET",
     "CacheStats",
@@ -28,6 +29,7 @@ __all__ = [
     "N5Source",
     "PrecomputedSource",
     "Stamp",
+    "StoreMetadataError",
     "Volume",
     "VolumeSource",
     "VolumeStatistics",
