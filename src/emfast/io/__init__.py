@@ -14,10 +14,11 @@ from ._n5 import N5Source
 from ._open import open_source, open_volume, split_path
 from ._precomputed import PrecomputedSource, tensorstore_missing
 from ._source import CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource
-from ._volume import Volume, as_volume
+from ._volume import ASARRAY_LIMIT_BYTES, Volume, VolumeTooLargeError, as_volume
 from ._zarr import ZarrSource, import_zarr, zarr_missing
 
 __all__ = [
+    "ASARRAY_LIMIT_BYTES",
     "COMPRESSORS",
     "ConvertError",
     "CorruptChunkError",
@@ -33,6 +34,7 @@ __all__ = [
     "Volume",
     "VolumeSource",
     "VolumeStatistics",
+    "VolumeTooLargeError",
     "ZarrSource",
     "as_volume",
     "convert",

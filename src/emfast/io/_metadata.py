@@ -47,15 +47,17 @@ def _is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-def int_list(value: Any, key: str, where: str, *, minimum: int, length: Optional[int] = None,
+def int_list(value: Any, key: str, where: str, *, minimum: Optional[int], length: Optional[int] = None,
              lengths: Sequence[int] = ()) -> Tuple[int, ...]:
     """``value`` as a tuple of ints >= ``minimum`` (of ``length``, or one of ``lengths``), else StoreMetadataError."""
     sizes = (length,) if length is not None else tuple(lengths)
+    low = -2 ** 62 if minimum is None else minimum
     ok = (isinstance(value, (list, tuple)) and (not sizes or len(value) in sizes)
-          and all(_is_int(v) and minimum <= v < 2 ** 62 for v in value))
+          and all(_is_int(v) and low <= v < 2 ** 62 for v in value))
     if not ok:
         count = " or ".join(str(n) for n in sizes) + " " if sizes else ""
-        raise bad_metadata(where, key, value, f"a list of {count}integers >= {minimum}")
+        at_least = "" if minimum is None else f" >= {minimum}"
+        raise bad_metadata(where, key, value, f"a list of {count}integers{at_least}")
     return tuple(int(v) for v in value)
 
 

@@ -10,7 +10,7 @@ import h5py
 from ._hdf5 import Hdf5Source
 from ._n5 import N5Source, is_n5
 from ._precomputed import PrecomputedSource, is_precomputed
-from ._source import VolumeSource
+from ._source import VolumeSource, require_kind
 from ._volume import Volume
 from ._zarr import GROUP_MARKERS, ZarrSource
 
@@ -36,6 +36,8 @@ def split_path(path: Union[str, os.PathLike], dataset: Optional[str] = None) -> 
 
 def detect(container: Path) -> str:
     """The format of a container without a telling suffix, from what it holds."""
+    if container.exists() and not container.is_dir():
+        require_kind(container, "file", "a volume's file")  # a FIFO or device: refused before anything opens it
     if container.is_file():
         if h5py.is_hdf5(str(container)):
             return "hdf5"

@@ -88,7 +88,7 @@ class ZarrSource(VolumeSource):
         require_kind(path, "directory", "a zarr store")
         if not path.is_dir():
             raise FileNotFoundError(f"zarr store not found: {path}")
-        _refuse_special_metadata(path, dataset)
+        refuse_special_metadata(path, dataset)
         check_array_metadata(path / dataset, self.name, ranks=(3, 4))
         try:
             root = zarr.open(store=str(path), mode="r")
@@ -114,7 +114,7 @@ class ZarrSource(VolumeSource):
                                            f"{', '.join(list_arrays(node)) or 'none'}")
             chosen = choose_level(levels, level, resolution, self.name)
             level_path = (Path(dataset) / chosen.path).as_posix() if dataset else chosen.path
-            _refuse_special_metadata(path, level_path)
+            refuse_special_metadata(path, level_path)
             check_array_metadata(path / level_path, f"{path}:{level_path}", ranks=(3, 4, 5))
             try:
                 array = node[chosen.path]
@@ -196,7 +196,7 @@ class ZarrSource(VolumeSource):
         return str(self._path), self._given, self._level, self._resolution
 
 
-def _refuse_special_metadata(store: Path, dataset: str) -> None:
+def refuse_special_metadata(store: Path, dataset: str) -> None:
     """Refuse a metadata file on the way from the store to ``dataset`` that is not a regular file (a FIFO would
     block zarr-python's read forever), before zarr-python opens any."""
     directory = store
