@@ -99,11 +99,16 @@ def read_regular_file(path: Path, what: str) -> Optional[bytes]:
         return None
     except IsADirectoryError:  # some systems refuse to open a directory at all
         raise IsADirectoryError(f"{path} is a directory, not a regular file: {what} must be a file") from None
-    with os.fdopen(descriptor, "rb") as file:
+    try:
         mode = os.fstat(descriptor).st_mode
-        if not stat.S_ISREG(mode):
-            error = IsADirectoryError if stat.S_ISDIR(mode) else OSError
-            raise error(f"{path} is {_kind(mode)}, not a regular file: {what} must be a file")
+    except BaseException:
+        os.close(descriptor)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(descriptor)
+        error = IsADirectoryError if stat.S_ISDIR(mode) else OSError
+        raise error(f"{path} is {_kind(mode)}, not a regular file: {what} must be a file")
+    with os.fdopen(descriptor, "rb") as file:
         return file.read()
 
 

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
@@ -35,7 +36,7 @@ def _gib(nbytes: int) -> str:
 
 def _refuse_if_too_large(shape, dtype: np.dtype, name: str) -> None:
     """Refuse to read a volume of ``shape`` into memory when it would not fit in the memory available now."""
-    nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    nbytes = math.prod(int(s) for s in shape) * dtype.itemsize
     available = available_bytes()
     if available is not None and nbytes > available:
         raise VolumeTooLargeError(f"{name}: {tuple(shape)} {dtype} is {_gib(nbytes)}, more than the "
@@ -148,7 +149,7 @@ class Volume:
             try:
                 data = np.empty(source.full_shape, dtype=dtype)
             except MemoryError:  # the memory available is unknown here, or was taken meanwhile
-                size = _gib(int(np.prod(source.full_shape, dtype=object)) * dtype.itemsize)
+                size = _gib(math.prod(int(s) for s in source.full_shape) * dtype.itemsize)
                 raise VolumeTooLargeError(f"{name}: cannot allocate {size} for {tuple(source.full_shape)} {dtype}; "
                                           "open it lazily with in_memory=False") from None
             whole = data if data.ndim == 4 else data[np.newaxis]
@@ -217,7 +218,7 @@ class Volume:
 
     @property
     def nbytes(self) -> int:
-        return self.channels * int(np.prod(self.shape)) * self.dtype.itemsize
+        return self.channels * math.prod(self.shape) * self.dtype.itemsize  # Python ints: no overflow
 
     @property
     def cache_stats(self) -> Optional[CacheStats]:
