@@ -4,6 +4,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import struct
 import sys
 import threading
@@ -409,3 +410,26 @@ def test_convert_hdf5_to_zarr_resumes_byte_identical_and_never_clobbers(tmp_path
     assert main(["convert", str(tmp_path / "whole.zarr/raw"), str(tmp_path / "whole.zarr/copy")]) == 2
     assert "inside the source" in capsys.readouterr().err
     assert tree_digest(tmp_path / "in.h5") == source_before
+
+
+def test_emfast_info_names_a_missing_dataset_and_what_is_there(tmp_path, raw, capsys):
+    """`emfast info file.h5/wrong/path` used to list the whole file and exit 0; for zarr it printed 'volumes/rwa'.
+    Now every format says the path does not exist, lists the members of its deepest existing group, exits 2."""
+    from emfast.cli import main
+    with h5py.File(tmp_path / "a.h5", "w") as file:
+        file["volumes/raw"] = raw
+        file["volumes/labels"] = raw
+    write_zarr(tmp_path / "s.zarr", "volumes/raw", raw)
+    write_zarr(tmp_path / "s.zarr", "volumes/labels", raw)
+    write_n5(tmp_path / "n.n5", "volumes/raw", raw, CHUNKS)
+    cases = [("a.h5/wrong/path", r"a.h5 has no dataset or group 'wrong/path'; the root holds: volumes"),
+             ("a.h5/volumes/rwa", r"a.h5 has no dataset or group 'volumes/rwa'; 'volumes' holds: labels, raw"),
+             ("s.zarr/volumes/rwa", r"s.zarr has no dataset or group 'volumes/rwa'; 'volumes' holds: labels, raw"),
+             ("n.n5/volumes/rwa", r"n.n5 has no dataset or group 'volumes/rwa'; 'volumes' holds: raw")]
+    for path, message in cases:
+        assert main(["info", str(tmp_path / path)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and re.search(r"emfast: error: .*" + message, captured.err), captured.err
+    assert main(["info", str(tmp_path / "a.h5/volumes/raw")]) == 0
+    out = capsys.readouterr().out
+    assert "volumes/raw: shape=(20, 40, 36)" in out and "labels" not in out
