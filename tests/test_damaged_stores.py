@@ -185,7 +185,7 @@ def test_n5_edge_blocks_clipped_or_whole_read_the_same(tmp_path, raw):
     ("dimensions", [9, -10, 6], r"dimensions = \[9, -10, 6\]; expected a list of 3 or 4 integers >= 0"),
     ("dataType", "uint9", r"dataType = 'uint9'; expected one of uint8, "),
     ("compression", {"type": "snappy"}, r"compression = \{'type': 'snappy'\}; expected a compression of type raw"),
-    ("resolution", [4, 4], r"resolution attribute must hold 3 numbers"),
+    ("resolution", [4, 4], r"resolution = \[4, 4\]; expected 3 numbers"),
 ])
 def test_n5_attributes_are_checked(tmp_path, raw, key, value, message):
     dataset = write_n5(tmp_path / "a.n5", raw)
@@ -490,3 +490,20 @@ def test_files_and_directories_where_the_other_belongs(tmp_path):
         ef.open(tmp_path / "dir.h5/raw")
     with pytest.raises(OSError, match=r"/dev/null is a character device, not a regular file"):
         ef.open("/dev/null", "raw", format="hdf5")
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_hdf5_metadata_and_chunks_get_the_same_errors(tmp_path, raw, in_memory):
+    """HDF5 attributes and chunks go through the checks of the other formats, with the same error types."""
+    with h5py.File(tmp_path / "a.h5", "w") as file:
+        file.create_dataset("raw", data=raw, chunks=CHUNKS, compression="gzip").attrs["resolution"] = [40, 4]
+        file.create_dataset("ok", data=raw, chunks=CHUNKS, compression="gzip")
+    with pytest.raises(StoreMetadataError, match=r"a.h5:raw \(attributes\): malformed metadata: resolution = "
+                                                 r"\[40, 4\]; expected 3 numbers"):
+        ef.open(tmp_path / "a.h5/raw", in_memory=in_memory)
+    with h5py.File(tmp_path / "a.h5", "a") as file:  # a chunk of twice the bytes, as a damaged writer leaves it
+        file["ok"].id.write_direct_chunk((4, 4, 4), zlib.compress(raw[:4, :4, :4].astype(np.uint16).tobytes()))
+    volume = ef.open(tmp_path / "a.h5/ok", in_memory=False)
+    with pytest.raises(CorruptChunkError, match=r"a.h5:ok: the chunk at \(4, 4, 4\) decodes to 128 bytes, but the "
+                                                r"metadata promise \(4, 4, 4\) uint8 = 64 bytes"):
+        volume.read_box((4, 4, 4), (2, 4, 4), np.empty((1, 2, 4, 4), np.uint8))

@@ -93,7 +93,8 @@ def test_bad_resolution_attribute(tmp_path):
     path = tmp_path / "res.h5"
     with h5py.File(path, "w") as f:
         f.create_dataset("raw", data=np.zeros((4, 4, 4), np.uint8)).attrs["resolution"] = (1.0, 2.0)
-    with pytest.raises(ValueError, match="resolution must be 3"):
+    with pytest.raises(ef.io.StoreMetadataError, match=r"res.h5:raw \(attributes\): malformed metadata: "
+                                                       r"resolution = \[1.0, 2.0\]; expected 3 numbers"):
         ef.hdf5(path, "raw")
 
 

@@ -20,7 +20,8 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 import h5py
 import numpy as np
 
-from ._source import DatasetNotFoundError, Stamp, VolumeSource, require_kind
+from ._metadata import parsing, voxel_metadata
+from ._source import CorruptChunkError, DatasetNotFoundError, Stamp, VolumeSource, checked_chunk, require_kind
 from ._volume import Volume
 
 _DIRECT_FILTERS = {h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_DEFLATE}
@@ -72,9 +73,9 @@ class Hdf5Source(VolumeSource):
         self.channels = self.full_shape[0] if len(self.full_shape) == 4 else 1
         self.dtype = np.dtype(node.dtype)
         self.chunks = tuple(int(c) for c in node.chunks[-3:]) if node.chunks is not None else None
-        attrs = node.attrs
-        self.resolution = attrs.get("resolution", attrs.get("voxel_size"))
-        self.offset = attrs.get("offset")
+        attrs = {key: node.attrs[key] for key in ("resolution", "voxel_size", "offset") if key in node.attrs}
+        with parsing(f"{self.name} (attributes)"):
+            self.resolution, self.offset = voxel_metadata(attrs, self.name, reversed_order=False)
         self._direct = _DirectChunkReader.for_dataset(node)
         self._opened_size = self._file_size()
 
@@ -252,12 +253,10 @@ class _DirectChunkReader:
                 try:
                     data = zlib.decompress(data, bufsize=expected)  # sized once: no growing copies
                 except zlib.error as exc:
-                    raise OSError(f"{name}: cannot decompress the chunk at {offset}: {exc}") from exc
+                    raise CorruptChunkError(f"{name}: cannot decompress the chunk at {offset}: {exc}") from exc
             elif itemsize > 1:  # shuffle: byte k of every element stored together; a no-op for 1-byte types
                 data = np.frombuffer(data, np.uint8).reshape(itemsize, -1).T.tobytes()
-        if len(data) != expected:
-            raise OSError(f"{name}: the chunk at {offset} decodes to {len(data)} bytes, expected {expected}")
-        return np.frombuffer(data, self._file_dtype)
+        return checked_chunk(data, self._file_dtype, self._chunks, f"{name}: the chunk at {offset}")
 
 
 def hdf5(path: Union[str, os.PathLike], dataset: str, *, in_memory: bool = True,

@@ -88,16 +88,28 @@ Triple = Tuple[float, float, float]
 
 def voxel_metadata(attrs: Mapping, name: str, reversed_order: bool) -> Tuple[Optional[Triple], Optional[Triple]]:
     """(resolution, offset) in (z, y, x) from gunpowder/funlib attributes or N5 ``pixelResolution``; None where
-    absent. ``reversed_order``: the container stores (x, y, z) (N5)."""
+    absent. ``reversed_order``: the container stores (x, y, z) (N5).
+
+    Raises
+    ------
+    StoreMetadataError
+        An attribute that is not 3 finite numbers, naming ``name``, the attribute and its value.
+    """
+    where = f"{name} (attributes)"
+
     def spatial(value, what):
         if value is None:
             return None
+        shown = value.tolist() if isinstance(value, np.ndarray) else value
         if isinstance(value, Mapping):  # pixelResolution as {"dimensions": [...], "unit": ...}
             value = value.get("dimensions")
         items = list(value) if isinstance(value, (list, tuple, np.ndarray)) else None
         if items is None or len(items) != 3:
-            raise ValueError(f"{name}: the {what} attribute must hold 3 numbers, got {value!r}")
-        return triple(items[::-1] if reversed_order else items, f"{name}: {what}", integer=False)
+            raise bad_metadata(where, what, shown, "3 numbers")
+        try:
+            return triple(items[::-1] if reversed_order else items, f"{name}: {what}", integer=False)
+        except ValueError:
+            raise bad_metadata(where, what, shown, "3 finite numbers") from None
 
     resolution = attrs.get("resolution", attrs.get("voxel_size"))
     what = "resolution" if "resolution" in attrs else "voxel_size"
