@@ -39,9 +39,11 @@ def checked_chunk(data, dtype: np.dtype, shape: Sequence[int], where: str, stamp
                   ) -> np.ndarray:
     """``data``, a chunk's decoded bytes, as an array of ``shape`` and ``dtype``, if it has exactly that many bytes.
 
-    Every format's decoded chunks pass through this one check, so a chunk that decodes to more or fewer bytes than
-    the metadata promises (a damaged store, another writer's chunk, a store replaced after it was opened) is an
-    error naming it (``where``), never data read from the wrong place.
+    The chunks emfast decodes itself (zarr's common layouts, N5, HDF5 shuffle/gzip) and the boxes tensorstore
+    returns pass through this one check, so a chunk that decodes to more or fewer bytes than the metadata promises
+    (a damaged store, another writer's chunk, a store replaced after it was opened) is an error naming it
+    (``where``), never data read from the wrong place. zarr-python refuses such chunks itself, and the zarr
+    source names the chunk.
 
     Raises
     ------
@@ -204,5 +206,4 @@ def plain(values):
     """A tuple of plain Python numbers (reprs show ``10``, not ``np.int64(10)``), or None."""
     if values is None:
         return None
-    return tuple(int(v) if float(v).is_integer() and not isinstance(v, (float, np.floating)) else float(v)
-                 for v in values)
+    return tuple(int(v) if isinstance(v, (int, np.integer)) else float(v) for v in values)
