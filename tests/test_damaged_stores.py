@@ -430,7 +430,8 @@ def test_a_fifo_named_h5_is_refused_by_open_info_and_check(tmp_path, fifos):
     """The field report: emfast.open, emfast info and emfast check blocked forever on a FIFO named *.h5."""
     fifo = fifos(tmp_path / "sample.h5")
     config = tmp_path / "train.yaml"
-    config.write_text("data:\n  samples:\n    - {file: sample.h5, raw: raw}\nloader: {patch: [4, 8, 8], batch_size: 2}\n")
+    config.write_text("data:\n  samples:\n    - {file: sample.h5, raw: raw}\n"
+                      "loader: {patch: [4, 8, 8], batch_size: 2}\n")
     script = (f"import emfast as ef, sys\nfrom emfast.cli import main\n"
               f"try:\n    ef.open({str(fifo)!r} + '/raw')\nexcept OSError as error:\n    print('open:', error)\n"
               f"print('info:', main(['info', {str(fifo)!r}]))\nprint('check:', main(['check', {str(config)!r}]))\n")

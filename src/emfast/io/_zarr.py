@@ -34,6 +34,8 @@ ARRAY_MARKERS = ("zarr.json", ".zarray")
 GROUP_MARKERS = ("zarr.json", ".zgroup")
 #: Every metadata file a zarr node may have.
 METADATA_FILES = ("zarr.json", ".zarray", ".zgroup", ".zattrs")
+#: Most chunks of a box that failed read one by one to name the culprit (bounds the time an error takes).
+_CHUNKS_TRIED_ALONE = 4096
 
 
 def zarr_missing() -> Optional[str]:
@@ -175,19 +177,20 @@ class ZarrSource(VolumeSource):
     def _unreadable(self, corner, extent, error: Exception) -> CorruptChunkError:
         """The error for a box zarr-python could not read, naming the first chunk that fails alone (zarr-python
         names none), or the range of chunks if each reads alone."""
+        why = ("the store's metadata changed since it was opened (it was replaced or rewritten): open it again"
+               if not self.stamp.unchanged() else "the store is corrupt or being written")
         ranges = [range(int(c) // k, (int(c) + int(e) - 1) // k + 1) for c, e, k in zip(corner, extent, self.chunks)]
-        for key in itertools.product(*ranges):
+        for key in itertools.islice(itertools.product(*ranges), _CHUNKS_TRIED_ALONE):
             start = [k * n for k, n in zip(key, self.chunks)]
             stop = [min(a + n, s) for a, n, s in zip(start, self.chunks, self.full_shape[-3:])]
             box = {a: slice(lo, hi) for a, lo, hi in zip("zyx", start, stop)}
             try:
                 self._array[tuple(0 if a == "t" else box.get(a, slice(None)) for a in self._take)]
             except Exception as alone:
-                return CorruptChunkError(f"{self.name}: cannot read chunk (z, y, x) = {key}: {alone}; the store "
-                                         "is corrupt or being written")
+                return CorruptChunkError(f"{self.name}: cannot read chunk (z, y, x) = {key}: {alone}; {why}")
         chunks = [f"{r.start}..{r.stop - 1}" for r in ranges]
         return CorruptChunkError(f"{self.name}: cannot read chunk(s) (z, y, x) = ({', '.join(chunks)}): {error}; "
-                                 "the store may be corrupt or being written")
+                                 f"{why}")
 
     def attributes(self) -> dict:
         return dict(self._array.attrs)
@@ -199,9 +202,10 @@ class ZarrSource(VolumeSource):
 def refuse_special_metadata(store: Path, dataset: str) -> None:
     """Refuse a metadata file on the way from the store to ``dataset`` that is not a regular file (a FIFO would
     block zarr-python's read forever), before zarr-python opens any."""
-    directory = store
-    for part in [""] + [p for p in dataset.split("/") if p]:
-        directory = directory / part if part else directory
+    directories = [store]
+    for part in (p for p in dataset.split("/") if p):
+        directories.append(directories[-1] / part)
+    for directory in directories:
         for marker in METADATA_FILES:
             require_kind(directory / marker, "file", "zarr metadata")
 
