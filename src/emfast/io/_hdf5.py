@@ -283,9 +283,13 @@ def hdf5(path: Union[str, os.PathLike], dataset: str, *, in_memory: bool = True,
     Raises
     ------
     FileNotFoundError, IsADirectoryError, OSError
-        The path is missing, is a directory, or is not an HDF5 file.
+        The path is missing, is a directory or another non-regular file (a FIFO is refused, never opened), or
+        is not an HDF5 file; a virtual dataset's source file is missing.
     DatasetNotFoundError
-        No dataset of that name; the message lists the datasets the file has.
+        No dataset of that name (the message lists the datasets the file has), or a virtual dataset's source
+        file lacks its dataset.
+    StoreMetadataError
+        A ``resolution``, ``voxel_size`` or ``offset`` attribute that is not 3 finite numbers.
     TypeError, ValueError
         Unsupported dtype, or not 3-D/4-D; a ``cache_bytes`` that is not a positive integer, is smaller than
         one cache block, or is given with ``in_memory=True``.
