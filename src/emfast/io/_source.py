@@ -93,8 +93,9 @@ def require_kind(path: Path, expected: str, what: str) -> None:
 
 def read_regular_file(path: Path, what: str) -> Optional[bytes]:
     """The bytes of the regular file ``path``, or None if there is none; anything else (a directory, a FIFO, a
-    device) is refused. Opened non-blocking, so a FIFO cannot block, and checked through the open descriptor, so
-    a file swapped in between cannot slip through."""
+    device) is refused. Checked by stat before it is opened, so a FIFO is never opened; opened non-blocking and
+    checked again through the descriptor, so a FIFO swapped in between can neither block nor slip through."""
+    require_kind(path, "file", what)
     try:
         descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
