@@ -4,6 +4,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import struct
 import sys
 import threading
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 import emfast as ef
-from emfast.io import DatasetNotFoundError, tensorstore_missing, zarr_missing
+from emfast.io import CorruptChunkError, DatasetNotFoundError, StoreMetadataError, tensorstore_missing, zarr_missing
 
 zarr = pytest.importorskip("zarr", reason="zarr is not installed (pip install 'emfast[zarr]')")
 needs_tensorstore = pytest.mark.skipif(tensorstore_missing() is not None, reason=str(tensorstore_missing()))
@@ -270,8 +271,8 @@ def test_bad_stores_fail_clearly(tmp_path, raw):
     meta = json.loads((tmp_path / "c.zarr/raw/.zarray").read_text())
     meta["compressor"] = {"id": "nosuchcodec"}
     (tmp_path / "c.zarr/raw/.zarray").write_text(json.dumps(meta))
-    with pytest.raises(OSError, match="nosuchcodec"):
-        ef.open(tmp_path / "c.zarr/raw").array
+    with pytest.raises(StoreMetadataError, match="c.zarr:raw: malformed metadata in .*nosuchcodec"):
+        ef.open(tmp_path / "c.zarr/raw")
     # a corrupt chunk: the error names the store and the chunk
     write_zarr(tmp_path / "k.zarr", "raw", raw)
     chunk = tmp_path / "k.zarr/raw/c/1/1/0"
@@ -280,14 +281,15 @@ def test_bad_stores_fail_clearly(tmp_path, raw):
     with pytest.raises(OSError, match="k.zarr:raw: cannot decode chunk c/1/1/0"):  # emfast's own decoding
         volume.read_box((8, 16, 0), (8, 16, 16), np.empty((1, 8, 16, 16), np.uint8))
     source = volume._reader
-    with pytest.raises(OSError, match=r"k.zarr:raw: cannot read chunk\(s\) \(z, y, x\) = \(0..1, 0..1, 0..0\)"):
+    with pytest.raises(CorruptChunkError, match=r"k.zarr:raw: cannot read chunk \(z, y, x\) = \(1, 1, 0\)"):
         source.read((4, 4, 0), (8, 16, 8), np.empty((1, 8, 16, 8), np.uint8))  # not one chunk: zarr-python
     # inconsistent metadata
     write_n5(tmp_path / "bad.n5", "raw", raw, CHUNKS)
     meta = json.loads((tmp_path / "bad.n5/raw/attributes.json").read_text())
     meta["blockSize"] = [16, 16]
     (tmp_path / "bad.n5/raw/attributes.json").write_text(json.dumps(meta))
-    with pytest.raises(ValueError, match="inconsistent metadata"):
+    with pytest.raises(StoreMetadataError, match=r"bad.n5:raw \(attributes.json\): malformed metadata: blockSize = "
+                                                  r"\[16, 16\]; expected a list of 3 integers >= 1"):
         ef.open(tmp_path / "bad.n5/raw")
     root = zarr.open_group(str(tmp_path / "o.zarr"), mode="w")
     root.create_array("0", shape=SHAPE, chunks=CHUNKS, dtype=np.uint8)
@@ -408,3 +410,26 @@ def test_convert_hdf5_to_zarr_resumes_byte_identical_and_never_clobbers(tmp_path
     assert main(["convert", str(tmp_path / "whole.zarr/raw"), str(tmp_path / "whole.zarr/copy")]) == 2
     assert "inside the source" in capsys.readouterr().err
     assert tree_digest(tmp_path / "in.h5") == source_before
+
+
+def test_emfast_info_names_a_missing_dataset_and_what_is_there(tmp_path, raw, capsys):
+    """`emfast info file.h5/wrong/path` used to list the whole file and exit 0; for zarr it printed 'volumes/rwa'.
+    Now every format says the path does not exist, lists the members of its deepest existing group, exits 2."""
+    from emfast.cli import main
+    with h5py.File(tmp_path / "a.h5", "w") as file:
+        file["volumes/raw"] = raw
+        file["volumes/labels"] = raw
+    write_zarr(tmp_path / "s.zarr", "volumes/raw", raw)
+    write_zarr(tmp_path / "s.zarr", "volumes/labels", raw)
+    write_n5(tmp_path / "n.n5", "volumes/raw", raw, CHUNKS)
+    cases = [("a.h5/wrong/path", r"a.h5 has no dataset or group 'wrong/path'; the root holds: volumes"),
+             ("a.h5/volumes/rwa", r"a.h5 has no dataset or group 'volumes/rwa'; 'volumes' holds: labels, raw"),
+             ("s.zarr/volumes/rwa", r"s.zarr has no dataset or group 'volumes/rwa'; 'volumes' holds: labels, raw"),
+             ("n.n5/volumes/rwa", r"n.n5 has no dataset or group 'volumes/rwa'; 'volumes' holds: raw")]
+    for path, message in cases:
+        assert main(["info", str(tmp_path / path)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and re.search(r"emfast: error: .*" + message, captured.err), captured.err
+    assert main(["info", str(tmp_path / "a.h5/volumes/raw")]) == 0
+    out = capsys.readouterr().out
+    assert "volumes/raw: shape=(20, 40, 36)" in out and "labels" not in out

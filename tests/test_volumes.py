@@ -93,7 +93,8 @@ def test_bad_resolution_attribute(tmp_path):
     path = tmp_path / "res.h5"
     with h5py.File(path, "w") as f:
         f.create_dataset("raw", data=np.zeros((4, 4, 4), np.uint8)).attrs["resolution"] = (1.0, 2.0)
-    with pytest.raises(ValueError, match="resolution must be 3"):
+    with pytest.raises(ef.io.StoreMetadataError, match=r"res.h5:raw \(attributes\): malformed metadata: "
+                                                       r"resolution = \[1.0, 2.0\]; expected 3 numbers"):
         ef.hdf5(path, "raw")
 
 
@@ -165,3 +166,49 @@ def test_source_records_the_file_as_opened(small_h5):
             assert (source.size, source.mtime_ns) == (path.stat().st_size, path.stat().st_mtime_ns)
             assert source.unchanged()
     assert ef.Volume.from_array(np.zeros((2, 2, 2), np.uint8)).source is None
+
+
+def test_np_asarray_of_a_volume_is_its_data(small_h5, monkeypatch):
+    """np.asarray(volume) used to give a 0-d object array. In memory it is the array itself (a copy only when
+    asked); lazily it reads the whole volume below a size limit and refuses above it, naming the size."""
+    path, raw, _ = small_h5
+    volume = ef.hdf5(path, "volumes/raw")
+    data = np.asarray(volume)
+    assert data.shape == (1,) + raw.shape and np.shares_memory(data, volume.array)
+    np.testing.assert_array_equal(data[0], raw)
+    assert not np.shares_memory(np.array(volume, copy=True), volume.array)
+    assert np.asarray(volume, dtype=np.float32).dtype == np.float32
+    with pytest.raises(ValueError, match="needs a copy"):
+        np.asarray(volume, dtype=np.float32, copy=False)
+    lazy = ef.hdf5(path, "volumes/raw", in_memory=False)
+    np.testing.assert_array_equal(np.asarray(lazy)[0], raw)
+    with pytest.raises(ValueError, match="read lazily: np.asarray\\(copy=False\\) cannot give it without a copy"):
+        np.asarray(lazy, copy=False)
+    monkeypatch.setattr(ef.io._volume, "ASARRAY_LIMIT_BYTES", raw.nbytes - 1)
+    with pytest.raises(ValueError, match=r"volumes/raw: np.asarray would read the whole lazy volume, .* GiB, more "
+                                         r"than the .* GiB limit; read the part you need with volume.read_box"):
+        np.asarray(lazy)
+
+
+class _NumpyIntSource(ef.io.VolumeSource):
+    """A source whose sizes are NumPy integers, as h5py and NumPy arithmetic hand them out."""
+
+    def __init__(self):
+        self.name, self.dtype = "numpy-ints", np.dtype(np.uint8)
+        self.full_shape = tuple(np.int64(s) for s in (10, 12, 14))
+        self.chunks = tuple(np.int64(c) for c in (5, 6, 7))
+        self.stamp = None
+
+    def read(self, corner, extent, out):
+        out[...] = 1
+
+
+def test_reprs_show_plain_numbers(small_h5):
+    source = _NumpyIntSource()
+    assert repr(source) == "_NumpyIntSource('numpy-ints', shape=(10, 12, 14), dtype=uint8, chunks=(5, 6, 7))"
+    volume = ef.Volume.open(source, in_memory=False)
+    assert repr(volume.chunks) == "(5, 6, 7)" and "np." not in repr(volume)
+    path, _, _ = small_h5
+    with ef.hdf5(path, "volumes/raw", in_memory=False) as lazy:
+        assert repr(lazy._reader) == f"Hdf5Source('{path}:volumes/raw', shape=(20, 48, 40), dtype=uint8, " \
+                                     "chunks=(4, 16, 16))"

@@ -5,6 +5,7 @@ compares emfast with NumPy, PyTorch and the memory-bandwidth floor (see :mod:`em
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import traceback
@@ -18,12 +19,14 @@ from . import bench as _bench
 from . import config as _config
 from ._machine import cores
 from .augment import Intensity, Mirror, Transpose
-from .io import LABELS_DATASET, RAW_DATASET, demo_volume_path, hdf5, open_hdf5, open_volume, split_path
+from .io import (LABELS_DATASET, RAW_DATASET, DatasetNotFoundError, demo_volume_path, hdf5, open_hdf5, open_volume,
+                 split_path)
 from .io._convert import COMPRESSORS, progress_bar
 from .io._convert import convert as convert_volume
 from .io._n5 import list_n5_datasets
 from .io._open import detect
-from .io._zarr import list_arrays
+from .io._source import read_regular_file
+from .io._zarr import list_arrays, refuse_special_metadata
 from .pipeline import Loader
 
 #: Seconds between progress-bar redraws.
@@ -163,6 +166,11 @@ def info(args: argparse.Namespace) -> int:
     if (kind or detect(container)) != "hdf5":
         return _store_info(args.file)
     with open_hdf5(container) as file:
+        top = file
+        if inner:
+            top = file.get(inner)
+            if top is None:
+                raise _not_found(container, inner, lambda group: _hdf5_members(file, group))
         print(f"{args.file}" + (f"  [{_format_attrs(file.attrs)}]" if len(file.attrs) else ""))
         rows = []
 
@@ -173,16 +181,61 @@ def info(args: argparse.Namespace) -> int:
                 rows.append(f"  {name}: shape={node.shape} dtype={node.dtype} chunks={node.chunks}"
                             f"{compression}{attrs}")
 
-        file.visititems(visit)
+        if isinstance(top, h5py.Dataset):
+            visit(inner, top)
+        else:
+            top.visititems(lambda name, node: visit(f"{inner}/{name}" if inner else name, node))
         print("\n".join(rows) if rows else "  (no datasets)")
     return 0
+
+
+def _not_found(container, inner: str, members) -> DatasetNotFoundError:
+    """The error for ``emfast info container/inner`` where ``inner`` does not exist: it names the deepest group
+    on the way that does, and what that group holds (``members(group)``: None where ``group`` is no group)."""
+    parts = [p for p in inner.split("/") if p]
+    for depth in range(len(parts) - 1, -1, -1):
+        parent = "/".join(parts[:depth])
+        found = members(parent)
+        if found is not None:
+            where = f"{parent!r}" if parent else "the root"
+            return DatasetNotFoundError(f"{container} has no dataset or group {inner!r}; {where} holds: "
+                                        f"{', '.join(found) or 'nothing'}")
+    return DatasetNotFoundError(f"{container} has no dataset or group {inner!r}")
+
+
+def _hdf5_members(file: h5py.File, group: str):
+    node = file.get(group) if group else file
+    return sorted(node.keys()) if isinstance(node, h5py.Group) else None
+
+
+def _zarr_members(root, group: str):
+    import zarr
+    try:
+        node = root[group] if group else root
+    except KeyError:
+        return None
+    return sorted(name for name, _ in node.members()) if isinstance(node, zarr.Group) else None
+
+
+def _n5_members(container, group: str):
+    directory = container / group
+    if not directory.is_dir() or "dimensions" in _n5_attributes(directory):
+        return None
+    return sorted(d.name for d in directory.iterdir() if (d / "attributes.json").is_file())
+
+
+def _n5_attributes(directory) -> dict:
+    try:
+        return json.loads(read_regular_file(directory / "attributes.json", "attributes.json") or b"{}")
+    except (OSError, ValueError):
+        return {}
 
 
 def _store_info(path: str) -> int:
     """zarr, N5 or precomputed: every array (or the one named) with shape, dtype, chunks and metadata."""
     container, inner, _ = split_path(path)
-    print(path)
     names = _store_arrays(container, inner)
+    print(path)
     for name in names:
         with open_volume(container, name, in_memory=False) as volume:
             channels = f" channels={volume.channels}" if volume.channels > 1 else ""
@@ -199,11 +252,17 @@ def _store_arrays(container, inner: str) -> List[str]:
     if kind == "precomputed":
         return [""]
     if kind == "n5":
+        if inner and not (container / inner / "attributes.json").is_file():
+            raise _not_found(container, inner, lambda group: _n5_members(container, group))
         names = list_n5_datasets(container / inner)
     else:
         import zarr
-        node = zarr.open(store=str(container), mode="r")
-        node = node[inner] if inner else node
+        refuse_special_metadata(container, inner)
+        root = zarr.open(store=str(container), mode="r")
+        try:
+            node = root[inner] if inner else root
+        except KeyError:
+            raise _not_found(container, inner, lambda group: _zarr_members(root, group)) from None
         if isinstance(node, zarr.Array) or "multiscales" in node.attrs.get("ome", node.attrs):
             return [inner]
         names = list_arrays(node)

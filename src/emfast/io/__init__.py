@@ -13,13 +13,15 @@ from ._hdf5 import Hdf5Source, hdf5, list_datasets, open_hdf5
 from ._n5 import N5Source
 from ._open import open_source, open_volume, split_path
 from ._precomputed import PrecomputedSource, tensorstore_missing
-from ._source import DatasetNotFoundError, Stamp, VolumeSource
-from ._volume import Volume, as_volume
+from ._source import CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource
+from ._volume import ASARRAY_LIMIT_BYTES, Volume, VolumeTooLargeError, as_volume
 from ._zarr import ZarrSource, import_zarr, zarr_missing
 
 __all__ = [
+    "ASARRAY_LIMIT_BYTES",
     "COMPRESSORS",
     "ConvertError",
+    "CorruptChunkError",
     "LABELS_DATASET",
     "RAW_DATASET",
     "CacheStats",
@@ -28,9 +30,11 @@ __all__ = [
     "N5Source",
     "PrecomputedSource",
     "Stamp",
+    "StoreMetadataError",
     "Volume",
     "VolumeSource",
     "VolumeStatistics",
+    "VolumeTooLargeError",
     "ZarrSource",
     "as_volume",
     "convert",

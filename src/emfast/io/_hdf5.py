@@ -5,18 +5,23 @@ Chunked datasets whose filters are at most shuffle and deflate (gzip) are read c
 read, and ``zlib`` decompresses with the GIL released, so several producer threads decode in parallel. Any other
 read (contiguous datasets, other filters, chunks never written, which read as the fill value, boxes that are not
 one chunk) goes through ``Dataset.read_direct``, which HDF5 serialises.
+
+A virtual dataset (VDS) is read only if every source file exists and holds its dataset, checked when it is
+opened, and each source a lazy read touches is checked to still exist: HDF5 itself reads a missing source as
+the fill value. Only regular files are opened: a FIFO named ``*.h5`` is refused, never opened (it would block).
 """
 from __future__ import annotations
 
 import os
 import zlib
 from pathlib import Path
-from typing import Optional, Sequence, Tuple, Union
+from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import h5py
 import numpy as np
 
-from ._source import DatasetNotFoundError, Stamp, VolumeSource
+from ._metadata import parsing, voxel_metadata
+from ._source import CorruptChunkError, DatasetNotFoundError, Stamp, VolumeSource, checked_chunk, require_kind
 from ._volume import Volume
 
 _DIRECT_FILTERS = {h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_DEFLATE}
@@ -27,6 +32,7 @@ def open_hdf5(path: Union[str, os.PathLike]) -> h5py.File:
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a directory, not an HDF5 file")
+    require_kind(path, "file", "an HDF5 file")  # before HDF5 opens it: a FIFO would block forever
     if not path.exists():
         raise FileNotFoundError(f"HDF5 file not found: {path}")
     try:
@@ -58,6 +64,7 @@ class Hdf5Source(VolumeSource):
                 raise ValueError(f"{self.name} is a group, not a dataset; datasets in the file: "
                                  f"{', '.join(list_datasets(file))}")
             self.stamp = Stamp.of(path, dataset)
+            self._sources = _virtual_sources(Path(path), node, self.name) if node.is_virtual else []
         except BaseException:
             file.close()
             raise
@@ -66,9 +73,9 @@ class Hdf5Source(VolumeSource):
         self.channels = self.full_shape[0] if len(self.full_shape) == 4 else 1
         self.dtype = np.dtype(node.dtype)
         self.chunks = tuple(int(c) for c in node.chunks[-3:]) if node.chunks is not None else None
-        attrs = node.attrs
-        self.resolution = attrs.get("resolution", attrs.get("voxel_size"))
-        self.offset = attrs.get("offset")
+        attrs = {key: node.attrs[key] for key in ("resolution", "voxel_size", "offset") if key in node.attrs}
+        with parsing(f"{self.name} (attributes)"):
+            self.resolution, self.offset = voxel_metadata(attrs, self.name, reversed_order=False)
         self._direct = _DirectChunkReader.for_dataset(node)
         self._opened_size = self._file_size()
 
@@ -78,6 +85,7 @@ class Hdf5Source(VolumeSource):
             c % k == 0 and e == min(k, s - c) for c, e, k, s in zip(corner, extent, self.chunks, self.full_shape[-3:]))
         if one_chunk or self.chunks is None:
             self._check_stored(corner)
+        self._check_sources_remain(corner, extent)
         if one_chunk and self._direct is not None and self._direct.read(self._dataset, corner, out, self.name):
             return
         box = tuple(slice(c, c + e) for c, e in zip(corner, extent))
@@ -98,6 +106,15 @@ class Hdf5Source(VolumeSource):
 
     def close(self) -> None:
         self._file.close()
+
+    def _check_sources_remain(self, corner: Tuple[int, ...], extent: Tuple[int, ...]) -> None:
+        """Refuse a box of a virtual dataset that maps onto a source file removed since the volume was opened:
+        HDF5 would read its part as the fill value, silently. One stat per source the box overlaps."""
+        for source in self._sources:
+            if source.overlaps(corner, extent) and not source.file.is_file():
+                raise FileNotFoundError(f"{self.name}: the virtual dataset's source file {source.file} (dataset "
+                                        f"{source.dataset!r}) for the box at (z, y, x) = {corner} is gone; HDF5 "
+                                        "would read that part as fill values")
 
     def _file_size(self) -> Optional[int]:
         """The file's size now (None where it cannot be told: another HDF5 driver, or a removed path)."""
@@ -134,6 +151,59 @@ class Hdf5Source(VolumeSource):
                 raise OSError(f"{self.name}: the block at {where} is stored at bytes "
                               f"{offset}-{offset + length} but the file now has {size} bytes: it was truncated "
                               "or is being rewritten")
+
+
+class _VirtualSource(NamedTuple):
+    """Where one source of an HDF5 virtual dataset lies: its file, dataset, and the (z, y, x) voxels it fills."""
+
+    file: Path
+    dataset: str
+    first: Tuple[int, ...]
+    last: Tuple[int, ...]
+
+    def overlaps(self, corner: Tuple[int, ...], extent: Tuple[int, ...]) -> bool:
+        return all(f <= c + e - 1 and c <= l for f, l, c, e in zip(self.first, self.last, corner, extent))
+
+
+def _virtual_sources(path: Path, dataset: h5py.Dataset, name: str) -> List[_VirtualSource]:
+    """The sources of a virtual dataset, each checked to exist and hold its dataset: HDF5 reads a missing source
+    as the fill value, silently. A relative source file name is looked up as HDF5 does: under
+    ``$HDF5_VDS_PREFIX``, beside the virtual dataset's file, then from the working directory.
+
+    Raises
+    ------
+    FileNotFoundError
+        A source file is missing (or not a regular file), naming it and the virtual dataset.
+    DatasetNotFoundError
+        A source file lacks the dataset the mapping names.
+    """
+    sources = []
+    for mapping in dataset.virtual_sources():
+        file = path if mapping.file_name == "." else _source_file(path, mapping.file_name)
+        if file is None:
+            raise FileNotFoundError(f"{name}: the virtual dataset's source file {mapping.file_name!r} (dataset "
+                                    f"{mapping.dset_name!r}) does not exist beside {path} or as given; HDF5 would "
+                                    "read its part as fill values")
+        with open_hdf5(file) as source:
+            if not isinstance(source.get(mapping.dset_name), h5py.Dataset):
+                raise DatasetNotFoundError(f"{name}: the virtual dataset's source file {file} has no dataset "
+                                           f"{mapping.dset_name!r}; HDF5 would read its part as fill values")
+        first, last = mapping.vspace.get_select_bounds()
+        sources.append(_VirtualSource(file, mapping.dset_name, tuple(first[-3:]), tuple(last[-3:])))
+    return sources
+
+
+def _source_file(vds: Path, file_name: str) -> Optional[Path]:
+    """The existing regular file a virtual dataset's source ``file_name`` refers to, or None."""
+    given = Path(file_name)
+    prefix = os.environ.get("HDF5_VDS_PREFIX")
+    candidates = [given] if given.is_absolute() else (
+        ([Path(prefix) / given] if prefix else []) + [vds.parent / given, given])
+    for candidate in candidates:
+        require_kind(candidate, "file", "a virtual dataset's source")
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 class _DirectChunkReader:
@@ -183,12 +253,10 @@ class _DirectChunkReader:
                 try:
                     data = zlib.decompress(data, bufsize=expected)  # sized once: no growing copies
                 except zlib.error as exc:
-                    raise OSError(f"{name}: cannot decompress the chunk at {offset}: {exc}") from exc
+                    raise CorruptChunkError(f"{name}: cannot decompress the chunk at {offset}: {exc}") from exc
             elif itemsize > 1:  # shuffle: byte k of every element stored together; a no-op for 1-byte types
                 data = np.frombuffer(data, np.uint8).reshape(itemsize, -1).T.tobytes()
-        if len(data) != expected:
-            raise OSError(f"{name}: the chunk at {offset} decodes to {len(data)} bytes, expected {expected}")
-        return np.frombuffer(data, self._file_dtype)
+        return checked_chunk(data, self._file_dtype, self._chunks, f"{name}: the chunk at {offset}")
 
 
 def hdf5(path: Union[str, os.PathLike], dataset: str, *, in_memory: bool = True,
@@ -215,9 +283,13 @@ def hdf5(path: Union[str, os.PathLike], dataset: str, *, in_memory: bool = True,
     Raises
     ------
     FileNotFoundError, IsADirectoryError, OSError
-        The path is missing, is a directory, or is not an HDF5 file.
+        The path is missing, is a directory or another non-regular file (a FIFO is refused, never opened), or
+        is not an HDF5 file; a virtual dataset's source file is missing.
     DatasetNotFoundError
-        No dataset of that name; the message lists the datasets the file has.
+        No dataset of that name (the message lists the datasets the file has), or a virtual dataset's source
+        file lacks its dataset.
+    StoreMetadataError
+        A ``resolution``, ``voxel_size`` or ``offset`` attribute that is not 3 finite numbers.
     TypeError, ValueError
         Unsupported dtype, or not 3-D/4-D; a ``cache_bytes`` that is not a positive integer, is smaller than
         one cache block, or is given with ``in_memory=True``.

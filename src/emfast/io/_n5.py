@@ -6,7 +6,13 @@ specification (https://github.com/saalfeldlab/n5): a container directory whose r
 ``compression`` (all in N5's (x, y, z) order); one file per block at ``dataset/ix/iy/iz`` that starts with a
 big-endian header (mode uint16, ndim uint16, the block's size per dimension uint32, and for mode 1 the number of
 elements uint32) followed by the compressed big-endian elements, x varying fastest. A block that was never
-written is absent and reads as 0 (N5 has no fill value). Blocks at the volume's far edges may be smaller.
+written is absent and reads as 0 (N5 has no fill value). Blocks at the volume's far edges may be clipped to the
+volume (N5-Java) or whole (tensorstore), never larger.
+
+Every block is checked against the dataset's attributes, which are checked first (``dimensions``, positive
+``blockSize`` of the same length, a known ``dataType`` and ``compression``): a header of another size, another
+number of dimensions or a non-array mode, or data that decompresses to other than the header's size times the
+element size, is a :class:`~emfast.io._source.CorruptChunkError` naming the block.
 
 Codecs: raw, gzip and zlib, bzip2 and xz from the standard library, which decompress outside the GIL; blosc,
 zstd and lz4 through numcodecs (``emfast[zarr]``).
@@ -24,8 +30,9 @@ from typing import Sequence, Union
 
 import numpy as np
 
-from ._metadata import voxel_metadata
-from ._source import DatasetNotFoundError, Stamp, VolumeSource
+from ._metadata import bad_metadata, int_list, metadata_key, parsing, voxel_metadata
+from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource,
+                      checked_chunk, read_regular_file, require_kind)
 
 #: Attributes that describe the N5 layout itself, not the data.
 _STRUCTURE = {"dimensions", "blockSize", "dataType", "compression", "compressionType", "resolution", "offset",
@@ -48,11 +55,25 @@ def list_n5_datasets(root: Path) -> list[str]:
     found = []
     for attributes in sorted(root.rglob("attributes.json")):
         try:
-            if "dimensions" in json.loads(attributes.read_text()):
+            if "dimensions" in json.loads(read_regular_file(attributes, "attributes.json") or b"{}"):
                 found.append(attributes.parent.relative_to(root).as_posix())
         except (OSError, ValueError):
             continue
     return found
+
+
+def _read_attributes(path: Path, where: str):
+    """A dataset's or group's attributes.json as a dict, or None if there is none."""
+    text = read_regular_file(path, "an N5 attributes.json")
+    if text is None:
+        return None
+    try:
+        meta = json.loads(text)
+    except ValueError as error:
+        raise StoreMetadataError(f"{where}: malformed metadata: not JSON ({error})") from error
+    if not isinstance(meta, dict):
+        raise bad_metadata(where, "the attributes", meta, "a JSON object")
+    return meta
 
 
 class N5Source(VolumeSource):
@@ -63,35 +84,34 @@ class N5Source(VolumeSource):
         root = Path(path)
         dataset = dataset.strip("/")
         self.name = f"{root}:{dataset}"
+        require_kind(root, "directory", "an N5 container")
         if not root.is_dir():
             raise FileNotFoundError(f"N5 container not found: {root}")
         attributes = root / dataset / "attributes.json"
-        try:
-            meta = json.loads(attributes.read_text())
-        except FileNotFoundError:
+        meta = _read_attributes(attributes, f"{self.name} (attributes.json)")
+        if meta is None:
             raise DatasetNotFoundError(f"dataset {dataset!r} not found in {root}; datasets there: "
-                                       f"{', '.join(list_n5_datasets(root)) or 'none'}") from None
-        except (OSError, ValueError) as error:
-            raise OSError(f"{self.name}: cannot read {attributes}: {error}") from error
+                                       f"{', '.join(list_n5_datasets(root)) or 'none'}")
         if "dimensions" not in meta:
             raise DatasetNotFoundError(f"{self.name} is a group, not a dataset; datasets there: "
                                        f"{', '.join(list_n5_datasets(root / dataset)) or 'none'}")
-        dimensions, block = meta.get("dimensions"), meta.get("blockSize")
-        if not isinstance(dimensions, list) or not isinstance(block, list) or len(dimensions) != len(block) \
-                or len(dimensions) not in (3, 4):
-            raise ValueError(f"{self.name}: inconsistent metadata: dimensions {dimensions!r} and blockSize "
-                             f"{block!r} must be lists of 3 (x, y, z) or 4 (x, y, z, c) sizes")
-        if meta.get("dataType") not in _DTYPES:
-            raise TypeError(f"{self.name}: unsupported N5 dataType {meta.get('dataType')!r}")
-        self._stored = _DTYPES[meta["dataType"]]
+        where = f"{self.name} (attributes.json)"
+        dimensions = int_list(meta["dimensions"], "dimensions", where, minimum=0, lengths=(3, 4))
+        block = int_list(metadata_key(meta, "blockSize", where), "blockSize", where, minimum=1,
+                         length=len(dimensions))
+        data_type = metadata_key(meta, "dataType", where)
+        if not isinstance(data_type, str) or data_type not in _DTYPES:
+            raise bad_metadata(where, "dataType", data_type, f"one of {', '.join(_DTYPES)}")
+        self._stored = _DTYPES[data_type]
         self.dtype = self._stored
-        self.full_shape = tuple(int(d) for d in reversed(dimensions))
-        self._block = tuple(int(b) for b in reversed(block))
+        self.full_shape = tuple(reversed(dimensions))
+        self._block = tuple(reversed(block))
         self.chunks = self._block[-3:]
-        self._decode = _decoder(meta.get("compression", {"type": meta.get("compressionType", "raw")}), self.name)
+        self._decode = _decoder(meta.get("compression", {"type": meta.get("compressionType", "raw")}), where)
         self._directory = root / dataset
         self._root, self._dataset = root, dataset
-        self.resolution, self.offset = voxel_metadata(meta, self.name, reversed_order=True)
+        with parsing(where):
+            self.resolution, self.offset = voxel_metadata(meta, self.name, reversed_order=True)
         self.stamp = Stamp.of(root, dataset, attributes)
         self._attributes = {k: v for k, v in meta.items() if k not in _STRUCTURE}
 
@@ -119,27 +139,49 @@ class N5Source(VolumeSource):
                 target[into] = block[((slice(None),) if lead else ()) + take]
 
     def _block_data(self, key) -> np.ndarray:
-        """Block ``key`` ((c,) z, y, x block indices) as an array of its stored size, or None if never written."""
+        """Block ``key`` ((c,) z, y, x block indices) as an array of its stored size, or None if never written.
+
+        The header must describe this block as the dataset's attributes do: the clipped size at the far edges
+        (N5-Java writes that), or the full blockSize (tensorstore writes edge blocks whole), and never more."""
         path = self._directory.joinpath(*(str(k) for k in reversed(key)))
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
+        data = read_regular_file(path, "an N5 block")
+        if data is None:
             return None
         where = f"{self.name}: block {'/'.join(str(k) for k in reversed(key))}"
+        clipped = tuple(min(b, s - k * b) for k, b, s in zip(key, self._block, self.full_shape))
+        shape, start = self._header(data, clipped, where)
+        count = int(np.prod(shape))
         try:
-            mode, ndim = struct.unpack(">HH", data[:4])
-            sizes = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
-            start = 4 + 4 * ndim + (4 if mode == 1 else 0)
-            if mode not in (0, 1) or ndim != len(self.full_shape):
-                raise ValueError(f"unsupported block header (mode {mode}, {ndim} dimensions)")
-            shape = tuple(reversed(sizes))
-            count = int(np.prod(shape))
             raw = self._decode(data[start:], count * self._stored.itemsize)
-            if len(raw) < count * self._stored.itemsize:
-                raise ValueError(f"{len(raw)} bytes decoded, {count * self._stored.itemsize} expected")
-            return np.frombuffer(raw, self._stored, count).reshape(shape)
-        except (ValueError, struct.error, OSError, EOFError, zlib.error, lzma.LZMAError) as error:
-            raise OSError(f"{where} is corrupt: {error}") from error
+        except Exception as error:  # each codec raises its own types for corrupt input
+            raise CorruptChunkError(f"{where} is corrupt: cannot decompress it ({error})") from error
+        return checked_chunk(raw, self._stored, shape, where, self.stamp)
+
+    def _header(self, data: bytes, clipped, where: str):
+        """(block shape, (c,) z, y, x; offset of the data) from a block's header, checked against the dataset."""
+        ndim = len(self.full_shape)
+        if len(data) < 4:
+            raise CorruptChunkError(f"{where} is corrupt: {len(data)} bytes, shorter than a block header")
+        mode, stored_ndim = struct.unpack(">HH", data[:4])
+        if mode not in (0, 1):
+            raise CorruptChunkError(f"{where}: block mode {mode} is not an array block (0 default, 1 varlength)")
+        if stored_ndim != ndim:
+            raise CorruptChunkError(f"{where}: the header has {stored_ndim} dimensions, the dataset {ndim}")
+        start = 4 + 4 * ndim + (4 if mode == 1 else 0)
+        if len(data) < start:
+            raise CorruptChunkError(f"{where} is corrupt: {len(data)} bytes, shorter than its header")
+        shape = tuple(reversed(struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])))
+        if shape not in (clipped, self._block):
+            raise CorruptChunkError(
+                f"{where}: the header gives size {list(reversed(shape))} (x, y, z), but the attributes (dimensions "
+                f"{list(reversed(self.full_shape))}, blockSize {list(reversed(self._block))}) make it "
+                f"{list(reversed(clipped))}; the block is corrupt or belongs to another dataset")
+        if mode == 1:
+            (elements,) = struct.unpack(">I", data[start - 4:start])
+            if elements != int(np.prod(shape)):
+                raise CorruptChunkError(f"{where}: a varlength header with {elements} elements for a block of "
+                                        f"size {list(reversed(shape))}")
+        return shape, start
 
     def attributes(self) -> dict:
         return dict(self._attributes)
@@ -150,11 +192,12 @@ class N5Source(VolumeSource):
 
 def _decoder(compression, name: str):
     """A function (compressed bytes, expected size) -> bytes for an N5 ``compression`` entry."""
-    kind = compression.get("type") if isinstance(compression, dict) else None
+    kind = compression.get("type") if isinstance(compression, dict) else compression
     if kind == "raw":
         return lambda data, size: data
     if kind in ("gzip", "zlib"):
-        wbits = 47 if kind == "gzip" and compression.get("useZlib") is not True else 15  # 47: gzip or zlib header
+        zlib_header = isinstance(compression, dict) and compression.get("useZlib") is True
+        wbits = 47 if kind == "gzip" and not zlib_header else 15  # 47: gzip or zlib header
         return lambda data, size: zlib.decompress(data, wbits, size)
     if kind == "bzip2":
         return lambda data, size: bz2.decompress(data)
@@ -168,5 +211,5 @@ def _decoder(compression, name: str):
                               "pip install 'emfast[zarr]'") from None
         codec = {"blosc": numcodecs.Blosc, "zstd": numcodecs.Zstd, "lz4": numcodecs.LZ4}[kind]()
         return lambda data, size: codec.decode(data)
-    raise ValueError(f"{name}: unsupported N5 compression {compression!r}; supported: raw, gzip, zlib, bzip2, xz, "
-                     "blosc, zstd, lz4")
+    raise bad_metadata(name, "compression", compression, 'a compression of type raw, gzip, zlib, bzip2, xz, blosc, '
+                       'zstd or lz4, e.g. {"type": "gzip"}')

@@ -10,7 +10,7 @@ import h5py
 from ._hdf5 import Hdf5Source
 from ._n5 import N5Source, is_n5
 from ._precomputed import PrecomputedSource, is_precomputed
-from ._source import VolumeSource
+from ._source import VolumeSource, require_kind
 from ._volume import Volume
 from ._zarr import GROUP_MARKERS, ZarrSource
 
@@ -36,6 +36,8 @@ def split_path(path: Union[str, os.PathLike], dataset: Optional[str] = None) -> 
 
 def detect(container: Path) -> str:
     """The format of a container without a telling suffix, from what it holds."""
+    if container.exists() and not container.is_dir():
+        require_kind(container, "file", "a volume's file")  # a FIFO or device: refused before anything opens it
     if container.is_file():
         if h5py.is_hdf5(str(container)):
             return "hdf5"
@@ -112,13 +114,22 @@ def open_volume(path: Union[str, os.PathLike], dataset: Optional[str] = None, *,
     Raises
     ------
     FileNotFoundError
-        No such file or store.
+        No such file or store, or a source file of an HDF5 virtual dataset is missing.
+    IsADirectoryError, NotADirectoryError, OSError
+        A directory where a file belongs or the reverse; a FIFO, device or socket (refused, never opened).
     DatasetNotFoundError
         No such dataset; the message lists those there are.
+    StoreMetadataError
+        Malformed metadata (a ValueError): the message names the store, the array, the key and the value.
+    CorruptChunkError
+        A chunk (block) that cannot be decoded or decodes to another size than the metadata promise (an
+        OSError); lazy volumes raise it when the chunk is read.
+    VolumeTooLargeError
+        ``in_memory=True`` for a volume larger than the memory available (a ValueError and a MemoryError).
     ImportError
         zarr (``emfast[zarr]``) or tensorstore (``emfast[tensorstore]``) is needed and missing.
-    OSError, TypeError, ValueError
-        An unreadable or inconsistent store, an unsupported codec or dtype, bad arguments.
+    TypeError, ValueError
+        An unsupported dtype or shape, bad arguments.
     """
     source = open_source(path, dataset, format=format, level=level, resolution=resolution)
     return Volume.open(source, in_memory=in_memory, cache_bytes=cache_bytes)

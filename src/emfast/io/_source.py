@@ -8,6 +8,7 @@ writes to the user's store.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
@@ -22,6 +23,96 @@ class DatasetNotFoundError(KeyError):
 
     def __str__(self) -> str:  # KeyError would print the message quoted, like a key
         return str(self.args[0])
+
+
+class StoreMetadataError(ValueError):
+    """The metadata of a file or store cannot describe an array: a key is missing, or holds a value of the wrong
+    type or range. The message names the store, the array, the key and the value."""
+
+
+class CorruptChunkError(OSError):
+    """A chunk (N5: block) of a store cannot be decoded, or decodes to another shape or size than the array's
+    metadata promises. The message names the store, the array and the chunk."""
+
+
+def checked_chunk(data, dtype: np.dtype, shape: Sequence[int], where: str, stamp: Optional["Stamp"] = None
+                  ) -> np.ndarray:
+    """``data``, a chunk's decoded bytes, as an array of ``shape`` and ``dtype``, if it has exactly that many bytes.
+
+    The chunks emfast decodes itself (zarr's common layouts, N5, HDF5 shuffle/gzip) and the boxes tensorstore
+    returns pass through this one check, so a chunk that decodes to more or fewer bytes than the metadata promises
+    (a damaged store, another writer's chunk, a store replaced after it was opened) is an error naming it
+    (``where``), never data read from the wrong place. zarr-python refuses such chunks itself, and the zarr
+    source names the chunk.
+
+    Raises
+    ------
+    CorruptChunkError
+        The size differs; the message says whether the store changed since it was opened (``stamp``).
+    """
+    expected = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    got = memoryview(data).nbytes
+    if got != expected:
+        changed = stamp is not None and not stamp.unchanged()
+        raise CorruptChunkError(
+            f"{where} decodes to {got} bytes, but the metadata promise {tuple(int(s) for s in shape)} "
+            f"{np.dtype(dtype).name} = {expected} bytes; "
+            + ("the store's metadata changed since it was opened (it was replaced or rewritten): open it again"
+               if changed else "the store is corrupt, or another tool wrote this chunk with other metadata"))
+    return np.frombuffer(data, dtype).reshape(tuple(int(s) for s in shape))
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(mode: int) -> str:
+    return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
+
+
+def require_kind(path: Path, expected: str, what: str) -> None:
+    """Refuse ``path`` unless it is a regular file (``expected="file"``) or a directory; stat only, never opened,
+    so a FIFO or device cannot block. A missing path passes (the caller says what is missing).
+
+    Raises
+    ------
+    IsADirectoryError, NotADirectoryError, OSError
+        ``path`` is of another kind; the message names it, its kind and ``what`` was expected there.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if expected == "file" and not stat.S_ISREG(mode):
+        error = IsADirectoryError if stat.S_ISDIR(mode) else OSError
+        raise error(f"{path} is {_kind(mode)}, not a regular file: {what} must be a file")
+    if expected == "directory" and not stat.S_ISDIR(mode):
+        kind = "a regular file" if stat.S_ISREG(mode) else _kind(mode)
+        raise NotADirectoryError(f"{path} is {kind}, not a directory: {what} must be a directory")
+
+
+def read_regular_file(path: Path, what: str) -> Optional[bytes]:
+    """The bytes of the regular file ``path``, or None if there is none; anything else (a directory, a FIFO, a
+    device) is refused. Checked by stat before it is opened, so a FIFO is never opened; opened non-blocking and
+    checked again through the descriptor, so a FIFO swapped in between can neither block nor slip through."""
+    require_kind(path, "file", what)
+    try:
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        return None
+    except IsADirectoryError:  # some systems refuse to open a directory at all
+        raise IsADirectoryError(f"{path} is a directory, not a regular file: {what} must be a file") from None
+    try:
+        mode = os.fstat(descriptor).st_mode
+    except BaseException:
+        os.close(descriptor)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(descriptor)
+        error = IsADirectoryError if stat.S_ISDIR(mode) else OSError
+        raise error(f"{path} is {_kind(mode)}, not a regular file: {what} must be a file")
+    with os.fdopen(descriptor, "rb") as file:
+        return file.read()
 
 
 @dataclass(frozen=True)
@@ -104,3 +195,16 @@ class VolumeSource:
 
     def close(self) -> None:
         """Release open files; reads after it fail."""
+
+    def __repr__(self) -> str:
+        shape, chunks = plain(getattr(self, "full_shape", None)), plain(getattr(self, "chunks", None))
+        dtype = getattr(self, "dtype", None)
+        return (f"{type(self).__name__}({getattr(self, 'name', '?')!r}, shape={shape}, "
+                f"dtype={None if dtype is None else np.dtype(dtype).name}, chunks={chunks})")
+
+
+def plain(values):
+    """A tuple of plain Python numbers (reprs show ``10``, not ``np.int64(10)``), or None."""
+    if values is None:
+        return None
+    return tuple(int(v) if isinstance(v, (int, np.integer)) else float(v) for v in values)

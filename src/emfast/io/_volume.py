@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
@@ -11,8 +12,9 @@ import numpy as np
 from .._checks import triple
 from .._core.common import LABEL_DTYPES, RAW_DTYPES
 from .._core.gather import gather_copy, pad_indices
+from .._machine import available_bytes
 from ._chunkcache import CacheStats, ChunkCache, check_budget, default_budget
-from ._source import VolumeSource
+from ._source import VolumeSource, plain
 
 SUPPORTED_DTYPES = RAW_DTYPES + LABEL_DTYPES
 
@@ -20,6 +22,26 @@ SUPPORTED_DTYPES = RAW_DTYPES + LABEL_DTYPES
 _FINITE_CHECK_SECTIONS = 16
 #: Default most bytes of one slab yielded by :meth:`Volume.slabs`.
 SLAB_BYTES = 32 << 20
+#: Most bytes ``np.asarray(volume)`` reads from a lazy volume; larger ones are read with read_box or slabs.
+ASARRAY_LIMIT_BYTES = 1 << 30
+
+
+class VolumeTooLargeError(ValueError, MemoryError):
+    """A volume opened in memory needs more memory than is available; it is refused before any is allocated."""
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2 ** 30:.3g} GiB"
+
+
+def _refuse_if_too_large(shape, dtype: np.dtype, name: str) -> None:
+    """Refuse to read a volume of ``shape`` into memory when it would not fit in the memory available now."""
+    nbytes = math.prod(int(s) for s in shape) * dtype.itemsize
+    available = available_bytes()
+    if available is not None and nbytes > available:
+        raise VolumeTooLargeError(f"{name}: {tuple(shape)} {dtype} is {_gib(nbytes)}, more than the "
+                                  f"{_gib(available)} of memory available; open it lazily with in_memory=False "
+                                  "(windows are then read through a bounded chunk cache)")
 
 Triple = Tuple[float, float, float]
 
@@ -88,7 +110,7 @@ class Volume:
         full_shape = tuple(int(s) for s in (data.full_shape if lazy else data.shape))
         self.channels = full_shape[0] if len(full_shape) == 4 else 1
         self.shape = full_shape[-3:]
-        self.chunks = data.chunks if lazy else chunks
+        self.chunks = plain(data.chunks if lazy else chunks)
         resolution, offset = (data.resolution, data.offset) if lazy else (resolution, offset)
         self.resolution = None if resolution is None else triple(resolution, f"{name}: resolution", integer=False)
         self.offset = None if offset is None else triple(offset, f"{name}: offset", integer=False)
@@ -111,6 +133,8 @@ class Volume:
         ------
         TypeError, ValueError
             Unsupported dtype or shape (the source is closed), or ``cache_bytes`` with ``in_memory=True``.
+        VolumeTooLargeError
+            ``in_memory=True`` for a volume larger than the memory available (a ValueError and a MemoryError).
         """
         name = source.name
         try:
@@ -120,8 +144,14 @@ class Volume:
                 cache_bytes = check_budget(cache_bytes, name)
             if not in_memory:
                 return cls(source, name=name, cache_bytes=cache_bytes)
-            data = np.empty(source.full_shape, dtype=_checked_dtype(_Described(source.full_shape, source.dtype),
-                                                                      name))
+            dtype = _checked_dtype(_Described(source.full_shape, source.dtype), name)
+            _refuse_if_too_large(source.full_shape, dtype, name)
+            try:
+                data = np.empty(source.full_shape, dtype=dtype)
+            except MemoryError:  # the memory available is unknown here, or was taken meanwhile
+                size = _gib(math.prod(int(s) for s in source.full_shape) * dtype.itemsize)
+                raise VolumeTooLargeError(f"{name}: cannot allocate {size} for {tuple(source.full_shape)} {dtype}; "
+                                          "open it lazily with in_memory=False") from None
             whole = data if data.ndim == 4 else data[np.newaxis]
             source.read((0, 0, 0), whole.shape[1:], whole)
         except BaseException:
@@ -155,9 +185,40 @@ class Volume:
             raise RuntimeError(f"{self.name} is read lazily; it has no in-memory array")
         return self._array
 
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """The data as a (c, z, y, x) NumPy array, like :attr:`array`: ``np.asarray(volume)``.
+
+        In-memory volumes give their array (a view unless ``copy=True`` or another ``dtype``). Lazy volumes are read
+        whole, straight from the store, if they hold at most :data:`ASARRAY_LIMIT_BYTES` (1 GiB); larger ones are
+        refused: read the part you need with :meth:`read_box`, or stream them with :meth:`slabs`.
+
+        Raises
+        ------
+        ValueError
+            A lazy volume larger than the limit, or ``copy=False`` where a copy is needed (NumPy 2's protocol).
+        """
+        if self._array is not None:
+            data = self._array
+        else:
+            if copy is False:
+                raise ValueError(f"{self.name} is read lazily: np.asarray(copy=False) cannot give it without a copy")
+            if self.nbytes > ASARRAY_LIMIT_BYTES:
+                raise ValueError(f"{self.name}: np.asarray would read the whole lazy volume, {_gib(self.nbytes)}, "
+                                 f"more than the {_gib(ASARRAY_LIMIT_BYTES)} limit; read the part you need with "
+                                 "volume.read_box(corner, extent, out), or stream it with volume.slabs()")
+            data = np.empty((self.channels,) + self.shape, self.dtype)
+            self._reader.read((0, 0, 0), self.shape, data)
+            copy = False  # freshly read: nobody else holds it
+        if dtype is not None and np.dtype(dtype) != data.dtype:
+            if copy is False:
+                raise ValueError(f"{self.name}: np.asarray(dtype={np.dtype(dtype)}, copy=False) needs a copy "
+                                 f"from {data.dtype}")
+            return data.astype(dtype)
+        return data.copy() if copy else data
+
     @property
     def nbytes(self) -> int:
-        return self.channels * int(np.prod(self.shape)) * self.dtype.itemsize
+        return self.channels * math.prod(self.shape) * self.dtype.itemsize  # Python ints: no overflow
 
     @property
     def cache_stats(self) -> Optional[CacheStats]:

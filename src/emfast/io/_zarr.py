@@ -6,24 +6,36 @@ at most one compressor among zstd, blosc, gzip/zlib, lz4) emfast reads the chunk
 calling thread with numcodecs or zlib, which release the GIL, so producer threads decode in parallel; this is
 about twice as fast as a call into zarr-python per chunk, whose event loop serialises much of the work. Any
 other layout (sharded v3 included) is read through zarr-python. A chunk that was never written reads as the
-array's fill value, as the zarr specification says; a chunk that cannot be decoded is an error naming the store
-and the chunk.
+array's fill value, as the zarr specification says; a chunk that cannot be decoded, or decodes to another size
+than the metadata promises, is a :class:`~emfast.io._source.CorruptChunkError` naming the store and the chunk.
+
+An array's metadata (``.zarray`` or ``zarr.json``) is checked here before zarr-python parses it, so malformed
+metadata is a :class:`~emfast.io._source.StoreMetadataError` naming the key and the value; what zarr-python
+still refuses is reported as the same error, naming the metadata file.
 """
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import zlib
 from pathlib import Path
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ._metadata import choose_level, multiscale_levels, voxel_metadata
-from ._source import DatasetNotFoundError, Stamp, VolumeSource
+from ._metadata import (bad_metadata, choose_level, int_list, metadata_key, multiscale_levels, parsing,
+                        voxel_metadata)
+from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource,
+                      checked_chunk, read_regular_file, require_kind)
 
 #: Metadata files that mark a zarr array or group (v3, then v2).
 ARRAY_MARKERS = ("zarr.json", ".zarray")
 GROUP_MARKERS = ("zarr.json", ".zgroup")
+#: Every metadata file a zarr node may have.
+METADATA_FILES = ("zarr.json", ".zarray", ".zgroup", ".zattrs")
+#: Most chunks of a box that failed read one by one to name the culprit (bounds the time an error takes).
+_CHUNKS_TRIED_ALONE = 4096
 
 
 def zarr_missing() -> Optional[str]:
@@ -75,12 +87,17 @@ class ZarrSource(VolumeSource):
         dataset = dataset.strip("/")
         self._given = dataset
         self.name = f"{path}:{dataset}" if dataset else str(path)
+        require_kind(path, "directory", "a zarr store")
         if not path.is_dir():
             raise FileNotFoundError(f"zarr store not found: {path}")
+        refuse_special_metadata(path, dataset)
+        check_array_metadata(path / dataset, self.name, ranks=(3, 4))
         try:
             root = zarr.open(store=str(path), mode="r")
         except Exception as error:  # zarr raises various types for what is not a store
-            raise OSError(f"cannot open {path} as a zarr store: {error}") from error
+            if dataset or not any((path / m).is_file() for m in ARRAY_MARKERS):
+                raise OSError(f"cannot open {path} as a zarr store: {error}") from error
+            raise _refused(self.name, path, error) from error
         node = root
         if dataset:
             try:
@@ -89,19 +106,25 @@ class ZarrSource(VolumeSource):
                 raise DatasetNotFoundError(f"array {dataset!r} not found in {path}; arrays there: "
                                            f"{', '.join(list_arrays(root)) or 'none'}") from None
             except Exception as error:
-                raise OSError(f"{self.name}: cannot open the array: {error}") from error
+                raise _refused(self.name, path / dataset, error) from error
         self._axes = None
         if isinstance(node, zarr.Group):
-            levels = multiscale_levels(dict(node.attrs), self.name)
+            with parsing(f"{self.name} (OME-NGFF multiscales)"):
+                levels = multiscale_levels(dict(node.attrs), self.name)
             if levels is None:
                 raise DatasetNotFoundError(f"{self.name} is a group, not an array; arrays there: "
                                            f"{', '.join(list_arrays(node)) or 'none'}")
             chosen = choose_level(levels, level, resolution, self.name)
+            level_path = (Path(dataset) / chosen.path).as_posix() if dataset else chosen.path
+            refuse_special_metadata(path, level_path)
+            check_array_metadata(path / level_path, f"{path}:{level_path}", ranks=(3, 4, 5))
             try:
                 array = node[chosen.path]
             except KeyError:
                 raise ValueError(f"{self.name}: the OME-NGFF multiscale names level {chosen.path!r}, which the "
                                  "store does not have") from None
+            except Exception as error:
+                raise _refused(f"{path}:{level_path}", path / level_path, error) from error
             if len(chosen.axes) != array.ndim:
                 raise ValueError(f"{self.name}/{chosen.path}: {array.ndim}-D array but {len(chosen.axes)} axes "
                                  f"{list(chosen.axes)} in the multiscale metadata")
@@ -114,7 +137,8 @@ class ZarrSource(VolumeSource):
                 raise ValueError(f"{self.name} is an array, not a multiscale image: level and resolution do not "
                                  "apply")
             array = node
-            self.resolution, self.offset = voxel_metadata(dict(array.attrs), self.name, reversed_order=False)
+            with parsing(f"{self.name} (attributes)"):
+                self.resolution, self.offset = voxel_metadata(dict(array.attrs), self.name, reversed_order=False)
         self._array = array
         self._direct = _DirectChunks.for_array(array, path / dataset) if self._axes is None else None
         self._path, self._dataset = path, dataset
@@ -140,23 +164,156 @@ class ZarrSource(VolumeSource):
         return axes, shape, chunks
 
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
-        if self._direct is not None and self._direct.read(corner, extent, out, self.name):
+        if self._direct is not None and self._direct.read(corner, extent, out, self.name, self.stamp):
             return
         box = {a: slice(int(c), int(c) + int(e)) for a, c, e in zip("zyx", corner, extent)}
         selection = tuple(0 if a == "t" else box.get(a, slice(None)) for a in self._take)
         try:
             data = self._array[selection]
         except Exception as error:
-            chunks = [f"{int(c) // k}..{(int(c) + int(e) - 1) // k}" for c, e, k in zip(corner, extent, self.chunks)]
-            raise OSError(f"{self.name}: cannot read chunk(s) (z, y, x) = ({', '.join(chunks)}): {error}; the "
-                          "store may be corrupt or being written") from error
+            raise self._unreadable(corner, extent, error) from error
         np.copyto(out, data if "c" in self._take else data[np.newaxis])
+
+    def _unreadable(self, corner, extent, error: Exception) -> CorruptChunkError:
+        """The error for a box zarr-python could not read, naming the first chunk that fails alone (zarr-python
+        names none), or the range of chunks if each reads alone."""
+        why = ("the store's metadata changed since it was opened (it was replaced or rewritten): open it again"
+               if not self.stamp.unchanged() else "the store is corrupt or being written")
+        ranges = [range(int(c) // k, (int(c) + int(e) - 1) // k + 1) for c, e, k in zip(corner, extent, self.chunks)]
+        for key in itertools.islice(itertools.product(*ranges), _CHUNKS_TRIED_ALONE):
+            start = [k * n for k, n in zip(key, self.chunks)]
+            stop = [min(a + n, s) for a, n, s in zip(start, self.chunks, self.full_shape[-3:])]
+            box = {a: slice(lo, hi) for a, lo, hi in zip("zyx", start, stop)}
+            try:
+                self._array[tuple(0 if a == "t" else box.get(a, slice(None)) for a in self._take)]
+            except Exception as alone:
+                return CorruptChunkError(f"{self.name}: cannot read chunk (z, y, x) = {key}: {alone}; {why}")
+        chunks = [f"{r.start}..{r.stop - 1}" for r in ranges]
+        return CorruptChunkError(f"{self.name}: cannot read chunk(s) (z, y, x) = ({', '.join(chunks)}): {error}; "
+                                 f"{why}")
 
     def attributes(self) -> dict:
         return dict(self._array.attrs)
 
     def reopen_arguments(self) -> tuple:
         return str(self._path), self._given, self._level, self._resolution
+
+
+def refuse_special_metadata(store: Path, dataset: str) -> None:
+    """Refuse a metadata file on the way from the store to ``dataset`` that is not a regular file (a FIFO would
+    block zarr-python's read forever), before zarr-python opens any."""
+    directories = [store]
+    for part in (p for p in dataset.split("/") if p):
+        directories.append(directories[-1] / part)
+    for directory in directories:
+        for marker in METADATA_FILES:
+            require_kind(directory / marker, "file", "zarr metadata")
+
+
+def _refused(name: str, node: Path, error: Exception) -> StoreMetadataError:
+    """zarr-python's refusal of metadata emfast's own checks let through, naming the metadata file."""
+    marker = next((node / m for m in ARRAY_MARKERS + GROUP_MARKERS if (node / m).is_file()), node)
+    return StoreMetadataError(f"{name}: malformed metadata in {marker}: zarr-python cannot parse it "
+                              f"({type(error).__name__}: {error})")
+
+
+def check_array_metadata(node: Path, name: str, ranks: Sequence[int]) -> None:
+    """Check the metadata of the zarr array at ``node`` (``.zarray`` or ``zarr.json``), if it is one, for what
+    emfast relies on: a known format, a shape of one of ``ranks`` sizes >= 0, positive chunk sizes of the same
+    length, a dtype, codecs given as the format requires.
+
+    Raises
+    ------
+    StoreMetadataError
+        Naming the store and array, the file, the key and the value.
+    """
+    for marker, check in (("zarr.json", _check_v3), (".zarray", _check_v2)):
+        text = read_regular_file(node / marker, "zarr metadata")
+        if text is None:
+            continue
+        where = f"{name} ({marker})"
+        try:
+            meta = json.loads(text)
+        except ValueError as error:
+            raise StoreMetadataError(f"{where}: malformed metadata: not JSON ({error})") from error
+        if marker == "zarr.json" and isinstance(meta, dict) and meta.get("node_type") == "group":
+            return
+        check(meta, where, ranks)
+        return
+
+
+def _check_v2(meta, where: str, ranks: Sequence[int]) -> None:
+    if metadata_key(meta, "zarr_format", where) != 2:
+        raise bad_metadata(where, "zarr_format", meta["zarr_format"], "2 in a .zarray")
+    shape = int_list(metadata_key(meta, "shape", where), "shape", where, minimum=0, lengths=ranks)
+    int_list(metadata_key(meta, "chunks", where), "chunks", where, minimum=1, length=len(shape))
+    _check_dtype(metadata_key(meta, "dtype", where), "dtype", where)
+    compressor = metadata_key(meta, "compressor", where)
+    if compressor is not None and not _is_codec(compressor, "id"):
+        raise bad_metadata(where, "compressor", compressor, 'null or a codec such as {"id": "zstd"}')
+    filters = meta.get("filters")
+    if filters is not None and not (isinstance(filters, list) and all(_is_codec(f, "id") for f in filters)):
+        raise bad_metadata(where, "filters", filters, 'null or a list of codecs such as [{"id": "delta", ...}]')
+    if metadata_key(meta, "order", where) not in ("C", "F"):
+        raise bad_metadata(where, "order", meta["order"], '"C" or "F"')
+    metadata_key(meta, "fill_value", where)
+    if meta.get("dimension_separator", ".") not in (".", "/"):
+        raise bad_metadata(where, "dimension_separator", meta["dimension_separator"], '"." or "/"')
+
+
+def _check_v3(meta, where: str, ranks: Sequence[int]) -> None:
+    if metadata_key(meta, "zarr_format", where) != 3:
+        raise bad_metadata(where, "zarr_format", meta["zarr_format"], "3 in a zarr.json")
+    if metadata_key(meta, "node_type", where) != "array":
+        raise bad_metadata(where, "node_type", meta["node_type"], '"array" or "group"')
+    shape = int_list(metadata_key(meta, "shape", where), "shape", where, minimum=0, lengths=ranks)
+    _check_dtype(metadata_key(meta, "data_type", where), "data_type", where)
+    grid = metadata_key(meta, "chunk_grid", where)
+    if metadata_key(grid, "name", where, "chunk_grid") != "regular":
+        raise bad_metadata(where, "chunk_grid.name", grid["name"], '"regular"')
+    configuration = metadata_key(grid, "configuration", where, "chunk_grid")
+    chunks = int_list(metadata_key(configuration, "chunk_shape", where, "chunk_grid.configuration"),
+                      "chunk_grid.configuration.chunk_shape", where, minimum=1, length=len(shape))
+    encoding = metadata_key(meta, "chunk_key_encoding", where)
+    if metadata_key(encoding, "name", where, "chunk_key_encoding") not in ("default", "v2"):
+        raise bad_metadata(where, "chunk_key_encoding.name", encoding["name"], '"default" or "v2"')
+    metadata_key(meta, "fill_value", where)
+    _check_codecs(metadata_key(meta, "codecs", where), "codecs", where, chunks)
+    names = meta.get("dimension_names")
+    if names is not None and not (isinstance(names, list) and len(names) == len(shape)):
+        raise bad_metadata(where, "dimension_names", names, f"null or a list of {len(shape)} names")
+
+
+def _check_codecs(codecs, key: str, where: str, chunks: Tuple[int, ...]) -> None:
+    """A v3 codec list; a sharding codec's inner chunks must tile its shard (``chunks``)."""
+    if not isinstance(codecs, list) or not codecs or not all(_is_codec(c, "name") for c in codecs):
+        raise bad_metadata(where, key, codecs, 'a non-empty list of codecs such as [{"name": "bytes"}]')
+    for n, codec in enumerate(codecs):
+        if codec["name"] != "sharding_indexed":
+            continue
+        here = f"{key}[{n}].configuration"
+        configuration = metadata_key(codec, "configuration", where, f"{key}[{n}]")
+        inner = int_list(metadata_key(configuration, "chunk_shape", where, here), f"{here}.chunk_shape", where,
+                         minimum=1, length=len(chunks))
+        if any(c % i for c, i in zip(chunks, inner)):
+            raise bad_metadata(where, f"{here}.chunk_shape", list(inner), f"sizes that divide the shard {list(chunks)}")
+        _check_codecs(metadata_key(configuration, "codecs", where, here), f"{here}.codecs", where, inner)
+        _check_codecs(configuration.get("index_codecs", [{"name": "bytes"}]), f"{here}.index_codecs", where, inner)
+
+
+def _is_codec(codec, key: str) -> bool:
+    return isinstance(codec, dict) and isinstance(codec.get(key), str)
+
+
+def _check_dtype(value, key: str, where: str) -> None:
+    """A data type named by a string NumPy reads (v2 ``"<u2"``, v3 ``"uint16"``); structured and extension types,
+    which emfast does not read, are refused here too."""
+    try:
+        known = isinstance(value, str) and np.dtype(value) is not None
+    except TypeError:
+        known = False
+    if not known:
+        raise bad_metadata(where, key, value, 'a data type name such as "uint8"')
 
 
 class _DirectChunks:
@@ -192,7 +349,7 @@ class _DirectChunks:
         decode = _decoder(array.compressors[0]) if array.compressors else (lambda data: data)
         return None if decode is None else cls(array, directory, decode)
 
-    def read(self, corner, extent, out: np.ndarray, name: str) -> bool:
+    def read(self, corner, extent, out: np.ndarray, name: str, stamp: Stamp) -> bool:
         """Fill ``out`` if the box is exactly one chunk of a 3-D array (or of a 4-D one with all channels in one
         chunk); False otherwise, and the caller reads through zarr-python."""
         lead = len(self._shape) - 3
@@ -204,17 +361,16 @@ class _DirectChunks:
             return False
         coords = (0,) * lead + tuple(int(c) // k for c, k in zip(corner, spatial))
         key = self._metadata.encode_chunk_key(coords)
-        try:
-            data = (self._directory / key).read_bytes()
-        except FileNotFoundError:
+        data = read_regular_file(self._directory / key, "a zarr chunk")
+        if data is None:
             out[...] = self._fill
             return True
         try:
             decoded = self._decode(data)
-            chunk = np.frombuffer(decoded, self._dtype, int(np.prod(self._chunks))).reshape(self._chunks)
         except Exception as error:  # codecs raise their own types for corrupt input
-            raise OSError(f"{name}: cannot decode chunk {key}: {error}; the store may be corrupt or being "
-                          "written") from error
+            raise CorruptChunkError(f"{name}: cannot decode chunk {key}: {error}; the store may be corrupt or "
+                                    "being written") from error
+        chunk = checked_chunk(decoded, self._dtype, self._chunks, f"{name}: chunk {key}", stamp)
         view = chunk if lead else chunk[np.newaxis]
         np.copyto(out, view[(slice(None),) + tuple(slice(0, int(e)) for e in extent)])
         return True
