@@ -49,6 +49,15 @@ MIN_THREAD_LIMIT = 16
 EXHAUSTED_GRACE_SECONDS = 2.0
 
 
+class InsufficientMemoryError(MemoryError, ValueError):
+    """The loader's batch slots would not fit in the memory available: refused before anything is allocated.
+
+    A ValueError too, since the cause is an argument (batch size, patch, buffers, threads).
+    """
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:,.2f} GiB"
 
 
 class BatchReleasedError(RuntimeError):
@@ -554,12 +563,16 @@ class Loader:
             raise ValueError(f"threads={self.threads} is far beyond this machine's {usable} usable cores (at most "
                              f"{limit}): the kernels release the GIL, so about one thread per core is fastest")
         available = available_bytes()
-        needed = (self.buffers + self.threads) * self.slot_bytes  # slots at start, plus one growth per producer
+        # slots at start plus one growth per producer, and each producer's scratch buffers; Python ints throughout
+        count = self.buffers + self.threads
+        scratch = self.threads * self._gatherer.scratch_bytes()
+        needed = count * self.slot_bytes + scratch
         if available is not None and needed > available:
-            raise MemoryError(
-                f"buffers={self.buffers} batch slots of {self.slot_bytes / 2**20:.1f} MiB each need "
-                f"{needed / 2**30:.2f} GiB, but only {available / 2**30:.2f} GiB of memory is available; use fewer "
-                "buffers or threads, or a smaller batch_size or patch")
+            raise InsufficientMemoryError(
+                f"the loader needs {_gib(needed)} but only {_gib(available)} of memory is available: {count} batch "
+                f"slots (buffers={self.buffers}, plus one per producer thread) of {_gib(self.slot_bytes)} each "
+                f"(batch_size={self.batch_size} x patch_in {self.patch_in}), plus {_gib(scratch)} of per-thread "
+                "scratch; use a smaller batch_size or patch, or fewer buffers or threads")
 
     @staticmethod
     def _output_dtype(dtype) -> np.dtype:
@@ -746,7 +759,7 @@ class Loader:
     @property
     def slot_bytes(self) -> int:
         """Bytes of one batch slot (``buffers`` of them at start, at most ``max_buffers``)."""
-        return sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in self.fields.values())
+        return self._gatherer.slot_bytes()
 
     @property
     def slots_allocated(self) -> int:
