@@ -92,3 +92,133 @@ def test_demo_refuses_a_huge_batch_size_with_exit_2(tmp_path, capsys):
                  "--batches", "1", "--threads", "1", "--cache-dir", str(tmp_path)]
     assert main(arguments) == 2
     assert f"batch_size={2**40} x patch_in" in capsys.readouterr().err
+
+
+# -- one consumer -----------------------------------------------------------------------------------------------
+
+
+def _consume(loader, barrier, taken, errors):
+    barrier.wait()
+    try:
+        for batch in loader:
+            total = float(batch["raw"].sum())
+            time.sleep(0.001)  # meanwhile the other thread takes batches: this one must stay this thread's
+            assert float(batch["raw"].sum()) == total
+            taken.append((batch.number, total))
+    except Exception as error:  # noqa: BLE001 - recorded for the test's assertions
+        errors.append(error)
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_two_threads_iterating_one_loader_each_get_distinct_batches_and_end(raw, trial):
+    arguments = dict(patch=PATCH, batch_size=2, epoch_size=20, threads=2, seed=trial)
+    loader = ef.Loader(raw, **arguments)
+    taken, errors = [], []
+    barrier = threading.Barrier(2)
+    consumers = [threading.Thread(target=_consume, args=(loader, barrier, taken, errors), name=f"consumer-{i}")
+                 for i in range(2)]
+    try:
+        for thread in consumers:
+            thread.start()
+        for thread in consumers:
+            thread.join(timeout=20)
+        hung = [thread.name for thread in consumers if thread.is_alive()]
+    finally:
+        loader.close()  # wakes a consumer that waits forever, so that a regression fails instead of hanging
+        for thread in consumers:
+            thread.join(timeout=5)
+    assert not hung, f"{hung} still waiting for a batch"
+    assert not errors, errors
+    numbers = sorted(number for number, _ in taken)
+    assert numbers == list(range(40)), f"batches shared or skipped: {numbers}"  # each loop ends at its epoch's end
+    with ef.Loader(raw, **arguments) as alone:  # the very batches one consumer would have got
+        expected = [float(alone.next_batch()["raw"].sum()) for _ in range(40)]
+    assert [total for _, total in sorted(taken)] == expected
+
+
+def test_a_thread_taking_a_batch_leaves_the_batch_another_thread_holds_alive(raw):
+    with ef.Loader(raw, patch=PATCH, batch_size=2, threads=1) as loader:
+        held = loader.next_batch()
+        other = {}
+        worker = threading.Thread(target=lambda: other.update(number=loader.next_batch().number), name="validation")
+        worker.start()
+        worker.join(timeout=10)
+        assert other["number"] == 1
+        assert held["raw"].shape == (2, 1) + PATCH  # not released by the other thread's request
+        assert loader.next_batch().number == 2  # the worker ended: its batch was released, the stream goes on
+        with pytest.raises(ef.BatchReleasedError):
+            held["raw"]
+
+
+# -- Ctrl-C while starting ----------------------------------------------------------------------------------------
+
+
+def _sigint_after(delay, after_first_producer):
+    """A thread that sends this process a real SIGINT ``delay`` seconds after it starts, or after the first
+    producer thread exists (then ``delay`` lands inside the loop that starts the producers)."""
+    def send():
+        if after_first_producer:
+            deadline = time.monotonic() + 2
+            while not any(name.startswith("emfast-producer") for name in emfast_threads()):
+                if time.monotonic() > deadline:
+                    return
+        time.sleep(delay)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    return threading.Thread(target=send, name="sigint-sender")
+
+
+def _interrupted_in_start(error):
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    return "start" in frames
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="SIGINT reaches the main thread")
+def test_ctrl_c_at_random_moments_of_start_leaves_no_thread_running(raw):
+    randomness = random.Random(2024)
+    in_start = 0
+    loaders = []  # kept alive, as a user's variable keeps them: their finalizers must not be what stops the threads
+    for trial in range(16):
+        loader = ef.Loader(raw, patch=PATCH, batch_size=8, threads=12, buffers=24, seed=trial)
+        loaders.append(loader)
+        after_first_producer = trial % 2 == 1
+        sender = _sigint_after(randomness.uniform(0, 0.002 if after_first_producer else 0.01), after_first_producer)
+        try:
+            sender.start()
+            with loader:
+                time.sleep(1)  # the interrupt arrives before this ends
+            pytest.fail("no SIGINT arrived")
+        except KeyboardInterrupt as error:
+            in_start += _interrupted_in_start(error)
+        finally:
+            sender.join()
+        assert threads_end(seconds=2), f"trial {trial}: threads still running after Ctrl-C: {emfast_threads()}"
+    assert in_start >= 4, f"only {in_start} of 16 interrupts landed inside start(); the test lost its aim"
+    for loader in loaders:
+        loader.close()
+
+
+def test_a_thread_that_cannot_be_started_stops_those_already_started(raw, monkeypatch):
+    """The operating system refuses threads at its limit ("can't start new thread"): the third producer here."""
+    loader = ef.Loader(raw, patch=PATCH, batch_size=2, threads=4)
+    original, started = threading.Thread.start, []
+
+    def start_or_fail(thread):
+        if thread.name.startswith("emfast-producer") and len(started) == 2:
+            raise RuntimeError("can't start new thread")
+        started.append(thread.name)
+        original(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start_or_fail)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        with loader:
+            pass
+    assert started == ["emfast-producer-0", "emfast-producer-1"]
+    assert threads_end(seconds=2), emfast_threads()
+    monkeypatch.undo()
+    with loader:  # left unstarted, not broken: it starts again
+        assert loader.next_batch()["raw"].shape == (2, 1) + PATCH

@@ -13,5 +13,4 @@ from ._pool import BackPressureWarning, SlotsExhaustedError
 from ._profile import ProfileReport
 
 __all__ = ["NORMALIZE_MODES", "BackPressureWarning", "Batch", "BatchReleasedError", "InsufficientMemoryError",
-           "Loader", "ProfileReport",
-           "SlotsExhaustedError", "normalization"]
+           "Loader", "ProfileReport", "SlotsExhaustedError", "normalization"]

@@ -35,7 +35,7 @@ from ._normalize import normalization
 from ._plan import BatchPlan, Planner, window_extents
 from ._pool import Lease, SlotPool, SlotsExhaustedError
 from ._profile import Profile, ProfileReport
-from ._ring import Ring, RingClosed, join_all
+from ._ring import Ring, RingClosed, join_all, start_thread
 from ._rng import check_seed
 
 OUTPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
@@ -67,8 +67,8 @@ class BatchReleasedError(RuntimeError):
 class Batch(Mapping):
     """One batch: a mapping of field name to array of shape (B, C, Z, Y, X), plus where it came from.
 
-    The mapping is valid until the next batch is requested, :meth:`release` is called, or the loader closes;
-    afterwards indexing the batch raises :class:`BatchReleasedError`. The arrays (and views, tensors or CuPy
+    The mapping is valid until the thread that got it requests the next batch (or ends), :meth:`release` is
+    called, or the loader closes; afterwards indexing the batch raises :class:`BatchReleasedError`. The arrays (and views, tensors or CuPy
     arrays made from them) stay valid for as long as you hold them: their slot goes back to the loader only when
     the last of them dies. Holding the previous batch until the next step reassigns it costs one extra slot, no
     allocation per batch; holding many batches makes the loader wait once its ``max_buffers`` slots are in use.
@@ -216,7 +216,7 @@ class _Producers:
 
     def start(self) -> None:
         for thread in self.threads:
-            thread.start()
+            start_thread(thread)
 
     def alive(self) -> bool:
         return any(thread.is_alive() for thread in self.threads)
@@ -268,6 +268,18 @@ def _host_arrays(lease: Lease) -> Dict[str, np.ndarray]:
     return {name: np.asarray(_HostView(array, lease)) for name, array in lease.slot.memory.items()}
 
 
+def _run_every(steps) -> None:
+    """Run every step even if Ctrl-C interrupts one (again and again), then raise the interrupt."""
+    interrupted: Optional[KeyboardInterrupt] = None
+    for step in steps:
+        try:
+            step()
+        except KeyboardInterrupt as error:
+            interrupted = error
+    if interrupted is not None:
+        raise interrupted
+
+
 class _Pipeline:
     """Everything with a thread: producers, and for a device the copier. Holds no reference to the Loader.
 
@@ -288,15 +300,8 @@ class _Pipeline:
 
     def stop(self) -> None:
         """Close, join and free everything; every step runs even if Ctrl-C interrupts one, then it is raised."""
-        interrupted: Optional[KeyboardInterrupt] = None
         finish = self.copier.finish if self.copier is not None else self.pool.close  # the copier frees its pool
-        for step in (self.consumer_ring.close, self.producers.stop, finish):
-            try:
-                step()
-            except KeyboardInterrupt as error:
-                interrupted = error
-        if interrupted is not None:
-            raise interrupted
+        _run_every([self.consumer_ring.close, self.producers.stop, finish])
 
     def exhausted(self, number: int) -> Optional[str]:
         """Why batch ``number`` cannot be made while the consumer waits for it, or None."""
@@ -449,7 +454,11 @@ class Loader:
         self._check_resources()
         self._profile = Profile(self.threads)
         self._pipeline: Optional[_Pipeline] = None
-        self._current: Optional[Batch] = None
+        #: Thread id -> the batch that thread got last and has not released (its mapping is live).
+        self._held: Dict[int, Batch] = {}
+        self._holding = threading.Lock()  # guards _held; never held while waiting
+        self._consuming = threading.Lock()  # held while a thread takes the next batch
+        self._lifecycle = threading.RLock()  # start() from two threads must not build two pipelines
         self._consumed = 0
         self._closed = False
         self._forked_from: Optional[int] = None
@@ -587,21 +596,32 @@ class Loader:
     # -- life cycle -------------------------------------------------------------------------------------------
 
     def start(self) -> "Loader":
-        """Allocate the slots and start the producer threads (done by ``with`` and by iteration)."""
-        if self._forked_from is not None:
-            raise RuntimeError(
-                f"this Loader was started in process {self._forked_from} before it forked; its threads do not exist "
-                "in this child process. Create the Loader in the child, e.g. in the Dataset's __iter__ of a "
-                "torch DataLoader worker (each worker then draws its own shard), and start it there")
-        if self._closed:
-            raise RuntimeError("this loader is closed; create a new Loader")
-        if self._pipeline is None and self._current_shard() != self.shard:
-            # built in the main process, started in a torch DataLoader worker: draw this worker's shard
-            self.shard = self._current_shard()
-            self._bind_stream()
-        if self._pipeline is None:
+        """Allocate the slots and start the producer threads (done by ``with`` and by iteration).
+
+        Thread-safe and idempotent. If it is interrupted (Ctrl-C) or fails, every thread it started is stopped and
+        joined and its memory freed before the exception propagates: ``with loader:`` never runs ``__exit__`` then.
+        """
+        with self._lifecycle:
+            if self._forked_from is not None:
+                raise RuntimeError(
+                    f"this Loader was started in process {self._forked_from} before it forked; its threads do not "
+                    "exist in this child process. Create the Loader in the child, e.g. in the Dataset's __iter__ of "
+                    "a torch DataLoader worker (each worker then draws its own shard), and start it there")
+            if self._closed:
+                raise RuntimeError("this loader is closed; create a new Loader")
+            if self._pipeline is None and self._current_shard() != self.shard:
+                # built in the main process, started in a torch DataLoader worker: draw this worker's shard
+                self.shard = self._current_shard()
+                self._bind_stream()
+            if self._pipeline is None:
+                self._launch()
+        return self
+
+    def _launch(self) -> None:
+        """Build the pipeline and start its threads; undo all of it if anything interrupts or fails."""
+        pool = copier = None
+        try:
             if self._backend is None:
-                copier = None
                 pool = host_slots = SlotPool(self._gatherer.allocate, lambda memory: None, self.max_buffers,
                                              first=self._consumed)
                 pool.prefill(self.buffers)
@@ -623,20 +643,36 @@ class Loader:
             producers.start()
             if copier is not None:
                 copier.run(producers.alive)
-        return self
+        except BaseException:
+            self._undo_launch(pool, copier)
+            raise
+
+    def _undo_launch(self, pool: Optional[SlotPool], copier: Optional[Copier]) -> None:
+        """Stop, join and free what an interrupted :meth:`_launch` made, leaving the loader unstarted."""
+        if self._pipeline is not None:
+            pipeline, self._pipeline = self._pipeline, None
+            self._finalizer.detach()
+            _STARTED.discard(self)
+            pipeline.stop()
+        elif copier is not None:  # its thread may run already: closed rings and finish() end it
+            _run_every([copier.host_ring.close, copier.device_ring.close, copier.finish])
+        elif pool is not None:
+            pool.close()
 
     def close(self) -> None:
         """Stop and join every producer thread (idempotent; also after errors and Ctrl-C)."""
         if self._forked_from is not None:  # the threads are the parent's; its locks may be held forever here
             self._closed = True
             return
-        if self._current is not None:
-            self._current._detach()
-            self._current = None
-        self._closed = True
-        if self._pipeline is not None:
-            self._pipeline.stop()  # idempotent: a close() after an interrupted one (Ctrl-C twice) stops again
-            self._finalizer.detach()
+        with self._lifecycle:  # from another thread: after a start() in progress, so that its threads stop too
+            with self._holding:
+                held, self._held = list(self._held.values()), {}
+            for batch in held:
+                batch._detach()
+            self._closed = True
+            if self._pipeline is not None:
+                self._pipeline.stop()  # idempotent: a close() after an interrupted one (Ctrl-C twice) stops again
+                self._finalizer.detach()
 
     def __reduce__(self):
         """An unstarted loader pickles as its arguments and stream position (for spawned processes)."""
@@ -664,36 +700,54 @@ class Loader:
                 return
 
     def next_batch(self) -> Batch:
-        """Release the previous batch and return the next one, waiting for it if needed.
+        """Release this thread's previous batch and return the next one, waiting for it if needed.
+
+        Thread-safe: several threads may take batches from one loader; each batch goes to exactly one of them, in
+        stream order, and a thread's request releases only the batch that thread got before.
 
         Raises the exception of a failed producer, with its original traceback.
         """
+        with self._consuming:  # one taker at a time: two would take the same batch, then one would wait forever
+            return self._next_batch()
+
+    def _next_batch(self) -> Batch:
         if self._forked_from is not None:
             self.start()  # raises: the threads stayed in the parent
         if self._closed:
             raise RuntimeError("this loader is closed; create a new Loader")
         self.start()
-        if self._current is not None:
-            self._release(self._current)
+        previous = self._held.get(threading.get_ident())
+        if previous is not None:
+            self._release(previous)
+        if self._held:  # other threads' batches: those of threads that have ended are released
+            alive = {thread.ident for thread in threading.enumerate()}
+            for ident, batch in list(self._held.items()):
+                if ident not in alive:
+                    self._release(batch)
         number = self._consumed
         pipeline = self._pipeline
         with self._profile.timer("wait"):
             lease, plan = pipeline.consumer_ring.take(number, pipeline.alive, _ExhaustionCheck(pipeline, number))
         # An interruption before these two assignments leaves the batch (and its lease) in the ring to be taken
-        # again; after them, it is current and is released by the next request. Either way no slot is lost.
+        # again; after them, it is held and is released by the next request. Either way no slot is lost.
         batch = Batch(self, number, pipeline.export(lease), plan)
         del lease
-        self._current, self._consumed = batch, number + 1
+        self._held[threading.get_ident()], self._consumed = batch, number + 1
         self._profile.count_batch()
         return batch
 
     def _release(self, batch: Batch) -> None:
-        if batch is not self._current or self._forked_from is not None:
+        if self._forked_from is not None:  # a parent's thread may have held the lock at the fork: never take it
             batch._detach()
             return
-        self._current = None
+        with self._holding:
+            thread = next((key for key, held in self._held.items() if held is batch), None)
+            if thread is not None:
+                del self._held[thread]
         batch._detach()
-        self._pipeline.consumer_ring.release(batch.number)
+        if thread is not None:
+            # also marks released any lower-numbered batch another thread holds: its arrays keep its slot leased
+            self._pipeline.consumer_ring.release(batch.number)
 
     def _forked(self) -> None:
         """In a child process after fork(): the threads stayed in the parent; refuse to be used here."""
