@@ -455,3 +455,23 @@ def test_a_producer_error_reaches_the_consumer_with_its_message_and_attributes(v
             with pytest.raises(FormattedError) as info:
                 loader.next_batch()
             assert str(info.value) == "batch 1 is bad" and info.value.number == 1
+
+
+def test_reprs_and_counts_read_as_plain_python(rng):
+    """NumPy-typed arguments (from arrays, configs) must not show as np.int64(4) in reprs, and one is singular."""
+    i = np.int64
+    raw = rng.integers(0, 256, (8, 16, 16), dtype=np.uint8)
+    labels = np.zeros((6, 12, 12), np.uint64)
+    sample = ef.Sample(raw, labels, label_offset=(i(1), i(2), i(2)), weight=np.float32(2))
+    with ef.Loader(ef.Dataset([sample]), patch=(i(4), i(8), i(8)), batch_size=i(1), sampler=ef.Tiled(stride=i(4)),
+                   augment=[], seed=i(3)) as loader:
+        batch = loader.next_batch()
+        texts = [repr(sample), repr(loader), repr(loader.sampler), repr(batch), str(loader.profile),
+                 repr((batch.number, batch.epoch, batch.index, batch.valid)), repr(loader.state_dict())]
+    assert not [text for text in texts if "np." in text], texts
+    assert repr(sample) == "Sample('raw', raw=(8, 16, 16), labels=(6, 12, 12) at (1, 2, 2), weight=2.0)"
+    assert str(loader.profile).startswith("1 batch in ") and "batches/s, 1 producer thread)" in str(loader.profile)
+    with pytest.raises(ValueError, match=r"has 18 batches per epoch"):
+        ef.Loader(ef.Dataset([sample]), patch=(4, 8, 8), batch_size=1, sampler=ef.Tiled(stride=2), epoch_size=3)
+    with pytest.raises(ValueError, match=r"has 1 batch per epoch; leave epoch_size out"):
+        ef.Loader(raw, patch=(8, 16, 16), batch_size=1, sampler=ef.Tiled(), epoch_size=3)

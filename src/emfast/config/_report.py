@@ -10,6 +10,7 @@ import numpy as np
 
 from ..io import Volume
 from ..pipeline import Loader
+from ..pipeline._profile import plural
 from ._config import Config, close_volumes
 
 
@@ -145,7 +146,7 @@ def describe(config: Config, *, cache_dir=None, demo_shape=None) -> str:
                 lines.append("  windows  " + _windows(loader, index))
                 in_memory += sum(v.nbytes for v in volumes if v.in_memory)
                 caches += sum(v.cache_stats.budget_bytes for v in volumes if not v.in_memory)
-            epoch = f"{loader.epoch_size} batches per epoch" if loader.epoch_size else "endless"
+            epoch = f"{plural(loader.epoch_size, 'batch')} per epoch" if loader.epoch_size else "endless"
             geometry = f"patch {_tuple(loader.patch_out)}" if loader.patch_in == loader.patch_out else \
                 f"patch_in {_tuple(loader.patch_in)} -> patch_out {_tuple(loader.patch_out)}"
             lines.append(f"loader ({split}): batch {loader.batch_size} x {geometry}, {loader.threads} thread(s), "

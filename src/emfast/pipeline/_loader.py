@@ -34,7 +34,7 @@ from ._gather import Field, Gatherer
 from ._normalize import normalization
 from ._plan import BatchPlan, Planner, window_extents
 from ._pool import Lease, SlotPool, SlotsExhaustedError
-from ._profile import Profile, ProfileReport
+from ._profile import Profile, ProfileReport, plural
 from ._ring import Ring, RingClosed, join_all, start_thread
 from ._rng import check_seed
 
@@ -96,16 +96,16 @@ class Batch(Mapping):
     def __init__(self, owner: "Loader", number: int, arrays: Dict[str, np.ndarray], plan: BatchPlan) -> None:
         self._owner = weakref.ref(owner)  # a batch must not keep an abandoned loader (and its threads) alive
         self._arrays: Optional[Dict[str, np.ndarray]] = arrays
-        self.number = number
-        self.epoch = plan.epoch
-        self.index = plan.index
+        self.number = int(number)
+        self.epoch = int(plan.epoch)
+        self.index = int(plan.index)
         self.volumes = plan.volumes
         self.names = [owner.dataset.names[v] for v in plan.volumes]
         self.positions = plan.corners
         self.extents = plan.extents
         self.perms = plan.params.perms
         self.flips = plan.params.flips
-        self.valid = plan.valid
+        self.valid = int(plan.valid)
 
     @property
     def released(self) -> bool:
@@ -547,8 +547,8 @@ class Loader:
         if epoch_size is not None:
             epoch_size = integer(epoch_size, "epoch_size")
             if finite is not None and epoch_size != finite:
-                raise ValueError(f"epoch_size={epoch_size}, but {self.sampler!r} has {finite} batches per epoch; "
-                                 "leave epoch_size out")
+                raise ValueError(f"epoch_size={epoch_size}, but {self.sampler!r} has {plural(finite, 'batch')} per "
+                                 "epoch; leave epoch_size out")
         return finite if epoch_size is None else epoch_size
 
     def _current_shard(self) -> tuple:

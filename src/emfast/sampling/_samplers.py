@@ -752,7 +752,8 @@ class Tiled(Sampler):
     def sample(self, uniforms: np.ndarray, extents: np.ndarray, epoch: int, index: int) -> Draw:
         batches = self.batches_per_epoch()
         if not 0 <= index < batches:
-            raise ValueError(f"{self!r}: batch index {index} is outside the epoch of {batches} batches")
+            raise ValueError(f"{self!r}: batch index {index} is outside the epoch of {batches} "
+                             f"batch{'' if batches == 1 else 'es'}")
         extents = np.asarray(extents, dtype=np.int64)
         if len(extents) != self.batch_size or np.any(extents != self._extent):
             raise ValueError(f"{self!r}: expected {self.batch_size} windows of extent {_triple(self._extent)}")
