@@ -1,6 +1,7 @@
 """The loader end to end: contents, reproducibility, epochs, release semantics, errors and shutdown."""
 import _thread
 import gc
+import re
 import threading
 import time
 import tracemalloc
@@ -475,3 +476,31 @@ def test_reprs_and_counts_read_as_plain_python(rng):
         ef.Loader(ef.Dataset([sample]), patch=(4, 8, 8), batch_size=1, sampler=ef.Tiled(stride=2), epoch_size=3)
     with pytest.raises(ValueError, match=r"has 1 batch per epoch; leave epoch_size out"):
         ef.Loader(raw, patch=(8, 16, 16), batch_size=1, sampler=ef.Tiled(), epoch_size=3)
+
+
+@pytest.mark.parametrize("name, hint", [
+    ("affinities", r"Add it with targets=\[ef.Affinities\(...\)\] \(in a config: targets: \[affinities\]\)"),
+    ("affinities_mask", r"targets=\[ef.Affinities\(...\)\]"),
+    ("foreground", r"targets=\[ef.Foreground\(...\)\]"),
+    ("mask", r"Add it with a mask: Sample\(raw, labels, mask=...\)"),
+    ("labels_valid", "augmentations that move voxels from outside the data"),
+    ("raws", r"Did you mean 'raw'\?"),
+])
+def test_a_missing_batch_field_names_the_fields_there_and_the_option_that_adds_it(volumes, name, hint):
+    raw, labels = volumes
+    with ef.Loader(raw, labels, patch=PATCH, batch_size=1) as loader:
+        batch = loader.next_batch()
+        with pytest.raises(KeyError) as caught:
+            batch[name]
+        assert isinstance(caught.value, ef.pipeline.MissingFieldError)
+        message = str(caught.value)
+        assert message.startswith(f"the batch has no field {name!r}; it has 'raw', 'labels'."), message
+        assert re.search(hint, message), message
+        assert name not in batch and batch.get(name) is None
+
+
+def test_labels_missing_because_of_keep_labels_false_say_so(volumes):
+    raw, labels = volumes
+    with ef.Loader(raw, labels, patch=PATCH, batch_size=1, targets=["boundaries"], keep_labels=False) as loader:
+        with pytest.raises(KeyError, match="built with keep_labels=False; keep_labels=True delivers them"):
+            loader.next_batch()["labels"]

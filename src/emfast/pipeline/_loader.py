@@ -8,6 +8,7 @@ comes from a :class:`~emfast.pipeline._pool.SlotPool` and goes back to it when t
 from __future__ import annotations
 
 import copy
+import difflib
 import gc
 import numbers
 import os
@@ -24,7 +25,7 @@ from .. import augment as _augment
 from .. import targets as _targets
 from .._checks import integer, triple
 from .._machine import available_bytes, cores
-from .._registry import instantiate
+from .._registry import instantiate, registered
 from ..augment import Windows
 from ..io import Volume
 from ..sampling import Placed, Region, Sampler, Uniform, as_dataset
@@ -58,6 +59,42 @@ class InsufficientMemoryError(MemoryError, ValueError):
 
 def _gib(nbytes: int) -> str:
     return f"{nbytes / 2**30:,.2f} GiB"
+
+
+class MissingFieldError(KeyError):
+    """A batch has no field of that name: the message lists the fields it has and the option that adds it."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])  # KeyError would show the message quoted, as a repr
+
+
+def _missing_field_message(name: str, fields: Sequence[str], loader: Optional["Loader"]) -> str:
+    close = difflib.get_close_matches(name, fields, n=1)
+    typo = f" Did you mean {close[0]!r}?" if close else ""
+    return (f"the batch has no field {name!r}; it has {', '.join(map(repr, fields))}.{typo} "
+            f"{_field_source(name, loader)}")
+
+
+def _field_source(name: str, loader: Optional["Loader"]) -> str:
+    """Which option makes a batch deliver the field ``name``."""
+    for kind, target in registered("target").items():
+        try:
+            defaults = target().outputs()
+        except (TypeError, ValueError):  # a target without defaults: nothing to suggest by default name
+            continue
+        if name in defaults:
+            return (f"Add it with targets=[ef.{target.__name__}(...)] (in a config: targets: [{kind}]); a target's "
+                    "name= renames its fields")
+    if name == "mask":
+        return "Add it with a mask: Sample(raw, labels, mask=...) (in a config: the sample's mask:)"
+    if name == "labels":
+        if loader is not None and loader.dataset.has_labels:
+            return "This loader was built with keep_labels=False; keep_labels=True delivers them"
+        return "Add them with Loader(raw, labels) or Sample(raw, labels) (in a config: the sample's labels:)"
+    if name == "labels_valid":
+        return ("It comes with augmentations that move voxels from outside the data into the window (rotation, "
+                "scaling, elastic deformation)")
+    return f"Extra input channels are added with Sample(raw, ..., extra={{{name!r}: volume}}) (in a config: extra:)"
 
 
 class BatchReleasedError(RuntimeError):
@@ -118,7 +155,14 @@ class Batch(Mapping):
         return self._arrays
 
     def __getitem__(self, name: str) -> np.ndarray:
-        return self._live()[name]
+        arrays = self._live()
+        try:
+            return arrays[name]
+        except KeyError:
+            raise MissingFieldError(_missing_field_message(name, list(arrays), self._owner())) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._live()  # not through __getitem__: a missing field's message is built for people
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._live())
