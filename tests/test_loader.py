@@ -504,3 +504,24 @@ def test_labels_missing_because_of_keep_labels_false_say_so(volumes):
     with ef.Loader(raw, labels, patch=PATCH, batch_size=1, targets=["boundaries"], keep_labels=False) as loader:
         with pytest.raises(KeyError, match="built with keep_labels=False; keep_labels=True delivers them"):
             loader.next_batch()["labels"]
+
+
+def test_the_loader_docstring_gives_every_parameters_default():
+    """Each parameter with a default names it on its line of the docstring (``name : type, default value``)."""
+    import inspect
+
+    lines = ef.Loader.__doc__.splitlines()
+    entries = {}
+    for line in lines:
+        match = re.match(r"    ([a-z_, ]+) : (.*)$", line)
+        if match:
+            for name in match.group(1).split(", "):
+                entries[name] = match.group(2)
+    missing = []
+    for name, parameter in inspect.signature(ef.Loader).parameters.items():
+        if parameter.default is inspect.Parameter.empty:
+            continue
+        default = repr(parameter.default) if isinstance(parameter.default, (str, tuple)) else str(parameter.default)
+        if name not in entries or "default" not in entries[name] or default not in entries[name]:
+            missing.append(f"{name} (default {default}): {entries.get(name)!r}")
+    assert not missing, "\n".join(missing)

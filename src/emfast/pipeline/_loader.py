@@ -364,66 +364,66 @@ class Loader:
     data : Dataset, Sample, list of Sample, Volume or ndarray
         What to draw from: a :class:`~emfast.Dataset` of several annotated volumes, or a single raw volume
         ((z, y, x) or (c, z, y, x), uint8, uint16 or float32), converted to ``dtype`` and normalised.
-    labels : Volume or ndarray, optional
+    labels : Volume or ndarray, default None
         With a single raw volume: its labels (uint32, uint64 or int64), cut with the same geometry and copied bit
         for bit.
-    patch : (int, int, int)
+    patch : (int, int, int), default None
         Window (z, y, x) of input and output alike; or give ``patch_in`` and ``patch_out``.
-    patch_in, patch_out : (int, int, int)
+    patch_in, patch_out : (int, int, int), default None
         Input (raw, extra channels) and output (labels, mask, targets) windows, for networks with valid
         convolutions: ``patch_in`` exceeds ``patch_out`` by an even number per axis and the output window is
-        centred in it. 2.5-D: ``patch_in=(5, 256, 256), patch_out=(1, 256, 256)``.
-    batch_size : int
+        centred in it; either defaults to the other. 2.5-D: ``patch_in=(5, 256, 256), patch_out=(1, 256, 256)``.
+    batch_size : int, default 8
         Examples per batch.
-    augment : sequence of Augmentation or str
+    augment : sequence of Augmentation or str, default ('mirror', 'transpose')
         Augmentations, e.g. ``[Mirror(), Transpose(), Intensity()]`` or ``["mirror", "transpose"]``.
-    targets : sequence of Target or str
+    targets : sequence of Target or str, default ()
         Targets computed from the augmented labels, e.g. ``[Affinities(), Boundaries()]``; each adds its
         fields to the batch. Labels are cut larger by the targets' margin, so targets are exact up to the border.
-    sampler : Sampler or str, optional
-        Where windows are cut: :class:`~emfast.Uniform` (default), or a mask-aware, label-balanced or tiled
+    sampler : Sampler or str, default None
+        Where windows are cut: :class:`~emfast.Uniform` (the default, None), or a mask-aware, label-balanced or tiled
         sampler from :mod:`emfast.sampling`, or its registered name (``"masked"``, with default parameters), as in
         configs. The loader works on its own copy.
-    epoch_size : int, optional
+    epoch_size : int, default None
         Batches per epoch: each ``for batch in loader`` runs to the end of the current epoch. None: endless.
-    threads : int
+    threads : int, default 1
         Producer threads. The kernels release the GIL, so throughput scales with cores.
-    buffers : int, optional
-        Batches in flight: being made, ready, or current (default ``threads + 2``, at least 2).
-    max_buffers : int, optional
-        Most batch slots in memory (default ``2 * buffers``; host memory for a CPU loader, device memory for a
+    buffers : int, default None
+        Batches in flight: being made, ready, or current. None: ``threads + 2`` (at least 2).
+    max_buffers : int, default None
+        Most batch slots in memory (None: ``2 * buffers``; host memory for a CPU loader, device memory for a
         GPU loader). A slot is in use from when a producer starts a batch until the last array or tensor of
         that batch dies, so slots beyond ``buffers`` hold batches your program keeps. The loader starts with
         ``buffers`` slots and grows only when you keep batches; at ``max_buffers`` producers wait (``stall``)
         with one :class:`~emfast.BackPressureWarning`, and a :class:`~emfast.SlotsExhaustedError`
         ends the wait if the program holds every slot while it waits for the next batch.
-    seed : int
+    seed : int, default 0
         Seed in [0, 2**64). Batches are a pure function of (seed, epoch, batch index, rank): the same whatever
         ``threads`` and ``buffers``.
-    dtype : str
+    dtype : str, default 'float32'
         Raw output type, ``"float32"`` or ``"float16"``.
-    normalize : (float, float), dict, str, optional
+    normalize : (float, float), dict, str, default None
         Raw and extra channels: ``(scale, shift)`` (output = ``x * scale + shift``), ``{"mean": m, "std": s}``,
         ``"volume"`` (each volume to zero mean, unit variance from its statistics) or ``"minmax"`` (each
         volume's range to [0, 1]); per-volume statistics are computed once and cached beside the data, never in
-        it. Default: integers to [0, 1], float unchanged.
-    isotropic : bool
+        it. None: integers to [0, 1], float unchanged.
+    isotropic : bool, default False
         Allow transforms that swap z with y/x (only for data of equal resolution along all axes).
-    label_offset : (int, int, int), optional
+    label_offset : (int, int, int), default None
         With a single raw volume: position of the labels' first voxel in raw voxels, when labels cover only part
         of raw. Otherwise taken from the datasets' ``offset``/``resolution`` attributes, or the shapes must be
         equal.
-    keep_labels : bool
+    keep_labels : bool, default True
         Deliver ``batch["labels"]``. With targets you may not need them: False saves their copy (and, on a GPU,
         their transfer).
-    rank, world_size : int
+    rank, world_size : int, default 0 and 1
         Shard of the stream for distributed training (the ``torch.distributed`` convention): each rank draws a
         disjoint, deterministic set of batches.
-    worker_sharding : bool
+    worker_sharding : bool, default True
         A loader created inside a PyTorch ``DataLoader`` worker shards the stream further by the worker's id and
         the number of workers (as ``rank``/``world_size`` do), so that workers never deliver the same batches.
         False: every worker draws the whole stream of its rank.
-    device : str
+    device : str, default 'cpu'
         Where batches are delivered: ``"cpu"`` (NumPy arrays), ``"cuda"`` / ``"cuda:N"`` (device arrays with
         ``__cuda_array_interface__``, copied asynchronously from page-locked memory; needs pycuda), or
         ``"auto"`` (CUDA if usable, else the CPU with a notice). See :mod:`emfast.transfer`.
