@@ -15,6 +15,7 @@ import emfast as ef
 from emfast._machine import available_bytes
 from emfast.cli import main
 from emfast.pipeline import InsufficientMemoryError
+from emfast.transfer._fake import FakeDevice
 from threads import emfast_threads, threads_end
 
 PATCH = (4, 16, 16)
@@ -177,13 +178,13 @@ def _interrupted_in_start(error):
     return "start" in frames
 
 
-@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="SIGINT reaches the main thread")
-def test_ctrl_c_at_random_moments_of_start_leaves_no_thread_running(raw):
+def _interrupt_starts(make_loader, trials):
+    """Ctrl-C ``trials`` loaders at random moments of their start; return (loaders, interrupts inside start())."""
     randomness = random.Random(2024)
     in_start = 0
     loaders = []  # kept alive, as a user's variable keeps them: their finalizers must not be what stops the threads
-    for trial in range(16):
-        loader = ef.Loader(raw, patch=PATCH, batch_size=8, threads=12, buffers=24, seed=trial)
+    for trial in range(trials):
+        loader = make_loader(trial)
         loaders.append(loader)
         after_first_producer = trial % 2 == 1
         sender = _sigint_after(randomness.uniform(0, 0.002 if after_first_producer else 0.01), after_first_producer)
@@ -197,7 +198,29 @@ def test_ctrl_c_at_random_moments_of_start_leaves_no_thread_running(raw):
         finally:
             sender.join()
         assert threads_end(seconds=2), f"trial {trial}: threads still running after Ctrl-C: {emfast_threads()}"
+    return loaders, in_start
+
+
+MAIN_THREAD_ONLY = pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
+                                      reason="SIGINT reaches the main thread")
+
+
+@MAIN_THREAD_ONLY
+def test_ctrl_c_at_random_moments_of_start_leaves_no_thread_running(raw):
+    loaders, in_start = _interrupt_starts(
+        lambda trial: ef.Loader(raw, patch=PATCH, batch_size=8, threads=12, buffers=24, seed=trial), 16)
     assert in_start >= 4, f"only {in_start} of 16 interrupts landed inside start(); the test lost its aim"
+    for loader in loaders:
+        loader.close()
+
+
+@MAIN_THREAD_ONLY
+def test_ctrl_c_during_start_of_a_device_loader_stops_the_copier_and_frees_the_device(raw):
+    devices = [FakeDevice(seed=trial) for trial in range(8)]
+    loaders, in_start = _interrupt_starts(
+        lambda trial: ef.Loader(raw, patch=PATCH, batch_size=8, threads=8, buffers=8, device=devices[trial]), 8)
+    assert in_start >= 2
+    assert all(device.closed and device.live == 0 for device in devices), [d.live for d in devices]
     for loader in loaders:
         loader.close()
 
