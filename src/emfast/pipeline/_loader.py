@@ -615,14 +615,20 @@ class Loader:
         if self.threads > limit:
             raise ValueError(f"threads={self.threads} is far beyond this machine's {usable} usable cores (at most "
                              f"{limit}): the kernels release the GIL, so about one thread per core is fastest")
+        self._check_memory()
+
+    def _check_memory(self) -> None:
+        """Refuse batch slots and scratch beyond the memory available (or, where unknown, the address space)."""
         available = available_bytes()
+        limit, where = (available, "of memory is available") if available is not None else \
+            (sys.maxsize, "can be addressed")
         # slots at start plus one growth per producer, and each producer's scratch buffers; Python ints throughout
         count = self.buffers + self.threads
         scratch = self.threads * self._gatherer.scratch_bytes()
         needed = count * self.slot_bytes + scratch
-        if available is not None and needed > available:
+        if needed > limit:
             raise InsufficientMemoryError(
-                f"the loader needs {_gib(needed)} but only {_gib(available)} of memory is available: {count} batch "
+                f"the loader needs {_gib(needed)} but only {_gib(limit)} {where}: {count} batch "
                 f"slots (buffers={self.buffers}, plus one per producer thread) of {_gib(self.slot_bytes)} each "
                 f"(batch_size={self.batch_size} x patch_in {self.patch_in}), plus {_gib(scratch)} of per-thread "
                 "scratch; use a smaller batch_size or patch, or fewer buffers or threads")
