@@ -105,10 +105,12 @@ class Batch(Mapping):
     """One batch: a mapping of field name to array of shape (B, C, Z, Y, X), plus where it came from.
 
     The mapping is valid until the thread that got it requests the next batch (or ends), :meth:`release` is
-    called, or the loader closes; afterwards indexing the batch raises :class:`BatchReleasedError`. The arrays (and views, tensors or CuPy
-    arrays made from them) stay valid for as long as you hold them: their slot goes back to the loader only when
-    the last of them dies. Holding the previous batch until the next step reassigns it costs one extra slot, no
-    allocation per batch; holding many batches makes the loader wait once its ``max_buffers`` slots are in use.
+    called, or the loader closes; afterwards indexing the batch raises :class:`BatchReleasedError`. The arrays
+    (and views, tensors or CuPy arrays made from them) stay valid for as long as you hold them: their slot goes
+    back to the loader only when the last of them dies. Holding the previous batch until the next step
+    reassigns it costs one extra slot, no allocation per batch; holding many batches makes the loader wait once
+    its ``max_buffers`` slots are in use. Several threads may take batches from one loader: each batch goes to one
+    of them.
 
     Attributes
     ----------
@@ -372,7 +374,8 @@ class Loader:
     patch_in, patch_out : (int, int, int), default None
         Input (raw, extra channels) and output (labels, mask, targets) windows, for networks with valid
         convolutions: ``patch_in`` exceeds ``patch_out`` by an even number per axis and the output window is
-        centred in it; either defaults to the other. 2.5-D: ``patch_in=(5, 256, 256), patch_out=(1, 256, 256)``.
+        centred in it; either defaults to the other. 2.5-D: ``patch_in=(5, 256, 256),
+        patch_out=(1, 256, 256)``.
     batch_size : int, default 8
         Examples per batch.
     augment : sequence of Augmentation or str, default ('mirror', 'transpose')
@@ -381,8 +384,8 @@ class Loader:
         Targets computed from the augmented labels, e.g. ``[Affinities(), Boundaries()]``; each adds its
         fields to the batch. Labels are cut larger by the targets' margin, so targets are exact up to the border.
     sampler : Sampler or str, default None
-        Where windows are cut: :class:`~emfast.Uniform` (the default, None), or a mask-aware, label-balanced or tiled
-        sampler from :mod:`emfast.sampling`, or its registered name (``"masked"``, with default parameters), as in
+        Where windows are cut. None: :class:`~emfast.Uniform`; or a mask-aware, label-balanced or tiled sampler
+        from :mod:`emfast.sampling`, or its registered name (``"masked"``, with default parameters), as in
         configs. The loader works on its own copy.
     epoch_size : int, default None
         Batches per epoch: each ``for batch in loader`` runs to the end of the current epoch. None: endless.
@@ -498,6 +501,7 @@ class Loader:
         self._check_resources()
         self._profile = Profile(self.threads)
         self._pipeline: Optional[_Pipeline] = None
+        self._finalizer: Optional[weakref.finalize] = None
         #: Thread id -> the batch that thread got last and has not released (its mapping is live).
         self._held: Dict[int, Batch] = {}
         self._holding = threading.Lock()  # guards _held; never held while waiting
@@ -687,8 +691,9 @@ class Loader:
                 export = lambda lease: backend.export(lease.slot.memory, lease)  # noqa: E731
             producers = _Producers(host_ring, host_slots, self._planner, self._gatherer, self._profile,
                                    self.epoch_size, self.threads)
-            self._pipeline = _Pipeline(producers, consumer_ring, pool, copier, export)
-            self._finalizer = weakref.finalize(self, _stop_abandoned, self._pipeline)
+            pipeline = _Pipeline(producers, consumer_ring, pool, copier, export)
+            self._finalizer = weakref.finalize(self, _stop_abandoned, pipeline)
+            self._pipeline = pipeline
             _STARTED.add(self)
             producers.start()
             if copier is not None:
@@ -699,9 +704,10 @@ class Loader:
 
     def _undo_launch(self, pool: Optional[SlotPool], copier: Optional[Copier]) -> None:
         """Stop, join and free what an interrupted :meth:`_launch` made, leaving the loader unstarted."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
         if self._pipeline is not None:
             pipeline, self._pipeline = self._pipeline, None
-            self._finalizer.detach()
             _STARTED.discard(self)
             pipeline.stop()
         elif copier is not None:  # its thread may run already: closed rings and finish() end it
