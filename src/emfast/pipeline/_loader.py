@@ -414,8 +414,10 @@ class Loader:
         Allow transforms that swap z with y/x (only for data of equal resolution along all axes).
     label_offset : (int, int, int), default None
         With a single raw volume: position of the labels' first voxel in raw voxels, when labels cover only part
-        of raw. Otherwise taken from the datasets' ``offset``/``resolution`` attributes, or the shapes must be
-        equal.
+        of raw. Otherwise taken from the datasets' ``offset``/``resolution`` attributes (a dataset with a
+        resolution but no offset lies at 0, as in gunpowder, funlib and CREMI files), or, where neither has an
+        offset, the shapes must be equal. An offset contradicting the attributes is refused (see
+        :class:`~emfast.Sample`).
     keep_labels : bool, default True
         Deliver ``batch["labels"]``. With targets you may not need them: False saves their copy (and, on a GPU,
         their transfer).
