@@ -166,6 +166,9 @@ class Batch(Mapping):
     def __contains__(self, name: object) -> bool:
         return name in self._live()  # not through __getitem__: a missing field's message is built for people
 
+    def get(self, name: str, default=None):
+        return self._live().get(name, default)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._live())
 
