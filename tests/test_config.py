@@ -361,7 +361,7 @@ def test_demo_with_the_builtin_config(tmp_path, capsys):
     args = ["demo", "--config", "--batches", "1", "--cache-dir", str(tmp_path), "--volume-shape", "40", "160", "160"]
     assert main(args) == 0
     captured = capsys.readouterr()
-    assert "1 batches in" in captured.out and "sampler: balanced" in captured.err
+    assert "1 batch in" in captured.out and "sampler: balanced" in captured.err
     assert [p.name for p in tmp_path.glob("*.h5")] == ["demo-v1-40x160x160-s0.h5"]
 
 

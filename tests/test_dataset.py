@@ -258,3 +258,20 @@ def test_labels_can_be_left_out_when_only_targets_are_needed(dataset):
         assert set(loader.next_batch()) == {"raw"}
     with pytest.raises(TypeError, match="keep_labels must be True or False"):
         ef.Loader(dataset, patch=PATCH, keep_labels="no")
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    (dict(raw=np.int32), "raw: raw must be uint8, uint16 or float32, not int32"),
+    (dict(raw=np.uint64), "raw: raw must be uint8, uint16 or float32, not uint64"),
+    (dict(labels=np.float32), "labels: labels must be uint32, uint64 or int64, not float32"),
+    (dict(mask=np.uint16), "mask: mask must be uint8 or bool, not uint16"),
+    (dict(extra=np.uint32), "extra 'second': extra channels must be uint8, uint16 or float32, not uint32"),
+])
+def test_a_wrong_dtype_lists_only_that_fields_supported_dtypes(kwargs, expected):
+    def volume(role, default):
+        return np.zeros((6, 8, 8), kwargs.get(role, default))
+
+    with pytest.raises(TypeError) as caught:
+        ef.Sample(volume("raw", np.uint8), volume("labels", np.uint64), mask=volume("mask", np.uint8),
+                  extra={"second": volume("extra", np.uint8)})
+    assert str(caught.value) == expected

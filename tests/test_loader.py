@@ -1,6 +1,7 @@
 """The loader end to end: contents, reproducibility, epochs, release semantics, errors and shutdown."""
 import _thread
 import gc
+import re
 import threading
 import time
 import tracemalloc
@@ -262,7 +263,8 @@ def test_memory_does_not_grow_while_streaming(volumes):
     (dict(buffers=5, max_buffers=3), ValueError, r"max_buffers \(3\) must be at least buffers \(5\)"),
     (dict(max_buffers=True), ValueError, "max_buffers must be an integer"),
     (dict(threads=1000), ValueError, "threads=1000 is far beyond this machine's"),
-    (dict(batch_size=64, buffers=10**7), MemoryError, r"buffers=10000000 batch slots of .* GiB of memory is"),
+    (dict(batch_size=64, buffers=10**7), MemoryError,
+     r"of memory is available: 10000001 batch slots \(buffers=10000000"),
     (dict(epoch_size=0), ValueError, "epoch_size"),
     (dict(seed=-1), ValueError, "seed"),
     (dict(dtype="float64"), ValueError, "dtype must be"),
@@ -455,3 +457,72 @@ def test_a_producer_error_reaches_the_consumer_with_its_message_and_attributes(v
             with pytest.raises(FormattedError) as info:
                 loader.next_batch()
             assert str(info.value) == "batch 1 is bad" and info.value.number == 1
+
+
+def test_reprs_and_counts_read_as_plain_python(rng):
+    """NumPy-typed arguments (from arrays, configs) must not show as np.int64(4) in reprs, and one is singular."""
+    i = np.int64
+    raw = rng.integers(0, 256, (8, 16, 16), dtype=np.uint8)
+    labels = np.zeros((6, 12, 12), np.uint64)
+    sample = ef.Sample(raw, labels, label_offset=(i(1), i(2), i(2)), weight=np.float32(2))
+    with ef.Loader(ef.Dataset([sample]), patch=(i(4), i(8), i(8)), batch_size=i(1), sampler=ef.Tiled(stride=i(4)),
+                   augment=[], seed=i(3)) as loader:
+        batch = loader.next_batch()
+        texts = [repr(sample), repr(loader), repr(loader.sampler), repr(batch), str(loader.profile),
+                 repr((batch.number, batch.epoch, batch.index, batch.valid)), repr(loader.state_dict())]
+    assert not [text for text in texts if "np." in text], texts
+    assert repr(sample) == "Sample('raw', raw=(8, 16, 16), labels=(6, 12, 12) at (1, 2, 2), weight=2.0)"
+    assert str(loader.profile).startswith("1 batch in ") and "batches/s, 1 producer thread)" in str(loader.profile)
+    with pytest.raises(ValueError, match=r"has 18 batches per epoch"):
+        ef.Loader(ef.Dataset([sample]), patch=(4, 8, 8), batch_size=1, sampler=ef.Tiled(stride=2), epoch_size=3)
+    with pytest.raises(ValueError, match=r"has 1 batch per epoch; leave epoch_size out"):
+        ef.Loader(raw, patch=(8, 16, 16), batch_size=1, sampler=ef.Tiled(), epoch_size=3)
+
+
+@pytest.mark.parametrize("name, hint", [
+    ("affinities", r"Add it with targets=\[ef.Affinities\(...\)\] \(in a config: targets: \[affinities\]\)"),
+    ("affinities_mask", r"targets=\[ef.Affinities\(...\)\]"),
+    ("foreground", r"targets=\[ef.Foreground\(...\)\]"),
+    ("mask", r"Add it with a mask: Sample\(raw, labels, mask=...\)"),
+    ("labels_valid", "augmentations that move voxels from outside the data"),
+    ("raws", r"Did you mean 'raw'\?"),
+])
+def test_a_missing_batch_field_names_the_fields_there_and_the_option_that_adds_it(volumes, name, hint):
+    raw, labels = volumes
+    with ef.Loader(raw, labels, patch=PATCH, batch_size=1) as loader:
+        batch = loader.next_batch()
+        with pytest.raises(KeyError) as caught:
+            batch[name]
+        assert isinstance(caught.value, ef.pipeline.MissingFieldError)
+        message = str(caught.value)
+        assert message.startswith(f"the batch has no field {name!r}; it has 'raw', 'labels'."), message
+        assert re.search(hint, message), message
+        assert name not in batch and batch.get(name) is None
+
+
+def test_labels_missing_because_of_keep_labels_false_say_so(volumes):
+    raw, labels = volumes
+    with ef.Loader(raw, labels, patch=PATCH, batch_size=1, targets=["boundaries"], keep_labels=False) as loader:
+        with pytest.raises(KeyError, match="built with keep_labels=False; keep_labels=True delivers them"):
+            loader.next_batch()["labels"]
+
+
+def test_the_loader_docstring_gives_every_parameters_default():
+    """Each parameter with a default names it on its line of the docstring (``name : type, default value``)."""
+    import inspect
+
+    lines = ef.Loader.__doc__.splitlines()
+    entries = {}
+    for line in lines:
+        match = re.match(r"    ([a-z_, ]+) : (.*)$", line)
+        if match:
+            for name in match.group(1).split(", "):
+                entries[name] = match.group(2)
+    missing = []
+    for name, parameter in inspect.signature(ef.Loader).parameters.items():
+        if parameter.default is inspect.Parameter.empty:
+            continue
+        default = repr(parameter.default) if isinstance(parameter.default, (str, tuple)) else str(parameter.default)
+        if name not in entries or "default" not in entries[name] or default not in entries[name]:
+            missing.append(f"{name} (default {default}): {entries.get(name)!r}")
+    assert not missing, "\n".join(missing)

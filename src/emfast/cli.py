@@ -19,8 +19,8 @@ from . import bench as _bench
 from . import config as _config
 from ._machine import cores
 from .augment import Intensity, Mirror, Transpose
-from .io import (LABELS_DATASET, RAW_DATASET, DatasetNotFoundError, demo_volume_path, hdf5, open_hdf5, open_volume,
-                 split_path)
+from .io import (LABELS_DATASET, RAW_DATASET, DatasetNotFoundError, Volume, demo_volume_path, hdf5, open_hdf5,
+                 open_volume, split_path)
 from .io._convert import COMPRESSORS, progress_bar
 from .io._convert import convert as convert_volume
 from .io._n5 import list_n5_datasets
@@ -74,6 +74,11 @@ def _triple(text: List[int]) -> tuple:
     return tuple(int(v) for v in text)
 
 
+def _stand_in(shape: tuple, dtype, name: str) -> Volume:
+    """A volume of ``shape`` that allocates nothing (every voxel is one shared zero), for checking arguments."""
+    return Volume.from_array(np.broadcast_to(np.zeros((), dtype), shape), name=name)
+
+
 def demo(args: argparse.Namespace) -> int:
     """Build (once) the built-in volume and stream batches through the full loader."""
     if args.batches < 1:
@@ -81,13 +86,18 @@ def demo(args: argparse.Namespace) -> int:
     if args.config is not None:
         return _config_demo(args)
     shape = _triple(args.volume_shape)
+    augment = [Mirror(), Transpose(), Intensity(scale=0.1, shift=0.1)]
+    settings = dict(patch=_triple(args.patch), batch_size=args.batch_size, augment=augment, threads=args.threads,
+                    seed=args.seed, dtype=args.dtype, epoch_size=args.batches)
+    # Every check (patch against the volume, memory, threads) before the volume is built and cached: a stand-in
+    # of its shape and dtypes costs no memory.
+    Loader(_stand_in(shape, np.uint8, f"the built-in volume {shape}"), _stand_in(shape, np.uint64, "labels"),
+           **settings)
     print(f"emfast {__version__}: preparing the built-in EM volume {shape} ...", file=sys.stderr)
     path = demo_volume_path(cache_dir=args.cache_dir, shape=shape)
     raw = hdf5(path, RAW_DATASET, in_memory=not args.lazy)
     labels = hdf5(path, LABELS_DATASET, in_memory=not args.lazy)
-    augment = [Mirror(), Transpose(), Intensity(scale=0.1, shift=0.1)]
-    loader = Loader(raw, labels, patch=_triple(args.patch), batch_size=args.batch_size, augment=augment,
-                    threads=args.threads, seed=args.seed, dtype=args.dtype, epoch_size=args.batches)
+    loader = Loader(raw, labels, **settings)
     print(f"volume: {path}\n  raw {raw.shape} {raw.dtype}, labels {labels.dtype}"
           f"{' (read lazily)' if args.lazy else ''}\n"
           f"batches of {args.batch_size} x {loader.patch}, {args.threads} producer thread(s), "

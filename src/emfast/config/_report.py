@@ -10,9 +10,8 @@ import numpy as np
 
 from ..io import Volume
 from ..pipeline import Loader
+from ..pipeline._profile import plural
 from ._config import Config, close_volumes
-
-
 
 
 # -- the summary of `emfast check` --------------------------------------------------------------------------------
@@ -27,6 +26,11 @@ def _size(nbytes: float) -> str:
             return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
         nbytes /= 1024
     return ""
+
+
+def _voxels(shape) -> int:
+    """Voxels of a box, in Python ints (a NumPy product overflows int64 silently)."""
+    return math.prod(int(n) for n in shape)
 
 
 def _tuple(values) -> str:
@@ -51,7 +55,7 @@ def _placement(raw: Volume, placed) -> str:
     lo = np.maximum(placed.origin, 0)
     hi = np.minimum(placed.end, np.asarray(raw.shape))
     overlap = np.maximum(hi - lo, 0)
-    fraction = float(np.prod(overlap)) / float(np.prod(raw.shape))
+    fraction = _voxels(overlap) / _voxels(raw.shape)
     return (f"           origin {_tuple(placed.origin)} in raw voxels; overlap with raw {_tuple(overlap)} "
             f"= {100 * fraction:.1f}% of raw")
 
@@ -60,7 +64,7 @@ def _label_census(labels: Volume) -> str:
     """Background fraction and distinct ids from a strided subsample (in memory) or the central box (lazy)."""
     shape = np.asarray(labels.shape)
     if labels.in_memory:
-        step = max(1, math.ceil((float(np.prod(shape)) / CENSUS_VOXELS) ** (1 / 3)))
+        step = max(1, math.ceil((_voxels(shape) / CENSUS_VOXELS) ** (1 / 3)))
         data = labels.array[0][::step, ::step, ::step]
         how = f"a subsample with step {step} along each axis" if step > 1 else "every voxel"
     else:
@@ -78,7 +82,7 @@ def _windows(loader: Loader, index: int) -> str:
     region = loader.regions[index]
     raw = loader.dataset.samples[index].raw
     lo, hi = np.asarray(region.lo), np.asarray(region.hi)
-    box = float(np.prod(hi - lo)) / float(np.prod(raw.shape))
+    box = _voxels(hi - lo) / _voxels(raw.shape)
     text = f"output windows lie in [{_tuple(lo)}, {_tuple(hi)}) = {100 * box:.1f}% of raw"
     detail = loader.sampler.describe(index, tuple(int(e) for e in loader.patch_out))
     return text if detail is None else f"{text}; {detail}"
@@ -142,7 +146,7 @@ def describe(config: Config, *, cache_dir=None, demo_shape=None) -> str:
                 lines.append("  windows  " + _windows(loader, index))
                 in_memory += sum(v.nbytes for v in volumes if v.in_memory)
                 caches += sum(v.cache_stats.budget_bytes for v in volumes if not v.in_memory)
-            epoch = f"{loader.epoch_size} batches per epoch" if loader.epoch_size else "endless"
+            epoch = f"{plural(loader.epoch_size, 'batch')} per epoch" if loader.epoch_size else "endless"
             geometry = f"patch {_tuple(loader.patch_out)}" if loader.patch_in == loader.patch_out else \
                 f"patch_in {_tuple(loader.patch_in)} -> patch_out {_tuple(loader.patch_out)}"
             lines.append(f"loader ({split}): batch {loader.batch_size} x {geometry}, {loader.threads} thread(s), "

@@ -7,10 +7,10 @@ May import: every stage below it (``emfast.io``, ``emfast.sampling``, ``emfast.a
 ``emfast.transfer``) and the shared modules (``emfast._core``, ``emfast._registry``, ``emfast._checks``,
 ``emfast._machine``).
 """
-from ._loader import Batch, BatchReleasedError, Loader
+from ._loader import Batch, BatchReleasedError, InsufficientMemoryError, Loader, MissingFieldError
 from ._normalize import NORMALIZE_MODES, normalization
 from ._pool import BackPressureWarning, SlotsExhaustedError
 from ._profile import ProfileReport
 
-__all__ = ["NORMALIZE_MODES", "BackPressureWarning", "Batch", "BatchReleasedError", "Loader", "ProfileReport",
-           "SlotsExhaustedError", "normalization"]
+__all__ = ["NORMALIZE_MODES", "BackPressureWarning", "Batch", "BatchReleasedError", "InsufficientMemoryError",
+           "Loader", "MissingFieldError", "ProfileReport", "SlotsExhaustedError", "normalization"]

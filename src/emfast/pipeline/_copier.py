@@ -9,7 +9,7 @@ from typing import Callable, Optional
 from ..transfer import Fields, TransferBackend
 from ._pool import FixedSlots, SlotPool
 from ._profile import Profile
-from ._ring import Ring, RingClosed, join_all
+from ._ring import Ring, RingClosed, join_all, start_thread
 
 
 class Copier:
@@ -52,7 +52,7 @@ class Copier:
 
     def open(self) -> None:
         """Start the thread and wait until it has allocated everything; raise its error if it could not."""
-        self.thread.start()
+        start_thread(self.thread)
         self._opened.wait()
         if self._open_error is not None:
             self.thread.join()

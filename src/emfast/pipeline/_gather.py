@@ -9,6 +9,7 @@ permuted into source axes like the patch itself.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
@@ -22,6 +23,12 @@ from ..sampling import Placed
 from ..targets import Target, compute_targets
 from ._plan import BatchPlan, window_extents
 from ._profile import Profile
+
+
+def nbytes(shape: Sequence[int], dtype) -> int:
+    """Bytes of an array of ``shape`` and ``dtype``, exact for any size (Python ints, no int64 overflow)."""
+    return math.prod(int(n) for n in shape) * np.dtype(dtype).itemsize
+
 
 @dataclass
 class Field:
@@ -135,12 +142,28 @@ class Gatherer:
             array.fill(0)
         return arrays
 
+    def slot_bytes(self) -> int:
+        """Bytes of one slot's arrays, in Python ints (a NumPy product of a huge batch overflows to nonsense)."""
+        return sum(nbytes(shape, dtype) for shape, dtype in self.output_fields().values())
+
+    def scratch_bytes(self) -> int:
+        """Bytes of one producer thread's :meth:`new_scratch`, in Python ints."""
+        total = 0
+        for f in self.fields:
+            if f.lazy:
+                total += self.batch_size * nbytes((f.channels,) + tuple(f.patch), f.sources[0].volume.dtype)
+            if not f.delivered:
+                total += nbytes(f.shape(self.batch_size), f.dtype)
+        if self.track_valid:
+            total += nbytes(self._by_name["labels"].shape(self.batch_size), np.uint8)
+        return total
+
     def new_scratch(self) -> Dict[str, object]:
         """Per-thread buffers: flat read buffers per example for lazily read fields, and intermediate fields."""
         scratch: Dict[str, object] = {}
         for f in self.fields:
             if f.lazy:
-                size = f.channels * int(np.prod(f.patch))
+                size = f.channels * math.prod(f.patch)
                 dtype = f.sources[0].volume.dtype
                 scratch["read:" + f.name] = [np.empty(size, dtype=dtype) for _ in range(self.batch_size)]
             if not f.delivered:

@@ -8,6 +8,7 @@ comes from a :class:`~emfast.pipeline._pool.SlotPool` and goes back to it when t
 from __future__ import annotations
 
 import copy
+import difflib
 import gc
 import numbers
 import os
@@ -24,7 +25,7 @@ from .. import augment as _augment
 from .. import targets as _targets
 from .._checks import integer, triple
 from .._machine import available_bytes, cores
-from .._registry import instantiate
+from .._registry import instantiate, registered
 from ..augment import Windows
 from ..io import Volume
 from ..sampling import Placed, Region, Sampler, Uniform, as_dataset
@@ -34,8 +35,8 @@ from ._gather import Field, Gatherer
 from ._normalize import normalization
 from ._plan import BatchPlan, Planner, window_extents
 from ._pool import Lease, SlotPool, SlotsExhaustedError
-from ._profile import Profile, ProfileReport
-from ._ring import Ring, RingClosed, join_all
+from ._profile import Profile, ProfileReport, plural
+from ._ring import Ring, RingClosed, join_all, start_thread
 from ._rng import check_seed
 
 OUTPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
@@ -49,6 +50,51 @@ MIN_THREAD_LIMIT = 16
 EXHAUSTED_GRACE_SECONDS = 2.0
 
 
+class InsufficientMemoryError(MemoryError, ValueError):
+    """The loader's batch slots would not fit in the memory available: refused before anything is allocated.
+
+    A ValueError too, since the cause is an argument (batch size, patch, buffers, threads).
+    """
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:,.2f} GiB"
+
+
+class MissingFieldError(KeyError):
+    """A batch has no field of that name: the message lists the fields it has and the option that adds it."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])  # KeyError would show the message quoted, as a repr
+
+
+def _missing_field_message(name: str, fields: Sequence[str], loader: Optional["Loader"]) -> str:
+    close = difflib.get_close_matches(name, fields, n=1)
+    typo = f" Did you mean {close[0]!r}?" if close else ""
+    return (f"the batch has no field {name!r}; it has {', '.join(map(repr, fields))}.{typo} "
+            f"{_field_source(name, loader)}")
+
+
+def _field_source(name: str, loader: Optional["Loader"]) -> str:
+    """Which option makes a batch deliver the field ``name``."""
+    for kind, target in registered("target").items():
+        try:
+            defaults = target().outputs()
+        except (TypeError, ValueError):  # a target without defaults: nothing to suggest by default name
+            continue
+        if name in defaults:
+            return (f"Add it with targets=[ef.{target.__name__}(...)] (in a config: targets: [{kind}]); a target's "
+                    "name= renames its fields")
+    if name == "mask":
+        return "Add it with a mask: Sample(raw, labels, mask=...) (in a config: the sample's mask:)"
+    if name == "labels":
+        if loader is not None and loader.dataset.has_labels:
+            return "This loader was built with keep_labels=False; keep_labels=True delivers them"
+        return "Add them with Loader(raw, labels) or Sample(raw, labels) (in a config: the sample's labels:)"
+    if name == "labels_valid":
+        return ("It comes with augmentations that move voxels from outside the data into the window (rotation, "
+                "scaling, elastic deformation)")
+    return f"Extra input channels are added with Sample(raw, ..., extra={{{name!r}: volume}}) (in a config: extra:)"
 
 
 class BatchReleasedError(RuntimeError):
@@ -58,11 +104,13 @@ class BatchReleasedError(RuntimeError):
 class Batch(Mapping):
     """One batch: a mapping of field name to array of shape (B, C, Z, Y, X), plus where it came from.
 
-    The mapping is valid until the next batch is requested, :meth:`release` is called, or the loader closes;
-    afterwards indexing the batch raises :class:`BatchReleasedError`. The arrays (and views, tensors or CuPy
-    arrays made from them) stay valid for as long as you hold them: their slot goes back to the loader only when
-    the last of them dies. Holding the previous batch until the next step reassigns it costs one extra slot, no
-    allocation per batch; holding many batches makes the loader wait once its ``max_buffers`` slots are in use.
+    The mapping is valid until the thread that got it requests the next batch (or ends), :meth:`release` is
+    called, or the loader closes; afterwards indexing the batch raises :class:`BatchReleasedError`. The arrays
+    (and views, tensors or CuPy arrays made from them) stay valid for as long as you hold them: their slot goes
+    back to the loader only when the last of them dies. Holding the previous batch until the next step
+    reassigns it costs one extra slot, no allocation per batch; holding many batches makes the loader wait once
+    its ``max_buffers`` slots are in use. Several threads may take batches from one loader: each batch goes to one
+    of them.
 
     Attributes
     ----------
@@ -87,16 +135,16 @@ class Batch(Mapping):
     def __init__(self, owner: "Loader", number: int, arrays: Dict[str, np.ndarray], plan: BatchPlan) -> None:
         self._owner = weakref.ref(owner)  # a batch must not keep an abandoned loader (and its threads) alive
         self._arrays: Optional[Dict[str, np.ndarray]] = arrays
-        self.number = number
-        self.epoch = plan.epoch
-        self.index = plan.index
+        self.number = int(number)
+        self.epoch = int(plan.epoch)
+        self.index = int(plan.index)
         self.volumes = plan.volumes
         self.names = [owner.dataset.names[v] for v in plan.volumes]
         self.positions = plan.corners
         self.extents = plan.extents
         self.perms = plan.params.perms
         self.flips = plan.params.flips
-        self.valid = plan.valid
+        self.valid = int(plan.valid)
 
     @property
     def released(self) -> bool:
@@ -109,7 +157,17 @@ class Batch(Mapping):
         return self._arrays
 
     def __getitem__(self, name: str) -> np.ndarray:
-        return self._live()[name]
+        arrays = self._live()
+        try:
+            return arrays[name]
+        except KeyError:
+            raise MissingFieldError(_missing_field_message(name, list(arrays), self._owner())) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._live()  # not through __getitem__: a missing field's message is built for people
+
+    def get(self, name: str, default=None):
+        return self._live().get(name, default)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._live())
@@ -207,7 +265,7 @@ class _Producers:
 
     def start(self) -> None:
         for thread in self.threads:
-            thread.start()
+            start_thread(thread)
 
     def alive(self) -> bool:
         return any(thread.is_alive() for thread in self.threads)
@@ -259,6 +317,18 @@ def _host_arrays(lease: Lease) -> Dict[str, np.ndarray]:
     return {name: np.asarray(_HostView(array, lease)) for name, array in lease.slot.memory.items()}
 
 
+def _run_every(steps) -> None:
+    """Run every step even if Ctrl-C interrupts one (again and again), then raise the interrupt."""
+    interrupted: Optional[KeyboardInterrupt] = None
+    for step in steps:
+        try:
+            step()
+        except KeyboardInterrupt as error:
+            interrupted = error
+    if interrupted is not None:
+        raise interrupted
+
+
 class _Pipeline:
     """Everything with a thread: producers, and for a device the copier. Holds no reference to the Loader.
 
@@ -279,15 +349,8 @@ class _Pipeline:
 
     def stop(self) -> None:
         """Close, join and free everything; every step runs even if Ctrl-C interrupts one, then it is raised."""
-        interrupted: Optional[KeyboardInterrupt] = None
         finish = self.copier.finish if self.copier is not None else self.pool.close  # the copier frees its pool
-        for step in (self.consumer_ring.close, self.producers.stop, finish):
-            try:
-                step()
-            except KeyboardInterrupt as error:
-                interrupted = error
-        if interrupted is not None:
-            raise interrupted
+        _run_every([self.consumer_ring.close, self.producers.stop, finish])
 
     def exhausted(self, number: int) -> Optional[str]:
         """Why batch ``number`` cannot be made while the consumer waits for it, or None."""
@@ -306,66 +369,69 @@ class Loader:
     data : Dataset, Sample, list of Sample, Volume or ndarray
         What to draw from: a :class:`~emfast.Dataset` of several annotated volumes, or a single raw volume
         ((z, y, x) or (c, z, y, x), uint8, uint16 or float32), converted to ``dtype`` and normalised.
-    labels : Volume or ndarray, optional
+    labels : Volume or ndarray, default None
         With a single raw volume: its labels (uint32, uint64 or int64), cut with the same geometry and copied bit
         for bit.
-    patch : (int, int, int)
+    patch : (int, int, int), default None
         Window (z, y, x) of input and output alike; or give ``patch_in`` and ``patch_out``.
-    patch_in, patch_out : (int, int, int)
+    patch_in, patch_out : (int, int, int), default None
         Input (raw, extra channels) and output (labels, mask, targets) windows, for networks with valid
         convolutions: ``patch_in`` exceeds ``patch_out`` by an even number per axis and the output window is
-        centred in it. 2.5-D: ``patch_in=(5, 256, 256), patch_out=(1, 256, 256)``.
-    batch_size : int
+        centred in it; either defaults to the other. 2.5-D: ``patch_in=(5, 256, 256),
+        patch_out=(1, 256, 256)``.
+    batch_size : int, default 8
         Examples per batch.
-    augment : sequence of Augmentation or str
+    augment : sequence of Augmentation or str, default ('mirror', 'transpose')
         Augmentations, e.g. ``[Mirror(), Transpose(), Intensity()]`` or ``["mirror", "transpose"]``.
-    targets : sequence of Target or str
+    targets : sequence of Target or str, default ()
         Targets computed from the augmented labels, e.g. ``[Affinities(), Boundaries()]``; each adds its
         fields to the batch. Labels are cut larger by the targets' margin, so targets are exact up to the border.
-    sampler : Sampler or str, optional
-        Where windows are cut: :class:`~emfast.Uniform` (default), or a mask-aware, label-balanced or tiled
-        sampler from :mod:`emfast.sampling`, or its registered name (``"masked"``, with default parameters), as in
+    sampler : Sampler or str, default None
+        Where windows are cut. None: :class:`~emfast.Uniform`; or a mask-aware, label-balanced or tiled sampler
+        from :mod:`emfast.sampling`, or its registered name (``"masked"``, with default parameters), as in
         configs. The loader works on its own copy.
-    epoch_size : int, optional
+    epoch_size : int, default None
         Batches per epoch: each ``for batch in loader`` runs to the end of the current epoch. None: endless.
-    threads : int
+    threads : int, default 1
         Producer threads. The kernels release the GIL, so throughput scales with cores.
-    buffers : int, optional
-        Batches in flight: being made, ready, or current (default ``threads + 2``, at least 2).
-    max_buffers : int, optional
-        Most batch slots in memory (default ``2 * buffers``; host memory for a CPU loader, device memory for a
+    buffers : int, default None
+        Batches in flight: being made, ready, or current. None: ``threads + 2`` (at least 2).
+    max_buffers : int, default None
+        Most batch slots in memory (None: ``2 * buffers``; host memory for a CPU loader, device memory for a
         GPU loader). A slot is in use from when a producer starts a batch until the last array or tensor of
         that batch dies, so slots beyond ``buffers`` hold batches your program keeps. The loader starts with
         ``buffers`` slots and grows only when you keep batches; at ``max_buffers`` producers wait (``stall``)
         with one :class:`~emfast.BackPressureWarning`, and a :class:`~emfast.SlotsExhaustedError`
         ends the wait if the program holds every slot while it waits for the next batch.
-    seed : int
+    seed : int, default 0
         Seed in [0, 2**64). Batches are a pure function of (seed, epoch, batch index, rank): the same whatever
         ``threads`` and ``buffers``.
-    dtype : str
+    dtype : str, default 'float32'
         Raw output type, ``"float32"`` or ``"float16"``.
-    normalize : (float, float), dict, str, optional
+    normalize : (float, float), dict, str, default None
         Raw and extra channels: ``(scale, shift)`` (output = ``x * scale + shift``), ``{"mean": m, "std": s}``,
         ``"volume"`` (each volume to zero mean, unit variance from its statistics) or ``"minmax"`` (each
         volume's range to [0, 1]); per-volume statistics are computed once and cached beside the data, never in
-        it. Default: integers to [0, 1], float unchanged.
-    isotropic : bool
+        it. None: integers to [0, 1], float unchanged.
+    isotropic : bool, default False
         Allow transforms that swap z with y/x (only for data of equal resolution along all axes).
-    label_offset : (int, int, int), optional
+    label_offset : (int, int, int), default None
         With a single raw volume: position of the labels' first voxel in raw voxels, when labels cover only part
-        of raw. Otherwise taken from the datasets' ``offset``/``resolution`` attributes, or the shapes must be
-        equal.
-    keep_labels : bool
+        of raw. Otherwise taken from the datasets' ``offset``/``resolution`` attributes (a dataset with a
+        resolution but no offset lies at 0, as in gunpowder, funlib and CREMI files), or, where neither has an
+        offset, the shapes must be equal. An offset contradicting the attributes is refused (see
+        :class:`~emfast.Sample`).
+    keep_labels : bool, default True
         Deliver ``batch["labels"]``. With targets you may not need them: False saves their copy (and, on a GPU,
         their transfer).
-    rank, world_size : int
+    rank, world_size : int, default 0 and 1
         Shard of the stream for distributed training (the ``torch.distributed`` convention): each rank draws a
         disjoint, deterministic set of batches.
-    worker_sharding : bool
+    worker_sharding : bool, default True
         A loader created inside a PyTorch ``DataLoader`` worker shards the stream further by the worker's id and
         the number of workers (as ``rank``/``world_size`` do), so that workers never deliver the same batches.
         False: every worker draws the whole stream of its rank.
-    device : str
+    device : str, default 'cpu'
         Where batches are delivered: ``"cpu"`` (NumPy arrays), ``"cuda"`` / ``"cuda:N"`` (device arrays with
         ``__cuda_array_interface__``, copied asynchronously from page-locked memory; needs pycuda), or
         ``"auto"`` (CUDA if usable, else the CPU with a notice). See :mod:`emfast.transfer`.
@@ -440,7 +506,12 @@ class Loader:
         self._check_resources()
         self._profile = Profile(self.threads)
         self._pipeline: Optional[_Pipeline] = None
-        self._current: Optional[Batch] = None
+        self._finalizer: Optional[weakref.finalize] = None
+        #: Thread id -> the batch that thread got last and has not released (its mapping is live).
+        self._held: Dict[int, Batch] = {}
+        self._holding = threading.Lock()  # guards _held; never held while waiting
+        self._consuming = threading.Lock()  # held while a thread takes the next batch
+        self._lifecycle = threading.RLock()  # start() from two threads must not build two pipelines
         self._consumed = 0
         self._closed = False
         self._forked_from: Optional[int] = None
@@ -529,8 +600,8 @@ class Loader:
         if epoch_size is not None:
             epoch_size = integer(epoch_size, "epoch_size")
             if finite is not None and epoch_size != finite:
-                raise ValueError(f"epoch_size={epoch_size}, but {self.sampler!r} has {finite} batches per epoch; "
-                                 "leave epoch_size out")
+                raise ValueError(f"epoch_size={epoch_size}, but {self.sampler!r} has {plural(finite, 'batch')} per "
+                                 "epoch; leave epoch_size out")
         return finite if epoch_size is None else epoch_size
 
     def _current_shard(self) -> tuple:
@@ -553,13 +624,23 @@ class Loader:
         if self.threads > limit:
             raise ValueError(f"threads={self.threads} is far beyond this machine's {usable} usable cores (at most "
                              f"{limit}): the kernels release the GIL, so about one thread per core is fastest")
+        self._check_memory()
+
+    def _check_memory(self) -> None:
+        """Refuse batch slots and scratch beyond the memory available (or, where unknown, the address space)."""
         available = available_bytes()
-        needed = (self.buffers + self.threads) * self.slot_bytes  # slots at start, plus one growth per producer
-        if available is not None and needed > available:
-            raise MemoryError(
-                f"buffers={self.buffers} batch slots of {self.slot_bytes / 2**20:.1f} MiB each need "
-                f"{needed / 2**30:.2f} GiB, but only {available / 2**30:.2f} GiB of memory is available; use fewer "
-                "buffers or threads, or a smaller batch_size or patch")
+        limit, where = (available, "of memory is available") if available is not None else \
+            (sys.maxsize, "can be addressed")
+        # slots at start plus one growth per producer, and each producer's scratch buffers; Python ints throughout
+        count = self.buffers + self.threads
+        scratch = self.threads * self._gatherer.scratch_bytes()
+        needed = count * self.slot_bytes + scratch
+        if needed > limit:
+            raise InsufficientMemoryError(
+                f"the loader needs {_gib(needed)} but only {_gib(limit)} {where}: {count} batch "
+                f"slots (buffers={self.buffers}, plus one per producer thread) of {_gib(self.slot_bytes)} each "
+                f"(batch_size={self.batch_size} x patch_in {self.patch_in}), plus {_gib(scratch)} of per-thread "
+                "scratch; use a smaller batch_size or patch, or fewer buffers or threads")
 
     @staticmethod
     def _output_dtype(dtype) -> np.dtype:
@@ -574,21 +655,32 @@ class Loader:
     # -- life cycle -------------------------------------------------------------------------------------------
 
     def start(self) -> "Loader":
-        """Allocate the slots and start the producer threads (done by ``with`` and by iteration)."""
-        if self._forked_from is not None:
-            raise RuntimeError(
-                f"this Loader was started in process {self._forked_from} before it forked; its threads do not exist "
-                "in this child process. Create the Loader in the child, e.g. in the Dataset's __iter__ of a "
-                "torch DataLoader worker (each worker then draws its own shard), and start it there")
-        if self._closed:
-            raise RuntimeError("this loader is closed; create a new Loader")
-        if self._pipeline is None and self._current_shard() != self.shard:
-            # built in the main process, started in a torch DataLoader worker: draw this worker's shard
-            self.shard = self._current_shard()
-            self._bind_stream()
-        if self._pipeline is None:
+        """Allocate the slots and start the producer threads (done by ``with`` and by iteration).
+
+        Thread-safe and idempotent. If it is interrupted (Ctrl-C) or fails, every thread it started is stopped and
+        joined and its memory freed before the exception propagates: ``with loader:`` never runs ``__exit__`` then.
+        """
+        with self._lifecycle:
+            if self._forked_from is not None:
+                raise RuntimeError(
+                    f"this Loader was started in process {self._forked_from} before it forked; its threads do not "
+                    "exist in this child process. Create the Loader in the child, e.g. in the Dataset's __iter__ of "
+                    "a torch DataLoader worker (each worker then draws its own shard), and start it there")
+            if self._closed:
+                raise RuntimeError("this loader is closed; create a new Loader")
+            if self._pipeline is None and self._current_shard() != self.shard:
+                # built in the main process, started in a torch DataLoader worker: draw this worker's shard
+                self.shard = self._current_shard()
+                self._bind_stream()
+            if self._pipeline is None:
+                self._launch()
+        return self
+
+    def _launch(self) -> None:
+        """Build the pipeline and start its threads; undo all of it if anything interrupts or fails."""
+        pool = copier = None
+        try:
             if self._backend is None:
-                copier = None
                 pool = host_slots = SlotPool(self._gatherer.allocate, lambda memory: None, self.max_buffers,
                                              first=self._consumed)
                 pool.prefill(self.buffers)
@@ -604,26 +696,44 @@ class Loader:
                 export = lambda lease: backend.export(lease.slot.memory, lease)  # noqa: E731
             producers = _Producers(host_ring, host_slots, self._planner, self._gatherer, self._profile,
                                    self.epoch_size, self.threads)
-            self._pipeline = _Pipeline(producers, consumer_ring, pool, copier, export)
-            self._finalizer = weakref.finalize(self, _stop_abandoned, self._pipeline)
+            pipeline = _Pipeline(producers, consumer_ring, pool, copier, export)
+            self._finalizer = weakref.finalize(self, _stop_abandoned, pipeline)
+            self._pipeline = pipeline
             _STARTED.add(self)
             producers.start()
             if copier is not None:
                 copier.run(producers.alive)
-        return self
+        except BaseException:
+            self._undo_launch(pool, copier)
+            raise
+
+    def _undo_launch(self, pool: Optional[SlotPool], copier: Optional[Copier]) -> None:
+        """Stop, join and free what an interrupted :meth:`_launch` made, leaving the loader unstarted."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        if self._pipeline is not None:
+            pipeline, self._pipeline = self._pipeline, None
+            _STARTED.discard(self)
+            pipeline.stop()
+        elif copier is not None:  # its thread may run already: closed rings and finish() end it
+            _run_every([copier.host_ring.close, copier.device_ring.close, copier.finish])
+        elif pool is not None:
+            pool.close()
 
     def close(self) -> None:
         """Stop and join every producer thread (idempotent; also after errors and Ctrl-C)."""
         if self._forked_from is not None:  # the threads are the parent's; its locks may be held forever here
             self._closed = True
             return
-        if self._current is not None:
-            self._current._detach()
-            self._current = None
-        self._closed = True
-        if self._pipeline is not None:
-            self._pipeline.stop()  # idempotent: a close() after an interrupted one (Ctrl-C twice) stops again
-            self._finalizer.detach()
+        with self._lifecycle:  # from another thread: after a start() in progress, so that its threads stop too
+            with self._holding:
+                held, self._held = list(self._held.values()), {}
+            for batch in held:
+                batch._detach()
+            self._closed = True
+            if self._pipeline is not None:
+                self._pipeline.stop()  # idempotent: a close() after an interrupted one (Ctrl-C twice) stops again
+                self._finalizer.detach()
 
     def __reduce__(self):
         """An unstarted loader pickles as its arguments and stream position (for spawned processes)."""
@@ -651,36 +761,54 @@ class Loader:
                 return
 
     def next_batch(self) -> Batch:
-        """Release the previous batch and return the next one, waiting for it if needed.
+        """Release this thread's previous batch and return the next one, waiting for it if needed.
+
+        Thread-safe: several threads may take batches from one loader; each batch goes to exactly one of them, in
+        stream order, and a thread's request releases only the batch that thread got before.
 
         Raises the exception of a failed producer, with its original traceback.
         """
+        with self._consuming:  # one taker at a time: two would take the same batch, then one would wait forever
+            return self._next_batch()
+
+    def _next_batch(self) -> Batch:
         if self._forked_from is not None:
             self.start()  # raises: the threads stayed in the parent
         if self._closed:
             raise RuntimeError("this loader is closed; create a new Loader")
         self.start()
-        if self._current is not None:
-            self._release(self._current)
+        previous = self._held.get(threading.get_ident())
+        if previous is not None:
+            self._release(previous)
+        if self._held:  # other threads' batches: those of threads that have ended are released
+            alive = {thread.ident for thread in threading.enumerate()}
+            for ident, batch in list(self._held.items()):
+                if ident not in alive:
+                    self._release(batch)
         number = self._consumed
         pipeline = self._pipeline
         with self._profile.timer("wait"):
             lease, plan = pipeline.consumer_ring.take(number, pipeline.alive, _ExhaustionCheck(pipeline, number))
         # An interruption before these two assignments leaves the batch (and its lease) in the ring to be taken
-        # again; after them, it is current and is released by the next request. Either way no slot is lost.
+        # again; after them, it is held and is released by the next request. Either way no slot is lost.
         batch = Batch(self, number, pipeline.export(lease), plan)
         del lease
-        self._current, self._consumed = batch, number + 1
+        self._held[threading.get_ident()], self._consumed = batch, number + 1
         self._profile.count_batch()
         return batch
 
     def _release(self, batch: Batch) -> None:
-        if batch is not self._current or self._forked_from is not None:
+        if self._forked_from is not None:  # a parent's thread may have held the lock at the fork: never take it
             batch._detach()
             return
-        self._current = None
+        with self._holding:
+            thread = next((key for key, held in self._held.items() if held is batch), None)
+            if thread is not None:
+                del self._held[thread]
         batch._detach()
-        self._pipeline.consumer_ring.release(batch.number)
+        if thread is not None:
+            # also marks released any lower-numbered batch another thread holds: its arrays keep its slot leased
+            self._pipeline.consumer_ring.release(batch.number)
 
     def _forked(self) -> None:
         """In a child process after fork(): the threads stayed in the parent; refuse to be used here."""
@@ -746,7 +874,7 @@ class Loader:
     @property
     def slot_bytes(self) -> int:
         """Bytes of one batch slot (``buffers`` of them at start, at most ``max_buffers``)."""
-        return sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in self.fields.values())
+        return self._gatherer.slot_bytes()
 
     @property
     def slots_allocated(self) -> int:

@@ -19,6 +19,12 @@ STAGES = {
 }
 
 
+def plural(count: int, noun: str) -> str:
+    """``"1 batch"``, ``"2 batches"``: the count with its noun in the right number."""
+    suffix = "" if count == 1 else "es" if noun.endswith(("s", "sh", "ch", "x")) else "s"
+    return f"{count} {noun}{suffix}"
+
+
 @dataclass(frozen=True)
 class ProfileReport:
     """A snapshot of a loader's timings.
@@ -49,8 +55,8 @@ class ProfileReport:
 
     def __str__(self) -> str:
         rate = self.batches / self.elapsed if self.elapsed > 0 else 0.0
-        lines = [f"{self.batches} batches in {self.elapsed:.2f} s ({rate:.1f} batches/s, {self.threads} "
-                 f"producer thread{'s' if self.threads != 1 else ''})",
+        lines = [f"{plural(self.batches, 'batch')} in {self.elapsed:.2f} s ({rate:.1f} batches/s, "
+                 f"{plural(self.threads, 'producer thread')})",
                  f"{'stage':<8} {'total s':>9} {'ms/batch':>9}  meaning"]
         for stage, meaning in self.stages.items():
             lines.append(f"{stage:<8} {self.seconds[stage]:>9.3f} {self.per_batch_ms(stage):>9.2f}  {meaning}")

@@ -20,32 +20,101 @@ from ..io import Volume, as_volume
 MASK_DTYPES = (np.dtype(np.uint8), np.dtype(bool))
 
 
+def _positioned(volume: Volume) -> bool:
+    """Whether ``volume`` says where it lies in the world: it has a resolution (a missing offset then reads as 0)."""
+    return volume.resolution is not None
+
+
+def _offset_text(volume: Volume) -> str:
+    return f"offset {volume.offset}" if volume.offset is not None else "no offset (read as 0)"
+
+
+def _origin_from_attributes(raw: Volume, other: Volume) -> Optional[np.ndarray]:
+    """``other``'s voxel (0, 0, 0) in raw voxels from the ``offset``/``resolution`` attributes, or None where
+    neither volume has an ``offset`` attribute (their relative position is then unknown).
+
+    A volume with a resolution but no offset lies at the world origin: gunpowder, funlib and the CREMI files read
+    a missing offset as 0 (CREMI raw has none; its labels have one). An offset that cannot be converted to raw
+    voxels is refused rather than ignored.
+    """
+    if raw.offset is None and other.offset is None:
+        return None
+    unplaced = [volume for volume in (raw, other) if not _positioned(volume)]
+    if unplaced:
+        with_offset = other if other.offset is not None else raw
+        raise ValueError(f"{with_offset.name} has an 'offset' attribute {with_offset.offset} but "
+                         f"{unplaced[0].name} has no 'resolution', so the offset cannot be converted to voxels; give "
+                         "both datasets a 'resolution' attribute, or the offset in raw voxels explicitly")
+    world = np.asarray(other.offset or (0, 0, 0), dtype=np.float64) - \
+        np.asarray(raw.offset or (0, 0, 0), dtype=np.float64)
+    voxels = world / np.asarray(raw.resolution, dtype=np.float64)
+    if not np.allclose(voxels, np.round(voxels)):
+        raise ValueError(f"{other.name} ({_offset_text(other)}) is offset by {tuple(float(v) for v in voxels)} "
+                         f"voxels from {raw.name} ({_offset_text(raw)}, resolution {raw.resolution}), not a whole "
+                         "number of voxels")
+    return np.round(voxels).astype(np.int64)
+
+
 def origin_in(raw: Volume, other: Volume, offset, offset_name: str = "offset") -> np.ndarray:
     """Position of ``other``'s voxel (0, 0, 0) in ``raw``'s voxel coordinates.
 
-    From the explicit ``offset`` (voxels) if given, else from both volumes' ``offset``/``resolution``
-    attributes (physical units), else the shapes must be equal and the origin is 0.
+    From the explicit ``offset`` (voxels) if given, else from the volumes' ``offset``/``resolution`` attributes
+    (physical units; a volume with a resolution but no offset lies at 0, as gunpowder, funlib and CREMI read it),
+    else, where neither has an offset, the shapes must be equal and the origin is 0.
+
+    Raises
+    ------
+    ValueError
+        Different resolutions; an explicit ``offset`` that contradicts the attributes (both are named); an
+        offset attribute that cannot be converted to whole raw voxels; different shapes with no offset at all.
     """
     if raw.resolution is not None and other.resolution is not None and not np.allclose(raw.resolution,
                                                                                         other.resolution):
         raise ValueError(f"resolution mismatch: {raw.name} has {raw.resolution}, {other.name} has "
                          f"{other.resolution}")
-    if offset is not None:
-        return np.asarray(triple(offset, f"{offset_name} of {other.name}"), dtype=np.int64)
-    if raw.offset is not None and other.offset is not None:
-        if raw.resolution is None or other.resolution is None:
-            raise ValueError(f"{raw.name} and {other.name} have 'offset' attributes but not both a "
-                             "'resolution'; give the offset in voxels explicitly")
-        voxels = (np.asarray(other.offset) - np.asarray(raw.offset)) / np.asarray(raw.resolution)
-        if not np.allclose(voxels, np.round(voxels)):
-            raise ValueError(f"{other.name} is offset by {tuple(float(v) for v in voxels)} voxels from "
-                             f"{raw.name}, not a whole number of voxels")
-        return np.round(voxels).astype(np.int64)
+    explicit = None if offset is None else np.asarray(triple(offset, f"{offset_name} of {other.name}"),
+                                                      dtype=np.int64)
+    if explicit is not None and (raw.offset is None and other.offset is None or
+                                 not (_positioned(raw) and _positioned(other))):
+        return explicit  # nothing in the files to contradict it
+    derived = _origin_from_attributes(raw, other)
+    if explicit is not None:
+        if not np.array_equal(explicit, derived):
+            raise ValueError(
+                f"{offset_name}={_ints(explicit)} contradicts the datasets' attributes: {other.name} has "
+                f"{_offset_text(other)} and {raw.name} has {_offset_text(raw)} at resolution {raw.resolution}, "
+                f"which place it at {_ints(derived)} in raw voxels; leave {offset_name} out or correct the "
+                "'offset' attribute")
+        return explicit
+    if derived is not None:
+        return derived
     if raw.shape != other.shape:
         raise ValueError(f"{raw.name} has shape {raw.shape} but {other.name} has {other.shape}; pass "
-                         f"{offset_name}=(z, y, x) (its first voxel in raw voxels), or give both datasets 'offset' "
+                         f"{offset_name}=(z, y, x) (its first voxel in raw voxels), or give the datasets 'offset' "
                          "and 'resolution' attributes")
     return np.zeros(3, dtype=np.int64)
+
+
+def _ints(values) -> tuple:
+    """Plain Python ints for messages and reprs (NumPy 2 shows ``np.int64(3)`` inside tuples)."""
+    return tuple(int(v) for v in values)
+
+
+def _as_role_volume(source, what: str, dtypes, role: Optional[str] = None) -> Volume:
+    """``source`` as a Volume whose dtype suits its role; the message lists that role's dtypes only."""
+    role = role or what
+    dtype = getattr(source, "dtype", None)
+    if isinstance(source, np.ndarray) and dtype.newbyteorder("=") not in dtypes:  # before Volume's generic check
+        raise TypeError(f"{what}: {role} must be {_dtype_list(dtypes)}, not {dtype}")
+    volume = as_volume(source, what)
+    if volume.dtype not in dtypes:
+        raise TypeError(f"{volume.name}: {role} must be {_dtype_list(dtypes)}, not {volume.dtype}")
+    return volume
+
+
+def _dtype_list(dtypes) -> str:
+    names = [str(np.dtype(d)) for d in dtypes]
+    return ", ".join(names[:-1]) + " or " + names[-1]
 
 
 @dataclass
@@ -64,7 +133,7 @@ def _check_overlap(raw: Volume, placed: Placed) -> None:
     lo = np.maximum(0, placed.origin)
     hi = np.minimum(np.asarray(raw.shape), placed.end)
     if np.any(hi <= lo):
-        raise ValueError(f"{placed.volume.name} (at {tuple(int(v) for v in placed.origin)}, shape "
+        raise ValueError(f"{placed.volume.name} (at {_ints(placed.origin)}, shape "
                          f"{placed.volume.shape}) does not overlap {raw.name} (shape {raw.shape})")
 
 
@@ -90,7 +159,15 @@ class Sample:
         Relative probability of drawing an example from this sample (> 0).
     label_offset, mask_offset : (int, int, int), optional
         Position of the labels' / mask's first voxel in raw voxels. Otherwise taken from the datasets'
-        ``offset``/``resolution`` attributes, or the shapes must be equal.
+        ``offset``/``resolution`` attributes, or, where neither dataset has an ``offset``, the shapes must be
+        equal. An explicit offset that contradicts the attributes is refused, naming both.
+
+    Notes
+    -----
+    Offsets are in world units (e.g. nm), resolutions in world units per voxel. A dataset with a ``resolution``
+    but no ``offset`` lies at offset 0, as gunpowder, funlib and the CREMI reader read it: CREMI's padded raw has
+    no offset and its ``neuron_ids`` have one, so the labels start ``offset / resolution`` voxels into raw. Extra
+    channels must lie exactly on raw (same shape, same offset).
     """
 
     raw: Union[Volume, np.ndarray]
@@ -103,9 +180,7 @@ class Sample:
     mask_offset: Optional[Sequence[int]] = None
 
     def __post_init__(self) -> None:
-        self.raw = as_volume(self.raw, "raw")
-        if self.raw.dtype not in RAW_DTYPES:
-            raise TypeError(f"{self.raw.name}: raw must be uint8, uint16 or float32, not {self.raw.dtype}")
+        self.raw = _as_role_volume(self.raw, "raw", RAW_DTYPES)
         self.raw.check_finite()
         self.name = self.raw.name if self.name is None else str(self.name)
         if isinstance(self.weight, bool) or not isinstance(self.weight, numbers.Real) \
@@ -123,13 +198,8 @@ class Sample:
                             f"{type(self.extra).__name__}")
         extra = {}
         for key, source in self.extra.items():
-            volume = as_volume(source, f"extra {key!r}")
-            if volume.dtype not in RAW_DTYPES:
-                raise TypeError(f"{volume.name}: extra channels must be uint8, uint16 or float32, "
-                                f"not {volume.dtype}")
-            if volume.shape != self.raw.shape:
-                raise ValueError(f"{volume.name} has shape {volume.shape} but {self.raw.name} has "
-                                 f"{self.raw.shape}; extra channels must be aligned with raw voxel for voxel")
+            volume = _as_role_volume(source, f"extra {key!r}", RAW_DTYPES, role="extra channels")
+            self._check_on_raw(volume)
             volume.check_finite()
             extra[str(key)] = volume
         self.extra = extra
@@ -137,23 +207,30 @@ class Sample:
     def _place(self, source, what: str, dtypes, offset) -> Optional[Placed]:
         if source is None:
             return None
-        volume = as_volume(source, what)
-        if volume.dtype not in dtypes:
-            names = [str(d) for d in dtypes]
-            allowed = ", ".join(names[:-1]) + " or " + names[-1]
-            raise TypeError(f"{volume.name}: {what} must be {allowed}, not {volume.dtype}")
+        volume = _as_role_volume(source, what, dtypes)
         if volume.channels != 1:
             raise ValueError(f"{volume.name}: {what} must have one channel, got {volume.channels}")
         placed = Placed(volume, origin_in(self.raw, volume, offset, f"{what.rstrip('s')}_offset"))
         _check_overlap(self.raw, placed)
         return placed
 
+    def _check_on_raw(self, volume: Volume) -> None:
+        """An extra channel is cut with raw's windows: it must cover raw exactly, by shape and by offset."""
+        if volume.shape != self.raw.shape:
+            raise ValueError(f"{volume.name} has shape {volume.shape} but {self.raw.name} has "
+                             f"{self.raw.shape}; extra channels must be aligned with raw voxel for voxel")
+        origin = origin_in(self.raw, volume, None)
+        if np.any(origin != 0):
+            raise ValueError(f"{volume.name} ({_offset_text(volume)}) lies at {_ints(origin)} in the voxels of "
+                             f"{self.raw.name} ({_offset_text(self.raw)}); extra channels must be aligned with raw "
+                             "voxel for voxel")
+
     def __repr__(self) -> str:
         parts = [f"raw={self.raw.shape}"]
         if self.placed_labels is not None:
-            parts.append(f"labels={self.placed_labels.volume.shape} at {tuple(self.placed_labels.origin)}")
+            parts.append(f"labels={self.placed_labels.volume.shape} at {_ints(self.placed_labels.origin)}")
         if self.placed_mask is not None:
-            parts.append(f"mask={self.placed_mask.volume.shape} at {tuple(self.placed_mask.origin)}")
+            parts.append(f"mask={self.placed_mask.volume.shape} at {_ints(self.placed_mask.origin)}")
         parts += [f"{key}={volume.shape}" for key, volume in self.extra.items()]
         return f"Sample({self.name!r}, {', '.join(parts)}, weight={self.weight})"
 

@@ -327,7 +327,7 @@ class Masked(Sampler):
         words = _sampling.words_per_row(int(corners[2]))
         bits = np.empty((int(corners[0]) * rows_y, words), dtype=np.uint64)
         counts = np.empty(len(bits), dtype=np.int64)
-        threshold = self.threshold(int(np.prod(extent)))
+        threshold = self.threshold(math.prod(int(e) for e in extent))
         plane = int(hi[1] - lo[1]) * int(hi[2] - lo[2])
         step = max(1, _SLAB_VOXELS // plane - int(extent[0]) + 1)  # corner planes per slab
         best = 0
@@ -348,7 +348,7 @@ class Masked(Sampler):
         self._weights: List[np.ndarray] = []
         for k, extent in enumerate(unique):
             index = [self._index(region, extent) for region in self.regions]
-            volume = int(np.prod(extent))
+            volume = math.prod(int(e) for e in extent)
             usable = np.asarray([c.total > 0 for c in index])
             if not usable.any():
                 best = max(range(len(index)), key=lambda i: index[i].best)
@@ -375,8 +375,8 @@ class Masked(Sampler):
         """The share of window positions of region ``index`` that qualify (untransposed ``extent``)."""
         corners = self._corners[self._extents[tuple(extent)]][index]
         region = self.regions[index]
-        positions = int(np.prod(np.maximum(np.asarray(region.hi) - np.asarray(region.lo) - np.asarray(extent) + 1,
-                                           0)))
+        positions = math.prod(max(int(high) - int(low) - int(size) + 1, 0)
+                              for low, high, size in zip(region.lo, region.hi, extent))
         share = corners.total / positions if positions else 0.0
         return f"{self!r}: {100 * share:.1f}% of {positions:,} window positions qualify"
 
@@ -724,7 +724,7 @@ class Tiled(Sampler):
                                  f"[{_triple(region.lo)}, {_triple(region.hi)})")
             self._starts.append([_tile_starts(int(region.lo[a]), int(region.hi[a]), int(extent[a]), int(stride[a]))
                                  for a in range(3)])
-        counts = [int(np.prod([len(s) for s in starts])) for starts in self._starts]
+        counts = [math.prod(len(s) for s in starts) for starts in self._starts]
         self._first_tile = np.cumsum([0] + counts)
         self.tiles = int(self._first_tile[-1])
         self.batch_size = int(batch_size)
@@ -752,7 +752,8 @@ class Tiled(Sampler):
     def sample(self, uniforms: np.ndarray, extents: np.ndarray, epoch: int, index: int) -> Draw:
         batches = self.batches_per_epoch()
         if not 0 <= index < batches:
-            raise ValueError(f"{self!r}: batch index {index} is outside the epoch of {batches} batches")
+            raise ValueError(f"{self!r}: batch index {index} is outside the epoch of {batches} "
+                             f"batch{'' if batches == 1 else 'es'}")
         extents = np.asarray(extents, dtype=np.int64)
         if len(extents) != self.batch_size or np.any(extents != self._extent):
             raise ValueError(f"{self!r}: expected {self.batch_size} windows of extent {_triple(self._extent)}")
