@@ -259,10 +259,15 @@ def test_existing_outputs_are_refused_replaced_or_resumed_only_with_the_same_set
     path = tmp_path / "p.zarr/pred"
     root = zarr.open_group(str(tmp_path / "p.zarr"), mode="w")
     root.create_array("pred", shape=(3,), dtype="uint8")[...] = [1, 2, 3]
+    for options in ({}, {"resume": True}, {"overwrite": True}):  # another program's array is never replaced
+        with pytest.raises(OutputExistsError, match="exists and was not written by emfast"):
+            ef.predict(crop, volume, path, patch_in=PATCH_IN, patch_out=PATCH_OUT, **options)
+    assert list(zarr.open_array(str(tmp_path / "p.zarr"), path="pred", mode="r")[...]) == [1, 2, 3]
+    path = tmp_path / "p.zarr/mine"
+    ef.predict(crop, volume, path, patch_in=PATCH_IN, patch_out=PATCH_OUT, tta=4)
     with pytest.raises(OutputExistsError, match="exists; pass resume=True .* or overwrite=True"):
         ef.predict(crop, volume, path, patch_in=PATCH_IN, patch_out=PATCH_OUT)
-    assert list(zarr.open_array(str(tmp_path / "p.zarr"), path="pred", mode="r")[...]) == [1, 2, 3]
-    with pytest.raises(OutputExistsError, match="other settings"):
+    with pytest.raises(OutputExistsError, match=r"tta: 4 there, 0 now"):
         ef.predict(crop, volume, path, patch_in=PATCH_IN, patch_out=PATCH_OUT, resume=True)
     ef.predict(crop, volume, path, patch_in=PATCH_IN, patch_out=PATCH_OUT, overwrite=True)
     assert _read(path).shape == (1,) + volume.shape
@@ -414,12 +419,15 @@ def test_emfast_predict_runs_a_config_and_resumes(tmp_path, volume, capsys):
         """)
     assert main(["predict", str(config)]) == 0
     out = capsys.readouterr()
-    assert "wrote" in out.out and "blocks computed" in out.out and "blocks" in out.err
+    assert "wrote" in out.out and "1 channel x" in out.out and "1 of 1 block computed" in out.out
+    assert out.err.splitlines() == ["[........................] 0/1 block, estimating the time left",
+                                    "[########################] 1/1 block, done in 0 s"]  # no \r in a log
     np.testing.assert_array_equal(_read(tmp_path / "out.zarr/pred")[0], normalized(volume) * np.float32(2))
     assert main(["predict", str(config)]) == 2
-    assert "exists; pass resume=True" in capsys.readouterr().err
+    assert "exists; pass --resume to continue an unfinished prediction with the same settings, or --overwrite" \
+        in capsys.readouterr().err
     assert main(["predict", str(config), "--resume"]) == 0
-    assert "0 of 1 blocks computed" in capsys.readouterr().out
+    assert "0 of 1 block computed" in capsys.readouterr().out
 
 
 def test_predict_config_errors_name_the_key_and_line(tmp_path):
@@ -464,5 +472,7 @@ def test_resuming_after_the_input_changed_is_refused(tmp_path, volume):
     with h5py.File(tmp_path / "in.h5", "a") as f:  # the input is rewritten between the runs
         f["raw"][0] = 255 - f["raw"][0]
     os.utime(tmp_path / "in.h5", ns=(time.time_ns(), time.time_ns() + 10**9))
-    with pytest.raises(OutputExistsError, match=r"other settings \(input: "):
+    with pytest.raises(OutputExistsError, match=r"cannot resume .*: the input .*in.h5/raw changed since this output "
+                                                 r"was started: 1 file of \d+ bytes now and then, but it was "
+                                                 r"rewritten"):
         ef.predict(lopsided, str(tmp_path / "in.h5/raw"), path, resume=True, **SETTINGS)
