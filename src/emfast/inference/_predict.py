@@ -14,7 +14,7 @@ from .._core.gather import PAD_MODES
 from .._version import __version__
 from ..io import Volume, open_volume
 from ..io._outputs import OutputLock, check_free_space, check_output_location, fingerprint, option
-from ..io._progress import ProgressBar
+from ..io._progress import ProgressBar, plural
 from ..pipeline import normalization
 from ._block import BlockPredictor
 from ._blend import BLENDS
@@ -241,7 +241,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                 todo = [b for b in blocks if b.index not in finished]
                 if compression == "none":  # the rest's size is known: refuse up front rather than half way
                     check_free_space(container, sum(int(np.prod(b.shape)) for b in todo) * shape[0]
-                                     * np.dtype(dtype).itemsize, f"writing the {len(todo)} blocks left")
+                                     * np.dtype(dtype).itemsize, f"writing the {len(todo)} {plural(len(todo), 'block')} left")
                 tick = _ticker(progress, len(blocks), len(blocks) - len(todo))
                 if client is not None:
                     run_dask(client, predictor, store, todo, tick)

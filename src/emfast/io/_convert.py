@@ -13,9 +13,12 @@ tile. An existing output that is not an unfinished conversion of the same source
 from __future__ import annotations
 
 import json
+import signal
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import h5py
 import numpy as np
@@ -23,7 +26,7 @@ import numpy as np
 from ._open import open_source, split_path
 from ._outputs import (NotOwnOutputError, OutputLock, check_free_space, check_output_location, fingerprint,
                        input_changed, option, remove_hdf5_output, remove_partial_files, remove_zarr_output)
-from ._progress import progress_bar
+from ._progress import plural, progress_bar
 from ._source import VolumeSource
 
 COMPRESSORS = ("zstd", "blosc", "gzip", "none")
@@ -159,26 +162,59 @@ def _copy(source: VolumeSource, writer, record: dict, tiles, done: int, progress
     dtype = np.dtype(source.dtype).newbyteorder("=")
     if record["compressor"] == "none":  # the whole rest's size is known: refuse up front rather than half way
         left = sum(channels * int(np.prod(extent)) for _, extent in tiles[done:]) * dtype.itemsize
-        check_free_space(writer.container, left, f"writing the {len(tiles) - done} tiles left")
-    if progress is not None:
+        count = len(tiles) - done
+        check_free_space(writer.container, left, f"writing the {count} {plural(count, 'tile')} left")
+    if progress is not None and done < len(tiles):
         progress(done, len(tiles))
-    for number in range(done, len(tiles)):
-        corner, extent = tiles[number]
-        data = np.empty((channels,) + extent, dtype)
-        source.read(corner, extent, data)
-        # A tile never costs more than its raw bytes (and the margin): checked before the write, as HDF5 cannot
-        # recover from a full disk (its file can no longer be closed, and the process crashes at exit).
-        check_free_space(writer.container, data.nbytes, f"writing tile {number + 1} of {len(tiles)}")
-        try:
-            writer.write(corner, data if lead else data[0])
-            writer.record(dict(record, done=number + 1, complete=number + 1 == len(tiles)))
-        except (OSError, RuntimeError) as error:
-            end = tuple(c + e for c, e in zip(corner, extent))
-            raise ConvertWriteError(f"writing tile {number + 1} of {len(tiles)} (voxels {corner}..{end}) to "
-                                    f"{writer.path} failed: {error}. The {number} tiles before it are recorded; "
-                                    "run the same conversion again to continue") from error
-        if progress is not None:
-            progress(number + 1, len(tiles))
+    with _interrupt_between_tiles() as interrupted:
+        for number in range(done, len(tiles)):
+            if interrupted:
+                raise KeyboardInterrupt
+            _copy_tile(source, writer, record, tiles, number, channels, dtype, lead)
+            if progress is not None:
+                progress(number + 1, len(tiles))
+
+
+@contextmanager
+def _interrupt_between_tiles() -> Iterator[list]:
+    """Within the block, a first Ctrl-C (SIGINT) only appends to the list yielded, for the loop to stop after the
+    tile being written; a second one interrupts at once. zarr reads and writes on its own event-loop thread,
+    and an interruption in the middle leaves that loop running: its tasks' tracebacks flood the terminal at
+    exit. Outside the main thread, or under another SIGINT handler, nothing changes."""
+    interrupted: list = []
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield interrupted
+        return
+
+    def note(signum, frame) -> None:
+        if interrupted:
+            raise KeyboardInterrupt
+        interrupted.append(signum)
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _copy_tile(source: VolumeSource, writer, record: dict, tiles, number: int, channels: int, dtype, lead: int):
+    """Read tile ``number``, write it and record it done."""
+    corner, extent = tiles[number]
+    data = np.empty((channels,) + extent, dtype)
+    source.read(corner, extent, data)
+    # A tile never costs more than its raw bytes (and the margin): checked before the write, as HDF5 cannot
+    # recover from a full disk (its file can no longer be closed, and the process crashes at exit).
+    check_free_space(writer.container, data.nbytes, f"writing tile {number + 1} of {len(tiles)}")
+    try:
+        writer.write(corner, data if lead else data[0])
+        writer.record(dict(record, done=number + 1, complete=number + 1 == len(tiles)))
+    except (OSError, RuntimeError) as error:
+        end = tuple(c + e for c, e in zip(corner, extent))
+        raise ConvertWriteError(f"writing tile {number + 1} of {len(tiles)} (voxels {corner}..{end}) to "
+                                f"{writer.path} failed: {error}. The {number} tiles before it are recorded; "
+                                "run the same conversion again to continue") from error
 
 
 def _tiles(shape, chunks, itemsize: int, tile_bytes: int):
