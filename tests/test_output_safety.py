@@ -138,7 +138,7 @@ import sys
 import emfast.io._convert as _convert
 from emfast.cli import main
 _convert.TILE_BYTES = 256 << 10  # 12 tiles: some fit before the disk is full
-sys.exit(main(["convert", sys.argv[1], sys.argv[2]]))
+sys.exit(main(["convert", sys.argv[1], sys.argv[2], "--compressor", "gzip"]))
 """
 
 RUN_PREDICT = """
