@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 
 import h5py
 import numpy as np
@@ -476,3 +477,22 @@ def test_resuming_after_the_input_changed_is_refused(tmp_path, volume):
                                                  r"was started: 1 file of \d+ bytes now and then, but it was "
                                                  r"rewritten"):
         ef.predict(lopsided, str(tmp_path / "in.h5/raw"), path, resume=True, **SETTINGS)
+
+
+def test_uint8_outputs_warn_once_with_the_fraction_clipped(tmp_path, volume):
+    from emfast.inference import SaturationWarning
+
+    def logits(batch):  # a network without its final sigmoid: values far outside [0, 1]
+        return crop(batch) * 20 - 10
+
+    with pytest.warns(SaturationWarning) as warned:
+        ef.predict(logits, volume, tmp_path / "p.zarr/logits", patch_in=PATCH_IN, patch_out=PATCH_OUT,
+                   dtype="uint8", chunks=(8, 16, 16), block=(8, 16, 16))
+    values = normalized(volume).astype(np.float64) * 20 - 10  # those rounding outside 0..255 are clipped
+    clipped = np.count_nonzero((values < -0.5 / 255) | (values > 1 + 0.5 / 255)) / volume.size
+    assert len(warned) == 1  # once per run, not once per block
+    assert f"{clipped:.1%} of the values written to" in str(warned[0].message)
+    assert "apply a sigmoid" in str(warned[0].message) and "dtype='float32'" in str(warned[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # in [0, 1]: no warning
+        ef.predict(crop, volume, tmp_path / "p.zarr/fine", patch_in=PATCH_IN, patch_out=PATCH_OUT, dtype="uint8")
