@@ -249,7 +249,7 @@ def test_a_second_run_on_an_output_names_the_first(tmp_path, zarr_input, contain
     try:
         assert first.stdout.readline().strip() == "running"
         for writer in sorted(WRITERS):
-            with pytest.raises(RuntimeError, match=rf"another emfast run \(pid {first.pid}\) is writing "
+            with pytest.raises(OSError, match=rf"another emfast run \(pid {first.pid}\) is writing "
                                                    rf"{tmp_path / container}"):
                 WRITERS[writer](str(store / "volumes/raw"), out, **({"resume": True} if writer == "predict" else {}))
     finally:
@@ -329,3 +329,28 @@ def test_a_resume_removes_the_partial_files_a_killed_zarr_write_left(tmp_path, z
     leftover.write_bytes(b"half a chunk")
     WRITERS[writer](str(store / "volumes/raw"), out, **options, **({"resume": True} if writer == "predict" else {}))
     assert not leftover.exists()
+
+
+HOLD_OPEN = """
+import sys, time, h5py
+file = h5py.File(sys.argv[1], "r")  # HDF5 locks the file: no one else may write it
+print("open", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_an_hdf5_output_open_in_another_program_is_named(tmp_path, zarr_input, writer):
+    store, _ = zarr_input
+    with h5py.File(tmp_path / "out.h5", "w") as f:
+        f.create_dataset("theirs", data=np.ones(3))
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_OPEN, str(tmp_path / "out.h5")], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        options = {"compressor": "gzip"} if writer == "convert" else {}
+        with pytest.raises(OSError, match=rf"cannot write {tmp_path / 'out.h5'}: another program has it open"):
+            WRITERS[writer](str(store / "volumes/raw"), tmp_path / "out.h5/raw", **options)
+    finally:
+        holder.kill()
+        holder.wait()

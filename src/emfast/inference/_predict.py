@@ -178,10 +178,9 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         or it was not written by emfast.
     ValueError
         ``out`` is the input, inside it or above it (:class:`~emfast.io._outputs.OutputLocationError`).
-    RuntimeError
-        Another emfast run is writing ``out`` (:class:`~emfast.io._outputs.OutputBusyError`).
     OSError
-        Too little free space for the next block, or for the whole output when uncompressed
+        Another emfast run (or program) is writing ``out`` (:class:`~emfast.io._outputs.OutputBusyError`, naming
+        the run's pid); or too little free space for the next block, or for the whole output when uncompressed
         (:class:`~emfast.io._outputs.OutputSpaceError`, naming the output and the bytes needed).
     ModelOutputError
         The model returned the wrong type, shape or dtype (the message names both).
@@ -237,12 +236,12 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
             store, finished = OutputStore.prepare(out, shape, dtype, plan.chunks, compression, plan.grid,
                                                   _record(volume, caller, plan, settings), attributes, resume,
                                                   overwrite, lock)
+            bar = ProgressBar(len(blocks), unit="block") if progress is True else None
             try:
                 todo = [b for b in blocks if b.index not in finished]
-                if compression == "none":  # the rest's size is known: refuse up front rather than half way
-                    check_free_space(container, sum(int(np.prod(b.shape)) for b in todo) * shape[0]
-                                     * np.dtype(dtype).itemsize, f"writing the {len(todo)} {plural(len(todo), 'block')} left")
-                tick = _ticker(progress, len(blocks), len(blocks) - len(todo))
+                if compression == "none":
+                    _check_room_for(todo, shape[0] * np.dtype(dtype).itemsize, container)
+                tick = _ticker(bar or progress, len(blocks), len(blocks) - len(todo))
                 if client is not None:
                     run_dask(client, predictor, store, todo, tick)
                 else:
@@ -250,6 +249,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                 store.finish()
             finally:
                 store.close()
+                if bar is not None:
+                    bar.finish()  # an error's message starts on a line of its own
         _warn_if_clipped(predictor, out)
     finally:
         if opened:
@@ -278,11 +279,18 @@ def _warn_if_clipped(predictor: BlockPredictor, out) -> None:
             "in the model, or predict with dtype='float32'"), stacklevel=3)
 
 
-def _ticker(progress, total: int, done: int) -> Optional[Callable[[], None]]:
-    """A no-argument callback counting finished blocks into ``progress``."""
-    if progress is False or progress is None:
+def _check_room_for(blocks, bytes_per_voxel: int, container) -> None:
+    """OutputSpaceError unless the blocks left fit: uncompressed, their size is known, so a run that cannot end
+    is refused up front rather than half way."""
+    voxels = sum(int(np.prod(b.shape)) for b in blocks)
+    check_free_space(container, voxels * bytes_per_voxel,
+                     f"writing the {len(blocks)} {plural(len(blocks), 'block')} left")
+
+
+def _ticker(report, total: int, done: int) -> Optional[Callable[[], None]]:
+    """A no-argument callback counting finished blocks into ``report(done, total)`` (None: no callback)."""
+    if report is False or report is None:
         return None
-    report = ProgressBar(total, unit="block") if progress is True else progress
     count = [done]
     report(done, total)
 

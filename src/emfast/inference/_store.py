@@ -13,12 +13,11 @@ import json
 from pathlib import Path
 from typing import Optional, Set, Tuple
 
-import h5py
 import numpy as np
 
 from ..io import COMPRESSORS, import_zarr, split_path, zarr_compressor
-from ..io._outputs import (NotOwnOutputError, OutputLock, input_changed, option, remove_hdf5_output, remove_partial_files,
-                           remove_zarr_output)
+from ..io._outputs import (NotOwnOutputError, OutputLock, input_changed, open_hdf5_for_writing, option,
+                           remove_hdf5_output, remove_partial_files, remove_zarr_output)
 
 RECORD = "emfast_predict"
 #: Record entries kept for provenance and not compared when resuming: a retrained model keeps its name, a wrapped
@@ -149,7 +148,7 @@ class OutputStore:
 
     def _open_container(self) -> None:
         if self.kind == "hdf5":
-            self._file = h5py.File(self.container, "a")
+            self._file = open_hdf5_for_writing(self.container)
         else:
             self._file = import_zarr().open_group(str(self.container), mode="a")
 

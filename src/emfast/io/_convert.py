@@ -25,7 +25,8 @@ import numpy as np
 
 from ._open import open_source, split_path
 from ._outputs import (NotOwnOutputError, OutputLock, check_free_space, check_output_location, fingerprint,
-                       input_changed, option, remove_hdf5_output, remove_partial_files, remove_zarr_output)
+                       input_changed, open_hdf5_for_writing, option, remove_hdf5_output, remove_partial_files,
+                       remove_zarr_output)
 from ._progress import plural, progress_bar
 from ._source import VolumeSource
 
@@ -330,7 +331,7 @@ class _Hdf5Writer:
 
     def prepare(self, record: dict, overwrite: bool, lock: OutputLock) -> int:
         """Open the output to continue it (returns the tiles done), or create it with its record (returns 0)."""
-        self._file = h5py.File(self.container, "a")
+        self._file = open_hdf5_for_writing(self.container)
         if self._dataset in self._file:
             node = self._file[self._dataset]
             previous = node.attrs.get(RECORD) if isinstance(node, h5py.Dataset) else None

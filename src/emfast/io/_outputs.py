@@ -41,7 +41,7 @@ class OutputLocationError(ValueError):
     """An output would be the input, inside it, or contain it."""
 
 
-class OutputBusyError(RuntimeError):
+class OutputBusyError(OSError):
     """Another emfast run is writing the output."""
 
 
@@ -203,6 +203,20 @@ def _zarr_metadata(folder: Path) -> Optional[dict]:
             return {"node_type": node_type,
                     "attributes": json.loads(attributes.read_text()) if attributes.is_file() else {}}
     return None
+
+
+def open_hdf5_for_writing(path: Path):
+    """The HDF5 file ``path`` opened to append (created if absent), or an OSError naming it: HDF5's own message
+    for a file another process has open ("unable to lock file") does not say which file."""
+    import h5py
+
+    try:
+        return h5py.File(path, "a")
+    except BlockingIOError as error:
+        raise OutputBusyError(f"cannot write {path}: another program has it open ({error}); close it there, "
+                              "then run again") from None
+    except OSError as error:
+        raise OSError(error.errno, f"cannot open {path} for writing: {error}") from None
 
 
 def remove_hdf5_output(file, dataset: str, lock: "OutputLock") -> None:
