@@ -496,3 +496,15 @@ def test_uint8_outputs_warn_once_with_the_fraction_clipped(tmp_path, volume):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # in [0, 1]: no warning
         ef.predict(crop, volume, tmp_path / "p.zarr/fine", patch_in=PATCH_IN, patch_out=PATCH_OUT, dtype="uint8")
+
+
+def test_resuming_with_an_array_input_that_changed_is_refused(tmp_path, volume):
+    path = tmp_path / "p.zarr/pred"
+    with pytest.raises(RuntimeError):
+        ef.predict(_interrupting(lopsided, 20, RuntimeError("stop")), volume, path, **SETTINGS)
+    changed = volume.copy()
+    changed[5, 5, 5] ^= 1  # one voxel
+    with pytest.raises(OutputExistsError, match="cannot resume .*: the input array holds other data than "
+                                                "when this output was started"):
+        ef.predict(lopsided, changed, path, resume=True, **SETTINGS)
+    ef.predict(lopsided, volume, path, resume=True, **SETTINGS)

@@ -13,7 +13,8 @@ from .._checks import integer, is_integer, triple
 from .._core.gather import PAD_MODES
 from .._version import __version__
 from ..io import Volume, open_volume
-from ..io._outputs import OutputLock, check_free_space, check_output_location, fingerprint, option
+from ..io._outputs import (OutputLock, array_fingerprint, check_free_space, check_output_location, fingerprint,
+                           option)
 from ..io._progress import ProgressBar, plural
 from ..pipeline import normalization
 from ._block import BlockPredictor
@@ -85,6 +86,8 @@ def _record(volume: Volume, caller: ModelCaller, plan: TilePlan, settings: dict)
     if volume.source is not None:
         stamp = volume.source
         source.update(path=str(stamp.path), dataset=stamp.dataset, fingerprint=fingerprint(stamp))
+    elif volume.in_memory:  # an array's content decides the bytes as much as a file's
+        source.update(fingerprint=array_fingerprint(volume.array))
     return dict(settings, input=source, model=caller.name, patch_in=list(plan.patch_in),
                 patch_out=list(plan.patch_out), overlap=list(plan.overlap), roi=[list(c) for c in plan.roi],
                 chunks=list(plan.chunks), block=list(plan.block), emfast=__version__)

@@ -114,8 +114,8 @@ class OutputStore:
                                     f"prediction with the same settings, or {option('overwrite')} to replace it")
         old, new = previous.get("input", {}), record["input"]
         if (old.get("path"), old.get("dataset")) == (new.get("path"), new.get("dataset")):
-            changed = input_changed(old.get("fingerprint"), new.get("fingerprint"),
-                                    f"{new.get('path')}/{new.get('dataset')}")
+            name = "the input array" if new.get("path") is None else f"the input {new['path']}/{new['dataset']}"
+            changed = input_changed(old.get("fingerprint"), new.get("fingerprint"), name)
             if changed:
                 raise OutputExistsError(f"cannot resume {self.path}: {changed}; pass {option('overwrite')} to "
                                         "predict it again")

@@ -248,7 +248,8 @@ def _resumable(previous: Optional[dict], record: dict, path: str, overwrite: boo
                            "(emfast never replaces what it did not write)")
     old, new = previous.get("source", {}), record["source"]
     if (old.get("path"), old.get("dataset")) == (new["path"], new["dataset"]):
-        changed = input_changed(old.get("fingerprint"), new["fingerprint"], f"{new['path']}/{new['dataset']}")
+        changed = input_changed(old.get("fingerprint"), new["fingerprint"],
+                                f"the input {new['path']}/{new['dataset']}")
         if changed:
             raise ConvertError(f"cannot resume {path}: {changed}; pass {option('overwrite')} to convert it again")
     differing = [k for k in record if previous.get(k) != record[k]]

@@ -25,6 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
+import numpy as np
+
 from ._progress import plural
 
 #: Attributes naming an array as written by emfast (the records of convert and predict, and predict's flags).
@@ -106,7 +108,7 @@ def input_folder(stamp) -> Path:
 def fingerprint(stamp) -> Optional[dict]:
     """What the input's data looks like on disk: the count, total size and a digest of the names, sizes and
     modification times of every file holding it (the HDF5 file; a store array's chunk files), or None for an
-    in-memory input. Rewriting any chunk in place changes it."""
+    in-memory input. Rewriting any chunk in place changes it. Costs one ``stat`` per file."""
     if stamp is None:
         return None
     if stamp.path.is_file():
@@ -119,23 +121,32 @@ def fingerprint(stamp) -> Optional[dict]:
     return {"files": len(entries), "bytes": sum(e[1] for e in entries), "digest": digest.hexdigest()}
 
 
+def array_fingerprint(array) -> dict:
+    """The size and a digest of an in-memory input's bytes (hashed at about 1 GB/s)."""
+    digest = hashlib.blake2b(np.ascontiguousarray(array).view(np.uint8).reshape(-1), digest_size=16)
+    return {"bytes": int(array.nbytes), "digest": digest.hexdigest()}
+
+
 def _entry(path: Path, root: Path):
     status = path.stat()
     return str(path.relative_to(root)), status.st_size, status.st_mtime_ns
 
 
 def input_changed(previous: Optional[dict], now: Optional[dict], name: str) -> Optional[str]:
-    """Why the input ``name`` is not what it was when the output was started (fingerprints ``previous`` and
-    ``now``), or None if it is the same."""
+    """Why the input (``name``: "the input PATH") is not what it was when the output was started (fingerprints
+    ``previous`` and ``now``), or None if it is the same."""
     if previous == now:
         return None
     if previous is None or now is None:
-        return f"the input {name} is not the one this output was started from"
+        return f"{name} is not the one this output was started from"
+    if "files" not in previous or "files" not in now:
+        return (f"{name} holds other data than when this output was started (its digest differs); "
+                "resuming would mix old and new data")
     files = previous["files"]
     then, now = (f"{f['files']} {plural(f['files'], 'file')} of {f['bytes']} bytes" for f in (previous, now))
     how = (f"{now} now, {then} then" if now != then else
            f"{now} now and then, but {'it was' if files == 1 else 'some were'} rewritten (modification times differ)")
-    return f"the input {name} changed since this output was started: {how}; resuming would mix old and new data"
+    return f"{name} changed since this output was started: {how}; resuming would mix old and new data"
 
 
 def check_free_space(container: Path, needed: int, what: str) -> None:
