@@ -79,9 +79,11 @@ def test_an_output_is_never_the_input_inside_it_or_above_it(tmp_path, zarr_input
 def test_an_output_is_never_written_into_the_inputs_hdf5_file(tmp_path, writer):
     with h5py.File(tmp_path / "in.h5", "w") as f:
         f.create_dataset("raw", data=np.arange(16 * 32 * 32, dtype=np.uint16).reshape(16, 32, 32), chunks=PATCH)
+    (tmp_path / "link.h5").symlink_to(tmp_path / "in.h5")
     before = digest(tmp_path / "in.h5")
-    with pytest.raises(ValueError, match="in the (input|source)'s HDF5 file"):
-        WRITERS[writer](str(tmp_path / "in.h5/raw"), tmp_path / "in.h5/out", overwrite=True)
+    for out in ("in.h5/out", "link.h5/out"):
+        with pytest.raises(ValueError, match="in the (input|source)'s HDF5 file"):
+            WRITERS[writer](str(tmp_path / "in.h5/raw"), tmp_path / out, overwrite=True)
     assert digest(tmp_path / "in.h5") == before
 
 

@@ -107,7 +107,17 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
     emfast.io._outputs.OutputSpaceError
         The output's file system has less free space than the next tile (or, uncompressed, the whole rest) needs.
     emfast.io._outputs.OutputBusyError
-        Another emfast run is writing the output.
+        Another emfast run (its pid is named), or another program holding the HDF5 file open, is writing the
+        output.
+
+    Notes
+    -----
+    The output may not be the source, inside it, or contain it (symlinks resolved), nor lie in the source's HDF5
+    file. While it runs, the lock file ``.NAME.emfast-lock`` beside the output container is held; it stays
+    afterwards (harmless: the lock is the open file, released when the process ends however it ends). A resume
+    compares the record's fingerprint of the source (every file's name, size and modification time) with the
+    source now, and refuses one whose chunks were rewritten. Free space is checked before every tile (a tile
+    never needs more than its raw bytes) and, without compression, for the whole rest up front.
     """
     container, dataset, kind = split_path(destination)
     if kind not in ("zarr", "hdf5") or not dataset:
