@@ -36,6 +36,8 @@ SPACE_MARGIN = 1 << 20
 #: zarr writes every file as ``NAME.<32 hex digits>.partial`` first, then renames it; a killed run leaves these.
 PARTIAL_FILE = re.compile(r"\.[0-9a-f]{32}\.partial$")
 
+#: Whether messages are for the command line; process-wide rather than a context variable, because writer
+#: threads build messages too.
 _command_line = [False]
 
 
