@@ -97,8 +97,9 @@ def check_output_location(container: Path, dataset: str, kind: str, stamp, role:
              "inside the " + role if data in output.parents else
              "a folder containing the " + role if output in data.parents else None)
     if where is not None:
-        raise OutputLocationError(f"{container}/{dataset} is {where} {stamp.path}/{stamp.dataset} ({data}); "
-                                  "write the output beside it")
+        named = stamp.path / stamp.dataset
+        resolved = "" if named == data else f" ({data})"
+        raise OutputLocationError(f"{container}/{dataset} is {where} {named}{resolved}; write the output beside it")
 
 
 def input_folder(stamp) -> Path:
