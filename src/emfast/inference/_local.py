@@ -31,7 +31,8 @@ def write_block(store: OutputStore, block: Block, result, grid) -> int:
     (or OutputSpaceError, before writing, when the file system has less free space than the block's bytes)."""
     # Checked before the write: HDF5 cannot recover from a full disk (its file can no longer be closed, and the
     # process crashes at exit). A block never needs more than its raw bytes; the writers write WRITERS at once.
-    check_free_space(store.container, result.nbytes * WRITERS, f"writing block {block.index}")
+    check_free_space(store.container, result.nbytes * WRITERS, f"writing block {block.index}",
+                     f"run again with {option('resume')} to continue")
     try:
         store.write(block.start, result)
         store.mark(block.index, grid)

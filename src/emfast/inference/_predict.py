@@ -287,7 +287,8 @@ def _check_room_for(blocks, bytes_per_voxel: int, container) -> None:
     is refused up front rather than half way."""
     voxels = sum(int(np.prod(b.shape)) for b in blocks)
     check_free_space(container, voxels * bytes_per_voxel,
-                     f"writing the {len(blocks)} {plural(len(blocks), 'block')} left")
+                     f"writing the {len(blocks)} {plural(len(blocks), 'block')} left",
+                     f"run again with {option('resume')} to continue")
 
 
 def _ticker(report, total: int, done: int) -> Optional[Callable[[], None]]:

@@ -38,6 +38,8 @@ TILE_BYTES = 256 << 20
 #: Output chunk edge when the source has no chunks (clipped to the volume).
 CHUNK_EDGE = 64
 RECORD = "emfast_convert"
+#: How an interrupted conversion continues.
+AGAIN = "run the same conversion again to continue"
 
 __all__ = ["COMPRESSORS", "ConvertError", "ConvertWriteError", "Conversion", "convert", "progress_bar",
            "zarr_compressor"]
@@ -174,7 +176,7 @@ def _copy(source: VolumeSource, writer, record: dict, tiles, done: int, progress
     if record["compressor"] == "none":  # the whole rest's size is known: refuse up front rather than half way
         left = sum(channels * int(np.prod(extent)) for _, extent in tiles[done:]) * dtype.itemsize
         count = len(tiles) - done
-        check_free_space(writer.container, left, f"writing the {count} {plural(count, 'tile')} left")
+        check_free_space(writer.container, left, f"writing the {count} {plural(count, 'tile')} left", AGAIN)
     if progress is not None and done < len(tiles):
         progress(done, len(tiles))
     with _interrupt_between_tiles() as interrupted:
@@ -217,7 +219,7 @@ def _copy_tile(source: VolumeSource, writer, record: dict, tiles, number: int, c
     source.read(corner, extent, data)
     # A tile never costs more than its raw bytes (and the margin): checked before the write, as HDF5 cannot
     # recover from a full disk (its file can no longer be closed, and the process crashes at exit).
-    check_free_space(writer.container, data.nbytes, f"writing tile {number + 1} of {len(tiles)}")
+    check_free_space(writer.container, data.nbytes, f"writing tile {number + 1} of {len(tiles)}", AGAIN)
     try:
         writer.write(corner, data if lead else data[0])
         writer.record(dict(record, done=number + 1, complete=number + 1 == len(tiles)))
@@ -225,7 +227,7 @@ def _copy_tile(source: VolumeSource, writer, record: dict, tiles, number: int, c
         end = tuple(c + e for c, e in zip(corner, extent))
         raise ConvertWriteError(f"writing tile {number + 1} of {len(tiles)} (voxels {corner}..{end}) to "
                                 f"{writer.path} failed: {error}. The {number} tiles before it are recorded; "
-                                "run the same conversion again to continue") from error
+                                f"{AGAIN}") from error
 
 
 def _tiles(shape, chunks, itemsize: int, tile_bytes: int):

@@ -152,9 +152,9 @@ def input_changed(previous: Optional[dict], now: Optional[dict], name: str) -> O
     return f"{name} changed since this output was started: {how}; resuming would mix old and new data"
 
 
-def check_free_space(container: Path, needed: int, what: str) -> None:
+def check_free_space(container: Path, needed: int, what: str, then: str) -> None:
     """OutputSpaceError naming the output unless the file system of ``container`` has ``needed`` bytes free
-    (plus a margin). ``what`` says what the bytes are for."""
+    (plus a margin). ``what`` says what the bytes are for, ``then`` how to continue once there is room."""
     folder = container if container.is_dir() else container.parent
     while not folder.exists():
         folder = folder.parent
@@ -163,8 +163,7 @@ def check_free_space(container: Path, needed: int, what: str) -> None:
     if free < needed + SPACE_MARGIN:
         raise OutputSpaceError(errno.ENOSPC, f"not enough space for {container}: {what} needs {_mib(needed)} "
                                              f"(and {_mib(SPACE_MARGIN)} to spare), {_mib(free)} is free on its "
-                                             "file system; free some space, then run again with "
-                                             f"{option('resume')} to continue", str(container))
+                                             f"file system; free some space, then {then}", str(container))
 
 
 def _mib(count: int) -> str:
