@@ -407,7 +407,7 @@ def test_convert_hdf5_to_zarr_resumes_byte_identical_and_never_clobbers(tmp_path
     assert main(["convert", str(tmp_path / "whole.zarr/raw"), str(tmp_path / "back.h5/raw"), "--compressor",
                  "gzip"]) == 0
     np.testing.assert_array_equal(ef.open(tmp_path / "back.h5/raw").array, data)
-    assert main(["convert", str(tmp_path / "whole.zarr/raw"), str(tmp_path / "whole.zarr/copy")]) == 2
+    assert main(["convert", str(tmp_path / "whole.zarr/raw"), str(tmp_path / "whole.zarr/raw/copy")]) == 2
     assert "inside the source" in capsys.readouterr().err
     assert tree_digest(tmp_path / "in.h5") == source_before
 

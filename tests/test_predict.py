@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 
 import h5py
 import numpy as np
@@ -259,10 +260,15 @@ def test_existing_outputs_are_refused_replaced_or_resumed_only_with_the_same_set
     path = tmp_path / "p.zarr/pred"
     root = zarr.open_group(str(tmp_path / "p.zarr"), mode="w")
     root.create_array("pred", shape=(3,), dtype="uint8")[...] = [1, 2, 3]
+    for options in ({}, {"resume": True}, {"overwrite": True}):  # another program's array is never replaced
+        with pytest.raises(OutputExistsError, match="exists and was not written by emfast"):
+            ef.predict(crop, volume, path, patch_in=PATCH_IN, patch_out=PATCH_OUT, **options)
+    assert list(zarr.open_array(str(tmp_path / "p.zarr"), path="pred", mode="r")[...]) == [1, 2, 3]
+    path = tmp_path / "p.zarr/mine"
+    ef.predict(crop, volume, path, patch_in=PATCH_IN, patch_out=PATCH_OUT, tta=4)
     with pytest.raises(OutputExistsError, match="exists; pass resume=True .* or overwrite=True"):
         ef.predict(crop, volume, path, patch_in=PATCH_IN, patch_out=PATCH_OUT)
-    assert list(zarr.open_array(str(tmp_path / "p.zarr"), path="pred", mode="r")[...]) == [1, 2, 3]
-    with pytest.raises(OutputExistsError, match="other settings"):
+    with pytest.raises(OutputExistsError, match=r"tta: 4 there, 0 now"):
         ef.predict(crop, volume, path, patch_in=PATCH_IN, patch_out=PATCH_OUT, resume=True)
     ef.predict(crop, volume, path, patch_in=PATCH_IN, patch_out=PATCH_OUT, overwrite=True)
     assert _read(path).shape == (1,) + volume.shape
@@ -414,12 +420,15 @@ def test_emfast_predict_runs_a_config_and_resumes(tmp_path, volume, capsys):
         """)
     assert main(["predict", str(config)]) == 0
     out = capsys.readouterr()
-    assert "wrote" in out.out and "blocks computed" in out.out and "blocks" in out.err
+    assert "wrote" in out.out and "1 channel x" in out.out and "1 of 1 block computed" in out.out
+    assert out.err.splitlines() == ["[........................] 0/1 block, estimating the time left",
+                                    "[########################] 1/1 block, done in 0 s"]  # no \r in a log
     np.testing.assert_array_equal(_read(tmp_path / "out.zarr/pred")[0], normalized(volume) * np.float32(2))
     assert main(["predict", str(config)]) == 2
-    assert "exists; pass resume=True" in capsys.readouterr().err
+    assert "exists; pass --resume to continue an unfinished prediction with the same settings, or --overwrite" \
+        in capsys.readouterr().err
     assert main(["predict", str(config), "--resume"]) == 0
-    assert "0 of 1 blocks computed" in capsys.readouterr().out
+    assert "0 of 1 block computed" in capsys.readouterr().out
 
 
 def test_predict_config_errors_name_the_key_and_line(tmp_path):
@@ -464,5 +473,38 @@ def test_resuming_after_the_input_changed_is_refused(tmp_path, volume):
     with h5py.File(tmp_path / "in.h5", "a") as f:  # the input is rewritten between the runs
         f["raw"][0] = 255 - f["raw"][0]
     os.utime(tmp_path / "in.h5", ns=(time.time_ns(), time.time_ns() + 10**9))
-    with pytest.raises(OutputExistsError, match=r"other settings \(input: "):
+    with pytest.raises(OutputExistsError, match=r"cannot resume .*: the input .*in.h5/raw changed since this output "
+                                                 r"was started: 1 file of \d+ bytes now and then, but it was "
+                                                 r"rewritten"):
         ef.predict(lopsided, str(tmp_path / "in.h5/raw"), path, resume=True, **SETTINGS)
+
+
+def test_uint8_outputs_warn_once_with_the_fraction_clipped(tmp_path, volume):
+    from emfast.inference import SaturationWarning
+
+    def logits(batch):  # a network without its final sigmoid: values far outside [0, 1]
+        return crop(batch) * 20 - 10
+
+    with pytest.warns(SaturationWarning) as warned:
+        ef.predict(logits, volume, tmp_path / "p.zarr/logits", patch_in=PATCH_IN, patch_out=PATCH_OUT,
+                   dtype="uint8", chunks=(8, 16, 16), block=(8, 16, 16))
+    values = normalized(volume).astype(np.float64) * 20 - 10  # those rounding outside 0..255 are clipped
+    clipped = np.count_nonzero((values < -0.5 / 255) | (values > 1 + 0.5 / 255)) / volume.size
+    assert len(warned) == 1  # once per run, not once per block
+    assert f"{clipped:.1%} of the values written to" in str(warned[0].message)
+    assert "apply a sigmoid" in str(warned[0].message) and "dtype='float32'" in str(warned[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # in [0, 1]: no warning
+        ef.predict(crop, volume, tmp_path / "p.zarr/fine", patch_in=PATCH_IN, patch_out=PATCH_OUT, dtype="uint8")
+
+
+def test_resuming_with_an_array_input_that_changed_is_refused(tmp_path, volume):
+    path = tmp_path / "p.zarr/pred"
+    with pytest.raises(RuntimeError):
+        ef.predict(_interrupting(lopsided, 20, RuntimeError("stop")), volume, path, **SETTINGS)
+    changed = volume.copy()
+    changed[5, 5, 5] ^= 1  # one voxel
+    with pytest.raises(OutputExistsError, match="cannot resume .*: the input array holds other data than "
+                                                "when this output was started"):
+        ef.predict(lopsided, changed, path, resume=True, **SETTINGS)
+    ef.predict(lopsided, volume, path, resume=True, **SETTINGS)

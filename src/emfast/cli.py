@@ -7,9 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 import traceback
-from typing import List, Optional, TextIO
+from typing import List, Optional
 
 import h5py
 import numpy as np
@@ -21,53 +20,18 @@ from ._machine import cores
 from .augment import Intensity, Mirror, Transpose
 from .io import (LABELS_DATASET, RAW_DATASET, DatasetNotFoundError, Volume, demo_volume_path, hdf5, open_hdf5,
                  open_volume, split_path)
-from .io._convert import COMPRESSORS, progress_bar
+from .io._convert import COMPRESSORS
 from .io._convert import convert as convert_volume
+from .io._outputs import command_line_options
+from .io._progress import ProgressBar, plural, progress_bar
 from .io._n5 import list_n5_datasets
 from .io._open import detect
 from .io._source import read_regular_file
 from .io._zarr import list_arrays, refuse_special_metadata
 from .pipeline import Loader
 
-#: Seconds between progress-bar redraws.
-_REDRAW_SECONDS = 0.1
-_BAR_WIDTH = 24
-
-
-class Progress:
-    """A one-line progress bar with batches/s and voxels/s; plain periodic lines when not on a terminal."""
-
-    def __init__(self, total: int, voxels_per_batch: int, stream: TextIO) -> None:
-        self.total = total
-        self.voxels_per_batch = voxels_per_batch
-        self.stream = stream
-        self.interactive = stream.isatty()
-        self.start = time.perf_counter()
-        self._last_draw = 0.0
-        self._last_line_fraction = -1.0
-
-    def line(self, done: int) -> str:
-        elapsed = max(time.perf_counter() - self.start, 1e-9)
-        rate = done / elapsed
-        filled = int(_BAR_WIDTH * done / self.total)
-        bar = "#" * filled + "." * (_BAR_WIDTH - filled)
-        return (f"[{bar}] {done}/{self.total} batches  {rate:7.1f} batches/s  "
-                f"{rate * self.voxels_per_batch / 1e6:8.1f} Mvoxel/s")
-
-    def update(self, done: int) -> None:
-        now = time.perf_counter()
-        if self.interactive:
-            if now - self._last_draw >= _REDRAW_SECONDS or done == self.total:
-                self.stream.write("\r" + self.line(done))
-                self.stream.flush()
-                self._last_draw = now
-        elif done / self.total - self._last_line_fraction >= 0.1 or done == self.total:
-            self.stream.write(self.line(done) + "\n")
-            self._last_line_fraction = done / self.total
-
-    def finish(self) -> None:
-        if self.interactive:
-            self.stream.write("\n")
+#: The demo's progress bar (batches/s and Mvoxel/s): the one bar of every command.
+Progress = ProgressBar
 
 
 def _triple(text: List[int]) -> tuple:
@@ -281,19 +245,26 @@ def _store_arrays(container, inner: str) -> List[str]:
 
 def convert(args: argparse.Namespace) -> int:
     """Convert a volume between formats, resumably (run the same command again after an interruption)."""
-    output = convert_volume(args.source, args.destination, chunks=args.chunks, compressor=args.compressor,
-                            zarr_format=args.zarr_format, overwrite=args.overwrite, progress=progress_bar())
-    print(f"wrote {args.destination} ({output})")
+    with command_line_options():
+        result = convert_volume(args.source, args.destination, chunks=args.chunks, compressor=args.compressor,
+                                zarr_format=args.zarr_format, overwrite=args.overwrite, progress=progress_bar())
+    if result.written == 0:
+        print(f"{args.destination} is already complete ({result.tiles} {plural(result.tiles, 'tile')}); nothing "
+              "to do")
+    else:
+        print(f"wrote {args.destination} ({result.written} of {result.tiles} {plural(result.tiles, 'tile')})")
     return 0
 
 
 def predict(args: argparse.Namespace) -> int:
     """Run the predict section of a config, with a progress bar; resumable with --resume."""
     spec = _config.load_predict_config(args.config)
-    result = spec.run(resume=args.resume, overwrite=args.overwrite, progress=True, cache_dir=args.cache_dir)
+    with command_line_options():
+        result = spec.run(resume=args.resume, overwrite=args.overwrite, progress=True, cache_dir=args.cache_dir)
     channels, *spatial = result.shape
-    print(f"wrote {result.path}: {channels} channels x {' x '.join(map(str, spatial))} {result.dtype}; "
-          f"{result.computed} of {result.blocks} blocks computed in {result.seconds:.1f} s")
+    blocks = f"{result.computed} of {result.blocks} {plural(result.blocks, 'block')}"
+    print(f"wrote {result.path}: {channels} {plural(channels, 'channel')} x {' x '.join(map(str, spatial))} "
+          f"{result.dtype}; {blocks} computed in {result.seconds:.1f} s")
     return 0
 
 
@@ -358,8 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     change.add_argument("destination", help="the dataset to write, inside a .zarr or .h5 container")
     change.add_argument("--chunks", type=int, nargs=3, metavar=("Z", "Y", "X"),
                         help="output chunks (default: the source's, else 64 64 64)")
-    change.add_argument("--compressor", choices=COMPRESSORS, default="zstd",
-                        help="zarr: zstd (default), blosc, gzip or none; HDF5: gzip or none")
+    change.add_argument("--compressor", choices=COMPRESSORS, default=None,
+                        help="zarr: zstd (default), blosc, gzip or none; HDF5: gzip (default) or none")
     change.add_argument("--zarr-format", type=int, choices=[2, 3], default=3, help="zarr format (default 3)")
     change.add_argument("--overwrite", action="store_true", help="replace an existing output")
     change.set_defaults(handler=convert)

@@ -8,10 +8,10 @@ May import: ``emfast.pipeline`` (normalisation), ``emfast.io``, and the shared m
 """
 from ._blend import BLENDS
 from ._model import ModelOutputError
-from ._predict import Prediction, predict
+from ._predict import Prediction, SaturationWarning, predict
 from ._store import COMPRESSIONS, OUTPUT_DTYPES, BlockWriteError, OutputExistsError
 from ._tiling import Block, TilePlan
 from ._tta import TTA_COUNTS
 
 __all__ = ["BLENDS", "COMPRESSIONS", "OUTPUT_DTYPES", "TTA_COUNTS", "Block", "BlockWriteError", "ModelOutputError",
-           "OutputExistsError", "Prediction", "TilePlan", "predict"]
+           "OutputExistsError", "Prediction", "SaturationWarning", "TilePlan", "predict"]

@@ -30,6 +30,8 @@ class BlockPredictor:
         self.variants, self.scale, self.shift = variants, scale, shift
         self.pad, self.fill, self.batch_size, self.dtype = pad, fill, batch_size, np.dtype(dtype)
         self.channels: Optional[int] = None  # learned from the first prediction, then enforced
+        #: uint8 outputs: values computed, and values outside [0, 1] that the conversion clipped to 0 or 255.
+        self.values = self.clipped = 0
         self._scratch = threading.local()
 
     def __getstate__(self) -> dict:
@@ -81,7 +83,16 @@ class BlockPredictor:
                           undo(prediction, variant)[(slice(None),) + in_tile])
         size = sums.size
         result = np.empty(sums.shape, self.dtype) if out is None or out.size < size else out[:size].reshape(sums.shape)
+        if self.dtype == np.uint8:
+            self._count_clipped(sums, weights)
         return blend_finish(sums, weights, result)
+
+    def _count_clipped(self, sums: np.ndarray, weights: np.ndarray) -> None:
+        """Tally the blended values that uint8 cannot hold: those rounding to below 0 or above 255."""
+        covered = weights > 0
+        values = sums[:, covered] / weights[covered]
+        self.values += values.size
+        self.clipped += int(np.count_nonzero((values < -0.5 / 255) | (values > 1 + 0.5 / 255)))
 
     def predict_batch(self, region: np.ndarray, corner, part) -> np.ndarray:
         """The network's predictions for a batch of (tile, variant) jobs, read from ``region``."""

@@ -13,6 +13,7 @@ from ._local import write_block
 from ._store import OutputStore
 from ._tiling import Block
 
+
 def dask_missing() -> Optional[str]:
     """Why Dask cannot run predictions here, or None."""
     try:
@@ -22,19 +23,22 @@ def dask_missing() -> Optional[str]:
     return None
 
 
-def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset: str, kind: str) -> int:
-    """One Dask task: compute, write and flag ``block``."""
+def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset: str, kind: str) -> tuple:
+    """One Dask task: compute, write and flag ``block``; returns the values it computed and those it clipped."""
+    before = predictor.values, predictor.clipped
     result = predictor.compute(block, predictor.read(block))
     store = OutputStore.reopen(Path(container), dataset, kind)
     try:
-        return write_block(store, block, result, predictor.plan.grid)
+        write_block(store, block, result, predictor.plan.grid)
     finally:
         store.close()
+    return predictor.values - before[0], predictor.clipped - before[1]
 
 
 def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List[Block],
              progress: Optional[Callable[[], None]]) -> None:
-    """Run ``blocks`` as tasks on ``client``'s cluster; the first failed task cancels the rest and is raised."""
+    """Run ``blocks`` as tasks on ``client``'s cluster; the first failed task cancels the rest and is raised.
+    The tasks' counts of clipped values are added to ``predictor``'s."""
     from distributed import as_completed
 
     if store.kind != "zarr":
@@ -45,7 +49,9 @@ def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List
                          dataset=store.dataset, kind=store.kind, pure=False)
     try:
         for future in as_completed(futures):
-            future.result()
+            values, clipped = future.result()
+            predictor.values += values
+            predictor.clipped += clipped
             if progress is not None:
                 progress()
     finally:

@@ -14,6 +14,7 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
+from ..io._outputs import check_free_space, option
 from ._block import BlockPredictor
 from ._store import BlockWriteError, OutputStore
 from ._tiling import Block
@@ -26,14 +27,19 @@ WRITERS = 2
 
 
 def write_block(store: OutputStore, block: Block, result, grid) -> int:
-    """Write a block's chunks, then flag it finished; a failure leaves it unflagged and raises BlockWriteError."""
+    """Write a block's chunks, then flag it finished; a failure leaves it unflagged and raises BlockWriteError
+    (or OutputSpaceError, before writing, when the file system has less free space than the block's bytes)."""
+    # Checked before the write: HDF5 cannot recover from a full disk (its file can no longer be closed, and the
+    # process crashes at exit). A block never needs more than its raw bytes; the writers write WRITERS at once.
+    check_free_space(store.container, result.nbytes * WRITERS, f"writing block {block.index}",
+                     f"run again with {option('resume')} to continue")
     try:
         store.write(block.start, result)
         store.mark(block.index, grid)
     except Exception as error:
         raise BlockWriteError(f"writing block {block.index} (voxels {block.start}..{block.stop}) to {store.path} "
                               f"failed: {error}. The blocks written before it are recorded; run again with "
-                              "resume=True to continue") from error
+                              f"{option('resume')} to continue") from error
     return block.index
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple, Union
 
@@ -11,7 +12,10 @@ import numpy as np
 from .._checks import integer, is_integer, triple
 from .._core.gather import PAD_MODES
 from .._version import __version__
-from ..io import Volume, open_volume, progress_bar
+from ..io import Volume, open_volume
+from ..io._outputs import (OutputLock, array_fingerprint, check_free_space, check_output_location, fingerprint,
+                           option)
+from ..io._progress import ProgressBar, plural
 from ..pipeline import normalization
 from ._block import BlockPredictor
 from ._blend import BLENDS
@@ -24,6 +28,10 @@ from ._tta import IDENTITY, variants
 
 #: Default output chunk edge when the input has no chunks.
 CHUNK_EDGE = 64
+
+
+class SaturationWarning(UserWarning):
+    """A uint8 prediction clipped values outside [0, 1] (a model returning logits, say)."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +85,9 @@ def _record(volume: Volume, caller: ModelCaller, plan: TilePlan, settings: dict)
     source = {"name": volume.name, "shape": [volume.channels, *volume.shape], "dtype": volume.dtype.str}
     if volume.source is not None:
         stamp = volume.source
-        source.update(path=str(stamp.path), dataset=stamp.dataset, size=stamp.size, mtime_ns=stamp.mtime_ns)
+        source.update(path=str(stamp.path), dataset=stamp.dataset, fingerprint=fingerprint(stamp))
+    elif volume.in_memory:  # an array's content decides the bytes as much as a file's
+        source.update(fingerprint=array_fingerprint(volume.array))
     return dict(settings, input=source, model=caller.name, patch_in=list(plan.patch_in),
                 patch_out=list(plan.patch_out), overlap=list(plan.overlap), roi=[list(c) for c in plan.roi],
                 chunks=list(plan.chunks), block=list(plan.block), emfast=__version__)
@@ -129,7 +139,9 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     channels : int, optional
         The model's output channels; default: learned from one call on the first tile.
     dtype : {"float32", "float16", "uint8"}
-        Output dtype; "uint8" stores [0, 1] as 0..255.
+        Output dtype; "uint8" stores [0, 1] as 0..255 and clips values outside [0, 1] to 0 or 255: if any were
+        clipped, a :class:`SaturationWarning` says which fraction, once per call (a model returning logits
+        needs a sigmoid first, or use "float32").
     chunks : (int, int, int), optional
         Output chunks; default the input's, else 64 per axis.
     block : (int, int, int), optional
@@ -143,8 +155,11 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     threads : int
         Threads reading blocks' inputs ahead of the model.
     resume, overwrite : bool
-        Continue an unfinished prediction with the same settings, or replace an existing output. Without
-        either, an existing output is refused.
+        Continue an unfinished prediction with the same settings and the same input (its files' sizes and
+        modification times are recorded), or replace an existing output. Without either, an existing output is
+        refused. Overwriting replaces only an output emfast wrote, never another program's array or a group.
+        ``out`` may never be the input, inside it, contain it, or lie in the input's HDF5 file. One run at a
+        time writes a container: the lock file ``.NAME.emfast-lock`` beside it is held while it runs.
     client : dask.distributed.Client, optional
         Run the blocks as tasks on this cluster (zarr outputs); the model, volume and plan must pickle.
     progress : bool or callable
@@ -154,10 +169,22 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     -------
     Prediction
 
+    Warns
+    -----
+    SaturationWarning
+        ``dtype="uint8"`` clipped values outside [0, 1].
+
     Raises
     ------
     OutputExistsError
-        ``out`` exists and neither ``resume`` (with the same settings) nor ``overwrite`` was given.
+        ``out`` exists and neither ``resume`` (with the same settings and input) nor ``overwrite`` was given;
+        or it was not written by emfast.
+    ValueError
+        ``out`` is the input, inside it or above it (:class:`~emfast.io._outputs.OutputLocationError`).
+    OSError
+        Another emfast run (or program) is writing ``out`` (:class:`~emfast.io._outputs.OutputBusyError`, naming
+        the run's pid); or too little free space for the next block, or for the whole output when uncompressed
+        (:class:`~emfast.io._outputs.OutputSpaceError`, naming the output and the bytes needed).
     ModelOutputError
         The model returned the wrong type, shape or dtype (the message names both).
     BlockWriteError
@@ -171,7 +198,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     if dtype not in OUTPUT_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(OUTPUT_DTYPES)}, got {dtype!r}")
     if resume and overwrite:
-        raise ValueError("pass resume=True or overwrite=True, not both")
+        raise ValueError(f"pass {option('resume')} or {option('overwrite')}, not both")
     batch_size = integer(batch_size, "batch_size")
     threads = integer(threads, "threads")
     if channels is not None:
@@ -184,13 +211,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     caller = ModelCaller(model, device)
     volume, opened = _as_volume(volume)
     try:
-        if volume.source is not None and container.resolve() == volume.source.path:
-            if kind == "hdf5":
-                raise ValueError(f"out {out} is in the input's HDF5 file; a writer killed mid-write can corrupt "
-                                 "a whole HDF5 file, so emfast never writes into an input's: write to another "
-                                 ".h5 file or a .zarr")
-            if dataset.strip("/") == volume.source.dataset.strip("/"):
-                raise ValueError(f"out {out} is the input itself; write the prediction beside it")
+        check_output_location(container, dataset, kind, volume.source, "input")
         patch_in = _triple_or_int(patch_in, "patch_in", 1)
         patch_out = patch_in if patch_out is None else _triple_or_int(patch_out, "patch_out", 1)
         if overlap is None:
@@ -204,27 +225,36 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                                    shift, pad, fill, batch_size, np.dtype(dtype))
         blocks = plan.blocks()
         predictor.channels = channels or _probe(predictor, blocks[0])
+        # device: a GPU's arithmetic may differ from the CPU's in the last bits
         settings = dict(blend=blend, tta=tta, pad=pad, fill=float(fill), normalize=[float(scale), float(shift)],
-                        channels=predictor.channels, dtype=dtype, compression=compression, batch_size=batch_size)
+                        channels=predictor.channels, dtype=dtype, compression=compression, batch_size=batch_size,
+                        device=None if device is None else str(device).split(":")[0])
         shape = (predictor.channels,) + volume.shape
         attributes = {}
         if volume.resolution is not None:
             attributes["resolution"] = list(volume.resolution)
         if volume.offset is not None:
             attributes["offset"] = list(volume.offset)
-        store, finished = OutputStore.prepare(out, shape, dtype, plan.chunks, compression, plan.grid,
-                                              _record(volume, caller, plan, settings), attributes, resume,
-                                              overwrite)
-        try:
-            todo = [b for b in blocks if b.index not in finished]
-            tick = _ticker(progress, len(blocks), len(blocks) - len(todo))
-            if client is not None:
-                run_dask(client, predictor, store, todo, tick)
-            else:
-                run_local(predictor, store, todo, threads, tick)
-            store.finish()
-        finally:
-            store.close()
+        with OutputLock(container) as lock:
+            store, finished = OutputStore.prepare(out, shape, dtype, plan.chunks, compression, plan.grid,
+                                                  _record(volume, caller, plan, settings), attributes, resume,
+                                                  overwrite, lock)
+            bar = ProgressBar(len(blocks), unit="block") if progress is True else None
+            try:
+                todo = [b for b in blocks if b.index not in finished]
+                if compression == "none":
+                    _check_room_for(todo, shape[0] * np.dtype(dtype).itemsize, container)
+                tick = _ticker(bar or progress, len(blocks), len(blocks) - len(todo))
+                if client is not None:
+                    run_dask(client, predictor, store, todo, tick)
+                else:
+                    run_local(predictor, store, todo, threads, tick)
+                store.finish()
+            finally:
+                store.close()
+                if bar is not None:
+                    bar.finish()  # an error's message starts on a line of its own
+        _warn_if_clipped(predictor, out)
     finally:
         if opened:
             volume.close()
@@ -242,11 +272,29 @@ def _probe(predictor: BlockPredictor, block) -> int:
     return int(predictor.predict_batch(region, corner, [(tile, IDENTITY)]).shape[1])
 
 
-def _ticker(progress, total: int, done: int) -> Optional[Callable[[], None]]:
-    """A no-argument callback counting finished blocks into ``progress``."""
-    if progress is False or progress is None:
+def _warn_if_clipped(predictor: BlockPredictor, out) -> None:
+    """One SaturationWarning for the run if its uint8 output clipped any value."""
+    if predictor.clipped:
+        fraction = predictor.clipped / predictor.values
+        warnings.warn(SaturationWarning(
+            f"{fraction:.1%} of the values written to {out} ({predictor.clipped} of {predictor.values}) were outside "
+            "[0, 1] and were clipped to 0 or 255 by dtype='uint8'; if the model returns logits, apply a sigmoid "
+            "in the model, or predict with dtype='float32'"), stacklevel=3)
+
+
+def _check_room_for(blocks, bytes_per_voxel: int, container) -> None:
+    """OutputSpaceError unless the blocks left fit: uncompressed, their size is known, so a run that cannot end
+    is refused up front rather than half way."""
+    voxels = sum(int(np.prod(b.shape)) for b in blocks)
+    check_free_space(container, voxels * bytes_per_voxel,
+                     f"writing the {len(blocks)} {plural(len(blocks), 'block')} left",
+                     f"run again with {option('resume')} to continue")
+
+
+def _ticker(report, total: int, done: int) -> Optional[Callable[[], None]]:
+    """A no-argument callback counting finished blocks into ``report(done, total)`` (None: no callback)."""
+    if report is False or report is None:
         return None
-    report = progress_bar(unit="blocks") if progress is True else progress
     count = [done]
     report(done, total)
 

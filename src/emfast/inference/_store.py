@@ -2,26 +2,29 @@
 of which blocks are finished, so that an interrupted run resumes where it stopped.
 
 The output's attributes hold ``emfast_predict``: the input as it was, every setting that decides the result, the
-model's name, the emfast version, and ``complete``. Finished blocks are flagged in a small uint8 array named ``<dataset>.blocks``, one element per
-block and, in zarr, one chunk per element, so that concurrent workers never write the same chunk. A block's
-flag is set only after all its chunks were written; the flag array is deleted when every block is done.
+model's name, the emfast version, and ``complete``; the output is created with it. Finished blocks are flagged
+in a small uint8 array named ``<dataset>.blocks``, one element per block and, in zarr, one chunk per element, so
+that concurrent workers never write the same chunk. A block's flag is set only after all its chunks were written
+(in HDF5: flushed to the file); the flag array is deleted when every block is done.
 """
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Optional, Set, Tuple
 
-import h5py
 import numpy as np
 
 from ..io import COMPRESSORS, import_zarr, split_path, zarr_compressor
+from ..io._outputs import (NotOwnOutputError, OutputLock, input_changed, open_hdf5_for_writing, option,
+                           remove_hdf5_output, remove_partial_files, remove_zarr_output)
 
 RECORD = "emfast_predict"
 #: Record entries kept for provenance and not compared when resuming: a retrained model keeps its name, a wrapped
 #: one changes it, and neither tells whether the result would differ.
 PROVENANCE = ("model", "emfast", "complete")
+#: The attribute marking the flags array as emfast's (so overwriting may remove it).
+FLAGS_RECORD = "emfast_predict_blocks"
 #: Output codecs: those of emfast convert.
 COMPRESSIONS = COMPRESSORS
 OUTPUT_DTYPES = ("float32", "float16", "uint8")
@@ -69,13 +72,16 @@ class OutputStore:
 
     @classmethod
     def prepare(cls, out, shape, dtype: str, chunks, compression: str, grid, record: dict, attributes: dict,
-                resume: bool, overwrite: bool) -> Tuple["OutputStore", Set[int]]:
-        """Create the output, or open it to resume; returns the store and the blocks already finished.
+                resume: bool, overwrite: bool, lock: OutputLock) -> Tuple["OutputStore", Set[int]]:
+        """Create the output, or open it to resume; returns the store and the blocks already finished. The
+        caller holds ``lock``, the output's :class:`~emfast.io._outputs.OutputLock`.
 
         Raises
         ------
         OutputExistsError
-            The output exists and neither ``resume`` (with the same record) nor ``overwrite`` was given.
+            The output exists and neither ``resume`` (with the same record and input) nor ``overwrite`` was given,
+            or ``overwrite`` was given for something emfast did not write (another program's array, a group, a
+            link).
         """
         container, dataset, kind = parse_output(out)
         check_compression(compression, kind)
@@ -83,24 +89,54 @@ class OutputStore:
         store._open_container()
         try:
             previous = store._existing_record()
-            if previous is not None and not overwrite:
-                if not resume:
-                    raise OutputExistsError(f"{store.path} exists; pass resume=True to continue an unfinished "
-                                            "prediction with the same settings, or overwrite=True to replace it")
-                differing = sorted(k for k in set(record) | set(previous)
-                                   if k not in PROVENANCE and previous.get(k) != record.get(k))
-                if differing:
-                    raise OutputExistsError(f"{store.path} is a prediction with other settings ("
-                                            + "; ".join(f"{k}: {previous.get(k)!r} there, {record.get(k)!r} now"
-                                                        for k in differing)
-                                            + "); pass overwrite=True to replace it")
+            half_made = lock.was_creating(dataset)  # a run killed while creating it: nothing was finished
+            if previous is not None and not overwrite and not half_made:
+                store._check_resumable(previous, record, resume)
+                if kind == "zarr":
+                    for name in (dataset, store.flags_name):
+                        remove_partial_files(container / name)
                 return store, store._finished(grid, previous.get("complete", False))
-            store._create(shape, dtype, chunks, compression, grid, dict(record, complete=False), attributes,
-                          overwrite)
+            store._remove(lock)
+            with lock.creating(dataset):
+                store._create(shape, dtype, chunks, compression, grid, dict(record, complete=False), attributes)
             return store, set()
         except BaseException:
             store.close()
             raise
+
+    def _check_resumable(self, previous: dict, record: dict, resume: bool) -> None:
+        """OutputExistsError unless the existing output may be resumed with ``record``."""
+        if "written by" in previous:
+            raise OutputExistsError(f"{self.path} exists and was not written by emfast; choose another output "
+                                    "(emfast never replaces what it did not write)")
+        if not resume:
+            raise OutputExistsError(f"{self.path} exists; pass {option('resume')} to continue an unfinished "
+                                    f"prediction with the same settings, or {option('overwrite')} to replace it")
+        old, new = previous.get("input", {}), record["input"]
+        if (old.get("path"), old.get("dataset")) == (new.get("path"), new.get("dataset")):
+            name = "the input array" if new.get("path") is None else f"the input {new['path']}/{new['dataset']}"
+            changed = input_changed(old.get("fingerprint"), new.get("fingerprint"), name)
+            if changed:
+                raise OutputExistsError(f"cannot resume {self.path}: {changed}; pass {option('overwrite')} to "
+                                        "predict it again")
+        differing = sorted(k for k in set(record) | set(previous)
+                           if k not in PROVENANCE and previous.get(k) != record.get(k))
+        if differing:
+            raise OutputExistsError(f"{self.path} is a prediction with other settings ("
+                                    + "; ".join(f"{k}: {previous.get(k)!r} there, {record.get(k)!r} now"
+                                                for k in differing)
+                                    + f"); pass {option('overwrite')} to replace it")
+
+    def _remove(self, lock: OutputLock) -> None:
+        """Delete the output and its flags, where they exist and emfast wrote them (NotOwnOutputError if not)."""
+        for name in (self.dataset, self.flags_name):
+            try:
+                if self.kind == "hdf5":
+                    remove_hdf5_output(self._file, name, lock)
+                else:
+                    remove_zarr_output(self.container, name, lock)
+            except NotOwnOutputError as error:
+                raise OutputExistsError(str(error)) from None
 
     @classmethod
     def reopen(cls, container: Path, dataset: str, kind: str) -> "OutputStore":
@@ -112,7 +148,7 @@ class OutputStore:
 
     def _open_container(self) -> None:
         if self.kind == "hdf5":
-            self._file = h5py.File(self.container, "a")
+            self._file = open_hdf5_for_writing(self.container)
         else:
             self._file = import_zarr().open_group(str(self.container), mode="a")
 
@@ -140,39 +176,38 @@ class OutputStore:
             return set(range(int(np.prod(grid))))
         if self._flags is None:
             raise OutputExistsError(f"{self.path} is an unfinished prediction without its record of finished "
-                                    f"blocks ({self.flags_name}); pass overwrite=True to start again")
+                                    f"blocks ({self.flags_name}); pass {option('overwrite')} to start again")
         return set(int(i) for i in np.flatnonzero(self._flags[...]))
 
-    def _create(self, shape, dtype, chunks, compression, grid, record, attributes, overwrite) -> None:
+    def _create(self, shape, dtype, chunks, compression, grid, record, attributes) -> None:
+        """The output with its record from the start, and its flags (marked as emfast's)."""
         chunks = (shape[0],) + tuple(chunks)
         if self.kind == "hdf5":
-            for name in (self.dataset, self.flags_name):
-                if name in self._file:
-                    del self._file[name]
             self._array = self._file.create_dataset(self.dataset, shape=shape, dtype=dtype, chunks=chunks,
                                                     compression=None if compression == "none" else "gzip")
-            self._flags = self._file.create_dataset(self.flags_name, shape=tuple(grid), dtype=np.uint8)
             for key, value in attributes.items():
                 self._array.attrs[key] = value
             self._array.attrs[RECORD] = json.dumps(record)
+            self._flags = self._file.create_dataset(self.flags_name, shape=tuple(grid), dtype=np.uint8)
+            self._flags.attrs[FLAGS_RECORD] = True
             self._file.flush()
             return
         zarr = import_zarr()
-        for name in (self.dataset, self.flags_name):
-            if overwrite and (self.container / name).exists():
-                shutil.rmtree(self.container / name)
         self._array = self._file.create_array(self.dataset, shape=shape, chunks=chunks, dtype=dtype,
                                               compressors=zarr_compressor(compression, self._file.metadata
                                                                           .zarr_format, zarr),
-                                              fill_value=0, overwrite=overwrite)
+                                              fill_value=0, attributes=dict(attributes, **{RECORD: record}))
         self._flags = self._file.create_array(self.flags_name, shape=tuple(grid), chunks=(1,) * len(grid),
-                                              dtype=np.uint8, compressors=None, fill_value=0, overwrite=overwrite)
-        self._array.attrs.update(dict(attributes, **{RECORD: record}))
+                                              dtype=np.uint8, compressors=None, fill_value=0,
+                                              attributes={FLAGS_RECORD: True})
 
     def write(self, start, data: np.ndarray) -> None:
-        """Write ``data`` (channels, z, y, x) with its first voxel at ``start``."""
+        """Write ``data`` (channels, z, y, x) with its first voxel at ``start``; in HDF5, flushed to the file
+        before returning, so that a block is flagged only once its data is on disk."""
         box = tuple(slice(s, s + n) for s, n in zip(start, data.shape[1:]))
         self._array[(slice(None),) + box] = data
+        if self.kind == "hdf5":
+            self._file.flush()
 
     def mark(self, index: int, grid) -> None:
         """Record block ``index`` (numbered in C order of ``grid``) as finished."""

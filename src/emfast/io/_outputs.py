@@ -1,0 +1,325 @@
+"""What keeps the outputs of ``emfast convert`` and ``emfast.predict`` safe: the rule of where an output may be
+written, the rule of what overwriting may remove, the lock of one writer per output, the fingerprint that tells
+whether an input changed between a run and its resume, the check of free space, and how messages name options.
+
+Both writers follow the same rules, so they live here once:
+
+* An output is never the input, inside it, or above it (symlinks resolved), and never in the input's HDF5 file.
+* Overwriting removes only an array (dataset) that carries an emfast record (or one a killed emfast run was
+  creating), never a group, a link, or anything else.
+* One run at a time writes a container: a lock file ``.NAME.emfast-lock`` beside it is held (``fcntl.flock``)
+  for the run; the operating system releases it when the process ends, however it ends. It also says which
+  dataset a run is creating, so a run killed before the output held its record leaves an output that is still
+  known as emfast's.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+
+from ._progress import plural
+
+#: Attributes naming an array as written by emfast (the records of convert and predict, and predict's flags).
+RECORDS = ("emfast_convert", "emfast_predict", "emfast_predict_blocks")
+#: Left free beyond a write's own bytes: file-system and HDF5 metadata, compression's worst-case growth.
+SPACE_MARGIN = 1 << 20
+#: zarr writes every file as ``NAME.<32 hex digits>.partial`` first, then renames it; a killed run leaves these.
+PARTIAL_FILE = re.compile(r"\.[0-9a-f]{32}\.partial$")
+
+#: Whether messages are for the command line; process-wide rather than a context variable, because writer
+#: threads build messages too.
+_command_line = [False]
+
+
+class OutputLocationError(ValueError):
+    """An output would be the input, inside it, or contain it."""
+
+
+class OutputBusyError(OSError):
+    """Another emfast run is writing the output."""
+
+
+class OutputSpaceError(OSError):
+    """The output's file system has too little free space for what remains to be written."""
+
+
+class NotOwnOutputError(FileExistsError):
+    """Overwriting was asked for something emfast did not write."""
+
+
+def option(name: str) -> str:
+    """How messages name the option ``name``: ``name=True`` for Python callers, ``--name`` on the command line."""
+    return f"--{name.replace('_', '-')}" if _command_line[0] else f"{name}=True"
+
+
+@contextmanager
+def command_line_options() -> Iterator[None]:
+    """Within this block, messages name options as command-line flags (``--resume``, ``--overwrite``)."""
+    before = _command_line[0]
+    _command_line[0] = True
+    try:
+        yield
+    finally:
+        _command_line[0] = before
+
+
+def filesystem_path(container: Path, dataset: str, kind: str) -> Path:
+    """The file or directory that holds an output, symlinks resolved: the HDF5 file, or the zarr array's folder."""
+    return (container if kind == "hdf5" else container / dataset).resolve()
+
+
+def check_output_location(container: Path, dataset: str, kind: str, stamp, role: str) -> None:
+    """OutputLocationError if the output would be the input described by ``stamp`` (a :class:`Stamp`, or None for
+    an in-memory input), lie inside it, or contain it; ``role`` names the input in the message ("source", "input").
+    """
+    if stamp is None:
+        return
+    output = filesystem_path(container, dataset, kind)
+    if stamp.path.is_file():  # HDF5: one file holds the input and whatever else is written into it
+        if output == stamp.path:
+            raise OutputLocationError(
+                f"{container}/{dataset} is in the {role}'s HDF5 file {stamp.path}; a writer killed mid-write can "
+                "corrupt a whole HDF5 file, so emfast never writes into one it reads: write to another .h5 file "
+                "or a .zarr")
+        return
+    data = input_folder(stamp)
+    where = ("the " + role + " itself" if output == data else
+             "inside the " + role if data in output.parents else
+             "a folder containing the " + role if output in data.parents else None)
+    if where is not None:
+        named = stamp.path / stamp.dataset
+        resolved = "" if named == data else f" ({data})"
+        raise OutputLocationError(f"{container}/{dataset} is {where} {named}{resolved}; write the output beside it")
+
+
+def input_folder(stamp) -> Path:
+    """The folder holding an input array's data: the array's own folder in a store, else the store."""
+    folder = (stamp.path / stamp.dataset).resolve() if stamp.dataset else stamp.path
+    return folder if folder.is_dir() else stamp.path
+
+
+def fingerprint(stamp) -> Optional[dict]:
+    """What the input's data looks like on disk: the count, total size and a digest of the names, sizes and
+    modification times of every file holding it (the HDF5 file; a store array's chunk files), or None for an
+    in-memory input. Rewriting any chunk in place changes it. Costs one ``stat`` per file."""
+    if stamp is None:
+        return None
+    if stamp.path.is_file():
+        entries = [_entry(stamp.path, stamp.path.parent)]
+    else:
+        folder = input_folder(stamp)
+        entries = sorted(_entry(Path(root) / name, folder)
+                         for root, _, names in os.walk(folder) for name in names)
+    digest = hashlib.sha256("\n".join(f"{name} {size} {mtime}" for name, size, mtime in entries).encode())
+    return {"files": len(entries), "bytes": sum(e[1] for e in entries), "digest": digest.hexdigest()}
+
+
+def array_fingerprint(array) -> dict:
+    """The size and a digest of an in-memory input's bytes (hashed at about 1 GB/s)."""
+    digest = hashlib.blake2b(np.ascontiguousarray(array).view(np.uint8).reshape(-1), digest_size=16)
+    return {"bytes": int(array.nbytes), "digest": digest.hexdigest()}
+
+
+def _entry(path: Path, root: Path):
+    status = path.stat()
+    return str(path.relative_to(root)), status.st_size, status.st_mtime_ns
+
+
+def input_changed(previous: Optional[dict], now: Optional[dict], name: str) -> Optional[str]:
+    """Why the input (``name``: "the input PATH") is not what it was when the output was started (fingerprints
+    ``previous`` and ``now``), or None if it is the same."""
+    if previous == now:
+        return None
+    if previous is None or now is None:
+        return f"{name} is not the one this output was started from"
+    if "files" not in previous or "files" not in now:
+        return (f"{name} holds other data than when this output was started (its digest differs); "
+                "resuming would mix old and new data")
+    files = previous["files"]
+    then, now = (f"{f['files']} {plural(f['files'], 'file')} of {f['bytes']} bytes" for f in (previous, now))
+    how = (f"{now} now, {then} then" if now != then else
+           f"{now} now and then, but {'it was' if files == 1 else 'some were'} rewritten (modification times differ)")
+    return f"{name} changed since this output was started: {how}; resuming would mix old and new data"
+
+
+def check_free_space(container: Path, needed: int, what: str, then: str) -> None:
+    """OutputSpaceError naming the output unless the file system of ``container`` has ``needed`` bytes free
+    (plus a margin). ``what`` says what the bytes are for, ``then`` how to continue once there is room."""
+    folder = container if container.is_dir() else container.parent
+    while not folder.exists():
+        folder = folder.parent
+    status = os.statvfs(folder)
+    free = status.f_bavail * status.f_frsize
+    if free < needed + SPACE_MARGIN:
+        raise OutputSpaceError(errno.ENOSPC, f"not enough space for {container}: {what} needs {_mib(needed)} "
+                                             f"(and {_mib(SPACE_MARGIN)} to spare), {_mib(free)} is free on its "
+                                             f"file system; free some space, then {then}", str(container))
+
+
+def _mib(count: int) -> str:
+    return f"{count / (1 << 20):.1f} MiB"
+
+
+def remove_partial_files(folder: Path) -> int:
+    """Delete the ``*.<hex>.partial`` files a killed zarr write left under ``folder`` (an output emfast wrote);
+    returns how many."""
+    removed = 0
+    for root, _, names in os.walk(folder):
+        for name in names:
+            if PARTIAL_FILE.search(name):
+                os.unlink(os.path.join(root, name))
+                removed += 1
+    return removed
+
+
+def owned_by_emfast(attributes, lock: "OutputLock", dataset: str) -> bool:
+    """Whether an existing array with these attributes is emfast's to replace: it carries an emfast record, or
+    a run killed while creating ``dataset`` left it (the lock file says so)."""
+    return any(key in attributes for key in RECORDS) or lock.was_creating(dataset)
+
+
+def remove_zarr_output(container: Path, dataset: str, lock: "OutputLock") -> None:
+    """Delete the zarr array ``container/dataset`` if it is emfast's to replace; NotOwnOutputError otherwise."""
+    folder = container / dataset
+    if folder.is_symlink():
+        raise NotOwnOutputError(f"{folder} is a symbolic link; emfast replaces only arrays it wrote, never links")
+    if not folder.exists():
+        return
+    metadata = _zarr_metadata(folder)
+    if metadata is None or metadata.get("node_type", "array") != "array":
+        kind = "a zarr group" if metadata is not None else "not a zarr array"
+        raise NotOwnOutputError(f"{folder} is {kind}; emfast replaces only arrays it wrote: delete it yourself "
+                                "or choose another output")
+    if not owned_by_emfast(metadata.get("attributes", {}), lock, dataset):
+        raise NotOwnOutputError(f"{folder} exists and was not written by emfast (it has no emfast record); emfast "
+                                "replaces only its own outputs: delete it yourself or choose another output")
+    shutil.rmtree(folder)
+
+
+def _zarr_metadata(folder: Path) -> Optional[dict]:
+    """The metadata of a zarr node folder (v3 ``zarr.json``; v2 ``.zarray``/``.zgroup`` with ``.zattrs``)."""
+    if (folder / "zarr.json").is_file():
+        return json.loads((folder / "zarr.json").read_text())
+    for marker, node_type in ((".zarray", "array"), (".zgroup", "group")):
+        if (folder / marker).is_file():
+            attributes = folder / ".zattrs"
+            return {"node_type": node_type,
+                    "attributes": json.loads(attributes.read_text()) if attributes.is_file() else {}}
+    return None
+
+
+def open_hdf5_for_writing(path: Path):
+    """The HDF5 file ``path`` opened to append (created if absent), or an OSError naming it: HDF5's own message
+    for a file another process has open ("unable to lock file") does not say which file."""
+    import h5py
+
+    try:
+        return h5py.File(path, "a")
+    except BlockingIOError as error:
+        raise OutputBusyError(f"cannot write {path}: another program has it open ({error}); close it there, "
+                              "then run again") from None
+    except OSError as error:
+        raise OSError(error.errno, f"cannot open {path} for writing: {error}") from None
+
+
+def remove_hdf5_output(file, dataset: str, lock: "OutputLock") -> None:
+    """Delete the dataset ``dataset`` of the open h5py ``file`` if it is emfast's; NotOwnOutputError otherwise."""
+    import h5py
+
+    link = file.get(dataset, getlink=True)
+    if link is None:
+        return
+    if not isinstance(link, h5py.HardLink):
+        raise NotOwnOutputError(f"{file.filename}/{dataset} is a link; emfast replaces only datasets it wrote")
+    node = file[dataset]
+    if not isinstance(node, h5py.Dataset):
+        raise NotOwnOutputError(f"{file.filename}/{dataset} is a group; emfast replaces only datasets it wrote: "
+                                "delete it yourself or choose another output")
+    if not owned_by_emfast(node.attrs, lock, dataset):
+        raise NotOwnOutputError(f"{file.filename}/{dataset} exists and was not written by emfast (it has no "
+                                "emfast record); emfast replaces only its own outputs: delete it yourself or choose "
+                                "another output")
+    del file[dataset]
+
+
+class OutputLock:
+    """The lock of one writer per output container, held from :meth:`acquire` to :meth:`release`.
+
+    The lock file ``.NAME.emfast-lock`` beside the container holds the writer's pid and, while it creates a
+    dataset, that dataset's name. It stays when released: deleting it would let two runs lock two different files.
+    """
+
+    def __init__(self, container: Path) -> None:
+        container = Path(container).absolute()
+        self.container = container
+        self.path = container.parent / f".{container.name}.emfast-lock"
+        self._fd: Optional[int] = None
+        self._creating_before: Optional[str] = None
+
+    def acquire(self) -> "OutputLock":
+        """Take the lock; OutputBusyError naming the other run's pid if another process holds it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_state(fd).get("pid", "unknown")
+            os.close(fd)
+            raise OutputBusyError(f"another emfast run (pid {holder}) is writing {self.container}; wait for it "
+                                  "to finish, or stop it, then run again") from None
+        self._fd = fd
+        self._creating_before = _read_state(fd).get("creating")
+        # kept until this run has dealt with that dataset: it may be killed before, too
+        self._write({"pid": os.getpid(), "creating": self._creating_before})
+        return self
+
+    def was_creating(self, dataset: str) -> bool:
+        """Whether a run killed before the output held its record was creating ``dataset``."""
+        return self._creating_before == dataset
+
+    @contextmanager
+    def creating(self, dataset: str) -> Iterator[None]:
+        """Mark ``dataset`` as being created until its record is written (the block ends without an error)."""
+        self._write({"pid": os.getpid(), "creating": dataset})
+        yield
+        self._write({"pid": os.getpid()})
+        self._creating_before = None
+
+    def _write(self, state: dict) -> None:
+        data = json.dumps(state).encode()
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        os.write(self._fd, data)
+        os.ftruncate(self._fd, len(data))
+        os.fsync(self._fd)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "OutputLock":
+        return self.acquire()
+
+    def __exit__(self, *_) -> None:
+        self.release()
+
+
+def _read_state(fd: int) -> dict:
+    """The lock file's content (empty, or cut short by a killed write: nothing known)."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    try:
+        state = json.loads(os.read(fd, 4096) or b"{}")
+    except ValueError:
+        return {}
+    return state if isinstance(state, dict) else {}

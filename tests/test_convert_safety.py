@@ -1,0 +1,115 @@
+"""``emfast convert`` as met on real work: resumes only with the settings that decide its tiles, picks a codec and
+chunks the output format takes, says when there is nothing to do, and stops on Ctrl-C with one line."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import emfast as ef
+from emfast.cli import main
+from emfast.io import ConvertError, _convert, convert
+
+zarr = pytest.importorskip("zarr", reason="these tests write zarr outputs (pip install 'emfast[zarr]')")
+
+SRC = str(Path(ef.__file__).resolve().parents[1])  # the emfast under test, for subprocesses
+
+
+@pytest.fixture
+def source(tmp_path):
+    data = np.random.default_rng(11).integers(0, 2**16, (16, 48, 40), dtype=np.uint16)
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("raw", data=data, chunks=(8, 16, 16))
+    return tmp_path / "in.h5/raw", data
+
+
+def stop_after(count):
+    def progress(done, total):
+        if done >= count:
+            raise KeyboardInterrupt
+    return progress
+
+
+def test_a_resume_with_another_tile_size_is_refused(tmp_path, source):
+    path, data = source
+    out = tmp_path / "out.zarr/raw"
+    small = 8 * 16 * 16 * 2  # one chunk per tile: 18 tiles
+    with pytest.raises(KeyboardInterrupt):
+        convert(path, out, tile_bytes=small, progress=stop_after(3))
+    with pytest.raises(ConvertError, match=r"tile: \[8, 16, 16\] there, \[16, 48, 40\] now"):
+        convert(path, out)  # the default tile: whole volume; "3 done" would mean 3 whole volumes
+    record = dict(zarr.open_array(str(tmp_path / "out.zarr"), path="raw", mode="r").attrs)["emfast_convert"]
+    assert record["done"] == 3 and record["complete"] is False
+    result = convert(path, out, tile_bytes=small)
+    assert (result.tiles, result.written) == (18, 15)
+    np.testing.assert_array_equal(ef.open(out).array[0], data)
+
+
+def test_hdf5_to_hdf5_needs_no_compressor_option(tmp_path, source, capsys):
+    path, data = source
+    assert main(["convert", str(path), str(tmp_path / "out.h5/raw")]) == 0, capsys.readouterr().err
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        assert f["raw"].compression == "gzip"
+        np.testing.assert_array_equal(f["raw"][...], data)
+
+
+@pytest.mark.parametrize("container", ["out.h5", "out.zarr"])
+def test_an_unchunked_source_with_a_short_axis_gets_chunks_clipped_to_its_shape(tmp_path, container):
+    data = np.arange(20 * 30 * 100, dtype=np.uint8).reshape(20, 30, 100)
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("raw", data=data)  # contiguous: no chunks
+    convert(tmp_path / "in.h5/raw", tmp_path / container / "raw")
+    output = ef.open(tmp_path / container / "raw")
+    assert output.chunks == (20, 30, 64)
+    np.testing.assert_array_equal(output.array[0], data)
+
+
+def test_a_rerun_on_a_complete_output_says_so(tmp_path, source, capsys):
+    path, _ = source
+    args = ["convert", str(path), str(tmp_path / "out.zarr/raw")]
+    assert main(args) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {tmp_path / 'out.zarr/raw'} (1 of 1 tile)")
+    before = (tmp_path / "out.zarr/raw/zarr.json").stat().st_mtime_ns
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"{tmp_path / 'out.zarr/raw'} is already complete (1 tile); nothing to do\n"
+    assert captured.err == ""
+    assert (tmp_path / "out.zarr/raw/zarr.json").stat().st_mtime_ns == before  # nothing rewritten
+
+
+SLOW_CONVERT = """
+import sys
+import emfast.io._convert as _convert
+from emfast.cli import main
+_convert.TILE_BYTES = 128 << 10  # tiles of many chunks of many chunks: zarr's event loop is busy when Ctrl-C comes
+sys.exit(main(["convert", sys.argv[1], sys.argv[2], "--chunks", "4", "16", "16"]))
+"""
+
+
+def test_ctrl_c_during_a_zarr_conversion_prints_one_line_and_exits_130(tmp_path, monkeypatch):
+    data = np.random.default_rng(2).integers(0, 256, (32, 128, 128), dtype=np.uint8)
+    zarr.open_group(str(tmp_path / "in.zarr"), mode="w").create_array("raw", data=data, chunks=(4, 16, 16))
+    args = [str(tmp_path / "in.zarr/raw"), str(tmp_path / "out.zarr/raw")]
+    process = subprocess.Popen([sys.executable, "-c", SLOW_CONVERT, *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=SRC))
+    try:
+        while not list((tmp_path / "out.zarr/raw").glob("c/*")):  # the first chunks are being written
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.01)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, err[-3000:]
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("[")]
+    assert lines == ["emfast: interrupted"], err[-3000:]
+    monkeypatch.setattr(_convert, "TILE_BYTES", 128 << 10)
+    assert main(["convert", *args, "--chunks", "4", "16", "16"]) == 0  # and it resumes
+    np.testing.assert_array_equal(ef.open(tmp_path / "out.zarr/raw").array[0], data)

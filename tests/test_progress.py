@@ -1,0 +1,44 @@
+"""The one progress bar of emfast's commands: plain lines at a modest rate in a log, one line redrawn in place on
+a terminal, counts in the right number, and no time left promised before anything was timed."""
+import io
+import re
+
+from emfast.io import _progress, progress_bar
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_a_log_gets_plain_lines_at_a_modest_rate():
+    log = io.StringIO()
+    bar = progress_bar(log, unit="tile")
+    for done in range(1001):
+        bar(done, 1000)
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue()
+    assert 2 <= len(lines) <= 12  # every tenth of the work, not every tile
+    assert lines[0].endswith("0/1000 tiles, estimating the time left")  # not "0 s left" before any tile
+    assert re.search(r"\] 100/1000 tiles, about \d+ s left$", lines[1])
+    assert lines[-1].startswith("[########################] 1000/1000 tiles, done in")
+
+
+def test_one_unit_is_singular():
+    log = io.StringIO()
+    bar = progress_bar(log, unit="block")
+    bar(0, 1)
+    bar(1, 1)
+    assert log.getvalue().splitlines() == ["[........................] 0/1 block, estimating the time left",
+                                           "[########################] 1/1 block, done in 0 s"]
+
+
+def test_a_terminal_gets_one_line_redrawn_in_place(monkeypatch):
+    monkeypatch.setattr(_progress, "REDRAW_SECONDS", 60.0)  # however slow the machine, these calls are quick
+    terminal = Terminal()
+    bar = progress_bar(terminal, unit="tile")
+    for done in range(4):
+        bar(done, 3)
+    text = terminal.getvalue()
+    assert text.startswith("\r[") and text.endswith("3/3 tiles, done in 0 s \n") and text.count("\n") == 1
+    assert text.count("\r") == 2  # redrawn at most every REDRAW_SECONDS: the first and the last call
