@@ -26,7 +26,7 @@ from .io._convert import convert as convert_volume
 from .io._n5 import list_n5_datasets
 from .io._open import detect
 from .io._source import read_regular_file
-from .io._zarr import list_arrays, refuse_special_metadata
+from .io._zarr import GROUP_MARKERS, arrays_on_disk, refuse_special_metadata
 from .pipeline import Loader
 
 #: Seconds between progress-bar redraws.
@@ -258,6 +258,9 @@ def _store_arrays(container, inner: str) -> List[str]:
     else:
         import zarr
         refuse_special_metadata(container, inner)
+        names = arrays_on_disk(container, inner) if (container / inner).is_dir() else []
+        if names and not any((container / m).is_file() for m in GROUP_MARKERS):
+            return [f"{inner}/{name}".strip("/.") if name != "." else inner for name in names]  # no root group
         root = zarr.open(store=str(container), mode="r")
         try:
             node = root[inner] if inner else root
@@ -265,7 +268,6 @@ def _store_arrays(container, inner: str) -> List[str]:
             raise _not_found(container, inner, lambda group: _zarr_members(root, group)) from None
         if isinstance(node, zarr.Array) or "multiscales" in node.attrs.get("ome", node.attrs):
             return [inner]
-        names = list_arrays(node)
     return [f"{inner}/{name}".strip("/.") if name != "." else inner for name in names]
 
 

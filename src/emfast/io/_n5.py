@@ -30,13 +30,14 @@ from typing import Sequence, Union
 
 import numpy as np
 
-from ._metadata import bad_metadata, int_list, metadata_key, parsing, voxel_metadata
+from ._geometry import array_geometry
+from ._metadata import bad_metadata, int_list, metadata_key, parsing
 from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource,
                       checked_chunk, read_regular_file, require_kind)
 
 #: Attributes that describe the N5 layout itself, not the data.
 _STRUCTURE = {"dimensions", "blockSize", "dataType", "compression", "compressionType", "resolution", "offset",
-              "pixelResolution"}
+              "pixelResolution", "units", "axis_names", "voxel_size", "types"}
 _DTYPES = {name: np.dtype(name).newbyteorder(">") for name in
            ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64")}
 
@@ -111,7 +112,9 @@ class N5Source(VolumeSource):
         self._directory = root / dataset
         self._root, self._dataset = root, dataset
         with parsing(where):
-            self.resolution, self.offset = voxel_metadata(meta, self.name, reversed_order=True)
+            geometry = array_geometry(meta, len(dimensions), where, reversed_order=True)
+        geometry.require_canonical(where)
+        self.resolution, self.offset = geometry.resolution, geometry.offset
         self.stamp = Stamp.of(root, dataset, attributes)
         self._attributes = {k: v for k, v in meta.items() if k not in _STRUCTURE}
 
