@@ -20,7 +20,7 @@ Conventions read (each defined by the tool or document named):
   ``voxel_offset`` in voxels, (x, y, z); read by :mod:`emfast.io._precomputed`.
 
 A unit that is not stated (absent, ``""`` or null) is a nanometre, the unit every EM tool above assumes. A missing
-offset is reported as None here; samples read it as 0, the field's convention. Two sources of the same value that
+offset beside a stated voxel size is 0, the field's convention; where neither is stated both are None. Two sources of the same value that
 disagree (``resolution`` and ``voxel_size``, ``pixelResolution``, an OME scale and the level's own ``voxel_size``),
 an unknown unit, or axes that cannot be told apart are a :class:`~emfast.io._source.StoreMetadataError` naming
 the store, the array and the values.
@@ -82,7 +82,8 @@ class Geometry:
     ----------
     axes : tuple of str
         The role of each stored axis, in stored order: ``t``, ``c``, ``z``, ``y`` or ``x``.
-    resolution, offset : (z, y, x) floats in nm, or None where the store does not say.
+    resolution, offset : (z, y, x) floats in nm, or None where the store states no voxel size (the offset is 0
+        where only it is missing).
     """
 
     axes: Tuple[str, ...]
@@ -207,6 +208,8 @@ def array_geometry(attrs: Mapping, ndim: int, where: str, *, dimension_names: Op
     offset = stored("offset")
     if offset is not None:
         offset = _spatial(offset, "offset", roles, spatial, units, where, attrs["offset"])
+    elif resolution is not None:
+        offset = (0.0, 0.0, 0.0)  # the field's convention (gunpowder, funlib, CREMI): voxel 0 at the origin
     return Geometry(roles, resolution, offset)
 
 
