@@ -432,3 +432,30 @@ def test_labels_offset_by_part_of_a_voxel_are_refused(tmp_path):
     zarr_array(tmp_path / "s.zarr/labels", {"voxel_size": [40, 4, 4], "offset": [0, 2, 0]}, dtype=np.uint64)
     with pytest.raises(ValueError, match=r"s.zarr:labels is offset by \(0.0, 0.5, 0.0\) voxels from"):
         ef.Sample(ef.open(tmp_path / "s.zarr/raw"), ef.open(tmp_path / "s.zarr/labels"))
+
+
+# alignment diagnostics ------------------------------------------------------------------------------------------
+
+def test_info_and_check_show_world_extents_and_partial_overlap(tmp_path, capsys):
+    """funlib raw at offset 0 and labels shifted so that a quarter of them lies outside raw along y: ``emfast
+    info`` gives each array's box in nm, ``emfast check`` the boxes, the labels' raw voxels and the partial
+    overlap."""
+    from emfast.cli import main
+    persistence = needs("funlib.persistence")
+    raw = persistence.prepare_ds(str(tmp_path / "s.zarr/raw"), shape=(8, 16, 16), offset=(0, 0, 0),
+                                 voxel_size=(40, 4, 4), dtype=np.uint8)
+    raw[raw.roi] = random_volume(np.uint8, (8, 16, 16))
+    labels = persistence.prepare_ds(str(tmp_path / "s.zarr/labels"), shape=(8, 16, 16), offset=(0, 16, 0),
+                                    voxel_size=(40, 4, 4), dtype=np.uint64)
+    labels[labels.roi] = 1
+    assert main(["info", str(tmp_path / "s.zarr")]) == 0
+    out = capsys.readouterr().out
+    assert "labels: shape=(8, 16, 16) dtype=uint64" in out and "world=[(0.0, 16.0, 0.0), (320.0, 80.0, 64.0)) nm" in out
+    assert "raw: shape=(8, 16, 16)" in out and "world=[(0.0, 0.0, 0.0), (320.0, 64.0, 64.0)) nm" in out
+    (tmp_path / "config.yaml").write_text("data:\n  samples:\n    - {file: s.zarr, raw: raw, labels: labels}\n"
+                                          "loader: {patch: [2, 4, 4], batch_size: 1}\n")
+    assert main(["check", str(tmp_path / "config.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "resolution (40, 4, 4), world [(0, 16, 0), (320, 80, 64)) nm" in out
+    assert ("origin (0, 4, 0) in raw voxels; overlap with raw (8, 12, 16) = 75.0% of raw; raw voxels "
+            "[(0, 4, 0), (8, 20, 16)); only partly overlapping: 75.0% of its voxels lie in raw") in out

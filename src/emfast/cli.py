@@ -20,7 +20,7 @@ from . import config as _config
 from ._machine import cores
 from .augment import Intensity, Mirror, Transpose
 from .io import (LABELS_DATASET, RAW_DATASET, DatasetNotFoundError, demo_volume_path, hdf5, open_hdf5, open_volume,
-                 split_path)
+                 split_path, world_box)
 from .io._convert import COMPRESSORS, progress_bar
 from .io._convert import convert as convert_volume
 from .io._n5 import list_n5_datasets
@@ -239,8 +239,10 @@ def _store_info(path: str) -> int:
     for name in names:
         with open_volume(container, name, in_memory=False) as volume:
             channels = f" channels={volume.channels}" if volume.channels > 1 else ""
+            box = world_box(volume.shape, volume.resolution, volume.offset)
+            world = "" if box is None else f" world=[{box[0]}, {box[1]}) nm"
             print(f"  {name or '.'}: shape={volume.shape}{channels} dtype={volume.dtype} chunks={volume.chunks} "
-                  f"resolution={volume.resolution} offset={volume.offset}")
+                  f"resolution={volume.resolution} offset={volume.offset}{world}")
     if not names:
         print("  (no arrays)")
     return 0

@@ -261,6 +261,16 @@ def _shown(value):
     return value.tolist() if isinstance(value, np.ndarray) else value
 
 
+def world_box(shape: Sequence[int], resolution: Optional[Triple], offset: Optional[Triple]
+              ) -> Optional[Tuple[Triple, Triple]]:
+    """The (z, y, x) box in nm that a volume of ``shape`` covers, [first voxel's corner, last voxel's far corner),
+    or None without a voxel size."""
+    if resolution is None:
+        return None
+    low = tuple(float(o) for o in (offset or (0.0, 0.0, 0.0)))
+    return low, tuple(lo + n * r for lo, n, r in zip(low, shape, resolution))
+
+
 def require_agreement(where: str, what: str, stated: Optional[Triple], other: str, derived: Optional[Triple]) -> None:
     """Refuse two voxel sizes (or offsets) of the same array that differ, naming both."""
     if stated is not None and derived is not None and not np.allclose(stated, derived, rtol=1e-6):
