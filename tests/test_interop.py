@@ -261,13 +261,13 @@ def write_cloudvolume(path, data, compress, encoding="raw", layer_type="image"):
     return volume
 
 
-@pytest.mark.parametrize("compress", [None, "gzip", "br", "zstd", False])
+@pytest.mark.parametrize("compress", [None, "gzip", "br", "zstd", "xz", "bz2", False])
 @pytest.mark.parametrize("dtype", [np.uint8, np.float32])
 def test_cloudvolume_compressed_chunk_files(tmp_path, compress, dtype):
     """cloud-volume's default compresses each chunk file (``<bbox>.gz``): read, never zeros."""
     data = random_volume(dtype)
     volume = write_cloudvolume(tmp_path / "pc", data, compress)
-    suffix = {None: ".gz", "gzip": ".gz", "br": ".br", "zstd": ".zstd", False: ""}[compress]
+    suffix = {None: ".gz", "gzip": ".gz", "br": ".br", "zstd": ".zstd", "xz": ".xz", "bz2": ".bz2", False: ""}[compress]
     assert all(name.endswith(suffix) for name in os.listdir(tmp_path / "pc/4_4_40"))
     assert tuple(volume.resolution) == (4, 4, 40) and tuple(volume.voxel_offset) == (3, 5, 7)
     assert_reads(tmp_path / "pc", data, (40, 4, 4), (280, 20, 12), format="precomputed")
@@ -459,3 +459,19 @@ def test_info_and_check_show_world_extents_and_partial_overlap(tmp_path, capsys)
     assert "resolution (40, 4, 4), world [(0, 16, 0), (320, 80, 64)) nm" in out
     assert ("origin (0, 4, 0) in raw voxels; overlap with raw (8, 12, 16) = 75.0% of raw; raw voxels "
             "[(0, 4, 0), (8, 20, 16)); only partly overlapping: 75.0% of its voxels lie in raw") in out
+
+
+def test_hdf5_and_n5_with_axes_in_another_order_are_refused_naming_them(tmp_path):
+    """HDF5 and N5 are read in stored order only: axes named in another order are refused, never transposed
+    silently."""
+    with h5py.File(tmp_path / "s.h5", "w") as f:
+        f.create_dataset("raw", data=random_volume(np.uint8)).attrs["axis_names"] = ["x", "y", "z"]
+    with pytest.raises(StoreMetadataError, match=r"s.h5:raw \(attributes\): its axes are \['x', 'y', 'z'\]; this "
+                                                 r"format is read only with its axes in the order \(c, z, y, x\)"):
+        ef.open(tmp_path / "s.h5/raw")
+    z5py = needs("z5py")
+    dataset = z5py.File(str(tmp_path / "s.n5"), mode="a").create_dataset("raw", data=random_volume(np.uint8),
+                                                                        chunks=(4, 5, 3))
+    dataset.attrs["axis_names"] = ["z", "y", "x"]  # N5 lists axes x first: this names them reversed
+    with pytest.raises(StoreMetadataError, match=r"s.n5:raw \(attributes.json\): its axes are \['x', 'y', 'z'\]"):
+        ef.open(tmp_path / "s.n5/raw")

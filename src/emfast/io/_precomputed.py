@@ -7,7 +7,7 @@ The ``info`` file lists scales; each has a ``resolution`` and a ``voxel_offset``
 An unsharded scale with the ``raw`` encoding (cloud-volume's default for images and segmentations) is read here,
 chunk file by chunk file: ``<key>/<x0>-<x1>_<y0>-<y1>_<z0>-<z1>`` holds the chunk's little-endian elements,
 x fastest, then channels. cloud-volume writes these files compressed by default, with the compression as a
-suffix (``.gz``, ``.br``, ``.zstd``), which neuroglancer's HTTP servers turn into a ``Content-Encoding``; emfast
+suffix (``.gz``, ``.br``, ``.zstd``, ``.bz2``, ``.xz``), which neuroglancer's HTTP servers turn into a ``Content-Encoding``; emfast
 decompresses them (brotli needs the ``brotli`` package). A chunk with no file in any form is 0, as neuroglancer
 and tensorstore read it. Every other scale (sharded, or another encoding) is read through tensorstore (the
 optional extra ``emfast[tensorstore]``), which decodes with its own thread pool and reads only files without a
@@ -19,9 +19,11 @@ The ``info`` is checked here before any chunk is read (a non-empty ``scales``, e
 """
 from __future__ import annotations
 
+import bz2
 import gzip
 import itertools
 import json
+import lzma
 import os
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -186,8 +188,9 @@ def _zstd(data: bytes) -> bytes:
     return bytes(numcodecs.Zstd().decode(data))
 
 
-#: The compressions cloud-volume writes as a suffix of a chunk's file name, and their decoders.
-SUFFIXES = {".gz": gzip.decompress, ".br": _brotli, ".zstd": _zstd}
+#: The compressions cloud-volume writes as a suffix of a chunk's file name (cloud-files' COMPRESSION_EXTENSIONS),
+#: and their decoders.
+SUFFIXES = {".gz": gzip.decompress, ".br": _brotli, ".zstd": _zstd, ".bz2": bz2.decompress, ".xz": lzma.decompress}
 
 
 class _ChunkFiles:
