@@ -475,3 +475,15 @@ def test_hdf5_and_n5_with_axes_in_another_order_are_refused_naming_them(tmp_path
     dataset.attrs["axis_names"] = ["z", "y", "x"]  # N5 lists axes x first: this names them reversed
     with pytest.raises(StoreMetadataError, match=r"s.n5:raw \(attributes.json\): its axes are \['x', 'y', 'z'\]"):
         ef.open(tmp_path / "s.n5/raw")
+
+
+def test_funlib_time_axis_voxel_size_per_physical_axis(tmp_path):
+    """funlib lists voxel_size and offset per physical axis, time included: (t, z, y, x) with one time point."""
+    persistence = needs("funlib.persistence")
+    data = random_volume(np.uint8)
+    array = persistence.prepare_ds(str(tmp_path / "s.zarr/raw"), shape=(1,) + SHAPE, offset=(5, 80, 0, 4),
+                                   voxel_size=(10, 40, 4, 4), axis_names=["t", "z", "y", "x"],
+                                   types=["time", "space", "space", "space"], units=["s", "nm", "nm", "nm"],
+                                   dtype=np.uint8)
+    array[array.roi] = data[np.newaxis]
+    assert_reads(tmp_path / "s.zarr/raw", data, (40, 4, 4), (80, 0, 4))

@@ -213,27 +213,32 @@ def array_geometry(attrs: Mapping, ndim: int, where: str, *, dimension_names: Op
     return Geometry(roles, resolution, offset)
 
 
+def _per_spatial_axis(value, roles) -> Optional[list]:
+    """The spatial entries, in stored order, of a list given per spatial axis, per physical (space and time: funlib)
+    axis, or per axis (tensorstore); None for a list of another length."""
+    if not isinstance(value, (list, tuple)):
+        return None
+    for axes in (roles, [r for r in roles if r != "c"]):
+        if len(value) == len(axes) != 3:
+            return [v for v, role in zip(value, axes) if role in SPATIAL]
+    return list(value) if len(value) == 3 else None
+
+
 def _units(value, roles, where: str) -> List[Any]:
-    """One unit per spatial axis (in stored spatial order) from a ``units`` list of one per spatial axis or one
-    per axis."""
-    if value is None:
-        return [None] * 3
-    if isinstance(value, str):
+    """One unit per spatial axis, in stored spatial order, from a ``units`` entry (one unit, or a list)."""
+    if value is None or isinstance(value, str):
         return [value] * 3
-    if isinstance(value, (list, tuple)) and len(value) == len(roles) != 3:
-        return [u for u, role in zip(value, roles) if role in SPATIAL]
-    if isinstance(value, (list, tuple)) and len(value) == 3:
-        return list(value)
-    raise bad_metadata(where, "units", value, "a list of one unit per spatial axis")
+    units = _per_spatial_axis(value, roles)
+    if units is None:
+        raise bad_metadata(where, "units", value, "a list of one unit per spatial axis")
+    return units
 
 
 def _spatial(value, key: str, roles, spatial, units, where: str, shown) -> Triple:
     """A per-spatial-axis list (or one per axis) in stored order, as (z, y, x) nanometres; ``shown`` is the value
     as the store holds it, for messages."""
-    items = list(value) if isinstance(value, (list, tuple)) else None
-    if items is not None and len(items) == len(roles) != 3:
-        items = [v for v, role in zip(items, roles) if role in SPATIAL]
-    ok = items is not None and len(items) == 3 and all(
+    items = _per_spatial_axis(value, roles)
+    ok = items is not None and all(
         isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) and np.isfinite(v)
         for v in items)
     if not ok:
