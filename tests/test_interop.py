@@ -318,8 +318,8 @@ def test_funlib_axis_names_xyz_in_micrometres(tmp_path):
     persistence = needs("funlib.persistence")
     data = random_volume(np.uint16)
     array = persistence.prepare_ds(str(tmp_path / "s.zarr/raw"), shape=SHAPE[::-1], offset=(12, 10, 80),
-                                   voxel_size=(4, 5, 40), axis_names=["x", "y", "z"], units=["um", "um", "nm"],
-                                   dtype=np.uint16, chunk_shape=(3, 5, 4))
+                                   voxel_size=(4, 5, 40), axis_names=["x", "y", "z"], types=["space"] * 3,
+                                   units=["um", "um", "nm"], dtype=np.uint16, chunk_shape=(3, 5, 4))
     array[array.roi] = data.T
     reopened = persistence.open_ds(str(tmp_path / "s.zarr/raw"))
     assert tuple(reopened.axis_names) == ("x", "y", "z") and tuple(reopened.units) == ("um", "um", "nm")

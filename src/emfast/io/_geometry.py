@@ -20,10 +20,10 @@ Conventions read (each defined by the tool or document named):
   ``voxel_offset`` in voxels, (x, y, z); read by :mod:`emfast.io._precomputed`.
 
 A unit that is not stated (absent, ``""`` or null) is a nanometre, the unit every EM tool above assumes. A missing
-offset beside a stated voxel size is 0, the field's convention; where neither is stated both are None. Two sources of the same value that
-disagree (``resolution`` and ``voxel_size``, ``pixelResolution``, an OME scale and the level's own ``voxel_size``),
-an unknown unit, or axes that cannot be told apart are a :class:`~emfast.io._source.StoreMetadataError` naming
-the store, the array and the values.
+offset beside a stated voxel size is 0, the field's convention; where neither is stated both are None. Two
+sources of the same value that disagree (``resolution`` and ``voxel_size``, ``pixelResolution``, an OME scale
+and the level's own ``voxel_size``), an unknown unit, or axes that cannot be told apart are a
+:class:`~emfast.io._source.StoreMetadataError` naming the store, the array and the values.
 """
 from __future__ import annotations
 

@@ -7,11 +7,11 @@ The ``info`` file lists scales; each has a ``resolution`` and a ``voxel_offset``
 An unsharded scale with the ``raw`` encoding (cloud-volume's default for images and segmentations) is read here,
 chunk file by chunk file: ``<key>/<x0>-<x1>_<y0>-<y1>_<z0>-<z1>`` holds the chunk's little-endian elements,
 x fastest, then channels. cloud-volume writes these files compressed by default, with the compression as a
-suffix (``.gz``, ``.br``, ``.zstd``, ``.bz2``, ``.xz``), which neuroglancer's HTTP servers turn into a ``Content-Encoding``; emfast
-decompresses them (brotli needs the ``brotli`` package). A chunk with no file in any form is 0, as neuroglancer
-and tensorstore read it. Every other scale (sharded, or another encoding) is read through tensorstore (the
-optional extra ``emfast[tensorstore]``), which decodes with its own thread pool and reads only files without a
-suffix: a chunk that exists only compressed there is refused, never read as zeros.
+suffix (``.gz``, ``.br``, ``.zstd``, ``.bz2``, ``.xz``), which neuroglancer's HTTP servers turn into a
+``Content-Encoding``; emfast decompresses them (brotli needs the ``brotli`` package). A chunk with no file in any
+form is 0, as neuroglancer and tensorstore read it. Every other scale (sharded, or another encoding) is read
+through tensorstore (the optional extra ``emfast[tensorstore]``), which decodes with its own thread pool and
+reads only files without a suffix: a chunk that exists only compressed there is refused, never read as zeros.
 
 The ``info`` is checked here before any chunk is read (a non-empty ``scales``, each with its ``key``, ``size``,
 ``resolution``, ``voxel_offset``, ``chunk_sizes`` and ``encoding``), so malformed metadata is a
@@ -168,8 +168,9 @@ def _open_tensorstore(path: Path, index: int, name: str):
         raise ImportError(reason)
     import tensorstore as ts
     try:
-        return ts.open({"driver": "neuroglancer_precomputed", "kvstore": {"driver": "file", "path": str(path.resolve())},
-                        "scale_index": index}, read=True, write=False).result()
+        kvstore = {"driver": "file", "path": str(path.resolve())}
+        return ts.open({"driver": "neuroglancer_precomputed", "kvstore": kvstore, "scale_index": index},
+                       read=True, write=False).result()
     except Exception as error:  # what tensorstore refuses beyond the checks of read_info
         raise StoreMetadataError(f"{name} (info): tensorstore cannot open scale {index}: {error}") from error
 
