@@ -434,6 +434,49 @@ def test_labels_offset_by_part_of_a_voxel_are_refused(tmp_path):
         ef.Sample(ef.open(tmp_path / "s.zarr/raw"), ef.open(tmp_path / "s.zarr/labels"))
 
 
+# labels beside raw, through a Loader ----------------------------------------------------------------------------
+
+LABELS_BOX = (slice(2, 11), slice(3, 15), slice(1, 9))  # labels cover this part of raw: offset (80, 12, 4) nm
+
+
+def write_zarr_python(path, name, data, offset_voxels):
+    array = zarr.open_group(str(path), mode="a").create_array(name, shape=data.shape, chunks=(4, 5, 3),
+                                                              dtype=data.dtype)
+    array[...] = data
+    array.attrs.update(resolution=[40, 4, 4], offset=[o * r for o, r in zip(offset_voxels, (40, 4, 4))])
+    return path / name
+
+
+def write_z5py(path, name, data, offset_voxels):
+    z5py = needs("z5py")
+    dataset = z5py.File(str(path), mode="a").create_dataset(name, data=data, chunks=(4, 5, 3), compression="lz4")
+    dataset.attrs["resolution"] = [4, 4, 40]  # funlib's N5 convention: (x, y, z)
+    dataset.attrs["offset"] = [o * r for o, r in zip(offset_voxels[::-1], (4, 4, 40))]
+    return path / name
+
+
+def write_tensorstore_precomputed(path, name, data, offset_voxels):
+    ts = needs("tensorstore")
+    kind = "image" if data.dtype == np.uint8 else "segmentation"
+    store = ts.open({"driver": "neuroglancer_precomputed", "kvstore": {"driver": "file", "path": str(path / name)},
+                     "multiscale_metadata": {"type": kind, "data_type": data.dtype.name, "num_channels": 1},
+                     "scale_metadata": {"resolution": [4, 4, 40], "voxel_offset": list(offset_voxels[::-1]),
+                                        "size": list(data.shape[::-1]), "chunk_size": [3, 5, 4], "encoding": "raw"},
+                     "create": True}).result()
+    store[...] = data.T[..., np.newaxis]
+    return path / name
+
+
+@pytest.mark.parametrize("write, container", [(write_zarr_python, "s.zarr"), (write_z5py, "s.n5"),
+                                              (write_tensorstore_precomputed, "pc")])
+def test_loader_aligns_labels_beside_raw(tmp_path, write, container):
+    raw = random_volume(np.uint8)
+    labels = raw[LABELS_BOX].astype(np.uint64) + 1
+    write(tmp_path / container, "raw", raw, (0, 0, 0))
+    write(tmp_path / container, "labels", labels, tuple(s.start for s in LABELS_BOX))
+    assert_aligned(tmp_path / container / "raw", tmp_path / container / "labels")
+
+
 # alignment diagnostics ------------------------------------------------------------------------------------------
 
 def test_info_and_check_show_world_extents_and_partial_overlap(tmp_path, capsys):
