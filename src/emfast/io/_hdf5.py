@@ -51,7 +51,8 @@ def list_datasets(file: h5py.File) -> list[str]:
 
 class Hdf5Source(VolumeSource):
     """One dataset of an HDF5 file; resolution and offset from its ``resolution`` (or ``voxel_size``) and
-    ``offset`` attributes, in (z, y, x) order as gunpowder writes them."""
+    ``offset`` attributes, in (z, y, x) order as gunpowder and CREMI write them, with funlib's ``axis_names`` and
+    ``units`` (see :mod:`emfast.io._geometry`; axes named in another order are refused)."""
 
     def __init__(self, path: Union[str, os.PathLike], dataset: str) -> None:
         self.name = f"{path}:{dataset}"

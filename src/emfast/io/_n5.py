@@ -15,7 +15,12 @@ number of dimensions or a non-array mode, or data that decompresses to other tha
 element size, is a :class:`~emfast.io._source.CorruptChunkError` naming the block.
 
 Codecs: raw, gzip and zlib, bzip2 and xz from the standard library, which decompress outside the GIL; blosc,
-zstd and lz4 through numcodecs (``emfast[zarr]``).
+zstd and lz4 through numcodecs (``emfast[zarr]``). lz4 comes in two framings: n5-java (the reference) writes
+lz4-java's ``LZ4BlockOutputStream`` stream (blocks that start with the magic ``LZ4Block``), z5py a bare LZ4 block;
+the magic tells them apart.
+
+Geometry comes from :mod:`emfast.io._geometry` with every list reversed (N5 lists x first); datasets whose axes
+are named in another order than (c, z, y, x) are refused, naming the axes.
 """
 from __future__ import annotations
 

@@ -9,6 +9,11 @@ other layout (sharded v3 included) is read through zarr-python. A chunk that was
 array's fill value, as the zarr specification says; a chunk that cannot be decoded, or decodes to another size
 than the metadata promises, is a :class:`~emfast.io._source.CorruptChunkError` naming the store and the chunk.
 
+An array is opened by its own metadata, so an array with no group metadata above it (tensorstore's and
+funlib.persistence's normal layout) opens too. Its geometry comes from :mod:`emfast.io._geometry`: an array whose
+axes are named in another order (funlib ``axis_names``, zarr v3 ``dimension_names``, e.g. (x, y, z)) is read
+through an axis permutation applied to each box read, never copied.
+
 An array's metadata (``.zarray`` or ``zarr.json``) is checked here before zarr-python parses it, so malformed
 metadata is a :class:`~emfast.io._source.StoreMetadataError` naming the key and the value; what zarr-python
 still refuses is reported as the same error, naming the metadata file.
@@ -121,8 +126,8 @@ class ZarrSource(VolumeSource):
             self._axes = geometry.axes
             self.resolution, self.offset = geometry.resolution, geometry.offset
         self._array = array
-        canonical = list(self._axes) == [a for a in ("c", "z", "y", "x") if a in self._axes]
-        self._direct = _DirectChunks.for_array(array, path / dataset) if canonical else None
+        in_order = "t" not in self._axes and Geometry(self._axes, None, None).canonical  # what _DirectChunks reads
+        self._direct = _DirectChunks.for_array(array, path / dataset) if in_order else None
         self._path, self._dataset = path, dataset
         self._level, self._resolution = level, resolution
         self.dtype = np.dtype(array.dtype)
