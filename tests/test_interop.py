@@ -530,3 +530,16 @@ def test_funlib_time_axis_voxel_size_per_physical_axis(tmp_path):
                                    dtype=np.uint8)
     array[array.roi] = data[np.newaxis]
     assert_reads(tmp_path / "s.zarr/raw", data, (40, 4, 4), (80, 0, 4))
+
+
+def test_cloudvolume_channels(tmp_path):
+    """Two channels: a raw chunk holds x fastest, then y, z and the channel (Fortran order (x, y, z, c))."""
+    cloudvolume = needs("cloudvolume")
+    data = random_volume(np.uint8, (2,) + SHAPE)
+    info = cloudvolume.CloudVolume.create_new_info(
+        num_channels=2, layer_type="image", data_type="uint8", encoding="raw", resolution=[4, 4, 40],
+        voxel_offset=[0, 0, 0], chunk_size=[4, 5, 3], volume_size=list(SHAPE[::-1]))
+    volume = cloudvolume.CloudVolume(f"file://{tmp_path / 'pc'}", info=info, progress=False)
+    volume.commit_info()
+    volume[:, :, :] = np.transpose(data, (3, 2, 1, 0))
+    assert_reads(tmp_path / "pc", data, (40, 4, 4), (0, 0, 0), format="precomputed")
