@@ -92,11 +92,15 @@ def test_zarr_python_arrays(tmp_path, dtype, chunks, layout):
     assert_reads(tmp_path / "s.zarr/volumes/raw", data, (40, 4, 4), (80, 8, 12))
 
 
-def test_zarr_v3_dimension_names_in_another_order_are_read_as_zyx(tmp_path):
-    data = random_volume(np.uint16)
-    array = zarr.create_array(str(tmp_path / "s.zarr"), shape=SHAPE[::-1], chunks=(4, 5, 3), dtype=np.uint16,
-                              dimension_names=["x", "y", "z"])
-    array[...] = data.T
+@pytest.mark.parametrize("names", [["x", "y", "z"], ["z", "y", "x", "c"], ["y", "c", "x", "z"]])
+def test_zarr_v3_dimension_names_in_another_order_are_read_as_zyx(tmp_path, names):
+    """Read through an axis permutation, channels first: (c, z, y, x) whatever the stored order."""
+    data = random_volume(np.uint16, ((2,) if "c" in names else ()) + SHAPE)
+    canonical = [a for a in "czyx" if a in names]
+    stored = np.transpose(data, [canonical.index(a) for a in names])
+    array = zarr.create_array(str(tmp_path / "s.zarr"), shape=stored.shape, chunks=(4, 5, 3, 2)[:len(names)],
+                              dtype=np.uint16, dimension_names=names)
+    array[...] = stored
     assert_reads(tmp_path / "s.zarr", data)
 
 
