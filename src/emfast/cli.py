@@ -19,7 +19,7 @@ from . import config as _config
 from ._machine import cores
 from .augment import Intensity, Mirror, Transpose
 from .io import (LABELS_DATASET, RAW_DATASET, DatasetNotFoundError, Volume, demo_volume_path, hdf5, open_hdf5,
-                 open_volume, split_path)
+                 open_volume, split_path, world_box)
 from .io._convert import COMPRESSORS
 from .io._convert import convert as convert_volume
 from .io._outputs import command_line_options
@@ -27,7 +27,7 @@ from .io._progress import ProgressBar, plural, progress_bar
 from .io._n5 import list_n5_datasets
 from .io._open import detect
 from .io._source import read_regular_file
-from .io._zarr import list_arrays, refuse_special_metadata
+from .io._zarr import GROUP_MARKERS, arrays_on_disk, refuse_special_metadata
 from .pipeline import Loader
 
 #: The demo's progress bar (batches/s and Mvoxel/s): the one bar of every command.
@@ -213,8 +213,10 @@ def _store_info(path: str) -> int:
     for name in names:
         with open_volume(container, name, in_memory=False) as volume:
             channels = f" channels={volume.channels}" if volume.channels > 1 else ""
+            box = world_box(volume.shape, volume.resolution, volume.offset)
+            world = "" if box is None else f" world=[{box[0]}, {box[1]}) nm"
             print(f"  {name or '.'}: shape={volume.shape}{channels} dtype={volume.dtype} chunks={volume.chunks} "
-                  f"resolution={volume.resolution} offset={volume.offset}")
+                  f"resolution={volume.resolution} offset={volume.offset}{world}")
     if not names:
         print("  (no arrays)")
     return 0
@@ -232,6 +234,9 @@ def _store_arrays(container, inner: str) -> List[str]:
     else:
         import zarr
         refuse_special_metadata(container, inner)
+        names = arrays_on_disk(container, inner) if (container / inner).is_dir() else []
+        if names and not any((container / m).is_file() for m in GROUP_MARKERS):
+            return [f"{inner}/{name}".strip("/.") if name != "." else inner for name in names]  # no root group
         root = zarr.open(store=str(container), mode="r")
         try:
             node = root[inner] if inner else root
@@ -239,7 +244,6 @@ def _store_arrays(container, inner: str) -> List[str]:
             raise _not_found(container, inner, lambda group: _zarr_members(root, group)) from None
         if isinstance(node, zarr.Array) or "multiscales" in node.attrs.get("ome", node.attrs):
             return [inner]
-        names = list_arrays(node)
     return [f"{inner}/{name}".strip("/.") if name != "." else inner for name in names]
 
 

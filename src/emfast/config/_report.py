@@ -8,7 +8,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from ..io import Volume
+from ..io import Volume, world_box
 from ..pipeline import Loader
 from ..pipeline._profile import plural
 from ._config import Config, close_volumes
@@ -42,8 +42,9 @@ def _volume_line(role: str, volume: Volume) -> str:
     if volume.channels > 1:
         parts.append(f"{volume.channels} channels")
     parts.append(f"chunks {_tuple(volume.chunks)}" if volume.chunks else "contiguous")
-    if volume.resolution is not None:
-        parts.append(f"resolution {_tuple(volume.resolution)}")
+    box = world_box(volume.shape, volume.resolution, volume.offset)
+    if box is not None:
+        parts.append(f"resolution {_tuple(volume.resolution)}, world [{_tuple(box[0])}, {_tuple(box[1])}) nm")
     if volume.in_memory:
         parts.append(f"in memory {_size(volume.nbytes)}")
     else:
@@ -56,8 +57,10 @@ def _placement(raw: Volume, placed) -> str:
     hi = np.minimum(placed.end, np.asarray(raw.shape))
     overlap = np.maximum(hi - lo, 0)
     fraction = _voxels(overlap) / _voxels(raw.shape)
+    inside = _voxels(overlap) / _voxels(placed.volume.shape)
+    partly = "" if inside == 1.0 else f"; only partly overlapping: {100 * inside:.1f}% of its voxels lie in raw"
     return (f"           origin {_tuple(placed.origin)} in raw voxels; overlap with raw {_tuple(overlap)} "
-            f"= {100 * fraction:.1f}% of raw")
+            f"= {100 * fraction:.1f}% of raw; raw voxels [{_tuple(placed.origin)}, {_tuple(placed.end)}){partly}")
 
 
 def _label_census(labels: Volume) -> str:

@@ -7,6 +7,7 @@ May import: ``emfast._core``, ``emfast._checks``, ``emfast._machine``.
 """
 from ._chunkcache import CacheStats, default_budget
 from ._convert import COMPRESSORS, ConvertError, convert, progress_bar, zarr_compressor
+from ._geometry import Geometry, world_box
 from ._demo import LABELS_DATASET, RAW_DATASET, demo_volume_path, make_em_volume
 from ._stats import VolumeStatistics, volume_statistics
 from ._hdf5 import Hdf5Source, hdf5, list_datasets, open_hdf5
@@ -26,6 +27,7 @@ __all__ = [
     "RAW_DATASET",
     "CacheStats",
     "DatasetNotFoundError",
+    "Geometry",
     "Hdf5Source",
     "N5Source",
     "PrecomputedSource",
@@ -51,5 +53,6 @@ __all__ = [
     "split_path",
     "tensorstore_missing",
     "volume_statistics",
+    "world_box",
     "zarr_missing",
 ]

@@ -20,7 +20,8 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 import h5py
 import numpy as np
 
-from ._metadata import parsing, voxel_metadata
+from ._geometry import GEOMETRY_KEYS, array_geometry
+from ._metadata import parsing
 from ._source import CorruptChunkError, DatasetNotFoundError, Stamp, VolumeSource, checked_chunk, require_kind
 from ._volume import Volume
 
@@ -50,7 +51,8 @@ def list_datasets(file: h5py.File) -> list[str]:
 
 class Hdf5Source(VolumeSource):
     """One dataset of an HDF5 file; resolution and offset from its ``resolution`` (or ``voxel_size``) and
-    ``offset`` attributes, in (z, y, x) order as gunpowder writes them."""
+    ``offset`` attributes, in (z, y, x) order as gunpowder and CREMI write them, with funlib's ``axis_names`` and
+    ``units`` (see :mod:`emfast.io._geometry`; axes named in another order are refused)."""
 
     def __init__(self, path: Union[str, os.PathLike], dataset: str) -> None:
         self.name = f"{path}:{dataset}"
@@ -73,9 +75,12 @@ class Hdf5Source(VolumeSource):
         self.channels = self.full_shape[0] if len(self.full_shape) == 4 else 1
         self.dtype = np.dtype(node.dtype)
         self.chunks = tuple(int(c) for c in node.chunks[-3:]) if node.chunks is not None else None
-        attrs = {key: node.attrs[key] for key in ("resolution", "voxel_size", "offset") if key in node.attrs}
-        with parsing(f"{self.name} (attributes)"):
-            self.resolution, self.offset = voxel_metadata(attrs, self.name, reversed_order=False)
+        where = f"{self.name} (attributes)"
+        attrs = {key: _plain(node.attrs[key]) for key in GEOMETRY_KEYS if key in node.attrs}
+        with parsing(where):
+            geometry = array_geometry(attrs, len(self.full_shape), where)
+        geometry.require_canonical(where)
+        self.resolution, self.offset = geometry.resolution, geometry.offset
         self._direct = _DirectChunkReader.for_dataset(node)
         self._opened_size = self._file_size()
 
@@ -295,3 +300,12 @@ def hdf5(path: Union[str, os.PathLike], dataset: str, *, in_memory: bool = True,
         one cache block, or is given with ``in_memory=True``.
     """
     return Volume.open(Hdf5Source(path, dataset), in_memory=in_memory, cache_bytes=cache_bytes)
+
+
+def _plain(value):
+    """An HDF5 attribute as JSON would hold it: arrays as lists, byte strings as text."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value.decode() if isinstance(value, bytes) else value

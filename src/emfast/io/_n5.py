@@ -15,7 +15,12 @@ number of dimensions or a non-array mode, or data that decompresses to other tha
 element size, is a :class:`~emfast.io._source.CorruptChunkError` naming the block.
 
 Codecs: raw, gzip and zlib, bzip2 and xz from the standard library, which decompress outside the GIL; blosc,
-zstd and lz4 through numcodecs (``emfast[zarr]``).
+zstd and lz4 through numcodecs (``emfast[zarr]``). lz4 comes in two framings: n5-java (the reference) writes
+lz4-java's ``LZ4BlockOutputStream`` stream (blocks that start with the magic ``LZ4Block``), z5py a bare LZ4 block;
+the magic tells them apart.
+
+Geometry comes from :mod:`emfast.io._geometry` with every list reversed (N5 lists x first); datasets whose axes
+are named in another order than (c, z, y, x) are refused, naming the axes.
 """
 from __future__ import annotations
 
@@ -30,13 +35,14 @@ from typing import Sequence, Union
 
 import numpy as np
 
-from ._metadata import bad_metadata, int_list, metadata_key, parsing, voxel_metadata
+from ._geometry import array_geometry
+from ._metadata import bad_metadata, int_list, metadata_key, parsing
 from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource,
                       checked_chunk, read_regular_file, require_kind)
 
 #: Attributes that describe the N5 layout itself, not the data.
 _STRUCTURE = {"dimensions", "blockSize", "dataType", "compression", "compressionType", "resolution", "offset",
-              "pixelResolution"}
+              "pixelResolution", "units", "axis_names", "voxel_size", "types"}
 _DTYPES = {name: np.dtype(name).newbyteorder(">") for name in
            ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64")}
 
@@ -111,7 +117,9 @@ class N5Source(VolumeSource):
         self._directory = root / dataset
         self._root, self._dataset = root, dataset
         with parsing(where):
-            self.resolution, self.offset = voxel_metadata(meta, self.name, reversed_order=True)
+            geometry = array_geometry(meta, len(dimensions), where, reversed_order=True)
+        geometry.require_canonical(where)
+        self.resolution, self.offset = geometry.resolution, geometry.offset
         self.stamp = Stamp.of(root, dataset, attributes)
         self._attributes = {k: v for k, v in meta.items() if k not in _STRUCTURE}
 
@@ -209,7 +217,48 @@ def _decoder(compression, name: str):
         except ImportError:
             raise ImportError(f"{name}: reading {kind}-compressed N5 needs numcodecs; install it with "
                               "pip install 'emfast[zarr]'") from None
-        codec = {"blosc": numcodecs.Blosc, "zstd": numcodecs.Zstd, "lz4": numcodecs.LZ4}[kind]()
+        if kind == "lz4":
+            return lambda data, size: _lz4_decode(numcodecs.LZ4(), data, size)
+        codec = {"blosc": numcodecs.Blosc, "zstd": numcodecs.Zstd}[kind]()
         return lambda data, size: codec.decode(data)
     raise bad_metadata(name, "compression", compression, 'a compression of type raw, gzip, zlib, bzip2, xz, blosc, '
                        'zstd or lz4, e.g. {"type": "gzip"}')
+
+
+#: lz4-java's ``LZ4BlockOutputStream`` framing, which n5-java (the reference) writes: each block is the magic,
+#: a token (method in the high 4 bits), compressed and original lengths and a checksum (little-endian int32s),
+#: then the data; an empty block ends the stream.
+_LZ4_BLOCK_MAGIC = b"LZ4Block"
+_LZ4_BLOCK_HEADER = struct.Struct("<Biii")
+_LZ4_RAW, _LZ4_COMPRESSED = 0x10, 0x20
+
+
+def _lz4_decode(codec, data: bytes, size: int) -> bytes:
+    """An N5 lz4 block in either framing writers use: n5-java's lz4-java stream (told by its magic), or the bare
+    LZ4 block z5py writes (its size comes from the N5 header)."""
+    if not data.startswith(_LZ4_BLOCK_MAGIC):
+        return _lz4_block(codec, data, size)
+    parts, position = [], 0
+    while position < len(data):
+        if not data.startswith(_LZ4_BLOCK_MAGIC, position):
+            raise ValueError(f"lz4-java stream: no LZ4Block magic at byte {position}")
+        start = position + len(_LZ4_BLOCK_MAGIC) + _LZ4_BLOCK_HEADER.size
+        token, compressed, original, _checksum = _LZ4_BLOCK_HEADER.unpack_from(data, position + len(_LZ4_BLOCK_MAGIC))
+        payload = data[start:start + compressed]
+        if compressed < 0 or original < 0 or len(payload) != compressed:
+            raise ValueError(f"lz4-java stream: a block at byte {position} claims {compressed} bytes, "
+                             f"{len(data) - start} remain")
+        if original == 0:  # the end-of-stream block
+            break
+        method = token & 0xF0
+        if method not in (_LZ4_RAW, _LZ4_COMPRESSED):
+            raise ValueError(f"lz4-java stream: unknown compression method {method:#x} at byte {position}")
+        parts.append(payload if method == _LZ4_RAW else _lz4_block(codec, payload, original))
+        position = start + compressed
+    return b"".join(parts)
+
+
+def _lz4_block(codec, block: bytes, size: int) -> bytes:
+    """A bare LZ4 block of ``size`` decompressed bytes, through numcodecs' LZ4 (whose own framing is the size as a
+    little-endian uint32 before the block)."""
+    return bytes(codec.decode(struct.pack("<I", size) + bytes(block)))

@@ -107,9 +107,12 @@ def open_volume(path: Union[str, os.PathLike], dataset: Optional[str] = None, *,
     Returns
     -------
     Volume
-        With ``resolution`` and ``offset`` from the metadata: gunpowder/funlib ``resolution``/``voxel_size`` and
-        ``offset`` (reversed in N5), N5 ``pixelResolution``, OME-NGFF ``coordinateTransformations``, precomputed
-        scales. Samples align raw, labels and masks with them, as for HDF5.
+        In (z, y, x) order, with ``resolution`` and ``offset`` in nanometres from the metadata (see
+        :mod:`emfast.io._geometry`): gunpowder/funlib ``resolution``/``voxel_size``, ``offset``, ``axis_names`` and
+        ``units`` (reversed in N5), zarr v3 ``dimension_names``, N5 ``pixelResolution`` and tensorstore's
+        ``units``, OME-NGFF axes units and ``coordinateTransformations``, precomputed scales. An array stored
+        (x, y, z) is read as (z, y, x); units convert to nm; a missing offset is 0. Samples align raw, labels and
+        masks with them, as for HDF5.
 
     Raises
     ------
@@ -120,7 +123,10 @@ def open_volume(path: Union[str, os.PathLike], dataset: Optional[str] = None, *,
     DatasetNotFoundError
         No such dataset; the message lists those there are.
     StoreMetadataError
-        Malformed metadata (a ValueError): the message names the store, the array, the key and the value.
+        Malformed, contradictory (``resolution`` vs ``voxel_size``, an OME scale vs the level's ``voxel_size``) or
+        unmappable metadata (an unknown unit, axes that are not t, c, z, y, x; HDF5 and N5 axes in another order),
+        or a chunk only in a form emfast cannot decode (a ValueError): the message names the store, the array, the
+        key and the values.
     CorruptChunkError
         A chunk (block) that cannot be decoded or decodes to another size than the metadata promise (an
         OSError); lazy volumes raise it when the chunk is read.

@@ -1,17 +1,29 @@
-"""Neuroglancer precomputed volumes as volume sources, through tensorstore (the optional extra
-``emfast[tensorstore]``), read-only.
+"""Neuroglancer precomputed volumes as volume sources, read-only.
 
-The ``info`` file lists scales; each has a ``resolution`` and a ``voxel_offset`` in (x, y, z) order, and
-tensorstore's domain is (x, y, z, channel). emfast reads (c, z, y, x) with voxel (0, 0, 0) at the scale's voxel
-offset, whose world position (nm) becomes the volume's ``offset``. tensorstore decodes with its own thread pool.
+The ``info`` file lists scales; each has a ``resolution`` and a ``voxel_offset`` in (x, y, z) order. emfast reads
+(c, z, y, x) with voxel (0, 0, 0) at the scale's voxel offset, whose world position (nm) becomes the volume's
+``offset``.
 
-The ``info`` is checked here before tensorstore reads it (a non-empty ``scales``, each with its ``key``, ``size``,
+An unsharded scale with the ``raw`` encoding (cloud-volume's default for images and segmentations) is read here,
+chunk file by chunk file: ``<key>/<x0>-<x1>_<y0>-<y1>_<z0>-<z1>`` holds the chunk's little-endian elements,
+x fastest, then channels. cloud-volume writes these files compressed by default, with the compression as a
+suffix (``.gz``, ``.br``, ``.zstd``, ``.bz2``, ``.xz``), which neuroglancer's HTTP servers turn into a
+``Content-Encoding``; emfast decompresses them (brotli needs the ``brotli`` package). A chunk with no file in any
+form is 0, as neuroglancer and tensorstore read it. Every other scale (sharded, or another encoding) is read
+through tensorstore (the optional extra ``emfast[tensorstore]``), which decodes with its own thread pool and
+reads only files without a suffix: a chunk that exists only compressed there is refused, never read as zeros.
+
+The ``info`` is checked here before any chunk is read (a non-empty ``scales``, each with its ``key``, ``size``,
 ``resolution``, ``voxel_offset``, ``chunk_sizes`` and ``encoding``), so malformed metadata is a
 :class:`~emfast.io._source.StoreMetadataError` naming the key and the value.
 """
 from __future__ import annotations
 
+import bz2
+import gzip
+import itertools
 import json
+import lzma
 import os
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -100,7 +112,8 @@ class PrecomputedSource(VolumeSource):
         path = Path(path)
         self.name = str(path)
         require_kind(path, "directory", "a precomputed volume")
-        scales = read_info(path, self.name)["scales"]
+        info = read_info(path, self.name)
+        scales = info["scales"]
         if resolution is not None:
             wanted = [float(r) for r in resolution][::-1]
             matches = [i for i, s in enumerate(scales) if np.allclose(s["resolution"], wanted)]
@@ -112,30 +125,31 @@ class PrecomputedSource(VolumeSource):
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(scales):
             raise ValueError(f"{self.name}: scale must be an index in [0, {len(scales)}), got {scale!r}")
         chosen = scales[index]
-        reason = tensorstore_missing()
-        if reason is not None:
-            raise ImportError(reason)
-        import tensorstore as ts
-        try:
-            self._store = ts.open({"driver": "neuroglancer_precomputed",
-                                   "kvstore": {"driver": "file", "path": str(path.resolve())},
-                                   "scale_index": index}, read=True, write=False).result()
-        except Exception as error:  # what tensorstore refuses beyond the checks above
-            raise StoreMetadataError(f"{self.name} (info): tensorstore cannot open scale {index}: {error}") from error
-        self._origin = [int(o) for o in self._store.domain.inclusive_min[:3]]  # x, y, z
-        x, y, z, c = (int(n) for n in self._store.domain.shape)
-        self.full_shape = (c, z, y, x) if c > 1 else (z, y, x)
-        self.dtype = np.dtype(self._store.dtype.numpy_dtype)
         self.chunks = tuple(int(n) for n in chosen["chunk_sizes"][0][::-1])
         self.resolution = tuple(float(r) for r in chosen["resolution"][::-1])
         self.offset = tuple(float(o) * r for o, r in zip(chosen["voxel_offset"][::-1], self.resolution))
         self._path, self._scale = path, index
         self.stamp = Stamp.of(path, f"scale {index}", path / "info")
+        self._chunk_files = _ChunkFiles(path, chosen, self.name)
+        if chosen["encoding"] == "raw" and not chosen.get("sharding"):
+            self._store = None
+            channels = int(info["num_channels"])
+            x, y, z = (int(n) for n in chosen["size"])
+            self.dtype = np.dtype(info["data_type"]).newbyteorder("<")
+        else:
+            self._store = _open_tensorstore(path, index, self.name)
+            x, y, z, channels = (int(n) for n in self._store.domain.shape)
+            self.dtype = np.dtype(self._store.dtype.numpy_dtype)
+        self.full_shape = (channels, z, y, x) if channels > 1 else (z, y, x)
 
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
+        if self._store is None:
+            self._chunk_files.read_raw(corner, extent, out, self.dtype, self.stamp)
+            return
+        self._chunk_files.refuse_compressed(corner, extent)
         z, y, x = (int(c) for c in corner)
         dz, dy, dx = (int(e) for e in extent)
-        ox, oy, oz = self._origin
+        ox, oy, oz = self._chunk_files.origin
         where = f"{self.name}: the box at (z, y, x) = {tuple(int(c) for c in corner)}"
         try:
             data = self._store[ox + x:ox + x + dx, oy + y:oy + y + dy, oz + z:oz + z + dz].read().result()
@@ -146,3 +160,103 @@ class PrecomputedSource(VolumeSource):
 
     def reopen_arguments(self) -> tuple:
         return str(self._path), self._scale
+
+
+def _open_tensorstore(path: Path, index: int, name: str):
+    reason = tensorstore_missing()
+    if reason is not None:
+        raise ImportError(reason)
+    import tensorstore as ts
+    try:
+        kvstore = {"driver": "file", "path": str(path.resolve())}
+        return ts.open({"driver": "neuroglancer_precomputed", "kvstore": kvstore, "scale_index": index},
+                       read=True, write=False).result()
+    except Exception as error:  # what tensorstore refuses beyond the checks of read_info
+        raise StoreMetadataError(f"{name} (info): tensorstore cannot open scale {index}: {error}") from error
+
+
+def _brotli(data: bytes) -> bytes:
+    try:
+        import brotli
+    except ImportError:
+        raise ImportError("reading brotli-compressed precomputed chunks (.br, cloud-volume's compress='br') needs "
+                          "the brotli package: pip install brotli") from None
+    return brotli.decompress(data)
+
+
+def _zstd(data: bytes) -> bytes:
+    import numcodecs
+    return bytes(numcodecs.Zstd().decode(data))
+
+
+#: The compressions cloud-volume writes as a suffix of a chunk's file name (cloud-files' COMPRESSION_EXTENSIONS),
+#: and their decoders.
+SUFFIXES = {".gz": gzip.decompress, ".br": _brotli, ".zstd": _zstd, ".bz2": bz2.decompress, ".xz": lzma.decompress}
+
+
+class _ChunkFiles:
+    """The chunk files of one unsharded scale: their names, the compressed forms cloud-volume writes, and the
+    decoding of the raw encoding."""
+
+    def __init__(self, path: Path, scale: dict, name: str) -> None:
+        self._directory = path / scale["key"]
+        self._name = name
+        self.origin = [int(o) for o in scale["voxel_offset"]]  # x, y, z
+        self._size = [int(n) for n in scale["size"]]
+        self._chunk = [int(n) for n in scale["chunk_sizes"][0]]
+        self._sharded = bool(scale.get("sharding"))
+
+    def _chunks_of(self, corner, extent):
+        """(file name stem, (z, y, x) start, (z, y, x) stop) of every chunk the box touches, in volume voxels."""
+        ranges = [range(int(c) // k, (int(c) + int(e) - 1) // k + 1)
+                  for c, e, k in zip(corner, extent, self._chunk[::-1])]
+        for key in itertools.product(*ranges):
+            start = [i * k for i, k in zip(key, self._chunk[::-1])]
+            stop = [min(a + k, s) for a, k, s in zip(start, self._chunk[::-1], self._size[::-1])]
+            bounds = [f"{o + a}-{o + b}" for o, a, b in zip(self.origin, start[::-1], stop[::-1])]
+            yield "_".join(bounds), start, stop
+
+    def refuse_compressed(self, corner, extent) -> None:
+        """Refuse a box of a scale tensorstore reads if one of its chunks exists only in a compressed form, which
+        tensorstore would read as zeros."""
+        if self._sharded:
+            return
+        for stem, _start, _stop in self._chunks_of(corner, extent):
+            if (self._directory / stem).exists():
+                continue
+            for suffix in SUFFIXES:
+                if (self._directory / (stem + suffix)).exists():
+                    raise StoreMetadataError(
+                        f"{self._name}: chunk {self._directory.name}/{stem} exists only as {stem + suffix} "
+                        f"({suffix} compression, as cloud-volume writes it); emfast decompresses such files only for "
+                        "the raw encoding, and tensorstore reads only uncompressed files: rewrite the volume with "
+                        "cloud-volume's compress=False, or as raw")
+
+    def read_raw(self, corner, extent, out: np.ndarray, dtype: np.dtype, stamp: Stamp) -> None:
+        """Fill ``out`` (c, z, y, x) with the box, chunk file by chunk file."""
+        for stem, start, stop in self._chunks_of(corner, extent):
+            lo = [max(a, int(c)) for a, c in zip(start, corner)]
+            hi = [min(b, int(c) + int(e)) for b, c, e in zip(stop, corner, extent)]
+            into = (slice(None),) + tuple(slice(a - int(c), b - int(c)) for a, b, c in zip(lo, hi, corner))
+            chunk = self._chunk_data(stem, [b - a for a, b in zip(start, stop)], out.shape[0], dtype, stamp)
+            if chunk is None:
+                out[into] = 0
+                continue
+            out[into] = chunk[(slice(None),) + tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start))]
+
+    def _chunk_data(self, stem: str, shape, channels: int, dtype: np.dtype, stamp: Stamp):
+        """One chunk as (c, z, y, x), from its file in whichever form it exists, or None if in none."""
+        for suffix, decode in (("", None),) + tuple(SUFFIXES.items()):
+            data = read_regular_file(self._directory / (stem + suffix), "a precomputed chunk")
+            if data is None:
+                continue
+            where = f"{self._name}: chunk {self._directory.name}/{stem + suffix}"
+            if decode is not None:
+                try:
+                    data = decode(data)
+                except ImportError:
+                    raise
+                except Exception as error:  # each codec raises its own types for corrupt input
+                    raise CorruptChunkError(f"{where} is corrupt: cannot decompress it ({error})") from error
+            return checked_chunk(data, dtype, (channels, *shape), where, stamp)
+        return None

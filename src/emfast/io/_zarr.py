@@ -9,6 +9,11 @@ other layout (sharded v3 included) is read through zarr-python. A chunk that was
 array's fill value, as the zarr specification says; a chunk that cannot be decoded, or decodes to another size
 than the metadata promises, is a :class:`~emfast.io._source.CorruptChunkError` naming the store and the chunk.
 
+An array is opened by its own metadata, so an array with no group metadata above it (tensorstore's and
+funlib.persistence's normal layout) opens too. Its geometry comes from :mod:`emfast.io._geometry`: an array whose
+axes are named in another order (funlib ``axis_names``, zarr v3 ``dimension_names``, e.g. (x, y, z)) is read
+through an axis permutation applied to each box read, never copied.
+
 An array's metadata (``.zarray`` or ``zarr.json``) is checked here before zarr-python parses it, so malformed
 metadata is a :class:`~emfast.io._source.StoreMetadataError` naming the key and the value; what zarr-python
 still refuses is reported as the same error, naming the metadata file.
@@ -24,8 +29,8 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ._metadata import (bad_metadata, choose_level, int_list, metadata_key, multiscale_levels, parsing,
-                        voxel_metadata)
+from ._geometry import Geometry, array_geometry, choose_level, multiscale_levels, require_agreement
+from ._metadata import bad_metadata, int_list, metadata_key, parsing
 from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource,
                       checked_chunk, read_regular_file, require_kind)
 
@@ -57,16 +62,6 @@ def import_zarr():
     return zarr
 
 
-def list_arrays(group) -> List[str]:
-    """Paths of every array below a zarr group, depth first."""
-    zarr = import_zarr()
-    names = []
-    for name, member in group.members(max_depth=None):
-        if isinstance(member, zarr.Array):
-            names.append(name)
-    return sorted(names)
-
-
 class ZarrSource(VolumeSource):
     """An array of a zarr store, or a level of an OME-NGFF multiscale image.
 
@@ -92,28 +87,13 @@ class ZarrSource(VolumeSource):
             raise FileNotFoundError(f"zarr store not found: {path}")
         refuse_special_metadata(path, dataset)
         check_array_metadata(path / dataset, self.name, ranks=(3, 4))
-        try:
-            root = zarr.open(store=str(path), mode="r")
-        except Exception as error:  # zarr raises various types for what is not a store
-            if dataset or not any((path / m).is_file() for m in ARRAY_MARKERS):
-                raise OSError(f"cannot open {path} as a zarr store: {error}") from error
-            raise _refused(self.name, path, error) from error
-        node = root
-        if dataset:
-            try:
-                node = root[dataset]
-            except KeyError:
-                raise DatasetNotFoundError(f"array {dataset!r} not found in {path}; arrays there: "
-                                           f"{', '.join(list_arrays(root)) or 'none'}") from None
-            except Exception as error:
-                raise _refused(self.name, path / dataset, error) from error
-        self._axes = None
+        node = _open_node(zarr, path, dataset, self.name)
         if isinstance(node, zarr.Group):
             with parsing(f"{self.name} (OME-NGFF multiscales)"):
                 levels = multiscale_levels(dict(node.attrs), self.name)
             if levels is None:
                 raise DatasetNotFoundError(f"{self.name} is a group, not an array; arrays there: "
-                                           f"{', '.join(list_arrays(node)) or 'none'}")
+                                           f"{', '.join(arrays_on_disk(path, dataset)) or 'none'}")
             chosen = choose_level(levels, level, resolution, self.name)
             level_path = (Path(dataset) / chosen.path).as_posix() if dataset else chosen.path
             refuse_special_metadata(path, level_path)
@@ -128,19 +108,26 @@ class ZarrSource(VolumeSource):
             if len(chosen.axes) != array.ndim:
                 raise ValueError(f"{self.name}/{chosen.path}: {array.ndim}-D array but {len(chosen.axes)} axes "
                                  f"{list(chosen.axes)} in the multiscale metadata")
-            self._axes = chosen.axes
-            self.resolution, self.offset = chosen.resolution, chosen.offset
             dataset = f"{dataset}/{chosen.path}" if dataset else chosen.path
             self.name = f"{path}:{dataset}"
+            geometry = _geometry_of(array, self.name, chosen.axes)
+            require_agreement(f"{self.name} (attributes)", "its voxel_size", geometry.resolution,
+                              "the OME-NGFF scale", chosen.resolution)
+            require_agreement(f"{self.name} (attributes)", "its offset", geometry.offset,
+                              "the OME-NGFF translation", chosen.offset)
+            self._axes = chosen.axes
+            self.resolution, self.offset = chosen.resolution, chosen.offset
         else:
             if level is not None or resolution is not None:
                 raise ValueError(f"{self.name} is an array, not a multiscale image: level and resolution do not "
                                  "apply")
             array = node
-            with parsing(f"{self.name} (attributes)"):
-                self.resolution, self.offset = voxel_metadata(dict(array.attrs), self.name, reversed_order=False)
+            geometry = _geometry_of(array, self.name)
+            self._axes = geometry.axes
+            self.resolution, self.offset = geometry.resolution, geometry.offset
         self._array = array
-        self._direct = _DirectChunks.for_array(array, path / dataset) if self._axes is None else None
+        in_order = "t" not in self._axes and Geometry(self._axes, None, None).canonical  # what _DirectChunks reads
+        self._direct = _DirectChunks.for_array(array, path / dataset) if in_order else None
         self._path, self._dataset = path, dataset
         self._level, self._resolution = level, resolution
         self.dtype = np.dtype(array.dtype)
@@ -151,27 +138,30 @@ class ZarrSource(VolumeSource):
         self.stamp = Stamp.of(path, dataset, marker)
 
     def _layout(self, array):
-        """How to read (c, z, y, x) from the stored axes: index 0 of t, the channel axis if any."""
-        axes = self._axes or (("c",) if array.ndim == 4 else ()) + ("z", "y", "x")
-        if self._axes is None and array.ndim not in (3, 4):
-            raise ValueError(f"{self.name}: expected a 3-D (z, y, x) or 4-D (c, z, y, x) array, got {array.ndim}-D "
-                             f"shape {array.shape}")
+        """How to read (c, z, y, x) from the stored axes: index 0 of t, every axis moved to emfast's order."""
+        axes = self._axes
         if "t" in axes and array.shape[axes.index("t")] != 1:
             raise ValueError(f"{self.name}: a time series of {array.shape[axes.index('t')]} points; emfast reads "
                              "one 3-D volume (export a single time point)")
         shape = tuple(int(array.shape[axes.index(a)]) for a in ("c", "z", "y", "x") if a in axes)
         chunks = tuple(int(array.chunks[axes.index(a)]) for a in ("z", "y", "x"))
+        kept = [a for a in axes if a != "t"]
+        self._to_canonical = tuple(kept.index(a) for a in ("c", "z", "y", "x") if a in kept)
         return axes, shape, chunks
+
+    def _selection(self, corner, extent) -> tuple:
+        """The stored array's index of the (z, y, x) box, every channel, time point 0."""
+        box = {a: slice(int(c), int(c) + int(e)) for a, c, e in zip("zyx", corner, extent)}
+        return tuple(0 if a == "t" else box.get(a, slice(None)) for a in self._take)
 
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
         if self._direct is not None and self._direct.read(corner, extent, out, self.name, self.stamp):
             return
-        box = {a: slice(int(c), int(c) + int(e)) for a, c, e in zip("zyx", corner, extent)}
-        selection = tuple(0 if a == "t" else box.get(a, slice(None)) for a in self._take)
         try:
-            data = self._array[selection]
+            data = self._array[self._selection(corner, extent)]
         except Exception as error:
             raise self._unreadable(corner, extent, error) from error
+        data = np.transpose(data, self._to_canonical)  # a view: stored (x, y, z) reads as (z, y, x)
         np.copyto(out, data if "c" in self._take else data[np.newaxis])
 
     def _unreadable(self, corner, extent, error: Exception) -> CorruptChunkError:
@@ -183,9 +173,8 @@ class ZarrSource(VolumeSource):
         for key in itertools.islice(itertools.product(*ranges), _CHUNKS_TRIED_ALONE):
             start = [k * n for k, n in zip(key, self.chunks)]
             stop = [min(a + n, s) for a, n, s in zip(start, self.chunks, self.full_shape[-3:])]
-            box = {a: slice(lo, hi) for a, lo, hi in zip("zyx", start, stop)}
             try:
-                self._array[tuple(0 if a == "t" else box.get(a, slice(None)) for a in self._take)]
+                self._array[self._selection(start, [b - a for a, b in zip(start, stop)])]
             except Exception as alone:
                 return CorruptChunkError(f"{self.name}: cannot read chunk (z, y, x) = {key}: {alone}; {why}")
         chunks = [f"{r.start}..{r.stop - 1}" for r in ranges]
@@ -197,6 +186,51 @@ class ZarrSource(VolumeSource):
 
     def reopen_arguments(self) -> tuple:
         return str(self._path), self._given, self._level, self._resolution
+
+
+def _open_node(zarr, path: Path, dataset: str, name: str):
+    """The array or group at ``dataset``, opened by its own metadata: tensorstore and funlib.persistence write an
+    array with no group metadata above it, which is a valid zarr store (the store's root is no node)."""
+    node = path / dataset
+    if not any((node / marker).is_file() for marker in ARRAY_MARKERS + GROUP_MARKERS):
+        if dataset:
+            raise DatasetNotFoundError(f"array {dataset!r} not found in {path}; arrays there: "
+                                       f"{', '.join(arrays_on_disk(path)) or 'none'}")
+        raise OSError(f"cannot open {path} as a zarr store: it has no zarr.json, .zarray or .zgroup; arrays "
+                      f"below it: {', '.join(arrays_on_disk(path)) or 'none'}")
+    try:
+        return zarr.open(store=str(path), path=dataset, mode="r")
+    except Exception as error:  # zarr raises various types for metadata it refuses
+        raise _refused(name, node, error) from error
+
+
+def _geometry_of(array, name: str, known_axes: Optional[Sequence[str]] = None) -> Geometry:
+    """The array's geometry from its attributes and, in zarr v3, its dimension_names (which must agree with
+    ``known_axes``, an OME-NGFF image's, where given)."""
+    where = f"{name} (attributes)"
+    with parsing(where):
+        names = getattr(array.metadata, "dimension_names", None)
+        return array_geometry(dict(array.attrs), array.ndim, where, dimension_names=names, known_axes=known_axes)
+
+
+def arrays_on_disk(store: Path, below: str = "") -> List[str]:
+    """Paths, relative to ``below``, of every zarr array in ``store/below``, found by their metadata files, so that
+    arrays with no group metadata above them are listed too ("." for ``below`` itself)."""
+    top = store / below
+    found = []
+    for directory, subdirectories, files in os.walk(top):
+        if ".zarray" in files or ("zarr.json" in files and _is_v3_array(Path(directory) / "zarr.json")):
+            found.append(Path(directory).relative_to(top).as_posix())
+            subdirectories[:] = []  # an array's subdirectories hold its chunks
+        subdirectories.sort()
+    return sorted(found)
+
+
+def _is_v3_array(metadata: Path) -> bool:
+    try:
+        return json.loads(read_regular_file(metadata, "zarr metadata") or b"{}").get("node_type") == "array"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def refuse_special_metadata(store: Path, dataset: str) -> None:

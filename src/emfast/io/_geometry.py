@@ -1,0 +1,365 @@
+"""One geometry model for every store: which stored axis is t, c, z, y or x, and the (z, y, x) voxel size and
+offset in nanometres, from whatever convention wrote the store.
+
+Conventions read (each defined by the tool or document named):
+
+- gunpowder / funlib.persistence / daisy (``funlib/persistence/arrays/metadata.py``): array attributes
+  ``voxel_size`` (or gunpowder's older ``resolution``), ``offset`` (world units, the position of voxel 0),
+  ``axis_names`` (a name ending in ``^`` is a channel axis; funlib's default names are ``d0, d1, ...``), ``units``
+  (one per spatial axis; ``""`` when not set) and ``types`` (``space``, ``channel``, ``time``). Spatial values
+  are listed in the order of the spatial axes as stored, so ``axis_names=["x", "y", "z"]`` lists them (x, y, z).
+- CREMI HDF5 and gunpowder's HDF5 (``cremi/io/CremiFile.py``): ``resolution`` and ``offset`` in nm, (z, y, x).
+- zarr v3 (the zarr v3 core specification, "dimension_names"): one name (or null) per dimension.
+- N5 (``saalfeldlab/n5``, README "file-system specification"): every list is stored in (x, y, z) order, so it is
+  reversed here; ``pixelResolution`` (BigDataViewer, n5-viewer) as ``{"dimensions": [...], "unit": "nm"}`` or a
+  plain list; tensorstore's N5 driver writes ``resolution`` and ``units`` (one per dimension).
+- OME-NGFF 0.4 and 0.5 (https://ngff.openmicroscopy.org): ``axes`` with ``name``, ``type`` and ``unit``, each
+  level's ``coordinateTransformations`` (``scale``, then an optional ``translation``) composed with the
+  multiscale's own; 0.5 nests everything under ``ome``.
+- neuroglancer precomputed (``neuroglancer/src/datasource/precomputed/volume.md``): ``resolution`` in nm and
+  ``voxel_offset`` in voxels, (x, y, z); read by :mod:`emfast.io._precomputed`.
+
+A unit that is not stated (absent, ``""`` or null) is a nanometre, the unit every EM tool above assumes. A missing
+offset beside a stated voxel size is 0, the field's convention; where neither is stated both are None. Two
+sources of the same value that disagree (``resolution`` and ``voxel_size``, ``pixelResolution``, an OME scale
+and the level's own ``voxel_size``), an unknown unit, or axes that cannot be told apart are a
+:class:`~emfast.io._source.StoreMetadataError` naming the store, the array and the values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .._checks import triple
+from ._metadata import bad_metadata
+from ._source import StoreMetadataError
+
+Triple = Tuple[float, float, float]
+SPATIAL = ("z", "y", "x")
+#: The order emfast reads every volume in: channels first, then (z, y, x); a time axis is read at index 0.
+CANONICAL = ("t", "c") + SPATIAL
+
+#: The attributes the gunpowder, funlib, CREMI and N5 conventions describe an array's geometry with.
+GEOMETRY_KEYS = ("resolution", "voxel_size", "pixelResolution", "offset", "axis_names", "units", "types")
+
+_SI_PREFIXES = {"yotta": 1e24, "zetta": 1e21, "exa": 1e18, "peta": 1e15, "tera": 1e12, "giga": 1e9, "mega": 1e6,
+                "kilo": 1e3, "hecto": 1e2, "deca": 1e1, "": 1.0, "deci": 1e-1, "centi": 1e-2, "milli": 1e-3,
+                "micro": 1e-6, "nano": 1e-9, "pico": 1e-12, "femto": 1e-15, "atto": 1e-18, "zepto": 1e-21,
+                "yocto": 1e-24}
+#: Nanometres per unit, by every name the tools write: OME-NGFF's unit names (UDUNITS-2, both spellings of
+#: metre), the SI symbols, and the ways people write micrometre and angstrom.
+NANOMETRES: Dict[str, float] = {
+    **{f"{prefix}{metre}": factor * 1e9 for prefix, factor in _SI_PREFIXES.items() for metre in ("meter", "metre")},
+    "nm": 1.0, "um": 1e3, "\u00b5m": 1e3, "\u03bcm": 1e3, "micron": 1e3, "mm": 1e6, "cm": 1e7, "m": 1e9,
+    "pm": 1e-3, "km": 1e12, "angstrom": 0.1, "\u00e5": 0.1, "\u212b": 0.1,
+    "inch": 2.54e7, "foot": 3.048e8, "yard": 9.144e8, "mile": 1.609344e12, "parsec": 3.0856775814913673e25,
+}
+
+
+def nanometres_per(unit: Any, where: str, key: str) -> float:
+    """How many nanometres one ``unit`` is; an unstated unit (None, ``""``) is a nanometre.
+
+    Raises
+    ------
+    StoreMetadataError
+        An unknown unit, naming ``where``, ``key`` and the unit.
+    """
+    if unit is None or (isinstance(unit, str) and not unit.strip()):
+        return 1.0
+    factor = NANOMETRES.get(unit.strip().lower()) if isinstance(unit, str) else None
+    if factor is None:
+        raise bad_metadata(where, key, unit, "a length unit such as nm, nanometer, um, micrometer, mm or angstrom")
+    return factor
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Where an array's voxels lie in the world.
+
+    Attributes
+    ----------
+    axes : tuple of str
+        The role of each stored axis, in stored order: ``t``, ``c``, ``z``, ``y`` or ``x``.
+    resolution, offset : (z, y, x) floats in nm, or None where the store states no voxel size (the offset is 0
+        where only it is missing).
+    """
+
+    axes: Tuple[str, ...]
+    resolution: Optional[Triple]
+    offset: Optional[Triple]
+
+    @property
+    def canonical(self) -> bool:
+        """True if the stored axes are already in emfast's order (t, c, z, y, x), so no axis is permuted."""
+        return list(self.axes) == [a for a in CANONICAL if a in self.axes]
+
+    def require_canonical(self, where: str) -> None:
+        """Refuse a permuted store, for readers that read only in stored order."""
+        if not self.canonical:
+            raise StoreMetadataError(f"{where}: its axes are {list(self.axes)}; this format is read only with its "
+                                     "axes in the order (c, z, y, x)")
+
+
+def axis_roles(names: Optional[Sequence[Any]], ndim: int, where: str, key: str,
+               types: Optional[Sequence[Any]] = None) -> Tuple[str, ...]:
+    """The role (t, c, z, y, x) of each of ``ndim`` stored axes named ``names`` (None: 3-D is (z, y, x), 4-D is
+    (c, z, y, x)).
+
+    A name z, y or x is that axis; ``c``, ``channel(s)`` or a name ending in ``^`` (funlib) is the channel axis,
+    ``t``/``time`` the time axis (or their ``types``). Other names (funlib's ``d0``, null) are positional: the last
+    three are (z, y, x) when no axis is named z, y or x, and one axis left before them is the channel axis.
+
+    Raises
+    ------
+    StoreMetadataError
+        Names of another length, repeated, or that leave z, y or x unknown, naming ``where``, ``key`` and them.
+    """
+    if names is None:
+        if ndim not in (3, 4):
+            raise StoreMetadataError(f"{where}: expected a 3-D (z, y, x) or 4-D (c, z, y, x) array, got {ndim}-D")
+        return ("c",) * (ndim - 3) + SPATIAL
+    if not isinstance(names, (list, tuple)) or len(names) != ndim:
+        raise bad_metadata(where, key, names, f"a list of {ndim} axis names")
+    kinds = list(types) if isinstance(types, (list, tuple)) and len(types) == ndim else [None] * ndim
+    roles: List[Optional[str]] = [_named_role(name, kind) for name, kind in zip(names, kinds)]
+    unnamed = [i for i, role in enumerate(roles) if role is None]
+    if not any(role in SPATIAL for role in roles) and len(unnamed) >= 3:
+        for i, axis in zip(unnamed[-3:], SPATIAL):
+            roles[i] = axis
+        unnamed = unnamed[:-3]
+    if len(unnamed) == 1 and "c" not in roles:
+        roles[unnamed[0]] = "c"
+        unnamed = []
+    if unnamed or sorted(r for r in roles if r in SPATIAL) != sorted(SPATIAL) or len(set(roles)) != len(roles):
+        raise bad_metadata(where, key, list(names), "names that map each axis to one of t, c, z, y, x, with z, y and "
+                           "x each once (e.g. [\"z\", \"y\", \"x\"] or [\"c^\", \"z\", \"y\", \"x\"])")
+    return tuple(roles)
+
+
+def _named_role(name: Any, kind: Any) -> Optional[str]:
+    text = name.strip().lower() if isinstance(name, str) else ""
+    if text in SPATIAL:
+        return text
+    if text in ("c", "channel", "channels") or text.endswith("^") or kind == "channel":
+        return "c"
+    if text in ("t", "time") or kind == "time":
+        return "t"
+    return None
+
+
+def array_geometry(attrs: Mapping, ndim: int, where: str, *, dimension_names: Optional[Sequence[Any]] = None,
+                   reversed_order: bool = False, known_axes: Optional[Sequence[str]] = None) -> Geometry:
+    """The geometry of one array from its attributes (gunpowder, funlib, CREMI, N5 conventions) and, for zarr v3,
+    its ``dimension_names``.
+
+    Parameters
+    ----------
+    attrs : mapping
+        The array's attributes.
+    ndim : int
+        Its number of dimensions.
+    where : str
+        ``store:array (attributes)``, for messages.
+    dimension_names : sequence, optional
+        zarr v3 ``dimension_names``.
+    reversed_order : bool
+        The container lists every axis in reverse (N5's (x, y, z)).
+    known_axes : sequence of str, optional
+        The axes' roles as another source states them (an OME-NGFF image's ``axes``), which the array's own names
+        must agree with.
+
+    Raises
+    ------
+    StoreMetadataError
+        Malformed, contradictory or unmappable metadata, naming ``where``, the keys and the values.
+    """
+    def stored(key):
+        value = attrs.get(key)
+        value = value.tolist() if isinstance(value, np.ndarray) else value
+        return value[::-1] if reversed_order and isinstance(value, (list, tuple)) else value
+
+    names = stored("axis_names")
+    roles = axis_roles(names, ndim, where, "axis_names", stored("types")) if names is not None else None
+    if dimension_names is not None and any(n is not None for n in dimension_names):
+        from_dimensions = axis_roles(list(dimension_names), ndim, where, "dimension_names")
+        if roles is not None and roles != from_dimensions:
+            raise StoreMetadataError(f"{where}: contradictory metadata: axis_names {list(names)} but the zarr "
+                                     f"dimension_names {list(dimension_names)}")
+        roles = from_dimensions
+    if known_axes is not None and roles is not None and roles != tuple(known_axes):
+        raise StoreMetadataError(f"{where}: contradictory metadata: the array's axes {list(roles)} but the "
+                                 f"OME-NGFF axes {list(known_axes)}")
+    roles = roles or (tuple(known_axes) if known_axes is not None else axis_roles(None, ndim, where, "axis_names"))
+    spatial = [a for a in roles if a in SPATIAL]
+    units = _units(stored("units"), roles, where)
+    candidates = []
+    for key in ("resolution", "voxel_size", "pixelResolution"):
+        value, key_units = stored(key), units
+        if isinstance(attrs.get(key), Mapping):  # pixelResolution as {"dimensions": [...], "unit": "nm"}
+            key_units = [attrs[key].get("unit")] * 3
+            value = attrs[key].get("dimensions")
+            value = value[::-1] if reversed_order and isinstance(value, list) else value
+        if value is not None:
+            shown = attrs[key]
+            candidates.append((key, shown, _spatial(value, key, roles, spatial, key_units, where, shown)))
+    resolution = _agreed(candidates, where)
+    offset = stored("offset")
+    if offset is not None:
+        offset = _spatial(offset, "offset", roles, spatial, units, where, attrs["offset"])
+    elif resolution is not None:
+        offset = (0.0, 0.0, 0.0)  # the field's convention (gunpowder, funlib, CREMI): voxel 0 at the origin
+    return Geometry(roles, resolution, offset)
+
+
+def _per_spatial_axis(value, roles) -> Optional[list]:
+    """The spatial entries, in stored order, of a list given per spatial axis, per physical (space and time: funlib)
+    axis, or per axis (tensorstore); None for a list of another length."""
+    if not isinstance(value, (list, tuple)):
+        return None
+    for axes in (roles, [r for r in roles if r != "c"]):
+        if len(value) == len(axes) != 3:
+            return [v for v, role in zip(value, axes) if role in SPATIAL]
+    return list(value) if len(value) == 3 else None
+
+
+def _units(value, roles, where: str) -> List[Any]:
+    """One unit per spatial axis, in stored spatial order, from a ``units`` entry (one unit, or a list)."""
+    if value is None or isinstance(value, str):
+        return [value] * 3
+    units = _per_spatial_axis(value, roles)
+    if units is None:
+        raise bad_metadata(where, "units", value, "a list of one unit per spatial axis")
+    return units
+
+
+def _spatial(value, key: str, roles, spatial, units, where: str, shown) -> Triple:
+    """A per-spatial-axis list (or one per axis) in stored order, as (z, y, x) nanometres; ``shown`` is the value
+    as the store holds it, for messages."""
+    items = _per_spatial_axis(value, roles)
+    ok = items is not None and all(
+        isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) and np.isfinite(v)
+        for v in items)
+    if not ok:
+        raise bad_metadata(where, key, _shown(shown), "3 numbers (finite, one per spatial axis)")
+    if key != "offset" and any(v <= 0 for v in items):
+        raise bad_metadata(where, key, _shown(shown), "3 positive numbers")
+    nm = [float(v) * nanometres_per(u, where, "units" if key != "pixelResolution" else f"{key}.unit")
+          for v, u in zip(items, units)]
+    return tuple(nm[spatial.index(a)] for a in SPATIAL)
+
+
+def _agreed(candidates, where: str) -> Optional[Triple]:
+    """The one voxel size several attributes state, or an error naming those that disagree."""
+    if not candidates:
+        return None
+    first_key, first_raw, first = candidates[0]
+    for key, raw, value in candidates[1:]:
+        if not np.allclose(value, first, rtol=1e-6):
+            raise StoreMetadataError(f"{where}: contradictory metadata: {first_key} = {_shown(first_raw)} but {key} = "
+                                     f"{_shown(raw)} ((z, y, x) nm: {first} vs {value})")
+    return first
+
+
+def _shown(value):
+    return value.tolist() if isinstance(value, np.ndarray) else value
+
+
+def world_box(shape: Sequence[int], resolution: Optional[Triple], offset: Optional[Triple]
+              ) -> Optional[Tuple[Triple, Triple]]:
+    """The (z, y, x) box in nm that a volume of ``shape`` covers, [first voxel's corner, last voxel's far corner),
+    or None without a voxel size."""
+    if resolution is None:
+        return None
+    low = tuple(float(o) for o in (offset or (0.0, 0.0, 0.0)))
+    return low, tuple(lo + n * r for lo, n, r in zip(low, shape, resolution))
+
+
+def require_agreement(where: str, what: str, stated: Optional[Triple], other: str, derived: Optional[Triple]) -> None:
+    """Refuse two voxel sizes (or offsets) of the same array that differ, naming both."""
+    if stated is not None and derived is not None and not np.allclose(stated, derived, rtol=1e-6):
+        raise StoreMetadataError(f"{where}: contradictory metadata: {what} (z, y, x) = {stated} nm but {other} = "
+                                 f"{derived} nm")
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level of an OME-NGFF multiscale image: its path, the role of each axis, (z, y, x) nm."""
+
+    path: str
+    axes: Tuple[str, ...]
+    resolution: Triple
+    offset: Triple
+
+
+def multiscale_levels(attrs: Mapping, name: str) -> Optional[Sequence[Level]]:
+    """The levels of the first OME-NGFF multiscale image in a group's attributes, or None if there is none.
+
+    Raises
+    ------
+    StoreMetadataError
+        Metadata that breaks the spec in a way that matters here: axes that cannot be mapped, an unknown unit, a
+        transform of another kind or length (naming ``name``).
+    """
+    attrs = attrs.get("ome", attrs)  # 0.5 nests everything under "ome"
+    multiscales = attrs.get("multiscales")
+    if not multiscales:
+        return None
+    image = multiscales[0]
+    where = f"{name} (OME-NGFF multiscales)"
+    axes = list(image.get("axes", ()))
+    names = [a.get("name") if isinstance(a, Mapping) else str(a) for a in axes]
+    kinds = [a.get("type") if isinstance(a, Mapping) else None for a in axes]
+    roles = axis_roles(names, len(names), where, "axes", kinds)
+    factors = np.array([nanometres_per(a.get("unit") if isinstance(a, Mapping) else None, where,
+                                       f"axes[{i}].unit") if role in SPATIAL else 1.0
+                        for i, (a, role) in enumerate(zip(axes, roles))])
+    outer_scale, outer_shift = _transform(image.get("coordinateTransformations", ()), len(axes), where, "multiscale")
+    levels = []
+    for dataset in image.get("datasets", ()):
+        if "path" not in dataset:
+            raise StoreMetadataError(f"{where}: a dataset entry has no path: {dataset!r}")
+        scale, shift = _transform(dataset.get("coordinateTransformations", ()), len(axes), where, dataset["path"])
+        scale, shift = scale * outer_scale * factors, (shift * outer_scale + outer_shift) * factors
+        levels.append(Level(str(dataset["path"]), roles, tuple(float(scale[roles.index(a)]) for a in SPATIAL),
+                            tuple(float(shift[roles.index(a)]) for a in SPATIAL)))
+    if not levels:
+        raise StoreMetadataError(f"{where}: the multiscale lists no datasets")
+    return levels
+
+
+def choose_level(levels: Sequence[Level], level, resolution, name: str) -> Level:
+    """The level at index ``level``, or the one whose (z, y, x) voxel size is ``resolution``; level 0 by default."""
+    if level is not None and resolution is not None:
+        raise ValueError(f"{name}: give level or resolution, not both")
+    if resolution is not None:
+        wanted = triple(resolution, "resolution", integer=False)
+        for candidate in levels:
+            if np.allclose(candidate.resolution, wanted, rtol=1e-6):
+                return candidate
+        raise ValueError(f"{name}: no level has resolution {wanted}; levels: "
+                         + ", ".join(f"{i}: {c.resolution}" for i, c in enumerate(levels)))
+    index = 0 if level is None else level
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(levels):
+        raise ValueError(f"{name}: level must be an index in [0, {len(levels)}), got {level!r}")
+    return levels[index]
+
+
+def _transform(transforms, ndim: int, where: str, level: str) -> Tuple[np.ndarray, np.ndarray]:
+    scale, shift = np.ones(ndim), np.zeros(ndim)
+    for transform in transforms:
+        kind = transform.get("type")
+        if kind == "identity":
+            continue
+        if kind not in ("scale", "translation"):
+            raise StoreMetadataError(f"{where}: transform {kind!r} of {level} is not supported (scale, translation)")
+        values = transform.get(kind)
+        if values is None or len(values) != ndim:
+            raise StoreMetadataError(f"{where}: the {kind} of {level} must hold {ndim} numbers (one per axis), got "
+                                     f"{values!r}")
+        if kind == "scale":
+            scale = scale * np.asarray(values, dtype=np.float64)
+        else:
+            shift = shift + np.asarray(values, dtype=np.float64)
+    return scale, shift
