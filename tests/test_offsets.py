@@ -92,7 +92,7 @@ def test_a_label_offset_contradicting_the_files_offset_is_refused_naming_both(tm
         ef.Sample(raw, labels, label_offset=(0, 0, 0))
     message = str(caught.value)
     for words in ("label_offset=(0, 0, 0)", "(120.0, 36.0, 28.0)", "(3, 9, 7)", "a.hdf:volumes/labels/neuron_ids",
-                  "a.hdf:volumes/raw", "no offset (read as 0)"):
+                  "a.hdf:volumes/raw", "offset (0.0, 0.0, 0.0)"):
         assert words in message, message
     with pytest.raises(ValueError, match=r"label_offset=\(1, 2, 3\) contradicts"):
         ef.Loader(raw, labels, patch=(4, 8, 8), label_offset=(1, 2, 3))
@@ -150,9 +150,17 @@ def test_an_extra_channel_offset_from_raw_is_refused(tmp_path):
     assert list(ef.Sample(raw, extra={"third": ef.hdf5(path, "third")}).extra) == ["third"]
 
 
-def test_labels_without_any_offset_still_need_raws_shape(tmp_path):
+def test_labels_without_any_offset_lie_at_the_origin_as_funlib_reads_them(tmp_path):
     world = _world()
-    path = _write_cremi(tmp_path / "a.hdf", world, world.shape, LABEL_START, (12, 40, 40),
+    path = _write_cremi(tmp_path / "a.hdf", world, world.shape, (0, 0, 0), (12, 40, 40),
                         label_offset_attribute=False)
+    sample = ef.Sample(ef.hdf5(path, "volumes/raw"), ef.hdf5(path, "volumes/labels/neuron_ids"))
+    assert tuple(int(v) for v in sample.placed_labels.origin) == (0, 0, 0)
+    loader = ef.Loader(ef.Dataset([sample]), patch=(4, 12, 12), batch_size=3, augment=[], seed=5)
+    _check_every_label_voxel_matches_raw(loader)
+
+
+def test_bare_arrays_of_other_shapes_still_need_an_explicit_offset():
+    world = _world()
     with pytest.raises(ValueError, match="pass label_offset=.z, y, x."):
-        ef.Sample(ef.hdf5(path, "volumes/raw"), ef.hdf5(path, "volumes/labels/neuron_ids"))
+        ef.Sample(world, world[:12, :40, :40].astype(np.uint64))
