@@ -22,6 +22,11 @@
 #include <unordered_map>
 #include <vector>
 
+#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
+#include <emmintrin.h>
+#define EMF_HAVE_SSE2 1
+#endif
+
 namespace {
 
 /* A half-open box [lo, hi) per axis (z, y, x). */
@@ -112,11 +117,141 @@ enum Moment { M0, MZ, MY, MX, MZZ, MYY, MXX, MZY, MZX, MYX, kMoments };
 constexpr int kZFromY[kMoments] = {0, 0, 1, 3, 0, 2, 5, 1, 3, 4};
 constexpr int kZOrder[kMoments] = {0, 1, 0, 0, 2, 0, 0, 1, 1, 0};
 
+/* One source row of the y pass: the x moments 0-2 of one row (at the first column filtered), and the y kernel's
+ * weights of orders 0-2 at its distance. */
+struct YSource {
+    const float *row[3];
+    float weight[3];
+};
+
+/* One source row of the z pass: the six y channels of one section's row (at column 0), and the z kernel's
+ * weights of orders 0-2 at its distance. */
+struct ZSource {
+    const float *row[kYChannels];
+    float weight[3];
+};
+
+/* Arithmetic on one column (float) or, with SSE2, four columns (__m128) at a time. */
+struct OneColumn {
+    using V = float;
+    static constexpr int64_t kWidth = 1;
+    static V zero() { return 0.0f; }
+    static V load(const float *p) { return *p; }
+    static void store(float *p, V v) { *p = v; }
+    static V splat(float w) { return w; }
+    static V add(V a, V b) { return a + b; }
+    static V mul(V a, V b) { return a * b; }
+};
+
+#ifdef EMF_HAVE_SSE2
+struct FourColumns {
+    using V = __m128;
+    static constexpr int64_t kWidth = 4;
+    static V zero() { return _mm_setzero_ps(); }
+    static V load(const float *p) { return _mm_loadu_ps(p); }
+    static void store(float *p, V v) { _mm_storeu_ps(p, v); }
+    static V splat(float w) { return _mm_set1_ps(w); }
+    static V add(V a, V b) { return _mm_add_ps(a, b); }
+    static V mul(V a, V b) { return _mm_mul_ps(a, b); }
+};
+#endif
+
+/* The y pass's step: sum[c] += weight[kYOrder[c]] * row[kYFromX[c]] at column i, for the six y channels. */
+struct YStep {
+    using Source = YSource;
+    static constexpr int kChannels = kYChannels;
+
+    template <typename Ops>
+    static void add(typename Ops::V sum[kChannels], const YSource &source, int64_t i) {
+        using V = typename Ops::V;
+        const V w0 = Ops::splat(source.weight[0]), w1 = Ops::splat(source.weight[1]);
+        const V w2 = Ops::splat(source.weight[2]);
+        const V x0 = Ops::load(source.row[0] + i), x1 = Ops::load(source.row[1] + i);
+        const V x2 = Ops::load(source.row[2] + i);
+        sum[0] = Ops::add(sum[0], Ops::mul(w0, x0));
+        sum[1] = Ops::add(sum[1], Ops::mul(w1, x0));
+        sum[2] = Ops::add(sum[2], Ops::mul(w2, x0));
+        sum[3] = Ops::add(sum[3], Ops::mul(w0, x1));
+        sum[4] = Ops::add(sum[4], Ops::mul(w1, x1));
+        sum[5] = Ops::add(sum[5], Ops::mul(w0, x2));
+    }
+};
+
+/* The z pass's step: sum[m] += weight[kZOrder[m]] * row[kZFromY[m]] at column i, for the ten moments (one y
+ * channel loaded at a time, so the ten sums stay in registers). */
+struct ZStep {
+    using Source = ZSource;
+    static constexpr int kChannels = kMoments;
+
+    template <typename Ops>
+    static void add(typename Ops::V sum[kChannels], const ZSource &source, int64_t i) {
+        using V = typename Ops::V;
+        const V w0 = Ops::splat(source.weight[0]), w1 = Ops::splat(source.weight[1]);
+        const V w2 = Ops::splat(source.weight[2]);
+        V y = Ops::load(source.row[0] + i);
+        sum[M0] = Ops::add(sum[M0], Ops::mul(w0, y));
+        sum[MZ] = Ops::add(sum[MZ], Ops::mul(w1, y));
+        sum[MZZ] = Ops::add(sum[MZZ], Ops::mul(w2, y));
+        y = Ops::load(source.row[1] + i);
+        sum[MY] = Ops::add(sum[MY], Ops::mul(w0, y));
+        sum[MZY] = Ops::add(sum[MZY], Ops::mul(w1, y));
+        y = Ops::load(source.row[2] + i);
+        sum[MYY] = Ops::add(sum[MYY], Ops::mul(w0, y));
+        y = Ops::load(source.row[3] + i);
+        sum[MX] = Ops::add(sum[MX], Ops::mul(w0, y));
+        sum[MZX] = Ops::add(sum[MZX], Ops::mul(w1, y));
+        y = Ops::load(source.row[4] + i);
+        sum[MYX] = Ops::add(sum[MYX], Ops::mul(w0, y));
+        y = Ops::load(source.row[5] + i);
+        sum[MXX] = Ops::add(sum[MXX], Ops::mul(w0, y));
+    }
+};
+
+/* Columns [i, hi) in steps of Ops::kWidth, as far as whole steps go; returns the first column left. */
+template <typename Step, typename Ops>
+int64_t filter_columns(const std::vector<typename Step::Source> &sources, int64_t i, int64_t hi,
+                       float *const to[Step::kChannels]) {
+    for (; i + Ops::kWidth <= hi; i += Ops::kWidth) {
+        typename Ops::V sum[Step::kChannels];
+        for (int c = 0; c < Step::kChannels; ++c) sum[c] = Ops::zero();
+        for (const auto &source : sources) Step::template add<Ops>(sum, source, i);
+        for (int c = 0; c < Step::kChannels; ++c) Ops::store(to[c] + i, sum[c]);
+    }
+    return i;
+}
+
+/* One filter pass over columns [lo, hi): to[c][i] = the sum over `sources` of what Step adds, with every
+ * channel's sums in registers while the sources are walked, so each source value is read once. Four columns at
+ * a time with SSE2, the rest one at a time, adding in the same order (so both give the same bits). */
+template <typename Step>
+void filter(const std::vector<typename Step::Source> &sources, int64_t lo, int64_t hi,
+            float *const to[Step::kChannels]) {
+    int64_t i = lo;
+#ifdef EMF_HAVE_SSE2
+    i = filter_columns<Step, FourColumns>(sources, i, hi, to);
+#endif
+    filter_columns<Step, OneColumn>(sources, i, hi, to);
+}
+
+/* One section of an object (reach-relative rows, inside-relative columns; a range is empty where lo >= hi):
+ * where the object lies in it, and where its y-pass channels are needed: the inside rows and columns holding the
+ * object in some section within the z kernel's reach (the only voxels the z pass reads). */
+struct Section {
+    int64_t rows_lo, rows_hi;           /* rows holding the object */
+    int64_t need_lo, need_hi;           /* inside rows (j) whose y-pass channels are needed */
+    int64_t written_lo, written_hi;     /* inside columns of the x and y passes */
+    int64_t columns_lo, columns_hi;     /* inside columns holding the object within the inside rows */
+    int64_t inside_lo, inside_hi;       /* inside rows (j) holding the object */
+};
+
 /* Scratch buffers of one call, grown to the largest object and reused for the next. */
 struct Scratch {
     std::vector<float> xs, ys, moments;
-    std::vector<uint8_t> x_rows, y_rows, need_y;
+    std::vector<uint8_t> x_rows, y_rows;
+    std::vector<Section> sections;
     std::vector<std::pair<int64_t, int64_t>> runs;
+    std::vector<YSource> y_sources;
+    std::vector<ZSource> z_sources;
 };
 
 /* Patch-wide settings of one call. */
@@ -146,51 +281,100 @@ inline void finish_voxel(const double m[kMoments], const double floor[3], float 
     out[9 * channel] = unit(m[M0]);
 }
 
-/* Descriptors of one object of one patch, written at its voxels in the output region. */
-template <typename T>
-void object_descriptors(const T *labels, const Object &object, const Settings &s, const Kernel1d kernel[3],
-                        Scratch &scratch, float *out) {
-    const T id = static_cast<T>(object.id);
-    Box inside, reach; /* output voxels to write; label voxels they depend on */
-    for (int a = 0; a < 3; ++a) {
-        inside.lo[a] = std::max(object.box.lo[a], s.margin[a]);
-        inside.hi[a] = std::min(object.box.hi[a], s.shape[a] - s.margin[a]);
-        reach.lo[a] = std::max(object.box.lo[a], inside.lo[a] - kernel[a].radius);
-        reach.hi[a] = std::min(object.box.hi[a], inside.hi[a] + kernel[a].radius);
-    }
-    if (inside.empty()) return;
-    const int64_t nz = reach.extent(0), ny = reach.extent(1), nx = inside.extent(2), ny_in = inside.extent(1);
-    const int64_t stride_y = s.shape[2], stride_z = s.shape[1] * s.shape[2];
+/* One object's geometry in a patch: the output voxels to write and the label voxels they depend on. */
+struct Extent {
+    Box inside, reach;
+    int64_t nz, ny, nx, ny_in; /* reach sections and rows; inside columns and rows */
+    int64_t radius_z;          /* reach of the z kernel */
+};
 
-    /* x pass: moments 0-2 along x of each row of the reach, at the inside x positions. */
-    scratch.xs.resize(3 * nz * ny * nx);
-    scratch.x_rows.assign(nz * ny, 0);
-    scratch.need_y.assign(ny_in, 0);
-    const Kernel1d &kx = kernel[2];
-    for (int64_t z = 0; z < nz; ++z) {
-        for (int64_t y = 0; y < ny; ++y) {
-            const T *row = labels + (reach.lo[0] + z) * stride_z + (reach.lo[1] + y) * stride_y;
-            scratch.runs.clear();
-            for (int64_t x = reach.lo[2]; x < reach.hi[2];) {
-                if (row[x] != id) {
-                    ++x;
-                    continue;
-                }
-                const int64_t start = x;
-                while (x < reach.hi[2] && row[x] == id) ++x;
-                scratch.runs.emplace_back(start, x);
-            }
+/* The runs of `id` along one label row within [lo, hi). */
+template <typename T>
+void find_runs(const T *row, int64_t lo, int64_t hi, T id, std::vector<std::pair<int64_t, int64_t>> &runs) {
+    runs.clear();
+    for (int64_t x = lo; x < hi;) {
+        if (row[x] != id) {
+            ++x;
+            continue;
+        }
+        const int64_t start = x;
+        while (x < hi && row[x] == id) ++x;
+        runs.emplace_back(start, x);
+    }
+}
+
+/* Where the object lies in each section of the reach (rows, and the inside rows and columns it holds), and
+ * which reach rows hold it. */
+template <typename T>
+void find_sections(const T *labels, T id, const Extent &e, const Settings &s, Scratch &scratch) {
+    scratch.x_rows.assign(e.nz * e.ny, 0);
+    scratch.sections.assign(e.nz, Section{INT64_MAX, INT64_MIN, 0, 0, 0, 0, INT64_MAX, INT64_MIN, INT64_MAX,
+                                          INT64_MIN});
+    const int64_t row_offset = e.inside.lo[1] - e.reach.lo[1];
+    for (int64_t z = 0; z < e.nz; ++z) {
+        Section &section = scratch.sections[z];
+        for (int64_t y = 0; y < e.ny; ++y) {
+            const T *row = labels + ((e.reach.lo[0] + z) * s.shape[1] + e.reach.lo[1] + y) * s.shape[2];
+            find_runs(row, e.reach.lo[2], e.reach.hi[2], id, scratch.runs);
             if (scratch.runs.empty()) continue;
-            scratch.x_rows[z * ny + y] = 1;
-            const int64_t y_inside = reach.lo[1] + y - inside.lo[1];
-            if (y_inside >= 0 && y_inside < ny_in) scratch.need_y[y_inside] = 1;
+            scratch.x_rows[z * e.ny + y] = 1;
+            section.rows_lo = std::min(section.rows_lo, y);
+            section.rows_hi = y + 1;
+            const int64_t j = y - row_offset;
+            const int64_t first = std::max(scratch.runs.front().first, e.inside.lo[2]) - e.inside.lo[2];
+            const int64_t last = std::min(scratch.runs.back().second, e.inside.hi[2]) - e.inside.lo[2];
+            if (j < 0 || j >= e.ny_in || first >= last) continue;
+            section.inside_lo = std::min(section.inside_lo, j);
+            section.inside_hi = j + 1;
+            section.columns_lo = std::min(section.columns_lo, first);
+            section.columns_hi = std::max(section.columns_hi, last);
+        }
+    }
+    /* the z pass at an inside section reads the y channels of every section within the z kernel's reach */
+    for (int64_t z = 0; z < e.nz; ++z) {
+        Section &section = scratch.sections[z];
+        int64_t need_lo = INT64_MAX, need_hi = INT64_MIN, written_lo = INT64_MAX, written_hi = INT64_MIN;
+        const int64_t first = std::max<int64_t>(e.inside.lo[0] - e.reach.lo[0], z - e.radius_z);
+        const int64_t last = std::min<int64_t>(e.inside.hi[0] - e.reach.lo[0], z + e.radius_z + 1);
+        for (int64_t other = first; other < last; ++other) {
+            const Section &near = scratch.sections[other];
+            if (near.inside_lo >= near.inside_hi || near.columns_lo >= near.columns_hi) continue;
+            need_lo = std::min(need_lo, near.inside_lo);
+            need_hi = std::max(need_hi, near.inside_hi);
+            written_lo = std::min(written_lo, near.columns_lo);
+            written_hi = std::max(written_hi, near.columns_hi);
+        }
+        section.need_lo = need_lo;
+        section.need_hi = need_hi;
+        section.written_lo = written_lo;
+        section.written_hi = written_hi;
+    }
+}
+
+/* x pass: moments 0-2 along x, at the section's written columns, of every reach row holding the object within the
+ * y kernel's reach of the rows needed. */
+template <typename T>
+void pass_x(const T *labels, T id, const Extent &e, const Settings &s, const Kernel1d &kx, const Kernel1d &ky,
+            Scratch &scratch) {
+    scratch.xs.resize(3 * e.nz * e.ny * e.nx);
+    const int64_t row_offset = e.inside.lo[1] - e.reach.lo[1];
+    for (int64_t z = 0; z < e.nz; ++z) {
+        const Section &section = scratch.sections[z];
+        if (section.need_lo >= section.need_hi || section.rows_lo >= section.rows_hi) continue;
+        const int64_t first = std::max(section.rows_lo, section.need_lo + row_offset - ky.radius);
+        const int64_t last = std::min(section.rows_hi, section.need_hi + row_offset + ky.radius);
+        for (int64_t y = first; y < last; ++y) {
+            if (!scratch.x_rows[z * e.ny + y]) continue;
+            const T *row = labels + ((e.reach.lo[0] + z) * s.shape[1] + e.reach.lo[1] + y) * s.shape[2];
+            find_runs(row, e.reach.lo[2], e.reach.hi[2], id, scratch.runs);
             float *moment[3];
-            for (int n = 0; n < 3; ++n) moment[n] = scratch.xs.data() + ((n * nz + z) * ny + y) * nx;
-            for (int64_t i = 0; i < nx; ++i) {
-                const int64_t x = inside.lo[2] + i;
+            for (int n = 0; n < 3; ++n) moment[n] = scratch.xs.data() + ((n * e.nz + z) * e.ny + y) * e.nx;
+            for (int64_t i = section.written_lo; i < section.written_hi; ++i) {
+                const int64_t x = e.inside.lo[2] + i;
                 double sum[3] = {0.0, 0.0, 0.0};
                 for (const auto &run : scratch.runs) {
-                    const int64_t lo = std::max(run.first, x - kx.radius), hi = std::min(run.second, x + kx.radius + 1);
+                    const int64_t lo = std::max(run.first, x - kx.radius);
+                    const int64_t hi = std::min(run.second, x + kx.radius + 1);
                     if (lo >= hi) continue;
                     for (int n = 0; n < 3; ++n)
                         sum[n] += kx.cumulative[n][hi - x + kx.radius] - kx.cumulative[n][lo - x + kx.radius];
@@ -199,68 +383,105 @@ void object_descriptors(const T *labels, const Object &object, const Settings &s
             }
         }
     }
+}
 
-    /* y pass: the six products of order <= 2 at the inside y positions, for every z of the reach. */
-    scratch.ys.resize(kYChannels * nz * ny_in * nx);
-    scratch.y_rows.assign(nz * ny_in, 0);
-    const Kernel1d &ky = kernel[1];
-    for (int64_t z = 0; z < nz; ++z) {
-        for (int64_t j = 0; j < ny_in; ++j) {
-            if (!scratch.need_y[j]) continue;
-            float *sum[kYChannels];
-            for (int c = 0; c < kYChannels; ++c) {
-                sum[c] = scratch.ys.data() + ((c * nz + z) * ny_in + j) * nx;
-                std::fill(sum[c], sum[c] + nx, 0.0f);
-            }
-            const int64_t y = inside.lo[1] + j - reach.lo[1]; /* in reach rows */
-            const int64_t first = std::max<int64_t>(0, y - ky.radius), last = std::min(ny, y + ky.radius + 1);
+/* y pass: the six products of order <= 2 at each section's needed rows and written columns. */
+void pass_y(const Extent &e, const Kernel1d &ky, Scratch &scratch) {
+    scratch.ys.resize(kYChannels * e.nz * e.ny_in * e.nx);
+    scratch.y_rows.assign(e.nz * e.ny_in, 0);
+    const int64_t row_offset = e.inside.lo[1] - e.reach.lo[1]; /* reach row of inside row 0 */
+    for (int64_t z = 0; z < e.nz; ++z) {
+        const Section &section = scratch.sections[z];
+        if (section.need_lo >= section.need_hi || section.rows_lo >= section.rows_hi) continue;
+        const int64_t columns = section.written_hi - section.written_lo;
+        for (int64_t j = section.need_lo; j < section.need_hi; ++j) {
+            const int64_t y = j + row_offset;
+            scratch.y_sources.clear();
+            const int64_t first = std::max(section.rows_lo, y - ky.radius);
+            const int64_t last = std::min(section.rows_hi, y + ky.radius + 1);
             for (int64_t source = first; source < last; ++source) {
-                if (!scratch.x_rows[z * ny + source]) continue;
-                scratch.y_rows[z * ny_in + j] = 1;
-                const int64_t tap = source - y + ky.radius;
-                for (int c = 0; c < kYChannels; ++c) {
-                    const float w = ky.weight[kYOrder[c]][tap];
-                    const float *from = scratch.xs.data() + ((kYFromX[c] * nz + z) * ny + source) * nx;
-                    float *to = sum[c];
-                    for (int64_t i = 0; i < nx; ++i) to[i] += w * from[i];
+                if (!scratch.x_rows[z * e.ny + source]) continue;
+                YSource entry;
+                for (int n = 0; n < 3; ++n) {
+                    entry.row[n] = scratch.xs.data() + ((n * e.nz + z) * e.ny + source) * e.nx + section.written_lo;
+                    entry.weight[n] = ky.weight[n][source - y + ky.radius];
                 }
+                scratch.y_sources.push_back(entry);
             }
+            if (scratch.y_sources.empty()) continue;
+            scratch.y_rows[z * e.ny_in + j] = 1;
+            float *to[kYChannels];
+            for (int c = 0; c < kYChannels; ++c)
+                to[c] = scratch.ys.data() + ((c * e.nz + z) * e.ny_in + j) * e.nx + section.written_lo;
+            filter<YStep>(scratch.y_sources, 0, columns, to);
         }
     }
+}
 
-    /* z pass: the ten moments at the object's inside voxels, then their descriptors. */
-    scratch.moments.resize(kMoments * nx);
-    const Kernel1d &kz = kernel[0];
+/* z pass: the ten moments along each inside row holding the object, over the columns from its first to its last
+ * voxel, then the descriptors of its voxels. */
+template <typename T>
+void pass_z(const T *labels, T id, const Extent &e, const Settings &s, const Kernel1d &kz, Scratch &scratch,
+            float *out) {
+    scratch.moments.resize(kMoments * e.nx);
     const int64_t channel = s.out[0] * s.out[1] * s.out[2];
-    for (int64_t z = inside.lo[0]; z < inside.hi[0]; ++z) {
-        for (int64_t y = inside.lo[1]; y < inside.hi[1]; ++y) {
-            const int64_t j = y - inside.lo[1];
-            if (!scratch.need_y[j]) continue;
-            const T *row = labels + z * stride_z + y * stride_y + inside.lo[2];
-            if (std::find(row, row + nx, id) == row + nx) continue;
-            std::fill(scratch.moments.begin(), scratch.moments.end(), 0.0f);
-            const int64_t zr = z - reach.lo[0];
-            const int64_t first = std::max<int64_t>(0, zr - kz.radius), last = std::min(nz, zr + kz.radius + 1);
+    for (int64_t z = e.inside.lo[0]; z < e.inside.hi[0]; ++z) {
+        const int64_t zr = z - e.reach.lo[0];
+        for (int64_t j = 0; j < e.ny_in; ++j) {
+            const int64_t y = e.inside.lo[1] + j;
+            const T *row = labels + (z * s.shape[1] + y) * s.shape[2] + e.inside.lo[2];
+            find_runs(row, 0, e.nx, id, scratch.runs);
+            if (scratch.runs.empty()) continue;
+            const int64_t lo = scratch.runs.front().first, hi = scratch.runs.back().second;
+            scratch.z_sources.clear();
+            const int64_t first = std::max<int64_t>(0, zr - kz.radius), last = std::min(e.nz, zr + kz.radius + 1);
             for (int64_t source = first; source < last; ++source) {
-                if (!scratch.y_rows[source * ny_in + j]) continue;
-                const int64_t tap = source - zr + kz.radius;
-                for (int c = 0; c < kMoments; ++c) {
-                    const float w = kz.weight[kZOrder[c]][tap];
-                    const float *from = scratch.ys.data() + ((kZFromY[c] * nz + source) * ny_in + j) * nx;
-                    float *to = scratch.moments.data() + c * nx;
-                    for (int64_t i = 0; i < nx; ++i) to[i] += w * from[i];
-                }
+                /* a written row covers [lo, hi): find_sections grew its columns by this section's; an unwritten
+                 * one has no object voxel within the y kernel's reach, so it adds 0 */
+                if (!scratch.y_rows[source * e.ny_in + j]) continue;
+                ZSource entry;
+                for (int c = 0; c < kYChannels; ++c)
+                    entry.row[c] = scratch.ys.data() + ((c * e.nz + source) * e.ny_in + j) * e.nx;
+                for (int n = 0; n < 3; ++n) entry.weight[n] = kz.weight[n][source - zr + kz.radius];
+                scratch.z_sources.push_back(entry);
             }
+            float *moments[kMoments];
+            for (int m = 0; m < kMoments; ++m) moments[m] = scratch.moments.data() + m * e.nx;
+            filter<ZStep>(scratch.z_sources, lo, hi, moments);
             float *target = out + (z - s.margin[0]) * s.out[1] * s.out[2] + (y - s.margin[1]) * s.out[2] +
-                            (inside.lo[2] - s.margin[2]);
-            for (int64_t i = 0; i < nx; ++i) {
+                            (e.inside.lo[2] - s.margin[2]);
+            for (int64_t i = lo; i < hi; ++i) {
                 if (row[i] != id) continue;
                 double m[kMoments];
-                for (int c = 0; c < kMoments; ++c) m[c] = scratch.moments[c * nx + i];
+                for (int c = 0; c < kMoments; ++c) m[c] = moments[c][i];
                 finish_voxel(m, s.variance_floor, target + i, channel);
             }
         }
     }
+}
+
+/* Descriptors of one object of one patch, written at its voxels in the output region. */
+template <typename T>
+void object_descriptors(const T *labels, const Object &object, const Settings &s, const Kernel1d kernel[3],
+                        Scratch &scratch, float *out) {
+    Extent e;
+    for (int a = 0; a < 3; ++a) {
+        e.inside.lo[a] = std::max(object.box.lo[a], s.margin[a]);
+        e.inside.hi[a] = std::min(object.box.hi[a], s.shape[a] - s.margin[a]);
+        e.reach.lo[a] = std::max(object.box.lo[a], e.inside.lo[a] - kernel[a].radius);
+        e.reach.hi[a] = std::min(object.box.hi[a], e.inside.hi[a] + kernel[a].radius);
+    }
+    if (e.inside.empty()) return;
+    e.nz = e.reach.extent(0);
+    e.ny = e.reach.extent(1);
+    e.nx = e.inside.extent(2);
+    e.ny_in = e.inside.extent(1);
+    e.radius_z = kernel[0].radius;
+    const T id = static_cast<T>(object.id);
+    find_sections(labels, id, e, s, scratch);
+    pass_x(labels, id, e, s, kernel[2], kernel[1], scratch);
+    pass_y(e, kernel[1], scratch);
+    pass_z(labels, id, e, s, kernel[0], scratch, out);
 }
 
 /* The mask of one patch: 1 on object voxels, 0 on background and ignore voxels. */

@@ -307,6 +307,17 @@ def foreground(labels, margin, background, out):
 LSD_CHANNELS = 10
 
 
+def _three_numbers(values, what):
+    """``values`` as a tuple of three floats (z, y, x)."""
+    try:
+        values = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} must be three numbers (z, y, x), got {values!r}") from None
+    if len(values) != 3:
+        raise ValueError(f"{what} must be three numbers (z, y, x), got {values!r}")
+    return values
+
+
 def lsd_radius(sigma):
     """The reach (voxels, per axis) of the truncated gaussians of ``sigma`` (voxels): scipy.ndimage's
     ``int(3 * sigma + 0.5)``, as lsds uses."""
@@ -346,24 +357,19 @@ def lsd(labels, margin, sigma, variance_floor, background, ignore, out, mask):
     labels = _plain_labels(labels)
     shape = labels.shape[2:]
     cdef tuple m = _margin(margin, shape)
+    sigma = _three_numbers(sigma, "sigma")
+    variance_floor = _three_numbers(variance_floor, "variance_floor")
+    if not all(1.0 <= v < float("inf") for v in sigma):
+        raise ValueError(f"sigma must be >= 1 voxel along each axis, got {sigma}")
+    if not all(0.0 <= v < float("inf") for v in variance_floor):
+        raise ValueError(f"variance_floor must be finite and >= 0, got {variance_floor}")
     cdef double c_sigma[3]
     cdef double c_floor[3]
     cdef int64_t c_radius[3]
-    for name, values in (("sigma", sigma), ("variance_floor", variance_floor)):
-        try:
-            values = tuple(float(v) for v in values)
-        except (TypeError, ValueError):
-            raise TypeError(f"{name} must be three numbers (z, y, x), got {values!r}") from None
-        if len(values) != 3:
-            raise ValueError(f"{name} must be three numbers (z, y, x), got {values!r}")
-    if not all(1.0 <= float(s) < float("inf") for s in sigma):
-        raise ValueError(f"sigma must be >= 1 voxel along each axis, got {tuple(sigma)}")
-    if not all(0.0 <= float(f) < float("inf") for f in variance_floor):
-        raise ValueError(f"variance_floor must be finite and >= 0, got {tuple(variance_floor)}")
     for axis, reach in enumerate(lsd_radius(sigma)):
-        c_sigma[axis] = float(sigma[axis])
+        c_sigma[axis] = sigma[axis]
         c_radius[axis] = reach
-        c_floor[axis] = float(variance_floor[axis])
+        c_floor[axis] = variance_floor[axis]
     cdef int has_background = background is not None
     cdef int has_ignore = ignore is not None
     cdef uint64_t c_background = _label_bits(background, labels.dtype, "background") if has_background else 0
