@@ -3,21 +3,23 @@
  * The gaussian moments of an object are separable: with t = (q - u) / sigma per axis, each of the ten sums
  * sum_q G(q) t_z^i t_y^j t_x^k (i + j + k <= 2) is the object's indicator filtered by the 1-D kernels
  * g(d) (d / sigma)^n along each axis. So one object costs three 1-D passes (x: orders 0-2, y: the six
- * products of order <= 2, z: the ten), all restricted to the object's bounding box: the indicator is 0 outside
- * it, and only the object's own voxels need a descriptor. Moments are taken about each voxel itself, so no
- * large coordinates cancel (lsds subtracts squares of absolute coordinates in float32).
+ * products of order <= 2, z: the ten) inside the object's bounding box: the indicator is 0 outside it, and only
+ * the object's own voxels need a descriptor. Moments are taken about each voxel itself, so no large coordinates
+ * cancel (lsds subtracts squares of absolute coordinates in float32).
  *
- * The x pass reads the indicator as runs of the object along a row: a run [s, e) adds the difference of the
- * kernel's cumulative sums at its two ends, so a row costs (output voxels x runs), not (voxels x taps). The y and
- * z passes are plain weighted sums of whole rows, which the compiler vectorises along x. Rows with no object
- * voxel within reach are skipped.
+ * Work follows what the last pass reads. The z pass reads a section's y channels only at the rows and columns
+ * where the object lies in some section within the z kernel's reach (find_sections records them); the y pass
+ * computes exactly those, from the rows holding the object within the y kernel's reach; the x pass computes those
+ * rows at those columns. The x pass reads the indicator as runs of the object along a row: a run [s, e) adds the
+ * difference of the kernel's cumulative sums at its two ends, so a row costs (columns x runs), not
+ * (columns x taps). The y and z passes walk their source rows with every channel's sums for four columns held in
+ * SSE2 registers.
  */
 #include "lsd.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <new>
 #include <unordered_map>
 #include <vector>
@@ -233,9 +235,10 @@ void filter(const std::vector<typename Step::Source> &sources, int64_t lo, int64
     filter_columns<Step, OneColumn>(sources, i, hi, to);
 }
 
-/* One section of an object (reach-relative rows, inside-relative columns; a range is empty where lo >= hi):
- * where the object lies in it, and where its y-pass channels are needed: the inside rows and columns holding the
- * object in some section within the z kernel's reach (the only voxels the z pass reads). */
+/* One section (z) of an object's reach: where the object lies in it, and where its y-pass channels are needed:
+ * the inside rows and columns holding the object in some inside section within the z kernel's reach (the only
+ * places the z pass reads). Rows are reach rows or inside rows (j) as noted, columns are inside columns; a range
+ * is empty where lo >= hi. */
 struct Section {
     int64_t rows_lo, rows_hi;           /* rows holding the object */
     int64_t need_lo, need_hi;           /* inside rows (j) whose y-pass channels are needed */

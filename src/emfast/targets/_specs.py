@@ -410,6 +410,9 @@ class LSD(Target):
     the patch does not hold, as at the border of :func:`compute_targets` with a margin below :meth:`margin`),
     and inside a loader on voxels whose gaussian reaches an unknown label (moved in by a warp); else 1.
 
+    Inside a loader, sigma is converted with raw's resolution along (z, y, x); a ``Transpose`` of y and x on data
+    whose y and x resolutions differ swaps the labels' axes but not sigma's (as it distorts raw).
+
     Parameters
     ----------
     sigma : float or (float, float, float)
@@ -548,7 +551,8 @@ TargetLike = Union[Target, str]
 
 def resolve(items: Union[TargetLike, Iterable[TargetLike]]) -> list:
     """Turn targets or their names (``"affinities"``, ``"boundaries"``, ``"classes"``, ``"foreground"``, with
-    default parameters; ``"lsd"`` needs its ``sigma``) into a list of :class:`Target` objects with distinct field names.
+    default parameters; ``"lsd"`` needs its ``sigma``) into a list of :class:`Target` objects with distinct field
+    names.
 
     Raises
     ------
