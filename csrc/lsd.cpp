@@ -7,7 +7,8 @@
  * the object's own voxels need a descriptor. Moments are taken about each voxel itself, so no large coordinates
  * cancel (lsds subtracts squares of absolute coordinates in float32).
  *
- * Work follows what the last pass reads. The z pass reads a section's y channels only at the rows and columns
+ * One scan of the labels finds every object's runs along x (find_objects); the passes read those runs, never the
+ * labels again. Work follows what the last pass reads. The z pass reads a section's y channels only at the rows and columns
  * where the object lies in some section within the z kernel's reach (find_sections records them); the y pass
  * computes exactly those, from the rows holding the object within the y kernel's reach; the x pass computes those
  * rows at those columns. The x pass reads the indicator as runs of the object along a row: a run [s, e) adds the
@@ -70,17 +71,30 @@ struct Kernel1d {
     }
 };
 
-/* One object of a patch: its id and the bounding box of its voxels. */
+/* A run of one object's voxels along x: columns [start, end) of row (z, y) of the patch. */
+struct Run {
+    int64_t z, y, start, end;
+};
+
+/* One object of a patch: its id, the bounding box of its voxels, and its runs [first, last) in Objects::runs. */
 struct Object {
     uint64_t id;
     Box box;
+    size_t first, last;
 };
 
-/* Every object of one patch (ids other than background and ignore), found run by run along x. */
+/* Every object of one patch (ids other than background and ignore) with its runs in scan order (z, y, x): the one
+ * pass over the labels; the passes of each object then read its runs only. */
+struct Objects {
+    std::vector<Object> list;
+    std::vector<Run> runs;
+};
+
 template <typename T>
-std::vector<Object> find_objects(const T *labels, const int64_t shape[3], int has_background, T background,
-                                 int has_ignore, T ignore) {
-    std::vector<Object> objects;
+Objects find_objects(const T *labels, const int64_t shape[3], int has_background, T background, int has_ignore,
+                     T ignore) {
+    Objects objects;
+    std::vector<std::pair<size_t, Run>> found_runs; /* (object, run) in scan order */
     std::unordered_map<uint64_t, size_t> index;
     for (int64_t z = 0; z < shape[0]; ++z) {
         for (int64_t y = 0; y < shape[1]; ++y) {
@@ -93,19 +107,30 @@ std::vector<Object> find_objects(const T *labels, const int64_t shape[3], int ha
                 if ((has_background && id == background) || (has_ignore && id == ignore)) continue;
                 auto found = index.find(static_cast<uint64_t>(id));
                 if (found == index.end()) {
-                    found = index.emplace(static_cast<uint64_t>(id), objects.size()).first;
-                    objects.push_back({static_cast<uint64_t>(id), {{z, y, start}, {z + 1, y + 1, x}}});
-                    continue;
+                    found = index.emplace(static_cast<uint64_t>(id), objects.list.size()).first;
+                    objects.list.push_back({static_cast<uint64_t>(id), {{z, y, start}, {z + 1, y + 1, x}}, 0, 0});
+                } else {
+                    Box &box = objects.list[found->second].box;
+                    box.hi[0] = z + 1;
+                    box.lo[1] = std::min(box.lo[1], y);
+                    box.hi[1] = std::max(box.hi[1], y + 1);
+                    box.lo[2] = std::min(box.lo[2], start);
+                    box.hi[2] = std::max(box.hi[2], x);
                 }
-                Box &box = objects[found->second].box;
-                box.hi[0] = z + 1;
-                box.lo[1] = std::min(box.lo[1], y);
-                box.hi[1] = std::max(box.hi[1], y + 1);
-                box.lo[2] = std::min(box.lo[2], start);
-                box.hi[2] = std::max(box.hi[2], x);
+                ++objects.list[found->second].last; /* counts runs for now */
+                found_runs.push_back({found->second, Run{z, y, start, x}});
             }
         }
     }
+    /* group the runs by object, keeping scan order within each (a counting sort) */
+    size_t offset = 0;
+    for (Object &object : objects.list) {
+        object.first = offset;
+        offset += object.last;
+        object.last = object.first;
+    }
+    objects.runs.resize(found_runs.size());
+    for (const auto &entry : found_runs) objects.runs[objects.list[entry.first].last++] = entry.second;
     return objects;
 }
 
@@ -250,9 +275,9 @@ struct Section {
 /* Scratch buffers of one call, grown to the largest object and reused for the next. */
 struct Scratch {
     std::vector<float> xs, ys, moments;
-    std::vector<uint8_t> x_rows, y_rows;
+    std::vector<uint8_t> y_rows;
     std::vector<Section> sections;
-    std::vector<std::pair<int64_t, int64_t>> runs;
+    std::vector<std::pair<size_t, size_t>> row_runs; /* per reach row (z, y): its runs [first, last) */
     std::vector<YSource> y_sources;
     std::vector<ZSource> z_sources;
 };
@@ -291,47 +316,31 @@ struct Extent {
     int64_t radius_z;          /* reach of the z kernel */
 };
 
-/* The runs of `id` along one label row within [lo, hi). */
-template <typename T>
-void find_runs(const T *row, int64_t lo, int64_t hi, T id, std::vector<std::pair<int64_t, int64_t>> &runs) {
-    runs.clear();
-    for (int64_t x = lo; x < hi;) {
-        if (row[x] != id) {
-            ++x;
-            continue;
-        }
-        const int64_t start = x;
-        while (x < hi && row[x] == id) ++x;
-        runs.emplace_back(start, x);
-    }
-}
-
 /* Where the object lies in each section of the reach (rows, and the inside rows and columns it holds), and
- * which reach rows hold it. */
-template <typename T>
-void find_sections(const T *labels, T id, const Extent &e, const Settings &s, Scratch &scratch) {
-    scratch.x_rows.assign(e.nz * e.ny, 0);
+ * which runs each reach row holds. */
+void find_sections(const Objects &objects, const Object &object, const Extent &e, Scratch &scratch) {
+    scratch.row_runs.assign(e.nz * e.ny, {0, 0});
     scratch.sections.assign(e.nz, Section{INT64_MAX, INT64_MIN, 0, 0, 0, 0, INT64_MAX, INT64_MIN, INT64_MAX,
                                           INT64_MIN});
     const int64_t row_offset = e.inside.lo[1] - e.reach.lo[1];
-    for (int64_t z = 0; z < e.nz; ++z) {
+    for (size_t k = object.first; k < object.last; ++k) {
+        const Run &run = objects.runs[k];
+        const int64_t z = run.z - e.reach.lo[0], y = run.y - e.reach.lo[1];
+        if (z < 0 || z >= e.nz || y < 0 || y >= e.ny) continue;
+        auto &span = scratch.row_runs[z * e.ny + y];
+        if (span.first == span.second) span.first = k;
+        span.second = k + 1;
         Section &section = scratch.sections[z];
-        for (int64_t y = 0; y < e.ny; ++y) {
-            const T *row = labels + ((e.reach.lo[0] + z) * s.shape[1] + e.reach.lo[1] + y) * s.shape[2];
-            find_runs(row, e.reach.lo[2], e.reach.hi[2], id, scratch.runs);
-            if (scratch.runs.empty()) continue;
-            scratch.x_rows[z * e.ny + y] = 1;
-            section.rows_lo = std::min(section.rows_lo, y);
-            section.rows_hi = y + 1;
-            const int64_t j = y - row_offset;
-            const int64_t first = std::max(scratch.runs.front().first, e.inside.lo[2]) - e.inside.lo[2];
-            const int64_t last = std::min(scratch.runs.back().second, e.inside.hi[2]) - e.inside.lo[2];
-            if (j < 0 || j >= e.ny_in || first >= last) continue;
-            section.inside_lo = std::min(section.inside_lo, j);
-            section.inside_hi = j + 1;
-            section.columns_lo = std::min(section.columns_lo, first);
-            section.columns_hi = std::max(section.columns_hi, last);
-        }
+        section.rows_lo = std::min(section.rows_lo, y);
+        section.rows_hi = y + 1;
+        const int64_t j = y - row_offset;
+        const int64_t first = std::max(run.start, e.inside.lo[2]) - e.inside.lo[2];
+        const int64_t last = std::min(run.end, e.inside.hi[2]) - e.inside.lo[2];
+        if (j < 0 || j >= e.ny_in || first >= last) continue;
+        section.inside_lo = std::min(section.inside_lo, j);
+        section.inside_hi = j + 1;
+        section.columns_lo = std::min(section.columns_lo, first);
+        section.columns_hi = std::max(section.columns_hi, last);
     }
     /* the z pass at an inside section reads the y channels of every section within the z kernel's reach */
     for (int64_t z = 0; z < e.nz; ++z) {
@@ -356,9 +365,7 @@ void find_sections(const T *labels, T id, const Extent &e, const Settings &s, Sc
 
 /* x pass: moments 0-2 along x, at the section's written columns, of every reach row holding the object within the
  * y kernel's reach of the rows needed. */
-template <typename T>
-void pass_x(const T *labels, T id, const Extent &e, const Settings &s, const Kernel1d &kx, const Kernel1d &ky,
-            Scratch &scratch) {
+void pass_x(const Objects &objects, const Extent &e, const Kernel1d &kx, const Kernel1d &ky, Scratch &scratch) {
     scratch.xs.resize(3 * e.nz * e.ny * e.nx);
     const int64_t row_offset = e.inside.lo[1] - e.reach.lo[1];
     for (int64_t z = 0; z < e.nz; ++z) {
@@ -367,17 +374,16 @@ void pass_x(const T *labels, T id, const Extent &e, const Settings &s, const Ker
         const int64_t first = std::max(section.rows_lo, section.need_lo + row_offset - ky.radius);
         const int64_t last = std::min(section.rows_hi, section.need_hi + row_offset + ky.radius);
         for (int64_t y = first; y < last; ++y) {
-            if (!scratch.x_rows[z * e.ny + y]) continue;
-            const T *row = labels + ((e.reach.lo[0] + z) * s.shape[1] + e.reach.lo[1] + y) * s.shape[2];
-            find_runs(row, e.reach.lo[2], e.reach.hi[2], id, scratch.runs);
+            const auto span = scratch.row_runs[z * e.ny + y];
+            if (span.first == span.second) continue;
             float *moment[3];
             for (int n = 0; n < 3; ++n) moment[n] = scratch.xs.data() + ((n * e.nz + z) * e.ny + y) * e.nx;
             for (int64_t i = section.written_lo; i < section.written_hi; ++i) {
                 const int64_t x = e.inside.lo[2] + i;
                 double sum[3] = {0.0, 0.0, 0.0};
-                for (const auto &run : scratch.runs) {
-                    const int64_t lo = std::max(run.first, x - kx.radius);
-                    const int64_t hi = std::min(run.second, x + kx.radius + 1);
+                for (size_t k = span.first; k < span.second; ++k) {
+                    const int64_t lo = std::max(objects.runs[k].start, x - kx.radius);
+                    const int64_t hi = std::min(objects.runs[k].end, x + kx.radius + 1);
                     if (lo >= hi) continue;
                     for (int n = 0; n < 3; ++n)
                         sum[n] += kx.cumulative[n][hi - x + kx.radius] - kx.cumulative[n][lo - x + kx.radius];
@@ -403,7 +409,8 @@ void pass_y(const Extent &e, const Kernel1d &ky, Scratch &scratch) {
             const int64_t first = std::max(section.rows_lo, y - ky.radius);
             const int64_t last = std::min(section.rows_hi, y + ky.radius + 1);
             for (int64_t source = first; source < last; ++source) {
-                if (!scratch.x_rows[z * e.ny + source]) continue;
+                const auto span = scratch.row_runs[z * e.ny + source];
+                if (span.first == span.second) continue;
                 YSource entry;
                 for (int n = 0; n < 3; ++n) {
                     entry.row[n] = scratch.xs.data() + ((n * e.nz + z) * e.ny + source) * e.nx + section.written_lo;
@@ -423,19 +430,21 @@ void pass_y(const Extent &e, const Kernel1d &ky, Scratch &scratch) {
 
 /* z pass: the ten moments along each inside row holding the object, over the columns from its first to its last
  * voxel, then the descriptors of its voxels. */
-template <typename T>
-void pass_z(const T *labels, T id, const Extent &e, const Settings &s, const Kernel1d &kz, Scratch &scratch,
+void pass_z(const Objects &objects, const Extent &e, const Settings &s, const Kernel1d &kz, Scratch &scratch,
             float *out) {
     scratch.moments.resize(kMoments * e.nx);
     const int64_t channel = s.out[0] * s.out[1] * s.out[2];
-    for (int64_t z = e.inside.lo[0]; z < e.inside.hi[0]; ++z) {
-        const int64_t zr = z - e.reach.lo[0];
+    const int64_t row_offset = e.inside.lo[1] - e.reach.lo[1];
+    for (int64_t zr = e.inside.lo[0] - e.reach.lo[0]; zr < e.inside.hi[0] - e.reach.lo[0]; ++zr) {
         for (int64_t j = 0; j < e.ny_in; ++j) {
-            const int64_t y = e.inside.lo[1] + j;
-            const T *row = labels + (z * s.shape[1] + y) * s.shape[2] + e.inside.lo[2];
-            find_runs(row, 0, e.nx, id, scratch.runs);
-            if (scratch.runs.empty()) continue;
-            const int64_t lo = scratch.runs.front().first, hi = scratch.runs.back().second;
+            const auto span = scratch.row_runs[zr * e.ny + j + row_offset];
+            /* the row's runs, clipped to the inside columns (relative to the first) */
+            int64_t lo = INT64_MAX, hi = INT64_MIN;
+            for (size_t k = span.first; k < span.second; ++k) {
+                lo = std::min(lo, std::max(objects.runs[k].start, e.inside.lo[2]) - e.inside.lo[2]);
+                hi = std::max(hi, std::min(objects.runs[k].end, e.inside.hi[2]) - e.inside.lo[2]);
+            }
+            if (lo >= hi) continue;
             scratch.z_sources.clear();
             const int64_t first = std::max<int64_t>(0, zr - kz.radius), last = std::min(e.nz, zr + kz.radius + 1);
             for (int64_t source = first; source < last; ++source) {
@@ -451,21 +460,23 @@ void pass_z(const T *labels, T id, const Extent &e, const Settings &s, const Ker
             float *moments[kMoments];
             for (int m = 0; m < kMoments; ++m) moments[m] = scratch.moments.data() + m * e.nx;
             filter<ZStep>(scratch.z_sources, lo, hi, moments);
-            float *target = out + (z - s.margin[0]) * s.out[1] * s.out[2] + (y - s.margin[1]) * s.out[2] +
-                            (e.inside.lo[2] - s.margin[2]);
-            for (int64_t i = lo; i < hi; ++i) {
-                if (row[i] != id) continue;
-                double m[kMoments];
-                for (int c = 0; c < kMoments; ++c) m[c] = moments[c][i];
-                finish_voxel(m, s.variance_floor, target + i, channel);
+            float *target = out + (e.reach.lo[0] + zr - s.margin[0]) * s.out[1] * s.out[2] +
+                            (e.inside.lo[1] + j - s.margin[1]) * s.out[2] + (e.inside.lo[2] - s.margin[2]);
+            for (size_t k = span.first; k < span.second; ++k) {
+                const int64_t start = std::max(objects.runs[k].start, e.inside.lo[2]) - e.inside.lo[2];
+                const int64_t end = std::min(objects.runs[k].end, e.inside.hi[2]) - e.inside.lo[2];
+                for (int64_t i = start; i < end; ++i) {
+                    double m[kMoments];
+                    for (int c = 0; c < kMoments; ++c) m[c] = moments[c][i];
+                    finish_voxel(m, s.variance_floor, target + i, channel);
+                }
             }
         }
     }
 }
 
 /* Descriptors of one object of one patch, written at its voxels in the output region. */
-template <typename T>
-void object_descriptors(const T *labels, const Object &object, const Settings &s, const Kernel1d kernel[3],
+void object_descriptors(const Objects &objects, const Object &object, const Settings &s, const Kernel1d kernel[3],
                         Scratch &scratch, float *out) {
     Extent e;
     for (int a = 0; a < 3; ++a) {
@@ -480,11 +491,10 @@ void object_descriptors(const T *labels, const Object &object, const Settings &s
     e.nx = e.inside.extent(2);
     e.ny_in = e.inside.extent(1);
     e.radius_z = kernel[0].radius;
-    const T id = static_cast<T>(object.id);
-    find_sections(labels, id, e, s, scratch);
-    pass_x(labels, id, e, s, kernel[2], kernel[1], scratch);
+    find_sections(objects, object, e, scratch);
+    pass_x(objects, e, kernel[2], kernel[1], scratch);
     pass_y(e, kernel[1], scratch);
-    pass_z(labels, id, e, s, kernel[0], scratch, out);
+    pass_z(objects, e, s, kernel[0], scratch, out);
 }
 
 /* The mask of one patch: 1 on object voxels, 0 on background and ignore voxels. */
@@ -511,10 +521,8 @@ void lsd_typed(const emf_labels &labels, const Settings &s, const Kernel1d kerne
         const T *patch_labels = static_cast<const T *>(labels.data) + n * patch;
         float *patch_out = out + n * 10 * out_size;
         std::fill(patch_out, patch_out + 10 * out_size, 0.0f);
-        const std::vector<Object> objects =
-            find_objects(patch_labels, s.shape, has_background, background, has_ignore, ignore);
-        for (const Object &object : objects)
-            object_descriptors(patch_labels, object, s, kernel, scratch, patch_out);
+        const Objects objects = find_objects(patch_labels, s.shape, has_background, background, has_ignore, ignore);
+        for (const Object &object : objects.list) object_descriptors(objects, object, s, kernel, scratch, patch_out);
         object_mask(patch_labels, s, has_background, background, has_ignore, ignore, mask + n * out_size);
     }
 }
