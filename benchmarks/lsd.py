@@ -10,9 +10,11 @@
    the same (32, 128, 128) descriptors on this thread. Reported: seconds per example, the ratio (target >= 100x),
    the largest difference between the two and the voxels that differ by more than 0.01 (pearson channels where
    an object is one voxel thick along an axis: lsds' float32 rounding noise there, see emfast.LSD).
-2. A training batch: ``Loader(threads=2, batch_size=8, patch=(32, 128, 128))`` on the (96, 384, 384) demo volume,
-   default augmentations, with ``[Affinities()]`` and with ``[Affinities(), LSD(sigma=80 nm)]``: batches/s and
-   the producers' per-stage profile.
+2. A training batch: the CPU time (this thread's, so other load on the machine inflates it less than wall time)
+   of the LSDs of 8 random (32, 128, 128) windows cut with the loader's label margin; then
+   ``Loader(threads=2, batch_size=8, patch=(32, 128, 128))`` on the (96, 384, 384) demo volume, default
+   augmentations, with ``[Affinities()]`` and with ``[Affinities(), LSD(sigma=80 nm)]``: batches/s and the
+   producers' per-stage profile.
 """
 from __future__ import annotations
 
@@ -75,6 +77,23 @@ def time_emfast(segmentation, sigma, repeats):
     return best, out["lsd"][0]
 
 
+def batch_cpu_seconds(labels, target, window, repeats=3):
+    """Best CPU seconds of this thread for ``target`` on 8 random windows of ``labels`` cut with its margin."""
+    margin = target.margin()
+    grown = tuple(w + 2 * m for w, m in zip(window, margin))
+    rng = np.random.default_rng(0)
+    batch = np.empty((8, 1) + grown, dtype=labels.dtype)
+    for n in range(8):
+        corner = [int(rng.integers(0, s - g + 1)) for s, g in zip(labels.shape, grown)]
+        batch[n, 0] = labels[tuple(slice(c, c + g) for c, g in zip(corner, grown))]
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.thread_time()
+        ef.compute_targets(batch, [target], margin)
+        best = min(best, time.thread_time() - start)
+    return best
+
+
 def loader_rate(raw, labels, targets, batches):
     """Batches per second of a 2-thread loader with ``targets``, after its ring has filled once."""
     with ef.Loader(raw, labels, patch=(32, 128, 128), batch_size=8, threads=2, seed=1, targets=targets) as loader:
@@ -119,6 +138,10 @@ def main(argv=None) -> int:
     lsd = ef.LSD(sigma=SIGMAS[0], voxel_size=VOXEL_SIZE)
     print(f"training batch: Loader(threads=2, batch_size=8, patch=(32, 128, 128)), volume {shape}, "
           f"default augmentations, labels margin for {lsd}: {lsd.margin()}")
+    cpu = batch_cpu_seconds(labels, lsd, window)
+    print(f"LSDs of one batch of 8 windows with that margin: {cpu:.2f} s of CPU time on one thread "
+          f"({cpu / 8 * 1e3:.0f} ms per example)")
+    results["lsd_batch_cpu_s"] = cpu
     rates = {}
     for name, targets in (("affinities", [ef.Affinities()]), ("affinities + lsd", [ef.Affinities(), lsd])):
         rate, profile = loader_rate(raw, labels, targets, args.batches)
