@@ -227,6 +227,17 @@ def test_loader_refuses_an_lsd_it_cannot_place_in_world_units(tmp_path):
         loader("coarse.h5", LSD(sigma=40, voxel_size=(40, 4, 4)))
 
 
+def test_loader_refuses_samples_of_different_voxel_sizes_for_one_lsd(tmp_path):
+    write_sample(tmp_path / "fine.h5", (40.0, 4.0, 4.0))
+    write_sample(tmp_path / "coarse.h5", (40.0, 8.0, 8.0))
+    samples = [ef.Sample(raw=ef.open(tmp_path / name, "volumes/raw"),
+                         labels=ef.open(tmp_path / name, "volumes/labels/neuron_ids"), name=name)
+               for name in ("fine.h5", "coarse.h5")]
+    with pytest.raises(ValueError, match=r"LSD: voxel_size \(40.0, 4.0, 4.0\) does not match the resolution "
+                                         r"\(40.0, 8.0, 8.0\) of sample 'coarse.h5'; one LSD target serves one"):
+        ef.Loader(ef.Dataset(samples), patch=(4, 12, 12), augment=(), targets=[LSD(sigma=40)])
+
+
 def test_config_names_lsd(tmp_path):
     write_sample(tmp_path / "sample.h5", (40.0, 8.0, 8.0))
     text = f"""
