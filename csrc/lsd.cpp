@@ -349,12 +349,12 @@ void find_sections(const Objects &objects, const Object &object, const Extent &e
         const int64_t first = std::max<int64_t>(e.inside.lo[0] - e.reach.lo[0], z - e.radius_z);
         const int64_t last = std::min<int64_t>(e.inside.hi[0] - e.reach.lo[0], z + e.radius_z + 1);
         for (int64_t other = first; other < last; ++other) {
-            const Section &near = scratch.sections[other];
-            if (near.inside_lo >= near.inside_hi || near.columns_lo >= near.columns_hi) continue;
-            need_lo = std::min(need_lo, near.inside_lo);
-            need_hi = std::max(need_hi, near.inside_hi);
-            written_lo = std::min(written_lo, near.columns_lo);
-            written_hi = std::max(written_hi, near.columns_hi);
+            const Section &seen = scratch.sections[other];
+            if (seen.inside_lo >= seen.inside_hi || seen.columns_lo >= seen.columns_hi) continue;
+            need_lo = std::min(need_lo, seen.inside_lo);
+            need_hi = std::max(need_hi, seen.inside_hi);
+            written_lo = std::min(written_lo, seen.columns_lo);
+            written_hi = std::max(written_hi, seen.columns_hi);
         }
         section.need_lo = need_lo;
         section.need_hi = need_hi;
