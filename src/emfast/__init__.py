@@ -23,7 +23,7 @@ from .io import open_volume as open
 from .inference import Prediction, predict
 from .pipeline import BackPressureWarning, Batch, BatchReleasedError, Loader, ProfileReport, SlotsExhaustedError
 from .sampling import Balanced, Dataset, Masked, Sample, Tiled, Uniform
-from .targets import Affinities, Boundaries, Classes, Foreground, compute_targets
+from .targets import LSD, Affinities, Boundaries, Classes, Foreground, compute_targets
 from .transfer import DeviceArray, DeviceNotice
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "Foreground",
     "Gamma",
     "Intensity",
+    "LSD",
     "Loader",
     "LowContrast",
     "Masked",

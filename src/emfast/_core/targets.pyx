@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""Thin typed wrappers around the label -> target kernels in csrc/targets.cpp.
+"""Thin typed wrappers around the label -> target kernels in csrc/targets.cpp and csrc/lsd.cpp.
 
 Every function takes a batch of label patches ``labels`` (B, 1, Zi, Yi, Xi), C-contiguous uint32, uint64 or int64,
 and a ``margin`` (mz, my, mx): output voxel (z, y, x) is label voxel (z + mz, y + my, x + mx), so outputs have
@@ -37,6 +37,11 @@ cdef extern from "targets.h" nogil:
     int emf_classes(const emf_labels *labels, int64_t thickness, int in_plane, int has_background,
                     uint64_t background, const int64_t *values, emf_dtype out_dtype, void *out)
     int emf_foreground(const emf_labels *labels, uint64_t background, uint8_t *out)
+
+cdef extern from "lsd.h" nogil:
+    int emf_lsd(const emf_labels *labels, const double *sigma, const int64_t *radius,
+                const double *variance_floor, int has_background, uint64_t background, int has_ignore,
+                uint64_t ignore, float *out, uint8_t *mask)
 
 
 _AXES = "zyx"
@@ -295,4 +300,94 @@ def foreground(labels, margin, background, out):
     with nogil:
         status = emf_foreground(&desc, c_background, c_out)
     check_status(status, "foreground")
+    return result
+
+
+#: Channels of a local shape descriptor: mean offset (z, y, x), variance (z, y, x), pearson (zy, zx, yx), size.
+LSD_CHANNELS = 10
+
+
+def _three_numbers(values, what):
+    """``values`` as a tuple of three floats (z, y, x)."""
+    try:
+        values = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} must be three numbers (z, y, x), got {values!r}") from None
+    if len(values) != 3:
+        raise ValueError(f"{what} must be three numbers (z, y, x), got {values!r}")
+    return values
+
+
+def lsd_radius(sigma):
+    """The reach (voxels, per axis) of the truncated gaussians of ``sigma`` (voxels): scipy.ndimage's
+    ``int(3 * sigma + 0.5)``, as lsds uses."""
+    return tuple(int(3.0 * float(s) + 0.5) for s in sigma)
+
+
+def lsd(labels, margin, sigma, variance_floor, background, ignore, out, mask):
+    """Local shape descriptors of a label batch into ``out`` (B, 10, Zo, Yo, Xo) float32 and ``mask``
+    (B, 1, Zo, Yo, Xo) uint8, without the GIL.
+
+    The gaussian mode of funkelab's lsds, per object (voxels of one id other than ``background`` and
+    ``ignore``), with gaussians of standard deviation ``sigma`` voxels truncated at :func:`lsd_radius`; label
+    voxels outside the patch belong to no object. See csrc/lsd.h for the channels. ``mask`` is 1 on object voxels,
+    0 on ``background`` and ``ignore`` voxels (whose descriptor is 0).
+
+    Parameters
+    ----------
+    labels : ndarray
+        (B, 1, Zi, Yi, Xi) uint32, uint64 or int64, C-contiguous.
+    margin : (int, int, int)
+        Label voxels on each side of the output region, >= 0, with 2 * margin < label extent.
+    sigma : (float, float, float)
+        Standard deviation of the gaussian per axis in voxels, >= 1.
+    variance_floor : (float, float, float)
+        Smallest variance per axis, in units of sigma squared (lsds floors variances at 1e-3 world units squared).
+    background, ignore : int or None
+        Label ids without a descriptor (None: no such id); each must be representable in the labels' dtype.
+    out : ndarray
+        (B, 10, Zo, Yo, Xo) float32, C-contiguous, written.
+    mask : ndarray
+        (B, 1, Zo, Yo, Xo) uint8, C-contiguous, written.
+
+    Returns
+    -------
+    (out, mask)
+    """
+    labels = _plain_labels(labels)
+    shape = labels.shape[2:]
+    cdef tuple m = _margin(margin, shape)
+    sigma = _three_numbers(sigma, "sigma")
+    variance_floor = _three_numbers(variance_floor, "variance_floor")
+    if not all(1.0 <= v < float("inf") for v in sigma):
+        raise ValueError(f"sigma must be >= 1 voxel along each axis, got {sigma}")
+    if not all(0.0 <= v < float("inf") for v in variance_floor):
+        raise ValueError(f"variance_floor must be finite and >= 0, got {variance_floor}")
+    cdef double c_sigma[3]
+    cdef double c_floor[3]
+    cdef int64_t c_radius[3]
+    for axis, reach in enumerate(lsd_radius(sigma)):
+        c_sigma[axis] = sigma[axis]
+        c_radius[axis] = reach
+        c_floor[axis] = variance_floor[axis]
+    cdef int has_background = background is not None
+    cdef int has_ignore = ignore is not None
+    cdef uint64_t c_background = _label_bits(background, labels.dtype, "background") if has_background else 0
+    cdef uint64_t c_ignore = _label_bits(ignore, labels.dtype, "ignore") if has_ignore else 0
+    result = (out, mask)
+    out = _plain_out(out, "out", _out_shape(labels, m, LSD_CHANNELS), (np.dtype(np.float32),), labels)
+    mask = _plain_out(mask, "mask", _out_shape(labels, m, 1), (np.dtype(np.uint8),), labels)
+    if np.may_share_memory(out, mask):
+        raise ValueError("out and mask must not overlap")
+    if out.size == 0:
+        return result
+    cdef emf_labels desc
+    _describe(labels, m, &desc)
+    cdef float *c_out = <float *> cnp.PyArray_DATA(<cnp.ndarray> out)
+    cdef uint8_t *c_mask = <uint8_t *> cnp.PyArray_DATA(<cnp.ndarray> mask)
+    cdef int status
+    with nogil:
+        status = emf_lsd(&desc, c_sigma, c_radius, c_floor, has_background, c_background, has_ignore, c_ignore,
+                         c_out, c_mask)
+    check_status(status, "lsd")
     return result

@@ -483,6 +483,8 @@ class Loader:
         self.dataset = as_dataset(data, labels, label_offset)
         if self.targets and not self.dataset.has_labels:
             raise ValueError(f"targets {[t.name for t in self.targets]} need labels, but the data has none")
+        for sample in self.dataset.samples:  # targets in world units (LSD) take each raw's voxel size
+            self.targets = [t.with_voxel_size(sample.raw.resolution, f"sample {sample.name!r}") for t in self.targets]
         for target in self.targets:
             target.check(self.dataset.samples[0].placed_labels.volume.dtype)
         self.margin = _targets.required_margin(self.targets) if self.targets else (0, 0, 0)
