@@ -18,10 +18,11 @@ Quick start::
 from ._version import __version__
 from .augment import (Artifacts, Augmentation, Blur, Contrast, Elastic, Gamma, Intensity, LowContrast, Mirror,
                       MissingSection, Noise, Rotate, Scale, Slip, Transpose)
-from .io import DatasetNotFoundError, Volume, hdf5
+from .io import CorruptChunkError, DatasetNotFoundError, StoreMetadataError, Volume, VolumeTooLargeError, hdf5
 from .io import open_volume as open
-from .inference import Prediction, predict
-from .pipeline import BackPressureWarning, Batch, BatchReleasedError, Loader, ProfileReport, SlotsExhaustedError
+from .inference import Prediction, SaturationWarning, predict
+from .pipeline import (BackPressureWarning, Batch, BatchReleasedError, InsufficientMemoryError, Loader,
+                       MissingFieldError, ProfileReport, SlotsExhaustedError)
 from .sampling import Balanced, Dataset, Masked, Sample, Tiled, Uniform
 from .targets import LSD, Affinities, Boundaries, Classes, Foreground, compute_targets
 from .transfer import DeviceArray, DeviceNotice
@@ -38,6 +39,7 @@ __all__ = [
     "Boundaries",
     "Classes",
     "Contrast",
+    "CorruptChunkError",
     "Dataset",
     "DatasetNotFoundError",
     "DeviceArray",
@@ -45,25 +47,30 @@ __all__ = [
     "Elastic",
     "Foreground",
     "Gamma",
+    "InsufficientMemoryError",
     "Intensity",
     "LSD",
     "Loader",
     "LowContrast",
     "Masked",
     "Mirror",
+    "MissingFieldError",
     "MissingSection",
     "Noise",
     "Prediction",
     "ProfileReport",
     "Rotate",
     "Sample",
+    "SaturationWarning",
     "Scale",
     "Slip",
     "SlotsExhaustedError",
+    "StoreMetadataError",
     "Tiled",
     "Transpose",
     "Uniform",
     "Volume",
+    "VolumeTooLargeError",
     "compute_targets",
     "hdf5",
     "open",
