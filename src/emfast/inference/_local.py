@@ -1,5 +1,6 @@
 """The local engine: reader threads fetch blocks' inputs ahead, the calling thread runs the network and blends,
-and :data:`WRITERS` writer threads write finished blocks while the next is computed.
+and :data:`WRITERS` writer threads write finished blocks while the next is computed. Shared tiles are kept until
+the last block needing them is computed.
 
 Memory stays bounded by the blocks in flight: ``threads`` inputs read ahead, one block being computed, and at
 most :data:`WRITES_IN_FLIGHT` being written, whose output buffers are reused once written. Every thread is joined
@@ -8,7 +9,7 @@ recorded first.
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, List, Optional
 
@@ -43,23 +44,34 @@ def write_block(store: OutputStore, block: Block, result, grid) -> int:
     return block.index
 
 
+def _discard_blended(predictor: BlockPredictor, block: Block, sharers: Counter) -> None:
+    """Drop the kept tiles that no block left to compute needs (a crash before the block is written costs their
+    recomputation on resume, nothing else)."""
+    for key in predictor.shared_keys(block):
+        sharers[key] -= 1
+        if not sharers[key]:
+            predictor.cache.discard(key)
+
+
 def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block], threads: int,
-              progress: Optional[Callable[[], None]]) -> None:
-    """Compute and write ``blocks`` in order."""
+              progress: Optional[Callable[[Block], None]]) -> None:
+    """Compute and write ``blocks`` in order; ``progress(block)`` after each is written. A kept tile is
+    discarded once the last of these blocks that shares it is computed."""
     grid = predictor.plan.grid
     readers = ThreadPoolExecutor(threads, thread_name_prefix="emfast-predict-read")
     writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="emfast-predict-write")
     reads: deque = deque()
-    writes: deque = deque()  # (future, the output buffer it writes from)
+    writes: deque = deque()  # (future, the output buffer it writes from, the block)
+    sharers = Counter(key for block in blocks for key in predictor.shared_keys(block))
     spare: List[np.ndarray] = []  # output buffers whose write finished, reused: no page faults
     upcoming = iter(blocks)
 
     def finish_write() -> None:
-        future, buffer = writes.popleft()
+        future, buffer, block = writes.popleft()
         future.result()
         spare.append(buffer)
         if progress is not None:
-            progress()
+            progress(block)
 
     try:
         for block in upcoming:
@@ -75,9 +87,10 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
                 finish_write()
             buffer = spare.pop() if spare else None
             result = predictor.compute(block, region.result(), buffer)
+            _discard_blended(predictor, block, sharers)
             if buffer is None or not np.shares_memory(result, buffer):  # a new, larger buffer
                 buffer = result.reshape(-1)
-            writes.append((writers.submit(write_block, store, block, result, grid), buffer))
+            writes.append((writers.submit(write_block, store, block, result, grid), buffer, block))
         while writes:
             finish_write()
     finally:
