@@ -14,6 +14,7 @@ from typing import Tuple
 
 import numpy as np
 
+from ._block import BATCHES_AHEAD
 from ._local import WRITES_IN_FLIGHT
 
 #: Default budget of :func:`emfast.predict` (``memory=``), in bytes.
@@ -45,10 +46,11 @@ def block_bytes(block, patch_in, patch_out, channels_in: int, itemsize_in: int, 
     # Tiles writing into a block start up to patch_out before it; each reads its context around it.
     input_voxels = int(np.prod([b + i + o for b, i, o in zip(block, patch_in, patch_out)]))
     inputs = (readers + 1) * channels_in * itemsize_in * input_voxels
-    blending = channels_out * 8 * voxels + 4 * voxels
+    blending = 2 * (channels_out * 8 + 4) * voxels  # one block fed, the previous one finished
     outputs = (WRITES_IN_FLIGHT + 1) * channels_out * itemsize_out * voxels
     tile_out = channels_out * 8 * int(np.prod(patch_out))
-    batches = batch_size * (channels_in * 4 * int(np.prod(patch_in)) + tile_out) + variants * tile_out
+    batches = ((BATCHES_AHEAD + 2) * batch_size * (channels_in * 4 * int(np.prod(patch_in)) + tile_out)
+               + variants * tile_out)
     return inputs + blending + outputs + batches
 
 
