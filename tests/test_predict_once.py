@@ -184,3 +184,38 @@ def test_peak_memory_follows_the_budget_not_the_input_chunks(tmp_path):
         peaks[chunks[0]] = int(run.stdout.split()[-1]) * 1024  # ru_maxrss is in KiB on Linux
     assert max(peaks.values()) < 192 * 2 ** 20, peaks
     assert peaks[1] <= 1.2 * peaks[64] + 16 * 2 ** 20, peaks  # 16 MiB: the allocator's noise on small peaks
+
+
+def test_the_next_batch_is_ready_while_the_model_runs(tmp_path, volume, monkeypatch):
+    """Each model call (after the probe's) waits (up to 5 s) for the batch after it to be gathered: a pipeline where reading,
+    batching and blending wait for the model passes at once; one where the model waits for them never does."""
+    import threading
+
+    from emfast.inference import _block
+
+    gathered = [0]
+    changed = threading.Condition()
+    original = _block.gather_convert
+
+    def counting(*args):
+        result = original(*args)
+        with changed:
+            gathered[0] += 1
+            changed.notify_all()
+        return result
+
+    monkeypatch.setattr(_block, "gather_convert", counting)
+    waits, calls = [], [0]
+    large = np.random.default_rng(5).integers(0, 256, (24, 96, 96), dtype=np.uint8)
+    total = _plan_tiles(large, (0, 0, 0), "none") - 1  # the probe's tile is computed before
+
+    def model(batch):
+        calls[0] += 1
+        if calls[0] > 1 and all(waits):  # after the probe; after one wait timed out, the test failed
+            with changed:
+                waits.append(changed.wait_for(lambda: gathered[0] > calls[0] or calls[0] == total + 1, timeout=5))
+        return lopsided(batch)
+
+    ef.predict(model, large, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT, blend="none",
+               chunks=(12, 48, 48), block=(12, 48, 48))
+    assert len(waits) == total and all(waits)

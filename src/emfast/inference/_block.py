@@ -236,9 +236,18 @@ class BlockRun:
             future = self.run_model(batch, predictor.gather(self.region, self.corner, part, batch))
         self.groups.append(_Group(self.open, future, batch))
         self.open, self.missing = [], 0
-        while self.groups and (len(self.groups) > BATCHES_AHEAD or self.groups[0].future is None
-                               or self.groups[0].future.done()):
+        while self.groups and (self._batches_out() > BATCHES_AHEAD or self._oldest_ready()):
             self._blend_group(self.groups.popleft())
+
+    def _batches_out(self) -> int:
+        return sum(group.future is not None for group in self.groups)
+
+    def _oldest_ready(self) -> bool:
+        """Whether the oldest group can be blended without waiting (for its batch or for the previous block):
+        waiting here would leave the model without its next batch."""
+        oldest = self.groups[0]
+        return ((self.after is None or self.after.done())
+                and (oldest.future is None or oldest.future.done()))
 
     def finish(self, out: Optional[np.ndarray] = None) -> np.ndarray:
         """Blend what is left and convert: the block's prediction (see :meth:`BlockPredictor.compute`)."""

@@ -100,7 +100,7 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
             for following in upcoming:
                 reads.append((following, readers.submit(predictor.read, following)))
                 break
-            while len(writes) >= WRITES_IN_FLIGHT:
+            while len(writes) > WRITES_IN_FLIGHT:  # one block being finished, WRITES_IN_FLIGHT written
                 finish_write()
             buffer = spare.pop() if spare else None
             # Fed here while the previous block is blended on the finisher thread: the model always has a batch.
