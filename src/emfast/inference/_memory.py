@@ -3,9 +3,9 @@
 What a prediction holds grows with its blocks: the inputs read ahead (with the tiles' context), a block's float64
 sums, the finished blocks waiting for the writers, and a batch. Blocks are whole output chunks, grown one chunk at
 a time (along the shortest axis first) while that estimate stays within the budget, up to :data:`BLOCK_EDGE`
-voxels per axis (smaller blocks keep reading, the model and writing overlapping; each tile is computed once
-whatever the blocks). The input's own chunks do not enter: a lazy input that predict opens reads through a chunk
-cache of a quarter of the budget.
+voxels per axis: what is left after the model's last batch is one block's blending and writing, so smaller blocks
+end sooner, and each tile is computed once whatever the blocks. The input's own chunks do not enter: a lazy input
+that predict opens reads through a chunk cache of a quarter of the budget.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ._local import WRITES_IN_FLIGHT
 #: Default budget of :func:`emfast.predict` (``memory=``), in bytes.
 DEFAULT_MEMORY = 1 << 30
 #: Largest block edge (voxels) chosen by default, rounded up to whole chunks.
-BLOCK_EDGE = 256
+BLOCK_EDGE = 128
 #: The share of the budget given to the chunk cache of an input predict opens itself.
 CACHE_SHARE = 4
 

@@ -196,7 +196,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     chunks : (int, int, int), optional
         Output chunks; default 64 per axis (clipped to the volume), whatever the input's chunks.
     block : (int, int, int), optional
-        Voxels per block, a multiple of ``chunks``; default the largest that ``memory`` allows, up to about 256
+        Voxels per block, a multiple of ``chunks``; default the largest that ``memory`` allows, up to about 128
         per axis.
     compression : {"zstd", "blosc", "gzip", "none"}, optional
         Output codec; default "zstd" for zarr, "gzip" for HDF5 (which takes only "gzip" or "none").
