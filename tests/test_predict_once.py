@@ -219,3 +219,21 @@ def test_the_next_batch_is_ready_while_the_model_runs(tmp_path, volume, monkeypa
     ef.predict(model, large, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT, blend="none",
                chunks=(12, 48, 48), block=(12, 48, 48))
     assert len(waits) == total and all(waits)
+
+
+def test_shared_tiles_beyond_the_memory_share_go_to_disk_and_back(tmp_path, volume):
+    """With a small budget most shared tiles cannot stay in memory: they are written beside the output, read by
+    the blocks that share them, and still computed once."""
+    on_disk = []
+    counting = Counting()
+
+    def model(batch):
+        on_disk.append(len(list(tmp_path.glob(".p.zarr.pred.emfast-tiles/*.npy"))))
+        return counting(batch)
+
+    result = ef.predict(model, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT,
+                        overlap=(2, 4, 4), tta=4, chunks=(4, 8, 8), block=(4, 8, 8), memory="1MiB")
+    assert max(on_disk) > 10 and not _scratch(tmp_path / "p.zarr/pred")
+    assert counting.tiles == result.tiles * 4 and counting.repeats == 0
+    expected = _reference(lopsided, volume, None, (2, 4, 4), "gaussian", 4, "reflect")
+    np.testing.assert_allclose(_read(tmp_path / "p.zarr/pred"), expected, rtol=2e-6, atol=1e-7)

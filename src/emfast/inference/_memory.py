@@ -5,7 +5,8 @@ sums, the finished blocks waiting for the writers, and a batch. Blocks are whole
 a time (along the shortest axis first) while that estimate stays within the budget, up to :data:`BLOCK_EDGE`
 voxels per axis: what is left after the model's last batch is one block's blending and writing, so smaller blocks
 end sooner, and each tile is computed once whatever the blocks. The input's own chunks do not enter: a lazy input
-that predict opens reads through a chunk cache of a quarter of the budget.
+that predict opens reads through a chunk cache of a quarter of the budget, and shared tiles are held in memory up
+to an eighth of it (then on disk).
 """
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ from ._local import WRITES_IN_FLIGHT
 DEFAULT_MEMORY = 1 << 30
 #: Largest block edge (voxels) chosen by default, rounded up to whole chunks.
 BLOCK_EDGE = 128
-#: The share of the budget given to the chunk cache of an input predict opens itself.
+#: The share of the budget given to the chunk cache of an input predict opens itself (1 / CACHE_SHARE).
 CACHE_SHARE = 4
+#: The share of the budget for shared tiles held in memory (1 / TILES_SHARE; beyond it they go to disk).
+TILES_SHARE = 8
 
 _UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12,
           "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
@@ -54,9 +57,10 @@ def block_bytes(block, patch_in, patch_out, channels_in: int, itemsize_in: int, 
     return inputs + blending + outputs + batches
 
 
-def choose_block(budget: int, chunks, roi, estimate) -> Tuple[int, int, int]:
-    """The block (whole ``chunks``) that ``estimate(block)`` bytes keep within ``budget``: grown from one chunk
-    along the shortest axis that still fits, up to :data:`BLOCK_EDGE` and the roi's extent.
+def choose_block(budget: int, chunks, roi, estimate, given: int) -> Tuple[int, int, int]:
+    """The block (whole ``chunks``) that ``estimate(block)`` bytes keep within ``budget`` (the part of the
+    user's ``given`` budget left for blocks): grown from one chunk along the shortest axis that still fits, up to
+    :data:`BLOCK_EDGE` and the roi's extent.
 
     Raises
     ------
@@ -65,9 +69,9 @@ def choose_block(budget: int, chunks, roi, estimate) -> Tuple[int, int, int]:
     """
     block = list(chunks)
     if estimate(block) > budget:
-        raise ValueError(f"memory={budget} bytes is too small for a block of one output chunk {tuple(chunks)} "
-                         f"(about {estimate(block)} bytes with its inputs, sums and outputs); give more memory or "
-                         "smaller chunks")
+        raise ValueError(f"memory={given} bytes is too small for a block of one output chunk {tuple(chunks)} "
+                         f"(about {estimate(block)} bytes with its inputs, sums and outputs, of the {budget} left "
+                         "beside the input's chunk cache and the shared tiles); give more memory or smaller chunks")
     limits = [c * max(1, -(-min(BLOCK_EDGE, b - a) // c)) for c, a, b in zip(chunks, *roi)]
     while True:
         growable = sorted((block[a], a) for a in range(3) if block[a] < limits[a])

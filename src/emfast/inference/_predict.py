@@ -22,7 +22,7 @@ from ._blend import BLENDS
 from ._cache import TileCache
 from ._dask import dask_missing, run_dask
 from ._local import run_local
-from ._memory import CACHE_SHARE, DEFAULT_MEMORY, block_bytes, choose_block, parse_memory
+from ._memory import CACHE_SHARE, DEFAULT_MEMORY, TILES_SHARE, block_bytes, choose_block, parse_memory
 from ._model import ModelCaller
 from ._store import OUTPUT_DTYPES, OutputStore, check_compression, parse_output
 from ._tiling import Block, TilePlan
@@ -207,9 +207,10 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     threads : int
         Threads reading blocks' inputs ahead of the model.
     memory : int or str, optional
-        The budget for what the prediction holds (inputs read ahead, blocks' sums and outputs, batches, and the
-        chunk cache of an input given as a path, which gets a quarter), in bytes or as "512MiB", "2GiB"; default
-        1 GiB. It sets the default ``block``; ValueError if one output chunk does not fit.
+        The budget for what the prediction holds (inputs read ahead, blocks' sums and outputs, batches, shared
+        tiles, which get an eighth before going to disk, and the chunk cache of an input given as a path, which
+        gets a quarter), in bytes or as "512MiB", "2GiB"; default 1 GiB. It sets the default ``block``;
+        ValueError if one output chunk does not fit.
     resume, overwrite : bool
         Continue an unfinished prediction with the same settings and the same input (its files' sizes and
         modification times are recorded), or replace an existing output. Without either, an existing output is
@@ -292,9 +293,10 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         if block is None:
             plan = TilePlan(volume.shape, patch_in, patch_out, overlap, chunks, roi,
                             _budget_block(plan, volume, channels, dtype, threads, batch_size, len(tile_variants),
-                                          budget - (budget // CACHE_SHARE if opened else 0)),
+                                          budget - budget // TILES_SHARE
+                                          - (budget // CACHE_SHARE if opened else 0), budget),
                             crop=blend == "none")
-        predictor = predictor_for(plan, TileCache.beside(container, dataset))
+        predictor = predictor_for(plan, TileCache.beside(container, dataset, budget // TILES_SHARE))
         predictor.channels = channels
         if probed is not None:
             predictor.remember(*probed)
@@ -320,10 +322,14 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                     _check_room_for(todo, shape[0] * np.dtype(dtype).itemsize, container)
                 predictor.cache.open(record, store.resumed)
                 tick = _ticker(bar or progress, predictor, blocks, todo)
-                if client is not None:
-                    run_dask(client, predictor, store, todo, tick)
-                else:
-                    run_local(predictor, store, todo, threads, tick)
+                try:
+                    if client is not None:
+                        run_dask(client, predictor, store, todo, tick)
+                    else:
+                        run_local(predictor, store, todo, threads, tick)
+                except BaseException:
+                    predictor.cache.spill()  # what a resume would otherwise compute again
+                    raise
                 store.finish()
                 predictor.cache.remove()
             finally:
@@ -339,13 +345,13 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
 
 
 def _budget_block(plan: TilePlan, volume: Volume, channels: int, dtype: str, threads: int, batch_size: int,
-                  variant_count: int, budget: int):
+                  variant_count: int, budget: int, given: int):
     """The default block: the largest of whole chunks whose buffers fit ``budget`` (see :mod:`._memory`)."""
     def estimate(block) -> int:
         return block_bytes(block, plan.patch_in, plan.patch_out, volume.channels, volume.dtype.itemsize, channels,
                            np.dtype(dtype).itemsize, threads, batch_size, variant_count)
 
-    return choose_block(budget, plan.chunks, plan.roi, estimate)
+    return choose_block(budget, plan.chunks, plan.roi, estimate, given)
 
 
 def _probe(predictor: BlockPredictor, plan: TilePlan):
