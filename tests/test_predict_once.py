@@ -237,3 +237,22 @@ def test_shared_tiles_beyond_the_memory_share_go_to_disk_and_back(tmp_path, volu
     assert counting.tiles == result.tiles * 4 and counting.repeats == 0
     expected = _reference(lopsided, volume, None, (2, 4, 4), "gaussian", 4, "reflect")
     np.testing.assert_allclose(_read(tmp_path / "p.zarr/pred"), expected, rtol=2e-6, atol=1e-7)
+
+
+def test_a_config_takes_memory_and_names_a_bad_one(tmp_path):
+    from emfast.config import ConfigError, load_predict_config
+
+    from test_predict import _predict_config
+
+    body = """
+        predict:
+          model: nets:load
+          input: in.h5/raw
+          output: out.zarr/pred
+          patch_in: [10, 20, 20]
+          memory: 512MiB
+        """
+    assert load_predict_config(_predict_config(tmp_path, body)).options["memory"] == 512 * 2 ** 20
+    with pytest.raises(ConfigError, match=r"line 7: predict\.memory: memory must be a positive number of bytes .*"
+                                          r"got '512 apples'"):
+        load_predict_config(_predict_config(tmp_path, body.replace("512MiB", "512 apples")))
