@@ -211,7 +211,7 @@ class BlockRun:
         self.open: List[_Job] = []
         self.missing = 0
         self.groups: deque = deque()
-        self.fresh: Dict[tuple, list] = {}  # shared tiles being computed: their variants so far
+        self.fresh: Dict[tuple, tuple] = {}  # shared tiles being computed: (their variants, how many so far)
         self.loaded: tuple = (None, None)  # the kept tile being blended: (key, predictions)
         self.sums = self.weights = None
 
@@ -296,11 +296,14 @@ class BlockRun:
         predictor = self.predictor
         if not predictor.is_shared(job.key):
             return
-        variants = self.fresh.setdefault(job.key, [None] * len(predictor.variants))
-        variants[job.index] = np.array(job.prediction)  # the model's output may be reused by the next batch
-        if all(v is not None for v in variants):
-            predictor.cache.save(job.key, np.stack(variants))
-            del self.fresh[job.key]
+        count = len(predictor.variants)
+        kept, done = self.fresh.get(job.key) or (np.empty((count,) + job.prediction.shape, job.prediction.dtype), 0)
+        kept[job.index] = job.prediction  # a copy: the model's output may be a view of a batch reused next
+        if done + 1 == count:
+            predictor.cache.save(job.key, kept)
+            self.fresh.pop(job.key, None)
+        else:
+            self.fresh[job.key] = (kept, done + 1)
 
     def _prediction(self, job: _Job) -> np.ndarray:
         if job.prediction is not KEPT:

@@ -6,9 +6,9 @@ them is computed.
 
 Memory stays bounded by the blocks in flight: ``threads`` inputs read ahead, one block being fed and one being
 finished (their sums), a few batches, and at most :data:`WRITES_IN_FLIGHT` blocks being written, whose output
-buffers are reused once written. Every thread is joined
-before :func:`run_local` returns or raises; a block being written when an error or Ctrl-C arrives is finished and
-recorded first.
+buffers are reused once written. Every thread is joined before :func:`run_local` returns or raises (batches queued
+for the model are cancelled); a block being written when an error or Ctrl-C arrives is finished and recorded
+first.
 """
 from __future__ import annotations
 
