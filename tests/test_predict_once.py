@@ -187,8 +187,9 @@ def test_peak_memory_follows_the_budget_not_the_input_chunks(tmp_path):
 
 
 def test_the_next_batch_is_ready_while_the_model_runs(tmp_path, volume, monkeypatch):
-    """Each model call (after the probe's) waits (up to 5 s) for the batch after it to be gathered: a pipeline where reading,
-    batching and blending wait for the model passes at once; one where the model waits for them never does."""
+    """Each model call (after the probe's) waits (up to 5 s) for the batch after it to be gathered: a pipeline
+    where reading, batching and blending wait for the model passes at once; one where the model waits for them
+    never does."""
     import threading
 
     from emfast.inference import _block
