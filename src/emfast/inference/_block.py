@@ -73,7 +73,8 @@ class BlockPredictor:
 
     def is_shared(self, key) -> bool:
         """Whether tile ``key`` writes into more than one block (and is kept for the others)."""
-        return self.cache is not None and int(np.prod([counts[k] for counts, k in zip(self.sharing, key)])) > 1
+        z, y, x = (int(counts[k]) for counts, k in zip(self.sharing, key))
+        return self.cache is not None and z * y * x > 1
 
     def shared_keys(self, block: Block) -> List[tuple]:
         """The keys of the block's tiles that other blocks share."""

@@ -84,6 +84,7 @@ class TilePlan:
         self.crop = crop
         #: Per axis, the tiles' starts (output voxels, in the volume).
         self.starts: List[np.ndarray] = [self._axis_starts(axis) for axis in range(3)]
+        self._positions = [{int(v): i for i, v in enumerate(s)} for s in self.starts]
         #: Per axis, ``len(starts) + 1`` cut positions: tile i owns ``[cuts[i], cuts[i + 1])`` when cropping.
         self.cuts: List[np.ndarray] = [np.concatenate([[s[0]], (s[1:] + s[:-1] + p) // 2, [s[-1] + p]])
                                        for s, p in zip(self.starts, self.patch_out)]
@@ -130,7 +131,7 @@ class TilePlan:
 
     def tile_key(self, start) -> Triple:
         """The grid position (i, j, k) of the tile whose output starts at ``start``."""
-        return tuple(int(np.searchsorted(s, v)) for s, v in zip(self.starts, start))
+        return tuple(index[int(v)] for index, v in zip(self._positions, start))
 
     def _axis_spans(self, axis: int) -> List[Tuple[int, int]]:
         """``[start, stop)`` of the non-empty blocks along ``axis``, clipped to the roi."""
