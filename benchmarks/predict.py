@@ -1,7 +1,16 @@
 #!/usr/bin/env python
-"""Issue 14's targets for emfast.predict, each a ratio against a baseline from the same run.
+"""The targets for emfast.predict, each a ratio against a baseline from the same run.
 
-    python benchmarks/predict.py [--rounds R] [--json PATH] [--quick]
+    python benchmarks/predict.py [--rounds R] [--json PATH] [--quick] [--no-dask]
+
+- once: the README's valid-convolution network (in (36, 188, 188), out (16, 100, 100); a centre crop stands in)
+  over a (60, 320, 320) zarr input chunked (16, 64, 64), (64, 64, 64) or (1, 1024, 1024), default settings: tiles
+  the model computed / tiles in the plan (target <= 1.05; the volume is more than one block).
+- memory: the same network over a 64 MiB (64, 1024, 1024) zarr input chunked per section (1, 1024, 1024) or
+  (64, 64, 64), each in a fresh process, peak RSS (target: per-section <= 1.2x the cubes', both within the 1 GiB
+  default budget plus the interpreter).
+- overhead: a compute-bound NumPy network (elementwise passes over each tile) over a (64, 256, 256) volume: predict
+  (threads=2) against the same network called on the same batches of tiles (target <= 1.10x).
 
 - write: an identity network over the built-in (96, 384, 384) uint8 volume, tiles (32, 128, 128) with the default
   overlap (a quarter: 8, 32, 32) and gaussian blending, written as float32 to zarr v3 (zstd level 3, chunks
@@ -34,7 +43,9 @@ from _workload import machine_info  # noqa: E402
 
 CHUNKS = (32, 128, 128)
 TILE = (32, 128, 128)
-TARGET_WRITE, TARGET_DASK = 0.7, 1.6
+TARGET_WRITE, TARGET_DASK, TARGET_ONCE, TARGET_RSS, TARGET_OVERHEAD = 0.8, 1.6, 1.05, 1.2, 1.10
+#: The README's network: valid convolutions shrink (36, 188, 188) to (16, 100, 100).
+README_IN, README_OUT = (36, 188, 188), (16, 100, 100)
 #: Elementwise passes of the compute-bound network.
 PASSES = 24
 
@@ -54,6 +65,98 @@ def compute_bound(batch):
     return out
 
 
+def valid_crop(batch):
+    """The README network's shapes without its arithmetic: the centre (16, 100, 100) of each tile."""
+    return batch[:, :, 10:-10, 44:-44, 44:-44]
+
+
+class CountingCrop:
+    def __init__(self):
+        self.tiles = 0
+
+    def __call__(self, batch):
+        self.tiles += len(batch)
+        return valid_crop(batch)
+
+
+def zarr_input(path, data, chunks):
+    import zarr
+    root = zarr.open_group(path, mode="w")
+    root.create_array("raw", data=data, chunks=chunks)
+    return os.path.join(path, "raw")
+
+
+def bench_once(directory, quick):
+    shape = (60, 320, 320)
+    data = np.random.default_rng(2).integers(0, 256, shape, dtype=np.uint8)
+    rows = {}
+    for chunks in [(16, 64, 64), (64, 64, 64), (1, 1024, 1024)]:
+        source = zarr_input(os.path.join(directory, f"once{chunks[0]}.zarr"), data, chunks)
+        model = CountingCrop()
+        result = ef.predict(model, source, os.path.join(directory, f"once{chunks[0]}-out.zarr/p"),
+                            patch_in=README_IN, patch_out=README_OUT)
+        rows[str(chunks)] = {"blocks": result.blocks, "plan_tiles": result.tiles, "model_tiles": model.tiles,
+                             "ratio": model.tiles / result.tiles, "seconds": result.seconds}
+    return rows
+
+
+RSS_SCRIPT = """
+import resource, sys
+import emfast as ef
+def valid_crop(batch):
+    return batch[:, :, 10:-10, 44:-44, 44:-44]
+ef.predict(valid_crop, sys.argv[1], sys.argv[2], patch_in=(36, 188, 188), patch_out=(16, 100, 100))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def bench_memory(directory, rounds, quick):
+    import subprocess
+    shape = (16, 1024, 1024) if quick else (64, 1024, 1024)
+    data = np.random.default_rng(4).integers(0, 256, shape, dtype=np.uint8)
+    sources = {name: zarr_input(os.path.join(directory, f"rss-{name}.zarr"), data, chunks)
+               for name, chunks in [("sections", (1, 1024, 1024)), ("cubes", (64, 64, 64))]}
+    del data
+    peaks = {name: [] for name in sources}
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    for _ in range(rounds):
+        for name, source in sources.items():
+            out = os.path.join(directory, f"rss-{name}-out.zarr/p")
+            shutil.rmtree(os.path.dirname(out), ignore_errors=True)
+            run = subprocess.run([sys.executable, "-c", RSS_SCRIPT, source, out], capture_output=True, text=True,
+                                 check=True, env=environment)
+            peaks[name].append(int(run.stdout.split()[-1]))
+    medians = {name: statistics.median(v) for name, v in peaks.items()}
+    return {"input_shape": list(shape), "peak_rss_bytes": medians, "ratio": medians["sections"] / medians["cubes"]}
+
+
+def bench_overhead(directory, rounds, quick):
+    raw, _ = make_em_volume((32, 256, 256) if quick else (64, 256, 256), seed=3)
+    settings = dict(patch_in=(24, 144, 144), patch_out=(16, 128, 128), channels=1, threads=2)
+    batches = []
+
+    def recording(batch):
+        batches.append(batch.copy())
+        return crop_bound(batch)
+
+    ef.predict(recording, raw, os.path.join(directory, "record.zarr/p"), **settings)
+    times = {"model alone": [], "predict": []}
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for batch in batches:
+            crop_bound(batch)
+        times["model alone"].append(time.perf_counter() - start)
+        times["predict"].append(timed_predict(crop_bound, raw, os.path.join(directory, "overhead.zarr/p"),
+                                              **settings)[0])
+    medians = {name: statistics.median(v) for name, v in times.items()}
+    return {"tiles": len(batches), "seconds": medians, "ratio": medians["predict"] / medians["model alone"]}
+
+
+def crop_bound(batch):
+    """``compute_bound`` on the centre (16, 128, 128) of a (24, 144, 144) tile."""
+    return compute_bound(np.ascontiguousarray(batch[:, :, 4:-4, 8:-8, 8:-8]))
+
+
 def direct_write(path, data):
     import zarr
     root = zarr.open_group(path, mode="w")
@@ -66,8 +169,8 @@ def direct_write(path, data):
 
 def timed_predict(model, volume, out, **kwargs):
     start = time.perf_counter()
-    result = ef.predict(model, volume, out, chunks=CHUNKS, compression="zstd", overwrite=True, channels=1,
-                        **kwargs)
+    kwargs = dict(dict(chunks=CHUNKS, compression="zstd", channels=1), **kwargs)
+    result = ef.predict(model, volume, out, overwrite=True, **kwargs)
     return time.perf_counter() - start, result
 
 
@@ -127,30 +230,57 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--quick", action="store_true", help="smaller volumes, 2 rounds")
+    parser.add_argument("--no-dask", action="store_true", help="skip the Dask comparison")
     args = parser.parse_args(argv)
     rounds = 2 if args.quick else args.rounds
     raw, _ = make_em_volume((48, 256, 256) if args.quick else (96, 384, 384), seed=0)
     small, _ = make_em_volume((32, 128, 128) if args.quick else (64, 256, 256), seed=1)
     directory = tempfile.mkdtemp(prefix="emfast-bench-predict-")
+    load_before = os.getloadavg()
     try:
+        once = bench_once(directory, args.quick)
+        memory = bench_memory(directory, rounds, args.quick)
+        overhead = bench_overhead(directory, rounds, args.quick)
         write = bench_write(directory, raw, rounds)
-        dask = bench_dask(directory, small, rounds)
+        dask = None if args.no_dask else bench_dask(directory, small, rounds)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+    load = {"before": load_before, "after": os.getloadavg()}
     print(f"machine: {machine_info()}")
+    print(f"load average (1, 5, 15 min): before {load_before}, after {load['after']}")
+    print(f"tiles computed / tiles in the plan, network in {README_IN} out {README_OUT} over (60, 320, 320), "
+          f"default settings (target <= {TARGET_ONCE}):")
+    for chunks, row in once.items():
+        print(f"  input chunks {chunks:16s} {row['blocks']} blocks, {row['model_tiles']} of {row['plan_tiles']} "
+              f"tiles: {row['ratio']:.3f} -> {'met' if row['ratio'] <= TARGET_ONCE else 'NOT met'}")
+    rss = memory["peak_rss_bytes"]
+    print(f"peak RSS over a {tuple(memory['input_shape'])} uint8 input, median of {rounds}: per-section chunks "
+          f"{rss['sections'] / 2 ** 20:.0f} MiB, (64, 64, 64) chunks {rss['cubes'] / 2 ** 20:.0f} MiB: "
+          f"{memory['ratio']:.2f}x (target <= {TARGET_RSS}x -> "
+          f"{'met' if memory['ratio'] <= TARGET_RSS else 'NOT met'})")
+    print(f"compute-bound network, {overhead['tiles']} tiles, median of {rounds}: model alone "
+          f"{overhead['seconds']['model alone']:.2f} s, predict {overhead['seconds']['predict']:.2f} s: "
+          f"{overhead['ratio']:.3f}x (target <= {TARGET_OVERHEAD}x -> "
+          f"{'met' if overhead['ratio'] <= TARGET_OVERHEAD else 'NOT met'})")
     print(f"identity network over {raw.shape} uint8 -> float32 zarr (zstd 3, chunks {CHUNKS}), tiles {TILE}, "
           f"median of {rounds}:")
     for name, row in write.items():
         print(f"  {name:18s} {row['seconds']:7.3f} s  {row['MB_per_s']:7.1f} MB/s  {row['ratio']:.2f}x of direct")
     print(f"  target: predict gaussian >= {TARGET_WRITE}x -> "
           f"{'met' if write['predict gaussian']['ratio'] >= TARGET_WRITE else 'NOT met'}")
-    print(f"compute-bound network over {small.shape}, {dask['blocks']} blocks, median of {rounds}:")
-    print(f"  1 worker {dask['seconds_1_worker']:.2f} s, 2 workers {dask['seconds_2_workers']:.2f} s: "
-          f"{dask['speedup']:.2f}x (target >= {TARGET_DASK}x -> "
-          f"{'met' if dask['speedup'] >= TARGET_DASK else 'NOT met'}); local engine {dask['seconds_local_engine']:.2f} s")
+    if dask is not None:
+        print(f"compute-bound network over {small.shape}, {dask['blocks']} blocks, median of {rounds}:")
+        print(f"  1 worker {dask['seconds_1_worker']:.2f} s, 2 workers {dask['seconds_2_workers']:.2f} s: "
+              f"{dask['speedup']:.2f}x (target >= {TARGET_DASK}x -> "
+              f"{'met' if dask['speedup'] >= TARGET_DASK else 'NOT met'}); local engine "
+              f"{dask['seconds_local_engine']:.2f} s")
+    print("not run here: the CUDA target (a torch 3-D U-Net on a GPU against its own throughput on resident "
+          "tensors); this machine has no GPU and no torch")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": machine_info(), "rounds": rounds, "write": write, "dask": dask}, f, indent=2)
+            json.dump({"machine": machine_info(), "rounds": rounds, "load": load, "once": once, "memory": memory,
+                       "overhead": overhead, "write": write, "dask": dask, "cuda": "not run: no GPU, no torch"},
+                      f, indent=2)
     return 0
 
 

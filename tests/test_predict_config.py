@@ -154,7 +154,7 @@ def test_a_factory_that_fails_names_the_model_key_and_the_line_that_raised(folde
     ("overlap: [2, 4, 4]", "overlap: [2, 4, 4]\n  roi: {start: [0, 0, 0], stop: [30, 48, 48]}", "predict.roi",
      ["inside the volume of shape (24, 48, 48)"]),
     ("overlap: [2, 4, 4]", "overlap: [2, 4, 4]\n  block: [12, 16, 16]", "predict.block",
-     ["multiple of the output chunks (8, 16, 16)"]),
+     ["multiple of the output chunks (24, 48, 48)"]),
     ("dataset: raw}", "dataset: rwa}", "predict.input.dataset", ["rwa"]),
     ("file: in.h5,", "file: missing.h5,", "predict.input.file", ["missing.h5"]),
 ])

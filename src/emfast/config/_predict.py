@@ -33,6 +33,7 @@ from typing import Any, Callable, List, Mapping, Optional, Union
 
 from .._core.gather import PAD_MODES
 from ..inference import BLENDS, COMPRESSIONS, OUTPUT_DTYPES, TTA_COUNTS, Prediction, TilePlan, predict
+from ..inference._memory import parse_memory
 from ..inference._predict import CHUNK_EDGE
 from ..inference._store import check_compression, parse_output
 from ..io import open_volume
@@ -42,7 +43,7 @@ from ._yaml import ConfigError, Path_, Reader, describe_value, parse_yaml, read_
 
 _KEYS = ("model", "model_args", "input", "output", "patch_in", "patch_out", "overlap", "roi", "blend", "tta", "pad",
          "fill", "normalize", "channels", "dtype", "chunks", "block", "compression", "batch_size", "device",
-         "threads", "engine")
+         "threads", "memory", "engine")
 _CHOICES = {"blend": BLENDS, "tta": TTA_COUNTS, "pad": PAD_MODES, "dtype": OUTPUT_DTYPES,
             "compression": COMPRESSIONS}
 #: The input dataset when ``input`` is the built-in volume.
@@ -226,7 +227,7 @@ class PredictSpec:
         except (OSError, ValueError) as error:
             raise self.error(input_key, str(error)) from None
         try:
-            shape, chunks = volume.shape, self.options.get("chunks") or volume.chunks
+            shape, chunks = volume.shape, self.options.get("chunks")
         finally:
             volume.close()
         chunks = chunks or tuple(min(CHUNK_EDGE, s) for s in shape)  # predict's default
@@ -351,6 +352,11 @@ def predict_section(reader: Reader, value, path: Path_) -> PredictSpec:
         options["normalize"] = _check_normalize(reader, section["normalize"], path + ("normalize",))
     if section.get("device") is not None:
         options["device"] = reader.string(section["device"], path + ("device",))
+    if section.get("memory") is not None:
+        try:
+            options["memory"] = parse_memory(section["memory"])
+        except ValueError as error:
+            raise reader.error(path + ("memory",), str(error)) from None
     _check_output(reader, output, options.get("compression"), path)
     return PredictSpec(model, input_file, output, options, dict(model_args), dataset,
                        _engine(reader, section.get("engine"), path + ("engine",)), reader.base, reader.source,

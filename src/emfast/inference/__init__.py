@@ -1,17 +1,18 @@
-"""Prediction over whole volumes (:func:`predict`, public as ``emfast.predict``): the tile plan and its chunk-aligned blocks (``_tiling``), blend weights
-(``_blend``), test-time variants (``_tta``), the model adapter (``_model``), one block's computation
-(``_block``), the output store with its record of finished blocks (``_store``), the local and Dask engines
-(``_local``, ``_dask``) and :func:`predict` (``_predict``).
+"""Prediction over whole volumes (:func:`predict`, public as ``emfast.predict``): the tile plan and its
+chunk-aligned blocks (``_tiling``), the memory budget that sizes them (``_memory``), blend weights (``_blend``),
+test-time variants (``_tta``), the model adapter (``_model``), one block's computation (``_block``), shared tiles
+kept for the blocks after the first (``_cache``), the output store with its record of finished blocks
+(``_store``), the local and Dask engines (``_local``, ``_dask``) and :func:`predict` (``_predict``).
 
 May import: ``emfast.pipeline`` (normalisation), ``emfast.io``, and the shared modules (``emfast._core``,
 ``emfast._checks``, ``emfast._version``).
 """
 from ._blend import BLENDS
 from ._model import ModelOutputError
-from ._predict import Prediction, SaturationWarning, predict
+from ._predict import Prediction, PredictProgress, SaturationWarning, predict
 from ._store import COMPRESSIONS, OUTPUT_DTYPES, BlockWriteError, OutputExistsError
 from ._tiling import Block, TilePlan
 from ._tta import TTA_COUNTS
 
 __all__ = ["BLENDS", "COMPRESSIONS", "OUTPUT_DTYPES", "TTA_COUNTS", "Block", "BlockWriteError", "ModelOutputError",
-           "OutputExistsError", "Prediction", "SaturationWarning", "TilePlan", "predict"]
+           "OutputExistsError", "Prediction", "PredictProgress", "SaturationWarning", "TilePlan", "predict"]

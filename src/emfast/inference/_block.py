@@ -1,13 +1,21 @@
-"""One block of a prediction: read its input (padded past the volume's border), run the network over its tiles
-and their test-time variants in batches, blend, and convert to the output dtype.
+"""One block of a prediction: read its input (padded past the volume's border), run the network over the tiles
+(and their test-time variants) no other block computed, in batches, blend, and convert to the output dtype.
 
-A block's result depends only on the block: the same tiles, variants and batches in the same order, every
-time. So a resumed run, or one spread over Dask workers, writes the same bytes as one uninterrupted run.
+A block's result depends only on the block: the same tiles and variants blended in the same order every time,
+whether computed here or kept by the block that shares them (:mod:`~emfast.inference._cache`). So a resumed run,
+or one spread over Dask workers, writes the same bytes as one uninterrupted run.
+
+A block runs in two halves so that the network never waits (:func:`~emfast.inference._local.run_local`): one
+thread *feeds* it (gathers batches of the tiles still missing and submits them to the model), another *finishes*
+it (blends the predictions as they come back, in the plan's order, and converts the sums) while the next block is
+fed. Dask tasks, and :meth:`BlockPredictor.compute`, run both halves on one thread, the model called at once.
 """
 from __future__ import annotations
 
 import threading
-from typing import List, Optional
+from collections import deque
+from concurrent.futures import Future
+from typing import Callable, Dict, List, Optional, Set
 
 import numpy as np
 
@@ -15,40 +23,47 @@ from .._core.blend import blend_add, blend_finish
 from .._core.gather import gather_convert
 from ..io import Volume
 from ._blend import Weights
+from ._cache import TileCache
 from ._model import ModelCaller
 from ._tiling import Block, TilePlan
 from ._tta import Variant, undo
+
+#: Batches submitted to the model and not yet blended, per block being fed: the model has the next batch ready
+#: while the previous one is blended.
+BATCHES_AHEAD = 2
+
+#: Runs the model on a gathered batch: ``call(batch, out_shape)`` returns a Future of the predictions.
+ModelRunner = Callable[[np.ndarray, tuple], Future]
 
 
 class BlockPredictor:
     """Everything a block needs. Picklable when the model is: a lazy volume travels as its file and dataset."""
 
     def __init__(self, volume: Volume, model: ModelCaller, plan: TilePlan, blend: str, variants: List[Variant],
-                 scale: float, shift: float, pad: str, fill, batch_size: int, dtype: np.dtype) -> None:
-        self.volume, self.model, self.plan = volume, model, plan
+                 scale: float, shift: float, pad: str, fill, batch_size: int, dtype: np.dtype,
+                 cache: Optional[TileCache] = None) -> None:
+        self.volume, self.model, self.plan, self.cache = volume, model, plan, cache
+        #: Per axis, how many blocks each tile writes into (see :meth:`TilePlan.shared`).
+        self.sharing = plan.shared()
+        #: Tile variants computed by the model in this process.
+        self.tiles_computed = 0
+        self._known: Dict[tuple, np.ndarray] = {}
+        #: Shared tiles this process submitted to the model: the block that did keeps them before the next
+        #: block is finished, so they need not be computed again even if not saved yet.
+        self._promised: Set[tuple] = set()
         self.weights = Weights(plan, blend)
         self.variants, self.scale, self.shift = variants, scale, shift
         self.pad, self.fill, self.batch_size, self.dtype = pad, fill, batch_size, np.dtype(dtype)
         self.channels: Optional[int] = None  # learned from the first prediction, then enforced
         #: uint8 outputs: values computed, and values outside [0, 1] that the conversion clipped to 0 or 255.
         self.values = self.clipped = 0
-        self._scratch = threading.local()
+        self._pool = _Pool()
 
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_scratch"}
+        return {k: v for k, v in self.__dict__.items() if k != "_pool"}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _scratch=threading.local())
-
-    def _buffer(self, name: str, shape: tuple, dtype) -> np.ndarray:
-        """A C-contiguous array of ``shape``, reused by this thread from block to block: fresh memory would be
-        page-faulted in on every block, a large share of the cost of blending."""
-        size = int(np.prod(shape))
-        flat = getattr(self._scratch, name, None)
-        if flat is None or flat.size < size or flat.dtype != dtype:
-            flat = np.empty(size, dtype)
-            setattr(self._scratch, name, flat)
-        return flat[:size].reshape(shape)
+        self.__dict__.update(state, _pool=_Pool())
 
     def read(self, block: Block) -> np.ndarray:
         """The block's input, context included, as the volume's dtype (channels, z, y, x)."""
@@ -56,36 +71,77 @@ class BlockPredictor:
         region = np.empty((self.volume.channels,) + extent, self.volume.dtype)
         return self.volume.read_padded(corner, extent, region, self.pad, self.fill)
 
+    def is_shared(self, key) -> bool:
+        """Whether tile ``key`` writes into more than one block (and is kept for the others)."""
+        z, y, x = (int(counts[k]) for counts, k in zip(self.sharing, key))
+        return self.cache is not None and z * y * x > 1
+
+    def shared_keys(self, block: Block) -> List[tuple]:
+        """The keys of the block's tiles that other blocks share."""
+        keys = [self.plan.tile_key(tile) for tile in block.tiles]
+        return [key for key in keys if self.is_shared(key)]
+
     def compute(self, block: Block, region: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
         """The block's blended prediction (channels, z, y, x) in the output dtype (uint8: [0, 1] to 0..255),
-        written into ``out`` (a flat array of the output dtype, at least that large) if given."""
+        written into ``out`` (a flat array of the output dtype, at least that large) if given; the model is
+        called on this thread."""
+        run = self.feed(block, region, self.call_now)
+        return run.finish(out)
+
+    def feed(self, block: Block, region: np.ndarray, run_model: ModelRunner,
+             after: Optional[Future] = None) -> "BlockRun":
+        """Submit the block's missing tiles to ``run_model`` in batches, blending (once ``after``, the previous
+        block's finishing, is done) whatever came back while more than :data:`BATCHES_AHEAD` are out; returns
+        the run, for :meth:`BlockRun.finish`.
+
+        Tiles are blended in the plan's order, whichever were computed here and whichever were kept by another
+        block, so the sums (and the bytes written) do not depend on the blocks."""
+        run = BlockRun(self, block, region, run_model, after)
+        for tile in block.tiles:
+            tile = tuple(int(v) for v in tile)
+            key = self.plan.tile_key(tile)
+            shared = self.is_shared(key)
+            kept = shared and (key in self._promised or self.cache.has(key))
+            for index, variant in enumerate(self.variants):
+                known = self._known.get((key, index))
+                run.add(_Job(tile, key, index, variant, KEPT if kept else known))
+            if shared:
+                self._promised.add(key)
+        run.close_group()
+        return run
+
+    def call_now(self, batch: np.ndarray, out_shape: tuple) -> Future:
+        """Run the model on this thread (a Future already resolved)."""
+        future: Future = Future()
+        future.set_result(self.model(batch, out_shape, self.channels))
+        return future
+
+    def gather(self, region: np.ndarray, corner, part, batch: np.ndarray) -> tuple:
+        """Fill ``batch`` with the network's inputs for ``part``, (tile, variant) jobs read from ``region``;
+        returns the output shape of the batch's tiles."""
         plan = self.plan
-        corner, _ = plan.input_box(block)
-        jobs = [(tuple(int(v) for v in tile), variant) for tile in block.tiles for variant in self.variants]
-        sums = weights = None
-        for first in range(0, len(jobs), self.batch_size):
-            part = jobs[first:first + self.batch_size]
-            predictions = self.predict_batch(region, corner, part)
-            if sums is None:
-                sums = self._buffer("sums", (predictions.shape[1],) + block.shape, np.float64)
-                weights = self._buffer("weights", block.shape, np.float32)
-                sums.fill(0.0)
-                weights.fill(0.0)
-            for (tile, variant), prediction in zip(part, predictions):
-                weight, (reach_low, reach_high) = self.weights.tile(tile)
-                low = [max(r, b) for r, b in zip(reach_low, block.start)]
-                high = [min(r, b) for r, b in zip(reach_high, block.stop)]
-                if any(lo >= hi for lo, hi in zip(low, high)):
-                    continue
-                in_tile = tuple(slice(lo - t, hi - t) for lo, hi, t in zip(low, high, tile))
-                in_block = tuple(slice(lo - b, hi - b) for lo, hi, b in zip(low, high, block.start))
-                blend_add(sums[(slice(None),) + in_block], weights[in_block], weight[in_tile],
-                          undo(prediction, variant)[(slice(None),) + in_tile])
-        size = sums.size
-        result = np.empty(sums.shape, self.dtype) if out is None or out.size < size else out[:size].reshape(sums.shape)
-        if self.dtype == np.uint8:
-            self._count_clipped(sums, weights)
-        return blend_finish(sums, weights, result)
+        perms = [variant[0] for _, variant in part]
+        corners = [[t - c - k for t, c, k in zip(tile, corner, plan.context)] for tile, _ in part]
+        gather_convert([region] * len(part), corners, perms, [variant[1] for _, variant in part],
+                       [self.scale] * len(part), [self.shift] * len(part), batch)
+        self.tiles_computed += len(part)
+        return tuple(plan.patch_out[a] for a in perms[0])
+
+    def batch_shape(self, part, channels: int) -> tuple:
+        return (len(part), channels) + tuple(self.plan.patch_in[a] for a in part[0][1][0])
+
+    def predict_batch(self, region: np.ndarray, corner, part) -> np.ndarray:
+        """The network's predictions for a batch of (tile, variant) jobs, read from ``region`` (on this thread)."""
+        batch = np.empty(self.batch_shape(part, region.shape[0]), np.float32)
+        predictions = self.model(batch, self.gather(region, corner, part, batch), self.channels)
+        self.channels = predictions.shape[1]
+        return predictions
+
+    def remember(self, tile, prediction: np.ndarray) -> None:
+        """Keep the identity variant's ``prediction`` of ``tile`` (the probe's, computed by another predictor and
+        counted here), so no block computes it again."""
+        self._known[(self.plan.tile_key(tile), 0)] = np.array(prediction)
+        self.tiles_computed += 1
 
     def _count_clipped(self, sums: np.ndarray, weights: np.ndarray) -> None:
         """Tally the blended values that uint8 cannot hold: those rounding to below 0 or above 255."""
@@ -94,17 +150,190 @@ class BlockPredictor:
         self.values += values.size
         self.clipped += int(np.count_nonzero((values < -0.5 / 255) | (values > 1 + 0.5 / 255)))
 
-    def predict_batch(self, region: np.ndarray, corner, part) -> np.ndarray:
-        """The network's predictions for a batch of (tile, variant) jobs, read from ``region``."""
-        plan = self.plan
-        perms = [variant[0] for _, variant in part]
-        shape_in = tuple(plan.patch_in[a] for a in perms[0])
-        shape_out = tuple(plan.patch_out[a] for a in perms[0])
-        # Reused: the model's predictions (possibly views of its input) are blended before the next batch.
-        batch = self._buffer("batch", (len(part), region.shape[0]) + shape_in, np.float32)
-        corners = [[t - c - k for t, c, k in zip(tile, corner, plan.context)] for tile, _ in part]
-        gather_convert([region] * len(part), corners, perms, [variant[1] for _, variant in part],
-                       [self.scale] * len(part), [self.shift] * len(part), batch)
-        predictions = self.model(batch, shape_out, self.channels)
-        self.channels = predictions.shape[1]
-        return predictions
+
+class _Pool:
+    """Arrays handed back for reuse (batches, sums): fresh memory would be page-faulted in on every block, a
+    large share of the cost of blending. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._free: Dict[tuple, List[np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, name: str, shape: tuple, dtype) -> np.ndarray:
+        size = int(np.prod(shape))
+        with self._lock:
+            free = self._free.setdefault((name, np.dtype(dtype).str), [])
+            index = next((i for i, f in enumerate(free) if f.size >= size), None)
+            flat = None if index is None else free.pop(index)
+        if flat is None:
+            flat = np.empty(size, dtype)
+        return flat[:size].reshape(shape)
+
+    def give(self, name: str, array: np.ndarray) -> None:
+        flat = array
+        while isinstance(flat.base, np.ndarray):  # the whole allocation (take hands out views of it)
+            flat = flat.base
+        with self._lock:
+            self._free.setdefault((name, flat.dtype.str), []).append(flat)
+
+
+#: A job whose prediction another block kept (loaded when it is blended).
+KEPT = "kept"
+
+
+class _Job:
+    """One (tile, variant) of a block; ``prediction`` is an array, :data:`KEPT`, or None until computed."""
+
+    __slots__ = ("tile", "key", "index", "variant", "prediction")
+
+    def __init__(self, tile, key, index, variant, prediction) -> None:
+        self.tile, self.key, self.index, self.variant, self.prediction = tile, key, index, variant, prediction
+
+
+class _Group:
+    """Jobs blended together: those ready, and at most one batch computed by the model (``future``)."""
+
+    __slots__ = ("jobs", "future", "batch")
+
+    def __init__(self, jobs: List[_Job], future: Optional[Future], batch: Optional[np.ndarray]) -> None:
+        self.jobs, self.future, self.batch = jobs, future, batch
+
+
+class BlockRun:
+    """A block's sums and weights, fed jobs in the plan's order. Jobs are grouped: a group closes when it holds a
+    batch of missing jobs (submitted to the model) or when a ready job has none missing before it; groups are
+    blended in order, so only a few batches' predictions are held at once."""
+
+    def __init__(self, predictor: BlockPredictor, block: Block, region: np.ndarray, run_model: ModelRunner,
+                 after: Optional[Future]) -> None:
+        self.predictor, self.block, self.region, self.run_model = predictor, block, region, run_model
+        self.after = after
+        self.corner, _ = predictor.plan.input_box(block)
+        self.open: List[_Job] = []
+        self.missing = 0
+        self.groups: deque = deque()
+        self.fresh: Dict[tuple, tuple] = {}  # shared tiles being computed: (their variants, how many so far)
+        self.loaded: tuple = (None, None)  # the kept tile being blended: (key, predictions)
+        self.sums = self.weights = None
+
+    def add(self, job: _Job) -> None:
+        self.open.append(job)
+        if job.prediction is None:
+            self.missing += 1
+            if self.missing == self.predictor.batch_size:
+                self.close_group()
+        elif not self.missing:
+            self.close_group()
+
+    def close_group(self) -> None:
+        """Submit the open group's missing jobs, then blend groups while too many are out or the oldest is in."""
+        if not self.open:
+            return
+        predictor = self.predictor
+        part = [(job.tile, job.variant) for job in self.open if job.prediction is None]
+        future = batch = None
+        if part:
+            batch = predictor._pool.take("batch", predictor.batch_shape(part, self.region.shape[0]), np.float32)
+            future = self.run_model(batch, predictor.gather(self.region, self.corner, part, batch))
+        self.groups.append(_Group(self.open, future, batch))
+        self.open, self.missing = [], 0
+        while self.groups and (self._batches_out() > BATCHES_AHEAD or self._oldest_ready()):
+            self._blend_group(self.groups.popleft())
+
+    def _batches_out(self) -> int:
+        return sum(group.future is not None for group in self.groups)
+
+    def _oldest_ready(self) -> bool:
+        """Whether the oldest group can be blended without waiting (for its batch or for the previous block):
+        waiting here would leave the model without its next batch."""
+        oldest = self.groups[0]
+        return ((self.after is None or self.after.done())
+                and (oldest.future is None or oldest.future.done()))
+
+    def finish(self, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Blend what is left and convert: the block's prediction (see :meth:`BlockPredictor.compute`)."""
+        try:
+            while self.groups:
+                self._blend_group(self.groups.popleft())
+            sums, weights = self.sums, self.weights
+            size = sums.size
+            dtype = self.predictor.dtype
+            result = (np.empty(sums.shape, dtype) if out is None or out.size < size
+                      else out[:size].reshape(sums.shape))
+            if dtype == np.uint8:
+                self.predictor._count_clipped(sums, weights)
+            return blend_finish(sums, weights, result)
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Hand the sums and the batches back (after an error too)."""
+        pool = self.predictor._pool
+        for group in self.groups:
+            if group.future is not None:
+                group.future.cancel()
+        if self.sums is not None:
+            pool.give("sums", self.sums)
+            pool.give("weights", self.weights)
+            self.sums = self.weights = None
+
+    def _blend_group(self, group: _Group) -> None:
+        if self.after is not None:  # kept tiles of the previous block are saved once it is finished
+            self.after.result()
+            self.after = None
+        if group.future is not None:
+            predictions = iter(group.future.result())
+            for job in group.jobs:
+                if job.prediction is None:
+                    job.prediction = next(predictions)
+        for job in group.jobs:
+            if job.prediction is not KEPT:
+                self._keep_if_shared(job)
+            self._blend(job)
+        if group.batch is not None:  # the predictions may be views of it: reused only now
+            self.predictor._pool.give("batch", group.batch)
+
+    def _keep_if_shared(self, job: _Job) -> None:
+        predictor = self.predictor
+        if not predictor.is_shared(job.key):
+            return
+        count = len(predictor.variants)
+        kept, done = self.fresh.get(job.key) or (np.empty((count,) + job.prediction.shape, job.prediction.dtype), 0)
+        kept[job.index] = job.prediction  # a copy: the model's output may be a view of a batch reused next
+        if done + 1 == count:
+            predictor.cache.save(job.key, kept)
+            self.fresh.pop(job.key, None)
+        else:
+            self.fresh[job.key] = (kept, done + 1)
+
+    def _prediction(self, job: _Job) -> np.ndarray:
+        if job.prediction is not KEPT:
+            return job.prediction
+        key, kept = self.loaded
+        if key != job.key:
+            kept = self.predictor.cache.load(job.key)
+            self.loaded = (job.key, kept)
+        if kept is None:  # not saved (a full disk) or removed meanwhile: compute it again (the same values)
+            predictor = self.predictor
+            part = [(job.tile, job.variant)]
+            batch = np.empty(predictor.batch_shape(part, self.region.shape[0]), np.float32)
+            return self.run_model(batch, predictor.gather(self.region, self.corner, part, batch)).result()[0]
+        return kept[job.index]
+
+    def _blend(self, job: _Job) -> None:
+        prediction = self._prediction(job)
+        block, predictor = self.block, self.predictor
+        if self.sums is None:
+            self.sums = predictor._pool.take("sums", (prediction.shape[0],) + block.shape, np.float64)
+            self.weights = predictor._pool.take("weights", block.shape, np.float32)
+            self.sums.fill(0.0)
+            self.weights.fill(0.0)
+        weight, (reach_low, reach_high) = predictor.weights.tile(job.tile)
+        low = [max(r, b) for r, b in zip(reach_low, block.start)]
+        high = [min(r, b) for r, b in zip(reach_high, block.stop)]
+        if any(lo >= hi for lo, hi in zip(low, high)):
+            return
+        in_tile = tuple(slice(lo - t, hi - t) for lo, hi, t in zip(low, high, job.tile))
+        in_block = tuple(slice(lo - b, hi - b) for lo, hi, b in zip(low, high, block.start))
+        blend_add(self.sums[(slice(None),) + in_block], self.weights[in_block], weight[in_tile],
+                  undo(prediction, job.variant)[(slice(None),) + in_tile])

@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, List, Optional
 
+import numpy as np
+
 from ._block import BlockPredictor
 from ._local import write_block
 from ._store import OutputStore
@@ -24,35 +26,49 @@ def dask_missing() -> Optional[str]:
 
 
 def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset: str, kind: str) -> tuple:
-    """One Dask task: compute, write and flag ``block``; returns the values it computed and those it clipped."""
-    before = predictor.values, predictor.clipped
+    """One Dask task: compute, write and flag ``block``; returns the tiles it computed, the values it computed and
+    those it clipped."""
+    before = predictor.tiles_computed, predictor.values, predictor.clipped
     result = predictor.compute(block, predictor.read(block))
     store = OutputStore.reopen(Path(container), dataset, kind)
     try:
         write_block(store, block, result, predictor.plan.grid)
     finally:
         store.close()
-    return predictor.values - before[0], predictor.clipped - before[1]
+    return (predictor.tiles_computed - before[0], predictor.values - before[1], predictor.clipped - before[2])
+
+
+def _phase(block: Block, grid) -> tuple:
+    """The block's parity along each axis, then its index: blocks of one phase touch no other block of it, not
+    even diagonally, so the tasks running at once rarely need the same tile (all of one phase are submitted first,
+    and the next phases find the tiles they share with it kept)."""
+    position = np.unravel_index(block.index, tuple(grid))
+    return tuple(int(p) % 2 for p in position) + (block.index,)
 
 
 def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List[Block],
-             progress: Optional[Callable[[], None]]) -> None:
+             progress: Optional[Callable[[Block], None]]) -> None:
     """Run ``blocks`` as tasks on ``client``'s cluster; the first failed task cancels the rest and is raised.
-    The tasks' counts of clipped values are added to ``predictor``'s."""
+    The tasks' counts of tiles computed and of clipped values are added to ``predictor``'s. Kept tiles stay until
+    the prediction completes (a tile two blocks need at the same moment is computed by both, which the order of
+    the tasks makes rare)."""
     from distributed import as_completed
 
     if store.kind != "zarr":
         raise ValueError(f"client= writes from many processes at once, which HDF5 does not allow; write "
                          f"{store.path} as a .zarr output (emfast convert can make an HDF5 copy afterwards)")
     shared = client.scatter(predictor, broadcast=True)
+    blocks = sorted(blocks, key=lambda block: _phase(block, predictor.plan.grid))
     futures = client.map(_run_block, blocks, predictor=shared, container=str(store.container),
                          dataset=store.dataset, kind=store.kind, pure=False)
+    by_key = {future.key: block for future, block in zip(futures, blocks)}
     try:
         for future in as_completed(futures):
-            values, clipped = future.result()
+            tiles, values, clipped = future.result()
+            predictor.tiles_computed += tiles
             predictor.values += values
             predictor.clipped += clipped
             if progress is not None:
-                progress()
+                progress(by_key[future.key])
     finally:
         client.cancel(futures)

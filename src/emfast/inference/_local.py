@@ -1,14 +1,18 @@
-"""The local engine: reader threads fetch blocks' inputs ahead, the calling thread runs the network and blends,
-and :data:`WRITERS` writer threads write finished blocks while the next is computed.
+"""The local engine, a pipeline in which the network never waits: reader threads fetch blocks' inputs ahead; the
+calling thread feeds a block (gathers and normalises batches of tiles); one model thread runs the network on them
+in order; one finisher thread blends the predictions (in the plan's order) and converts the block while the next
+is fed; :data:`WRITERS` writer threads write finished blocks. Shared tiles are kept until the last block needing
+them is computed.
 
-Memory stays bounded by the blocks in flight: ``threads`` inputs read ahead, one block being computed, and at
-most :data:`WRITES_IN_FLIGHT` being written, whose output buffers are reused once written. Every thread is joined
-before :func:`run_local` returns or raises; a block being written when an error or Ctrl-C arrives is finished and
-recorded first.
+Memory stays bounded by the blocks in flight: ``threads`` inputs read ahead, one block being fed and one being
+finished (their sums), a few batches, and at most :data:`WRITES_IN_FLIGHT` blocks being written, whose output
+buffers are reused once written. Every thread is joined before :func:`run_local` returns or raises (batches queued
+for the model are cancelled); a block being written when an error or Ctrl-C arrives is finished and recorded
+first.
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, List, Optional
 
@@ -43,24 +47,49 @@ def write_block(store: OutputStore, block: Block, result, grid) -> int:
     return block.index
 
 
+def _discard_blended(predictor: BlockPredictor, block: Block, sharers: Counter) -> None:
+    """Drop the kept tiles that no block left to compute needs (a crash before the block is written costs their
+    recomputation on resume, nothing else)."""
+    for key in predictor.shared_keys(block):
+        sharers[key] -= 1
+        if not sharers[key]:
+            predictor.cache.discard(key)
+
+
 def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block], threads: int,
-              progress: Optional[Callable[[], None]]) -> None:
-    """Compute and write ``blocks`` in order."""
+              progress: Optional[Callable[[Block], None]]) -> None:
+    """Compute and write ``blocks`` in order; ``progress(block)`` after each is written. A kept tile is
+    discarded once the last of these blocks that shares it is computed."""
     grid = predictor.plan.grid
     readers = ThreadPoolExecutor(threads, thread_name_prefix="emfast-predict-read")
+    model = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-model")
+    finisher = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-blend")
     writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="emfast-predict-write")
     reads: deque = deque()
-    writes: deque = deque()  # (future, the output buffer it writes from)
+    writes: deque = deque()  # (future of the block's finishing, the output buffer it was given, the block)
+    sharers = Counter(key for block in blocks for key in predictor.shared_keys(block))
     spare: List[np.ndarray] = []  # output buffers whose write finished, reused: no page faults
     upcoming = iter(blocks)
 
+    def run_model(batch: np.ndarray, out_shape: tuple):
+        return model.submit(predictor.model, batch, out_shape, predictor.channels)
+
+    def finish(run, buffer, block: Block):
+        result = run.finish(buffer)
+        _discard_blended(predictor, block, sharers)
+        return writers.submit(write_block, store, block, result, grid), result
+
     def finish_write() -> None:
-        future, buffer = writes.popleft()
-        future.result()
+        finishing, buffer, block = writes.popleft()
+        write, result = finishing.result()
+        write.result()
+        if buffer is None or not np.shares_memory(result, buffer):  # a new, larger buffer
+            buffer = result.reshape(-1)
         spare.append(buffer)
         if progress is not None:
-            progress()
+            progress(block)
 
+    finishing = None
     try:
         for block in upcoming:
             reads.append((block, readers.submit(predictor.read, block)))
@@ -71,15 +100,17 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
             for following in upcoming:
                 reads.append((following, readers.submit(predictor.read, following)))
                 break
-            while len(writes) >= WRITES_IN_FLIGHT:
+            while len(writes) > WRITES_IN_FLIGHT:  # one block being finished, WRITES_IN_FLIGHT written
                 finish_write()
             buffer = spare.pop() if spare else None
-            result = predictor.compute(block, region.result(), buffer)
-            if buffer is None or not np.shares_memory(result, buffer):  # a new, larger buffer
-                buffer = result.reshape(-1)
-            writes.append((writers.submit(write_block, store, block, result, grid), buffer))
+            # Fed here while the previous block is blended on the finisher thread: the model always has a batch.
+            run = predictor.feed(block, region.result(), run_model, after=finishing)
+            finishing = finisher.submit(finish, run, buffer, block)
+            writes.append((finishing, buffer, block))
         while writes:
             finish_write()
     finally:
         readers.shutdown(wait=True, cancel_futures=True)
+        model.shutdown(wait=True, cancel_futures=True)  # a finishing block waiting for a batch sees it cancelled
+        finisher.shutdown(wait=True)
         writers.shutdown(wait=True)

@@ -15,18 +15,21 @@ from .._version import __version__
 from ..io import Volume, open_volume
 from ..io._outputs import (OutputLock, array_fingerprint, check_free_space, check_output_location, fingerprint,
                            option)
-from ..io._progress import ProgressBar, plural
+from ..io._progress import WIDTH, ProgressBar, plural
 from ..pipeline import normalization
 from ._block import BlockPredictor
 from ._blend import BLENDS
+from ._cache import TileCache
 from ._dask import dask_missing, run_dask
 from ._local import run_local
+from ._memory import CACHE_SHARE, DEFAULT_MEMORY, TILES_SHARE, block_bytes, choose_block, parse_memory
 from ._model import ModelCaller
 from ._store import OUTPUT_DTYPES, OutputStore, check_compression, parse_output
-from ._tiling import TilePlan
+from ._tiling import Block, TilePlan
 from ._tta import IDENTITY, variants
 
-#: Default output chunk edge when the input has no chunks.
+#: Default output chunk edge (clipped to the volume), whatever the input's chunks: what viewers and readers of a
+#: prediction want, and small enough that blocks of whole chunks fit any memory budget.
 CHUNK_EDGE = 64
 
 
@@ -51,7 +54,11 @@ class Prediction:
     computed : int
         Blocks computed and written by this call (the others were finished before).
     tiles : int
-        Tiles of the plan (each computed once per block it writes into, and once per test-time variant).
+        Tiles of the plan.
+    tiles_computed : int
+        Tiles (times test-time variants) the model computed in this call: each once, so with nothing finished
+        before, ``tiles`` times the variants (on Dask, a tile two blocks need at the same moment may be computed
+        by both).
     seconds : float
         Wall time of this call.
     """
@@ -62,17 +69,59 @@ class Prediction:
     blocks: int
     computed: int
     tiles: int
+    tiles_computed: int
     seconds: float
 
 
-def _as_volume(volume) -> Tuple[Volume, bool]:
-    """The input as a Volume, and whether this call opened it (and must close it)."""
+@dataclass(frozen=True)
+class PredictProgress:
+    """Where a prediction stands, as ``progress`` callbacks get it after each block written.
+
+    Attributes
+    ----------
+    blocks, blocks_total : int
+        Blocks finished (those a resumed run found finished included) and in all.
+    voxels, voxels_total : int
+        Output voxels (z, y, x) finished and in all.
+    tiles : int
+        Tiles (times test-time variants) the model computed in this call.
+    seconds : float
+        Time since this call started computing.
+    """
+
+    blocks: int
+    blocks_total: int
+    voxels: int
+    voxels_total: int
+    tiles: int
+    seconds: float
+    started_voxels: int = 0
+
+    @property
+    def tiles_per_second(self) -> float:
+        return self.tiles / max(self.seconds, 1e-9)
+
+    @property
+    def voxels_per_second(self) -> float:
+        """Output voxels written per second by this call."""
+        return (self.voxels - self.started_voxels) / max(self.seconds, 1e-9)
+
+    @property
+    def seconds_left(self) -> Optional[float]:
+        """The time left at this call's pace so far; None before its first block."""
+        rate = self.voxels_per_second
+        return (self.voxels_total - self.voxels) / rate if rate > 0 else None
+
+
+def _as_volume(volume, cache_bytes: int) -> Tuple[Volume, bool]:
+    """The input as a Volume, and whether this call opened it (and must close it, and its chunk cache of
+    ``cache_bytes`` counts in the budget)."""
     if isinstance(volume, Volume):
         return volume, False
     if isinstance(volume, np.ndarray):
         return Volume.from_array(volume, name="input array"), False
     if isinstance(volume, (str, os.PathLike)):
-        return open_volume(volume, in_memory=False), True
+        return open_volume(volume, in_memory=False, cache_bytes=cache_bytes), True
     raise TypeError(f"volume must be an emfast Volume, a NumPy array or a path, got {type(volume).__name__}")
 
 
@@ -97,15 +146,17 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
             blend: str = "gaussian", tta: int = 0, pad: str = "reflect", fill=0, normalize=None,
             channels: Optional[int] = None, dtype: str = "float32", chunks=None, block=None,
             compression: Optional[str] = None, batch_size: int = 1, device: Optional[str] = None, threads: int = 2,
-            resume: bool = False, overwrite: bool = False, client=None,
-            progress: Union[bool, Callable[[int, int], None]] = False) -> Prediction:
+            memory=None, resume: bool = False, overwrite: bool = False, client=None,
+            progress: Union[bool, Callable[["PredictProgress"], None]] = False) -> Prediction:
     """Predict every voxel of ``volume`` (or of ``roi``) with ``model`` and write the result to ``out``.
 
     The volume is cut into overlapping tiles (``patch_out`` voxels each, read with the context ``patch_in``
-    needs; past the volume's border the input is padded), grouped into blocks of whole output chunks. Each
-    block runs its tiles and their test-time variants through the network in batches, blends them and writes
-    its chunks; a finished block is recorded, so an interrupted run continues with ``resume=True`` and writes
-    the same bytes as an uninterrupted one.
+    needs; past the volume's border the input is padded), grouped into blocks of whole output chunks sized by
+    ``memory``. Each block runs its tiles and their test-time variants through the network in batches, blends
+    them and writes its chunks; each tile is computed once: a tile reaching into several blocks is kept (beside
+    the output, in ``.CONTAINER.DATASET.emfast-tiles``, removed at the end) for the blocks after the first. A
+    finished block is recorded, so an interrupted run continues with ``resume=True`` and writes the same bytes
+    as an uninterrupted one.
 
     Parameters
     ----------
@@ -143,9 +194,10 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         clipped, a :class:`SaturationWarning` says which fraction, once per call (a model returning logits
         needs a sigmoid first, or use "float32").
     chunks : (int, int, int), optional
-        Output chunks; default the input's, else 64 per axis.
+        Output chunks; default 64 per axis (clipped to the volume), whatever the input's chunks.
     block : (int, int, int), optional
-        Voxels per block, a multiple of ``chunks``; default about 128 per axis.
+        Voxels per block, a multiple of ``chunks``; default the largest that ``memory`` allows, up to about 128
+        per axis.
     compression : {"zstd", "blosc", "gzip", "none"}, optional
         Output codec; default "zstd" for zarr, "gzip" for HDF5 (which takes only "gzip" or "none").
     batch_size : int
@@ -154,6 +206,11 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         Feed the model torch tensors on this device ("cuda", "cuda:1", "cpu").
     threads : int
         Threads reading blocks' inputs ahead of the model.
+    memory : int or str, optional
+        The budget for what the prediction holds (inputs read ahead, blocks' sums and outputs, batches, shared
+        tiles, which get an eighth before going to disk, and the chunk cache of an input given as a path, which
+        gets a quarter), in bytes or as "512MiB", "2GiB"; default 1 GiB. It sets the default ``block``;
+        ValueError if one output chunk does not fit.
     resume, overwrite : bool
         Continue an unfinished prediction with the same settings and the same input (its files' sizes and
         modification times are recorded), or replace an existing output. Without either, an existing output is
@@ -163,7 +220,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     client : dask.distributed.Client, optional
         Run the blocks as tasks on this cluster (zarr outputs); the model, volume and plan must pickle.
     progress : bool or callable
-        Draw a progress bar with the time left, or call ``progress(blocks done, blocks in all)``.
+        Draw a progress bar (blocks, tiles/s, voxels/s and the time left), or call ``progress(state)`` with a
+        :class:`PredictProgress` once at the start and after each block.
 
     Returns
     -------
@@ -208,8 +266,9 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     container, dataset, kind = parse_output(out)
     compression = compression or ("gzip" if kind == "hdf5" else "zstd")
     check_compression(compression, kind)
+    budget = DEFAULT_MEMORY if memory is None else parse_memory(memory)
     caller = ModelCaller(model, device)
-    volume, opened = _as_volume(volume)
+    volume, opened = _as_volume(volume, budget // CACHE_SHARE)
     try:
         check_output_location(container, dataset, kind, volume.source, "input")
         patch_in = _triple_or_int(patch_in, "patch_in", 1)
@@ -217,14 +276,31 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         if overlap is None:
             overlap = (0, 0, 0) if blend == "none" else tuple(p // 4 for p in patch_out)
         overlap = _triple_or_int(overlap, "overlap", 0)
-        chunks = chunks or volume.chunks or tuple(min(CHUNK_EDGE, s) for s in volume.shape)
-        plan = TilePlan(volume.shape, patch_in, patch_out, overlap, triple(chunks, "chunks", minimum=1), roi,
-                        block, crop=blend == "none")
+        chunks = triple(chunks or tuple(min(CHUNK_EDGE, s) for s in volume.shape), "chunks", minimum=1)
+        tile_variants = variants(tta, patch_in, patch_out)
         scale, shift = normalization(volume, normalize)
-        predictor = BlockPredictor(volume, caller, plan, blend, variants(tta, patch_in, patch_out), scale,
-                                   shift, pad, fill, batch_size, np.dtype(dtype))
+
+        def predictor_for(plan: TilePlan, cache: Optional[TileCache] = None) -> BlockPredictor:
+            return BlockPredictor(volume, caller, plan, blend, tile_variants, scale, shift, pad, fill, batch_size,
+                                  np.dtype(dtype), cache)
+
+        plan = TilePlan(volume.shape, patch_in, patch_out, overlap, chunks, roi, block or chunks,
+                        crop=blend == "none")
+        probed = None
+        if channels is None:
+            probed = _probe(predictor_for(plan), plan)
+            channels = probed[1].shape[0]
+        if block is None:
+            plan = TilePlan(volume.shape, patch_in, patch_out, overlap, chunks, roi,
+                            _budget_block(plan, volume, channels, dtype, threads, batch_size, len(tile_variants),
+                                          budget - budget // TILES_SHARE
+                                          - (budget // CACHE_SHARE if opened else 0), budget),
+                            crop=blend == "none")
+        predictor = predictor_for(plan, TileCache.beside(container, dataset, budget // TILES_SHARE))
+        predictor.channels = channels
+        if probed is not None:
+            predictor.remember(*probed)
         blocks = plan.blocks()
-        predictor.channels = channels or _probe(predictor, blocks[0])
         # device: a GPU's arithmetic may differ from the CPU's in the last bits
         settings = dict(blend=blend, tta=tta, pad=pad, fill=float(fill), normalize=[float(scale), float(shift)],
                         channels=predictor.channels, dtype=dtype, compression=compression, batch_size=batch_size,
@@ -235,21 +311,27 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
             attributes["resolution"] = list(volume.resolution)
         if volume.offset is not None:
             attributes["offset"] = list(volume.offset)
+        record = _record(volume, caller, plan, settings)
         with OutputLock(container) as lock:
-            store, finished = OutputStore.prepare(out, shape, dtype, plan.chunks, compression, plan.grid,
-                                                  _record(volume, caller, plan, settings), attributes, resume,
-                                                  overwrite, lock)
-            bar = ProgressBar(len(blocks), unit="block") if progress is True else None
+            store, finished = OutputStore.prepare(out, shape, dtype, plan.chunks, compression, plan.grid, record,
+                                                  attributes, resume, overwrite, lock)
+            bar = _PredictBar(len(blocks)) if progress is True else None
             try:
                 todo = [b for b in blocks if b.index not in finished]
                 if compression == "none":
                     _check_room_for(todo, shape[0] * np.dtype(dtype).itemsize, container)
-                tick = _ticker(bar or progress, len(blocks), len(blocks) - len(todo))
-                if client is not None:
-                    run_dask(client, predictor, store, todo, tick)
-                else:
-                    run_local(predictor, store, todo, threads, tick)
+                predictor.cache.open(record, store.resumed)
+                tick = _ticker(bar or progress, predictor, blocks, todo)
+                try:
+                    if client is not None:
+                        run_dask(client, predictor, store, todo, tick)
+                    else:
+                        run_local(predictor, store, todo, threads, tick)
+                except BaseException:
+                    predictor.cache.spill()  # what a resume would otherwise compute again
+                    raise
                 store.finish()
+                predictor.cache.remove()
             finally:
                 store.close()
                 if bar is not None:
@@ -259,17 +341,27 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         if opened:
             volume.close()
     return Prediction(f"{container}/{dataset}", shape, np.dtype(dtype), len(blocks), len(todo), plan.tile_count,
-                      time.monotonic() - started)
+                      predictor.tiles_computed, time.monotonic() - started)
 
 
-def _probe(predictor: BlockPredictor, block) -> int:
-    """The model's output channels, from one call on the first tile of ``block``."""
-    plan = predictor.plan
-    tile = tuple(int(v) for v in block.tiles[0])
+def _budget_block(plan: TilePlan, volume: Volume, channels: int, dtype: str, threads: int, batch_size: int,
+                  variant_count: int, budget: int, given: int):
+    """The default block: the largest of whole chunks whose buffers fit ``budget`` (see :mod:`._memory`)."""
+    def estimate(block) -> int:
+        return block_bytes(block, plan.patch_in, plan.patch_out, volume.channels, volume.dtype.itemsize, channels,
+                           np.dtype(dtype).itemsize, threads, batch_size, variant_count)
+
+    return choose_block(budget, plan.chunks, plan.roi, estimate, given)
+
+
+def _probe(predictor: BlockPredictor, plan: TilePlan):
+    """(tile, prediction) of the plan's first tile, identity variant: the model's output channels, learned from
+    one call whose result the block of that tile then uses."""
+    tile = tuple(int(s[0]) for s in plan.starts)
     corner = tuple(t - c for t, c in zip(tile, plan.context))
     region = np.empty((predictor.volume.channels,) + plan.patch_in, predictor.volume.dtype)
     predictor.volume.read_padded(corner, plan.patch_in, region, predictor.pad, predictor.fill)
-    return int(predictor.predict_batch(region, corner, [(tile, IDENTITY)]).shape[1])
+    return tile, predictor.predict_batch(region, corner, [(tile, IDENTITY)])[0]
 
 
 def _warn_if_clipped(predictor: BlockPredictor, out) -> None:
@@ -291,15 +383,44 @@ def _check_room_for(blocks, bytes_per_voxel: int, container) -> None:
                      f"run again with {option('resume')} to continue")
 
 
-def _ticker(report, total: int, done: int) -> Optional[Callable[[], None]]:
-    """A no-argument callback counting finished blocks into ``report(done, total)`` (None: no callback)."""
+def _ticker(report, predictor: BlockPredictor, blocks, todo) -> Optional[Callable[[Block], None]]:
+    """A callback counting each finished block into ``report(PredictProgress)`` (None: no callback)."""
     if report is False or report is None:
         return None
-    count = [done]
-    report(done, total)
+    voxels_total = sum(int(np.prod(b.shape)) for b in blocks)
+    started_voxels = voxels_total - sum(int(np.prod(b.shape)) for b in todo)
+    state = {"blocks": len(blocks) - len(todo), "voxels": started_voxels}
+    started = time.monotonic()
 
-    def tick() -> None:
-        count[0] += 1
-        report(count[0], total)
+    def tick(block: Optional[Block] = None) -> None:
+        if block is not None:
+            state["blocks"] += 1
+            state["voxels"] += int(np.prod(block.shape))
+        report(PredictProgress(state["blocks"], len(blocks), state["voxels"], voxels_total,
+                               predictor.tiles_computed, time.monotonic() - started, started_voxels))
 
+    tick()
     return tick
+
+
+class _PredictBar(ProgressBar):
+    """The progress bar of a prediction: blocks, tiles/s, voxels/s and the time left."""
+
+    def __init__(self, total: int) -> None:
+        super().__init__(total, unit="block")
+        self.state: Optional[PredictProgress] = None
+
+    def __call__(self, state: PredictProgress) -> None:
+        self.state = state
+        self.update(state.blocks, state.blocks_total)
+
+    def line(self, done: int) -> str:
+        state = self.state
+        filled = int(WIDTH * done / self.total) if self.total else WIDTH
+        text = f"[{'#' * filled}{'.' * (WIDTH - filled)}] {done}/{self.total} {plural(self.total, 'block')}"
+        if state is None or state.voxels == state.started_voxels:
+            return text + ", estimating the time left"
+        left = state.seconds_left
+        timing = f"done in {state.seconds:.0f} s" if not left else f"about {left:.0f} s left"
+        return (f"{text}, {state.tiles_per_second:.1f} tiles/s, {state.voxels_per_second / 1e6:.2f} Mvoxel/s, "
+                f"{timing}")

@@ -65,6 +65,8 @@ class OutputStore:
         self._file = None
         self._array = None
         self._flags = None
+        #: Whether :meth:`prepare` opened an existing output to resume it (rather than creating it).
+        self.resumed = False
 
     @property
     def path(self) -> str:
@@ -95,6 +97,7 @@ class OutputStore:
                 if kind == "zarr":
                     for name in (dataset, store.flags_name):
                         remove_partial_files(container / name)
+                store.resumed = True
                 return store, store._finished(grid, previous.get("complete", False))
             store._remove(lock)
             with lock.creating(dataset):

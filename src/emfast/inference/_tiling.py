@@ -6,9 +6,10 @@ A tile is the network's output window, ``patch_out`` voxels, read with ``context
 moved back to end at the region's high bound (or, in a region smaller than a tile, starts at its low corner and
 reaches past it), so every voxel of the region is covered.
 
-A block is a box of whole output chunks, clipped to the region. A block computes every tile that writes into it,
-blends them and writes its own chunks, so blocks are independent: no two write the same chunk, a block's result
-does not depend on which others ran, and a tile straddling a block border is computed once for each block.
+A block is a box of whole output chunks, clipped to the region. A block blends every tile that writes into it and
+writes its own chunks, so no two blocks write the same chunk and a block's result does not depend on which others
+ran. A tile straddling a block border is *shared* (:meth:`TilePlan.shared`): the first block that needs it computes
+it and keeps its prediction for the others (see :mod:`~emfast.inference._cache`), so each tile is computed once.
 """
 from __future__ import annotations
 
@@ -83,6 +84,7 @@ class TilePlan:
         self.crop = crop
         #: Per axis, the tiles' starts (output voxels, in the volume).
         self.starts: List[np.ndarray] = [self._axis_starts(axis) for axis in range(3)]
+        self._positions = [{int(v): i for i, v in enumerate(s)} for s in self.starts]
         #: Per axis, ``len(starts) + 1`` cut positions: tile i owns ``[cuts[i], cuts[i + 1])`` when cropping.
         self.cuts: List[np.ndarray] = [np.concatenate([[s[0]], (s[1:] + s[:-1] + p) // 2, [s[-1] + p]])
                                        for s, p in zip(self.starts, self.patch_out)]
@@ -127,6 +129,31 @@ class TilePlan:
     def tile_count(self) -> int:
         return int(np.prod([len(s) for s in self.starts]))
 
+    def tile_key(self, start) -> Triple:
+        """The grid position (i, j, k) of the tile whose output starts at ``start``."""
+        return tuple(index[int(v)] for index, v in zip(self._positions, start))
+
+    def _axis_spans(self, axis: int) -> List[Tuple[int, int]]:
+        """``[start, stop)`` of the non-empty blocks along ``axis``, clipped to the roi."""
+        low, high = self.roi[0][axis], self.roi[1][axis]
+        size = self.block[axis]
+        return [(max(p * size, low), min((p + 1) * size, high)) for p in range(low // size, -(-high // size))]
+
+    def _reaches(self, axis: int, start: int, stop: int) -> np.ndarray:
+        """Which tiles along ``axis`` write into ``[start, stop)``: those owning voxels there when cropping, else
+        those whose output overlaps it."""
+        s = self.starts[axis]
+        if self.crop:
+            c = self.cuts[axis]
+            return (c[:-1] < stop) & (c[1:] > start)
+        return (s < stop) & (s + self.patch_out[axis] > start)
+
+    def shared(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per axis, how many blocks along that axis each tile writes into; a tile is shared by the product of
+        its three counts, and computed once only because it is kept for the others when that exceeds 1."""
+        return tuple(np.sum([self._reaches(axis, a, b) for a, b in self._axis_spans(axis)], axis=0)
+                     for axis in range(3))
+
     def blocks(self) -> List[Block]:
         """Every non-empty block, numbered in C order of the block grid."""
         result = []
@@ -135,10 +162,7 @@ class TilePlan:
             stop = tuple(min((p + 1) * b, hi) for p, b, hi in zip(position, self.block, self.roi[1]))
             if any(a >= b for a, b in zip(start, stop)):
                 continue
-            if self.crop:
-                tiles = [s[(c[:-1] < b) & (c[1:] > a)] for s, c, a, b in zip(self.starts, self.cuts, start, stop)]
-            else:
-                tiles = [s[(s < b) & (s + p > a)] for s, a, b, p in zip(self.starts, start, stop, self.patch_out)]
+            tiles = [s[self._reaches(axis, a, b)] for axis, (s, a, b) in enumerate(zip(self.starts, start, stop))]
             grid = np.stack(np.meshgrid(*tiles, indexing="ij"), axis=-1).reshape(-1, 3)
             result.append(Block(int(np.ravel_multi_index(position, self.grid)), start, stop, grid))
         return result

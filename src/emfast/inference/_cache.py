@@ -1,0 +1,137 @@
+"""Predictions of shared tiles, kept for the other blocks that blend them.
+
+A tile whose output reaches into more than one block is computed by the first of those blocks to run; its
+predictions (every test-time variant, as the model returned them) are saved here, and the other blocks load them
+instead of calling the model again. The folder lies beside the output's container, named
+``.<container>.<dataset>.emfast-tiles``, holds one ``.npy`` file per tile (written under a temporary name, then
+renamed, so a reader never sees half a file) and the prediction's record (``record.json``): tiles are used only by
+a run with the same record, so a folder left by another prediction is emptied, never read. The folder lives as
+long as the prediction is unfinished (a resume uses what it holds) and is removed when it completes.
+
+In the local engine the tiles are kept in memory first, up to a share of the budget (``memory_limit``), and
+only those beyond it go to the folder: most are blended again a block or a row of blocks later. A copy sent to
+another process (a Dask worker) keeps its tiles in the folder only.
+
+A tile missing from the folder (never saved, removed, or not savable on a full disk) is computed again: that costs
+time, never correctness, since a tile's prediction does not depend on which block asked for it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import warnings
+from pathlib import Path
+from typing import Dict, Optional
+
+import numpy as np
+
+#: The file in the folder holding the record of the prediction its tiles belong to.
+RECORD_FILE = "record.json"
+
+
+class TileCache:
+    """The folder of kept tiles of one prediction (picklable: Dask workers reopen it by path)."""
+
+    def __init__(self, folder: Path, memory_limit: int = 0) -> None:
+        self.folder = Path(folder)
+        self.memory_limit = memory_limit
+        self._held: Dict[tuple, np.ndarray] = {}
+        self._held_bytes = 0
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def __getstate__(self) -> dict:
+        return {"folder": self.folder, "memory_limit": 0, "_warned": False}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["folder"], state["memory_limit"])
+
+    @classmethod
+    def beside(cls, container: Path, dataset: str, memory_limit: int = 0) -> "TileCache":
+        name = f".{container.name}.{dataset.replace('/', '.')}.emfast-tiles"
+        return cls(container.parent / name, memory_limit)
+
+    def open(self, record: dict, resume: bool) -> None:
+        """Start using the folder for the prediction with ``record``: kept tiles are reused when resuming the
+        same prediction, and removed otherwise."""
+        wanted = json.dumps(record, sort_keys=True)
+        if resume and self._record() == wanted:
+            return
+        self.remove()
+        self.folder.mkdir(parents=True)
+        (self.folder / RECORD_FILE).write_text(wanted)
+
+    def _record(self) -> Optional[str]:
+        try:
+            return (self.folder / RECORD_FILE).read_text()
+        except OSError:
+            return None
+
+    def _path(self, key) -> Path:
+        return self.folder / ("_".join(map(str, key)) + ".npy")
+
+    def has(self, key) -> bool:
+        return key in self._held or self._path(key).is_file()
+
+    def load(self, key) -> Optional[np.ndarray]:
+        """The predictions kept for tile ``key``, shape (variants, channels, z, y, x); None if there are none."""
+        held = self._held.get(key)
+        if held is not None:
+            return held
+        try:
+            return np.load(self._path(key), allow_pickle=False)
+        except FileNotFoundError:
+            return None
+
+    def save(self, key, predictions: np.ndarray) -> None:
+        """Keep ``predictions`` for tile ``key``: in memory while within ``memory_limit``, else in the folder; a
+        failure to write (a full disk) only means it will be computed again."""
+        with self._lock:
+            if self._held_bytes + predictions.nbytes <= self.memory_limit:
+                self._held[key] = predictions
+                self._held_bytes += predictions.nbytes
+                return
+        self._write(key, predictions)
+
+    def spill(self) -> None:
+        """Write the tiles held in memory to the folder (a run that stops early: its resume reads them)."""
+        with self._lock:
+            held, self._held, self._held_bytes = self._held, {}, 0
+        for key, predictions in held.items():
+            self._write(key, predictions)
+
+    def _write(self, key, predictions: np.ndarray) -> None:
+        path = self._path(key)
+        temporary = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}.partial")
+        try:
+            with open(temporary, "wb") as stream:
+                np.save(stream, predictions, allow_pickle=False)
+            os.replace(temporary, path)
+        except OSError as error:
+            temporary.unlink(missing_ok=True)
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"could not keep a shared tile's prediction in {self.folder} ({error}); the blocks "
+                              "that share it compute it again", RuntimeWarning, stacklevel=2)
+
+    def discard(self, key) -> None:
+        """Drop tile ``key``: every block that shares it has blended it."""
+        with self._lock:
+            held = self._held.pop(key, None)
+            if held is not None:
+                self._held_bytes -= held.nbytes
+                return
+        self._path(key).unlink(missing_ok=True)
+
+    def remove(self) -> None:
+        """Delete the folder, if it is one of emfast's (it holds the record file), and forget the tiles held."""
+        with self._lock:
+            self._held.clear()
+            self._held_bytes = 0
+        if self.folder.is_dir() and not self.folder.is_symlink() and (self.folder / RECORD_FILE).is_file():
+            shutil.rmtree(self.folder, ignore_errors=True)
+        elif self.folder.exists() or self.folder.is_symlink():
+            raise FileExistsError(f"{self.folder} exists and was not made by emfast predict; emfast keeps shared "
+                                  "tiles there: move it away")

@@ -1,0 +1,259 @@
+"""emfast.predict computes each tile (and each test-time variant of it) once, whatever the chunks and blocks, and
+still writes the same bytes as a whole-volume reference, across block sizes, engines and resumes; memory follows a
+budget, not the input's chunks."""
+import numpy as np
+import pytest
+
+import emfast as ef
+from emfast.inference import TilePlan
+from emfast.inference._tta import variants
+
+from test_predict import PATCH_IN, PATCH_OUT, _read, _reference, lopsided
+
+zarr = pytest.importorskip("zarr", reason="prediction outputs in these tests are zarr (pip install 'emfast[zarr]')")
+
+
+class Counting:
+    """``lopsided``, counting the tiles it is given and which (by their bytes) it saw twice; it fails on call
+    ``fail_at``, if given."""
+
+    def __init__(self, fail_at=None):
+        self.tiles = self.calls = 0
+        self.seen = {}
+        self.fail_at = fail_at
+
+    def __call__(self, batch):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("model failed")
+        self.tiles += len(batch)
+        for tile in batch:
+            key = tile.tobytes()
+            self.seen[key] = self.seen.get(key, 0) + 1
+        return lopsided(batch)
+
+    @property
+    def repeats(self):
+        return sum(n - 1 for n in self.seen.values())
+
+
+@pytest.fixture(scope="module")
+def volume():
+    rng = np.random.default_rng(11)
+    return rng.integers(0, 256, (23, 41, 37), dtype=np.uint8)
+
+
+def _plan_tiles(volume, overlap, blend, roi=None):
+    return TilePlan(volume.shape, PATCH_IN, PATCH_OUT, overlap, (1, 1, 1), roi, crop=blend == "none").tile_count
+
+
+@pytest.mark.parametrize("blend, overlap, tta, chunks, block", [
+    ("gaussian", (2, 4, 4), 0, (4, 8, 8), (8, 8, 8)), ("none", (0, 0, 0), 4, (4, 8, 8), (4, 16, 8)),
+    ("bump", (3, 4, 5), 4, (1, 41, 37), (1, 41, 37)), ("gaussian", (2, 4, 4), 4, (8, 8, 8), (8, 16, 8)),
+    ("none", (0, 0, 0), 0, (1, 41, 37), (2, 41, 37))])
+def test_each_tile_is_computed_once_and_matches_the_reference(tmp_path, volume, blend, overlap, tta, chunks,
+                                                              block):
+    model = Counting()
+    result = ef.predict(model, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT,
+                        overlap=overlap, blend=blend, tta=tta, chunks=chunks, block=block, batch_size=3)
+    count = len(variants(tta, PATCH_IN, PATCH_OUT))
+    assert result.blocks > 1
+    assert model.tiles == _plan_tiles(volume, overlap, blend) * count == result.tiles_computed
+    assert model.repeats == 0
+    expected = _reference(lopsided, volume, None, overlap, blend, tta, "reflect")
+    np.testing.assert_allclose(_read(tmp_path / "p.zarr/pred"), expected, rtol=2e-6, atol=1e-7)
+
+
+def test_the_same_bytes_whatever_the_block_size(tmp_path, volume):
+    outputs = []
+    for block in [(4, 16, 8), (24, 48, 40)]:
+        path = tmp_path / f"b{block[0]}.zarr/pred"
+        ef.predict(lopsided, volume, path, patch_in=PATCH_IN, patch_out=PATCH_OUT, overlap=(3, 4, 5), tta=4,
+                   chunks=(4, 8, 8), block=block, batch_size=2)
+        outputs.append(_read(path))
+    for other in outputs[1:]:
+        np.testing.assert_array_equal(other, outputs[0])
+
+
+def _scratch(path):
+    """The tile scratch folders beside the container of ``path``."""
+    return sorted(p.name for p in path.parent.parent.iterdir() if p.name.endswith(".emfast-tiles"))
+
+
+SETTINGS = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT, overlap=(2, 4, 4), tta=4, chunks=(8, 8, 8),
+                block=(8, 8, 8), batch_size=2)
+
+
+def test_a_resume_uses_the_tiles_kept_and_writes_the_same_bytes(tmp_path, volume):
+    ef.predict(lopsided, volume, tmp_path / "whole.zarr/pred", **SETTINGS)
+    path = tmp_path / "p.zarr/pred"
+    first = Counting(fail_at=60)
+    with pytest.raises(RuntimeError, match="model failed"):
+        ef.predict(first, volume, path, **SETTINGS)
+    assert _scratch(path)  # tiles shared with blocks not yet written are kept for the resume
+    model = Counting()
+    ef.predict(model, volume, path, resume=True, **SETTINGS)
+    np.testing.assert_array_equal(_read(path), _read(tmp_path / "whole.zarr/pred"))
+    # Only the tiles of the block that failed half way are computed twice, nothing a finished block kept.
+    plan = TilePlan(volume.shape, PATCH_IN, PATCH_OUT, (2, 4, 4), (8, 8, 8), block=(8, 8, 8))
+    most = max(len(block.tiles) for block in plan.blocks())
+    assert model.repeats == 0 and first.tiles + model.tiles <= (plan.tile_count + most) * 4
+    assert not _scratch(path)  # removed with the finished prediction
+
+
+def test_tiles_kept_by_another_prediction_are_never_used(tmp_path, volume):
+    path = tmp_path / "p.zarr/pred"
+    with pytest.raises(RuntimeError, match="model failed"):
+        ef.predict(Counting(fail_at=60), volume, path, **SETTINGS)
+    assert _scratch(path)
+
+    def doubled(batch):
+        return lopsided(batch) * np.float32(2)
+
+    ef.predict(doubled, volume, path, overwrite=True, **SETTINGS)
+    expected = _reference(doubled, volume, None, (2, 4, 4), "gaussian", 4, "reflect")
+    np.testing.assert_allclose(_read(path), expected, rtol=2e-6, atol=1e-7)
+
+
+def test_a_resume_without_the_kept_tiles_computes_them_again(tmp_path, volume):
+    import shutil
+    ef.predict(lopsided, volume, tmp_path / "whole.zarr/pred", **SETTINGS)
+    path = tmp_path / "p.zarr/pred"
+    with pytest.raises(RuntimeError, match="model failed"):
+        ef.predict(Counting(fail_at=60), volume, path, **SETTINGS)
+    for name in _scratch(path):
+        shutil.rmtree(tmp_path / name)
+    ef.predict(lopsided, volume, path, resume=True, **SETTINGS)
+    np.testing.assert_array_equal(_read(path), _read(tmp_path / "whole.zarr/pred"))
+
+
+def _zarr_input(tmp_path, volume, chunks):
+    path = tmp_path / f"in_{'_'.join(map(str, chunks))}.zarr"
+    root = zarr.open_group(str(path), mode="w")
+    root.create_array("raw", data=volume, chunks=chunks)
+    return path / "raw"
+
+
+def test_output_chunks_and_blocks_do_not_follow_the_input_chunks(tmp_path, volume):
+    results = []
+    for chunks in [(1, 41, 37), (8, 8, 8)]:
+        source = _zarr_input(tmp_path, volume, chunks)
+        out = tmp_path / f"p{chunks[0]}.zarr/pred"
+        result = ef.predict(lopsided, source, out, patch_in=PATCH_IN, patch_out=PATCH_OUT, memory="64MiB")
+        results.append((zarr.open_array(str(out.parent), path="pred", mode="r").chunks, result.blocks))
+    assert results[0] == results[1]
+    np.testing.assert_array_equal(_read(tmp_path / "p1.zarr/pred"), _read(tmp_path / "p8.zarr/pred"))
+
+
+def test_memory_is_checked_and_named(tmp_path, volume):
+    settings = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT, chunks=(8, 16, 16))
+    for value in ["lots", -5, "12 parsecs", True]:
+        with pytest.raises(ValueError, match=f"memory must be a positive number of bytes .*got {value!r}"):
+            ef.predict(lopsided, volume, tmp_path / "p.zarr/pred", memory=value, **settings)
+    with pytest.raises(ValueError, match=r"memory=100000 bytes is too small for a block of one output chunk "
+                                         r"\(8, 16, 16\) \(about [0-9]+ bytes .*smaller chunks"):
+        ef.predict(lopsided, volume, tmp_path / "p.zarr/pred", memory=100_000, **settings)
+    assert not (tmp_path / "p.zarr").exists()
+
+
+RSS_SCRIPT = """
+import resource, sys
+import numpy as np
+import emfast as ef
+def identity(batch):
+    return batch[:, :, 4:-4, 8:-8, 8:-8]
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+ef.predict(identity, sys.argv[1], sys.argv[2], patch_in=(24, 144, 144), patch_out=(16, 128, 128), blend="none",
+           memory="192MiB")
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+
+
+def test_peak_memory_follows_the_budget_not_the_input_chunks(tmp_path):
+    """A volume chunked per section (as many EM stacks are) used to give blocks of whole sections: here 24 MiB of
+    uint8 took ~400 MiB more; now either chunking stays within the budget, and about the same."""
+    import subprocess
+    import sys
+
+    data = np.random.default_rng(3).integers(0, 256, (48, 512, 512), dtype=np.uint8)
+    peaks = {}
+    for chunks in [(1, 512, 512), (64, 64, 64)]:
+        source = _zarr_input(tmp_path, data, chunks)
+        run = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(source), str(tmp_path / f"o{chunks[0]}.zarr/p")],
+                             capture_output=True, text=True, check=True)
+        peaks[chunks[0]] = int(run.stdout.split()[-1]) * 1024  # ru_maxrss is in KiB on Linux
+    assert max(peaks.values()) < 192 * 2 ** 20, peaks
+    assert peaks[1] <= 1.2 * peaks[64] + 16 * 2 ** 20, peaks  # 16 MiB: the allocator's noise on small peaks
+
+
+def test_the_next_batch_is_ready_while_the_model_runs(tmp_path, volume, monkeypatch):
+    """Each model call (after the probe's) waits (up to 5 s) for the batch after it to be gathered: a pipeline
+    where reading, batching and blending wait for the model passes at once; one where the model waits for them
+    never does."""
+    import threading
+
+    from emfast.inference import _block
+
+    gathered = [0]
+    changed = threading.Condition()
+    original = _block.gather_convert
+
+    def counting(*args):
+        result = original(*args)
+        with changed:
+            gathered[0] += 1
+            changed.notify_all()
+        return result
+
+    monkeypatch.setattr(_block, "gather_convert", counting)
+    waits, calls = [], [0]
+    large = np.random.default_rng(5).integers(0, 256, (24, 96, 96), dtype=np.uint8)
+    total = _plan_tiles(large, (0, 0, 0), "none") - 1  # the probe's tile is computed before
+
+    def model(batch):
+        calls[0] += 1
+        if calls[0] > 1 and all(waits):  # after the probe; after one wait timed out, the test failed
+            with changed:
+                waits.append(changed.wait_for(lambda: gathered[0] > calls[0] or calls[0] == total + 1, timeout=5))
+        return lopsided(batch)
+
+    ef.predict(model, large, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT, blend="none",
+               chunks=(12, 48, 48), block=(12, 48, 48))
+    assert len(waits) == total and all(waits)
+
+
+def test_shared_tiles_beyond_the_memory_share_go_to_disk_and_back(tmp_path, volume):
+    """With a small budget most shared tiles cannot stay in memory: they are written beside the output, read by
+    the blocks that share them, and still computed once."""
+    on_disk = []
+    counting = Counting()
+
+    def model(batch):
+        on_disk.append(len(list(tmp_path.glob(".p.zarr.pred.emfast-tiles/*.npy"))))
+        return counting(batch)
+
+    result = ef.predict(model, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT,
+                        overlap=(2, 4, 4), tta=4, chunks=(4, 8, 8), block=(4, 8, 8), memory="1MiB")
+    assert max(on_disk) > 10 and not _scratch(tmp_path / "p.zarr/pred")
+    assert counting.tiles == result.tiles * 4 and counting.repeats == 0
+    expected = _reference(lopsided, volume, None, (2, 4, 4), "gaussian", 4, "reflect")
+    np.testing.assert_allclose(_read(tmp_path / "p.zarr/pred"), expected, rtol=2e-6, atol=1e-7)
+
+
+def test_a_config_takes_memory_and_names_a_bad_one(tmp_path):
+    from emfast.config import ConfigError, load_predict_config
+
+    from test_predict import _predict_config
+
+    body = """
+        predict:
+          model: nets:load
+          input: in.h5/raw
+          output: out.zarr/pred
+          patch_in: [10, 20, 20]
+          memory: 512MiB
+        """
+    assert load_predict_config(_predict_config(tmp_path, body)).options["memory"] == 512 * 2 ** 20
+    with pytest.raises(ConfigError, match=r"line 7: predict\.memory: memory must be a positive number of bytes .*"
+                                          r"got '512 apples'"):
+        load_predict_config(_predict_config(tmp_path, body.replace("512MiB", "512 apples")))
