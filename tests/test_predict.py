@@ -363,6 +363,14 @@ def test_progress_counts_blocks_tiles_and_voxels(tmp_path, volume):
     assert seen[0].seconds_left is None
 
 
+def test_a_progress_callback_written_for_0_2_still_gets_done_and_total_with_a_deprecation_warning(tmp_path, volume):
+    seen = []
+    with pytest.warns(DeprecationWarning, match=r"f\(done, total\) is deprecated"):
+        ef.predict(crop, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT,
+                   chunks=(8, 16, 16), block=(8, 16, 16), progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(n, 27) for n in range(28)]
+
+
 def test_a_torch_module_on_the_cpu(tmp_path, volume):
     torch = pytest.importorskip("torch", reason="torch is not installed")
 

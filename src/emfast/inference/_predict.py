@@ -1,6 +1,7 @@
 """``emfast.predict`` (:func:`predict`): run a network over a whole volume, or a region of it, and write the result beside it."""
 from __future__ import annotations
 
+import inspect
 import os
 import time
 import warnings
@@ -387,6 +388,7 @@ def _ticker(report, predictor: BlockPredictor, blocks, todo) -> Optional[Callabl
     """A callback counting each finished block into ``report(PredictProgress)`` (None: no callback)."""
     if report is False or report is None:
         return None
+    report = _accepting_state(report)
     voxels_total = sum(int(np.prod(b.shape)) for b in blocks)
     started_voxels = voxels_total - sum(int(np.prod(b.shape)) for b in todo)
     state = {"blocks": len(blocks) - len(todo), "voxels": started_voxels}
@@ -401,6 +403,24 @@ def _ticker(report, predictor: BlockPredictor, blocks, todo) -> Optional[Callabl
 
     tick()
     return tick
+
+
+def _accepting_state(report: Callable) -> Callable[[PredictProgress], None]:
+    """``report`` itself, or, for a callback written for emfast 0.2 as ``progress(done, total)``, an adapter that
+    calls it that way with a ``DeprecationWarning`` (0.2's signature is served until the next minor version)."""
+    try:
+        inspect.signature(report).bind(0, 0)
+    except (TypeError, ValueError):
+        return report
+    try:
+        inspect.signature(report).bind(0)
+        return report
+    except TypeError:
+        pass
+    warnings.warn("predict(progress=f): f(done, total) is deprecated and will stop working in the next minor "
+                  "version; take one argument, a PredictProgress (state.blocks, state.blocks_total, rates, time "
+                  "left)", DeprecationWarning, stacklevel=4)
+    return lambda state: report(state.blocks, state.blocks_total)
 
 
 class _PredictBar(ProgressBar):
