@@ -221,6 +221,12 @@ class Volume:
         return self.channels * math.prod(self.shape) * self.dtype.itemsize  # Python ints: no overflow
 
     @property
+    def chunk_cache(self) -> Optional[ChunkCache]:
+        """The chunk cache a lazy volume reads through (the gather kernels read its blocks in place); None in
+        memory."""
+        return self._cache
+
+    @property
     def cache_stats(self) -> Optional[CacheStats]:
         """Counters of the chunk cache of a lazy volume (hits, misses, bytes held, ...); None in memory."""
         return None if self._cache is None else self._cache.stats

@@ -78,6 +78,16 @@ class Field:
     def lazy(self) -> bool:
         return any(not placed.volume.in_memory for placed in self.sources)
 
+    @property
+    def chunked(self) -> bool:
+        """Every volume is lazy: windows are gathered straight from the chunk caches' blocks."""
+        return all(not placed.volume.in_memory for placed in self.sources)
+
+    @property
+    def staged(self) -> bool:
+        """Some volumes are lazy and some in memory: lazy windows are read into buffers first."""
+        return self.lazy and not self.chunked
+
 
 class Gatherer:
     """Fills a slot's arrays with the windows of a plan, then augments and computes targets.
@@ -150,7 +160,7 @@ class Gatherer:
         """Bytes of one producer thread's :meth:`new_scratch`, in Python ints."""
         total = 0
         for f in self.fields:
-            if f.lazy:
+            if f.staged:
                 total += self.batch_size * nbytes((f.channels,) + tuple(f.patch), f.sources[0].volume.dtype)
             if not f.delivered:
                 total += nbytes(f.shape(self.batch_size), f.dtype)
@@ -159,10 +169,10 @@ class Gatherer:
         return total
 
     def new_scratch(self) -> Dict[str, object]:
-        """Per-thread buffers: flat read buffers per example for lazily read fields, and intermediate fields."""
+        """Per-thread buffers: flat read buffers per example for staged fields, and intermediate fields."""
         scratch: Dict[str, object] = {}
         for f in self.fields:
-            if f.lazy:
+            if f.staged:
                 size = f.channels * math.prod(f.patch)
                 dtype = f.sources[0].volume.dtype
                 scratch["read:" + f.name] = [np.empty(size, dtype=dtype) for _ in range(self.batch_size)]
@@ -260,6 +270,9 @@ class Gatherer:
         extents = window_extents(f.patch, params.perms)
         origins = np.stack([f.sources[v].origin for v in plan.volumes])
         corners = plan.corners + window_extents(f.offset, params.perms) - origins
+        if f.chunked:
+            self._gather_chunked(f, plan, corners, extents, out, profile)
+            return
         if read_buffers is None:
             sources = [f.sources[v].volume.array for v in plan.volumes]
         else:
@@ -285,3 +298,52 @@ class Gatherer:
                                  f"{tuple(int(c) for c in corner)}")
             sources.append(window)
         return sources
+
+    def _gather_chunked(self, f: Field, plan: BatchPlan, corners: np.ndarray, extents: np.ndarray, out: np.ndarray,
+                        profile: Profile) -> None:
+        """One kernel call reading every window in place from its volume's cached blocks, pinned meanwhile."""
+        params = plan.params
+        volumes = [f.sources[v].volume for v in plan.volumes]
+        pinned = []
+        try:
+            with profile.timer("cache"):
+                for cache, examples in _by_cache(volumes).items():
+                    boxes = cache.boxes(corners[examples], extents[examples])
+                    cache.pin(boxes, profile)
+                    pinned.append((cache, boxes))
+            if f.convert:
+                _refuse_nonfinite(f, volumes, corners, extents, pinned)
+            grids = [volume.chunk_cache.grid for volume in volumes]
+            with profile.timer("kernel"):
+                if f.convert:
+                    scale, shift = self._normalization(f, plan)
+                    _gather.gather_chunked_convert(grids, corners, params.perms, params.flips, scale, shift, out)
+                else:
+                    _gather.gather_chunked_copy(grids, corners, params.perms, params.flips, out)
+        finally:
+            for cache, boxes in pinned:
+                cache.unpin(boxes)
+
+
+def _by_cache(volumes) -> Dict[object, List[int]]:
+    """The examples of a batch grouped by the chunk cache of their volume."""
+    groups: Dict[object, List[int]] = {}
+    for n, volume in enumerate(volumes):
+        groups.setdefault(volume.chunk_cache, []).append(n)
+    return groups
+
+
+def _refuse_nonfinite(f: Field, volumes, corners: np.ndarray, extents: np.ndarray, pinned) -> None:
+    """ValueError naming the volume and window if a converted window holds NaN or infinity (known per block)."""
+    if all(volume.dtype.kind != "f" for volume in volumes):
+        return
+    for cache, boxes in pinned:
+        if not cache.nonfinite(boxes).any():
+            continue
+        for n, volume in enumerate(volumes):
+            if volume.chunk_cache is cache:
+                window = np.empty((volume.channels,) + tuple(int(e) for e in extents[n]), volume.dtype)
+                volume.read_box(corners[n], extents[n], window)
+                if not np.isfinite(window).all():
+                    raise ValueError(f"{volume.name}: NaN or infinity in the window at (z, y, x) = "
+                                     f"{tuple(int(c) for c in corners[n])}")

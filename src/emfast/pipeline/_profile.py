@@ -9,7 +9,10 @@ from typing import Dict
 #: Stage name -> what it measures.
 STAGES = {
     "sample": "drawing window positions and transforms (producer)",
-    "read": "reading windows from lazy volumes (producer)",
+    "read": "reading windows of lazy volumes into buffers: warped, or mixed with in-memory volumes (producer)",
+    "cache": "finding and pinning the cached chunks of lazy windows, misses included (producer)",
+    "fetch": "reading and decoding missed chunks from the store, part of cache (producer)",
+    "pending": "waiting for a chunk another thread is reading, part of cache: read-ahead behind (producer)",
     "kernel": "crop + transform + convert kernels (producer)",
     "augment": "pixel-wise augmentations: noise, blur, section defects (producer)",
     "targets": "targets computed from the labels (producer)",
