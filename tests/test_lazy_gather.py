@@ -165,7 +165,7 @@ def test_warm_lazy_batches_do_no_python_work_per_chunk(tmp_path, rng, monkeypatc
     raw = random_volume(rng, SHAPE, np.uint8)
     write_zarr(tmp_path / "raw.zarr", raw, (1, 8, 8))
     with ef.open(tmp_path / "raw.zarr", in_memory=False) as lazy:
-        batches(lazy, None, 1, 4)  # every chunk is cached after this: the loader reads the same batches again
+        lazy.read_box((0, 0, 0), SHAPE, np.empty((1,) + SHAPE, np.uint8))  # every chunk is cached
         cache = lazy.chunk_cache
         per_chunk = []
         lookup = type(cache)._get
