@@ -12,6 +12,7 @@ import emfast as ef
 from emfast._core.gather import (ChunkGrid, gather_chunked_convert, gather_chunked_copy, gather_convert,
                                  gather_copy)
 from reference import assert_releases_gil, extent_of, random_corner, random_volume
+from threads import emfast_threads, threads_end
 
 TRANSFORMS = [(perm, flips) for perm in itertools.permutations(range(3))
               for flips in itertools.product((False, True), repeat=3)]
@@ -180,9 +181,54 @@ def test_a_failed_chunk_read_unpins_and_reaches_the_consumer(tmp_path, rng):
     write_zarr(tmp_path / "raw.zarr", raw, (4, 8, 8))
     (tmp_path / "raw.zarr" / "c" / "1" / "1" / "1").write_bytes(b"not zstd")
     with ef.open(tmp_path / "raw.zarr", in_memory=False) as lazy:
-        with pytest.raises(OSError, match=r"raw\.zarr.*chunk"):
+        with pytest.raises(OSError, match=r"raw\.zarr: cannot decode chunk"):
             batches(lazy, None, 2, 20)
         assert not lazy.chunk_cache._pins.any()
+        assert threads_end()  # producers and the read-ahead thread, which met the same chunk first
+
+
+class SlowReads:
+    """Wraps a lazy volume's source so that every chunk read takes ``seconds`` more: a remote store."""
+
+    def __init__(self, volume, seconds):
+        self.source, self.seconds, self.threads = volume.chunk_cache._source, seconds, set()
+        volume.chunk_cache._source = self
+
+    def read(self, corner, extent, out):
+        self.threads.add(threading.current_thread().name)
+        threading.Event().wait(self.seconds)
+        self.source.read(corner, extent, out)
+
+
+def test_read_ahead_reads_the_next_batches_chunks_within_the_budget(tmp_path, rng):
+    raw = random_volume(rng, SHAPE, np.uint8)
+    write_zarr(tmp_path / "raw.zarr", raw, (4, 8, 8))
+    expected = batches(raw, None, 1, 8)
+    with ef.open(tmp_path / "raw.zarr", in_memory=False, cache_bytes=200 * 4 * 8 * 8) as lazy:
+        slow = SlowReads(lazy, 0.002)
+        loader = ef.Loader(lazy, patch=(6, 12, 14), batch_size=4, threads=1, seed=7,
+                           augment=[ef.Mirror(), ef.Transpose("zyx")], isotropic=True)
+        with loader:
+            assert "emfast-read-ahead" in emfast_threads()
+            got = [batch.copy() for _, batch in zip(range(8), loader)]
+            profile = loader.profile
+        assert threads_end()
+        stats = lazy.cache_stats
+        assert stats.read_ahead > 0 and "emfast-read-ahead" in slow.threads
+        assert stats.bytes_held <= stats.budget_bytes and not lazy.chunk_cache._pins.any()
+        assert profile.seconds["ahead"] > 0 and profile.seconds["fetch"] <= profile.seconds["cache"]
+    for expected_batch, got_batch in zip(expected, got):
+        np.testing.assert_array_equal(got_batch["raw"], expected_batch["raw"])
+
+
+def test_no_read_ahead_where_the_budget_holds_only_the_batches_in_flight(tmp_path, rng):
+    raw = random_volume(rng, SHAPE, np.uint8)
+    write_zarr(tmp_path / "raw.zarr", raw, (4, 8, 8))
+    with ef.open(tmp_path / "raw.zarr", in_memory=False, cache_bytes=20 * 4 * 8 * 8) as lazy:
+        with ef.Loader(lazy, patch=(6, 12, 14), batch_size=4, threads=2) as loader:
+            next(iter(loader))
+            assert "emfast-read-ahead" not in emfast_threads()
+        assert lazy.cache_stats.read_ahead == 0
 
 
 def test_nan_in_a_lazy_float_window_names_volume_and_window(tmp_path, rng):

@@ -68,6 +68,8 @@ class CacheStats:
         Blocks read from the file.
     shared : int
         Lookups that waited for another thread's read of the same block instead of reading it again.
+    read_ahead : int
+        Of the misses, blocks read ahead of need (:meth:`ChunkCache.prefetch`, a loader's read-ahead).
     bytes_held : int
         Bytes of the blocks held now; more than ``budget_bytes`` only while windows being gathered pin more.
     blocks_held : int
@@ -81,6 +83,7 @@ class CacheStats:
     hits: int
     misses: int
     shared: int
+    read_ahead: int
     bytes_held: int
     blocks_held: int
     budget_bytes: int
@@ -151,19 +154,22 @@ class ChunkCache:
         self._blocks: Dict[int, np.ndarray] = {}  # flat grid index -> block: the owners of the memory
         self._pending: Dict[Key, Future] = {}
         self._bytes_held = 0
-        self._hits = self._misses = self._shared = 0
+        self._hits = self._misses = self._shared = self._read_ahead = 0
         # Buffers of evicted full-size blocks. Reusing them instead of freeing and allocating keeps the process
         # at budget + in-flight reads: with malloc, blocks freed into one producer thread's heap and allocated
         # from another's leave freed memory resident, and glibc's adaptive mmap threshold soon sends every
         # block to those heaps.
         self._full_bytes = block_bytes
+        #: Bytes of one whole block (every channel).
+        self.block_bytes = block_bytes
         self._spare: list = []
         _CACHES.add(self)
 
     @property
     def stats(self) -> CacheStats:
         with self._lock:
-            return CacheStats(self._hits, self._misses, self._shared, self._bytes_held, len(self._blocks),
+            return CacheStats(self._hits, self._misses, self._shared, self._read_ahead, self._bytes_held,
+                              len(self._blocks),
                               self.budget_bytes, self.block_shape)
 
     def clear(self) -> None:
@@ -205,12 +211,23 @@ class ChunkCache:
                     missing.append(box)
         try:
             for box in missing:
-                origin = np.array([s.start for s in box])
-                for key in np.argwhere(self._addresses[box] == 0) + origin:
-                    self._get(tuple(int(k) for k in key), timings)
+                self._read_missing(box, timings)
         except BaseException:
             self.unpin(boxes)
             raise
+
+    def prefetch(self, boxes: np.ndarray, timings=None) -> None:
+        """Read the missing blocks of ``boxes`` (from :meth:`boxes`) into the cache without pinning them, and mark
+        every block of them as just used, so that they are evicted after the blocks used before."""
+        missing = []
+        with self._lock:
+            self._clock += 1
+            for box in map(_box_slices, boxes):
+                self._stamps[box] = self._clock
+                if not self._addresses[box].all():
+                    missing.append(box)
+        for box in missing:
+            self._read_missing(box, timings, ahead=True)
 
     def unpin(self, boxes: np.ndarray) -> None:
         """Let the blocks of ``boxes`` be evicted again (pinned once per :meth:`pin`)."""
@@ -219,6 +236,12 @@ class ChunkCache:
                 self._pins[_box_slices(box)] -= 1
             if self._bytes_held > self.budget_bytes:
                 self._evict_unpinned(self._bytes_held - self.budget_bytes)
+
+    def _read_missing(self, box: tuple, timings, ahead: bool = False) -> None:
+        """Read the blocks of ``box`` (grid slices) that are not held (``ahead``: for :meth:`prefetch`)."""
+        origin = np.array([s.start for s in box])
+        for key in np.argwhere(self._addresses[box] == 0) + origin:
+            self._get(tuple(int(k) for k in key), timings, ahead)
 
     def nonfinite(self, boxes: np.ndarray) -> np.ndarray:
         """Per box (pinned), whether one of its blocks holds NaN or infinity (always False for integer dtypes)."""
@@ -250,7 +273,7 @@ class ChunkCache:
             source = (slice(None),) + tuple(slice(a - o, b - o) for a, b, o in zip(lo, hi, origin))
             np.copyto(out[target], block[source])
 
-    def _get(self, key: Key, timings=None) -> np.ndarray:
+    def _get(self, key: Key, timings=None, ahead: bool = False) -> np.ndarray:
         with self._lock:
             block = self._blocks.get(self._flat(key))
             if block is not None:
@@ -263,6 +286,7 @@ class ChunkCache:
                 self._shared += 1
             else:
                 self._misses += 1
+                self._read_ahead += ahead
                 pending = self._pending[key] = Future()
         start = time.perf_counter()
         if waiting is not None:  # another thread is reading this block: wait for it (or its exception)

@@ -265,11 +265,29 @@ class Gatherer:
             scale, shift = scale * plan.params.gain, shift * plan.params.gain + plan.params.bias
         return scale.astype(np.float32), shift.astype(np.float32)
 
-    def _gather(self, f: Field, plan: BatchPlan, out: np.ndarray, read_buffers, profile: Profile) -> None:
+    def chunk_boxes(self, plan: BatchPlan) -> list:
+        """``(cache, boxes)`` for the windows of ``plan`` read in place from chunk caches: the blocks a batch
+        needs (warped examples may read a little more), for read-ahead."""
+        result = []
+        for f in self.fields:
+            if f.chunked:
+                corners, extents = self._windows(f, plan)
+                volumes = [f.sources[v].volume for v in plan.volumes]
+                for cache, examples in _by_cache(volumes).items():
+                    result.append((cache, cache.boxes(corners[examples], extents[examples])))
+        return result
+
+    @staticmethod
+    def _windows(f: Field, plan: BatchPlan) -> tuple:
+        """Corners (in each example's volume) and extents of a field's windows, in source axes."""
         params = plan.params
         extents = window_extents(f.patch, params.perms)
         origins = np.stack([f.sources[v].origin for v in plan.volumes])
-        corners = plan.corners + window_extents(f.offset, params.perms) - origins
+        return plan.corners + window_extents(f.offset, params.perms) - origins, extents
+
+    def _gather(self, f: Field, plan: BatchPlan, out: np.ndarray, read_buffers, profile: Profile) -> None:
+        params = plan.params
+        corners, extents = self._windows(f, plan)
         if f.chunked:
             self._gather_chunked(f, plan, corners, extents, out, profile)
             return

@@ -13,6 +13,7 @@ STAGES = {
     "cache": "finding and pinning the cached chunks of lazy windows, misses included (producer)",
     "fetch": "reading and decoding missed chunks from the store, part of cache (producer)",
     "pending": "waiting for a chunk another thread is reading, part of cache: read-ahead behind (producer)",
+    "ahead": "reading the chunks of the next batches ahead of the producers (read-ahead thread)",
     "kernel": "crop + transform + convert kernels (producer)",
     "augment": "pixel-wise augmentations: noise, blur, section defects (producer)",
     "targets": "targets computed from the labels (producer)",

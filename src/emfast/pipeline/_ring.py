@@ -54,7 +54,17 @@ class Ring:
                 return None
             number = self._next_claim
             self._next_claim += 1
+            self._cond.notify_all()  # for wait_claimed
             return number
+
+    def wait_claimed(self, number: int) -> None:
+        """Block until a producer claimed batch ``number``. Raises RingClosed on close."""
+        self._wait(lambda: self._next_claim > number)
+
+    @property
+    def next_claim(self) -> int:
+        """The batch number the next producer will claim."""
+        return self._next_claim
 
     def wait_turn(self, number: int) -> None:
         """Block until batch ``number`` may be started (batch number - size released). Raises RingClosed on close."""
