@@ -11,6 +11,7 @@ import zarr
 import emfast as ef
 from emfast._core.gather import (ChunkGrid, gather_chunked_convert, gather_chunked_copy, gather_convert,
                                  gather_copy)
+from emfast.io import VolumeTooLargeError
 from reference import assert_releases_gil, extent_of, random_corner, random_volume
 from threads import emfast_threads, threads_end
 
@@ -297,3 +298,10 @@ def test_profile_separates_cache_hits_fetches_and_waits_for_read_ahead(tmp_path,
         assert report.seconds["read"] == 0  # no window is assembled into a buffer
         for stage in ("cache", "fetch", "pending", "ahead"):
             assert f"\n{stage} " in str(report)
+
+
+def test_a_chunk_grid_beyond_the_address_space_is_refused_naming_the_store(tmp_path):
+    zarr.create_array(str(tmp_path / "huge.zarr"), shape=(10 ** 12,) * 3, chunks=(1, 1, 1), dtype=np.uint8)
+    with pytest.raises(VolumeTooLargeError, match=r"huge\.zarr: the table of its 10{36} chunks .* needs "
+                                                     r"21000000000000000000000000000000000000 bytes"):
+        ef.open(tmp_path / "huge.zarr", in_memory=False)

@@ -344,9 +344,21 @@ cdef class ChunkGrid:
         Channels of every chunk.
     dtype : numpy.dtype
         Element type of the chunks.
+
+    Attributes
+    ----------
+    pins : numpy.ndarray
+        int32 per chunk: how many gathers in flight need it (its owner must not free a pinned chunk).
+    stamps : numpy.ndarray
+        int64 per chunk: when it was last pinned or stamped (its owner's clock), for least-recently-used eviction.
+
+    :meth:`pin` and :meth:`unpin` keep both for whole boxes of chunks in typed loops: no Python work per chunk.
+    The caller serialises them with its own lock.
     """
 
     cdef readonly object addresses
+    cdef readonly object pins
+    cdef readonly object stamps
     cdef readonly tuple chunk
     cdef readonly tuple volume
     cdef readonly Py_ssize_t channels
@@ -360,8 +372,58 @@ cdef class ChunkGrid:
                 or not addresses.flags.c_contiguous):
             raise ValueError(f"addresses must be a C-contiguous int64 array of the grid's shape {grid}")
         self.addresses = addresses
+        self.pins = np.zeros(grid, np.int32)
+        self.stamps = np.zeros(grid, np.int64)
         self.channels = channels
         self.dtype = np.dtype(dtype)
+
+    def pin(self, boxes, int64_t clock):
+        """Pin every chunk of ``boxes`` ((n, 2, 3): first and last chunk index, inclusive, per box) once per box
+        and stamp it with ``clock``. Returns ``(held, missing)``: how many of the boxes' chunks are held, and the
+        indices of the boxes with a chunk not held."""
+        cdef int64_t[:, :, ::1] b = self._checked(boxes)
+        cdef int32_t[:, :, ::1] pins = self.pins
+        cdef int64_t[:, :, ::1] stamps = self.stamps
+        cdef int64_t[:, :, ::1] held = self.addresses
+        cdef Py_ssize_t n, z, y, x
+        cdef int64_t count = 0
+        cdef bint complete
+        missing = []
+        for n in range(b.shape[0]):
+            complete = True
+            for z in range(b[n, 0, 0], b[n, 1, 0] + 1):
+                for y in range(b[n, 0, 1], b[n, 1, 1] + 1):
+                    for x in range(b[n, 0, 2], b[n, 1, 2] + 1):
+                        pins[z, y, x] += 1
+                        stamps[z, y, x] = clock
+                        if held[z, y, x] != 0:
+                            count += 1
+                        else:
+                            complete = False
+            if not complete:
+                missing.append(n)
+        return count, missing
+
+    def unpin(self, boxes):
+        """Undo one :meth:`pin` of ``boxes``."""
+        cdef int64_t[:, :, ::1] b = self._checked(boxes)
+        cdef int32_t[:, :, ::1] pins = self.pins
+        cdef Py_ssize_t n, z, y, x
+        for n in range(b.shape[0]):
+            for z in range(b[n, 0, 0], b[n, 1, 0] + 1):
+                for y in range(b[n, 0, 1], b[n, 1, 1] + 1):
+                    for x in range(b[n, 0, 2], b[n, 1, 2] + 1):
+                        pins[z, y, x] -= 1
+
+    def _checked(self, boxes):
+        """``boxes`` as a C-contiguous int64 (n, 2, 3) array inside the grid (ValueError otherwise)."""
+        b = np.ascontiguousarray(boxes, dtype=np.int64)
+        grid = self.addresses.shape
+        if b.ndim != 3 or b.shape[1:] != (2, 3) or (b < 0).any() or (b[:, 0] > b[:, 1]).any() \
+                or (b[:, 1] >= np.asarray(grid)).any():
+            raise ValueError(f"boxes must be (n, 2, 3) first and last chunk indices inside the grid {grid}, "
+                             f"got {b.tolist()}")
+        return b
 
 
 cdef emf_chunked_window *_chunked_windows(tuple grids, corners, perms, flips, tuple out_shape) except NULL:

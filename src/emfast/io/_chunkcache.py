@@ -21,6 +21,7 @@ reading it again, while misses on other blocks proceed in parallel.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import sys
 import threading
@@ -39,6 +40,9 @@ CONTIGUOUS_BLOCK = (64, 64, 64)
 
 #: Default budget when the user gives none: 1 GiB, or an eighth of physical memory if that is smaller.
 DEFAULT_BUDGET_CAP = 1 << 30
+
+#: Bytes of bookkeeping per block of the volume: address, pins, last use, NaN flag.
+GRID_BYTES_PER_BLOCK = 8 + 4 + 8 + 1
 
 #: Most buffers of evicted blocks kept for reuse (outside the budget; in steady state one or two are used).
 SPARE_BUFFERS = 4
@@ -121,10 +125,11 @@ class ChunkCache:
     Notes
     -----
     Bookkeeping is one array per fact over the block grid: the address of each held block's data (0 where none is
-    held, read by the chunked gather kernels through :attr:`grid`), how many windows being gathered pin it, and
-    when it was last used. A window pins, stamps and checks its whole box of blocks with a few array operations,
-    so a hit costs no Python work per block. The arrays take 21 bytes per block of the volume (a 1 TB uint8
-    volume in 64**3 chunks: 80 MiB), outside the budget.
+    held, read by the chunked gather kernels through :attr:`grid`), how many windows being gathered pin it, when
+    it was last used, and whether it holds NaN or infinity. A batch pins, stamps and checks the boxes of blocks of
+    its windows in one typed loop (:meth:`ChunkGrid.pin <emfast._core.gather.ChunkGrid.pin>`), so a hit costs no
+    Python work per block. The arrays take 21 bytes per block of the volume (a 1 TB uint8 volume in 64**3
+    chunks: 80 MiB), outside the budget.
     """
 
     def __init__(self, source, dtype: np.dtype, budget_bytes: int, name: str) -> None:
@@ -144,13 +149,19 @@ class ChunkCache:
                              f"give a budget of at least {block_bytes} bytes (a few hundred blocks is typical)")
         self._lock = threading.Lock()
         grid_shape = tuple(-(-s // b) for s, b in zip(self._shape, self.block_shape))
-        self._addresses = np.zeros(grid_shape, np.int64)
-        self._pins = np.zeros(grid_shape, np.int32)
-        self._stamps = np.zeros(grid_shape, np.int64)
-        self._nonfinite = np.zeros(grid_shape, bool)
+        try:  # zeroed pages: the operating system maps only those of the grid's regions that windows touch
+            self._addresses = np.zeros(grid_shape, np.int64)
+            self._nonfinite = np.zeros(grid_shape, bool)
+            #: The blocks as the chunked gather kernels read them (addresses updated in place), with their pins
+            #: and last-use stamps.
+            self.grid = ChunkGrid(self._addresses, self.block_shape, self._shape, self._channels, self._dtype)
+        except (ValueError, MemoryError):  # NumPy: "array is too big" beyond the address space
+            count = math.prod(grid_shape)
+            raise MemoryError(f"{name}: the table of its {count} chunks (grid {grid_shape} of {self.block_shape}) "
+                              f"needs {GRID_BYTES_PER_BLOCK * count} bytes of address space, more than this "
+                              "process can map") from None
         self._clock = 0
-        #: The blocks as the chunked gather kernels read them (addresses updated in place).
-        self.grid = ChunkGrid(self._addresses, self.block_shape, self._shape, self._channels, self._dtype)
+        self._pins, self._stamps = self.grid.pins, self.grid.stamps
         self._blocks: Dict[int, np.ndarray] = {}  # flat grid index -> block: the owners of the memory
         self._pending: Dict[Key, Future] = {}
         self._bytes_held = 0
@@ -196,22 +207,13 @@ class ChunkCache:
         cache holds more than the budget (at most those boxes' blocks), and comes back under it as they unpin.
         A failed read unpins the boxes before its exception propagates.
         """
-        slices = [_box_slices(box) for box in boxes]
-        missing = []
         with self._lock:
             self._clock += 1
-            for box in slices:
-                self._pins[box] += 1
-                self._stamps[box] = self._clock
-                held = self._addresses[box]
-                if held.all():
-                    self._hits += held.size
-                else:
-                    self._hits += int(np.count_nonzero(held))
-                    missing.append(box)
+            held, missing = self.grid.pin(boxes, self._clock)
+            self._hits += held
         try:
-            for box in missing:
-                self._read_missing(box, timings)
+            for n in missing:
+                self._read_missing(_box_slices(boxes[n]), timings)
         except BaseException:
             self.unpin(boxes)
             raise
@@ -232,8 +234,7 @@ class ChunkCache:
     def unpin(self, boxes: np.ndarray) -> None:
         """Let the blocks of ``boxes`` be evicted again (pinned once per :meth:`pin`)."""
         with self._lock:
-            for box in boxes:
-                self._pins[_box_slices(box)] -= 1
+            self.grid.unpin(boxes)
             if self._bytes_held > self.budget_bytes:
                 self._evict_unpinned(self._bytes_held - self.budget_bytes)
 

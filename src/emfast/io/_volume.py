@@ -119,7 +119,11 @@ class Volume:
         self._array = None
         self._cache = None
         if lazy:
-            self._cache = ChunkCache(data, dtype, default_budget() if cache_bytes is None else cache_bytes, name)
+            budget = default_budget() if cache_bytes is None else cache_bytes
+            try:
+                self._cache = ChunkCache(data, dtype, budget, name)
+            except MemoryError as error:  # a chunk grid beyond the address space (absurd metadata)
+                raise VolumeTooLargeError(str(error)) from None
         else:
             if data.dtype == bool:
                 data = data.view(np.uint8)  # a bool mask, as the uint8 it is byte for byte
