@@ -23,7 +23,8 @@ CHUNKS = [(4, 8, 8), (1, 37, 45), (5, 16, 7), (19, 37, 45), (3, 2, 45)]
 
 
 def held_blocks(volume, chunk):
-    """The blocks of a (c, z, y, x) array as a chunk cache holds them, and the grid of their addresses."""
+    """The grid of addresses of the blocks of a (c, z, y, x) array, as a chunk cache holds them, and the blocks
+    (the caller keeps them alive while kernels read them)."""
     grid = tuple(-(-s // c) for s, c in zip(volume.shape[1:], chunk))
     addresses = np.zeros(grid, np.int64)
     blocks = []

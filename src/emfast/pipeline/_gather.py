@@ -1,5 +1,6 @@
-"""Turning a batch plan into output arrays: window reads for lazy volumes, one kernel call per field, then the
-pixel-wise augmentations and the targets.
+"""Turning a batch plan into output arrays: one kernel call per field, then the pixel-wise augmentations and the
+targets. Windows of lazy volumes are read in place from their chunk caches' blocks, pinned while the kernel runs;
+only warped batches, and fields mixing lazy and in-memory volumes, read lazy windows into buffers first.
 
 Geometry. A plan places each example's *output* window (``patch_out``) in its volume. Every field is a window
 of its own size centred on it: the raw input (``patch_in``, larger by the network's context), the labels (the
@@ -331,7 +332,7 @@ class Gatherer:
                     cache.pin(boxes, timings)
                     pinned.append((cache, boxes))
             if f.convert:
-                _refuse_nonfinite(f, volumes, corners, extents, pinned)
+                _refuse_nonfinite(volumes, corners, extents, pinned)
             grids = [volume.chunk_cache.grid for volume in volumes]
             with profile.timer("kernel"):
                 if f.convert:
@@ -372,7 +373,7 @@ def _by_cache(volumes) -> Dict[object, List[int]]:
     return groups
 
 
-def _refuse_nonfinite(f: Field, volumes, corners: np.ndarray, extents: np.ndarray, pinned) -> None:
+def _refuse_nonfinite(volumes, corners: np.ndarray, extents: np.ndarray, pinned) -> None:
     """ValueError naming the volume and window if a converted window holds NaN or infinity (known per block)."""
     if all(volume.dtype.kind != "f" for volume in volumes):
         return
