@@ -463,6 +463,16 @@ class Loader:
         ``__cuda_array_interface__``, copied asynchronously from page-locked memory; needs pycuda), or
         ``"auto"`` (CUDA if usable, else the CPU with a notice). See :mod:`emfast.transfer`.
 
+    Notes
+    -----
+    Lazy volumes (``emfast.open(..., in_memory=False)``): the kernels read each window in place from the chunk
+    cache's decoded chunks, pinned while they are read, so a batch whose chunks are cached costs what an
+    in-memory batch costs. A cache may hold more than its ``cache_bytes`` only while the windows being made pin
+    more chunks than it holds (at most ``threads x batch_size`` windows' chunks); give it room for those. Where
+    the budget also holds the next batches' chunks, an ``emfast-read-ahead`` thread reads them ahead of the
+    producers (up to ``threads + 1`` batches; the ``ahead`` stage of :attr:`profile`); ``fetch`` and ``pending``
+    in :attr:`profile` show the producers' own reads and their waits for chunks being read.
+
     Examples
     --------
     >>> with Loader(raw, labels, patch=(32, 128, 128), batch_size=8, epoch_size=100, threads=2) as loader:
