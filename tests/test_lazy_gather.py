@@ -306,3 +306,18 @@ def test_a_chunk_grid_beyond_the_address_space_is_refused_naming_the_store(tmp_p
     with pytest.raises(VolumeTooLargeError, match=r"huge\.zarr: the table of its 10{36} chunks .* needs "
                                                      r"21000000000000000000000000000000000000 bytes"):
         ef.open(tmp_path / "huge.zarr", in_memory=False)
+
+
+@pytest.mark.parametrize("chunks", [(4, 8, 8), (1, 37, 45), (5, 16, 7)])
+@pytest.mark.parametrize("pad", ["reflect", "edge", "constant"])
+def test_lazy_padded_boxes_equal_in_memory_padded_boxes(tmp_path, rng, chunks, pad):
+    raw = random_volume(rng, (2,) + SHAPE, np.uint16)
+    write_zarr(tmp_path / "raw.zarr", raw, (2,) + chunks)
+    memory = ef.Volume.from_array(raw)
+    with ef.open(tmp_path / "raw.zarr", in_memory=False) as lazy:
+        for _ in range(20):
+            extent = tuple(int(rng.integers(1, 2 * s)) for s in SHAPE)
+            corner = tuple(int(rng.integers(-e, s)) for e, s in zip(extent, SHAPE))
+            expected = memory.read_padded(corner, extent, np.empty((2,) + extent, np.uint16), pad, fill=7)
+            got = lazy.read_padded(corner, extent, np.empty((2,) + extent, np.uint16), pad, fill=7)
+            np.testing.assert_array_equal(got, expected)
