@@ -129,7 +129,7 @@ class ChunkCache:
     it was last used, and whether it holds NaN or infinity. A batch pins, stamps and checks the boxes of blocks of
     its windows in one typed loop (:meth:`ChunkGrid.pin <emfast._core.gather.ChunkGrid.pin>`), so a hit costs no
     Python work per block. The arrays take 21 bytes per block of the volume (a 1 TB uint8 volume in 64**3
-    chunks: 80 MiB), outside the budget.
+    chunks: about 84 MiB of address space, resident only where windows go), outside the budget.
     """
 
     def __init__(self, source, dtype: np.dtype, budget_bytes: int, name: str) -> None:
@@ -170,7 +170,6 @@ class ChunkCache:
         # at budget + in-flight reads: with malloc, blocks freed into one producer thread's heap and allocated
         # from another's leave freed memory resident, and glibc's adaptive mmap threshold soon sends every
         # block to those heaps.
-        self._full_bytes = block_bytes
         #: Bytes of one whole block (every channel).
         self.block_bytes = block_bytes
         self._spare: list = []
@@ -180,8 +179,7 @@ class ChunkCache:
     def stats(self) -> CacheStats:
         with self._lock:
             return CacheStats(self._hits, self._misses, self._shared, self._read_ahead, self._bytes_held,
-                              len(self._blocks),
-                              self.budget_bytes, self.block_shape)
+                              len(self._blocks), self.budget_bytes, self.block_shape)
 
     def clear(self) -> None:
         """Drop every cached block, except those pinned by a gather in flight (dropped when it unpins them)."""
@@ -252,7 +250,7 @@ class ChunkCache:
         """Copy the box ``[corner, corner + extent)`` (z, y, x, inside the volume) of every channel into ``out``."""
         boxes = self.boxes([corner], [extent])
         blocks = int(np.prod(boxes[0, 1] - boxes[0, 0] + 1))
-        if blocks * self._full_bytes > self.budget_bytes or not out.flags.c_contiguous:
+        if blocks * self.block_bytes > self.budget_bytes or not out.flags.c_contiguous:
             self._read_box_by_block(corner, extent, out)
             return
         self.pin(boxes)
@@ -333,12 +331,12 @@ class ChunkCache:
             self._addresses.flat[flat] = 0
             self._bytes_held -= evicted.nbytes
             nbytes -= evicted.nbytes
-            if evicted.nbytes == self._full_bytes and len(self._spare) < SPARE_BUFFERS:
+            if evicted.nbytes == self.block_bytes and len(self._spare) < SPARE_BUFFERS:
                 self._spare.append(evicted.base)
 
     def _buffer(self, nbytes: int) -> np.ndarray:
         """A uint8 buffer for a block of ``nbytes``: an evicted block's that no reader still uses, else new."""
-        if nbytes == self._full_bytes:
+        if nbytes == self.block_bytes:
             with self._lock:
                 while self._spare:
                     buffer = self._spare.pop()
