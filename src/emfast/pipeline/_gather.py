@@ -10,6 +10,7 @@ permuted into source axes like the patch itself.
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -76,13 +77,14 @@ class Field:
     def shape(self, batch_size: int) -> tuple:
         return (batch_size, self.channels) + tuple(self.patch)
 
-    @property
+    @functools.cached_property
     def lazy(self) -> bool:
         return any(not placed.volume.in_memory for placed in self.sources)
 
-    @property
+    @functools.cached_property
     def chunked(self) -> bool:
-        """Every volume is lazy: windows are gathered straight from the chunk caches' blocks."""
+        """Every volume is lazy: windows are gathered straight from the chunk caches' blocks (asked per batch, so
+        computed once)."""
         return all(not placed.volume.in_memory for placed in self.sources)
 
     @property
