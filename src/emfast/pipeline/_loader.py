@@ -290,8 +290,8 @@ class _Producers:
     def start(self) -> None:
         for thread in self.threads:
             start_thread(thread)
-        if self.read_ahead is not None:
-            start_thread(self.read_ahead.thread)
+        for thread in self.read_ahead.threads if self.read_ahead is not None else ():
+            start_thread(thread)
 
     def alive(self) -> bool:
         return any(thread.is_alive() for thread in self.threads)
@@ -299,7 +299,7 @@ class _Producers:
     def stop(self) -> None:
         self.ring.close()
         # A collection on a producer thread may run the loader's finalizer there: it cannot join itself.
-        threads = self.threads + ([self.read_ahead.thread] if self.read_ahead is not None else [])
+        threads = self.threads + (self.read_ahead.threads if self.read_ahead is not None else [])
         join_all([t for t in threads if t.ident is not None and t is not threading.current_thread()])
 
     def position(self, number: int) -> tuple:
@@ -469,8 +469,8 @@ class Loader:
     cache's decoded chunks, pinned while they are read, so a batch whose chunks are cached costs what an
     in-memory batch costs. A cache may hold more than its ``cache_bytes`` only while the windows being made pin
     more chunks than it holds (at most ``threads x batch_size`` windows' chunks); give it room for those. Where
-    the budget also holds the next batches' chunks, an ``emfast-read-ahead`` thread reads them ahead of the
-    producers (up to ``threads + 1`` batches; the ``ahead`` stage of :attr:`profile`); ``fetch`` and ``pending``
+    the budget also holds the next batches' chunks, ``emfast-read-ahead`` threads read them ahead of the
+    producers (up to ``threads + 1`` batches, one thread each; the ``ahead`` stage of :attr:`profile`); ``fetch`` and ``pending``
     in :attr:`profile` show the producers' own reads and their waits for chunks being read.
 
     Examples

@@ -1,10 +1,10 @@
-"""Read-ahead: a background thread reads the chunks of the batches the producers will make next.
+"""Read-ahead: background threads read the chunks of the batches the producers will make next.
 
 A batch's plan is a pure function of its number, so the blocks its lazy windows need are known before a producer
-claims it. The reader stays at most ``depth`` batches ahead of the newest claimed batch, where ``depth`` is what
-the chunk caches' budgets hold besides the batches in flight; it reads only missing blocks (a producer that needs
-a block being read waits for that read instead of starting another) and pins nothing, so it never holds memory
-beyond the budgets. A block it fails to read is left to the producer that needs it, which reads it again and
+claims it. The readers stay at most ``depth`` batches ahead of the newest claimed batch, where ``depth`` is what
+the chunk caches' budgets hold besides the batches in flight; they read only missing blocks (a producer that needs
+a block being read waits for that read instead of starting another) and pin nothing, so they never hold memory
+beyond the budgets. A block they fail to read is left to the producer that needs it, which reads it again and
 reports the error in batch order.
 """
 from __future__ import annotations
@@ -28,12 +28,16 @@ def read_ahead_depth(gatherer: Gatherer, first_plan, threads: int) -> int:
 
 
 class ReadAhead:
-    """The read-ahead thread of one loader's pipeline: started with the producers, ended by closing the ring.
+    """The read-ahead threads of one loader's pipeline: started with the producers, ended by closing the ring.
+
+    One thread per batch read ahead (``depth`` of them), each taking the next batch number not yet taken, so
+    the reads of several batches overlap: a store with latency (object storage) is read in parallel, and the
+    decoders, which release the GIL, run side by side.
 
     Parameters
     ----------
     ring : Ring
-        The producers' ring: its claims say how far the producers are; closing it ends the thread.
+        The producers' ring: its claims say how far the producers are; closing it ends the threads.
     plan : callable
         Batch number -> its plan.
     gatherer : Gatherer
@@ -41,7 +45,7 @@ class ReadAhead:
     depth : int
         Batches read ahead of the newest claimed one.
     profile : Profile
-        Where the thread's reads are timed ("ahead").
+        Where the threads' reads are timed ("ahead").
     """
 
     def __init__(self, ring: Ring, plan: Callable[[int], object], gatherer: Gatherer, depth: int,
@@ -51,18 +55,26 @@ class ReadAhead:
         self._gatherer = gatherer
         self._depth = depth
         self._profile = profile
-        self.thread = threading.Thread(target=self._run, name="emfast-read-ahead", daemon=True)
+        self._lock = threading.Lock()
+        self._next = ring.next_claim
+        self.threads = [threading.Thread(target=self._run, name=f"emfast-read-ahead-{i}", daemon=True)
+                        for i in range(depth)]
 
     def _run(self) -> None:
-        number = self._ring.next_claim
         try:
             while True:
+                number = self._take()
                 self._ring.wait_claimed(number - self._depth)
-                number = max(number, self._ring.next_claim)
                 self._read(number)
-                number += 1
         except RingClosed:
             return
+
+    def _take(self) -> int:
+        """The next batch number to read ahead: the first neither taken nor claimed by a producer yet."""
+        with self._lock:
+            self._next = number = max(self._next, self._ring.next_claim)
+            self._next += 1
+            return number
 
     def _read(self, number: int) -> None:
         with self._profile.timer("ahead"):
