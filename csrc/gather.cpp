@@ -5,6 +5,9 @@
  *   - across rows while the output y axis is contiguous in the source (a y<->x transpose): blocks of K rows are
  *     transposed in SIMD registers into a small tile, which is then converted row by row like the first case;
  *   - anything else (isotropic permutations that move x to z): a plain strided gather.
+ * Windows of chunked volumes are cut, along each output axis, where they cross into the next chunk; each piece is a
+ * strided box in one chunk, gathered by the same plane loop. Rows that cross chunks along x are first assembled
+ * in a small staging plane, so every output row is still written whole (and streamed) by one loop.
  */
 #include "gather.h"
 #include "half.h"

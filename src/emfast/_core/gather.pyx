@@ -3,7 +3,8 @@
 
 Each public function checks its arguments (types, dtypes, shapes, bounds), translates them into plain pointers and
 byte steps, and calls the kernel once per batch with the GIL released. Kernels assume valid input; all checking is
-here.
+here. Windows of in-memory arrays are origin pointers and steps; windows of chunked volumes (a lazy volume's chunk
+cache) are read through a :class:`ChunkGrid`, the address of every held chunk, each element in place.
 """
 from libc.stdint cimport int32_t, int64_t, uint16_t
 from libc.stdlib cimport free, malloc
