@@ -3,6 +3,7 @@ chunk layout, dtype and thread count, with the blocks pinned while a kernel read
 block once they are cached."""
 import itertools
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -321,3 +322,17 @@ def test_lazy_padded_boxes_equal_in_memory_padded_boxes(tmp_path, rng, chunks, p
             expected = memory.read_padded(corner, extent, np.empty((2,) + extent, np.uint16), pad, fill=7)
             got = lazy.read_padded(corner, extent, np.empty((2,) + extent, np.uint16), pad, fill=7)
             np.testing.assert_array_equal(got, expected)
+
+
+def test_closing_a_loader_mid_read_ahead_ends_every_thread_promptly(tmp_path, rng):
+    raw = random_volume(rng, SHAPE, np.uint8)
+    write_zarr(tmp_path / "raw.zarr", raw, (4, 8, 8))
+    with ef.open(tmp_path / "raw.zarr", in_memory=False) as lazy:
+        slow = SlowReads(lazy, 0.02)
+        loader = ef.Loader(lazy, patch=(6, 12, 14), batch_size=4, threads=2).start()
+        next(iter(loader)).release()
+        started = time.perf_counter()
+        loader.close()  # read-ahead threads are mid-way through batches of tens of 20 ms reads
+        assert time.perf_counter() - started < 1.0 and threads_end(0.1)
+        assert any(name.startswith("emfast-read-ahead-") for name in slow.threads)
+        assert not lazy.chunk_cache._pins.any()
