@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """Lazy volumes with every chunk cached come as fast as in-memory volumes, and scale with producer threads.
 
-    python benchmarks/lazy_warm.py [--batches N] [--rounds R] [--json PATH] [--quick]
+    python benchmarks/lazy_warm.py [--batches N] [--rounds R] [--augment mirror,transpose] [--json PATH] [--quick]
 
 Data: a random uint8 (96, 512, 512) volume written as zarr v3 (zstd) twice, with cubic chunks (16, 64, 64) and
-per-section chunks (1, 256, 256). Task: raw only, patch (32, 128, 128), batch 8, no augmentation, float32 output.
+per-section chunks (1, 256, 256). Task: raw only, patch (32, 128, 128), batch 8, no augmentation (or the
+``--augment`` list: with "transpose", half the windows read across source rows), float32 output.
 For each chunk layout and threads in (1, 2), alternating over rounds: batches/s of a loader over the lazy volume
 after every chunk was read into its cache (the default budget holds the whole volume), and of the same loader over
 the volume in memory. Reported: the medians, lazy / in memory per (layout, threads) (target >= 0.9x), and lazy
@@ -61,11 +62,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--batches", type=int, default=15, help="timed batches per measurement (default 15)")
     parser.add_argument("--rounds", type=int, default=9, help="alternating rounds (default 9)")
+    parser.add_argument("--augment", default="", help="comma-separated augmentations (default: none)")
     parser.add_argument("--quick", action="store_true", help="small volume and patch, one round (a smoke test)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     shape, patch = ((32, 256, 256), (16, 64, 64)) if args.quick else ((96, 512, 512), (32, 128, 128))
     rounds = 1 if args.quick else args.rounds
+    augment = tuple(name for name in args.augment.split(",") if name)
     raw = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
     results = {layout: {kind: {1: [], 2: []} for kind in ("lazy", "memory")} for layout in LAYOUTS}
     cpu_ms = {layout: {kind: {1: [], 2: []} for kind in ("lazy", "memory")} for layout in LAYOUTS}
@@ -81,7 +84,8 @@ def main(argv=None) -> int:
         # Every loader stays open; one not being measured has filled its slots and waits, using no CPU, so
         # lazy and in-memory measurements alternate closely and share the same background load.
         loaders = {(kind, layout, threads): ef.Loader(lazy[layout] if kind == "lazy" else memory, patch=patch,
-                                                      batch_size=8, threads=threads, seed=threads, augment=())
+                                                      batch_size=8, threads=threads, seed=threads,
+                                                      augment=augment)
                    for layout in LAYOUTS for threads in (1, 2) for kind in ("lazy", "memory")}
         try:
             for loader in loaders.values():
@@ -99,7 +103,8 @@ def main(argv=None) -> int:
             volume.close()
     load_end = os.getloadavg()
     median = statistics.median
-    lines = [f"lazy warm benchmark: zarr v3 {shape} uint8, patch {patch}, batch 8, no augmentation, float32 out, "
+    lines = [f"lazy warm benchmark: zarr v3 {shape} uint8, patch {patch}, batch 8, "
+             f"augment {', '.join(augment) or 'none'}, float32 out, "
              f"{rounds} round(s) of {args.batches} batches, lazy and in memory alternating, loaders kept open",
              f"  load average (1, 5, 15 min) at start {load_start}, at end {load_end}"]
     summary = {}
@@ -127,7 +132,8 @@ def main(argv=None) -> int:
     print("\n".join(lines))
     if args.json:
         with open(args.json, "w") as file:
-            json.dump({"machine": machine_info(), "shape": shape, "patch": patch, "load": [load_start, load_end],
+            json.dump({"machine": machine_info(), "shape": shape, "patch": patch, "augment": augment,
+                       "load": [load_start, load_end],
                        "raw": results, "cpu_ms_per_batch": cpu_ms, "summary": summary}, file, indent=1, default=str)
     return 0
 

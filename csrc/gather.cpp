@@ -167,13 +167,12 @@ void reverse_row(const T *last, int64_t n, T *tile) {
     for (; j < n; ++j) tile[n - 1 - j] = first[j];
 }
 
-/* Transposes L = line_elements<T>() contiguous elements from each of nrows source rows (row r at
- * base + r * row_step) into dst[k * dst_step + r], dst_step in elements and possibly negative. With SSE2, each 16-byte piece of K = 16 / sizeof(T) elements
- * from K rows goes through one register per row and log2(K) rounds of interleaving rows i and i + K/2 (the
- * perfect-shuffle transpose). */
-template <typename T>
+/* Transposes L contiguous elements (at most line_elements<T>(), a multiple of 16 bytes) from each of nrows source
+ * rows (row r at base + r * row_step) into dst[k * dst_step + r], dst_step in elements and possibly negative.
+ * With SSE2, each 16-byte piece of K = 16 / sizeof(T) elements from K rows goes through one register per row and
+ * log2(K) rounds of interleaving rows i and i + K/2 (the perfect-shuffle transpose). */
+template <typename T, int L>
 void transpose_rows(const char *base, int64_t row_step, int64_t nrows, T *dst, int64_t dst_step) {
-    constexpr int L = line_elements<T>();
     int64_t r = 0;
 #ifdef EMF_HAVE_SSE2
     constexpr int K = 16 / sizeof(T);
@@ -205,6 +204,22 @@ void transpose_rows(const char *base, int64_t row_step, int64_t nrows, T *dst, i
     }
 }
 
+/* Output rows [y, ...) of a plane whose output y axis reads the source contiguously (step_y = +-item), in groups
+ * of L rows, each transposed through the tile and then written row by row; returns the first row not written. */
+template <int L, typename Src, typename Out, typename Op>
+int64_t transposed_groups(const char *plane, int64_t step_y, int64_t step_x, int64_t y, int64_t ny, int64_t nx,
+                          Out *out, int64_t out_row, const Op &op, Src *tile, bool stream) {
+    /* The L source elements of output rows y..y+L-1 are contiguous, in reverse for a negative step: then tile
+     * row k belongs to output row y + L - 1 - k. */
+    const bool forward = step_y > 0;
+    for (; y + L <= ny; y += L) {
+        transpose_rows<Src, L>(plane + (forward ? y : y + L - 1) * step_y, step_x, nx, tile, nx);
+        for (int k = 0; k < L; ++k)
+            emit_row(tile + (forward ? k : L - 1 - k) * nx, nx, out + (y + k) * out_row, op, stream);
+    }
+    return y;
+}
+
 /* One output plane of ny rows by nx columns, output y stepping step_y bytes in the source and x step_x; output
  * rows start out_row elements apart (nx for a whole plane, more for a part of a wider plane).
  * tile holds line_elements<Src>() * nx elements: reversed rows and transposed blocks are put there first, then
@@ -229,15 +244,13 @@ void gather_plane(const char *plane, int64_t step_y, int64_t step_x, int64_t ny,
     }
     int64_t y = 0;
     if (step_y == item || step_y == -item) {
+        /* Whole cache lines first, then the rows left (a plane's rest, or a run of a chunk narrower than a line)
+         * in groups of half, a quarter and an eighth of a line: the last is one 16-byte register per row. */
         constexpr int L = line_elements<Src>();
-        for (; y + L <= ny; y += L) {
-            /* The L source elements of output rows y..y+L-1 are contiguous, in reverse for a negative step:
-             * then tile row k belongs to output row y + L - 1 - k. */
-            const bool forward = step_y > 0;
-            transpose_rows(plane + (forward ? y : y + L - 1) * step_y, step_x, nx, tile, nx);
-            for (int k = 0; k < L; ++k)
-                emit_row(tile + (forward ? k : L - 1 - k) * nx, nx, out + (y + k) * out_row, op, stream);
-        }
+        y = transposed_groups<L>(plane, step_y, step_x, y, ny, nx, out, out_row, op, tile, stream);
+        y = transposed_groups<L / 2>(plane, step_y, step_x, y, ny, nx, out, out_row, op, tile, stream);
+        y = transposed_groups<L / 4>(plane, step_y, step_x, y, ny, nx, out, out_row, op, tile, stream);
+        y = transposed_groups<L / 8>(plane, step_y, step_x, y, ny, nx, out, out_row, op, tile, stream);
     }
     for (; y < ny; ++y) row_strided<Src>(plane + y * step_y, step_x, nx, out + y * out_row, op);
 }
