@@ -403,9 +403,55 @@ inline Chunk chunk_at(const emf_chunked_window &w, const int64_t index[3], int64
     return c;
 }
 
+/* A y<->x transposed window with z kept (the anisotropic transposes): chunk runs along output y are source x
+ * runs, often shorter than a cache line, which the register transposer could not take whole. Each output plane's
+ * source region is copied instead, row segment by row segment, into staging (its rows ey = shape[3] source rows of
+ * ex = shape[2] elements), and that compact plane is gathered like a window of an in-memory array. */
+template <typename Src, typename Out, typename Op>
+void transposed_window(const emf_chunked_window &w, const int64_t shape[4], Out *out, const Op &op, Src *tile,
+                       Src *staging, std::vector<Run> runs[3], bool stream) {
+    const int64_t ey = shape[3], ex = shape[2], plane_size = shape[2] * shape[3];
+    const int64_t item = static_cast<int64_t>(sizeof(Src));
+    emf_chunked_window ascending = w; /* staging keeps source order: runs of a window without flips */
+    ascending.perm[0] = 0, ascending.perm[1] = 1, ascending.perm[2] = 2;
+    ascending.flip[0] = ascending.flip[1] = ascending.flip[2] = 0;
+    runs_along(ascending, 0, shape[1], runs[0]);
+    runs_along(ascending, 1, ey, runs[1]);
+    runs_along(ascending, 2, ex, runs[2]);
+    /* Output y reads staging columns, output x staging rows; mirrors start at the far end. */
+    const Src *origin = staging + (w.flip[1] ? (ey - 1) * ex : 0) + (w.flip[2] ? ex - 1 : 0);
+    const int64_t step_y = w.flip[2] ? -item : item, step_x = (w.flip[1] ? -ex : ex) * item;
+    int64_t index[3];
+    for (int64_t c = 0; c < shape[0]; ++c) {
+        for (const Run &rz : runs[0]) {
+            index[0] = rz.chunk;
+            for (int64_t dz = 0; dz < rz.count; ++dz) {
+                for (const Run &ry : runs[1]) {
+                    index[1] = ry.chunk;
+                    for (const Run &rx : runs[2]) {
+                        index[2] = rx.chunk;
+                        const Chunk chunk = chunk_at(w, index, item);
+                        const char *row = chunk.data + c * chunk.channel_step + (rz.local + dz) * chunk.steps[0] +
+                                          ry.local * chunk.steps[1] + rx.local * item;
+                        for (int64_t r = 0; r < ry.count; ++r, row += chunk.steps[1])
+                            std::memcpy(staging + (ry.first + r) * ex + rx.first, row, rx.count * item);
+                    }
+                }
+                const int64_t z = w.flip[0] ? shape[1] - 1 - (rz.first + dz) : rz.first + dz;
+                gather_plane<Src>(reinterpret_cast<const char *>(origin), step_y, step_x, shape[2], shape[3],
+                                  out + (c * shape[1] + z) * plane_size, shape[3], op, tile, stream);
+            }
+        }
+    }
+}
+
 template <typename Src, typename Out, typename Op>
 void chunked_window(const emf_chunked_window &w, const int64_t shape[4], Out *out, const Op &op, Src *tile,
                     Src *staging, std::vector<Run> runs[3], bool stream) {
+    if (w.perm[0] == 0 && w.perm[1] == 2) {
+        transposed_window<Src>(w, shape, out, op, tile, staging, runs, stream);
+        return;
+    }
     for (int j = 0; j < 3; ++j) runs_along(w, j, shape[1 + j], runs[j]);
     const int az = w.perm[0], ay = w.perm[1], ax = w.perm[2];
     const int64_t nx = shape[3], plane_size = shape[2] * shape[3];
