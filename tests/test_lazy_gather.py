@@ -224,6 +224,25 @@ def test_read_ahead_reads_the_next_batches_chunks_within_the_budget(tmp_path, rn
         np.testing.assert_array_equal(got_batch["raw"], expected_batch["raw"])
 
 
+def test_producers_take_the_plans_read_ahead_computed_and_none_pile_up(tmp_path, rng):
+    raw = random_volume(rng, SHAPE, np.uint8)
+    write_zarr(tmp_path / "raw.zarr", raw, (4, 8, 8))
+    expected = batches(raw, None, 1, 30)
+    with ef.open(tmp_path / "raw.zarr", in_memory=False) as lazy:
+        loader = ef.Loader(lazy, patch=(6, 12, 14), batch_size=4, threads=2, seed=7,
+                           augment=[ef.Mirror(), ef.Transpose("zyx")], isotropic=True)
+        with loader:
+            read_ahead = loader._pipeline.producers.read_ahead
+            got = []
+            for _, batch in zip(range(30), loader):
+                got.append(batch.copy())
+                assert len(read_ahead._plans) <= len(read_ahead.threads)
+            sampled = loader.profile.seconds["sample"]
+    assert sampled < loader.profile.seconds["ahead"]  # the producers barely plan: read-ahead did
+    for expected_batch, got_batch in zip(expected, got):
+        np.testing.assert_array_equal(got_batch["raw"], expected_batch["raw"])
+
+
 def test_no_read_ahead_where_the_budget_holds_only_the_batches_in_flight(tmp_path, rng):
     raw = random_volume(rng, SHAPE, np.uint8)
     write_zarr(tmp_path / "raw.zarr", raw, (4, 8, 8))

@@ -219,15 +219,12 @@ class ChunkCache:
     def prefetch(self, boxes: np.ndarray, timings=None) -> None:
         """Read the missing blocks of ``boxes`` (from :meth:`boxes`) into the cache without pinning them, and mark
         every block of them as just used, so that they are evicted after the blocks used before."""
-        missing = []
-        with self._lock:
+        with self._lock:  # pinned and unpinned at once: stamped, and the boxes with a missing block listed
             self._clock += 1
-            for box in map(_box_slices, boxes):
-                self._stamps[box] = self._clock
-                if not self._addresses[box].all():
-                    missing.append(box)
-        for box in missing:
-            self._read_missing(box, timings, ahead=True)
+            _, missing = self.grid.pin(boxes, self._clock)
+            self.grid.unpin(boxes)
+        for n in missing:
+            self._read_missing(_box_slices(boxes[n]), timings, ahead=True)
 
     def unpin(self, boxes: np.ndarray) -> None:
         """Let the blocks of ``boxes`` be evicted again (pinned once per :meth:`pin`)."""

@@ -318,7 +318,8 @@ class _Producers:
                     self.ring.wait_turn(number)
                     slot = self.slots.acquire(number, lambda: self.ring.closed)
                 with self.profile.timer("sample"):
-                    plan = self.planner.plan(*self.position(number))
+                    plan = self.read_ahead.plan(number) if self.read_ahead is not None else \
+                        self.planner.plan(*self.position(number))
                 self.gatherer.fill(slot.memory, plan, scratch, self.profile)
                 self.ring.publish(number, (self.slots.lease(slot), plan))
                 del slot

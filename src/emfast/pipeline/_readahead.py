@@ -10,7 +10,7 @@ reports the error in batch order.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Optional
+from typing import Callable, Dict, Optional
 
 from ._gather import Gatherer
 from ._profile import Profile
@@ -57,6 +57,7 @@ class ReadAhead:
         self._profile = profile
         self._lock = threading.Lock()
         self._next = ring.next_claim
+        self._plans: Dict[int, object] = {}  # batch number -> its plan, for the producer that claims it
         self.threads = [threading.Thread(target=self._run, name=f"emfast-read-ahead-{i}", daemon=True)
                         for i in range(depth)]
 
@@ -76,12 +77,31 @@ class ReadAhead:
             self._next += 1
             return number
 
+    def plan(self, number: int):
+        """The plan of batch ``number``, computed here if read-ahead has not (plans are pure: the same either way)."""
+        with self._lock:
+            plan = self._plans.pop(number, None)
+        return self._plan(number) if plan is None else plan
+
     def _read(self, number: int) -> None:
         with self._profile.timer("ahead"):
             try:
-                for cache, boxes in self._gatherer.chunk_boxes(self._plan(number)):
+                plan = self._plan(number)
+                work = self._gatherer.chunk_boxes(plan)
+                self._keep(number, plan)
+                for cache, boxes in work:
                     if self._ring.closed:
                         return
                     cache.prefetch(boxes)
             except Exception:  # noqa: BLE001 - the producer that needs the block reads it again and reports it
                 return
+
+    def _keep(self, number: int, plan) -> None:
+        """Keep ``plan`` for its producer, which then need not compute it again; plans of batches already claimed
+        are dropped (their producers computed them)."""
+        with self._lock:
+            claimed = self._ring.next_claim
+            for old in [n for n in self._plans if n < claimed]:
+                del self._plans[old]
+            if number >= claimed:
+                self._plans[number] = plan
