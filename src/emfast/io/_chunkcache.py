@@ -216,15 +216,17 @@ class ChunkCache:
             self.unpin(boxes)
             raise
 
-    def prefetch(self, boxes: np.ndarray, timings=None) -> None:
+    def prefetch(self, boxes: np.ndarray, timings=None) -> int:
         """Read the missing blocks of ``boxes`` (from :meth:`boxes`) into the cache without pinning them, and mark
-        every block of them as just used, so that they are evicted after the blocks used before."""
+        every block of them as just used, so that they are evicted after the blocks used before. Returns how many
+        boxes had a block missing."""
         with self._lock:  # pinned and unpinned at once: stamped, and the boxes with a missing block listed
             self._clock += 1
             _, missing = self.grid.pin(boxes, self._clock)
             self.grid.unpin(boxes)
         for n in missing:
             self._read_missing(_box_slices(boxes[n]), timings, ahead=True)
+        return len(missing)
 
     def unpin(self, boxes: np.ndarray) -> None:
         """Let the blocks of ``boxes`` be evicted again (pinned once per :meth:`pin`)."""

@@ -27,6 +27,10 @@ def read_ahead_depth(gatherer: Gatherer, first_plan, threads: int) -> int:
     return max(0, min(depth or 0, threads + 1))
 
 
+#: While the chunks of the batches looked at are all cached, read-ahead looks at no fewer than one batch in this many.
+MAX_STRIDE = 16
+
+
 class ReadAhead:
     """The read-ahead threads of one loader's pipeline: started with the producers, ended by closing the ring.
 
@@ -58,6 +62,7 @@ class ReadAhead:
         self._lock = threading.Lock()
         self._next = ring.next_claim
         self._plans: Dict[int, object] = {}  # batch number -> its plan, for the producer that claims it
+        self._stride = 1
         self.threads = [threading.Thread(target=self._run, name=f"emfast-read-ahead-{i}", daemon=True)
                         for i in range(depth)]
 
@@ -66,16 +71,24 @@ class ReadAhead:
             while True:
                 number = self._take()
                 self._ring.wait_claimed(number - self._depth)
-                self._read(number)
+                self._pace(self._read(number))
         except RingClosed:
             return
 
     def _take(self) -> int:
-        """The next batch number to read ahead: the first neither taken nor claimed by a producer yet."""
+        """The next batch number to read ahead: the first neither taken nor claimed by a producer yet, then every
+        ``stride``-th (see :meth:`_pace`)."""
         with self._lock:
             self._next = number = max(self._next, self._ring.next_claim)
-            self._next += 1
+            self._next += self._stride
             return number
+
+    def _pace(self, missed: bool) -> None:
+        """Look at every batch while batches miss chunks; while they find every chunk cached, at every second,
+        fourth, ... up to every MAX_STRIDE-th batch (the producers plan and pin the others themselves), so a warm
+        cache costs the producers no read-ahead work they would not do anyway."""
+        with self._lock:
+            self._stride = 1 if missed else min(MAX_STRIDE, 2 * self._stride)
 
     def plan(self, number: int):
         """The plan of batch ``number``, computed here if read-ahead has not (plans are pure: the same either way)."""
@@ -83,18 +96,21 @@ class ReadAhead:
             plan = self._plans.pop(number, None)
         return self._plan(number) if plan is None else plan
 
-    def _read(self, number: int) -> None:
+    def _read(self, number: int) -> bool:
+        """Read the missing chunks of batch ``number``; whether it missed any (or its reading failed)."""
         with self._profile.timer("ahead"):
             try:
                 plan = self._plan(number)
                 work = self._gatherer.chunk_boxes(plan)
                 self._keep(number, plan)
+                missed = 0
                 for cache, boxes in work:
                     if self._ring.closed:
-                        return
-                    cache.prefetch(boxes)
+                        break
+                    missed += cache.prefetch(boxes)
+                return missed > 0
             except Exception:  # noqa: BLE001 - the producer that needs the block reads it again and reports it
-                return
+                return True
 
     def _keep(self, number: int, plan) -> None:
         """Keep ``plan`` for its producer, which then need not compute it again; plans of batches already claimed
