@@ -20,7 +20,9 @@ RSS (VmHWM) is its own:
 Each reports its baseline RSS (after imports and opening the volume), its peak RSS, and the allowance
 ``budget + slots`` (slots = ``loader.slot_bytes * loader.buffers``; none for ``boxes``). Target: peak - baseline
 <= 1.10 x (budget + slots). Also reported: boxes/s through the cache vs the uncached baseline, and the cache hit
-rates. Not in the allowance: the loader's per-thread read buffers (threads x batch_size windows, 8 MiB here).
+rates. The loader gathers lazy windows in place from the cache's chunks: it has no per-thread read buffers. The cache
+may exceed its budget only while the windows in flight pin more chunks than it holds (not here: 2 threads x 8
+windows x at most 8 chunks of 512 KiB is the 64 MiB budget).
 """
 from __future__ import annotations
 

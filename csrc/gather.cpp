@@ -5,11 +5,15 @@
  *   - across rows while the output y axis is contiguous in the source (a y<->x transpose): blocks of K rows are
  *     transposed in SIMD registers into a small tile, which is then converted row by row like the first case;
  *   - anything else (isotropic permutations that move x to z): a plain strided gather.
+ * Windows of chunked volumes are cut, along each output axis, where they cross into the next chunk; each piece is a
+ * strided box in one chunk, gathered by the same plane loop. Rows that cross chunks along x are first assembled
+ * in a small staging plane, so every output row is still written whole (and streamed) by one loop.
  */
 #include "gather.h"
 #include "half.h"
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <new>
 #include <vector>
@@ -163,13 +167,12 @@ void reverse_row(const T *last, int64_t n, T *tile) {
     for (; j < n; ++j) tile[n - 1 - j] = first[j];
 }
 
-/* Transposes L = line_elements<T>() contiguous elements from each of nrows source rows (row r at
- * base + r * row_step) into dst[k * dst_step + r], dst_step in elements and possibly negative. With SSE2, each 16-byte piece of K = 16 / sizeof(T) elements
- * from K rows goes through one register per row and log2(K) rounds of interleaving rows i and i + K/2 (the
- * perfect-shuffle transpose). */
-template <typename T>
+/* Transposes L contiguous elements (at most line_elements<T>(), a multiple of 16 bytes) from each of nrows source
+ * rows (row r at base + r * row_step) into dst[k * dst_step + r], dst_step in elements and possibly negative.
+ * With SSE2, each 16-byte piece of K = 16 / sizeof(T) elements from K rows goes through one register per row and
+ * log2(K) rounds of interleaving rows i and i + K/2 (the perfect-shuffle transpose). */
+template <typename T, int L>
 void transpose_rows(const char *base, int64_t row_step, int64_t nrows, T *dst, int64_t dst_step) {
-    constexpr int L = line_elements<T>();
     int64_t r = 0;
 #ifdef EMF_HAVE_SSE2
     constexpr int K = 16 / sizeof(T);
@@ -201,15 +204,32 @@ void transpose_rows(const char *base, int64_t row_step, int64_t nrows, T *dst, i
     }
 }
 
-/* One output plane of ny rows by nx columns, output y stepping step_y bytes in the source and x step_x.
+/* Output rows [y, ...) of a plane whose output y axis reads the source contiguously (step_y = +-item), in groups
+ * of L rows, each transposed through the tile and then written row by row; returns the first row not written. */
+template <int L, typename Src, typename Out, typename Op>
+int64_t transposed_groups(const char *plane, int64_t step_y, int64_t step_x, int64_t y, int64_t ny, int64_t nx,
+                          Out *out, int64_t out_row, const Op &op, Src *tile, bool stream) {
+    /* The L source elements of output rows y..y+L-1 are contiguous, in reverse for a negative step: then tile
+     * row k belongs to output row y + L - 1 - k. */
+    const bool forward = step_y > 0;
+    for (; y + L <= ny; y += L) {
+        transpose_rows<Src, L>(plane + (forward ? y : y + L - 1) * step_y, step_x, nx, tile, nx);
+        for (int k = 0; k < L; ++k)
+            emit_row(tile + (forward ? k : L - 1 - k) * nx, nx, out + (y + k) * out_row, op, stream);
+    }
+    return y;
+}
+
+/* One output plane of ny rows by nx columns, output y stepping step_y bytes in the source and x step_x; output
+ * rows start out_row elements apart (nx for a whole plane, more for a part of a wider plane).
  * tile holds line_elements<Src>() * nx elements: reversed rows and transposed blocks are put there first, then
  * every output row is written by one forward (vectorised) loop. */
 template <typename Src, typename Out, typename Op>
 void gather_plane(const char *plane, int64_t step_y, int64_t step_x, int64_t ny, int64_t nx, Out *out,
-                  const Op &op, Src *tile, bool stream) {
+                  int64_t out_row, const Op &op, Src *tile, bool stream) {
     const int64_t item = static_cast<int64_t>(sizeof(Src));
     if (step_x == item || step_x == -item) {
-        for (int64_t y = 0; y < ny; ++y, out += nx) {
+        for (int64_t y = 0; y < ny; ++y, out += out_row) {
             if (y + kPrefetchRows < ny)
                 prefetch_row(plane + (y + kPrefetchRows) * step_y, step_x > 0 ? 0 : -(nx - 1) * item, nx * item);
             const Src *start = reinterpret_cast<const Src *>(plane + y * step_y);
@@ -224,17 +244,15 @@ void gather_plane(const char *plane, int64_t step_y, int64_t step_x, int64_t ny,
     }
     int64_t y = 0;
     if (step_y == item || step_y == -item) {
+        /* Whole cache lines first, then the rows left (a plane's rest, or a run of a chunk narrower than a line)
+         * in groups of half, a quarter and an eighth of a line: the last is one 16-byte register per row. */
         constexpr int L = line_elements<Src>();
-        for (; y + L <= ny; y += L) {
-            /* The L source elements of output rows y..y+L-1 are contiguous, in reverse for a negative step:
-             * then tile row k belongs to output row y + L - 1 - k. */
-            const bool forward = step_y > 0;
-            transpose_rows(plane + (forward ? y : y + L - 1) * step_y, step_x, nx, tile, nx);
-            for (int k = 0; k < L; ++k)
-                emit_row(tile + (forward ? k : L - 1 - k) * nx, nx, out + (y + k) * nx, op, stream);
-        }
+        y = transposed_groups<L>(plane, step_y, step_x, y, ny, nx, out, out_row, op, tile, stream);
+        y = transposed_groups<L / 2>(plane, step_y, step_x, y, ny, nx, out, out_row, op, tile, stream);
+        y = transposed_groups<L / 4>(plane, step_y, step_x, y, ny, nx, out, out_row, op, tile, stream);
+        y = transposed_groups<L / 8>(plane, step_y, step_x, y, ny, nx, out, out_row, op, tile, stream);
     }
-    for (; y < ny; ++y) row_strided<Src>(plane + y * step_y, step_x, nx, out + y * nx, op);
+    for (; y < ny; ++y) row_strided<Src>(plane + y * step_y, step_x, nx, out + y * out_row, op);
 }
 
 template <typename Src, typename Out, typename Op>
@@ -243,7 +261,7 @@ void gather_window(const emf_window &w, const int64_t shape[4], Out *out, const 
     for (int64_t c = 0; c < shape[0]; ++c) {
         for (int64_t z = 0; z < shape[1]; ++z, out += plane_size) {
             gather_plane(w.origin + c * w.steps[0] + z * w.steps[1], w.steps[2], w.steps[3], shape[2], shape[3],
-                         out, op, tile, stream);
+                         out, shape[3], op, tile, stream);
         }
     }
 }
@@ -340,6 +358,179 @@ int padded_copy_all(const emf_padded_window *windows, int64_t count, const int64
     return padded_all<T, T>(windows, count, shape, fill, out, [](const emf_padded_window &) { return Copy{}; });
 }
 
+/* Chunked windows. Along each output axis a window is cut where it crosses from one chunk into the next; a run
+ * is a range of output indices that read one chunk. Every (z, y-run, x-run) piece is then a strided box in one
+ * chunk, gathered by gather_plane as a window of an in-memory array would be. */
+struct Run {
+    int64_t first;  /* output indices [first, first + count) */
+    int64_t count;
+    int64_t chunk;  /* chunk index along the volume axis */
+    int64_t local;  /* index inside that chunk read by output index `first` */
+};
+
+/* The runs of output axis j (n indices): volume axis perm[j] read forwards from corner, or backwards. */
+void runs_along(const emf_chunked_window &w, int j, int64_t n, std::vector<Run> &runs) {
+    runs.clear();
+    const int a = w.perm[j];
+    const int64_t size = w.chunk[a];
+    const bool backwards = w.flip[a] != 0;
+    for (int64_t i = 0; i < n;) {
+        const int64_t voxel = backwards ? w.corner[a] + n - 1 - i : w.corner[a] + i;
+        const int64_t chunk = voxel / size, local = voxel - chunk * size;
+        const int64_t count = std::min(backwards ? local + 1 : size - local, n - i);
+        runs.push_back({i, count, chunk, local});
+        i += count;
+    }
+}
+
+/* Address and byte strides (channel, z, y, x) of one chunk; edge chunks are clipped by the volume. */
+struct Chunk {
+    const char *data;
+    int64_t channel_step;
+    int64_t steps[3];
+};
+
+inline Chunk chunk_at(const emf_chunked_window &w, const int64_t index[3], int64_t item) {
+    int64_t extent[3];
+    for (int a = 0; a < 3; ++a) extent[a] = std::min(w.chunk[a], w.volume[a] - index[a] * w.chunk[a]);
+    const int64_t address = w.chunks[(index[0] * w.grid[1] + index[1]) * w.grid[2] + index[2]];
+    Chunk c;
+    c.data = reinterpret_cast<const char *>(static_cast<uintptr_t>(address));
+    c.steps[2] = item;
+    c.steps[1] = extent[2] * item;
+    c.steps[0] = extent[1] * c.steps[1];
+    c.channel_step = extent[0] * c.steps[0];
+    return c;
+}
+
+/* A y<->x transposed window with z kept (the anisotropic transposes): chunk runs along output y are source x
+ * runs, often shorter than a cache line, which the register transposer could not take whole. Each output plane's
+ * source region is copied instead, row segment by row segment, into staging (its rows ey = shape[3] source rows of
+ * ex = shape[2] elements), and that compact plane is gathered like a window of an in-memory array. */
+template <typename Src, typename Out, typename Op>
+void transposed_window(const emf_chunked_window &w, const int64_t shape[4], Out *out, const Op &op, Src *tile,
+                       Src *staging, std::vector<Run> runs[3], bool stream) {
+    const int64_t ey = shape[3], ex = shape[2], plane_size = shape[2] * shape[3];
+    const int64_t item = static_cast<int64_t>(sizeof(Src));
+    emf_chunked_window ascending = w; /* staging keeps source order: runs of a window without flips */
+    ascending.perm[0] = 0, ascending.perm[1] = 1, ascending.perm[2] = 2;
+    ascending.flip[0] = ascending.flip[1] = ascending.flip[2] = 0;
+    runs_along(ascending, 0, shape[1], runs[0]);
+    runs_along(ascending, 1, ey, runs[1]);
+    runs_along(ascending, 2, ex, runs[2]);
+    /* Output y reads staging columns, output x staging rows; mirrors start at the far end. */
+    const Src *origin = staging + (w.flip[1] ? (ey - 1) * ex : 0) + (w.flip[2] ? ex - 1 : 0);
+    const int64_t step_y = w.flip[2] ? -item : item, step_x = (w.flip[1] ? -ex : ex) * item;
+    int64_t index[3];
+    for (int64_t c = 0; c < shape[0]; ++c) {
+        for (const Run &rz : runs[0]) {
+            index[0] = rz.chunk;
+            for (int64_t dz = 0; dz < rz.count; ++dz) {
+                for (const Run &ry : runs[1]) {
+                    index[1] = ry.chunk;
+                    for (const Run &rx : runs[2]) {
+                        index[2] = rx.chunk;
+                        const Chunk chunk = chunk_at(w, index, item);
+                        const char *row = chunk.data + c * chunk.channel_step + (rz.local + dz) * chunk.steps[0] +
+                                          ry.local * chunk.steps[1] + rx.local * item;
+                        for (int64_t r = 0; r < ry.count; ++r, row += chunk.steps[1])
+                            std::memcpy(staging + (ry.first + r) * ex + rx.first, row, rx.count * item);
+                    }
+                }
+                const int64_t z = w.flip[0] ? shape[1] - 1 - (rz.first + dz) : rz.first + dz;
+                gather_plane<Src>(reinterpret_cast<const char *>(origin), step_y, step_x, shape[2], shape[3],
+                                  out + (c * shape[1] + z) * plane_size, shape[3], op, tile, stream);
+            }
+        }
+    }
+}
+
+template <typename Src, typename Out, typename Op>
+void chunked_window(const emf_chunked_window &w, const int64_t shape[4], Out *out, const Op &op, Src *tile,
+                    Src *staging, std::vector<Run> runs[3], bool stream) {
+    if (w.perm[0] == 0 && w.perm[1] == 2) {
+        transposed_window<Src>(w, shape, out, op, tile, staging, runs, stream);
+        return;
+    }
+    for (int j = 0; j < 3; ++j) runs_along(w, j, shape[1 + j], runs[j]);
+    const int az = w.perm[0], ay = w.perm[1], ax = w.perm[2];
+    const int64_t nx = shape[3], plane_size = shape[2] * shape[3];
+    const int64_t item = static_cast<int64_t>(sizeof(Src));
+    const bool split_rows = runs[2].size() > 1;
+    int64_t index[3], local[3];
+    for (int64_t c = 0; c < shape[0]; ++c) {
+        for (const Run &rz : runs[0]) {
+            for (int64_t dz = 0; dz < rz.count; ++dz) {
+                Out *plane_out = out + (c * shape[1] + rz.first + dz) * plane_size;
+                index[az] = rz.chunk;
+                local[az] = w.flip[az] ? rz.local - dz : rz.local + dz;
+                for (const Run &ry : runs[1]) {
+                    index[ay] = ry.chunk;
+                    local[ay] = ry.local;
+                    for (const Run &rx : runs[2]) {
+                        index[ax] = rx.chunk;
+                        local[ax] = rx.local;
+                        const Chunk chunk = chunk_at(w, index, item);
+                        const char *origin = chunk.data + c * chunk.channel_step;
+                        for (int a = 0; a < 3; ++a) origin += local[a] * chunk.steps[a];
+                        const int64_t step_y = w.flip[ay] ? -chunk.steps[ay] : chunk.steps[ay];
+                        const int64_t step_x = w.flip[ax] ? -chunk.steps[ax] : chunk.steps[ax];
+                        if (split_rows) /* rows crossing chunks are assembled in staging, then converted whole */
+                            gather_plane<Src>(origin, step_y, step_x, ry.count, rx.count, staging + rx.first, nx,
+                                              Copy{}, tile, false);
+                        else
+                            gather_plane<Src>(origin, step_y, step_x, ry.count, nx, plane_out + ry.first * nx, nx,
+                                              op, tile, stream);
+                    }
+                    if (split_rows)
+                        for (int64_t r = 0; r < ry.count; ++r)
+                            emit_row(staging + r * nx, nx, plane_out + (ry.first + r) * nx, op, stream);
+                }
+            }
+        }
+    }
+}
+
+template <typename Src, typename Out, typename MakeOp>
+int chunked_all(const emf_chunked_window *windows, int64_t count, const int64_t shape[4], void *out,
+                MakeOp make_op) {
+    try {
+        std::vector<Src> tile(static_cast<size_t>(line_elements<Src>() * shape[3]));
+        std::vector<Src> staging(static_cast<size_t>(shape[2] * shape[3]));
+        std::vector<Run> runs[3];
+        const int64_t per_window = shape[0] * shape[1] * shape[2] * shape[3];
+        const bool aligned = reinterpret_cast<uintptr_t>(out) % 16 == 0 && shape[3] * sizeof(Out) % 16 == 0;
+        const bool stream = aligned && count * per_window * static_cast<int64_t>(sizeof(Out)) >= kStreamBytes;
+        Out *o = static_cast<Out *>(out);
+        for (int64_t n = 0; n < count; ++n)
+            chunked_window<Src>(windows[n], shape, o + n * per_window, make_op(windows[n]), tile.data(),
+                                staging.data(), runs, stream);
+#ifdef EMF_HAVE_SSE2
+        if (stream) _mm_sfence();
+#endif
+    } catch (const std::bad_alloc &) {
+        return EMF_NO_MEMORY;
+    }
+    return EMF_OK;
+}
+
+template <typename Out>
+int chunked_convert_from(const emf_chunked_window *windows, int64_t count, const int64_t shape[4],
+                         emf_dtype src_dtype, void *out) {
+    auto make_op = [](const emf_chunked_window &w) { return Convert<Out>{w.scale, w.shift}; };
+    switch (src_dtype) {
+        case EMF_UINT8: return chunked_all<uint8_t, Out>(windows, count, shape, out, make_op);
+        case EMF_UINT16: return chunked_all<uint16_t, Out>(windows, count, shape, out, make_op);
+        case EMF_FLOAT32: return chunked_all<float, Out>(windows, count, shape, out, make_op);
+        default: return EMF_BAD_DTYPE;
+    }
+}
+
+template <typename T>
+int chunked_copy_all(const emf_chunked_window *windows, int64_t count, const int64_t shape[4], void *out) {
+    return chunked_all<T, T>(windows, count, shape, out, [](const emf_chunked_window &) { return Copy{}; });
+}
+
 }  // namespace
 
 extern "C" {
@@ -381,6 +572,26 @@ int emf_gather_padded_copy(const emf_padded_window *windows, int64_t count, cons
         case 2: return padded_copy_all<uint16_t>(windows, count, shape, fill, out);
         case 4: return padded_copy_all<uint32_t>(windows, count, shape, fill, out);
         case 8: return padded_copy_all<uint64_t>(windows, count, shape, fill, out);
+        default: return EMF_BAD_DTYPE;
+    }
+}
+
+int emf_gather_chunked_convert(const emf_chunked_window *windows, int64_t count, const int64_t shape[4],
+                               emf_dtype src_dtype, emf_dtype out_dtype, void *out) {
+    switch (out_dtype) {
+        case EMF_FLOAT32: return chunked_convert_from<float>(windows, count, shape, src_dtype, out);
+        case EMF_FLOAT16: return chunked_convert_from<uint16_t>(windows, count, shape, src_dtype, out);
+        default: return EMF_BAD_DTYPE;
+    }
+}
+
+int emf_gather_chunked_copy(const emf_chunked_window *windows, int64_t count, const int64_t shape[4], int itemsize,
+                            void *out) {
+    switch (itemsize) {
+        case 1: return chunked_copy_all<uint8_t>(windows, count, shape, out);
+        case 2: return chunked_copy_all<uint16_t>(windows, count, shape, out);
+        case 4: return chunked_copy_all<uint32_t>(windows, count, shape, out);
+        case 8: return chunked_copy_all<uint64_t>(windows, count, shape, out);
         default: return EMF_BAD_DTYPE;
     }
 }

@@ -58,6 +58,31 @@ int emf_gather_padded_convert(const emf_padded_window *windows, int64_t count, c
 int emf_gather_padded_copy(const emf_padded_window *windows, int64_t count, const int64_t shape[4], int itemsize,
                            const void *fill, void *out);
 
+/* A window read from a chunked volume: the volume is a grid of chunks, each held as its own C-contiguous
+ * (channel, z, y, x) array (chunks on the far edges are smaller: the volume's shape clips them). The window is
+ * the box [corner, corner + extent) in volume axes, extent[perm[j]] being the output's extent along axis j + 1;
+ * output axis j (z, y, x) reads volume axis perm[j], backwards where flip[perm[j]]. The caller checks that the
+ * box lies inside the volume and that every chunk it touches is held (a nonzero address). */
+typedef struct {
+    const int64_t *chunks; /* address of each chunk's data, row-major over the grid (z, y, x) */
+    int64_t grid[3];       /* chunks along each volume axis */
+    int64_t chunk[3];      /* chunk shape (z, y, x) */
+    int64_t volume[3];     /* volume shape (z, y, x) */
+    int64_t corner[3];     /* first voxel of the window (z, y, x) */
+    int32_t perm[3];
+    int32_t flip[3];       /* per volume axis */
+    float scale;           /* conversion only, as in emf_window */
+    float shift;
+} emf_chunked_window;
+
+/* emf_gather_convert for windows of chunked volumes: each element is read in place from its chunk. */
+int emf_gather_chunked_convert(const emf_chunked_window *windows, int64_t count, const int64_t shape[4],
+                               emf_dtype src_dtype, emf_dtype out_dtype, void *out);
+
+/* emf_gather_copy for windows of chunked volumes. */
+int emf_gather_chunked_copy(const emf_chunked_window *windows, int64_t count, const int64_t shape[4], int itemsize,
+                            void *out);
+
 /* IEEE binary32 -> binary16 bits, round to nearest even, NaN kept NaN, overflow to infinity. */
 uint16_t emf_float_to_half(float value);
 

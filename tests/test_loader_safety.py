@@ -62,7 +62,9 @@ def test_lazy_fields_count_each_threads_scratch(tmp_path, raw):
         f.create_dataset("raw", data=raw, chunks=(4, 16, 16))
     volume = ef.hdf5(path, "raw", in_memory=False)
     loader = ef.Loader(volume, patch=PATCH, batch_size=8, threads=3)
-    assert loader._gatherer.scratch_bytes() == 8 * 4 * 16 * 16  # one uint8 read buffer per example
+    assert loader._gatherer.scratch_bytes() == 0  # lazy windows are gathered in place from the chunk cache
+    mixed = ef.Loader(ef.Dataset([ef.Sample(volume), ef.Sample(raw)]), patch=PATCH, batch_size=8, threads=3)
+    assert mixed._gatherer.scratch_bytes() == 8 * 4 * 16 * 16  # lazy and in memory: one read buffer per example
     volume.close()
 
 

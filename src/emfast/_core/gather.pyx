@@ -3,9 +3,10 @@
 
 Each public function checks its arguments (types, dtypes, shapes, bounds), translates them into plain pointers and
 byte steps, and calls the kernel once per batch with the GIL released. Kernels assume valid input; all checking is
-here.
+here. Windows of in-memory arrays are origin pointers and steps; windows of chunked volumes (a lazy volume's chunk
+cache) are read through a :class:`ChunkGrid`, the address of every held chunk, each element in place.
 """
-from libc.stdint cimport int64_t, uint16_t
+from libc.stdint cimport int32_t, int64_t, uint16_t
 from libc.stdlib cimport free, malloc
 
 import numpy as np
@@ -44,6 +45,22 @@ cdef extern from "gather.h" nogil:
     int emf_gather_padded_copy(const emf_padded_window *windows, int64_t count, const int64_t *shape, int itemsize,
                                const void *fill, void *out)
 
+    ctypedef struct emf_chunked_window:
+        const int64_t *chunks
+        int64_t grid[3]
+        int64_t chunk[3]
+        int64_t volume[3]
+        int64_t corner[3]
+        int32_t perm[3]
+        int32_t flip[3]
+        float scale
+        float shift
+
+    int emf_gather_chunked_convert(const emf_chunked_window *windows, int64_t count, const int64_t *shape,
+                                   emf_dtype src_dtype, emf_dtype out_dtype, void *out)
+    int emf_gather_chunked_copy(const emf_chunked_window *windows, int64_t count, const int64_t *shape,
+                                int itemsize, void *out)
+
 #: Ways to fill the part of a window outside its source: NumPy's np.pad modes of the same names.
 PAD_MODES = ("reflect", "edge", "constant")
 
@@ -81,6 +98,11 @@ def _source_extent(Py_ssize_t n, src, perm, tuple out_shape):
     """The extent (z, y, x) in source axes of window n, after checking the source's shape and the permutation."""
     if src.ndim != 4 or src.shape[0] != out_shape[0]:
         raise ValueError(f"source {n} must be 4-D (C, Z, Y, X) with C={out_shape[0]}, got shape {src.shape}")
+    return _permuted_extent(n, perm, out_shape)
+
+
+def _permuted_extent(Py_ssize_t n, perm, tuple out_shape):
+    """The extent (z, y, x) in source axes of window n, whose output axis j reads source axis perm[j]."""
     if sorted(perm) != [0, 1, 2]:
         raise ValueError(f"perms[{n}] = {perm.tolist()} is not a permutation of (0, 1, 2)")
     extent = [0, 0, 0]
@@ -307,3 +329,216 @@ def float_to_half(values):
         for i in range(src.shape[0]):
             dst[i] = emf_float_to_half(src[i])
     return result.view(np.float16).reshape(np.shape(values))
+
+
+cdef class ChunkGrid:
+    """A chunked volume as the chunked gather kernels read it: the address of every chunk's data.
+
+    Parameters
+    ----------
+    addresses : numpy.ndarray
+        int64 (gz, gy, gx), C-contiguous: the address of each chunk's C-contiguous (c, z, y, x) data, 0 where the
+        chunk is not held. Its owner updates it in place; the kernels read it while they run.
+    chunk, volume : tuple of 3 int
+        Chunk and volume shape (z, y, x); chunks on the far edges are clipped by the volume.
+    channels : int
+        Channels of every chunk.
+    dtype : numpy.dtype
+        Element type of the chunks.
+
+    Attributes
+    ----------
+    pins : numpy.ndarray
+        int32 per chunk: how many gathers in flight need it (its owner must not free a pinned chunk).
+    stamps : numpy.ndarray
+        int64 per chunk: when it was last pinned or stamped (its owner's clock), for least-recently-used eviction.
+
+    :meth:`pin` and :meth:`unpin` keep both for whole boxes of chunks in typed loops: no Python work per chunk.
+    The caller serialises them with its own lock.
+    """
+
+    cdef readonly object addresses
+    cdef readonly object pins
+    cdef readonly object stamps
+    cdef readonly tuple chunk
+    cdef readonly tuple volume
+    cdef readonly Py_ssize_t channels
+    cdef readonly object dtype
+
+    def __init__(self, addresses, chunk, volume, Py_ssize_t channels, dtype):
+        self.chunk = tuple(int(c) for c in chunk)
+        self.volume = tuple(int(v) for v in volume)
+        grid = tuple(-(-v // c) for v, c in zip(self.volume, self.chunk))
+        if (not isinstance(addresses, np.ndarray) or addresses.dtype != np.int64 or addresses.shape != grid
+                or not addresses.flags.c_contiguous):
+            raise ValueError(f"addresses must be a C-contiguous int64 array of the grid's shape {grid}")
+        self.addresses = addresses
+        self.pins = np.zeros(grid, np.int32)
+        self.stamps = np.zeros(grid, np.int64)
+        self.channels = channels
+        self.dtype = np.dtype(dtype)
+
+    def pin(self, boxes, int64_t clock):
+        """Pin every chunk of ``boxes`` ((n, 2, 3): first and last chunk index, inclusive, per box) once per box
+        and stamp it with ``clock``. Returns ``(held, missing)``: how many of the boxes' chunks are held, and the
+        indices of the boxes with a chunk not held."""
+        cdef int64_t[:, :, ::1] b = self._checked(boxes)
+        cdef int32_t[:, :, ::1] pins = self.pins
+        cdef int64_t[:, :, ::1] stamps = self.stamps
+        cdef int64_t[:, :, ::1] held = self.addresses
+        cdef Py_ssize_t n, z, y, x
+        cdef int64_t count = 0
+        cdef bint complete
+        missing = []
+        for n in range(b.shape[0]):
+            complete = True
+            for z in range(b[n, 0, 0], b[n, 1, 0] + 1):
+                for y in range(b[n, 0, 1], b[n, 1, 1] + 1):
+                    for x in range(b[n, 0, 2], b[n, 1, 2] + 1):
+                        pins[z, y, x] += 1
+                        stamps[z, y, x] = clock
+                        if held[z, y, x] != 0:
+                            count += 1
+                        else:
+                            complete = False
+            if not complete:
+                missing.append(n)
+        return count, missing
+
+    def unpin(self, boxes):
+        """Undo one :meth:`pin` of ``boxes``."""
+        cdef int64_t[:, :, ::1] b = self._checked(boxes)
+        cdef int32_t[:, :, ::1] pins = self.pins
+        cdef Py_ssize_t n, z, y, x
+        for n in range(b.shape[0]):
+            for z in range(b[n, 0, 0], b[n, 1, 0] + 1):
+                for y in range(b[n, 0, 1], b[n, 1, 1] + 1):
+                    for x in range(b[n, 0, 2], b[n, 1, 2] + 1):
+                        pins[z, y, x] -= 1
+
+    def _checked(self, boxes):
+        """``boxes`` as a C-contiguous int64 (n, 2, 3) array inside the grid (ValueError otherwise)."""
+        b = np.ascontiguousarray(boxes, dtype=np.int64)
+        grid = self.addresses.shape
+        if b.ndim != 3 or b.shape[1:] != (2, 3) or (b < 0).any() or (b[:, 0] > b[:, 1]).any() \
+                or (b[:, 1] >= np.asarray(grid)).any():
+            raise ValueError(f"boxes must be (n, 2, 3) first and last chunk indices inside the grid {grid}, "
+                             f"got {b.tolist()}")
+        return b
+
+
+cdef emf_chunked_window *_chunked_windows(tuple grids, corners, perms, flips, tuple out_shape) except NULL:
+    """Validate B windows of chunked volumes, every chunk they touch held (caller frees)."""
+    cdef Py_ssize_t count = len(grids)
+    cdef Py_ssize_t n, a
+    cdef int64_t[:, :, ::1] held
+    cdef int64_t lo[3]
+    cdef int64_t hi[3]
+    cdef int64_t kz, ky, kx
+    corners, perms, flips = _geometry(count, corners, perms, flips)
+    cdef emf_chunked_window *windows = <emf_chunked_window *> malloc(max(count, 1) * sizeof(emf_chunked_window))
+    if windows == NULL:
+        raise MemoryError("cannot allocate the window table")
+    try:
+        for n in range(count):
+            grid = <ChunkGrid?> grids[n]
+            if grid.channels != out_shape[0]:
+                raise ValueError(f"grid {n} has {grid.channels} channels, out has {out_shape[0]}")
+            extent = _permuted_extent(n, perms[n], out_shape)
+            held = grid.addresses
+            windows[n].chunks = &held[0, 0, 0]
+            for a in range(3):
+                corner = int(corners[n, a])
+                if corner < 0 or corner > grid.volume[a] - extent[a]:
+                    raise IndexError(f"window {n} spans [{corner}, {corner + extent[a]}) along axis {'zyx'[a]}, "
+                                     f"outside the volume extent {grid.volume[a]}")
+                windows[n].grid[a] = held.shape[a]
+                windows[n].chunk[a] = grid.chunk[a]
+                windows[n].volume[a] = grid.volume[a]
+                windows[n].corner[a] = corner
+                windows[n].perm[a] = perms[n, a]
+                windows[n].flip[a] = flips[n, a]
+                lo[a] = corner // grid.chunk[a]
+                hi[a] = (corner + extent[a] - 1) // grid.chunk[a]
+            for kz in range(lo[0], hi[0] + 1):
+                for ky in range(lo[1], hi[1] + 1):
+                    for kx in range(lo[2], hi[2] + 1):
+                        if held[kz, ky, kx] == 0:
+                            raise ValueError(f"window {n} needs chunk {(kz, ky, kx)}, which is not held")
+    except BaseException:
+        free(windows)
+        raise
+    return windows
+
+
+cdef tuple _checked_grids(grids, out):
+    grids = tuple(grids)
+    if len(grids) != out.shape[0]:
+        raise ValueError(f"out holds {out.shape[0]} windows but {len(grids)} grids were given")
+    return grids
+
+
+def gather_chunked_convert(grids, corners, perms, flips, scale, shift, out):
+    """:func:`gather_convert` for windows of chunked volumes: window n reads ``grids[n]`` (a :class:`ChunkGrid`),
+    each element in place from its chunk, without the GIL. Windows must lie inside their volumes (IndexError) and
+    every chunk they touch must be held (ValueError); the caller keeps those chunks alive until this returns.
+    """
+    result = out
+    out = _plain_out(out, len(grids))
+    grids = _checked_grids(grids, out)
+    cdef Py_ssize_t count = len(grids)
+    shape = out.shape[1:]
+    if count == 0 or 0 in shape:
+        return result
+    src_dtype = grids[0].dtype
+    if any(g.dtype != src_dtype for g in grids):
+        raise TypeError("all sources of one gather must share a dtype")
+    cdef emf_dtype c_src = dtype_code(src_dtype, "the sources", RAW_DTYPES)
+    cdef emf_dtype c_out = dtype_code(out.dtype, "out", FLOAT_DTYPES)
+    scale = np.asarray(scale, dtype=np.float32)
+    shift = np.asarray(shift, dtype=np.float32)
+    if scale.shape != (count,) or shift.shape != (count,):
+        raise ValueError(f"scale and shift must have shape ({count},)")
+    cdef int64_t c_shape[4]
+    for j in range(4):
+        c_shape[j] = shape[j]
+    cdef void *c_data = cnp.PyArray_DATA(<cnp.ndarray> out)
+    cdef Py_ssize_t n
+    cdef int status
+    cdef emf_chunked_window *windows = _chunked_windows(grids, corners, perms, flips, shape)
+    for n in range(count):
+        windows[n].scale = scale[n]
+        windows[n].shift = shift[n]
+    with nogil:
+        status = emf_gather_chunked_convert(windows, count, c_shape, c_src, c_out, c_data)
+    free(windows)
+    check_status(status, "gather_chunked_convert")
+    return result
+
+
+def gather_chunked_copy(grids, corners, perms, flips, out):
+    """:func:`gather_copy` for windows of chunked volumes (see :func:`gather_chunked_convert`)."""
+    result = out
+    out = _plain_out(out, len(grids))
+    grids = _checked_grids(grids, out)
+    cdef Py_ssize_t count = len(grids)
+    shape = out.shape[1:]
+    if count == 0 or 0 in shape:
+        return result
+    if any(g.dtype != out.dtype for g in grids):
+        raise TypeError(f"gather_chunked_copy needs sources of the output dtype {out.dtype}, "
+                        f"got {sorted({str(g.dtype) for g in grids})}")
+    if out.itemsize not in (1, 2, 4, 8):
+        raise TypeError(f"cannot copy elements of {out.itemsize} bytes")
+    cdef int64_t c_shape[4]
+    for j in range(4):
+        c_shape[j] = shape[j]
+    cdef int itemsize = out.itemsize
+    cdef void *c_data = cnp.PyArray_DATA(<cnp.ndarray> out)
+    cdef int status
+    cdef emf_chunked_window *windows = _chunked_windows(grids, corners, perms, flips, shape)
+    with nogil:
+        status = emf_gather_chunked_copy(windows, count, c_shape, itemsize, c_data)
+    free(windows)
+    check_status(status, "gather_chunked_copy")
+    return result

@@ -119,7 +119,11 @@ class Volume:
         self._array = None
         self._cache = None
         if lazy:
-            self._cache = ChunkCache(data, dtype, default_budget() if cache_bytes is None else cache_bytes, name)
+            budget = default_budget() if cache_bytes is None else cache_bytes
+            try:
+                self._cache = ChunkCache(data, dtype, budget, name)
+            except MemoryError as error:  # a chunk grid beyond the address space (absurd metadata)
+                raise VolumeTooLargeError(str(error)) from None
         else:
             if data.dtype == bool:
                 data = data.view(np.uint8)  # a bool mask, as the uint8 it is byte for byte
@@ -219,6 +223,12 @@ class Volume:
     @property
     def nbytes(self) -> int:
         return self.channels * math.prod(self.shape) * self.dtype.itemsize  # Python ints: no overflow
+
+    @property
+    def chunk_cache(self) -> Optional[ChunkCache]:
+        """The chunk cache a lazy volume reads through (the gather kernels read its blocks in place); None in
+        memory."""
+        return self._cache
 
     @property
     def cache_stats(self) -> Optional[CacheStats]:

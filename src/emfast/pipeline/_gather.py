@@ -1,5 +1,6 @@
-"""Turning a batch plan into output arrays: window reads for lazy volumes, one kernel call per field, then the
-pixel-wise augmentations and the targets.
+"""Turning a batch plan into output arrays: one kernel call per field, then the pixel-wise augmentations and the
+targets. Windows of lazy volumes are read in place from their chunk caches' blocks, pinned while the kernel runs;
+only warped batches, and fields mixing lazy and in-memory volumes, read lazy windows into buffers first.
 
 Geometry. A plan places each example's *output* window (``patch_out``) in its volume. Every field is a window
 of its own size centred on it: the raw input (``patch_in``, larger by the network's context), the labels (the
@@ -9,7 +10,9 @@ permuted into source axes like the patch itself.
 """
 from __future__ import annotations
 
+import functools
 import math
+import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
@@ -74,9 +77,20 @@ class Field:
     def shape(self, batch_size: int) -> tuple:
         return (batch_size, self.channels) + tuple(self.patch)
 
-    @property
+    @functools.cached_property
     def lazy(self) -> bool:
         return any(not placed.volume.in_memory for placed in self.sources)
+
+    @functools.cached_property
+    def chunked(self) -> bool:
+        """Every volume is lazy: windows are gathered straight from the chunk caches' blocks (asked per batch, so
+        computed once)."""
+        return all(not placed.volume.in_memory for placed in self.sources)
+
+    @property
+    def staged(self) -> bool:
+        """Some volumes are lazy and some in memory: lazy windows are read into buffers first."""
+        return self.lazy and not self.chunked
 
 
 class Gatherer:
@@ -150,7 +164,7 @@ class Gatherer:
         """Bytes of one producer thread's :meth:`new_scratch`, in Python ints."""
         total = 0
         for f in self.fields:
-            if f.lazy:
+            if f.staged:
                 total += self.batch_size * nbytes((f.channels,) + tuple(f.patch), f.sources[0].volume.dtype)
             if not f.delivered:
                 total += nbytes(f.shape(self.batch_size), f.dtype)
@@ -159,10 +173,10 @@ class Gatherer:
         return total
 
     def new_scratch(self) -> Dict[str, object]:
-        """Per-thread buffers: flat read buffers per example for lazily read fields, and intermediate fields."""
+        """Per-thread buffers: flat read buffers per example for staged fields, and intermediate fields."""
         scratch: Dict[str, object] = {}
         for f in self.fields:
-            if f.lazy:
+            if f.staged:
                 size = f.channels * math.prod(f.patch)
                 dtype = f.sources[0].volume.dtype
                 scratch["read:" + f.name] = [np.empty(size, dtype=dtype) for _ in range(self.batch_size)]
@@ -255,11 +269,32 @@ class Gatherer:
             scale, shift = scale * plan.params.gain, shift * plan.params.gain + plan.params.bias
         return scale.astype(np.float32), shift.astype(np.float32)
 
-    def _gather(self, f: Field, plan: BatchPlan, out: np.ndarray, read_buffers, profile: Profile) -> None:
+    def chunk_boxes(self, plan: BatchPlan) -> list:
+        """``(cache, boxes)`` for the windows of ``plan`` read in place from chunk caches: the blocks a batch
+        needs (warped examples may read a little more), for read-ahead."""
+        result = []
+        for f in self.fields:
+            if f.chunked:
+                corners, extents = self._windows(f, plan)
+                volumes = [f.sources[v].volume for v in plan.volumes]
+                for cache, examples in _by_cache(volumes).items():
+                    result.append((cache, cache.boxes(corners[examples], extents[examples])))
+        return result
+
+    @staticmethod
+    def _windows(f: Field, plan: BatchPlan) -> tuple:
+        """Corners (in each example's volume) and extents of a field's windows, in source axes."""
         params = plan.params
         extents = window_extents(f.patch, params.perms)
         origins = np.stack([f.sources[v].origin for v in plan.volumes])
-        corners = plan.corners + window_extents(f.offset, params.perms) - origins
+        return plan.corners + window_extents(f.offset, params.perms) - origins, extents
+
+    def _gather(self, f: Field, plan: BatchPlan, out: np.ndarray, read_buffers, profile: Profile) -> None:
+        params = plan.params
+        corners, extents = self._windows(f, plan)
+        if f.chunked:
+            self._gather_chunked(f, plan, corners, extents, out, profile)
+            return
         if read_buffers is None:
             sources = [f.sources[v].volume.array for v in plan.volumes]
         else:
@@ -285,3 +320,72 @@ class Gatherer:
                                  f"{tuple(int(c) for c in corner)}")
             sources.append(window)
         return sources
+
+    def _gather_chunked(self, f: Field, plan: BatchPlan, corners: np.ndarray, extents: np.ndarray, out: np.ndarray,
+                        profile: Profile) -> None:
+        """One kernel call reading every window in place from its volume's cached blocks, pinned meanwhile."""
+        params = plan.params
+        volumes = [f.sources[v].volume for v in plan.volumes]
+        pinned = []
+        try:
+            with _CacheTimer(profile) as timings:
+                for cache, examples in _by_cache(volumes).items():
+                    boxes = cache.boxes(corners[examples], extents[examples])
+                    cache.pin(boxes, timings)
+                    pinned.append((cache, boxes))
+            if f.convert:
+                _refuse_nonfinite(volumes, corners, extents, pinned)
+            grids = [volume.chunk_cache.grid for volume in volumes]
+            with profile.timer("kernel"):
+                if f.convert:
+                    scale, shift = self._normalization(f, plan)
+                    _gather.gather_chunked_convert(grids, corners, params.perms, params.flips, scale, shift, out)
+                else:
+                    _gather.gather_chunked_copy(grids, corners, params.perms, params.flips, out)
+        finally:
+            for cache, boxes in pinned:
+                cache.unpin(boxes)
+
+
+class _CacheTimer:
+    """Times the "cache" stage: the time inside it less what the caches reported through it (``add``) as "fetch"
+    or "pending", so that the profile's stages stay disjoint and add up to the producers' time."""
+
+    def __init__(self, profile: Profile) -> None:
+        self._profile = profile
+        self._reported = 0.0
+
+    def add(self, stage: str, seconds: float) -> None:
+        self._reported += seconds
+        self._profile.add(stage, seconds)
+
+    def __enter__(self) -> "_CacheTimer":
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._profile.add("cache", max(0.0, time.perf_counter() - self._start - self._reported))
+
+
+def _by_cache(volumes) -> Dict[object, List[int]]:
+    """The examples of a batch grouped by the chunk cache of their volume."""
+    groups: Dict[object, List[int]] = {}
+    for n, volume in enumerate(volumes):
+        groups.setdefault(volume.chunk_cache, []).append(n)
+    return groups
+
+
+def _refuse_nonfinite(volumes, corners: np.ndarray, extents: np.ndarray, pinned) -> None:
+    """ValueError naming the volume and window if a converted window holds NaN or infinity (known per block)."""
+    if all(volume.dtype.kind != "f" for volume in volumes):
+        return
+    for cache, boxes in pinned:
+        if not cache.nonfinite(boxes).any():
+            continue
+        for n, volume in enumerate(volumes):
+            if volume.chunk_cache is cache:
+                window = np.empty((volume.channels,) + tuple(int(e) for e in extents[n]), volume.dtype)
+                volume.read_box(corners[n], extents[n], window)
+                if not np.isfinite(window).all():
+                    raise ValueError(f"{volume.name}: NaN or infinity in the window at (z, y, x) = "
+                                     f"{tuple(int(c) for c in corners[n])}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import gc
 import numbers
 import os
@@ -36,6 +37,7 @@ from ._normalize import normalization
 from ._plan import BatchPlan, Planner, window_extents
 from ._pool import Lease, SlotPool, SlotsExhaustedError
 from ._profile import Profile, ProfileReport, plural
+from ._readahead import ReadAhead, read_ahead_depth
 from ._ring import Ring, RingClosed, join_all, start_thread
 from ._rng import check_seed
 
@@ -246,6 +248,15 @@ def _geometry(patch, patch_in, patch_out) -> tuple:
     return patch_in, patch_out
 
 
+def _position(number: int, epoch_size: Optional[int]) -> tuple:
+    """(epoch, batch in epoch) of batch ``number`` of the stream."""
+    return divmod(number, epoch_size) if epoch_size else (0, number)
+
+
+def _plan_of(planner: Planner, epoch_size: Optional[int], number: int) -> BatchPlan:
+    return planner.plan(*_position(number, epoch_size))
+
+
 class _Producers:
     """The producer threads. Holds no reference to the Loader, so an abandoned loader can be collected.
 
@@ -262,9 +273,24 @@ class _Producers:
         self.epoch_size = epoch_size
         self.threads = [threading.Thread(target=self._run, name=f"emfast-producer-{i}", daemon=True)
                         for i in range(threads)]
+        depth = self._read_ahead_depth(threads)
+        self.read_ahead = ReadAhead(ring, functools.partial(_plan_of, planner, epoch_size), gatherer, depth,
+                                    profile) if depth else None
+
+    def _read_ahead_depth(self, threads: int) -> int:
+        """Batches to read ahead (0 without lazy windows, or when the first plan fails: its producer reports it)."""
+        if not any(f.chunked for f in self.gatherer.fields):
+            return 0
+        try:
+            first = self.planner.plan(*self.position(self.ring.next_claim))
+        except Exception:  # noqa: BLE001 - raised again, in order, by the producer of that batch
+            return 0
+        return read_ahead_depth(self.gatherer, first, threads)
 
     def start(self) -> None:
         for thread in self.threads:
+            start_thread(thread)
+        for thread in self.read_ahead.threads if self.read_ahead is not None else ():
             start_thread(thread)
 
     def alive(self) -> bool:
@@ -273,10 +299,11 @@ class _Producers:
     def stop(self) -> None:
         self.ring.close()
         # A collection on a producer thread may run the loader's finalizer there: it cannot join itself.
-        join_all([t for t in self.threads if t.ident is not None and t is not threading.current_thread()])
+        threads = self.threads + (self.read_ahead.threads if self.read_ahead is not None else [])
+        join_all([t for t in threads if t.ident is not None and t is not threading.current_thread()])
 
     def position(self, number: int) -> tuple:
-        return divmod(number, self.epoch_size) if self.epoch_size else (0, number)
+        return _position(number, self.epoch_size)
 
     def _run(self) -> None:
         scratch = None
@@ -291,7 +318,8 @@ class _Producers:
                     self.ring.wait_turn(number)
                     slot = self.slots.acquire(number, lambda: self.ring.closed)
                 with self.profile.timer("sample"):
-                    plan = self.planner.plan(*self.position(number))
+                    plan = self.read_ahead.plan(number) if self.read_ahead is not None else \
+                        self.planner.plan(*self.position(number))
                 self.gatherer.fill(slot.memory, plan, scratch, self.profile)
                 self.ring.publish(number, (self.slots.lease(slot), plan))
                 del slot
@@ -435,6 +463,16 @@ class Loader:
         Where batches are delivered: ``"cpu"`` (NumPy arrays), ``"cuda"`` / ``"cuda:N"`` (device arrays with
         ``__cuda_array_interface__``, copied asynchronously from page-locked memory; needs pycuda), or
         ``"auto"`` (CUDA if usable, else the CPU with a notice). See :mod:`emfast.transfer`.
+
+    Notes
+    -----
+    Lazy volumes (``emfast.open(..., in_memory=False)``): the kernels read each window in place from the chunk
+    cache's decoded chunks, pinned while they are read, so a batch whose chunks are cached costs what an
+    in-memory batch costs. A cache may hold more than its ``cache_bytes`` only while the windows being made pin
+    more chunks than it holds (at most ``threads x batch_size`` windows' chunks); give it room for those. Where
+    the budget also holds the next batches' chunks, ``emfast-read-ahead`` threads read them ahead of the
+    producers (up to ``threads + 1`` batches, one thread each; the ``ahead`` stage of :attr:`profile`); ``fetch`` and ``pending``
+    in :attr:`profile` show the producers' own reads and their waits for chunks being read.
 
     Examples
     --------

@@ -9,7 +9,11 @@ from typing import Dict
 #: Stage name -> what it measures.
 STAGES = {
     "sample": "drawing window positions and transforms (producer)",
-    "read": "reading windows from lazy volumes (producer)",
+    "read": "reading windows of lazy volumes into buffers: warped, or mixed with in-memory volumes (producer)",
+    "cache": "finding and pinning the cached chunks of lazy windows (producer)",
+    "fetch": "reading and decoding the chunks of lazy windows missing from the cache (producer)",
+    "pending": "waiting for chunks another thread is reading: read-ahead or a producer (producer)",
+    "ahead": "reading the chunks of the next batches ahead of the producers (read-ahead thread)",
     "kernel": "crop + transform + convert kernels (producer)",
     "augment": "pixel-wise augmentations: noise, blur, section defects (producer)",
     "targets": "targets computed from the labels (producer)",

@@ -39,7 +39,12 @@ class Ring:
         if size < 2:
             raise ValueError("a ring needs at least 2 slots")
         self.size = size
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        # Read-ahead waits for claims on a condition of its own, woken only when a claim reaches the earliest
+        # batch it waits for: waking it (or the producers) on every claim costs GIL hand-offs.
+        self._claims = threading.Condition(lock)
+        self._claim_targets: List[int] = []
         self._next_claim = first
         self._released = first  # batches < _released are released by the consumer
         self._ready: Dict[int, Any] = {}
@@ -54,7 +59,28 @@ class Ring:
                 return None
             number = self._next_claim
             self._next_claim += 1
+            if self._claim_targets and self._next_claim > min(self._claim_targets):
+                self._claims.notify_all()
             return number
+
+    def wait_claimed(self, number: int) -> None:
+        """Block until a producer claimed batch ``number``. Raises RingClosed on close."""
+        with self._cond:
+            while self._next_claim <= number:
+                if self._closed:
+                    raise RingClosed()
+                self._claim_targets.append(number)
+                try:
+                    self._claims.wait(POLL_SECONDS)
+                finally:
+                    self._claim_targets.remove(number)
+            if self._closed:
+                raise RingClosed()
+
+    @property
+    def next_claim(self) -> int:
+        """The batch number the next producer will claim."""
+        return self._next_claim
 
     def wait_turn(self, number: int) -> None:
         """Block until batch ``number`` may be started (batch number - size released). Raises RingClosed on close."""
@@ -110,6 +136,7 @@ class Ring:
             self._closed = True
             ready, self._ready = self._ready, {}
             self._cond.notify_all()
+            self._claims.notify_all()
         del ready  # outside the lock: dropping a batch may run a finalizer
 
     @property
