@@ -642,6 +642,7 @@ def explain(rows: Dict[str, dict], config: Settings, load_average) -> List[str]:
     profile = dict(emfast["profile_ms_per_batch"])
     n, wall = config.threads, emfast["ms_per_batch"]
     wait = profile.pop("wait")
+    profile.pop("ahead", None)  # read-ahead threads' time, not the producers': it has no share of n x wall
     # Producers are busy all the time when the consumer only takes batches: n threads x wall time per batch is
     # spent in the stages or between them (Python, handing batches over).
     other = max(0.0, n * wall - sum(profile.values()))
