@@ -31,3 +31,90 @@ def test_len_of_endless_stream_is_a_type_error_that_says_why():
     with pytest.raises(TypeError, match="endless.*epoch_size"):
         len(loader)
     loader.close()
+
+
+# -- volume[z0:z1, y0:y1, x0:x1] ----------------------------------------------------------------------------------
+
+def _random_item(rng, size):
+    """A random int or slice along an axis of ``size``: negative, out-of-range bounds and steps included."""
+    if rng.random() < 0.25:
+        return int(rng.integers(-size, size))
+    def bound():
+        return None if rng.random() < 0.2 else int(rng.integers(-size - 3, size + 4))
+
+    step = None if rng.random() < 0.4 else int(rng.choice([-3, -2, -1, 1, 2, 3, 5]))
+    return slice(bound(), bound(), step)
+
+
+def _random_key(rng, shape):
+    key = tuple(_random_item(rng, s) for s in shape)
+    form = rng.integers(4)
+    if form == 1:
+        return key[:int(rng.integers(1, 3))]  # trailing axes taken whole
+    if form == 2:
+        at = int(rng.integers(0, 3))
+        return key[:at] + (Ellipsis,) + key[at + 1:]
+    return key[0] if form == 3 else key
+
+
+@pytest.mark.parametrize("dtype, channels", [(np.uint8, None), (np.float32, 2), (np.uint64, None)])
+def test_getitem_matches_numpy_lazy_and_in_memory(tmp_path, dtype, channels):
+    import h5py
+    rng = np.random.default_rng(7)
+    spatial = (9, 13, 11)
+    full = (channels,) + spatial if channels else spatial
+    data = (rng.random(full) * 1000).astype(dtype)
+    path = tmp_path / "v.h5"
+    with h5py.File(path, "w") as file:
+        file.create_dataset("v", data=data, chunks=((channels,) if channels else ()) + (4, 5, 3))
+    reference = data if channels else data[np.newaxis]  # channels first, as read_box and np.asarray give them
+    in_memory = ef.hdf5(path, "v")
+    with ef.hdf5(path, "v", in_memory=False) as lazy:
+        assert not lazy.in_memory
+        for _ in range(300):
+            key = _random_key(rng, spatial)
+            whole = key if isinstance(key, tuple) else (key,)
+            expected = reference[(slice(None),) + whole]
+            for volume in (in_memory, lazy):
+                got = volume[key]
+                assert got.dtype == expected.dtype and got.shape == expected.shape, key
+                np.testing.assert_array_equal(got, expected, err_msg=repr(key))
+                assert got.flags.c_contiguous and not np.shares_memory(got, reference)
+
+
+def test_getitem_result_is_a_copy_of_an_in_memory_volume():
+    array = _raw()
+    box = ef.Volume.from_array(array)[2:4, :5, 1]
+    box[...] = 0
+    assert array[2:4, :5, 1].any()  # writing to the result leaves the volume alone
+
+
+@pytest.mark.parametrize("key, error, message", [
+    ((0, 0, 0, 0), IndexError, "too many indices"),
+    ((Ellipsis, 0, Ellipsis), IndexError, "single ellipsis"),
+    ((16,), IndexError, "out of bounds for axis z of size 16"),
+    ((0, -33), IndexError, "index -33 is out of bounds for axis y of size 32"),
+    ((np.array([1, 2]),), TypeError, "integers and slices"),
+    (([1, 2],), TypeError, "integers and slices"),
+    ((True,), TypeError, "integers and slices"),
+    ((0, 1.5), TypeError, "along y"),
+    ((None,), TypeError, "integers and slices"),
+])
+def test_getitem_refuses_what_it_cannot_read(key, error, message):
+    volume = ef.Volume.from_array(_raw(), name="raw.h5:raw")
+    with pytest.raises(error, match=message) as caught:
+        volume[key]
+    assert "raw.h5:raw" in str(caught.value)
+
+
+def test_getitem_of_a_lazy_volume_refuses_a_box_over_the_limit(tmp_path, monkeypatch):
+    import h5py
+    from emfast.io import _volume
+    path = tmp_path / "v.h5"
+    with h5py.File(path, "w") as file:
+        file.create_dataset("v", data=_raw(), chunks=(4, 8, 8))
+    monkeypatch.setattr(_volume, "ASARRAY_LIMIT_BYTES", 1000)
+    with ef.hdf5(path, "v", in_memory=False) as lazy:
+        assert lazy[0:2, 0:10, 0:10].shape == (1, 2, 10, 10)  # 200 bytes
+        with pytest.raises(ValueError, match=r"v.h5:v.*\(4, 32, 32\) voxels.*read_box"):
+            lazy[0:4, ::31, ::31]  # 4 x 2 x 2 voxels, but a box spanning 4 x 32 x 32 is read
