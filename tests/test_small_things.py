@@ -118,3 +118,66 @@ def test_getitem_of_a_lazy_volume_refuses_a_box_over_the_limit(tmp_path, monkeyp
         assert lazy[0:2, 0:10, 0:10].shape == (1, 2, 10, 10)  # 200 bytes
         with pytest.raises(ValueError, match=r"v.h5:v.*\(4, 32, 32\) voxels.*read_box"):
             lazy[0:4, ::31, ::31]  # 4 x 2 x 2 voxels, but a box spanning 4 x 32 x 32 is read
+
+
+# -- emfast info: value statistics --------------------------------------------------------------------------------
+
+def _values_lines(out):
+    return [line.strip() for line in out.splitlines() if line.strip().startswith("values from")]
+
+
+def test_info_summarises_raw_and_labels_of_a_small_file_exactly(tmp_path, capsys):
+    import h5py
+    from emfast.cli import main
+    rng = np.random.default_rng(3)
+    raw = rng.integers(0, 2 ** 16, (12, 20, 20), dtype=np.uint16)
+    labels = rng.choice(np.array([0, 5, 9, 2 ** 40], np.uint64), (12, 20, 20))
+    with h5py.File(tmp_path / "s.h5", "w") as file:
+        file.create_dataset("volumes/raw", data=raw, chunks=(4, 10, 10))
+        file.create_dataset("volumes/labels/neuron_ids", data=labels)  # contiguous: sampled in blocks
+        file.create_dataset("ids_uint16", data=labels.astype(np.uint16) % 7)  # a name that says labels
+        file.create_dataset("lookup", data=np.arange(5))  # 1-D: not a volume, no values
+    assert main(["info", str(tmp_path / "s.h5")]) == 0
+    out = capsys.readouterr().out
+    ids16, label_line, raw_line = _values_lines(out)
+    assert "all 12 chunks" in raw_line and "at most 16 chunks or 64 MiB" in raw_line
+    assert (f"min={raw.min()} max={raw.max()} mean={raw.mean():.6g} std={raw.std():.6g}") in raw_line
+    assert "all 1 chunk " in label_line
+    fraction = np.count_nonzero(labels == 0) / labels.size
+    assert f"3 labels besides 0 (background: {fraction:.1%} of voxels), highest: 1099511627776, 9, 5" in label_line
+    present = np.unique(labels.astype(np.uint16) % 7)
+    assert f"{np.count_nonzero(present)} labels besides 0" in ids16
+    assert len(_values_lines(out)) == 3  # none for the 1-D dataset
+
+
+def test_info_reads_a_bounded_sample_of_chunks_spread_over_the_volume(tmp_path, capsys, monkeypatch):
+    import zarr
+    from emfast import cli
+    rng = np.random.default_rng(4)
+    raw = rng.random((16, 32, 32), dtype=np.float32) + np.arange(16, dtype=np.float32)[:, None, None]
+    store = zarr.open_array(str(tmp_path / "s.zarr"), mode="w", shape=raw.shape, chunks=(4, 8, 8), dtype=raw.dtype)
+    store[:] = raw
+    monkeypatch.setattr(cli, "INFO_SAMPLE_CHUNKS", 4)
+    read = []
+    real_read_box = ef.Volume.read_box
+    monkeypatch.setattr(ef.Volume, "read_box",
+                        lambda self, c, e, out: read.append(c) or real_read_box(self, c, e, out))
+    assert cli.main(["info", str(tmp_path / "s.zarr")]) == 0
+    line, = _values_lines(capsys.readouterr().out)
+    # 64 chunks in a 4 x 4 x 4 grid; grid indices 0, 21, 42, 63 are read: first, last and two between
+    assert read == [(0, 0, 0), (4, 8, 8), (8, 16, 16), (12, 24, 24)]
+    sample = np.concatenate([raw[z:z + 4, y:y + 8, x:x + 8].ravel() for z, y, x in read])
+    assert "4 of 64 chunks, spread over the volume (0.00391 MiB; at most 4 chunks" in line
+    assert f"min={sample.min():.6g} max={sample.max():.6g} mean={sample.mean(dtype=np.float64):.6g}" in line
+
+
+def test_info_names_nan_in_a_float_volume(tmp_path, capsys):
+    import h5py
+    from emfast.cli import main
+    raw = np.ones((4, 8, 8), np.float32)
+    raw[1, 2, 3] = np.nan
+    with h5py.File(tmp_path / "s.h5", "w") as file:
+        file.create_dataset("raw", data=raw)
+    assert main(["info", str(tmp_path / "s.h5")]) == 0
+    line, = _values_lines(capsys.readouterr().out)
+    assert "contains NaN or infinity" in line
