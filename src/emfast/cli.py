@@ -19,7 +19,7 @@ from . import config as _config
 from ._machine import cores
 from .augment import Intensity, Mirror, Transpose
 from .io import (LABELS_DATASET, RAW_DATASET, DatasetNotFoundError, Volume, demo_volume_path, hdf5, open_hdf5,
-                 open_volume, split_path, world_box)
+                 open_volume, split_path, volume_statistics, world_box)
 from .io._convert import COMPRESSORS
 from .io._convert import convert as convert_volume
 from .io._outputs import command_line_options
@@ -131,8 +131,72 @@ def installation() -> List[str]:
             "GPU: " + ("usable through pycuda (device='cuda')" if gpu is None else f"not available: {gpu}")]
 
 
+#: ``emfast info`` summarises values from at most this many chunks and bytes of each volume, spread over it.
+INFO_SAMPLE_CHUNKS = 16
+INFO_SAMPLE_BYTES = 64 << 20
+#: The boxes sampled from an unchunked (contiguous) dataset, in voxels (z, y, x).
+_INFO_BLOCK = (32, 256, 256)
+#: Words in a dataset's name that say it holds labels (with an integer dtype).
+_LABEL_WORDS = ("label", "seg", "ids")
+
+
+def _sample(volume: Volume) -> tuple:
+    """Values of up to :data:`INFO_SAMPLE_CHUNKS` chunks (at most :data:`INFO_SAMPLE_BYTES`) spread evenly over
+    the volume in grid order, flattened; and how many chunks that is of how many."""
+    chunk = tuple(volume.chunks[-3:]) if volume.chunks else _INFO_BLOCK
+    chunk = tuple(min(c, s) for c, s in zip(chunk, volume.shape))
+    box = list(chunk)
+    while volume.channels * int(np.prod(box)) * volume.dtype.itemsize > INFO_SAMPLE_BYTES:
+        box[int(np.argmax(box))] = -(-max(box) // 2)  # a chunk beyond the budget: read its first part
+    grid = tuple(-(-s // c) for s, c in zip(volume.shape, chunk))
+    total = int(np.prod(grid))
+    box_bytes = volume.channels * int(np.prod(box)) * volume.dtype.itemsize
+    count = max(1, min(INFO_SAMPLE_CHUNKS, total, INFO_SAMPLE_BYTES // box_bytes))
+    values = []
+    for flat in np.unique(np.linspace(0, total - 1, count).round().astype(np.int64)):
+        corner = tuple(int(i) * c for i, c in zip(np.unravel_index(flat, grid), chunk))
+        extent = tuple(min(b, s - c) for b, s, c in zip(box, volume.shape, corner))
+        values.append(volume.read_box(corner, extent, np.empty((volume.channels,) + extent, volume.dtype)).ravel())
+    return np.concatenate(values), count, total
+
+
+def _values_line(volume: Volume, name: str) -> str:
+    """``emfast info``'s summary of a volume's values from a bounded sample: min/max/mean/std of raw data, the
+    number of ids and the highest ids of labels."""
+    values, count, total = _sample(volume)
+    where = (f"all {total} {plural(total, 'chunk')}" if count == total else
+             f"{count} of {total} chunks, spread over the volume")
+    head = (f"    values from {where} ({values.nbytes / 2 ** 20:.3g} MiB; at most {INFO_SAMPLE_CHUNKS} chunks or "
+            f"{INFO_SAMPLE_BYTES >> 20} MiB are read): ")
+    labels = volume.dtype.kind in "ui" and (volume.dtype.itemsize >= 4 or
+                                            any(word in name.lower() for word in _LABEL_WORDS))
+    if labels:
+        ids = np.unique(values)
+        ids = ids[ids != 0]  # background
+        highest = ", ".join(str(i) for i in ids[::-1][:5]) or "none"
+        background = np.count_nonzero(values == 0) / values.size
+        return head + (f"{ids.size} {plural(ids.size, 'label')} besides 0 (background: {background:.1%} of "
+                       f"voxels), highest: {highest}")
+    try:
+        stats = volume_statistics(Volume.from_array(values.reshape(1, 1, -1), name=volume.name), cache=False)
+    except ValueError as error:  # NaN or infinity in a float volume
+        return head + str(error).split(": ", 1)[-1]
+    return head + f"min={stats.min:.6g} max={stats.max:.6g} mean={stats.mean:.6g} std={stats.std:.6g}"
+
+
+def _values_line_or_nothing(container, name: str) -> List[str]:
+    """:func:`_values_line` of a dataset emfast can read as a volume; nothing for any other dataset."""
+    try:
+        volume = open_volume(container, name, in_memory=False)
+    except (TypeError, ValueError):  # not 3-D/4-D, or a dtype volumes do not hold
+        return []
+    with volume:
+        return [_values_line(volume, name)]
+
+
 def info(args: argparse.Namespace) -> int:
-    """Without a file: the installation. With one: its datasets with shape, dtype, chunks and attributes."""
+    """Without a file: the installation. With one: its datasets with shape, dtype, chunks and attributes, and
+    their values summarised from a bounded sample of chunks (see :func:`_values_line`)."""
     if args.file is None:
         print("\n".join(installation()))
         return 0
@@ -154,6 +218,7 @@ def info(args: argparse.Namespace) -> int:
                 attrs = f"  [{_format_attrs(node.attrs)}]" if len(node.attrs) else ""
                 rows.append(f"  {name}: shape={node.shape} dtype={node.dtype} chunks={node.chunks}"
                             f"{compression}{attrs}")
+                rows.extend(_values_line_or_nothing(container, name))
 
         if isinstance(top, h5py.Dataset):
             visit(inner, top)
@@ -217,6 +282,7 @@ def _store_info(path: str) -> int:
             world = "" if box is None else f" world=[{box[0]}, {box[1]}) nm"
             print(f"  {name or '.'}: shape={volume.shape}{channels} dtype={volume.dtype} chunks={volume.chunks} "
                   f"resolution={volume.resolution} offset={volume.offset}{world}")
+            print(_values_line(volume, name))
     if not names:
         print("  (no arrays)")
     return 0
@@ -316,8 +382,10 @@ def build_parser() -> argparse.ArgumentParser:
                                description="Without FILE: the version, the CPU features the kernels use, and "
                                            "whether pycuda and a GPU are available. With FILE: every dataset of "
                                            "the HDF5 file, zarr or N5 store (or precomputed volume) with shape, "
-                                           "dtype, chunks and metadata; a path inside a store names one array or "
-                                           "group.")
+                                           "dtype, chunks and metadata, and its values from a sample of at most "
+                                           f"{INFO_SAMPLE_CHUNKS} chunks or {INFO_SAMPLE_BYTES >> 20} MiB: min, "
+                                           "max, mean and std of raw data, the number of ids and the highest ids "
+                                           "of labels; a path inside a store names one array or group.")
     show.add_argument("file", nargs="?", help="an HDF5 file, a zarr/N5 store or a precomputed volume")
     show.set_defaults(handler=info)
 

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
@@ -268,6 +269,83 @@ class Volume:
         else:
             self._cache.read_box(corner, extent, out)
         return out
+
+    def __getitem__(self, key) -> np.ndarray:
+        """``volume[z0:z1, y0:y1, x0:x1]``: a new (c, z, y, x) array of the box, like :meth:`read_box`.
+
+        The key indexes the spatial axes (z, y, x) as NumPy indexes an array of that shape; every channel is
+        returned, first, as :attr:`array`, :meth:`read_box` and ``np.asarray(volume)`` give them. So the result is
+        ``np.asarray(volume)[(slice(None),) + key]``, a fresh C-ordered copy for in-memory and lazy volumes alike.
+
+        Parameters
+        ----------
+        key : int, slice, Ellipsis or a tuple of up to 3 of them
+            Integers (negative ones count from the end) drop their axis; slices may have any step; missing
+            trailing axes are taken whole. A lazy volume reads the box spanning the selection through its chunk
+            cache, at most :data:`ASARRAY_LIMIT_BYTES` (1 GiB) of it.
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape ``(channels, *selected)`` and the volume's dtype.
+
+        Raises
+        ------
+        IndexError
+            More than 3 indices, more than one Ellipsis, or an integer outside the volume.
+        TypeError
+            Anything else as an index (arrays, lists, booleans, floats, None): volumes take ints and slices only.
+        ValueError
+            A lazy selection spanning more than the limit (read it with :meth:`read_box` or :meth:`slabs`).
+        """
+        selection = self._spatial_selection(key)
+        shape = (self.channels,) + tuple(len(r) for r in selection if isinstance(r, range))
+        if any(len(r) == 0 for r in selection if isinstance(r, range)):
+            return np.empty(shape, self.dtype)
+        low = [min(r) if isinstance(r, range) else r for r in selection]
+        extent = tuple((max(r) + 1 if isinstance(r, range) else r + 1) - lo for r, lo in zip(selection, low))
+        # Within the box from the selection's lowest to highest index, every step lands on the selection exactly.
+        local = (slice(None),) + tuple(slice(None, None, r.step) if isinstance(r, range) else 0 for r in selection)
+        if self._array is not None:
+            box = self._array[(slice(None),) + tuple(slice(lo, lo + e) for lo, e in zip(low, extent))]
+            return box[local].copy()
+        nbytes = self.channels * math.prod(extent) * self.dtype.itemsize
+        if nbytes > ASARRAY_LIMIT_BYTES:
+            raise ValueError(f"{self.name}: volume[{key!r}] spans a box of {extent} voxels, {_gib(nbytes)}, more than "
+                             f"the {_gib(ASARRAY_LIMIT_BYTES)} limit for a lazy volume; read it in parts with "
+                             "volume.read_box(corner, extent, out), or stream it with volume.slabs()")
+        box = self.read_box(low, extent, np.empty((self.channels,) + extent, self.dtype))
+        return np.ascontiguousarray(box[local])
+
+    def _spatial_selection(self, key) -> list:
+        """Per spatial axis of ``key``: a range of the indices a slice selects, or an int index (axis dropped)."""
+        key = key if isinstance(key, tuple) else (key,)
+        ellipses = [i for i, item in enumerate(key) if item is Ellipsis]  # by identity: `in` would compare arrays
+        if len(ellipses) > 1:
+            raise IndexError(f"{self.name}: an index can only have a single ellipsis ('...'), got {key!r}")
+        if ellipses:
+            at = ellipses[0]
+            key = key[:at] + (slice(None),) * max(0, 4 - len(key)) + key[at + 1:]
+        if len(key) > 3:
+            raise IndexError(f"{self.name}: too many indices ({len(key)}): a volume is indexed (z, y, x), and every "
+                             f"channel comes first in the result; got {key!r}")
+        key = key + (slice(None),) * (3 - len(key))
+        selection = []
+        for axis, item, size in zip("zyx", key, self.shape):
+            if isinstance(item, slice):
+                selection.append(range(*item.indices(size)))
+            else:
+                try:
+                    if isinstance(item, (bool, np.bool_)):  # NumPy reads a boolean as a mask, not as 0 or 1
+                        raise TypeError
+                    index = operator.index(item)
+                except TypeError:
+                    raise TypeError(f"{self.name}: index {item!r} along {axis}: volumes take integers and slices "
+                                    f"only (no arrays, lists, booleans, floats or None)") from None
+                if not -size <= index < size:
+                    raise IndexError(f"{self.name}: index {index} is out of bounds for axis {axis} of size {size}")
+                selection.append(index % size)
+        return selection
 
     def read_padded(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray, pad: str,
                     fill=0) -> np.ndarray:

@@ -419,7 +419,8 @@ class Loader:
         from :mod:`emfast.sampling`, or its registered name (``"masked"``, with default parameters), as in
         configs. The loader works on its own copy.
     epoch_size : int, default None
-        Batches per epoch: each ``for batch in loader`` runs to the end of the current epoch. None: endless.
+        Batches per epoch, also ``len(loader)``: each ``for batch in loader`` runs to the end of the current epoch.
+        None: endless (``len(loader)`` then raises TypeError), unless the sampler has epochs of its own (tiled).
     threads : int, default 1
         Producer threads. The kernels release the GIL, so throughput scales with cores.
     buffers : int, default None
@@ -799,6 +800,22 @@ class Loader:
             yield batch
             if self.epoch_size is not None and batch.index == self.epoch_size - 1:
                 return
+
+    def __len__(self) -> int:
+        """Batches per epoch, ``len(loader)``: ``epoch_size``, or the epoch of a tiled sampler (this shard's share).
+
+        A ``for batch in loader`` started at the beginning of an epoch yields this many batches; one started
+        mid-epoch yields the rest of that epoch.
+
+        Raises
+        ------
+        TypeError
+            The stream is endless (no ``epoch_size`` and a sampler without epochs), so it has no length.
+        """
+        if self.epoch_size is None:
+            raise TypeError(f"len(loader): the stream of {self.sampler!r} is endless (no epoch_size), so it has no "
+                            "length; pass epoch_size=N for epochs of N batches")
+        return self.epoch_size
 
     def next_batch(self) -> Batch:
         """Release this thread's previous batch and return the next one, waiting for it if needed.
