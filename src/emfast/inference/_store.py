@@ -16,8 +16,8 @@ from typing import Optional, Set, Tuple
 import numpy as np
 
 from ..io import COMPRESSORS, import_zarr, split_path, zarr_compressor
-from ..io._outputs import (NotOwnOutputError, OutputLock, input_changed, open_hdf5_for_writing, option,
-                           remove_hdf5_output, remove_partial_files, remove_zarr_output)
+from ..io._outputs import (NotOwnOutputError, OutputLock, check_zarr_container, input_changed, open_hdf5_for_writing,
+                           option, remove_hdf5_output, remove_partial_files, remove_zarr_output)
 
 RECORD = "emfast_predict"
 #: Record entries kept for provenance and not compared when resuming: a retrained model keeps its name, a wrapped
@@ -153,6 +153,7 @@ class OutputStore:
         if self.kind == "hdf5":
             self._file = open_hdf5_for_writing(self.container)
         else:
+            check_zarr_container(self.container)
             self._file = import_zarr().open_group(str(self.container), mode="a")
 
     def _node(self, name: str):

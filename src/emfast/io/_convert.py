@@ -24,9 +24,9 @@ import h5py
 import numpy as np
 
 from ._open import open_source, split_path
-from ._outputs import (NotOwnOutputError, OutputLock, check_free_space, check_output_location, fingerprint,
-                       input_changed, open_hdf5_for_writing, option, remove_hdf5_output, remove_partial_files,
-                       remove_zarr_output)
+from ._outputs import (NotOwnOutputError, OutputLock, check_free_space, check_output_location, check_zarr_container,
+                       fingerprint, input_changed, open_hdf5_for_writing, option, remove_hdf5_output,
+                       remove_partial_files, remove_zarr_output)
 from ._progress import plural, progress_bar
 from ._source import VolumeSource
 
@@ -294,6 +294,7 @@ class _ZarrWriter:
 
     def prepare(self, record: dict, overwrite: bool, lock: OutputLock) -> int:
         """Open the output to continue it (returns the tiles done), or create it with its record (returns 0)."""
+        check_zarr_container(self.container)
         folder = self.container / self._dataset
         if folder.exists() or folder.is_symlink():
             previous = self._existing_record(folder)

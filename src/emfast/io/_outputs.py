@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
@@ -86,7 +87,7 @@ def check_output_location(container: Path, dataset: str, kind: str, stamp, role:
         return
     output = filesystem_path(container, dataset, kind)
     if stamp.path.is_file():  # HDF5: one file holds the input and whatever else is written into it
-        if output == stamp.path:
+        if output == stamp.path or (output.exists() and os.path.samefile(output, stamp.path)):  # hard links too
             raise OutputLocationError(
                 f"{container}/{dataset} is in the {role}'s HDF5 file {stamp.path}; a writer killed mid-write can "
                 "corrupt a whole HDF5 file, so emfast never writes into one it reads: write to another .h5 file "
@@ -100,6 +101,15 @@ def check_output_location(container: Path, dataset: str, kind: str, stamp, role:
         named = stamp.path / stamp.dataset
         resolved = "" if named == data else f" ({data})"
         raise OutputLocationError(f"{container}/{dataset} is {where} {named}{resolved}; write the output beside it")
+
+
+def check_zarr_container(container: Path) -> None:
+    """OutputLocationError if ``container`` is a zarr array: an output's group metadata written into its folder
+    (``zarr.json``, or ``.zgroup`` beside ``.zarray``) hides the array from every reader."""
+    metadata = _zarr_metadata(container) if container.is_dir() else None
+    if metadata is not None and metadata.get("node_type") == "array":
+        raise OutputLocationError(f"{container} is a zarr array, not a group: an output inside it would hide it; "
+                                  "write the output beside it")
 
 
 def input_folder(stamp) -> Path:
@@ -269,7 +279,14 @@ class OutputLock:
     def acquire(self) -> "OutputLock":
         """Take the lock; OutputBusyError naming the other run's pid if another process holds it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a link: the file is truncated and rewritten
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as error:
+            raise OSError(error.errno, f"cannot use the lock file {self.path}: {error.strerror} (emfast keeps its "
+                                       "lock there; a link or folder of that name must be moved away)") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(f"cannot use the lock file {self.path}: it is not a regular file; move it away")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -278,9 +295,10 @@ class OutputLock:
             raise OutputBusyError(f"another emfast run (pid {holder}) is writing {self.container}; wait for it "
                                   "to finish, or stop it, then run again") from None
         self._fd = fd
+        # Only this run may act on a killed run's half-made dataset: the mark is consumed here, so a dataset that
+        # appears under that name later (the user's own) is never taken for emfast's.
         self._creating_before = _read_state(fd).get("creating")
-        # kept until this run has dealt with that dataset: it may be killed before, too
-        self._write({"pid": os.getpid(), "creating": self._creating_before})
+        self._write({"pid": os.getpid()})
         return self
 
     def was_creating(self, dataset: str) -> bool:
@@ -289,11 +307,14 @@ class OutputLock:
 
     @contextmanager
     def creating(self, dataset: str) -> Iterator[None]:
-        """Mark ``dataset`` as being created until its record is written (the block ends without an error)."""
+        """Mark ``dataset`` as being created until its record is written. The mark outlives only a killed run:
+        a creation that fails with an error clears it (what it left has no record, so it is never replaced)."""
         self._write({"pid": os.getpid(), "creating": dataset})
-        yield
-        self._write({"pid": os.getpid()})
-        self._creating_before = None
+        try:
+            yield
+        finally:
+            self._write({"pid": os.getpid()})
+            self._creating_before = None
 
     def _write(self, state: dict) -> None:
         data = json.dumps(state).encode()
