@@ -78,3 +78,31 @@ def test_an_hdf5_output_that_is_the_input_file_under_another_name_is_refused(tmp
         ef.predict(crop, tmp_path / "in.h5/raw", tmp_path / "alias.h5/pred", **ARGS)
     with h5py.File(tmp_path / "in.h5") as f:
         assert list(f) == ["raw"]
+
+
+def test_a_copy_of_a_prediction_carries_no_record_of_the_run_it_copies(tmp_path):
+    _input(tmp_path)
+    ef.predict(crop, tmp_path / "in.h5/raw", tmp_path / "p.zarr/pred", **ARGS)
+    ef.io.convert(tmp_path / "p.zarr/pred", tmp_path / "copy.zarr/pred")
+    attributes = dict(zarr.open_array(tmp_path / "copy.zarr/pred", mode="r").attrs)
+    assert "emfast_predict" not in attributes and "emfast_convert" in attributes
+
+
+def test_one_lock_for_an_output_reached_through_a_link(tmp_path):
+    from emfast.io._outputs import OutputBusyError, OutputLock
+
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real/x.zarr", tmp_path / "out.zarr")  # the output named through a link to it
+    with OutputLock(tmp_path / "real/x.zarr"):
+        with pytest.raises(OutputBusyError, match="another emfast run"):
+            OutputLock(tmp_path / "out.zarr").acquire()
+
+
+def test_partial_files_are_never_removed_through_a_link(tmp_path):
+    from emfast.io._outputs import remove_partial_files
+
+    (tmp_path / "theirs").mkdir()
+    theirs = tmp_path / "theirs" / ("c.0." + "a" * 32 + ".partial")
+    theirs.write_bytes(b"x")
+    os.symlink(tmp_path / "theirs", tmp_path / "pred.blocks")
+    assert remove_partial_files(tmp_path / "pred.blocks") == 0 and theirs.exists()

@@ -24,9 +24,9 @@ import h5py
 import numpy as np
 
 from ._open import open_source, split_path
-from ._outputs import (NotOwnOutputError, OutputLock, check_free_space, check_output_location, check_zarr_container,
-                       fingerprint, input_changed, open_hdf5_for_writing, option, remove_hdf5_output,
-                       remove_partial_files, remove_zarr_output)
+from ._outputs import (RECORDS, NotOwnOutputError, OutputLock, check_free_space, check_output_location,
+                       check_zarr_container, fingerprint, input_changed, open_hdf5_for_writing, option,
+                       remove_hdf5_output, remove_partial_files, remove_zarr_output)
 from ._progress import plural, progress_bar
 from ._source import VolumeSource
 
@@ -410,5 +410,6 @@ def _carried_attributes(source: VolumeSource) -> dict:
         carried["resolution"] = [float(r) for r in source.resolution]
     if source.offset is not None:
         carried["offset"] = [float(o) for o in source.offset]
-    carried.pop(RECORD, None)
+    for record in RECORDS:  # a copy is not the run a record describes: ownership and resumes would trust it
+        carried.pop(record, None)
     return carried

@@ -184,6 +184,8 @@ def remove_partial_files(folder: Path) -> int:
     """Delete the ``*.<hex>.partial`` files a killed zarr write left under ``folder`` (an output emfast wrote);
     returns how many."""
     removed = 0
+    if Path(folder).is_symlink():  # os.walk would follow it into what emfast did not write
+        return removed
     for root, _, names in os.walk(folder):
         for name in names:
             if PARTIAL_FILE.search(name):
@@ -270,7 +272,7 @@ class OutputLock:
     """
 
     def __init__(self, container: Path) -> None:
-        container = Path(container).absolute()
+        container = Path(container).resolve()  # one lock however the output is reached (links in its path)
         self.container = container
         self.path = container.parent / f".{container.name}.emfast-lock"
         self._fd: Optional[int] = None
