@@ -17,7 +17,7 @@ import numpy as np
 
 from ..io import COMPRESSORS, import_zarr, split_path, zarr_compressor
 from ..io._outputs import (NotOwnOutputError, OutputLock, input_changed, open_hdf5_for_writing, option,
-                           remove_hdf5_output, remove_partial_files, remove_zarr_output)
+                           remove_hdf5_output, remove_partial_files, remove_zarr_output, zarr_geometry)
 
 RECORD = "emfast_predict"
 #: Record entries kept for provenance and not compared when resuming: a retrained model keeps its name, a wrapped
@@ -196,10 +196,13 @@ class OutputStore:
             self._file.flush()
             return
         zarr = import_zarr()
+        zarr_format = self._file.metadata.zarr_format
+        geometry, dimension_names = zarr_geometry(len(shape), attributes.get("resolution"),
+                                                  attributes.get("offset"), zarr_format)
         self._array = self._file.create_array(self.dataset, shape=shape, chunks=chunks, dtype=dtype,
-                                              compressors=zarr_compressor(compression, self._file.metadata
-                                                                          .zarr_format, zarr),
-                                              fill_value=0, attributes=dict(attributes, **{RECORD: record}))
+                                              compressors=zarr_compressor(compression, zarr_format, zarr),
+                                              dimension_names=dimension_names, fill_value=0,
+                                              attributes=dict(attributes, **geometry, **{RECORD: record}))
         self._flags = self._file.create_array(self.flags_name, shape=tuple(grid), chunks=(1,) * len(grid),
                                               dtype=np.uint8, compressors=None, fill_value=0,
                                               attributes={FLAGS_RECORD: True})

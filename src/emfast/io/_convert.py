@@ -26,7 +26,8 @@ import numpy as np
 from ._open import open_source, split_path
 from ._outputs import (NotOwnOutputError, OutputLock, check_free_space, check_output_location, fingerprint,
                        input_changed, open_hdf5_for_writing, option, remove_hdf5_output, remove_partial_files,
-                       remove_zarr_output)
+                       remove_zarr_output, zarr_geometry)
+from ._geometry import GEOMETRY_KEYS
 from ._progress import plural, progress_bar
 from ._source import VolumeSource
 
@@ -306,12 +307,16 @@ class _ZarrWriter:
         compressors = zarr_compressor(self._compressor, self._format, self._zarr)
         root = self._zarr.open_group(str(self.container), mode="a", zarr_format=self._format)
         lead = tuple(self._source.full_shape[:-3])
-        attributes = dict(_carried_attributes(self._source), **{RECORD: dict(record, done=0, complete=False)})
+        geometry, dimension_names = zarr_geometry(len(self._source.full_shape), self._source.resolution,
+                                                  self._source.offset, self._format)
+        attributes = dict(_carried_attributes(self._source), **geometry,
+                          **{RECORD: dict(record, done=0, complete=False)})
         with lock.creating(self._dataset):  # the record is in the array's first metadata: never one without it
             self._array = root.create_array(self._dataset, shape=self._source.full_shape,
                                             chunks=lead + self._chunks,
                                             dtype=np.dtype(self._source.dtype).newbyteorder("="),
-                                            compressors=compressors, attributes=attributes)
+                                            compressors=compressors, dimension_names=dimension_names,
+                                            attributes=attributes)
         return 0
 
     def _existing_record(self, folder: Path) -> Optional[dict]:
@@ -405,6 +410,8 @@ def _carried_attributes(source: VolumeSource) -> dict:
         except (TypeError, ValueError):
             continue
         carried[key] = value
+    for key in GEOMETRY_KEYS:  # the source's own, in its stored axis order; the output's are written anew
+        carried.pop(key, None)
     if source.resolution is not None:
         carried["resolution"] = [float(r) for r in source.resolution]
     if source.offset is not None:

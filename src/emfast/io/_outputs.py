@@ -23,7 +23,7 @@ import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -216,6 +216,30 @@ def _zarr_metadata(folder: Path) -> Optional[dict]:
             return {"node_type": node_type,
                     "attributes": json.loads(attributes.read_text()) if attributes.is_file() else {}}
     return None
+
+
+#: Axis names of emfast's outputs, by number of dimensions: funlib marks a channel axis with a trailing ``^``.
+OUTPUT_AXES = {3: ["z", "y", "x"], 4: ["c^", "z", "y", "x"]}
+
+
+def zarr_geometry(ndim: int, resolution: Optional[Sequence[float]], offset: Optional[Sequence[float]],
+                  zarr_format: int) -> Tuple[dict, Optional[list]]:
+    """The geometry attributes of a zarr output of ``ndim`` dimensions ((c,) z, y, x) with ``resolution`` and
+    ``offset`` in nm (z, y, x), and its zarr v3 ``dimension_names`` (None for v2, which has none).
+
+    Written in every convention the field reads: ``voxel_size``, ``offset``, ``axis_names`` and ``units`` for
+    funlib.persistence and daisy, ``resolution`` for gunpowder, ``dimension_names`` for zarr v3 readers
+    (tensorstore, napari). A stated voxel size without an offset gets offset 0, the field's default.
+    """
+    names = OUTPUT_AXES.get(ndim)
+    attributes = {} if names is None else {"axis_names": list(names)}
+    if resolution is not None:
+        size = [float(r) for r in resolution]
+        attributes.update(voxel_size=size, resolution=size, units=["nm"] * 3,
+                          offset=[float(o) for o in offset] if offset is not None else [0.0] * 3)
+    elif offset is not None:
+        attributes["offset"] = [float(o) for o in offset]
+    return attributes, (None if zarr_format == 2 or names is None else [n.rstrip("^") for n in names])
 
 
 def open_hdf5_for_writing(path: Path):
