@@ -93,3 +93,38 @@ def test_a_converted_volume_keeps_its_geometry_and_not_the_sources_axis_order(tm
     assert_emfast_geometry(tmp_path / "out.zarr/raw", 1)
     with ef.open(str(tmp_path / "out.zarr/raw")) as volume:
         np.testing.assert_array_equal(np.asarray(volume)[0], data)
+
+
+def zarr_python_v2_store(path):
+    group = zarr.open_group(str(path), mode="w", zarr_format=2)
+    group.create_array("volumes/raw", shape=SHAPE, dtype=np.uint8, chunks=(8, 8, 8))[...] = 7
+    return "volumes/raw"
+
+
+def tensorstore_v2_store(path):
+    ts = needs("tensorstore")
+    spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(path / "volumes/raw")},
+            "schema": {"domain": {"shape": list(SHAPE)}, "dtype": "uint8",
+                       "chunk_layout": {"chunk": {"shape": [8, 8, 8]}}}, "create": True}
+    ts.open(spec).result()[...] = np.full(SHAPE, 7, np.uint8)
+    return "volumes/raw"
+
+
+@pytest.mark.parametrize("how", ["predict", "convert"])
+@pytest.mark.parametrize("make", [zarr_python_v2_store, tensorstore_v2_store])
+def test_writing_into_a_v2_store_keeps_its_format_and_its_arrays(tmp_path, source, how, make):
+    store = tmp_path / "store.zarr"
+    existing = make(store)
+    write(how, source[0], store / "result", 3)
+    assert not (store / "zarr.json").exists(), "a zarr v3 root was added over a v2 store"
+    assert (store / "result/.zarray").is_file() and not (store / "result/zarr.json").exists()
+    with ef.open(str(store / existing)) as volume:
+        assert volume.shape == SHAPE and int(np.asarray(volume).max()) == 7
+    assert_emfast_geometry(store / "result", 1)
+    assert zarr.open_array(str(store), path=existing, mode="r")[...].min() == 7
+    if make is tensorstore_v2_store:
+        ts = needs("tensorstore")
+        array = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(store / existing)}}).result()
+        assert int(array.read().result().min()) == 7
+    attributes = json.loads((store / "result/.zattrs").read_text())
+    assert attributes["voxel_size"] == list(VOXEL) and "dimension_names" not in attributes

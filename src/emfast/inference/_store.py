@@ -17,7 +17,8 @@ import numpy as np
 
 from ..io import COMPRESSORS, import_zarr, split_path, zarr_compressor
 from ..io._outputs import (NotOwnOutputError, OutputLock, input_changed, open_hdf5_for_writing, option,
-                           remove_hdf5_output, remove_partial_files, remove_zarr_output, zarr_geometry)
+                           remove_hdf5_output, remove_partial_files, remove_zarr_output, zarr_geometry,
+                           zarr_store_format)
 
 RECORD = "emfast_predict"
 #: Record entries kept for provenance and not compared when resuming: a retrained model keeps its name, a wrapped
@@ -153,7 +154,9 @@ class OutputStore:
         if self.kind == "hdf5":
             self._file = open_hdf5_for_writing(self.container)
         else:
-            self._file = import_zarr().open_group(str(self.container), mode="a")
+            # an existing store keeps its format: a v3 root over a v2 store would hide the store's arrays
+            self._file = import_zarr().open_group(str(self.container), mode="a",
+                                                  zarr_format=zarr_store_format(self.container) or 3)
 
     def _node(self, name: str):
         if self.kind == "hdf5":

@@ -26,7 +26,7 @@ import numpy as np
 from ._open import open_source, split_path
 from ._outputs import (NotOwnOutputError, OutputLock, check_free_space, check_output_location, fingerprint,
                        input_changed, open_hdf5_for_writing, option, remove_hdf5_output, remove_partial_files,
-                       remove_zarr_output, zarr_geometry)
+                       remove_zarr_output, zarr_geometry, zarr_store_format)
 from ._geometry import GEOMETRY_KEYS
 from ._progress import plural, progress_bar
 from ._source import VolumeSource
@@ -86,7 +86,7 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
     compressor : {"zstd", "blosc", "gzip", "none"}, optional
         Default "zstd" for zarr, "gzip" for HDF5 (which takes only "gzip" or "none").
     zarr_format : {2, 3}
-        zarr output format.
+        zarr output format of a new store; an existing store keeps its own.
     overwrite : bool
         Replace an existing output that is not an unfinished conversion of the same source. Only an array emfast
         wrote (it carries an emfast record) is replaced; a group, a link or another program's array is refused.
@@ -133,6 +133,8 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
         raise ConvertError(f"HDF5 outputs support the compressors gzip and none, not {compressor}")
     if zarr_format not in (2, 3):
         raise ConvertError(f"zarr_format must be 2 or 3, got {zarr_format!r}")
+    if kind == "zarr":  # an existing store keeps its format: a root of the other one would hide its arrays
+        zarr_format = zarr_store_format(container) or zarr_format
     source = open_source(source_path)
     try:
         try:

@@ -242,6 +242,22 @@ def zarr_geometry(ndim: int, resolution: Optional[Sequence[float]], offset: Opti
     return attributes, (None if zarr_format == 2 or names is None else [n.rstrip("^") for n in names])
 
 
+def zarr_store_format(container: Path) -> Optional[int]:
+    """The zarr format (2 or 3) of the existing store ``container``, or None if it holds no zarr node yet.
+
+    Its root's metadata decides; a root without any (tensorstore writes only its arrays' metadata) takes the
+    format of the first node found below it, so that writing into it never adds a root of the other format,
+    behind which zarr-python would no longer see the store's arrays.
+    """
+    for root, folders, names in os.walk(container):
+        if "zarr.json" in names:
+            return 3
+        if ".zgroup" in names or ".zarray" in names:
+            return 2
+        folders.sort()
+    return None
+
+
 def open_hdf5_for_writing(path: Path):
     """The HDF5 file ``path`` opened to append (created if absent), or an OSError naming it: HDF5's own message
     for a file another process has open ("unable to lock file") does not say which file."""
