@@ -128,3 +128,35 @@ def test_writing_into_a_v2_store_keeps_its_format_and_its_arrays(tmp_path, sourc
         assert int(array.read().result().min()) == 7
     attributes = json.loads((store / "result/.zattrs").read_text())
     assert attributes["voxel_size"] == list(VOXEL) and "dimension_names" not in attributes
+
+
+@pytest.mark.parametrize("how,zarr_format", [("predict", 3), ("convert", 3), ("convert", 2)])
+def test_ome_zarr_py_finds_the_output_as_an_image_with_its_geometry(tmp_path, source, how, zarr_format):
+    needs("ome_zarr")
+    from ome_zarr.io import parse_url
+    from ome_zarr.reader import Multiscales, Reader
+
+    out = tmp_path / "out.zarr/result"
+    write(how, source[0], out, zarr_format)
+    images = [node for node in Reader(parse_url(str(tmp_path / "out.zarr")))() if node.load(Multiscales)]
+    assert len(images) == 1
+    metadata = images[0].metadata
+    lead = [1.0] if how == "predict" else []
+    assert [axis["name"] for axis in metadata["axes"]] == ["c", "z", "y", "x"][1 - len(lead):]
+    assert [axis.get("unit") for axis in metadata["axes"]][-3:] == ["nanometer"] * 3
+    scale, translation = metadata["coordinateTransformations"][0]
+    assert scale["scale"] == lead + list(VOXEL)
+    assert translation["translation"] == [0.0] * len(lead) + list(OFFSET)
+    assert tuple(images[0].data[0].shape)[-3:] == SHAPE
+    assert_emfast_geometry(tmp_path / "out.zarr", len(lead) or 1)
+
+
+def test_an_image_described_on_the_parent_group_is_kept(tmp_path, source):
+    """The output's parent already describes another image: emfast adds its output beside it, not over it."""
+    group = zarr.open_group(str(tmp_path / "out.zarr"), mode="w", zarr_format=2)
+    group.create_array("0", shape=SHAPE, dtype=np.uint8)
+    theirs = [{"version": "0.4", "axes": [{"name": a, "type": "space"} for a in "zyx"],
+               "datasets": [{"path": "0", "coordinateTransformations": [{"type": "scale", "scale": [1, 1, 1]}]}]}]
+    group.attrs["multiscales"] = theirs
+    convert(source[0], tmp_path / "out.zarr/result")
+    assert zarr.open_group(str(tmp_path / "out.zarr"), mode="r").attrs["multiscales"] == theirs

@@ -16,8 +16,8 @@ from typing import Optional, Set, Tuple
 import numpy as np
 
 from ..io import COMPRESSORS, import_zarr, split_path, zarr_compressor
-from ..io._outputs import (NotOwnOutputError, OutputLock, input_changed, open_hdf5_for_writing, option,
-                           remove_hdf5_output, remove_partial_files, remove_zarr_output, zarr_geometry,
+from ..io._outputs import (NotOwnOutputError, OutputLock, add_ome_multiscales, input_changed, open_hdf5_for_writing,
+                           option, remove_hdf5_output, remove_partial_files, remove_zarr_output, zarr_geometry,
                            zarr_store_format)
 
 RECORD = "emfast_predict"
@@ -206,6 +206,8 @@ class OutputStore:
                                               compressors=zarr_compressor(compression, zarr_format, zarr),
                                               dimension_names=dimension_names, fill_value=0,
                                               attributes=dict(attributes, **geometry, **{RECORD: record}))
+        add_ome_multiscales(self._file, self.dataset, len(shape), attributes.get("resolution"),
+                            attributes.get("offset"))
         self._flags = self._file.create_array(self.flags_name, shape=tuple(grid), chunks=(1,) * len(grid),
                                               dtype=np.uint8, compressors=None, fill_value=0,
                                               attributes={FLAGS_RECORD: True})

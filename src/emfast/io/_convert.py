@@ -24,9 +24,9 @@ import h5py
 import numpy as np
 
 from ._open import open_source, split_path
-from ._outputs import (NotOwnOutputError, OutputLock, check_free_space, check_output_location, fingerprint,
-                       input_changed, open_hdf5_for_writing, option, remove_hdf5_output, remove_partial_files,
-                       remove_zarr_output, zarr_geometry, zarr_store_format)
+from ._outputs import (NotOwnOutputError, OutputLock, add_ome_multiscales, check_free_space, check_output_location,
+                       fingerprint, input_changed, open_hdf5_for_writing, option, remove_hdf5_output,
+                       remove_partial_files, remove_zarr_output, zarr_geometry, zarr_store_format)
 from ._geometry import GEOMETRY_KEYS
 from ._progress import plural, progress_bar
 from ._source import VolumeSource
@@ -319,6 +319,8 @@ class _ZarrWriter:
                                             dtype=np.dtype(self._source.dtype).newbyteorder("="),
                                             compressors=compressors, dimension_names=dimension_names,
                                             attributes=attributes)
+            add_ome_multiscales(root, self._dataset, len(self._source.full_shape), self._source.resolution,
+                                self._source.offset)
         return 0
 
     def _existing_record(self, folder: Path) -> Optional[dict]:

@@ -242,6 +242,35 @@ def zarr_geometry(ndim: int, resolution: Optional[Sequence[float]], offset: Opti
     return attributes, (None if zarr_format == 2 or names is None else [n.rstrip("^") for n in names])
 
 
+def add_ome_multiscales(root, dataset: str, ndim: int, resolution: Optional[Sequence[float]],
+                        offset: Optional[Sequence[float]]) -> None:
+    """Describe the zarr output ``dataset`` of the open group ``root`` as an OME-NGFF image of one level on its
+    parent group (0.4 in zarr v2, 0.5 in v3), so that OME readers (ome-zarr-py, napari-ome-zarr) find it with its
+    axes, voxel size and offset in nm. Only with a known voxel size, and never over another image's metadata: a
+    parent that already describes an image of other datasets keeps it.
+    """
+    if resolution is None or ndim not in OUTPUT_AXES:
+        return
+    parent, _, name = dataset.rpartition("/")
+    group = root[parent] if parent else root
+    version = "0.4" if group.metadata.zarr_format == 2 else "0.5"
+    attributes = dict(group.attrs)
+    existing = (attributes.get("ome", attributes) if version == "0.5" else attributes).get("multiscales")
+    if existing and [d.get("path") for image in existing for d in image.get("datasets", ())] != [name]:
+        return
+    lead = ndim - 3
+    axes = [{"name": "c", "type": "channel"}] * lead + [{"name": a, "type": "space", "unit": "nanometer"}
+                                                        for a in ("z", "y", "x")]
+    offset = offset if offset is not None else (0.0,) * 3
+    image = {"axes": axes, "datasets": [{"path": name, "coordinateTransformations": [
+        {"type": "scale", "scale": [1.0] * lead + [float(r) for r in resolution]},
+        {"type": "translation", "translation": [0.0] * lead + [float(o) for o in offset]}]}], "name": name}
+    if version == "0.4":
+        group.attrs.update(multiscales=[dict(image, version="0.4")])
+    else:
+        group.attrs.update(ome={**attributes.get("ome", {}), "version": "0.5", "multiscales": [image]})
+
+
 def zarr_store_format(container: Path) -> Optional[int]:
     """The zarr format (2 or 3) of the existing store ``container``, or None if it holds no zarr node yet.
 
