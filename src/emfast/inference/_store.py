@@ -16,8 +16,9 @@ from typing import Optional, Set, Tuple
 import numpy as np
 
 from ..io import COMPRESSORS, import_zarr, split_path, zarr_compressor
-from ..io._outputs import (NotOwnOutputError, OutputLock, check_zarr_container, input_changed, open_hdf5_for_writing,
-                           option, remove_hdf5_output, remove_partial_files, remove_zarr_output)
+from ..io._outputs import (NotOwnOutputError, OutputLock, add_ome_multiscales, check_zarr_container, input_changed,
+                           open_hdf5_for_writing, option, remove_hdf5_output, remove_partial_files,
+                           remove_zarr_output, zarr_geometry, zarr_store_format)
 
 RECORD = "emfast_predict"
 #: Record entries kept for provenance and not compared when resuming: a retrained model keeps its name, a wrapped
@@ -154,7 +155,9 @@ class OutputStore:
             self._file = open_hdf5_for_writing(self.container)
         else:
             check_zarr_container(self.container)
-            self._file = import_zarr().open_group(str(self.container), mode="a")
+            # an existing store keeps its format: a v3 root over a v2 store would hide the store's arrays
+            self._file = import_zarr().open_group(str(self.container), mode="a",
+                                                  zarr_format=zarr_store_format(self.container) or 3)
 
     def _node(self, name: str):
         if self.kind == "hdf5":
@@ -197,10 +200,15 @@ class OutputStore:
             self._file.flush()
             return
         zarr = import_zarr()
+        zarr_format = self._file.metadata.zarr_format
+        geometry, dimension_names = zarr_geometry(len(shape), attributes.get("resolution"),
+                                                  attributes.get("offset"), zarr_format)
         self._array = self._file.create_array(self.dataset, shape=shape, chunks=chunks, dtype=dtype,
-                                              compressors=zarr_compressor(compression, self._file.metadata
-                                                                          .zarr_format, zarr),
-                                              fill_value=0, attributes=dict(attributes, **{RECORD: record}))
+                                              compressors=zarr_compressor(compression, zarr_format, zarr),
+                                              dimension_names=dimension_names, fill_value=0,
+                                              attributes=dict(attributes, **geometry, **{RECORD: record}))
+        add_ome_multiscales(self._file, self.dataset, len(shape), attributes.get("resolution"),
+                            attributes.get("offset"))
         self._flags = self._file.create_array(self.flags_name, shape=tuple(grid), chunks=(1,) * len(grid),
                                               dtype=np.uint8, compressors=None, fill_value=0,
                                               attributes={FLAGS_RECORD: True})

@@ -23,10 +23,12 @@ from typing import Callable, Iterator, Optional, Sequence
 import h5py
 import numpy as np
 
+from ._geometry import GEOMETRY_KEYS
 from ._open import open_source, split_path
-from ._outputs import (RECORDS, NotOwnOutputError, OutputLock, check_free_space, check_output_location,
-                       check_zarr_container, fingerprint, input_changed, open_hdf5_for_writing, option,
-                       remove_hdf5_output, remove_partial_files, remove_zarr_output)
+from ._outputs import (RECORDS, NotOwnOutputError, OutputLock, add_ome_multiscales, check_free_space,
+                       check_output_location, check_zarr_container, fingerprint, input_changed, open_hdf5_for_writing,
+                       option, remove_hdf5_output, remove_partial_files, remove_zarr_output, zarr_geometry,
+                       zarr_store_format)
 from ._progress import plural, progress_bar
 from ._source import VolumeSource
 
@@ -85,7 +87,7 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
     compressor : {"zstd", "blosc", "gzip", "none"}, optional
         Default "zstd" for zarr, "gzip" for HDF5 (which takes only "gzip" or "none").
     zarr_format : {2, 3}
-        zarr output format.
+        zarr output format of a new store; an existing store keeps its own.
     overwrite : bool
         Replace an existing output that is not an unfinished conversion of the same source. Only an array emfast
         wrote (it carries an emfast record) is replaced; a group, a link or another program's array is refused.
@@ -132,6 +134,8 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
         raise ConvertError(f"HDF5 outputs support the compressors gzip and none, not {compressor}")
     if zarr_format not in (2, 3):
         raise ConvertError(f"zarr_format must be 2 or 3, got {zarr_format!r}")
+    if kind == "zarr":  # an existing store keeps its format: a root of the other one would hide its arrays
+        zarr_format = zarr_store_format(container) or zarr_format
     source = open_source(source_path)
     try:
         try:
@@ -307,12 +311,18 @@ class _ZarrWriter:
         compressors = zarr_compressor(self._compressor, self._format, self._zarr)
         root = self._zarr.open_group(str(self.container), mode="a", zarr_format=self._format)
         lead = tuple(self._source.full_shape[:-3])
-        attributes = dict(_carried_attributes(self._source), **{RECORD: dict(record, done=0, complete=False)})
+        geometry, dimension_names = zarr_geometry(len(self._source.full_shape), self._source.resolution,
+                                                  self._source.offset, self._format)
+        attributes = dict(_carried_attributes(self._source), **geometry,
+                          **{RECORD: dict(record, done=0, complete=False)})
         with lock.creating(self._dataset):  # the record is in the array's first metadata: never one without it
             self._array = root.create_array(self._dataset, shape=self._source.full_shape,
                                             chunks=lead + self._chunks,
                                             dtype=np.dtype(self._source.dtype).newbyteorder("="),
-                                            compressors=compressors, attributes=attributes)
+                                            compressors=compressors, dimension_names=dimension_names,
+                                            attributes=attributes)
+            add_ome_multiscales(root, self._dataset, len(self._source.full_shape), self._source.resolution,
+                                self._source.offset)
         return 0
 
     def _existing_record(self, folder: Path) -> Optional[dict]:
@@ -406,6 +416,8 @@ def _carried_attributes(source: VolumeSource) -> dict:
         except (TypeError, ValueError):
             continue
         carried[key] = value
+    for key in GEOMETRY_KEYS:  # the source's own, in its stored axis order; the output's are written anew
+        carried.pop(key, None)
     if source.resolution is not None:
         carried["resolution"] = [float(r) for r in source.resolution]
     if source.offset is not None:

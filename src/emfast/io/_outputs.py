@@ -24,7 +24,7 @@ import shutil
 import stat
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -227,6 +227,75 @@ def _zarr_metadata(folder: Path) -> Optional[dict]:
             attributes = folder / ".zattrs"
             return {"node_type": node_type,
                     "attributes": json.loads(attributes.read_text()) if attributes.is_file() else {}}
+    return None
+
+
+#: Axis names of emfast's outputs, by number of dimensions: funlib marks a channel axis with a trailing ``^``.
+OUTPUT_AXES = {3: ["z", "y", "x"], 4: ["c^", "z", "y", "x"]}
+
+
+def zarr_geometry(ndim: int, resolution: Optional[Sequence[float]], offset: Optional[Sequence[float]],
+                  zarr_format: int) -> Tuple[dict, Optional[list]]:
+    """The geometry attributes of a zarr output of ``ndim`` dimensions ((c,) z, y, x) with ``resolution`` and
+    ``offset`` in nm (z, y, x), and its zarr v3 ``dimension_names`` (None for v2, which has none).
+
+    Written in every convention the field reads: ``voxel_size``, ``offset``, ``axis_names`` and ``units`` for
+    funlib.persistence and daisy, ``resolution`` for gunpowder, ``dimension_names`` for zarr v3 readers
+    (tensorstore, napari). A stated voxel size without an offset gets offset 0, the field's default.
+    """
+    names = OUTPUT_AXES.get(ndim)
+    attributes = {} if names is None else {"axis_names": list(names)}
+    if resolution is not None:
+        size = [float(r) for r in resolution]
+        attributes.update(voxel_size=size, resolution=size, units=["nm"] * 3,
+                          offset=[float(o) for o in offset] if offset is not None else [0.0] * 3)
+    elif offset is not None:
+        attributes["offset"] = [float(o) for o in offset]
+    return attributes, (None if zarr_format == 2 or names is None else [n.rstrip("^") for n in names])
+
+
+def add_ome_multiscales(root, dataset: str, ndim: int, resolution: Optional[Sequence[float]],
+                        offset: Optional[Sequence[float]]) -> None:
+    """Describe the zarr output ``dataset`` of the open group ``root`` as an OME-NGFF image of one level on its
+    parent group (0.4 in zarr v2, 0.5 in v3), so that OME readers (ome-zarr-py, napari-ome-zarr) find it with its
+    axes, voxel size and offset in nm. Only with a known voxel size, and never over another image's metadata: a
+    parent that already describes an image of other datasets keeps it.
+    """
+    if resolution is None or ndim not in OUTPUT_AXES:
+        return
+    parent, _, name = dataset.rpartition("/")
+    group = root[parent] if parent else root
+    version = "0.4" if group.metadata.zarr_format == 2 else "0.5"
+    attributes = dict(group.attrs)
+    existing = (attributes.get("ome", attributes) if version == "0.5" else attributes).get("multiscales")
+    if existing and [d.get("path") for image in existing for d in image.get("datasets", ())] != [name]:
+        return
+    lead = ndim - 3
+    axes = [{"name": "c", "type": "channel"}] * lead + [{"name": a, "type": "space", "unit": "nanometer"}
+                                                        for a in ("z", "y", "x")]
+    offset = offset if offset is not None else (0.0,) * 3
+    image = {"axes": axes, "datasets": [{"path": name, "coordinateTransformations": [
+        {"type": "scale", "scale": [1.0] * lead + [float(r) for r in resolution]},
+        {"type": "translation", "translation": [0.0] * lead + [float(o) for o in offset]}]}], "name": name}
+    if version == "0.4":
+        group.attrs.update(multiscales=[dict(image, version="0.4")])
+    else:
+        group.attrs.update(ome={**attributes.get("ome", {}), "version": "0.5", "multiscales": [image]})
+
+
+def zarr_store_format(container: Path) -> Optional[int]:
+    """The zarr format (2 or 3) of the existing store ``container``, or None if it holds no zarr node yet.
+
+    Its root's metadata decides; a root without any (tensorstore writes only its arrays' metadata) takes the
+    format of the first node found below it, so that writing into it never adds a root of the other format,
+    behind which zarr-python would no longer see the store's arrays.
+    """
+    for root, folders, names in os.walk(container):
+        if "zarr.json" in names:
+            return 3
+        if ".zgroup" in names or ".zarray" in names:
+            return 2
+        folders.sort()
     return None
 
 
