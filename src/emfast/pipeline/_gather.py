@@ -315,9 +315,8 @@ class Gatherer:
             volume = f.sources[v].volume
             window = buffer.reshape((volume.channels,) + tuple(int(e) for e in extent))
             volume.read_box(corner, extent, window)
-            if f.convert and volume.dtype.kind == "f" and not np.isfinite(window).all():
-                raise ValueError(f"{volume.name}: NaN or infinity in the window at (z, y, x) = "
-                                 f"{tuple(int(c) for c in corner)}")
+            if f.convert and volume.dtype.kind == "f":
+                _refuse_nonfinite_window(volume, corner, window)
             sources.append(window)
         return sources
 
@@ -375,6 +374,13 @@ def _by_cache(volumes) -> Dict[object, List[int]]:
     return groups
 
 
+def _refuse_nonfinite_window(volume, corner, window: np.ndarray) -> None:
+    """ValueError naming the volume and the window's corner if ``window`` holds NaN or infinity."""
+    if not np.isfinite(window).all():
+        raise ValueError(f"{volume.name}: NaN or infinity in the window at (z, y, x) = "
+                         f"{tuple(int(c) for c in corner)}")
+
+
 def _refuse_nonfinite(volumes, corners: np.ndarray, extents: np.ndarray, pinned) -> None:
     """ValueError naming the volume and window if a converted window holds NaN or infinity (known per block)."""
     if all(volume.dtype.kind != "f" for volume in volumes):
@@ -386,6 +392,4 @@ def _refuse_nonfinite(volumes, corners: np.ndarray, extents: np.ndarray, pinned)
             if volume.chunk_cache is cache:
                 window = np.empty((volume.channels,) + tuple(int(e) for e in extents[n]), volume.dtype)
                 volume.read_box(corners[n], extents[n], window)
-                if not np.isfinite(window).all():
-                    raise ValueError(f"{volume.name}: NaN or infinity in the window at (z, y, x) = "
-                                     f"{tuple(int(c) for c in corners[n])}")
+                _refuse_nonfinite_window(volume, corners[n], window)
