@@ -213,6 +213,27 @@ cdef object _plain_out(out, Py_ssize_t count):
     return out
 
 
+def _conversion(sources, scale, shift):
+    """The sources' one dtype and the per-window scale and shift as float32, checked (TypeError, ValueError)."""
+    src_dtype = sources[0].dtype
+    if any(s.dtype != src_dtype for s in sources):
+        raise TypeError("all sources of one gather must share a dtype")
+    scale = np.asarray(scale, dtype=np.float32)
+    shift = np.asarray(shift, dtype=np.float32)
+    if scale.shape != (len(sources),) or shift.shape != (len(sources),):
+        raise ValueError(f"scale and shift must have shape ({len(sources)},)")
+    return src_dtype, scale, shift
+
+
+def _check_copy(str name, sources, out):
+    """TypeError unless every source has the output's dtype, of an element size the copy kernels move."""
+    if any(s.dtype != out.dtype for s in sources):
+        raise TypeError(f"{name} needs sources of the output dtype {out.dtype}, "
+                        f"got {sorted({str(s.dtype) for s in sources})}")
+    if out.itemsize not in (1, 2, 4, 8):
+        raise TypeError(f"cannot copy elements of {out.itemsize} bytes")
+
+
 def gather_convert(sources, corners, perms, flips, scale, shift, out, pad=None, fill=0):
     """Crop, transform and convert B windows into ``out`` (B, C, Z, Y, X) in one pass, without the GIL.
 
@@ -232,15 +253,9 @@ def gather_convert(sources, corners, perms, flips, scale, shift, out, pad=None, 
     shape = out.shape[1:]
     if count == 0 or 0 in shape:
         return result
-    src_dtype = sources[0].dtype
-    if any(s.dtype != src_dtype for s in sources):
-        raise TypeError("all sources of one gather must share a dtype")
+    src_dtype, scale, shift = _conversion(sources, scale, shift)
     cdef emf_dtype c_src = dtype_code(src_dtype, "the sources", RAW_DTYPES)
     cdef emf_dtype c_out = dtype_code(out.dtype, "out", FLOAT_DTYPES)
-    scale = np.asarray(scale, dtype=np.float32)
-    shift = np.asarray(shift, dtype=np.float32)
-    if scale.shape != (count,) or shift.shape != (count,):
-        raise ValueError(f"scale and shift must have shape ({count},)")
     cdef int64_t c_shape[4]
     for j in range(4):
         c_shape[j] = shape[j]
@@ -287,11 +302,7 @@ def gather_copy(sources, corners, perms, flips, out, pad=None, fill=0):
     shape = out.shape[1:]
     if count == 0 or 0 in shape:
         return result
-    if any(s.dtype != out.dtype for s in sources):
-        raise TypeError(f"gather_copy needs sources of the output dtype {out.dtype}, "
-                        f"got {sorted({str(s.dtype) for s in sources})}")
-    if out.itemsize not in (1, 2, 4, 8):
-        raise TypeError(f"cannot copy elements of {out.itemsize} bytes")
+    _check_copy("gather_copy", sources, out)
     cdef int64_t c_shape[4]
     for j in range(4):
         c_shape[j] = shape[j]
@@ -490,15 +501,9 @@ def gather_chunked_convert(grids, corners, perms, flips, scale, shift, out):
     shape = out.shape[1:]
     if count == 0 or 0 in shape:
         return result
-    src_dtype = grids[0].dtype
-    if any(g.dtype != src_dtype for g in grids):
-        raise TypeError("all sources of one gather must share a dtype")
+    src_dtype, scale, shift = _conversion(grids, scale, shift)
     cdef emf_dtype c_src = dtype_code(src_dtype, "the sources", RAW_DTYPES)
     cdef emf_dtype c_out = dtype_code(out.dtype, "out", FLOAT_DTYPES)
-    scale = np.asarray(scale, dtype=np.float32)
-    shift = np.asarray(shift, dtype=np.float32)
-    if scale.shape != (count,) or shift.shape != (count,):
-        raise ValueError(f"scale and shift must have shape ({count},)")
     cdef int64_t c_shape[4]
     for j in range(4):
         c_shape[j] = shape[j]
@@ -525,11 +530,7 @@ def gather_chunked_copy(grids, corners, perms, flips, out):
     shape = out.shape[1:]
     if count == 0 or 0 in shape:
         return result
-    if any(g.dtype != out.dtype for g in grids):
-        raise TypeError(f"gather_chunked_copy needs sources of the output dtype {out.dtype}, "
-                        f"got {sorted({str(g.dtype) for g in grids})}")
-    if out.itemsize not in (1, 2, 4, 8):
-        raise TypeError(f"cannot copy elements of {out.itemsize} bytes")
+    _check_copy("gather_chunked_copy", grids, out)
     cdef int64_t c_shape[4]
     for j in range(4):
         c_shape[j] = shape[j]
