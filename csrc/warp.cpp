@@ -12,6 +12,7 @@
  */
 #include "warp.h"
 #include "gather.h"
+#include "half.h"
 
 #include <algorithm>
 #include <cmath>
@@ -639,6 +640,13 @@ struct WideLinear : WideSampler<Out, true> {
     using Base = WideSampler<Out, true>;
     float fill_float; /* fill before conversion to Out */
 
+    /* The lanes read unsigned 1- and 2-byte integers and float32; other sources take the scalar sampler. */
+    static bool accepts(const emf_warp_example &example) {
+        constexpr bool lanes_read = std::is_same<Src, uint8_t>::value || std::is_same<Src, uint16_t>::value ||
+                                    std::is_same<Src, float>::value;
+        return lanes_read && Base::accepts(example);
+    }
+
     EMF_AVX2 void row(const Row &row, int64_t offset) {
         if (Lanes *p = Base::advance(&row, offset)) emit(*p);
     }
@@ -959,6 +967,21 @@ int convert_from(const emf_warp_example *examples, int64_t count, const int64_t 
         case EMF_FLOAT32:
             return convert<float, Out>(examples, count, shape, grid, src_dtype, out_dtype, fill, out, valid,
                                        allow_gather);
+        case EMF_INT8:
+            return convert<int8_t, Out>(examples, count, shape, grid, src_dtype, out_dtype, fill, out, valid,
+                                    allow_gather);
+        case EMF_INT16:
+            return convert<int16_t, Out>(examples, count, shape, grid, src_dtype, out_dtype, fill, out, valid,
+                                    allow_gather);
+        case EMF_UINT32:
+            return convert<uint32_t, Out>(examples, count, shape, grid, src_dtype, out_dtype, fill, out, valid,
+                                    allow_gather);
+        case EMF_FLOAT16:
+            return convert<emf_half::Half, Out>(examples, count, shape, grid, src_dtype, out_dtype, fill, out, valid,
+                                    allow_gather);
+        case EMF_FLOAT64:
+            return convert<double, Out>(examples, count, shape, grid, src_dtype, out_dtype, fill, out, valid,
+                                    allow_gather);
         default:
             return EMF_BAD_DTYPE;
     }

@@ -12,8 +12,8 @@ from emfast.augment._geometry import WarpPlan
 from reference import ISOTROPIC, assert_releases_gil, converted, extent_of, random_corner, random_volume, window
 
 PATCH = (5, 19, 23)  # odd, unequal sizes catch axis mix-ups; 23 > 16 crosses a coordinate run
-RAW_DTYPES = [np.uint8, np.uint16, np.float32]
-LABEL_DTYPES = [np.uint8, np.int16, np.uint32, np.uint64, np.int64]
+RAW_DTYPES = [np.uint8, np.uint16, np.float32, np.int8, np.int16, np.uint32, np.float16, np.float64]
+LABEL_DTYPES = [np.uint8, np.int16, np.uint32, np.uint64, np.int64, np.int32]
 
 
 def centre_of(corner, patch, perm):

@@ -79,7 +79,8 @@ def _check_name(value, owner: str) -> str:
 def _check_label_dtype(dtype, ids: Dict[str, Optional[int]], owner: str) -> None:
     dtype = np.dtype(dtype)
     if dtype not in LABEL_DTYPES:
-        raise TypeError(f"{owner}: labels have dtype {dtype}; supported: uint32, uint64, int64")
+        raise TypeError(f"{owner}: labels have dtype {dtype}; supported: "
+                        f"{', '.join(str(d) for d in LABEL_DTYPES)}")
     info = np.iinfo(dtype)
     for what, value in ids.items():
         if value is not None and not info.min <= value <= info.max:
