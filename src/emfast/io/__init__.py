@@ -13,7 +13,9 @@ from ._stats import VolumeStatistics, volume_statistics
 from ._hdf5 import Hdf5Source, hdf5, list_datasets, open_hdf5
 from ._n5 import N5Source
 from ._open import open_source, open_volume, split_path
+from ._outputs import add_ome_multiscales, zarr_geometry
 from ._precomputed import PrecomputedSource, tensorstore_missing
+from ._progress import ProgressBar
 from ._source import CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource
 from ._volume import ASARRAY_LIMIT_BYTES, Volume, VolumeTooLargeError, as_volume
 from ._zarr import ZarrSource, import_zarr, zarr_missing
@@ -31,6 +33,7 @@ __all__ = [
     "Hdf5Source",
     "N5Source",
     "PrecomputedSource",
+    "ProgressBar",
     "Stamp",
     "StoreMetadataError",
     "Volume",
@@ -38,6 +41,7 @@ __all__ = [
     "VolumeStatistics",
     "VolumeTooLargeError",
     "ZarrSource",
+    "add_ome_multiscales",
     "as_volume",
     "convert",
     "default_budget",
@@ -54,5 +58,6 @@ __all__ = [
     "tensorstore_missing",
     "volume_statistics",
     "world_box",
+    "zarr_geometry",
     "zarr_missing",
 ]
