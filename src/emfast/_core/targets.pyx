@@ -5,7 +5,8 @@ Every function takes a batch of label patches ``labels`` (B, 1, Zi, Yi, Xi), C-c
 int32 (compared as their bits: a negative id is an ordinary id), and a ``margin`` (mz, my, mx): output voxel
 (z, y, x) is label voxel (z + mz, y + my, x + mx), so outputs have shape (B, K, Zi - 2 mz, Yi - 2 my, Xi - 2 mx).
 Label voxels outside the patch are unknown. Each function checks its arguments and calls its kernel once per batch
-with the GIL released; kernels assume valid input, all checking is here. The user-facing specifications are in :mod:`emfast.targets`.
+with the GIL released; kernels assume valid input, all checking is here. The user-facing specifications are in
+:mod:`emfast.targets`.
 """
 import numbers
 import operator

@@ -400,8 +400,8 @@ class Loader:
         ((z, y, x) or (c, z, y, x), uint8, uint16, int8, int16, uint32, float16, float32 or float64), converted
         to ``dtype`` and normalised.
     labels : Volume or ndarray, default None
-        With a single raw volume: its labels (uint32, uint64, int64 or int32), cut with the same geometry and copied bit
-        for bit.
+        With a single raw volume: its labels (uint32, uint64, int64 or int32), cut with the same geometry and
+        copied bit for bit.
     patch : (int, int, int), default None
         Window (z, y, x) of input and output alike; or give ``patch_in`` and ``patch_out``.
     patch_in, patch_out : (int, int, int), default None
