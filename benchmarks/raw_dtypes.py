@@ -6,7 +6,7 @@
 One producer thread, batches of 8 windows of (32, 128, 128) from a (64, 256, 256) random in-memory volume of each
 raw dtype, converted to float32 with the dtype's default normalisation, uint64 labels copied. Two loaders per
 dtype: the gather path (``Mirror()`` + ``Transpose()``) and the warp path (``Rotate(angle=20)``: trilinear raw;
-the AVX2 lanes serve uint8, uint16 and float32, the other dtypes take the scalar sampler). Rounds interleave the
+the AVX2 lanes serve 1- and 2-byte integers and float32, uint32, float16 and float64 take the scalar sampler). Rounds interleave the
 dtypes, so load on the machine spreads over all of them; reported: the median seconds per batch and its ratio to
 uint8's of the same path.
 """

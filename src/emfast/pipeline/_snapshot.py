@@ -40,11 +40,15 @@ GAP = 4
 def write_snapshot(loader, path, batches: int = 1, png=None) -> Path:
     """Write the loader's next ``batches`` batches to the zarr store ``path`` (see the module docstring).
 
-    The batches are taken from the loader's stream, as a training loop would take them. ``path`` must not exist:
-    a snapshot never replaces anything. With ``png``, the first batch's montage is also written there.
+    The batches are taken from the loader's stream, as a training loop would take them; the loader delivers to the
+    CPU. ``path`` must not exist: a snapshot never replaces anything. With ``png``, the first batch's montage is
+    also written there.
     """
     if isinstance(batches, bool) or not isinstance(batches, (int, np.integer)) or batches < 1:
         raise ValueError(f"snapshot: batches must be an integer >= 1, got {batches!r}")
+    if loader.device != "cpu":
+        raise ValueError(f"snapshot: the loader delivers batches to {loader.device}; snapshots are written from a "
+                         "loader with device='cpu' (build one with the same arguments)")
     path = Path(os.fspath(path))
     png = None if png is None else Path(os.fspath(png))
     for target in (path, png):
