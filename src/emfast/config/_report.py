@@ -92,10 +92,10 @@ def _windows(loader: Loader, index: int) -> str:
 
 
 def _class_line(loader: Loader, index: int) -> Optional[str]:
-    counts = getattr(loader.sampler, "class_counts", None)
+    counts = loader.sampler.class_counts()
     if counts is None:
         return None
-    row = counts()[loader.dataset.samples[index].name]
+    row = counts[loader.dataset.samples[index].name]
     total = sum(row.values())
     shares = ", ".join(f"{name} {100 * count / total:.1f}%" if total else f"{name} 0" for name, count in row.items())
     return f"  classes  {shares} of {total:,} indexed centre voxels ({type(loader.sampler).__name__} sampler)"
@@ -166,7 +166,7 @@ def describe(config: Config, *, cache_dir=None, demo_shape=None) -> str:
                 slots += loader.buffers * loader.slot_bytes
                 lines.append(f"  device   at most {_size(loader.max_buffers * loader.slot_bytes)} of device slots "
                              "besides the page-locked host slots")
-            indexes += getattr(loader.sampler, "index_nbytes", 0)
+            indexes += loader.sampler.index_nbytes
         total = in_memory + slots + caches + indexes
         lines.append(f"memory: volumes in memory {_size(in_memory)}, batch slots {_size(slots)}, chunk-cache "
                      f"budgets {_size(caches)}, sampler indexes {_size(indexes)}; total at most {_size(total)}")
