@@ -1,5 +1,5 @@
 # Stub of the compiled module emfast._core.intensity (intensity.pyx): pixel-wise augmentations, in place.
-from typing import Sequence, Tuple
+from typing import Sequence, Tuple, Union
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -15,6 +15,7 @@ def blur(raw: np.ndarray, blocks: ArrayLike, shape: Sequence[int], sigmas: Array
 def blend(raw: np.ndarray, blocks: ArrayLike, shape: Sequence[int], source: np.ndarray, origins: ArrayLike,
           alphas: ArrayLike, scale: float, shift: float) -> np.ndarray: ...
 def section_uniforms(keys: ArrayLike, sections: int, draws: int, tag: int) -> np.ndarray: ...
-def fill_planes(array: np.ndarray, planes: ArrayLike, fill: float, name: str = "array") -> np.ndarray: ...
-def shift_planes(array: np.ndarray, planes: ArrayLike, shifts: ArrayLike, fill: float,
+def fill_planes(array: np.ndarray, planes: ArrayLike, fill: Union[int, float],
+                name: str = "array") -> np.ndarray: ...
+def shift_planes(array: np.ndarray, planes: ArrayLike, shifts: ArrayLike, fill: Union[int, float],
                  name: str = "array") -> np.ndarray: ...
