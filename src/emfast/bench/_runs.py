@@ -32,8 +32,8 @@ import numpy as np
 
 from .._machine import available_bytes, read_proc_field
 from ._host import child_pids, leftovers, log, machine_info, rss_bytes, torch_available, torch_version
-from ._pipelines import Measurement, Volumes, emfast_loader, load_volumes, measure_copy, measure_emfast, \
-    measure_numpy, measure_torch
+from ._pipelines import (Measurement, Volumes, emfast_loader, load_volumes, measure_copy, measure_emfast,
+                         measure_numpy, measure_torch)
 from ._record import Record
 from ._report import report
 from ._settings import GiB, MiB, TARGET_FLOOR_RATIO, TARGET_SPEEDUP, Settings, fits, output_bytes, run_bytes
