@@ -123,15 +123,22 @@ class Validation:
     sampler: Optional[ComponentSpec] = None
 
     def to_yaml(self) -> dict:
-        out: Dict[str, Any] = {}
-        if self.loader:
-            out["loader"] = plain(dict(self.loader))
-        for key in ("augment", "targets"):
-            if getattr(self, key) is not None:
-                out[key] = [item.to_yaml() for item in getattr(self, key)]
-        if self.sampler is not None:
-            out["sampler"] = self.sampler.to_yaml()
+        out: Dict[str, Any] = {"loader": plain(dict(self.loader))} if self.loader else {}
+        out.update(components_yaml(self.augment, self.targets, self.sampler))
         return out
+
+
+def components_yaml(augment: Optional[Tuple[ComponentSpec, ...]], targets: Optional[Tuple[ComponentSpec, ...]],
+                    sampler: Optional[ComponentSpec]) -> Dict[str, Any]:
+    """The ``augment``, ``targets`` and ``sampler`` sections as YAML data, those that are None left out (the
+    training sections and the validation overrides are written alike)."""
+    out: Dict[str, Any] = {}
+    for key, items in (("augment", augment), ("targets", targets)):
+        if items is not None:
+            out[key] = [item.to_yaml() for item in items]
+    if sampler is not None:
+        out["sampler"] = sampler.to_yaml()
+    return out
 
 
 def plain(value):
