@@ -34,6 +34,7 @@ from typing import Dict, Sequence, Tuple
 import numpy as np
 
 from .._core.gather import ChunkGrid, gather_chunked_copy
+from ._source import transfer_time
 
 #: Block shape (z, y, x) for datasets stored contiguously (no HDF5 chunks), clipped to the volume.
 CONTIGUOUS_BLOCK = (64, 64, 64)
@@ -198,8 +199,9 @@ class ChunkCache:
     def pin(self, boxes: np.ndarray, timings=None) -> None:
         """Hold every block of ``boxes`` (from :meth:`boxes`) until :meth:`unpin`: read the missing ones, and keep
         them all from eviction. ``timings`` (an object with ``add(stage, seconds)``, e.g. a loader's profile) is
-        given the seconds spent reading missed blocks ("fetch") and waiting for blocks other threads are reading
-        ("pending").
+        given the seconds spent moving the bytes of missed blocks ("fetch": file reads, network requests), decoding
+        them ("decode") and waiting for blocks other threads are reading ("pending"). Sources that fetch and decode
+        in one call of another library (zarr-python, tensorstore) count it all as "fetch".
 
         Pinned blocks are never evicted; while the boxes pinned by all threads need more than the budget, the
         cache holds more than the budget (at most those boxes' blocks), and comes back under it as they unpin.
@@ -293,10 +295,13 @@ class ChunkCache:
             finally:
                 if timings is not None:
                     timings.add("pending", time.perf_counter() - start)
+        moved = transfer_time()
         try:
             block = self._fetch(key)
-            if timings is not None:
-                timings.add("fetch", time.perf_counter() - start)
+            if timings is not None:  # the bytes' transfer, then the rest of the read: decoding and checking
+                moved = transfer_time() - moved
+                timings.add("fetch", moved)
+                timings.add("decode", max(0.0, time.perf_counter() - start - moved))
         except BaseException as exc:
             with self._lock:
                 del self._pending[key]

@@ -28,7 +28,7 @@ from .._checks import integer, triple
 from .._machine import available_bytes, cores
 from .._registry import instantiate, registered
 from ..augment import Windows
-from ..io import Volume
+from ..io import Volume, abandoned_when
 from ..sampling import Placed, Region, Sampler, Uniform, as_dataset
 from ..transfer import resolve_device
 from ._copier import Copier
@@ -306,6 +306,10 @@ class _Producers:
         return _position(number, self.epoch_size)
 
     def _run(self) -> None:
+        with abandoned_when(lambda: self.ring.closed):  # a remote read stops waiting when the loader closes
+            self._produce()
+
+    def _produce(self) -> None:
         scratch = None
         while True:
             number = self.ring.claim()

@@ -1,0 +1,146 @@
+"""Servers on 127.0.0.1 that the remote-store tests and benchmark start and stop themselves: an HTTP server of a
+directory that adds latency to every request and fails requests on demand, and moto's S3 server."""
+import contextlib
+import functools
+import http.server
+import logging
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+#: How long a "hang" fault holds a request at most (the server's stop releases it at once).
+HANG_S = 20.0
+
+
+class FaultyHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves the server's directory; waits ``server.latency`` first, and applies the first fault queued for the
+    request's path: an HTTP status, "truncate" (half the body, then the connection closes), or "hang"."""
+
+    def log_message(self, *args) -> None:  # quiet tests
+        pass
+
+    def _fault(self):
+        with self.server.lock:
+            self.server.requests.append(self.path)
+            for pattern, queue in self.server.faults.items():
+                if pattern in self.path and queue:
+                    return queue.pop(0)
+        return None
+
+    def _serve(self, head: bool) -> None:
+        time.sleep(self.server.latency)
+        fault = self._fault()
+        if fault == "hang":
+            self.server.stopping.wait(HANG_S)
+            return
+        if isinstance(fault, int):
+            self.send_error(fault)
+            return
+        if fault == "truncate":
+            path = Path(self.translate_path(self.path))
+            data = path.read_bytes() if path.is_file() else b""
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[:len(data) // 2])
+            self.close_connection = True
+            return
+        if not head and self.headers.get("Range"):
+            self._serve_range(self.headers["Range"])
+            return
+        super().do_HEAD() if head else super().do_GET()
+
+    def _serve_range(self, header: str) -> None:
+        """A byte range (``bytes=a-b``, ``bytes=a-``, ``bytes=-n``), as object stores and web servers answer it:
+        zarr's shards and precomputed's sharded files are read by range."""
+        path = Path(self.translate_path(self.path))
+        if not path.is_file():
+            self.send_error(404)
+            return
+        data = path.read_bytes()
+        first, _, last = header.removeprefix("bytes=").partition("-")
+        if not first:
+            start, stop = max(0, len(data) - int(last)), len(data)
+        else:
+            start, stop = int(first), min(len(data), int(last) + 1 if last else len(data))
+        if start >= len(data):
+            self.send_error(416)
+            return
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(data)}")
+        self.send_header("Content-Length", str(stop - start))
+        self.end_headers()
+        self.wfile.write(data[start:stop])
+
+    def do_GET(self) -> None:
+        self._serve(head=False)
+
+    def do_HEAD(self) -> None:
+        self._serve(head=True)
+
+
+class FaultyServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+@contextlib.contextmanager
+def http_server(directory, latency: float = 0.0):
+    """An HTTP server of ``directory`` on 127.0.0.1; yields it (``.url``, ``.faults``: path part -> list of faults
+    applied one per request, ``.requests``, ``.latency``), stopped on exit."""
+    handler = functools.partial(FaultyHandler, directory=str(directory))
+    server = FaultyServer(("127.0.0.1", 0), handler)
+    server.latency, server.faults, server.requests = latency, {}, []
+    server.lock, server.stopping = threading.Lock(), threading.Event()
+    server.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.stopping.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def s3_server():
+    """moto's S3 server on 127.0.0.1 with fake credentials in the environment; yields its endpoint URL."""
+    from moto.server import ThreadedMotoServer
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def upload(endpoint: str, bucket: str, directory, prefix: str = "") -> None:
+    """Upload every file below ``directory`` to ``s3://bucket/prefix/...`` (creating the bucket)."""
+    import boto3
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+        client.create_bucket(Bucket=bucket)
+    directory = Path(directory)
+    for path in directory.rglob("*"):
+        if path.is_file():
+            key = "/".join(p for p in (prefix, path.relative_to(directory).as_posix()) if p)
+            client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
