@@ -30,6 +30,16 @@ class FaultyHandler(http.server.SimpleHTTPRequestHandler):
         return None
 
     def _serve(self, head: bool) -> None:
+        with self.server.lock:
+            self.server.in_flight += 1
+            self.server.most_in_flight = max(self.server.most_in_flight, self.server.in_flight)
+        try:
+            self._respond(head)
+        finally:
+            with self.server.lock:
+                self.server.in_flight -= 1
+
+    def _respond(self, head: bool) -> None:
         time.sleep(self.server.latency)
         fault = self._fault()
         if fault == "hang":
@@ -84,15 +94,18 @@ class FaultyHandler(http.server.SimpleHTTPRequestHandler):
 class FaultyServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 256  # a chunk cache requests many chunks at once; the default 5 refuses connections
 
 
 @contextlib.contextmanager
 def http_server(directory, latency: float = 0.0):
     """An HTTP server of ``directory`` on 127.0.0.1; yields it (``.url``, ``.faults``: path part -> list of faults
-    applied one per request, ``.requests``, ``.latency``), stopped on exit."""
+    applied one per request, ``.requests``, ``.latency``, ``.most_in_flight``: the most requests served at once),
+    stopped on exit."""
     handler = functools.partial(FaultyHandler, directory=str(directory))
     server = FaultyServer(("127.0.0.1", 0), handler)
     server.latency, server.faults, server.requests = latency, {}, []
+    server.in_flight = server.most_in_flight = 0
     server.lock, server.stopping = threading.Lock(), threading.Event()
     server.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)

@@ -212,8 +212,7 @@ class ChunkCache:
             held, missing = self.grid.pin(boxes, self._clock)
             self._hits += held
         try:
-            for n in missing:
-                self._read_missing(_box_slices(boxes[n]), timings)
+            self._read_missing(boxes, missing, timings)
         except BaseException:
             self.unpin(boxes)
             raise
@@ -226,8 +225,7 @@ class ChunkCache:
             self._clock += 1
             _, missing = self.grid.pin(boxes, self._clock)
             self.grid.unpin(boxes)
-        for n in missing:
-            self._read_missing(_box_slices(boxes[n]), timings, ahead=True)
+        self._read_missing(boxes, missing, timings, ahead=True)
         return len(missing)
 
     def unpin(self, boxes: np.ndarray) -> None:
@@ -237,11 +235,23 @@ class ChunkCache:
             if self._bytes_held > self.budget_bytes:
                 self._evict_unpinned(self._bytes_held - self.budget_bytes)
 
-    def _read_missing(self, box: tuple, timings, ahead: bool = False) -> None:
-        """Read the blocks of ``box`` (grid slices) that are not held (``ahead``: for :meth:`prefetch`)."""
-        origin = np.array([s.start for s in box])
-        for key in np.argwhere(self._addresses[box] == 0) + origin:
-            self._get(tuple(int(k) for k in key), timings, ahead)
+    def _read_missing(self, boxes: np.ndarray, missing, timings, ahead: bool = False) -> None:
+        """Read the blocks not held of the boxes numbered ``missing`` (``ahead``: for :meth:`prefetch`).
+
+        The source is told every block first (``will_read``, where it has one): a remote source then requests
+        them all at once, and the blocks, read one by one here, wait for one round trip, not one each."""
+        keys: Dict[Key, None] = {}
+        for n in missing:
+            box = _box_slices(boxes[n])
+            origin = np.array([s.start for s in box])
+            keys.update((tuple(int(k) for k in key), None) for key in np.argwhere(self._addresses[box] == 0) + origin)
+        announce = getattr(self._source, "will_read", None)
+        if announce is not None and len(keys) > 1:
+            with self._lock:
+                wanted = [key for key in keys if key not in self._pending]
+            announce([self._block_box(key) for key in wanted])
+        for key in keys:
+            self._get(key, timings, ahead)
 
     def nonfinite(self, boxes: np.ndarray) -> np.ndarray:
         """Per box (pinned), whether one of its blocks holds NaN or infinity (always False for integer dtypes)."""
@@ -349,11 +359,16 @@ class ChunkCache:
                         return buffer
         return np.empty(nbytes, np.uint8)
 
-    def _fetch(self, key: Key) -> np.ndarray:
-        """Read block ``key`` from the source, as a read-only (c, z, y, x) array."""
+    def _block_box(self, key: Key) -> Tuple[list, tuple]:
+        """(corner, extent) of block ``key`` in voxels, clipped to the volume."""
         origin = [k * b for k, b in zip(key, self.block_shape)]
         stop = [min(o + b, s) for o, b, s in zip(origin, self.block_shape, self._shape)]
-        shape = (self._channels,) + tuple(b - a for a, b in zip(origin, stop))
+        return origin, tuple(b - a for a, b in zip(origin, stop))
+
+    def _fetch(self, key: Key) -> np.ndarray:
+        """Read block ``key`` from the source, as a read-only (c, z, y, x) array."""
+        origin, extent = self._block_box(key)
+        shape = (self._channels,) + extent
         block = self._buffer(int(np.prod(shape)) * self._dtype.itemsize).view(self._dtype).reshape(shape)
         self._source.read(origin, shape[1:], block)
         block.flags.writeable = False

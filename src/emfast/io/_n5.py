@@ -154,6 +154,15 @@ class N5Source(VolumeSource):
                 take = tuple(slice(a - o, b - o) for a, b, o in zip(lo, hi, origin))
                 target[into] = block[((slice(None),) if lead else ()) + take]
 
+    def will_read(self, blocks) -> None:
+        """Announce the blocks ((corner, extent) each) about to be read: a remote store requests them together."""
+        if not isinstance(self._directory, RemoteStore):
+            return
+        lead = len(self.full_shape) - 3
+        channels = range(-(-self.full_shape[0] // self._block[0])) if lead else [None]
+        self._directory.will_get("/".join(str(k) for k in reversed(((c,) if lead else ()) + tuple(
+            int(o) // b for o, b in zip(corner, self.chunks)))) for corner, _ in blocks for c in channels)
+
     def _block_data(self, key) -> np.ndarray:
         """Block ``key`` ((c,) z, y, x block indices) as an array of its stored size, or None if never written.
 

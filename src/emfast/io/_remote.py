@@ -29,6 +29,7 @@ import hashlib
 import random
 import threading
 import time
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -46,6 +47,8 @@ MAX_BACKOFF_S = 5.0
 TIMEOUT_S = 30.0
 #: How often a waiting thread checks whether its loader closed.
 _POLL_S = 0.05
+#: Most reads announced (:meth:`RemoteStore.will_get`) and not yet taken; the oldest are dropped beyond it.
+MAX_ANNOUNCED = 1024
 #: HTTP statuses worth trying again.
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 
@@ -102,6 +105,7 @@ def _filesystem(protocol: str, options: dict, timeout: float, asynchronous: bool
         except ImportError:
             raise ImportError("reading s3:// needs s3fs; pip install 'emfast[remote]'") from None
         config = {"connect_timeout": min(timeout, 10.0), "read_timeout": timeout, "retries": {"max_attempts": 1},
+                  "max_pool_connections": 64,  # announced chunks are requested together
                   **options.pop("config_kwargs", {})}
         # max_concurrency 1: one GET per key, no HEAD first to split large objects into parallel ranges
         options = {"config_kwargs": config, "max_concurrency": 1, **options}
@@ -192,6 +196,8 @@ class RemoteStore:
         self._protocol = SCHEMES[scheme]
         self._options = options
         self._fs = _filesystem(self._protocol, options, self.timeout, asynchronous=False)
+        self._announced: "OrderedDict[str, concurrent.futures.Future]" = OrderedDict()  # shared with children
+        self._lock = threading.Lock()
         # fsspec paths: "bucket/path" for object stores, the whole URL for HTTP
         self._root = self.url if self._protocol in ("http", "https") else self.url.split("://", 1)[1]
 
@@ -234,10 +240,25 @@ class RemoteStore:
         """
         path = f"{self._root}/{key}" if key else self._root
         start = time.perf_counter()
+        with self._lock:
+            future = self._announced.pop(path, None)
         try:
-            return _wait(asyncio.run_coroutine_threadsafe(self._read(path, key), self._fs.loop))
+            if future is None:
+                future = asyncio.run_coroutine_threadsafe(self._read(path, key), self._fs.loop)
+            return _wait(future)
         finally:
             add_transfer_time(time.perf_counter() - start)
+
+    def will_get(self, keys) -> None:
+        """Start reading ``keys`` now, all at once; :meth:`get` then takes each one's bytes (or its error). A
+        cache about to read several chunks announces them, so that it waits for one round trip, not one each."""
+        with self._lock:
+            for key in keys:
+                path = f"{self._root}/{key}"
+                if path not in self._announced:
+                    self._announced[path] = asyncio.run_coroutine_threadsafe(self._read(path, key), self._fs.loop)
+            while len(self._announced) > MAX_ANNOUNCED:  # announced and never taken (another thread read them)
+                self._announced.popitem(last=False)[1].cancel()
 
     def exists(self, key: str) -> bool:
         """Whether the store has ``key`` (a HEAD request, no transfer of its bytes)."""

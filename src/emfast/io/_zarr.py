@@ -195,6 +195,11 @@ class ZarrSource(VolumeSource):
         return CorruptChunkError(f"{self.name}: cannot read chunk(s) (z, y, x) = ({', '.join(chunks)}): {error}; "
                                  f"{why}")
 
+    def will_read(self, blocks) -> None:
+        """Announce the blocks ((corner, extent) each) about to be read: a remote store requests them together."""
+        if self._direct is not None and isinstance(self._direct.directory, RemoteStore):
+            self._direct.directory.will_get(self._direct.key(corner) for corner, _ in blocks)
+
     def attributes(self) -> dict:
         return dict(self._array.attrs)
 
@@ -389,7 +394,7 @@ class _DirectChunks:
 
     def __init__(self, array, directory: Union[Path, RemoteStore], decode) -> None:
         self._array = array
-        self._directory = directory
+        self.directory = directory
         self._decode = decode
         self._metadata = array.metadata
         self._chunks = tuple(int(c) for c in array.chunks)
@@ -418,6 +423,12 @@ class _DirectChunks:
         decode = _decoder(array.compressors[0]) if array.compressors else (lambda data: data)
         return None if decode is None else cls(array, directory, decode)
 
+    def key(self, corner) -> str:
+        """The store key of the chunk at ``corner`` (z, y, x voxels, a multiple of the chunk shape)."""
+        lead = len(self._shape) - 3
+        return self._metadata.encode_chunk_key((0,) * lead + tuple(int(c) // k for c, k in
+                                                                   zip(corner, self._chunks[lead:])))
+
     def read(self, corner, extent, out: np.ndarray, name: str, stamp: Stamp) -> bool:
         """Fill ``out`` if the box is exactly one chunk of a 3-D array (or of a 4-D one with all channels in one
         chunk); False otherwise, and the caller reads through zarr-python."""
@@ -428,12 +439,11 @@ class _DirectChunks:
         if not all(int(c) % k == 0 and int(e) == min(k, s - int(c))
                    for c, e, k, s in zip(corner, extent, spatial, self._shape[lead:])):
             return False
-        coords = (0,) * lead + tuple(int(c) // k for c, k in zip(corner, spatial))
-        key = self._metadata.encode_chunk_key(coords)
-        if isinstance(self._directory, RemoteStore):
-            data = self._directory.get(key)
+        key = self.key(corner)
+        if isinstance(self.directory, RemoteStore):
+            data = self.directory.get(key)
         else:
-            data = read_regular_file(self._directory / key, "a zarr chunk")
+            data = read_regular_file(self.directory / key, "a zarr chunk")
         if data is None:
             out[...] = self._fill
             return True
