@@ -18,6 +18,8 @@ class FaultyHandler(http.server.SimpleHTTPRequestHandler):
     """Serves the server's directory; waits ``server.latency`` first, and applies the first fault queued for the
     request's path: an HTTP status, "truncate" (half the body, then the connection closes), or "hang"."""
 
+    protocol_version = "HTTP/1.1"  # keep-alive, as web servers and object stores answer
+
     def log_message(self, *args) -> None:  # quiet tests
         pass
 
@@ -44,6 +46,7 @@ class FaultyHandler(http.server.SimpleHTTPRequestHandler):
         fault = self._fault()
         if fault == "hang":
             self.server.stopping.wait(HANG_S)
+            self.close_connection = True
             return
         if isinstance(fault, int):
             self.send_error(fault)
@@ -125,13 +128,33 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _moto_server(port: int, delay: list):
+    """moto's threaded S3 server, waiting ``delay[0]`` seconds before answering each request."""
+    from moto.server import DomainDispatcherApplication, ThreadedMotoServer, create_backend_app
+    from werkzeug.serving import make_server
+
+    class Delayed(ThreadedMotoServer):
+        def _server_entry(self) -> None:
+            app = DomainDispatcherApplication(create_backend_app)
+
+            def delayed(environ, start_response):
+                time.sleep(delay[0])
+                return app(environ, start_response)
+
+            self._server = make_server(self._ip_address, self._port, delayed, True)
+            self._server_ready_event.set()
+            self._server.serve_forever()
+
+    return Delayed(ip_address="127.0.0.1", port=port, verbose=False)
+
+
 @contextlib.contextmanager
-def s3_server():
-    """moto's S3 server on 127.0.0.1 with fake credentials in the environment; yields its endpoint URL."""
-    from moto.server import ThreadedMotoServer
+def s3_server(delay: list = None):
+    """moto's S3 server on 127.0.0.1 with fake credentials in the environment; yields its endpoint URL. ``delay``:
+    a one-element list, the seconds each request waits (changeable while it runs)."""
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
     port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = _moto_server(port, [0.0] if delay is None else delay)
     saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
     os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
     server.start()
@@ -157,3 +180,23 @@ def upload(endpoint: str, bucket: str, directory, prefix: str = "") -> None:
         if path.is_file():
             key = "/".join(p for p in (prefix, path.relative_to(directory).as_posix()) if p)
             client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
+
+
+def main(argv) -> None:
+    """``python remote_servers.py http DIRECTORY LATENCY`` or ``... s3 DIRECTORY LATENCY BUCKET``: serve (S3: after
+    uploading DIRECTORY to BUCKET) in this process, print the URL, stop when stdin closes. The benchmark runs its
+    servers this way, so that they do not share its GIL."""
+    import sys
+    kind, directory, latency = argv[0], argv[1], float(argv[2])
+    delay = [0.0]
+    with http_server(directory, latency) if kind == "http" else s3_server(delay) as server:
+        if kind == "s3":
+            upload(server, argv[3], directory)
+            delay[0] = latency
+        print(server.url if kind == "http" else server, flush=True)
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    import sys
+    main(sys.argv[1:])
