@@ -3,6 +3,7 @@ directory that adds latency to every request and fails requests on demand, and m
 import contextlib
 import functools
 import http.server
+import sys
 import logging
 import os
 import socket
@@ -99,6 +100,11 @@ class FaultyServer(http.server.ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 256  # a chunk cache requests many chunks at once; the default 5 refuses connections
 
+    def handle_error(self, request, client_address) -> None:
+        """Quiet about clients that hang up mid-request (a loader closing cancels its requests)."""
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
 
 @contextlib.contextmanager
 def http_server(directory, latency: float = 0.0):
@@ -186,7 +192,6 @@ def main(argv) -> None:
     """``python remote_servers.py http DIRECTORY LATENCY`` or ``... s3 DIRECTORY LATENCY BUCKET``: serve (S3: after
     uploading DIRECTORY to BUCKET) in this process, print the URL, stop when stdin closes. The benchmark runs its
     servers this way, so that they do not share its GIL."""
-    import sys
     kind, directory, latency = argv[0], argv[1], float(argv[2])
     delay = [0.0]
     with http_server(directory, latency) if kind == "http" else s3_server(delay) as server:
@@ -198,5 +203,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    import sys
     main(sys.argv[1:])

@@ -127,8 +127,10 @@ class N5Source(VolumeSource):
             geometry = array_geometry(meta, len(dimensions), where, reversed_order=True)
         geometry.require_canonical(where)
         self.resolution, self.offset = geometry.resolution, geometry.offset
-        self.stamp = root.stamp(dataset, f"{dataset}/attributes.json".lstrip("/")) if remote else Stamp.of(root, dataset,
-                                                                                                attributes)
+        if remote:
+            self.stamp = root.stamp(dataset, f"{dataset}/attributes.json".lstrip("/"))
+        else:
+            self.stamp = Stamp.of(root, dataset, attributes)
         self._attributes = {k: v for k, v in meta.items() if k not in _STRUCTURE}
 
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:

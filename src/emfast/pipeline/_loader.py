@@ -271,7 +271,7 @@ class _Producers:
         self.gatherer = gatherer
         self.profile = profile
         self.epoch_size = epoch_size
-        self.threads = [threading.Thread(target=self._run, name=f"emfast-producer-{i}", daemon=True)
+        self.threads = [threading.Thread(target=self._run_abandoning_reads, name=f"emfast-producer-{i}", daemon=True)
                         for i in range(threads)]
         depth = self._read_ahead_depth(threads)
         self.read_ahead = ReadAhead(ring, functools.partial(_plan_of, planner, epoch_size), gatherer, depth,
@@ -305,11 +305,11 @@ class _Producers:
     def position(self, number: int) -> tuple:
         return _position(number, self.epoch_size)
 
-    def _run(self) -> None:
+    def _run_abandoning_reads(self) -> None:
         with abandoned_when(lambda: self.ring.closed):  # a remote read stops waiting when the loader closes
-            self._produce()
+            self._run()
 
-    def _produce(self) -> None:
+    def _run(self) -> None:
         scratch = None
         while True:
             number = self.ring.claim()
