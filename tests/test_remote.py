@@ -1,7 +1,9 @@
 """Remote stores: zarr (v2, v3, sharded), OME-Zarr, N5 and precomputed written by the field's own tools, served by
 real servers on 127.0.0.1 (an HTTP server adding latency and failing on demand, moto's S3 server), read in memory,
 lazily and through a Loader, and compared voxel by voxel with the local read; then every way a server can fail."""
+import multiprocessing
 import pickle
+import sys
 import threading
 import time
 
@@ -59,7 +61,7 @@ def write_stores(root):
     volume = cloudvolume.CloudVolume(f"file://{root / 'pc'}", info=info, compress="gzip", progress=False)
     volume.commit_info()
     volume[3:3 + SHAPE[2], 5:5 + SHAPE[1], 7:7 + SHAPE[0]] = data.T
-    stores["precomputed"] = ("pc", {"format": "precomputed"})
+    stores["precomputed"] = ("pc", {})  # no suffix: told by its info
     ts = needs("tensorstore")
     scale = {"resolution": [4, 4, 40], "voxel_offset": [0, 0, 0], "size": list(SHAPE[::-1]), "chunk_size": [8, 8, 8],
              "encoding": "raw", "sharding": {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 1,
@@ -332,3 +334,32 @@ def test_s3_endpoint_from_the_environment_and_credentials_checked(written, s3, m
     np.testing.assert_array_equal(ef.open(f"s3://{BUCKET}/v3.zarr").array[0], written[1])
     with pytest.raises(ef.io.DatasetNotFoundError, match=f"s3://{BUCKET}/nothere.zarr"):
         ef.open(f"s3://{BUCKET}/nothere.zarr")
+
+
+def test_gs_without_gcsfs_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gcsfs", None)  # as if not installed
+    with pytest.raises(ImportError, match="reading gs:// needs gcsfs"):
+        ef.open("gs://bucket/sample.zarr")
+
+
+def read_in_child(volume, queue):
+    queue.put(lazy_box(volume).tobytes())
+
+
+def test_a_lazy_remote_volume_reads_in_a_forked_worker(written, served):
+    """A PyTorch worker is a fork: the parent's connections and event loop are not usable there."""
+    with ef.open(f"{served.url}/v3.zarr", in_memory=False) as lazy:
+        lazy_box(lazy, (0, 0, 0), (8, 8, 8))  # the parent has read: its event loop runs
+        lazy.chunk_cache.clear()
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        child = context.Process(target=read_in_child, args=(lazy, queue))
+        child.start()
+        try:
+            got = queue.get(timeout=60)
+        finally:
+            child.join(10)
+            if child.is_alive():
+                child.kill()
+        assert child.exitcode == 0
+        np.testing.assert_array_equal(np.frombuffer(got, np.uint8).reshape(SHAPE), written[1])

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hashlib
+import os
 import random
 import threading
 import time
@@ -195,11 +196,21 @@ class RemoteStore:
         self.timeout = _seconds(options.pop("timeout", TIMEOUT_S), url)
         self._protocol = SCHEMES[scheme]
         self._options = options
-        self._fs = _filesystem(self._protocol, options, self.timeout, asynchronous=False)
-        self._announced: "OrderedDict[str, concurrent.futures.Future]" = OrderedDict()  # shared with children
-        self._lock = threading.Lock()
+        self._start_here()
         # fsspec paths: "bucket/path" for object stores, the whole URL for HTTP
         self._root = self.url if self._protocol in ("http", "https") else self.url.split("://", 1)[1]
+
+    def _start_here(self) -> None:
+        """The filesystem, its event loop and the announced reads of this process: after a fork (a PyTorch worker),
+        the parent's are unusable (fsspec refuses them, their requests never complete here)."""
+        self._pid = os.getpid()
+        self._fs = _filesystem(self._protocol, self._options, self.timeout, asynchronous=False)
+        self._announced: "OrderedDict[str, concurrent.futures.Future]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _here(self) -> None:
+        if self._pid != os.getpid():
+            self._start_here()
 
     def child(self, key: str) -> "RemoteStore":
         """The store below ``key`` (same options and connections)."""
@@ -238,6 +249,7 @@ class RemoteStore:
         ReadAbandoned
             The thread's loader closed while the read waited.
         """
+        self._here()
         path = f"{self._root}/{key}" if key else self._root
         start = time.perf_counter()
         with self._lock:
@@ -252,6 +264,7 @@ class RemoteStore:
     def will_get(self, keys) -> None:
         """Start reading ``keys`` now, all at once; :meth:`get` then takes each one's bytes (or its error). A
         cache about to read several chunks announces them, so that it waits for one round trip, not one each."""
+        self._here()
         with self._lock:
             for key in keys:
                 path = f"{self._root}/{key}"
@@ -262,6 +275,7 @@ class RemoteStore:
 
     def exists(self, key: str) -> bool:
         """Whether the store has ``key`` (a HEAD request, no transfer of its bytes)."""
+        self._here()
         path = f"{self._root}/{key}" if key else self._root
         return _wait(asyncio.run_coroutine_threadsafe(self._attempts(key, lambda: self._fs._exists(path)),
                                                       self._fs.loop))
