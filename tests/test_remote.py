@@ -332,6 +332,7 @@ def test_remote_hdf5_is_refused_naming_the_url():
 def test_s3_endpoint_from_the_environment_and_credentials_checked(written, s3, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3)
     np.testing.assert_array_equal(ef.open(f"s3://{BUCKET}/v3.zarr").array[0], written[1])
+    np.testing.assert_array_equal(ef.open(f"s3://{BUCKET}/pcs").array[0], written[1])  # through tensorstore
     with pytest.raises(ef.io.DatasetNotFoundError, match=f"s3://{BUCKET}/nothere.zarr"):
         ef.open(f"s3://{BUCKET}/nothere.zarr")
 

@@ -311,7 +311,8 @@ class RemoteStore:
         if self._protocol == "gcs":
             return {"driver": "gcs", "bucket": parts.netloc, "path": parts.path.strip("/") + "/"}
         spec = {"driver": "s3", "bucket": parts.netloc, "path": parts.path.strip("/") + "/"}
-        endpoint = self._options.get("endpoint_url") or self._options.get("client_kwargs", {}).get("endpoint_url")
+        endpoint = (self._options.get("endpoint_url") or self._options.get("client_kwargs", {}).get("endpoint_url")
+                    or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
         if endpoint:
             spec["endpoint"] = endpoint
         if self._options.get("anon"):

@@ -477,7 +477,8 @@ class Loader:
     more chunks than it holds (at most ``threads x batch_size`` windows' chunks); give it room for those. Where
     the budget also holds the next batches' chunks, ``emfast-read-ahead`` threads read them ahead of the
     producers (up to ``threads + 1`` batches, one thread each; the ``ahead`` stage of :attr:`profile`); ``fetch`` and ``pending``
-    in :attr:`profile` show the producers' own reads and their waits for chunks being read.
+    in :attr:`profile` show the producers' own reads and their waits for chunks being read, ``decode`` the
+    decoding of what they read. Remote stores (``s3://``, ``gs://``, ``http(s)://``) are read the same way.
 
     Examples
     --------
