@@ -20,7 +20,8 @@ lz4-java's ``LZ4BlockOutputStream`` stream (blocks that start with the magic ``L
 the magic tells them apart.
 
 Geometry comes from :mod:`emfast.io._geometry` with every list reversed (N5 lists x first); datasets whose axes
-are named in another order than (c, z, y, x) are refused, naming the axes.
+are named in another order than (c, z, y, x) are refused, naming the axes. A remote container
+(:mod:`emfast.io._remote`) is read the same way, its blocks' bytes coming over the network.
 """
 from __future__ import annotations
 

@@ -15,7 +15,9 @@ reads only files without a suffix: a chunk that exists only compressed there is 
 
 The ``info`` is checked here before any chunk is read (a non-empty ``scales``, each with its ``key``, ``size``,
 ``resolution``, ``voxel_offset``, ``chunk_sizes`` and ``encoding``), so malformed metadata is a
-:class:`~emfast.io._source.StoreMetadataError` naming the key and the value.
+:class:`~emfast.io._source.StoreMetadataError` naming the key and the value. A remote volume
+(:mod:`emfast.io._remote`) is read the same way: its chunk files' bytes over the network, tensorstore through its
+own kvstore of the URL.
 """
 from __future__ import annotations
 

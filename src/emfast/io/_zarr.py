@@ -1,12 +1,13 @@
 """zarr arrays (v2 and v3, sharded v3 included) and OME-NGFF multiscale images as volume sources, through
 zarr-python 3 (the optional extra ``emfast[zarr]``), opened read-only.
 
-The chunk cache reads one chunk at a time. For the common layout (a local store, no sharding, no filters, C order,
+The chunk cache reads one chunk at a time. For the common layout (no sharding, no filters, C order,
 at most one compressor among zstd, blosc, gzip/zlib, lz4) emfast reads the chunk's file and decodes it in the
 calling thread with numcodecs or zlib, which release the GIL, so producer threads decode in parallel; this is
 about twice as fast as a call into zarr-python per chunk, whose event loop serialises much of the work. Any
-other layout (sharded v3 included) is read through zarr-python. A chunk that was never written reads as the
-array's fill value, as the zarr specification says; a chunk that cannot be decoded, or decodes to another size
+other layout (sharded v3 included) is read through zarr-python. A remote store (:mod:`emfast.io._remote`) is read
+the same way, its chunks' bytes coming over the network (to zarr-python through a retrying FsspecStore). A chunk
+that was never written reads as the array's fill value, as the zarr specification says; a chunk that cannot be decoded, or decodes to another size
 than the metadata promises, is a :class:`~emfast.io._source.CorruptChunkError` naming the store and the chunk.
 
 An array is opened by its own metadata, so an array with no group metadata above it (tensorstore's and
