@@ -7,8 +7,9 @@ calling thread with numcodecs or zlib, which release the GIL, so producer thread
 about twice as fast as a call into zarr-python per chunk, whose event loop serialises much of the work. Any
 other layout (sharded v3 included) is read through zarr-python. A remote store (:mod:`emfast.io._remote`) is read
 the same way, its chunks' bytes coming over the network (to zarr-python through a retrying FsspecStore). A chunk
-that was never written reads as the array's fill value, as the zarr specification says; a chunk that cannot be decoded, or decodes to another size
-than the metadata promises, is a :class:`~emfast.io._source.CorruptChunkError` naming the store and the chunk.
+that was never written reads as the array's fill value, as the zarr specification says; a chunk that cannot be
+decoded, or decodes to another size than the metadata promises, is a :class:`~emfast.io._source.CorruptChunkError`
+naming the store and the chunk.
 
 An array is opened by its own metadata, so an array with no group metadata above it (tensorstore's and
 funlib.persistence's normal layout) opens too. Its geometry comes from :mod:`emfast.io._geometry`: an array whose
