@@ -223,7 +223,7 @@ def test_profile_reports_every_stage(volumes):
             pass
     report = loader.profile
     assert report.batches == 10 and report.seconds["kernel"] > 0 and report.seconds["sample"] > 0
-    assert set(report.seconds) == {"sample", "read", "cache", "fetch", "pending", "ahead", "kernel", "augment",
+    assert set(report.seconds) == {"sample", "read", "cache", "fetch", "decode", "pending", "ahead", "kernel", "augment",
                                    "targets", "copy", "stall", "wait"}
     assert report.seconds["copy"] == 0  # no device
     text = str(report)

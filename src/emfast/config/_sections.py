@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 
+from ..io import is_url
 from ..pipeline import NORMALIZE_MODES, Loader
 from .._registry import lookup
 from ..targets import outputs
@@ -37,7 +38,7 @@ _SAMPLE_KEYS = ("name", "file", "raw", "labels", "mask", "extra", "weight", "lab
                 "cache_bytes")
 
 
-def _file(reader: Reader, value, path: Path_) -> Union[Path, Builtin]:
+def _file(reader: Reader, value, path: Path_) -> Union[Path, Builtin, str]:
     if isinstance(value, dict):
         reader.mapping(value, path, ("builtin", "shape", "seed"), required=("builtin",))
         if value["builtin"] != "demo":
@@ -47,6 +48,8 @@ def _file(reader: Reader, value, path: Path_) -> Union[Path, Builtin]:
         return Builtin(None if shape is None else reader.triple(shape, path + ("shape",), minimum=8),
                        reader.integer(value.get("seed", 0), path + ("seed",), minimum=0))
     text = reader.string(value, path)
+    if is_url(text):  # a remote store (s3://, gs://, http(s)://), kept as its URL
+        return text
     file = Path(text).expanduser()
     return (file if file.is_absolute() else reader.base / file).resolve()
 

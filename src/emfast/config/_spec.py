@@ -44,12 +44,12 @@ class Builtin:
 
 @dataclass(frozen=True)
 class VolumeSpec:
-    """One HDF5 dataset: an absolute file path (or the built-in volume) and the dataset inside it.
+    """One dataset: an absolute file path, a remote store's URL (or the built-in volume) and the dataset inside it.
 
     ``shared_file`` (not compared) records that the file came from the sample's ``file`` key, for messages.
     """
 
-    file: Union[Path, Builtin]
+    file: Union[Path, Builtin, str]
     dataset: str
     shared_file: bool = field(default=False, compare=False, repr=False)
 

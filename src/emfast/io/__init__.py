@@ -1,5 +1,6 @@
 """Where the data comes from: volumes (NumPy arrays, or stores read-only, in memory or lazily through a bounded
 chunk cache), the volume-source protocol and its formats (HDF5, zarr and OME-Zarr, N5, neuroglancer precomputed),
+local or remote (``_remote``: S3, GCS, HTTP through fsspec),
 format detection (``open_volume``, public as ``emfast.open``), per-volume statistics cached beside the user's
 data, and the built-in demo volume.
 
@@ -14,6 +15,7 @@ from ._hdf5 import Hdf5Source, hdf5, list_datasets, open_hdf5
 from ._n5 import N5Source
 from ._open import open_source, open_volume, split_path
 from ._precomputed import PrecomputedSource, tensorstore_missing
+from ._remote import ReadAbandoned, RemoteReadError, RemoteStore, abandoned_when, is_url
 from ._source import CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource
 from ._volume import ASARRAY_LIMIT_BYTES, Volume, VolumeTooLargeError, as_volume
 from ._zarr import ZarrSource, import_zarr, zarr_missing
@@ -31,9 +33,13 @@ __all__ = [
     "Hdf5Source",
     "N5Source",
     "PrecomputedSource",
+    "ReadAbandoned",
+    "RemoteReadError",
+    "RemoteStore",
     "Stamp",
     "StoreMetadataError",
     "Volume",
+    "abandoned_when",
     "VolumeSource",
     "VolumeStatistics",
     "VolumeTooLargeError",
@@ -44,6 +50,7 @@ __all__ = [
     "demo_volume_path",
     "hdf5",
     "import_zarr",
+    "is_url",
     "list_datasets",
     "make_em_volume",
     "open_hdf5",

@@ -347,8 +347,8 @@ class Gatherer:
 
 
 class _CacheTimer:
-    """Times the "cache" stage: the time inside it less what the caches reported through it (``add``) as "fetch"
-    or "pending", so that the profile's stages stay disjoint and add up to the producers' time."""
+    """Times the "cache" stage: the time inside it less what the caches reported through it (``add``) as "fetch",
+    "decode" or "pending", so that the profile's stages stay disjoint and add up to the producers' time."""
 
     def __init__(self, profile: Profile) -> None:
         self._profile = profile

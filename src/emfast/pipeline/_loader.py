@@ -28,7 +28,7 @@ from .._checks import integer, triple
 from .._machine import available_bytes, cores
 from .._registry import instantiate, registered
 from ..augment import Windows
-from ..io import Volume
+from ..io import Volume, abandoned_when
 from ..sampling import Placed, Region, Sampler, Uniform, as_dataset
 from ..transfer import resolve_device
 from ._copier import Copier
@@ -271,7 +271,7 @@ class _Producers:
         self.gatherer = gatherer
         self.profile = profile
         self.epoch_size = epoch_size
-        self.threads = [threading.Thread(target=self._run, name=f"emfast-producer-{i}", daemon=True)
+        self.threads = [threading.Thread(target=self._run_abandoning_reads, name=f"emfast-producer-{i}", daemon=True)
                         for i in range(threads)]
         depth = self._read_ahead_depth(threads)
         self.read_ahead = ReadAhead(ring, functools.partial(_plan_of, planner, epoch_size), gatherer, depth,
@@ -304,6 +304,10 @@ class _Producers:
 
     def position(self, number: int) -> tuple:
         return _position(number, self.epoch_size)
+
+    def _run_abandoning_reads(self) -> None:
+        with abandoned_when(lambda: self.ring.closed):  # a remote read stops waiting when the loader closes
+            self._run()
 
     def _run(self) -> None:
         scratch = None
@@ -473,7 +477,8 @@ class Loader:
     more chunks than it holds (at most ``threads x batch_size`` windows' chunks); give it room for those. Where
     the budget also holds the next batches' chunks, ``emfast-read-ahead`` threads read them ahead of the
     producers (up to ``threads + 1`` batches, one thread each; the ``ahead`` stage of :attr:`profile`); ``fetch`` and ``pending``
-    in :attr:`profile` show the producers' own reads and their waits for chunks being read.
+    in :attr:`profile` show the producers' own reads and their waits for chunks being read, ``decode`` the
+    decoding of what they read. Remote stores (``s3://``, ``gs://``, ``http(s)://``) are read the same way.
 
     Examples
     --------
