@@ -7,6 +7,10 @@ of its own size centred on it: the raw input (``patch_in``, larger by the networ
 output window grown by the targets' margin), the mask (the output window). A field's window starts at
 ``offset`` from the output window's corner, per output axis; for transposed examples offsets and extents are
 permuted into source axes like the patch itself.
+
+Fields at other voxel sizes than raw (see ``_fields``): on raw's grid their sources are views that resample them,
+read like lazy volumes into buffers; at their own voxel size (``Field.grids``) the window corners are converted
+into the field's voxels and the kernels read the stored volume.
 """
 from __future__ import annotations
 
@@ -55,6 +59,9 @@ class Field:
         Whether the per-example intensity augmentation (gain, bias) applies (raw only).
     delivered : bool
         Whether the field is a batch array (else a per-thread intermediate, e.g. labels with a target margin).
+    grids : list of FieldGrid or None
+        For a field delivered at its own voxel size, per sample its grid relative to raw's; ``patch`` is then in
+        the field's voxels and ``offset`` still in raw voxels. None on raw's grid.
     """
 
     name: str
@@ -65,6 +72,7 @@ class Field:
     normalization: Optional[np.ndarray] = None
     intensity: bool = False
     delivered: bool = True
+    grids: Optional[list] = None
 
     @property
     def channels(self) -> int:
@@ -85,7 +93,7 @@ class Field:
     def chunked(self) -> bool:
         """Every volume is lazy: windows are gathered straight from the chunk caches' blocks (asked per batch, so
         computed once)."""
-        return all(not placed.volume.in_memory for placed in self.sources)
+        return all(placed.volume.chunk_cache is not None for placed in self.sources)
 
     @property
     def staged(self) -> bool:
@@ -286,8 +294,12 @@ class Gatherer:
         """Corners (in each example's volume) and extents of a field's windows, in source axes."""
         params = plan.params
         extents = window_extents(f.patch, params.perms)
+        corners = plan.corners + window_extents(f.offset, params.perms)
+        if f.grids is not None:  # in the field's own voxels
+            return np.stack([f.grids[v].own_corner(corner) for v, corner in zip(plan.volumes, corners)]), \
+                extents
         origins = np.stack([f.sources[v].origin for v in plan.volumes])
-        return plan.corners + window_extents(f.offset, params.perms) - origins, extents
+        return corners - origins, extents
 
     def _gather(self, f: Field, plan: BatchPlan, out: np.ndarray, read_buffers, profile: Profile) -> None:
         params = plan.params

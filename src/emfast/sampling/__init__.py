@@ -5,6 +5,7 @@ up front) and the samplers that place each example's output window in it (:class
 May import: ``emfast._core``, ``emfast._registry``, ``emfast._checks``, ``emfast.io``.
 """
 from ._dataset import MASK_DTYPES, Dataset, Placed, Sample, as_dataset, origin_in
+from ._resolution import FieldGrid, OnRawGrid, lcm_phase
 from ._samplers import Balanced, Draw, Masked, Region, Sampler, Tiled, Uniform
 
 __all__ = [
@@ -12,7 +13,9 @@ __all__ = [
     "Balanced",
     "Dataset",
     "Draw",
+    "FieldGrid",
     "Masked",
+    "OnRawGrid",
     "Placed",
     "Region",
     "Sample",
@@ -20,5 +23,6 @@ __all__ = [
     "Tiled",
     "Uniform",
     "as_dataset",
+    "lcm_phase",
     "origin_in",
 ]
