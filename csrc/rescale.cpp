@@ -10,14 +10,27 @@ namespace {
 
 inline const char *at(const void *base, int64_t offset) { return static_cast<const char *>(base) + offset; }
 
-/* Nearest neighbour for elements of type T (an unsigned integer of the element's size: bits are copied). */
+/* Nearest neighbour for elements of type T (an unsigned integer of the element's size: bits are copied). A plane
+ * or row reading the same source plane or row as the one before (a coarser field repeats each of its voxels) is a
+ * copy of the output just written. */
 template <typename T>
 void nearest(const void *src, const int64_t s[4], int64_t channels, const int64_t *iz, const int64_t *iy,
              const int64_t *ix, const int64_t n[3], void *out) {
     T *o = static_cast<T *>(out);
+    const int64_t row_size = n[2], plane_size = n[1] * n[2];
     for (int64_t c = 0; c < channels; ++c)
-        for (int64_t z = 0; z < n[0]; ++z)
+        for (int64_t z = 0; z < n[0]; ++z) {
+            if (z > 0 && iz[z] == iz[z - 1]) {
+                std::memcpy(o, o - plane_size, static_cast<size_t>(plane_size) * sizeof(T));
+                o += plane_size;
+                continue;
+            }
             for (int64_t y = 0; y < n[1]; ++y) {
+                if (y > 0 && iy[y] == iy[y - 1]) {
+                    std::memcpy(o, o - row_size, static_cast<size_t>(row_size) * sizeof(T));
+                    o += row_size;
+                    continue;
+                }
                 const char *row = at(src, c * s[0] + iz[z] * s[1] + iy[y] * s[2]);
                 for (int64_t x = 0; x < n[2]; ++x) {
                     T value;
@@ -25,6 +38,7 @@ void nearest(const void *src, const int64_t s[4], int64_t channels, const int64_
                     *o++ = value;
                 }
             }
+        }
 }
 
 template <typename T>

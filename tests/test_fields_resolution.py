@@ -38,7 +38,7 @@ def field_shape(voxel, offset, margin=1):
 
 def write_funlib(path, name, data, voxel, offset, in_memory):
     array = persistence.prepare_ds(str(path / name), shape=data.shape, offset=offset, voxel_size=voxel,
-                                   dtype=data.dtype, chunk_shape=(5, 7, 6))
+                                   dtype=data.dtype, chunk_shape=(8, 16, 16))
     array[array.roi] = data
     return ef.open(path / name, in_memory=in_memory)
 
@@ -61,7 +61,7 @@ def stores(tmp_path, rng, request):
     from ome_zarr.format import FormatV04
     extra = rng.random(field_shape(*EXTRA_COARSE)).astype(np.float32) * 100
     group = zarr.open_group(str(tmp_path / "extra.zarr"), mode="w", zarr_format=2)
-    group.create_array("0", data=extra, chunks=(5, 7, 6))
+    group.create_array("0", data=extra, chunks=(8, 16, 16))
     transforms = [{"type": "scale", "scale": list(map(float, EXTRA_COARSE[0]))},
                   {"type": "translation", "translation": list(map(float, EXTRA_COARSE[1]))}]
     writer.write_multiscales_metadata(group, [{"path": "0", "coordinateTransformations": transforms}], FormatV04(),
@@ -253,10 +253,12 @@ def test_own_voxel_size_windows_start_on_the_common_grid(stores):
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64, np.int64, np.float32])
 def test_rescale_nearest_is_numpy_fancy_indexing(rng, dtype):
     src = rng.integers(0, 200, (2, 7, 9, 11)).astype(dtype)[:, ::-1, :, ::2]  # negative and non-unit strides
-    tables = [rng.integers(0, n, m) for n, m in zip(src.shape[1:], (5, 12, 4))]
-    out = np.empty((2, 5, 12, 4), dtype=dtype)
-    _rescale.rescale_nearest(src, *tables, out)
-    assert np.array_equal(out, src[:, tables[0]][:, :, tables[1]][:, :, :, tables[2]])
+    random = [rng.integers(0, n, m) for n, m in zip(src.shape[1:], (5, 12, 4))]
+    repeated = [np.repeat(np.arange(n), k)[:m] for n, k, m in zip(src.shape[1:], (2, 4, 3), (7, 13, 5))]  # coarse
+    for tables in (random, repeated):
+        out = np.empty((2,) + tuple(len(t) for t in tables), dtype=dtype)
+        _rescale.rescale_nearest(src, *tables, out)
+        assert np.array_equal(out, src[:, tables[0]][:, :, tables[1]][:, :, :, tables[2]])
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float16, np.float32, np.float64])
@@ -391,3 +393,23 @@ augment: [mirror]
     config.write_text(config.read_text().replace("own_resolution: [mask]", "own_resolution: [extra]"))
     with pytest.raises(ConfigError, match=r"own_resolution.*'extra' is not a field of this sample"):
         load_config(config)
+
+
+def test_read_ahead_covers_the_stored_windows_of_resampled_lazy_fields(tmp_path, rng):
+    """Fields read onto raw's grid from lazy stores name the blocks of the stored windows they will read, so the
+    read-ahead threads fetch them before the producer needs them."""
+    raw = write_funlib(tmp_path, "raw", rng.integers(0, 255, RAW_SHAPE, dtype=np.uint8), RAW_VOXEL, RAW_OFFSET,
+                       in_memory=False)
+    labels = write_funlib(tmp_path, "labels", rng.integers(0, 9, field_shape(*LABELS_COARSE), dtype=np.uint64),
+                          *LABELS_COARSE, in_memory=False)
+    loader = ef.Loader(ef.Sample(raw, labels), patch=(4, 8, 8), batch_size=2)
+    plan = loader._planner.plan(0, 0)
+    stored = dict(loader._gatherer.chunk_boxes(plan))[labels.chunk_cache]
+    block = np.asarray(labels.chunk_cache.block_shape)
+    view = loader._gatherer.fields[1].sources[0].volume
+    for n in range(2):
+        start, stop = view.stored_box(plan.corners[n] - view.origin, plan.extents[n])
+        assert np.array_equal(stored[n], np.stack([start // block, (stop - 1) // block]))
+        assert np.all(start >= 0) and np.all(stop <= np.asarray(labels.shape))
+    raw.close()
+    labels.close()

@@ -26,7 +26,7 @@ from .._core import gather as _gather
 from ..augment import Patches
 from ..augment._geometry import WarpPlan
 from ..augment._resample import warp_labels, warp_raw
-from ..sampling import Placed
+from ..sampling import OnRawGrid, Placed
 from ..targets import Target, compute_targets
 from ._plan import BatchPlan, window_extents
 from ._profile import Profile
@@ -279,7 +279,8 @@ class Gatherer:
 
     def chunk_boxes(self, plan: BatchPlan) -> list:
         """``(cache, boxes)`` for the windows of ``plan`` read in place from chunk caches: the blocks a batch
-        needs (warped examples may read a little more), for read-ahead."""
+        needs (warped examples may read a little more), for read-ahead. Fields resampled onto raw's grid from
+        lazy volumes give the blocks of the stored windows they read."""
         result = []
         for f in self.fields:
             if f.chunked:
@@ -287,6 +288,8 @@ class Gatherer:
                 volumes = [f.sources[v].volume for v in plan.volumes]
                 for cache, examples in _by_cache(volumes).items():
                     result.append((cache, cache.boxes(corners[examples], extents[examples])))
+            elif f.lazy:
+                result += _stored_boxes(f, plan, *self._windows(f, plan))
         return result
 
     @staticmethod
@@ -376,6 +379,19 @@ class _CacheTimer:
 
     def __exit__(self, *exc) -> None:
         self._profile.add("cache", max(0.0, time.perf_counter() - self._start - self._reported))
+
+
+def _stored_boxes(f: Field, plan: BatchPlan, corners: np.ndarray, extents: np.ndarray) -> list:
+    """``(cache, boxes)`` of the stored volumes that a field's views onto raw's grid read for ``plan``."""
+    stored: Dict[object, tuple] = {}
+    for n, v in enumerate(plan.volumes):
+        view = f.sources[v].volume
+        if isinstance(view, OnRawGrid) and view.stored_cache is not None:
+            start, stop = view.stored_box(corners[n], extents[n])
+            starts, sizes = stored.setdefault(view.stored_cache, ([], []))
+            starts.append(start)
+            sizes.append(stop - start)
+    return [(cache, cache.boxes(np.asarray(starts), np.asarray(sizes))) for cache, (starts, sizes) in stored.items()]
 
 
 def _by_cache(volumes) -> Dict[object, List[int]]:

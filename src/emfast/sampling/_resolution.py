@@ -189,20 +189,33 @@ class OnRawGrid:
         if min(corner) < 0 or min(extent) < 1 or any(c + e > s for c, e, s in zip(corner, extent, self.shape)):
             raise ValueError(f"{self.name}: box at {corner} of extent {extent} is not inside its footprint on raw's "
                              f"grid, of shape {self.shape}")
-        raw_voxels = [self.origin[a] + np.arange(corner[a], corner[a] + extent[a], dtype=np.int64) for a in range(3)]
+        tables, start, stop = self._tables(corner, extent)
+        source = self._read(start, stop)
         if self.linear:
-            tables = [self.grid.linear(a, raw_voxels[a], self.volume.shape[a]) for a in range(3)]
-            start = np.asarray([lo.min() for lo, _, _ in tables])
-            stop = np.asarray([hi.max() + 1 for _, hi, _ in tables])
-            source = self._read(start, stop)
             _rescale.rescale_linear(source, [(lo - s, hi - s, w) for (lo, hi, w), s in zip(tables, start)], out)
         else:
-            tables = [self.grid.nearest(a, raw_voxels[a]) for a in range(3)]
-            start = np.asarray([t[0] for t in tables])
-            stop = np.asarray([t[-1] + 1 for t in tables])
-            source = self._read(start, stop)
             _rescale.rescale_nearest(source, *(t - s for t, s in zip(tables, start)), out)
         return out
+
+    @property
+    def stored_cache(self):
+        """The chunk cache of the stored field (None in memory), for read-ahead."""
+        return self.volume.chunk_cache
+
+    def stored_box(self, corner, extent) -> Tuple[np.ndarray, np.ndarray]:
+        """(start, stop) of the stored field's voxels that :meth:`read_box` reads for this box."""
+        return self._tables(corner, extent)[1:]
+
+    def _tables(self, corner, extent) -> tuple:
+        """Per axis the source positions of each raw voxel of the box, and the stored box [start, stop) they span."""
+        raw_voxels = [self.origin[a] + np.arange(int(corner[a]), int(corner[a]) + int(extent[a]), dtype=np.int64)
+                      for a in range(3)]
+        if self.linear:
+            tables = [self.grid.linear(a, raw_voxels[a], self.volume.shape[a]) for a in range(3)]
+            return tables, np.asarray([lo.min() for lo, _, _ in tables]), \
+                np.asarray([hi.max() + 1 for _, hi, _ in tables])
+        tables = [self.grid.nearest(a, raw_voxels[a]) for a in range(3)]
+        return tables, np.asarray([t[0] for t in tables]), np.asarray([t[-1] + 1 for t in tables])
 
     def _read(self, start: np.ndarray, stop: np.ndarray) -> np.ndarray:
         """The stored field's box [start, stop): a view in memory, else read through its chunk cache."""
