@@ -131,6 +131,40 @@ WARPS = {"rotate": lambda: [ef.Rotate(axes="yx")], "elastic": lambda: [ef.Elasti
          "rotate3d+dihedral": lambda: [ef.Rotate(axes="zyx"), ef.Mirror(), ef.Transpose(axes="zyx")]}
 
 
+def test_samples_with_fields_at_raw_and_other_voxel_sizes_mix_in_one_dataset(stores, rng):
+    """One sample's labels and extra channel at raw's voxel size, another's coarser: every window matches its own
+    sample's reference."""
+    volumes, data = stores
+    same_labels = rng.integers(1, 2**40, RAW_SHAPE, dtype=np.uint64)
+    same_extra = rng.random(RAW_SHAPE).astype(np.float32)
+    at_raw = {"resolution": RAW_VOXEL, "offset": RAW_OFFSET}
+    plain = ef.Sample(ef.Volume.from_array(data["raw"][0], name="raw 2", **at_raw),
+                      ef.Volume.from_array(same_labels, name="labels 2", **at_raw),
+                      extra={"extra": ef.Volume.from_array(same_extra, name="extra 2", **at_raw)}, name="plain")
+    coarse = ef.Sample(volumes["raw"], volumes["labels_coarse"], extra={"extra": volumes["extra_coarse"]},
+                       name="coarse")
+    seen = set()
+    with ef.Loader(ef.Dataset([plain, coarse]), patch=(6, 12, 10), batch_size=4, epoch_size=4,
+                   augment=("mirror", "transpose"), seed=2) as loader:
+        for batch in loader:
+            positions = raw_positions(np.asarray(batch["raw"])[:, 0])
+            labels = np.asarray(batch["labels"])[:, 0]
+            extra = np.asarray(batch["extra"])[:, 0]
+            for n in range(4):
+                expected_plain = same_labels[tuple(np.moveaxis(positions[n], -1, 0))]
+                if np.array_equal(labels[n], expected_plain):
+                    seen.add("plain")
+                    np.testing.assert_array_equal(extra[n], same_extra[tuple(np.moveaxis(positions[n], -1, 0))])
+                else:
+                    seen.add("coarse")
+                    assert np.array_equal(labels[n], nearest_reference(data["labels_coarse"][0],
+                                                                       *data["labels_coarse"][1:], positions[n]))
+                    np.testing.assert_allclose(extra[n], linear_reference(data["extra_coarse"][0],
+                                                                          *data["extra_coarse"][1:], positions[n]),
+                                               rtol=1e-6, atol=1e-4)
+    assert seen == {"plain", "coarse"}
+
+
 @pytest.mark.parametrize("warp", sorted(WARPS))
 @pytest.mark.parametrize("mask_name", ["mask_coarse", "labels_fine"])
 def test_warped_fields_stay_aligned_with_raw(stores, warp, mask_name):

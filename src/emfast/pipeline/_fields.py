@@ -29,11 +29,12 @@ OPTION = "own_resolution"
 def raw_grid_sources(placed: Sequence[Placed]) -> List[Placed]:
     """Per sample, what a field on raw's grid is read from: the volume, or its view resampled onto raw's grid.
 
-    Where some samples' field is resampled linearly (float32) and others' is not, every sample's is read through a
-    linear view, so that one kernel call converts them all from one dtype (at raw's voxel size the view is exact).
+    Where some samples' field is resampled and others' is not, every sample's is read through a view (at raw's
+    voxel size an exact one): linear views give one dtype (float32) to convert from, nearest views are written by
+    the one kernel that resamples and transposes.
     """
-    if any(p.linear and p.grid is not None for p in placed):
-        placed = [p if p.grid is not None else Placed(p.volume, p.origin, FieldGrid.identity(), linear=True)
+    if any(p.grid is not None for p in placed):
+        placed = [p if p.grid is not None else Placed(p.volume, p.origin, FieldGrid.identity(p.origin), p.linear)
                   for p in placed]
     return [Placed(p.on_raw, p.origin) for p in placed]
 

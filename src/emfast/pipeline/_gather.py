@@ -95,6 +95,12 @@ class Field:
         computed once)."""
         return all(placed.volume.chunk_cache is not None for placed in self.sources)
 
+    @functools.cached_property
+    def resampled(self) -> bool:
+        """Every source is a view resampled onto raw's grid by nearest neighbour: each example is written by one
+        kernel call that resamples, mirrors and transposes at once."""
+        return all(isinstance(p.volume, OnRawGrid) and not p.volume.linear for p in self.sources)
+
     @property
     def staged(self) -> bool:
         """Some volumes are lazy and some in memory: lazy windows are read into buffers first."""
@@ -172,7 +178,7 @@ class Gatherer:
         """Bytes of one producer thread's :meth:`new_scratch`, in Python ints."""
         total = 0
         for f in self.fields:
-            if f.staged:
+            if f.staged and not f.resampled:
                 total += self.batch_size * nbytes((f.channels,) + tuple(f.patch), f.sources[0].volume.dtype)
             if not f.delivered:
                 total += nbytes(f.shape(self.batch_size), f.dtype)
@@ -184,7 +190,7 @@ class Gatherer:
         """Per-thread buffers: flat read buffers per example for staged fields, and intermediate fields."""
         scratch: Dict[str, object] = {}
         for f in self.fields:
-            if f.staged:
+            if f.staged and not f.resampled:
                 size = f.channels * math.prod(f.patch)
                 dtype = f.sources[0].volume.dtype
                 scratch["read:" + f.name] = [np.empty(size, dtype=dtype) for _ in range(self.batch_size)]
@@ -309,6 +315,12 @@ class Gatherer:
         corners, extents = self._windows(f, plan)
         if f.chunked:
             self._gather_chunked(f, plan, corners, extents, out, profile)
+            return
+        if f.resampled:
+            with profile.timer("kernel"):
+                for n, v in enumerate(plan.volumes):
+                    f.sources[v].volume.read_transformed(corners[n], extents[n], params.perms[n], params.flips[n],
+                                                         out[n])
             return
         if read_buffers is None:
             sources = [f.sources[v].volume.array for v in plan.volumes]

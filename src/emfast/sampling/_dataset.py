@@ -242,7 +242,7 @@ class Sample:
             grid = _grid(self.raw, volume, f"extra {key!r}", None, "")
             if grid is None:
                 self._check_on_raw(volume)
-                placed = Placed(volume, np.zeros(3, dtype=np.int64))
+                placed = Placed(volume, np.zeros(3, dtype=np.int64), linear=True)
             else:
                 placed = Placed(volume, OnRawGrid(volume, grid, linear=True).origin, grid, linear=True)
                 _check_overlap(self.raw, placed)

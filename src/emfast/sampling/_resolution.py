@@ -197,6 +197,18 @@ class OnRawGrid:
             _rescale.rescale_nearest(source, *(t - s for t, s in zip(tables, start)), out)
         return out
 
+    def read_transformed(self, corner, extent, perm, flips, out: np.ndarray) -> np.ndarray:
+        """Read the box ``[corner, corner + extent)`` (source axes) mirrored by ``flips`` (source axes) and
+        transposed so that output axis j runs along source axis ``perm[j]``, straight into ``out`` (C-contiguous
+        ``(channels, *output extent)``): the permutation and mirrors go into the kernel's tables and strides, so
+        the window is written once (nearest neighbour only)."""
+        tables, start, stop = self._tables(corner, extent)
+        source = self._read(start, stop)
+        tables = [t[::-1] - s if flip else t - s for t, s, flip in zip(tables, start, flips)]
+        perm = [int(a) for a in perm]
+        _rescale.rescale_nearest(source.transpose(0, *(1 + a for a in perm)), *(tables[a] for a in perm), out)
+        return out
+
     @property
     def stored_cache(self):
         """The chunk cache of the stored field (None in memory), for read-ahead."""
