@@ -9,8 +9,10 @@ output window grown by the targets' margin), the mask (the output window). A fie
 permuted into source axes like the patch itself.
 
 Fields at other voxel sizes than raw (see ``_fields``): on raw's grid their sources are views that resample them,
-read like lazy volumes into buffers; at their own voxel size (``Field.grids``) the window corners are converted
-into the field's voxels and the kernels read the stored volume.
+labels and masks by one rescale kernel call per example that also mirrors and transposes, extra channels read like
+lazy volumes into buffers (interpolated) and then converted; under warps every view is read like a lazy volume. At
+their own voxel size (``Field.grids``) the window corners are converted into the field's voxels and the kernels
+read the stored volume.
 """
 from __future__ import annotations
 

@@ -195,7 +195,10 @@ class Sample:
         Fields (``"labels"``, ``"mask"``, extra channel names) delivered at their own voxel size: the same world
         box as the output window (or raw's, for extra channels), with the shape that box has at that voxel size.
         Every other field at another voxel size is delivered on raw's grid: labels and masks by nearest
-        neighbour, extra channels interpolated linearly (see :mod:`emfast.sampling._resolution`).
+        neighbour, extra channels interpolated linearly (see :mod:`emfast.sampling._resolution`). With a field
+        coarser than raw delivered at its own voxel size, output windows snap down onto the fields' common grid
+        after the sampler drew them (a ``Masked`` sampler's coverage and a ``Tiled`` sampler's tiles refer to
+        the drawn corners); only mirrors and transposes between axes of equal ratio apply to such fields.
 
     Notes
     -----
