@@ -131,6 +131,28 @@ WARPS = {"rotate": lambda: [ef.Rotate(axes="yx")], "elastic": lambda: [ef.Elasti
          "rotate3d+dihedral": lambda: [ef.Rotate(axes="zyx"), ef.Mirror(), ef.Transpose(axes="zyx")]}
 
 
+def test_coarse_labels_on_raw_grid_feed_targets_with_a_margin(stores):
+    """Labels cut with the targets' margin (an intermediate, not delivered as cut) resample like delivered ones;
+    the affinities are computed from them."""
+    volumes, data = stores
+    sample = ef.Sample(volumes["raw"], volumes["labels_coarse"])
+    with ef.Loader(sample, patch=(6, 12, 10), batch_size=2, epoch_size=2, augment=("mirror", "transpose"),
+                   targets=[ef.Affinities(offsets=((-1, 0, 0), (0, -1, 0), (0, 0, -1)))], seed=4) as loader:
+        for batch in loader:
+            positions = raw_positions(np.asarray(batch["raw"])[:, 0])
+            labels = nearest_reference(data["labels_coarse"][0], *data["labels_coarse"][1:], positions)
+            assert np.array_equal(np.asarray(batch["labels"])[:, 0], labels)
+            # along each axis, inside the window, affinity 1 exactly where the label equals its predecessor's
+            affinities = np.asarray(batch["affinities"])
+            for k in range(3):
+                inner = [slice(None)] * 4
+                inner[k + 1] = slice(1, None)
+                before = [slice(None)] * 4
+                before[k + 1] = slice(None, -1)
+                same = labels[tuple(inner)] == labels[tuple(before)]
+                assert np.array_equal(affinities[:, k][tuple(inner)] > 0.5, same)
+
+
 def test_samples_with_fields_at_raw_and_other_voxel_sizes_mix_in_one_dataset(stores, rng):
     """One sample's labels and extra channel at raw's voxel size, another's coarser: every window matches its own
     sample's reference."""
@@ -179,9 +201,14 @@ def test_warped_fields_stay_aligned_with_raw(stores, warp, mask_name):
         field = (field % 251 + 1).astype(np.uint8)
     mask = ef.Volume.from_array(field, name=mask_name, resolution=voxel, offset=offset)
     compared = 0
-    with ef.Loader(ef.Sample(volumes["raw"], index_labels, mask), patch=(6, 14, 14), batch_size=4, epoch_size=4,
-                   augment=WARPS[warp](), isotropic=True, seed=5) as loader:
+    extra = data["extra_coarse"][0]
+    with ef.Loader(ef.Sample(volumes["raw"], index_labels, mask, extra={"extra": volumes["extra_coarse"]}),
+                   patch=(6, 14, 14), batch_size=4, epoch_size=4, augment=WARPS[warp](), isotropic=True,
+                   seed=5) as loader:
         for batch in loader:
+            # the extra channel, interpolated onto raw's grid and then warped, stays within the field's values
+            interpolated = np.asarray(batch["extra"])
+            assert interpolated.min() >= min(0, extra.min()) - 1e-3 and interpolated.max() <= extra.max() + 1e-3
             labels = np.asarray(batch["labels"])[:, 0].astype(np.int64)
             known = (labels > 0) & (np.asarray(batch["labels_valid"])[:, 0] > 0)
             positions = np.stack(np.unravel_index(labels[known] - 1, RAW_SHAPE), axis=-1)
@@ -313,6 +340,26 @@ def test_rescale_linear_is_separable_interpolation(rng, dtype):
         value = np.take(value, lo, axis=axis + 1) * (1 - w.reshape(shape)) + \
             np.take(value, hi, axis=axis + 1) * w.reshape(shape)
     np.testing.assert_allclose(out, value, rtol=1e-6)
+
+
+def test_rescale_kernels_run_concurrently_from_a_thread_pool(rng):
+    """The kernels release the GIL: calls from several threads at once each give NumPy's answer."""
+    from concurrent.futures import ThreadPoolExecutor
+    src = rng.integers(0, 2**60, (1, 24, 40, 40), dtype=np.uint64)
+    tables = [np.repeat(np.arange(n), 2) for n in src.shape[1:]]
+    expected = src[:, tables[0]][:, :, tables[1]][:, :, :, tables[2]]
+    linear_tables = [(t, np.minimum(t + 1, n - 1), np.tile([0.25, 0.75], n)) for t, n in zip(tables, src.shape[1:])]
+    floats = src.astype(np.float32)
+
+    def call(_):
+        out = np.empty(expected.shape, np.uint64)
+        _rescale.rescale_nearest(src, *tables, out)
+        interpolated = np.empty(expected.shape, np.float32)
+        _rescale.rescale_linear(floats, linear_tables, interpolated)
+        return np.array_equal(out, expected) and np.isfinite(interpolated).all()
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(call, range(16)))
 
 
 def test_rescale_refuses_tables_outside_the_source(rng):

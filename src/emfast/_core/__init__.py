@@ -1,6 +1,7 @@
 """The compiled core: thin Cython wrappers (this folder) over the C++ kernels in ``csrc/``. ``common.pxd`` and
 ``csrc/common.h`` declare what every wrapper and kernel shares (element types, status codes, argument checks);
-``gather``, ``warp``, ``intensity``, ``targets``, ``sampling`` and ``random`` wrap one kernel family each. Each
+``gather``, ``warp``, ``intensity``, ``targets``, ``sampling``, ``random``, ``blend`` and ``rescale`` (fields at
+other voxel sizes onto raw's grid) wrap one kernel family each. Each
 wrapper checks its arguments and calls its kernel once per batch with the GIL released.
 
 May import: nothing else of emfast.
