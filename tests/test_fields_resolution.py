@@ -153,6 +153,28 @@ def test_coarse_labels_on_raw_grid_feed_targets_with_a_margin(stores):
                 assert np.array_equal(affinities[:, k][tuple(inner)] > 0.5, same)
 
 
+@pytest.mark.parametrize("source", ["mask", "labels"])
+def test_samplers_read_coarse_fields_on_raw_grid(stores, source):
+    """Masked and Balanced look at a coarse mask or labels as they lie on raw's grid: windows drawn as fully
+    covered are fully covered in the world-coordinate reference, and balanced centres sit on their class."""
+    volumes, data = stores
+    mask_data, voxel, offset = data["mask_coarse"]
+    half = (mask_data * (np.arange(mask_data.shape[2]) % 3 != 0)).astype(np.uint8)  # every third column empty
+    mask = ef.Volume.from_array(half, name="half mask", resolution=voxel, offset=offset)
+    labels_data = data["labels_coarse"][0] * (np.arange(data["labels_coarse"][0].shape[1]) % 4 != 0)[:, None]
+    labels = ef.Volume.from_array(labels_data, name="half labels", resolution=data["labels_coarse"][1],
+                                  offset=data["labels_coarse"][2])
+    sampler = ef.Masked(min_fraction=1.0, source=source)
+    with ef.Loader(ef.Sample(volumes["raw"], labels, mask), patch=(4, 6, 6), batch_size=4, epoch_size=3,
+                   sampler=sampler, augment=(), seed=8) as loader:
+        for batch in loader:
+            positions = raw_positions(np.asarray(batch["raw"])[:, 0])
+            if source == "mask":
+                assert np.all(nearest_reference(half, voxel, offset, positions) != 0)
+            else:
+                assert np.all(nearest_reference(labels_data, *data["labels_coarse"][1:], positions) != 0)
+
+
 def test_samples_with_fields_at_raw_and_other_voxel_sizes_mix_in_one_dataset(stores, rng):
     """One sample's labels and extra channel at raw's voxel size, another's coarser: every window matches its own
     sample's reference."""

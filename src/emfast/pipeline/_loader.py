@@ -645,9 +645,9 @@ class Loader:
                         (f", labels {labels.volume.shape} at {tuple(int(v) for v in labels.origin)}"
                          if labels is not None else "") + ")")
             regions.append(Region(sample.name, sample.weight, lo, hi,
-                                  labels=None if labels is None else labels.volume,
+                                  labels=None if labels is None else labels.on_raw,
                                   labels_origin=None if labels is None else labels.origin,
-                                  mask=None if mask is None else mask.volume,
+                                  mask=None if mask is None else mask.on_raw,
                                   mask_origin=None if mask is None else mask.origin))
         return regions
 
