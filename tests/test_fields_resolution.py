@@ -15,6 +15,7 @@ from scipy import ndimage
 
 import emfast as ef
 from emfast._core import rescale as _rescale
+from emfast.sampling import OnRawGrid
 from emfast.config import ConfigError, close_volumes, dump_config, load_config
 
 persistence = pytest.importorskip("funlib.persistence")
@@ -329,6 +330,45 @@ def test_own_voxel_size_windows_start_on_the_common_grid(stores):
     for index in range(5):
         corners = loader._planner.plan(0, index).corners
         assert np.all(corners % 4 == np.asarray([2, 1, 2]))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_views_on_raw_grid_match_world_reference_for_mixed_ratios(seed):
+    """Per-axis ratios 1/3 to 3 (finer along one axis, coarser along another) and random nested offsets: every raw
+    voxel of the view's footprint takes the field's value at its centre, by nearest neighbour and linearly."""
+    local = np.random.default_rng(seed)
+    raw_shape = (20, 18, 16)
+    ratios = [local.choice([1 / 3, 1 / 2, 2, 3]) for _ in range(3)]
+    voxel = np.asarray([int(12 * r) if r >= 1 else 12 // int(round(1 / r)) for r in ratios])  # raw's is 12 nm
+    raw = ef.Volume.from_array(np.zeros(raw_shape, np.uint8), name="raw", resolution=(12, 12, 12),
+                               offset=tuple(int(o) for o in 12 * local.integers(-3, 4, 3)))
+    finer = np.minimum(voxel, 12)
+    offset = np.asarray(raw.offset, dtype=np.int64) + finer * local.integers(-4, 5, 3)
+    shape = tuple(int(n) for n in local.integers(3, 12, 3) * np.maximum(1, 12 // voxel))
+    field = local.integers(1, 2**31, shape).astype(np.uint32)
+    volume = ef.Volume.from_array(field, name="field", resolution=tuple(int(v) for v in voxel),
+                                  offset=tuple(int(o) for o in offset))
+    sample = ef.Sample(raw, volume)
+    placed = sample.placed_labels
+    view = placed.on_raw
+    out = np.empty((1,) + view.shape, np.uint32)
+    view.read_box((0, 0, 0), view.shape, out)
+    positions = placed.origin + np.stack(np.meshgrid(*(np.arange(n) for n in view.shape), indexing="ij"), axis=-1)
+    centres = np.asarray(raw.offset) + (positions + 0.5) * 12
+    index = np.floor((centres - offset) / voxel).astype(np.int64)
+    assert np.all(index >= 0) and np.all(index < np.asarray(shape))  # the footprint is exactly where centres fall
+    assert np.array_equal(out[0], field[tuple(np.moveaxis(index, -1, 0))])
+    outside = [placed.origin - 1, placed.end]  # the raw voxels just beyond the footprint have centres outside
+    for a in range(3):
+        for i in (outside[0][a], outside[1][a]):
+            centre = raw.offset[a] + (i + 0.5) * 12
+            assert not offset[a] <= centre < offset[a] + shape[a] * voxel[a]
+    linear = OnRawGrid(volume, placed.grid, linear=True)
+    interpolated = np.empty((1,) + view.shape, np.float32)
+    linear.read_box((0, 0, 0), view.shape, interpolated)
+    coordinates = ((centres - offset) / voxel - 0.5).reshape(-1, 3).T
+    expected = ndimage.map_coordinates(field.astype(np.float64), coordinates, order=1, mode="nearest")
+    np.testing.assert_allclose(interpolated[0].ravel(), expected, rtol=1e-6)
 
 
 # -- the kernels against NumPy ----------------------------------------------------------------------------------
