@@ -98,7 +98,8 @@ def nearest_reference(field, voxel, offset, positions):
 def linear_reference(field, voxel, offset, positions):
     coordinates = (centres_nm(positions) - np.asarray(offset)) / np.asarray(voxel) - 0.5
     flat = coordinates.reshape(-1, 3).T
-    return ndimage.map_coordinates(field.astype(np.float64), flat, order=1, mode="nearest").reshape(positions.shape[:-1])
+    values = ndimage.map_coordinates(field.astype(np.float64), flat, order=1, mode="nearest")
+    return values.reshape(positions.shape[:-1])
 
 
 # -- on raw's grid -----------------------------------------------------------------------------------------------
@@ -260,11 +261,10 @@ def _at_footprint_edge(positions, voxel, offset, shape):
 
 # -- at their own voxel size ----------------------------------------------------------------------------------------
 
-def _own_expected_coarse(field, voxel, positions, ratio):
-    """Own-resolution window of a coarser field: output voxel (z, y, x) shows the field voxel under raw output voxel
-    (z, y, x) * ratio (all raw voxels of that block lie in it)."""
-    corners = positions[:, ::ratio[0], ::ratio[1], ::ratio[2]]
-    return corners
+def _own_positions_coarse(positions, ratio):
+    """For an own-resolution window of a coarser field: the raw voxel under raw output voxel (z, y, x) * ratio,
+    whose field voxel own output voxel (z, y, x) shows (all raw voxels of that block lie in it)."""
+    return positions[:, ::ratio[0], ::ratio[1], ::ratio[2]]
 
 
 def _own_expected_fine(field, voxel, offset, positions, k):
@@ -309,7 +309,7 @@ def test_fields_at_own_voxel_size_match_world_reference(stores, augment):
             positions = raw_positions(np.asarray(batch["raw"])[:, 0])
             for name, key, ratio in (("labels", "labels_coarse", (2, 2, 2)), ("mask", "mask_coarse", (4, 4, 4))):
                 field, voxel, offset = data[key]
-                corners = _own_expected_coarse(field, voxel, positions, ratio)
+                corners = _own_positions_coarse(positions, ratio)
                 expected = nearest_reference(field, voxel, offset, corners)
                 assert np.array_equal(np.asarray(batch[name])[:, 0], expected), name
                 # the window is whole field voxels: every raw voxel of a block lies in the same field voxel
@@ -387,7 +387,7 @@ def test_rescale_nearest_is_numpy_fancy_indexing(rng, dtype):
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float16, np.float32, np.float64])
 def test_rescale_linear_is_separable_interpolation(rng, dtype):
     src = (rng.random((1, 6, 7, 8)) * 250).astype(dtype)
-    tables, weights = [], []
+    tables = []
     for n, m in zip(src.shape[1:], (4, 9, 5)):
         lo = rng.integers(0, n, m)
         hi = np.minimum(lo + 1, n - 1)
