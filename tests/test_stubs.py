@@ -58,7 +58,7 @@ def constructor_parameters(cls):
 
 
 def test_every_compiled_module_is_found():
-    assert {"blend", "common", "gather", "intensity", "random", "sampling", "targets", "warp"} <= set(COMPILED)
+    assert {"blend", "common", "gather", "intensity", "random", "rescale", "sampling", "targets", "warp"} <= set(COMPILED)
 
 
 @pytest.mark.parametrize("name", COMPILED)

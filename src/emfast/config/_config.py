@@ -116,7 +116,7 @@ class Config:
                 return Sample(volumes[("raw",)], volumes.get(("labels",)), volumes.get(("mask",)),
                               extra={key[1]: v for key, v in volumes.items() if key[0] == "extra"},
                               name=spec.name, weight=spec.weight, label_offset=spec.label_offset,
-                              mask_offset=spec.mask_offset)
+                              mask_offset=spec.mask_offset, own_resolution=spec.own_resolution)
             except (TypeError, ValueError) as error:
                 raise reader.error(path, str(error)) from error
         except BaseException:

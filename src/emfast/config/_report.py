@@ -57,7 +57,7 @@ def _placement(raw: Volume, placed) -> str:
     hi = np.minimum(placed.end, np.asarray(raw.shape))
     overlap = np.maximum(hi - lo, 0)
     fraction = _voxels(overlap) / _voxels(raw.shape)
-    inside = _voxels(overlap) / _voxels(placed.volume.shape)
+    inside = _voxels(overlap) / _voxels(placed.end - placed.origin)  # on raw's grid, at any voxel size
     partly = "" if inside == 1.0 else f"; only partly overlapping: {100 * inside:.1f}% of its voxels lie in raw"
     return (f"           origin {_tuple(placed.origin)} in raw voxels; overlap with raw {_tuple(overlap)} "
             f"= {100 * fraction:.1f}% of raw; raw voxels [{_tuple(placed.origin)}, {_tuple(placed.end)}){partly}")

@@ -76,6 +76,7 @@ class SampleSpec:
     mask_offset: Optional[Tuple[int, int, int]] = None
     lazy: bool = False
     cache_bytes: Optional[int] = None
+    own_resolution: Tuple[str, ...] = ()
 
     def volumes(self) -> List[Tuple[Tuple[str, ...], VolumeSpec]]:
         """(key path within the sample, volume) of every volume, raw first."""
@@ -94,7 +95,7 @@ class SampleSpec:
         if self.extra:
             out["extra"] = {key: volume.to_yaml() for key, volume in self.extra}
         defaults = SampleSpec(self.raw)
-        for key in ("weight", "label_offset", "mask_offset", "lazy", "cache_bytes"):
+        for key in ("weight", "label_offset", "mask_offset", "lazy", "cache_bytes", "own_resolution"):
             value = getattr(self, key)
             if value != getattr(defaults, key):
                 out[key] = list(value) if isinstance(value, tuple) else value

@@ -8,6 +8,7 @@ from ._balanced import Balanced
 from ._base import Draw, Region, Sampler
 from ._dataset import MASK_DTYPES, Dataset, Placed, Sample, as_dataset, origin_in
 from ._masked import Masked
+from ._resolution import FieldGrid, OnRawGrid, lcm_phase
 from ._tiled import Tiled
 from ._uniform import Uniform
 
@@ -16,7 +17,9 @@ __all__ = [
     "Balanced",
     "Dataset",
     "Draw",
+    "FieldGrid",
     "Masked",
+    "OnRawGrid",
     "Placed",
     "Region",
     "Sample",
@@ -24,5 +27,6 @@ __all__ = [
     "Tiled",
     "Uniform",
     "as_dataset",
+    "lcm_phase",
     "origin_in",
 ]
