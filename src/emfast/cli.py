@@ -20,7 +20,8 @@ from ._machine import cores
 from .augment import Intensity, Mirror, Transpose
 from .io import (LABELS_DATASET, RAW_DATASET, DatasetNotFoundError, Volume, demo_volume_path, hdf5, open_hdf5,
                  open_volume, split_path, volume_statistics, world_box)
-from .io._convert import COMPRESSORS
+from .io import COMPRESSIONS
+from .io._pyramid import DOWNSAMPLING
 from .io._convert import convert as convert_volume
 from .io._outputs import command_line_options
 from .io._progress import ProgressBar, plural, progress_bar
@@ -315,9 +316,12 @@ def _store_arrays(container, inner: str) -> List[str]:
 
 def convert(args: argparse.Namespace) -> int:
     """Convert a volume between formats, resumably (run the same command again after an interruption)."""
+    if args.compressor is not None:
+        print("emfast: warning: --compressor is deprecated; use --compression (the same values)", file=sys.stderr)
     with command_line_options():
-        result = convert_volume(args.source, args.destination, chunks=args.chunks, compressor=args.compressor,
-                                zarr_format=args.zarr_format, overwrite=args.overwrite, progress=progress_bar())
+        result = convert_volume(args.source, args.destination, chunks=args.chunks, compression=args.compression,
+                                zarr_format=args.zarr_format, overwrite=args.overwrite, progress=progress_bar(),
+                                levels=args.levels, downsampling=args.downsampling, compressor=args.compressor)
     if result.written == 0:
         print(f"{args.destination} is already complete ({result.tiles} {plural(result.tiles, 'tile')}); nothing "
               "to do")
@@ -401,8 +405,15 @@ def build_parser() -> argparse.ArgumentParser:
     change.add_argument("destination", help="the dataset to write, inside a .zarr or .h5 container")
     change.add_argument("--chunks", type=int, nargs=3, metavar=("Z", "Y", "X"),
                         help="output chunks (default: the source's, else 64 64 64)")
-    change.add_argument("--compressor", choices=COMPRESSORS, default=None,
+    change.add_argument("--compression", choices=COMPRESSIONS, default=None,
                         help="zarr: zstd (default), blosc, gzip or none; HDF5: gzip (default) or none")
+    change.add_argument("--compressor", choices=COMPRESSIONS, default=None, help="deprecated name of --compression")
+    change.add_argument("--levels", type=int, default=1,
+                        help="levels of a multiscale pyramid (zarr; default 1): DESTINATION becomes an OME-NGFF "
+                             "image of s0, s1, ..., each halving the axes whose voxel size is < 2x the smallest")
+    change.add_argument("--downsampling", choices=DOWNSAMPLING, default=None,
+                        help="mean (intensities) or mode (labels: most frequent id, ties to the lowest); default "
+                             "mode for 32/64-bit integers, else mean")
     change.add_argument("--zarr-format", type=int, choices=[2, 3], default=3, help="zarr format (default 3)")
     change.add_argument("--overwrite", action="store_true", help="replace an existing output")
     change.set_defaults(handler=convert)
