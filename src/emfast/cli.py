@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 import traceback
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import h5py
 import numpy as np
@@ -185,14 +185,22 @@ def _values_line(volume: Volume, name: str) -> str:
     return head + f"min={stats.min:.6g} max={stats.max:.6g} mean={stats.mean:.6g} std={stats.std:.6g}"
 
 
-def _values_line_or_nothing(container, name: str) -> List[str]:
-    """:func:`_values_line` of a dataset emfast can read as a volume; nothing for any other dataset."""
+def _volume_lines(container, name: str) -> Tuple[str, List[str]]:
+    """The geometry (:func:`_geometry_text`) and :func:`_values_line` of a dataset emfast can read as a volume;
+    nothing for any other dataset."""
     try:
         volume = open_volume(container, name, in_memory=False)
     except (TypeError, ValueError):  # not 3-D/4-D, or a dtype volumes do not hold
-        return []
+        return "", []
     with volume:
-        return [_values_line(volume, name)]
+        return _geometry_text(volume), [_values_line(volume, name)]
+
+
+def _geometry_text(volume) -> str:
+    """A volume's voxel size and offset as emfast reads them, and its world box: (z, y, x) nm."""
+    box = world_box(volume.shape, volume.resolution, volume.offset)
+    world = "" if box is None else f" world=[{box[0]}, {box[1]}) nm"
+    return f" resolution={volume.resolution} offset={volume.offset}{world}"
 
 
 def info(args: argparse.Namespace) -> int:
@@ -217,9 +225,10 @@ def info(args: argparse.Namespace) -> int:
             if isinstance(node, h5py.Dataset):
                 compression = f" {node.compression}" if node.compression else ""
                 attrs = f"  [{_format_attrs(node.attrs)}]" if len(node.attrs) else ""
+                geometry, values = _volume_lines(container, name)
                 rows.append(f"  {name}: shape={node.shape} dtype={node.dtype} chunks={node.chunks}"
-                            f"{compression}{attrs}")
-                rows.extend(_values_line_or_nothing(container, name))
+                            f"{compression}{geometry}{attrs}")
+                rows.extend(values)
 
         if isinstance(top, h5py.Dataset):
             visit(inner, top)
@@ -279,10 +288,8 @@ def _store_info(path: str) -> int:
     for name in names:
         with open_volume(container, name, in_memory=False) as volume:
             channels = f" channels={volume.channels}" if volume.channels > 1 else ""
-            box = world_box(volume.shape, volume.resolution, volume.offset)
-            world = "" if box is None else f" world=[{box[0]}, {box[1]}) nm"
-            print(f"  {name or '.'}: shape={volume.shape}{channels} dtype={volume.dtype} chunks={volume.chunks} "
-                  f"resolution={volume.resolution} offset={volume.offset}{world}")
+            print(f"  {name or '.'}: shape={volume.shape}{channels} dtype={volume.dtype} chunks={volume.chunks}"
+                  f"{_geometry_text(volume)}")
             print(_values_line(volume, name))
     if not names:
         print("  (no arrays)")
