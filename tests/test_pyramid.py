@@ -175,3 +175,38 @@ def test_a_pyramid_goes_to_zarr_and_not_over_an_array(tmp_path, raw_source, caps
     assert main(["convert", str(path) + "/raw", str(tmp_path / "out.zarr/raw"), "--levels", "2"]) == 2
     assert "out.zarr/raw is an array; a pyramid's levels go into a group of that name" in capsys.readouterr().err
     assert tree_digest(tmp_path / "out.zarr") == before
+
+
+def test_an_ome_zarr_py_image_converts_with_its_geometry_and_the_pyramid_of_ome_zarr_py_itself(tmp_path):
+    """An image ome-zarr-py wrote (t, c, z, y, x in micrometres, with its own two-level pyramid) converts to
+    (c, z, y, x) in nanometres with the same geometry, and ``levels=2`` places level 1 where ome-zarr-py placed its
+    own level 1 (the same voxel size and half-voxel shift)."""
+    needs("ome_zarr")
+    persistence = needs("funlib.persistence")
+    from ome_zarr.io import parse_url
+    from ome_zarr.reader import Multiscales, Reader
+    from ome_zarr.writer import write_image
+    data = np.random.default_rng(8).integers(0, 256, (1, 2, 6, 20, 18), dtype=np.uint8)
+    microns = {"z": 0.04, "y": 0.008, "x": 0.008}
+    write_image(data, zarr.open_group(str(tmp_path / "in.zarr"), mode="w"), axes="tczyx", scale_factors=(2,),
+                scale=microns, axes_units={axis: "micrometer" for axis in "zyx"})
+    before = tree_digest(tmp_path / "in.zarr")
+    convert(str(tmp_path / "in.zarr"), tmp_path / "out.zarr/image", levels=2)
+    assert tree_digest(tmp_path / "in.zarr") == before
+
+    def image(path):
+        return [node for node in Reader(parse_url(str(path)))() if node.load(Multiscales)][0]
+
+    theirs, ours = image(tmp_path / "in.zarr"), image(tmp_path / "out.zarr/image")
+    assert [(a["name"], a["type"], a.get("unit")) for a in ours.metadata["axes"]] == [
+        ("c", "channel", None), ("z", "space", "nanometer"), ("y", "space", "nanometer"), ("x", "space", "nanometer")]
+    for k in range(2):
+        (their_scale, their_shift), (scale, shift) = (image.metadata["coordinateTransformations"][k]
+                                                      for image in (theirs, ours))
+        assert scale["scale"][1:] == pytest.approx([1000 * s for s in their_scale["scale"][2:]])
+        assert shift["translation"][1:] == pytest.approx([1000 * t for t in their_shift["translation"][2:]])
+    np.testing.assert_array_equal(np.asarray(ours.data[0]), data[0])
+    np.testing.assert_array_equal(np.asarray(ours.data[1]), np.stack(
+        [reference_level(channel, (1, 2, 2), "mean") for channel in data[0]]))
+    array = persistence.open_ds(str(tmp_path / "out.zarr/image/s1"), mode="r")
+    assert tuple(array.voxel_size) == (40, 16, 16) and list(array.axis_names) == ["c^", "z", "y", "x"]
