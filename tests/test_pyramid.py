@@ -133,17 +133,19 @@ def test_downsampling_is_chosen_by_the_user_and_recorded(tmp_path, raw_source):
 def test_an_interrupted_pyramid_resumes_and_a_rerun_adds_levels(tmp_path, raw_source):
     path, data = raw_source
     out = tmp_path / "out.zarr/raw"
+    level0 = 3 * 5 * 4  # tiles of one chunk (2, 8, 8)
     seen = []
 
     def stop_in_level_one(done, total):
         seen.append((done, total))
-        if len(seen) > 3 and done == 1:  # past level 0's calls, one tile into level 1
+        if done == level0 + 1:  # one tile into level 1
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         convert(str(path) + "/raw", out, levels=2, chunks=(2, 8, 8), tile_bytes=2 * 8 * 8, progress=stop_in_level_one)
     record = dict(zarr.open_array(str(out / "s1"), mode="r").attrs)["emfast_convert"]
     assert record["complete"] is False and record["done"] == 1
+    assert {total for _, total in seen} == {level0 + 3 * 3 * 2}  # one count over both levels' tiles
     result = convert(str(path) + "/raw", out, levels=3, chunks=(2, 8, 8), tile_bytes=2 * 8 * 8)
     assert result.written < result.tiles  # level 0 was complete, level 1 continued
     for k, (want, _, _) in enumerate(expected_levels(data, VOXEL, OFFSET, 3, "mean")):

@@ -169,18 +169,21 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
         source.close()
 
 
-def _convert_level(source: VolumeSource, container: Path, dataset: str, kind: str, zarr_format: int, settings: dict,
-                   overwrite: bool, progress, factor=None, rule=None, geometry=None) -> Conversion:
-    """Write ``source`` (downsampled by ``factor`` with ``rule`` when given) to ``container/dataset``."""
-    full_shape = source.full_shape
+def _level_plan(full_shape, dtype, settings: dict, factor=None, rule=None):
+    """(shape, chunks, tiles) of an output of ``full_shape`` (downsampled by ``factor`` with ``rule`` if given)."""
     if factor is not None:
-        full_shape = full_shape[:-3] + tuple(-(-s // f) for s, f in zip(full_shape[-3:], factor))
+        full_shape = tuple(full_shape[:-3]) + tuple(-(-s // f) for s, f in zip(full_shape[-3:], factor))
     chunks = tuple(min(c, s) for c, s in zip(settings["chunks"], full_shape[-3:]))
-    itemsize = np.dtype(source.dtype).itemsize
     tile_bytes = settings["tile_bytes"] or TILE_BYTES
     if factor is not None:  # the tile's source box is up to 8 times larger, and mode compares 8 by 8 values
         tile_bytes //= int(np.prod(factor)) * (8 if rule == "mode" else 1)
-    tiles = _tiles(full_shape, chunks, itemsize, tile_bytes)
+    return full_shape, chunks, _tiles(full_shape, chunks, np.dtype(dtype).itemsize, tile_bytes)
+
+
+def _convert_level(source: VolumeSource, container: Path, dataset: str, kind: str, zarr_format: int, settings: dict,
+                   overwrite: bool, progress, factor=None, rule=None, geometry=None) -> Conversion:
+    """Write ``source`` (downsampled by ``factor`` with ``rule`` when given) to ``container/dataset``."""
+    full_shape, chunks, tiles = _level_plan(source.full_shape, source.dtype, settings, factor, rule)
     record = {"source": {"path": str(source.stamp.path), "dataset": source.stamp.dataset,
                          "fingerprint": fingerprint(source.stamp)},
               "shape": list(full_shape), "dtype": np.dtype(source.dtype).newbyteorder("=").str,
@@ -214,7 +217,17 @@ def _convert_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_f
     if _is_zarr_array(node):
         raise ConvertError(f"{container}/{dataset} is an array; a pyramid's levels go into a group of that name: "
                            "choose another output")
-    done = _convert_level(source, container, f"{dataset}/s0", "zarr", zarr_format, settings, overwrite, progress)
+    shape, counts = source.full_shape, []
+    for factor in [None] + list(factors):  # one progress count over every level's tiles
+        shape, _, level_tiles = _level_plan(shape, source.dtype, settings, factor, rule)
+        counts.append(len(level_tiles))
+
+    def progress_of(level: int):
+        before = sum(counts[:level])
+        return None if progress is None else lambda done, _: progress(before + done, sum(counts))
+
+    done = _convert_level(source, container, f"{dataset}/s0", "zarr", zarr_format, settings, overwrite,
+                          progress_of(0))
     tiles, written = done.tiles, done.written
     geometry = [(source.resolution, source.offset)]
     for level, factor in enumerate(factors, 1):
@@ -222,7 +235,7 @@ def _convert_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_f
         below = open_source(f"{container}/{dataset}/s{level - 1}")
         try:
             done = _convert_level(below, container, f"{dataset}/s{level}", "zarr", zarr_format, settings,
-                                  overwrite, progress, factor, rule, geometry[-1])
+                                  overwrite, progress_of(level), factor, rule, geometry[-1])
         finally:
             below.close()
         tiles, written = tiles + done.tiles, written + done.written
