@@ -237,7 +237,10 @@ class OutputWriter:
             if offset is not None:
                 geometry["offset"] = [float(o) for o in offset]
             for key, value in dict(attributes, **geometry).items():
-                self.array.attrs[key] = json.dumps(value) if isinstance(value, dict) else value
+                try:
+                    self.array.attrs[key] = json.dumps(value) if isinstance(value, dict) else value
+                except TypeError:  # nested lists or mixed types HDF5 cannot hold: kept as JSON text
+                    self.array.attrs[key] = json.dumps(value)
             self.root.flush()
             return
         from ._zarr import import_zarr
