@@ -2,7 +2,7 @@
 downsampling rules, and each level's voxel size and offset.
 
 Which axes: from one level to the next, an axis is halved while its voxel size is less than twice the smallest
-voxel size of that level (neuroglancer's and gunpowder's practice): an anisotropic (40, 4, 4) nm volume is halved
+voxel size of that level, which brings anisotropic EM volumes towards isotropic voxels: an anisotropic (40, 4, 4) nm volume is halved
 in y and x only, (40, 8, 8), (40, 16, 16), (40, 32, 32), until z is within a factor 2 of the others, (80, 64, 64).
 A volume without a voxel size is taken as isotropic.
 
@@ -13,7 +13,8 @@ the voxels it has. Level k's shape is the ceiling of level k-1's over the factor
 
 Where: a level's voxel is centred on the block it summarises, so its offset (the centre of its first voxel, as
 OME-NGFF's translation and emfast's offset mean it) moves by (factor - 1) / 2 voxels of the level below: half a
-voxel for a halved axis.
+voxel for a halved axis. This is where ome-zarr-py's own pyramids put their levels (ome/ome-zarr-py#403, #590)
+and what neuroglancer expects of averaged levels (google/neuroglancer#440); the tests compare with ome-zarr-py.
 """
 from __future__ import annotations
 
