@@ -59,15 +59,17 @@ def test_convert_takes_compressor_as_a_deprecated_name_of_compression(tmp_path, 
 
 def test_the_command_line_says_compressor_is_deprecated_and_refuses_a_conflict(tmp_path, source, capsys):
     path, _ = source
-    assert main(["convert", str(path), str(tmp_path / "old.zarr/raw"), "--compressor", "gzip"]) == 0
+    with pytest.warns(DeprecationWarning, match="--compressor is deprecated; use --compression"):
+        assert main(["convert", str(path), str(tmp_path / "old.zarr/raw"), "--compressor", "gzip"]) == 0
     assert "--compressor is deprecated; use --compression" in capsys.readouterr().err
     assert "gzip" in codecs(tmp_path / "old.zarr/raw")
     assert main(["convert", str(path), str(tmp_path / "new.h5/raw"), "--compression", "none"]) == 0
     with h5py.File(tmp_path / "new.h5", "r") as f:
         assert f["raw"].compression is None
     capsys.readouterr()
-    assert main(["convert", str(path), str(tmp_path / "both.zarr/raw"), "--compression", "zstd", "--compressor",
-                 "gzip"]) == 2
+    with pytest.warns(DeprecationWarning):
+        assert main(["convert", str(path), str(tmp_path / "both.zarr/raw"), "--compression", "zstd", "--compressor",
+                     "gzip"]) == 2
     assert "compression='zstd' and its deprecated name compressor='gzip' disagree" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse names the choices
         main(["convert", str(path), str(tmp_path / "bad.zarr/raw"), "--compression", "lz4"])
