@@ -7,7 +7,7 @@ data, and the built-in demo volume.
 May import: ``emfast._core``, ``emfast._checks``, ``emfast._machine``.
 """
 from ._chunkcache import CacheStats, default_budget
-from ._convert import COMPRESSORS, ConvertError, convert, progress_bar, zarr_compressor
+from ._convert import COMPRESSORS, ConvertError, convert, progress_bar
 from ._geometry import Geometry, world_box
 from ._demo import LABELS_DATASET, RAW_DATASET, demo_volume_path, make_em_volume
 from ._stats import VolumeStatistics, volume_statistics
@@ -19,9 +19,11 @@ from ._remote import ReadAbandoned, RemoteReadError, RemoteStore, abandoned_when
 from ._source import CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource
 from ._volume import ASARRAY_LIMIT_BYTES, Volume, VolumeTooLargeError, as_volume
 from ._zarr import ZarrSource, import_zarr, zarr_missing
+from ._writer import COMPRESSIONS, OutputWriter, check_compression, parse_output, zarr_compressor
 
 __all__ = [
     "ASARRAY_LIMIT_BYTES",
+    "COMPRESSIONS",
     "COMPRESSORS",
     "ConvertError",
     "CorruptChunkError",
@@ -32,6 +34,7 @@ __all__ = [
     "Geometry",
     "Hdf5Source",
     "N5Source",
+    "OutputWriter",
     "PrecomputedSource",
     "ReadAbandoned",
     "RemoteReadError",
@@ -45,6 +48,7 @@ __all__ = [
     "VolumeTooLargeError",
     "ZarrSource",
     "as_volume",
+    "check_compression",
     "convert",
     "default_budget",
     "demo_volume_path",
@@ -56,6 +60,7 @@ __all__ = [
     "open_hdf5",
     "open_source",
     "open_volume",
+    "parse_output",
     "progress_bar",
     "split_path",
     "tensorstore_missing",
