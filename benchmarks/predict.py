@@ -152,18 +152,21 @@ def bench_overhead(directory, rounds, quick):
         calls = []
 
         def timed(batch):
-            begin = time.perf_counter()
+            begin, cpu = time.perf_counter(), time.thread_time()
             result = crop_bound(batch)
-            calls.append((begin, time.perf_counter()))
+            calls.append((begin, time.perf_counter(), time.thread_time() - cpu))
             return result
 
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         seconds = timed_predict(timed, raw, os.path.join(directory, "overhead.zarr/p"), **settings)[0]
+        cpu = time.process_time() - cpu
         times["predict"].append(seconds)
+        model_cpu = sum(c for _, _, c in calls)
         waits.append({"before first call": calls[0][0] - start,
                       "between calls": sum(b[0] - a[1] for a, b in zip(calls, calls[1:])),
                       "after last call": start + seconds - calls[-1][1],
-                      "in model calls": sum(b - a for a, b in calls)})
+                      "in model calls": sum(b - a for a, b, _ in calls),
+                      "CPU in model calls": model_cpu, "CPU around the model": cpu - model_cpu})
     return {"tiles": len(batches), **_best_and_median(times, "model alone", "predict", inverse=True),
             "model_waits_best_round": waits[times["predict"].index(min(times["predict"]))]}
 
