@@ -30,12 +30,12 @@ class ModelCaller:
     Picklable when the model is, so Dask workers get their own (never with a runner: its thread stays here).
     """
 
-    def __init__(self, model: Callable, device: Optional[str] = None, runner=None) -> None:
+    def __init__(self, model: Callable, device: Optional[str] = None) -> None:
         if not callable(model):
             raise TypeError(f"model must be callable (a function or a torch module), got {type(model).__name__}")
         self.model = model
         self.device = device
-        self.runner = runner
+        self.runner = None  # set by predict for a device with a transfer backend
         self.name = model_name(model)
 
     def __getstate__(self) -> dict:
