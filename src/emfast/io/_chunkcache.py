@@ -34,6 +34,7 @@ from typing import Dict, Sequence, Tuple
 import numpy as np
 
 from .._core.gather import ChunkGrid, gather_chunked_copy
+from ._source import transfer_time
 
 #: Block shape (z, y, x) for datasets stored contiguously (no HDF5 chunks), clipped to the volume.
 CONTIGUOUS_BLOCK = (64, 64, 64)
@@ -198,8 +199,9 @@ class ChunkCache:
     def pin(self, boxes: np.ndarray, timings=None) -> None:
         """Hold every block of ``boxes`` (from :meth:`boxes`) until :meth:`unpin`: read the missing ones, and keep
         them all from eviction. ``timings`` (an object with ``add(stage, seconds)``, e.g. a loader's profile) is
-        given the seconds spent reading missed blocks ("fetch") and waiting for blocks other threads are reading
-        ("pending").
+        given the seconds spent moving the bytes of missed blocks ("fetch": file reads, network requests), decoding
+        them ("decode") and waiting for blocks other threads are reading ("pending"). Sources that fetch and decode
+        in one call of another library (zarr-python, tensorstore) count it all as "fetch".
 
         Pinned blocks are never evicted; while the boxes pinned by all threads need more than the budget, the
         cache holds more than the budget (at most those boxes' blocks), and comes back under it as they unpin.
@@ -210,8 +212,7 @@ class ChunkCache:
             held, missing = self.grid.pin(boxes, self._clock)
             self._hits += held
         try:
-            for n in missing:
-                self._read_missing(_box_slices(boxes[n]), timings)
+            self._read_missing(boxes, missing, timings)
         except BaseException:
             self.unpin(boxes)
             raise
@@ -224,8 +225,7 @@ class ChunkCache:
             self._clock += 1
             _, missing = self.grid.pin(boxes, self._clock)
             self.grid.unpin(boxes)
-        for n in missing:
-            self._read_missing(_box_slices(boxes[n]), timings, ahead=True)
+        self._read_missing(boxes, missing, timings, ahead=True)
         return len(missing)
 
     def unpin(self, boxes: np.ndarray) -> None:
@@ -235,11 +235,23 @@ class ChunkCache:
             if self._bytes_held > self.budget_bytes:
                 self._evict_unpinned(self._bytes_held - self.budget_bytes)
 
-    def _read_missing(self, box: tuple, timings, ahead: bool = False) -> None:
-        """Read the blocks of ``box`` (grid slices) that are not held (``ahead``: for :meth:`prefetch`)."""
-        origin = np.array([s.start for s in box])
-        for key in np.argwhere(self._addresses[box] == 0) + origin:
-            self._get(tuple(int(k) for k in key), timings, ahead)
+    def _read_missing(self, boxes: np.ndarray, missing, timings, ahead: bool = False) -> None:
+        """Read the blocks not held of the boxes numbered ``missing`` (``ahead``: for :meth:`prefetch`).
+
+        The source is told every block first (``will_read``, where it has one): a remote source then requests
+        them all at once, and the blocks, read one by one here, wait for one round trip, not one each."""
+        keys: Dict[Key, None] = {}
+        for n in missing:
+            box = _box_slices(boxes[n])
+            origin = np.array([s.start for s in box])
+            keys.update((tuple(int(k) for k in key), None) for key in np.argwhere(self._addresses[box] == 0) + origin)
+        announce = getattr(self._source, "will_read", None)
+        if announce is not None and len(keys) > 1:
+            with self._lock:
+                wanted = [key for key in keys if key not in self._pending]
+            announce([self._block_box(key) for key in wanted])
+        for key in keys:
+            self._get(key, timings, ahead)
 
     def nonfinite(self, boxes: np.ndarray) -> np.ndarray:
         """Per box (pinned), whether one of its blocks holds NaN or infinity (always False for integer dtypes)."""
@@ -293,10 +305,13 @@ class ChunkCache:
             finally:
                 if timings is not None:
                     timings.add("pending", time.perf_counter() - start)
+        moved = transfer_time()
         try:
             block = self._fetch(key)
-            if timings is not None:
-                timings.add("fetch", time.perf_counter() - start)
+            if timings is not None:  # the bytes' transfer, then the rest of the read: decoding and checking
+                moved = transfer_time() - moved
+                timings.add("fetch", moved)
+                timings.add("decode", max(0.0, time.perf_counter() - start - moved))
         except BaseException as exc:
             with self._lock:
                 del self._pending[key]
@@ -344,11 +359,16 @@ class ChunkCache:
                         return buffer
         return np.empty(nbytes, np.uint8)
 
-    def _fetch(self, key: Key) -> np.ndarray:
-        """Read block ``key`` from the source, as a read-only (c, z, y, x) array."""
+    def _block_box(self, key: Key) -> Tuple[list, tuple]:
+        """(corner, extent) of block ``key`` in voxels, clipped to the volume."""
         origin = [k * b for k, b in zip(key, self.block_shape)]
         stop = [min(o + b, s) for o, b, s in zip(origin, self.block_shape, self._shape)]
-        shape = (self._channels,) + tuple(b - a for a, b in zip(origin, stop))
+        return origin, tuple(b - a for a, b in zip(origin, stop))
+
+    def _fetch(self, key: Key) -> np.ndarray:
+        """Read block ``key`` from the source, as a read-only (c, z, y, x) array."""
+        origin, extent = self._block_box(key)
+        shape = (self._channels,) + extent
         block = self._buffer(int(np.prod(shape)) * self._dtype.itemsize).view(self._dtype).reshape(shape)
         self._source.read(origin, shape[1:], block)
         block.flags.writeable = False

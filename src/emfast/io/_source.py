@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
@@ -62,6 +64,20 @@ def checked_chunk(data, dtype: np.dtype, shape: Sequence[int], where: str, stamp
     return np.frombuffer(data, dtype).reshape(tuple(int(s) for s in shape))
 
 
+_transfers = threading.local()
+
+
+def add_transfer_time(seconds: float) -> None:
+    """Count ``seconds`` this thread spent moving a chunk's or metadata's bytes (a file read, a network request)."""
+    _transfers.seconds = getattr(_transfers, "seconds", 0.0) + seconds
+
+
+def transfer_time() -> float:
+    """Seconds this thread has spent moving bytes (:func:`add_transfer_time`): the difference across a chunk's
+    read is its transfer, the rest its decoding."""
+    return getattr(_transfers, "seconds", 0.0)
+
+
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
@@ -111,8 +127,11 @@ def read_regular_file(path: Path, what: str) -> Optional[bytes]:
         os.close(descriptor)
         error = IsADirectoryError if stat.S_ISDIR(mode) else OSError
         raise error(f"{path} is {_kind(mode)}, not a regular file: {what} must be a file")
+    start = time.perf_counter()
     with os.fdopen(descriptor, "rb") as file:
-        return file.read()
+        data = file.read()
+    add_transfer_time(time.perf_counter() - start)
+    return data
 
 
 @dataclass(frozen=True)
