@@ -18,6 +18,9 @@ typedef enum {
     EMF_FLOAT16 = 5,
     EMF_INT64 = 6,
     EMF_FLOAT64 = 7,
+    EMF_INT8 = 8,
+    EMF_INT16 = 9,
+    EMF_INT32 = 10,
 } emf_dtype;
 
 /* Return codes of every kernel. */

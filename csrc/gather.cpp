@@ -304,6 +304,11 @@ int convert_from(const emf_window *windows, int64_t count, const int64_t shape[4
         case EMF_UINT8: return convert_all<uint8_t, Out>(windows, count, shape, out);
         case EMF_UINT16: return convert_all<uint16_t, Out>(windows, count, shape, out);
         case EMF_FLOAT32: return convert_all<float, Out>(windows, count, shape, out);
+        case EMF_INT8: return convert_all<int8_t, Out>(windows, count, shape, out);
+        case EMF_INT16: return convert_all<int16_t, Out>(windows, count, shape, out);
+        case EMF_UINT32: return convert_all<uint32_t, Out>(windows, count, shape, out);
+        case EMF_FLOAT16: return convert_all<emf_half::Half, Out>(windows, count, shape, out);
+        case EMF_FLOAT64: return convert_all<double, Out>(windows, count, shape, out);
         default: return EMF_BAD_DTYPE;
     }
 }
@@ -348,6 +353,11 @@ int padded_convert_from(const emf_padded_window *windows, int64_t count, const i
         case EMF_UINT8: return padded_all<uint8_t, Out>(windows, count, shape, fill, out, make_op);
         case EMF_UINT16: return padded_all<uint16_t, Out>(windows, count, shape, fill, out, make_op);
         case EMF_FLOAT32: return padded_all<float, Out>(windows, count, shape, fill, out, make_op);
+        case EMF_INT8: return padded_all<int8_t, Out>(windows, count, shape, fill, out, make_op);
+        case EMF_INT16: return padded_all<int16_t, Out>(windows, count, shape, fill, out, make_op);
+        case EMF_UINT32: return padded_all<uint32_t, Out>(windows, count, shape, fill, out, make_op);
+        case EMF_FLOAT16: return padded_all<emf_half::Half, Out>(windows, count, shape, fill, out, make_op);
+        case EMF_FLOAT64: return padded_all<double, Out>(windows, count, shape, fill, out, make_op);
         default: return EMF_BAD_DTYPE;
     }
 }
@@ -522,6 +532,11 @@ int chunked_convert_from(const emf_chunked_window *windows, int64_t count, const
         case EMF_UINT8: return chunked_all<uint8_t, Out>(windows, count, shape, out, make_op);
         case EMF_UINT16: return chunked_all<uint16_t, Out>(windows, count, shape, out, make_op);
         case EMF_FLOAT32: return chunked_all<float, Out>(windows, count, shape, out, make_op);
+        case EMF_INT8: return chunked_all<int8_t, Out>(windows, count, shape, out, make_op);
+        case EMF_INT16: return chunked_all<int16_t, Out>(windows, count, shape, out, make_op);
+        case EMF_UINT32: return chunked_all<uint32_t, Out>(windows, count, shape, out, make_op);
+        case EMF_FLOAT16: return chunked_all<emf_half::Half, Out>(windows, count, shape, out, make_op);
+        case EMF_FLOAT64: return chunked_all<double, Out>(windows, count, shape, out, make_op);
         default: return EMF_BAD_DTYPE;
     }
 }

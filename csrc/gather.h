@@ -25,9 +25,10 @@ typedef struct {
 } emf_window;
 
 /* out[n, c, z, y, x] = convert(src_n[c, z, y, x]) for n < count, with out contiguous of shape
- * (count, shape[0], shape[1], shape[2], shape[3]). src_dtype: uint8, uint16 or float32; out_dtype: float32 or
- * float16 (IEEE binary16 stored as uint16, rounded to nearest even like NumPy). Arithmetic is float32 without
- * fused multiply-add, so results are bit-identical to NumPy's (x.astype(float32) * scale + shift).astype(out). */
+ * (count, shape[0], shape[1], shape[2], shape[3]). src_dtype: uint8, uint16, float32, int8, int16, uint32, float16 or
+ * float64 (float16 as its bits); out_dtype: float32 or float16 (IEEE binary16 stored as uint16, rounded to nearest
+ * even like NumPy). Arithmetic is float32 without fused multiply-add, so results are bit-identical to NumPy's
+ * (x.astype(float32) * scale + shift).astype(out). */
 int emf_gather_convert(const emf_window *windows, int64_t count, const int64_t shape[4],
                        emf_dtype src_dtype, emf_dtype out_dtype, void *out);
 

@@ -61,6 +61,12 @@ inline float half_to_float(uint16_t half) {
     return bits_to_float(sign | (tiny & is_tiny) | (bits & ~is_tiny));
 }
 
+/* A float16 element as the kernels read it from a source: its bits, converted to float32 exactly. */
+struct Half {
+    uint16_t bits;
+    explicit operator float() const { return half_to_float(bits); }
+};
+
 }  // namespace emf_half
 
 #endif

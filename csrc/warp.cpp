@@ -12,6 +12,7 @@
  */
 #include "warp.h"
 #include "gather.h"
+#include "half.h"
 
 #include <algorithm>
 #include <atomic>
@@ -604,9 +605,11 @@ struct WideSampler {
 };
 
 /* Source values of one gather as float32: the element at each offset, or (second) the one after it, which a
- * 4-byte read of a 1- or 2-byte element also holds. */
+ * 4-byte read of a 1- or 2-byte element also holds. Signed elements are sign-extended by an arithmetic shift. */
 template <typename Src>
 EMF_AVX2 inline __m256 first(__m256i g) {
+    if (std::is_same<Src, int8_t>::value) return _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(g, 24), 24));
+    if (std::is_same<Src, int16_t>::value) return _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(g, 16), 16));
     if (sizeof(Src) == 1) return _mm256_cvtepi32_ps(_mm256_and_si256(g, _mm256_set1_epi32(0xff)));
     if (sizeof(Src) == 2) return _mm256_cvtepi32_ps(_mm256_and_si256(g, _mm256_set1_epi32(0xffff)));
     return _mm256_castsi256_ps(g);
@@ -614,6 +617,8 @@ EMF_AVX2 inline __m256 first(__m256i g) {
 
 template <typename Src>
 EMF_AVX2 inline __m256 second(__m256i g) {
+    if (std::is_same<Src, int8_t>::value) return _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_slli_epi32(g, 16), 24));
+    if (std::is_same<Src, int16_t>::value) return _mm256_cvtepi32_ps(_mm256_srai_epi32(g, 16));
     if (sizeof(Src) == 1) return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(g, 8), _mm256_set1_epi32(0xff)));
     return _mm256_cvtepi32_ps(_mm256_srli_epi32(g, 16));
 }
@@ -639,6 +644,13 @@ template <typename Src, typename Out>
 struct WideLinear : WideSampler<Out, true> {
     using Base = WideSampler<Out, true>;
     float fill_float; /* fill before conversion to Out */
+
+    /* The lanes read 1- and 2-byte integers and float32; other sources take the scalar sampler. */
+    static bool accepts(const emf_warp_example &example) {
+        constexpr bool lanes_read = sizeof(Src) <= 2 ? !std::is_same<Src, emf_half::Half>::value
+                                                     : std::is_same<Src, float>::value;
+        return lanes_read && Base::accepts(example);
+    }
 
     EMF_AVX2 void row(const Row &row, int64_t offset) {
         if (Lanes *p = Base::advance(&row, offset)) emit(*p);
@@ -960,6 +972,21 @@ int convert_from(const emf_warp_example *examples, int64_t count, const int64_t 
         case EMF_FLOAT32:
             return convert<float, Out>(examples, count, shape, grid, src_dtype, out_dtype, fill, out, valid,
                                        allow_gather);
+        case EMF_INT8:
+            return convert<int8_t, Out>(examples, count, shape, grid, src_dtype, out_dtype, fill, out, valid,
+                                    allow_gather);
+        case EMF_INT16:
+            return convert<int16_t, Out>(examples, count, shape, grid, src_dtype, out_dtype, fill, out, valid,
+                                    allow_gather);
+        case EMF_UINT32:
+            return convert<uint32_t, Out>(examples, count, shape, grid, src_dtype, out_dtype, fill, out, valid,
+                                    allow_gather);
+        case EMF_FLOAT16:
+            return convert<emf_half::Half, Out>(examples, count, shape, grid, src_dtype, out_dtype, fill, out, valid,
+                                    allow_gather);
+        case EMF_FLOAT64:
+            return convert<double, Out>(examples, count, shape, grid, src_dtype, out_dtype, fill, out, valid,
+                                    allow_gather);
         default:
             return EMF_BAD_DTYPE;
     }

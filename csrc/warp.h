@@ -52,9 +52,10 @@ typedef struct {
     double origin[3];   /* centred output coordinate of control point (0, 0, 0) */
 } emf_warp_grid;
 
-/* Raw: out[n, c, o] = trilinear(src_n[c], s) * scale + shift, or fill outside. src_dtype: uint8, uint16 or
- * float32; out_dtype: float32 or float16 (rounded to nearest even). valid, if not NULL, is (count, 1, Z, Y, X).
- * grid may be NULL when no example has one. shape = (C, Z, Y, X) of one example of out. */
+/* Raw: out[n, c, o] = trilinear(src_n[c], s) * scale + shift, or fill outside. src_dtype: uint8, uint16, float32,
+ * int8, int16, uint32, float16 or float64 (each sample read as float32); out_dtype: float32 or float16 (rounded to
+ * nearest even). valid, if not NULL, is (count, 1, Z, Y, X). grid may be NULL when no example has one.
+ * shape = (C, Z, Y, X) of one example of out. */
 int emf_warp_convert(const emf_warp_example *examples, int64_t count, const int64_t shape[4],
                      const emf_warp_grid *grid, emf_dtype src_dtype, emf_dtype out_dtype, float fill, void *out,
                      uint8_t *valid, int allow_gather);

@@ -260,12 +260,15 @@ def test_labels_can_be_left_out_when_only_targets_are_needed(dataset):
         ef.Loader(dataset, patch=PATCH, keep_labels="no")
 
 
+RAW_LIST = "uint8, uint16, float32, int8, int16, uint32, float16 or float64"
+
+
 @pytest.mark.parametrize("kwargs, expected", [
-    (dict(raw=np.int32), "raw: raw must be uint8, uint16 or float32, not int32"),
-    (dict(raw=np.uint64), "raw: raw must be uint8, uint16 or float32, not uint64"),
-    (dict(labels=np.float32), "labels: labels must be uint32, uint64 or int64, not float32"),
+    (dict(raw=np.int32), f"raw: raw must be {RAW_LIST}, not int32"),
+    (dict(raw=np.uint64), f"raw: raw must be {RAW_LIST}, not uint64"),
+    (dict(labels=np.float32), "labels: labels must be uint32, uint64, int64 or int32, not float32"),
     (dict(mask=np.uint16), "mask: mask must be uint8 or bool, not uint16"),
-    (dict(extra=np.uint32), "extra 'second': extra channels must be uint8, uint16 or float32, not uint32"),
+    (dict(extra=np.int64), f"extra 'second': extra channels must be {RAW_LIST}, not int64"),
 ])
 def test_a_wrong_dtype_lists_only_that_fields_supported_dtypes(kwargs, expected):
     def volume(role, default):

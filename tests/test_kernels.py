@@ -8,8 +8,8 @@ from emfast._core import random as _random
 from reference import ANISOTROPIC, assert_releases_gil, ISOTROPIC, converted, extent_of, random_corner, random_volume, window
 
 PATCH = (5, 19, 23)  # odd, unequal sizes catch axis mix-ups and SIMD tail handling
-RAW_DTYPES = [np.uint8, np.uint16, np.float32]
-LABEL_DTYPES = [np.uint8, np.uint16, np.uint32, np.uint64, np.int64]
+RAW_DTYPES = [np.uint8, np.uint16, np.float32, np.int8, np.int16, np.uint32, np.float16, np.float64]
+LABEL_DTYPES = [np.uint8, np.uint16, np.uint32, np.uint64, np.int64, np.int32]
 
 
 def draw_batch(rng, source_shape, transforms, patch=PATCH):

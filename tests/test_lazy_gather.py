@@ -48,7 +48,8 @@ def windows(rng, shape, patch, count):
 
 
 @pytest.mark.parametrize("chunk", CHUNKS)
-@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32])
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32, np.int8, np.int16, np.uint32, np.float16,
+                                   np.float64])
 @pytest.mark.parametrize("out_dtype", [np.float32, np.float16])
 def test_chunked_convert_equals_in_memory_for_all_transforms(rng, chunk, dtype, out_dtype):
     volume = random_volume(rng, (2,) + SHAPE, dtype)
@@ -65,7 +66,7 @@ def test_chunked_convert_equals_in_memory_for_all_transforms(rng, chunk, dtype, 
 
 
 @pytest.mark.parametrize("chunk", CHUNKS)
-@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64])
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64, np.int32])
 def test_chunked_copy_equals_in_memory_for_all_transforms(rng, chunk, dtype):
     volume = random_volume(rng, (1,) + SHAPE, dtype)
     grid, blocks = held_blocks(volume, chunk)

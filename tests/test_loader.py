@@ -291,9 +291,9 @@ def test_bad_volumes(rng):
     raw = rng.integers(0, 256, (12, 40, 36), dtype=np.uint8)
     with pytest.raises(ValueError, match="pass label_offset"):
         ef.Loader(raw, np.zeros((12, 40, 35), np.uint64), patch=PATCH)
-    with pytest.raises(TypeError, match="labels must be uint32, uint64 or int64"):
+    with pytest.raises(TypeError, match="labels must be uint32, uint64, int64 or int32, not uint8"):
         ef.Loader(raw, raw, patch=PATCH)
-    with pytest.raises(TypeError, match="raw must be uint8, uint16 or float32"):
+    with pytest.raises(TypeError, match="raw must be uint8, .* or float64, not uint64"):
         ef.Loader(raw.astype(np.uint64), patch=PATCH)
     with pytest.raises(TypeError, match="NumPy array"):
         ef.Loader([[[1]]], patch=PATCH)

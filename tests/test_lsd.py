@@ -47,13 +47,14 @@ def test_lsd_agrees_with_lsds(path):
     np.testing.assert_array_equal(mask[ours[9] == 0], 0)  # only background has no size
 
 
-@pytest.mark.parametrize("dtype", [np.uint32, np.uint64, np.int64])
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint64, np.int64, np.int32])
 def test_lsd_depends_on_ids_only_through_equality(dtype):
     case = load_fixture(FIXTURES[0].with_name("random_isotropic.npz"))
     segmentation = case["segmentation"]
     present, index = np.unique(segmentation, return_inverse=True)
     assert present[0] == 0  # background stays background below
-    extremes = {np.uint32: [0, 2**32 - 1, 2**31], np.uint64: [0, 2**64 - 1, 2**63], np.int64: [0, -1, -(2**63)]}
+    extremes = {np.uint32: [0, 2**32 - 1, 2**31], np.uint64: [0, 2**64 - 1, 2**63], np.int64: [0, -1, -(2**63)],
+                np.int32: [0, -1, -(2**31)]}
     ids = extremes[dtype] + [1000 + k for k in range(len(present) - 3)]
     relabelled = np.asarray(ids, dtype=dtype)[index.reshape(segmentation.shape)]
     ours, mask = descriptors(relabelled, case["sigma"], case["voxel_size"])

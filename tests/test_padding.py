@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from emfast._core.common import RAW_DTYPES
 from emfast._core.gather import PAD_MODES, gather_convert, gather_copy, pad_indices
 
 MARGIN = 24  # wider than any window below reaches past its source, so np.pad's reference covers it
@@ -18,7 +19,8 @@ def _reference(src, corner, extent, perm, flip, mode, fill):
 
 
 @pytest.mark.parametrize("mode", PAD_MODES)
-@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32, np.uint64])
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32, np.uint64, np.int8, np.int16, np.uint32, np.float16,
+                                   np.float64, np.int32])
 def test_padded_gather_matches_numpy_pad(mode, dtype):
     rng = np.random.default_rng(abs(hash((mode, np.dtype(dtype).str))) % 2**32)
     for _ in range(40):
@@ -44,7 +46,7 @@ def test_padded_gather_matches_numpy_pad(mode, dtype):
         out = np.empty((3, 2) + out_extent, dtype)
         gather_copy([src] * 3, corners, perms, flips, out, pad=mode, fill=9)
         np.testing.assert_array_equal(out, np.stack(references))
-        if np.dtype(dtype) in (np.uint8, np.uint16, np.float32):
+        if np.dtype(dtype) in RAW_DTYPES:
             converted = np.empty((3, 2) + out_extent, np.float32)
             gather_convert([src] * 3, corners, perms, flips, [0.5, 2.0, -1.0], [1.0, 0.0, 3.0], converted,
                            pad=mode, fill=9)

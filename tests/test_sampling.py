@@ -15,7 +15,7 @@ from emfast.sampling import Balanced, Masked, Region, Sampler, Tiled, Uniform
 from emfast.io import Volume, hdf5
 from reference import assert_releases_gil, boundaries_reference
 
-LABEL_DTYPES = [np.uint32, np.uint64, np.int64]
+LABEL_DTYPES = [np.uint32, np.uint64, np.int64, np.int32]
 
 
 def region(name="a", weight=1.0, lo=(0, 0, 0), hi=None, labels=None, labels_origin=(0, 0, 0), mask=None,

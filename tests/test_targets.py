@@ -9,12 +9,13 @@ from emfast.targets import (Affinities, Boundaries, Classes, Foreground, Target,
 from reference import (affinities_reference, assert_releases_gil, boundaries_reference, classes_reference,
                        foreground_reference, random_volume)
 
-LABEL_DTYPES = [np.uint32, np.uint64, np.int64]
+LABEL_DTYPES = [np.uint32, np.uint64, np.int64, np.int32]
 #: Four ids per dtype, including the extremes of its range (compared as bits, so signs and top bits matter).
 IDS = {
     np.uint32: [0, 7, 2**32 - 1, 2**31],
     np.uint64: [0, 2**63 + 3, 2**64 - 1, 1],
     np.int64: [0, -1, -(2**63), 2**63 - 1],
+    np.int32: [0, -1, -(2**31), 2**31 - 1],
 }
 SHAPE = (3, 1, 7, 12, 37)  # odd, unequal extents; x long enough for vector loops and their tails
 MARGINS = [(0, 0, 0), (1, 1, 1), (3, 2, 5)]

@@ -12,8 +12,8 @@ from emfast.augment._geometry import WarpPlan
 from reference import ISOTROPIC, assert_releases_gil, converted, extent_of, random_corner, random_volume, window
 
 PATCH = (5, 19, 23)  # odd, unequal sizes catch axis mix-ups; 23 > 16 crosses a coordinate run
-RAW_DTYPES = [np.uint8, np.uint16, np.float32]
-LABEL_DTYPES = [np.uint8, np.int16, np.uint32, np.uint64, np.int64]
+RAW_DTYPES = [np.uint8, np.uint16, np.float32, np.int8, np.int16, np.uint32, np.float16, np.float64]
+LABEL_DTYPES = [np.uint8, np.int16, np.uint32, np.uint64, np.int64, np.int32]
 
 
 def centre_of(corner, patch, perm):
@@ -319,7 +319,7 @@ BAD_CALLS = [
     (_raw_call(sources=[[0, 1]]), TypeError, "not a NumPy array"),
     (_raw_call(sources=[np.zeros((8, 8, 8), np.uint8)]), ValueError, "4-D"),
     (_raw_call(sources=[np.zeros((2, 8, 8, 8), np.uint8)]), ValueError, "C=1"),
-    (_raw_call(sources=[np.zeros((1, 8, 8, 8), np.int16)]), TypeError, "int16"),
+    (_raw_call(sources=[np.zeros((1, 8, 8, 8), np.int32)]), TypeError, "int32"),
     (_raw_call(sources=[np.zeros((1, 8, 8, 8), np.uint8)] * 2), ValueError, "2 sources"),
     (_raw_call(out=np.zeros((1, 1, 4, 4, 4), np.float64)), TypeError, "float64"),
     (_raw_call(out=np.zeros((1, 1, 4, 4, 8), np.float32)[..., ::2]), ValueError, "C-contiguous"),
@@ -478,7 +478,8 @@ import sys
 import numpy as np
 from emfast.augment._resample import warp_labels, warp_raw
 rng = np.random.default_rng(7)
-raw = rng.integers(0, 256, (1, 20, 40, 40), dtype=np.uint8)
+dtype = np.dtype(sys.argv[2])
+raw = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, (1, 20, 40, 40), dtype=dtype, endpoint=True)
 labels = rng.integers(0, 1 << 40, (1, 20, 40, 40), dtype=np.uint64)
 angles = rng.uniform(0, 2 * np.pi, 4)
 matrices = np.zeros((4, 3, 3))
@@ -510,14 +511,16 @@ def test_emfast_no_avx2_is_read_once_at_import(monkeypatch):
     assert fresh.stdout.strip() == "False"
 
 
-def test_portable_path_gives_the_bits_of_the_vectorised_one(tmp_path):
-    """EMFAST_NO_AVX2 forces the portable samplers; on an AVX2 machine this compares the two paths."""
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16"])
+def test_portable_path_gives_the_bits_of_the_vectorised_one(tmp_path, dtype):
+    """EMFAST_NO_AVX2 forces the portable samplers; on an AVX2 machine this compares the two paths (signed sources
+    are sign-extended in the lanes)."""
     runs = {}
     for name, extra in (("default", {}), ("portable", {"EMFAST_NO_AVX2": "1"})):
         env = {k: v for k, v in os.environ.items() if k != "EMFAST_NO_AVX2"}
         env.update(extra)
         path = tmp_path / f"{name}.npz"
-        subprocess.run([sys.executable, "-c", _PORTABLE_CASE, str(path)], check=True, env=env)
+        subprocess.run([sys.executable, "-c", _PORTABLE_CASE, str(path), dtype], check=True, env=env)
         runs[name] = np.load(path)
     for field in ("raw", "labels", "valid"):
         np.testing.assert_array_equal(runs["default"][field], runs["portable"][field])

@@ -111,6 +111,20 @@ def check(args: argparse.Namespace) -> int:
     return 0
 
 
+def snapshot(args: argparse.Namespace) -> int:
+    """Write the next batches of a config's training loader to a zarr store (and a PNG montage) to look at."""
+    config = _config.load_config(args.config)
+    loader = config.loader(args.split, cache_dir=args.cache_dir)
+    try:
+        with loader:
+            path = loader.snapshot(args.out, batches=args.batches, png=args.png)
+    finally:
+        _config.close_volumes(loader.dataset)
+    montage = f" and a montage to {args.png}" if args.png else ""
+    print(f"wrote {args.batches} {plural(args.batches, 'batch')} to {path}{montage}")
+    return 0
+
+
 def _format_attrs(attrs: h5py.AttributeManager) -> str:
     items = []
     for key, value in attrs.items():
@@ -399,6 +413,21 @@ def build_parser() -> argparse.ArgumentParser:
                                            "of labels; a path inside a store names one array or group.")
     show.add_argument("file", nargs="?", help="an HDF5 file, a zarr/N5 store or a precomputed volume")
     show.set_defaults(handler=info)
+
+    look = commands.add_parser("snapshot", help="write batches of a config's loader to zarr (and PNG) to look at",
+                               description="Take the next batches of a config's loader and write every field (raw, "
+                                           "labels, targets, masks) of every example to a new zarr store, each as "
+                                           "an OME-NGFF image at its window's world position, so that neuroglancer, "
+                                           "napari or ome-zarr-py show the fields as aligned layers; --png also "
+                                           "renders the central sections of the first batch.")
+    look.add_argument("config", help="a YAML config (see docs/CONFIG.md)")
+    look.add_argument("--out", required=True, help="the zarr store to create (must not exist)")
+    look.add_argument("--batches", type=int, default=1, help="batches to write (default: %(default)s)")
+    look.add_argument("--png", default=None, metavar="FILE", help="also write a montage of the first batch here")
+    look.add_argument("--split", choices=["train", "validation"], default="train", help="which loader")
+    look.add_argument("--cache-dir", default=None,
+                      help="where the built-in volume is cached (default: $EMFAST_CACHE_DIR or ~/.cache/emfast)")
+    look.set_defaults(handler=snapshot)
 
     change = commands.add_parser("convert", help="convert a volume between formats (HDF5, zarr, N5, precomputed "
                                                  "to zarr or HDF5)",

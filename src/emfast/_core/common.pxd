@@ -12,6 +12,9 @@ cdef extern from "common.h" nogil:
         EMF_FLOAT16
         EMF_INT64
         EMF_FLOAT64
+        EMF_INT8
+        EMF_INT16
+        EMF_INT32
 
     ctypedef enum emf_status:
         EMF_OK

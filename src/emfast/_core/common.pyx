@@ -6,10 +6,12 @@ Every constant is defined once, here or in csrc/common.h.
 """
 import numpy as np
 
-#: Label dtypes the kernels read (int64 labels are compared as their uint64 bits).
-LABEL_DTYPES = (np.dtype(np.uint32), np.dtype(np.uint64), np.dtype(np.int64))
-#: Raw dtypes the kernels convert from.
-RAW_DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.float32))
+#: Label dtypes the kernels read. Labels are compared for equality only, as their bits (int32 as uint32, int64 as
+#: uint64), so a negative id is an ordinary id.
+LABEL_DTYPES = (np.dtype(np.uint32), np.dtype(np.uint64), np.dtype(np.int64), np.dtype(np.int32))
+#: Raw dtypes the kernels convert from (to float32 as float32(x) * scale + shift).
+RAW_DTYPES = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.float32), np.dtype(np.int8),
+              np.dtype(np.int16), np.dtype(np.uint32), np.dtype(np.float16), np.dtype(np.float64))
 #: Dtypes of converted (normalised) windows, and of the raw batches the pixel-wise kernels change in place.
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
@@ -22,6 +24,9 @@ _CODES = {
     np.dtype(np.float16): EMF_FLOAT16,
     np.dtype(np.int64): EMF_INT64,
     np.dtype(np.float64): EMF_FLOAT64,
+    np.dtype(np.int8): EMF_INT8,
+    np.dtype(np.int16): EMF_INT16,
+    np.dtype(np.int32): EMF_INT32,
 }
 
 

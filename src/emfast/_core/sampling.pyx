@@ -118,7 +118,7 @@ cdef object _view(labels, emf_label_view *view):
         raise TypeError(f"labels must be a NumPy array, got {type(labels).__name__}")
     labels = np.asarray(labels)
     if labels.dtype not in LABEL_DTYPES or not labels.dtype.isnative:
-        raise TypeError(f"labels have dtype {labels.dtype}; supported: uint32, uint64, int64 (native-endian)")
+        raise TypeError(f"labels have dtype {labels.dtype}; supported: uint32, uint64, int64, int32 (native-endian)")
     if labels.ndim != 3:
         raise ValueError(f"labels must be 3-D (z, y, x), got shape {labels.shape}")
     view.data = <const char *> cnp.PyArray_DATA(<cnp.ndarray> labels)

@@ -1,11 +1,12 @@
 # cython: language_level=3
 """Thin typed wrappers around the label -> target kernels in csrc/targets.cpp and csrc/lsd.cpp.
 
-Every function takes a batch of label patches ``labels`` (B, 1, Zi, Yi, Xi), C-contiguous uint32, uint64 or int64,
-and a ``margin`` (mz, my, mx): output voxel (z, y, x) is label voxel (z + mz, y + my, x + mx), so outputs have
-shape (B, K, Zi - 2 mz, Yi - 2 my, Xi - 2 mx). Label voxels outside the patch are unknown. Each function checks
-its arguments and calls its kernel once per batch with the GIL released; kernels assume valid input, all
-checking is here. The user-facing specifications are in :mod:`emfast.targets`.
+Every function takes a batch of label patches ``labels`` (B, 1, Zi, Yi, Xi), C-contiguous uint32, uint64, int64 or
+int32 (compared as their bits: a negative id is an ordinary id), and a ``margin`` (mz, my, mx): output voxel
+(z, y, x) is label voxel (z + mz, y + my, x + mx), so outputs have shape (B, K, Zi - 2 mz, Yi - 2 my, Xi - 2 mx).
+Label voxels outside the patch are unknown. Each function checks its arguments and calls its kernel once per batch
+with the GIL released; kernels assume valid input, all checking is here. The user-facing specifications are in
+:mod:`emfast.targets`.
 """
 import numbers
 import operator
@@ -61,7 +62,7 @@ cdef object _plain_labels(labels):
         raise TypeError(f"labels must be a NumPy array, got {type(labels).__name__}")
     labels = np.asarray(labels)
     if labels.dtype not in LABEL_DTYPES or not labels.dtype.isnative:
-        raise TypeError(f"labels have dtype {labels.dtype}; supported: uint32, uint64, int64 (native-endian)")
+        raise TypeError(f"labels have dtype {labels.dtype}; supported: uint32, uint64, int64, int32 (native-endian)")
     if labels.ndim != 5 or labels.shape[1] != 1:
         raise ValueError(f"labels must have shape (B, 1, Z, Y, X), got {labels.shape}")
     if not labels.flags.c_contiguous:

@@ -69,7 +69,7 @@ def warp_raw(sources, centres, matrices, out, *, scale, shift, grid=None, grid_s
     Parameters
     ----------
     sources : list of ndarray
-        One 4-D source (C, Zs, Ys, Xs) per example (uint8, uint16 or float32, one dtype, any strides); examples
+        One 4-D source (C, Zs, Ys, Xs) per example (any dtype of ``RAW_DTYPES``, one dtype, any strides); examples
         may read different volumes. The whole source is addressable: pass a lazily read box (see
         :func:`source_box`) together with the centre relative to that box.
     centres : array_like, shape (B, 3)

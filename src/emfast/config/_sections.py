@@ -144,7 +144,7 @@ def _check_loader_value(reader: Reader, key: str, value, path: Path_):
         return None if value is None else reader.integer(value, path, minimum=2)
     if key in ("dtype", "device"):
         return reader.string(value, path)
-    if key == "isotropic":
+    if key in ("isotropic", "progress"):
         return reader.boolean(value, path)
     if key == "normalize":
         return _check_normalize(reader, value, path)

@@ -14,7 +14,9 @@ from ._stats import VolumeStatistics, volume_statistics
 from ._hdf5 import Hdf5Source, hdf5, list_datasets, open_hdf5
 from ._n5 import N5Source
 from ._open import open_source, open_volume, split_path
+from ._outputs import add_ome_multiscales, zarr_geometry
 from ._precomputed import PrecomputedSource, tensorstore_missing
+from ._progress import ProgressBar
 from ._remote import ReadAbandoned, RemoteReadError, RemoteStore, abandoned_when, is_url
 from ._source import CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource
 from ._volume import ASARRAY_LIMIT_BYTES, Volume, VolumeTooLargeError, as_volume
@@ -36,6 +38,7 @@ __all__ = [
     "N5Source",
     "OutputWriter",
     "PrecomputedSource",
+    "ProgressBar",
     "ReadAbandoned",
     "RemoteReadError",
     "RemoteStore",
@@ -47,6 +50,7 @@ __all__ = [
     "VolumeStatistics",
     "VolumeTooLargeError",
     "ZarrSource",
+    "add_ome_multiscales",
     "as_volume",
     "check_compression",
     "convert",
@@ -66,5 +70,6 @@ __all__ = [
     "tensorstore_missing",
     "volume_statistics",
     "world_box",
+    "zarr_geometry",
     "zarr_missing",
 ]

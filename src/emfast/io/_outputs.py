@@ -292,7 +292,8 @@ def _describe_image(group, name: str, ndim: int, levels: Sequence[tuple]) -> Non
                                                         for a in ("z", "y", "x")]
     datasets = [{"path": path, "coordinateTransformations": [
         {"type": "scale", "scale": [1.0] * lead + [float(r) for r in resolution]},
-        {"type": "translation", "translation": [0.0] * lead + [float(o) for o in (offset or (0.0,) * 3)]}]}
+        {"type": "translation",
+         "translation": [0.0] * lead + [float(o) for o in ((0.0,) * 3 if offset is None else offset)]}]}
         for path, resolution, offset in levels]
     image = {"axes": axes, "datasets": datasets, "name": name}
     if version == "0.4":

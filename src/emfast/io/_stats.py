@@ -1,8 +1,9 @@
 """Per-volume intensity statistics for normalisation, computed in one streaming pass and cached on disk.
 
 :func:`volume_statistics` reads a volume slab by slab (a lazy volume is never loaded whole, and its chunk cache is
-left alone) and returns a :class:`VolumeStatistics`. Integer volumes (uint8, uint16) are counted into a
-histogram, from which mean, variance and percentiles follow exactly; float32 volumes are summed in float64 per
+left alone) and returns a :class:`VolumeStatistics`. 1- and 2-byte integer volumes (uint8, uint16, int8, int16) are
+counted into a histogram, from which mean, variance and percentiles follow exactly; other volumes (float16, float32,
+float64, uint32) are summed in float64 per
 piece, and the pieces' means and squared deviations are merged with Chan et al.'s pairwise formula, which stays
 accurate where a running sum of squares would cancel.
 
@@ -75,8 +76,8 @@ def volume_statistics(volume, *, cache: bool = True) -> VolumeStatistics:
     Parameters
     ----------
     volume : Volume or numpy.ndarray
-        A uint8, uint16 or float32 volume, in memory or lazy. Lazy volumes are read slab by slab (32 MiB at a
-        time) straight from the file.
+        A volume of a raw dtype (uint8, uint16, int8, int16, uint32, float16, float32, float64), in memory or
+        lazy. Lazy volumes are read slab by slab (32 MiB at a time) straight from the file.
     cache : bool
         Reuse and store the result in the emfast cache directory, for volumes opened from an HDF5 file whose
         file has not changed since it was opened. Arrays are never cached.
@@ -94,8 +95,8 @@ def volume_statistics(volume, *, cache: bool = True) -> VolumeStatistics:
     """
     volume = as_volume(volume, "volume")
     if volume.dtype not in RAW_DTYPES:
-        raise TypeError(f"{volume.name}: statistics are for raw volumes (uint8, uint16, float32), "
-                        f"not {volume.dtype}")
+        raise TypeError(f"{volume.name}: statistics are for raw volumes "
+                        f"({', '.join(str(d) for d in RAW_DTYPES)}), not {volume.dtype}")
     if not isinstance(cache, bool):
         raise TypeError(f"cache must be True or False, got {cache!r}")
     entry = _CacheEntry.for_volume(volume) if cache else None
@@ -103,7 +104,8 @@ def volume_statistics(volume, *, cache: bool = True) -> VolumeStatistics:
         cached = entry.load()
         if cached is not None:
             return cached
-    statistics = _integer_statistics(volume) if volume.dtype.kind == "u" else _float_statistics(volume)
+    histogram = volume.dtype.kind in "ui" and volume.dtype.itemsize <= 2
+    statistics = _integer_statistics(volume) if histogram else _float_statistics(volume)
     if entry is not None:
         entry.store(statistics)
     return statistics
@@ -113,20 +115,21 @@ def volume_statistics(volume, *, cache: bool = True) -> VolumeStatistics:
 
 def _integer_statistics(volume: Volume) -> VolumeStatistics:
     levels = 1 << (8 * volume.dtype.itemsize)
+    lowest = int(np.iinfo(volume.dtype).min)  # signed values are counted from the dtype's minimum
     histogram = np.zeros(levels, np.int64)
     for _, slab in volume.slabs(_SLAB_BYTES):
         flat = slab.reshape(-1)
         for start in range(0, flat.size, _PIECE):  # bincount widens to intp: bound that temporary
-            histogram += np.bincount(flat[start:start + _PIECE], minlength=levels)
+            histogram += np.bincount(flat[start:start + _PIECE].astype(np.intp) - lowest, minlength=levels)
     present = np.flatnonzero(histogram)
-    values = [int(v) for v in present]
+    values = [int(v) + lowest for v in present]
     counts = [int(c) for c in histogram[present]]
     count = sum(counts)
     total = sum(v * c for v, c in zip(values, counts))  # Python ints: exact whatever the volume size
     squares = sum(v * v * c for v, c in zip(values, counts))
     variance = Fraction(count * squares - total * total, count * count)
     cumulative = np.cumsum(histogram[present])
-    p_low, p_high = (_percentile(present, cumulative, count, p) for p in PERCENTILES)
+    p_low, p_high = (_percentile(present + lowest, cumulative, count, p) for p in PERCENTILES)
     return VolumeStatistics(mean=float(Fraction(total, count)), std=math.sqrt(variance), min=float(values[0]),
                             max=float(values[-1]), count=count, p0_5=p_low, p99_5=p_high)
 

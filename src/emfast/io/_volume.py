@@ -17,7 +17,7 @@ from .._machine import available_bytes
 from ._chunkcache import CacheStats, ChunkCache, check_budget, default_budget
 from ._source import VolumeSource, plain
 
-SUPPORTED_DTYPES = RAW_DTYPES + LABEL_DTYPES
+SUPPORTED_DTYPES = tuple(dict.fromkeys(RAW_DTYPES + LABEL_DTYPES))  # uint32 is both
 
 #: z-sections checked per step when scanning a float volume for NaN or infinity (bounds temporary memory).
 _FINITE_CHECK_SECTIONS = 16

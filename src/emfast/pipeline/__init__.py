@@ -1,8 +1,8 @@
 """How a batch is made and handed over: plans (``_plan``, with the counter-based random streams of ``_rng``), the
 gatherer that cuts, augments and computes targets (``_gather``, with normalisation in ``_normalize``), the
 ordered hand-off (``_ring``), batch memory lent as leases (``_pool``), per-stage timing (``_profile``), the copier
-thread of a GPU loader (``_copier``), the read-ahead thread of lazy volumes (``_readahead``), and the
-:class:`Loader` that runs it all (``_loader``).
+thread of a GPU loader (``_copier``), the read-ahead thread of lazy volumes (``_readahead``), snapshots of
+batches to look at (``_snapshot``), and the :class:`Loader` that runs it all (``_loader``).
 
 May import: every stage below it (``emfast.io``, ``emfast.sampling``, ``emfast.augment``, ``emfast.targets``,
 ``emfast.transfer``) and the shared modules (``emfast._core``, ``emfast._registry``, ``emfast._checks``,

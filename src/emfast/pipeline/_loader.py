@@ -28,7 +28,7 @@ from .._checks import integer, triple
 from .._machine import available_bytes, cores
 from .._registry import instantiate, registered
 from ..augment import Windows
-from ..io import Volume, abandoned_when
+from ..io import ProgressBar, Volume, abandoned_when
 from ..sampling import Placed, Region, Sampler, Uniform, as_dataset
 from ..transfer import resolve_device
 from ._copier import Copier
@@ -41,6 +41,7 @@ from ._profile import Profile, ProfileReport, plural
 from ._readahead import ReadAhead, read_ahead_depth
 from ._ring import Ring, RingClosed, join_all, start_thread
 from ._rng import check_seed
+from ._snapshot import write_snapshot
 
 OUTPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
@@ -401,10 +402,11 @@ class Loader:
     ----------
     data : Dataset, Sample, list of Sample, Volume or ndarray
         What to draw from: a :class:`~emfast.Dataset` of several annotated volumes, or a single raw volume
-        ((z, y, x) or (c, z, y, x), uint8, uint16 or float32), converted to ``dtype`` and normalised.
+        ((z, y, x) or (c, z, y, x), uint8, uint16, int8, int16, uint32, float16, float32 or float64), converted
+        to ``dtype`` and normalised.
     labels : Volume or ndarray, default None
-        With a single raw volume: its labels (uint32, uint64 or int64), cut with the same geometry and copied bit
-        for bit.
+        With a single raw volume: its labels (uint32, uint64, int64 or int32), cut with the same geometry and
+        copied bit for bit.
     patch : (int, int, int), default None
         Window (z, y, x) of input and output alike; or give ``patch_in`` and ``patch_out``.
     patch_in, patch_out : (int, int, int), default None
@@ -469,6 +471,10 @@ class Loader:
         Where batches are delivered: ``"cpu"`` (NumPy arrays), ``"cuda"`` / ``"cuda:N"`` (device arrays with
         ``__cuda_array_interface__``, copied asynchronously from page-locked memory; needs pycuda), or
         ``"auto"`` (CUDA if usable, else the CPU with a notice). See :mod:`emfast.transfer`.
+    progress : bool, default False
+        Draw a progress bar of each epoch (``for batch in loader``) on standard error, emfast's one bar: redrawn in
+        place on a terminal, a few plain lines in a log. Only when an epoch has a size (``len(loader)``); an
+        endless stream draws none.
 
     Notes
     -----
@@ -495,7 +501,7 @@ class Loader:
                  buffers: Optional[int] = None, max_buffers: Optional[int] = None, seed: int = 0, dtype="float32",
                  normalize=None,
                  isotropic: bool = False, label_offset=None, keep_labels: bool = True, rank: int = 0,
-                 world_size: int = 1, worker_sharding: bool = True, device="cpu") -> None:
+                 world_size: int = 1, worker_sharding: bool = True, device="cpu", progress: bool = False) -> None:
         # Every argument as given, first thing: an unstarted loader pickles as them (see __reduce__).
         self._arguments = {name: value for name, value in locals().items() if name != "self"}
         self.patch_in, self.patch_out = _geometry(patch, patch_in, patch_out)
@@ -536,6 +542,9 @@ class Loader:
         if not isinstance(keep_labels, bool):
             raise TypeError(f"keep_labels must be True or False, got {keep_labels!r}")
         self.keep_labels = keep_labels
+        if not isinstance(progress, bool):
+            raise TypeError(f"progress must be True or False, got {progress!r}")
+        self.progress = progress
         self._backend = resolve_device(device)
         self.device = "cpu" if self._backend is None else self._backend.name
 
@@ -815,11 +824,18 @@ class Loader:
     def __iter__(self) -> Iterator[Batch]:
         """Yield batches to the end of the current epoch (forever without ``epoch_size``)."""
         self.start()
-        while True:
-            batch = self.next_batch()
-            yield batch
-            if self.epoch_size is not None and batch.index == self.epoch_size - 1:
-                return
+        bar = ProgressBar(self.epoch_size) if self.progress and self.epoch_size is not None else None
+        try:
+            while True:
+                batch = self.next_batch()
+                if bar is not None:
+                    bar.update(batch.index + 1)
+                yield batch
+                if self.epoch_size is not None and batch.index == self.epoch_size - 1:
+                    return
+        finally:
+            if bar is not None:
+                bar.finish()
 
     def __len__(self) -> int:
         """Batches per epoch, ``len(loader)``: ``epoch_size``, or the epoch of a tiled sampler (this shard's share).
@@ -932,6 +948,13 @@ class Loader:
                 "patch_in": list(self.patch_in), "patch_out": list(self.patch_out), "shard": list(self.shard)}
 
     # -- information ------------------------------------------------------------------------------------------
+
+    def snapshot(self, path, batches: int = 1, png=None):
+        """Write the next ``batches`` batches (every field, at the windows' world positions) to a new zarr store
+        that neuroglancer, napari and ome-zarr-py open as aligned layers; with ``png``, a montage of the first
+        batch's central sections too. See :mod:`emfast.pipeline._snapshot` for the layout. Returns the store's path.
+        """
+        return write_snapshot(self, path, batches, png)
 
     @property
     def profile(self) -> ProfileReport:

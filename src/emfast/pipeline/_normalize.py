@@ -7,11 +7,19 @@ import numpy as np
 
 from ..io import Volume, volume_statistics
 
-#: Default normalisation (scale, shift) per raw dtype: integers to [0, 1], floats unchanged.
+#: Default normalisation (scale, shift) per raw dtype: integers from their dtype's range to [0, 1]
+#: ((x - min) / (max - min), so int8 -128 -> 0 and 127 -> 1), floats unchanged. The kernels compute
+#: float32(x) * scale + shift: uint32 values above 2**24 and float64 values lose their low bits in float32, and
+#: float64 values beyond float32's range become infinity.
 DEFAULT_NORMALIZATION = {
     np.dtype(np.uint8): (1.0 / 255.0, 0.0),
     np.dtype(np.uint16): (1.0 / 65535.0, 0.0),
     np.dtype(np.float32): (1.0, 0.0),
+    np.dtype(np.int8): (1.0 / 255.0, 128.0 / 255.0),
+    np.dtype(np.int16): (1.0 / 65535.0, 32768.0 / 65535.0),
+    np.dtype(np.uint32): (1.0 / 4294967295.0, 0.0),
+    np.dtype(np.float16): (1.0, 0.0),
+    np.dtype(np.float64): (1.0, 0.0),
 }
 
 

@@ -136,7 +136,7 @@ class Balanced(Sampler):
             return _sampling.ClassRule(2, thickness=self.thickness, in_plane=self.in_plane)
         info = np.iinfo(dtype)
         # ids the dtype cannot hold never occur; the kernel compares labels as unsigned bits
-        pairs = [(label_id & 0xFFFFFFFFFFFFFFFF, self.class_names.index(name))
+        pairs = [(label_id % (1 << info.bits), self.class_names.index(name))
                  for label_id, name in self.mapping.items() if info.min <= label_id <= info.max]
         ids = np.asarray([p[0] for p in pairs], dtype=np.uint64)
         return _sampling.ClassRule(len(self.class_names), ids=ids,

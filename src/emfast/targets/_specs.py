@@ -5,7 +5,7 @@ A target is a specification (no pixel work happens here); :func:`compute_targets
 :meth:`~Target.compute` run the compiled kernels of :mod:`emfast._core.targets`, which release the GIL. Targets are
 computed from the already cropped and augmented label batch, so offsets and axes refer to output axes.
 
-Geometry. Labels come as a batch (B, 1, Zi, Yi, Xi) of uint32, uint64 or int64, cut with a ``margin``
+Geometry. Labels come as a batch (B, 1, Zi, Yi, Xi) of uint32, uint64, int64 or int32, cut with a ``margin``
 (mz, my, mx) of extra voxels on each side: output voxel (z, y, x) is label voxel (z + mz, y + my, x + mx), and
 every output has shape (B, channels, Zi - 2 mz, Yi - 2 my, Xi - 2 mx). Label voxels outside the patch are
 unknown. A target's :meth:`~Target.margin` is the margin at which no output voxel needs an unknown neighbour;
@@ -79,7 +79,8 @@ def _check_name(value, owner: str) -> str:
 def _check_label_dtype(dtype, ids: Dict[str, Optional[int]], owner: str) -> None:
     dtype = np.dtype(dtype)
     if dtype not in LABEL_DTYPES:
-        raise TypeError(f"{owner}: labels have dtype {dtype}; supported: uint32, uint64, int64")
+        raise TypeError(f"{owner}: labels have dtype {dtype}; supported: "
+                        f"{', '.join(str(d) for d in LABEL_DTYPES)}")
     info = np.iinfo(dtype)
     for what, value in ids.items():
         if value is not None and not info.min <= value <= info.max:
@@ -151,7 +152,7 @@ class Affinities(Target):
     its neighbour ``v + offsets[k]``, so the usual nearest-neighbour set is ``(-1, 0, 0), (0, -1, 0),
     (0, 0, -1)`` (the default), and neighbourhoods copied from gunpowder or lsd configs mean the same here. It is
     1 where both have the same label and that label is not ``background``, else 0. Only ``background`` is
-    background: gunpowder also treats negative ids (int64 labels) as background, emfast treats them as ordinary
+    background: gunpowder also treats negative ids (int32, int64 labels) as background, emfast treats them as ordinary
     objects; map them to ``background`` first if you rely on that. The mask (field ``name + "_mask"``) is 0 where the neighbour lies outside the label patch (unknown;
     the affinity is 0 there too) or where either voxel is labelled ``ignore``, else 1.
 
@@ -591,7 +592,7 @@ def compute_targets(labels: np.ndarray, targets: Sequence[Target], margin: Seque
     Parameters
     ----------
     labels : ndarray
-        (B, 1, Zi, Yi, Xi) uint32, uint64 or int64, C-contiguous; the already cropped and augmented labels.
+        (B, 1, Zi, Yi, Xi) uint32, uint64, int64 or int32, C-contiguous; the already cropped and augmented labels.
     targets : sequence of Target
         What to compute; field names must be distinct.
     margin : (int, int, int)

@@ -1,0 +1,193 @@
+"""Snapshots (loader.snapshot, emfast snapshot) and the epoch progress bar."""
+import itertools
+import zlib
+
+import numpy as np
+import pytest
+import zarr
+
+import emfast as ef
+from emfast.cli import main
+from emfast.config import load_config
+from emfast.pipeline._snapshot import montage, render
+
+VOXEL = (40.0, 8.0, 4.0)
+OFFSET = (400.0, 80.0, 120.0)
+PATCH_IN, PATCH_OUT = (6, 20, 24), (4, 16, 16)
+
+
+@pytest.fixture
+def volumes(rng):
+    raw = rng.integers(0, 256, (20, 60, 70), dtype=np.uint8)
+    labels = rng.integers(-3, 4, (20, 60, 70)).astype(np.int32)  # negative ids too, as signed labels may hold
+    return (ef.Volume.from_array(raw, name="raw", resolution=VOXEL, offset=OFFSET),
+            ef.Volume.from_array(labels, name="labels", resolution=VOXEL, offset=OFFSET), raw, labels)
+
+
+def images(path):
+    """(group path, OME metadata, data) of every OME-NGFF image ome-zarr-py finds in the store."""
+    from ome_zarr.io import parse_url
+    from ome_zarr.reader import Multiscales, Reader
+
+    found = {}
+    for group in sorted(zarr.open_group(str(path), mode="r").members(max_depth=None)):
+        name, node = group
+        if isinstance(node, zarr.Group) and "multiscales" in node.attrs:
+            nodes = [n for n in Reader(parse_url(str(path / name)))() if n.load(Multiscales)]
+            found[name] = (nodes[0].metadata, np.asarray(nodes[0].data[0]))
+    return found
+
+
+def test_snapshot_layers_sit_at_their_windows_world_boxes(tmp_path, volumes):
+    raw_volume, label_volume, raw, labels = volumes
+    loader = ef.Loader(raw_volume, label_volume, patch_in=PATCH_IN, patch_out=PATCH_OUT, batch_size=3, augment=(),
+                       targets=[ef.Affinities()], seed=4)
+    with loader:
+        loader.snapshot(tmp_path / "snap.zarr", batches=2)
+    found = images(tmp_path / "snap.zarr")
+    for batch in range(2):
+        for n in range(3):
+            group = f"batch_{batch:04d}/example_{n:02d}"
+            assert {name.rsplit("/", 1)[1] for name in found if name.startswith(group + "/")} == {
+                "raw", "labels", "affinities", "affinities_mask"}
+            for field, source, expected_shape in (("raw", raw, PATCH_IN), ("labels", labels, None)):
+                metadata, data = found[f"{group}/{field}"]
+                scale, translation = metadata["coordinateTransformations"][0]
+                assert scale["scale"] == list(VOXEL)
+                corner = (np.asarray(translation["translation"]) - OFFSET) / VOXEL
+                assert np.array_equal(corner, corner.round())
+                box = tuple(slice(int(c), int(c) + s) for c, s in zip(corner, data.shape))
+                if field == "raw":
+                    assert data.shape == expected_shape
+                    np.testing.assert_array_equal(data, source[box].astype(np.float32) * np.float32(1 / 255))
+                else:
+                    np.testing.assert_array_equal(data, source[box])
+            # every layer of one example is centred on the same output window
+            centres = set()
+            for field in ("raw", "labels", "affinities", "affinities_mask"):
+                metadata, data = found[f"{group}/{field}"]
+                translation = np.asarray(metadata["coordinateTransformations"][0][1]["translation"])[-3:]
+                centres.add(tuple(translation + np.asarray(data.shape[-3:]) * VOXEL / 2))
+            assert len(centres) == 1
+    # the arrays carry funlib's attributes too
+    stored = zarr.open_array(str(tmp_path / "snap.zarr/batch_0000/example_00/raw/s0"), mode="r")
+    assert stored.attrs["voxel_size"] == list(VOXEL)
+
+
+def test_snapshot_refuses_an_existing_path_and_bad_batches(tmp_path, volumes):
+    raw_volume = volumes[0]
+    (tmp_path / "there.zarr").mkdir()
+    (tmp_path / "there.zarr" / "keep.txt").write_text("mine")
+    with ef.Loader(raw_volume, patch=(4, 16, 16), batch_size=1) as loader:
+        with pytest.raises(FileExistsError, match="there.zarr"):
+            loader.snapshot(tmp_path / "there.zarr")
+        with pytest.raises(ValueError, match="batches must be an integer >= 1"):
+            loader.snapshot(tmp_path / "new.zarr", batches=0)
+    assert (tmp_path / "there.zarr" / "keep.txt").read_text() == "mine"
+
+
+def decode_png(path):
+    """Width, height and RGB pixels of an 8-bit RGB PNG without interlacing, filters decoded (all five)."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    position, idat = 8, b""
+    while position < len(data):
+        length = int.from_bytes(data[position:position + 4], "big")
+        kind, body = data[position + 4:position + 8], data[position + 8:position + 8 + length]
+        assert zlib.crc32(kind + body) == int.from_bytes(data[position + 8 + length:position + 12 + length], "big")
+        if kind == b"IHDR":
+            width, height = int.from_bytes(body[:4], "big"), int.from_bytes(body[4:8], "big")
+            assert body[8:10] == bytes([8, 2])
+        elif kind == b"IDAT":
+            idat += body
+        position += 12 + length
+    rows = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(height, 1 + 3 * width)
+    assert (rows[:, 0] == 0).all()  # our writer uses no filter
+    return width, height, rows[:, 1:].reshape(height, width, 3)
+
+
+def test_png_montage_has_a_cell_per_example_and_field_and_a_colour_per_label(tmp_path, volumes):
+    raw_volume, label_volume = volumes[:2]
+    with ef.Loader(raw_volume, label_volume, patch_in=PATCH_IN, patch_out=PATCH_OUT, batch_size=2, augment=(),
+                   targets=[ef.Affinities()]) as loader:
+        loader.snapshot(tmp_path / "snap.zarr", png=tmp_path / "montage.png")
+    width, height, pixels = decode_png(tmp_path / "montage.png")
+    cell_h, cell_w, gap = PATCH_IN[1], PATCH_IN[2], 4  # raw (with context) is the largest section
+    assert (height, width) == (2 * cell_h + gap, 4 * cell_w + 3 * gap)
+    from PIL import Image  # an independent decoder (Pillow comes with matplotlib)
+    with Image.open(tmp_path / "montage.png") as image:
+        assert image.size == (width, height) and np.array_equal(np.asarray(image.convert("RGB")), pixels)
+    labels = np.array([[[[0, 1, 2, -3, 2**31 - 1]]]], np.int32)  # (c, z, y, x)
+    colours = render(labels)[0]
+    assert (colours[0] == 0).all()  # background black
+    assert len({tuple(c) for c in colours}) == 5  # every id its own colour
+    assert np.array_equal(render(labels)[0, 2], render(np.array([[[[2]]]], np.int32))[0, 0])  # stable per id
+
+
+def test_render_shows_affinities_as_rgb_and_raw_in_grey():
+    affinities = np.zeros((3, 1, 2, 2), np.float32)
+    affinities[0, 0, 0, 0] = affinities[1, 0, 0, 1] = affinities[2, 0, 1, 0] = 1
+    picture = render(affinities)
+    assert picture[0, 0].tolist() == [255, 0, 0] and picture[0, 1].tolist() == [0, 255, 0]
+    assert picture[1, 0].tolist() == [0, 0, 255] and picture[1, 1].tolist() == [0, 0, 0]
+    raw = np.array([[[[0.0, 0.5, 1.0]]]], np.float32)
+    assert render(raw)[0].tolist() == [[0, 0, 0], [128, 128, 128], [255, 255, 255]]
+    image = montage({"raw": raw[None], "affinities": affinities[None]})
+    assert image.shape == (2, 3 + 4 + 3, 3)  # cells of the largest section (2 x 3), 4 pixels apart
+
+
+def test_emfast_snapshot_command_writes_the_store_and_png(tmp_path, volumes, capsys):
+    raw, labels = volumes[2], volumes[3]
+    import h5py
+    with h5py.File(tmp_path / "data.h5", "w") as f:
+        f["raw"], f["labels"] = raw, labels
+        for key in ("raw", "labels"):
+            f[key].attrs["resolution"], f[key].attrs["offset"] = VOXEL, OFFSET
+    (tmp_path / "train.yaml").write_text(
+        "data:\n  samples:\n    - file: data.h5\n      raw: raw\n      labels: labels\n"
+        "loader: {patch: [4, 16, 16], batch_size: 2}\naugment: []\ntargets: [affinities]\n")
+    assert main(["snapshot", str(tmp_path / "train.yaml"), "--out", str(tmp_path / "s.zarr"), "--batches", "2",
+                 "--png", str(tmp_path / "s.png")]) == 0
+    assert "wrote 2 batches" in capsys.readouterr().out
+    found = images(tmp_path / "s.zarr")
+    assert len(found) == 2 * 2 * 4  # batches x examples x (raw, labels, affinities, affinities_mask)
+    assert decode_png(tmp_path / "s.png")[:2] == (4 * 16 + 3 * 4, 2 * 16 + 4)
+    assert main(["snapshot", str(tmp_path / "train.yaml"), "--out", str(tmp_path / "s.zarr")]) == 2
+    assert "exists" in capsys.readouterr().err
+
+
+# -- the epoch progress bar ---------------------------------------------------------------------------------------
+
+def test_progress_draws_one_bar_per_epoch_when_the_epoch_has_a_size(capsys, volumes):
+    with ef.Loader(volumes[0], patch=(4, 16, 16), batch_size=1, epoch_size=5, progress=True) as loader:
+        assert len(list(loader)) == 5
+        first = capsys.readouterr().err
+        assert len(list(loader)) == 5
+        second = capsys.readouterr().err
+    for text in (first, second):
+        assert text.splitlines()[0].startswith("[") and "1/5 batches" in text.splitlines()[0]
+        assert "5/5 batches" in text.splitlines()[-1]
+
+
+def test_no_bar_without_progress_or_for_an_endless_stream(capsys, volumes):
+    with ef.Loader(volumes[0], patch=(4, 16, 16), batch_size=1, progress=True) as loader:
+        assert len(list(itertools.islice(loader, 4))) == 4
+    with ef.Loader(volumes[0], patch=(4, 16, 16), batch_size=1, epoch_size=3) as loader:
+        assert len(list(loader)) == 3
+    assert capsys.readouterr().err == ""
+    with pytest.raises(TypeError, match="progress must be True or False"):
+        ef.Loader(volumes[0], patch=(4, 16, 16), progress="yes")
+
+
+def test_progress_from_a_yaml_config(tmp_path, volumes):
+    import h5py
+    with h5py.File(tmp_path / "data.h5", "w") as f:
+        f["raw"] = volumes[2]
+    (tmp_path / "c.yaml").write_text("data:\n  samples:\n    - file: data.h5\n      raw: raw\n"
+                                     "loader: {patch: [4, 16, 16], epoch_size: 2, progress: true}\n")
+    loader = load_config(tmp_path / "c.yaml").loader("train")
+    assert loader.progress is True
+    (tmp_path / "bad.yaml").write_text("data:\n  samples:\n    - file: data.h5\n      raw: raw\n"
+                                       "loader: {patch: [4, 16, 16], progress: 3}\n")
+    with pytest.raises(ValueError, match="progress"):
+        load_config(tmp_path / "bad.yaml")
