@@ -5,8 +5,9 @@ volume into *blocks*: the store's own chunks (all channels of a 4-D volume toget
 reads every channel), or :data:`CONTIGUOUS_BLOCK` voxels for data stored without chunking. A window is
 assembled from the blocks it overlaps; a missing block is read from its
 :class:`~emfast.io._source.VolumeSource` once and kept until the memory budget needs its room, least recently
-used first. The source decodes: HDF5, zarr and N5 all decode chunks outside the GIL, so several producer threads
-decode in parallel.
+used first. The source decodes: HDF5, zarr and N5 all decode chunks outside the GIL, so the missing blocks of a
+batch's windows are read side by side, on the calling thread and the decode helpers of :mod:`emfast.io._decode`,
+where the source says that pays (:attr:`~emfast.io._source.VolumeSource.parallel_reads`).
 
 The gather kernels read windows straight from the held blocks (:attr:`ChunkCache.grid`, the address of each
 block): a window pins its blocks (:meth:`ChunkCache.pin`) while a kernel reads them, so they are neither evicted
@@ -20,6 +21,7 @@ reading it again, while misses on other blocks proceed in parallel.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -34,6 +36,7 @@ from typing import Dict, Sequence, Tuple
 import numpy as np
 
 from .._core.gather import ChunkGrid, gather_chunked_copy
+from ._decode import run_all
 
 #: Block shape (z, y, x) for datasets stored contiguously (no HDF5 chunks), clipped to the volume.
 CONTIGUOUS_BLOCK = (64, 64, 64)
@@ -210,8 +213,7 @@ class ChunkCache:
             held, missing = self.grid.pin(boxes, self._clock)
             self._hits += held
         try:
-            for n in missing:
-                self._read_missing(_box_slices(boxes[n]), timings)
+            self._read_missing(boxes[missing], timings)
         except BaseException:
             self.unpin(boxes)
             raise
@@ -224,8 +226,7 @@ class ChunkCache:
             self._clock += 1
             _, missing = self.grid.pin(boxes, self._clock)
             self.grid.unpin(boxes)
-        for n in missing:
-            self._read_missing(_box_slices(boxes[n]), timings, ahead=True)
+        self._read_missing(boxes[missing], timings, ahead=True)
         return len(missing)
 
     def unpin(self, boxes: np.ndarray) -> None:
@@ -235,11 +236,22 @@ class ChunkCache:
             if self._bytes_held > self.budget_bytes:
                 self._evict_unpinned(self._bytes_held - self.budget_bytes)
 
-    def _read_missing(self, box: tuple, timings, ahead: bool = False) -> None:
-        """Read the blocks of ``box`` (grid slices) that are not held (``ahead``: for :meth:`prefetch`)."""
-        origin = np.array([s.start for s in box])
-        for key in np.argwhere(self._addresses[box] == 0) + origin:
-            self._get(tuple(int(k) for k in key), timings, ahead)
+    def _read_missing(self, boxes: np.ndarray, timings, ahead: bool = False) -> None:
+        """Read the blocks of ``boxes`` (from :meth:`boxes`) that are not held, side by side on this thread and
+        the decode helpers where the source's reads gain from it (``ahead``: for :meth:`prefetch`). The first failure is
+        raised once every read ended."""
+        keys = {}
+        for box in boxes:
+            slices = _box_slices(box)
+            origin = np.array([s.start for s in slices])
+            for key in np.argwhere(self._addresses[slices] == 0) + origin:
+                keys[tuple(int(k) for k in key)] = None
+        calls = [functools.partial(self._get, key, timings, ahead) for key in keys]
+        if getattr(self._source, "parallel_reads", False):
+            run_all(calls)
+            return
+        for call in calls:
+            call()
 
     def nonfinite(self, boxes: np.ndarray) -> np.ndarray:
         """Per box (pinned), whether one of its blocks holds NaN or infinity (always False for integer dtypes)."""
@@ -349,7 +361,7 @@ class ChunkCache:
         origin = [k * b for k, b in zip(key, self.block_shape)]
         stop = [min(o + b, s) for o, b, s in zip(origin, self.block_shape, self._shape)]
         shape = (self._channels,) + tuple(b - a for a, b in zip(origin, stop))
-        block = self._buffer(int(np.prod(shape)) * self._dtype.itemsize).view(self._dtype).reshape(shape)
+        block = self._buffer(math.prod(shape) * self._dtype.itemsize).view(self._dtype).reshape(shape)
         self._source.read(origin, shape[1:], block)
         block.flags.writeable = False
         if self._dtype.kind == "f":

@@ -32,7 +32,7 @@ import numpy as np
 
 from ._metadata import bad_metadata, int_list, metadata_key, number_list
 from ._source import (CorruptChunkError, Stamp, StoreMetadataError, VolumeSource, checked_chunk, read_regular_file,
-                      require_kind)
+                      read_regular_file_into, require_kind)
 
 
 def tensorstore_missing() -> Optional[str]:
@@ -138,6 +138,7 @@ class PrecomputedSource(VolumeSource):
             self.dtype = np.dtype(info["data_type"]).newbyteorder("<")
         else:
             self._store = _open_tensorstore(path, index, self.name)
+            self.parallel_reads = True  # tensorstore decodes outside the GIL
             x, y, z, channels = (int(n) for n in self._store.domain.shape)
             self.dtype = np.dtype(self._store.dtype.numpy_dtype)
         self.full_shape = (channels, z, y, x) if channels > 1 else (z, y, x)
@@ -234,6 +235,8 @@ class _ChunkFiles:
 
     def read_raw(self, corner, extent, out: np.ndarray, dtype: np.dtype, stamp: Stamp) -> None:
         """Fill ``out`` (c, z, y, x) with the box, chunk file by chunk file."""
+        if self._read_whole_chunk(corner, extent, out, dtype):
+            return
         for stem, start, stop in self._chunks_of(corner, extent):
             lo = [max(a, int(c)) for a, c in zip(start, corner)]
             hi = [min(b, int(c) + int(e)) for b, c, e in zip(stop, corner, extent)]
@@ -243,6 +246,21 @@ class _ChunkFiles:
                 out[into] = 0
                 continue
             out[into] = chunk[(slice(None),) + tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start))]
+
+    def _read_whole_chunk(self, corner, extent, out: np.ndarray, dtype: np.dtype) -> bool:
+        """Read the box straight from its chunk's uncompressed file into ``out`` if the box is exactly one chunk
+        (as the chunk cache asks) and the file has the chunk's size: the raw encoding is the chunk's little-endian
+        (c, z, y, x) elements, ``out``'s own layout. False, with ``out`` to be filled by :meth:`read_raw`'s
+        general path (a compressed or missing file, or one of another size, which it reports), otherwise."""
+        if not out.flags.c_contiguous or out.dtype != dtype:
+            return False
+        chunk = self._chunk[::-1]
+        if not all(int(c) % k == 0 and int(e) == min(k, s - int(c))
+                   for c, e, k, s in zip(corner, extent, chunk, self._size[::-1])):
+            return False
+        stem = "_".join(f"{o + int(c)}-{o + int(c) + int(e)}"
+                        for o, c, e in zip(self.origin, corner[::-1], extent[::-1]))
+        return bool(read_regular_file_into(self._directory / stem, "a precomputed chunk", out))
 
     def _chunk_data(self, stem: str, shape, channels: int, dtype: np.dtype, stamp: Stamp):
         """One chunk as (c, z, y, x), from its file in whichever form it exists, or None if in none."""

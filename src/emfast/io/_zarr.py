@@ -3,9 +3,13 @@ zarr-python 3 (the optional extra ``emfast[zarr]``), opened read-only.
 
 The chunk cache reads one chunk at a time. For the common layout (a local store, no sharding, no filters, C order,
 at most one compressor among zstd, blosc, gzip/zlib, lz4) emfast reads the chunk's file and decodes it in the
-calling thread with numcodecs or zlib, which release the GIL, so producer threads decode in parallel; this is
-about twice as fast as a call into zarr-python per chunk, whose event loop serialises much of the work. Any
-other layout (sharded v3 included) is read through zarr-python. A chunk that was never written reads as the
+calling thread with numcodecs or zlib, which release the GIL, so the chunk cache decodes a box's missing chunks
+in parallel (:mod:`emfast.io._decode`); this is about twice as fast as a call into zarr-python per chunk, whose
+event loop serialises much of the work. Sharded v3 arrays of the same inner layout read each inner chunk straight
+from its shard file through the shard's index, read once (:mod:`emfast.io._shards`; about ten times faster than
+zarr-python per inner chunk). Any other layout is read through zarr-python. Measured against tensorstore on the
+same chunks (``benchmarks/lazy_cold.py``), numcodecs' zstd and blosc decoders are as fast as tensorstore's, so
+emfast decodes every codec it knows itself. A chunk that was never written reads as the
 array's fill value, as the zarr specification says; a chunk that cannot be decoded, or decodes to another size
 than the metadata promises, is a :class:`~emfast.io._source.CorruptChunkError` naming the store and the chunk.
 
@@ -31,6 +35,7 @@ import numpy as np
 
 from ._geometry import Geometry, array_geometry, choose_level, multiscale_levels, require_agreement
 from ._metadata import bad_metadata, int_list, metadata_key, parsing
+from ._shards import ShardedChunks
 from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource,
                       checked_chunk, read_regular_file, require_kind)
 
@@ -127,7 +132,10 @@ class ZarrSource(VolumeSource):
             self.resolution, self.offset = geometry.resolution, geometry.offset
         self._array = array
         in_order = "t" not in self._axes and Geometry(self._axes, None, None).canonical  # what _DirectChunks reads
-        self._direct = _DirectChunks.for_array(array, path / dataset) if in_order else None
+        self._direct = ((_DirectChunks.for_array(array, path / dataset)
+                         or ShardedChunks.for_array(array, path / dataset, _decoder)) if in_order else None)
+        # emfast's own decoders release the GIL; zarr-python's event loop serialises the work of several threads
+        self.parallel_reads = self._direct is not None and bool(array.compressors)
         self._path, self._dataset = path, dataset
         self._level, self._resolution = level, resolution
         self.dtype = np.dtype(array.dtype)

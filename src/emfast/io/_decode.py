@@ -1,0 +1,72 @@
+"""Reading several chunks side by side: the helper threads that decode a box's missing chunks in parallel.
+
+A box of a lazy volume usually misses several chunks at once (8 to 27 for a window over cubic chunks). Their
+decoders (numcodecs' zstd, blosc and lz4, zlib, the kernel's file reads) release the GIL, so reading them on
+several threads runs them on several cores, as tensorstore does with its own thread pool. :func:`run_all` runs
+a list of calls on the calling thread and on up to ``cores - 1`` helper threads, and returns when every call has
+ended. The helpers live only as long as the request: started for it, joined before :func:`run_all` returns, so
+no thread outlives the reads that needed it (a loader's close() leaves none behind).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Callable, List, Sequence
+
+#: Calls per helper thread at least: fewer are read on the calling thread alone, as starting a thread (about
+#: 0.1 ms) would cost more than it saves.
+CALLS_PER_HELPER = 2
+
+
+def _cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no sched_getaffinity (macOS, Windows)
+        return max(1, os.cpu_count() or 1)
+
+
+class _Calls:
+    """One :func:`run_all` request: calls taken in order by whichever thread asks first."""
+
+    def __init__(self, calls: Sequence[Callable[[], None]]) -> None:
+        self._calls = list(calls)
+        self._next = 0
+        self._lock = threading.Lock()
+        self.errors: List[BaseException] = []
+
+    def work(self) -> None:
+        """Run calls until none is left to start."""
+        while True:
+            with self._lock:
+                if self._next == len(self._calls):
+                    return
+                call = self._calls[self._next]
+                self._next += 1
+            try:
+                call()
+            except BaseException as error:  # noqa: BLE001 - raised by run_all once every call has ended
+                with self._lock:
+                    self.errors.append(error)
+
+
+def run_all(calls: Sequence[Callable[[], None]]) -> None:
+    """Run every call, side by side on this thread and helper threads (at most one thread per core, and one per
+    :data:`CALLS_PER_HELPER` calls), and return when all have ended.
+
+    Raises
+    ------
+    BaseException
+        The first exception a call raised, after every call has ended (the others' are dropped).
+    """
+    helpers = min(_cores() - 1, (len(calls) - 1) // CALLS_PER_HELPER)
+    work = _Calls(calls)
+    threads = [threading.Thread(target=work.work, name=f"emfast-decode-{n}", daemon=True) for n in range(helpers)]
+    for thread in threads:
+        thread.start()
+    try:
+        work.work()
+    finally:
+        for thread in threads:
+            thread.join()
+    if work.errors:
+        raise work.errors[0]
