@@ -291,3 +291,38 @@ def test_run_all_runs_every_call_once_and_raises_the_first_error_after_all_ended
     threads.clear()
     _decode.run_all([call(n) for n in range(20, 30)])
     assert threads == {threading.get_ident()}  # one core: the calling thread alone
+
+
+# whole chunks decoded straight into their cache blocks ------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [0, 1, 255, 256, 300, 65535, 65536, 70000, 1 << 20])
+def test_the_decoded_size_read_from_zstd_and_blosc_headers_is_the_encoded_size(size):
+    numcodecs = pytest.importorskip("numcodecs")
+    data = np.random.default_rng(size).integers(0, 4, size, dtype=np.uint8)
+    for level in (1, 5, 19):
+        assert _decode.zstd_content_size(numcodecs.Zstd(level=level).encode(data)) == size
+    for cname in ("lz4", "zstd", "blosclz"):
+        assert _decode.blosc_content_size(numcodecs.Blosc(cname=cname).encode(data)) == size
+    assert _decode.zstd_content_size(b"not a zstd frame") is None and _decode.blosc_content_size(b"short") is None
+
+
+@pytest.mark.parametrize("zarr_format, compressor", [(2, "zstd"), (2, "blosc"), (3, "zstd"), (3, "blosc"), (3, None)])
+def test_whole_chunks_are_decoded_straight_into_blocks_and_edge_chunks_the_general_way(tmp_path, zarr_format,
+                                                                                       compressor):
+    data = random_volume(np.uint16)
+    codec = {(2, "zstd"): {"id": "zstd", "level": 1}, (2, "blosc"): {"id": "blosc"}, (3, "zstd"): zarr.codecs.ZstdCodec(),
+             (3, "blosc"): zarr.codecs.BloscCodec(), (3, None): None}[zarr_format, compressor]
+    zarr.create_array(str(tmp_path / "s.zarr"), shape=SHAPE, chunks=INNER, dtype=np.uint16, zarr_format=zarr_format,
+                      compressors=codec)[...] = data
+    with ef.open(tmp_path / "s.zarr", in_memory=False) as volume:
+        direct = volume._reader._direct
+        decoded = []
+        general = direct._decode
+        direct._decode = lambda data: decoded.append(len(data)) or general(data)
+        out = volume.read_box((0, 0, 0), INNER, np.empty((1,) + INNER, np.uint16))  # a whole chunk
+        np.testing.assert_array_equal(out[0], data[:8, :10, :6])
+        assert decoded == []  # not through the general decoder
+        edge = (SHAPE[0] - 5, 0, 0)  # the last chunk along z holds 5 of its 8 planes
+        out = volume.read_box(edge, (5,) + INNER[1:], np.empty((1, 5) + INNER[1:], np.uint16))
+        np.testing.assert_array_equal(out[0], data[-5:, :10, :6])
+        assert len(decoded) == 1  # the edge chunk, stored whole, decoded and cut

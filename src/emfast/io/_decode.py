@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 #: Calls per helper thread at least: fewer are read on the calling thread alone, as starting a thread (about
 #: 0.1 ms) would cost more than it saves.
@@ -70,3 +70,24 @@ def run_all(calls: Sequence[Callable[[], None]]) -> None:
             thread.join()
     if work.errors:
         raise work.errors[0]
+
+
+def zstd_content_size(frame) -> Optional[int]:
+    """The decoded size a zstd frame's header states (RFC 8878, 3.1.1.1), or None if it states none or ``frame``
+    is no zstd frame. The decoder checks the content against this size, so a damaged frame cannot pass it."""
+    header = bytes(memoryview(frame)[:18])
+    if len(header) < 6 or header[:4] != b"\x28\xb5\x2f\xfd":
+        return None
+    descriptor = header[4]
+    single_segment = bool(descriptor & 0x20)
+    start = 5 + (not single_segment) + (0, 1, 2, 4)[descriptor & 0x03]
+    size = (1 if single_segment else 0, 2, 4, 8)[descriptor >> 6]
+    if size == 0 or len(header) < start + size:
+        return None
+    return int.from_bytes(header[start:start + size], "little") + (256 if size == 2 else 0)
+
+
+def blosc_content_size(frame) -> Optional[int]:
+    """The decoded size a blosc frame's header states, or None if ``frame`` is too short to be one."""
+    header = bytes(memoryview(frame)[:16])
+    return int.from_bytes(header[4:8], "little") if len(header) == 16 else None

@@ -14,6 +14,7 @@ index. A chunk whose index entry points outside its file, or an index whose chec
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections import OrderedDict
@@ -42,12 +43,18 @@ class ShardedChunks:
         The array's directory.
     decode : callable
         Bytes of one encoded inner chunk -> its decoded bytes.
+    decode_into : callable or None
+        (bytes, out) -> whether it decoded them straight into ``out`` (see ``_zarr._decoder_into``).
+    checksum, at_end : bool
+        Whether the index ends with a CRC32C checksum; whether it is at the shard's end (else its start).
     """
 
-    def __init__(self, array, directory: Path, decode: Callable, checksum: bool, at_end: bool) -> None:
+    def __init__(self, array, directory: Path, decode: Callable, decode_into: Optional[Callable], checksum: bool,
+                 at_end: bool) -> None:
         self._metadata = array.metadata
         self._directory = directory
         self._decode = decode
+        self._decode_into = decode_into
         self._checksum = checksum
         self._at_end = at_end
         self._inner = tuple(int(c) for c in array.chunks)
@@ -63,10 +70,12 @@ class ShardedChunks:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_array(cls, array, directory: Path, decoder: Callable) -> Optional["ShardedChunks"]:
+    def for_array(cls, array, directory: Path, decoder: Callable, decoder_into: Callable
+                  ) -> Optional["ShardedChunks"]:
         """A reader if ``array`` is sharded in a layout this class decodes exactly (sharding the only
         array-to-bytes codec, no filters; inner chunks: bytes and at most one compressor ``decoder`` knows;
-        index: bytes, little-endian, optionally crc32c), else None (zarr-python reads it)."""
+        index: bytes, little-endian, optionally crc32c), else None (zarr-python reads it). ``decoder`` and
+        ``decoder_into`` make the inner compressor's decoders."""
         from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
         codecs = getattr(array.metadata, "codecs", ())
         if not directory.is_dir() or getattr(array, "shards", None) is None or len(codecs) != 1:
@@ -78,12 +87,13 @@ class ShardedChunks:
         if not inner or not isinstance(inner[0], BytesCodec) or len(inner) > 2:
             return None
         decode = decoder(inner[1]) if len(inner) == 2 else (lambda data: data)
+        into = decoder_into(inner[1]) if len(inner) == 2 else None
         index = list(sharding.index_codecs)
         little = isinstance(index[0], BytesCodec) and getattr(index[0].endian, "value", "little") == "little"
         checksum = len(index) == 2 and isinstance(index[1], Crc32cCodec)
         if decode is None or not little or len(index) != 1 + checksum:
             return None
-        return cls(array, directory, decode, checksum, sharding.index_location.value == "end")
+        return cls(array, directory, decode, into, checksum, sharding.index_location.value == "end")
 
     def read(self, corner, extent, out: np.ndarray, name: str, stamp: Stamp) -> bool:
         """Fill ``out`` (1, z, y, x) if the box is exactly one inner chunk of a 3-D array; False otherwise, and
@@ -99,6 +109,9 @@ class ShardedChunks:
         data = self._chunk_bytes(key, position, where)
         if data is None:
             out[...] = self._fill
+            return True
+        whole = out.flags.c_contiguous and out.dtype == self._dtype and out.size == math.prod(self._inner)
+        if whole and self._decode_into is not None and self._decode_into(data, out):
             return True
         try:
             decoded = self._decode(data)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import zlib
 from pathlib import Path
@@ -34,10 +35,11 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ._geometry import Geometry, array_geometry, choose_level, multiscale_levels, require_agreement
+from ._decode import blosc_content_size, zstd_content_size
 from ._metadata import bad_metadata, int_list, metadata_key, parsing
 from ._shards import ShardedChunks
 from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource,
-                      checked_chunk, read_regular_file, require_kind)
+                      checked_chunk, read_regular_file, read_regular_file_into, require_kind)
 
 #: Metadata files that mark a zarr array or group (v3, then v2).
 ARRAY_MARKERS = ("zarr.json", ".zarray")
@@ -133,7 +135,8 @@ class ZarrSource(VolumeSource):
         self._array = array
         in_order = "t" not in self._axes and Geometry(self._axes, None, None).canonical  # what _DirectChunks reads
         self._direct = ((_DirectChunks.for_array(array, path / dataset)
-                         or ShardedChunks.for_array(array, path / dataset, _decoder)) if in_order else None)
+                         or ShardedChunks.for_array(array, path / dataset, _decoder, _decoder_into))
+                        if in_order else None)
         # emfast's own decoders release the GIL; zarr-python's event loop serialises the work of several threads
         self.parallel_reads = self._direct is not None and bool(array.compressors)
         self._path, self._dataset = path, dataset
@@ -361,10 +364,12 @@ def _check_dtype(value, key: str, where: str) -> None:
 class _DirectChunks:
     """Reads whole chunks of a plain local zarr array from their files and decodes them in the calling thread."""
 
-    def __init__(self, array, directory: Path, decode) -> None:
+    def __init__(self, array, directory: Path, decode, decode_into) -> None:
         self._array = array
         self._directory = directory
         self._decode = decode
+        self._decode_into = decode_into
+        self._raw = not array.compressors
         self._metadata = array.metadata
         self._chunks = tuple(int(c) for c in array.chunks)
         self._shape = tuple(int(s) for s in array.shape)
@@ -389,7 +394,8 @@ class _DirectChunks:
         if len(array.compressors) > 1:
             return None
         decode = _decoder(array.compressors[0]) if array.compressors else (lambda data: data)
-        return None if decode is None else cls(array, directory, decode)
+        into = _decoder_into(array.compressors[0]) if array.compressors else None
+        return None if decode is None else cls(array, directory, decode, into)
 
     def read(self, corner, extent, out: np.ndarray, name: str, stamp: Stamp) -> bool:
         """Fill ``out`` if the box is exactly one chunk of a 3-D array (or of a 4-D one with all channels in one
@@ -403,9 +409,16 @@ class _DirectChunks:
             return False
         coords = (0,) * lead + tuple(int(c) // k for c, k in zip(corner, spatial))
         key = self._metadata.encode_chunk_key(coords)
+        # a whole chunk (the chunk cache's usual request) is read or decoded straight into ``out``
+        whole = out.flags.c_contiguous and out.dtype == self._dtype and out.size == math.prod(self._chunks)
+        if whole and self._raw:
+            if read_regular_file_into(self._directory / key, "a zarr chunk", out):
+                return True
         data = read_regular_file(self._directory / key, "a zarr chunk")
         if data is None:
             out[...] = self._fill
+            return True
+        if whole and self._decode_into is not None and self._decode_into(data, out):
             return True
         try:
             decoded = self._decode(data)
@@ -416,6 +429,34 @@ class _DirectChunks:
         view = chunk if lead else chunk[np.newaxis]
         np.copyto(out, view[(slice(None),) + tuple(slice(0, int(e)) for e in extent)])
         return True
+
+
+def _decoder_into(codec):
+    """A (bytes, out) -> bool function that decodes one chunk straight into ``out`` (C-contiguous, the chunk's
+    size) if its frame states exactly that decoded size and decodes: True; else False, and the caller decodes it
+    the general way, which names what is wrong. None for codecs without one (gzip: zlib cannot decode into a
+    buffer)."""
+    import numcodecs
+    zarr = import_zarr()
+    if isinstance(codec, numcodecs.abc.Codec) and codec.codec_id in ("zstd", "blosc"):
+        kind, decoder = codec.codec_id, codec
+    elif isinstance(codec, zarr.codecs.ZstdCodec):
+        kind, decoder = "zstd", numcodecs.Zstd(level=codec.level, checksum=codec.checksum)
+    elif isinstance(codec, zarr.codecs.BloscCodec):
+        kind, decoder = "blosc", numcodecs.Blosc()
+    else:
+        return None
+    size_of = zstd_content_size if kind == "zstd" else blosc_content_size
+
+    def decode_into(data, out: np.ndarray) -> bool:
+        if size_of(data) != out.nbytes:
+            return False
+        try:
+            decoder.decode(data, out.reshape(-1).view(np.uint8))
+        except Exception:  # noqa: BLE001 - decoded again the general way, whose error names the chunk
+            return False
+        return True
+    return decode_into
 
 
 def _decoder(codec):
