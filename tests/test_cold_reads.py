@@ -326,3 +326,48 @@ def test_whole_chunks_are_decoded_straight_into_blocks_and_edge_chunks_the_gener
         out = volume.read_box(edge, (5,) + INNER[1:], np.empty((1, 5) + INNER[1:], np.uint16))
         np.testing.assert_array_equal(out[0], data[-5:, :10, :6])
         assert len(decoded) == 1  # the edge chunk, stored whole, decoded and cut
+
+
+# precomputed scales tensorstore reads: a box's missing chunks in one batch of concurrent reads --------------------
+
+def write_tensorstore_precomputed(path, data, sharded):
+    ts = pytest.importorskip("tensorstore")
+    scale = {"resolution": [4, 4, 40], "voxel_offset": [3, 5, 7], "size": list(data.shape[::-1]),
+             "chunk_size": [6, 10, 8], "encoding": "raw"}
+    if sharded:
+        scale["sharding"] = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 1, "hash": "identity",
+                             "minishard_bits": 1, "shard_bits": 2, "minishard_index_encoding": "gzip",
+                             "data_encoding": "gzip"}
+    store = ts.open({"driver": "neuroglancer_precomputed", "kvstore": {"driver": "file", "path": str(path)},
+                     "multiscale_metadata": {"type": "image", "data_type": np.dtype(data.dtype).name,
+                                             "num_channels": 1},
+                     "scale_metadata": scale, "create": True}).result()
+    store[...] = data.T[..., np.newaxis]
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint64, np.float32])
+def test_precomputed_through_tensorstore_reads_a_box_s_missing_chunks_in_one_batch(tmp_path, dtype):
+    data = random_volume(dtype)
+    write_tensorstore_precomputed(tmp_path / "pc", data, sharded=True)
+    with ef.open(tmp_path / "pc", in_memory=False, format="precomputed") as volume:
+        source = volume.chunk_cache._source
+        batches = []
+        read_many = source.read_many
+        source.read_many = lambda requests: batches.append(len(requests)) or read_many(requests)
+        out = volume.read_box((3, 4, 5), (20, 25, 20), np.empty((1, 20, 25, 20), dtype))
+        np.testing.assert_array_equal(out[0], data[3:23, 4:29, 5:25])
+        assert batches == [3 * 3 * 5]  # every missing chunk of the box (chunks (8, 10, 6)) in one call
+        assert volume.cache_stats.misses == 45
+    assert_lazy_equal(tmp_path / "pc", data, cache_bytes=5 * 6 * 10 * 8 * data.itemsize, format="precomputed")
+
+
+def test_a_failing_read_among_a_batch_names_the_box_and_leaves_nothing_pinned(tmp_path):
+    data = random_volume(np.uint8)
+    write_tensorstore_precomputed(tmp_path / "pc", data, sharded=True)
+    with ef.open(tmp_path / "pc", in_memory=False, format="precomputed") as volume:
+        for shard in (tmp_path / "pc/4_4_40").iterdir():
+            shard.write_bytes(shard.read_bytes()[:-7])  # every shard truncated
+        with pytest.raises(CorruptChunkError, match=r"pc: the box at \(z, y, x\) = .*: cannot read it"):
+            volume.read_box((0, 0, 0), (16, 20, 12), np.empty((1, 16, 20, 12), np.uint8))
+        cache = volume.chunk_cache
+        assert not cache.grid.pins.any() and cache.stats.blocks_held == 0 and not cache._pending

@@ -246,6 +246,10 @@ class ChunkCache:
             origin = np.array([s.start for s in slices])
             for key in np.argwhere(self._addresses[slices] == 0) + origin:
                 keys[tuple(int(k) for k in key)] = None
+        read_many = getattr(self._source, "read_many", None)
+        if read_many is not None and len(keys) > 1:
+            self._read_together(list(keys), read_many, timings, ahead)
+            return
         calls = [functools.partial(self._get, key, timings, ahead) for key in keys]
         if getattr(self._source, "parallel_reads", False):
             run_all(calls)
@@ -325,6 +329,53 @@ class ChunkCache:
         pending.set_result(block)
         return block
 
+    def _read_together(self, keys, read_many, timings, ahead: bool) -> None:
+        """Read the blocks ``keys`` not held by one call of the source's ``read_many`` (which reads them all at
+        once, e.g. tensorstore's concurrent reads), after waiting for those another thread is reading already."""
+        mine, theirs = [], []
+        with self._lock:
+            for key in keys:
+                if self._addresses[key]:
+                    continue  # read by another thread meanwhile
+                waiting = self._pending.get(key)
+                if waiting is not None:
+                    theirs.append(waiting)
+                else:
+                    self._pending[key] = Future()
+                    mine.append(key)
+            self._shared += len(theirs)
+            self._misses += len(mine)
+            self._read_ahead += ahead * len(mine)
+        start = time.perf_counter()
+        try:
+            blocks = [self._empty_block(key) for key in mine]
+            read_many([(origin, block.shape[1:], block) for origin, block in blocks])
+            blocks = [self._finished(key, block) for key, (_, block) in zip(mine, blocks)]
+        except BaseException as exc:
+            with self._lock:
+                futures = [self._pending.pop(key) for key in mine]
+            for future in futures:
+                future.set_exception(exc)
+            raise
+        if timings is not None:
+            timings.add("fetch", time.perf_counter() - start)
+        with self._lock:
+            self._evict_unpinned(self._bytes_held + sum(b.nbytes for b in blocks) - self.budget_bytes)
+            for key, block in zip(mine, blocks):
+                self._blocks[self._flat(key)] = block
+                self._addresses[key] = block.ctypes.data
+                self._clock += 1
+                self._stamps[key] = self._clock
+                self._bytes_held += block.nbytes
+            futures = [self._pending.pop(key) for key in mine]
+        for future, block in zip(futures, blocks):
+            future.set_result(block)
+        start = time.perf_counter()
+        for waiting in theirs:
+            waiting.result()  # another thread's read: its exception, if it failed, is raised here too
+        if theirs and timings is not None:
+            timings.add("pending", time.perf_counter() - start)
+
     def _flat(self, key: Key) -> int:
         return (key[0] * self._addresses.shape[1] + key[1]) * self._addresses.shape[2] + key[2]
 
@@ -358,11 +409,19 @@ class ChunkCache:
 
     def _fetch(self, key: Key) -> np.ndarray:
         """Read block ``key`` from the source, as a read-only (c, z, y, x) array."""
+        origin, block = self._empty_block(key)
+        self._source.read(origin, block.shape[1:], block)
+        return self._finished(key, block)
+
+    def _empty_block(self, key: Key) -> tuple:
+        """(origin (z, y, x) in voxels, an unfilled (c, z, y, x) buffer) of block ``key``."""
         origin = [k * b for k, b in zip(key, self.block_shape)]
         stop = [min(o + b, s) for o, b, s in zip(origin, self.block_shape, self._shape)]
         shape = (self._channels,) + tuple(b - a for a, b in zip(origin, stop))
-        block = self._buffer(math.prod(shape) * self._dtype.itemsize).view(self._dtype).reshape(shape)
-        self._source.read(origin, shape[1:], block)
+        return origin, self._buffer(math.prod(shape) * self._dtype.itemsize).view(self._dtype).reshape(shape)
+
+    def _finished(self, key: Key, block: np.ndarray) -> np.ndarray:
+        """``block``, filled, made read-only, its NaN flag set."""
         block.flags.writeable = False
         if self._dtype.kind == "f":
             self._nonfinite[key] = not np.isfinite(block).all()
