@@ -6,7 +6,8 @@
 Data: a uint8 (96, 512, 512) volume with EM-like content (smoothed noise with thin dark membranes and grain:
 compressible, neither random nor constant), written by the formats' own tools as zarr v2 blosc-lz4 (zarr-python,
 chunks (16, 64, 64)), zarr v3 zstd (same chunks), zarr v3 sharded (shards (32, 256, 256) of (16, 64, 64) zstd
-chunks) and neuroglancer precomputed, raw encoding (cloud-volume, uncompressed, chunks (16, 64, 64)).
+chunks), neuroglancer precomputed, raw encoding (cloud-volume, uncompressed, chunks (16, 64, 64)), and the same
+sharded with gzip (tensorstore; emfast reads it through tensorstore).
 
 Measured per format, each measurement on a freshly opened store (emfast: a new lazy volume, whose chunk cache is
 empty; tensorstore: a new handle with a fresh cache pool of the same budget), alternating over rounds:
@@ -85,6 +86,17 @@ def write_stores(directory: str, data: np.ndarray) -> dict:
     volume[:, :, :] = np.ascontiguousarray(data.transpose(2, 1, 0))
     stores["precomputed raw"] = (path, {"driver": "neuroglancer_precomputed",
                                         "kvstore": {"driver": "file", "path": path}})
+    path = os.path.join(directory, "precomputed-sharded")
+    spec = {"driver": "neuroglancer_precomputed", "kvstore": {"driver": "file", "path": path}}
+    import tensorstore as ts
+    scale = {"resolution": [4, 4, 40], "voxel_offset": [0, 0, 0], "size": list(data.shape[::-1]),
+             "chunk_size": list(CHUNKS[::-1]), "encoding": "raw",
+             "sharding": {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 3, "hash": "identity",
+                          "minishard_bits": 3, "shard_bits": 2, "minishard_index_encoding": "gzip",
+                          "data_encoding": "gzip"}}
+    ts.open({**spec, "multiscale_metadata": {"type": "image", "data_type": "uint8", "num_channels": 1},
+             "scale_metadata": scale, "create": True}).result()[...] = data.T[..., np.newaxis]
+    stores["precomputed sharded gzip"] = (path, spec)
     return stores
 
 

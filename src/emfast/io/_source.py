@@ -205,6 +205,10 @@ class VolumeSource:
         chunk read is mostly decoding that releases the GIL (the chunk cache then reads a box's missing chunks side
         by side, :mod:`emfast.io._decode`); False where it is mostly Python work (an uncompressed file), which
         threads would only contend for.
+
+    A source may also offer ``read_many(requests)``, filling several boxes, ``requests`` a list of
+    ``(corner, extent, out)`` as :meth:`read` takes them, in one call (tensorstore's concurrent reads): the chunk
+    cache then reads a box's missing chunks through it, together.
     """
 
     parallel_reads: bool = False
