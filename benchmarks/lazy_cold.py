@@ -19,6 +19,8 @@ empty; tensorstore: a new handle with a fresh cache pool of the same budget), al
   ``positions``), the 8 reads of a batch issued at once (tensorstore's own thread pool decodes them in parallel);
 - boxes CPU time: the process's CPU time (every thread's) of the box reads, which other processes' load hardly
   changes: how much work each reader spends per box;
+- ablation (zarr v3 zstd): the boxes read with emfast's decode helpers forced on or off, and whole chunks decoded
+  straight into their cache blocks or not;
 - decoders: every chunk of the volume read alone, one after another (file read and decode of one chunk), by
   emfast's store reader and by tensorstore, to compare the decode routes per codec.
 
@@ -170,6 +172,34 @@ def decoders(path: str, spec: dict, shape) -> dict:
     return {"emfast": emfast_s, "tensorstore": time.perf_counter() - start, "chunks": len(keys)}
 
 
+def ablation(path: str, spec: dict, corners, rounds: int) -> dict:
+    """Median (wall, CPU) seconds of the boxes read by emfast with its decode helpers forced on or off and whole
+    chunks decoded straight into blocks or not, against tensorstore, alternating in one run."""
+    from emfast.io import _decode
+    idle = _decode._idle_cores
+    results = {}
+    try:
+        for _ in range(rounds):
+            for helpers in (True, False):
+                _decode._idle_cores = _decode._cores if helpers else (lambda: 0)
+                for into in (True, False):
+                    volume = ef.open(path, in_memory=False, cache_bytes=BUDGET)
+                    if not into:
+                        volume._reader._direct._decode_into = None
+                    out = np.empty((1,) + PATCH, np.uint8)
+                    start, cpu = time.perf_counter(), time.process_time()
+                    for corner in corners:
+                        volume.read_box(corner, PATCH, out)
+                    key = f"helpers {'on' if helpers else 'off'}, decode into blocks {'on' if into else 'off'}"
+                    results.setdefault(key, []).append((time.perf_counter() - start, time.process_time() - cpu))
+                    volume.close()
+            results.setdefault("tensorstore", []).append(boxes_tensorstore(spec, corners))
+    finally:
+        _decode._idle_cores = idle
+    return {k: [statistics.median(v[0] for v in values), statistics.median(v[1] for v in values)]
+            for k, values in results.items()}
+
+
 def check_same(path: str, spec: dict, data: np.ndarray) -> None:
     """Both readers give the written data (a benchmark of wrong reads would mean nothing)."""
     volume = ef.open(path, in_memory=False)
@@ -189,6 +219,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     parser.add_argument("--formats", default="", help="comma-separated subset of the formats (default: all)")
     parser.add_argument("--quick", action="store_true", help="one round, few boxes (a smoke test)")
+    parser.add_argument("--ablation", type=int, default=5, metavar="ROUNDS",
+                        help="rounds of the zarr v3 zstd ablation (decode helpers, decoding into blocks; 0: none)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     rounds = 1 if args.quick else args.rounds
@@ -220,6 +252,8 @@ def main(argv=None) -> int:
                     result[f"loader threads={threads}"]["emfast"].append(elapsed)
                     result[f"loader threads={threads}"]["tensorstore"].append(loader_tensorstore(spec, batches))
                 result["decoders"].append(decoders(path, spec, shape))
+        if "zarr v3 zstd" in wanted and args.ablation and not args.quick:
+            raw["ablation zarr v3 zstd"] = ablation(*stores["zarr v3 zstd"], corners, args.ablation)
     load_end = os.getloadavg()
     median = statistics.median
     lines = [f"lazy cold benchmark: {shape} uint8 EM-like, patch {PATCH}, chunks {CHUNKS}, {rounds} round(s) of "
@@ -245,6 +279,10 @@ def main(argv=None) -> int:
         summary[f"{name} decoder emfast / tensorstore"] = d["tensorstore"] / d["emfast"]
         lines.append(f"    one chunk alone  : emfast {1e6 * d['emfast'] / chunks:7.0f} us, tensorstore "
                      f"{1e6 * d['tensorstore'] / chunks:7.0f} us per chunk, ratio {d['tensorstore'] / d['emfast']:.2f}")
+    if "ablation zarr v3 zstd" in raw:
+        lines.append(f"  zarr v3 zstd boxes, ablation ({args.ablation} rounds alternating; ms for the {n_boxes} boxes):")
+        for key, (wall, cpu) in raw["ablation zarr v3 zstd"].items():
+            lines.append(f"    {key:45}: wall {1e3 * wall:6.1f}, CPU {1e3 * cpu:6.1f}")
     passed = all(v >= TARGET for k, v in summary.items() if "decoder" not in k and "CPU" not in k)
     lines.append(f"  target (cold emfast / tensorstore >= {TARGET}): {'PASS' if passed else 'MISS'}")
     print("\n".join(lines))

@@ -240,6 +240,7 @@ class Recording:
 @pytest.mark.parametrize("dtype", [np.uint8, np.float32])
 def test_missing_chunks_of_a_box_are_read_on_several_threads_and_equal_numpy(tmp_path, dtype, monkeypatch):
     monkeypatch.setattr(_decode, "_cores", lambda: 4)
+    monkeypatch.setattr(_decode, "_idle_cores", lambda: 4)
     data = random_volume(dtype)
     zarr.create_array(str(tmp_path / "s.zarr"), shape=SHAPE, chunks=INNER, dtype=dtype)[...] = data
     with ef.open(tmp_path / "s.zarr", in_memory=False) as volume:
@@ -256,6 +257,7 @@ def test_missing_chunks_of_a_box_are_read_on_several_threads_and_equal_numpy(tmp
 
 def test_a_chunk_failing_among_parallel_reads_is_raised_and_the_others_are_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(_decode, "_cores", lambda: 4)
+    monkeypatch.setattr(_decode, "_idle_cores", lambda: 4)
     data = random_volume(np.uint8)
     zarr.create_array(str(tmp_path / "s.zarr"), shape=SHAPE, chunks=INNER, dtype=np.uint8)[...] = data
     with ef.open(tmp_path / "s.zarr", in_memory=False) as volume:
@@ -272,6 +274,7 @@ def test_a_chunk_failing_among_parallel_reads_is_raised_and_the_others_are_kept(
 
 def test_run_all_runs_every_call_once_and_raises_the_first_error_after_all_ended(monkeypatch):
     monkeypatch.setattr(_decode, "_cores", lambda: 3)
+    monkeypatch.setattr(_decode, "_idle_cores", lambda: 3)
     done, threads = [], set()
 
     def call(n):
@@ -291,6 +294,19 @@ def test_run_all_runs_every_call_once_and_raises_the_first_error_after_all_ended
     threads.clear()
     _decode.run_all([call(n) for n in range(20, 30)])
     assert threads == {threading.get_ident()}  # one core: the calling thread alone
+    monkeypatch.setattr(_decode, "_cores", lambda: 3)
+    monkeypatch.setattr(_decode, "_idle_cores", lambda: 0)
+    threads.clear()
+    _decode.run_all([call(n) for n in range(30, 40)])
+    assert threads == {threading.get_ident()}  # every core busy: no helper
+
+
+def test_idle_cores_follow_the_load_average(monkeypatch):
+    monkeypatch.setattr(_decode, "_cores", lambda: 4)
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.2, 0.0, 0.0))
+    assert _decode._idle_cores() == 2
+    monkeypatch.setattr(os, "getloadavg", lambda: (6.0, 0.0, 0.0))
+    assert _decode._idle_cores() == 0
 
 
 # whole chunks decoded straight into their cache blocks ------------------------------------------------------------

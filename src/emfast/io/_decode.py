@@ -3,12 +3,13 @@
 A box of a lazy volume usually misses several chunks at once (8 to 27 for a window over cubic chunks). Their
 decoders (numcodecs' zstd, blosc and lz4, zlib, the kernel's file reads) release the GIL, so reading them on
 several threads runs them on several cores, as tensorstore does with its own thread pool. :func:`run_all` runs
-a list of calls on the calling thread and on up to ``cores - 1`` helper threads, and returns when every call has
+a list of calls on the calling thread and on helper threads, one per idle core, and returns when every call has
 ended. The helpers live only as long as the request: started for it, joined before :func:`run_all` returns, so
 no thread outlives the reads that needed it (a loader's close() leaves none behind).
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 from typing import Callable, List, Optional, Sequence
@@ -23,6 +24,15 @@ def _cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # no sched_getaffinity (macOS, Windows)
         return max(1, os.cpu_count() or 1)
+
+
+def _idle_cores() -> int:
+    """Cores no thread is using, by the 1-minute load average (which counts this process's busy threads too)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average (Windows)
+        return _cores()
+    return max(0, _cores() - math.ceil(load))
 
 
 class _Calls:
@@ -50,15 +60,19 @@ class _Calls:
 
 
 def run_all(calls: Sequence[Callable[[], None]]) -> None:
-    """Run every call, side by side on this thread and helper threads (at most one thread per core, and one per
+    """Run every call, side by side on this thread and helper threads (at most one per idle core, and one per
     :data:`CALLS_PER_HELPER` calls), and return when all have ended.
+
+    Helpers run only on idle cores: where every core is busy (other producers, other processes), threads of one
+    process contend for the GIL and the cores, and cost CPU time without shortening the reads (measured on a
+    loaded 2-core machine: about 20 % more CPU time per box and no faster, ``benchmarks/lazy_cold.py``).
 
     Raises
     ------
     BaseException
         The first exception a call raised, after every call has ended (the others' are dropped).
     """
-    helpers = min(_cores() - 1, (len(calls) - 1) // CALLS_PER_HELPER)
+    helpers = min(_cores() - 1, _idle_cores(), (len(calls) - 1) // CALLS_PER_HELPER)
     work = _Calls(calls)
     threads = [threading.Thread(target=work.work, name=f"emfast-decode-{n}", daemon=True) for n in range(helpers)]
     for thread in threads:

@@ -7,9 +7,11 @@ calling thread with numcodecs or zlib, which release the GIL, so the chunk cache
 in parallel (:mod:`emfast.io._decode`); this is about twice as fast as a call into zarr-python per chunk, whose
 event loop serialises much of the work. Sharded v3 arrays of the same inner layout read each inner chunk straight
 from its shard file through the shard's index, read once (:mod:`emfast.io._shards`; about ten times faster than
-zarr-python per inner chunk). Any other layout is read through zarr-python. Measured against tensorstore on the
-same chunks (``benchmarks/lazy_cold.py``), numcodecs' zstd and blosc decoders are as fast as tensorstore's, so
-emfast decodes every codec it knows itself. A chunk that was never written reads as the
+zarr-python per inner chunk). A whole chunk is decoded straight into its cache block (zstd and blosc, whose
+frames state their decoded size) or read into it (no compressor). Any other layout is read through zarr-python.
+Per codec, emfast decodes with numcodecs (zstd, blosc, lz4) or zlib (gzip) itself rather than through
+tensorstore: one chunk read alone costs about what tensorstore's read of it costs (``benchmarks/lazy_cold.py``),
+and a tensorstore route would add a copy into the block and a dependency. A chunk that was never written reads as the
 array's fill value, as the zarr specification says; a chunk that cannot be decoded, or decodes to another size
 than the metadata promises, is a :class:`~emfast.io._source.CorruptChunkError` naming the store and the chunk.
 
