@@ -6,6 +6,9 @@ several threads runs them on several cores, as tensorstore does with its own thr
 a list of calls on the calling thread and on helper threads, one per idle core, and returns when every call has
 ended. The helpers live only as long as the request: started for it, joined before :func:`run_all` returns, so
 no thread outlives the reads that needed it (a loader's close() leaves none behind).
+
+:func:`zstd_content_size` and :func:`blosc_content_size` read the decoded size a frame's header states, so that a
+chunk known to decode to exactly its block's size can be decoded straight into the block.
 """
 from __future__ import annotations
 
