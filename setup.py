@@ -53,6 +53,7 @@ EXTENSIONS = [
     extension("warp", ["warp.cpp", "gather.cpp"], ["warp.h", "gather.h", "half.h"]),
     extension("sampling", ["sampling.cpp"], ["sampling.h"]),
     extension("blend", ["blend.cpp"], ["blend.h", "half.h"]),
+    extension("rescale", ["rescale.cpp"], ["rescale.h", "half.h"]),
 ]
 
 # The modules are independent: Cython translates them and the compiler builds them on every core at once

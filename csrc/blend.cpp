@@ -37,6 +37,10 @@ inline void add_row<uint16_t>(double *__restrict s, const float *__restrict w, c
         s[x] += static_cast<double>(w[x]) * static_cast<double>(emf_half::half_to_float(p[x]));
 }
 
+inline void add_weights(float *__restrict t, const float *__restrict w, int64_t n) {
+    for (int64_t x = 0; x < n; ++x) t[x] += w[x];
+}
+
 /* A row of constant weight (a broadcast 1 where tiles are cropped, not blended). */
 template <typename P>
 inline void add_row_constant(double *__restrict s, double w, const P *__restrict p, int64_t n) {
@@ -57,8 +61,11 @@ void add(double *sums, const int64_t ss[4], float *totals, const int64_t ts[3], 
         for (int64_t y = 0; y < n[1]; ++y) {
             const char *w = at(weight, z * ws[0] + y * ws[1]);
             char *t = at(totals, z * ts[0] + y * ts[1]);
-            for (int64_t x = 0; x < n[2]; ++x)
-                *reinterpret_cast<float *>(t + x * ts[2]) += static_cast<float>(load<float>(w + x * ws[2]));
+            if (ts[2] == sizeof(float) && ws[2] == sizeof(float)) /* the usual rows: vectorised */
+                add_weights(reinterpret_cast<float *>(t), reinterpret_cast<const float *>(w), n[2]);
+            else
+                for (int64_t x = 0; x < n[2]; ++x)
+                    *reinterpret_cast<float *>(t + x * ts[2]) += static_cast<float>(load<float>(w + x * ws[2]));
             for (int64_t c = 0; c < channels; ++c) {
                 char *s = at(sums, c * ss[0] + z * ss[1] + y * ss[2]);
                 const char *p = at(prediction, c * ps[0] + z * ps[1] + y * ps[2]);

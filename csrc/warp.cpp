@@ -14,6 +14,7 @@
 #include "gather.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -993,10 +994,17 @@ extern "C" int emf_warp_copy(const emf_warp_example *examples, int64_t count, co
     }
 }
 
+/* Whether the AVX2 path may run; the caller decides once (the Python module reads EMFAST_NO_AVX2 at import), so the
+ * kernels never read the environment. */
+static std::atomic<int> avx2_allowed{1};
+
+extern "C" void emf_warp_allow_avx2(int allowed) {
+    avx2_allowed.store(allowed != 0, std::memory_order_relaxed);
+}
+
 extern "C" int emf_warp_uses_avx2(void) {
 #ifdef EMF_HAVE_AVX2
-    /* EMFAST_NO_AVX2 set: the portable path everywhere (to test it, or to compare the two). */
-    return __builtin_cpu_supports("avx2") && std::getenv("EMFAST_NO_AVX2") == nullptr;
+    return avx2_allowed.load(std::memory_order_relaxed) && __builtin_cpu_supports("avx2");
 #else
     return 0;
 #endif

@@ -70,7 +70,10 @@ int emf_warp_copy(const emf_warp_example *examples, int64_t count, const int64_t
 int emf_warp_coordinates(const emf_warp_example *examples, int64_t count, const int64_t shape[3],
                          const emf_warp_grid *grid, double *out);
 
-/* 1 if the warp samplers run their AVX2 path on this CPU (compiled in, supported, EMFAST_NO_AVX2 unset), else 0. */
+/* Allow (1, the default) or forbid (0) the samplers' AVX2 path, for every later call; thread-safe. */
+void emf_warp_allow_avx2(int allowed);
+
+/* 1 if the warp samplers run their AVX2 path on this CPU (compiled in, supported, allowed), else 0. */
 int emf_warp_uses_avx2(void);
 
 #ifdef __cplusplus

@@ -1,5 +1,6 @@
 """``emfast bench``: the NumPy reference does emfast's work exactly, the report's numbers hang together, bad input
 fails before anything is measured, and nothing is left running."""
+import ast
 import dataclasses
 import json
 import os
@@ -13,7 +14,8 @@ import numpy as np
 import pytest
 
 import emfast
-from emfast.bench import _bench as bench
+from emfast import bench
+from emfast.bench import _host, _pipelines, _record, _runs
 from emfast.bench import _reference as reference
 from emfast.cli import main
 from emfast.io._demo import demo_volume_path
@@ -47,7 +49,7 @@ def cache(tmp_path_factory):
 def children_before():
     """The child processes this test process had before the test: some are not the benchmark's (an earlier test's
     Dask cluster leaves multiprocessing's resource tracker running)."""
-    return bench._child_pids()
+    return _host.child_pids()
 
 
 def nothing_left_running(children_before):
@@ -55,7 +57,7 @@ def nothing_left_running(children_before):
     workers, RSS probes)."""
     threads = [t.name for t in threading.enumerate() if t.name.startswith(("emfast-", "pt_", "torch"))]
     assert not threads, f"threads still running: {threads}"
-    assert [pid for pid in bench._child_pids() if pid not in children_before] == []
+    assert [pid for pid in _host.child_pids() if pid not in children_before] == []
 
 
 # -- the reference does emfast's work ----------------------------------------------------------------------------
@@ -185,7 +187,7 @@ def test_a_late_failure_keeps_every_number_measured_before(cache, tmp_path, monk
                                                              children_before):
     """The failure met: the RSS curve, the last thing measured, could not import its probe; every number of the
     minutes before was lost. Now the JSON and the printed report keep them, with the error."""
-    monkeypatch.setattr(bench, "PROBE_CODE", "from emfast.bench import _rss_probe")
+    monkeypatch.setattr(_runs, "PROBE_CODE", "from emfast.bench import _rss_probe")
     out = tmp_path / "bench.json"
     assert main(["bench", *FAST, "--cache-dir", str(cache), "--json", str(out)]) != 0
     printed = capsys.readouterr().out
@@ -198,7 +200,7 @@ def test_a_late_failure_keeps_every_number_measured_before(cache, tmp_path, monk
     assert {m["curve"] for m in points} >= {"threads", "patch", "batch_size"}
     assert "emfast bench stopped (RuntimeError: the RSS measurement" in printed
     for measurement in rounds + points:
-        assert bench.measurement_line(measurement) in printed
+        assert _record.measurement_line(measurement) in printed
     assert not list(tmp_path.glob("*.partial"))
     nothing_left_running(children_before)
 
@@ -211,7 +213,7 @@ def test_leftovers_count_only_what_the_bench_started(cache, tmp_path, children_b
     resource_tracker.ensure_running()
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        assert sleeper.pid in bench._child_pids()
+        assert sleeper.pid in _host.child_pids()
         config = bench.settings(quick=True, seconds=0.05, curves=False, cache_dir=str(cache))
         assert bench.run(config)["leftovers"] == {"threads": [], "processes": []}
     finally:
@@ -260,7 +262,7 @@ def test_plot_without_matplotlib_is_a_clear_error(tmp_path, monkeypatch):
 
 def test_an_interruption_closes_the_loaders(cache, monkeypatch, capsys, children_before):
     calls = []
-    stream = bench._stream
+    stream = _pipelines.stream
 
     def interrupted(produce, seconds, **kwargs):
         calls.append(produce)
@@ -268,7 +270,7 @@ def test_an_interruption_closes_the_loaders(cache, monkeypatch, capsys, children
             raise KeyboardInterrupt
         return stream(produce, seconds, **kwargs)
 
-    monkeypatch.setattr(bench, "_stream", interrupted)
+    monkeypatch.setattr(_pipelines, "stream", interrupted)
     assert main(["bench", *FAST, "--no-curves", "--cache-dir", str(cache)]) == 130
     assert "interrupted" in capsys.readouterr().err
     nothing_left_running(children_before)
@@ -318,3 +320,17 @@ def test_help_lists_the_options(capsys):
     text = capsys.readouterr().out
     for option in ("--patch", "--batch-size", "--threads", "--json", "--plot", "--quick", "--no-curves"):
         assert option in text
+
+
+def test_bench_imports_only_the_public_names_of_other_packages():
+    """bench sits on top of the house: what it needs from a package below comes from that package's face."""
+    folder = os.path.dirname(bench.__file__)
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(folder, name)) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level >= 2 and node.module:
+                package, *inside = node.module.split(".")
+                assert not any(part.startswith("_") for part in inside), f"{name} imports {node.module}"

@@ -242,8 +242,11 @@ def test_unsafe_or_malformed_yaml_is_refused_with_its_line(text, line, words):
         assert word in str(error)
 
 
-def test_alias_bomb_is_refused_within_a_second():
-    """Nine nested levels of nine aliases would expand to 9**9 values (about 80 GB through the line marks)."""
+def test_alias_bomb_is_refused_before_expanding():
+    """Nine nested levels of nine aliases would expand to 9**9 values (about 80 GB through the line marks).
+
+    The time bound is a hang guard, not a speed target: expanding would take minutes and tens of GB, refusing
+    takes milliseconds, so 20 s tells them apart on any loaded machine."""
     levels = ["a: &a [x, x, x, x, x, x, x, x, x]"]
     for level in range(1, 9):
         name, previous = chr(ord("a") + level), chr(ord("a") + level - 1)
@@ -251,7 +254,7 @@ def test_alias_bomb_is_refused_within_a_second():
     text = "data:\n" + "".join(f"  {line}\n" for line in levels) + "loader: {patch: [1, 1, 1]}\n"
     started = time.perf_counter()
     error = _error(text)
-    assert time.perf_counter() - started < 1
+    assert time.perf_counter() - started < 20
     assert "more than 100,000 values" in str(error) and "aliases" in str(error)
 
 

@@ -372,7 +372,7 @@ def test_convert_hdf5_to_zarr_resumes_byte_identical_and_never_clobbers(tmp_path
 
     # interrupted after 3 tiles (as Ctrl-C would), then resumed by the same command
     written = []
-    real = _convert._ZarrWriter.write
+    real = _convert.OutputWriter.write
 
     def failing(self, corner, tile):
         if len(written) == 3:
@@ -381,12 +381,12 @@ def test_convert_hdf5_to_zarr_resumes_byte_identical_and_never_clobbers(tmp_path
         real(self, corner, tile)
 
     monkeypatch.setattr(_convert, "TILE_BYTES", 2 * 8 * 8 * 16 * 2)
-    monkeypatch.setattr(_convert._ZarrWriter, "write", failing)
+    monkeypatch.setattr(_convert.OutputWriter, "write", failing)
     args[2] = str(tmp_path / "resumed.zarr/raw")
     assert main(args) == 130
     record = dict(zarr.open_array(str(tmp_path / "resumed.zarr/raw"), mode="r").attrs)["emfast_convert"]
     assert record["done"] == 3 and record["complete"] is False
-    monkeypatch.setattr(_convert._ZarrWriter, "write", real)
+    monkeypatch.setattr(_convert.OutputWriter, "write", real)
     assert main(args) == 0
     np.testing.assert_array_equal(ef.open(tmp_path / "resumed.zarr/raw").array, data)
     chunk_files = 0
@@ -399,12 +399,12 @@ def test_convert_hdf5_to_zarr_resumes_byte_identical_and_never_clobbers(tmp_path
     assert chunk_files == 3 * 5 * 3
     # an existing output that is not an unfinished conversion of this source is refused, then replaced on request
     capsys.readouterr()
-    other = ["convert", str(tmp_path / "in.h5/volumes/raw"), str(tmp_path / "whole.zarr/raw"), "--compressor", "gzip"]
+    other = ["convert", str(tmp_path / "in.h5/volumes/raw"), str(tmp_path / "whole.zarr/raw"), "--compression", "gzip"]
     assert main(other) == 2
     assert "exists and it is a conversion with another source or other settings" in capsys.readouterr().err
     assert main(other + ["--overwrite"]) == 0
     np.testing.assert_array_equal(ef.open(tmp_path / "whole.zarr/raw").array, data)
-    assert main(["convert", str(tmp_path / "whole.zarr/raw"), str(tmp_path / "back.h5/raw"), "--compressor",
+    assert main(["convert", str(tmp_path / "whole.zarr/raw"), str(tmp_path / "back.h5/raw"), "--compression",
                  "gzip"]) == 0
     np.testing.assert_array_equal(ef.open(tmp_path / "back.h5/raw").array, data)
     assert main(["convert", str(tmp_path / "whole.zarr/raw"), str(tmp_path / "whole.zarr/raw/copy")]) == 2

@@ -134,13 +134,17 @@ def test_alignment_from_offset_and_resolution_attributes(tmp_path, rng):
         d.attrs.update(resolution=(40, 4, 4), offset=(80, 40, 20))
         d = f.create_dataset("coarse", data=np.ones((6, 20, 20), np.uint64))
         d.attrs.update(resolution=(40, 8, 8), offset=(80, 40, 20))
+        d = f.create_dataset("ratio_1_5", data=np.ones((6, 20, 20), np.uint64))
+        d.attrs.update(resolution=(40, 6, 4), offset=(80, 40, 20))
         d = f.create_dataset("half_voxel", data=np.ones((6, 20, 20), np.uint64))
         d.attrs.update(resolution=(40, 4, 4), offset=(80, 42, 20))
     raw = ef.hdf5(path, "raw")
     region = ef.Loader(raw, ef.hdf5(path, "labels"), patch=(2, 4, 4)).regions[0]
     assert (tuple(region.lo), tuple(region.hi)) == ((2, 10, 5), (8, 30, 25))
-    with pytest.raises(ValueError, match="resolution mismatch"):
-        ef.Loader(raw, ef.hdf5(path, "coarse"), patch=(2, 4, 4))
+    region = ef.Loader(raw, ef.hdf5(path, "coarse"), patch=(2, 4, 4)).regions[0]  # twice raw's voxel size in y, x
+    assert (tuple(region.lo), tuple(region.hi)) == ((2, 10, 5), (8, 40, 40))
+    with pytest.raises(ValueError, match=r"along y the ratio 1.5 is not an integer multiple or divisor"):
+        ef.Loader(raw, ef.hdf5(path, "ratio_1_5"), patch=(2, 4, 4))
     with pytest.raises(ValueError, match="whole number of voxels"):
         ef.Loader(raw, ef.hdf5(path, "half_voxel"), patch=(2, 4, 4))
 
@@ -223,7 +227,7 @@ def test_profile_reports_every_stage(volumes):
             pass
     report = loader.profile
     assert report.batches == 10 and report.seconds["kernel"] > 0 and report.seconds["sample"] > 0
-    assert set(report.seconds) == {"sample", "read", "cache", "fetch", "pending", "ahead", "kernel", "augment",
+    assert set(report.seconds) == {"sample", "read", "cache", "fetch", "decode", "pending", "ahead", "kernel", "augment",
                                    "targets", "copy", "stall", "wait"}
     assert report.seconds["copy"] == 0  # no device
     text = str(report)
@@ -346,10 +350,10 @@ def test_error_while_preparing_a_producer_reaches_the_consumer(small_h5, monkeyp
     raw.close()
 
 
-def test_resolution_mismatch_is_refused_even_for_equal_shapes(rng):
+def test_a_voxel_size_ratio_that_is_not_an_integer_is_refused_even_for_equal_shapes(rng):
     raw = ef.Volume.from_array(rng.integers(0, 9, (8, 16, 16), dtype=np.uint8), resolution=(40, 4, 4))
-    labels = ef.Volume.from_array(np.zeros((8, 16, 16), np.uint64), resolution=(40, 8, 8))
-    with pytest.raises(ValueError, match="resolution mismatch"):
+    labels = ef.Volume.from_array(np.zeros((8, 16, 16), np.uint64), resolution=(40, 4, 6))
+    with pytest.raises(ValueError, match="along x the ratio 1.5 is not an integer"):
         ef.Loader(raw, labels, patch=(2, 4, 4))
 
 

@@ -141,7 +141,7 @@ import sys
 import emfast.io._convert as _convert
 from emfast.cli import main
 _convert.TILE_BYTES = {CONVERT_TILE_BYTES}
-sys.exit(main(["convert", sys.argv[1], sys.argv[2], "--compressor", "gzip"]))
+sys.exit(main(["convert", sys.argv[1], sys.argv[2], "--compression", "gzip"]))
 """
 PREDICT_OPTIONS = dict(patch_in=(8, 64, 64), blend="none", chunks=(8, 64, 64), block=(8, 128, 128), dtype="uint8")
 RUN_PREDICT = f"""
@@ -179,7 +179,7 @@ def test_a_full_disk_ends_in_a_clear_error_and_the_resume_equals_an_uninterrupte
     whole = tmp_path / container / "raw"  # uninterrupted, here
     if tool == "convert":
         monkeypatch.setattr(_convert, "TILE_BYTES", CONVERT_TILE_BYTES)
-        convert(tmp_path / "in.h5/raw", whole, compressor="gzip")
+        convert(tmp_path / "in.h5/raw", whole, compression="gzip")
     else:
         ef.predict(identity, tmp_path / "in.h5/raw", whole, **PREDICT_OPTIONS)
     np.testing.assert_array_equal(ef.open(out).array.reshape(data.shape), data)
@@ -191,7 +191,7 @@ def test_an_uncompressed_output_that_cannot_fit_is_refused_before_writing(tmp_pa
     with h5py.File(tmp_path / "in.h5", "w") as f:
         f.create_dataset("raw", data=data, chunks=FULL_CHUNKS)
     with pytest.raises(OSError, match=r"not enough space for .*out.zarr: writing the 1 tile left needs 3.0 MiB"):
-        convert(tmp_path / "in.h5/raw", small_disk / "out.zarr/raw", compressor="none")
+        convert(tmp_path / "in.h5/raw", small_disk / "out.zarr/raw", compression="none")
     assert not list((small_disk / "out.zarr").rglob("c/*"))  # no chunk written
     with pytest.raises(OSError, match=r"not enough space for .*p.zarr: writing the 6 blocks left needs 12.0 MiB"):
         ef.predict(identity, tmp_path / "in.h5/raw", small_disk / "p.zarr/raw", patch_in=(8, 64, 64),
@@ -359,7 +359,7 @@ def test_an_hdf5_output_open_in_another_program_is_named(tmp_path, zarr_input, w
                               text=True)
     try:
         assert holder.stdout.readline().strip() == "open"
-        options = {"compressor": "gzip"} if writer == "convert" else {}
+        options = {"compression": "gzip"} if writer == "convert" else {}
         with pytest.raises(OSError, match=rf"cannot write {tmp_path / 'out.h5'}: another program has it open"):
             WRITERS[writer](str(store / "volumes/raw"), tmp_path / "out.h5/raw", **options)
     finally:

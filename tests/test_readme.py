@@ -91,7 +91,7 @@ def test_the_api_reference_builds_without_warnings(tmp_path):
 def test_the_bench_tables_are_the_recorded_runs():
     """The README's comparison and targets tables are those of the JSON file it names, and the version it names is
     the one that wrote that file: a new recorded run fails this test until the README shows it."""
-    from emfast.bench._bench import tables
+    from emfast.bench._report import tables
 
     if not README.exists():
         pytest.skip("README.md is not beside the tests (an installed wheel's tests run without the repository)")

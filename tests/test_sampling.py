@@ -1,4 +1,6 @@
 """Samplers (Uniform, Masked, Balanced, Tiled) and their index kernels, against NumPy references."""
+import dataclasses
+import inspect
 import itertools
 
 import h5py
@@ -6,9 +8,10 @@ import numpy as np
 import pytest
 
 from emfast import sampling
-from emfast.sampling import _samplers
+from emfast.sampling import _base
 from emfast._core import sampling as _sampling
-from emfast.sampling import Balanced, Masked, Region, Tiled, Uniform
+from emfast._registry import registered
+from emfast.sampling import Balanced, Masked, Region, Sampler, Tiled, Uniform
 from emfast.io import Volume, hdf5
 from reference import assert_releases_gil, boundaries_reference
 
@@ -187,7 +190,7 @@ def test_masked_draws_only_and_all_valid_windows(rng):
 
 
 def test_masked_by_labels_lazy_equals_in_memory(rng, tmp_path, monkeypatch):
-    monkeypatch.setattr(_samplers, "_SLAB_VOXELS", 3 * 20 * 30)  # slabs of one corner plane: slab seams tested
+    monkeypatch.setattr(_base, "SLAB_VOXELS", 3 * 20 * 30)  # slabs of one corner plane: slab seams tested
     labels = blocky_labels(rng, (10, 20, 30), ids=(0, 0, 3, 4), size=(2, 3, 3), dtype=np.int64)
     extents = np.array([[2, 6, 6]])
     memory = Masked(0.7, source="labels", unlabelled=0)
@@ -274,7 +277,7 @@ def test_balanced_reaches_every_voxel_of_a_class_uniformly(rng):
 
 @pytest.mark.parametrize("in_plane", [False, True])
 def test_balanced_lazy_equals_in_memory(rng, tmp_path, monkeypatch, in_plane):
-    monkeypatch.setattr(_samplers, "_SLAB_VOXELS", 40 * 40 * 8)  # one block row per slab: halos at slab seams
+    monkeypatch.setattr(_base, "SLAB_VOXELS", 40 * 40 * 8)  # one block row per slab: halos at slab seams
     labels = blocky_labels(rng, (30, 40, 40), size=(3, 2, 7), dtype=np.uint32)
     extents = np.array([[4, 9, 9]])
     samplers = []
@@ -405,3 +408,56 @@ def test_reprs():
     assert repr(Balanced(priors={"boundary": 2})) == \
         "Balanced(classes='boundary', priors={'boundary': 2.0, 'interior': 0.0}, thickness=1, in_plane=False)"
     assert repr(Uniform()) == "Uniform()"
+
+
+# -- one idiom for every registered component --------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["augmentation", "target", "sampler"])
+def test_registered_components_are_dataclasses_of_their_parameters(kind):
+    """Augmentations, targets and samplers are written alike: a dataclass whose fields are its parameters."""
+    for name, cls in registered(kind).items():
+        assert dataclasses.is_dataclass(cls), name
+        fields = [field.name for field in dataclasses.fields(cls) if field.init]
+        assert fields == list(inspect.signature(cls).parameters), name
+
+
+def test_sampler_signatures_are_kept():
+    def signature(cls):
+        return [(p.name, p.default, p.kind) for p in inspect.signature(cls).parameters.values()]
+
+    keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    assert signature(Uniform) == []
+    assert signature(Masked) == [("min_fraction", 0.5, keyword), ("source", "mask", keyword),
+                                 ("unlabelled", 0, keyword)]
+    assert signature(Balanced) == [("classes", "boundary", keyword), ("priors", None, keyword),
+                                   ("thickness", 1, keyword), ("in_plane", False, keyword)]
+    assert signature(Tiled) == [("stride", None, keyword), ("last", "keep", keyword)]
+    assert {name: cls for name, cls in registered("sampler").items()} == \
+        {"balanced": Balanced, "masked": Masked, "tiled": Tiled, "uniform": Uniform}
+
+
+def test_samplers_answer_the_report_through_the_protocol(rng):
+    """``emfast check`` asks every sampler for its class counts and index bytes; one that keeps neither (a user's
+    subclass of Sampler) answers None and 0."""
+    class Plain(Sampler):
+        def sample(self, uniforms, extents, epoch, index):
+            raise AssertionError("not drawn")
+
+    labels = blocky_labels(rng, (12, 20, 20))
+    regions = [region("a", labels=labels, mask=(labels > 1).astype(np.uint8))]
+    extents = np.asarray([[4, 6, 6]])
+    for sampler in (Plain(), Uniform(), Tiled()):
+        sampler.bind(regions, extents, 2)
+        assert sampler.class_counts() is None and sampler.index_nbytes == 0
+    masked = Masked(0.25)
+    masked.bind(regions, extents, 2)
+    assert masked.class_counts() is None and masked.index_nbytes > 0
+    balanced = Balanced()
+    balanced.bind(regions, extents, 2)
+    counts = balanced.class_counts()["a"]
+    assert set(counts) == {"boundary", "interior"} and balanced.index_nbytes > 0
+    half = (extents[0] - 1) // 2
+    centres = labels[half[0]:labels.shape[0] - extents[0, 0] + half[0] + 1,
+                     half[1]:labels.shape[1] - extents[0, 1] + half[1] + 1,
+                     half[2]:labels.shape[2] - extents[0, 2] + half[2] + 1]
+    assert sum(counts.values()) == centres.size

@@ -498,6 +498,18 @@ np.savez(sys.argv[1], raw=out, labels=ids, valid=valid)
 """
 
 
+def test_emfast_no_avx2_is_read_once_at_import(monkeypatch):
+    """The kernels never read the environment: EMFAST_NO_AVX2 counts when emfast is imported, not later."""
+    from emfast._core import warp as _warp
+
+    before = _warp.uses_avx2()
+    monkeypatch.setenv("EMFAST_NO_AVX2", "1")
+    assert _warp.uses_avx2() == before
+    code = "import emfast; from emfast._core import warp; print(warp.uses_avx2())"
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert fresh.stdout.strip() == "False"
+
+
 def test_portable_path_gives_the_bits_of_the_vectorised_one(tmp_path):
     """EMFAST_NO_AVX2 forces the portable samplers; on an AVX2 machine this compares the two paths."""
     runs = {}

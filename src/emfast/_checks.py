@@ -1,5 +1,5 @@
-"""Argument checks every stage shares: one way to accept an integer and a (z, y, x) triple, one wording of the
-error when it is not one."""
+"""Argument checks every stage shares: one way to accept an integer, a (z, y, x) triple and a seed, one wording
+of the error when it is not one."""
 from __future__ import annotations
 
 import math
@@ -22,6 +22,13 @@ def integer(value, what: str, minimum: int = 1) -> int:
     if not is_integer(value) or value < minimum:
         raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}")
     return int(value)
+
+
+def check_seed(seed: object) -> int:
+    """Return ``seed`` as an int in [0, 2**64), or raise a ValueError naming it."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 1 << 64:
+        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+    return int(seed)
 
 
 def triple(value, what: str, *, integer: bool = True, minimum: Optional[float] = None,

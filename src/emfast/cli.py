@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 import traceback
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import h5py
 import numpy as np
@@ -20,7 +20,8 @@ from ._machine import cores
 from .augment import Intensity, Mirror, Transpose
 from .io import (LABELS_DATASET, RAW_DATASET, DatasetNotFoundError, Volume, demo_volume_path, hdf5, open_hdf5,
                  open_volume, split_path, volume_statistics, world_box)
-from .io._convert import COMPRESSORS
+from .io import COMPRESSIONS
+from .io._pyramid import DOWNSAMPLING
 from .io._convert import convert as convert_volume
 from .io._outputs import command_line_options
 from .io._progress import ProgressBar, plural, progress_bar
@@ -184,14 +185,22 @@ def _values_line(volume: Volume, name: str) -> str:
     return head + f"min={stats.min:.6g} max={stats.max:.6g} mean={stats.mean:.6g} std={stats.std:.6g}"
 
 
-def _values_line_or_nothing(container, name: str) -> List[str]:
-    """:func:`_values_line` of a dataset emfast can read as a volume; nothing for any other dataset."""
+def _volume_lines(container, name: str) -> Tuple[str, List[str]]:
+    """The geometry (:func:`_geometry_text`) and :func:`_values_line` of a dataset emfast can read as a volume;
+    nothing for any other dataset."""
     try:
         volume = open_volume(container, name, in_memory=False)
     except (TypeError, ValueError):  # not 3-D/4-D, or a dtype volumes do not hold
-        return []
+        return "", []
     with volume:
-        return [_values_line(volume, name)]
+        return _geometry_text(volume), [_values_line(volume, name)]
+
+
+def _geometry_text(volume) -> str:
+    """A volume's voxel size and offset as emfast reads them, and its world box: (z, y, x) nm."""
+    box = world_box(volume.shape, volume.resolution, volume.offset)
+    world = "" if box is None else f" world=[{box[0]}, {box[1]}) nm"
+    return f" resolution={volume.resolution} offset={volume.offset}{world}"
 
 
 def info(args: argparse.Namespace) -> int:
@@ -216,9 +225,10 @@ def info(args: argparse.Namespace) -> int:
             if isinstance(node, h5py.Dataset):
                 compression = f" {node.compression}" if node.compression else ""
                 attrs = f"  [{_format_attrs(node.attrs)}]" if len(node.attrs) else ""
+                geometry, values = _volume_lines(container, name)
                 rows.append(f"  {name}: shape={node.shape} dtype={node.dtype} chunks={node.chunks}"
-                            f"{compression}{attrs}")
-                rows.extend(_values_line_or_nothing(container, name))
+                            f"{compression}{geometry}{attrs}")
+                rows.extend(values)
 
         if isinstance(top, h5py.Dataset):
             visit(inner, top)
@@ -278,10 +288,8 @@ def _store_info(path: str) -> int:
     for name in names:
         with open_volume(container, name, in_memory=False) as volume:
             channels = f" channels={volume.channels}" if volume.channels > 1 else ""
-            box = world_box(volume.shape, volume.resolution, volume.offset)
-            world = "" if box is None else f" world=[{box[0]}, {box[1]}) nm"
-            print(f"  {name or '.'}: shape={volume.shape}{channels} dtype={volume.dtype} chunks={volume.chunks} "
-                  f"resolution={volume.resolution} offset={volume.offset}{world}")
+            print(f"  {name or '.'}: shape={volume.shape}{channels} dtype={volume.dtype} chunks={volume.chunks}"
+                  f"{_geometry_text(volume)}")
             print(_values_line(volume, name))
     if not names:
         print("  (no arrays)")
@@ -315,9 +323,12 @@ def _store_arrays(container, inner: str) -> List[str]:
 
 def convert(args: argparse.Namespace) -> int:
     """Convert a volume between formats, resumably (run the same command again after an interruption)."""
+    if args.compressor is not None:
+        print("emfast: warning: --compressor is deprecated; use --compression (the same values)", file=sys.stderr)
     with command_line_options():
-        result = convert_volume(args.source, args.destination, chunks=args.chunks, compressor=args.compressor,
-                                zarr_format=args.zarr_format, overwrite=args.overwrite, progress=progress_bar())
+        result = convert_volume(args.source, args.destination, chunks=args.chunks, compression=args.compression,
+                                zarr_format=args.zarr_format, overwrite=args.overwrite, progress=progress_bar(),
+                                levels=args.levels, downsampling=args.downsampling, compressor=args.compressor)
     if result.written == 0:
         print(f"{args.destination} is already complete ({result.tiles} {plural(result.tiles, 'tile')}); nothing "
               "to do")
@@ -401,8 +412,15 @@ def build_parser() -> argparse.ArgumentParser:
     change.add_argument("destination", help="the dataset to write, inside a .zarr or .h5 container")
     change.add_argument("--chunks", type=int, nargs=3, metavar=("Z", "Y", "X"),
                         help="output chunks (default: the source's, else 64 64 64)")
-    change.add_argument("--compressor", choices=COMPRESSORS, default=None,
+    change.add_argument("--compression", choices=COMPRESSIONS, default=None,
                         help="zarr: zstd (default), blosc, gzip or none; HDF5: gzip (default) or none")
+    change.add_argument("--compressor", choices=COMPRESSIONS, default=None, help="deprecated name of --compression")
+    change.add_argument("--levels", type=int, default=1,
+                        help="levels of a multiscale pyramid (zarr; default 1): DESTINATION becomes an OME-NGFF "
+                             "image of s0, s1, ..., each halving the axes whose voxel size is < 2x the smallest")
+    change.add_argument("--downsampling", choices=DOWNSAMPLING, default=None,
+                        help="mean (intensities) or mode (labels: most frequent id, ties to the lowest); default "
+                             "mode for 32/64-bit integers, else mean")
     change.add_argument("--zarr-format", type=int, choices=[2, 3], default=3, help="zarr format (default 3)")
     change.add_argument("--overwrite", action="store_true", help="replace an existing output")
     change.set_defaults(handler=convert)

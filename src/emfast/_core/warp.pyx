@@ -8,6 +8,8 @@ with the defaults and the documentation, are in :mod:`emfast.augment._resample`.
 from libc.stdint cimport int64_t, uint8_t
 from libc.stdlib cimport free, malloc
 
+import os
+
 import numpy as np
 
 cimport numpy as cnp
@@ -42,6 +44,7 @@ cdef extern from "warp.h" nogil:
                       int allow_gather)
     int emf_warp_coordinates(const emf_warp_example *examples, int64_t count, const int64_t *shape,
                              const emf_warp_grid *grid, double *out)
+    void emf_warp_allow_avx2(int allowed)
     int emf_warp_uses_avx2()
 
 
@@ -290,5 +293,10 @@ def warp_coordinates(shape, centres, matrices, grid, spacing, origin):
 
 def uses_avx2():
     """Whether the warp samplers run their AVX2 path here (compiled in, supported by this CPU, and the
-    environment variable ``EMFAST_NO_AVX2`` unset)."""
+    environment variable ``EMFAST_NO_AVX2`` unset when this module was imported)."""
     return bool(emf_warp_uses_avx2())
+
+
+# Read once, here: the kernels never look at the environment (a lookup per call cost time and could change the
+# path in the middle of a run).
+emf_warp_allow_avx2(0 if "EMFAST_NO_AVX2" in os.environ else 1)

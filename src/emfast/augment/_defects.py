@@ -67,7 +67,10 @@ class Events:
 
 
 class _SectionDefect(Augmentation):
-    """Draws one key per example; ``_DRAWS`` uniforms per section from it, the first deciding (< p) a hit."""
+    """Draws one key per example; ``_DRAWS`` uniforms per section from it, the first deciding (< p) a hit.
+
+    A defect that changes only the hit sections of raw implements ``_change``; one that does more (Slip) its
+    own ``process``."""
 
     draws: ClassVar[int] = 2
     pixelwise: ClassVar[bool] = True
@@ -92,6 +95,16 @@ class _SectionDefect(Augmentation):
 
     def events(self, record: SectionKeys, shape: Sequence[int], valid: int) -> Events:
         """The hits of a batch whose raw has shape ``shape`` (B, C, Z, Y, X) and ``valid`` real examples."""
+        raise NotImplementedError
+
+    def process(self, record: SectionKeys, patches: Patches) -> None:
+        raw, record = self._start(record, patches)
+        hits = self.events(record, raw.shape, patches.valid)
+        if hits.example.size:
+            self._change(raw, hits, _plane_index(hits.example, hits.section, raw.shape[1], raw.shape[2]))
+
+    def _change(self, raw: np.ndarray, hits: Events, planes: np.ndarray) -> None:
+        """Change the raw ``planes`` of ``hits``: for each hit, its section in every channel, hit-major."""
         raise NotImplementedError
 
 
@@ -131,12 +144,8 @@ class MissingSection(_SectionDefect):
         example, section, _ = self._hits(record, shape[2], valid)
         return Events(example, section, np.empty((example.size, 0)))
 
-    def process(self, record: SectionKeys, patches: Patches) -> None:
-        raw, record = self._start(record, patches)
-        hits = self.events(record, raw.shape, patches.valid)
-        if hits.example.size:
-            planes = _plane_index(hits.example, hits.section, raw.shape[1], raw.shape[2])
-            _intensity.fill_planes(raw, planes, self.fill, "raw")
+    def _change(self, raw: np.ndarray, hits: Events, planes: np.ndarray) -> None:
+        _intensity.fill_planes(raw, planes, self.fill, "raw")
 
 
 @register("augmentation")
@@ -169,13 +178,8 @@ class LowContrast(_SectionDefect):
         lo, hi = self._factor
         return Events(example, section, (lo + (hi - lo) * uniforms[:, 1])[:, None])
 
-    def process(self, record: SectionKeys, patches: Patches) -> None:
-        raw, record = self._start(record, patches)
-        hits = self.events(record, raw.shape, patches.valid)
-        if hits.example.size:
-            channels = raw.shape[1]
-            planes = _plane_index(hits.example, hits.section, channels, raw.shape[2])
-            _intensity.contrast(raw, planes, raw.shape[3] * raw.shape[4], np.repeat(hits.values[:, 0], channels))
+    def _change(self, raw: np.ndarray, hits: Events, planes: np.ndarray) -> None:
+        _intensity.contrast(raw, planes, raw.shape[3] * raw.shape[4], np.repeat(hits.values[:, 0], raw.shape[1]))
 
 
 #: Which sections a slip moves.
@@ -392,12 +396,8 @@ class Artifacts(_SectionDefect):
         corners = np.minimum(np.floor(uniforms[:, 2:5] * room), room - 1)
         return Events(example, section, np.column_stack([lo + (hi - lo) * uniforms[:, 1], corners]))
 
-    def process(self, record: SectionKeys, patches: Patches) -> None:
-        raw, record = self._start(record, patches)
-        hits = self.events(record, raw.shape, patches.valid)
-        if hits.example.size:
-            channels = raw.shape[1]
-            planes = _plane_index(hits.example, hits.section, channels, raw.shape[2])
-            corners = np.repeat(hits.values[:, 1:4].astype(np.int64), channels, axis=0)
-            _intensity.blend(raw, planes, raw.shape[3:], self._source, corners, np.repeat(hits.values[:, 0], channels),
-                             self.scale, self.shift)
+    def _change(self, raw: np.ndarray, hits: Events, planes: np.ndarray) -> None:
+        channels = raw.shape[1]
+        corners = np.repeat(hits.values[:, 1:4].astype(np.int64), channels, axis=0)
+        _intensity.blend(raw, planes, raw.shape[3:], self._source, corners, np.repeat(hits.values[:, 0], channels),
+                         self.scale, self.shift)

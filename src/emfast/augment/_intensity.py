@@ -130,11 +130,25 @@ def check_record(record, kind: type, batch: int, owner: str):
 
 
 class _PerExample(Augmentation):
-    """Per-example augmentation with probability ``p`` and one parameter drawn uniformly from ``_range``."""
+    """Per-example augmentation with probability ``p`` and one parameter drawn uniformly from an interval.
+
+    ``_PARAMETER`` names the field holding the interval (>= 0; > 0 with ``_POSITIVE``); ``_KERNEL`` names the
+    :mod:`emfast._core.intensity` kernel that applies one value per example, unless ``_run`` is overridden.
+    """
 
     draws: ClassVar[int] = 2
     pixelwise: ClassVar[bool] = True
+    _PARAMETER: ClassVar[str] = "range"
+    _POSITIVE: ClassVar[bool] = False
+    _KERNEL: ClassVar[str]
     _range: Range
+
+    def __post_init__(self) -> None:
+        owner, interval = type(self).__name__, getattr(self, self._PARAMETER)
+        self._range = check_range(interval, self._PARAMETER, owner, 0.0)
+        if self._POSITIVE and self._range[0] <= 0:
+            raise ValueError(f"{owner}: {self._PARAMETER} must be > 0, got {interval!r}")
+        self.p = _check_probability(self.p, owner)
 
     def apply(self, uniforms: np.ndarray, params: Params) -> Draws:
         lo, hi = self._range
@@ -149,7 +163,7 @@ class _PerExample(Augmentation):
             self._run(raw, examples, record)
 
     def _run(self, raw: np.ndarray, examples: np.ndarray, record: Draws) -> None:
-        raise NotImplementedError
+        getattr(_intensity, self._KERNEL)(raw, examples, raw[0].size, record.value[examples])
 
 
 @register("augmentation")
@@ -172,15 +186,8 @@ class Gamma(_PerExample):
     range: Sequence[float] = (0.7, 1.5)
     p: float = 0.5
     name: ClassVar[str] = "gamma"
-
-    def __post_init__(self) -> None:
-        self._range = check_range(self.range, "range", "Gamma", 0.0)
-        if self._range[0] <= 0:
-            raise ValueError(f"Gamma: range must be > 0, got {self.range!r}")
-        self.p = _check_probability(self.p, "Gamma")
-
-    def _run(self, raw, examples, record):
-        _intensity.gamma(raw, examples, raw[0].size, record.value[examples])
+    _POSITIVE: ClassVar[bool] = True
+    _KERNEL: ClassVar[str] = "gamma"
 
 
 @register("augmentation")
@@ -200,13 +207,7 @@ class Contrast(_PerExample):
     range: Sequence[float] = (0.75, 1.25)
     p: float = 0.5
     name: ClassVar[str] = "contrast"
-
-    def __post_init__(self) -> None:
-        self._range = check_range(self.range, "range", "Contrast", 0.0)
-        self.p = _check_probability(self.p, "Contrast")
-
-    def _run(self, raw, examples, record):
-        _intensity.contrast(raw, examples, raw[0].size, record.value[examples])
+    _KERNEL: ClassVar[str] = "contrast"
 
 
 @register("augmentation")
@@ -229,10 +230,7 @@ class Noise(_PerExample):
     p: float = 0.5
     name: ClassVar[str] = "noise"
     draws: ClassVar[int] = 4
-
-    def __post_init__(self) -> None:
-        self._range = check_range(self.sigma, "sigma", "Noise", 0.0)
-        self.p = _check_probability(self.p, "Noise")
+    _PARAMETER: ClassVar[str] = "sigma"
 
     def apply(self, uniforms: np.ndarray, params: Params) -> Draws:
         drawn = super().apply(uniforms, params)
@@ -268,13 +266,13 @@ class Blur(_PerExample):
     p: float = 0.5
     per_section: bool = True
     name: ClassVar[str] = "blur"
+    _PARAMETER: ClassVar[str] = "sigma"
 
     #: Kernel radius in standard deviations.
     TRUNCATE: ClassVar[float] = 3.0
 
     def __post_init__(self) -> None:
-        self._range = check_range(self.sigma, "sigma", "Blur", 0.0)
-        self.p = _check_probability(self.p, "Blur")
+        super().__post_init__()
         if not isinstance(self.per_section, (bool, np.bool_)):
             raise ValueError(f"Blur: per_section must be True or False, got {self.per_section!r}")
 

@@ -20,7 +20,8 @@ A signed permutation matrix with an integer-aligned centre and no grid reproduce
 Coordinates are computed in float64 per run of 16 voxels and in float32 within (see csrc/warp.h): the error
 in ``s`` stays below 1e-5 voxel for ``|A| <= 2`` and displacements up to 16 voxels; integer coordinates are exact.
 On CPUs with AVX2 the samplers run 8 voxels at a time with the same bits as the portable path; setting the
-environment variable ``EMFAST_NO_AVX2`` forces the portable path.
+environment variable ``EMFAST_NO_AVX2`` (to any value) forces the portable path. It is read once, when emfast is
+imported: set it before that (setting it later in the same process changes nothing).
 
 This module is the warp kernels' Python API (defaults, documentation, argument grouping). The augmentations that
 draw warps are in :mod:`emfast.augment._warp`; the geometry of a batch's warps is in :mod:`emfast.augment._geometry`.

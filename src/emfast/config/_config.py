@@ -39,7 +39,7 @@ from ..sampling import Dataset, Sample, Sampler
 from ..targets import Target
 from ._yaml import Path_, Reader, parse_yaml, read_source
 from ._predict import predict_section
-from ._spec import Builtin, ComponentSpec, SampleSpec, Validation, plain
+from ._spec import Builtin, ComponentSpec, SampleSpec, Validation, components_yaml, plain
 from ._sections import (check_augment, component, components, construct, loader_default, loader_section, named_key,
                         sample_spec)
 
@@ -116,7 +116,7 @@ class Config:
                 return Sample(volumes[("raw",)], volumes.get(("labels",)), volumes.get(("mask",)),
                               extra={key[1]: v for key, v in volumes.items() if key[0] == "extra"},
                               name=spec.name, weight=spec.weight, label_offset=spec.label_offset,
-                              mask_offset=spec.mask_offset)
+                              mask_offset=spec.mask_offset, own_resolution=spec.own_resolution)
             except (TypeError, ValueError) as error:
                 raise reader.error(path, str(error)) from error
         except BaseException:
@@ -227,12 +227,8 @@ class Config:
         data: Dict[str, Any] = {"samples": [spec.to_yaml() for spec in self.samples]}
         if self.hold_out:
             data["hold_out"] = list(self.hold_out)
-        out: Dict[str, Any] = {"data": data, "loader": plain(dict(self.loader_args))}
-        for key in ("augment", "targets"):
-            if getattr(self, key) is not None:
-                out[key] = [item.to_yaml() for item in getattr(self, key)]
-        if self.sampler is not None:
-            out["sampler"] = self.sampler.to_yaml()
+        out: Dict[str, Any] = {"data": data, "loader": plain(dict(self.loader_args)),
+                               **components_yaml(self.augment, self.targets, self.sampler)}
         validation = self.validation.to_yaml()
         if validation:
             out["validation"] = validation

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -57,7 +57,7 @@ def _placement(raw: Volume, placed) -> str:
     hi = np.minimum(placed.end, np.asarray(raw.shape))
     overlap = np.maximum(hi - lo, 0)
     fraction = _voxels(overlap) / _voxels(raw.shape)
-    inside = _voxels(overlap) / _voxels(placed.volume.shape)
+    inside = _voxels(overlap) / _voxels(placed.end - placed.origin)  # on raw's grid, at any voxel size
     partly = "" if inside == 1.0 else f"; only partly overlapping: {100 * inside:.1f}% of its voxels lie in raw"
     return (f"           origin {_tuple(placed.origin)} in raw voxels; overlap with raw {_tuple(overlap)} "
             f"= {100 * fraction:.1f}% of raw; raw voxels [{_tuple(placed.origin)}, {_tuple(placed.end)}){partly}")
@@ -92,13 +92,75 @@ def _windows(loader: Loader, index: int) -> str:
 
 
 def _class_line(loader: Loader, index: int) -> Optional[str]:
-    counts = getattr(loader.sampler, "class_counts", None)
+    counts = loader.sampler.class_counts()
     if counts is None:
         return None
-    row = counts()[loader.dataset.samples[index].name]
+    row = counts[loader.dataset.samples[index].name]
     total = sum(row.values())
     shares = ", ".join(f"{name} {100 * count / total:.1f}%" if total else f"{name} 0" for name, count in row.items())
     return f"  classes  {shares} of {total:,} indexed centre voxels ({type(loader.sampler).__name__} sampler)"
+
+
+def _sample_lines(loader: Loader, split: str, index: int) -> Tuple[List[str], List[Volume]]:
+    """The summary of sample ``index`` of ``loader``, and its volumes (for the memory estimate)."""
+    sample = loader.dataset.samples[index]
+    lines = [f"sample {sample.name!r} ({split}, weight {sample.weight:g})", _volume_line("raw", sample.raw)]
+    volumes = [sample.raw, *sample.extra.values()]
+    for role, placed in (("labels", sample.placed_labels), ("mask", sample.placed_mask)):
+        if placed is not None:
+            lines += [_volume_line(role, placed.volume), _placement(sample.raw, placed)]
+            volumes.append(placed.volume)
+    for key, volume in sample.extra.items():
+        lines.append(_volume_line(key, volume))
+    classes = _class_line(loader, index)
+    if classes is not None:
+        lines.append(classes)
+    elif sample.placed_labels is not None:
+        lines.append("  labels   " + _label_census(sample.placed_labels.volume))
+    lines.append("  windows  " + _windows(loader, index))
+    return lines, volumes
+
+
+def _loader_lines(loader: Loader, split: str) -> List[str]:
+    """The summary of ``loader``: batch geometry, threads and buffers, components, fields, device slots."""
+    epoch = f"{plural(loader.epoch_size, 'batch')} per epoch" if loader.epoch_size else "endless"
+    geometry = f"patch {_tuple(loader.patch_out)}" if loader.patch_in == loader.patch_out else \
+        f"patch_in {_tuple(loader.patch_in)} -> patch_out {_tuple(loader.patch_out)}"
+    lines = [f"loader ({split}): batch {loader.batch_size} x {geometry}, {loader.threads} thread(s), "
+             f"{loader.buffers} buffers (at most {loader.max_buffers}), {epoch}, seed {loader.seed}, "
+             f"device {loader.device}",
+             "  augment  " + (", ".join(map(repr, loader.augmentations)) or "none"),
+             "  targets  " + (", ".join(map(repr, loader.targets)) or "none"),
+             f"  sampler  {loader.sampler!r}",
+             "  fields   " + ", ".join(f"{name} {_tuple(shape)} {dtype}"
+                                       for name, (shape, dtype) in loader.fields.items())]
+    if loader.device != "cpu":
+        lines.append(f"  device   at most {_size(loader.max_buffers * loader.slot_bytes)} of device slots "
+                     "besides the page-locked host slots")
+    return lines
+
+
+def _host_slot_bytes(loader: Loader) -> int:
+    """Most bytes of batch slots in host memory: every slot the pool may grow to on the CPU, the page-locked ring
+    of a GPU loader (its device slots are on the GPU)."""
+    return (loader.max_buffers if loader.device == "cpu" else loader.buffers) * loader.slot_bytes
+
+
+def _loaders(config: Config, cache_dir, demo_shape) -> Tuple[Dict[str, Loader], list]:
+    """The training loader (and the validation one, if there is a validation set), and the warnings building them
+    raised; nothing is left open if one fails."""
+    splits = ["train"] + (["validation"] if config.hold_out else [])
+    loaders: Dict[str, Loader] = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            for split in splits:
+                loaders[split] = config.loader(split, cache_dir=cache_dir, demo_shape=demo_shape)
+        except BaseException:
+            for loader in loaders.values():
+                close_volumes(loader.dataset.samples)
+            raise
+    return loaders, caught
 
 
 def describe(config: Config, *, cache_dir=None, demo_shape=None) -> str:
@@ -116,57 +178,19 @@ def describe(config: Config, *, cache_dir=None, demo_shape=None) -> str:
     ConfigError
         Whatever :meth:`Config.loader` raises.
     """
-    splits = ["train"] + (["validation"] if config.hold_out else [])
-    loaders: Dict[str, Loader] = {}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            for split in splits:
-                loaders[split] = config.loader(split, cache_dir=cache_dir, demo_shape=demo_shape)
-        except BaseException:
-            for loader in loaders.values():
-                close_volumes(loader.dataset.samples)
-            raise
+    loaders, caught = _loaders(config, cache_dir, demo_shape)
     lines = [f"config {config.source}"]
     in_memory = slots = caches = indexes = 0
     try:
         for split, loader in loaders.items():
-            for index, sample in enumerate(loader.dataset.samples):
-                lines.append(f"sample {sample.name!r} ({split}, weight {sample.weight:g})")
-                lines.append(_volume_line("raw", sample.raw))
-                volumes = [sample.raw, *sample.extra.values()]
-                for role, placed in (("labels", sample.placed_labels), ("mask", sample.placed_mask)):
-                    if placed is not None:
-                        lines += [_volume_line(role, placed.volume), _placement(sample.raw, placed)]
-                        volumes.append(placed.volume)
-                for key, volume in sample.extra.items():
-                    lines.append(_volume_line(key, volume))
-                classes = _class_line(loader, index)
-                if classes is not None:
-                    lines.append(classes)
-                elif sample.placed_labels is not None:
-                    lines.append("  labels   " + _label_census(sample.placed_labels.volume))
-                lines.append("  windows  " + _windows(loader, index))
+            for index in range(len(loader.dataset.samples)):
+                sample_lines, volumes = _sample_lines(loader, split, index)
+                lines += sample_lines
                 in_memory += sum(v.nbytes for v in volumes if v.in_memory)
                 caches += sum(v.cache_stats.budget_bytes for v in volumes if not v.in_memory)
-            epoch = f"{plural(loader.epoch_size, 'batch')} per epoch" if loader.epoch_size else "endless"
-            geometry = f"patch {_tuple(loader.patch_out)}" if loader.patch_in == loader.patch_out else \
-                f"patch_in {_tuple(loader.patch_in)} -> patch_out {_tuple(loader.patch_out)}"
-            lines.append(f"loader ({split}): batch {loader.batch_size} x {geometry}, {loader.threads} thread(s), "
-                         f"{loader.buffers} buffers (at most {loader.max_buffers}), {epoch}, seed {loader.seed}, "
-                         f"device {loader.device}")
-            lines.append("  augment  " + (", ".join(map(repr, loader.augmentations)) or "none"))
-            lines.append("  targets  " + (", ".join(map(repr, loader.targets)) or "none"))
-            lines.append(f"  sampler  {loader.sampler!r}")
-            lines.append("  fields   " + ", ".join(f"{name} {_tuple(shape)} {dtype}"
-                                                  for name, (shape, dtype) in loader.fields.items()))
-            if loader.device == "cpu":
-                slots += loader.max_buffers * loader.slot_bytes
-            else:
-                slots += loader.buffers * loader.slot_bytes
-                lines.append(f"  device   at most {_size(loader.max_buffers * loader.slot_bytes)} of device slots "
-                             "besides the page-locked host slots")
-            indexes += getattr(loader.sampler, "index_nbytes", 0)
+            lines += _loader_lines(loader, split)
+            slots += _host_slot_bytes(loader)
+            indexes += loader.sampler.index_nbytes
         total = in_memory + slots + caches + indexes
         lines.append(f"memory: volumes in memory {_size(in_memory)}, batch slots {_size(slots)}, chunk-cache "
                      f"budgets {_size(caches)}, sampler indexes {_size(indexes)}; total at most {_size(total)}")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 
+from ..io import is_url
 from ..pipeline import NORMALIZE_MODES, Loader
 from .._registry import lookup
 from ..targets import outputs
@@ -34,10 +35,10 @@ def loader_default(name: str):
 # -- parsing the sections -----------------------------------------------------------------------------------------
 
 _SAMPLE_KEYS = ("name", "file", "raw", "labels", "mask", "extra", "weight", "label_offset", "mask_offset", "lazy",
-                "cache_bytes")
+                "cache_bytes", "own_resolution")
 
 
-def _file(reader: Reader, value, path: Path_) -> Union[Path, Builtin]:
+def _file(reader: Reader, value, path: Path_) -> Union[Path, Builtin, str]:
     if isinstance(value, dict):
         reader.mapping(value, path, ("builtin", "shape", "seed"), required=("builtin",))
         if value["builtin"] != "demo":
@@ -47,6 +48,8 @@ def _file(reader: Reader, value, path: Path_) -> Union[Path, Builtin]:
         return Builtin(None if shape is None else reader.triple(shape, path + ("shape",), minimum=8),
                        reader.integer(value.get("seed", 0), path + ("seed",), minimum=0))
     text = reader.string(value, path)
+    if is_url(text):  # a remote store (s3://, gs://, http(s)://), kept as its URL
+        return text
     file = Path(text).expanduser()
     return (file if file.is_absolute() else reader.base / file).resolve()
 
@@ -91,7 +94,23 @@ def sample_spec(reader: Reader, value, path: Path_) -> SampleSpec:
     for key, offset in (("label_offset", "labels"), ("mask_offset", "mask")):
         if key in optional and offset not in volumes:
             raise reader.error(path + (key,), f"{key} was given but the sample has no {offset}")
+    if value.get("own_resolution") is not None:
+        optional["own_resolution"] = _own_resolution(reader, value["own_resolution"], path + ("own_resolution",),
+                                                     [*volumes, *(key for key, _ in extra)])
     return SampleSpec(extra=extra, **volumes, **optional)
+
+
+def _own_resolution(reader: Reader, value, path: Path_, fields) -> tuple:
+    """The fields a sample delivers at their own voxel size: a list of its field names (not raw)."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list):
+        raise reader.error(path, f"expected a list of field names, got {describe_value(value)}")
+    for n, name in enumerate(names):
+        name = reader.string(name, path + (n,))
+        if name == "raw" or name not in fields:
+            raise reader.error(path + (n,), f"{name!r} is not a field of this sample that can be delivered at its own "
+                                            f"voxel size; its fields: {[f for f in fields if f != 'raw']}")
+    return tuple(names)
 
 
 def _check_normalize(reader: Reader, value, path: Path_):

@@ -44,12 +44,12 @@ class Builtin:
 
 @dataclass(frozen=True)
 class VolumeSpec:
-    """One HDF5 dataset: an absolute file path (or the built-in volume) and the dataset inside it.
+    """One dataset: an absolute file path, a remote store's URL (or the built-in volume) and the dataset inside it.
 
     ``shared_file`` (not compared) records that the file came from the sample's ``file`` key, for messages.
     """
 
-    file: Union[Path, Builtin]
+    file: Union[Path, Builtin, str]
     dataset: str
     shared_file: bool = field(default=False, compare=False, repr=False)
 
@@ -76,6 +76,7 @@ class SampleSpec:
     mask_offset: Optional[Tuple[int, int, int]] = None
     lazy: bool = False
     cache_bytes: Optional[int] = None
+    own_resolution: Tuple[str, ...] = ()
 
     def volumes(self) -> List[Tuple[Tuple[str, ...], VolumeSpec]]:
         """(key path within the sample, volume) of every volume, raw first."""
@@ -94,7 +95,7 @@ class SampleSpec:
         if self.extra:
             out["extra"] = {key: volume.to_yaml() for key, volume in self.extra}
         defaults = SampleSpec(self.raw)
-        for key in ("weight", "label_offset", "mask_offset", "lazy", "cache_bytes"):
+        for key in ("weight", "label_offset", "mask_offset", "lazy", "cache_bytes", "own_resolution"):
             value = getattr(self, key)
             if value != getattr(defaults, key):
                 out[key] = list(value) if isinstance(value, tuple) else value
@@ -123,15 +124,22 @@ class Validation:
     sampler: Optional[ComponentSpec] = None
 
     def to_yaml(self) -> dict:
-        out: Dict[str, Any] = {}
-        if self.loader:
-            out["loader"] = plain(dict(self.loader))
-        for key in ("augment", "targets"):
-            if getattr(self, key) is not None:
-                out[key] = [item.to_yaml() for item in getattr(self, key)]
-        if self.sampler is not None:
-            out["sampler"] = self.sampler.to_yaml()
+        out: Dict[str, Any] = {"loader": plain(dict(self.loader))} if self.loader else {}
+        out.update(components_yaml(self.augment, self.targets, self.sampler))
         return out
+
+
+def components_yaml(augment: Optional[Tuple[ComponentSpec, ...]], targets: Optional[Tuple[ComponentSpec, ...]],
+                    sampler: Optional[ComponentSpec]) -> Dict[str, Any]:
+    """The ``augment``, ``targets`` and ``sampler`` sections as YAML data, those that are None left out (the
+    training sections and the validation overrides are written alike)."""
+    out: Dict[str, Any] = {}
+    for key, items in (("augment", augment), ("targets", targets)):
+        if items is not None:
+            out[key] = [item.to_yaml() for item in items]
+    if sampler is not None:
+        out["sampler"] = sampler.to_yaml()
+    return out
 
 
 def plain(value):

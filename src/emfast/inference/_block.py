@@ -137,6 +137,17 @@ class BlockPredictor:
         self.channels = predictions.shape[1]
         return predictions
 
+    def lend_batches(self, slots: List[np.ndarray]) -> None:
+        """Gather batches into ``slots`` (flat float32 arrays, page-locked host slots of a device) while one is
+        free."""
+        for slot in slots:
+            self._pool.give("batch", slot)
+
+    def give_back_kept(self, kept: Optional[np.ndarray]) -> None:
+        """Reuse the memory of a shared tile's predictions (from :meth:`TileCache.discard`) for the next one."""
+        if kept is not None:
+            self._pool.give(KEPT, kept)
+
     def remember(self, tile, prediction: np.ndarray) -> None:
         """Keep the identity variant's ``prediction`` of ``tile`` (the probe's, computed by another predictor and
         counted here), so no block computes it again."""
@@ -298,7 +309,8 @@ class BlockRun:
         if not predictor.is_shared(job.key):
             return
         count = len(predictor.variants)
-        kept, done = self.fresh.get(job.key) or (np.empty((count,) + job.prediction.shape, job.prediction.dtype), 0)
+        kept, done = self.fresh.get(job.key) or (predictor._pool.take(KEPT, (count,) + job.prediction.shape,
+                                                                      job.prediction.dtype), 0)
         kept[job.index] = job.prediction  # a copy: the model's output may be a view of a batch reused next
         if done + 1 == count:
             predictor.cache.save(job.key, kept)

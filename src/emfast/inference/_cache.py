@@ -116,14 +116,16 @@ class TileCache:
                 warnings.warn(f"could not keep a shared tile's prediction in {self.folder} ({error}); the blocks "
                               "that share it compute it again", RuntimeWarning, stacklevel=2)
 
-    def discard(self, key) -> None:
-        """Drop tile ``key``: every block that shares it has blended it."""
+    def discard(self, key) -> Optional[np.ndarray]:
+        """Drop tile ``key``: every block that shares it has blended it. Returns its predictions if they were held
+        in memory (no block reads them any more: their memory may be reused)."""
         with self._lock:
             held = self._held.pop(key, None)
             if held is not None:
                 self._held_bytes -= held.nbytes
-                return
+                return held
         self._path(key).unlink(missing_ok=True)
+        return None
 
     def remove(self) -> None:
         """Delete the folder, if it is one of emfast's (it holds the record file), and forget the tiles held."""

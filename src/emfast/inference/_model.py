@@ -24,7 +24,10 @@ class ModelCaller:
     """Calls ``model`` on NumPy batches (``device=None``) or on torch tensors on ``device``, and checks that the
     prediction has shape (B, channels, *patch_out) (``channels`` None: any) and a float dtype.
 
-    Picklable when the model is, so Dask workers get their own.
+    With a :class:`~emfast.inference._device.DeviceRunner` (``runner``), batches go to the device through its
+    transfer backend (page-locked slots, asynchronous copies both ways) instead.
+
+    Picklable when the model is, so Dask workers get their own (never with a runner: its thread stays here).
     """
 
     def __init__(self, model: Callable, device: Optional[str] = None) -> None:
@@ -32,10 +35,16 @@ class ModelCaller:
             raise TypeError(f"model must be callable (a function or a torch module), got {type(model).__name__}")
         self.model = model
         self.device = device
+        self.runner = None  # set by predict for a device with a transfer backend
         self.name = model_name(model)
 
+    def __getstate__(self) -> dict:
+        return dict(self.__dict__, runner=None)
+
     def __call__(self, batch: np.ndarray, out_shape: tuple, channels: Optional[int]) -> np.ndarray:
-        if self.device is None:
+        if self.runner is not None:
+            prediction = self.runner(self.model, batch)
+        elif self.device is None:
             prediction = self.model(batch)
         else:
             prediction = self._torch(batch)

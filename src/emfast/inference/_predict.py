@@ -18,10 +18,12 @@ from ..io._outputs import (OutputLock, array_fingerprint, check_free_space, chec
                            option)
 from ..io._progress import WIDTH, ProgressBar, plural
 from ..pipeline import normalization
+from ..transfer import TransferBackend
 from ._block import BlockPredictor
 from ._blend import BLENDS
 from ._cache import TileCache
 from ._dask import dask_missing, run_dask
+from ._device import device_runner
 from ._local import run_local
 from ._memory import CACHE_SHARE, DEFAULT_MEMORY, TILES_SHARE, block_bytes, choose_block, parse_memory
 from ._model import ModelCaller
@@ -203,8 +205,11 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         Output codec; default "zstd" for zarr, "gzip" for HDF5 (which takes only "gzip" or "none").
     batch_size : int
         Tiles (or variants) per model call.
-    device : str, optional
-        Feed the model torch tensors on this device ("cuda", "cuda:1", "cpu").
+    device : str or TransferBackend, optional
+        Feed the model torch tensors on this device ("cuda", "cuda:1", "cpu"), in inference mode. On CUDA with
+        pycuda installed, batches are gathered into page-locked buffers and copied to the device and back
+        asynchronously on a stream of their own (pycuda missing: torch copies them). A transfer backend object
+        (see :mod:`emfast.transfer`) gives the model the device arrays it exports; not with ``client``.
     threads : int
         Threads reading blocks' inputs ahead of the model.
     memory : int or str, optional
@@ -268,8 +273,12 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     compression = compression or ("gzip" if kind == "hdf5" else "zstd")
     check_compression(compression, kind)
     budget = DEFAULT_MEMORY if memory is None else parse_memory(memory)
+    if client is not None and isinstance(device, TransferBackend):
+        raise ValueError(f"device={device.name!r} is a device of this process; with client= give a device name "
+                         "(such as 'cuda') that each worker opens itself")
     caller = ModelCaller(model, device)
     volume, opened = _as_volume(volume, budget // CACHE_SHARE)
+    failed = True
     try:
         check_output_location(container, dataset, kind, volume.source, "input")
         patch_in = _triple_or_int(patch_in, "patch_in", 1)
@@ -280,6 +289,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         chunks = triple(chunks or tuple(min(CHUNK_EDGE, s) for s in volume.shape), "chunks", minimum=1)
         tile_variants = variants(tta, patch_in, patch_out)
         scale, shift = normalization(volume, normalize)
+        if client is None:  # batches through the device's transfer backend (Dask workers move their own)
+            caller.runner = device_runner(device, batch_size * volume.channels * int(np.prod(patch_in)))
 
         def predictor_for(plan: TilePlan, cache: Optional[TileCache] = None) -> BlockPredictor:
             return BlockPredictor(volume, caller, plan, blend, tile_variants, scale, shift, pad, fill, batch_size,
@@ -299,13 +310,15 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                             crop=blend == "none")
         predictor = predictor_for(plan, TileCache.beside(container, dataset, budget // TILES_SHARE))
         predictor.channels = channels
+        if caller.runner is not None:
+            predictor.lend_batches(caller.runner.host_slots())
         if probed is not None:
             predictor.remember(*probed)
         blocks = plan.blocks()
         # device: a GPU's arithmetic may differ from the CPU's in the last bits
         settings = dict(blend=blend, tta=tta, pad=pad, fill=float(fill), normalize=[float(scale), float(shift)],
                         channels=predictor.channels, dtype=dtype, compression=compression, batch_size=batch_size,
-                        device=None if device is None else str(device).split(":")[0])
+                        device=None if device is None else getattr(device, "name", str(device)).split(":")[0])
         shape = (predictor.channels,) + volume.shape
         attributes = {}
         if volume.resolution is not None:
@@ -338,7 +351,10 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                 if bar is not None:
                     bar.finish()  # an error's message starts on a line of its own
         _warn_if_clipped(predictor, out)
+        failed = False
     finally:
+        if caller.runner is not None:
+            caller.runner.close(quiet=failed)
         if opened:
             volume.close()
     return Prediction(f"{container}/{dataset}", shape, np.dtype(dtype), len(blocks), len(todo), plan.tile_count,

@@ -1,12 +1,13 @@
 """Where the data comes from: volumes (NumPy arrays, or stores read-only, in memory or lazily through a bounded
 chunk cache), the volume-source protocol and its formats (HDF5, zarr and OME-Zarr, N5, neuroglancer precomputed),
+local or remote (``_remote``: S3, GCS, HTTP through fsspec),
 format detection (``open_volume``, public as ``emfast.open``), per-volume statistics cached beside the user's
 data, and the built-in demo volume.
 
 May import: ``emfast._core``, ``emfast._checks``, ``emfast._machine``.
 """
 from ._chunkcache import CacheStats, default_budget
-from ._convert import COMPRESSORS, ConvertError, convert, progress_bar, zarr_compressor
+from ._convert import COMPRESSORS, ConvertError, convert, progress_bar
 from ._geometry import Geometry, world_box
 from ._demo import LABELS_DATASET, RAW_DATASET, demo_volume_path, make_em_volume
 from ._stats import VolumeStatistics, volume_statistics
@@ -14,12 +15,15 @@ from ._hdf5 import Hdf5Source, hdf5, list_datasets, open_hdf5
 from ._n5 import N5Source
 from ._open import open_source, open_volume, split_path
 from ._precomputed import PrecomputedSource, tensorstore_missing
+from ._remote import ReadAbandoned, RemoteReadError, RemoteStore, abandoned_when, is_url
 from ._source import CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource
 from ._volume import ASARRAY_LIMIT_BYTES, Volume, VolumeTooLargeError, as_volume
 from ._zarr import ZarrSource, import_zarr, zarr_missing
+from ._writer import COMPRESSIONS, OutputWriter, check_compression, parse_output, zarr_compressor
 
 __all__ = [
     "ASARRAY_LIMIT_BYTES",
+    "COMPRESSIONS",
     "COMPRESSORS",
     "ConvertError",
     "CorruptChunkError",
@@ -30,25 +34,33 @@ __all__ = [
     "Geometry",
     "Hdf5Source",
     "N5Source",
+    "OutputWriter",
     "PrecomputedSource",
+    "ReadAbandoned",
+    "RemoteReadError",
+    "RemoteStore",
     "Stamp",
     "StoreMetadataError",
     "Volume",
+    "abandoned_when",
     "VolumeSource",
     "VolumeStatistics",
     "VolumeTooLargeError",
     "ZarrSource",
     "as_volume",
+    "check_compression",
     "convert",
     "default_budget",
     "demo_volume_path",
     "hdf5",
     "import_zarr",
+    "is_url",
     "list_datasets",
     "make_em_volume",
     "open_hdf5",
     "open_source",
     "open_volume",
+    "parse_output",
     "progress_bar",
     "split_path",
     "tensorstore_missing",

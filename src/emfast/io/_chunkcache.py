@@ -37,6 +37,7 @@ import numpy as np
 
 from .._core.gather import ChunkGrid, gather_chunked_copy
 from ._decode import run_all
+from ._source import transfer_time
 
 #: Block shape (z, y, x) for datasets stored contiguously (no HDF5 chunks), clipped to the volume.
 CONTIGUOUS_BLOCK = (64, 64, 64)
@@ -201,8 +202,9 @@ class ChunkCache:
     def pin(self, boxes: np.ndarray, timings=None) -> None:
         """Hold every block of ``boxes`` (from :meth:`boxes`) until :meth:`unpin`: read the missing ones, and keep
         them all from eviction. ``timings`` (an object with ``add(stage, seconds)``, e.g. a loader's profile) is
-        given the seconds spent reading missed blocks ("fetch") and waiting for blocks other threads are reading
-        ("pending").
+        given the seconds spent moving the bytes of missed blocks ("fetch": file reads, network requests), decoding
+        them ("decode") and waiting for blocks other threads are reading ("pending"). Sources that fetch and decode
+        in one call of another library (zarr-python, tensorstore) count it all as "fetch".
 
         Pinned blocks are never evicted; while the boxes pinned by all threads need more than the budget, the
         cache holds more than the budget (at most those boxes' blocks), and comes back under it as they unpin.
@@ -237,15 +239,24 @@ class ChunkCache:
                 self._evict_unpinned(self._bytes_held - self.budget_bytes)
 
     def _read_missing(self, boxes: np.ndarray, timings, ahead: bool = False) -> None:
-        """Read the blocks of ``boxes`` (from :meth:`boxes`) that are not held, side by side on this thread and
-        the decode helpers where the source's reads gain from it (``ahead``: for :meth:`prefetch`). The first failure is
-        raised once every read ended."""
-        keys = {}
+        """Read the blocks of ``boxes`` (from :meth:`boxes`) that are not held (``ahead``: for :meth:`prefetch`).
+
+        The source is told every block first (``will_read``, where it has one): a remote source then requests
+        them all at once, and the blocks wait for one round trip, not one each. Then they are read in one call of
+        the source's ``read_many`` where it has one, else side by side on this thread and the decode helpers where
+        the source's reads gain from it, else one after another. The first failure is raised once every read
+        ended."""
+        keys: Dict[Key, None] = {}
         for box in boxes:
             slices = _box_slices(box)
             origin = np.array([s.start for s in slices])
             for key in np.argwhere(self._addresses[slices] == 0) + origin:
                 keys[tuple(int(k) for k in key)] = None
+        announce = getattr(self._source, "will_read", None)
+        if announce is not None and len(keys) > 1:
+            with self._lock:
+                wanted = [key for key in keys if key not in self._pending]
+            announce([self._block_box(key) for key in wanted])
         read_many = getattr(self._source, "read_many", None)
         if read_many is not None and len(keys) > 1:
             self._read_together(list(keys), read_many, timings, ahead)
@@ -309,10 +320,13 @@ class ChunkCache:
             finally:
                 if timings is not None:
                     timings.add("pending", time.perf_counter() - start)
+        moved = transfer_time()
         try:
             block = self._fetch(key)
-            if timings is not None:
-                timings.add("fetch", time.perf_counter() - start)
+            if timings is not None:  # the bytes' transfer, then the rest of the read: decoding and checking
+                moved = transfer_time() - moved
+                timings.add("fetch", moved)
+                timings.add("decode", max(0.0, time.perf_counter() - start - moved))
         except BaseException as exc:
             with self._lock:
                 del self._pending[key]
@@ -346,7 +360,7 @@ class ChunkCache:
             self._shared += len(theirs)
             self._misses += len(mine)
             self._read_ahead += ahead * len(mine)
-        start = time.perf_counter()
+        start, moved = time.perf_counter(), transfer_time()
         try:
             blocks = [self._empty_block(key) for key in mine]
             read_many([(origin, block.shape[1:], block) for origin, block in blocks])
@@ -357,8 +371,10 @@ class ChunkCache:
             for future in futures:
                 future.set_exception(exc)
             raise
-        if timings is not None:
-            timings.add("fetch", time.perf_counter() - start)
+        if timings is not None:  # as in _get: the bytes' transfer, then the rest
+            moved = transfer_time() - moved
+            timings.add("fetch", moved)
+            timings.add("decode", max(0.0, time.perf_counter() - start - moved))
         with self._lock:
             self._evict_unpinned(self._bytes_held + sum(b.nbytes for b in blocks) - self.budget_bytes)
             for key, block in zip(mine, blocks):
@@ -407,6 +423,12 @@ class ChunkCache:
                         return buffer
         return np.empty(nbytes, np.uint8)
 
+    def _block_box(self, key: Key) -> Tuple[list, tuple]:
+        """(corner, extent) of block ``key`` in voxels, clipped to the volume."""
+        origin = [k * b for k, b in zip(key, self.block_shape)]
+        stop = [min(o + b, s) for o, b, s in zip(origin, self.block_shape, self._shape)]
+        return origin, tuple(b - a for a, b in zip(origin, stop))
+
     def _fetch(self, key: Key) -> np.ndarray:
         """Read block ``key`` from the source, as a read-only (c, z, y, x) array."""
         origin, block = self._empty_block(key)
@@ -415,9 +437,8 @@ class ChunkCache:
 
     def _empty_block(self, key: Key) -> tuple:
         """(origin (z, y, x) in voxels, an unfilled (c, z, y, x) buffer) of block ``key``."""
-        origin = [k * b for k, b in zip(key, self.block_shape)]
-        stop = [min(o + b, s) for o, b, s in zip(origin, self.block_shape, self._shape)]
-        shape = (self._channels,) + tuple(b - a for a, b in zip(origin, stop))
+        origin, extent = self._block_box(key)
+        shape = (self._channels,) + extent
         return origin, self._buffer(math.prod(shape) * self._dtype.itemsize).view(self._dtype).reshape(shape)
 
     def _finished(self, key: Key, block: np.ndarray) -> np.ndarray:

@@ -20,21 +20,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
-import h5py
 import numpy as np
 
+from .._checks import is_integer
 from ._geometry import GEOMETRY_KEYS
-from ._open import open_source, split_path
-from ._outputs import (RECORDS, NotOwnOutputError, OutputLock, add_ome_multiscales, check_free_space,
-                       check_output_location, check_zarr_container, fingerprint, input_changed, open_hdf5_for_writing,
-                       option, remove_hdf5_output, remove_partial_files, remove_zarr_output, zarr_geometry,
+from ._open import open_source
+from ._outputs import (RECORDS, OutputLock, add_ome_pyramid, check_free_space, check_output_location, fingerprint,
                        zarr_store_format)
 from ._progress import plural, progress_bar
+from ._pyramid import DOWNSAMPLING, default_downsampling, downsample, level_factors, level_geometry
 from ._source import VolumeSource
+from ._writer import COMPRESSIONS, OutputWriter, check_compression, compression_option, parse_output
 
-COMPRESSORS = ("zstd", "blosc", "gzip", "none")
-#: The compressor of each output format when none is given (HDF5 has no zstd without plugins).
-DEFAULT_COMPRESSORS = {"zarr": "zstd", "hdf5": "gzip"}
+#: The former name of :data:`~emfast.io.COMPRESSIONS`, kept as an alias.
+COMPRESSORS = COMPRESSIONS
 #: Most bytes of one tile read and written at a time (whole chunks, all channels).
 TILE_BYTES = 256 << 20
 #: Output chunk edge when the source has no chunks (clipped to the volume).
@@ -43,8 +42,7 @@ RECORD = "emfast_convert"
 #: How an interrupted conversion continues.
 AGAIN = "run the same conversion again to continue"
 
-__all__ = ["COMPRESSORS", "ConvertError", "ConvertWriteError", "Conversion", "convert", "progress_bar",
-           "zarr_compressor"]
+__all__ = ["COMPRESSORS", "ConvertError", "ConvertWriteError", "Conversion", "convert", "progress_bar"]
 
 
 class ConvertError(ValueError):
@@ -74,18 +72,20 @@ class Conversion:
     written: int
 
 
-def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None, compressor: Optional[str] = None,
+def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None, compression: Optional[str] = None,
             zarr_format: int = 3, overwrite: bool = False, progress: Optional[Callable[[int, int], None]] = None,
-            tile_bytes: Optional[int] = None) -> Conversion:
+            tile_bytes: Optional[int] = None, levels: int = 1, downsampling: Optional[str] = None,
+            compressor: Optional[str] = None) -> Conversion:
     """Convert the volume at ``source_path`` (any form :func:`emfast.open` takes) to ``destination``
-    (``out.zarr/raw`` or ``out.h5/raw``).
+    (``out.zarr/raw`` or ``out.h5/raw``), optionally with a multiscale pyramid.
 
     Parameters
     ----------
     chunks : (int, int, int), optional
         Output chunks (z, y, x); default the source's, else 64 per axis; clipped to the volume's shape.
-    compressor : {"zstd", "blosc", "gzip", "none"}, optional
-        Default "zstd" for zarr, "gzip" for HDF5 (which takes only "gzip" or "none").
+    compression : {"zstd", "blosc", "gzip", "none"}, optional
+        Default "zstd" for zarr, "gzip" for HDF5 (which takes only "gzip" or "none"). The same option as
+        :func:`emfast.predict`'s.
     zarr_format : {2, 3}
         zarr output format of a new store; an existing store keeps its own.
     overwrite : bool
@@ -96,6 +96,15 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
     tile_bytes : int, optional
         Most bytes read and written at a time (default :data:`TILE_BYTES`). It decides the tiles, so it is
         recorded: a resume with another value is refused.
+    levels : int
+        Levels of a multiscale pyramid (zarr only). With more than 1, ``destination`` becomes an OME-NGFF image
+        group holding the levels ``s0`` (the source), ``s1``, ...; see :mod:`emfast.io._pyramid` for which axes
+        each level halves and where its voxels lie.
+    downsampling : {"mean", "mode"}, optional
+        How a level is made from the one below: ``mean`` for intensities, ``mode`` (most frequent value, ties to
+        the lowest) for labels. Default ``mode`` for 32- and 64-bit integers, else ``mean``.
+    compressor : str, optional
+        Deprecated name of ``compression``.
 
     Returns
     -------
@@ -104,8 +113,9 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
     Raises
     ------
     ConvertError
-        A setting does not apply, the output is the source (or inside it, or contains it), or it exists and may
-        not be resumed or replaced; also when the source changed since the output was started.
+        A setting does not apply (also: ``levels`` would halve an axis of one voxel), the output is the source (or
+        inside it, or contains it), or it exists and may not be resumed or replaced; also when the source changed
+        since the output was started.
     ConvertWriteError
         Writing failed; the tiles written before are recorded and running again continues.
     emfast.io._outputs.OutputSpaceError
@@ -121,46 +131,138 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
     afterwards (harmless: the lock is the open file, released when the process ends however it ends). A resume
     compares the record's fingerprint of the source (every file's name, size and modification time) with the
     source now, and refuses one whose chunks were rewritten. Free space is checked before every tile (a tile
-    never needs more than its raw bytes) and, without compression, for the whole rest up front.
+    never needs more than its raw bytes) and, without compression, for the whole rest up front. Each level of a
+    pyramid is an output of its own, made from the level below with its own record: a rerun continues with the
+    first unfinished level, and a rerun with more levels adds them.
     """
-    container, dataset, kind = split_path(destination)
-    if kind not in ("zarr", "hdf5") or not dataset:
-        raise ConvertError(f"destination must name a dataset in a .zarr or .h5 container, e.g. out.zarr/raw; got "
-                           f"{destination}")
-    compressor = compressor or DEFAULT_COMPRESSORS[kind]
-    if compressor not in COMPRESSORS:
-        raise ConvertError(f"compressor must be one of {', '.join(COMPRESSORS)}, got {compressor!r}")
-    if kind == "hdf5" and compressor not in ("gzip", "none"):
-        raise ConvertError(f"HDF5 outputs support the compressors gzip and none, not {compressor}")
+    try:
+        container, dataset, kind = parse_output(destination, "destination")
+        compression = check_compression(compression_option(compression, compressor, stacklevel=4), kind)
+    except ValueError as error:
+        raise ConvertError(str(error)) from None
     if zarr_format not in (2, 3):
         raise ConvertError(f"zarr_format must be 2 or 3, got {zarr_format!r}")
+    if not is_integer(levels) or levels < 1:
+        raise ConvertError(f"levels must be an integer >= 1, got {levels!r}")
+    if levels > 1 and kind != "zarr":
+        raise ConvertError(f"levels={levels}: a multiscale pyramid is written to zarr (an OME-NGFF image), not to "
+                           f"the HDF5 file {container}")
+    if downsampling is not None and downsampling not in DOWNSAMPLING:
+        raise ConvertError(f"downsampling must be one of {', '.join(DOWNSAMPLING)}, got {downsampling!r}")
     if kind == "zarr":  # an existing store keeps its format: a root of the other one would hide its arrays
         zarr_format = zarr_store_format(container) or zarr_format
     source = open_source(source_path)
     try:
         try:
             check_output_location(container, dataset, kind, source.stamp, "source")
+            factors = level_factors(source.full_shape[-3:], source.resolution, levels, str(destination))
         except ValueError as error:
             raise ConvertError(str(error)) from None
-        chunks = _output_chunks(chunks, source)
-        itemsize = np.dtype(source.dtype).itemsize
-        tiles = _tiles(source.full_shape, chunks, itemsize, tile_bytes or TILE_BYTES)
-        record = {"source": {"path": str(source.stamp.path), "dataset": source.stamp.dataset,
-                             "fingerprint": fingerprint(source.stamp)},
-                  "shape": list(source.full_shape), "dtype": np.dtype(source.dtype).newbyteorder("=").str,
-                  "chunks": list(chunks), "tile": list(tiles[0][1]), "tiles": len(tiles), "compressor": compressor,
-                  "format": "hdf5" if kind == "hdf5" else f"zarr{zarr_format}"}
-        with OutputLock(container) as lock:
-            writer = (_ZarrWriter if kind == "zarr" else _Hdf5Writer)(container, dataset, source, chunks,
-                                                                       compressor, zarr_format)
-            try:
-                done = writer.prepare(record, overwrite, lock)
-                _copy(source, writer, record, tiles, done, progress)
-            finally:
-                writer.close()
-        return Conversion(container, len(tiles), len(tiles) - done)
+        settings = dict(chunks=_output_chunks(chunks, source), compression=compression, tile_bytes=tile_bytes,
+                        format="hdf5" if kind == "hdf5" else f"zarr{zarr_format}")
+        if levels == 1:
+            return _convert_level(source, container, dataset, kind, zarr_format, settings, overwrite, progress)
+        rule = downsampling or default_downsampling(source.dtype)
+        return _convert_pyramid(source, container, dataset, zarr_format, settings, factors, rule, overwrite,
+                                progress)
     finally:
         source.close()
+
+
+def _level_plan(full_shape, dtype, settings: dict, factor=None, rule=None):
+    """(shape, chunks, tiles) of an output of ``full_shape`` (downsampled by ``factor`` with ``rule`` if given)."""
+    if factor is not None:
+        full_shape = tuple(full_shape[:-3]) + tuple(-(-s // f) for s, f in zip(full_shape[-3:], factor))
+    chunks = tuple(min(c, s) for c, s in zip(settings["chunks"], full_shape[-3:]))
+    tile_bytes = settings["tile_bytes"] or TILE_BYTES
+    if factor is not None:  # the tile's source box is up to 8 times larger, and mode compares 8 by 8 values
+        tile_bytes //= int(np.prod(factor)) * (8 if rule == "mode" else 1)
+    return full_shape, chunks, _tiles(full_shape, chunks, np.dtype(dtype).itemsize, tile_bytes)
+
+
+def _convert_level(source: VolumeSource, container: Path, dataset: str, kind: str, zarr_format: int, settings: dict,
+                   overwrite: bool, progress, factor=None, rule=None, geometry=None) -> Conversion:
+    """Write ``source`` (downsampled by ``factor`` with ``rule`` when given) to ``container/dataset``."""
+    full_shape, chunks, tiles = _level_plan(source.full_shape, source.dtype, settings, factor, rule)
+    record = {"source": {"path": str(source.stamp.path), "dataset": source.stamp.dataset,
+                         "fingerprint": fingerprint(source.stamp)},
+              "shape": list(full_shape), "dtype": np.dtype(source.dtype).newbyteorder("=").str,
+              "chunks": list(chunks), "tile": list(tiles[0][1]), "tiles": len(tiles),
+              "compression": settings["compression"], "format": settings["format"]}
+    if factor is not None:
+        record.update(downsampling=rule, factor=list(factor))
+    resolution, offset = geometry or (source.resolution, source.offset)
+    with OutputLock(container) as lock:
+        writer = OutputWriter(container, dataset, kind, RECORD, refused=ConvertError, zarr_format=zarr_format)
+        try:
+            writer.open()
+            previous = writer.prepare(lock, dict(record, done=0, complete=False), resume=True, overwrite=overwrite,
+                                      input_key="source", what="conversion", unchecked=("done", "complete"),
+                                      shape=full_shape, dtype=source.dtype, chunks=chunks,
+                                      compression=settings["compression"], resolution=resolution, offset=offset,
+                                      attributes=_carried_attributes(source))
+            done = 0 if previous is None else int(previous.get("done", 0))
+            read = _reader(source, factor, rule)
+            _copy(read, source, writer, record, tiles, done, progress)
+        finally:
+            writer.close()
+    return Conversion(container, len(tiles), len(tiles) - done)
+
+
+def _convert_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_format: int, settings: dict,
+                     factors, rule: str, overwrite: bool, progress) -> Conversion:
+    """Write ``source`` as level ``s0`` of the OME-NGFF image ``container/dataset``, then each level from the one
+    below it; the image's multiscales list every level with its voxel size and offset."""
+    node = container / dataset
+    if _is_zarr_array(node):
+        raise ConvertError(f"{container}/{dataset} is an array; a pyramid's levels go into a group of that name: "
+                           "choose another output")
+    shape, counts = source.full_shape, []
+    for factor in [None] + list(factors):  # one progress count over every level's tiles
+        shape, _, level_tiles = _level_plan(shape, source.dtype, settings, factor, rule)
+        counts.append(len(level_tiles))
+
+    def progress_of(level: int):
+        before = sum(counts[:level])
+        return None if progress is None else lambda done, _: progress(before + done, sum(counts))
+
+    done = _convert_level(source, container, f"{dataset}/s0", "zarr", zarr_format, settings, overwrite,
+                          progress_of(0))
+    tiles, written = done.tiles, done.written
+    geometry = [(source.resolution, source.offset)]
+    for level, factor in enumerate(factors, 1):
+        geometry.append(level_geometry(*geometry[-1], factor))
+        below = open_source(f"{container}/{dataset}/s{level - 1}")
+        try:
+            done = _convert_level(below, container, f"{dataset}/s{level}", "zarr", zarr_format, settings,
+                                  overwrite, progress_of(level), factor, rule, geometry[-1])
+        finally:
+            below.close()
+        tiles, written = tiles + done.tiles, written + done.written
+    add_ome_pyramid(container, dataset, len(source.full_shape),
+                    [(f"s{level}", *level_geometry(*g, (1, 1, 1))) for level, g in enumerate(geometry)])
+    return Conversion(container, tiles, written)
+
+
+def _is_zarr_array(node: Path) -> bool:
+    metadata = node / "zarr.json"
+    return (node / ".zarray").is_file() or (metadata.is_file()
+                                            and json.loads(metadata.read_text()).get("node_type") == "array")
+
+
+def _reader(source: VolumeSource, factor, rule):
+    """read(corner, extent, dtype, channels) of a tile: the source's box, or the box below a downsampled tile."""
+    def read(corner, extent, channels: int, dtype) -> np.ndarray:
+        if factor is None:
+            data = np.empty((channels,) + tuple(extent), dtype)
+            source.read(corner, extent, data)
+            return data
+        start = [c * f for c, f in zip(corner, factor)]
+        stop = [min((c + e) * f, s) for c, e, f, s in zip(corner, extent, factor, source.full_shape[-3:])]
+        data = np.empty((channels,) + tuple(b - a for a, b in zip(start, stop)), dtype)
+        source.read(start, [b - a for a, b in zip(start, stop)], data)
+        return downsample(data, factor, rule)
+    return read
 
 
 def _output_chunks(chunks, source: VolumeSource) -> tuple:
@@ -172,12 +274,12 @@ def _output_chunks(chunks, source: VolumeSource) -> tuple:
     return tuple(min(c, s) for c, s in zip(chunks, source.full_shape[-3:]))
 
 
-def _copy(source: VolumeSource, writer, record: dict, tiles, done: int, progress) -> None:
-    """Copy the tiles after the first ``done``, recording each once its data is written."""
+def _copy(read, source: VolumeSource, writer: OutputWriter, record: dict, tiles, done: int, progress) -> None:
+    """Copy the tiles after the first ``done`` (each from ``read``), recording each once its data is written."""
     lead = len(source.full_shape) - 3
     channels = source.full_shape[0] if lead else 1
     dtype = np.dtype(source.dtype).newbyteorder("=")
-    if record["compressor"] == "none":  # the whole rest's size is known: refuse up front rather than half way
+    if record["compression"] == "none":  # the whole rest's size is known: refuse up front rather than half way
         left = sum(channels * int(np.prod(extent)) for _, extent in tiles[done:]) * dtype.itemsize
         count = len(tiles) - done
         check_free_space(writer.container, left, f"writing the {count} {plural(count, 'tile')} left", AGAIN)
@@ -187,7 +289,7 @@ def _copy(source: VolumeSource, writer, record: dict, tiles, done: int, progress
         for number in range(done, len(tiles)):
             if interrupted:
                 raise KeyboardInterrupt
-            _copy_tile(source, writer, record, tiles, number, channels, dtype, lead)
+            _copy_tile(read, writer, record, tiles, number, channels, dtype, lead)
             if progress is not None:
                 progress(number + 1, len(tiles))
 
@@ -216,17 +318,16 @@ def _interrupt_between_tiles() -> Iterator[list]:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _copy_tile(source: VolumeSource, writer, record: dict, tiles, number: int, channels: int, dtype, lead: int):
+def _copy_tile(read, writer: OutputWriter, record: dict, tiles, number: int, channels: int, dtype, lead: int):
     """Read tile ``number``, write it and record it done."""
     corner, extent = tiles[number]
-    data = np.empty((channels,) + extent, dtype)
-    source.read(corner, extent, data)
+    data = read(corner, extent, channels, dtype)
     # A tile never costs more than its raw bytes (and the margin): checked before the write, as HDF5 cannot
     # recover from a full disk (its file can no longer be closed, and the process crashes at exit).
     check_free_space(writer.container, data.nbytes, f"writing tile {number + 1} of {len(tiles)}", AGAIN)
     try:
         writer.write(corner, data if lead else data[0])
-        writer.record(dict(record, done=number + 1, complete=number + 1 == len(tiles)))
+        writer.set_record(dict(record, done=number + 1, complete=number + 1 == len(tiles)))
     except (OSError, RuntimeError) as error:
         end = tuple(c + e for c, e in zip(corner, extent))
         raise ConvertWriteError(f"writing tile {number + 1} of {len(tiles)} (voxels {corner}..{end}) to "
@@ -252,155 +353,6 @@ def _tiles(shape, chunks, itemsize: int, tile_bytes: int):
         extent = tuple(min(t, s - c) for t, s, c in zip(tile, spatial, corner))
         tiles.append((corner, extent))
     return tiles
-
-
-def _resumable(previous: Optional[dict], record: dict, path: str, overwrite: bool) -> bool:
-    """Whether an existing output with the record ``previous`` continues this conversion (or is complete);
-    ConvertError if it may neither be continued nor replaced."""
-    if overwrite:
-        return False
-    if previous is None:
-        raise ConvertError(f"{path} exists and it was not written by emfast convert; choose another output "
-                           "(emfast never replaces what it did not write)")
-    old, new = previous.get("source", {}), record["source"]
-    if (old.get("path"), old.get("dataset")) == (new["path"], new["dataset"]):
-        changed = input_changed(old.get("fingerprint"), new["fingerprint"],
-                                f"the input {new['path']}/{new['dataset']}")
-        if changed:
-            raise ConvertError(f"cannot resume {path}: {changed}; pass {option('overwrite')} to convert it again")
-    differing = [k for k in record if previous.get(k) != record[k]]
-    if differing:
-        raise ConvertError(f"{path} exists and it is a conversion with another source or other settings ("
-                           + "; ".join(f"{k}: {previous.get(k)!r} there, {record[k]!r} now" for k in differing)
-                           + f"); pass {option('overwrite')} to replace it")
-    return True
-
-
-def _remove_own(remove, *args) -> None:
-    """``remove(*args)``, its refusal to remove what emfast did not write raised as a ConvertError."""
-    try:
-        remove(*args)
-    except NotOwnOutputError as error:
-        raise ConvertError(str(error)) from None
-
-
-class _ZarrWriter:
-    def __init__(self, container: Path, dataset: str, source: VolumeSource, chunks, compressor, zarr_format):
-        from ._zarr import import_zarr
-        self._zarr = import_zarr()
-        self.container, self._dataset, self._source = container, dataset, source
-        self._chunks, self._compressor, self._format = chunks, compressor, zarr_format
-        self._array = None
-
-    @property
-    def path(self) -> str:
-        return f"{self.container}/{self._dataset}"
-
-    def prepare(self, record: dict, overwrite: bool, lock: OutputLock) -> int:
-        """Open the output to continue it (returns the tiles done), or create it with its record (returns 0)."""
-        check_zarr_container(self.container)
-        folder = self.container / self._dataset
-        if folder.exists() or folder.is_symlink():
-            previous = self._existing_record(folder)
-            half_made = previous is None and lock.was_creating(self._dataset)
-            if not half_made and _resumable(previous, record, self.path, overwrite):
-                remove_partial_files(folder)
-                self._array = self._zarr.open_array(str(self.container), path=self._dataset, mode="r+")
-                return int(previous.get("done", 0))
-            _remove_own(remove_zarr_output, self.container, self._dataset, lock)
-        compressors = zarr_compressor(self._compressor, self._format, self._zarr)
-        root = self._zarr.open_group(str(self.container), mode="a", zarr_format=self._format)
-        lead = tuple(self._source.full_shape[:-3])
-        geometry, dimension_names = zarr_geometry(len(self._source.full_shape), self._source.resolution,
-                                                  self._source.offset, self._format)
-        attributes = dict(_carried_attributes(self._source), **geometry,
-                          **{RECORD: dict(record, done=0, complete=False)})
-        with lock.creating(self._dataset):  # the record is in the array's first metadata: never one without it
-            self._array = root.create_array(self._dataset, shape=self._source.full_shape,
-                                            chunks=lead + self._chunks,
-                                            dtype=np.dtype(self._source.dtype).newbyteorder("="),
-                                            compressors=compressors, dimension_names=dimension_names,
-                                            attributes=attributes)
-            add_ome_multiscales(root, self._dataset, len(self._source.full_shape), self._source.resolution,
-                                self._source.offset)
-        return 0
-
-    def _existing_record(self, folder: Path) -> Optional[dict]:
-        try:
-            existing = self._zarr.open_array(str(self.container), path=self._dataset, mode="r")
-        except Exception:  # not an array: the overwrite rules decide
-            return None
-        return dict(existing.attrs).get(RECORD)
-
-    def write(self, corner, data: np.ndarray) -> None:
-        box = tuple(slice(c, c + e) for c, e in zip(corner, data.shape[-3:]))
-        self._array[(slice(None),) * (data.ndim - 3) + box] = data
-
-    def record(self, record: dict) -> None:
-        self._array.attrs[RECORD] = record  # rewrites the metadata file whole (written aside, then renamed)
-
-    def close(self) -> None:
-        self._array = None
-
-
-class _Hdf5Writer:
-    def __init__(self, container: Path, dataset: str, source: VolumeSource, chunks, compressor, _format):
-        self.container, self._dataset, self._source = container, dataset, source
-        self._chunks, self._compressor = chunks, compressor
-        self._file = self._node = None
-
-    @property
-    def path(self) -> str:
-        return f"{self.container}/{self._dataset}"
-
-    def prepare(self, record: dict, overwrite: bool, lock: OutputLock) -> int:
-        """Open the output to continue it (returns the tiles done), or create it with its record (returns 0)."""
-        self._file = open_hdf5_for_writing(self.container)
-        if self._dataset in self._file:
-            node = self._file[self._dataset]
-            previous = node.attrs.get(RECORD) if isinstance(node, h5py.Dataset) else None
-            previous = json.loads(previous) if isinstance(previous, str) else None
-            half_made = previous is None and lock.was_creating(self._dataset)
-            if not half_made and _resumable(previous, record, self.path, overwrite):
-                self._node = node
-                return int(previous.get("done", 0))
-            _remove_own(remove_hdf5_output, self._file, self._dataset, lock)
-        lead = tuple(self._source.full_shape[:-3])
-        with lock.creating(self._dataset):
-            self._node = self._file.create_dataset(
-                self._dataset, shape=self._source.full_shape, dtype=np.dtype(self._source.dtype).newbyteorder("="),
-                chunks=lead + self._chunks, compression=None if self._compressor == "none" else "gzip")
-            for key, value in _carried_attributes(self._source).items():
-                self._node.attrs[key] = value
-            self._node.attrs[RECORD] = json.dumps(dict(record, done=0, complete=False))
-            self._file.flush()
-        return 0
-
-    def write(self, corner, data: np.ndarray) -> None:
-        box = tuple(slice(c, c + e) for c, e in zip(corner, data.shape[-3:]))
-        self._node[(slice(None),) * (data.ndim - 3) + box] = data
-        self._file.flush()  # the tile's chunks are on disk before the record says so
-
-    def record(self, record: dict) -> None:
-        self._node.attrs[RECORD] = json.dumps(record)
-        self._file.flush()
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._node = None
-            self._file.close()
-            self._file = None
-
-
-def zarr_compressor(name: str, zarr_format: int, zarr):
-    """The codec object for ``name``: numcodecs for zarr v2 metadata, zarr's own codecs for v3; None for none."""
-    if name == "none":
-        return None
-    if zarr_format == 2:
-        import numcodecs
-        return {"zstd": lambda: numcodecs.Zstd(level=3), "blosc": numcodecs.Blosc, "gzip": numcodecs.GZip}[name]()
-    return {"zstd": lambda: zarr.codecs.ZstdCodec(level=3), "blosc": zarr.codecs.BloscCodec,
-            "gzip": zarr.codecs.GzipCodec}[name]()
 
 
 def _carried_attributes(source: VolumeSource) -> dict:

@@ -20,7 +20,8 @@ lz4-java's ``LZ4BlockOutputStream`` stream (blocks that start with the magic ``L
 the magic tells them apart.
 
 Geometry comes from :mod:`emfast.io._geometry` with every list reversed (N5 lists x first); datasets whose axes
-are named in another order than (c, z, y, x) are refused, naming the axes.
+are named in another order than (c, z, y, x) are refused, naming the axes. A remote container
+(:mod:`emfast.io._remote`) is read the same way, its blocks' bytes coming over the network.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ import numpy as np
 
 from ._geometry import array_geometry
 from ._metadata import bad_metadata, int_list, metadata_key, parsing
+from ._remote import RemoteStore
 from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource,
                       checked_chunk, read_regular_file, require_kind)
 
@@ -68,9 +70,13 @@ def list_n5_datasets(root: Path) -> list[str]:
     return found
 
 
-def _read_attributes(path: Path, where: str):
-    """A dataset's or group's attributes.json as a dict, or None if there is none."""
-    text = read_regular_file(path, "an N5 attributes.json")
+def _read_attributes(path: Union[Path, RemoteStore], where: str):
+    """A dataset's or group's attributes.json as a dict, or None if there is none (``path``: the file, or the
+    remote store of the dataset or group)."""
+    if isinstance(path, RemoteStore):
+        text = path.get("attributes.json")
+    else:
+        text = read_regular_file(path, "an N5 attributes.json")
     if text is None:
         return None
     try:
@@ -86,21 +92,23 @@ class N5Source(VolumeSource):
     """One dataset of an N5 container. Resolution and offset come from funlib's ``resolution``/``offset`` (stored
     in (x, y, z) order in N5) or from ``pixelResolution``."""
 
-    def __init__(self, path: Union[str, os.PathLike], dataset: str) -> None:
-        root = Path(path)
+    def __init__(self, path: Union[str, os.PathLike, RemoteStore], dataset: str) -> None:
+        remote = isinstance(path, RemoteStore)
+        root = path if remote else Path(path)
         dataset = dataset.strip("/")
         self.name = f"{root}:{dataset}"
-        require_kind(root, "directory", "an N5 container")
-        if not root.is_dir():
-            raise FileNotFoundError(f"N5 container not found: {root}")
-        attributes = root / dataset / "attributes.json"
+        if not remote:
+            require_kind(root, "directory", "an N5 container")
+            if not root.is_dir():
+                raise FileNotFoundError(f"N5 container not found: {root}")
+        attributes = root / dataset if remote else root / dataset / "attributes.json"
         meta = _read_attributes(attributes, f"{self.name} (attributes.json)")
         if meta is None:
-            raise DatasetNotFoundError(f"dataset {dataset!r} not found in {root}; datasets there: "
-                                       f"{', '.join(list_n5_datasets(root)) or 'none'}")
+            listed = "not listed remotely" if remote else ", ".join(list_n5_datasets(root)) or "none"
+            raise DatasetNotFoundError(f"dataset {dataset!r} not found in {root}; datasets there: {listed}")
         if "dimensions" not in meta:
-            raise DatasetNotFoundError(f"{self.name} is a group, not a dataset; datasets there: "
-                                       f"{', '.join(list_n5_datasets(root / dataset)) or 'none'}")
+            listed = "not listed remotely" if remote else ", ".join(list_n5_datasets(root / dataset)) or "none"
+            raise DatasetNotFoundError(f"{self.name} is a group, not a dataset; datasets there: {listed}")
         where = f"{self.name} (attributes.json)"
         dimensions = int_list(meta["dimensions"], "dimensions", where, minimum=0, lengths=(3, 4))
         block = int_list(metadata_key(meta, "blockSize", where), "blockSize", where, minimum=1,
@@ -120,7 +128,10 @@ class N5Source(VolumeSource):
             geometry = array_geometry(meta, len(dimensions), where, reversed_order=True)
         geometry.require_canonical(where)
         self.resolution, self.offset = geometry.resolution, geometry.offset
-        self.stamp = Stamp.of(root, dataset, attributes)
+        if remote:
+            self.stamp = root.stamp(dataset, f"{dataset}/attributes.json".lstrip("/"))
+        else:
+            self.stamp = Stamp.of(root, dataset, attributes)
         self._attributes = {k: v for k, v in meta.items() if k not in _STRUCTURE}
 
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
@@ -146,13 +157,25 @@ class N5Source(VolumeSource):
                 take = tuple(slice(a - o, b - o) for a, b, o in zip(lo, hi, origin))
                 target[into] = block[((slice(None),) if lead else ()) + take]
 
+    def will_read(self, blocks) -> None:
+        """Announce the blocks ((corner, extent) each) about to be read: a remote store requests them together."""
+        if not isinstance(self._directory, RemoteStore):
+            return
+        lead = len(self.full_shape) - 3
+        channels = range(-(-self.full_shape[0] // self._block[0])) if lead else [None]
+        self._directory.will_get("/".join(str(k) for k in reversed(((c,) if lead else ()) + tuple(
+            int(o) // b for o, b in zip(corner, self.chunks)))) for corner, _ in blocks for c in channels)
+
     def _block_data(self, key) -> np.ndarray:
         """Block ``key`` ((c,) z, y, x block indices) as an array of its stored size, or None if never written.
 
         The header must describe this block as the dataset's attributes do: the clipped size at the far edges
         (N5-Java writes that), or the full blockSize (tensorstore writes edge blocks whole), and never more."""
-        path = self._directory.joinpath(*(str(k) for k in reversed(key)))
-        data = read_regular_file(path, "an N5 block")
+        name = "/".join(str(k) for k in reversed(key))
+        if isinstance(self._directory, RemoteStore):
+            data = self._directory.get(name)
+        else:
+            data = read_regular_file(self._directory / name, "an N5 block")
         if data is None:
             return None
         where = f"{self.name}: block {'/'.join(str(k) for k in reversed(key))}"
@@ -195,7 +218,8 @@ class N5Source(VolumeSource):
         return dict(self._attributes)
 
     def reopen_arguments(self) -> tuple:
-        return str(self._root), self._dataset
+        root = self._root if isinstance(self._root, RemoteStore) else str(self._root)  # a store pickles as its URL
+        return root, self._dataset
 
 
 def _decoder(compression, name: str):

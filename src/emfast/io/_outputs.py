@@ -264,19 +264,37 @@ def add_ome_multiscales(root, dataset: str, ndim: int, resolution: Optional[Sequ
     if resolution is None or ndim not in OUTPUT_AXES:
         return
     parent, _, name = dataset.rpartition("/")
-    group = root[parent] if parent else root
+    _describe_image(root[parent] if parent else root, name, ndim, [(name, resolution, offset)])
+
+
+def add_ome_pyramid(container: Path, dataset: str, ndim: int, levels: Sequence[tuple]) -> None:
+    """Describe the zarr group ``container/dataset`` as an OME-NGFF multiscale image of ``levels`` (path, voxel
+    size, offset in nm, finest first), unless it describes an image of other datasets already."""
+    from ._zarr import import_zarr
+
+    if ndim not in OUTPUT_AXES:
+        return
+    group = import_zarr().open_group(str(container), path=dataset, mode="r+")
+    _describe_image(group, dataset.rpartition("/")[2], ndim, levels)
+
+
+def _describe_image(group, name: str, ndim: int, levels: Sequence[tuple]) -> None:
+    """Write the OME-NGFF multiscales of ``levels`` on ``group``: 0.4 in zarr v2, 0.5 in v3. An image whose
+    datasets are not all among these levels (another program's) is kept."""
     version = "0.4" if group.metadata.zarr_format == 2 else "0.5"
     attributes = dict(group.attrs)
     existing = (attributes.get("ome", attributes) if version == "0.5" else attributes).get("multiscales")
-    if existing and [d.get("path") for image in existing for d in image.get("datasets", ())] != [name]:
+    paths = [path for path, _, _ in levels]
+    if existing and not set(d.get("path") for image in existing for d in image.get("datasets", ())) <= set(paths):
         return
     lead = ndim - 3
     axes = [{"name": "c", "type": "channel"}] * lead + [{"name": a, "type": "space", "unit": "nanometer"}
                                                         for a in ("z", "y", "x")]
-    offset = offset if offset is not None else (0.0,) * 3
-    image = {"axes": axes, "datasets": [{"path": name, "coordinateTransformations": [
+    datasets = [{"path": path, "coordinateTransformations": [
         {"type": "scale", "scale": [1.0] * lead + [float(r) for r in resolution]},
-        {"type": "translation", "translation": [0.0] * lead + [float(o) for o in offset]}]}], "name": name}
+        {"type": "translation", "translation": [0.0] * lead + [float(o) for o in (offset or (0.0,) * 3)]}]}
+        for path, resolution, offset in levels]
+    image = {"axes": axes, "datasets": datasets, "name": name}
     if version == "0.4":
         group.attrs.update(multiscales=[dict(image, version="0.4")])
     else:

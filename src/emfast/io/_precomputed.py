@@ -15,7 +15,9 @@ reads only files without a suffix: a chunk that exists only compressed there is 
 
 The ``info`` is checked here before any chunk is read (a non-empty ``scales``, each with its ``key``, ``size``,
 ``resolution``, ``voxel_offset``, ``chunk_sizes`` and ``encoding``), so malformed metadata is a
-:class:`~emfast.io._source.StoreMetadataError` naming the key and the value.
+:class:`~emfast.io._source.StoreMetadataError` naming the key and the value. A remote volume
+(:mod:`emfast.io._remote`) is read the same way: its chunk files' bytes over the network, tensorstore through its
+own kvstore of the URL.
 """
 from __future__ import annotations
 
@@ -25,14 +27,16 @@ import itertools
 import json
 import lzma
 import os
+import time
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import numpy as np
 
 from ._metadata import bad_metadata, int_list, metadata_key, number_list
-from ._source import (CorruptChunkError, Stamp, StoreMetadataError, VolumeSource, checked_chunk, read_regular_file,
-                      read_regular_file_into, require_kind)
+from ._remote import RemoteStore
+from ._source import (CorruptChunkError, Stamp, StoreMetadataError, VolumeSource, add_transfer_time, checked_chunk,
+                      read_regular_file, read_regular_file_into, require_kind)
 
 
 def tensorstore_missing() -> Optional[str]:
@@ -57,7 +61,14 @@ _DATA_TYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", 
 _ENCODINGS = ("raw", "jpeg", "png", "compressed_segmentation", "compresso", "jxl")
 
 
-def read_info(path: Path, name: str) -> dict:
+def _read(location: Union[Path, RemoteStore], key: str, what: str) -> Optional[bytes]:
+    """The bytes of file ``key`` below a local directory or a remote store, or None if there is none."""
+    if isinstance(location, RemoteStore):
+        return location.get(key)
+    return read_regular_file(location / key, what)
+
+
+def read_info(path: Union[Path, RemoteStore], name: str) -> dict:
     """The ``info`` of a precomputed volume, checked for what emfast and tensorstore rely on.
 
     Raises
@@ -67,7 +78,8 @@ def read_info(path: Path, name: str) -> dict:
     StoreMetadataError
         A key missing or holding a bad value, naming the volume, the key (``scales[1].voxel_offset``) and value.
     """
-    text = read_regular_file(path / "info", "a precomputed info") if path.is_dir() else None
+    remote = isinstance(path, RemoteStore)
+    text = _read(path, "info", "a precomputed info") if remote or path.is_dir() else None
     if text is None:
         raise FileNotFoundError(f"no neuroglancer precomputed volume at {path} (no info file with scales)")
     where = f"{name} (info)"
@@ -107,11 +119,13 @@ class PrecomputedSource(VolumeSource):
     """One scale of a precomputed volume: ``scale`` by index (default 0, the finest), or by its (z, y, x)
     ``resolution``."""
 
-    def __init__(self, path: Union[str, os.PathLike], scale: Optional[int] = None,
+    def __init__(self, path: Union[str, os.PathLike, RemoteStore], scale: Optional[int] = None,
                  resolution: Optional[Sequence[float]] = None) -> None:
-        path = Path(path)
+        remote = isinstance(path, RemoteStore)
+        path = path if remote else Path(path)
         self.name = str(path)
-        require_kind(path, "directory", "a precomputed volume")
+        if not remote:
+            require_kind(path, "directory", "a precomputed volume")
         info = read_info(path, self.name)
         scales = info["scales"]
         if resolution is not None:
@@ -129,7 +143,7 @@ class PrecomputedSource(VolumeSource):
         self.resolution = tuple(float(r) for r in chosen["resolution"][::-1])
         self.offset = tuple(float(o) * r for o, r in zip(chosen["voxel_offset"][::-1], self.resolution))
         self._path, self._scale = path, index
-        self.stamp = Stamp.of(path, f"scale {index}", path / "info")
+        self.stamp = path.stamp(f"scale {index}", "info") if remote else Stamp.of(path, f"scale {index}", path / "info")
         self._chunk_files = _ChunkFiles(path, chosen, self.name)
         if chosen["encoding"] == "raw" and not chosen.get("sharding"):
             self._store = None
@@ -165,10 +179,13 @@ class PrecomputedSource(VolumeSource):
             reads.append(self._store[x:x + dx, y:y + dy, z:z + dz].T.read())
         for future, (corner, extent, out) in zip(reads, requests):
             where = f"{self.name}: the box at (z, y, x) = {tuple(int(c) for c in corner)}"
+            start = time.perf_counter()
             try:
                 data = future.result()
             except Exception as error:
                 raise CorruptChunkError(f"{where}: cannot read it: {error}") from error
+            finally:  # tensorstore fetches and decodes in one call: counted as the transfer it mostly is remotely
+                add_transfer_time(time.perf_counter() - start)
             np.copyto(out, checked_chunk(np.ascontiguousarray(data), self.dtype, out.shape, where, self.stamp))
 
     def _in_store(self, corner) -> tuple:
@@ -176,7 +193,8 @@ class PrecomputedSource(VolumeSource):
         return tuple(o + int(c) for o, c in zip(self._chunk_files.origin, corner[::-1]))
 
     def reopen_arguments(self) -> tuple:
-        return str(self._path), self._scale
+        path = self._path if isinstance(self._path, RemoteStore) else str(self._path)  # a store pickles as its URL
+        return path, self._scale
 
 
 def _open_tensorstore(path: Path, index: int, name: str):
@@ -185,7 +203,8 @@ def _open_tensorstore(path: Path, index: int, name: str):
         raise ImportError(reason)
     import tensorstore as ts
     try:
-        kvstore = {"driver": "file", "path": str(path.resolve())}
+        remote = isinstance(path, RemoteStore)
+        kvstore = path.kvstore_spec() if remote else {"driver": "file", "path": str(path.resolve())}
         return ts.open({"driver": "neuroglancer_precomputed", "kvstore": kvstore, "scale_index": index},
                        read=True, write=False).result()
     except Exception as error:  # what tensorstore refuses beyond the checks of read_info
@@ -215,7 +234,7 @@ class _ChunkFiles:
     """The chunk files of one unsharded scale: their names, the compressed forms cloud-volume writes, and the
     decoding of the raw encoding."""
 
-    def __init__(self, path: Path, scale: dict, name: str) -> None:
+    def __init__(self, path: Union[Path, RemoteStore], scale: dict, name: str) -> None:
         self._directory = path / scale["key"]
         self._name = name
         self.origin = [int(o) for o in scale["voxel_offset"]]  # x, y, z
@@ -233,16 +252,21 @@ class _ChunkFiles:
             bounds = [f"{o + a}-{o + b}" for o, a, b in zip(self.origin, start[::-1], stop[::-1])]
             yield "_".join(bounds), start, stop
 
+    def _exists(self, name: str) -> bool:
+        if isinstance(self._directory, RemoteStore):
+            return self._directory.exists(name)
+        return (self._directory / name).exists()
+
     def refuse_compressed(self, corner, extent) -> None:
         """Refuse a box of a scale tensorstore reads if one of its chunks exists only in a compressed form, which
         tensorstore would read as zeros."""
         if self._sharded:
             return
         for stem, _start, _stop in self._chunks_of(corner, extent):
-            if (self._directory / stem).exists():
+            if self._exists(stem):
                 continue
             for suffix in SUFFIXES:
-                if (self._directory / (stem + suffix)).exists():
+                if self._exists(stem + suffix):
                     raise StoreMetadataError(
                         f"{self._name}: chunk {self._directory.name}/{stem} exists only as {stem + suffix} "
                         f"({suffix} compression, as cloud-volume writes it); emfast decompresses such files only for "
@@ -267,8 +291,9 @@ class _ChunkFiles:
         """Read the box straight from its chunk's uncompressed file into ``out`` if the box is exactly one chunk
         (as the chunk cache asks) and the file has the chunk's size: the raw encoding is the chunk's little-endian
         (c, z, y, x) elements, ``out``'s own layout. False, with ``out`` to be filled by :meth:`read_raw`'s
-        general path (a compressed or missing file, or one of another size, which it reports), otherwise."""
-        if not out.flags.c_contiguous or out.dtype != dtype:
+        general path (a compressed or missing file, or one of another size, which it reports; a remote store's
+        chunk, read through the store), otherwise."""
+        if isinstance(self._directory, RemoteStore) or not out.flags.c_contiguous or out.dtype != dtype:
             return False
         chunk = self._chunk[::-1]
         if not all(int(c) % k == 0 and int(e) == min(k, s - int(c))
@@ -281,7 +306,7 @@ class _ChunkFiles:
     def _chunk_data(self, stem: str, shape, channels: int, dtype: np.dtype, stamp: Stamp):
         """One chunk as (c, z, y, x), from its file in whichever form it exists, or None if in none."""
         for suffix, decode in (("", None),) + tuple(SUFFIXES.items()):
-            data = read_regular_file(self._directory / (stem + suffix), "a precomputed chunk")
+            data = _read(self._directory, stem + suffix, "a precomputed chunk")
             if data is None:
                 continue
             where = f"{self._name}: chunk {self._directory.name}/{stem + suffix}"

@@ -17,13 +17,14 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Callable, Optional, Tuple
 
 import numpy as np
 
-from ._source import CorruptChunkError, Stamp, checked_chunk, require_kind
+from ._source import CorruptChunkError, Stamp, add_transfer_time, checked_chunk, require_kind
 
 #: Index entry of an inner chunk that was never written (offset and length both).
 _EMPTY = np.uint64(2 ** 64 - 1)
@@ -106,7 +107,11 @@ class ShardedChunks:
         position = int(np.ravel_multi_index(tuple(c % n for c, n in zip(chunk, self._per_shard)), self._per_shard))
         key = self._metadata.encode_chunk_key(shard)
         where = f"{name}: chunk (z, y, x) = {chunk} (in shard {key})"
-        data = self._chunk_bytes(key, position, where)
+        start = time.perf_counter()
+        try:
+            data = self._chunk_bytes(key, position, where)
+        finally:  # the shard's bytes moved: the rest of the read is decoding
+            add_transfer_time(time.perf_counter() - start)
         if data is None:
             out[...] = self._fill
             return True

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import os
 import stat
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
@@ -63,6 +65,20 @@ def checked_chunk(data, dtype: np.dtype, shape: Sequence[int], where: str, stamp
     return np.frombuffer(data, dtype).reshape(tuple(int(s) for s in shape))
 
 
+_transfers = threading.local()
+
+
+def add_transfer_time(seconds: float) -> None:
+    """Count ``seconds`` this thread spent moving a chunk's or metadata's bytes (a file read, a network request)."""
+    _transfers.seconds = getattr(_transfers, "seconds", 0.0) + seconds
+
+
+def transfer_time() -> float:
+    """Seconds this thread has spent moving bytes (:func:`add_transfer_time`): the difference across a chunk's
+    read is its transfer, the rest its decoding."""
+    return getattr(_transfers, "seconds", 0.0)
+
+
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
@@ -99,8 +115,11 @@ def read_regular_file(path: Path, what: str) -> Optional[bytes]:
     opened = _open_regular(path, what)
     if opened is None:
         return None
+    start = time.perf_counter()
     with os.fdopen(opened[0], "rb") as file:
-        return file.read()
+        data = file.read()
+    add_transfer_time(time.perf_counter() - start)
+    return data
 
 
 def read_regular_file_into(path: Path, what: str, out: np.ndarray) -> Optional[bool]:
@@ -111,17 +130,21 @@ def read_regular_file_into(path: Path, what: str, out: np.ndarray) -> Optional[b
     if opened is None:
         return None
     descriptor, size = opened
-    with os.fdopen(descriptor, "rb", buffering=0) as file:
-        if size != out.nbytes:
-            return False
-        view = memoryview(out.reshape(-1).view(np.uint8))
-        got = 0
-        while got < size:
-            count = file.readinto(view[got:])
-            if not count:
-                return False  # the file shrank while being read
-            got += count
-    return True
+    start = time.perf_counter()
+    try:
+        with os.fdopen(descriptor, "rb", buffering=0) as file:
+            if size != out.nbytes:
+                return False
+            view = memoryview(out.reshape(-1).view(np.uint8))
+            got = 0
+            while got < size:
+                count = file.readinto(view[got:])
+                if not count:
+                    return False  # the file shrank while being read
+                got += count
+        return True
+    finally:
+        add_transfer_time(time.perf_counter() - start)
 
 
 def _open_regular(path: Path, what: str) -> Optional[Tuple[int, int]]:
@@ -208,7 +231,9 @@ class VolumeSource:
 
     A source may also offer ``read_many(requests)``, filling several boxes, ``requests`` a list of
     ``(corner, extent, out)`` as :meth:`read` takes them, in one call (tensorstore's concurrent reads): the chunk
-    cache then reads a box's missing chunks through it, together.
+    cache then reads a box's missing chunks through it, together. A remote source may offer ``will_read(blocks)``,
+    ``blocks`` a list of (corner, extent): the chunk cache announces every block it is about to read, and the source
+    requests them all at once.
     """
 
     parallel_reads: bool = False

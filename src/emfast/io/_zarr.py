@@ -1,19 +1,22 @@
 """zarr arrays (v2 and v3, sharded v3 included) and OME-NGFF multiscale images as volume sources, through
 zarr-python 3 (the optional extra ``emfast[zarr]``), opened read-only.
 
-The chunk cache reads one chunk at a time. For the common layout (a local store, no sharding, no filters, C order,
+The chunk cache reads one chunk at a time. For the common layout (no sharding, no filters, C order,
 at most one compressor among zstd, blosc, gzip/zlib, lz4) emfast reads the chunk's file and decodes it in the
 calling thread with numcodecs or zlib, which release the GIL, so the chunk cache decodes a box's missing chunks
 in parallel (:mod:`emfast.io._decode`); this is about twice as fast as a call into zarr-python per chunk, whose
-event loop serialises much of the work. Sharded v3 arrays of the same inner layout read each inner chunk straight
-from its shard file through the shard's index, read once (:mod:`emfast.io._shards`; about ten times faster than
-zarr-python per inner chunk). A whole chunk is decoded straight into its cache block (zstd and blosc, whose
-frames state their decoded size) or read into it (no compressor). Any other layout is read through zarr-python.
-Per codec, emfast decodes with numcodecs (zstd, blosc, lz4) or zlib (gzip) itself rather than through
-tensorstore: one chunk read alone costs about what tensorstore's read of it costs (``benchmarks/lazy_cold.py``),
-and a tensorstore route would add a copy into the block and a dependency. A chunk that was never written reads as the
-array's fill value, as the zarr specification says; a chunk that cannot be decoded, or decodes to another size
-than the metadata promises, is a :class:`~emfast.io._source.CorruptChunkError` naming the store and the chunk.
+event loop serialises much of the work. Sharded v3 arrays of the same inner layout in a local store read each inner
+chunk straight from its shard file through the shard's index, read once (:mod:`emfast.io._shards`; about ten times
+faster than zarr-python per inner chunk). A whole chunk is decoded straight into its cache block (zstd and blosc,
+whose frames state their decoded size) or read into it (no compressor). Any other layout (a remote sharded array
+included) is read through zarr-python. Per codec, emfast decodes with numcodecs (zstd, blosc, lz4) or zlib (gzip)
+itself rather than through tensorstore: one chunk read alone costs about what tensorstore's read of it costs
+(``benchmarks/lazy_cold.py``), and a tensorstore route would add a copy into the block and a dependency. A remote
+store (:mod:`emfast.io._remote`) is read the same way, its chunks' bytes coming over the network (to zarr-python
+through a retrying FsspecStore); its chunks are decoded one after another on the reading thread, their requests
+announced together beforehand (``will_read``). A chunk that was never written reads as the array's fill value, as
+the zarr specification says; a chunk that cannot be decoded, or decodes to another size than the metadata promises,
+is a :class:`~emfast.io._source.CorruptChunkError` naming the store and the chunk.
 
 An array is opened by its own metadata, so an array with no group metadata above it (tensorstore's and
 funlib.persistence's normal layout) opens too. Its geometry comes from :mod:`emfast.io._geometry`: an array whose
@@ -30,6 +33,7 @@ import itertools
 import json
 import math
 import os
+import time
 import zlib
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple, Union
@@ -39,9 +43,10 @@ import numpy as np
 from ._geometry import Geometry, array_geometry, choose_level, multiscale_levels, require_agreement
 from ._decode import blosc_content_size, zstd_content_size
 from ._metadata import bad_metadata, int_list, metadata_key, parsing
+from ._remote import RemoteReadError, RemoteStore, ReadAbandoned
 from ._shards import ShardedChunks
 from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource,
-                      checked_chunk, read_regular_file, read_regular_file_into, require_kind)
+                      add_transfer_time, checked_chunk, read_regular_file, read_regular_file_into, require_kind)
 
 #: Metadata files that mark a zarr array or group (v3, then v2).
 ARRAY_MARKERS = ("zarr.json", ".zarray")
@@ -76,36 +81,39 @@ class ZarrSource(VolumeSource):
 
     Parameters
     ----------
-    path : str or path-like
-        The store (a directory ending in ``.zarr`` by convention).
+    path : str, path-like or RemoteStore
+        The store (a directory ending in ``.zarr`` by convention), or a remote one (see :mod:`emfast.io._remote`).
     dataset : str
         The array inside it, or a group holding an OME-NGFF multiscale image ("" for the store's root).
     level, resolution
         For a multiscale image: the level by index, or by its (z, y, x) voxel size (default: level 0).
     """
 
-    def __init__(self, path: Union[str, os.PathLike], dataset: str = "", level: Optional[int] = None,
+    def __init__(self, path: Union[str, os.PathLike, RemoteStore], dataset: str = "", level: Optional[int] = None,
                  resolution: Optional[Sequence[float]] = None) -> None:
         zarr = import_zarr()
-        path = Path(path)
+        remote = isinstance(path, RemoteStore)
+        path = path if remote else Path(path)
         dataset = dataset.strip("/")
         self._given = dataset
         self.name = f"{path}:{dataset}" if dataset else str(path)
-        require_kind(path, "directory", "a zarr store")
-        if not path.is_dir():
-            raise FileNotFoundError(f"zarr store not found: {path}")
-        refuse_special_metadata(path, dataset)
+        if not remote:
+            require_kind(path, "directory", "a zarr store")
+            if not path.is_dir():
+                raise FileNotFoundError(f"zarr store not found: {path}")
+            refuse_special_metadata(path, dataset)
         check_array_metadata(path / dataset, self.name, ranks=(3, 4))
         node = _open_node(zarr, path, dataset, self.name)
         if isinstance(node, zarr.Group):
             with parsing(f"{self.name} (OME-NGFF multiscales)"):
                 levels = multiscale_levels(dict(node.attrs), self.name)
             if levels is None:
-                raise DatasetNotFoundError(f"{self.name} is a group, not an array; arrays there: "
-                                           f"{', '.join(arrays_on_disk(path, dataset)) or 'none'}")
+                listed = "not listed remotely" if remote else ", ".join(arrays_on_disk(path, dataset)) or "none"
+                raise DatasetNotFoundError(f"{self.name} is a group, not an array; arrays there: {listed}")
             chosen = choose_level(levels, level, resolution, self.name)
             level_path = (Path(dataset) / chosen.path).as_posix() if dataset else chosen.path
-            refuse_special_metadata(path, level_path)
+            if not remote:
+                refuse_special_metadata(path, level_path)
             check_array_metadata(path / level_path, f"{path}:{level_path}", ranks=(3, 4, 5))
             try:
                 array = node[chosen.path]
@@ -136,19 +144,24 @@ class ZarrSource(VolumeSource):
             self.resolution, self.offset = geometry.resolution, geometry.offset
         self._array = array
         in_order = "t" not in self._axes and Geometry(self._axes, None, None).canonical  # what _DirectChunks reads
-        self._direct = ((_DirectChunks.for_array(array, path / dataset)
-                         or ShardedChunks.for_array(array, path / dataset, _decoder, _decoder_into))
-                        if in_order else None)
-        # emfast's own decoders release the GIL; zarr-python's event loop serialises the work of several threads
-        self.parallel_reads = self._direct is not None and bool(array.compressors)
+        self._direct = _DirectChunks.for_array(array, path / dataset) if in_order else None
+        if self._direct is None and in_order and not remote:  # remote shards: zarr-python with the retrying store
+            self._direct = ShardedChunks.for_array(array, path / dataset, _decoder, _decoder_into)
+        # emfast's own decoders release the GIL; zarr-python's event loop serialises the work of several threads.
+        # A remote array's reads wait on the network, their requests already announced together (will_read).
+        self.parallel_reads = self._direct is not None and bool(array.compressors) and not remote
         self._path, self._dataset = path, dataset
         self._level, self._resolution = level, resolution
         self.dtype = np.dtype(array.dtype)
         self._take, shape, chunks = self._layout(array)
         self.full_shape = shape
         self.chunks = chunks
-        marker = next((path / dataset / m for m in ARRAY_MARKERS if (path / dataset / m).is_file()), path)
-        self.stamp = Stamp.of(path, dataset, marker)
+        if remote:
+            self.stamp = path.stamp(dataset, next(f"{dataset}/{m}".lstrip("/") for m in ARRAY_MARKERS
+                                                  if _read_metadata(path / dataset, m) is not None))
+        else:
+            marker = next((path / dataset / m for m in ARRAY_MARKERS if (path / dataset / m).is_file()), path)
+            self.stamp = Stamp.of(path, dataset, marker)
 
     def _layout(self, array):
         """How to read (c, z, y, x) from the stored axes: index 0 of t, every axis moved to emfast's order."""
@@ -170,10 +183,15 @@ class ZarrSource(VolumeSource):
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
         if self._direct is not None and self._direct.read(corner, extent, out, self.name, self.stamp):
             return
+        start = time.perf_counter()
         try:
             data = self._array[self._selection(corner, extent)]
+        except (RemoteReadError, ReadAbandoned):
+            raise
         except Exception as error:
             raise self._unreadable(corner, extent, error) from error
+        finally:  # zarr-python fetches and decodes in one call: counted as the transfer it mostly is remotely
+            add_transfer_time(time.perf_counter() - start)
         data = np.transpose(data, self._to_canonical)  # a view: stored (x, y, z) reads as (z, y, x)
         np.copyto(out, data if "c" in self._take else data[np.newaxis])
 
@@ -194,17 +212,33 @@ class ZarrSource(VolumeSource):
         return CorruptChunkError(f"{self.name}: cannot read chunk(s) (z, y, x) = ({', '.join(chunks)}): {error}; "
                                  f"{why}")
 
+    def will_read(self, blocks) -> None:
+        """Announce the blocks ((corner, extent) each) about to be read: a remote store requests them together."""
+        if isinstance(self._direct, _DirectChunks) and isinstance(self._direct.directory, RemoteStore):
+            self._direct.directory.will_get(self._direct.key(corner) for corner, _ in blocks)
+
     def attributes(self) -> dict:
         return dict(self._array.attrs)
 
     def reopen_arguments(self) -> tuple:
-        return str(self._path), self._given, self._level, self._resolution
+        path = self._path if isinstance(self._path, RemoteStore) else str(self._path)  # a store pickles as its URL
+        return path, self._given, self._level, self._resolution
 
 
 def _open_node(zarr, path: Path, dataset: str, name: str):
     """The array or group at ``dataset``, opened by its own metadata: tensorstore and funlib.persistence write an
     array with no group metadata above it, which is a valid zarr store (the store's root is no node)."""
     node = path / dataset
+    if isinstance(path, RemoteStore):
+        if not any(_read_metadata(node, marker) is not None for marker in ARRAY_MARKERS + GROUP_MARKERS):
+            raise DatasetNotFoundError(f"no zarr array or group at {node} (no zarr.json, .zarray or .zgroup)")
+        try:
+            return zarr.open(store=path.zarr_store(), path=dataset, mode="r")
+        except (RemoteReadError, ReadAbandoned):
+            raise
+        except Exception as error:
+            raise StoreMetadataError(f"{name}: malformed metadata at {node}: zarr-python cannot parse it "
+                                     f"({type(error).__name__}: {error})") from error
     if not any((node / marker).is_file() for marker in ARRAY_MARKERS + GROUP_MARKERS):
         if dataset:
             raise DatasetNotFoundError(f"array {dataset!r} not found in {path}; arrays there: "
@@ -259,7 +293,8 @@ def refuse_special_metadata(store: Path, dataset: str) -> None:
 
 def _refused(name: str, node: Path, error: Exception) -> StoreMetadataError:
     """zarr-python's refusal of metadata emfast's own checks let through, naming the metadata file."""
-    marker = next((node / m for m in ARRAY_MARKERS + GROUP_MARKERS if (node / m).is_file()), node)
+    local = not isinstance(node, RemoteStore)
+    marker = next((node / m for m in ARRAY_MARKERS + GROUP_MARKERS if local and (node / m).is_file()), node)
     return StoreMetadataError(f"{name}: malformed metadata in {marker}: zarr-python cannot parse it "
                               f"({type(error).__name__}: {error})")
 
@@ -275,7 +310,7 @@ def check_array_metadata(node: Path, name: str, ranks: Sequence[int]) -> None:
         Naming the store and array, the file, the key and the value.
     """
     for marker, check in (("zarr.json", _check_v3), (".zarray", _check_v2)):
-        text = read_regular_file(node / marker, "zarr metadata")
+        text = _read_metadata(node, marker)
         if text is None:
             continue
         where = f"{name} ({marker})"
@@ -287,6 +322,13 @@ def check_array_metadata(node: Path, name: str, ranks: Sequence[int]) -> None:
             return
         check(meta, where, ranks)
         return
+
+
+def _read_metadata(node, marker: str) -> Optional[bytes]:
+    """The bytes of the metadata file ``marker`` of ``node`` (a local path or a remote store), None if absent."""
+    if isinstance(node, RemoteStore):
+        return node.get(marker)
+    return read_regular_file(node / marker, "zarr metadata")
 
 
 def _check_v2(meta, where: str, ranks: Sequence[int]) -> None:
@@ -364,11 +406,12 @@ def _check_dtype(value, key: str, where: str) -> None:
 
 
 class _DirectChunks:
-    """Reads whole chunks of a plain local zarr array from their files and decodes them in the calling thread."""
+    """Reads whole chunks of a plain zarr array from their files (or a remote store's keys) and decodes them in the
+    calling thread."""
 
-    def __init__(self, array, directory: Path, decode, decode_into) -> None:
+    def __init__(self, array, directory: Union[Path, RemoteStore], decode, decode_into) -> None:
         self._array = array
-        self._directory = directory
+        self.directory = directory
         self._decode = decode
         self._decode_into = decode_into
         self._raw = not array.compressors
@@ -383,10 +426,11 @@ class _DirectChunks:
         self._fill = array.fill_value
 
     @classmethod
-    def for_array(cls, array, directory: Path) -> Optional["_DirectChunks"]:
+    def for_array(cls, array, directory: Union[Path, RemoteStore]) -> Optional["_DirectChunks"]:
         """A reader if the array's layout is one this class decodes exactly, else None (zarr-python reads it)."""
         zarr = import_zarr()
-        if not directory.is_dir() or getattr(array, "shards", None) is not None or array.filters:
+        local = not isinstance(directory, RemoteStore)
+        if (local and not directory.is_dir()) or getattr(array, "shards", None) is not None or array.filters:
             return None
         if getattr(array.metadata, "order", "C") != "C" or np.dtype(array.dtype).kind not in "uif":
             return None
@@ -399,6 +443,12 @@ class _DirectChunks:
         into = _decoder_into(array.compressors[0]) if array.compressors else None
         return None if decode is None else cls(array, directory, decode, into)
 
+    def key(self, corner) -> str:
+        """The store key of the chunk at ``corner`` (z, y, x voxels, a multiple of the chunk shape)."""
+        lead = len(self._shape) - 3
+        return self._metadata.encode_chunk_key((0,) * lead + tuple(int(c) // k for c, k in
+                                                                   zip(corner, self._chunks[lead:])))
+
     def read(self, corner, extent, out: np.ndarray, name: str, stamp: Stamp) -> bool:
         """Fill ``out`` if the box is exactly one chunk of a 3-D array (or of a 4-D one with all channels in one
         chunk); False otherwise, and the caller reads through zarr-python."""
@@ -409,14 +459,15 @@ class _DirectChunks:
         if not all(int(c) % k == 0 and int(e) == min(k, s - int(c))
                    for c, e, k, s in zip(corner, extent, spatial, self._shape[lead:])):
             return False
-        coords = (0,) * lead + tuple(int(c) // k for c, k in zip(corner, spatial))
-        key = self._metadata.encode_chunk_key(coords)
+        key = self.key(corner)
         # a whole chunk (the chunk cache's usual request) is read or decoded straight into ``out``
         whole = out.flags.c_contiguous and out.dtype == self._dtype and out.size == math.prod(self._chunks)
-        if whole and self._raw:
-            if read_regular_file_into(self._directory / key, "a zarr chunk", out):
+        if isinstance(self.directory, RemoteStore):
+            data = self.directory.get(key)
+        else:
+            if whole and self._raw and read_regular_file_into(self.directory / key, "a zarr chunk", out):
                 return True
-        data = read_regular_file(self._directory / key, "a zarr chunk")
+            data = read_regular_file(self.directory / key, "a zarr chunk")
         if data is None:
             out[...] = self._fill
             return True

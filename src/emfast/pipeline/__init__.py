@@ -11,7 +11,8 @@ May import: every stage below it (``emfast.io``, ``emfast.sampling``, ``emfast.a
 from ._loader import Batch, BatchReleasedError, InsufficientMemoryError, Loader, MissingFieldError
 from ._normalize import NORMALIZE_MODES, normalization
 from ._pool import BackPressureWarning, SlotsExhaustedError
-from ._profile import ProfileReport
+from ._profile import STAGES, ProfileReport
 
-__all__ = ["NORMALIZE_MODES", "BackPressureWarning", "Batch", "BatchReleasedError", "InsufficientMemoryError",
-           "Loader", "MissingFieldError", "ProfileReport", "SlotsExhaustedError", "normalization"]
+__all__ = ["NORMALIZE_MODES", "STAGES", "BackPressureWarning", "Batch", "BatchReleasedError",
+           "InsufficientMemoryError", "Loader", "MissingFieldError", "ProfileReport", "SlotsExhaustedError",
+           "normalization"]

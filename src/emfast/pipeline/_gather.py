@@ -7,6 +7,12 @@ of its own size centred on it: the raw input (``patch_in``, larger by the networ
 output window grown by the targets' margin), the mask (the output window). A field's window starts at
 ``offset`` from the output window's corner, per output axis; for transposed examples offsets and extents are
 permuted into source axes like the patch itself.
+
+Fields at other voxel sizes than raw (see ``_fields``): on raw's grid their sources are views that resample them,
+labels and masks by one rescale kernel call per example that also mirrors and transposes, extra channels read like
+lazy volumes into buffers (interpolated) and then converted; under warps every view is read like a lazy volume. At
+their own voxel size (``Field.grids``) the window corners are converted into the field's voxels and the kernels
+read the stored volume.
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from .._core import gather as _gather
 from ..augment import Patches
 from ..augment._geometry import WarpPlan
 from ..augment._resample import warp_labels, warp_raw
-from ..sampling import Placed
+from ..sampling import OnRawGrid, Placed
 from ..targets import Target, compute_targets
 from ._plan import BatchPlan, window_extents
 from ._profile import Profile
@@ -55,6 +61,9 @@ class Field:
         Whether the per-example intensity augmentation (gain, bias) applies (raw only).
     delivered : bool
         Whether the field is a batch array (else a per-thread intermediate, e.g. labels with a target margin).
+    grids : list of FieldGrid or None
+        For a field delivered at its own voxel size, per sample its grid relative to raw's; ``patch`` is then in
+        the field's voxels and ``offset`` still in raw voxels. None on raw's grid.
     """
 
     name: str
@@ -65,6 +74,7 @@ class Field:
     normalization: Optional[np.ndarray] = None
     intensity: bool = False
     delivered: bool = True
+    grids: Optional[list] = None
 
     @property
     def channels(self) -> int:
@@ -85,7 +95,13 @@ class Field:
     def chunked(self) -> bool:
         """Every volume is lazy: windows are gathered straight from the chunk caches' blocks (asked per batch, so
         computed once)."""
-        return all(not placed.volume.in_memory for placed in self.sources)
+        return all(placed.volume.chunk_cache is not None for placed in self.sources)
+
+    @functools.cached_property
+    def resampled(self) -> bool:
+        """Every source is a view resampled onto raw's grid by nearest neighbour: each example is written by one
+        kernel call that resamples, mirrors and transposes at once."""
+        return all(isinstance(p.volume, OnRawGrid) and not p.volume.linear for p in self.sources)
 
     @property
     def staged(self) -> bool:
@@ -164,7 +180,7 @@ class Gatherer:
         """Bytes of one producer thread's :meth:`new_scratch`, in Python ints."""
         total = 0
         for f in self.fields:
-            if f.staged:
+            if f.staged and not f.resampled:
                 total += self.batch_size * nbytes((f.channels,) + tuple(f.patch), f.sources[0].volume.dtype)
             if not f.delivered:
                 total += nbytes(f.shape(self.batch_size), f.dtype)
@@ -176,7 +192,7 @@ class Gatherer:
         """Per-thread buffers: flat read buffers per example for staged fields, and intermediate fields."""
         scratch: Dict[str, object] = {}
         for f in self.fields:
-            if f.staged:
+            if f.staged and not f.resampled:
                 size = f.channels * math.prod(f.patch)
                 dtype = f.sources[0].volume.dtype
                 scratch["read:" + f.name] = [np.empty(size, dtype=dtype) for _ in range(self.batch_size)]
@@ -271,7 +287,8 @@ class Gatherer:
 
     def chunk_boxes(self, plan: BatchPlan) -> list:
         """``(cache, boxes)`` for the windows of ``plan`` read in place from chunk caches: the blocks a batch
-        needs (warped examples may read a little more), for read-ahead."""
+        needs (warped examples may read a little more), for read-ahead. Fields resampled onto raw's grid from
+        lazy volumes give the blocks of the stored windows they read."""
         result = []
         for f in self.fields:
             if f.chunked:
@@ -279,6 +296,8 @@ class Gatherer:
                 volumes = [f.sources[v].volume for v in plan.volumes]
                 for cache, examples in _by_cache(volumes).items():
                     result.append((cache, cache.boxes(corners[examples], extents[examples])))
+            elif f.lazy:
+                result += _stored_boxes(f, plan, *self._windows(f, plan))
         return result
 
     @staticmethod
@@ -286,14 +305,24 @@ class Gatherer:
         """Corners (in each example's volume) and extents of a field's windows, in source axes."""
         params = plan.params
         extents = window_extents(f.patch, params.perms)
+        corners = plan.corners + window_extents(f.offset, params.perms)
+        if f.grids is not None:  # in the field's own voxels
+            return np.stack([f.grids[v].own_corner(corner) for v, corner in zip(plan.volumes, corners)]), \
+                extents
         origins = np.stack([f.sources[v].origin for v in plan.volumes])
-        return plan.corners + window_extents(f.offset, params.perms) - origins, extents
+        return corners - origins, extents
 
     def _gather(self, f: Field, plan: BatchPlan, out: np.ndarray, read_buffers, profile: Profile) -> None:
         params = plan.params
         corners, extents = self._windows(f, plan)
         if f.chunked:
             self._gather_chunked(f, plan, corners, extents, out, profile)
+            return
+        if f.resampled:
+            with profile.timer("kernel"):
+                for n, v in enumerate(plan.volumes):
+                    f.sources[v].volume.read_transformed(corners[n], extents[n], params.perms[n], params.flips[n],
+                                                         out[n])
             return
         if read_buffers is None:
             sources = [f.sources[v].volume.array for v in plan.volumes]
@@ -347,8 +376,8 @@ class Gatherer:
 
 
 class _CacheTimer:
-    """Times the "cache" stage: the time inside it less what the caches reported through it (``add``) as "fetch"
-    or "pending", so that the profile's stages stay disjoint and add up to the producers' time."""
+    """Times the "cache" stage: the time inside it less what the caches reported through it (``add``) as "fetch",
+    "decode" or "pending", so that the profile's stages stay disjoint and add up to the producers' time."""
 
     def __init__(self, profile: Profile) -> None:
         self._profile = profile
@@ -364,6 +393,19 @@ class _CacheTimer:
 
     def __exit__(self, *exc) -> None:
         self._profile.add("cache", max(0.0, time.perf_counter() - self._start - self._reported))
+
+
+def _stored_boxes(f: Field, plan: BatchPlan, corners: np.ndarray, extents: np.ndarray) -> list:
+    """``(cache, boxes)`` of the stored volumes that a field's views onto raw's grid read for ``plan``."""
+    stored: Dict[object, tuple] = {}
+    for n, v in enumerate(plan.volumes):
+        view = f.sources[v].volume
+        if isinstance(view, OnRawGrid) and view.stored_cache is not None:
+            start, stop = view.stored_box(corners[n], extents[n])
+            starts, sizes = stored.setdefault(view.stored_cache, ([], []))
+            starts.append(start)
+            sizes.append(stop - start)
+    return [(cache, cache.boxes(np.asarray(starts), np.asarray(sizes))) for cache, (starts, sizes) in stored.items()]
 
 
 def _by_cache(volumes) -> Dict[object, List[int]]:

@@ -28,10 +28,11 @@ from .._checks import integer, triple
 from .._machine import available_bytes, cores
 from .._registry import instantiate, registered
 from ..augment import Windows
-from ..io import Volume
+from ..io import Volume, abandoned_when
 from ..sampling import Placed, Region, Sampler, Uniform, as_dataset
 from ..transfer import resolve_device
 from ._copier import Copier
+from ._fields import check_own, common_grid, field_bounds, own_field, raw_grid_sources
 from ._gather import Field, Gatherer
 from ._normalize import normalization
 from ._plan import BatchPlan, Planner, window_extents
@@ -271,7 +272,7 @@ class _Producers:
         self.gatherer = gatherer
         self.profile = profile
         self.epoch_size = epoch_size
-        self.threads = [threading.Thread(target=self._run, name=f"emfast-producer-{i}", daemon=True)
+        self.threads = [threading.Thread(target=self._run_abandoning_reads, name=f"emfast-producer-{i}", daemon=True)
                         for i in range(threads)]
         depth = self._read_ahead_depth(threads)
         self.read_ahead = ReadAhead(ring, functools.partial(_plan_of, planner, epoch_size), gatherer, depth,
@@ -304,6 +305,10 @@ class _Producers:
 
     def position(self, number: int) -> tuple:
         return _position(number, self.epoch_size)
+
+    def _run_abandoning_reads(self) -> None:
+        with abandoned_when(lambda: self.ring.closed):  # a remote read stops waiting when the loader closes
+            self._run()
 
     def _run(self) -> None:
         scratch = None
@@ -473,7 +478,8 @@ class Loader:
     more chunks than it holds (at most ``threads x batch_size`` windows' chunks); give it room for those. Where
     the budget also holds the next batches' chunks, ``emfast-read-ahead`` threads read them ahead of the
     producers (up to ``threads + 1`` batches, one thread each; the ``ahead`` stage of :attr:`profile`); ``fetch`` and ``pending``
-    in :attr:`profile` show the producers' own reads and their waits for chunks being read.
+    in :attr:`profile` show the producers' own reads and their waits for chunks being read, ``decode`` the
+    decoding of what they read. Remote stores (``s3://``, ``gs://``, ``http(s)://``) are read the same way.
 
     Examples
     --------
@@ -533,7 +539,10 @@ class Loader:
         self._backend = resolve_device(device)
         self.device = "cpu" if self._backend is None else self._backend.name
 
+        check_own(self.dataset.samples[0].own_resolution, self.augmentations, self.targets)
         fields = self._fields(normalize)
+        self._own_fields = [f for f in fields if f.grids is not None]
+        self._common_grid = common_grid(fields, self.dataset.names)
         self._bind_augmentations(fields)
         self.regions = self._regions()
         self._extents = np.unique(window_extents(self.patch_out, np.asarray(self._perms)), axis=0)
@@ -578,25 +587,34 @@ class Loader:
             return Field(name, [Placed(v, origin) for v in volumes], self.dtype, self.patch_in, context,
                          normalization=scales, intensity=intensity)
 
+        def placed_field(name: str, placed: List[Placed], dtype, patch, offset, **options) -> Field:
+            """On raw's grid, or at the field's own voxel size where the samples ask for it."""
+            if name in samples[0].own_resolution:
+                return own_field(name, placed, dtype, patch, offset, self._perms, **options)
+            return Field(name, raw_grid_sources(placed), dtype, patch, offset, **options)
+
         fields = [converted("raw", [s.raw for s in samples], intensity=True)]
         for name in samples[0].extra:
             if name in ("raw", "labels", "mask") or name in _targets.outputs(self.targets):
                 raise ValueError(f"extra channel name {name!r} collides with a batch field; rename it")
-            fields.append(converted(name, [s.extra[name] for s in samples], intensity=False))
+            placed = [s.placed_extra[name] for s in samples]
+            scales = np.asarray([normalization(p.volume, normalize) for p in placed], dtype=np.float64)
+            fields.append(placed_field(name, placed, self.dtype, self.patch_in, context, normalization=scales))
         if self.dataset.has_labels:
             label_patch = tuple(p + 2 * m for p, m in zip(self.patch_out, self.margin))
             placed = [s.placed_labels for s in samples]
-            fields.append(Field("labels", placed, placed[0].volume.dtype, label_patch,
-                                tuple(-m for m in self.margin), delivered=self.keep_labels and not any(self.margin)))
+            fields.append(placed_field("labels", placed, placed[0].volume.dtype, label_patch,
+                                       tuple(-m for m in self.margin),
+                                       delivered=self.keep_labels and not any(self.margin)))
         if self.dataset.has_mask:
             placed = [s.placed_mask for s in samples]
-            fields.append(Field("mask", placed, placed[0].volume.dtype, self.patch_out, (0, 0, 0)))
+            fields.append(placed_field("mask", placed, placed[0].volume.dtype, self.patch_out, (0, 0, 0)))
         return fields
 
     def _bind_augmentations(self, fields: List[Field]) -> None:
         """Let each augmentation fit the windows (an elastic grid covers the largest; artifact sections must cover a
         raw section in either y/x order)."""
-        largest = tuple(int(n) for n in np.max([f.patch for f in fields], axis=0))
+        largest = tuple(int(n) for n in np.max([f.patch for f in fields if f.grids is None], axis=0))
         side = max(self.patch_in[1:]) if len(self._perms) > 1 else None
         windows = Windows(largest, (side or self.patch_in[1], side or self.patch_in[2]))
         for augmentation in self.augmentations:
@@ -610,13 +628,15 @@ class Loader:
         extents = window_extents(self.patch_out, perms)
         patch_name = "patch" if self.patch_in == self.patch_out else "patch_out"
         regions = []
-        for sample in self.dataset.samples:
+        for index, sample in enumerate(self.dataset.samples):
             lo, hi = context.copy(), np.asarray(sample.raw.shape, dtype=np.int64) - context
             labels, mask = sample.placed_labels, sample.placed_mask
             if labels is not None:
                 lo, hi = np.maximum(lo, labels.origin + margin), np.minimum(hi, labels.end - margin)
             if mask is not None:
                 lo, hi = np.maximum(lo, mask.origin), np.minimum(hi, mask.end)
+            lo, hi = field_bounds(sample, index, lo, hi, context, self._own_fields, self.patch_out, perms,
+                                  self._common_grid)
             for perm, extent in zip(perms, extents):
                 if np.any(hi - lo < extent):
                     transposed = "" if tuple(perm) == (0, 1, 2) else \
@@ -630,9 +650,9 @@ class Loader:
                         (f", labels {labels.volume.shape} at {tuple(int(v) for v in labels.origin)}"
                          if labels is not None else "") + ")")
             regions.append(Region(sample.name, sample.weight, lo, hi,
-                                  labels=None if labels is None else labels.volume,
+                                  labels=None if labels is None else labels.on_raw,
                                   labels_origin=None if labels is None else labels.origin,
-                                  mask=None if mask is None else mask.volume,
+                                  mask=None if mask is None else mask.on_raw,
                                   mask_origin=None if mask is None else mask.origin))
         return regions
 
@@ -656,7 +676,7 @@ class Loader:
         self.epoch_size = self._epoch_size(self._arguments["epoch_size"])
         self._planner = Planner(patch=self.patch_out, batch_size=self.batch_size, sampler=self.sampler,
                                 augmentations=self.augmentations, seed=self.seed, rank=self.shard[0],
-                                world_size=self.shard[1])
+                                world_size=self.shard[1], common_grid=self._common_grid)
 
     def _check_resources(self) -> None:
         """Refuse thread counts far beyond the cores, and slots that do not fit in memory, before allocating."""

@@ -67,11 +67,14 @@ class Planner:
     """Draws the plan of batch ``index`` of ``epoch`` with a sampler already bound to the dataset's regions.
 
     Random streams are keyed by the global batch number ``index * world_size + rank``, so the shards of a
-    distributed run draw disjoint batches.
+    distributed run draw disjoint batches. With a ``common_grid`` (step (3,), phases (S, 3)), each drawn corner
+    snaps down onto its sample's grid ``phases[s] + n * step`` (fields delivered at their own voxel size start on
+    their voxels; the regions' low corners lie on that grid, so snapped windows stay inside).
     """
 
     def __init__(self, *, patch: Sequence[int], batch_size: int, sampler: Sampler,
-                 augmentations: Sequence[Augmentation], seed: int, rank: int = 0, world_size: int = 1) -> None:
+                 augmentations: Sequence[Augmentation], seed: int, rank: int = 0, world_size: int = 1,
+                 common_grid: Optional[tuple] = None) -> None:
         self.patch = tuple(patch)
         self.batch_size = batch_size
         self.sampler = sampler
@@ -79,6 +82,7 @@ class Planner:
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
+        self.common_grid = common_grid
 
     def plan(self, epoch: int, index: int) -> BatchPlan:
         random = BatchRandom(self.seed, epoch, index * self.world_size + self.rank, self.batch_size)
@@ -87,5 +91,9 @@ class Planner:
                         for i, augmentation in enumerate(self.augmentations))
         extents = window_extents(self.patch, params.perms)
         draw = self.sampler.sample(random.uniform(SAMPLER_STREAM, self.sampler.draws), extents, epoch, index)
-        return BatchPlan(epoch=epoch, index=index, corners=draw.corners, extents=extents, params=params,
+        corners = draw.corners
+        if self.common_grid is not None:
+            step, phases = self.common_grid
+            corners = corners - (corners - phases[draw.volumes]) % step
+        return BatchPlan(epoch=epoch, index=index, corners=corners, extents=extents, params=params,
                          volumes=draw.volumes, records=records, valid=draw.valid)

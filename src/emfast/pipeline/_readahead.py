@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, Dict, Optional
 
+from ..io import abandoned_when
 from ._gather import Gatherer
 from ._profile import Profile
 from ._ring import Ring, RingClosed
@@ -68,10 +69,11 @@ class ReadAhead:
 
     def _run(self) -> None:
         try:
-            while True:
-                number = self._take()
-                self._ring.wait_claimed(number - self._depth)
-                self._pace(self._read(number))
+            with abandoned_when(lambda: self._ring.closed):  # a remote read stops waiting when the loader closes
+                while True:
+                    number = self._take()
+                    self._ring.wait_claimed(number - self._depth)
+                    self._pace(self._read(number))
         except RingClosed:
             return
 

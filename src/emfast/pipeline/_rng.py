@@ -7,10 +7,9 @@ so adding an augmentation does not change where windows are cut.
 """
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
+from .._checks import check_seed
 from .._core import random as _random
 
 #: Second key word: separates emfast's streams from other users of Philox with the same seed.
@@ -22,13 +21,6 @@ MAX_EPOCHS = 1 << (64 - _STREAM_BITS)
 #: Stream of the window sampler; augmentation i reads stream FIRST_AUGMENT_STREAM + i.
 SAMPLER_STREAM = 0
 FIRST_AUGMENT_STREAM = 1
-
-
-def check_seed(seed: object) -> int:
-    """Return ``seed`` as an int in [0, 2**64), or raise a ValueError naming it."""
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 1 << 64:
-        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
-    return int(seed)
 
 
 class BatchRandom:

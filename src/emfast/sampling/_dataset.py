@@ -6,6 +6,7 @@ any thread starts.
 """
 from __future__ import annotations
 
+import functools
 import numbers
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -15,6 +16,7 @@ import numpy as np
 from .._checks import triple
 from .._core.common import LABEL_DTYPES, RAW_DTYPES
 from ..io import Volume, as_volume
+from ._resolution import FieldGrid, OnRawGrid
 
 #: Mask dtypes: non-zero marks usable voxels.
 MASK_DTYPES = (np.dtype(np.uint8), np.dtype(bool))
@@ -119,22 +121,48 @@ def _dtype_list(dtypes) -> str:
 
 @dataclass
 class Placed:
-    """A volume and the position of its voxel (0, 0, 0) in raw voxel coordinates."""
+    """A volume and the position of its voxel (0, 0, 0) in raw voxel coordinates.
+
+    A volume at another voxel size than raw has a ``grid`` (how its voxels lie on raw's); ``origin`` and ``end``
+    are then those of its footprint on raw's grid (:attr:`on_raw`), read by nearest neighbour, or linearly where
+    ``linear``.
+    """
 
     volume: Volume
     origin: np.ndarray
+    grid: Optional[FieldGrid] = None
+    linear: bool = False
+
+    @functools.cached_property
+    def on_raw(self):
+        """What the windows on raw's grid are read from: the volume, or its :class:`OnRawGrid` view."""
+        return self.volume if self.grid is None else OnRawGrid(self.volume, self.grid, self.linear)
 
     @property
     def end(self) -> np.ndarray:
-        return self.origin + np.asarray(self.volume.shape, dtype=np.int64)
+        return self.origin + np.asarray(self.on_raw.shape, dtype=np.int64)
 
 
 def _check_overlap(raw: Volume, placed: Placed) -> None:
     lo = np.maximum(0, placed.origin)
     hi = np.minimum(np.asarray(raw.shape), placed.end)
     if np.any(hi <= lo):
+        footprint = "" if placed.grid is None else \
+            f", voxel size {placed.volume.resolution}: raw voxels [{_ints(placed.origin)}, {_ints(placed.end)})"
         raise ValueError(f"{placed.volume.name} (at {_ints(placed.origin)}, shape "
-                         f"{placed.volume.shape}) does not overlap {raw.name} (shape {raw.shape})")
+                         f"{placed.volume.shape}{footprint}) does not overlap {raw.name} (shape {raw.shape})")
+
+
+def _grid(raw: Volume, volume: Volume, what: str, offset, offset_name: str) -> Optional[FieldGrid]:
+    """The grid of a volume at another voxel size than raw (None at the same voxel size, or where either has none)."""
+    if raw.resolution is None or volume.resolution is None:
+        return None
+    grid = FieldGrid.between(raw, volume, what)
+    if grid is not None and offset is not None:
+        raise ValueError(f"{offset_name} (in raw voxels) cannot place {volume.name}, whose voxel size "
+                         f"{volume.resolution} differs from raw's {raw.resolution}; give it an 'offset' attribute "
+                         "in world units instead")
+    return grid
 
 
 @dataclass
@@ -151,8 +179,9 @@ class Sample:
         uint8 or bool, non-zero where the data may be used; delivered as the batch field ``"mask"`` and used by
         :class:`~emfast.sampling.Masked`.
     extra : dict of str to Volume or ndarray, optional
-        Further input channels aligned with raw (same (z, y, x) shape, e.g. a second imaging channel); each is
-        converted like raw and delivered as its own batch field under its name.
+        Further input channels (e.g. a second imaging channel); each is converted like raw and delivered as its
+        own batch field under its name. At raw's voxel size it must lie on raw voxel for voxel (same shape and
+        offset); at another voxel size it is placed by its offset and interpolated linearly.
     name : str, optional
         Name for messages and hold-out (default: the raw volume's name).
     weight : float
@@ -160,14 +189,27 @@ class Sample:
     label_offset, mask_offset : (int, int, int), optional
         Position of the labels' / mask's first voxel in raw voxels. Otherwise taken from the datasets'
         ``offset``/``resolution`` attributes, or, where neither dataset has an ``offset``, the shapes must be
-        equal. An explicit offset that contradicts the attributes is refused, naming both.
+        equal. An explicit offset that contradicts the attributes is refused, naming both. Not for volumes at
+        another voxel size than raw: those are placed by their offset attributes.
+    own_resolution : sequence of str
+        Fields (``"labels"``, ``"mask"``, extra channel names) delivered at their own voxel size: the same world
+        box as the output window (or raw's, for extra channels), with the shape that box has at that voxel size.
+        Every other field at another voxel size is delivered on raw's grid: labels and masks by nearest
+        neighbour, extra channels interpolated linearly (see :mod:`emfast.sampling._resolution`). With a field
+        coarser than raw delivered at its own voxel size, output windows snap down onto the fields' common grid
+        after the sampler drew them (a ``Masked`` sampler's coverage and a ``Tiled`` sampler's tiles refer to
+        the drawn corners); only mirrors and transposes between axes of equal ratio apply to such fields.
 
     Notes
     -----
     Offsets are in world units (e.g. nm), resolutions in world units per voxel. A dataset with a ``resolution``
     but no ``offset`` lies at offset 0, as gunpowder, funlib and the CREMI reader read it: CREMI's padded raw has
-    no offset and its ``neuron_ids`` have one, so the labels start ``offset / resolution`` voxels into raw. Extra
-    channels must lie exactly on raw (same shape, same offset).
+    no offset and its ``neuron_ids`` have one, so the labels start ``offset / resolution`` voxels into raw.
+
+    Labels, masks and extra channels may have a voxel size that is an integer multiple or divisor of raw's along
+    each axis (e.g. a mask at (160, 32, 32) nm for raw at (40, 8, 8) nm). Their offset relative to raw's must be a
+    whole number of the finer voxel size along each axis, so that the grids nest; otherwise, and for any other
+    ratio, the Sample is refused with the numbers.
     """
 
     raw: Union[Volume, np.ndarray]
@@ -178,6 +220,7 @@ class Sample:
     weight: float = 1.0
     label_offset: Optional[Sequence[int]] = None
     mask_offset: Optional[Sequence[int]] = None
+    own_resolution: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         self.raw = _as_role_volume(self.raw, "raw", RAW_DTYPES)
@@ -196,13 +239,35 @@ class Sample:
         if not isinstance(self.extra, dict):
             raise TypeError(f"sample {self.name}: extra must be a dict of name to volume, got "
                             f"{type(self.extra).__name__}")
-        extra = {}
+        extra, self.placed_extra = {}, {}
         for key, source in self.extra.items():
             volume = _as_role_volume(source, f"extra {key!r}", RAW_DTYPES, role="extra channels")
-            self._check_on_raw(volume)
+            grid = _grid(self.raw, volume, f"extra {key!r}", None, "")
+            if grid is None:
+                self._check_on_raw(volume)
+                placed = Placed(volume, np.zeros(3, dtype=np.int64), linear=True)
+            else:
+                placed = Placed(volume, OnRawGrid(volume, grid, linear=True).origin, grid, linear=True)
+                _check_overlap(self.raw, placed)
             volume.check_finite()
             extra[str(key)] = volume
+            self.placed_extra[str(key)] = placed
         self.extra = extra
+        self.own_resolution = self._own_resolution()
+
+    def _own_resolution(self) -> Tuple[str, ...]:
+        names = (self.own_resolution,) if isinstance(self.own_resolution, str) else tuple(self.own_resolution)
+        known = {"labels": self.placed_labels, "mask": self.placed_mask, **self.placed_extra}
+        for name in names:
+            if not isinstance(name, str) or known.get(name) is None:
+                fields = sorted(key for key, placed in known.items() if placed is not None)
+                raise ValueError(f"sample {self.name}: own_resolution names {name!r}, which is not a field of this "
+                                 f"sample (its fields: {fields})")
+        return tuple(dict.fromkeys(names))
+
+    def placed(self, name: str) -> Optional[Placed]:
+        """The placed field ``name`` (``"labels"``, ``"mask"`` or an extra channel), or None."""
+        return {"labels": self.placed_labels, "mask": self.placed_mask}.get(name, self.placed_extra.get(name))
 
     def _place(self, source, what: str, dtypes, offset) -> Optional[Placed]:
         if source is None:
@@ -210,7 +275,12 @@ class Sample:
         volume = _as_role_volume(source, what, dtypes)
         if volume.channels != 1:
             raise ValueError(f"{volume.name}: {what} must have one channel, got {volume.channels}")
-        placed = Placed(volume, origin_in(self.raw, volume, offset, f"{what.rstrip('s')}_offset"))
+        offset_name = f"{what.rstrip('s')}_offset"
+        grid = _grid(self.raw, volume, what, offset, offset_name)
+        if grid is None:
+            placed = Placed(volume, origin_in(self.raw, volume, offset, offset_name))
+        else:
+            placed = Placed(volume, OnRawGrid(volume, grid, linear=False).origin, grid)
         _check_overlap(self.raw, placed)
         return placed
 
@@ -270,11 +340,13 @@ class Dataset:
 
         def describe(sample: Sample) -> tuple:
             labels = sample.placed_labels.volume.dtype if sample.placed_labels is not None else None
+            own = tuple(sorted((name, _ratio_text(sample.placed(name))) for name in sample.own_resolution))
             return (sample.raw.dtype, sample.raw.channels, labels, sample.placed_mask is not None,
-                    tuple(sorted((key, volume.dtype, volume.channels) for key, volume in sample.extra.items())))
+                    tuple(sorted((key, volume.dtype, volume.channels) for key, volume in sample.extra.items())), own)
 
         what = ("raw dtype", "raw channels", "labels dtype (or no labels)", "having a mask",
-                "extra channels (names, dtypes, channels)")
+                "extra channels (names, dtypes, channels)",
+                "fields delivered at their own voxel size (names, voxel size over raw's), whose shapes must agree")
         reference = describe(first)
         for sample in self.samples[1:]:
             for name, a, b in zip(what, reference, describe(sample)):
@@ -321,6 +393,11 @@ class Dataset:
 
     def __repr__(self) -> str:
         return "Dataset([" + ", ".join(repr(sample) for sample in self.samples) + "])"
+
+
+def _ratio_text(placed: Placed) -> str:
+    ratio = (1, 1, 1) if placed.grid is None else placed.grid.ratio()
+    return "(" + ", ".join(str(r) for r in ratio) + ")"
 
 
 def as_dataset(data, labels=None, label_offset=None) -> Dataset:

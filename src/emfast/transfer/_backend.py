@@ -59,8 +59,9 @@ class DeviceArray:
 class TransferBackend:
     """Device memory and copies.
 
-    The copier thread calls every method except :meth:`given_back` (called where a device slot is given back)
-    and :meth:`free` inside :meth:`activate` (called by a thread that gives a slot back after :meth:`close`).
+    The copier thread (for a prediction, its device thread) calls every method except :meth:`given_back` (called
+    where a device slot is given back) and :meth:`free` inside :meth:`activate` (called by a thread that gives a
+    slot back after :meth:`close`).
     """
 
     name = "device"
@@ -100,6 +101,21 @@ class TransferBackend:
 
     def wait(self, memory: Any) -> None:
         """Block until the copy into ``memory`` has completed."""
+        raise NotImplementedError
+
+    def pinned(self, shape: tuple, dtype) -> np.ndarray:
+        """Page-locked host memory that :meth:`copy_back` copies results into (prediction's outputs); freed at
+        :meth:`close`."""
+        raise NotImplementedError
+
+    def copy_back(self, source: Any, host: np.ndarray) -> None:
+        """Start copying ``source``, a C-contiguous device array (``__cuda_array_interface__``) of ``host``'s shape
+        and dtype, into ``host`` (a host slot or :meth:`pinned` memory), after the work queued on the calling
+        thread's current stream (the work that computed ``source``)."""
+        raise NotImplementedError
+
+    def wait_back(self) -> None:
+        """Block until the copies started by :meth:`copy_back` have completed."""
         raise NotImplementedError
 
     def close(self, slots_outstanding: int) -> None:

@@ -10,6 +10,8 @@ records every breach of the rules that make pycuda leak or corrupt memory on rea
 - ``close(slots_outstanding)`` must be told exactly how many slots are still allocated;
 - the stream a slot is ordered after is the one current where its last view died, noted then;
 - a copy into a slot that any exported array (or view, or tensor of it) still reaches is an error;
+- results are copied back only into page-locked memory (a host slot or ``pinned()``), from a C-contiguous array
+  of the destination's shape and dtype; until ``wait_back()`` the destination holds poison;
 - live allocations are counted, so a test can bound them.
 """
 import contextlib
@@ -71,6 +73,8 @@ class FakeDevice(TransferBackend):
         self._local = threading.local()
         self._lock = threading.Lock()
         self._copiers = []
+        self._pinned = []  # page-locked host memory: the host slots and pinned() arrays
+        self.copies_back = 0
 
     def _called(self):
         self.callers.add(threading.current_thread().name)
@@ -102,8 +106,11 @@ class FakeDevice(TransferBackend):
         if self.fail_open:
             raise MemoryError(f"fake device: cannot allocate {host_slots} page-locked host slots")
         self.fields = fields
-        return [{name: np.zeros(shape, dtype) for name, (shape, dtype) in fields.items()}
-                for _ in range(host_slots)]
+        self.closed = False  # a device may be opened again after close()
+        slots = [{name: np.zeros(shape, dtype) for name, (shape, dtype) in fields.items()}
+                 for _ in range(host_slots)]
+        self._pinned = [array for slot in slots for array in slot.values()]
+        return slots
 
     def allocate(self):
         self._called()
@@ -176,6 +183,46 @@ class FakeDevice(TransferBackend):
         self._called()
         memory.done.wait()
         self._copiers = [t for t in self._copiers if t.is_alive()]
+
+    def pinned(self, shape, dtype):
+        self._called()
+        if threading.current_thread() is not self.owner or self.closed:
+            self._broken(f"page-locked memory asked for on {threading.current_thread().name}, not the device's "
+                         "thread, or after close()")
+        array = np.zeros(shape, dtype)
+        self._pinned.append(array)
+        return array
+
+    def copy_back(self, source, host):
+        self._called()
+        if threading.current_thread() is not self.owner:
+            self._broken(f"copy back on {threading.current_thread().name}, not the device's thread")
+        root = host
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        if not any(root is pinned for pinned in self._pinned):
+            self._broken("copy back into pageable host memory (only page-locked memory copies asynchronously)")
+        source = np.asarray(source)
+        if source.shape != host.shape or source.dtype != host.dtype or not source.flags.c_contiguous:
+            self._broken(f"copy back from a {source.dtype}{list(source.shape)} array (C-contiguous: "
+                         f"{source.flags.c_contiguous}) into {host.dtype}{list(host.shape)}")
+        self.copies_back += 1
+        host.view(np.uint8).fill(POISON)  # what reads it before wait_back() sees poison
+        delay = self.random.uniform(0, self.max_delay)
+
+        def transfer():
+            time.sleep(delay)
+            np.copyto(host, source)
+
+        thread = threading.Thread(target=transfer, name="fake-dma-back")
+        thread.start()
+        self._copiers.append(thread)
+
+    def wait_back(self):
+        self._called()
+        for thread in self._copiers:
+            thread.join()
+        self._copiers = []
 
     def close(self, slots_outstanding):
         self._called()

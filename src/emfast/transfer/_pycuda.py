@@ -99,6 +99,9 @@ class PycudaBackend(TransferBackend):
         self._context.push()
         try:
             self._stream = cuda.Stream(flags=_CU_STREAM_NON_BLOCKING)
+            self._pinned: List[np.ndarray] = []
+            self._computed = self._driver.event()  # the consumer's work that computed a result copied back
+            self._copied_back = cuda.Event()
             self._host = [{name: cuda.pagelocked_empty(shape, dtype) for name, (shape, dtype) in fields.items()}
                           for _ in range(host_slots)]
         except (cuda.Error, MemoryError) as error:
@@ -179,6 +182,29 @@ class PycudaBackend(TransferBackend):
     def wait(self, memory: _DeviceSlot) -> None:
         memory.copied.synchronize()
 
+    def pinned(self, shape: tuple, dtype) -> np.ndarray:
+        array = self._cuda.pagelocked_empty(shape, dtype)
+        self._pinned.append(array)  # freed at close, in the context
+        return array
+
+    def copy_back(self, source: Any, host: np.ndarray) -> None:
+        interface = source.__cuda_array_interface__
+        shape, dtype = tuple(interface["shape"]), np.dtype(interface["typestr"])
+        strides = interface.get("strides")
+        contiguous = strides is None or tuple(strides) == tuple(np.empty(shape, dtype).strides)
+        if shape != host.shape or dtype != host.dtype or not contiguous:
+            raise ValueError(f"cannot copy a {dtype}{list(shape)} device array (C-contiguous: {contiguous}) back "
+                             f"into {host.dtype}{list(host.shape)}")
+        # The copy stream waits for the stream the result was computed on (the producer's, else the current one).
+        producer = interface.get("stream") or self._current_stream()
+        self._driver.record(self._computed, producer)
+        self._driver.wait(self._stream.handle, self._computed)
+        self._cuda.memcpy_dtoh_async(host, interface["data"][0], self._stream)
+        self._copied_back.record(self._stream)
+
+    def wait_back(self) -> None:
+        self._copied_back.synchronize()
+
     def close(self, slots_outstanding: int) -> None:
         if self._context is None:
             return
@@ -188,7 +214,10 @@ class PycudaBackend(TransferBackend):
                 stream.synchronize()
         finally:  # even after a CUDA error: a thread that ends with a context pushed aborts the process
             # Dropping the last references frees the host slots and the stream here, in the context's thread.
-            self._host, self._stream = [], None
+            self._host, self._stream, self._pinned, self._copied_back = [], None, [], None
+            computed, self._computed = getattr(self, "_computed", None), None
+            if computed is not None:
+                self._driver.destroy(computed)
             self._cuda.Context.pop()
             if slots_outstanding == 0:
                 self._context.detach()

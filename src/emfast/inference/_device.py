@@ -1,0 +1,192 @@
+"""The network on a device: batches of tiles go to it through a transfer backend (:mod:`emfast.transfer`), from
+page-locked host slots with asynchronous copies, and predictions come back the same way.
+
+Every backend call happens on one thread, the device thread (a backend's device work belongs to the thread that
+opened it): the model thread of the local engine hands each batch over and waits for its prediction, so the
+network still runs one batch at a time while reading, gathering, blending and writing go on in other threads.
+
+Tiles are gathered straight into the page-locked slots (:meth:`DeviceRunner.host_slots` lends them to the
+predictor's pool). A batch's prediction comes back into page-locked memory paired with its slot, so it stays valid
+as long as the batch does: the pool reuses a batch only once its predictions are blended. A batch in ordinary
+memory (the probe, or one gathered while every slot was in use) is staged through a slot kept for that, and its
+prediction copied out of the staging memory.
+"""
+from __future__ import annotations
+
+import re
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from ..transfer import DeviceArray, TransferBackend, cuda_unavailable, resolve_device
+from ._block import BATCHES_AHEAD
+from ._model import ModelOutputError
+
+#: Page-locked batch slots lent to the predictor: the batches a block being fed and the block being finished hold
+#: at most (one more is kept for staging).
+HOST_SLOTS = 2 * (BATCHES_AHEAD + 1)
+
+
+class DeviceRunner:
+    """Runs a model on ``backend``'s device, on a thread of its own.
+
+    Parameters
+    ----------
+    backend : TransferBackend
+        The device; opened on first use, closed by :meth:`close`.
+    batch_elements : int
+        float32 elements of the largest batch (``batch_size * channels * prod(patch_in)``).
+    torch_device : str, optional
+        Give the model torch tensors on this device (zero-copy views of the device slot), in inference mode; None:
+        the device arrays as the backend exports them.
+    """
+
+    def __init__(self, backend: TransferBackend, batch_elements: int, torch_device: Optional[str] = None) -> None:
+        self.backend = backend
+        self.torch_device = torch_device
+        self._elements = int(batch_elements)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-device")
+        self._slots: List[np.ndarray] = []  # flat float32 page-locked slots; the last one stages
+        self._outputs: Dict[int, np.ndarray] = {}  # slot index -> flat page-locked memory of its prediction
+        self._memory = None  # the device slot
+        self._opened = False
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    def host_slots(self) -> List[np.ndarray]:
+        """The page-locked batch slots to gather into (flat float32); opens the device."""
+        self._on_device(self._open)
+        return self._slots[:-1]
+
+    def __call__(self, model, batch: np.ndarray) -> np.ndarray:
+        """``model``'s prediction of ``batch`` (float32, (B, C, z, y, x)) as a NumPy array."""
+        return self._on_device(self._call, model, batch)
+
+    def close(self, quiet: bool = False) -> None:
+        """Free the device memory and end the device thread (idempotent); ``quiet``: after another error, which a
+        failure to free (the model kept a view of its input) must not hide."""
+        try:
+            if self._opened:
+                self._on_device(self._close)
+        except Exception:
+            if not quiet:
+                raise
+        finally:
+            self._thread.shutdown(wait=True)
+
+    def _on_device(self, function, *arguments):
+        return self._thread.submit(function, *arguments).result()
+
+    def _open(self) -> None:
+        if self._opened:
+            return
+        fields = {"batch": ((self._elements,), np.dtype(np.float32))}
+        slots = self.backend.open(fields, HOST_SLOTS + 1)
+        self._opened = True
+        self._slots = [slot["batch"] for slot in slots]
+        self._memory = self.backend.allocate()
+
+    def _close(self) -> None:
+        self._opened = False
+        self._slots, self._outputs = [], {}
+        outstanding = 0
+        try:
+            if self._memory is not None:
+                self.backend.free(self._memory)
+        except BaseException:
+            outstanding = 1  # still viewed: left to the backend's own rules
+            raise
+        finally:
+            self._memory = None
+            self.backend.close(outstanding)
+
+    def _slot_of(self, batch: np.ndarray) -> Optional[int]:
+        root = batch
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        return next((i for i, slot in enumerate(self._slots[:-1]) if root is slot), None)
+
+    def _call(self, model, batch: np.ndarray) -> np.ndarray:
+        self._open()
+        backend, memory = self.backend, self._memory
+        index = self._slot_of(batch)
+        staged = index is None
+        if staged:
+            index = len(self._slots) - 1
+            np.copyto(self._slots[index][:batch.size].reshape(batch.shape), batch)
+        source = result = None
+        try:
+            backend.guard(memory)
+            backend.copy({"batch": self._slots[index]}, memory)
+            backend.wait(memory)
+            source = _view(backend.export(memory, memory)["batch"], batch.shape)
+            result = self._run(model, source)
+            host = self._output(index, result)
+            backend.copy_back(result, host)
+            backend.wait_back()
+        except BaseException as error:
+            traceback.clear_frames(error.__traceback__)  # no view of the device slot outlives the call
+            raise
+        finally:
+            source = result = None
+        backend.given_back(memory)
+        return host.copy() if staged else host
+
+    def _run(self, model, source):
+        """The model's output for the device batch ``source``: C-contiguous, on the device."""
+        if self.torch_device is None:
+            result = model(source)
+            return np.ascontiguousarray(result) if isinstance(result, np.ndarray) else result
+        import torch
+
+        with torch.inference_mode():
+            result = model(torch.as_tensor(source, device=self.torch_device))
+            if isinstance(result, torch.Tensor):
+                result = result.detach().contiguous()
+        return result
+
+    def _output(self, index: int, result) -> np.ndarray:
+        """Page-locked memory of the slot's prediction, shaped as ``result``."""
+        try:
+            shape, dtype = tuple(int(n) for n in result.shape), _numpy_dtype(result.dtype)
+        except (AttributeError, TypeError) as error:
+            raise ModelOutputError(f"model returned a {type(result).__name__} ({error}); expected an array on "
+                                   f"{self.name} of shape (B, C, z, y, x)") from None
+        size = int(np.prod(shape))
+        flat = self._outputs.get(index)
+        if flat is None or flat.dtype != dtype or flat.size < size:
+            flat = self._outputs[index] = self.backend.pinned((size,), dtype)
+        return flat[:size].reshape(shape)
+
+
+def _view(exported, shape: tuple):
+    """The first ``prod(shape)`` elements of a flat exported device array, shaped ``shape``."""
+    if isinstance(exported, DeviceArray):
+        return DeviceArray(exported.ptr, shape, exported.dtype, exported.device, exported)
+    return exported[:int(np.prod(shape))].reshape(shape)
+
+
+def _numpy_dtype(dtype) -> np.dtype:
+    """NumPy's dtype for a NumPy, CuPy or torch dtype (torch.float32 -> float32)."""
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        return np.dtype(str(dtype).replace("torch.", ""))
+
+
+def device_runner(device, batch_elements: int) -> Optional[DeviceRunner]:
+    """The runner for :func:`~emfast.predict`'s ``device``: a :class:`TransferBackend` given as the device (the
+    model gets the device arrays it exports), or for ``"cuda[:N]"`` pycuda's backend when pycuda can use the
+    device (the model gets torch tensors); None otherwise (no device, ``"cpu"``, or CUDA without pycuda, where
+    torch moves the batches itself)."""
+    if isinstance(device, TransferBackend):
+        return DeviceRunner(device, batch_elements)
+    match = re.fullmatch(r"cuda(?::(\d+))?", device) if isinstance(device, str) else None
+    if match is None or cuda_unavailable(int(match.group(1) or 0)) is not None:
+        return None
+    ordinal = int(match.group(1) or 0)
+    return DeviceRunner(resolve_device(f"cuda:{ordinal}"), batch_elements, torch_device=f"cuda:{ordinal}")

@@ -1,0 +1,388 @@
+"""Stores in object storage or on a web server (``s3://``, ``gs://``, ``http(s)://``), read-only, as a store of
+keys (a chunk's or a metadata file's path below the store) and their bytes.
+
+Every format reads its remote chunks and metadata through :class:`RemoteStore` where it reads local files
+otherwise: the bytes come over the network, the chunk is decoded in the calling (producer) thread as a local one
+is, so decoders run in parallel outside the GIL while the requests of several threads are in flight together.
+zarr-python (for sharded zarr) gets a zarr store on the same URL with the same retries (:meth:`zarr_store`),
+tensorstore (precomputed scales it reads) a kvstore spec (:meth:`kvstore_spec`).
+
+The transfers go through fsspec (s3fs for S3, aiohttp for HTTP, gcsfs for Google Cloud Storage), the extra
+``emfast[remote]``: one event loop thread per process does the network I/O of every thread. Credentials come as
+these libraries find them: for S3 the ``AWS_*`` environment variables, ``~/.aws/credentials`` and
+``~/.aws/config`` (botocore's chain), ``AWS_ENDPOINT_URL`` for an S3-compatible server; ``anon=True`` in
+``storage_options`` reads a public bucket without credentials. ``storage_options`` are fsspec's (e.g.
+``{"endpoint_url": "http://127.0.0.1:9000", "anon": True}``), plus emfast's own two: ``retries`` (attempts after
+the first, default :data:`RETRIES`) and ``timeout`` (seconds per request, default :data:`TIMEOUT_S`).
+
+Failures: a missing key is None (each format says what a missing chunk means); a transient failure (HTTP 5xx,
+429 or 408, a reset or refused connection, a timeout, a truncated response) is tried again after an exponential
+backoff; what still fails, and every other failure (403, a bad request), is a :class:`RemoteReadError` naming the
+URL and the key. A read waits in short slices, so a thread whose loader closes (:func:`abandoned_when`) stops
+waiting at once and its request is cancelled: closing never waits for the network.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import os
+import random
+import threading
+import time
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Optional
+from urllib.parse import urlsplit
+
+from ._source import add_transfer_time
+
+#: URL schemes read remotely, and the fsspec protocol of each.
+SCHEMES = {"s3": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "https"}
+#: Attempts after the first for a transient failure, and the first backoff (doubled each time, with jitter).
+RETRIES = 5
+BACKOFF_S = 0.1
+MAX_BACKOFF_S = 5.0
+#: Seconds one request may take (connect, send, receive) before it counts as a transient failure.
+TIMEOUT_S = 30.0
+#: How often a waiting thread checks whether its loader closed.
+_POLL_S = 0.05
+#: Most reads announced (:meth:`RemoteStore.will_get`) and not yet taken; the oldest are dropped beyond it.
+MAX_ANNOUNCED = 1024
+#: HTTP statuses worth trying again.
+_TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+
+
+class RemoteReadError(OSError):
+    """A key of a remote store could not be read (after retries, where the failure was transient); the message
+    names the URL and the key."""
+
+
+class ReadAbandoned(RuntimeError):
+    """A remote read given up because the thread's loader closed meanwhile (:func:`abandoned_when`)."""
+
+
+def is_url(path) -> bool:
+    """True for a string naming a remote store (``s3://``, ``gs://``, ``http://``, ``https://``)."""
+    return isinstance(path, str) and urlsplit(path).scheme.lower() in SCHEMES and "://" in path
+
+
+def remote_missing() -> Optional[str]:
+    """Why remote stores cannot be read here, or None if they can."""
+    try:
+        import fsspec  # noqa: F401
+        import aiohttp  # noqa: F401
+    except ImportError as error:
+        return f"reading remote stores needs fsspec and aiohttp ({error}); pip install 'emfast[remote]'"
+    return None
+
+
+_abandon = threading.local()
+
+
+@contextmanager
+def abandoned_when(closed: Callable[[], bool]):
+    """Within it, a remote read of this thread gives up (:class:`ReadAbandoned`) as soon as ``closed()`` is true,
+    instead of waiting for the network: producer threads enter it with their loader's "closed" test."""
+    previous = getattr(_abandon, "closed", None)
+    _abandon.closed = closed
+    try:
+        yield
+    finally:
+        _abandon.closed = previous
+
+
+def _filesystem(protocol: str, options: dict, timeout: float, asynchronous: bool):
+    """An fsspec filesystem for ``protocol`` with bounded timeouts, retrying nothing itself (emfast retries)."""
+    reason = remote_missing()
+    if reason is not None:
+        raise ImportError(reason)
+    import fsspec
+    options = dict(options)
+    if protocol == "s3":
+        try:
+            import s3fs  # noqa: F401
+        except ImportError:
+            raise ImportError("reading s3:// needs s3fs; pip install 'emfast[remote]'") from None
+        config = {"connect_timeout": min(timeout, 10.0), "read_timeout": timeout, "retries": {"max_attempts": 1},
+                  "max_pool_connections": 64,  # announced chunks are requested together
+                  **options.pop("config_kwargs", {})}
+        # max_concurrency 1: one GET per key, no HEAD first to split large objects into parallel ranges
+        options = {"config_kwargs": config, "max_concurrency": 1, **options}
+    elif protocol == "gcs":
+        try:
+            import gcsfs  # noqa: F401
+        except ImportError:
+            raise ImportError("reading gs:// needs gcsfs; pip install gcsfs") from None
+    else:
+        import aiohttp
+        client = {"timeout": aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, 10.0)),
+                  **options.pop("client_kwargs", {})}
+        options = {"client_kwargs": client, **options}
+    fs = fsspec.filesystem(protocol, asynchronous=asynchronous, **options)
+    if protocol in ("s3", "gcs"):
+        fs.retries = 1  # s3fs and gcsfs retry some errors themselves, on top of emfast's backoff
+    return fs
+
+
+def _transient(error: BaseException) -> bool:
+    """Whether ``error`` is worth another attempt: a 5xx/429/408, a connection or payload failure, a timeout."""
+    if isinstance(error, (asyncio.TimeoutError, TimeoutError, ConnectionError)):
+        return True
+    status = getattr(error, "status", None)
+    if isinstance(status, int):
+        return status in _TRANSIENT_STATUS
+    try:
+        import aiohttp
+    except ImportError:
+        return False
+    if isinstance(error, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)):
+        return True
+    text = str(error)
+    # s3fs turns botocore's errors into OSErrors whose message carries the S3 error code
+    return any(code in text for code in ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout",
+                                         "Connection reset", "Could not connect", "Read timeout"))
+
+
+def _denied(error: BaseException) -> bool:
+    return isinstance(error, PermissionError) or getattr(error, "status", None) in (401, 403)
+
+
+@dataclass(frozen=True)
+class RemoteStamp:
+    """Where a remote volume was opened from, and a digest of its metadata then (see :class:`Stamp`).
+
+    ``path`` is the store's URL; ``size`` the metadata's length and ``mtime_ns`` 0 (object stores have no
+    modification time emfast relies on)."""
+
+    path: str
+    dataset: str
+    size: int
+    mtime_ns: int
+    digest: str
+    store: "RemoteStore"
+    marker: str
+
+    def unchanged(self) -> bool:
+        """True if the metadata file still holds what it held when the volume was opened (one request)."""
+        try:
+            data = self.store.get(self.marker)
+        except (RemoteReadError, ReadAbandoned):
+            return False
+        return data is not None and hashlib.sha256(data).hexdigest() == self.digest
+
+
+class RemoteStore:
+    """The keys of a remote store below ``url``, read-only.
+
+    Parameters
+    ----------
+    url : str
+        ``s3://bucket/path``, ``gs://bucket/path``, ``http(s)://host/path``.
+    storage_options : dict, optional
+        fsspec's options for the protocol (e.g. ``endpoint_url``, ``anon``, ``key``/``secret``), plus ``retries``
+        and ``timeout`` (see the module's notes).
+    """
+
+    def __init__(self, url: str, storage_options: Optional[dict] = None) -> None:
+        scheme = urlsplit(url).scheme.lower()
+        if scheme not in SCHEMES:
+            raise ValueError(f"{url}: not a remote store URL (s3://, gs://, http://, https://)")
+        self.url = url.rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        options = dict(self.storage_options)
+        self.retries = _count(options.pop("retries", RETRIES), url)
+        self.timeout = _seconds(options.pop("timeout", TIMEOUT_S), url)
+        self._protocol = SCHEMES[scheme]
+        self._options = options
+        self._start_here()
+        # fsspec paths: "bucket/path" for object stores, the whole URL for HTTP
+        self._root = self.url if self._protocol in ("http", "https") else self.url.split("://", 1)[1]
+
+    def _start_here(self) -> None:
+        """The filesystem, its event loop and the announced reads of this process: after a fork (a PyTorch worker),
+        the parent's are unusable (fsspec refuses them, their requests never complete here)."""
+        self._pid = os.getpid()
+        self._fs = _filesystem(self._protocol, self._options, self.timeout, asynchronous=False)
+        self._announced: "OrderedDict[str, concurrent.futures.Future]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _here(self) -> None:
+        if self._pid != os.getpid():
+            self._start_here()
+
+    def child(self, key: str) -> "RemoteStore":
+        """The store below ``key`` (same options and connections)."""
+        key = key.strip("/")
+        if not key:
+            return self
+        child = object.__new__(RemoteStore)
+        child.__dict__.update(self.__dict__)
+        child.url, child._root = f"{self.url}/{key}", f"{self._root}/{key}"
+        return child
+
+    @property
+    def name(self) -> str:
+        """The last part of the URL's path (as :attr:`pathlib.Path.name`)."""
+        return self.url.rsplit("/", 1)[-1]
+
+    def __truediv__(self, key) -> "RemoteStore":
+        return self.child(str(key))
+
+    def __str__(self) -> str:
+        return self.url
+
+    def __reduce__(self):
+        return RemoteStore, (self.url, self.storage_options)
+
+    def where(self, key: str) -> str:
+        return f"{self.url}/{key}" if key else self.url
+
+    def get(self, key: str) -> Optional[bytes]:
+        """The bytes of ``key``, or None if the store has no such key.
+
+        Raises
+        ------
+        RemoteReadError
+            Access denied, or a failure still there after the retries; naming the URL and the key.
+        ReadAbandoned
+            The thread's loader closed while the read waited.
+        """
+        self._here()
+        path = f"{self._root}/{key}" if key else self._root
+        start = time.perf_counter()
+        with self._lock:
+            future = self._announced.pop(path, None)
+        try:
+            if future is None:
+                future = asyncio.run_coroutine_threadsafe(self._read(path, key), self._fs.loop)
+            return _wait(future)
+        finally:
+            add_transfer_time(time.perf_counter() - start)
+
+    def will_get(self, keys) -> None:
+        """Start reading ``keys`` now, all at once; :meth:`get` then takes each one's bytes (or its error). A
+        cache about to read several chunks announces them, so that it waits for one round trip, not one each."""
+        self._here()
+        with self._lock:
+            for key in keys:
+                path = f"{self._root}/{key}"
+                if path not in self._announced:
+                    self._announced[path] = asyncio.run_coroutine_threadsafe(self._read(path, key), self._fs.loop)
+            while len(self._announced) > MAX_ANNOUNCED:  # announced and never taken (another thread read them)
+                self._announced.popitem(last=False)[1].cancel()
+
+    def exists(self, key: str) -> bool:
+        """Whether the store has ``key`` (a HEAD request, no transfer of its bytes)."""
+        self._here()
+        path = f"{self._root}/{key}" if key else self._root
+        return _wait(asyncio.run_coroutine_threadsafe(self._attempts(key, lambda: self._fs._exists(path)),
+                                                      self._fs.loop))
+
+    async def _read(self, path: str, key: str) -> Optional[bytes]:
+        try:
+            return await self._attempts(key, lambda: self._fs._cat_file(path))
+        except FileNotFoundError:
+            return None
+
+    async def _attempts(self, key: str, request):
+        return await retrying(request, self.retries, self.where(key))
+
+    def zarr_store(self):
+        """A read-only zarr-python store of the same URL whose reads retry as :meth:`get` does."""
+        from zarr.storage import FsspecStore
+
+        store_retries, where = self.retries, self.where
+
+        class RetryingStore(FsspecStore):
+            async def get(self, key, prototype, byte_range=None):
+                return await retrying(lambda: FsspecStore.get(self, key, prototype, byte_range), store_retries,
+                                      where(key))
+
+        fs = _filesystem(self._protocol, self._options, self.timeout, asynchronous=True)
+        return RetryingStore(fs, read_only=True, path=self._root)
+
+    def kvstore_spec(self) -> dict:
+        """The tensorstore kvstore of this URL."""
+        parts = urlsplit(self.url)
+        if self._protocol in ("http", "https"):
+            return {"driver": "http", "base_url": self.url + "/"}
+        if self._protocol == "gcs":
+            return {"driver": "gcs", "bucket": parts.netloc, "path": parts.path.strip("/") + "/"}
+        spec = {"driver": "s3", "bucket": parts.netloc, "path": parts.path.strip("/") + "/"}
+        endpoint = (self._options.get("endpoint_url") or self._options.get("client_kwargs", {}).get("endpoint_url")
+                    or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
+        if endpoint:
+            spec["endpoint"] = endpoint
+        if self._options.get("anon"):
+            spec["aws_credentials"] = {"type": "anonymous"}
+        region = self._options.get("client_kwargs", {}).get("region_name")
+        if region:
+            spec["aws_region"] = region
+        return spec
+
+    def stamp(self, dataset: str, marker: str) -> RemoteStamp:
+        """The stamp of the volume ``dataset`` whose metadata file is ``marker`` (a key)."""
+        data = self.get(marker) or b""
+        return RemoteStamp(self.url, dataset, len(data), 0, hashlib.sha256(data).hexdigest(), self, marker)
+
+
+async def retrying(request, retries: int, where: str):
+    """``await request()``, again after a backoff while it fails transiently, at most ``retries`` times more.
+
+    Raises
+    ------
+    FileNotFoundError
+        The key does not exist (not retried).
+    RemoteReadError
+        Naming ``where`` (URL and key), the failure and how many attempts were made.
+    """
+    delay = BACKOFF_S
+    for attempt in range(retries + 1):
+        try:
+            return await request()
+        except FileNotFoundError:
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - every library raises its own types; classified here
+            if _denied(error):
+                raise RemoteReadError(f"{where}: access denied ({_describe(error)}); check the credentials "
+                                      "(AWS_* environment variables, ~/.aws) or pass storage_options") from error
+            if not _transient(error):
+                raise RemoteReadError(f"{where}: cannot read it ({_describe(error)})") from error
+            if attempt == retries:
+                raise RemoteReadError(f"{where}: cannot read it after {retries + 1} attempts "
+                                      f"({_describe(error)})") from error
+        await asyncio.sleep(delay * (0.5 + random.random()))
+        delay = min(MAX_BACKOFF_S, 2 * delay)
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error) or type(error).__name__
+    return text if type(error).__name__ in text else f"{type(error).__name__}: {text}"
+
+
+def _wait(future: concurrent.futures.Future):
+    """The future's result, waited for in slices so that the thread's loader closing abandons it."""
+    closed = getattr(_abandon, "closed", None)
+    while True:
+        try:
+            return future.result(timeout=_POLL_S if closed is not None else None)
+        except concurrent.futures.TimeoutError:
+            if closed():
+                future.cancel()
+                raise ReadAbandoned("the loader closed while a remote read was in flight") from None
+
+
+def _count(value, url: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{url}: storage_options retries must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _seconds(value, url: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{url}: storage_options timeout must be a positive number of seconds, got {value!r}")
+    return float(value)

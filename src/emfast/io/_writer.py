@@ -1,0 +1,290 @@
+"""The one writer of emfast's outputs (``emfast convert`` and ``emfast.predict``): a zarr array (v2 or v3) or an
+HDF5 dataset, created with its record and its geometry, or reopened to resume.
+
+What both commands share lives here once:
+
+* **Options.** ``compression`` (one of :data:`COMPRESSIONS`; zstd for zarr, gzip for HDF5 by default);
+  ``compressor`` is its deprecated name (:func:`compression_option`).
+* **Resume.** An existing output is reused only if it carries the command's record (``emfast_convert`` or
+  ``emfast_predict``), was made from the same input (same path and dataset, and the same fingerprint: a
+  rewritten input is refused) and with the same settings (every record entry but the ones the caller names as
+  progress or provenance); otherwise it is refused, naming what differs, unless ``overwrite`` is given, and even
+  then only an array emfast wrote is replaced (:mod:`emfast.io._outputs`). zarr's half-written ``*.partial`` files
+  of a killed run are removed when resuming.
+* **Metadata.** zarr outputs carry funlib/gunpowder ``voxel_size``, ``offset``, ``axis_names``, ``units`` and
+  ``resolution``, zarr v3 ``dimension_names``, and an OME-NGFF image (0.4 in a v2 store, 0.5 in v3) on the parent
+  group; HDF5 outputs carry ``resolution`` and ``offset`` in (z, y, x) nm as gunpowder reads them. An existing
+  store keeps its zarr format.
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Sequence, Tuple, Type
+
+import numpy as np
+
+from ._open import split_path
+from ._outputs import (NotOwnOutputError, OutputLock, add_ome_multiscales, check_zarr_container, input_changed,
+                       open_hdf5_for_writing, option, remove_hdf5_output, remove_partial_files, remove_zarr_output,
+                       zarr_geometry, zarr_store_format)
+
+#: Output codecs, for zarr; HDF5 takes gzip and none.
+COMPRESSIONS = ("zstd", "blosc", "gzip", "none")
+#: The codec of each output format when none is given (HDF5 has no zstd without plugins).
+DEFAULT_COMPRESSIONS = {"zarr": "zstd", "hdf5": "gzip"}
+#: Stand-in record of an existing node that carries no record of the command writing it.
+NOT_EMFAST = {"written by": "something other than emfast"}
+
+
+def parse_output(out, name: str = "out") -> Tuple[Path, str, str]:
+    """(container, dataset, "zarr" or "hdf5") of ``out`` (``pred.zarr/affinities`` or ``pred.h5/affinities``);
+    ValueError naming the argument ``name`` otherwise."""
+    container, dataset, kind = split_path(out)
+    if kind not in ("zarr", "hdf5") or not dataset:
+        raise ValueError(f"{name} must name a dataset in a .zarr or .h5 container, e.g. out.zarr/raw; got {out}")
+    return container, dataset, kind
+
+
+def check_compression(compression: str, kind: str) -> str:
+    """``compression`` (the format's default for None), ValueError unless it applies to a ``kind`` ("zarr" or
+    "hdf5") output."""
+    compression = compression or DEFAULT_COMPRESSIONS[kind]
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}")
+    if kind == "hdf5" and compression not in ("gzip", "none"):
+        raise ValueError(f"HDF5 outputs support the compressions gzip and none, not {compression}")
+    return compression
+
+
+def compression_option(compression: Optional[str], compressor: Optional[str], stacklevel: int = 3) -> Optional[str]:
+    """The ``compression`` asked for, given also the deprecated name ``compressor`` (DeprecationWarning; ValueError
+    if both are given and differ)."""
+    if compressor is None:
+        return compression
+    warnings.warn(f"{option('compressor').split('=')[0]} is deprecated; use {option('compression').split('=')[0]}"
+                  " (the same values)", DeprecationWarning, stacklevel=stacklevel)
+    if compression is not None and compression != compressor:
+        raise ValueError(f"compression={compression!r} and its deprecated name compressor={compressor!r} disagree; "
+                         "give only compression")
+    return compressor
+
+
+def zarr_compressor(name: str, zarr_format: int, zarr):
+    """The codec object for ``name``: numcodecs for zarr v2 metadata, zarr's own codecs for v3; None for none."""
+    if name == "none":
+        return None
+    if zarr_format == 2:
+        import numcodecs
+        return {"zstd": lambda: numcodecs.Zstd(level=3), "blosc": numcodecs.Blosc, "gzip": numcodecs.GZip}[name]()
+    return {"zstd": lambda: zarr.codecs.ZstdCodec(level=3), "blosc": zarr.codecs.BloscCodec,
+            "gzip": zarr.codecs.GzipCodec}[name]()
+
+
+class OutputWriter:
+    """One output dataset (``container/dataset``) and its container, opened for writing.
+
+    Parameters
+    ----------
+    container, dataset, kind
+        As :func:`parse_output` returns them.
+    record_key : str
+        The attribute holding the writing command's record (``emfast_convert``, ``emfast_predict``).
+    refused : exception class
+        Raised when the output may be neither resumed nor replaced (the command's own error type).
+    zarr_format : {2, 3}
+        Format of a new zarr store; an existing store keeps its own.
+    """
+
+    def __init__(self, container: Path, dataset: str, kind: str, record_key: str,
+                 refused: Type[Exception] = FileExistsError, zarr_format: int = 3) -> None:
+        self.container, self.dataset, self.kind = Path(container), dataset, kind
+        self.record_key, self.refused = record_key, refused
+        self.zarr_format = zarr_format
+        self.root = None  # the h5py File or zarr Group
+        self.array = None
+
+    @property
+    def path(self) -> str:
+        return f"{self.container}/{self.dataset}"
+
+    def open(self) -> "OutputWriter":
+        """Open the container (created if absent); a zarr store keeps its existing format."""
+        if self.kind == "hdf5":
+            self.root = open_hdf5_for_writing(self.container)
+        else:
+            from ._zarr import import_zarr
+            check_zarr_container(self.container)
+            # a root of the other format over an existing store would hide the store's arrays
+            self.zarr_format = zarr_store_format(self.container) or self.zarr_format
+            self.root = import_zarr().open_group(str(self.container), mode="a", zarr_format=self.zarr_format)
+        return self
+
+    def node(self, name: str):
+        """The array (or group) ``name`` in the container, or None."""
+        if self.kind == "hdf5":
+            return self.root.get(name)
+        try:
+            return self.root[name]
+        except KeyError:
+            return None
+
+    def record(self, name: Optional[str] = None) -> Optional[dict]:
+        """The record of the node ``name`` (default the output): None if there is no node, :data:`NOT_EMFAST` if
+        the node carries no record of this command."""
+        node = self.node(name or self.dataset)
+        if node is None:
+            return None
+        record = node.attrs.get(self.record_key)
+        if isinstance(record, str):
+            record = json.loads(record)
+        return record if isinstance(record, dict) else NOT_EMFAST
+
+    def prepare(self, lock: OutputLock, record: dict, *, resume: bool, overwrite: bool, input_key: str,
+                what: str, unchecked: Iterable[str] = (), companions: Sequence[str] = (),
+                create: Optional[Callable[[], None]] = None, **layout) -> Optional[dict]:
+        """Reopen the output to resume it (returns its record) or create it (returns None). The caller holds
+        ``lock``, the container's :class:`~emfast.io._outputs.OutputLock`.
+
+        Parameters
+        ----------
+        record : dict
+            This run's record (what decides the result); ``record[input_key]`` holds the input's ``path``,
+            ``dataset`` and ``fingerprint``.
+        resume : bool
+            Whether an existing output with the same record may be continued (else it is refused).
+        overwrite : bool
+            Replace an existing output that emfast wrote.
+        what : str
+            What the command makes ("conversion", "prediction"), for messages.
+        unchecked : iterable of str
+            Record entries that do not decide the result (progress, provenance): not compared.
+        companions : sequence of str
+            Other arrays of the output (predict's finished-block flags): removed with it, their ``.partial`` files
+            cleared on a resume.
+        create : callable, optional
+            Called after the output was created, while the lock still marks it as being created (to add the
+            companions).
+        **layout
+            :meth:`create`'s arguments.
+        """
+        previous = self.record()
+        half_made = lock.was_creating(self.dataset)  # a run killed while creating it: nothing was finished
+        if previous is not None and not overwrite and not half_made:
+            self._check_resumable(previous, record, resume, input_key, what, set(unchecked))
+            if self.kind == "zarr":
+                for name in (self.dataset, *companions):
+                    remove_partial_files(self.container / name)
+            self.array = self.node(self.dataset)
+            return previous
+        for name in (self.dataset, *companions):
+            try:
+                if self.kind == "hdf5":
+                    remove_hdf5_output(self.root, name, lock)
+                else:
+                    remove_zarr_output(self.container, name, lock)
+            except NotOwnOutputError as error:
+                raise self.refused(str(error)) from None
+        with lock.creating(self.dataset):  # the record is in the array's first metadata: never one without it
+            self.create(attributes={**layout.pop("attributes", {}), self.record_key: record}, **layout)
+            if create is not None:
+                create()
+        return None
+
+    def _check_resumable(self, previous: dict, record: dict, resume: bool, input_key: str, what: str,
+                         unchecked: set) -> None:
+        """``refused`` unless the existing output (its record ``previous``) may be continued with ``record``."""
+        if previous is NOT_EMFAST:
+            raise self.refused(f"{self.path} exists and was not written by emfast; choose another output (emfast "
+                               "never replaces what it did not write)")
+        if not resume:
+            raise self.refused(f"{self.path} exists; pass {option('resume')} to continue an unfinished {what} "
+                               f"with the same settings, or {option('overwrite')} to replace it")
+        if "compressor" in previous and "compression" not in previous:  # recorded by emfast before 0.x renamed it
+            previous = {("compression" if k == "compressor" else k): v for k, v in previous.items()}
+        old, new = previous.get(input_key) or {}, record.get(input_key) or {}
+        if (old.get("path"), old.get("dataset")) == (new.get("path"), new.get("dataset")):
+            name = "the input array" if new.get("path") is None else f"the input {new['path']}/{new['dataset']}"
+            changed = input_changed(old.get("fingerprint"), new.get("fingerprint"), name)
+            if changed:
+                raise self.refused(f"cannot resume {self.path}: {changed}; pass {option('overwrite')} to start "
+                                   "again")
+        differing = sorted(k for k in set(record) | set(previous)
+                           if k not in unchecked and previous.get(k) != record.get(k))
+        if differing:
+            role = "source" if input_key == "source" else "input"
+            raise self.refused(f"{self.path} exists and it is a {what} with another {role} or other settings ("
+                               + "; ".join(f"{k}: {previous.get(k)!r} there, {record.get(k)!r} now"
+                                           for k in differing)
+                               + f"); pass {option('overwrite')} to replace it")
+
+    def create(self, *, shape, dtype, chunks, compression: str, resolution=None, offset=None,
+               attributes: Optional[dict] = None, fill_value=0) -> None:
+        """Create the output array with its geometry (``resolution`` and ``offset`` in (z, y, x) nm, or None) and
+        ``attributes``; ``chunks`` cover the array's last three axes, its leading axes are whole in every chunk."""
+        shape = tuple(int(s) for s in shape)
+        chunks = shape[:-3] + tuple(int(c) for c in chunks)
+        dtype = np.dtype(dtype).newbyteorder("=")
+        attributes = dict(attributes or {})
+        if self.kind == "hdf5":
+            self.array = self.root.create_dataset(self.dataset, shape=shape, dtype=dtype, chunks=chunks,
+                                                  compression=None if compression == "none" else "gzip",
+                                                  fillvalue=fill_value)
+            geometry = {}
+            if resolution is not None:
+                geometry["resolution"] = [float(r) for r in resolution]
+            if offset is not None:
+                geometry["offset"] = [float(o) for o in offset]
+            for key, value in dict(attributes, **geometry).items():
+                try:
+                    self.array.attrs[key] = json.dumps(value) if isinstance(value, dict) else value
+                except TypeError:  # nested lists or mixed types HDF5 cannot hold: kept as JSON text
+                    self.array.attrs[key] = json.dumps(value)
+            self.root.flush()
+            return
+        from ._zarr import import_zarr
+        zarr = import_zarr()
+        geometry, dimension_names = zarr_geometry(len(shape), resolution, offset, self.zarr_format)
+        self.array = self.root.create_array(self.dataset, shape=shape, chunks=chunks, dtype=dtype,
+                                            compressors=zarr_compressor(compression, self.zarr_format, zarr),
+                                            dimension_names=dimension_names, fill_value=fill_value,
+                                            attributes=dict(attributes, **geometry))
+        add_ome_multiscales(self.root, self.dataset, len(shape), resolution, offset)
+
+    def create_companion(self, name: str, shape, dtype, attributes: dict) -> object:
+        """A small uncompressed array beside the output (one element per chunk in zarr, so that concurrent writers
+        never share a chunk), without geometry."""
+        if self.kind == "hdf5":
+            node = self.root.create_dataset(name, shape=tuple(shape), dtype=dtype)
+            for key, value in attributes.items():
+                node.attrs[key] = value
+            self.root.flush()
+            return node
+        return self.root.create_array(name, shape=tuple(shape), chunks=(1,) * len(shape), dtype=dtype,
+                                      compressors=None, fill_value=0, attributes=attributes)
+
+    def write(self, corner, data: np.ndarray) -> None:
+        """Write ``data`` (its last three axes spatial) with its first voxel at ``corner`` (z, y, x); in HDF5,
+        flushed to the file before returning, so that a record saying it was written is never ahead of it."""
+        box = tuple(slice(c, c + e) for c, e in zip(corner, data.shape[-3:]))
+        self.array[(slice(None),) * (data.ndim - 3) + box] = data
+        if self.kind == "hdf5":
+            self.root.flush()
+
+    def set_record(self, record: dict) -> None:
+        """Replace the output's record (zarr rewrites its metadata file whole: written aside, then renamed)."""
+        self.array.attrs[self.record_key] = json.dumps(record) if self.kind == "hdf5" else record
+        if self.kind == "hdf5":
+            self.root.flush()
+
+    def delete(self, name: str) -> None:
+        """Delete the companion ``name``."""
+        del self.root[name]
+        if self.kind == "hdf5":
+            self.root.flush()
+
+    def close(self) -> None:
+        if self.kind == "hdf5" and self.root is not None:
+            self.root.close()
+        self.root = self.array = None

@@ -1,0 +1,202 @@
+"""What every sampler shares: the protocol (:class:`Sampler`), what it is bound to (:class:`Region`), what it
+answers (:class:`Draw`), and the helpers of the samplers that build an index from a volume.
+
+The loader describes each volume of the dataset by a :class:`Region`: the box where *output* windows may lie
+(already shrunk so that the input context and the label margin of every window stay inside the data), plus the
+volumes a sampler may look at (labels, mask). A sampler is bound once to the regions, before any thread starts,
+and builds whatever index it needs then; afterwards :meth:`Sampler.sample` is a pure function of its uniforms and
+the batch position, called from several producer threads at once.
+
+One module per sampler family: ``_uniform`` (:class:`Uniform`), ``_masked`` (:class:`Masked`), ``_balanced``
+(:class:`Balanced`), ``_tiled`` (:class:`Tiled`). Their indexes are built by the kernels of
+:mod:`emfast._core.sampling`, slab by slab for lazy volumes, so their transient memory stays bounded.
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import ClassVar, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..io import Volume
+
+#: Voxels per slab when an index is built from a volume slab by slab (bounds transient memory).
+SLAB_VOXELS = 1 << 25
+#: Label ids a sampler parameter may name: anything an int64 or a uint64 label volume can hold.
+ID_RANGE = (-(2**63), 2**64 - 1)
+
+
+@dataclass(frozen=True)
+class Region:
+    """One volume of the dataset, as a sampler sees it.
+
+    Attributes
+    ----------
+    name : str
+        The sample's name (for messages).
+    weight : float
+        Relative probability of drawing an example from this volume (> 0).
+    lo, hi : ndarray, (3,) int64
+        Output windows must lie inside ``[lo, hi)``, in the volume's raw voxel coordinates (z, y, x).
+    labels : Volume or None
+        The label volume, its voxel (0, 0, 0) at ``labels_origin`` in raw voxel coordinates.
+    mask : Volume or None
+        The mask volume (non-zero = usable), its voxel (0, 0, 0) at ``mask_origin``.
+    """
+
+    name: str
+    weight: float
+    lo: np.ndarray
+    hi: np.ndarray
+    labels: Optional[Volume] = None
+    labels_origin: Optional[np.ndarray] = None
+    mask: Optional[Volume] = None
+    mask_origin: Optional[np.ndarray] = None
+
+
+@dataclass(frozen=True)
+class Draw:
+    """A sampler's answer for one batch.
+
+    Attributes
+    ----------
+    volumes : ndarray, (B,) int64
+        Index of each example's region.
+    corners : ndarray, (B, 3) int64
+        Low corner of each example's output window, in that region's raw voxel coordinates.
+    valid : int
+        Examples at the front of the batch that are real; the rest repeat the last one (only a tiled sampler's
+        final, incomplete batch has ``valid < B``).
+    """
+
+    volumes: np.ndarray
+    corners: np.ndarray
+    valid: int
+
+
+class Sampler:
+    """Base class of the samplers.
+
+    A sampler is a dataclass whose fields are its constructor's parameters (checked in ``__post_init__``),
+    registered with ``@register("sampler")`` under its ``name``; it sets ``draws`` (uniforms per example), may
+    override :meth:`bind` to build an index, and implements :meth:`sample`. ``emfast check`` reads it only
+    through :meth:`describe`, :meth:`class_counts` and :attr:`index_nbytes`.
+    """
+
+    name: ClassVar[str] = "sampler"
+    draws: ClassVar[int] = 0
+
+    def bind(self, regions: Sequence[Region], extents: np.ndarray, batch_size: int, rank: int = 0,
+             world_size: int = 1) -> None:
+        """Prepare for ``regions``; called once by the loader before streaming.
+
+        Parameters
+        ----------
+        regions : sequence of Region
+            The dataset's volumes, in order.
+        extents : ndarray, (K, 3) int64
+            Every output-window extent in source axes that :meth:`sample` may be asked for (one per reachable
+            axis order of the augmentations).
+        batch_size : int
+            Examples per batch.
+        rank, world_size : int
+            This process's shard of the stream (``torch.distributed`` convention). Random samplers get disjoint
+            streams from the loader; deterministic samplers split their sequence themselves.
+
+        Raises
+        ------
+        ValueError
+            If no window qualifies in any region.
+        """
+        self.regions = list(regions)
+        weights = np.asarray([region.weight for region in self.regions], dtype=np.float64)
+        self._cumulative_weights = np.cumsum(weights) / weights.sum()
+
+    def sample(self, uniforms: np.ndarray, extents: np.ndarray, epoch: int, index: int) -> Draw:
+        """Windows for one batch from ``uniforms`` (B, draws) in [0, 1), for output windows of ``extents`` (B, 3).
+
+        ``index`` is the batch index within ``epoch`` for this shard.
+        """
+        raise NotImplementedError
+
+    def describe(self, index: int, extent: Tuple[int, int, int]) -> Optional[str]:
+        """A line for ``emfast check`` on how region ``index`` serves windows of ``extent`` (None: nothing to add)."""
+        return None
+
+    def batches_per_epoch(self) -> Optional[int]:
+        """Batches in an epoch, for samplers with a finite sequence (None: the loader's ``epoch_size`` decides)."""
+        return None
+
+    def class_counts(self) -> Optional[Dict[str, Dict[str, int]]]:
+        """Indexed voxels per region and class, ``{region name: {class name: count}}``, for a sampler that draws
+        by class (after :meth:`bind`); None for the others."""
+        return None
+
+    @property
+    def index_nbytes(self) -> int:
+        """Bytes held by the sampler's index after :meth:`bind` (0: it keeps none)."""
+        return 0
+
+    def choose_regions(self, uniforms: np.ndarray) -> np.ndarray:
+        """Region index per example, drawn by the regions' weights from one uniform each."""
+        return pick(self._cumulative_weights, uniforms)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def uniform_offsets(uniforms: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Integers uniformly in ``[0, positions)`` from uniforms in [0, 1), elementwise."""
+    return np.minimum((uniforms * positions).astype(np.int64), positions - 1)
+
+
+
+def is_real(value) -> bool:
+    """True for Python and NumPy real numbers, False for bools and everything else."""
+    return isinstance(value, (numbers.Real, np.floating, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def as_triple(value) -> Tuple[int, int, int]:
+    """A (z, y, x) array or sequence as a tuple of ints, for messages and dictionary keys."""
+    return tuple(int(v) for v in value)
+
+
+def read_box(volume: Volume, corner: Sequence[int], extent: Sequence[int]) -> np.ndarray:
+    """The box [corner, corner + extent) of a one-channel volume as a 3-D array: a view of an in-memory volume,
+    a fresh buffer read from a lazy one."""
+    box = tuple(slice(int(c), int(c) + int(e)) for c, e in zip(corner, extent))
+    if volume.in_memory:
+        return volume.array[0][box]
+    out = np.empty((volume.channels,) + tuple(int(e) for e in extent), dtype=volume.dtype)
+    volume.read_box(corner, extent, out)
+    return out[0]
+
+
+def one_channel(volume: Volume, what: str, region: Region, owner: str) -> None:
+    """Refuse a ``what`` volume (labels or mask) of ``region`` with more than one channel."""
+    if volume.channels != 1:
+        raise ValueError(f"{owner}: region {region.name!r} has {what} with {volume.channels} channels; "
+                         f"a {what} volume must have one")
+
+
+def cumulative_shares(weights: np.ndarray) -> np.ndarray:
+    """Normalised cumulative weights, for :func:`pick`."""
+    return np.cumsum(weights) / weights.sum()
+
+
+def pick(cumulative: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
+    """Index per uniform into the categories of ``cumulative`` (normalised cumulative weights), never one of
+    weight zero."""
+    chosen = np.searchsorted(cumulative, uniforms, side="right")
+    return np.minimum(chosen, len(cumulative) - 1).astype(np.int64)
+
+
+def label_origin(region: Region) -> np.ndarray:
+    """Where the region's label voxel (0, 0, 0) lies in raw voxels."""
+    return np.zeros(3, np.int64) if region.labels_origin is None else np.asarray(region.labels_origin, np.int64)
+
+
+def redistributed(weights: np.ndarray, usable: np.ndarray) -> np.ndarray:
+    """``weights`` with those of unusable regions set to 0 (normalising gives theirs to the others)."""
+    return np.where(usable, weights, 0.0)

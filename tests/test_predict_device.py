@@ -1,0 +1,149 @@
+"""emfast.predict on a device through the loader's transfer backend: the fake device (host memory that enforces a
+GPU's rules: copies complete late, results are copied back only into page-locked memory and read as poison until
+waited for, device slots are never overwritten while viewed) against the CPU path, byte for byte; a real GPU with
+torch where there is one."""
+import threading
+
+import numpy as np
+import pytest
+
+import emfast as ef
+from emfast.inference import ModelOutputError
+from emfast.transfer._fake import FakeDevice, RuleBroken
+
+zarr = pytest.importorskip("zarr", reason="prediction outputs in these tests are zarr (pip install 'emfast[zarr]')")
+
+PATCH_IN = (10, 20, 20)
+PATCH_OUT = (6, 12, 12)
+
+
+def lopsided(batch):
+    """Not mirror-symmetric, two channels, a fresh array: test-time variants differ, and nothing aliases the input."""
+    centre = np.asarray(batch)[:, :, 2:-2, 4:-4, 4:-4]
+    ramp = np.linspace(0.5, 1.5, centre.shape[-1], dtype=np.float32)
+    return np.concatenate([centre * ramp, centre ** 2], axis=1)
+
+
+def crop(batch):
+    """The identity network, returning a view of its (device) input."""
+    return batch[:, :, 2:-2, 4:-4, 4:-4]
+
+
+@pytest.fixture(scope="module")
+def volume():
+    return np.random.default_rng(11).integers(0, 256, (23, 41, 37), dtype=np.uint8)
+
+
+def _predict(model, volume, out, **settings):
+    settings = dict(dict(patch_in=PATCH_IN, patch_out=PATCH_OUT, chunks=(8, 16, 16), block=(8, 16, 16)),
+                    **settings)
+    result = ef.predict(model, volume, out, **settings)
+    return result, zarr.open_array(str(out).split(".zarr/")[0] + ".zarr", path="pred", mode="r")[...]
+
+
+@pytest.mark.parametrize("model, tta, batch_size, blend", [(lopsided, 16, 5, "gaussian"), (crop, 0, 3, "none"),
+                                                           (lopsided, 4, 1, "bump")])
+def test_the_fake_device_writes_what_the_cpu_path_writes(tmp_path, volume, model, tta, batch_size, blend):
+    settings = dict(tta=tta, batch_size=batch_size, blend=blend)
+    _, cpu = _predict(model, volume, tmp_path / "cpu.zarr/pred", **settings)
+    device = FakeDevice(seed=batch_size, max_delay=0.002)
+    seen = []
+
+    def on_device(batch):
+        seen.append((threading.current_thread().name, type(batch)))
+        return model(batch)
+
+    result, written = _predict(on_device, volume, tmp_path / "dev.zarr/pred", device=device, **settings)
+    np.testing.assert_array_equal(written, cpu)
+    assert device.violations == []
+    assert device.closed and device.live == 0
+    # every batch went over as a copy into device memory, and every prediction came back the same way
+    assert device.copies == len(seen) and device.copies_back == len(seen)
+    assert {name for name, _ in seen} == {"emfast-predict-device_0"}
+    assert result.tiles_computed == result.tiles * max(tta, 1)
+
+
+def test_batches_are_gathered_into_page_locked_slots(tmp_path, volume, monkeypatch):
+    """Apart from the probe, no batch is staged through an extra copy: the pool lends the device's host slots."""
+    from emfast.inference import _device
+
+    staged = []
+    original = _device.DeviceRunner._slot_of
+
+    def slot_of(self, batch):
+        index = original(self, batch)
+        staged.append(index is None)
+        return index
+
+    monkeypatch.setattr(_device.DeviceRunner, "_slot_of", slot_of)
+    _predict(lopsided, volume, tmp_path / "dev.zarr/pred", device=FakeDevice(), tta=4, batch_size=2)
+    assert staged[0] and not any(staged[1:])  # the probe (channels unknown) only
+
+
+def test_a_model_keeping_a_view_of_its_device_input_is_caught(tmp_path, volume):
+    kept = []
+
+    def hoarding(batch):
+        kept.append(batch)  # the next copy into the device slot would overwrite what it holds
+        return lopsided(batch)
+
+    device = FakeDevice()
+    with pytest.raises(RuleBroken, match="still views"):
+        _predict(hoarding, volume, tmp_path / "dev.zarr/pred", device=device, channels=2)
+    kept.clear()
+
+
+def test_wrong_outputs_on_the_device_are_named_and_the_device_is_closed(tmp_path, volume):
+    device = FakeDevice()
+    with pytest.raises(ModelOutputError, match="returned a str"):
+        _predict(lambda batch: "not an array", volume, tmp_path / "a.zarr/pred", device=device)
+    assert device.closed and device.live == 0 and device.violations == []
+    device = FakeDevice()
+    with pytest.raises(ModelOutputError, match="returned shape"):
+        _predict(lambda batch: np.asarray(batch), volume, tmp_path / "b.zarr/pred", device=device)
+    assert device.closed and device.live == 0
+
+
+def test_a_device_object_is_refused_with_dask(tmp_path, volume):
+    pytest.importorskip("distributed", reason="dask.distributed is not installed (pip install 'emfast[dask]')")
+    with pytest.raises(ValueError, match="fake:0.*client="):
+        ef.predict(crop, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT,
+                   device=FakeDevice(), client=object())
+
+
+def test_a_torch_module_gets_tensors_in_inference_mode_on_the_fake_device(tmp_path, volume):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    from emfast.inference._device import DeviceRunner
+
+    class Crop(torch.nn.Module):
+        def forward(self, batch):
+            assert isinstance(batch, torch.Tensor) and torch.is_inference_mode_enabled()
+            return batch[:, :, 2:-2, 4:-4, 4:-4] * 2
+
+    device = FakeDevice()
+    runner = DeviceRunner(device, 2 * 1 * int(np.prod(PATCH_IN)), torch_device="cpu")
+    try:
+        batch = np.random.default_rng(0).random((2, 1) + PATCH_IN, dtype=np.float32)
+        np.testing.assert_array_equal(runner(Crop(), batch), batch[:, :, 2:-2, 4:-4, 4:-4] * 2)
+    finally:
+        runner.close()
+    assert device.violations == [] and device.live == 0
+
+
+@pytest.mark.gpu
+def test_cuda_with_torch_writes_what_the_cpu_writes(tmp_path, volume):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    from emfast.transfer import cuda_unavailable
+
+    reason = cuda_unavailable()
+    if reason is not None or not torch.cuda.is_available():
+        pytest.skip(f"no usable CUDA device: {reason or 'torch sees none'}")
+
+    class Crop(torch.nn.Module):
+        def forward(self, batch):
+            assert batch.is_cuda and torch.is_inference_mode_enabled()
+            return batch[:, :, 2:-2, 4:-4, 4:-4] * 2
+
+    _, cpu = _predict(lambda b: crop(b) * 2, volume, tmp_path / "cpu.zarr/pred", tta=4, batch_size=3)
+    _, gpu = _predict(Crop(), volume, tmp_path / "gpu.zarr/pred", tta=4, batch_size=3, device="cuda")
+    np.testing.assert_array_equal(gpu, cpu)

@@ -1,0 +1,214 @@
+"""``emfast convert --levels N``: an OME-NGFF multiscale image that ome-zarr-py and tensorstore read level by level,
+each level equal to an independent NumPy reference of the documented downsampling, with its voxel size and the
+half-voxel shift of its offset."""
+import hashlib
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+import emfast as ef
+from emfast.cli import main
+from emfast.io import ConvertError, convert
+
+zarr = pytest.importorskip("zarr")
+
+VOXEL = (40.0, 4.0, 4.0)
+OFFSET = (400.0, 40.0, 20.0)
+
+
+def needs(module):
+    return pytest.importorskip(module, reason=f"{module} is not installed (pip install '.[interop]')")
+
+
+def tree_digest(path):
+    digest = hashlib.sha256()
+    for root, folders, names in sorted(os.walk(path)):
+        folders.sort()
+        for name in sorted(names):
+            with open(os.path.join(root, name), "rb") as file:
+                digest.update(name.encode() + file.read())
+    return digest.hexdigest()
+
+
+def reference_level(data, factor, rule):
+    """One level below ``data`` by ``factor``, one output voxel at a time: the mean of the voxels of its block
+    (rounded half to even for integers), or its most frequent value with ties to the lowest."""
+    out_shape = tuple(-(-s // f) for s, f in zip(data.shape, factor))
+    out = np.zeros(out_shape, data.dtype)
+    for index in np.ndindex(*out_shape):
+        block = data[tuple(slice(i * f, (i + 1) * f) for i, f in zip(index, factor))].ravel()
+        if rule == "mean":
+            out[index] = np.rint(block.astype(np.float64).mean()) if data.dtype.kind in "iu" else block.mean()
+        else:
+            values, counts = np.unique(block, return_counts=True)  # sorted: the first maximum is the lowest id
+            out[index] = values[np.argmax(counts)]
+    return out
+
+
+def expected_levels(data, voxel, offset, count, rule):
+    """(data, voxel size, offset) of every level: an axis is halved while its voxel size is < 2x the smallest,
+    and a halved axis' offset moves by half the voxel below."""
+    levels = [(data, list(voxel), list(offset))]
+    for _ in range(1, count):
+        data, voxel, offset = levels[-1]
+        factor = [2 if v < 2 * min(voxel) else 1 for v in voxel]
+        levels.append((reference_level(data, factor, rule), [v * f for v, f in zip(voxel, factor)],
+                       [o + (v / 2 if f == 2 else 0) for o, v, f in zip(offset, voxel, factor)]))
+    return levels
+
+
+@pytest.fixture
+def raw_source(tmp_path):
+    data = np.random.default_rng(3).integers(0, 256, (5, 37, 29), dtype=np.uint8)  # odd sizes: cut blocks
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        d = f.create_dataset("raw", data=data, chunks=(4, 16, 16))
+        d.attrs["resolution"], d.attrs["offset"] = VOXEL, OFFSET
+    return tmp_path / "in.h5", data
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_ome_zarr_py_and_tensorstore_read_every_level_of_an_intensity_pyramid(tmp_path, raw_source, zarr_format):
+    needs("ome_zarr")
+    ts = needs("tensorstore")
+    from ome_zarr.io import parse_url
+    from ome_zarr.reader import Multiscales, Reader
+    path, data = raw_source
+    before = tree_digest(path)
+    result = convert(str(path) + "/raw", tmp_path / "out.zarr/raw", levels=4, zarr_format=zarr_format,
+                     chunks=(4, 8, 8))
+    assert tree_digest(path) == before  # the input is never written
+    expected = expected_levels(data, VOXEL, OFFSET, 4, "mean")
+    assert [level[0].shape for level in expected] == [(5, 37, 29), (5, 19, 15), (5, 10, 8), (5, 5, 4)]
+    assert result.written == result.tiles
+    images = [node for node in Reader(parse_url(str(tmp_path / "out.zarr/raw")))() if node.load(Multiscales)]
+    assert len(images) == 1
+    image = images[0]
+    assert [axis["name"] for axis in image.metadata["axes"]] == ["z", "y", "x"]
+    assert len(image.data) == 4
+    driver = "zarr3" if zarr_format == 3 else "zarr"
+    for k, (level, (want, voxel, offset)) in enumerate(zip(image.data, expected)):
+        np.testing.assert_array_equal(np.asarray(level), want, err_msg=f"level {k}")
+        scale, translation = image.metadata["coordinateTransformations"][k]
+        assert scale["scale"] == pytest.approx(voxel) and translation["translation"] == pytest.approx(offset)
+        stored = ts.open({"driver": driver, "kvstore": {"driver": "file",
+                                                        "path": str(tmp_path / f"out.zarr/raw/s{k}")}}).result()
+        np.testing.assert_array_equal(stored.read().result(), want)
+        with ef.open(str(tmp_path / f"out.zarr/raw/s{k}")) as volume:  # each level's own attributes agree
+            assert volume.resolution == pytest.approx(voxel) and volume.offset == pytest.approx(offset)
+    with ef.open(str(tmp_path / "out.zarr/raw")) as volume:  # the image opens at its finest level
+        np.testing.assert_array_equal(volume.array[0], data)
+
+
+def test_a_label_pyramid_keeps_only_ids_of_the_level_below_most_frequent_first_ties_to_the_lowest(tmp_path):
+    needs("ome_zarr")
+    from ome_zarr.io import parse_url
+    from ome_zarr.reader import Multiscales, Reader
+    rng = np.random.default_rng(5)
+    labels = rng.choice(np.array([0, 7, 2**40, 2**40 + 1], np.uint64), size=(9, 14, 11))
+    labels[:2, :2, :2] = [[[3, 3], [5, 5]], [[5, 9], [3, 9]]]  # counts 3:3, 5:3, 9:2: the tie goes to 3
+    with h5py.File(tmp_path / "labels.h5", "w") as f:
+        f.create_dataset("ids", data=labels).attrs["resolution"] = (8.0, 8.0, 8.0)
+    convert(str(tmp_path / "labels.h5/ids"), tmp_path / "out.zarr/ids", levels=3)  # uint64: mode by default
+    expected = expected_levels(labels, (8.0,) * 3, (0.0,) * 3, 3, "mode")
+    assert expected[1][0][0, 0, 0] == 3
+    image = [node for node in Reader(parse_url(str(tmp_path / "out.zarr/ids")))() if node.load(Multiscales)][0]
+    for k, (level, (want, voxel, offset)) in enumerate(zip(image.data, expected)):
+        np.testing.assert_array_equal(np.asarray(level), want, err_msg=f"level {k}")
+        assert image.metadata["coordinateTransformations"][k][0]["scale"] == voxel
+        assert image.metadata["coordinateTransformations"][k][1]["translation"] == offset
+    assert set(np.unique(np.asarray(image.data[2]))) <= set(np.unique(labels))
+
+
+def test_downsampling_is_chosen_by_the_user_and_recorded(tmp_path, raw_source):
+    path, data = raw_source
+    convert(str(path) + "/raw", tmp_path / "out.zarr/raw", levels=2, downsampling="mode")
+    want = expected_levels(data, VOXEL, OFFSET, 2, "mode")[1][0]
+    np.testing.assert_array_equal(ef.open(str(tmp_path / "out.zarr/raw/s1")).array[0], want)
+    record = dict(zarr.open_array(str(tmp_path / "out.zarr/raw/s1"), mode="r").attrs)["emfast_convert"]
+    assert record["downsampling"] == "mode" and record["factor"] == [1, 2, 2] and record["complete"] is True
+
+
+def test_an_interrupted_pyramid_resumes_and_a_rerun_adds_levels(tmp_path, raw_source):
+    path, data = raw_source
+    out = tmp_path / "out.zarr/raw"
+    level0 = 3 * 5 * 4  # tiles of one chunk (2, 8, 8)
+    seen = []
+
+    def stop_in_level_one(done, total):
+        seen.append((done, total))
+        if done == level0 + 1:  # one tile into level 1
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        convert(str(path) + "/raw", out, levels=2, chunks=(2, 8, 8), tile_bytes=2 * 8 * 8, progress=stop_in_level_one)
+    record = dict(zarr.open_array(str(out / "s1"), mode="r").attrs)["emfast_convert"]
+    assert record["complete"] is False and record["done"] == 1
+    assert {total for _, total in seen} == {level0 + 3 * 3 * 2}  # one count over both levels' tiles
+    result = convert(str(path) + "/raw", out, levels=3, chunks=(2, 8, 8), tile_bytes=2 * 8 * 8)
+    assert result.written < result.tiles  # level 0 was complete, level 1 continued
+    for k, (want, _, _) in enumerate(expected_levels(data, VOXEL, OFFSET, 3, "mean")):
+        np.testing.assert_array_equal(ef.open(str(out / f"s{k}")).array[0], want, err_msg=f"level {k}")
+    attrs = dict(zarr.open_group(str(out), mode="r").attrs)
+    assert [d["path"] for d in attrs["ome"]["multiscales"][0]["datasets"]] == ["s0", "s1", "s2"]
+
+
+@pytest.mark.parametrize("options,message", [
+    (dict(levels=7), r"levels=7 is too many for .*out.zarr/raw: level 6 would halve the axis x of level 5, which is "
+                     r"1 voxel wide \(shape \(2, 2, 1\)\); at most 6 levels"),
+    (dict(levels=0), r"levels must be an integer >= 1, got 0"),
+    (dict(levels=2.5), r"levels must be an integer >= 1, got 2.5"),
+    (dict(levels=2, downsampling="median"), r"downsampling must be one of mean, mode, got 'median'"),
+])
+def test_bad_pyramid_settings_are_refused_naming_the_value(tmp_path, raw_source, options, message):
+    path, _ = raw_source
+    with pytest.raises(ConvertError, match=message):
+        convert(str(path) + "/raw", tmp_path / "out.zarr/raw", **options)
+    assert not (tmp_path / "out.zarr").exists()
+
+
+def test_a_pyramid_goes_to_zarr_and_not_over_an_array(tmp_path, raw_source, capsys):
+    path, _ = raw_source
+    with pytest.raises(ConvertError, match=r"levels=2: a multiscale pyramid is written to zarr .*, not to the HDF5"):
+        convert(str(path) + "/raw", tmp_path / "out.h5/raw", levels=2)
+    convert(str(path) + "/raw", tmp_path / "out.zarr/raw")
+    before = tree_digest(tmp_path / "out.zarr")
+    assert main(["convert", str(path) + "/raw", str(tmp_path / "out.zarr/raw"), "--levels", "2"]) == 2
+    assert "out.zarr/raw is an array; a pyramid's levels go into a group of that name" in capsys.readouterr().err
+    assert tree_digest(tmp_path / "out.zarr") == before
+
+
+def test_an_ome_zarr_py_image_converts_with_its_geometry_and_the_pyramid_of_ome_zarr_py_itself(tmp_path):
+    """An image ome-zarr-py wrote (t, c, z, y, x in micrometres, with its own two-level pyramid) converts to
+    (c, z, y, x) in nanometres with the same geometry, and ``levels=2`` places level 1 where ome-zarr-py placed its
+    own level 1 (the same voxel size and half-voxel shift)."""
+    needs("ome_zarr")
+    persistence = needs("funlib.persistence")
+    from ome_zarr.io import parse_url
+    from ome_zarr.reader import Multiscales, Reader
+    from ome_zarr.writer import write_image
+    data = np.random.default_rng(8).integers(0, 256, (1, 2, 6, 20, 18), dtype=np.uint8)
+    microns = {"z": 0.04, "y": 0.008, "x": 0.008}
+    write_image(data, zarr.open_group(str(tmp_path / "in.zarr"), mode="w"), axes="tczyx", scale_factors=(2,),
+                scale=microns, axes_units={axis: "micrometer" for axis in "zyx"})
+    before = tree_digest(tmp_path / "in.zarr")
+    convert(str(tmp_path / "in.zarr"), tmp_path / "out.zarr/image", levels=2)
+    assert tree_digest(tmp_path / "in.zarr") == before
+
+    def image(path):
+        return [node for node in Reader(parse_url(str(path)))() if node.load(Multiscales)][0]
+
+    theirs, ours = image(tmp_path / "in.zarr"), image(tmp_path / "out.zarr/image")
+    assert [(a["name"], a["type"], a.get("unit")) for a in ours.metadata["axes"]] == [
+        ("c", "channel", None), ("z", "space", "nanometer"), ("y", "space", "nanometer"), ("x", "space", "nanometer")]
+    for k in range(2):
+        (their_scale, their_shift), (scale, shift) = (image.metadata["coordinateTransformations"][k]
+                                                      for image in (theirs, ours))
+        assert scale["scale"][1:] == pytest.approx([1000 * s for s in their_scale["scale"][2:]])
+        assert shift["translation"][1:] == pytest.approx([1000 * t for t in their_shift["translation"][2:]])
+    np.testing.assert_array_equal(np.asarray(ours.data[0]), data[0])
+    np.testing.assert_array_equal(np.asarray(ours.data[1]), np.stack(
+        [reference_level(channel, (1, 2, 2), "mean") for channel in data[0]]))
+    array = persistence.open_ds(str(tmp_path / "out.zarr/image/s1"), mode="r")
+    assert tuple(array.voxel_size) == (40, 16, 16) and list(array.axis_names) == ["c^", "z", "y", "x"]

@@ -1,0 +1,366 @@
+"""Remote stores: zarr (v2, v3, sharded), OME-Zarr, N5 and precomputed written by the field's own tools, served by
+real servers on 127.0.0.1 (an HTTP server adding latency and failing on demand, moto's S3 server), read in memory,
+lazily and through a Loader, and compared voxel by voxel with the local read; then every way a server can fail."""
+import multiprocessing
+import pickle
+import sys
+import threading
+import time
+
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+
+import emfast as ef
+from emfast.config import load_config
+from emfast.io import RemoteReadError, RemoteStore
+from remote_servers import free_port, http_server, s3_server, upload
+from threads import threads_end
+
+SHAPE = (20, 30, 40)
+CHUNKS = (8, 8, 8)
+BUCKET = "emfast-test"
+#: Options that keep the failure tests short: few retries, short timeouts.
+QUICK = {"retries": 2, "timeout": 1.0}
+
+
+def needs(module):
+    return pytest.importorskip(module, reason=f"{module} writes this test's store")
+
+
+def write_stores(root):
+    """Every layout, written by its own tool; returns {name: (path below root, open arguments)}."""
+    data = np.random.default_rng(0).integers(0, 256, SHAPE, dtype=np.uint8)
+    stores = {}
+    v2 = zarr.create_array(root / "v2.zarr", shape=SHAPE, chunks=CHUNKS, dtype=np.uint8, zarr_format=2,
+                           compressors=numcodecs.Blosc(cname="lz4"))
+    v2[...] = data
+    v2.attrs.update(resolution=[40, 4, 4], offset=[80, 8, 4])
+    stores["zarr v2"] = ("v2.zarr", {})
+    zarr.create_array(root / "v3.zarr", shape=SHAPE, chunks=CHUNKS, dtype=np.uint8,
+                      compressors=zarr.codecs.ZstdCodec())[...] = data
+    stores["zarr v3"] = ("v3.zarr", {})
+    zarr.create_array(root / "sharded.zarr", shape=SHAPE, chunks=(4, 8, 8), shards=(8, 16, 16),
+                      dtype=np.uint8)[...] = data
+    stores["zarr v3 sharded"] = ("sharded.zarr", {})
+    writer = needs("ome_zarr.writer")
+    from ome_zarr.format import FormatV04
+    group = zarr.open_group(str(root / "ome.zarr"), mode="w", zarr_format=2)
+    writer.write_image(data, group, scale_factors=(), axes="zyx", fmt=FormatV04(),
+                       scale={"z": 0.04, "y": 0.004, "x": 0.004}, axes_units={a: "micrometer" for a in "zyx"},
+                       storage_options={"chunks": CHUNKS})
+    stores["OME-Zarr"] = ("ome.zarr", {})
+    z5py = needs("z5py")
+    z5py.File(str(root / "s.n5"), mode="a").create_dataset("raw", data=data, chunks=CHUNKS, compression="gzip")
+    stores["N5"] = ("s.n5/raw", {})
+    cloudvolume = needs("cloudvolume")
+    info = cloudvolume.CloudVolume.create_new_info(
+        num_channels=1, layer_type="image", data_type="uint8", encoding="raw", resolution=[4, 4, 40],
+        voxel_offset=[3, 5, 7], chunk_size=[8, 8, 8], volume_size=list(SHAPE[::-1]))
+    volume = cloudvolume.CloudVolume(f"file://{root / 'pc'}", info=info, compress="gzip", progress=False)
+    volume.commit_info()
+    volume[3:3 + SHAPE[2], 5:5 + SHAPE[1], 7:7 + SHAPE[0]] = data.T
+    stores["precomputed"] = ("pc", {})  # no suffix: told by its info
+    ts = needs("tensorstore")
+    scale = {"resolution": [4, 4, 40], "voxel_offset": [0, 0, 0], "size": list(SHAPE[::-1]), "chunk_size": [8, 8, 8],
+             "encoding": "raw", "sharding": {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 1,
+                                             "hash": "identity", "minishard_bits": 1, "shard_bits": 1,
+                                             "minishard_index_encoding": "gzip", "data_encoding": "gzip"}}
+    store = ts.open({"driver": "neuroglancer_precomputed", "kvstore": {"driver": "file", "path": str(root / "pcs")},
+                     "multiscale_metadata": {"type": "image", "data_type": "uint8", "num_channels": 1},
+                     "scale_metadata": scale, "create": True}).result()
+    store[...] = data.T[..., np.newaxis]
+    stores["precomputed sharded"] = ("pcs", {"format": "precomputed"})
+    return data, stores
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    root = tmp_path_factory.mktemp("remote")
+    data, stores = write_stores(root)
+    return root, data, stores
+
+
+@pytest.fixture(scope="module")
+def http(written):
+    with http_server(written[0], latency=0.005) as server:
+        yield server
+
+
+@pytest.fixture
+def served(http):
+    """The HTTP server, with no faults queued before or after the test."""
+    http.faults.clear()
+    http.requests.clear()
+    yield http
+    http.faults.clear()
+
+
+@pytest.fixture(scope="module")
+def s3(written):
+    with s3_server() as endpoint:
+        upload(endpoint, BUCKET, written[0])
+        yield endpoint
+
+
+def remote_url(request, where, name):
+    """The URL and open arguments of store ``name`` on the HTTP or S3 server (started on first use)."""
+    path, args = request.getfixturevalue("written")[2][name]
+    if where == "http":
+        return f"{request.getfixturevalue('http').url}/{path}", dict(args)
+    endpoint = request.getfixturevalue("s3")
+    return f"s3://{BUCKET}/{path}", dict(args, storage_options={"endpoint_url": endpoint})
+
+
+def lazy_box(volume, corner=(0, 0, 0), extent=SHAPE):
+    out = np.empty((volume.channels,) + tuple(extent), volume.dtype)
+    volume.read_box(corner, extent, out)
+    return out[0]
+
+
+NAMES = ["zarr v2", "zarr v3", "zarr v3 sharded", "OME-Zarr", "N5", "precomputed", "precomputed sharded"]
+
+
+@pytest.mark.parametrize("where", ["http", "s3"])
+@pytest.mark.parametrize("name", NAMES)
+def test_remote_reads_equal_local_reads(request, written, where, name):
+    root, data, stores = written
+    url, args = remote_url(request, where, name)
+    local = ef.open(root / stores[name][0], **stores[name][1])
+    np.testing.assert_array_equal(local.array[0], data)  # the fixture itself is right
+    remote = ef.open(url, **args)
+    np.testing.assert_array_equal(remote.array[0], local.array[0])
+    assert (remote.resolution, remote.offset, remote.chunks) == (local.resolution, local.offset, local.chunks)
+    with ef.open(url, in_memory=False, **args) as lazy:
+        np.testing.assert_array_equal(lazy_box(lazy), data)
+        np.testing.assert_array_equal(lazy_box(lazy, (3, 5, 7), (9, 17, 20)), data[3:12, 5:22, 7:27])
+        again = pickle.loads(pickle.dumps(lazy))  # reopened from its URL and options
+        np.testing.assert_array_equal(lazy_box(again), data)
+        again.close()
+
+
+def loader_batches(volume, count=4):
+    loader = ef.Loader(volume, patch=(6, 12, 14), batch_size=4, threads=2, seed=3,
+                       augment=[ef.Mirror(), ef.Transpose("zyx")], isotropic=True)
+    with loader:
+        return [batch.copy()["raw"] for _, batch in zip(range(count), loader)]
+
+
+@pytest.mark.parametrize("where,name", [("http", "zarr v3"), ("s3", "zarr v2"), ("http", "N5"),
+                                        ("s3", "precomputed"), ("http", "zarr v3 sharded")])
+def test_a_loader_over_a_remote_store_makes_the_batches_of_the_local_one(request, written, where, name):
+    root, data, stores = written
+    url, args = remote_url(request, where, name)
+    expected = loader_batches(ef.Volume.from_array(data))
+    with ef.open(url, in_memory=False, cache_bytes=30 * 8 ** 3, **args) as lazy:  # far smaller than the volume
+        got = loader_batches(lazy)
+    assert threads_end()
+    for want, have in zip(expected, got):
+        np.testing.assert_array_equal(have, want)
+
+
+def test_a_config_names_a_remote_store_by_url(written, served, tmp_path):
+    config = tmp_path / "train.yaml"
+    config.write_text(f"""
+data:
+  samples:
+    - file: {served.url}/v3.zarr
+      raw: ""
+      lazy: true
+loader:
+  patch: [6, 12, 14]
+  batch_size: 2
+""")
+    loaded = load_config(config)
+    assert loaded.samples[0].volumes()[0][1].file == f"{served.url}/v3.zarr"
+    dataset = loaded.dataset()
+    np.testing.assert_array_equal(lazy_box(dataset.samples[0].raw), written[1])
+    assert any("v3.zarr/c/" in request for request in served.requests)
+
+
+def test_a_missing_chunk_is_the_fill_value_where_the_format_says_so(written, served, tmp_path):
+    """zarr: the array's fill value; N5 and precomputed: 0. Served from a copy with a chunk removed."""
+    root, data, _ = written
+    with http_server(root, latency=0) as server:
+        server.faults["/v3.zarr/c/0/0/0"] = [404] * 100
+        server.faults["/s.n5/raw/0/0/0"] = [404] * 100
+        for path, args in (("v3.zarr", {}), ("s.n5/raw", {})):
+            volume = ef.open(f"{server.url}/{path}", **args)
+            expected = data.copy()
+            expected[:8, :8, :8] = 0
+            np.testing.assert_array_equal(volume.array[0], expected)
+        zarr.create_array(tmp_path / "f.zarr", shape=SHAPE, chunks=CHUNKS, dtype=np.uint8, fill_value=7)
+    with http_server(tmp_path, latency=0) as server:  # a store with no chunk at all
+        np.testing.assert_array_equal(ef.open(f"{server.url}/f.zarr").array, 7)
+
+
+def test_missing_metadata_is_an_error_naming_the_url(served):
+    with pytest.raises(ef.io.DatasetNotFoundError, match=rf"{served.url}/nothere.zarr"):
+        ef.open(f"{served.url}/nothere.zarr")
+    with pytest.raises(ef.io.DatasetNotFoundError, match="nothere"):
+        ef.open(f"{served.url}/s.n5/nothere")
+    with pytest.raises(FileNotFoundError, match=rf"{served.url}/nothere"):
+        ef.open(f"{served.url}/nothere", format="precomputed")
+
+
+def test_a_denied_request_names_url_and_key(served):
+    served.faults["/v3.zarr/zarr.json"] = [403]
+    with pytest.raises(RemoteReadError, match=rf"{served.url}/v3.zarr/zarr.json: access denied"):
+        ef.open(f"{served.url}/v3.zarr", storage_options=QUICK)
+    assert sum("/v3.zarr/zarr.json" in r for r in served.requests) == 1  # not retried: it will not change
+    with ef.open(f"{served.url}/v3.zarr", in_memory=False, storage_options=QUICK) as lazy:
+        served.faults["/v3.zarr/c/1/0/2"] = [403]
+        with pytest.raises(RemoteReadError, match=r"v3.zarr/c/1/0/2: access denied"):
+            lazy_box(lazy)
+
+
+def test_transient_failures_are_retried_with_backoff(written, served):
+    served.faults["/v3.zarr/c/0/1/1"] = [503, 503, "truncate"]
+    with ef.open(f"{served.url}/v3.zarr", in_memory=False, storage_options={"retries": 3}) as lazy:
+        np.testing.assert_array_equal(lazy_box(lazy), written[1])
+    assert sum(r.endswith("/v3.zarr/c/0/1/1") for r in served.requests) == 4
+    served.faults["/s.n5/raw/1/0/0"] = [500]
+    np.testing.assert_array_equal(ef.open(f"{served.url}/s.n5/raw").array[0], written[1])
+
+
+@pytest.mark.parametrize("fault,why", [(503, "503"), ("truncate", "Payload|payload|not completed|Content"),
+                                       ("hang", "Timeout|timeout")])
+def test_a_failure_that_lasts_names_url_and_chunk_after_the_retries(served, fault, why):
+    with ef.open(f"{served.url}/v3.zarr", in_memory=False, storage_options=QUICK) as lazy:
+        served.faults["/v3.zarr/c/2/3/4"] = [fault] * 3
+        start = time.perf_counter()
+        with pytest.raises(RemoteReadError, match=rf"{served.url}/v3.zarr/c/2/3/4: cannot read it after 3 "
+                                                  rf"attempts \(.*({why})"):
+            lazy_box(lazy)
+        assert time.perf_counter() - start < 3 * QUICK["timeout"] + 5
+    assert sum(r.endswith("/v3.zarr/c/2/3/4") for r in served.requests) == 3
+
+
+def test_an_unreachable_server_is_an_error_naming_the_url():
+    url = f"http://127.0.0.1:{free_port()}/gone.zarr"  # nothing listens there
+    start = time.perf_counter()
+    with pytest.raises(RemoteReadError, match=rf"{url}/zarr.json: cannot read it after 3 attempts"):
+        ef.open(url, storage_options=QUICK)
+    assert time.perf_counter() - start < 10
+
+
+def test_the_training_loop_raises_a_remote_error_naming_url_and_chunk(served):
+    served.faults["/v3.zarr/c/"] = [503] * 1000  # every chunk, every attempt
+    with ef.open(f"{served.url}/v3.zarr", in_memory=False, storage_options={"retries": 1}) as lazy:
+        with ef.Loader(lazy, patch=(6, 12, 14), batch_size=2, threads=2) as loader:
+            with pytest.raises(RemoteReadError, match=rf"{served.url}/v3.zarr/c/\d+/\d+/\d+: cannot read it"):
+                next(iter(loader))
+    assert threads_end()
+
+
+@pytest.mark.parametrize("name", ["zarr v3", "N5", "precomputed"])
+def test_close_returns_promptly_while_requests_hang(written, served, name):
+    path, args = written[2][name]
+    with ef.open(f"{served.url}/{path}", in_memory=False, storage_options={"timeout": 60}, **args) as lazy:
+        served.faults[f"/{path}/"] = ["hang"] * 1000  # every chunk request hangs (the metadata was read)
+        before = len(served.requests)
+        loader = ef.Loader(lazy, patch=(6, 12, 14), batch_size=2, threads=2)
+        loader.start()
+        deadline = time.monotonic() + 10
+        while len(served.requests) < before + 2 and time.monotonic() < deadline:  # chunk requests in flight
+            time.sleep(0.01)
+        assert len(served.requests) >= before + 2
+        closed = threading.Event()
+        start = time.perf_counter()
+        threading.Thread(target=lambda: (loader.close(), closed.set()), daemon=True).start()
+        assert closed.wait(10), "close() did not return while requests hang"
+        assert time.perf_counter() - start < 2
+    assert threads_end()
+
+
+def test_profile_reports_fetch_apart_from_decode(served):
+    served.latency = 0.03
+    try:
+        with ef.open(f"{served.url}/v3.zarr", in_memory=False) as lazy:
+            cache = lazy.chunk_cache
+            timings = Timings()
+            boxes = cache.boxes([(0, 0, 0)], [SHAPE])
+            cache.pin(boxes, timings)
+            cache.unpin(boxes)
+    finally:
+        served.latency = 0.005
+    assert lazy.cache_stats.misses == 3 * 4 * 5
+    assert timings.seconds["fetch"] >= 0.03  # the requests, made together, waited the latency at least once
+    assert 0 < timings.seconds["decode"] < timings.seconds["fetch"]
+
+
+@pytest.mark.parametrize("path", ["v3.zarr", "v2.zarr", "s.n5/raw"])
+def test_the_chunks_of_a_read_are_requested_together(written, served, path):
+    with ef.open(f"{served.url}/{path}", in_memory=False) as lazy:
+        served.most_in_flight = 0
+        np.testing.assert_array_equal(lazy_box(lazy), written[1])
+    assert served.most_in_flight >= 8  # of 60 chunks; one at a time would wait 60 round trips
+
+
+def test_a_loader_profile_has_fetch_and_decode(served):
+    with ef.open(f"{served.url}/v3.zarr", in_memory=False) as lazy:
+        with ef.Loader(lazy, patch=(6, 12, 14), batch_size=2, threads=1) as loader:
+            next(iter(loader))
+            report = loader.profile
+    assert "decode" in str(report) and "fetch" in str(report)
+    assert report.seconds["fetch"] + report.seconds["ahead"] > 0
+
+
+class Timings:
+    def __init__(self):
+        self.seconds = {}
+
+    def add(self, stage, seconds):
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+
+
+def test_remote_store_options_are_checked():
+    with pytest.raises(ValueError, match="retries must be an integer >= 0"):
+        RemoteStore("http://127.0.0.1:1/x.zarr", {"retries": -1})
+    with pytest.raises(ValueError, match="timeout must be a positive number"):
+        RemoteStore("s3://bucket/x.zarr", {"timeout": 0})
+    with pytest.raises(ValueError, match="storage_options apply to remote stores"):
+        ef.open("local.zarr", storage_options={"anon": True})
+
+
+def test_remote_hdf5_is_refused_naming_the_url():
+    with pytest.raises(ValueError, match="s3://bucket/f.h5: HDF5 is not read remotely"):
+        ef.open("s3://bucket/f.h5/raw", storage_options={"endpoint_url": "http://127.0.0.1:1"})
+
+
+def test_s3_endpoint_from_the_environment_and_credentials_checked(written, s3, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3)
+    np.testing.assert_array_equal(ef.open(f"s3://{BUCKET}/v3.zarr").array[0], written[1])
+    np.testing.assert_array_equal(ef.open(f"s3://{BUCKET}/pcs").array[0], written[1])  # through tensorstore
+    with pytest.raises(ef.io.DatasetNotFoundError, match=f"s3://{BUCKET}/nothere.zarr"):
+        ef.open(f"s3://{BUCKET}/nothere.zarr")
+
+
+def test_gs_without_gcsfs_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gcsfs", None)  # as if not installed
+    with pytest.raises(ImportError, match="reading gs:// needs gcsfs"):
+        ef.open("gs://bucket/sample.zarr")
+
+
+def read_in_child(volume, queue):
+    queue.put(lazy_box(volume).tobytes())
+
+
+def test_a_lazy_remote_volume_reads_in_a_forked_worker(written, served):
+    """A PyTorch worker is a fork: the parent's connections and event loop are not usable there."""
+    with ef.open(f"{served.url}/v3.zarr", in_memory=False) as lazy:
+        lazy_box(lazy, (0, 0, 0), (8, 8, 8))  # the parent has read: its event loop runs
+        lazy.chunk_cache.clear()
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        child = context.Process(target=read_in_child, args=(lazy, queue))
+        child.start()
+        try:
+            got = queue.get(timeout=60)
+        finally:
+            child.join(10)
+            if child.is_alive():
+                child.kill()
+        assert child.exitcode == 0
+        np.testing.assert_array_equal(np.frombuffer(got, np.uint8).reshape(SHAPE), written[1])
