@@ -42,7 +42,9 @@ def random_box(rng, shape):
     return [int(rng.integers(0, s - e + 1)) for s, e in zip(shape, extent)], extent
 
 
-def check_boxes(volume, data, rng, count):
+def check_boxes(volume, data, rng, count, alone=True):
+    """``count`` random boxes read equal ``data``; read ``alone`` (no other thread pinning blocks meanwhile), the
+    cache stays within its budget after each."""
     source = data if data.ndim == 4 else data[np.newaxis]
     budget = volume.cache_stats.budget_bytes
     for _ in range(count):
@@ -51,7 +53,7 @@ def check_boxes(volume, data, rng, count):
         volume.read_box(corner, extent, out)
         expected = source[(slice(None),) + tuple(slice(c, c + e) for c, e in zip(corner, extent))]
         np.testing.assert_array_equal(out, expected)
-        assert volume.cache_stats.bytes_held <= budget
+        assert not alone or volume.cache_stats.bytes_held <= budget
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -139,7 +141,9 @@ def test_threads_hammering_read_box_get_exact_boxes(tmp_path, rng):
     with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False, cache_bytes=budget) as volume:
         def worker(seed):
             local = np.random.default_rng(seed)
-            check_boxes(volume, data, local, 30)
+            # other threads' boxes may pin more than the budget for a moment (as documented); the budget holds
+            # once they are all done
+            check_boxes(volume, data, local, 30, alone=False)
 
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(worker, range(4)))

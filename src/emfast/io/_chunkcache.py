@@ -5,8 +5,9 @@ volume into *blocks*: the store's own chunks (all channels of a 4-D volume toget
 reads every channel), or :data:`CONTIGUOUS_BLOCK` voxels for data stored without chunking. A window is
 assembled from the blocks it overlaps; a missing block is read from its
 :class:`~emfast.io._source.VolumeSource` once and kept until the memory budget needs its room, least recently
-used first. The source decodes: HDF5, zarr and N5 all decode chunks outside the GIL, so several producer threads
-decode in parallel.
+used first. The source decodes: HDF5, zarr and N5 all decode chunks outside the GIL, so the missing blocks of a
+batch's windows are read side by side, on the calling thread and the decode helpers of :mod:`emfast.io._decode`,
+where the source says that pays (:attr:`~emfast.io._source.VolumeSource.parallel_reads`).
 
 The gather kernels read windows straight from the held blocks (:attr:`ChunkCache.grid`, the address of each
 block): a window pins its blocks (:meth:`ChunkCache.pin`) while a kernel reads them, so they are neither evicted
@@ -20,6 +21,7 @@ reading it again, while misses on other blocks proceed in parallel.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -34,6 +36,7 @@ from typing import Dict, Sequence, Tuple
 import numpy as np
 
 from .._core.gather import ChunkGrid, gather_chunked_copy
+from ._decode import run_all
 from ._source import transfer_time
 
 #: Block shape (z, y, x) for datasets stored contiguously (no HDF5 chunks), clipped to the volume.
@@ -212,7 +215,7 @@ class ChunkCache:
             held, missing = self.grid.pin(boxes, self._clock)
             self._hits += held
         try:
-            self._read_missing(boxes, missing, timings)
+            self._read_missing(boxes[missing], timings)
         except BaseException:
             self.unpin(boxes)
             raise
@@ -225,7 +228,7 @@ class ChunkCache:
             self._clock += 1
             _, missing = self.grid.pin(boxes, self._clock)
             self.grid.unpin(boxes)
-        self._read_missing(boxes, missing, timings, ahead=True)
+        self._read_missing(boxes[missing], timings, ahead=True)
         return len(missing)
 
     def unpin(self, boxes: np.ndarray) -> None:
@@ -235,23 +238,35 @@ class ChunkCache:
             if self._bytes_held > self.budget_bytes:
                 self._evict_unpinned(self._bytes_held - self.budget_bytes)
 
-    def _read_missing(self, boxes: np.ndarray, missing, timings, ahead: bool = False) -> None:
-        """Read the blocks not held of the boxes numbered ``missing`` (``ahead``: for :meth:`prefetch`).
+    def _read_missing(self, boxes: np.ndarray, timings, ahead: bool = False) -> None:
+        """Read the blocks of ``boxes`` (from :meth:`boxes`) that are not held (``ahead``: for :meth:`prefetch`).
 
         The source is told every block first (``will_read``, where it has one): a remote source then requests
-        them all at once, and the blocks, read one by one here, wait for one round trip, not one each."""
+        them all at once, and the blocks wait for one round trip, not one each. Then they are read in one call of
+        the source's ``read_many`` where it has one, else side by side on this thread and the decode helpers where
+        the source's reads gain from it, else one after another. The first failure is raised once every read
+        ended."""
         keys: Dict[Key, None] = {}
-        for n in missing:
-            box = _box_slices(boxes[n])
-            origin = np.array([s.start for s in box])
-            keys.update((tuple(int(k) for k in key), None) for key in np.argwhere(self._addresses[box] == 0) + origin)
+        for box in boxes:
+            slices = _box_slices(box)
+            origin = np.array([s.start for s in slices])
+            for key in np.argwhere(self._addresses[slices] == 0) + origin:
+                keys[tuple(int(k) for k in key)] = None
         announce = getattr(self._source, "will_read", None)
         if announce is not None and len(keys) > 1:
             with self._lock:
                 wanted = [key for key in keys if key not in self._pending]
             announce([self._block_box(key) for key in wanted])
-        for key in keys:
-            self._get(key, timings, ahead)
+        read_many = getattr(self._source, "read_many", None)
+        if read_many is not None and len(keys) > 1:
+            self._read_together(list(keys), read_many, timings, ahead)
+            return
+        calls = [functools.partial(self._get, key, timings, ahead) for key in keys]
+        if getattr(self._source, "parallel_reads", False):
+            run_all(calls)
+            return
+        for call in calls:
+            call()
 
     def nonfinite(self, boxes: np.ndarray) -> np.ndarray:
         """Per box (pinned), whether one of its blocks holds NaN or infinity (always False for integer dtypes)."""
@@ -328,6 +343,55 @@ class ChunkCache:
         pending.set_result(block)
         return block
 
+    def _read_together(self, keys, read_many, timings, ahead: bool) -> None:
+        """Read the blocks ``keys`` not held by one call of the source's ``read_many`` (which reads them all at
+        once, e.g. tensorstore's concurrent reads), after waiting for those another thread is reading already."""
+        mine, theirs = [], []
+        with self._lock:
+            for key in keys:
+                if self._addresses[key]:
+                    continue  # read by another thread meanwhile
+                waiting = self._pending.get(key)
+                if waiting is not None:
+                    theirs.append(waiting)
+                else:
+                    self._pending[key] = Future()
+                    mine.append(key)
+            self._shared += len(theirs)
+            self._misses += len(mine)
+            self._read_ahead += ahead * len(mine)
+        start, moved = time.perf_counter(), transfer_time()
+        try:
+            blocks = [self._empty_block(key) for key in mine]
+            read_many([(origin, block.shape[1:], block) for origin, block in blocks])
+            blocks = [self._finished(key, block) for key, (_, block) in zip(mine, blocks)]
+        except BaseException as exc:
+            with self._lock:
+                futures = [self._pending.pop(key) for key in mine]
+            for future in futures:
+                future.set_exception(exc)
+            raise
+        if timings is not None:  # as in _get: the bytes' transfer, then the rest
+            moved = transfer_time() - moved
+            timings.add("fetch", moved)
+            timings.add("decode", max(0.0, time.perf_counter() - start - moved))
+        with self._lock:
+            self._evict_unpinned(self._bytes_held + sum(b.nbytes for b in blocks) - self.budget_bytes)
+            for key, block in zip(mine, blocks):
+                self._blocks[self._flat(key)] = block
+                self._addresses[key] = block.ctypes.data
+                self._clock += 1
+                self._stamps[key] = self._clock
+                self._bytes_held += block.nbytes
+            futures = [self._pending.pop(key) for key in mine]
+        for future, block in zip(futures, blocks):
+            future.set_result(block)
+        start = time.perf_counter()
+        for waiting in theirs:
+            waiting.result()  # another thread's read: its exception, if it failed, is raised here too
+        if theirs and timings is not None:
+            timings.add("pending", time.perf_counter() - start)
+
     def _flat(self, key: Key) -> int:
         return (key[0] * self._addresses.shape[1] + key[1]) * self._addresses.shape[2] + key[2]
 
@@ -367,10 +431,18 @@ class ChunkCache:
 
     def _fetch(self, key: Key) -> np.ndarray:
         """Read block ``key`` from the source, as a read-only (c, z, y, x) array."""
+        origin, block = self._empty_block(key)
+        self._source.read(origin, block.shape[1:], block)
+        return self._finished(key, block)
+
+    def _empty_block(self, key: Key) -> tuple:
+        """(origin (z, y, x) in voxels, an unfilled (c, z, y, x) buffer) of block ``key``."""
         origin, extent = self._block_box(key)
         shape = (self._channels,) + extent
-        block = self._buffer(int(np.prod(shape)) * self._dtype.itemsize).view(self._dtype).reshape(shape)
-        self._source.read(origin, shape[1:], block)
+        return origin, self._buffer(math.prod(shape) * self._dtype.itemsize).view(self._dtype).reshape(shape)
+
+    def _finished(self, key: Key, block: np.ndarray) -> np.ndarray:
+        """``block``, filled, made read-only, its NaN flag set."""
         block.flags.writeable = False
         if self._dtype.kind == "f":
             self._nonfinite[key] = not np.isfinite(block).all()

@@ -7,6 +7,7 @@ writes to the user's store.
 """
 from __future__ import annotations
 
+import math
 import os
 import stat
 import threading
@@ -52,7 +53,7 @@ def checked_chunk(data, dtype: np.dtype, shape: Sequence[int], where: str, stamp
     CorruptChunkError
         The size differs; the message says whether the store changed since it was opened (``stamp``).
     """
-    expected = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    expected = math.prod(int(s) for s in shape) * np.dtype(dtype).itemsize
     got = memoryview(data).nbytes
     if got != expected:
         changed = stamp is not None and not stamp.unchanged()
@@ -111,6 +112,43 @@ def read_regular_file(path: Path, what: str) -> Optional[bytes]:
     """The bytes of the regular file ``path``, or None if there is none; anything else (a directory, a FIFO, a
     device) is refused. Checked by stat before it is opened, so a FIFO is never opened; opened non-blocking and
     checked again through the descriptor, so a FIFO swapped in between can neither block nor slip through."""
+    opened = _open_regular(path, what)
+    if opened is None:
+        return None
+    start = time.perf_counter()
+    with os.fdopen(opened[0], "rb") as file:
+        data = file.read()
+    add_transfer_time(time.perf_counter() - start)
+    return data
+
+
+def read_regular_file_into(path: Path, what: str, out: np.ndarray) -> Optional[bool]:
+    """Read the regular file ``path`` straight into ``out`` (C-contiguous) if it has exactly ``out.nbytes`` bytes:
+    True; False if it has another size (nothing read: the caller reads it whole to say what is wrong); None if there
+    is no file. Refuses what :func:`read_regular_file` refuses."""
+    opened = _open_regular(path, what)
+    if opened is None:
+        return None
+    descriptor, size = opened
+    start = time.perf_counter()
+    try:
+        with os.fdopen(descriptor, "rb", buffering=0) as file:
+            if size != out.nbytes:
+                return False
+            view = memoryview(out.reshape(-1).view(np.uint8))
+            got = 0
+            while got < size:
+                count = file.readinto(view[got:])
+                if not count:
+                    return False  # the file shrank while being read
+                got += count
+        return True
+    finally:
+        add_transfer_time(time.perf_counter() - start)
+
+
+def _open_regular(path: Path, what: str) -> Optional[Tuple[int, int]]:
+    """(descriptor, size) of the regular file ``path`` opened for reading, or None if there is none."""
     require_kind(path, "file", what)
     try:
         descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -119,19 +157,15 @@ def read_regular_file(path: Path, what: str) -> Optional[bytes]:
     except IsADirectoryError:  # some systems refuse to open a directory at all
         raise IsADirectoryError(f"{path} is a directory, not a regular file: {what} must be a file") from None
     try:
-        mode = os.fstat(descriptor).st_mode
+        status = os.fstat(descriptor)
     except BaseException:
         os.close(descriptor)
         raise
-    if not stat.S_ISREG(mode):
+    if not stat.S_ISREG(status.st_mode):
         os.close(descriptor)
-        error = IsADirectoryError if stat.S_ISDIR(mode) else OSError
-        raise error(f"{path} is {_kind(mode)}, not a regular file: {what} must be a file")
-    start = time.perf_counter()
-    with os.fdopen(descriptor, "rb") as file:
-        data = file.read()
-    add_transfer_time(time.perf_counter() - start)
-    return data
+        error = IsADirectoryError if stat.S_ISDIR(status.st_mode) else OSError
+        raise error(f"{path} is {_kind(status.st_mode)}, not a regular file: {what} must be a file")
+    return descriptor, status.st_size
 
 
 @dataclass(frozen=True)
@@ -189,8 +223,20 @@ class VolumeSource:
         Voxel size and world position of voxel (0, 0, 0), in (z, y, x) order, from the store's metadata.
     stamp : Stamp
         Location and state when opened (statistics cache key, pickling, change detection).
+    parallel_reads : bool
+        Whether reading several chunks on several threads at once is faster than one after another: True where a
+        chunk read is mostly decoding that releases the GIL (the chunk cache then reads a box's missing chunks side
+        by side, :mod:`emfast.io._decode`); False where it is mostly Python work (an uncompressed file), which
+        threads would only contend for.
+
+    A source may also offer ``read_many(requests)``, filling several boxes, ``requests`` a list of
+    ``(corner, extent, out)`` as :meth:`read` takes them, in one call (tensorstore's concurrent reads): the chunk
+    cache then reads a box's missing chunks through it, together. A remote source may offer ``will_read(blocks)``,
+    ``blocks`` a list of (corner, extent): the chunk cache announces every block it is about to read, and the source
+    requests them all at once.
     """
 
+    parallel_reads: bool = False
     name: str
     full_shape: Tuple[int, ...]
     dtype: np.dtype

@@ -3,13 +3,20 @@ zarr-python 3 (the optional extra ``emfast[zarr]``), opened read-only.
 
 The chunk cache reads one chunk at a time. For the common layout (no sharding, no filters, C order,
 at most one compressor among zstd, blosc, gzip/zlib, lz4) emfast reads the chunk's file and decodes it in the
-calling thread with numcodecs or zlib, which release the GIL, so producer threads decode in parallel; this is
-about twice as fast as a call into zarr-python per chunk, whose event loop serialises much of the work. Any
-other layout (sharded v3 included) is read through zarr-python. A remote store (:mod:`emfast.io._remote`) is read
-the same way, its chunks' bytes coming over the network (to zarr-python through a retrying FsspecStore). A chunk
-that was never written reads as the array's fill value, as the zarr specification says; a chunk that cannot be
-decoded, or decodes to another size than the metadata promises, is a :class:`~emfast.io._source.CorruptChunkError`
-naming the store and the chunk.
+calling thread with numcodecs or zlib, which release the GIL, so the chunk cache decodes a box's missing chunks
+in parallel (:mod:`emfast.io._decode`); this is about twice as fast as a call into zarr-python per chunk, whose
+event loop serialises much of the work. Sharded v3 arrays of the same inner layout in a local store read each inner
+chunk straight from its shard file through the shard's index, read once (:mod:`emfast.io._shards`; about ten times
+faster than zarr-python per inner chunk). A whole chunk is decoded straight into its cache block (zstd and blosc,
+whose frames state their decoded size) or read into it (no compressor). Any other layout (a remote sharded array
+included) is read through zarr-python. Per codec, emfast decodes with numcodecs (zstd, blosc, lz4) or zlib (gzip)
+itself rather than through tensorstore: one chunk read alone costs about what tensorstore's read of it costs
+(``benchmarks/lazy_cold.py``), and a tensorstore route would add a copy into the block and a dependency. A remote
+store (:mod:`emfast.io._remote`) is read the same way, its chunks' bytes coming over the network (to zarr-python
+through a retrying FsspecStore); its chunks are decoded one after another on the reading thread, their requests
+announced together beforehand (``will_read``). A chunk that was never written reads as the array's fill value, as
+the zarr specification says; a chunk that cannot be decoded, or decodes to another size than the metadata promises,
+is a :class:`~emfast.io._source.CorruptChunkError` naming the store and the chunk.
 
 An array is opened by its own metadata, so an array with no group metadata above it (tensorstore's and
 funlib.persistence's normal layout) opens too. Its geometry comes from :mod:`emfast.io._geometry`: an array whose
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import time
 import zlib
@@ -33,10 +41,12 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ._geometry import Geometry, array_geometry, choose_level, multiscale_levels, require_agreement
+from ._decode import blosc_content_size, zstd_content_size
 from ._metadata import bad_metadata, int_list, metadata_key, parsing
 from ._remote import RemoteReadError, RemoteStore, ReadAbandoned
+from ._shards import ShardedChunks
 from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource,
-                      add_transfer_time, checked_chunk, read_regular_file, require_kind)
+                      add_transfer_time, checked_chunk, read_regular_file, read_regular_file_into, require_kind)
 
 #: Metadata files that mark a zarr array or group (v3, then v2).
 ARRAY_MARKERS = ("zarr.json", ".zarray")
@@ -135,6 +145,11 @@ class ZarrSource(VolumeSource):
         self._array = array
         in_order = "t" not in self._axes and Geometry(self._axes, None, None).canonical  # what _DirectChunks reads
         self._direct = _DirectChunks.for_array(array, path / dataset) if in_order else None
+        if self._direct is None and in_order and not remote:  # remote shards: zarr-python with the retrying store
+            self._direct = ShardedChunks.for_array(array, path / dataset, _decoder, _decoder_into)
+        # emfast's own decoders release the GIL; zarr-python's event loop serialises the work of several threads.
+        # A remote array's reads wait on the network, their requests already announced together (will_read).
+        self.parallel_reads = self._direct is not None and bool(array.compressors) and not remote
         self._path, self._dataset = path, dataset
         self._level, self._resolution = level, resolution
         self.dtype = np.dtype(array.dtype)
@@ -199,7 +214,7 @@ class ZarrSource(VolumeSource):
 
     def will_read(self, blocks) -> None:
         """Announce the blocks ((corner, extent) each) about to be read: a remote store requests them together."""
-        if self._direct is not None and isinstance(self._direct.directory, RemoteStore):
+        if isinstance(self._direct, _DirectChunks) and isinstance(self._direct.directory, RemoteStore):
             self._direct.directory.will_get(self._direct.key(corner) for corner, _ in blocks)
 
     def attributes(self) -> dict:
@@ -394,10 +409,12 @@ class _DirectChunks:
     """Reads whole chunks of a plain zarr array from their files (or a remote store's keys) and decodes them in the
     calling thread."""
 
-    def __init__(self, array, directory: Union[Path, RemoteStore], decode) -> None:
+    def __init__(self, array, directory: Union[Path, RemoteStore], decode, decode_into) -> None:
         self._array = array
         self.directory = directory
         self._decode = decode
+        self._decode_into = decode_into
+        self._raw = not array.compressors
         self._metadata = array.metadata
         self._chunks = tuple(int(c) for c in array.chunks)
         self._shape = tuple(int(s) for s in array.shape)
@@ -423,7 +440,8 @@ class _DirectChunks:
         if len(array.compressors) > 1:
             return None
         decode = _decoder(array.compressors[0]) if array.compressors else (lambda data: data)
-        return None if decode is None else cls(array, directory, decode)
+        into = _decoder_into(array.compressors[0]) if array.compressors else None
+        return None if decode is None else cls(array, directory, decode, into)
 
     def key(self, corner) -> str:
         """The store key of the chunk at ``corner`` (z, y, x voxels, a multiple of the chunk shape)."""
@@ -442,12 +460,18 @@ class _DirectChunks:
                    for c, e, k, s in zip(corner, extent, spatial, self._shape[lead:])):
             return False
         key = self.key(corner)
+        # a whole chunk (the chunk cache's usual request) is read or decoded straight into ``out``
+        whole = out.flags.c_contiguous and out.dtype == self._dtype and out.size == math.prod(self._chunks)
         if isinstance(self.directory, RemoteStore):
             data = self.directory.get(key)
         else:
+            if whole and self._raw and read_regular_file_into(self.directory / key, "a zarr chunk", out):
+                return True
             data = read_regular_file(self.directory / key, "a zarr chunk")
         if data is None:
             out[...] = self._fill
+            return True
+        if whole and self._decode_into is not None and self._decode_into(data, out):
             return True
         try:
             decoded = self._decode(data)
@@ -458,6 +482,34 @@ class _DirectChunks:
         view = chunk if lead else chunk[np.newaxis]
         np.copyto(out, view[(slice(None),) + tuple(slice(0, int(e)) for e in extent)])
         return True
+
+
+def _decoder_into(codec):
+    """A (bytes, out) -> bool function that decodes one chunk straight into ``out`` (C-contiguous, the chunk's
+    size) if its frame states exactly that decoded size and decodes: True; else False, and the caller decodes it
+    the general way, which names what is wrong. None for codecs without one (gzip: zlib cannot decode into a
+    buffer)."""
+    import numcodecs
+    zarr = import_zarr()
+    if isinstance(codec, numcodecs.abc.Codec) and codec.codec_id in ("zstd", "blosc"):
+        kind, decoder = codec.codec_id, codec
+    elif isinstance(codec, zarr.codecs.ZstdCodec):
+        kind, decoder = "zstd", numcodecs.Zstd(level=codec.level, checksum=codec.checksum)
+    elif isinstance(codec, zarr.codecs.BloscCodec):
+        kind, decoder = "blosc", numcodecs.Blosc()
+    else:
+        return None
+    size_of = zstd_content_size if kind == "zstd" else blosc_content_size
+
+    def decode_into(data, out: np.ndarray) -> bool:
+        if size_of(data) != out.nbytes:
+            return False
+        try:
+            decoder.decode(data, out.reshape(-1).view(np.uint8))
+        except Exception:  # noqa: BLE001 - decoded again the general way, whose error names the chunk
+            return False
+        return True
+    return decode_into
 
 
 def _decoder(codec):

@@ -1,0 +1,110 @@
+"""Reading several chunks side by side: the helper threads that decode a box's missing chunks in parallel.
+
+A box of a lazy volume usually misses several chunks at once (8 to 27 for a window over cubic chunks). Their
+decoders (numcodecs' zstd, blosc and lz4, zlib, the kernel's file reads) release the GIL, so reading them on
+several threads runs them on several cores, as tensorstore does with its own thread pool. :func:`run_all` runs
+a list of calls on the calling thread and on helper threads, one per idle core, and returns when every call has
+ended. The helpers live only as long as the request: started for it, joined before :func:`run_all` returns, so
+no thread outlives the reads that needed it (a loader's close() leaves none behind).
+
+:func:`zstd_content_size` and :func:`blosc_content_size` read the decoded size a frame's header states, so that a
+chunk known to decode to exactly its block's size can be decoded straight into the block.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+from typing import Callable, List, Optional, Sequence
+
+#: Calls per helper thread at least: fewer are read on the calling thread alone, as starting a thread (about
+#: 0.1 ms) would cost more than it saves.
+CALLS_PER_HELPER = 2
+
+
+def _cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no sched_getaffinity (macOS, Windows)
+        return max(1, os.cpu_count() or 1)
+
+
+def _idle_cores() -> int:
+    """Cores no thread is using, by the 1-minute load average (which counts this process's busy threads too)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average (Windows)
+        return _cores()
+    return max(0, _cores() - math.ceil(load))
+
+
+class _Calls:
+    """One :func:`run_all` request: calls taken in order by whichever thread asks first."""
+
+    def __init__(self, calls: Sequence[Callable[[], None]]) -> None:
+        self._calls = list(calls)
+        self._next = 0
+        self._lock = threading.Lock()
+        self.errors: List[BaseException] = []
+
+    def work(self) -> None:
+        """Run calls until none is left to start."""
+        while True:
+            with self._lock:
+                if self._next == len(self._calls):
+                    return
+                call = self._calls[self._next]
+                self._next += 1
+            try:
+                call()
+            except BaseException as error:  # noqa: BLE001 - raised by run_all once every call has ended
+                with self._lock:
+                    self.errors.append(error)
+
+
+def run_all(calls: Sequence[Callable[[], None]]) -> None:
+    """Run every call, side by side on this thread and helper threads (at most one per idle core, and one per
+    :data:`CALLS_PER_HELPER` calls), and return when all have ended.
+
+    Helpers run only on idle cores: where every core is busy (other producers, other processes), threads of one
+    process contend for the GIL and the cores, and cost CPU time without shortening the reads (measured on a
+    loaded 2-core machine: about 20 % more CPU time per box and no faster, ``benchmarks/lazy_cold.py``).
+
+    Raises
+    ------
+    BaseException
+        The first exception a call raised, after every call has ended (the others' are dropped).
+    """
+    helpers = min(_cores() - 1, _idle_cores(), (len(calls) - 1) // CALLS_PER_HELPER)
+    work = _Calls(calls)
+    threads = [threading.Thread(target=work.work, name=f"emfast-decode-{n}", daemon=True) for n in range(helpers)]
+    for thread in threads:
+        thread.start()
+    try:
+        work.work()
+    finally:
+        for thread in threads:
+            thread.join()
+    if work.errors:
+        raise work.errors[0]
+
+
+def zstd_content_size(frame) -> Optional[int]:
+    """The decoded size a zstd frame's header states (RFC 8878, 3.1.1.1), or None if it states none or ``frame``
+    is no zstd frame. The decoder checks the content against this size, so a damaged frame cannot pass it."""
+    header = bytes(memoryview(frame)[:18])
+    if len(header) < 6 or header[:4] != b"\x28\xb5\x2f\xfd":
+        return None
+    descriptor = header[4]
+    single_segment = bool(descriptor & 0x20)
+    start = 5 + (not single_segment) + (0, 1, 2, 4)[descriptor & 0x03]
+    size = (1 if single_segment else 0, 2, 4, 8)[descriptor >> 6]
+    if size == 0 or len(header) < start + size:
+        return None
+    return int.from_bytes(header[start:start + size], "little") + (256 if size == 2 else 0)
+
+
+def blosc_content_size(frame) -> Optional[int]:
+    """The decoded size a blosc frame's header states, or None if ``frame`` is too short to be one."""
+    header = bytes(memoryview(frame)[:16])
+    return int.from_bytes(header[4:8], "little") if len(header) == 16 else None

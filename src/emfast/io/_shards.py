@@ -1,0 +1,178 @@
+"""Inner chunks of a local sharded zarr v3 array, read straight from their shard files.
+
+A shard (zarr v3's ``sharding_indexed`` codec) is one file holding many inner chunks, each encoded alone, and an
+index: for each inner chunk, in C order of the shard's grid of inner chunks, its byte offset and length (two
+little-endian uint64; both 2**64 - 1 where the chunk was never written), at the file's end or start
+(``index_location``), followed by a CRC32C checksum where ``index_codecs`` says so.
+
+zarr-python reads one inner chunk through its event loop and the whole codec pipeline (about 3 ms each, most of it
+under the GIL); here the shard's index is read once and kept, and each inner chunk is one ``pread`` of its bytes
+and one decode with numcodecs (zstd, blosc, gzip), which releases the GIL. A kept index is used again only while
+the shard file's size and modification time are unchanged, so a rewritten shard is never read through a stale
+index. A chunk whose index entry points outside its file, or an index whose checksum fails, is a
+:class:`~emfast.io._source.CorruptChunkError` naming the store and the shard.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Callable, Optional, Tuple
+
+import numpy as np
+
+from ._source import CorruptChunkError, Stamp, add_transfer_time, checked_chunk, require_kind
+
+#: Index entry of an inner chunk that was never written (offset and length both).
+_EMPTY = np.uint64(2 ** 64 - 1)
+
+#: Shard indexes kept per array (least recently used dropped first); 16 bytes per inner chunk each.
+KEPT_INDEXES = 4096
+
+
+class ShardedChunks:
+    """Reads the inner chunks of a local sharded zarr v3 array whose layout this class decodes exactly.
+
+    Parameters
+    ----------
+    array : zarr.Array
+        The array (opened by zarr-python, which parsed and checked its metadata).
+    directory : Path
+        The array's directory.
+    decode : callable
+        Bytes of one encoded inner chunk -> its decoded bytes.
+    decode_into : callable or None
+        (bytes, out) -> whether it decoded them straight into ``out`` (see ``_zarr._decoder_into``).
+    checksum, at_end : bool
+        Whether the index ends with a CRC32C checksum; whether it is at the shard's end (else its start).
+    """
+
+    def __init__(self, array, directory: Path, decode: Callable, decode_into: Optional[Callable], checksum: bool,
+                 at_end: bool) -> None:
+        self._metadata = array.metadata
+        self._directory = directory
+        self._decode = decode
+        self._decode_into = decode_into
+        self._checksum = checksum
+        self._at_end = at_end
+        self._inner = tuple(int(c) for c in array.chunks)
+        self._shard = tuple(int(s) for s in array.shards)
+        self._shape = tuple(int(s) for s in array.shape)
+        self._per_shard = tuple(s // c for s, c in zip(self._shard, self._inner))
+        self._index_bytes = 16 * int(np.prod(self._per_shard)) + 4 * checksum
+        self._dtype = np.dtype(array.dtype)
+        if self._dtype.itemsize > 1 and array.serializer.endian is not None:
+            self._dtype = self._dtype.newbyteorder("<" if array.serializer.endian.value == "little" else ">")
+        self._fill = array.fill_value
+        self._indexes: "OrderedDict[str, Tuple[Tuple[int, int], np.ndarray]]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_array(cls, array, directory: Path, decoder: Callable, decoder_into: Callable
+                  ) -> Optional["ShardedChunks"]:
+        """A reader if ``array`` is sharded in a layout this class decodes exactly (sharding the only
+        array-to-bytes codec, no filters; inner chunks: bytes and at most one compressor ``decoder`` knows;
+        index: bytes, little-endian, optionally crc32c), else None (zarr-python reads it). ``decoder`` and
+        ``decoder_into`` make the inner compressor's decoders."""
+        from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
+        codecs = getattr(array.metadata, "codecs", ())
+        if not directory.is_dir() or getattr(array, "shards", None) is None or len(codecs) != 1:
+            return None
+        sharding = codecs[0]
+        if not isinstance(sharding, ShardingCodec) or np.dtype(array.dtype).kind not in "uif":
+            return None
+        inner = list(sharding.codecs)
+        if not inner or not isinstance(inner[0], BytesCodec) or len(inner) > 2:
+            return None
+        decode = decoder(inner[1]) if len(inner) == 2 else (lambda data: data)
+        into = decoder_into(inner[1]) if len(inner) == 2 else None
+        index = list(sharding.index_codecs)
+        little = isinstance(index[0], BytesCodec) and getattr(index[0].endian, "value", "little") == "little"
+        checksum = len(index) == 2 and isinstance(index[1], Crc32cCodec)
+        if decode is None or not little or len(index) != 1 + checksum:
+            return None
+        return cls(array, directory, decode, into, checksum, sharding.index_location.value == "end")
+
+    def read(self, corner, extent, out: np.ndarray, name: str, stamp: Stamp) -> bool:
+        """Fill ``out`` (1, z, y, x) if the box is exactly one inner chunk of a 3-D array; False otherwise, and
+        the caller reads through zarr-python."""
+        if len(self._shape) != 3 or not all(int(c) % k == 0 and int(e) == min(k, s - int(c))
+                                            for c, e, k, s in zip(corner, extent, self._inner, self._shape)):
+            return False
+        chunk = tuple(int(c) // k for c, k in zip(corner, self._inner))
+        shard = tuple(c // n for c, n in zip(chunk, self._per_shard))
+        position = int(np.ravel_multi_index(tuple(c % n for c, n in zip(chunk, self._per_shard)), self._per_shard))
+        key = self._metadata.encode_chunk_key(shard)
+        where = f"{name}: chunk (z, y, x) = {chunk} (in shard {key})"
+        start = time.perf_counter()
+        try:
+            data = self._chunk_bytes(key, position, where)
+        finally:  # the shard's bytes moved: the rest of the read is decoding
+            add_transfer_time(time.perf_counter() - start)
+        if data is None:
+            out[...] = self._fill
+            return True
+        whole = out.flags.c_contiguous and out.dtype == self._dtype and out.size == math.prod(self._inner)
+        if whole and self._decode_into is not None and self._decode_into(data, out):
+            return True
+        try:
+            decoded = self._decode(data)
+        except Exception as error:  # codecs raise their own types for corrupt input
+            raise CorruptChunkError(f"{where}: cannot decode it: {error}; the store may be corrupt or being "
+                                    "written") from error
+        inner = checked_chunk(decoded, self._dtype, self._inner, where, stamp)
+        np.copyto(out[0], inner[tuple(slice(0, int(e)) for e in extent)])
+        return True
+
+    def _chunk_bytes(self, key: str, position: int, where: str) -> Optional[bytes]:
+        """The encoded bytes of inner chunk ``position`` of shard ``key``, or None if it was never written
+        (``where`` names the chunk in errors)."""
+        path = self._directory / key
+        require_kind(path, "file", "a zarr shard")
+        try:
+            descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        except FileNotFoundError:
+            return None
+        try:
+            status = os.fstat(descriptor)
+            size = status.st_size
+            if size < self._index_bytes:
+                raise CorruptChunkError(f"{where}: the shard file has {size} bytes, fewer than its index's "
+                                        f"{self._index_bytes}; the store is corrupt or being written")
+            index = self._index(key, descriptor, (size, status.st_mtime_ns), where)
+            offset, length = index[position]
+            if offset == _EMPTY and length == _EMPTY:
+                return None
+            if int(offset) + int(length) > size:
+                raise CorruptChunkError(f"{where}: the shard's index places it at bytes "
+                                        f"{int(offset)}..{int(offset) + int(length)}, beyond the file's {size}; the "
+                                        "store is corrupt or being written")
+            return os.pread(descriptor, int(length), int(offset))
+        finally:
+            os.close(descriptor)
+
+    def _index(self, key: str, descriptor: int, version: Tuple[int, int], where: str) -> np.ndarray:
+        """Shard ``key``'s index, (n, 2) (offset, length), kept while the file's (size, mtime) is ``version``."""
+        with self._lock:
+            kept = self._indexes.get(key)
+            if kept is not None and kept[0] == version:
+                self._indexes.move_to_end(key)
+                return kept[1]
+        start = version[0] - self._index_bytes if self._at_end else 0
+        raw = os.pread(descriptor, self._index_bytes, start)
+        if self._checksum:
+            import numcodecs
+            try:
+                raw = numcodecs.CRC32C().decode(raw)
+            except Exception as error:  # numcodecs raises RuntimeError for a mismatch
+                raise CorruptChunkError(f"{where}: the shard's index fails its CRC32C checksum ({error}); the "
+                                        "store is corrupt or being written") from error
+        index = np.frombuffer(raw, "<u8").reshape(-1, 2)
+        with self._lock:
+            self._indexes[key] = (version, index)
+            if len(self._indexes) > KEPT_INDEXES:
+                self._indexes.popitem(last=False)
+        return index

@@ -1,0 +1,389 @@
+"""Cold lazy reads: the read paths that decode a box's missing chunks (sharded zarr v3 through the shard index,
+raw precomputed chunk files straight into cache blocks, several chunks side by side on helper threads), each
+compared voxel by voxel with the array written by the field's own tool (zarr-python, tensorstore, cloud-volume),
+with partial edge chunks, never-written chunks (the fill value) and damaged chunks (an error naming the store
+and the chunk)."""
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import emfast as ef
+from emfast.io import _decode
+from emfast.io._shards import ShardedChunks
+from emfast.io._source import CorruptChunkError
+
+from threads import emfast_threads
+
+zarr = pytest.importorskip("zarr")
+
+SHAPE = (37, 45, 29)  # neither shards nor chunks divide it: partial edge shards and chunks everywhere
+SHARD, INNER = (16, 20, 12), (8, 10, 6)
+DTYPES = [np.uint8, np.uint16, np.uint32, np.int64, np.float32]
+
+
+def random_volume(dtype, shape=SHAPE, seed=0):
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype).kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+
+
+def random_boxes(rng, shape=SHAPE, count=25):
+    for _ in range(count):
+        extent = [int(rng.integers(1, s + 1)) for s in shape]
+        yield [int(rng.integers(0, s - e + 1)) for s, e in zip(shape, extent)], extent
+
+
+def assert_lazy_equal(path, expected, cache_bytes=None, **open_args):
+    """Every random box and the whole volume, read lazily (a cache too small for the volume when given, so blocks
+    are evicted and read again), equal ``expected``; returns the volume's reader."""
+    rng = np.random.default_rng(1)
+    with ef.open(path, in_memory=False, cache_bytes=cache_bytes, **open_args) as volume:
+        for corner, extent in random_boxes(rng, expected.shape):
+            out = volume.read_box(corner, extent, np.empty((1,) + tuple(extent), volume.dtype))
+            box = tuple(slice(c, c + e) for c, e in zip(corner, extent))
+            np.testing.assert_array_equal(out[0], expected[box])
+        np.testing.assert_array_equal(np.asarray(volume)[0], expected)
+        return volume._reader
+
+
+# sharded zarr v3 ------------------------------------------------------------------------------------------------
+
+def write_sharded_zarr_python(path, data, compressor, fill_value=0, region=None):
+    array = zarr.create_array(str(path), shape=data.shape, chunks=INNER, shards=SHARD, dtype=data.dtype,
+                              compressors=compressor, fill_value=fill_value)
+    box = tuple(slice(None) for _ in data.shape) if region is None else region
+    array[box] = data[box]
+    return array
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("compressor", ["zstd", "blosc", "gzip", None])
+def test_sharded_zarr_python_reads_exactly_through_the_shard_index(tmp_path, dtype, compressor):
+    data = random_volume(dtype)
+    codec = {"zstd": zarr.codecs.ZstdCodec(), "blosc": zarr.codecs.BloscCodec(), "gzip": zarr.codecs.GzipCodec(),
+             None: None}[compressor]
+    write_sharded_zarr_python(tmp_path / "s.zarr", data, codec)
+    reader = assert_lazy_equal(tmp_path / "s.zarr", data, cache_bytes=6 * int(np.prod(INNER)) * data.itemsize)
+    assert isinstance(reader._direct, ShardedChunks)  # not zarr-python's codec pipeline
+    assert reader.parallel_reads == (compressor is not None)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32])
+@pytest.mark.parametrize("index_location", ["end", "start"])
+def test_sharded_zarr3_written_by_tensorstore(tmp_path, dtype, index_location):
+    ts = pytest.importorskip("tensorstore")
+    data = random_volume(dtype)
+    inner = {"name": "sharding_indexed", "configuration": {
+        "chunk_shape": list(INNER), "index_location": index_location,
+        "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd"}],
+        "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}}
+    ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "s.zarr")},
+             "metadata": {"shape": list(SHAPE), "data_type": np.dtype(dtype).name,
+                          "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(SHARD)}},
+                          "codecs": [inner]}, "create": True}).result()[...] = data
+    reader = assert_lazy_equal(tmp_path / "s.zarr", data)
+    assert isinstance(reader._direct, ShardedChunks)
+
+
+def test_never_written_shards_and_inner_chunks_read_as_the_fill_value(tmp_path):
+    data = random_volume(np.int64)
+    # only part of the array: whole shards are missing, and so are inner chunks of the shards written
+    region = (slice(0, 20), slice(5, 25), slice(0, 29))
+    write_sharded_zarr_python(tmp_path / "s.zarr", data, zarr.codecs.ZstdCodec(), fill_value=-7, region=region)
+    expected = np.full(SHAPE, -7, np.int64)
+    expected[region] = data[region]
+    assert len(os.listdir(tmp_path / "s.zarr/c")) < -(-SHAPE[0] // SHARD[0])  # a shard file is missing
+    reader = assert_lazy_equal(tmp_path / "s.zarr", expected)
+    assert isinstance(reader._direct, ShardedChunks)
+
+
+def shard_file(path):
+    return path / "s.zarr/c/0/0/0"
+
+
+def test_a_corrupt_inner_chunk_names_the_store_and_the_chunk(tmp_path):
+    data = random_volume(np.uint16)
+    write_sharded_zarr_python(tmp_path / "s.zarr", data, zarr.codecs.ZstdCodec())
+    raw = bytearray(shard_file(tmp_path).read_bytes())
+    raw[:64] = bytes(64)  # the first inner chunk's zstd frame, index at the end untouched
+    shard_file(tmp_path).write_bytes(bytes(raw))
+    with ef.open(tmp_path / "s.zarr", in_memory=False) as volume:
+        with pytest.raises(CorruptChunkError, match=r"s\.zarr: chunk \(z, y, x\) = \(0, 0, 0\) \(in shard c/0/0/0\): "
+                                                    "cannot decode it"):
+            volume.read_box((0, 0, 0), INNER, np.empty((1,) + INNER, np.uint16))
+        # the rest of the store reads
+        out = volume.read_box((SHARD[0], 0, 0), INNER, np.empty((1,) + INNER, np.uint16))
+        np.testing.assert_array_equal(out[0], data[SHARD[0]:SHARD[0] + INNER[0], :INNER[1], :INNER[2]])
+
+
+def test_a_shard_index_failing_its_checksum_or_pointing_outside_the_file_is_refused(tmp_path):
+    data = random_volume(np.uint8)
+    write_sharded_zarr_python(tmp_path / "s.zarr", data, zarr.codecs.ZstdCodec())
+    good = shard_file(tmp_path).read_bytes()
+    index_bytes = 16 * int(np.prod([s // i for s, i in zip(SHARD, INNER)])) + 4
+    flipped = bytearray(good)
+    flipped[-index_bytes] ^= 0xFF  # the first entry's offset, so its checksum fails
+    shard_file(tmp_path).write_bytes(bytes(flipped))
+    with ef.open(tmp_path / "s.zarr", in_memory=False) as volume:
+        with pytest.raises(CorruptChunkError, match=r"s\.zarr: chunk .* \(in shard c/0/0/0\): the shard's index "
+                                                    "fails its CRC32C checksum"):
+            volume.read_box((0, 0, 0), INNER, np.empty((1,) + INNER, np.uint8))
+    shard_file(tmp_path).write_bytes(good[-index_bytes:])  # truncated: the index only, its chunks gone
+    with ef.open(tmp_path / "s.zarr", in_memory=False) as volume:
+        with pytest.raises(CorruptChunkError, match=r"s\.zarr: chunk .* the shard's index places it at bytes .*"
+                                                    "beyond the file"):
+            volume.read_box((0, 0, 0), INNER, np.empty((1,) + INNER, np.uint8))
+    shard_file(tmp_path).write_bytes(good[:10])
+    with ef.open(tmp_path / "s.zarr", in_memory=False) as volume:
+        with pytest.raises(CorruptChunkError, match=r"the shard file has 10 bytes, fewer than its index's"):
+            volume.read_box((0, 0, 0), INNER, np.empty((1,) + INNER, np.uint8))
+
+
+def test_a_rewritten_shard_is_never_read_through_its_old_index(tmp_path):
+    """The shard index kept by the reader is used only while the shard file is unchanged."""
+    first = random_volume(np.uint16, seed=1)
+    write_sharded_zarr_python(tmp_path / "s.zarr", first, zarr.codecs.ZstdCodec())
+    volume = ef.open(tmp_path / "s.zarr", in_memory=False)
+    reader = volume._reader
+    out = np.empty((1,) + INNER, np.uint16)
+    reader.read((0, 0, 0), INNER, out)
+    np.testing.assert_array_equal(out[0], first[:8, :10, :6])
+    second = np.arange(np.prod(SHAPE), dtype=np.uint16).reshape(SHAPE) // 64  # compresses to another size
+    zarr.open_array(str(tmp_path / "s.zarr"), mode="r+")[:16, :20, :12] = second[:16, :20, :12]
+    reader.read((0, 0, 0), INNER, out)  # the same reader, its index of the old shard kept
+    np.testing.assert_array_equal(out[0], second[:8, :10, :6])
+
+
+def test_sharded_arrays_emfast_does_not_decode_itself_still_read_through_zarr_python(tmp_path):
+    data = random_volume(np.uint8)
+    array = zarr.create_array(str(tmp_path / "s.zarr"), shape=SHAPE, chunks=INNER, shards=SHARD, dtype=np.uint8,
+                              filters=[zarr.codecs.TransposeCodec(order=(2, 1, 0))])
+    array[...] = data
+    reader = assert_lazy_equal(tmp_path / "s.zarr", data)
+    assert reader._direct is None and not reader.parallel_reads
+
+
+# raw precomputed chunk files -----------------------------------------------------------------------------------
+
+def write_cloudvolume_raw(path, data):
+    cloudvolume = pytest.importorskip("cloudvolume")
+    info = cloudvolume.CloudVolume.create_new_info(
+        num_channels=1, layer_type="image", data_type=np.dtype(data.dtype).name, encoding="raw",
+        resolution=[4, 4, 40], voxel_offset=[3, 5, 7], chunk_size=[6, 10, 8], volume_size=list(data.shape[::-1]))
+    volume = cloudvolume.CloudVolume(f"file://{path}", info=info, compress=False, progress=False)
+    volume.commit_info()
+    volume[3:3 + data.shape[2], 5:5 + data.shape[1], 7:7 + data.shape[0]] = data.T
+    return path / "4_4_40"
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint64, np.float32])
+def test_raw_precomputed_chunks_read_straight_into_blocks(tmp_path, dtype, monkeypatch):
+    from emfast.io import _precomputed
+    data = random_volume(dtype)
+    directory = write_cloudvolume_raw(tmp_path / "pc", data)
+    os.remove(directory / "3-9_5-15_7-15")  # never written: zeros, as neuroglancer reads it
+    expected = data.copy()
+    expected[:8, :10, :6] = 0
+    straight = []
+    into = _precomputed.read_regular_file_into
+    monkeypatch.setattr(_precomputed, "read_regular_file_into",
+                        lambda *args: straight.append(into(*args)) or straight[-1])
+    reader = assert_lazy_equal(tmp_path / "pc", expected, cache_bytes=5 * 6 * 10 * 8 * data.itemsize,
+                               format="precomputed")
+    assert True in straight and None in straight  # chunks read straight; the missing one went the general way
+    assert not reader.parallel_reads
+
+
+def test_a_raw_precomputed_chunk_of_another_size_names_the_chunk(tmp_path):
+    data = random_volume(np.uint16)
+    directory = write_cloudvolume_raw(tmp_path / "pc", data)
+    chunk = directory / "9-15_5-15_7-15"
+    chunk.write_bytes(chunk.read_bytes()[:-2])
+    with ef.open(tmp_path / "pc", in_memory=False, format="precomputed") as volume:
+        with pytest.raises(CorruptChunkError, match=r"pc: chunk 4_4_40/9-15_5-15_7-15 decodes to 958 bytes, but the "
+                                                    r"metadata promise \(1, 8, 10, 6\) uint16 = 960 bytes"):
+            volume.read_box((0, 0, 6), (8, 10, 6), np.empty((1, 8, 10, 6), np.uint16))
+
+
+# several chunks side by side -------------------------------------------------------------------------------------
+
+class Recording:
+    """A volume source that records which thread read each chunk, and fails on the chunks named."""
+
+    parallel_reads = True
+
+    def __init__(self, source, failing=()) -> None:
+        self._source = source
+        self.threads = set()
+        self.failing = set(failing)
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name):
+        return getattr(self._source, name)
+
+    def read(self, corner, extent, out):
+        with self._lock:
+            self.threads.add(threading.get_ident())
+            self.calls += 1
+        time.sleep(0.002)  # long enough that every helper takes a chunk
+        if tuple(corner) in self.failing:
+            raise CorruptChunkError(f"chunk at {tuple(corner)} is damaged")
+        self._source.read(corner, extent, out)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+def test_missing_chunks_of_a_box_are_read_on_several_threads_and_equal_numpy(tmp_path, dtype, monkeypatch):
+    monkeypatch.setattr(_decode, "_cores", lambda: 4)
+    monkeypatch.setattr(_decode, "_idle_cores", lambda: 4)
+    data = random_volume(dtype)
+    zarr.create_array(str(tmp_path / "s.zarr"), shape=SHAPE, chunks=INNER, dtype=dtype)[...] = data
+    with ef.open(tmp_path / "s.zarr", in_memory=False) as volume:
+        cache = volume.chunk_cache
+        recording = cache._source = Recording(cache._source)
+        rng = np.random.default_rng(2)
+        for corner, extent in random_boxes(rng):
+            out = volume.read_box(corner, extent, np.empty((1,) + tuple(extent), dtype))
+            np.testing.assert_array_equal(out[0], data[tuple(slice(c, c + e) for c, e in zip(corner, extent))])
+        assert len(recording.threads) > 1
+        assert recording.calls == cache.stats.misses  # each block read once, whichever thread read it
+    assert not emfast_threads()  # the helpers ended with the reads that needed them
+
+
+def test_a_chunk_failing_among_parallel_reads_is_raised_and_the_others_are_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(_decode, "_cores", lambda: 4)
+    monkeypatch.setattr(_decode, "_idle_cores", lambda: 4)
+    data = random_volume(np.uint8)
+    zarr.create_array(str(tmp_path / "s.zarr"), shape=SHAPE, chunks=INNER, dtype=np.uint8)[...] = data
+    with ef.open(tmp_path / "s.zarr", in_memory=False) as volume:
+        cache = volume.chunk_cache
+        cache._source = Recording(cache._source, failing={(8, 10, 6)})
+        with pytest.raises(CorruptChunkError, match=r"chunk at \(8, 10, 6\) is damaged"):
+            volume.read_box((0, 0, 0), (24, 30, 18), np.empty((1, 24, 30, 18), np.uint8))
+        assert cache.stats.blocks_held == 26 and not cache.grid.pins.any()  # the 26 others kept, nothing pinned
+        cache._source.failing.clear()
+        out = volume.read_box((0, 0, 0), (24, 30, 18), np.empty((1, 24, 30, 18), np.uint8))
+        np.testing.assert_array_equal(out[0], data[:24, :30, :18])
+    assert not emfast_threads()
+
+
+def test_run_all_runs_every_call_once_and_raises_the_first_error_after_all_ended(monkeypatch):
+    monkeypatch.setattr(_decode, "_cores", lambda: 3)
+    monkeypatch.setattr(_decode, "_idle_cores", lambda: 3)
+    done, threads = [], set()
+
+    def call(n):
+        def run():
+            time.sleep(0.001)
+            threads.add(threading.get_ident())
+            done.append(n)
+            if n in (3, 7):
+                raise ValueError(f"call {n}")
+        return run
+
+    with pytest.raises(ValueError, match=r"call (3|7)"):
+        _decode.run_all([call(n) for n in range(20)])
+    assert sorted(done) == list(range(20)) and len(threads) > 1
+    assert not emfast_threads()
+    monkeypatch.setattr(_decode, "_cores", lambda: 1)
+    threads.clear()
+    _decode.run_all([call(n) for n in range(20, 30)])
+    assert threads == {threading.get_ident()}  # one core: the calling thread alone
+    monkeypatch.setattr(_decode, "_cores", lambda: 3)
+    monkeypatch.setattr(_decode, "_idle_cores", lambda: 0)
+    threads.clear()
+    _decode.run_all([call(n) for n in range(30, 40)])
+    assert threads == {threading.get_ident()}  # every core busy: no helper
+
+
+def test_idle_cores_follow_the_load_average(monkeypatch):
+    monkeypatch.setattr(_decode, "_cores", lambda: 4)
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.2, 0.0, 0.0))
+    assert _decode._idle_cores() == 2
+    monkeypatch.setattr(os, "getloadavg", lambda: (6.0, 0.0, 0.0))
+    assert _decode._idle_cores() == 0
+
+
+# whole chunks decoded straight into their cache blocks ------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [0, 1, 255, 256, 300, 65535, 65536, 70000, 1 << 20])
+def test_the_decoded_size_read_from_zstd_and_blosc_headers_is_the_encoded_size(size):
+    numcodecs = pytest.importorskip("numcodecs")
+    data = np.random.default_rng(size).integers(0, 4, size, dtype=np.uint8)
+    for level in (1, 5, 19):
+        assert _decode.zstd_content_size(numcodecs.Zstd(level=level).encode(data)) == size
+    for cname in ("lz4", "zstd", "blosclz"):
+        assert _decode.blosc_content_size(numcodecs.Blosc(cname=cname).encode(data)) == size
+    assert _decode.zstd_content_size(b"not a zstd frame") is None and _decode.blosc_content_size(b"short") is None
+
+
+@pytest.mark.parametrize("zarr_format, compressor", [(2, "zstd"), (2, "blosc"), (3, "zstd"), (3, "blosc"), (3, None)])
+def test_whole_chunks_are_decoded_straight_into_blocks_and_edge_chunks_the_general_way(tmp_path, zarr_format,
+                                                                                       compressor):
+    data = random_volume(np.uint16)
+    codec = {(2, "zstd"): {"id": "zstd", "level": 1}, (2, "blosc"): {"id": "blosc"}, (3, "zstd"): zarr.codecs.ZstdCodec(),
+             (3, "blosc"): zarr.codecs.BloscCodec(), (3, None): None}[zarr_format, compressor]
+    zarr.create_array(str(tmp_path / "s.zarr"), shape=SHAPE, chunks=INNER, dtype=np.uint16, zarr_format=zarr_format,
+                      compressors=codec)[...] = data
+    with ef.open(tmp_path / "s.zarr", in_memory=False) as volume:
+        direct = volume._reader._direct
+        decoded = []
+        general = direct._decode
+        direct._decode = lambda data: decoded.append(len(data)) or general(data)
+        out = volume.read_box((0, 0, 0), INNER, np.empty((1,) + INNER, np.uint16))  # a whole chunk
+        np.testing.assert_array_equal(out[0], data[:8, :10, :6])
+        assert decoded == []  # not through the general decoder
+        edge = (SHAPE[0] - 5, 0, 0)  # the last chunk along z holds 5 of its 8 planes
+        out = volume.read_box(edge, (5,) + INNER[1:], np.empty((1, 5) + INNER[1:], np.uint16))
+        np.testing.assert_array_equal(out[0], data[-5:, :10, :6])
+        assert len(decoded) == 1  # the edge chunk, stored whole, decoded and cut
+
+
+# precomputed scales tensorstore reads: a box's missing chunks in one batch of concurrent reads --------------------
+
+def write_tensorstore_precomputed(path, data, sharded):
+    ts = pytest.importorskip("tensorstore")
+    scale = {"resolution": [4, 4, 40], "voxel_offset": [3, 5, 7], "size": list(data.shape[::-1]),
+             "chunk_size": [6, 10, 8], "encoding": "raw"}
+    if sharded:
+        scale["sharding"] = {"@type": "neuroglancer_uint64_sharded_v1", "preshift_bits": 1, "hash": "identity",
+                             "minishard_bits": 1, "shard_bits": 2, "minishard_index_encoding": "gzip",
+                             "data_encoding": "gzip"}
+    store = ts.open({"driver": "neuroglancer_precomputed", "kvstore": {"driver": "file", "path": str(path)},
+                     "multiscale_metadata": {"type": "image", "data_type": np.dtype(data.dtype).name,
+                                             "num_channels": 1},
+                     "scale_metadata": scale, "create": True}).result()
+    store[...] = data.T[..., np.newaxis]
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint64, np.float32])
+def test_precomputed_through_tensorstore_reads_a_box_s_missing_chunks_in_one_batch(tmp_path, dtype):
+    data = random_volume(dtype)
+    write_tensorstore_precomputed(tmp_path / "pc", data, sharded=True)
+    with ef.open(tmp_path / "pc", in_memory=False, format="precomputed") as volume:
+        source = volume.chunk_cache._source
+        batches = []
+        read_many = source.read_many
+        source.read_many = lambda requests: batches.append(len(requests)) or read_many(requests)
+        out = volume.read_box((3, 4, 5), (20, 25, 20), np.empty((1, 20, 25, 20), dtype))
+        np.testing.assert_array_equal(out[0], data[3:23, 4:29, 5:25])
+        assert batches == [3 * 3 * 5]  # every missing chunk of the box (chunks (8, 10, 6)) in one call
+        assert volume.cache_stats.misses == 45
+    assert_lazy_equal(tmp_path / "pc", data, cache_bytes=5 * 6 * 10 * 8 * data.itemsize, format="precomputed")
+
+
+def test_a_failing_read_among_a_batch_names_the_box_and_leaves_nothing_pinned(tmp_path):
+    data = random_volume(np.uint8)
+    write_tensorstore_precomputed(tmp_path / "pc", data, sharded=True)
+    with ef.open(tmp_path / "pc", in_memory=False, format="precomputed") as volume:
+        for shard in (tmp_path / "pc/4_4_40").iterdir():
+            shard.write_bytes(shard.read_bytes()[:-7])  # every shard truncated
+        with pytest.raises(CorruptChunkError, match=r"pc: the box at \(z, y, x\) = .*: cannot read it"):
+            volume.read_box((0, 0, 0), (16, 20, 12), np.empty((1, 16, 20, 12), np.uint8))
+        cache = volume.chunk_cache
+        assert not cache.grid.pins.any() and cache.stats.blocks_held == 0 and not cache._pending
