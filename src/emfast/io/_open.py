@@ -1,4 +1,5 @@
-"""``emfast.open``: one entry point for every format, which it detects from the container."""
+"""``emfast.open``: one entry point for every registered format (:mod:`emfast.io._formats`), which it detects from
+the path, the URL or what the container holds."""
 from __future__ import annotations
 
 import os
@@ -107,11 +108,12 @@ def open_volume(path: Union[str, os.PathLike], dataset: Optional[str] = None, *,
         Read the whole volume into memory (fastest), or lazily through a bounded cache of the store's chunks.
     cache_bytes : int, optional
         Lazy volumes only: the chunk cache's budget (see :func:`emfast.hdf5`).
-    format : {"hdf5", "zarr", "n5", "precomputed"}, optional
-        Skip detection.
+    format : str, optional
+        A registered format's name (built in: "hdf5", "zarr", "n5", "precomputed"; see
+        :func:`emfast.io.formats`): skip detection.
     level, resolution : optional
-        For an OME-Zarr multiscale image or a precomputed volume: the level (scale) by index, or by its (z, y, x)
-        voxel size. Default: level 0, the finest.
+        For an OME-Zarr multiscale image or a precomputed volume (its scales): the level by index, or by its
+        (z, y, x) voxel size. Default: level 0, the finest.
     storage_options : dict, optional
         Remote stores only: fsspec's options for the protocol (S3: ``endpoint_url``, ``anon``, ``key``,
         ``secret``, ``client_kwargs``; HTTP: ``headers``...), plus ``retries`` (attempts after the first on a
