@@ -1,4 +1,5 @@
-"""The one registry of what a user may give by name: augmentations, targets and samplers.
+"""The one registry of what a user may give by name: augmentations, targets, samplers, volume formats
+(``emfast.open(format=...)``) and transfer backends (``device=...``).
 
 A class joins with the :func:`register` decorator where it is defined; the loader and configs look names up here
 alike, so a class that registers is accepted everywhere at once.
@@ -9,8 +10,9 @@ import difflib
 from typing import Callable, Dict, Iterable, List, TypeVar
 
 #: The class attribute that holds each kind's registered name (a target's ``name`` is its output field, which
-#: the user may change, so targets register under their ``kind``).
-KEY_ATTRIBUTE = {"augmentation": "name", "target": "kind", "sampler": "name"}
+#: the user may change, so targets register under their ``kind``; a transfer backend's ``name`` is per device,
+#: ``cuda:0``, so backends register under the ``kind`` that ``device=`` names).
+KEY_ATTRIBUTE = {"augmentation": "name", "target": "kind", "sampler": "name", "format": "name", "backend": "kind"}
 
 _CLASSES: Dict[str, Dict[str, type]] = {kind: {} for kind in KEY_ATTRIBUTE}
 

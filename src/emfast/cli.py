@@ -5,12 +5,11 @@ compares emfast with NumPy, PyTorch and the memory-bandwidth floor (see :mod:`em
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import traceback
-from typing import List, Optional, Tuple
+from importlib import metadata
+from typing import List, Optional
 
-import h5py
 import numpy as np
 
 from . import __version__
@@ -18,17 +17,13 @@ from . import bench as _bench
 from . import config as _config
 from ._machine import cores
 from .augment import Intensity, Mirror, Transpose
-from .io import (LABELS_DATASET, RAW_DATASET, DatasetNotFoundError, Volume, demo_volume_path, hdf5, open_hdf5,
-                 open_volume, split_path, volume_statistics, world_box)
+from .io import (LABELS_DATASET, RAW_DATASET, Volume, contents, demo_volume_path, hdf5, volume_statistics,
+                 world_box)
 from .io import COMPRESSIONS
-from .io._pyramid import DOWNSAMPLING
-from .io._convert import convert as convert_volume
-from .io._outputs import command_line_options
-from .io._progress import ProgressBar, plural, progress_bar
-from .io._n5 import list_n5_datasets
-from .io._open import detect
-from .io._source import read_regular_file
-from .io._zarr import GROUP_MARKERS, arrays_on_disk, refuse_special_metadata
+from .io import DOWNSAMPLING
+from .io import convert as convert_volume
+from .io import command_line_options
+from .io import ProgressBar, plural, progress_bar
 from .pipeline import Loader
 
 #: The demo's progress bar (batches/s and Mvoxel/s): the one bar of every command.
@@ -125,7 +120,7 @@ def snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _format_attrs(attrs: h5py.AttributeManager) -> str:
+def _format_attrs(attrs: dict) -> str:
     items = []
     for key, value in attrs.items():
         value = value.tolist() if isinstance(value, np.ndarray) else value
@@ -139,7 +134,8 @@ def installation() -> List[str]:
     from .transfer import cuda_unavailable
 
     gpu = cuda_unavailable()
-    return [f"emfast {__version__} (Python {sys.version.split()[0]}, NumPy {np.__version__}, h5py {h5py.__version__})",
+    h5py = metadata.version("h5py")
+    return [f"emfast {__version__} (Python {sys.version.split()[0]}, NumPy {np.__version__}, h5py {h5py})",
             "CPU: SSE2 kernels; AVX2 warp samplers " + ("in use" if _warp.uses_avx2() else
                                                        "not used (CPU without AVX2, or EMFAST_NO_AVX2 set)"),
             f"cores: {cores()} usable",
@@ -199,17 +195,6 @@ def _values_line(volume: Volume, name: str) -> str:
     return head + f"min={stats.min:.6g} max={stats.max:.6g} mean={stats.mean:.6g} std={stats.std:.6g}"
 
 
-def _volume_lines(container, name: str) -> Tuple[str, List[str]]:
-    """The geometry (:func:`_geometry_text`) and :func:`_values_line` of a dataset emfast can read as a volume;
-    nothing for any other dataset."""
-    try:
-        volume = open_volume(container, name, in_memory=False)
-    except (TypeError, ValueError):  # not 3-D/4-D, or a dtype volumes do not hold
-        return "", []
-    with volume:
-        return _geometry_text(volume), [_values_line(volume, name)]
-
-
 def _geometry_text(volume) -> str:
     """A volume's voxel size and offset as emfast reads them, and its world box: (z, y, x) nm."""
     box = world_box(volume.shape, volume.resolution, volume.offset)
@@ -223,116 +208,21 @@ def info(args: argparse.Namespace) -> int:
     if args.file is None:
         print("\n".join(installation()))
         return 0
-    container, inner, kind = split_path(args.file)
-    if (kind or detect(container)) != "hdf5":
-        return _store_info(args.file)
-    with open_hdf5(container) as file:
-        top = file
-        if inner:
-            top = file.get(inner)
-            if top is None:
-                raise _not_found(container, inner, lambda group: _hdf5_members(file, group))
-        print(f"{args.file}" + (f"  [{_format_attrs(file.attrs)}]" if len(file.attrs) else ""))
-        rows = []
-
-        def visit(name: str, node) -> None:
-            if isinstance(node, h5py.Dataset):
-                compression = f" {node.compression}" if node.compression else ""
-                attrs = f"  [{_format_attrs(node.attrs)}]" if len(node.attrs) else ""
-                geometry, values = _volume_lines(container, name)
-                rows.append(f"  {name}: shape={node.shape} dtype={node.dtype} chunks={node.chunks}"
-                            f"{compression}{geometry}{attrs}")
-                rows.extend(values)
-
-        if isinstance(top, h5py.Dataset):
-            visit(inner, top)
-        else:
-            top.visititems(lambda name, node: visit(f"{inner}/{name}" if inner else name, node))
-        print("\n".join(rows) if rows else "  (no datasets)")
+    found = contents(args.file)
+    print(f"{args.file}" + (f"  [{_format_attrs(found.attributes)}]" if found.attributes else ""))
+    listed = False
+    for dataset in found.datasets:
+        listed = True
+        attrs = f"  [{_format_attrs(dataset.attributes)}]" if dataset.attributes else ""
+        if dataset.volume is None:
+            print(f"  {dataset.name}: {dataset.summary}{attrs}")
+            continue
+        with dataset.volume as volume:
+            print(f"  {dataset.name or '.'}: {dataset.summary}{_geometry_text(volume)}{attrs}")
+            print(_values_line(volume, dataset.name))
+    if not listed:
+        print(f"  {found.nothing}")
     return 0
-
-
-def _not_found(container, inner: str, members) -> DatasetNotFoundError:
-    """The error for ``emfast info container/inner`` where ``inner`` does not exist: it names the deepest group
-    on the way that does, and what that group holds (``members(group)``: None where ``group`` is no group)."""
-    parts = [p for p in inner.split("/") if p]
-    for depth in range(len(parts) - 1, -1, -1):
-        parent = "/".join(parts[:depth])
-        found = members(parent)
-        if found is not None:
-            where = f"{parent!r}" if parent else "the root"
-            return DatasetNotFoundError(f"{container} has no dataset or group {inner!r}; {where} holds: "
-                                        f"{', '.join(found) or 'nothing'}")
-    return DatasetNotFoundError(f"{container} has no dataset or group {inner!r}")
-
-
-def _hdf5_members(file: h5py.File, group: str):
-    node = file.get(group) if group else file
-    return sorted(node.keys()) if isinstance(node, h5py.Group) else None
-
-
-def _zarr_members(root, group: str):
-    import zarr
-    try:
-        node = root[group] if group else root
-    except KeyError:
-        return None
-    return sorted(name for name, _ in node.members()) if isinstance(node, zarr.Group) else None
-
-
-def _n5_members(container, group: str):
-    directory = container / group
-    if not directory.is_dir() or "dimensions" in _n5_attributes(directory):
-        return None
-    return sorted(d.name for d in directory.iterdir() if (d / "attributes.json").is_file())
-
-
-def _n5_attributes(directory) -> dict:
-    try:
-        return json.loads(read_regular_file(directory / "attributes.json", "attributes.json") or b"{}")
-    except (OSError, ValueError):
-        return {}
-
-
-def _store_info(path: str) -> int:
-    """zarr, N5 or precomputed: every array (or the one named) with shape, dtype, chunks and metadata."""
-    container, inner, _ = split_path(path)
-    names = _store_arrays(container, inner)
-    print(path)
-    for name in names:
-        with open_volume(container, name, in_memory=False) as volume:
-            channels = f" channels={volume.channels}" if volume.channels > 1 else ""
-            print(f"  {name or '.'}: shape={volume.shape}{channels} dtype={volume.dtype} chunks={volume.chunks}"
-                  f"{_geometry_text(volume)}")
-            print(_values_line(volume, name))
-    if not names:
-        print("  (no arrays)")
-    return 0
-
-
-def _store_arrays(container, inner: str) -> List[str]:
-    """The arrays ``emfast info`` describes: the one named, or every one below the named group."""
-    kind = split_path(container)[2] or detect(container)
-    if kind == "precomputed":
-        return [""]
-    if kind == "n5":
-        if inner and not (container / inner / "attributes.json").is_file():
-            raise _not_found(container, inner, lambda group: _n5_members(container, group))
-        names = list_n5_datasets(container / inner)
-    else:
-        import zarr
-        refuse_special_metadata(container, inner)
-        names = arrays_on_disk(container, inner) if (container / inner).is_dir() else []
-        if names and not any((container / m).is_file() for m in GROUP_MARKERS):
-            return [f"{inner}/{name}".strip("/.") if name != "." else inner for name in names]  # no root group
-        root = zarr.open(store=str(container), mode="r")
-        try:
-            node = root[inner] if inner else root
-        except KeyError:
-            raise _not_found(container, inner, lambda group: _zarr_members(root, group)) from None
-        if isinstance(node, zarr.Array) or "multiscales" in node.attrs.get("ome", node.attrs):
-            return [inner]
-    return [f"{inner}/{name}".strip("/.") if name != "." else inner for name in names]
 
 
 def convert(args: argparse.Namespace) -> int:

@@ -1,10 +1,11 @@
 """Where the data comes from: volumes (NumPy arrays, or stores read-only, in memory or lazily through a bounded
 chunk cache), the volume-source protocol and its formats (HDF5, zarr and OME-Zarr, N5, neuroglancer precomputed),
 local or remote (``_remote``: S3, GCS, HTTP through fsspec),
-format detection (``open_volume``, public as ``emfast.open``), per-volume statistics cached beside the user's
+the registered formats (``_formats``: each a ``VolumeFormat`` that says how it is detected, opened and listed;
+the built-in ones in ``_format_entries``), format detection (``open_volume``, public as ``emfast.open``), per-volume statistics cached beside the user's
 data, and the built-in demo volume.
 
-May import: ``emfast._core``, ``emfast._checks``, ``emfast._machine``.
+May import: ``emfast._core``, ``emfast._registry``, ``emfast._checks``, ``emfast._machine``.
 """
 from ._chunkcache import CacheStats, default_budget
 from ._convert import COMPRESSORS, ConvertError, convert, progress_bar
@@ -12,11 +13,13 @@ from ._geometry import Geometry, world_box
 from ._demo import LABELS_DATASET, RAW_DATASET, demo_volume_path, make_em_volume
 from ._stats import VolumeStatistics, volume_statistics
 from ._hdf5 import Hdf5Source, hdf5, list_datasets, open_hdf5
+from ._formats import Contents, Listed, VolumeFormat, formats
 from ._n5 import N5Source
-from ._open import open_source, open_volume, split_path
-from ._outputs import add_ome_multiscales, zarr_geometry
+from ._open import contents, open_source, open_volume, split_path
+from ._outputs import add_ome_multiscales, command_line_options, zarr_geometry
 from ._precomputed import PrecomputedSource, tensorstore_missing
-from ._progress import ProgressBar
+from ._progress import ProgressBar, plural
+from ._pyramid import DOWNSAMPLING
 from ._remote import ReadAbandoned, RemoteReadError, RemoteStore, abandoned_when, is_url
 from ._source import CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource
 from ._volume import ASARRAY_LIMIT_BYTES, Volume, VolumeTooLargeError, as_volume
@@ -24,6 +27,14 @@ from ._zarr import ZarrSource, import_zarr, zarr_missing
 from ._writer import COMPRESSIONS, OutputWriter, check_compression, parse_output, zarr_compressor
 
 __all__ = [
+    "Contents",
+    "DOWNSAMPLING",
+    "Listed",
+    "VolumeFormat",
+    "command_line_options",
+    "contents",
+    "formats",
+    "plural",
     "ASARRAY_LIMIT_BYTES",
     "COMPRESSIONS",
     "COMPRESSORS",

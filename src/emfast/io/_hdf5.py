@@ -49,6 +49,12 @@ def list_datasets(file: h5py.File) -> list[str]:
     return names
 
 
+def dataset_summary(node: h5py.Dataset) -> str:
+    """Shape, dtype, chunks and compression of a dataset as stored (what ``emfast info`` shows)."""
+    compression = f" {node.compression}" if node.compression else ""
+    return f"shape={node.shape} dtype={node.dtype} chunks={node.chunks}{compression}"
+
+
 class Hdf5Source(VolumeSource):
     """One dataset of an HDF5 file; resolution and offset from its ``resolution`` (or ``voxel_size``) and
     ``offset`` attributes, in (z, y, x) order as gunpowder and CREMI write them, with funlib's ``axis_names`` and
@@ -105,6 +111,9 @@ class Hdf5Source(VolumeSource):
 
     def attributes(self) -> dict:
         return dict(self._dataset.attrs)
+
+    def describe(self) -> str:
+        return dataset_summary(self._dataset)
 
     def reopen_arguments(self) -> tuple:
         return str(self.stamp.path), self.stamp.dataset

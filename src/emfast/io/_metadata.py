@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Iterator, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -70,3 +71,15 @@ def parsing(where: str) -> Iterator[None]:
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, ZeroDivisionError, OverflowError) as error:
         detail = f"key {error} is missing" if isinstance(error, KeyError) else f"{type(error).__name__}: {error}"
         raise StoreMetadataError(f"{where}: malformed metadata: {detail}") from error
+
+
+def deprecated_level(level: Optional[int], scale: Optional[int], where: str) -> Optional[int]:
+    """The multiscale level asked for as ``level=`` or, deprecated, as ``scale=`` (a DeprecationWarning naming
+    ``level=``); both given is a ValueError."""
+    if scale is None:
+        return level
+    if level is not None:
+        raise ValueError(f"{where}: give level= only (scale= is its deprecated name), got level={level!r} and "
+                         f"scale={scale!r}")
+    warnings.warn(f"{where}: scale= is deprecated; use level= (the same index)", DeprecationWarning, stacklevel=3)
+    return scale

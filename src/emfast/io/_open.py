@@ -1,23 +1,16 @@
-"""``emfast.open``: one entry point for every format, which it detects from the container."""
+"""``emfast.open``: one entry point for every registered format (:mod:`emfast.io._formats`), which it detects from
+the path, the URL or what the container holds."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 from typing import Optional, Sequence, Tuple, Union
 
-import h5py
-
-from ._hdf5 import Hdf5Source
-from ._n5 import N5Source, is_n5
-from ._precomputed import PrecomputedSource, is_precomputed
+from . import _format_entries  # noqa: F401  (registers the built-in formats)
+from ._formats import Contents, detect, detect_remote, format_named, format_of_suffix, formats
 from ._remote import RemoteStore, is_url
-from ._source import VolumeSource, require_kind
+from ._source import VolumeSource
 from ._volume import Volume
-from ._zarr import GROUP_MARKERS, ZarrSource
-
-#: Container suffixes and their formats; a path may go on past the container into the dataset inside it.
-SUFFIXES = {".zarr": "zarr", ".n5": "n5", ".h5": "hdf5", ".hdf5": "hdf5", ".hdf": "hdf5"}
-FORMATS = ("hdf5", "zarr", "n5", "precomputed")
 
 
 def split_path(path: Union[str, os.PathLike], dataset: Optional[str] = None) -> Tuple[Path, str, Optional[str]]:
@@ -25,7 +18,7 @@ def split_path(path: Union[str, os.PathLike], dataset: Optional[str] = None) -> 
     (``sample.zarr/volumes/raw``), with ``dataset`` appended."""
     parts = Path(path).parts
     for i, part in enumerate(parts):
-        kind = SUFFIXES.get(Path(part).suffix.lower())
+        kind = format_of_suffix(part)
         if kind is not None:
             container, inner = Path(*parts[:i + 1]), "/".join(parts[i + 1:])
             break
@@ -40,7 +33,7 @@ def split_url(url: str, dataset: Optional[str] = None) -> Tuple[str, str, Option
     scheme, rest = url.split("://", 1)
     parts = rest.rstrip("/").split("/")
     for i, part in enumerate(parts[1:], start=1):  # parts[0] is the bucket or host
-        kind = SUFFIXES.get(Path(part).suffix.lower())
+        kind = format_of_suffix(part)
         if kind is not None:
             container, inner = "/".join(parts[:i + 1]), "/".join(parts[i + 1:])
             break
@@ -50,91 +43,45 @@ def split_url(url: str, dataset: Optional[str] = None) -> Tuple[str, str, Option
     return f"{scheme}://{container}", dataset, kind
 
 
-def detect_remote(store: RemoteStore, dataset: str) -> str:
-    """The format of a remote store without a telling suffix, from the metadata files it holds."""
-    attributes = store.get("attributes.json")
-    if attributes is not None and b'"n5"' in attributes:
-        return "n5"
-    node = store / dataset
-    if any(node.get(marker) is not None for marker in GROUP_MARKERS + (".zarray",)):
-        return "zarr"
-    if store.get("info") is not None:
-        return "precomputed"
-    raise ValueError(f"{store}: cannot tell its format (no zarr.json/.zarray/.zgroup, N5 attributes.json or "
-                     f"precomputed info there, or the server refuses them); name the container with a suffix "
-                     f"{sorted(SUFFIXES)} or pass format=")
-
-
-def detect(container: Path) -> str:
-    """The format of a container without a telling suffix, from what it holds."""
-    if container.exists() and not container.is_dir():
-        require_kind(container, "file", "a volume's file")  # a FIFO or device: refused before anything opens it
-    if container.is_file():
-        if h5py.is_hdf5(str(container)):
-            return "hdf5"
-        raise ValueError(f"{container} is neither an HDF5 file nor a zarr, N5 or precomputed directory")
-    if not container.exists():
-        raise FileNotFoundError(f"no such file or store: {container}")
-    if is_n5(container):
-        return "n5"
-    if any((container / marker).is_file() for marker in GROUP_MARKERS + (".zarray",)):
-        return "zarr"
-    if is_precomputed(container):
-        return "precomputed"
-    raise ValueError(f"{container}: cannot tell its format (no zarr.json/.zarray/.zgroup, N5 attributes.json or "
-                     f"precomputed info); name the container with a suffix {sorted(SUFFIXES)} or pass format=")
-
-
 def open_source(path: Union[str, os.PathLike], dataset: Optional[str] = None, *, format: Optional[str] = None,
                 level: Optional[int] = None, resolution: Optional[Sequence[float]] = None,
                 storage_options: Optional[dict] = None) -> VolumeSource:
     """The :class:`~emfast.io._source.VolumeSource` for ``path`` and ``dataset`` (see :func:`open_volume`)."""
-    if is_url(path):
-        return _open_remote(path, dataset, format, level, resolution, storage_options)
-    if storage_options is not None:
+    remote = is_url(path)
+    if not remote and storage_options is not None:
         raise ValueError(f"{path}: storage_options apply to remote stores (s3://, gs://, http(s)://), not to a "
                          "local path")
-    container, inner, kind = split_path(path, dataset)
+    container, inner, kind = split_url(path, dataset) if remote else split_path(path, dataset)
     if format is not None:
-        if format not in FORMATS:
-            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
-        kind = format
+        kind = format_named(format).name
+    where = RemoteStore(container, storage_options) if remote else container
     if kind is None:
-        kind = detect(container)
-    if kind not in ("zarr", "precomputed") and (level is not None or resolution is not None):
-        raise ValueError(f"{container}: level and resolution choose a level of a multiscale image (OME-Zarr or "
-                         f"precomputed), not of {kind}")
-    if kind == "hdf5":
-        if not inner:
-            raise ValueError(f"{container}: name the dataset, e.g. {container}/volumes/raw")
-        return Hdf5Source(container, inner)
-    if kind == "zarr":
-        return ZarrSource(container, inner, level=level, resolution=resolution)
-    if kind == "n5":
-        return N5Source(container, inner)
-    return PrecomputedSource(container, scale=level, resolution=resolution)
+        kind = detect_remote(where, inner) if remote else detect(container)
+    chosen = format_named(kind)
+    if not chosen.multiscale and (level is not None or resolution is not None):
+        multiscale = " or ".join(f.name for f in formats() if f.multiscale)
+        raise ValueError(f"{container}: level and resolution choose a level of a multiscale image ({multiscale}), "
+                         f"not of {kind}")
+    return chosen.open(where, inner, level, resolution)
 
 
-def _open_remote(url: str, dataset, format, level, resolution, storage_options) -> VolumeSource:
-    container, inner, kind = split_url(url, dataset)
-    if format is not None:
-        if format not in FORMATS:
-            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
-        kind = format
-    store = RemoteStore(container, storage_options)
-    if kind is None:
-        kind = detect_remote(store, inner)
-    if kind not in ("zarr", "precomputed") and (level is not None or resolution is not None):
-        raise ValueError(f"{container}: level and resolution choose a level of a multiscale image (OME-Zarr or "
-                         f"precomputed), not of {kind}")
-    if kind == "hdf5":
-        raise ValueError(f"{container}: HDF5 is not read remotely; copy the file, or convert it to zarr "
-                         "(emfast convert)")
-    if kind == "zarr":
-        return ZarrSource(store, inner, level=level, resolution=resolution)
-    if kind == "n5":
-        return N5Source(store, inner)
-    return PrecomputedSource(store, scale=level, resolution=resolution)
+def contents(path: Union[str, os.PathLike]) -> Contents:
+    """What ``emfast info`` lists of a local file or store: its attributes and its datasets (or the one that
+    ``path`` names inside it), each opened lazily as a volume where emfast reads it as one.
+
+    Returns
+    -------
+    Contents
+        ``attributes`` (the container's), ``datasets`` (an iterator of :class:`~emfast.io._formats.Listed`, whose
+        volumes the caller closes) and ``nothing`` (the line for no datasets).
+
+    Raises
+    ------
+    FileNotFoundError, DatasetNotFoundError, ValueError
+        No such container, no such dataset or group (the message lists what is there), or no known format.
+    """
+    container, inner, kind = split_path(path)
+    return format_named(kind or detect(container)).contents(container, inner)
 
 
 def open_volume(path: Union[str, os.PathLike], dataset: Optional[str] = None, *, in_memory: bool = True,
@@ -161,11 +108,12 @@ def open_volume(path: Union[str, os.PathLike], dataset: Optional[str] = None, *,
         Read the whole volume into memory (fastest), or lazily through a bounded cache of the store's chunks.
     cache_bytes : int, optional
         Lazy volumes only: the chunk cache's budget (see :func:`emfast.hdf5`).
-    format : {"hdf5", "zarr", "n5", "precomputed"}, optional
-        Skip detection.
+    format : str, optional
+        A registered format's name (built in: "hdf5", "zarr", "n5", "precomputed"; see
+        :func:`emfast.io.formats`): skip detection.
     level, resolution : optional
-        For an OME-Zarr multiscale image or a precomputed volume: the level (scale) by index, or by its (z, y, x)
-        voxel size. Default: level 0, the finest.
+        For an OME-Zarr multiscale image or a precomputed volume (its scales): the level by index, or by its
+        (z, y, x) voxel size. Default: level 0, the finest.
     storage_options : dict, optional
         Remote stores only: fsspec's options for the protocol (S3: ``endpoint_url``, ``anon``, ``key``,
         ``secret``, ``client_kwargs``; HTTP: ``headers``...), plus ``retries`` (attempts after the first on a

@@ -33,7 +33,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from ._metadata import bad_metadata, int_list, metadata_key, number_list
+from ._metadata import bad_metadata, deprecated_level, int_list, metadata_key, number_list
 from ._remote import RemoteStore
 from ._source import (CorruptChunkError, Stamp, StoreMetadataError, VolumeSource, add_transfer_time, checked_chunk,
                       read_regular_file, read_regular_file_into, require_kind)
@@ -116,11 +116,12 @@ def _check_scale(scale, key: str, where: str) -> None:
 
 
 class PrecomputedSource(VolumeSource):
-    """One scale of a precomputed volume: ``scale`` by index (default 0, the finest), or by its (z, y, x)
-    ``resolution``."""
+    """One scale of a precomputed volume: ``level`` by index (default 0, the finest), or by its (z, y, x)
+    ``resolution``, as for OME-Zarr (``scale=`` is the deprecated name of ``level=``)."""
 
-    def __init__(self, path: Union[str, os.PathLike, RemoteStore], scale: Optional[int] = None,
-                 resolution: Optional[Sequence[float]] = None) -> None:
+    def __init__(self, path: Union[str, os.PathLike, RemoteStore], level: Optional[int] = None,
+                 resolution: Optional[Sequence[float]] = None, *, scale: Optional[int] = None) -> None:
+        scale = deprecated_level(level, scale, "PrecomputedSource")
         remote = isinstance(path, RemoteStore)
         path = path if remote else Path(path)
         self.name = str(path)
@@ -137,7 +138,7 @@ class PrecomputedSource(VolumeSource):
             scale = matches[0]
         index = 0 if scale is None else scale
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(scales):
-            raise ValueError(f"{self.name}: scale must be an index in [0, {len(scales)}), got {scale!r}")
+            raise ValueError(f"{self.name}: level must be an index in [0, {len(scales)}), got {scale!r}")
         chosen = scales[index]
         self.chunks = tuple(int(n) for n in chosen["chunk_sizes"][0][::-1])
         self.resolution = tuple(float(r) for r in chosen["resolution"][::-1])

@@ -254,6 +254,14 @@ class VolumeSource:
         """The dataset's own metadata attributes (what ``emfast convert`` carries over)."""
         return {}
 
+    def describe(self) -> str:
+        """Shape, dtype and chunks as ``emfast info`` shows them: by default as a Volume reads them (spatial
+        shape, channels if more than one, native dtype, bool as uint8)."""
+        dtype = np.dtype(self.dtype).newbyteorder("=")
+        channels = f" channels={self.full_shape[0]}" if len(self.full_shape) == 4 and self.full_shape[0] > 1 else ""
+        return (f"shape={plain(self.full_shape[-3:])}{channels} dtype={np.dtype(np.uint8) if dtype == bool else dtype} "
+                f"chunks={plain(self.chunks)}")
+
     def reopen_arguments(self) -> tuple:
         """The arguments of this class that open the same source again (a lazy volume pickles as them)."""
         raise NotImplementedError

@@ -3,7 +3,9 @@
 (``_fake``), and the ``device=`` argument's resolution (``_resolve``). The copier thread that drives a backend is
 a pipeline stage (:mod:`emfast.pipeline._copier`).
 
-May import: nothing else of emfast (pycuda only when a CUDA device is asked for).
+A backend selectable by name registers with ``@register("backend")`` under its ``kind``.
+
+May import: ``emfast._registry`` (pycuda only when a CUDA device is asked for).
 """
 from ._backend import DeviceArray, DeviceNotice, Fields, TransferBackend, cuda_unavailable
 from ._resolve import resolve_device

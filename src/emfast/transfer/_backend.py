@@ -57,7 +57,8 @@ class DeviceArray:
 
 
 class TransferBackend:
-    """Device memory and copies.
+    """Device memory and copies. A backend selectable by ``device=`` registers with ``@register("backend")``
+    (:mod:`emfast._registry`) under its :attr:`kind`, and is built as ``Backend(ordinal)``.
 
     The copier thread (for a prediction, its device thread) calls every method except :meth:`given_back` (called
     where a device slot is given back) and :meth:`free` inside :meth:`activate` (called by a thread that gives a
@@ -65,6 +66,15 @@ class TransferBackend:
     """
 
     name = "device"
+    #: The ``device=`` kind a registered backend answers to (``"cuda"`` for ``"cuda"`` and ``"cuda:N"``).
+    kind = ""
+    #: Whether ``device="auto"`` tries it (in registration order) before falling back to the CPU.
+    auto = False
+
+    @classmethod
+    def unavailable(cls, ordinal: int) -> Optional[str]:
+        """Why device ``ordinal`` of this kind cannot be used, or None if it can (checked before construction)."""
+        return None
 
     def open(self, fields: Fields, host_slots: int) -> List[Dict[str, np.ndarray]]:
         """Prepare the device and return the page-locked host slots. On failure, leave nothing and raise."""

@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import sys
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from ._backend import DeviceArray, Fields, TransferBackend
+from .._registry import register
+from ._backend import DeviceArray, Fields, TransferBackend, cuda_unavailable
 
 #: cuStreamCreate flag CU_STREAM_NON_BLOCKING: no implicit synchronisation with the legacy default stream.
 _CU_STREAM_NON_BLOCKING = 1
@@ -74,12 +75,20 @@ class _DeviceSlot:
         self.unordered = False  # giving back could not record it: synchronise the device before the next copy
 
 
+@register("backend")
 class PycudaBackend(TransferBackend):
     """Page-locked host slots, device slots and one non-blocking copy stream in the device's primary context.
 
     The primary context is the one PyTorch and CuPy use, so their tensors and these buffers live in the same
     context. It is pushed in the copier thread for the thread's lifetime and popped at :meth:`close`.
     """
+
+    kind = "cuda"
+    auto = True
+
+    @classmethod
+    def unavailable(cls, ordinal: int) -> Optional[str]:
+        return cuda_unavailable(ordinal)
 
     def __init__(self, ordinal: int = 0) -> None:
         self.ordinal = ordinal

@@ -1,13 +1,13 @@
-"""Which backend a ``device=`` argument names."""
+"""Which backend a ``device=`` argument names: ``"cpu"``, ``"auto"``, or a registered backend's kind."""
 from __future__ import annotations
 
 import re
 import warnings
 from typing import Optional
 
-
-from ._backend import DeviceNotice, TransferBackend, cuda_unavailable
-from ._pycuda import PycudaBackend
+from .._registry import registered
+from . import _pycuda  # noqa: F401  (registers the pycuda backend as "cuda")
+from ._backend import DeviceNotice, TransferBackend
 
 
 def resolve_device(device) -> Optional[TransferBackend]:
@@ -16,7 +16,8 @@ def resolve_device(device) -> Optional[TransferBackend]:
     Parameters
     ----------
     device : str or TransferBackend
-        ``"cpu"``, ``"cuda"`` (device 0), ``"cuda:N"``, ``"auto"`` (CUDA device 0 if usable, else the CPU with a
+        ``"cpu"``, a registered backend's kind (``"cuda"``, device 0) or kind and ordinal (``"cuda:N"``),
+        ``"auto"`` (device 0 of the first usable backend that offers itself to auto, else the CPU with a
         :class:`DeviceNotice`), or a backend object.
 
     Raises
@@ -24,22 +25,30 @@ def resolve_device(device) -> Optional[TransferBackend]:
     ValueError
         For a string that names no device.
     RuntimeError
-        For a CUDA device that cannot be used; the message says what is missing.
+        For a device that cannot be used; the message says what is missing.
     """
     if isinstance(device, TransferBackend):
         return device
-    match = re.fullmatch(r"(cpu|auto|cuda)(?::(\d+))?", device) if isinstance(device, str) else None
-    if match is None or (match.group(2) is not None and match.group(1) != "cuda"):
-        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {device!r}")
+    backends = registered("backend")
+    match = re.fullmatch(r"(\w+)(?::(\d+))?", device) if isinstance(device, str) else None
+    if match is None or (match.group(2) is not None and match.group(1) not in backends) or \
+            match.group(1) not in ("cpu", "auto", *backends):
+        named = ", ".join(["'cpu'"] + [f"'{kind}', '{kind}:N'" for kind in backends])
+        raise ValueError(f"device must be {named} or 'auto', got {device!r}")
     kind, ordinal = match.group(1), int(match.group(2) or 0)
     if kind == "cpu":
         return None
-    reason = cuda_unavailable(ordinal)
     if kind == "auto":
-        if reason is not None:
-            warnings.warn(f"emfast: device='auto' uses the CPU: {reason}", DeviceNotice, stacklevel=3)
-            return None
-        return PycudaBackend(0)
+        reasons = []
+        for backend in (b for b in backends.values() if b.auto):
+            reason = backend.unavailable(0)
+            if reason is None:
+                return backend(0)
+            reasons.append(reason)
+        warnings.warn(f"emfast: device='auto' uses the CPU: {'; '.join(reasons) or 'no device backend'}",
+                      DeviceNotice, stacklevel=3)
+        return None
+    reason = backends[kind].unavailable(ordinal)
     if reason is not None:
         raise RuntimeError(f"device={device!r} cannot be used: {reason}")
-    return PycudaBackend(ordinal)
+    return backends[kind](ordinal)

@@ -1,0 +1,212 @@
+"""The built-in volume formats' registry entries (:class:`~emfast.io._formats.VolumeFormat`): HDF5, zarr with
+OME-Zarr, N5 and neuroglancer precomputed; each says how it is detected, opened and listed by ``emfast info``."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Iterator, List, Optional
+
+import h5py
+
+from .._registry import register
+from ._formats import Contents, Listed, VolumeFormat
+from ._hdf5 import Hdf5Source, dataset_summary, open_hdf5
+from ._n5 import N5Source, is_n5, list_n5_datasets
+from ._precomputed import PrecomputedSource, is_precomputed
+from ._remote import RemoteStore
+from ._source import DatasetNotFoundError, read_regular_file
+from ._volume import Volume
+from ._zarr import GROUP_MARKERS, ZarrSource, arrays_on_disk, refuse_special_metadata
+
+
+def not_found(container, inner: str, members: Callable[[str], Optional[List[str]]]) -> DatasetNotFoundError:
+    """The error for ``container/inner`` where ``inner`` does not exist: it names the deepest group on the way
+    that does, and what that group holds (``members(group)``: None where ``group`` is no group)."""
+    parts = [p for p in inner.split("/") if p]
+    for depth in range(len(parts) - 1, -1, -1):
+        parent = "/".join(parts[:depth])
+        found = members(parent)
+        if found is not None:
+            where = f"{parent!r}" if parent else "the root"
+            return DatasetNotFoundError(f"{container} has no dataset or group {inner!r}; {where} holds: "
+                                        f"{', '.join(found) or 'nothing'}")
+    return DatasetNotFoundError(f"{container} has no dataset or group {inner!r}")
+
+
+def _volumes(fmt, container: Path, names: List[str]) -> Iterator[Listed]:
+    """Each named array opened lazily as a volume, described by its source."""
+    for name in names:
+        source = fmt.open(container, name, None, None)
+        yield Listed(name, source.describe(), {}, Volume.open(source, in_memory=False))
+
+
+@register("format")
+class Hdf5Format(VolumeFormat):
+    name = "hdf5"
+    suffixes = (".h5", ".hdf5", ".hdf")
+    rank = 0
+
+    @classmethod
+    def detect(cls, container: Path) -> bool:
+        return container.is_file() and h5py.is_hdf5(str(container))
+
+    @classmethod
+    def open(cls, where, dataset, level, resolution):
+        if isinstance(where, RemoteStore):
+            raise ValueError(f"{where}: HDF5 is not read remotely; copy the file, or convert it to zarr "
+                             "(emfast convert)")
+        if not dataset:
+            raise ValueError(f"{where}: name the dataset, e.g. {where}/volumes/raw")
+        return Hdf5Source(where, dataset)
+
+    @classmethod
+    def contents(cls, container: Path, inner: str) -> Contents:
+        file = open_hdf5(container)
+        try:
+            top = file.get(inner) if inner else file
+            if top is None:
+                raise not_found(container, inner, lambda group: _hdf5_members(file, group))
+            names = []
+            if isinstance(top, h5py.Dataset):
+                names.append(inner)
+            else:
+                top.visititems(lambda name, node: names.append(f"{inner}/{name}" if inner else name)
+                               if isinstance(node, h5py.Dataset) else None)
+            attributes = dict(file.attrs)
+        except BaseException:
+            file.close()
+            raise
+        return Contents(attributes, _hdf5_datasets(file, container, names), "(no datasets)")
+
+
+def _hdf5_datasets(file: h5py.File, container: Path, names: List[str]) -> Iterator[Listed]:
+    """Every dataset named, a volume where emfast reads it as one (3-D/4-D of a supported dtype)."""
+    with file:
+        for name in names:
+            node = file[name]
+            try:
+                volume = Volume.open(Hdf5Source(container, name), in_memory=False)
+            except (TypeError, ValueError):  # not 3-D/4-D, or a dtype volumes do not hold
+                volume = None
+            yield Listed(name, dataset_summary(node), dict(node.attrs), volume)
+
+
+def _hdf5_members(file: h5py.File, group: str):
+    node = file.get(group) if group else file
+    return sorted(node.keys()) if isinstance(node, h5py.Group) else None
+
+
+@register("format")
+class N5Format(VolumeFormat):
+    name = "n5"
+    suffixes = (".n5",)
+    rank = 10
+
+    @classmethod
+    def detect(cls, container: Path) -> bool:
+        return is_n5(container)
+
+    @classmethod
+    def detect_remote(cls, store: RemoteStore, dataset: str) -> bool:
+        attributes = store.get("attributes.json")
+        return attributes is not None and b'"n5"' in attributes
+
+    @classmethod
+    def open(cls, where, dataset, level, resolution):
+        return N5Source(where, dataset)
+
+    @classmethod
+    def contents(cls, container: Path, inner: str) -> Contents:
+        if inner and not (container / inner / "attributes.json").is_file():
+            raise not_found(container, inner, lambda group: _n5_members(container, group))
+        names = [f"{inner}/{name}".strip("/.") if name != "." else inner
+                 for name in list_n5_datasets(container / inner)]
+        return Contents({}, _volumes(cls, container, names))
+
+
+def _n5_members(container: Path, group: str):
+    directory = container / group
+    if not directory.is_dir() or "dimensions" in _n5_attributes(directory):
+        return None
+    return sorted(d.name for d in directory.iterdir() if (d / "attributes.json").is_file())
+
+
+def _n5_attributes(directory: Path) -> dict:
+    try:
+        return json.loads(read_regular_file(directory / "attributes.json", "attributes.json") or b"{}")
+    except (OSError, ValueError):
+        return {}
+
+
+@register("format")
+class ZarrFormat(VolumeFormat):
+    name = "zarr"
+    suffixes = (".zarr",)
+    rank = 20
+    multiscale = True
+
+    @classmethod
+    def detect(cls, container: Path) -> bool:
+        return any((container / marker).is_file() for marker in GROUP_MARKERS + (".zarray",))
+
+    @classmethod
+    def detect_remote(cls, store: RemoteStore, dataset: str) -> bool:
+        node = store / dataset
+        return any(node.get(marker) is not None for marker in GROUP_MARKERS + (".zarray",))
+
+    @classmethod
+    def open(cls, where, dataset, level, resolution):
+        return ZarrSource(where, dataset, level=level, resolution=resolution)
+
+    @classmethod
+    def contents(cls, container: Path, inner: str) -> Contents:
+        return Contents({}, _volumes(cls, container, _zarr_arrays(container, inner)))
+
+
+def _zarr_arrays(container: Path, inner: str) -> List[str]:
+    """The array named, an OME-Zarr image group named, or every array below the named group."""
+    import zarr
+    refuse_special_metadata(container, inner)
+    names = arrays_on_disk(container, inner) if (container / inner).is_dir() else []
+    if names and not any((container / m).is_file() for m in GROUP_MARKERS):
+        return [f"{inner}/{name}".strip("/.") if name != "." else inner for name in names]  # no root group
+    root = zarr.open(store=str(container), mode="r")
+    try:
+        node = root[inner] if inner else root
+    except KeyError:
+        raise not_found(container, inner, lambda group: _zarr_members(root, group)) from None
+    if isinstance(node, zarr.Array) or "multiscales" in node.attrs.get("ome", node.attrs):
+        return [inner]
+    return [f"{inner}/{name}".strip("/.") if name != "." else inner for name in names]
+
+
+def _zarr_members(root, group: str):
+    import zarr
+    try:
+        node = root[group] if group else root
+    except KeyError:
+        return None
+    return sorted(name for name, _ in node.members()) if isinstance(node, zarr.Group) else None
+
+
+@register("format")
+class PrecomputedFormat(VolumeFormat):
+    name = "precomputed"
+    rank = 30
+    multiscale = True
+
+    @classmethod
+    def detect(cls, container: Path) -> bool:
+        return is_precomputed(container)
+
+    @classmethod
+    def detect_remote(cls, store: RemoteStore, dataset: str) -> bool:
+        return store.get("info") is not None
+
+    @classmethod
+    def open(cls, where, dataset, level, resolution):
+        return PrecomputedSource(where, level=level, resolution=resolution)
+
+    @classmethod
+    def contents(cls, container: Path, inner: str) -> Contents:
+        return Contents({}, _volumes(cls, container, [""]))
