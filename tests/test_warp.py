@@ -379,8 +379,8 @@ def test_bad_input_raises_a_clear_error(call, error, message):
     (lambda: Elastic(sigma=(0, 2)), "Elastic: sigma must be 3 finite numbers >= 0"),
     (lambda: Elastic(p=2), "probability"),
     (lambda: Elastic().bind((32, 128)), "Elastic.bind: shape must be 3 integers >= 1"),
-    (lambda: _geometry.source_box((4, 4), [0, 0, 0], np.eye(3)), "shape must be three extents"),
-    (lambda: _geometry.source_box((4, 4, 4), [0, np.inf, 0], np.eye(3)), "centre must be three finite"),
+    (lambda: _geometry.source_box((4, 4), [0, 0, 0], np.eye(3)), "shape must be 3 integers >= 1"),
+    (lambda: _geometry.source_box((4, 4, 4), [0, np.inf, 0], np.eye(3)), "centre must be 3 finite numbers"),
     (lambda: _geometry.source_box((4, 4, 4), [0, 0, 0], np.eye(2)), "matrix must be a finite 3x3"),
     (lambda: _geometry.source_box((4, 4, 4), [0, 0, 0], np.eye(3), -1.0), "max_displacement must be finite and >= 0"),
 ])
