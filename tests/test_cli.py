@@ -147,3 +147,31 @@ def test_info_shows_the_world_box_of_hdf5_datasets_as_of_zarr_arrays(tmp_path, c
     assert "  plain: shape=(4, 8, 6) dtype=uint8 chunks=None resolution=None offset=None" in lines
     assert main(["info", str(tmp_path / "b.zarr")]) == 0
     assert geometry in capsys.readouterr().out
+
+
+# -- options every command shares -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", [["demo"], ["check", "c.yaml"], ["snapshot", "c.yaml", "--out", "o.zarr"],
+                                     ["predict", "c.yaml"], ["bench"]])
+def test_every_command_building_the_built_in_volume_takes_the_same_cache_dir_option(command, capsys):
+    from emfast.cli import build_parser
+    assert build_parser().parse_args(command + ["--cache-dir", "elsewhere"]).cache_dir == "elsewhere"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(command + ["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    # the help names every place the cache may be, in the order emfast looks (emfast._machine.cache_directory)
+    assert "--cache-dir CACHE_DIR where the built-in volume is cached (default: $EMFAST_CACHE_DIR, else " \
+           "$XDG_CACHE_HOME/emfast, else ~/.cache/emfast)" in help_text
+
+
+def test_an_internal_type_error_in_a_command_is_a_bug_with_its_traceback(monkeypatch, capsys, tmp_path):
+    """A TypeError raised inside a command (not by an argument check, which raises ValueError) is emfast's bug:
+    exit 1 and the traceback, never the one line of a user error."""
+    def broken(config, cache_dir=None):
+        return len(None)
+
+    monkeypatch.setattr("emfast.config.check_config", broken)
+    assert main(["check", str(tmp_path / "any.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "len(None)" in err
+    assert "internal error (TypeError)" in err and not err.startswith("emfast: error:")

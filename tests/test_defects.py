@@ -308,3 +308,11 @@ def test_artifacts_read_strided_volumes(rng):
         outputs.append(out)
     assert not np.array_equal(outputs[0], raw)
     np.testing.assert_array_equal(outputs[0], outputs[1])
+
+
+@pytest.mark.parametrize("make, owner", [(MissingSection, "MissingSection"), (Slip, "Slip")])
+@pytest.mark.parametrize("fill", ["0", np.inf, True, None])
+def test_a_fill_that_is_not_a_finite_number_is_refused_naming_it(make, owner, fill):
+    with pytest.raises(ValueError) as error:
+        make(fill=fill)
+    assert str(error.value) == f"{owner}: fill must be a finite number, got {fill!r}"

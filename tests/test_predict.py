@@ -525,3 +525,13 @@ def test_resuming_with_an_array_input_that_changed_is_refused(tmp_path, volume):
                                                 "when this output was started"):
         ef.predict(lopsided, changed, path, resume=True, **SETTINGS)
     ef.predict(lopsided, volume, path, resume=True, **SETTINGS)
+
+
+def test_the_old_name_of_the_prediction_dtype_names_warns_and_gives_the_new_list():
+    import emfast.inference as inference
+    assert inference.PREDICT_OUTPUT_DTYPE_NAMES == ("float32", "float16", "uint8")
+    assert "OUTPUT_DTYPES" not in inference.__all__
+    with pytest.warns(DeprecationWarning, match="PREDICT_OUTPUT_DTYPE_NAMES"):
+        assert inference.OUTPUT_DTYPES is inference.PREDICT_OUTPUT_DTYPE_NAMES
+    with pytest.raises(AttributeError, match="no attribute 'NO_SUCH_NAME'"):
+        inference.NO_SUCH_NAME

@@ -341,8 +341,8 @@ BAD_CALLS = [
     (_raw_call(grid=_GRID[:, :2], grid_spacing=(1, 1, 1)), ValueError, "grid must have shape (1, 3, gz, gy, gx)"),
     (_raw_call(grid=_GRID + np.float32(np.nan), grid_spacing=(1, 1, 1)), ValueError, "grid must be finite"),
     (_raw_call(grid=_GRID, grid_spacing=(1, 0, 1)), ValueError, "grid_spacing must be > 0"),
-    (_raw_call(grid=_GRID, grid_spacing=(1, 1)), ValueError, "grid_spacing must be three numbers"),
-    (_raw_call(grid=_GRID, grid_spacing=(1, 1, 1), grid_origin="abc"), TypeError, "grid_origin must be three"),
+    (_raw_call(grid=_GRID, grid_spacing=(1, 1)), ValueError, "grid_spacing must be 3 finite numbers (z, y, x)"),
+    (_raw_call(grid=_GRID, grid_spacing=(1, 1, 1), grid_origin="abc"), ValueError, "grid_origin must be 3 finite numbers"),
     (_raw_call(valid=np.zeros((1, 1, 4, 4, 4), np.float32)), TypeError, "valid has dtype float32"),
     (_raw_call(valid=np.zeros((1, 2, 4, 4, 4), np.uint8)), ValueError, "valid must have shape (1, 1, 4, 4, 4)"),
     (_label_call(out=np.zeros((1, 1, 4, 4, 4), np.uint32)), TypeError, "labels need sources of the output dtype"),
@@ -373,20 +373,32 @@ def test_bad_input_raises_a_clear_error(call, error, message):
     (lambda: Scale(p=-0.5), "probability"),
     (lambda: Scale(isotropic_xy="yes"), "isotropic_xy must be True or False"),
     (lambda: Scale(axes="zyx").check(isotropic=False), "isotropic=True"),
-    (lambda: Elastic(spacing=(4, -1, 32)), "spacing must be a finite number > 0"),
-    (lambda: Elastic(spacing=(4, 32)), "spacing must be three numbers"),
-    (lambda: Elastic(sigma=(0, -1, 2)), "sigma must be a finite number >= 0"),
-    (lambda: Elastic(sigma=(0, 2)), "sigma must be three numbers"),
+    (lambda: Elastic(spacing=(4, -1, 32)), "Elastic: spacing must be 3 finite numbers > 0"),
+    (lambda: Elastic(spacing=(4, 32)), "Elastic: spacing must be 3 finite numbers > 0"),
+    (lambda: Elastic(sigma=(0, -1, 2)), "Elastic: sigma must be 3 finite numbers >= 0"),
+    (lambda: Elastic(sigma=(0, 2)), "Elastic: sigma must be 3 finite numbers >= 0"),
     (lambda: Elastic(p=2), "probability"),
-    (lambda: Elastic().bind((32, 128)), "shape must be three extents"),
-    (lambda: _geometry.source_box((4, 4), [0, 0, 0], np.eye(3)), "shape must be three extents"),
-    (lambda: _geometry.source_box((4, 4, 4), [0, np.inf, 0], np.eye(3)), "centre must be three finite"),
+    (lambda: Elastic().bind((32, 128)), "Elastic.bind: shape must be 3 integers >= 1"),
+    (lambda: _geometry.source_box((4, 4), [0, 0, 0], np.eye(3)), "shape must be 3 integers >= 1"),
+    (lambda: _geometry.source_box((4, 4, 4), [0, np.inf, 0], np.eye(3)), "centre must be 3 finite numbers"),
     (lambda: _geometry.source_box((4, 4, 4), [0, 0, 0], np.eye(2)), "matrix must be a finite 3x3"),
     (lambda: _geometry.source_box((4, 4, 4), [0, 0, 0], np.eye(3), -1.0), "max_displacement must be finite and >= 0"),
 ])
 def test_bad_augmentation_parameters_raise_value_errors(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+@pytest.mark.parametrize("bad", ["abc", (4, 4), (4, "4", 4), (4, None, 4), (4, np.inf, 4)])
+def test_a_bad_triple_is_refused_alike_by_the_augmentation_and_the_kernel(bad):
+    """One rule (emfast._checks): the same bad (z, y, x) value gives the same exception and wording whether it
+    reaches Elastic's settings or the warp kernel's grid arguments."""
+    with pytest.raises(ValueError) as by_augmentation:
+        Elastic(sigma=bad)
+    with pytest.raises(ValueError) as by_kernel:
+        _raw_call(grid=_GRID, grid_spacing=(1, 1, 1), grid_origin=bad)()
+    assert str(by_augmentation.value) == f"Elastic: sigma must be 3 finite numbers >= 0 (z, y, x), got {bad!r}"
+    assert str(by_kernel.value) == f"grid_origin must be 3 finite numbers (z, y, x), got {bad!r}"
 
 
 def test_elastic_needs_bind_before_drawing():

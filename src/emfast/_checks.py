@@ -1,5 +1,12 @@
-"""Argument checks every stage shares: one way to accept an integer, a (z, y, x) triple and a seed, one wording
-of the error when it is not one."""
+"""Argument checks every stage shares: one way to accept an integer, a real number, a label id, a (z, y, x) triple
+and a seed, one wording of the error when it is not one.
+
+The rule every caller follows: a setting the checks refuse raises ``ValueError`` naming the setting (with its
+owner, e.g. ``"Elastic: spacing"``) and the value given, whether its type or its range is wrong. Settings come as
+often from a YAML config or the command line as from code, and ``ValueError`` is what ``emfast check`` and the
+``emfast`` command report as the user's error in one line. ``TypeError`` is kept for objects of the wrong kind
+handed over in code (an array of the wrong dtype, a volume that is neither a Volume, an array nor a path), which
+a config cannot produce; the command line shows those with a traceback, as bugs."""
 from __future__ import annotations
 
 import math
@@ -10,6 +17,8 @@ import numpy as np
 
 #: Largest coordinate magnitude accepted: products and sums of a few of them cannot overflow int64.
 _INTEGER_LIMIT = 1 << 62
+#: The range of ids a label setting may name: anything an int64 or a uint64 label volume can hold.
+ID_RANGE = (-(2**63), 2**64 - 1)
 
 
 def is_integer(value) -> bool:
@@ -21,6 +30,32 @@ def integer(value, what: str, minimum: int = 1) -> int:
     """``value`` as an int >= ``minimum``, or a ValueError naming ``what``."""
     if not is_integer(value) or value < minimum:
         raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def is_real(value) -> bool:
+    """True for Python and NumPy real numbers, False for bools and everything else."""
+    return isinstance(value, (numbers.Real, np.floating, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def real(value, what: str, minimum: Optional[float] = None, strict: bool = False) -> float:
+    """``value`` as a finite float (>= ``minimum``, or > with ``strict``), or a ValueError naming ``what``."""
+    valid = is_real(value) and math.isfinite(value)
+    if valid and minimum is not None:
+        valid = value > minimum if strict else value >= minimum
+    if not valid:
+        bound = "" if minimum is None else f" {'>' if strict else '>='} {minimum:g}"
+        raise ValueError(f"{what} must be a finite number{bound}, got {value!r}")
+    return float(value)
+
+
+def label_id(value, what: str, optional: bool = False) -> Optional[int]:
+    """A label id (an integer in ``ID_RANGE``) as an int, None where ``optional``, or a ValueError naming ``what``."""
+    if value is None and optional:
+        return None
+    if not is_integer(value) or not ID_RANGE[0] <= int(value) <= ID_RANGE[1]:
+        allowed = "an integer label id or None" if optional else "an integer label id"
+        raise ValueError(f"{what} must be {allowed}, got {value!r}")
     return int(value)
 
 
@@ -68,5 +103,4 @@ def triple(value, what: str, *, integer: bool = True, minimum: Optional[float] =
 def _accepted(item, integer: bool) -> bool:
     if integer:
         return is_integer(item) and abs(int(item)) < _INTEGER_LIMIT
-    return isinstance(item, (numbers.Real, np.floating, np.integer)) and not isinstance(item, (bool, np.bool_)) \
-        and math.isfinite(item)
+    return is_real(item) and math.isfinite(item)

@@ -46,3 +46,11 @@ def cache_directory(cache_dir: str | os.PathLike[str] | None) -> Path:
     if xdg and os.path.isabs(xdg):
         return Path(xdg) / "emfast"
     return Path.home() / ".cache" / "emfast"
+
+
+def add_cache_dir_option(parser) -> None:
+    """Give an ``argparse`` parser the ``--cache-dir`` option every command that builds the built-in volume shares
+    (read with :func:`cache_directory`)."""
+    parser.add_argument("--cache-dir", default=None,
+                        help="where the built-in volume is cached (default: $EMFAST_CACHE_DIR, else "
+                             "$XDG_CACHE_HOME/emfast, else ~/.cache/emfast)")

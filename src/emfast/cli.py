@@ -15,7 +15,7 @@ import numpy as np
 from . import __version__
 from . import bench as _bench
 from . import config as _config
-from ._machine import cores
+from ._machine import add_cache_dir_option, cores
 from .augment import Intensity, Mirror, Transpose
 from .io import (LABELS_DATASET, RAW_DATASET, Volume, contents, demo_volume_path, hdf5, volume_statistics,
                  world_box)
@@ -270,8 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     run.add_argument("--dtype", choices=["float32", "float16"], default="float32", help="raw output type")
     run.add_argument("--lazy", action="store_true", help="read windows from the HDF5 file instead of memory")
-    run.add_argument("--cache-dir", default=None,
-                     help="where the built-in volume is cached (default: $EMFAST_CACHE_DIR or ~/.cache/emfast)")
+    add_cache_dir_option(run)
     run.add_argument("--volume-shape", type=int, nargs=3, default=[96, 384, 384], metavar=("Z", "Y", "X"),
                      help="shape of the built-in volume (default: 96 384 384)")
     run.add_argument("--config", nargs="?", const="", default=None, metavar="FILE",
@@ -289,8 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                "the device, open the input and lay the tiles. Exit status 0 if "
                                                "valid, 2 with the error (file, line, key) if not.")
     validate.add_argument("config", help="a YAML config (see docs/CONFIG.md)")
-    validate.add_argument("--cache-dir", default=None,
-                          help="where the built-in volume is cached (default: $EMFAST_CACHE_DIR or ~/.cache/emfast)")
+    add_cache_dir_option(validate)
     validate.set_defaults(handler=check)
 
     show = commands.add_parser("info", help="this installation, or the datasets of a file or store",
@@ -315,8 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     look.add_argument("--batches", type=int, default=1, help="batches to write (default: %(default)s)")
     look.add_argument("--png", default=None, metavar="FILE", help="also write a montage of the first batch here")
     look.add_argument("--split", choices=["train", "validation"], default="train", help="which loader")
-    look.add_argument("--cache-dir", default=None,
-                      help="where the built-in volume is cached (default: $EMFAST_CACHE_DIR or ~/.cache/emfast)")
+    add_cache_dir_option(look)
     look.set_defaults(handler=snapshot)
 
     change = commands.add_parser("convert", help="convert a volume between formats (HDF5, zarr, N5, precomputed "
@@ -354,8 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("config", help="a YAML config with a predict section")
     infer.add_argument("--resume", action="store_true", help="continue an unfinished prediction")
     infer.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    infer.add_argument("--cache-dir", default=None,
-                       help="where the built-in volume is cached (default: $EMFAST_CACHE_DIR or ~/.cache/emfast)")
+    add_cache_dir_option(infer)
     infer.set_defaults(handler=predict)
 
     measure = commands.add_parser("bench", help="compare emfast with NumPy, PyTorch and the copy floor",

@@ -22,6 +22,7 @@ from typing import ClassVar, Optional, Sequence
 
 import numpy as np
 
+from .._checks import real
 from .._core import intensity as _intensity
 from .._registry import register
 from ..io import as_volume
@@ -136,8 +137,7 @@ class MissingSection(_SectionDefect):
 
     def __post_init__(self) -> None:
         self.p = _check_probability(self.p, "MissingSection")
-        if isinstance(self.fill, bool) or not isinstance(self.fill, numbers.Real) or not np.isfinite(self.fill):
-            raise ValueError(f"MissingSection: fill must be a finite number, got {self.fill!r}")
+        real(self.fill, "MissingSection: fill")
 
     def events(self, record: SectionKeys, shape: Sequence[int], valid: int) -> Events:
         """Hits with no parameters (``values`` has 0 columns)."""
@@ -249,8 +249,7 @@ class Slip(_SectionDefect):
             raise ValueError(f"Slip: mode must be one of {SLIP_MODES}, got {self.mode!r}")
         if self.labels not in SLIP_LABELS:
             raise ValueError(f"Slip: labels must be one of {SLIP_LABELS}, got {self.labels!r}")
-        if isinstance(self.fill, bool) or not isinstance(self.fill, numbers.Real) or not np.isfinite(self.fill):
-            raise ValueError(f"Slip: fill must be a finite number, got {self.fill!r}")
+        real(self.fill, "Slip: fill")
 
     def events(self, record: SectionKeys, shape: Sequence[int], valid: int) -> Events:
         """Hits with ``values[:, :2]`` = (dy, dx) of the hit (whole numbers)."""

@@ -10,6 +10,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from .._checks import triple
 from ._base import Params
 
 #: Coordinate error allowance when bounding the voxels a warp reads (well above the float32 error, csrc/warp.h).
@@ -50,14 +51,10 @@ def source_box(shape, centre, matrix, max_displacement=0.0):
         Source voxels ``lo <= v < hi`` cover every trilinear neighbour and nearest voxel the kernels read. The box
         is not clipped to any volume: read its intersection with the volume and pass ``centre - read_lo``.
     """
-    shape = np.asarray(shape)
-    if shape.shape != (3,) or shape.dtype.kind not in "iu" or np.any(shape < 1):
-        raise ValueError(f"shape must be three extents >= 1 (Z, Y, X), got {shape.tolist()}")
-    centre = np.asarray(centre, dtype=np.float64)
+    shape = np.asarray(triple(shape, "shape", minimum=1))
+    centre = np.asarray(triple(centre, "centre", integer=False))
     matrix = np.asarray(matrix, dtype=np.float64)
     bound = np.broadcast_to(np.asarray(max_displacement, dtype=np.float64), (3,))
-    if centre.shape != (3,) or not np.all(np.isfinite(centre)):
-        raise ValueError(f"centre must be three finite numbers, got {centre.tolist()}")
     if matrix.shape != (3, 3) or not np.all(np.isfinite(matrix)):
         raise ValueError(f"matrix must be a finite 3x3 array, got shape {matrix.shape}")
     if not np.all(np.isfinite(bound)) or np.any(bound < 0):

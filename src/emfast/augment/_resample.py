@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._checks import triple
 from .._core import warp as _warp
 from ._geometry import centred_origin
 
@@ -44,22 +45,12 @@ def _grid_geometry(grid, grid_spacing, grid_origin):
         raise TypeError(f"grid must be a float32 array of shape (B, 3, gz, gy, gx), got {type(grid).__name__}")
     if grid_spacing is None:
         raise ValueError("grid_spacing is required with a grid (output voxels between control points, z, y, x)")
-    spacing = _triple(grid_spacing, "grid_spacing")
+    spacing = triple(grid_spacing, "grid_spacing", integer=False)
     if grid_origin is None:
         if grid.ndim != 5:
             raise ValueError(f"grid must have shape (B, 3, gz, gy, gx), got {grid.shape}")
         grid_origin = centred_origin(grid.shape[2:], spacing)
-    return grid, spacing, _triple(grid_origin, "grid_origin")
-
-
-def _triple(values, name: str) -> tuple:
-    try:
-        items = tuple(float(v) for v in values)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be three numbers (z, y, x), got {values!r}") from None
-    if len(items) != 3:
-        raise ValueError(f"{name} must be three numbers (z, y, x), got {values!r}")
-    return items
+    return grid, spacing, triple(grid_origin, "grid_origin", integer=False)
 
 
 def warp_raw(sources, centres, matrices, out, *, scale, shift, grid=None, grid_spacing=None, grid_origin=None,

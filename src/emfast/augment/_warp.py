@@ -4,13 +4,12 @@ kernels (:mod:`emfast.augment._resample`).
 """
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional, Sequence
 
 import numpy as np
 
+from .._checks import real, triple
 from .._registry import register
 from ._base import Augmentation, Params, Windows, _check_probability, _parse_axes, _require_isotropic
 from ._geometry import grid_shape
@@ -23,20 +22,6 @@ def _rotation(axis: np.ndarray, angle: np.ndarray) -> np.ndarray:
     k -= k.transpose(0, 2, 1)
     s, c = np.sin(angle)[:, None, None], np.cos(angle)[:, None, None]
     return np.eye(3) + s * k + (1.0 - c) * (k @ k)
-
-
-def _check_real(value, owner: str, name: str, minimum: float, strict: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or \
-            value < minimum or (strict and value == minimum):
-        relation = ">" if strict else ">="
-        raise ValueError(f"{owner}: {name} must be a finite number {relation} {minimum:g}, got {value!r}")
-    return float(value)
-
-
-def _check_triple(values, owner: str, name: str, minimum: float, strict: bool) -> tuple:
-    if isinstance(values, str) or not isinstance(values, Sequence) or len(values) != 3:
-        raise ValueError(f"{owner}: {name} must be three numbers (z, y, x), got {values!r}")
-    return tuple(_check_real(v, owner, name, minimum, strict) for v in values)
 
 
 class _Warp(Augmentation):
@@ -73,7 +58,7 @@ class Rotate(_Warp):
         self._axes = _parse_axes(self.axes, "Rotate")
         if len(self._axes) < 2:
             raise ValueError(f"Rotate: axes must name two or three axes, got {self.axes!r}")
-        self.angle = _check_real(self.angle, "Rotate", "angle", 0.0)
+        self.angle = real(self.angle, "Rotate: angle", 0.0)
         if self.angle > 180.0:
             raise ValueError(f"Rotate: angle must be in [0, 180] degrees, got {self.angle!r}")
         self.p = _check_probability(self.p, "Rotate")
@@ -129,7 +114,7 @@ class Scale(_Warp):
     def __post_init__(self) -> None:
         if isinstance(self.range, str) or not isinstance(self.range, Sequence) or len(self.range) != 2:
             raise ValueError(f"Scale: range must be two numbers (low, high), got {self.range!r}")
-        low, high = (_check_real(v, "Scale", "range", 0.0, strict=True) for v in self.range)
+        low, high = (real(v, "Scale: range", 0.0, strict=True) for v in self.range)
         if low > high:
             raise ValueError(f"Scale: range must have low <= high, got {self.range!r}")
         self.range = (low, high)
@@ -181,8 +166,8 @@ class Elastic(_Warp):
     grid: Optional[tuple] = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self.spacing = _check_triple(self.spacing, "Elastic", "spacing", 0.0, strict=True)
-        self.sigma = _check_triple(self.sigma, "Elastic", "sigma", 0.0, strict=False)
+        self.spacing = triple(self.spacing, "Elastic: spacing", integer=False, minimum=0.0, strict=True)
+        self.sigma = triple(self.sigma, "Elastic: sigma", integer=False, minimum=0.0, strict=False)
         self.p = _check_probability(self.p, "Elastic")
         self._draws = None
 
@@ -192,9 +177,7 @@ class Elastic(_Warp):
 
     def bind(self, shape: Sequence[int]) -> "Elastic":
         """Size the control grid for output windows up to ``shape`` (Z, Y, X); returns self."""
-        if isinstance(shape, str) or not isinstance(shape, Sequence) or len(shape) != 3 or \
-                any(isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1 for n in shape):
-            raise ValueError(f"Elastic.bind: shape must be three extents >= 1 (Z, Y, X), got {shape!r}")
+        shape = triple(shape, "Elastic.bind: shape", minimum=1)
         self.grid = grid_shape(shape, self.spacing)
         values = sum(s > 0 for s in self.sigma) * int(np.prod(self.grid))
         self._draws = 1 + 2 * ((values + 1) // 2)  # apply?, then pairs for Box-Muller

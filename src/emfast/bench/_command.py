@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .._machine import cores
+from .._machine import add_cache_dir_option, cores
 from ._host import log
 from ._record import Record
 from ._report import plot
@@ -26,8 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a smoke run in seconds: small volume, patch and batch, short measurements")
     parser.add_argument("--json", metavar="FILE", help="also write every number to this JSON file")
     parser.add_argument("--plot", metavar="FILE.png", help="draw the comparison and the curves (needs matplotlib)")
-    parser.add_argument("--cache-dir", default=None,
-                        help="where the built-in volume is cached (default: $EMFAST_CACHE_DIR or ~/.cache/emfast)")
+    add_cache_dir_option(parser)
     parser.add_argument("--volume-shape", type=int, nargs=3, metavar=("Z", "Y", "X"),
                         help="shape of the built-in volume (default: 144 384 384; 40 96 96 with --quick)")
     parser.add_argument("--seed", type=int, default=SEED, help="random seed (default: %(default)s)")

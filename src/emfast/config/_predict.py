@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, Union
 
 from .._core.gather import PAD_MODES
-from ..inference import BLENDS, COMPRESSIONS, OUTPUT_DTYPES, TTA_COUNTS, Prediction, TilePlan, predict
+from ..inference import (BLENDS, COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS, Prediction, TilePlan,
+                         predict)
 from ..inference._memory import parse_memory
 from ..inference._predict import CHUNK_EDGE
 from ..inference._store import check_compression, parse_output
@@ -44,7 +45,7 @@ from ._yaml import ConfigError, Path_, Reader, describe_value, parse_yaml, read_
 _KEYS = ("model", "model_args", "input", "output", "patch_in", "patch_out", "overlap", "roi", "blend", "tta", "pad",
          "fill", "normalize", "channels", "dtype", "chunks", "block", "compression", "batch_size", "device",
          "threads", "memory", "engine")
-_CHOICES = {"blend": BLENDS, "tta": TTA_COUNTS, "pad": PAD_MODES, "dtype": OUTPUT_DTYPES,
+_CHOICES = {"blend": BLENDS, "tta": TTA_COUNTS, "pad": PAD_MODES, "dtype": PREDICT_OUTPUT_DTYPE_NAMES,
             "compression": COMPRESSIONS}
 #: The input dataset when ``input`` is the built-in volume.
 _DEMO_DATASET = "volumes/raw"

@@ -9,12 +9,24 @@ May import: ``emfast.pipeline`` (normalisation), ``emfast.transfer`` (device bac
 shared modules (``emfast._core``,
 ``emfast._checks``, ``emfast._version``).
 """
+import warnings
+
 from ._blend import BLENDS
 from ._model import ModelOutputError
 from ._predict import Prediction, PredictProgress, SaturationWarning, predict
-from ._store import COMPRESSIONS, OUTPUT_DTYPES, BlockWriteError, OutputExistsError
+from ._store import COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, BlockWriteError, OutputExistsError
 from ._tiling import Block, TilePlan
 from ._tta import TTA_COUNTS
 
-__all__ = ["BLENDS", "COMPRESSIONS", "OUTPUT_DTYPES", "TTA_COUNTS", "Block", "BlockWriteError", "ModelOutputError",
-           "OutputExistsError", "Prediction", "PredictProgress", "SaturationWarning", "TilePlan", "predict"]
+__all__ = ["BLENDS", "COMPRESSIONS", "PREDICT_OUTPUT_DTYPE_NAMES", "TTA_COUNTS", "Block", "BlockWriteError",
+           "ModelOutputError", "OutputExistsError", "Prediction", "PredictProgress", "SaturationWarning", "TilePlan",
+           "predict"]
+
+
+def __getattr__(name: str):
+    # OUTPUT_DTYPES (names) was renamed: the loader has an OUTPUT_DTYPES too, of NumPy dtypes, for its batches.
+    if name == "OUTPUT_DTYPES":
+        warnings.warn("emfast.inference.OUTPUT_DTYPES is deprecated; use PREDICT_OUTPUT_DTYPE_NAMES (the same "
+                      "names)", DeprecationWarning, stacklevel=2)
+        return PREDICT_OUTPUT_DTYPE_NAMES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,7 +27,7 @@ from ._device import device_runner
 from ._local import run_local
 from ._memory import CACHE_SHARE, DEFAULT_MEMORY, TILES_SHARE, block_bytes, choose_block, parse_memory
 from ._model import ModelCaller
-from ._store import OUTPUT_DTYPES, OutputStore, check_compression, parse_output
+from ._store import PREDICT_OUTPUT_DTYPE_NAMES, OutputStore, check_compression, parse_output
 from ._tiling import Block, TilePlan
 from ._tta import IDENTITY, variants
 
@@ -206,7 +206,9 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     batch_size : int
         Tiles (or variants) per model call.
     device : str or TransferBackend, optional
-        Feed the model torch tensors on this device ("cuda", "cuda:1", "cpu"), in inference mode. On CUDA with
+        Feed the model torch tensors on this device ("cuda", "cuda:1", "cpu"), in inference mode; None (the
+        default) feeds it NumPy arrays. Note that ``device="cpu"`` here means torch CPU tensors, whereas the
+        :class:`~emfast.Loader`'s ``device="cpu"`` (its default) means NumPy batches. On CUDA with
         pycuda installed, batches are gathered into page-locked buffers and copied to the device and back
         asynchronously on a stream of their own (pycuda missing: torch copies them). A transfer backend object
         (see :mod:`emfast.transfer`) gives the model the device arrays it exports; not with ``client``.
@@ -259,8 +261,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         raise ValueError(f"blend must be one of {', '.join(BLENDS)}, got {blend!r}")
     if pad not in PAD_MODES:
         raise ValueError(f"pad must be one of {', '.join(PAD_MODES)}, got {pad!r}")
-    if dtype not in OUTPUT_DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(OUTPUT_DTYPES)}, got {dtype!r}")
+    if dtype not in PREDICT_OUTPUT_DTYPE_NAMES:
+        raise ValueError(f"dtype must be one of {', '.join(PREDICT_OUTPUT_DTYPE_NAMES)}, got {dtype!r}")
     if resume and overwrite:
         raise ValueError(f"pass {option('resume')} or {option('overwrite')}, not both")
     batch_size = integer(batch_size, "batch_size")

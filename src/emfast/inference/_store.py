@@ -23,8 +23,10 @@ RECORD = "emfast_predict"
 PROVENANCE = ("model", "emfast", "complete")
 #: The attribute marking the flags array as emfast's (so overwriting may remove it).
 FLAGS_RECORD = "emfast_predict_blocks"
-OUTPUT_DTYPES = ("float32", "float16", "uint8")
-__all__ = ["COMPRESSIONS", "OUTPUT_DTYPES", "BlockWriteError", "OutputExistsError", "OutputStore",
+#: The names of the dtypes a prediction may be written as (``predict(dtype=...)``); the loader's batch dtypes
+#: (``OUTPUT_DTYPES`` in ``emfast.pipeline._loader``) are another list, of NumPy dtypes.
+PREDICT_OUTPUT_DTYPE_NAMES = ("float32", "float16", "uint8")
+__all__ = ["COMPRESSIONS", "PREDICT_OUTPUT_DTYPE_NAMES", "BlockWriteError", "OutputExistsError", "OutputStore",
            "check_compression", "parse_output"]
 
 

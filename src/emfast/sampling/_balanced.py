@@ -2,19 +2,18 @@
 ids) with given priors, from per-block class counts."""
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 from typing import ClassVar, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from .._checks import is_integer
+from .._checks import ID_RANGE, is_integer, real
 from .._core import sampling as _sampling
 from .._registry import register
 from ..io import Volume
 from . import _base
-from ._base import (ID_RANGE, Draw, Region, Sampler, cumulative_shares, is_real, label_origin, one_channel, pick,
+from ._base import (Draw, Region, Sampler, cumulative_shares, label_origin, one_channel, pick,
                     read_box, redistributed, uniform_offsets)
 
 
@@ -123,9 +122,7 @@ class Balanced(Sampler):
             if class_name not in self.class_names:
                 raise ValueError(f"Balanced: priors name the class {class_name!r}, which does not exist; the "
                                  f"classes are {', '.join(repr(c) for c in self.class_names)}")
-            if not is_real(weight) or not math.isfinite(float(weight)) or float(weight) < 0:
-                raise ValueError(f"Balanced: the prior of class {class_name!r} must be a finite number >= 0, "
-                                 f"got {weight!r}")
+            real(weight, f"Balanced: the prior of class {class_name!r}", 0.0)
         resolved = {name: float(priors.get(name, 0.0)) for name in self.class_names}
         if sum(resolved.values()) <= 0:
             raise ValueError(f"Balanced: priors must have a positive sum, got {dict(priors)!r}")

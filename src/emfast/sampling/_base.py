@@ -13,7 +13,6 @@ One module per sampler family: ``_uniform`` (:class:`Uniform`), ``_masked`` (:cl
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import ClassVar, Dict, Optional, Sequence, Tuple
 
@@ -23,8 +22,6 @@ from ..io import Volume
 
 #: Voxels per slab when an index is built from a volume slab by slab (bounds transient memory).
 SLAB_VOXELS = 1 << 25
-#: Label ids a sampler parameter may name: anything an int64 or a uint64 label volume can hold.
-ID_RANGE = (-(2**63), 2**64 - 1)
 
 
 @dataclass(frozen=True)
@@ -150,11 +147,6 @@ def uniform_offsets(uniforms: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """Integers uniformly in ``[0, positions)`` from uniforms in [0, 1), elementwise."""
     return np.minimum((uniforms * positions).astype(np.int64), positions - 1)
 
-
-
-def is_real(value) -> bool:
-    """True for Python and NumPy real numbers, False for bools and everything else."""
-    return isinstance(value, (numbers.Real, np.floating, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def as_triple(value) -> Tuple[int, int, int]:

@@ -9,12 +9,12 @@ from typing import ClassVar, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .._checks import is_integer
+from .._checks import is_real, label_id
 from .._core import sampling as _sampling
 from .._registry import register
 from ..io import Volume
 from . import _base
-from ._base import (ID_RANGE, Draw, Region, Sampler, as_triple, cumulative_shares, is_real, one_channel, pick,
+from ._base import (Draw, Region, Sampler, as_triple, cumulative_shares, one_channel, pick,
                     read_box, redistributed, uniform_offsets)
 
 
@@ -81,10 +81,8 @@ class Masked(Sampler):
             raise ValueError(f"Masked: min_fraction must be a number in (0, 1], got {self.min_fraction!r}")
         if self.source not in ("mask", "labels"):
             raise ValueError(f"Masked: source must be 'mask' or 'labels', got {self.source!r}")
-        if not is_integer(self.unlabelled) or not ID_RANGE[0] <= int(self.unlabelled) <= ID_RANGE[1]:
-            raise ValueError(f"Masked: unlabelled must be an integer label id, got {self.unlabelled!r}")
+        self.unlabelled = label_id(self.unlabelled, "Masked: unlabelled")
         self.min_fraction = float(self.min_fraction)
-        self.unlabelled = int(self.unlabelled)
 
     def _volume(self, region: Region) -> Tuple[Volume, np.ndarray]:
         if self.source == "mask":

@@ -27,31 +27,24 @@ from typing import ClassVar, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .._checks import integer as _integer
 from .._checks import is_integer as _is_integer
+from .._checks import label_id as _label_id
 from .._checks import triple as _triple
 from .._core import targets as _targets
 from .._core.common import LABEL_DTYPES
 from .._registry import instantiate, register
 
 Margin = Tuple[int, int, int]
-#: The range of ids any label dtype can hold (int64 and uint64 together).
-_ID_RANGE = (-(2**63), 2**64 - 1)
 
 
 def _check_id(value, what: str, owner: str, optional: bool):
     """A label id (background, ignore): an integer any label dtype could hold, or None where allowed."""
-    if value is None and optional:
-        return None
-    if not _is_integer(value) or not _ID_RANGE[0] <= int(value) <= _ID_RANGE[1]:
-        allowed = "an integer label id or None" if optional else "an integer label id"
-        raise ValueError(f"{owner}: {what} must be {allowed}, got {value!r}")
-    return int(value)
+    return _label_id(value, f"{owner}: {what}", optional)
 
 
 def _check_thickness(value, owner: str) -> int:
-    if not _is_integer(value) or value < 1:
-        raise ValueError(f"{owner}: thickness must be an integer >= 1, got {value!r}")
-    return int(value)
+    return _integer(value, f"{owner}: thickness")
 
 
 def _check_flag(value, what: str, owner: str) -> bool:
