@@ -24,24 +24,25 @@ import numpy as np
 
 from .. import augment as _augment
 from .. import targets as _targets
-from .._checks import integer, triple
+from .._checks import integer
 from .._machine import available_bytes, cores
 from .._registry import instantiate, registered
 from ..augment import Windows
 from ..io import ProgressBar, Volume, abandoned_when
-from ..sampling import Placed, Region, Sampler, Uniform, as_dataset
+from ..sampling import Placed, Sampler, Uniform, as_dataset
 from ..transfer import resolve_device
 from ._copier import Copier
-from ._fields import check_own, common_grid, field_bounds, own_field, raw_grid_sources
+from ._fields import check_own, common_grid, own_field, raw_grid_sources
 from ._gather import Field, Gatherer
 from ._normalize import normalization
-from ._plan import BatchPlan, Planner, window_extents
+from ._plan import BatchPlan, Planner
 from ._pool import Lease, SlotPool, SlotsExhaustedError
 from ._profile import Profile, ProfileReport, plural
 from ._readahead import ReadAhead, read_ahead_depth
 from ._ring import Ring, RingClosed, join_all, start_thread
 from ._rng import check_seed
 from ._snapshot import write_snapshot
+from ._windows import fitting_regions, patch_windows, window_extents
 
 OUTPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
@@ -230,24 +231,6 @@ class Batch(Mapping):
             return f"<Batch {self.number} (released)>"
         fields = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self._arrays.items())
         return f"<Batch {self.number} epoch={self.epoch} index={self.index} {fields}>"
-
-
-def _geometry(patch, patch_in, patch_out) -> tuple:
-    """(patch_in, patch_out) from the loader's arguments."""
-    if patch is not None:
-        if patch_in is not None or patch_out is not None:
-            raise ValueError("give either patch, or patch_in and/or patch_out, not both")
-        patch_in = patch_out = triple(patch, "patch", minimum=1)
-    elif patch_in is None and patch_out is None:
-        raise ValueError("patch (or patch_in and patch_out) is required")
-    else:
-        patch_in = triple(patch_in if patch_in is not None else patch_out, "patch_in", minimum=1)
-        patch_out = triple(patch_out if patch_out is not None else patch_in, "patch_out", minimum=1)
-    difference = np.subtract(patch_in, patch_out)
-    if np.any(difference < 0) or np.any(difference % 2):
-        raise ValueError(f"patch_in {patch_in} must exceed patch_out {patch_out} by an even number of voxels along "
-                         "each axis, so that the output window is centred in the input window")
-    return patch_in, patch_out
 
 
 def _position(number: int, epoch_size: Optional[int]) -> tuple:
@@ -504,7 +487,7 @@ class Loader:
                  world_size: int = 1, worker_sharding: bool = True, device="cpu", progress: bool = False) -> None:
         # Every argument as given, first thing: an unstarted loader pickles as them (see __reduce__).
         self._arguments = {name: value for name, value in locals().items() if name != "self"}
-        self.patch_in, self.patch_out = _geometry(patch, patch_in, patch_out)
+        self.patch_in, self.patch_out = patch_windows(patch, patch_in, patch_out)
         self.batch_size = integer(batch_size, "batch_size")
         self.threads = integer(threads, "threads")
         self.buffers = max(2, self.threads + 2) if buffers is None else integer(buffers, "buffers", 2)
@@ -553,7 +536,8 @@ class Loader:
         self._own_fields = [f for f in fields if f.grids is not None]
         self._common_grid = common_grid(fields, self.dataset.names)
         self._bind_augmentations(fields)
-        self.regions = self._regions()
+        self.regions = fitting_regions(self.dataset.samples, self.patch_in, self.patch_out, self.margin,
+                                       np.asarray(self._perms), self._own_fields, self._common_grid)
         self._extents = np.unique(window_extents(self.patch_out, np.asarray(self._perms)), axis=0)
         self._bind_stream()
 
@@ -628,42 +612,6 @@ class Loader:
         windows = Windows(largest, (side or self.patch_in[1], side or self.patch_in[2]))
         for augmentation in self.augmentations:
             augmentation.bind_windows(windows)
-
-    def _regions(self) -> List[Region]:
-        """Per sample, the box where output windows fit with every field's window inside its volume."""
-        perms = np.asarray(self._perms)
-        context = window_extents([(i - o) // 2 for i, o in zip(self.patch_in, self.patch_out)], perms).max(axis=0)
-        margin = window_extents(self.margin, perms).max(axis=0)
-        extents = window_extents(self.patch_out, perms)
-        patch_name = "patch" if self.patch_in == self.patch_out else "patch_out"
-        regions = []
-        for index, sample in enumerate(self.dataset.samples):
-            lo, hi = context.copy(), np.asarray(sample.raw.shape, dtype=np.int64) - context
-            labels, mask = sample.placed_labels, sample.placed_mask
-            if labels is not None:
-                lo, hi = np.maximum(lo, labels.origin + margin), np.minimum(hi, labels.end - margin)
-            if mask is not None:
-                lo, hi = np.maximum(lo, mask.origin), np.minimum(hi, mask.end)
-            lo, hi = field_bounds(sample, index, lo, hi, context, self._own_fields, self.patch_out, perms,
-                                  self._common_grid)
-            for perm, extent in zip(perms, extents):
-                if np.any(hi - lo < extent):
-                    transposed = "" if tuple(perm) == (0, 1, 2) else \
-                        f" (window {tuple(int(e) for e in extent)} in source axes for transposed examples)"
-                    grown = f", grown to patch_in {self.patch_in} by the network's context" \
-                        if self.patch_in != self.patch_out else ""
-                    margin_note = f" and by the targets' label margin {self.margin}" if any(self.margin) else ""
-                    raise ValueError(
-                        f"sample {sample.name!r}: {patch_name} {self.patch_out}{transposed}{grown}{margin_note} does "
-                        f"not fit in its data (raw {sample.raw.shape}" +
-                        (f", labels {labels.volume.shape} at {tuple(int(v) for v in labels.origin)}"
-                         if labels is not None else "") + ")")
-            regions.append(Region(sample.name, sample.weight, lo, hi,
-                                  labels=None if labels is None else labels.on_raw,
-                                  labels_origin=None if labels is None else labels.origin,
-                                  mask=None if mask is None else mask.on_raw,
-                                  mask_origin=None if mask is None else mask.origin))
-        return regions
 
     def _epoch_size(self, epoch_size: Optional[int]) -> Optional[int]:
         finite = self.sampler.batches_per_epoch()
