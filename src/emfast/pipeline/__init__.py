@@ -10,8 +10,9 @@ May import: every stage below it (``emfast.io``, ``emfast.sampling``, ``emfast.a
 ``emfast._machine``).
 """
 from ._batch import Batch, BatchReleasedError, MissingFieldError
-from ._loader import InsufficientMemoryError, Loader
+from ._loader import Loader
 from ._normalize import NORMALIZE_MODES, normalization
+from ._options import InsufficientMemoryError
 from ._pool import BackPressureWarning, SlotsExhaustedError
 from ._profile import STAGES, ProfileReport
 

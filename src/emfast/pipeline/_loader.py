@@ -12,7 +12,6 @@ import functools
 import gc
 import numbers
 import os
-import sys
 import threading
 import time
 import weakref
@@ -24,46 +23,29 @@ import numpy as np
 from .. import augment as _augment
 from .. import targets as _targets
 from .._checks import integer
-from .._machine import available_bytes, cores
-from .._registry import instantiate
 from ..augment import Windows
 from ..io import ProgressBar, Volume, abandoned_when
-from ..sampling import Placed, Sampler, Uniform, as_dataset
+from ..sampling import Placed, Sampler, as_dataset
 from ..transfer import resolve_device
 from ._batch import Batch, host_arrays
 from ._copier import Copier
 from ._fields import check_own, common_grid, own_field, raw_grid_sources
 from ._gather import Field, Gatherer
 from ._normalize import normalization
+from ._options import (buffer_counts, check_memory, check_threads, checked_epoch_size,
+                       flag, loader_sampler, output_dtype, rank_and_world, torch_worker)
 from ._plan import BatchPlan, Planner
 from ._pool import SlotPool, SlotsExhaustedError
-from ._profile import Profile, ProfileReport, plural
+from ._profile import Profile, ProfileReport
 from ._readahead import ReadAhead, read_ahead_depth
 from ._ring import Ring, RingClosed, join_all, start_thread
 from ._rng import check_seed
 from ._snapshot import write_snapshot
 from ._windows import fitting_regions, patch_windows, window_extents
 
-OUTPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
-
-#: Producer threads beyond this many per usable core (or beyond MIN_THREAD_LIMIT on small machines) are refused.
-THREADS_PER_CORE = 4
-MIN_THREAD_LIMIT = 16
-
 #: Seconds the consumer waits while the program itself holds every slot, before it collects cycles once and then
 #: raises SlotsExhaustedError (another thread of the program may still drop its references meanwhile).
 EXHAUSTED_GRACE_SECONDS = 2.0
-
-
-class InsufficientMemoryError(MemoryError, ValueError):
-    """The loader's batch slots would not fit in the memory available: refused before anything is allocated.
-
-    A ValueError too, since the cause is an argument (batch size, patch, buffers, threads).
-    """
-
-
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:,.2f} GiB"
 
 
 def _position(number: int, epoch_size: Optional[int]) -> tuple:
@@ -308,30 +290,18 @@ class Loader:
         self.patch_in, self.patch_out = patch_windows(patch, patch_in, patch_out)
         self.batch_size = integer(batch_size, "batch_size")
         self.threads = integer(threads, "threads")
-        self.buffers = max(2, self.threads + 2) if buffers is None else integer(buffers, "buffers", 2)
-        self.max_buffers = 2 * self.buffers if max_buffers is None else integer(max_buffers, "max_buffers", 2)
-        if self.max_buffers < self.buffers:
-            raise ValueError(f"max_buffers ({self.max_buffers}) must be at least buffers ({self.buffers})")
-        self.world_size = integer(world_size, "world_size")
-        self.rank = integer(rank, "rank", 0)
-        if self.rank >= self.world_size:
-            raise ValueError(f"rank must be in [0, world_size) = [0, {self.world_size}), got {rank}")
-        if not isinstance(worker_sharding, bool):
-            raise TypeError(f"worker_sharding must be True or False, got {worker_sharding!r}")
-        self.worker_sharding = worker_sharding
+        self.buffers, self.max_buffers = buffer_counts(self.threads, buffers, max_buffers)
+        self.rank, self.world_size = rank_and_world(rank, world_size)
+        self.worker_sharding = flag(worker_sharding, "worker_sharding")
         #: (rank, world size) of this loader's share of the stream: ``rank``/``world_size``, refined by the
         #: PyTorch DataLoader worker this loader was created or started in.
         self.shard = self._current_shard()
         self.seed = check_seed(seed)
-        self.dtype = self._output_dtype(dtype)
+        self.dtype = output_dtype(dtype)
         # Copies: binding an augmentation to this loader's window sizes must not change the caller's object.
         self.augmentations = [copy.copy(a) for a in _augment.resolve(() if augment is None else augment, isotropic)]
         self.targets = _targets.resolve(targets) if targets else []
-        if isinstance(sampler, (list, tuple)):
-            raise TypeError(f"sampler must be one sampler (an emfast sampler such as emfast.Uniform(), or its "
-                            f"name), got {sampler!r}")
-        # A copy, so that one sampler object can serve several loaders (bind() stores the regions).
-        self.sampler = copy.copy(instantiate(sampler, "sampler", Sampler)[0]) if sampler is not None else Uniform()
+        self.sampler = loader_sampler(sampler)
         self.dataset = as_dataset(data, labels, label_offset)
         if self.targets and not self.dataset.has_labels:
             raise ValueError(f"targets {[t.name for t in self.targets]} need labels, but the data has none")
@@ -340,12 +310,8 @@ class Loader:
         for target in self.targets:
             target.check(self.dataset.samples[0].placed_labels.volume.dtype)
         self.margin = _targets.required_margin(self.targets) if self.targets else (0, 0, 0)
-        if not isinstance(keep_labels, bool):
-            raise TypeError(f"keep_labels must be True or False, got {keep_labels!r}")
-        self.keep_labels = keep_labels
-        if not isinstance(progress, bool):
-            raise TypeError(f"progress must be True or False, got {progress!r}")
-        self.progress = progress
+        self.keep_labels = flag(keep_labels, "keep_labels")
+        self.progress = flag(progress, "progress")
         self._backend = resolve_device(device)
         self.device = "cpu" if self._backend is None else self._backend.name
 
@@ -431,15 +397,6 @@ class Loader:
         for augmentation in self.augmentations:
             augmentation.bind_windows(windows)
 
-    def _epoch_size(self, epoch_size: Optional[int]) -> Optional[int]:
-        finite = self.sampler.batches_per_epoch()
-        if epoch_size is not None:
-            epoch_size = integer(epoch_size, "epoch_size")
-            if finite is not None and epoch_size != finite:
-                raise ValueError(f"epoch_size={epoch_size}, but {self.sampler!r} has {plural(finite, 'batch')} per "
-                                 "epoch; leave epoch_size out")
-        return finite if epoch_size is None else epoch_size
-
     def _current_shard(self) -> tuple:
         worker = torch_worker() if self.worker_sharding else None
         return (self.rank, self.world_size) if worker is None else \
@@ -448,45 +405,16 @@ class Loader:
     def _bind_stream(self) -> None:
         """Bind the sampler to this loader's shard, and plan batches from it."""
         self.sampler.bind(self.regions, self._extents, self.batch_size, *self.shard)
-        self.epoch_size = self._epoch_size(self._arguments["epoch_size"])
+        self.epoch_size = checked_epoch_size(self._arguments["epoch_size"], self.sampler)
         self._planner = Planner(patch=self.patch_out, batch_size=self.batch_size, sampler=self.sampler,
                                 augmentations=self.augmentations, seed=self.seed, rank=self.shard[0],
                                 world_size=self.shard[1], common_grid=self._common_grid)
 
     def _check_resources(self) -> None:
         """Refuse thread counts far beyond the cores, and slots that do not fit in memory, before allocating."""
-        usable = cores()
-        limit = max(MIN_THREAD_LIMIT, THREADS_PER_CORE * usable)
-        if self.threads > limit:
-            raise ValueError(f"threads={self.threads} is far beyond this machine's {usable} usable cores (at most "
-                             f"{limit}): the kernels release the GIL, so about one thread per core is fastest")
-        self._check_memory()
-
-    def _check_memory(self) -> None:
-        """Refuse batch slots and scratch beyond the memory available (or, where unknown, the address space)."""
-        available = available_bytes()
-        limit, where = (available, "of memory is available") if available is not None else \
-            (sys.maxsize, "can be addressed")
-        # slots at start plus one growth per producer, and each producer's scratch buffers; Python ints throughout
-        count = self.buffers + self.threads
-        scratch = self.threads * self._gatherer.scratch_bytes()
-        needed = count * self.slot_bytes + scratch
-        if needed > limit:
-            raise InsufficientMemoryError(
-                f"the loader needs {_gib(needed)} but only {_gib(limit)} {where}: {count} batch "
-                f"slots (buffers={self.buffers}, plus one per producer thread) of {_gib(self.slot_bytes)} each "
-                f"(batch_size={self.batch_size} x patch_in {self.patch_in}), plus {_gib(scratch)} of per-thread "
-                "scratch; use a smaller batch_size or patch, or fewer buffers or threads")
-
-    @staticmethod
-    def _output_dtype(dtype) -> np.dtype:
-        try:
-            resolved = np.dtype(dtype)
-        except TypeError:
-            resolved = None
-        if resolved not in OUTPUT_DTYPES:
-            raise ValueError(f"dtype must be 'float32' or 'float16', got {dtype!r}")
-        return resolved
+        check_threads(self.threads)
+        check_memory(buffers=self.buffers, threads=self.threads, slot_bytes=self.slot_bytes,
+                     scratch_bytes=self._gatherer.scratch_bytes(), batch_size=self.batch_size, patch_in=self.patch_in)
 
     # -- life cycle -------------------------------------------------------------------------------------------
 
@@ -768,15 +696,6 @@ def _stop_abandoned(pipeline: _Pipeline) -> None:
         threading.Thread(target=pipeline.stop, name="emfast-stopper", daemon=True).start()
     except RuntimeError:  # no new threads at interpreter shutdown: nothing can hold the locks any more
         pipeline.stop()
-
-
-def torch_worker() -> Optional[tuple]:
-    """(worker id, number of workers) when called inside a PyTorch DataLoader worker, else None."""
-    torch = sys.modules.get("torch")  # never imported here: a process without torch has no torch workers
-    if torch is None:
-        return None
-    info = torch.utils.data.get_worker_info()
-    return None if info is None else (int(info.id), int(info.num_workers))
 
 
 #: Loaders whose threads run in this process; after a fork their threads do not exist in the child.
