@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import emfast as ef  # noqa: E402
-from emfast.pipeline import _loader  # noqa: E402
+from emfast.pipeline import _producers  # noqa: E402
 from _workload import machine_info  # noqa: E402
 
 CHUNKS, PATCH = (16, 64, 64), (32, 128, 128)
@@ -48,9 +48,9 @@ def rate(path: str, latency: float, batches: int, read_ahead: bool) -> tuple:
     volume = ef.open(path, in_memory=False)
     cache = volume.chunk_cache
     cache._source = Latency(cache._source, latency)
-    depth = _loader.read_ahead_depth
+    depth = _producers.read_ahead_depth
     if not read_ahead:
-        _loader.read_ahead_depth = lambda *args: 0
+        _producers.read_ahead_depth = lambda *args: 0
     try:
         with ef.Loader(volume, patch=PATCH, batch_size=8, threads=2, augment=()) as loader:
             loader.next_batch()
@@ -60,7 +60,7 @@ def rate(path: str, latency: float, batches: int, read_ahead: bool) -> tuple:
             elapsed = time.perf_counter() - start
             profile = loader.profile.as_dict()["per_batch_ms"]
     finally:
-        _loader.read_ahead_depth = depth
+        _producers.read_ahead_depth = depth
         volume.close()
     return batches / elapsed, {stage: profile[stage] for stage in ("cache", "fetch", "pending", "ahead", "kernel")}
 

@@ -250,7 +250,7 @@ def test_a_thread_that_cannot_be_started_stops_those_already_started(raw, monkey
 
 
 def test_where_available_memory_is_unknown_sizes_beyond_the_address_space_are_still_refused(raw, monkeypatch):
-    monkeypatch.setattr("emfast.pipeline._loader.available_bytes", lambda: None)  # as on a system without /proc
+    monkeypatch.setattr("emfast.pipeline._options.available_bytes", lambda: None)  # as on a system without /proc
     with pytest.raises(InsufficientMemoryError, match=r"GiB can be addressed: 3 batch slots"):
         ef.Loader(raw, patch=PATCH, batch_size=2**62, buffers=2)
     assert ef.Loader(raw, patch=PATCH, batch_size=2**20, buffers=2).slot_bytes == 2**20 * 4 * 16 * 16 * 4

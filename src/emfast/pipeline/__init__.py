@@ -2,14 +2,17 @@
 gatherer that cuts, augments and computes targets (``_gather``, with normalisation in ``_normalize``), the
 ordered hand-off (``_ring``), batch memory lent as leases (``_pool``), per-stage timing (``_profile``), the copier
 thread of a GPU loader (``_copier``), the read-ahead thread of lazy volumes (``_readahead``), snapshots of
-batches to look at (``_snapshot``), and the :class:`Loader` that runs it all (``_loader``).
+batches to look at (``_snapshot``), window geometry (``_windows``), the :class:`Batch` the consumer gets
+(``_batch``), and the :class:`Loader` that runs it all (``_loader``).
 
 May import: every stage below it (``emfast.io``, ``emfast.sampling``, ``emfast.augment``, ``emfast.targets``,
 ``emfast.transfer``) and the shared modules (``emfast._core``, ``emfast._registry``, ``emfast._checks``,
 ``emfast._machine``).
 """
-from ._loader import Batch, BatchReleasedError, InsufficientMemoryError, Loader, MissingFieldError
+from ._batch import Batch, BatchReleasedError, MissingFieldError
+from ._loader import Loader
 from ._normalize import NORMALIZE_MODES, normalization
+from ._options import InsufficientMemoryError
 from ._pool import BackPressureWarning, SlotsExhaustedError
 from ._profile import STAGES, ProfileReport
 

@@ -20,7 +20,6 @@ import numpy as np
 
 from ..sampling import FieldGrid, Placed, lcm_phase
 from ._gather import Field
-from ._plan import window_extents
 
 #: The option's name in messages (``Sample(own_resolution=...)``, YAML ``own_resolution:``).
 OPTION = "own_resolution"
@@ -103,27 +102,6 @@ def common_grid(fields: Sequence[Field], sample_names: Sequence[str]) -> Optiona
             constraints = [(f.grids[s].coarser[axis], f.grids[s].shift[axis], f.name) for f in own]
             steps[axis], phases[s, axis] = lcm_phase(constraints, f"sample {sample!r}, axis {'zyx'[axis]}")
     return steps, phases
-
-
-def field_bounds(sample, index: int, lo: np.ndarray, hi: np.ndarray, context: np.ndarray, own: Sequence[Field],
-                 patch_out: Sequence[int], perms: np.ndarray, grid) -> Tuple[np.ndarray, np.ndarray]:
-    """The box [lo, hi) of output-window corners of sample ``index`` narrowed for its fields at other voxel sizes:
-    extra channels on raw's grid within their footprint (with ``context``, source axes), fields at their own voxel
-    size wholly inside their voxels, and ``lo`` raised onto the common ``grid`` (step, phases)."""
-    for placed in sample.placed_extra.values():
-        if placed.grid is not None:
-            lo, hi = np.maximum(lo, placed.origin + context), np.minimum(hi, placed.end - context)
-    for f in own:
-        first, end = f.grids[index].inside(f.sources[index].volume.shape)
-        raw_patch = [int(Fraction(p) * r) for p, r in zip(f.patch, f.grids[index].ratio())]
-        before = -np.asarray(f.offset, dtype=np.int64)
-        after = np.asarray(raw_patch, dtype=np.int64) - np.asarray(patch_out, dtype=np.int64) - before
-        lo = np.maximum(lo, first + window_extents(before, perms).max(axis=0))
-        hi = np.minimum(hi, end - window_extents(after, perms).max(axis=0))
-    if grid is not None:
-        step, phases = grid
-        lo = lo + (phases[index] - lo) % step
-    return lo, hi
 
 
 def _text(ratio) -> str:

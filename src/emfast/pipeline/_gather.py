@@ -30,8 +30,9 @@ from ..augment._geometry import WarpPlan
 from ..augment._resample import warp_labels, warp_raw
 from ..sampling import OnRawGrid, Placed
 from ..targets import Target, compute_targets
-from ._plan import BatchPlan, window_extents
+from ._plan import BatchPlan
 from ._profile import Profile
+from ._windows import window_extents
 
 
 def nbytes(shape: Sequence[int], dtype) -> int:

@@ -8,14 +8,9 @@ comes from a :class:`~emfast.pipeline._pool.SlotPool` and goes back to it when t
 from __future__ import annotations
 
 import copy
-import difflib
-import functools
-import gc
 import numbers
 import os
-import sys
 import threading
-import time
 import weakref
 from collections.abc import Mapping
 from typing import Dict, Iterator, List, Optional, Sequence
@@ -24,376 +19,26 @@ import numpy as np
 
 from .. import augment as _augment
 from .. import targets as _targets
-from .._checks import integer, triple
-from .._machine import available_bytes, cores
-from .._registry import instantiate, registered
+from .._checks import integer
 from ..augment import Windows
-from ..io import ProgressBar, Volume, abandoned_when
-from ..sampling import Placed, Region, Sampler, Uniform, as_dataset
+from ..io import ProgressBar, Volume
+from ..sampling import Placed, Sampler, as_dataset
 from ..transfer import resolve_device
+from ._batch import Batch, host_arrays
 from ._copier import Copier
-from ._fields import check_own, common_grid, field_bounds, own_field, raw_grid_sources
+from ._fields import check_own, common_grid, own_field, raw_grid_sources
 from ._gather import Field, Gatherer
 from ._normalize import normalization
-from ._plan import BatchPlan, Planner, window_extents
-from ._pool import Lease, SlotPool, SlotsExhaustedError
-from ._profile import Profile, ProfileReport, plural
-from ._readahead import ReadAhead, read_ahead_depth
-from ._ring import Ring, RingClosed, join_all, start_thread
+from ._options import (buffer_counts, check_memory, check_threads, checked_epoch_size,
+                       flag, loader_sampler, output_dtype, rank_and_world, torch_worker)
+from ._plan import Planner
+from ._pool import SlotPool
+from ._producers import STARTED, ExhaustionCheck, Pipeline, Producers, run_every, stop_abandoned
+from ._profile import Profile, ProfileReport
+from ._ring import Ring
 from ._rng import check_seed
 from ._snapshot import write_snapshot
-
-OUTPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
-
-#: Producer threads beyond this many per usable core (or beyond MIN_THREAD_LIMIT on small machines) are refused.
-THREADS_PER_CORE = 4
-MIN_THREAD_LIMIT = 16
-
-#: Seconds the consumer waits while the program itself holds every slot, before it collects cycles once and then
-#: raises SlotsExhaustedError (another thread of the program may still drop its references meanwhile).
-EXHAUSTED_GRACE_SECONDS = 2.0
-
-
-class InsufficientMemoryError(MemoryError, ValueError):
-    """The loader's batch slots would not fit in the memory available: refused before anything is allocated.
-
-    A ValueError too, since the cause is an argument (batch size, patch, buffers, threads).
-    """
-
-
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:,.2f} GiB"
-
-
-class MissingFieldError(KeyError):
-    """A batch has no field of that name: the message lists the fields it has and the option that adds it."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])  # KeyError would show the message quoted, as a repr
-
-
-def _missing_field_message(name: str, fields: Sequence[str], loader: Optional["Loader"]) -> str:
-    close = difflib.get_close_matches(name, fields, n=1)
-    typo = f" Did you mean {close[0]!r}?" if close else ""
-    return (f"the batch has no field {name!r}; it has {', '.join(map(repr, fields))}.{typo} "
-            f"{_field_source(name, loader)}")
-
-
-def _field_source(name: str, loader: Optional["Loader"]) -> str:
-    """Which option makes a batch deliver the field ``name``."""
-    for kind, target in registered("target").items():
-        try:
-            defaults = target().outputs()
-        except (TypeError, ValueError):  # a target without defaults: nothing to suggest by default name
-            continue
-        if name in defaults:
-            return (f"Add it with targets=[ef.{target.__name__}(...)] (in a config: targets: [{kind}]); a target's "
-                    "name= renames its fields")
-    if name == "mask":
-        return "Add it with a mask: Sample(raw, labels, mask=...) (in a config: the sample's mask:)"
-    if name == "labels":
-        if loader is not None and loader.dataset.has_labels:
-            return "This loader was built with keep_labels=False; keep_labels=True delivers them"
-        return "Add them with Loader(raw, labels) or Sample(raw, labels) (in a config: the sample's labels:)"
-    if name == "labels_valid":
-        return ("It comes with augmentations that move voxels from outside the data into the window (rotation, "
-                "scaling, elastic deformation)")
-    return f"Extra input channels are added with Sample(raw, ..., extra={{{name!r}: volume}}) (in a config: extra:)"
-
-
-class BatchReleasedError(RuntimeError):
-    """A batch was used after it was released (its slot may already hold a newer batch)."""
-
-
-class Batch(Mapping):
-    """One batch: a mapping of field name to array of shape (B, C, Z, Y, X), plus where it came from.
-
-    The mapping is valid until the thread that got it requests the next batch (or ends), :meth:`release` is
-    called, or the loader closes; afterwards indexing the batch raises :class:`BatchReleasedError`. The arrays
-    (and views, tensors or CuPy arrays made from them) stay valid for as long as you hold them: their slot goes
-    back to the loader only when the last of them dies. Holding the previous batch until the next step
-    reassigns it costs one extra slot, no allocation per batch; holding many batches makes the loader wait once
-    its ``max_buffers`` slots are in use. Several threads may take batches from one loader: each batch goes to one
-    of them.
-
-    Attributes
-    ----------
-    epoch, index : int
-        Epoch number and batch index within the epoch.
-    number : int
-        Position in the whole stream, counting across epochs.
-    volumes : ndarray, (B,) int64
-        Index of each example's sample in the loader's dataset; ``names`` holds the sample names.
-    positions : ndarray, (B, 3) int64
-        Low corner (z, y, x) of each example's output window (``patch_out``) in its sample's raw voxel
-        coordinates. The raw input window (``patch_in``) is centred on it.
-    extents : ndarray, (B, 3) int64
-        Output window size along the source axes z, y, x (``patch_out``, permuted for transposed examples).
-    perms, flips : ndarray, (B, 3)
-        Each example's transform: output = ``transpose(flip(window, flips[n]), perms[n])``.
-    valid : int
-        Real examples at the front of the batch; fewer than B only in the last batch of a
-        :class:`~emfast.sampling.Tiled` epoch that keeps its incomplete batch (the rest repeat the last window).
-    """
-
-    def __init__(self, owner: "Loader", number: int, arrays: Dict[str, np.ndarray], plan: BatchPlan) -> None:
-        self._owner = weakref.ref(owner)  # a batch must not keep an abandoned loader (and its threads) alive
-        self._arrays: Optional[Dict[str, np.ndarray]] = arrays
-        self.number = int(number)
-        self.epoch = int(plan.epoch)
-        self.index = int(plan.index)
-        self.volumes = plan.volumes
-        self.names = [owner.dataset.names[v] for v in plan.volumes]
-        self.positions = plan.corners
-        self.extents = plan.extents
-        self.perms = plan.params.perms
-        self.flips = plan.params.flips
-        self.valid = int(plan.valid)
-
-    @property
-    def released(self) -> bool:
-        return self._arrays is None
-
-    def _live(self) -> Dict[str, np.ndarray]:
-        if self._arrays is None:
-            raise BatchReleasedError(f"batch {self.number} (epoch {self.epoch}, index {self.index}) was released; "
-                                     "copy what you need to keep with batch.copy() before requesting the next")
-        return self._arrays
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        arrays = self._live()
-        try:
-            return arrays[name]
-        except KeyError:
-            raise MissingFieldError(_missing_field_message(name, list(arrays), self._owner())) from None
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._live()  # not through __getitem__: a missing field's message is built for people
-
-    def get(self, name: str, default=None):
-        return self._live().get(name, default)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._live())
-
-    def __len__(self) -> int:
-        return len(self._live())
-
-    def copy(self) -> Dict[str, np.ndarray]:
-        """Return host copies of all arrays (CPU loaders only), detached from the loader's memory."""
-        arrays = self._live()
-        if not all(isinstance(array, np.ndarray) for array in arrays.values()):
-            raise TypeError("batch.copy() copies host arrays; for a device batch use batch.torch() or "
-                            "batch.cupy() and clone the tensors you keep")
-        return {name: array.copy() for name, array in arrays.items()}
-
-    def torch(self) -> Dict[str, "torch.Tensor"]:
-        """The arrays as PyTorch tensors without copying: CPU tensors, or CUDA tensors for a device loader.
-
-        They share the batch's memory, which stays theirs for as long as they live.
-        """
-        try:
-            import torch
-        except ImportError as error:
-            raise ImportError("batch.torch() needs PyTorch (pip install torch)") from error
-        return {name: torch.from_numpy(array) if isinstance(array, np.ndarray)
-                else torch.as_tensor(array, device=array.device) for name, array in self._live().items()}
-
-    def cupy(self) -> Dict[str, "cupy.ndarray"]:
-        """The arrays as CuPy arrays: zero-copy for a device loader; copied to the GPU for a CPU loader."""
-        try:
-            import cupy
-        except ImportError as error:
-            raise ImportError("batch.cupy() needs CuPy (pip install cupy-cuda12x or similar)") from error
-        return {name: cupy.asarray(array) for name, array in self._live().items()}
-
-    def __reduce__(self):
-        raise TypeError("a Batch lives in its loader's memory and cannot be pickled; pickle batch.copy() (a dict "
-                        "of arrays) and the attributes you need")
-
-    def release(self) -> None:
-        """Let the producers start another batch now, and drop the mapping (idempotent).
-
-        The slot itself goes back once no array taken from the batch is alive.
-        """
-        owner = self._owner()
-        if owner is not None:
-            owner._release(self)
-        else:
-            self._detach()
-
-    def _detach(self) -> None:
-        self._arrays = None
-
-    def __repr__(self) -> str:
-        if self._arrays is None:
-            return f"<Batch {self.number} (released)>"
-        fields = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self._arrays.items())
-        return f"<Batch {self.number} epoch={self.epoch} index={self.index} {fields}>"
-
-
-def _geometry(patch, patch_in, patch_out) -> tuple:
-    """(patch_in, patch_out) from the loader's arguments."""
-    if patch is not None:
-        if patch_in is not None or patch_out is not None:
-            raise ValueError("give either patch, or patch_in and/or patch_out, not both")
-        patch_in = patch_out = triple(patch, "patch", minimum=1)
-    elif patch_in is None and patch_out is None:
-        raise ValueError("patch (or patch_in and patch_out) is required")
-    else:
-        patch_in = triple(patch_in if patch_in is not None else patch_out, "patch_in", minimum=1)
-        patch_out = triple(patch_out if patch_out is not None else patch_in, "patch_out", minimum=1)
-    difference = np.subtract(patch_in, patch_out)
-    if np.any(difference < 0) or np.any(difference % 2):
-        raise ValueError(f"patch_in {patch_in} must exceed patch_out {patch_out} by an even number of voxels along "
-                         "each axis, so that the output window is centred in the input window")
-    return patch_in, patch_out
-
-
-def _position(number: int, epoch_size: Optional[int]) -> tuple:
-    """(epoch, batch in epoch) of batch ``number`` of the stream."""
-    return divmod(number, epoch_size) if epoch_size else (0, number)
-
-
-def _plan_of(planner: Planner, epoch_size: Optional[int], number: int) -> BatchPlan:
-    return planner.plan(*_position(number, epoch_size))
-
-
-class _Producers:
-    """The producer threads. Holds no reference to the Loader, so an abandoned loader can be collected.
-
-    ``slots`` gives each batch its memory (``acquire(number)``) and wraps it for the ring (``lease(slot)``).
-    """
-
-    def __init__(self, ring: Ring, slots, planner: Planner, gatherer: Gatherer, profile: Profile,
-                 epoch_size: Optional[int], threads: int) -> None:
-        self.ring = ring
-        self.slots = slots
-        self.planner = planner
-        self.gatherer = gatherer
-        self.profile = profile
-        self.epoch_size = epoch_size
-        self.threads = [threading.Thread(target=self._run_abandoning_reads, name=f"emfast-producer-{i}", daemon=True)
-                        for i in range(threads)]
-        depth = self._read_ahead_depth(threads)
-        self.read_ahead = ReadAhead(ring, functools.partial(_plan_of, planner, epoch_size), gatherer, depth,
-                                    profile) if depth else None
-
-    def _read_ahead_depth(self, threads: int) -> int:
-        """Batches to read ahead (0 without lazy windows, or when the first plan fails: its producer reports it)."""
-        if not any(f.chunked for f in self.gatherer.fields):
-            return 0
-        try:
-            first = self.planner.plan(*self.position(self.ring.next_claim))
-        except Exception:  # noqa: BLE001 - raised again, in order, by the producer of that batch
-            return 0
-        return read_ahead_depth(self.gatherer, first, threads)
-
-    def start(self) -> None:
-        for thread in self.threads:
-            start_thread(thread)
-        for thread in self.read_ahead.threads if self.read_ahead is not None else ():
-            start_thread(thread)
-
-    def alive(self) -> bool:
-        return any(thread.is_alive() for thread in self.threads)
-
-    def stop(self) -> None:
-        self.ring.close()
-        # A collection on a producer thread may run the loader's finalizer there: it cannot join itself.
-        threads = self.threads + (self.read_ahead.threads if self.read_ahead is not None else [])
-        join_all([t for t in threads if t.ident is not None and t is not threading.current_thread()])
-
-    def position(self, number: int) -> tuple:
-        return _position(number, self.epoch_size)
-
-    def _run_abandoning_reads(self) -> None:
-        with abandoned_when(lambda: self.ring.closed):  # a remote read stops waiting when the loader closes
-            self._run()
-
-    def _run(self) -> None:
-        scratch = None
-        while True:
-            number = self.ring.claim()
-            if number is None:
-                return
-            try:
-                if scratch is None:
-                    scratch = self.gatherer.new_scratch()
-                with self.profile.timer("stall"):
-                    self.ring.wait_turn(number)
-                    slot = self.slots.acquire(number, lambda: self.ring.closed)
-                with self.profile.timer("sample"):
-                    plan = self.read_ahead.plan(number) if self.read_ahead is not None else \
-                        self.planner.plan(*self.position(number))
-                self.gatherer.fill(slot.memory, plan, scratch, self.profile)
-                self.ring.publish(number, (self.slots.lease(slot), plan))
-                del slot
-            except RingClosed:
-                return
-            except BaseException as error:  # handed to the consumer, who re-raises it with its traceback
-                self.ring.fail(number, error)
-                return
-
-
-class _HostView:
-    """Exports one slot array to NumPy (``__array_interface__``) so that every view made keeps the lease."""
-
-    __slots__ = ("__array_interface__", "_array", "_lease")
-
-    def __init__(self, array: np.ndarray, lease: Lease) -> None:
-        self.__array_interface__ = array.__array_interface__
-        self._array = array
-        self._lease = lease
-
-
-def _host_arrays(lease: Lease) -> Dict[str, np.ndarray]:
-    return {name: np.asarray(_HostView(array, lease)) for name, array in lease.slot.memory.items()}
-
-
-def _run_every(steps) -> None:
-    """Run every step even if Ctrl-C interrupts one (again and again), then raise the interrupt."""
-    interrupted: Optional[KeyboardInterrupt] = None
-    for step in steps:
-        try:
-            step()
-        except KeyboardInterrupt as error:
-            interrupted = error
-    if interrupted is not None:
-        raise interrupted
-
-
-class _Pipeline:
-    """Everything with a thread: producers, and for a device the copier. Holds no reference to the Loader.
-
-    ``pool`` is where the consumer's batches come from: the host pool, or the copier's device pool.
-    """
-
-    def __init__(self, producers: _Producers, consumer_ring: Ring, pool: SlotPool, copier: Optional[Copier],
-                 export) -> None:
-        self.producers = producers
-        self.consumer_ring = consumer_ring
-        self.pool = pool
-        self.copier = copier
-        self.export = export
-
-    def alive(self) -> bool:
-        """Whether anything can still deliver a batch to the consumer."""
-        return self.copier.alive() if self.copier is not None else self.producers.alive()
-
-    def stop(self) -> None:
-        """Close, join and free everything; every step runs even if Ctrl-C interrupts one, then it is raised."""
-        finish = self.copier.finish if self.copier is not None else self.pool.close  # the copier frees its pool
-        _run_every([self.consumer_ring.close, self.producers.stop, finish])
-
-    def exhausted(self, number: int) -> Optional[str]:
-        """Why batch ``number`` cannot be made while the consumer waits for it, or None."""
-        if not self.pool.starved(number):
-            return None
-        return (f"batch {number} cannot be made: all {self.pool.capacity} batch slots (max_buffers) are in use and "
-                "the program, waiting for the batch, still holds arrays or tensors of the others. Drop references "
-                "to old batches, keep copies (batch.copy(), tensor.clone()), or raise max_buffers.")
-
+from ._windows import fitting_regions, patch_windows, window_extents
 
 class Loader:
     """Streams batches of augmented 3-D patches from EM volumes, produced by background threads.
@@ -504,33 +149,21 @@ class Loader:
                  world_size: int = 1, worker_sharding: bool = True, device="cpu", progress: bool = False) -> None:
         # Every argument as given, first thing: an unstarted loader pickles as them (see __reduce__).
         self._arguments = {name: value for name, value in locals().items() if name != "self"}
-        self.patch_in, self.patch_out = _geometry(patch, patch_in, patch_out)
+        self.patch_in, self.patch_out = patch_windows(patch, patch_in, patch_out)
         self.batch_size = integer(batch_size, "batch_size")
         self.threads = integer(threads, "threads")
-        self.buffers = max(2, self.threads + 2) if buffers is None else integer(buffers, "buffers", 2)
-        self.max_buffers = 2 * self.buffers if max_buffers is None else integer(max_buffers, "max_buffers", 2)
-        if self.max_buffers < self.buffers:
-            raise ValueError(f"max_buffers ({self.max_buffers}) must be at least buffers ({self.buffers})")
-        self.world_size = integer(world_size, "world_size")
-        self.rank = integer(rank, "rank", 0)
-        if self.rank >= self.world_size:
-            raise ValueError(f"rank must be in [0, world_size) = [0, {self.world_size}), got {rank}")
-        if not isinstance(worker_sharding, bool):
-            raise TypeError(f"worker_sharding must be True or False, got {worker_sharding!r}")
-        self.worker_sharding = worker_sharding
+        self.buffers, self.max_buffers = buffer_counts(self.threads, buffers, max_buffers)
+        self.rank, self.world_size = rank_and_world(rank, world_size)
+        self.worker_sharding = flag(worker_sharding, "worker_sharding")
         #: (rank, world size) of this loader's share of the stream: ``rank``/``world_size``, refined by the
         #: PyTorch DataLoader worker this loader was created or started in.
         self.shard = self._current_shard()
         self.seed = check_seed(seed)
-        self.dtype = self._output_dtype(dtype)
+        self.dtype = output_dtype(dtype)
         # Copies: binding an augmentation to this loader's window sizes must not change the caller's object.
         self.augmentations = [copy.copy(a) for a in _augment.resolve(() if augment is None else augment, isotropic)]
         self.targets = _targets.resolve(targets) if targets else []
-        if isinstance(sampler, (list, tuple)):
-            raise TypeError(f"sampler must be one sampler (an emfast sampler such as emfast.Uniform(), or its "
-                            f"name), got {sampler!r}")
-        # A copy, so that one sampler object can serve several loaders (bind() stores the regions).
-        self.sampler = copy.copy(instantiate(sampler, "sampler", Sampler)[0]) if sampler is not None else Uniform()
+        self.sampler = loader_sampler(sampler)
         self.dataset = as_dataset(data, labels, label_offset)
         if self.targets and not self.dataset.has_labels:
             raise ValueError(f"targets {[t.name for t in self.targets]} need labels, but the data has none")
@@ -539,12 +172,8 @@ class Loader:
         for target in self.targets:
             target.check(self.dataset.samples[0].placed_labels.volume.dtype)
         self.margin = _targets.required_margin(self.targets) if self.targets else (0, 0, 0)
-        if not isinstance(keep_labels, bool):
-            raise TypeError(f"keep_labels must be True or False, got {keep_labels!r}")
-        self.keep_labels = keep_labels
-        if not isinstance(progress, bool):
-            raise TypeError(f"progress must be True or False, got {progress!r}")
-        self.progress = progress
+        self.keep_labels = flag(keep_labels, "keep_labels")
+        self.progress = flag(progress, "progress")
         self._backend = resolve_device(device)
         self.device = "cpu" if self._backend is None else self._backend.name
 
@@ -553,7 +182,8 @@ class Loader:
         self._own_fields = [f for f in fields if f.grids is not None]
         self._common_grid = common_grid(fields, self.dataset.names)
         self._bind_augmentations(fields)
-        self.regions = self._regions()
+        self.regions = fitting_regions(self.dataset.samples, self.patch_in, self.patch_out, self.margin,
+                                       np.asarray(self._perms), self._own_fields, self._common_grid)
         self._extents = np.unique(window_extents(self.patch_out, np.asarray(self._perms)), axis=0)
         self._bind_stream()
 
@@ -564,7 +194,7 @@ class Loader:
                                   warps, self.keep_labels, track_valid)
         self._check_resources()
         self._profile = Profile(self.threads)
-        self._pipeline: Optional[_Pipeline] = None
+        self._pipeline: Optional[Pipeline] = None
         self._finalizer: Optional[weakref.finalize] = None
         #: Thread id -> the batch that thread got last and has not released (its mapping is live).
         self._held: Dict[int, Batch] = {}
@@ -629,51 +259,6 @@ class Loader:
         for augmentation in self.augmentations:
             augmentation.bind_windows(windows)
 
-    def _regions(self) -> List[Region]:
-        """Per sample, the box where output windows fit with every field's window inside its volume."""
-        perms = np.asarray(self._perms)
-        context = window_extents([(i - o) // 2 for i, o in zip(self.patch_in, self.patch_out)], perms).max(axis=0)
-        margin = window_extents(self.margin, perms).max(axis=0)
-        extents = window_extents(self.patch_out, perms)
-        patch_name = "patch" if self.patch_in == self.patch_out else "patch_out"
-        regions = []
-        for index, sample in enumerate(self.dataset.samples):
-            lo, hi = context.copy(), np.asarray(sample.raw.shape, dtype=np.int64) - context
-            labels, mask = sample.placed_labels, sample.placed_mask
-            if labels is not None:
-                lo, hi = np.maximum(lo, labels.origin + margin), np.minimum(hi, labels.end - margin)
-            if mask is not None:
-                lo, hi = np.maximum(lo, mask.origin), np.minimum(hi, mask.end)
-            lo, hi = field_bounds(sample, index, lo, hi, context, self._own_fields, self.patch_out, perms,
-                                  self._common_grid)
-            for perm, extent in zip(perms, extents):
-                if np.any(hi - lo < extent):
-                    transposed = "" if tuple(perm) == (0, 1, 2) else \
-                        f" (window {tuple(int(e) for e in extent)} in source axes for transposed examples)"
-                    grown = f", grown to patch_in {self.patch_in} by the network's context" \
-                        if self.patch_in != self.patch_out else ""
-                    margin_note = f" and by the targets' label margin {self.margin}" if any(self.margin) else ""
-                    raise ValueError(
-                        f"sample {sample.name!r}: {patch_name} {self.patch_out}{transposed}{grown}{margin_note} does "
-                        f"not fit in its data (raw {sample.raw.shape}" +
-                        (f", labels {labels.volume.shape} at {tuple(int(v) for v in labels.origin)}"
-                         if labels is not None else "") + ")")
-            regions.append(Region(sample.name, sample.weight, lo, hi,
-                                  labels=None if labels is None else labels.on_raw,
-                                  labels_origin=None if labels is None else labels.origin,
-                                  mask=None if mask is None else mask.on_raw,
-                                  mask_origin=None if mask is None else mask.origin))
-        return regions
-
-    def _epoch_size(self, epoch_size: Optional[int]) -> Optional[int]:
-        finite = self.sampler.batches_per_epoch()
-        if epoch_size is not None:
-            epoch_size = integer(epoch_size, "epoch_size")
-            if finite is not None and epoch_size != finite:
-                raise ValueError(f"epoch_size={epoch_size}, but {self.sampler!r} has {plural(finite, 'batch')} per "
-                                 "epoch; leave epoch_size out")
-        return finite if epoch_size is None else epoch_size
-
     def _current_shard(self) -> tuple:
         worker = torch_worker() if self.worker_sharding else None
         return (self.rank, self.world_size) if worker is None else \
@@ -682,45 +267,16 @@ class Loader:
     def _bind_stream(self) -> None:
         """Bind the sampler to this loader's shard, and plan batches from it."""
         self.sampler.bind(self.regions, self._extents, self.batch_size, *self.shard)
-        self.epoch_size = self._epoch_size(self._arguments["epoch_size"])
+        self.epoch_size = checked_epoch_size(self._arguments["epoch_size"], self.sampler)
         self._planner = Planner(patch=self.patch_out, batch_size=self.batch_size, sampler=self.sampler,
                                 augmentations=self.augmentations, seed=self.seed, rank=self.shard[0],
                                 world_size=self.shard[1], common_grid=self._common_grid)
 
     def _check_resources(self) -> None:
         """Refuse thread counts far beyond the cores, and slots that do not fit in memory, before allocating."""
-        usable = cores()
-        limit = max(MIN_THREAD_LIMIT, THREADS_PER_CORE * usable)
-        if self.threads > limit:
-            raise ValueError(f"threads={self.threads} is far beyond this machine's {usable} usable cores (at most "
-                             f"{limit}): the kernels release the GIL, so about one thread per core is fastest")
-        self._check_memory()
-
-    def _check_memory(self) -> None:
-        """Refuse batch slots and scratch beyond the memory available (or, where unknown, the address space)."""
-        available = available_bytes()
-        limit, where = (available, "of memory is available") if available is not None else \
-            (sys.maxsize, "can be addressed")
-        # slots at start plus one growth per producer, and each producer's scratch buffers; Python ints throughout
-        count = self.buffers + self.threads
-        scratch = self.threads * self._gatherer.scratch_bytes()
-        needed = count * self.slot_bytes + scratch
-        if needed > limit:
-            raise InsufficientMemoryError(
-                f"the loader needs {_gib(needed)} but only {_gib(limit)} {where}: {count} batch "
-                f"slots (buffers={self.buffers}, plus one per producer thread) of {_gib(self.slot_bytes)} each "
-                f"(batch_size={self.batch_size} x patch_in {self.patch_in}), plus {_gib(scratch)} of per-thread "
-                "scratch; use a smaller batch_size or patch, or fewer buffers or threads")
-
-    @staticmethod
-    def _output_dtype(dtype) -> np.dtype:
-        try:
-            resolved = np.dtype(dtype)
-        except TypeError:
-            resolved = None
-        if resolved not in OUTPUT_DTYPES:
-            raise ValueError(f"dtype must be 'float32' or 'float16', got {dtype!r}")
-        return resolved
+        check_threads(self.threads)
+        check_memory(buffers=self.buffers, threads=self.threads, slot_bytes=self.slot_bytes,
+                     scratch_bytes=self._gatherer.scratch_bytes(), batch_size=self.batch_size, patch_in=self.patch_in)
 
     # -- life cycle -------------------------------------------------------------------------------------------
 
@@ -755,7 +311,7 @@ class Loader:
                                              first=self._consumed)
                 pool.prefill(self.buffers)
                 host_ring = consumer_ring = Ring(self.buffers, self._consumed)
-                export = _host_arrays
+                export = host_arrays
             else:
                 copier = Copier(self._backend, self.fields, self.buffers, self.max_buffers, self._profile,
                                 self._consumed)
@@ -764,12 +320,12 @@ class Loader:
                 host_ring, consumer_ring = copier.host_ring, copier.device_ring
                 backend = self._backend
                 export = lambda lease: backend.export(lease.slot.memory, lease)  # noqa: E731
-            producers = _Producers(host_ring, host_slots, self._planner, self._gatherer, self._profile,
+            producers = Producers(host_ring, host_slots, self._planner, self._gatherer, self._profile,
                                    self.epoch_size, self.threads)
-            pipeline = _Pipeline(producers, consumer_ring, pool, copier, export)
-            self._finalizer = weakref.finalize(self, _stop_abandoned, pipeline)
+            pipeline = Pipeline(producers, consumer_ring, pool, copier, export)
+            self._finalizer = weakref.finalize(self, stop_abandoned, pipeline)
             self._pipeline = pipeline
-            _STARTED.add(self)
+            STARTED.add(self)
             producers.start()
             if copier is not None:
                 copier.run(producers.alive)
@@ -783,10 +339,10 @@ class Loader:
             self._finalizer.detach()
         if self._pipeline is not None:
             pipeline, self._pipeline = self._pipeline, None
-            _STARTED.discard(self)
+            STARTED.discard(self)
             pipeline.stop()
         elif copier is not None:  # its thread may run already: closed rings and finish() end it
-            _run_every([copier.host_ring.close, copier.device_ring.close, copier.finish])
+            run_every([copier.host_ring.close, copier.device_ring.close, copier.finish])
         elif pool is not None:
             pool.close()
 
@@ -881,7 +437,7 @@ class Loader:
         number = self._consumed
         pipeline = self._pipeline
         with self._profile.timer("wait"):
-            lease, plan = pipeline.consumer_ring.take(number, pipeline.alive, _ExhaustionCheck(pipeline, number))
+            lease, plan = pipeline.consumer_ring.take(number, pipeline.alive, ExhaustionCheck(pipeline, number))
         # An interruption before these two assignments leaves the batch (and its lease) in the ring to be taken
         # again; after them, it is held and is released by the next request. Either way no slot is lost.
         batch = Batch(self, number, pipeline.export(lease), plan)
@@ -995,68 +551,6 @@ def _unpickled_loader(arguments: Dict[str, object], state: Dict[str, object]) ->
     return loader
 
 
-def _stop_abandoned(pipeline: _Pipeline) -> None:
-    """Finalizer of an unreachable loader. It may run inside a garbage collection on any thread, even one that
-    holds a lock the pipeline's threads wait for, so it must not block: a new thread stops the pipeline."""
-    try:
-        threading.Thread(target=pipeline.stop, name="emfast-stopper", daemon=True).start()
-    except RuntimeError:  # no new threads at interpreter shutdown: nothing can hold the locks any more
-        pipeline.stop()
-
-
-def torch_worker() -> Optional[tuple]:
-    """(worker id, number of workers) when called inside a PyTorch DataLoader worker, else None."""
-    torch = sys.modules.get("torch")  # never imported here: a process without torch has no torch workers
-    if torch is None:
-        return None
-    info = torch.utils.data.get_worker_info()
-    return None if info is None else (int(info.id), int(info.num_workers))
-
-
-#: Loaders whose threads run in this process; after a fork their threads do not exist in the child.
-_STARTED: "weakref.WeakSet[Loader]" = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for loader in list(_STARTED):
-        try:
-            loader._forked()
-        except Exception:  # noqa: BLE001 - one loader caught mid-start must not spare the others
-            pass
-    _STARTED.clear()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 def _plain(value):
     """Tuples as lists, so that a state that went through JSON compares equal."""
     return list(value) if isinstance(value, tuple) else value
-
-
-class _ExhaustionCheck:
-    """Ends the consumer's wait with SlotsExhaustedError when the program itself holds every slot.
-
-    That wait could otherwise never end: the batch waited for needs a slot only the waiting program can free.
-    Reference cycles are collected once first, and another thread of the program gets a grace period.
-    """
-
-    def __init__(self, pipeline: _Pipeline, number: int) -> None:
-        self.pipeline = pipeline
-        self.number = number
-        self.since: Optional[float] = None
-        self.collected = False
-
-    def __call__(self) -> None:
-        reason = self.pipeline.exhausted(self.number)
-        if reason is None:
-            self.since = None
-            return
-        now = time.monotonic()
-        if self.since is None:
-            self.since = now
-        elif not self.collected:
-            self.collected = True
-            gc.collect()
-        elif now - self.since > EXHAUSTED_GRACE_SECONDS:
-            raise SlotsExhaustedError(reason)

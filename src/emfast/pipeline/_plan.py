@@ -13,6 +13,7 @@ import numpy as np
 from ..augment import Augmentation, Params
 from ..sampling import Sampler
 from ._rng import FIRST_AUGMENT_STREAM, SAMPLER_STREAM, BatchRandom
+from ._windows import window_extents
 
 
 @dataclass(frozen=True)
@@ -51,16 +52,6 @@ class BatchPlan:
             object.__setattr__(self, "volumes", np.zeros(len(self.corners), dtype=np.int64))
         if self.valid is None:
             object.__setattr__(self, "valid", len(self.corners))
-
-
-def window_extents(patch: Sequence[int], perms: np.ndarray) -> np.ndarray:
-    """Per-example vectors in source axes: output axis j of length patch[j] lies along source axis perms[n, j].
-
-    Serves for window extents and for any per-output-axis vector (context, margins) alike.
-    """
-    extents = np.empty(perms.shape, dtype=np.int64)
-    extents[np.arange(len(perms))[:, None], perms] = np.asarray(patch, dtype=np.int64)
-    return extents
 
 
 class Planner:

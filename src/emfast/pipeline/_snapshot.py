@@ -29,7 +29,7 @@ from typing import Dict, List
 import numpy as np
 
 from ..io import add_ome_multiscales, import_zarr, zarr_geometry
-from ._plan import window_extents
+from ._windows import window_extents
 
 #: The level written in each field group (the OME-NGFF image's one dataset).
 LEVEL = "s0"

@@ -1,0 +1,126 @@
+"""The Loader's options checked and normalised, with one wording for each refusal: counts, flags, the output
+dtype, the sampler, the epoch size, the shard of the stream, and the thread count and batch memory the machine
+can take (refused before anything is allocated).
+"""
+from __future__ import annotations
+
+import copy
+import sys
+from typing import Optional
+
+import numpy as np
+
+from .._checks import integer
+from .._machine import available_bytes, cores
+from .._registry import instantiate
+from ..sampling import Sampler, Uniform
+from ._profile import plural
+
+OUTPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+
+#: Producer threads beyond this many per usable core (or beyond MIN_THREAD_LIMIT on small machines) are refused.
+THREADS_PER_CORE = 4
+MIN_THREAD_LIMIT = 16
+
+
+class InsufficientMemoryError(MemoryError, ValueError):
+    """The loader's batch slots would not fit in the memory available: refused before anything is allocated.
+
+    A ValueError too, since the cause is an argument (batch size, patch, buffers, threads).
+    """
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:,.2f} GiB"
+
+
+def flag(value, name: str) -> bool:
+    """``value`` if it is True or False, else a TypeError naming the option."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def buffer_counts(threads: int, buffers: Optional[int], max_buffers: Optional[int]) -> tuple:
+    """(buffers, max_buffers): batches in flight (None: ``threads + 2``, at least 2) and most slots (None: twice)."""
+    buffers = max(2, threads + 2) if buffers is None else integer(buffers, "buffers", 2)
+    max_buffers = 2 * buffers if max_buffers is None else integer(max_buffers, "max_buffers", 2)
+    if max_buffers < buffers:
+        raise ValueError(f"max_buffers ({max_buffers}) must be at least buffers ({buffers})")
+    return buffers, max_buffers
+
+
+def rank_and_world(rank, world_size) -> tuple:
+    """(rank, world_size) of a distributed run, rank in [0, world_size)."""
+    world_size = integer(world_size, "world_size")
+    checked = integer(rank, "rank", 0)
+    if checked >= world_size:
+        raise ValueError(f"rank must be in [0, world_size) = [0, {world_size}), got {rank}")
+    return checked, world_size
+
+
+def output_dtype(dtype) -> np.dtype:
+    """The raw output type: float32 or float16."""
+    try:
+        resolved = np.dtype(dtype)
+    except TypeError:
+        resolved = None
+    if resolved not in OUTPUT_DTYPES:
+        raise ValueError(f"dtype must be 'float32' or 'float16', got {dtype!r}")
+    return resolved
+
+
+def loader_sampler(sampler) -> Sampler:
+    """A copy of the sampler (or of the registered one named), so that one object can serve several loaders (bind()
+    stores the regions); None: :class:`~emfast.Uniform`."""
+    if isinstance(sampler, (list, tuple)):
+        raise TypeError(f"sampler must be one sampler (an emfast sampler such as emfast.Uniform(), or its "
+                        f"name), got {sampler!r}")
+    return copy.copy(instantiate(sampler, "sampler", Sampler)[0]) if sampler is not None else Uniform()
+
+
+def checked_epoch_size(epoch_size: Optional[int], sampler: Sampler) -> Optional[int]:
+    """Batches per epoch: ``epoch_size``, or the epochs of a sampler that has its own (which it must then equal)."""
+    finite = sampler.batches_per_epoch()
+    if epoch_size is not None:
+        epoch_size = integer(epoch_size, "epoch_size")
+        if finite is not None and epoch_size != finite:
+            raise ValueError(f"epoch_size={epoch_size}, but {sampler!r} has {plural(finite, 'batch')} per "
+                             "epoch; leave epoch_size out")
+    return finite if epoch_size is None else epoch_size
+
+
+def torch_worker() -> Optional[tuple]:
+    """(worker id, number of workers) when called inside a PyTorch DataLoader worker, else None."""
+    torch = sys.modules.get("torch")  # never imported here: a process without torch has no torch workers
+    if torch is None:
+        return None
+    info = torch.utils.data.get_worker_info()
+    return None if info is None else (int(info.id), int(info.num_workers))
+
+
+def check_threads(threads: int) -> None:
+    """Refuse thread counts far beyond the cores."""
+    usable = cores()
+    limit = max(MIN_THREAD_LIMIT, THREADS_PER_CORE * usable)
+    if threads > limit:
+        raise ValueError(f"threads={threads} is far beyond this machine's {usable} usable cores (at most "
+                         f"{limit}): the kernels release the GIL, so about one thread per core is fastest")
+
+
+def check_memory(*, buffers: int, threads: int, slot_bytes: int, scratch_bytes: int, batch_size: int,
+                 patch_in: tuple) -> None:
+    """Refuse batch slots and scratch beyond the memory available (or, where unknown, the address space)."""
+    available = available_bytes()
+    limit, where = (available, "of memory is available") if available is not None else \
+        (sys.maxsize, "can be addressed")
+    # slots at start plus one growth per producer, and each producer's scratch buffers; Python ints throughout
+    count = buffers + threads
+    scratch = threads * scratch_bytes
+    needed = count * slot_bytes + scratch
+    if needed > limit:
+        raise InsufficientMemoryError(
+            f"the loader needs {_gib(needed)} but only {_gib(limit)} {where}: {count} batch "
+            f"slots (buffers={buffers}, plus one per producer thread) of {_gib(slot_bytes)} each "
+            f"(batch_size={batch_size} x patch_in {patch_in}), plus {_gib(scratch)} of per-thread "
+            "scratch; use a smaller batch_size or patch, or fewer buffers or threads")
