@@ -24,7 +24,7 @@ from typing import Callable, Optional, Tuple
 
 import numpy as np
 
-from ._source import CorruptChunkError, Stamp, add_transfer_time, checked_chunk, require_kind
+from ._source import CorruptChunkError, Stamp, add_transfer_time, decoded_into, require_kind
 
 #: Index entry of an inner chunk that was never written (offset and length both).
 _EMPTY = np.uint64(2 ** 64 - 1)
@@ -118,13 +118,8 @@ class ShardedChunks:
         whole = out.flags.c_contiguous and out.dtype == self._dtype and out.size == math.prod(self._inner)
         if whole and self._decode_into is not None and self._decode_into(data, out):
             return True
-        try:
-            decoded = self._decode(data)
-        except Exception as error:  # codecs raise their own types for corrupt input
-            raise CorruptChunkError(f"{where}: cannot decode it: {error}; the store may be corrupt or being "
-                                    "written") from error
-        inner = checked_chunk(decoded, self._dtype, self._inner, where, stamp)
-        np.copyto(out[0], inner[tuple(slice(0, int(e)) for e in extent)])
+        decoded_into(data, out, self._dtype, self._inner, extent, self._decode, where, f"{where}: cannot decode it",
+                     stamp)
         return True
 
     def _chunk_bytes(self, key: str, position: int, where: str) -> Optional[bytes]:

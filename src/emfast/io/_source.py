@@ -65,6 +65,21 @@ def checked_chunk(data, dtype: np.dtype, shape: Sequence[int], where: str, stamp
     return np.frombuffer(data, dtype).reshape(tuple(int(s) for s in shape))
 
 
+def decoded_into(data, out: np.ndarray, dtype: np.dtype, chunk_shape: Sequence[int], extent: Sequence[int],
+                 decode, where: str, undecodable: str, stamp: Optional["Stamp"] = None) -> None:
+    """Fill ``out`` (c, z, y, x) with the first ``extent`` voxels of a chunk from its stored bytes ``data``:
+    ``decode`` them, check the size as a chunk of ``dtype`` (:func:`checked_chunk`, naming ``where``) and copy
+    (converting to ``out``'s dtype). A codec's own exception
+    is a :class:`CorruptChunkError` starting with ``undecodable`` (e.g. "store: cannot decode chunk c/0/0/0")."""
+    try:
+        decoded = decode(data)
+    except Exception as error:  # codecs raise their own types for corrupt input
+        raise CorruptChunkError(f"{undecodable}: {error}; the store may be corrupt or being written") from error
+    chunk = checked_chunk(decoded, dtype, chunk_shape, where, stamp)
+    view = chunk if chunk.ndim == 4 else chunk[np.newaxis]
+    np.copyto(out, view[(slice(None),) + tuple(slice(0, int(e)) for e in extent)])
+
+
 _transfers = threading.local()
 
 

@@ -46,7 +46,7 @@ from ._metadata import bad_metadata, int_list, metadata_key, parsing
 from ._remote import RemoteReadError, RemoteStore, ReadAbandoned
 from ._shards import ShardedChunks
 from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource,
-                      add_transfer_time, checked_chunk, read_regular_file, read_regular_file_into, require_kind)
+                      add_transfer_time, decoded_into, read_regular_file, read_regular_file_into, require_kind)
 
 #: Metadata files that mark a zarr array or group (v3, then v2).
 ARRAY_MARKERS = ("zarr.json", ".zarray")
@@ -473,14 +473,8 @@ class _DirectChunks:
             return True
         if whole and self._decode_into is not None and self._decode_into(data, out):
             return True
-        try:
-            decoded = self._decode(data)
-        except Exception as error:  # codecs raise their own types for corrupt input
-            raise CorruptChunkError(f"{name}: cannot decode chunk {key}: {error}; the store may be corrupt or "
-                                    "being written") from error
-        chunk = checked_chunk(decoded, self._dtype, self._chunks, f"{name}: chunk {key}", stamp)
-        view = chunk if lead else chunk[np.newaxis]
-        np.copyto(out, view[(slice(None),) + tuple(slice(0, int(e)) for e in extent)])
+        decoded_into(data, out, self._dtype, self._chunks, extent, self._decode, f"{name}: chunk {key}",
+                     f"{name}: cannot decode chunk {key}", stamp)
         return True
 
 
