@@ -25,6 +25,7 @@ from typing import Callable, Iterable, Optional, Sequence, Tuple, Type
 
 import numpy as np
 
+from ._chunkfiles import chunk_files
 from ._open import split_path
 from ._outputs import (NotOwnOutputError, OutputLock, add_ome_multiscales, check_zarr_container, input_changed,
                        open_hdf5_for_writing, option, remove_hdf5_output, remove_partial_files, remove_zarr_output,
@@ -104,6 +105,7 @@ class OutputWriter:
         self.zarr_format = zarr_format
         self.root = None  # the h5py File or zarr Group
         self.array = None
+        self._chunk_files = False  # zarr: the ChunkFiles writing whole chunks, None if zarr-python must; unknown yet
 
     @property
     def path(self) -> str:
@@ -177,6 +179,7 @@ class OutputWriter:
                 for name in (self.dataset, *companions):
                     remove_partial_files(self.container / name)
             self.array = self.node(self.dataset)
+            self._chunk_files = False
             return previous
         for name in (self.dataset, *companions):
             try:
@@ -227,6 +230,7 @@ class OutputWriter:
         chunks = shape[:-3] + tuple(int(c) for c in chunks)
         dtype = np.dtype(dtype).newbyteorder("=")
         attributes = dict(attributes or {})
+        self._chunk_files = False
         if self.kind == "hdf5":
             self.array = self.root.create_dataset(self.dataset, shape=shape, dtype=dtype, chunks=chunks,
                                                   compression=None if compression == "none" else "gzip",
@@ -267,8 +271,17 @@ class OutputWriter:
     def write(self, corner, data: np.ndarray) -> None:
         """Write ``data`` (its last three axes spatial) with its first voxel at ``corner`` (z, y, x); in HDF5,
         flushed to the file before returning, so that a record saying it was written is never ahead of it."""
+        lead = data.ndim - 3
+        if self.kind == "zarr":
+            if self._chunk_files is False:
+                self._chunk_files = chunk_files(self.array)
+            whole = (0,) * lead + tuple(corner)
+            if self._chunk_files is not None and data.shape[:lead] == tuple(self.array.shape)[:lead] \
+                    and data.ndim == len(self.array.shape) and self._chunk_files.covers(whole, data.shape):
+                self._chunk_files.write(whole, data)
+                return
         box = tuple(slice(c, c + e) for c, e in zip(corner, data.shape[-3:]))
-        self.array[(slice(None),) * (data.ndim - 3) + box] = data
+        self.array[(slice(None),) * lead + box] = data
         if self.kind == "hdf5":
             self.root.flush()
 
@@ -288,3 +301,4 @@ class OutputWriter:
         if self.kind == "hdf5" and self.root is not None:
             self.root.close()
         self.root = self.array = None
+        self._chunk_files = False
