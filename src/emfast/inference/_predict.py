@@ -5,6 +5,7 @@ import inspect
 import os
 import time
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple, Union
 
@@ -132,14 +133,28 @@ def _triple_or_int(value, what: str, minimum: int) -> Tuple[int, int, int]:
     return triple((value,) * 3 if is_integer(value) else value, what, minimum=minimum)
 
 
-def _record(volume: Volume, caller: ModelCaller, plan: TilePlan, settings: dict) -> dict:
-    """What decides the output's bytes, stored with it and compared when resuming."""
+def _fingerprint_ahead(volume: Volume) -> Optional[Future]:
+    """The digest of an in-memory input, computed on a thread of its own (hashing releases the GIL) while the
+    rest of the set-up runs: it is needed only for the record, and takes tens of ms per 10 MB."""
+    if volume.source is not None or not volume.in_memory:
+        return None
+    hasher = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-fingerprint")
+    try:
+        return hasher.submit(array_fingerprint, volume.array)
+    finally:
+        hasher.shutdown(wait=False)  # its one thread ends with the digest
+
+
+def _record(volume: Volume, caller: ModelCaller, plan: TilePlan, settings: dict,
+            digest: Optional[Future] = None) -> dict:
+    """What decides the output's bytes, stored with it and compared when resuming; ``digest``: the in-memory
+    input's fingerprint from :func:`_fingerprint_ahead`."""
     source = {"name": volume.name, "shape": [volume.channels, *volume.shape], "dtype": volume.dtype.str}
     if volume.source is not None:
         stamp = volume.source
         source.update(path=str(stamp.path), dataset=stamp.dataset, fingerprint=fingerprint(stamp))
     elif volume.in_memory:  # an array's content decides the bytes as much as a file's
-        source.update(fingerprint=array_fingerprint(volume.array))
+        source.update(fingerprint=array_fingerprint(volume.array) if digest is None else digest.result())
     return dict(settings, input=source, model=caller.name, patch_in=list(plan.patch_in),
                 patch_out=list(plan.patch_out), overlap=list(plan.overlap), roi=[list(c) for c in plan.roi],
                 chunks=list(plan.chunks), block=list(plan.block), emfast=__version__)
@@ -280,6 +295,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                          "(such as 'cuda') that each worker opens itself")
     caller = ModelCaller(model, device)
     volume, opened = _as_volume(volume, budget // CACHE_SHARE)
+    digest = _fingerprint_ahead(volume)
     failed = True
     try:
         check_output_location(container, dataset, kind, volume.source, "input")
@@ -327,7 +343,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
             attributes["resolution"] = list(volume.resolution)
         if volume.offset is not None:
             attributes["offset"] = list(volume.offset)
-        record = _record(volume, caller, plan, settings)
+        record = _record(volume, caller, plan, settings, digest)
         with OutputLock(container) as lock:
             store, finished = OutputStore.prepare(out, shape, dtype, plan.chunks, compression, plan.grid, record,
                                                   attributes, resume, overwrite, lock)
