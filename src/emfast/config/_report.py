@@ -10,7 +10,7 @@ import numpy as np
 
 from ..io import Volume, world_box
 from ..pipeline import Loader
-from ..pipeline._profile import plural
+from ..io import plural
 from ._config import Config, close_volumes
 
 
@@ -123,7 +123,7 @@ def _sample_lines(loader: Loader, split: str, index: int) -> Tuple[List[str], Li
 
 def _loader_lines(loader: Loader, split: str) -> List[str]:
     """The summary of ``loader``: batch geometry, threads and buffers, components, fields, device slots."""
-    epoch = f"{plural(loader.epoch_size, 'batch')} per epoch" if loader.epoch_size else "endless"
+    epoch = f"{loader.epoch_size} {plural(loader.epoch_size, 'batch')} per epoch" if loader.epoch_size else "endless"
     geometry = f"patch {_tuple(loader.patch_out)}" if loader.patch_in == loader.patch_out else \
         f"patch_in {_tuple(loader.patch_in)} -> patch_out {_tuple(loader.patch_out)}"
     lines = [f"loader ({split}): batch {loader.batch_size} x {geometry}, {loader.threads} thread(s), "

@@ -13,8 +13,8 @@ import numpy as np
 from .._checks import integer
 from .._machine import available_bytes, cores
 from .._registry import instantiate
+from ..io import plural
 from ..sampling import Sampler, Uniform
-from ._profile import plural
 
 OUTPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
@@ -85,7 +85,7 @@ def checked_epoch_size(epoch_size: Optional[int], sampler: Sampler) -> Optional[
     if epoch_size is not None:
         epoch_size = integer(epoch_size, "epoch_size")
         if finite is not None and epoch_size != finite:
-            raise ValueError(f"epoch_size={epoch_size}, but {sampler!r} has {plural(finite, 'batch')} per "
+            raise ValueError(f"epoch_size={epoch_size}, but {sampler!r} has {finite} {plural(finite, 'batch')} per "
                              "epoch; leave epoch_size out")
     return finite if epoch_size is None else epoch_size
 

@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict
 
+from ..io import plural
+
 #: Stage name -> what it measures.
 STAGES = {
     "sample": "drawing window positions and transforms (producer)",
@@ -22,12 +24,6 @@ STAGES = {
     "stall": "producers (or the copier) waiting for a free slot: the consumer is slower, or holds every slot",
     "wait": "consumer waiting for a batch (producers are slower)",
 }
-
-
-def plural(count: int, noun: str) -> str:
-    """``"1 batch"``, ``"2 batches"``: the count with its noun in the right number."""
-    suffix = "" if count == 1 else "es" if noun.endswith(("s", "sh", "ch", "x")) else "s"
-    return f"{count} {noun}{suffix}"
 
 
 @dataclass(frozen=True)
@@ -60,8 +56,8 @@ class ProfileReport:
 
     def __str__(self) -> str:
         rate = self.batches / self.elapsed if self.elapsed > 0 else 0.0
-        lines = [f"{plural(self.batches, 'batch')} in {self.elapsed:.2f} s ({rate:.1f} batches/s, "
-                 f"{plural(self.threads, 'producer thread')})",
+        lines = [f"{self.batches} {plural(self.batches, 'batch')} in {self.elapsed:.2f} s ({rate:.1f} batches/s, "
+                 f"{self.threads} {plural(self.threads, 'producer thread')})",
                  f"{'stage':<8} {'total s':>9} {'ms/batch':>9}  meaning"]
         for stage, meaning in self.stages.items():
             lines.append(f"{stage:<8} {self.seconds[stage]:>9.3f} {self.per_batch_ms(stage):>9.2f}  {meaning}")
