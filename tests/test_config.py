@@ -294,6 +294,16 @@ def test_a_missing_config_file_is_a_config_error(tmp_path):
     ("  patch: [4, 16, 16]", "  patch: [4, 64, 16]", "loader.patch", "patch:", ["does not fit"]),
     ("  batch_size: 2", "  batch_size: 2\n  dtype: float64", "loader.dtype", "dtype", ["'float32' or 'float16'"]),
     ("augment:", "sampler: masked\naugment:", "sampler", "sampler:", ["has no mask"]),
+    # the message names two keys: the refusal says which one it is about
+    ("  batch_size: 2", "  batch_size: 2\n  buffers: 4\n  max_buffers: 3", "loader.max_buffers", "max_buffers",
+     ["must be at least buffers (4)"]),
+    ("  batch_size: 2", "  batch_size: 2\n  threads: 100000", "loader.threads", "threads", ["usable cores"]),
+    # raised while the sampler is bound, about a loader key
+    ("  seed: 3\naugment:", "  seed: 3\n  epoch_size: 3\nsampler: tiled\naugment:", "loader.epoch_size",
+     "epoch_size", ["leave epoch_size out"]),
+    # the windows given as patch_in/patch_out: the key the loader was given
+    ("  patch: [4, 16, 16]", "  patch_in: [4, 64, 16]\n  patch_out: [4, 64, 16]", "loader.patch_in", "patch_in",
+     ["does not fit"]),
     ("augment:", "targets: [{foreground: {background: -1}}]\naugment:", "targets", "targets:",
      ["cannot occur in uint64"]),
 ])
@@ -407,3 +417,23 @@ def test_check_and_demo_config_have_help(capsys):
         assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "usage: emfast check" in out and "--config [FILE]" in out
+
+
+def test_errors_say_what_they_concern_as_data_not_in_their_wording():
+    """The attributes a config reads to name a key: set by the code that knows, whatever the message says."""
+    raw = np.zeros((8, 32, 32), np.uint8)
+    with pytest.raises(ValueError) as info:
+        ef.Loader(raw, patch=(4, 16, 16), buffers=4, max_buffers=3)
+    assert info.value.emfast_setting == "max_buffers" and "buffers (4)" in str(info.value)
+    with pytest.raises(ValueError) as info:
+        ef.Loader(raw, patch=(4, 64, 16))
+    assert info.value.emfast_setting == ("patch", "patch_in", "patch_out")
+    with pytest.raises(ValueError) as info:
+        ef.Intensity(scale=2.0)
+    assert info.value.emfast_setting == "scale"
+    with pytest.raises(ValueError) as info:
+        ef.Loader(raw, patch=(4, 16, 16), sampler=ef.Masked())
+    assert info.value.emfast_section == "sampler"
+    with pytest.raises(ValueError) as info:
+        ef.Loader(raw, patch=(4, 16, 16), targets=[ef.Affinities()])
+    assert info.value.emfast_section == "targets"

@@ -6,12 +6,18 @@ owner, e.g. ``"Elastic: spacing"``) and the value given, whether its type or its
 often from a YAML config or the command line as from code, and ``ValueError`` is what ``emfast check`` and the
 ``emfast`` command report as the user's error in one line. ``TypeError`` is kept for objects of the wrong kind
 handed over in code (an array of the wrong dtype, a volume that is neither a Volume, an array nor a path), which
-a config cannot produce; the command line shows those with a traceback, as bugs."""
+a config cannot produce; the command line shows those with a traceback, as bugs.
+
+Errors name their setting as data too: a refusal carries ``emfast_setting`` (the setting's name, without its
+owner), and code that calls into a component marks what it raises with the section of the settings it concerns
+(:func:`concerning`). A config reads those attributes to point at the key that caused an error, instead of
+guessing from the message or the traceback."""
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Optional, Tuple
+from contextlib import contextmanager
+from typing import Iterator, Optional, Tuple, Union
 
 import numpy as np
 
@@ -19,6 +25,38 @@ import numpy as np
 _INTEGER_LIMIT = 1 << 62
 #: The range of ids a label setting may name: anything an int64 or a uint64 label volume can hold.
 ID_RANGE = (-(2**63), 2**64 - 1)
+
+
+def refusal(message: str, setting: str, section: Optional[str] = None) -> ValueError:
+    """The ValueError refusing ``setting`` (its name, or ``"Owner: name"``), carrying the setting's name as
+    ``emfast_setting`` (and ``section``, where the error belongs to another section than its caller's)."""
+    error = ValueError(message)
+    error.emfast_setting = setting.rsplit(": ", 1)[-1]
+    if section is not None:
+        error.emfast_section = section
+    return error
+
+
+@contextmanager
+def concerning(section: Optional[str] = None, setting: Union[str, Tuple[str, ...], None] = None) -> Iterator[None]:
+    """Mark an error raised inside as concerning ``section`` of the settings ("sampler", "targets", "augment") or
+    ``setting`` (a name, or the names it may have been given under, first match wins). The innermost mark wins:
+    a refusal naming its own setting keeps it."""
+    try:
+        yield
+    except Exception as error:
+        if section is not None and getattr(error, "emfast_section", None) is None:
+            error.emfast_section = section
+        if setting is not None and getattr(error, "emfast_setting", None) is None:
+            error.emfast_setting = setting
+        raise
+
+
+def concerned_key(error: BaseException, keys) -> Optional[str]:
+    """The key of ``keys`` that ``error`` concerns (see :func:`concerning`), or None."""
+    setting = getattr(error, "emfast_setting", None)
+    candidates = (setting,) if isinstance(setting, str) else tuple(setting or ())
+    return next((str(c) for c in candidates if c in keys), None)
 
 
 def is_integer(value) -> bool:
@@ -29,7 +67,7 @@ def is_integer(value) -> bool:
 def integer(value, what: str, minimum: int = 1) -> int:
     """``value`` as an int >= ``minimum``, or a ValueError naming ``what``."""
     if not is_integer(value) or value < minimum:
-        raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}")
+        raise refusal(f"{what} must be an integer >= {minimum}, got {value!r}", what)
     return int(value)
 
 
@@ -45,7 +83,7 @@ def real(value, what: str, minimum: Optional[float] = None, strict: bool = False
         valid = value > minimum if strict else value >= minimum
     if not valid:
         bound = "" if minimum is None else f" {'>' if strict else '>='} {minimum:g}"
-        raise ValueError(f"{what} must be a finite number{bound}, got {value!r}")
+        raise refusal(f"{what} must be a finite number{bound}, got {value!r}", what)
     return float(value)
 
 
@@ -55,14 +93,14 @@ def label_id(value, what: str, optional: bool = False) -> Optional[int]:
         return None
     if not is_integer(value) or not ID_RANGE[0] <= int(value) <= ID_RANGE[1]:
         allowed = "an integer label id or None" if optional else "an integer label id"
-        raise ValueError(f"{what} must be {allowed}, got {value!r}")
+        raise refusal(f"{what} must be {allowed}, got {value!r}", what)
     return int(value)
 
 
 def check_seed(seed: object) -> int:
     """Return ``seed`` as an int in [0, 2**64), or raise a ValueError naming it."""
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 1 << 64:
-        raise ValueError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+        raise refusal(f"seed must be an integer in [0, 2**64), got {seed!r}", "seed")
     return int(seed)
 
 
@@ -90,11 +128,11 @@ def triple(value, what: str, *, integer: bool = True, minimum: Optional[float] =
         items = ()
     valid = len(items) == 3 and all(_accepted(v, integer) for v in items)
     if len(items) == 3 and integer and all(is_integer(v) for v in items) and not valid:
-        raise ValueError(f"{what} is out of range (each |value| < 2**62): {value!r}")
+        raise refusal(f"{what} is out of range (each |value| < 2**62): {value!r}", what)
     if valid and minimum is not None:
         valid = all(v > minimum if strict else v >= minimum for v in items)
     if not valid:
-        raise ValueError(f"{what} must be 3 {kind} (z, y, x), got {value!r}")
+        raise refusal(f"{what} must be 3 {kind} (z, y, x), got {value!r}", what)
     if integer:
         return tuple(int(v) for v in items)
     return tuple(float(v) for v in items)

@@ -14,6 +14,7 @@ from typing import ClassVar, Iterable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .._checks import refusal
 from .._registry import instantiate
 
 AXES = "zyx"
@@ -55,7 +56,7 @@ class Params:
 
 def _parse_axes(axes: str, owner: str) -> tuple[int, ...]:
     if not isinstance(axes, str) or not axes or any(a not in AXES for a in axes) or len(set(axes)) != len(axes):
-        raise ValueError(f"{owner}: axes must be distinct letters from 'zyx', got {axes!r}")
+        raise refusal(f"{owner}: axes must be distinct letters from 'zyx', got {axes!r}", "axes")
     return tuple(AXES.index(a) for a in axes)
 
 
@@ -68,7 +69,7 @@ def _require_isotropic(owner: str, axes: str, isotropic: bool, effect: str) -> N
 
 def _check_probability(p: float, owner: str) -> float:
     if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p <= 1.0:
-        raise ValueError(f"{owner}: probability p must be in [0, 1], got {p!r}")
+        raise refusal(f"{owner}: probability p must be in [0, 1], got {p!r}", "p")
     return float(p)
 
 

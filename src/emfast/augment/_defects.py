@@ -22,7 +22,7 @@ from typing import ClassVar, Optional, Sequence
 
 import numpy as np
 
-from .._checks import real
+from .._checks import real, refusal
 from .._core import intensity as _intensity
 from .._registry import register
 from ..io import as_volume
@@ -243,12 +243,12 @@ class Slip(_SectionDefect):
             shift = ()
         if len(shift) != 2 or any(isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 0
                                   for s in shift):
-            raise ValueError(f"Slip: max_shift must be two integers >= 0 (y, x), got {self.max_shift!r}")
+            raise refusal(f"Slip: max_shift must be two integers >= 0 (y, x), got {self.max_shift!r}", "max_shift")
         self._max_shift = tuple(int(s) for s in shift)
         if self.mode not in SLIP_MODES:
-            raise ValueError(f"Slip: mode must be one of {SLIP_MODES}, got {self.mode!r}")
+            raise refusal(f"Slip: mode must be one of {SLIP_MODES}, got {self.mode!r}", "mode")
         if self.labels not in SLIP_LABELS:
-            raise ValueError(f"Slip: labels must be one of {SLIP_LABELS}, got {self.labels!r}")
+            raise refusal(f"Slip: labels must be one of {SLIP_LABELS}, got {self.labels!r}", "labels")
         real(self.fill, "Slip: fill")
 
     def events(self, record: SectionKeys, shape: Sequence[int], valid: int) -> Events:

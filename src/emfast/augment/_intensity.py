@@ -21,6 +21,7 @@ from typing import ClassVar, Optional, Sequence, Tuple
 import numpy as np
 
 from .._core import intensity as _intensity
+from .._checks import refusal
 from .._core.common import FLOAT_DTYPES
 from .._registry import register
 from ._base import Augmentation, Params, Patches, _check_probability
@@ -48,9 +49,9 @@ class Intensity(Augmentation):
 
     def __post_init__(self) -> None:
         if not isinstance(self.scale, numbers.Real) or not 0.0 <= self.scale < 1.0:
-            raise ValueError(f"Intensity: scale must be in [0, 1), got {self.scale!r}")
+            raise refusal(f"Intensity: scale must be in [0, 1), got {self.scale!r}", "scale")
         if not isinstance(self.shift, numbers.Real) or not 0.0 <= self.shift < float("inf"):
-            raise ValueError(f"Intensity: shift must be a finite number >= 0, got {self.shift!r}")
+            raise refusal(f"Intensity: shift must be a finite number >= 0, got {self.shift!r}", "shift")
 
     def apply(self, uniforms: np.ndarray, params: Params) -> None:
         a = 1.0 + self.scale * (2.0 * uniforms[:, 0] - 1.0)
@@ -89,10 +90,10 @@ def check_range(value, what: str, owner: str, low: float = -np.inf, high: float 
         pair = ()
     if (len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, numbers.Real) for v in pair)
             or not all(np.isfinite(float(v)) for v in pair)):
-        raise ValueError(f"{owner}: {what} must be a (low, high) pair of finite numbers, got {value!r}")
+        raise refusal(f"{owner}: {what} must be a (low, high) pair of finite numbers, got {value!r}", what)
     lo, hi = float(pair[0]), float(pair[1])
     if not low <= lo <= hi <= high:
-        raise ValueError(f"{owner}: {what} must satisfy {low} <= low <= high <= {high}, got {value!r}")
+        raise refusal(f"{owner}: {what} must satisfy {low} <= low <= high <= {high}, got {value!r}", what)
     return lo, hi
 
 
@@ -274,7 +275,7 @@ class Blur(_PerExample):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not isinstance(self.per_section, (bool, np.bool_)):
-            raise ValueError(f"Blur: per_section must be True or False, got {self.per_section!r}")
+            raise refusal(f"Blur: per_section must be True or False, got {self.per_section!r}", "per_section")
 
     def _run(self, raw, examples, record):
         channels = raw.shape[1]

@@ -9,7 +9,7 @@ from typing import ClassVar, Optional, Sequence
 
 import numpy as np
 
-from .._checks import real, triple
+from .._checks import real, refusal, triple
 from .._registry import register
 from ._base import Augmentation, Params, Windows, _check_probability, _parse_axes, _require_isotropic
 from ._geometry import grid_shape
@@ -57,10 +57,10 @@ class Rotate(_Warp):
     def __post_init__(self) -> None:
         self._axes = _parse_axes(self.axes, "Rotate")
         if len(self._axes) < 2:
-            raise ValueError(f"Rotate: axes must name two or three axes, got {self.axes!r}")
+            raise refusal(f"Rotate: axes must name two or three axes, got {self.axes!r}", "axes")
         self.angle = real(self.angle, "Rotate: angle", 0.0)
         if self.angle > 180.0:
-            raise ValueError(f"Rotate: angle must be in [0, 180] degrees, got {self.angle!r}")
+            raise refusal(f"Rotate: angle must be in [0, 180] degrees, got {self.angle!r}", "angle")
         self.p = _check_probability(self.p, "Rotate")
 
     def check(self, isotropic: bool) -> None:
@@ -113,14 +113,15 @@ class Scale(_Warp):
 
     def __post_init__(self) -> None:
         if isinstance(self.range, str) or not isinstance(self.range, Sequence) or len(self.range) != 2:
-            raise ValueError(f"Scale: range must be two numbers (low, high), got {self.range!r}")
+            raise refusal(f"Scale: range must be two numbers (low, high), got {self.range!r}", "range")
         low, high = (real(v, "Scale: range", 0.0, strict=True) for v in self.range)
         if low > high:
-            raise ValueError(f"Scale: range must have low <= high, got {self.range!r}")
+            raise refusal(f"Scale: range must have low <= high, got {self.range!r}", "range")
         self.range = (low, high)
         self.p = _check_probability(self.p, "Scale")
         if not isinstance(self.isotropic_xy, (bool, np.bool_)):
-            raise ValueError(f"Scale: isotropic_xy must be True or False, got {self.isotropic_xy!r}")
+            raise refusal(f"Scale: isotropic_xy must be True or False, got {self.isotropic_xy!r}",
+                          "isotropic_xy")
         self._axes = _parse_axes(self.axes, "Scale")
 
     def check(self, isotropic: bool) -> None:

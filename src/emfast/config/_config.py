@@ -32,15 +32,14 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import yaml
 
-from .. import augment as _augment
+from .._checks import concerned_key
 from ..io import Volume, open_volume
 from ..pipeline import Loader
 from ..sampling import Dataset, Sample, Sampler
-from ..targets import Target
 from ._yaml import Path_, Reader, parse_yaml, read_source
 from ._predict import predict_section
 from ._spec import Builtin, ComponentSpec, SampleSpec, Validation, components_yaml, plain
-from ._sections import (check_augment, component, components, construct, loader_default, loader_section, named_key,
+from ._sections import (check_augment, component, components, construct, loader_default, loader_section,
                         sample_spec)
 
 
@@ -205,15 +204,14 @@ class Config:
             return Loader(dataset, **kwargs)
         except (TypeError, ValueError, KeyError, OSError) as error:
             close_volumes(dataset.samples)
-            culprit = next((key for key, cls in (("sampler", Sampler), ("targets", Target),
-                                                 ("augment", _augment.Augmentation)) if _raised_by(error, cls)),
-                           "loader")
+            culprit = getattr(error, "emfast_section", None) or "loader"
             overridden = {"loader": bool(self.validation.loader), "sampler": self.validation.sampler is not None,
                           "targets": self.validation.targets is not None,
                           "augment": self.validation.augment is not None}
             section = ("validation", culprit) if split == "validation" and overridden[culprit] else (culprit,)
             if culprit == "loader":
-                section += named_key(error, self.validation.loader if len(section) == 2 else self.loader_args)
+                key = concerned_key(error, self.validation.loader if len(section) == 2 else self.loader_args)
+                section += (key,) if key is not None else ()
             raise self._reader().error(section, str(error)) from error
         except BaseException:
             close_volumes(dataset.samples)
@@ -243,17 +241,6 @@ def close_volumes(samples) -> None:
         volumes += [placed.volume for placed in (sample.placed_labels, sample.placed_mask) if placed is not None]
         for volume in volumes:
             volume.close()
-
-
-def _raised_by(error: BaseException, cls: type) -> bool:
-    """Whether ``error`` was raised inside a method of a ``cls`` object (a sampler's bind, a target's check of
-    the label dtype, ...), to name that section of the config rather than the loader."""
-    trace = error.__traceback__
-    while trace is not None:
-        if isinstance(trace.tb_frame.f_locals.get("self"), cls):
-            return True
-        trace = trace.tb_next
-    return False
 
 
 def dump_config(config: Config, path: Union[str, os.PathLike, None] = None) -> str:

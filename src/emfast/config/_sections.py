@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 
 from ..io import is_url
 from ..pipeline import NORMALIZE_MODES, Loader
+from .._checks import concerned_key
 from .._registry import lookup
 from ..targets import outputs
 from ._yaml import Path_, Reader, describe_value
@@ -168,12 +168,6 @@ def _signature_parameters(cls: type) -> Optional[List[str]]:
                                                       inspect.Parameter.KEYWORD_ONLY)]
 
 
-def named_key(error: BaseException, keys) -> Tuple[str, ...]:
-    """The one key of ``keys`` that the message of ``error`` names as a word, if it names exactly one."""
-    named = [key for key in keys if re.search(rf"\b{re.escape(str(key))}\b", str(error))]
-    return (str(named[0]),) if len(named) == 1 else ()
-
-
 def construct(reader: Reader, spec: ComponentSpec, section: str, path: Path_):
     """Build the object of ``spec`` from its registry, mapping constructor errors to ConfigError at ``path``."""
     kind = _KINDS[section]
@@ -181,7 +175,8 @@ def construct(reader: Reader, spec: ComponentSpec, section: str, path: Path_):
     try:
         return cls(**spec.params)
     except (TypeError, ValueError) as error:
-        where = path + (spec.name,) + named_key(error, spec.params)
+        key = concerned_key(error, spec.params)
+        where = path + (spec.name,) + ((key,) if key is not None else ())
         allowed = _signature_parameters(cls)
         note = "" if allowed is None or not isinstance(error, TypeError) else \
             f" (parameters of {kind} {spec.name!r}: {', '.join(allowed) or 'none'})"

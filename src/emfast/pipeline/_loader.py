@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import augment as _augment
 from .. import targets as _targets
-from .._checks import integer
+from .._checks import concerning, integer
 from ..augment import Windows
 from ..io import ProgressBar, Volume
 from ..sampling import Placed, Sampler, as_dataset
@@ -38,7 +38,7 @@ from ._profile import Profile, ProfileReport
 from ._ring import Ring
 from ._rng import check_seed
 from ._snapshot import write_snapshot
-from ._windows import fitting_regions, patch_windows, window_extents
+from ._windows import PATCH_KEYS, fitting_regions, patch_windows, window_extents
 
 class Loader:
     """Streams batches of augmented 3-D patches from EM volumes, produced by background threads.
@@ -149,7 +149,8 @@ class Loader:
                  world_size: int = 1, worker_sharding: bool = True, device="cpu", progress: bool = False) -> None:
         # Every argument as given, first thing: an unstarted loader pickles as them (see __reduce__).
         self._arguments = {name: value for name, value in locals().items() if name != "self"}
-        self.patch_in, self.patch_out = patch_windows(patch, patch_in, patch_out)
+        with concerning(setting=PATCH_KEYS):
+            self.patch_in, self.patch_out = patch_windows(patch, patch_in, patch_out)
         self.batch_size = integer(batch_size, "batch_size")
         self.threads = integer(threads, "threads")
         self.buffers, self.max_buffers = buffer_counts(self.threads, buffers, max_buffers)
@@ -161,31 +162,44 @@ class Loader:
         self.seed = check_seed(seed)
         self.dtype = output_dtype(dtype)
         # Copies: binding an augmentation to this loader's window sizes must not change the caller's object.
-        self.augmentations = [copy.copy(a) for a in _augment.resolve(() if augment is None else augment, isotropic)]
-        self.targets = _targets.resolve(targets) if targets else []
-        self.sampler = loader_sampler(sampler)
+        # Errors raised by the components are marked with their section, so a config names its key.
+        with concerning(section="augment"):
+            self.augmentations = [copy.copy(a) for a in _augment.resolve(() if augment is None else augment,
+                                                                         isotropic)]
+        with concerning(section="targets"):
+            self.targets = _targets.resolve(targets) if targets else []
+        with concerning(section="sampler"):
+            self.sampler = loader_sampler(sampler)
         self.dataset = as_dataset(data, labels, label_offset)
-        if self.targets and not self.dataset.has_labels:
-            raise ValueError(f"targets {[t.name for t in self.targets]} need labels, but the data has none")
-        for sample in self.dataset.samples:  # targets in world units (LSD) take each raw's voxel size
-            self.targets = [t.with_voxel_size(sample.raw.resolution, f"sample {sample.name!r}") for t in self.targets]
-        for target in self.targets:
-            target.check(self.dataset.samples[0].placed_labels.volume.dtype)
-        self.margin = _targets.required_margin(self.targets) if self.targets else (0, 0, 0)
+        with concerning(section="targets"):
+            if self.targets and not self.dataset.has_labels:
+                raise ValueError(f"targets {[t.name for t in self.targets]} need labels, but the data has none")
+            for sample in self.dataset.samples:  # targets in world units (LSD) take each raw's voxel size
+                self.targets = [t.with_voxel_size(sample.raw.resolution, f"sample {sample.name!r}")
+                                for t in self.targets]
+            for target in self.targets:
+                target.check(self.dataset.samples[0].placed_labels.volume.dtype)
+            self.margin = _targets.required_margin(self.targets) if self.targets else (0, 0, 0)
         self.keep_labels = flag(keep_labels, "keep_labels")
         self.progress = flag(progress, "progress")
-        self._backend = resolve_device(device)
+        with concerning(setting="device"):
+            self._backend = resolve_device(device)
         self.device = "cpu" if self._backend is None else self._backend.name
 
-        check_own(self.dataset.samples[0].own_resolution, self.augmentations, self.targets)
-        fields = self._fields(normalize)
+        with concerning(section="augment"):
+            check_own(self.dataset.samples[0].own_resolution, self.augmentations, self.targets)
+        with concerning(setting="normalize"):
+            fields = self._fields(normalize)
         self._own_fields = [f for f in fields if f.grids is not None]
         self._common_grid = common_grid(fields, self.dataset.names)
-        self._bind_augmentations(fields)
-        self.regions = fitting_regions(self.dataset.samples, self.patch_in, self.patch_out, self.margin,
-                                       np.asarray(self._perms), self._own_fields, self._common_grid)
+        with concerning(section="augment"):
+            self._bind_augmentations(fields)
+        with concerning(setting=PATCH_KEYS):
+            self.regions = fitting_regions(self.dataset.samples, self.patch_in, self.patch_out, self.margin,
+                                           np.asarray(self._perms), self._own_fields, self._common_grid)
         self._extents = np.unique(window_extents(self.patch_out, np.asarray(self._perms)), axis=0)
-        self._bind_stream()
+        with concerning(section="sampler"):
+            self._bind_stream()
 
         pixelwise = [(i, a) for i, a in enumerate(self.augmentations) if a.pixelwise]
         warps = any(a.moves_voxels for a in self.augmentations)

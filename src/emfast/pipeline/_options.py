@@ -10,7 +10,7 @@ from typing import Optional
 
 import numpy as np
 
-from .._checks import integer
+from .._checks import integer, refusal
 from .._machine import available_bytes, cores
 from .._registry import instantiate
 from ..io import plural
@@ -37,7 +37,9 @@ def _gib(nbytes: int) -> str:
 def flag(value, name: str) -> bool:
     """``value`` if it is True or False, else a TypeError naming the option."""
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
+        error = TypeError(f"{name} must be True or False, got {value!r}")
+        error.emfast_setting = name
+        raise error
     return value
 
 
@@ -46,7 +48,7 @@ def buffer_counts(threads: int, buffers: Optional[int], max_buffers: Optional[in
     buffers = max(2, threads + 2) if buffers is None else integer(buffers, "buffers", 2)
     max_buffers = 2 * buffers if max_buffers is None else integer(max_buffers, "max_buffers", 2)
     if max_buffers < buffers:
-        raise ValueError(f"max_buffers ({max_buffers}) must be at least buffers ({buffers})")
+        raise refusal(f"max_buffers ({max_buffers}) must be at least buffers ({buffers})", "max_buffers")
     return buffers, max_buffers
 
 
@@ -55,7 +57,7 @@ def rank_and_world(rank, world_size) -> tuple:
     world_size = integer(world_size, "world_size")
     checked = integer(rank, "rank", 0)
     if checked >= world_size:
-        raise ValueError(f"rank must be in [0, world_size) = [0, {world_size}), got {rank}")
+        raise refusal(f"rank must be in [0, world_size) = [0, {world_size}), got {rank}", "rank")
     return checked, world_size
 
 
@@ -66,7 +68,7 @@ def output_dtype(dtype) -> np.dtype:
     except TypeError:
         resolved = None
     if resolved not in OUTPUT_DTYPES:
-        raise ValueError(f"dtype must be 'float32' or 'float16', got {dtype!r}")
+        raise refusal(f"dtype must be 'float32' or 'float16', got {dtype!r}", "dtype")
     return resolved
 
 
@@ -85,8 +87,8 @@ def checked_epoch_size(epoch_size: Optional[int], sampler: Sampler) -> Optional[
     if epoch_size is not None:
         epoch_size = integer(epoch_size, "epoch_size")
         if finite is not None and epoch_size != finite:
-            raise ValueError(f"epoch_size={epoch_size}, but {sampler!r} has {finite} {plural(finite, 'batch')} per "
-                             "epoch; leave epoch_size out")
+            raise refusal(f"epoch_size={epoch_size}, but {sampler!r} has {finite} {plural(finite, 'batch')} per "
+                          "epoch; leave epoch_size out", "epoch_size", section="loader")
     return finite if epoch_size is None else epoch_size
 
 
@@ -104,8 +106,8 @@ def check_threads(threads: int) -> None:
     usable = cores()
     limit = max(MIN_THREAD_LIMIT, THREADS_PER_CORE * usable)
     if threads > limit:
-        raise ValueError(f"threads={threads} is far beyond this machine's {usable} usable cores (at most "
-                         f"{limit}): the kernels release the GIL, so about one thread per core is fastest")
+        raise refusal(f"threads={threads} is far beyond this machine's {usable} usable cores (at most "
+                      f"{limit}): the kernels release the GIL, so about one thread per core is fastest", "threads")
 
 
 def check_memory(*, buffers: int, threads: int, slot_bytes: int, scratch_bytes: int, batch_size: int,

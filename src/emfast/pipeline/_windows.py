@@ -15,6 +15,9 @@ import numpy as np
 from .._checks import triple
 from ..sampling import Region
 
+#: The loader arguments the windows may be given by, in the order an error about them names the first one given.
+PATCH_KEYS = ("patch", "patch_in", "patch_out")
+
 
 def window_extents(patch: Sequence[int], perms: np.ndarray) -> np.ndarray:
     """Per-example vectors in source axes: output axis j of length patch[j] lies along source axis perms[n, j].

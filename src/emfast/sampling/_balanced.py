@@ -8,7 +8,7 @@ from typing import ClassVar, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from .._checks import ID_RANGE, is_integer, real
+from .._checks import ID_RANGE, is_integer, real, refusal
 from .._core import sampling as _sampling
 from .._registry import register
 from ..io import Volume
@@ -81,9 +81,9 @@ class Balanced(Sampler):
     def __post_init__(self) -> None:
         self.class_names, self.mapping = self._classes_of(self.classes)
         if not is_integer(self.thickness) or int(self.thickness) < 1:
-            raise ValueError(f"Balanced: thickness must be an integer >= 1, got {self.thickness!r}")
+            raise refusal(f"Balanced: thickness must be an integer >= 1, got {self.thickness!r}", "thickness")
         if not isinstance(self.in_plane, (bool, np.bool_)):
-            raise ValueError(f"Balanced: in_plane must be True or False, got {self.in_plane!r}")
+            raise refusal(f"Balanced: in_plane must be True or False, got {self.in_plane!r}", "in_plane")
         self.thickness = int(self.thickness)
         self.in_plane = bool(self.in_plane)
         self.priors = self._priors(self.priors)

@@ -9,7 +9,7 @@ from typing import ClassVar, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .._checks import is_real, label_id
+from .._checks import is_real, label_id, refusal
 from .._core import sampling as _sampling
 from .._registry import register
 from ..io import Volume
@@ -78,9 +78,10 @@ class Masked(Sampler):
 
     def __post_init__(self) -> None:
         if not is_real(self.min_fraction) or not 0 < float(self.min_fraction) <= 1:
-            raise ValueError(f"Masked: min_fraction must be a number in (0, 1], got {self.min_fraction!r}")
+            raise refusal(f"Masked: min_fraction must be a number in (0, 1], got {self.min_fraction!r}",
+                          "min_fraction")
         if self.source not in ("mask", "labels"):
-            raise ValueError(f"Masked: source must be 'mask' or 'labels', got {self.source!r}")
+            raise refusal(f"Masked: source must be 'mask' or 'labels', got {self.source!r}", "source")
         self.unlabelled = label_id(self.unlabelled, "Masked: unlabelled")
         self.min_fraction = float(self.min_fraction)
 

@@ -7,7 +7,7 @@ from typing import ClassVar, Sequence, Tuple, Union
 
 import numpy as np
 
-from .._checks import is_integer
+from .._checks import is_integer, refusal
 from .._registry import register
 from ._base import Draw, Sampler, as_triple
 
@@ -59,12 +59,13 @@ class Tiled(Sampler):
             values = (self.stride,) * 3 if is_integer(self.stride) else self.stride
             if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)) \
                     or len(values) != 3 or not all(is_integer(v) for v in values):
-                raise ValueError(f"Tiled: stride must be an integer or three integers (z, y, x), got {self.stride!r}")
+                raise refusal(f"Tiled: stride must be an integer or three integers (z, y, x), got {self.stride!r}",
+                              "stride")
             if min(values) < 1:
-                raise ValueError(f"Tiled: stride must be >= 1 along each axis, got {self.stride!r}")
+                raise refusal(f"Tiled: stride must be >= 1 along each axis, got {self.stride!r}", "stride")
             self.stride = tuple(int(v) for v in values)
         if self.last not in ("keep", "drop", "roll"):
-            raise ValueError(f"Tiled: last must be 'keep', 'drop' or 'roll', got {self.last!r}")
+            raise refusal(f"Tiled: last must be 'keep', 'drop' or 'roll', got {self.last!r}", "last")
 
     def bind(self, regions, extents, batch_size, rank=0, world_size=1) -> None:
         super().bind(regions, extents, batch_size, rank, world_size)

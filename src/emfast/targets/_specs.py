@@ -27,7 +27,7 @@ from typing import ClassVar, Dict, Iterable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .._checks import integer as _integer
+from .._checks import integer as _integer, refusal
 from .._checks import is_integer as _is_integer
 from .._checks import label_id as _label_id
 from .._checks import triple as _triple
@@ -49,7 +49,7 @@ def _check_thickness(value, owner: str) -> int:
 
 def _check_flag(value, what: str, owner: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{owner}: {what} must be True or False, got {value!r}")
+        raise refusal(f"{owner}: {what} must be True or False, got {value!r}", what)
     return bool(value)
 
 
@@ -77,8 +77,8 @@ def _check_label_dtype(dtype, ids: Dict[str, Optional[int]], owner: str) -> None
     info = np.iinfo(dtype)
     for what, value in ids.items():
         if value is not None and not info.min <= value <= info.max:
-            raise ValueError(f"{owner}: {what} {value} cannot occur in {dtype} labels "
-                             f"(range [{info.min}, {info.max}])")
+            raise refusal(f"{owner}: {what} {value} cannot occur in {dtype} labels "
+                          f"(range [{info.min}, {info.max}])", what)
 
 
 class Target:
@@ -175,10 +175,11 @@ class Affinities(Target):
     def __post_init__(self) -> None:
         owner = "Affinities"
         if isinstance(self.offsets, (str, bytes)) or not isinstance(self.offsets, (Sequence, np.ndarray)):
-            raise ValueError(f"{owner}: offsets must be a sequence of (dz, dy, dx) triples, got {self.offsets!r}")
+            raise refusal(f"{owner}: offsets must be a sequence of (dz, dy, dx) triples, got {self.offsets!r}",
+                          "offsets")
         if len(self.offsets) == 3 and all(_is_integer(d) for d in self.offsets):
-            raise ValueError(f"{owner}: offsets must be a sequence of (dz, dy, dx) triples; for the single offset "
-                             f"{tuple(self.offsets)!r} write ({tuple(self.offsets)!r},)")
+            raise refusal(f"{owner}: offsets must be a sequence of (dz, dy, dx) triples; for the single offset "
+                          f"{tuple(self.offsets)!r} write ({tuple(self.offsets)!r},)", "offsets")
         offsets = []
         for offset in self.offsets:
             if isinstance(offset, (str, bytes)) or not isinstance(offset, (Sequence, np.ndarray)) \
@@ -192,7 +193,7 @@ class Affinities(Target):
                                  "every offset needs a non-zero step along some axis")
             offsets.append(offset)
         if not offsets:
-            raise ValueError(f"{owner}: offsets must hold at least one (dz, dy, dx) triple")
+            raise refusal(f"{owner}: offsets must hold at least one (dz, dy, dx) triple", "offsets")
         self.offsets = tuple(offsets)
         self.background = _check_id(self.background, "background", owner, optional=True)
         self.ignore = _check_id(self.ignore, "ignore", owner, optional=True)
@@ -314,8 +315,8 @@ class Classes(Target):
         self.dtype = _check_dtype(self.dtype, ("int64", "uint8"), owner)
         if isinstance(self.values, (str, bytes)) or not isinstance(self.values, (Sequence, np.ndarray)) \
                 or len(self.values) != 3 or not all(_is_integer(v) for v in self.values):
-            raise ValueError(f"{owner}: values must be three integer class ids (background, boundary, inside), "
-                             f"got {self.values!r}")
+            raise refusal(f"{owner}: values must be three integer class ids (background, boundary, inside), "
+                          f"got {self.values!r}", "values")
         self.values = tuple(int(v) for v in self.values)
         info = np.iinfo(self.dtype)
         if not all(info.min <= v <= info.max for v in self.values):
@@ -434,8 +435,8 @@ class LSD(Target):
     def __post_init__(self) -> None:
         owner = "LSD"
         if self.sigma is None:
-            raise ValueError(f"{owner}: sigma is required: the gaussian's standard deviation (z, y, x) in world "
-                             "units, e.g. LSD(sigma=(80, 80, 80)) for 80 nm")
+            raise refusal(f"{owner}: sigma is required: the gaussian's standard deviation (z, y, x) in world "
+                          "units, e.g. LSD(sigma=(80, 80, 80)) for 80 nm", "sigma")
         self.sigma = _check_voxel_size(self.sigma, f"{owner}: sigma")
         if self.voxel_size is not None:
             self.voxel_size = _check_voxel_size(self.voxel_size, f"{owner}: voxel_size")
