@@ -1,5 +1,7 @@
 """YAML configs: parsing, round trip, the objects they build, every error with key path and line, emfast check and
 emfast demo --config."""
+import gc
+import os
 import textwrap
 import time
 from pathlib import Path
@@ -437,3 +439,53 @@ def test_errors_say_what_they_concern_as_data_not_in_their_wording():
     with pytest.raises(ValueError) as info:
         ef.Loader(raw, patch=(4, 16, 16), targets=[ef.Affinities()])
     assert info.value.emfast_section == "targets"
+
+
+def _open_files(folder: Path) -> set:
+    """The files under ``folder`` this process has open (from /proc/self/fd)."""
+    names = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(folder)):
+            names.add(Path(target).name)
+    return names
+
+
+LAZY = BASE.replace("    - name: A\n", "    - name: A\n      lazy: true\n").replace(
+    "    - name: B\n", "    - name: B\n      lazy: true\n")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists open files through /proc (Linux)")
+def test_a_config_loader_closes_the_files_the_config_opened(files):
+    config = load_config(_write(files, LAZY))
+    loader = config.loader()
+    with loader:
+        loader.next_batch()
+        assert _open_files(files) == {"a.h5", "b.h5"}
+    assert _open_files(files) == set()
+    # a volume the caller opened and passed in stays open: it is theirs to close
+    raw = ef.open(str(files / "a.h5/volumes/raw"), in_memory=False)
+    with ef.Loader(raw, patch=(4, 16, 16), batch_size=2) as own:
+        own.next_batch()
+    assert _open_files(files) == {"a.h5"}
+    raw.close()
+    assert _open_files(files) == set()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists open files through /proc (Linux)")
+def test_a_failing_or_abandoned_config_loader_leaves_no_file_open(files):
+    config = load_config(_write(files, LAZY.replace("  batch_size: 2", "  batch_size: 2\n  dtype: float64")))
+    with pytest.raises(ConfigError, match="loader.dtype"):
+        config.loader()
+    assert _open_files(files) == set()
+    loader = load_config(_write(files, LAZY)).loader().start()
+    loader.next_batch()
+    del loader
+    gc.collect()  # its finalizer stops the threads on a thread of its own, then closes the files
+    deadline = time.monotonic() + 20  # a hang guard, not a timing
+    while _open_files(files) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _open_files(files) == set()

@@ -94,7 +94,7 @@ def _config_demo(args: argparse.Namespace) -> int:
                 progress.update(done)
     finally:
         progress.finish()
-        _config.close_volumes(loader.dataset)
+        loader.close()  # closes the files the config opened, also when start() failed
     print(loader.profile)
     return 0
 
@@ -114,7 +114,7 @@ def snapshot(args: argparse.Namespace) -> int:
         with loader:
             path = loader.snapshot(args.out, batches=args.batches, png=args.png)
     finally:
-        _config.close_volumes(loader.dataset)
+        loader.close()  # closes the files the config opened, also when start() failed
     montage = f" and a montage to {args.png}" if args.png else ""
     print(f"wrote {args.batches} {plural(args.batches, 'batch')} to {path}{montage}")
     return 0

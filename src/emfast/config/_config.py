@@ -190,7 +190,8 @@ class Config:
         """Build the (not yet started) :class:`~emfast.Loader` of ``split`` ("train" or "validation").
 
         Opens the volumes (see :meth:`dataset`), builds augmentations, targets and sampler, and binds the
-        sampler (its index is built here). Close it, or use it in a ``with`` block, as any Loader.
+        sampler (its index is built here). Close it, or use it in a ``with`` block, as any Loader: closing it
+        closes the files the config opened.
 
         Raises
         ------
@@ -201,7 +202,7 @@ class Config:
         kwargs = self.loader_kwargs(split)
         dataset = self.dataset(split, cache_dir=cache_dir, demo_shape=demo_shape)
         try:
-            return Loader(dataset, **kwargs)
+            return Loader(dataset, close_data=True, **kwargs)
         except (TypeError, ValueError, KeyError, OSError) as error:
             close_volumes(dataset.samples)
             culprit = getattr(error, "emfast_section", None) or "loader"
@@ -234,13 +235,10 @@ class Config:
 
 
 def close_volumes(samples) -> None:
-    """Close the HDF5 files of the lazy volumes of ``samples`` (a Dataset or Samples), e.g. after a loader built by
-    :meth:`Config.loader` is done (a Loader does not own its volumes)."""
+    """Close the files of the lazy volumes of ``samples`` (a Dataset or Samples) that a config opened. A loader
+    built by :meth:`Config.loader` does this itself when it closes."""
     for sample in samples:
-        volumes = [sample.raw, *sample.extra.values()]
-        volumes += [placed.volume for placed in (sample.placed_labels, sample.placed_mask) if placed is not None]
-        for volume in volumes:
-            volume.close()
+        sample.close()
 
 
 def dump_config(config: Config, path: Union[str, os.PathLike, None] = None) -> str:

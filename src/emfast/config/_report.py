@@ -11,7 +11,7 @@ import numpy as np
 from ..io import Volume, world_box
 from ..pipeline import Loader
 from ..io import plural
-from ._config import Config, close_volumes
+from ._config import Config
 
 
 # -- the summary of `emfast check` --------------------------------------------------------------------------------
@@ -158,7 +158,7 @@ def _loaders(config: Config, cache_dir, demo_shape) -> Tuple[Dict[str, Loader], 
                 loaders[split] = config.loader(split, cache_dir=cache_dir, demo_shape=demo_shape)
         except BaseException:
             for loader in loaders.values():
-                close_volumes(loader.dataset.samples)
+                loader.close()  # closes the files the config opened
             raise
     return loaders, caught
 
@@ -200,4 +200,3 @@ def describe(config: Config, *, cache_dir=None, demo_shape=None) -> str:
     finally:
         for loader in loaders.values():
             loader.close()
-            close_volumes(loader.dataset.samples)

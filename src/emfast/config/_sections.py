@@ -21,7 +21,7 @@ from ._spec import Builtin, ComponentSpec, SampleSpec, VolumeSpec
 _KINDS = {"augment": "augmentation", "targets": "target", "sampler": "sampler"}
 
 # Loader arguments that have their own section of the config, or belong to each sample.
-_NOT_LOADER_KEYS = {"self", "data", "labels", "augment", "targets", "sampler", "label_offset"}
+_NOT_LOADER_KEYS = {"self", "data", "labels", "augment", "targets", "sampler", "label_offset", "close_data"}
 
 
 def _loader_keys() -> List[str]:

@@ -120,6 +120,10 @@ class Loader:
         Draw a progress bar of each epoch (``for batch in loader``) on standard error, emfast's one bar: redrawn in
         place on a terminal, a few plain lines in a log. Only when an epoch has a size (``len(loader)``); an
         endless stream draws none.
+    close_data : bool, default False
+        Close the files of the data's lazy volumes when the loader closes: for a loader that opened them itself,
+        as one built from a config (:meth:`emfast.config.Config.loader`) does. Volumes a caller passes in stay
+        theirs to close.
 
     Notes
     -----
@@ -146,7 +150,8 @@ class Loader:
                  buffers: Optional[int] = None, max_buffers: Optional[int] = None, seed: int = 0, dtype="float32",
                  normalize=None,
                  isotropic: bool = False, label_offset=None, keep_labels: bool = True, rank: int = 0,
-                 world_size: int = 1, worker_sharding: bool = True, device="cpu", progress: bool = False) -> None:
+                 world_size: int = 1, worker_sharding: bool = True, device="cpu", progress: bool = False,
+                 close_data: bool = False) -> None:
         # Every argument as given, first thing: an unstarted loader pickles as them (see __reduce__).
         self._arguments = {name: value for name, value in locals().items() if name != "self"}
         with concerning(setting=PATCH_KEYS):
@@ -182,6 +187,7 @@ class Loader:
             self.margin = _targets.required_margin(self.targets) if self.targets else (0, 0, 0)
         self.keep_labels = flag(keep_labels, "keep_labels")
         self.progress = flag(progress, "progress")
+        self.close_data = flag(close_data, "close_data")
         with concerning(setting="device"):
             self._backend = resolve_device(device)
         self.device = "cpu" if self._backend is None else self._backend.name
@@ -337,7 +343,8 @@ class Loader:
             producers = Producers(host_ring, host_slots, self._planner, self._gatherer, self._profile,
                                    self.epoch_size, self.threads)
             pipeline = Pipeline(producers, consumer_ring, pool, copier, export)
-            self._finalizer = weakref.finalize(self, stop_abandoned, pipeline)
+            self._finalizer = weakref.finalize(self, stop_abandoned, pipeline,
+                                               self.dataset.close if self.close_data else None)
             self._pipeline = pipeline
             STARTED.add(self)
             producers.start()
@@ -374,6 +381,8 @@ class Loader:
             if self._pipeline is not None:
                 self._pipeline.stop()  # idempotent: a close() after an interrupted one (Ctrl-C twice) stops again
                 self._finalizer.detach()
+            if self.close_data:  # after the threads that read them stopped
+                self.dataset.close()
 
     def __reduce__(self):
         """An unstarted loader pickles as its arguments and stream position (for spawned processes)."""

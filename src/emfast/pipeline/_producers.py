@@ -13,7 +13,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Optional
+from typing import Callable, Optional
 
 from ..io import abandoned_when
 from ._copier import Copier
@@ -162,13 +162,19 @@ class Pipeline:
 
 
 
-def stop_abandoned(pipeline: Pipeline) -> None:
+def stop_abandoned(pipeline: Pipeline, then: Optional[Callable[[], None]] = None) -> None:
     """Finalizer of an unreachable loader. It may run inside a garbage collection on any thread, even one that
-    holds a lock the pipeline's threads wait for, so it must not block: a new thread stops the pipeline."""
-    try:
-        threading.Thread(target=pipeline.stop, name="emfast-stopper", daemon=True).start()
-    except RuntimeError:  # no new threads at interpreter shutdown: nothing can hold the locks any more
+    holds a lock the pipeline's threads wait for, so it must not block: a new thread stops the pipeline, then
+    calls ``then`` (closing the files the loader opened)."""
+    def stop() -> None:
         pipeline.stop()
+        if then is not None:
+            then()
+
+    try:
+        threading.Thread(target=stop, name="emfast-stopper", daemon=True).start()
+    except RuntimeError:  # no new threads at interpreter shutdown: nothing can hold the locks any more
+        stop()
 
 
 

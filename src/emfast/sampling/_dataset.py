@@ -304,6 +304,13 @@ class Sample:
         parts += [f"{key}={volume.shape}" for key, volume in self.extra.items()]
         return f"Sample({self.name!r}, {', '.join(parts)}, weight={self.weight})"
 
+    def close(self) -> None:
+        """Close the files of the sample's lazy volumes (raw, labels, mask, extra channels); idempotent."""
+        volumes = [self.raw, *self.extra.values()]
+        volumes += [placed.volume for placed in (self.placed_labels, self.placed_mask) if placed is not None]
+        for volume in volumes:
+            volume.close()
+
 
 class Dataset:
     """Several samples that batches are drawn from, checked to be consistent with each other.
@@ -334,6 +341,11 @@ class Dataset:
         if duplicates:
             raise ValueError(f"sample names must be unique; repeated: {duplicates} (pass name=... to Sample)")
         self._check_consistent()
+
+    def close(self) -> None:
+        """Close the files of every sample's lazy volumes (see :meth:`Sample.close`)."""
+        for sample in self.samples:
+            sample.close()
 
     def _check_consistent(self) -> None:
         first = self.samples[0]
