@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, Union
 
+from .._checks import concerned_key
 from .._core.gather import PAD_MODES
 from ..inference import (BLENDS, COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS, Prediction, TilePlan,
                          predict)
@@ -211,8 +212,8 @@ class PredictSpec:
     def plan(self, cache_dir=None) -> TilePlan:
         """Open the input and lay the tiles over it as :func:`emfast.predict` will.
 
-        The plan is built one argument at a time (patches, overlap, region, block), so that a refusal is
-        attributed to the argument just added.
+        A refusal names the key of the setting it concerns (``patch_out``, ``overlap``, ``roi``, ``block``;
+        ``patch_in`` when ``patch_out`` is not given).
 
         Raises
         ------
@@ -235,19 +236,13 @@ class PredictSpec:
         patch_in = self.options["patch_in"]
         patch_out = self.options.get("patch_out", patch_in)
         blend = self.options.get("blend", "gaussian")
-        default_overlap = (0, 0, 0) if blend == "none" else tuple(p // 4 for p in patch_out)
-        steps = [(("patch_out",) if "patch_out" in self.options else ("patch_in",), {}),
-                 (("overlap",), {"overlap": self.options.get("overlap", default_overlap)}),
-                 (("roi",), {"roi": self.options.get("roi")}),
-                 (("block",), {"block": self.options.get("block")})]
-        arguments = {"overlap": (0, 0, 0)}
-        for key, added in steps:
-            arguments.update(added)
-            try:
-                plan = TilePlan(shape, patch_in, patch_out, chunks=chunks, crop=blend == "none", **arguments)
-            except ValueError as error:
-                raise self.error(key, f"{error} (input {self.input_path(cache_dir)}, shape {shape})") from None
-        return plan
+        overlap = self.options.get("overlap", (0, 0, 0) if blend == "none" else tuple(p // 4 for p in patch_out))
+        try:
+            return TilePlan(shape, patch_in, patch_out, overlap, chunks, self.options.get("roi"),
+                            self.options.get("block"), crop=blend == "none")
+        except ValueError as error:  # the plan's refusals name their setting (patch_out given as patch_in here)
+            key = concerned_key(error, self.options) or "patch_in"
+            raise self.error((key,), f"{error} (input {self.input_path(cache_dir)}, shape {shape})") from None
 
     def check(self, cache_dir=None) -> List[str]:
         """Everything that can be checked without calling the model: the factory imports, ``model_args`` fit

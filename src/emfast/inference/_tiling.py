@@ -18,7 +18,7 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
-from .._checks import triple
+from .._checks import refusal, triple
 
 Triple = Tuple[int, int, int]
 
@@ -73,11 +73,12 @@ class TilePlan:
         self.chunks = triple(chunks, "chunks", minimum=1)
         margin = [i - o for i, o in zip(self.patch_in, self.patch_out)]
         if min(margin) < 0 or any(m % 2 for m in margin):
-            raise ValueError(f"patch_in {self.patch_in} must exceed patch_out {self.patch_out} by an even number "
-                             "of voxels on each axis (the same context on both sides)")
+            raise refusal(f"patch_in {self.patch_in} must exceed patch_out {self.patch_out} by an even number of "
+                          "voxels on each axis (the same context on both sides)", "patch_out")
         self.context: Triple = tuple(m // 2 for m in margin)
         if any(v >= p for v, p in zip(self.overlap, self.patch_out)):
-            raise ValueError(f"overlap {self.overlap} must be smaller than patch_out {self.patch_out} on each axis")
+            raise refusal(f"overlap {self.overlap} must be smaller than patch_out {self.patch_out} on each axis",
+                          "overlap")
         self.stride: Triple = tuple(p - v for p, v in zip(self.patch_out, self.overlap))
         self.roi = self._roi(roi)
         self.block = self._block(block)
@@ -95,11 +96,16 @@ class TilePlan:
         try:
             start, stop = roi
         except (TypeError, ValueError):
-            raise ValueError(f"roi must be (start, stop), two (z, y, x) corners, got {roi!r}") from None
-        start = triple(start, "roi start", minimum=0)
-        stop = triple(stop, "roi stop", minimum=1)
+            raise refusal(f"roi must be (start, stop), two (z, y, x) corners, got {roi!r}", "roi") from None
+        try:
+            start = triple(start, "roi start", minimum=0)
+            stop = triple(stop, "roi stop", minimum=1)
+        except ValueError as error:
+            error.emfast_setting = "roi"  # the setting; its message names the corner
+            raise
         if any(a >= b or b > s for a, b, s in zip(start, stop, self.shape)):
-            raise ValueError(f"roi {start}..{stop} must be a non-empty box inside the volume of shape {self.shape}")
+            raise refusal(f"roi {start}..{stop} must be a non-empty box inside the volume of shape {self.shape}",
+                          "roi")
         return start, stop
 
     def _block(self, block) -> Triple:
@@ -108,8 +114,8 @@ class TilePlan:
                          for c, a, b in zip(self.chunks, *self.roi))
         block = triple(block, "block", minimum=1)
         if any(b % c for b, c in zip(block, self.chunks)):
-            raise ValueError(f"block {block} must be a multiple of the output chunks {self.chunks}, so that no "
-                             "two blocks write the same chunk")
+            raise refusal(f"block {block} must be a multiple of the output chunks {self.chunks}, so that no two "
+                          "blocks write the same chunk", "block")
         return block
 
     def _axis_starts(self, axis: int) -> np.ndarray:
