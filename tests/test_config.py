@@ -1,6 +1,7 @@
 """YAML configs: parsing, round trip, the objects they build, every error with key path and line, emfast check and
 emfast demo --config."""
 import gc
+import json
 import os
 import textwrap
 import time
@@ -185,9 +186,11 @@ def _line_of(text: str, needle: str) -> int:
 
 @pytest.mark.parametrize("old, new, path, needle, words", [
     ("  batch_size: 2", "  bach_size: 2", "loader.bach_size", "bach_size", ["did you mean 'batch_size'"]),
-    ("  patch: [4, 16, 16]", "  patch: big", "loader.patch", "patch: big", ["list of 3 integers", "'big'"]),
-    ("  patch: [4, 16, 16]", "  patch: [4, 16]", "loader.patch", "patch: [4, 16]", ["list of 3 integers"]),
-    ("  seed: 3", "  seed: three", "loader.seed", "seed: three", ["expected an integer"]),
+    # the Loader's own checks and words (pipeline.LOADER_SETTINGS), before any volume is opened
+    ("  patch: [4, 16, 16]", "  patch: big", "loader.patch", "patch: big", ["patch must be 3 integers", "'big'"]),
+    ("  patch: [4, 16, 16]", "  patch: [4, 16]", "loader.patch", "patch: [4, 16]", ["patch must be 3 integers"]),
+    ("  seed: 3", "  seed: three", "loader.seed", "seed: three", ["seed must be an integer"]),
+    ("  batch_size: 2", "  batch_size: 2\n  dtype: float64", "loader.dtype", "dtype", ["'float32' or 'float16'"]),
     ("  seed: 3", "  max_buffers: 1", "loader.max_buffers", "max_buffers", ["integer >= 2"]),
     ("  - mirror", "  - mirorr", "augment[0]", "mirorr", ["unknown augmentation", "did you mean 'mirror'"]),
     ("{scale: 0.2", "{scael: 0.2", "augment[1].intensity.scael", "scael",
@@ -294,7 +297,6 @@ def test_a_missing_config_file_is_a_config_error(tmp_path):
      ["has shape (16, 48, 48)", "label_offset"]),
     ("      labels: volumes/labels\n", "", "data.samples", "samples:", ["'A' and 'B' differ", "labels"]),
     ("  patch: [4, 16, 16]", "  patch: [4, 64, 16]", "loader.patch", "patch:", ["does not fit"]),
-    ("  batch_size: 2", "  batch_size: 2\n  dtype: float64", "loader.dtype", "dtype", ["'float32' or 'float16'"]),
     ("augment:", "sampler: masked\naugment:", "sampler", "sampler:", ["has no mask"]),
     # the message names two keys: the refusal says which one it is about
     ("  batch_size: 2", "  batch_size: 2\n  buffers: 4\n  max_buffers: 3", "loader.max_buffers", "max_buffers",
@@ -477,8 +479,8 @@ def test_a_config_loader_closes_the_files_the_config_opened(files):
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists open files through /proc (Linux)")
 def test_a_failing_or_abandoned_config_loader_leaves_no_file_open(files):
-    config = load_config(_write(files, LAZY.replace("  batch_size: 2", "  batch_size: 2\n  dtype: float64")))
-    with pytest.raises(ConfigError, match="loader.dtype"):
+    config = load_config(_write(files, LAZY.replace("  patch: [4, 16, 16]", "  patch: [4, 64, 16]")))
+    with pytest.raises(ConfigError, match="loader.patch: .*does not fit"):
         config.loader()
     assert _open_files(files) == set()
     loader = load_config(_write(files, LAZY)).loader().start()
@@ -489,3 +491,17 @@ def test_a_failing_or_abandoned_config_loader_leaves_no_file_open(files):
     while _open_files(files) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert _open_files(files) == set()
+
+
+@pytest.mark.parametrize("key, value", [("seed", "three"), ("batch_size", 0), ("max_buffers", 1),
+                                        ("progress", "maybe"), ("dtype", "float64"), ("patch_in", [4, 16])])
+def test_a_bad_loader_value_is_refused_in_the_same_words_from_python_and_yaml(key, value):
+    raw = np.zeros((8, 32, 32), np.uint8)
+    window = {} if key == "patch_in" else {"patch": (4, 16, 16)}
+    with pytest.raises((TypeError, ValueError)) as python:
+        ef.Loader(raw, **window, **{key: value})
+    patch = "" if key == "patch_in" else "  patch: [4, 16, 16]\n"
+    section = f"loader:\n{patch}  {key}: {json.dumps(value)}\n"
+    text = BASE.replace("loader:\n  patch: [4, 16, 16]\n  batch_size: 2\n  seed: 3\n", section)
+    error = _error(text)
+    assert error.path == f"loader.{key}" and error.reason == str(python.value), (str(error), str(python.value))

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 
 from ..io import is_url
-from ..pipeline import NORMALIZE_MODES, Loader
+from ..pipeline import LOADER_SETTINGS, NORMALIZE_MODES, PATCH_KEYS, Loader
 from .._checks import concerned_key
 from .._registry import lookup
 from ..targets import outputs
@@ -131,21 +131,18 @@ def _check_normalize(reader: Reader, value, path: Path_):
 
 
 def _check_loader_value(reader: Reader, key: str, value, path: Path_):
-    """Type-check the Loader arguments whose types are known here; the Loader checks the rest when built."""
+    """A loader value checked by the Loader's own check of that setting (:data:`emfast.pipeline.LOADER_SETTINGS`),
+    so that YAML and Python refuse it in the same words; the device and normalisation by their form here (the
+    Loader checks them against the machine and the data when built)."""
     path = path + (key,)
-    positive = {"batch_size": 1, "threads": 1, "world_size": 1, "rank": 0, "seed": 0}
-    if key in ("patch", "patch_in", "patch_out"):
-        return list(reader.triple(value, path, minimum=1))
-    if key in positive:
-        return reader.integer(value, path, minimum=positive[key])
-    if key == "epoch_size":
-        return None if value is None else reader.integer(value, path, minimum=1)
-    if key in ("buffers", "max_buffers"):
-        return None if value is None else reader.integer(value, path, minimum=2)
-    if key in ("dtype", "device"):
+    if key in LOADER_SETTINGS:
+        try:
+            LOADER_SETTINGS[key](value)
+        except (TypeError, ValueError) as error:
+            raise reader.error(path, str(error)) from None
+        return list(value) if key in PATCH_KEYS else value
+    if key == "device":
         return reader.string(value, path)
-    if key in ("isotropic", "progress"):
-        return reader.boolean(value, path)
     if key == "normalize":
         return _check_normalize(reader, value, path)
     return value
@@ -154,7 +151,7 @@ def _check_loader_value(reader: Reader, key: str, value, path: Path_):
 def loader_section(reader: Reader, value, path: Path_, require_patch: bool) -> Dict[str, Any]:
     keys = _loader_keys()
     reader.mapping(value, path, keys)
-    if require_patch and not {"patch", "patch_in", "patch_out"} & set(value):
+    if require_patch and not set(PATCH_KEYS) & set(value):
         raise reader.error(path, "missing required key 'patch' (or 'patch_in' and 'patch_out')")
     return {key: _check_loader_value(reader, key, item, path) for key, item in value.items()}
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import augment as _augment
 from .. import targets as _targets
-from .._checks import concerning, integer
+from .._checks import concerning
 from ..augment import Windows
 from ..io import ProgressBar, Volume
 from ..sampling import Placed, Sampler, as_dataset
@@ -29,14 +29,13 @@ from ._copier import Copier
 from ._fields import check_own, common_grid, own_field, raw_grid_sources
 from ._gather import Field, Gatherer
 from ._normalize import normalization
-from ._options import (buffer_counts, check_memory, check_threads, checked_epoch_size,
-                       flag, loader_sampler, output_dtype, rank_and_world, torch_worker)
+from ._options import (buffer_counts, check_memory, check_threads, checked_epoch_size, loader_sampler,
+                       rank_and_world, setting, torch_worker)
 from ._plan import Planner
 from ._pool import SlotPool
 from ._producers import STARTED, ExhaustionCheck, Pipeline, Producers, run_every, stop_abandoned
 from ._profile import Profile, ProfileReport
 from ._ring import Ring
-from ._rng import check_seed
 from ._snapshot import write_snapshot
 from ._windows import PATCH_KEYS, fitting_regions, patch_windows, window_extents
 
@@ -156,21 +155,21 @@ class Loader:
         self._arguments = {name: value for name, value in locals().items() if name != "self"}
         with concerning(setting=PATCH_KEYS):
             self.patch_in, self.patch_out = patch_windows(patch, patch_in, patch_out)
-        self.batch_size = integer(batch_size, "batch_size")
-        self.threads = integer(threads, "threads")
+        self.batch_size = setting("batch_size", batch_size)
+        self.threads = setting("threads", threads)
         self.buffers, self.max_buffers = buffer_counts(self.threads, buffers, max_buffers)
         self.rank, self.world_size = rank_and_world(rank, world_size)
-        self.worker_sharding = flag(worker_sharding, "worker_sharding")
+        self.worker_sharding = setting("worker_sharding", worker_sharding)
         #: (rank, world size) of this loader's share of the stream: ``rank``/``world_size``, refined by the
         #: PyTorch DataLoader worker this loader was created or started in.
         self.shard = self._current_shard()
-        self.seed = check_seed(seed)
-        self.dtype = output_dtype(dtype)
+        self.seed = setting("seed", seed)
+        self.dtype = setting("dtype", dtype)
         # Copies: binding an augmentation to this loader's window sizes must not change the caller's object.
         # Errors raised by the components are marked with their section, so a config names its key.
         with concerning(section="augment"):
             self.augmentations = [copy.copy(a) for a in _augment.resolve(() if augment is None else augment,
-                                                                         isotropic)]
+                                                                         setting("isotropic", isotropic))]
         with concerning(section="targets"):
             self.targets = _targets.resolve(targets) if targets else []
         with concerning(section="sampler"):
@@ -185,9 +184,9 @@ class Loader:
             for target in self.targets:
                 target.check(self.dataset.samples[0].placed_labels.volume.dtype)
             self.margin = _targets.required_margin(self.targets) if self.targets else (0, 0, 0)
-        self.keep_labels = flag(keep_labels, "keep_labels")
-        self.progress = flag(progress, "progress")
-        self.close_data = flag(close_data, "close_data")
+        self.keep_labels = setting("keep_labels", keep_labels)
+        self.progress = setting("progress", progress)
+        self.close_data = setting("close_data", close_data)
         with concerning(setting="device"):
             self._backend = resolve_device(device)
         self.device = "cpu" if self._backend is None else self._backend.name

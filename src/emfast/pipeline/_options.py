@@ -5,12 +5,13 @@ can take (refused before anything is allocated).
 from __future__ import annotations
 
 import copy
+import functools
 import sys
-from typing import Optional
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
-from .._checks import integer, refusal
+from .._checks import check_seed, integer, refusal, triple
 from .._machine import available_bytes, cores
 from .._registry import instantiate
 from ..io import plural
@@ -43,24 +44,6 @@ def flag(value, name: str) -> bool:
     return value
 
 
-def buffer_counts(threads: int, buffers: Optional[int], max_buffers: Optional[int]) -> tuple:
-    """(buffers, max_buffers): batches in flight (None: ``threads + 2``, at least 2) and most slots (None: twice)."""
-    buffers = max(2, threads + 2) if buffers is None else integer(buffers, "buffers", 2)
-    max_buffers = 2 * buffers if max_buffers is None else integer(max_buffers, "max_buffers", 2)
-    if max_buffers < buffers:
-        raise refusal(f"max_buffers ({max_buffers}) must be at least buffers ({buffers})", "max_buffers")
-    return buffers, max_buffers
-
-
-def rank_and_world(rank, world_size) -> tuple:
-    """(rank, world_size) of a distributed run, rank in [0, world_size)."""
-    world_size = integer(world_size, "world_size")
-    checked = integer(rank, "rank", 0)
-    if checked >= world_size:
-        raise refusal(f"rank must be in [0, world_size) = [0, {world_size}), got {rank}", "rank")
-    return checked, world_size
-
-
 def output_dtype(dtype) -> np.dtype:
     """The raw output type: float32 or float16."""
     try:
@@ -70,6 +53,47 @@ def output_dtype(dtype) -> np.dtype:
     if resolved not in OUTPUT_DTYPES:
         raise refusal(f"dtype must be 'float32' or 'float16', got {dtype!r}", "dtype")
     return resolved
+
+
+#: The check of each Loader setting that needs no data, from its value alone. The Loader checks its arguments
+#: with these, and a config's loader section its values before any volume is opened: one declaration, one
+#: wording. (Settings that depend on others or on the data are checked where those meet: rank < world_size,
+#: buffers <= max_buffers, the windows against the volumes, the device on this machine.)
+LOADER_SETTINGS: Dict[str, Callable[[Any], Any]] = {
+    **{name: functools.partial(triple, what=name, minimum=1) for name in ("patch", "patch_in", "patch_out")},
+    **{name: functools.partial(integer, what=name) for name in ("batch_size", "threads", "world_size")},
+    "rank": functools.partial(integer, what="rank", minimum=0),
+    **{name: (lambda value, name=name: None if value is None else integer(value, name, 2))
+       for name in ("buffers", "max_buffers")},
+    "epoch_size": lambda value: None if value is None else integer(value, "epoch_size"),
+    "seed": check_seed,
+    "dtype": output_dtype,
+    **{name: functools.partial(flag, name=name)
+       for name in ("isotropic", "keep_labels", "worker_sharding", "progress", "close_data")},
+}
+
+
+def setting(name: str, value):
+    """``value`` of the Loader setting ``name``, checked and normalised by :data:`LOADER_SETTINGS`."""
+    return LOADER_SETTINGS[name](value)
+
+
+def buffer_counts(threads: int, buffers: Optional[int], max_buffers: Optional[int]) -> tuple:
+    """(buffers, max_buffers): batches in flight (None: ``threads + 2``, at least 2) and most slots (None: twice)."""
+    buffers = max(2, threads + 2) if buffers is None else setting("buffers", buffers)
+    max_buffers = 2 * buffers if max_buffers is None else setting("max_buffers", max_buffers)
+    if max_buffers < buffers:
+        raise refusal(f"max_buffers ({max_buffers}) must be at least buffers ({buffers})", "max_buffers")
+    return buffers, max_buffers
+
+
+def rank_and_world(rank, world_size) -> tuple:
+    """(rank, world_size) of a distributed run, rank in [0, world_size)."""
+    world_size = setting("world_size", world_size)
+    checked = setting("rank", rank)
+    if checked >= world_size:
+        raise refusal(f"rank must be in [0, world_size) = [0, {world_size}), got {rank}", "rank")
+    return checked, world_size
 
 
 def loader_sampler(sampler) -> Sampler:
@@ -85,7 +109,7 @@ def checked_epoch_size(epoch_size: Optional[int], sampler: Sampler) -> Optional[
     """Batches per epoch: ``epoch_size``, or the epochs of a sampler that has its own (which it must then equal)."""
     finite = sampler.batches_per_epoch()
     if epoch_size is not None:
-        epoch_size = integer(epoch_size, "epoch_size")
+        epoch_size = setting("epoch_size", epoch_size)
         if finite is not None and epoch_size != finite:
             raise refusal(f"epoch_size={epoch_size}, but {sampler!r} has {finite} {plural(finite, 'batch')} per "
                           "epoch; leave epoch_size out", "epoch_size", section="loader")
