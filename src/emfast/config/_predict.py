@@ -43,9 +43,13 @@ from ._sections import _check_normalize, _file
 from ._spec import Builtin, plain
 from ._yaml import ConfigError, Path_, Reader, describe_value, parse_yaml, read_source
 
-_KEYS = ("model", "model_args", "input", "output", "patch_in", "patch_out", "overlap", "roi", "blend", "tta", "pad",
-         "fill", "normalize", "channels", "dtype", "chunks", "block", "compression", "batch_size", "device",
-         "threads", "memory", "engine")
+#: Keys of the section that are not predict()'s keywords: the model's factory and arguments, the input and output
+#: (predict's volume and out), and the Dask engine (its client).
+_SECTION_KEYS = ("model", "model_args", "input", "output", "engine")
+#: predict()'s parameters a section does not set: given above under other names, or by ``emfast predict``'s flags.
+_NOT_KEYS = {"model", "volume", "out", "client", "resume", "overwrite", "progress"}
+#: Every key of the section: predict()'s own settings are its keywords, declared once in its signature.
+_KEYS = _SECTION_KEYS + tuple(name for name in inspect.signature(predict).parameters if name not in _NOT_KEYS)
 _CHOICES = {"blend": BLENDS, "tta": TTA_COUNTS, "pad": PAD_MODES, "dtype": PREDICT_OUTPUT_DTYPE_NAMES,
             "compression": COMPRESSIONS}
 #: The input dataset when ``input`` is the built-in volume.
