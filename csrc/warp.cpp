@@ -91,13 +91,13 @@ struct AxisSpline {
 };
 
 /* What every example of one call shares: the output geometry and the spline tables of the control grid. */
-struct Field {
+struct OutputGeometry {
     int64_t shape[3];
     double centre[3]; /* (shape - 1) / 2 */
     const emf_warp_grid *grid;
     AxisSpline axis[3];
 
-    Field(const int64_t shape_[3], const emf_warp_grid *grid_) : grid(grid_) {
+    OutputGeometry(const int64_t shape_[3], const emf_warp_grid *grid_) : grid(grid_) {
         for (int a = 0; a < 3; ++a) {
             shape[a] = shape_[a];
             centre[a] = (shape[a] - 1) / 2.0;
@@ -147,7 +147,7 @@ inline void run_coordinates(float r, float a, const float *__restrict d, float *
 /* Calls visit.row(row, offset) for every output row of example `ex` in order, offset being the row's first
  * voxel in (Z, Y, X), then visit.end(). */
 template <typename Visit>
-EMF_INLINE void walk(const emf_warp_example &ex, const Field &field, Scratch &scratch, Visit &visit) {
+EMF_INLINE void walk(const emf_warp_example &ex, const OutputGeometry &field, Scratch &scratch, Visit &visit) {
     const int64_t Z = field.shape[0], Y = field.shape[1], X = field.shape[2];
     const double *A = ex.matrix;
     bool moving[3] = {false, false, false}; /* components with a non-zero control value */
@@ -290,7 +290,7 @@ struct Prepared {
  * prepared (addresses computed and their cache lines prefetched) one row before it is sampled, so that the
  * source reads, which follow the warp rather than memory order, mostly find their lines in cache. */
 template <typename Out, bool Linear>
-struct Sampler {
+struct VoxelSampler {
     static constexpr bool reads_s = true;
     Out *all; /* the whole output batch */
     Out fill;
@@ -410,8 +410,8 @@ struct Store<uint16_t> {
 
 /* Raw: trilinear samples of every channel, converted as value * scale + shift. */
 template <typename Src, typename Out>
-struct Linear : Sampler<Out, true> {
-    using Base = Sampler<Out, true>;
+struct Linear : VoxelSampler<Out, true> {
+    using Base = VoxelSampler<Out, true>;
 
     void row(const Row &row, int64_t offset) { Base::advance(&row, offset, [this](const Prepared &p) { emit(p); }); }
     void end() { Base::advance(nullptr, 0, [this](const Prepared &p) { emit(p); }); }
@@ -442,8 +442,8 @@ struct Linear : Sampler<Out, true> {
 
 /* Labels: the nearest voxel of every channel, bit for bit. */
 template <typename T>
-struct Nearest : Sampler<T, false> {
-    using Base = Sampler<T, false>;
+struct Nearest : VoxelSampler<T, false> {
+    using Base = VoxelSampler<T, false>;
 
     void row(const Row &row, int64_t offset) { Base::advance(&row, offset, [this](const Prepared &p) { emit(p); }); }
     void end() { Base::advance(nullptr, 0, [this](const Prepared &p) { emit(p); }); }
@@ -491,7 +491,7 @@ inline int64_t int32_reach(const emf_warp_example &ex) {
     return low >= -room && high <= room ? high : -1;
 }
 
-/* The two-row pipeline of Sampler, with Lanes in place of Prepared. */
+/* The two-row pipeline of VoxelSampler, with Lanes in place of Prepared. */
 template <typename Out, bool Linear>
 struct WideSampler {
     static constexpr bool reads_s = false;
@@ -526,7 +526,7 @@ struct WideSampler {
         }
     }
 
-    /* Offsets, masks and fractions of one row's voxels; their cache lines prefetched. Unlike Sampler, not the
+    /* Offsets, masks and fractions of one row's voxels; their cache lines prefetched. Unlike VoxelSampler, not the
      * lines of the +1 neighbours in y too: measured, that cost more than it saved. */
     EMF_AVX2 void prepare(const Row &row, Lanes &p) {
         __m256i bytes[3]; /* the strides, modulo 2^32 */
@@ -544,7 +544,7 @@ struct WideSampler {
             for (int c = 0; c < 3; ++c) {
                 start[c] = _mm256_set1_ps(row.start[3 * (x0 / kRun) + c]);
                 origin += static_cast<uint64_t>(base[c]) * static_cast<uint64_t>(ex->strides[1 + c]);
-                /* As in Sampler::prepare. */
+                /* As in VoxelSampler::prepare. */
                 lo[c] = _mm256_set1_ps(static_cast<float>(-static_cast<double>(base[c])));
                 hi[c] = _mm256_set1_ps(static_cast<float>(static_cast<double>(extent[c] - 1 - base[c])));
             }
@@ -866,18 +866,18 @@ bool as_window(const emf_warp_example &ex, const int64_t shape[4], emf_window *w
 #ifdef EMF_HAVE_AVX2
 /* walk compiled for AVX2 (its loops over x vectorise 8 wide), for the AVX2 samplers. */
 template <typename Visit>
-EMF_AVX2 void walk_avx2(const emf_warp_example &ex, const Field &field, Scratch &scratch, Visit &visit) {
+EMF_AVX2 void walk_avx2(const emf_warp_example &ex, const OutputGeometry &field, Scratch &scratch, Visit &visit) {
     walk(ex, field, scratch, visit);
 }
 #endif
 
 /* Runs `sampler` over every example, except those the gather path takes (`gather(window, n)`) and those `wide`
  * accepts (the AVX2 sampler, when the CPU has AVX2). */
-template <typename Sampler, typename Wide, typename Gather>
+template <typename VoxelSampler, typename Wide, typename Gather>
 int warp_batch(const emf_warp_example *examples, int64_t count, const int64_t shape[4], const emf_warp_grid *grid,
-               int allow_gather, uint8_t *valid, Sampler &sampler, Wide &wide, const Gather &gather) {
+               int allow_gather, uint8_t *valid, VoxelSampler &sampler, Wide &wide, const Gather &gather) {
     try {
-        const Field field(shape + 1, grid);
+        const OutputGeometry field(shape + 1, grid);
         Scratch scratch;
         const int64_t plane = shape[1] * shape[2] * shape[3];
 #ifdef EMF_HAVE_AVX2
@@ -1040,7 +1040,7 @@ extern "C" int emf_warp_uses_avx2(void) {
 extern "C" int emf_warp_coordinates(const emf_warp_example *examples, int64_t count, const int64_t shape[3],
                                     const emf_warp_grid *grid, double *out) {
     try {
-        const Field field(shape, grid);
+        const OutputGeometry field(shape, grid);
         Scratch scratch;
         const int64_t plane = shape[0] * shape[1] * shape[2];
         for (int64_t n = 0; n < count; ++n) {

@@ -288,7 +288,7 @@ def test_bad_kernel_arguments_are_refused(rng):
         affinities(margin=(1, -1, 1))
     with pytest.raises(ValueError, match="three integers"):
         affinities(margin=(1, 1))
-    with pytest.raises(TypeError, match="margin must be an integer"):
+    with pytest.raises(ValueError, match="margin must be an integer"):
         affinities(margin=(1, 1, 1.0))
     with pytest.raises(ValueError, match="at least one"):
         affinities(offsets=[])
@@ -296,7 +296,7 @@ def test_bad_kernel_arguments_are_refused(rng):
         affinities(offsets=[(1, 0, 0), (0, 0, 0)])
     with pytest.raises(ValueError, match="offset 0 must be a"):
         affinities(offsets=[(1, 0)])
-    with pytest.raises(TypeError, match="offset 0 must be an integer"):
+    with pytest.raises(ValueError, match="offset 0 must be an integer"):
         affinities(offsets=[(True, 0, 0)])
     with pytest.raises(ValueError, match="background -1 cannot occur in uint64"):
         affinities(background=-1)
@@ -325,11 +325,11 @@ def test_bad_kernel_arguments_are_refused(rng):
         _targets.boundaries(labels, (1, 1, 1), 0, False, mask)
     with pytest.raises(TypeError, match="out has dtype float32"):
         _targets.boundaries(labels, (1, 1, 1), 1, False, aff)
-    with pytest.raises(ValueError, match="values .* do not fit the output dtype uint8"):
+    with pytest.raises(ValueError, match="values .* do not fit dtype uint8"):
         _targets.classes(labels, (1, 1, 1), 1, False, 0, (0, 1, 300), mask)
-    with pytest.raises(ValueError, match="three integers"):
+    with pytest.raises(ValueError, match="three integer class ids"):
         _targets.classes(labels, (1, 1, 1), 1, False, 0, (0, 1), mask)
-    with pytest.raises(TypeError, match="background must be an integer"):
+    with pytest.raises(ValueError, match="background must be an integer"):
         _targets.foreground(labels, (1, 1, 1), None, mask)
     with pytest.raises(ValueError, match="background 4294967296 cannot occur in uint32"):
         _targets.foreground(labels.astype(np.uint32), (1, 1, 1), 2**32, mask)
@@ -371,3 +371,22 @@ def test_kernels_release_the_gil(rng):
     out, mask = np.empty(shape, np.float32), np.empty(shape, np.uint8)
     args = (labels, offsets, (1, 1, 1), 0, 3, out, mask)
     assert_releases_gil(_targets.affinities, *args)
+
+
+@pytest.mark.parametrize("spec, kernel", [
+    (lambda: Classes(values=(0, 1)), lambda labels, out: _targets.classes(labels, (0, 0, 0), 1, False, 0, (0, 1), out)),
+    (lambda: Affinities(offsets=[]), lambda labels, out: _targets.affinities(labels, [], (0, 0, 0), None, None, out,
+                                                                              out.copy())),
+    (lambda: Foreground(background=-1).check(np.dtype(np.uint64)),
+     lambda labels, out: _targets.foreground(labels, (0, 0, 0), -1, out)),
+])
+def test_a_bad_setting_is_refused_in_the_same_words_by_the_target_and_its_kernel(rng, spec, kernel):
+    """The kernel wrappers follow emfast._checks' rule: a refused setting is a ValueError naming it, in the words
+    of the public target (which adds its name in front)."""
+    labels = random_labels(rng, np.uint64, (1, 1, 4, 4, 4))
+    with pytest.raises(ValueError) as public:
+        spec()
+    with pytest.raises(ValueError) as private:
+        kernel(labels, np.empty((1, 1, 4, 4, 4), np.uint8))
+    assert str(public.value).split(": ", 1)[1] == str(private.value)
+    assert public.value.emfast_setting == private.value.emfast_setting

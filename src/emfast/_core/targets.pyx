@@ -18,6 +18,7 @@ import numpy as np
 cimport numpy as cnp
 from emfast._core.common cimport check_status, dtype_code, emf_dtype, writeable_array
 
+from emfast._checks import refusal as _refusal
 from emfast._core.common import LABEL_DTYPES
 
 cnp.import_array()
@@ -49,9 +50,10 @@ _AXES = "zyx"
 
 
 def _integer(value, what):
-    """``value`` as a Python int, refusing bools, floats and other non-integers."""
+    """``value`` as a Python int, refusing bools, floats and other non-integers (a setting: ValueError, as
+    :mod:`emfast._checks` refuses settings)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
-        raise TypeError(f"{what} must be an integer, got {value!r}")
+        raise _refusal(f"{what} must be an integer, got {value!r}", what)
     return operator.index(value)
 
 
@@ -75,13 +77,13 @@ cdef tuple _margin(margin, tuple shape):
     try:
         values = tuple(margin)
     except TypeError:
-        raise TypeError(f"margin must be three integers (z, y, x), got {margin!r}") from None
+        values = ()
     if len(values) != 3:
-        raise ValueError(f"margin must be three integers (z, y, x), got {margin!r}")
+        raise _refusal(f"margin must be three integers (z, y, x), got {margin!r}", "margin")
     values = tuple(_integer(m, "margin") for m in values)
     for axis in range(3):
         if values[axis] < 0:
-            raise ValueError(f"margin must be >= 0 along each axis, got {values}")
+            raise _refusal(f"margin must be >= 0 along each axis, got {values}", "margin")
         if 2 * values[axis] >= shape[axis]:
             raise ValueError(
                 f"margin {values} leaves no output voxel along axis {_AXES[axis]}: the label patch has extent "
@@ -94,8 +96,8 @@ cdef uint64_t _label_bits(value, labels_dtype, what) except? 0:
     value = _integer(value, what)
     info = np.iinfo(labels_dtype)
     if not info.min <= value <= info.max:
-        raise ValueError(f"{what} {value} cannot occur in {labels_dtype} labels "
-                         f"(range [{info.min}, {info.max}])")
+        raise _refusal(f"{what} {value} cannot occur in {labels_dtype} labels (range [{info.min}, {info.max}])",
+                      what)
     return <uint64_t> (value & 0xFFFFFFFFFFFFFFFF)
 
 
@@ -107,6 +109,16 @@ cdef object _plain_out(out, name, tuple shape, dtypes, labels):
         raise ValueError(f"{name} must have shape {shape}, got {out.shape}")
     if np.may_share_memory(out, labels):
         raise ValueError(f"{name} must not overlap the labels")
+    return out
+
+
+cdef object _one_channel_out(labels, tuple margin, out, tuple dtypes, emf_labels *desc):
+    """``out`` (B, 1, Zo, Yo, Xo) checked against the labels, with ``desc`` filled in for the kernel; None when
+    the batch is empty and there is nothing to compute."""
+    out = _plain_out(out, "out", _out_shape(labels, margin, 1), dtypes, labels)
+    if out.size == 0:
+        return None
+    _describe(labels, margin, desc)
     return out
 
 
@@ -126,7 +138,7 @@ cdef tuple _out_shape(labels, tuple margin, Py_ssize_t channels):
 cdef int64_t _thickness(thickness, tuple shape) except -1:
     thickness = _integer(thickness, "thickness")
     if thickness < 1:
-        raise ValueError(f"thickness must be >= 1, got {thickness}")
+        raise _refusal(f"thickness must be >= 1, got {thickness}", "thickness")
     return min(thickness, max(shape))  # a step of the patch extent or more never reaches a voxel inside
 
 
@@ -173,17 +185,17 @@ def affinities(labels, offsets, margin, background, ignore, out, mask):
     try:
         rows = list(offsets)
     except TypeError:
-        raise TypeError(f"offsets must be a sequence of (dz, dy, dx) triples, got {offsets!r}") from None
+        raise _refusal(f"offsets must be a sequence of (dz, dy, dx) triples, got {offsets!r}", "offsets") from None
     if not rows:
-        raise ValueError("offsets must hold at least one (dz, dy, dx) triple")
+        raise _refusal("offsets must hold at least one (dz, dy, dx) triple", "offsets")
     table = np.empty((len(rows), 3), dtype=np.int64)
     for k, row in enumerate(rows):
         try:
             row = tuple(row)
         except TypeError:
-            raise TypeError(f"offset {k} must be a (dz, dy, dx) triple, got {row!r}") from None
+            row = (row,)
         if len(row) != 3:
-            raise ValueError(f"offset {k} must be a (dz, dy, dx) triple, got {row!r}")
+            raise _refusal(f"offset {k} must be a (dz, dy, dx) triple, got {row!r}", "offsets")
         row = tuple(_integer(d, f"offset {k}") for d in row)
         if row == (0, 0, 0):
             raise ValueError(f"offset {k} is (0, 0, 0); an affinity needs a neighbour at a non-zero offset")
@@ -228,18 +240,16 @@ def boundaries(labels, margin, thickness, in_plane, out):
     cdef tuple m = _margin(margin, shape)
     cdef int64_t c_thickness = _thickness(thickness, shape)
     cdef int c_in_plane = bool(in_plane)
-    result = out
-    out = _plain_out(out, "out", _out_shape(labels, m, 1), (np.dtype(np.uint8),), labels)
-    if out.size == 0:
-        return result
     cdef emf_labels desc
-    _describe(labels, m, &desc)
-    cdef uint8_t *c_out = <uint8_t *> cnp.PyArray_DATA(<cnp.ndarray> out)
+    checked = _one_channel_out(labels, m, out, (np.dtype(np.uint8),), &desc)
+    if checked is None:
+        return out
+    cdef uint8_t *c_out = <uint8_t *> cnp.PyArray_DATA(<cnp.ndarray> checked)
     cdef int status
     with nogil:
         status = emf_boundaries(&desc, c_thickness, c_in_plane, c_out)
     check_status(status, "boundaries")
-    return result
+    return out
 
 
 def classes(labels, margin, thickness, in_plane, background, values, out):
@@ -255,33 +265,33 @@ def classes(labels, margin, thickness, in_plane, background, values, out):
     cdef int c_in_plane = bool(in_plane)
     cdef int has_background = background is not None
     cdef uint64_t c_background = _label_bits(background, labels.dtype, "background") if has_background else 0
-    result = out
-    out = _plain_out(out, "out", _out_shape(labels, m, 1), (np.dtype(np.int64), np.dtype(np.uint8)), labels)
+    cdef emf_labels desc
+    checked = _one_channel_out(labels, m, out, (np.dtype(np.int64), np.dtype(np.uint8)), &desc)
     try:
-        values = tuple(values)
+        given = tuple(values)
     except TypeError:
-        raise TypeError(f"values must be three integers (background, boundary, inside), got {values!r}") from None
-    if len(values) != 3:
-        raise ValueError(f"values must be three integers (background, boundary, inside), got {values!r}")
-    values = tuple(_integer(v, "values") for v in values)
+        given = ()
+    if len(given) != 3 or not all(isinstance(v, (numbers.Integral, np.integer)) and not isinstance(v, bool)
+                                  for v in given):
+        raise _refusal(f"values must be three integer class ids (background, boundary, inside), got {values!r}",
+                      "values")
+    values = tuple(operator.index(v) for v in given)
     info = np.iinfo(out.dtype)
     if not all(info.min <= v <= info.max for v in values):
-        raise ValueError(f"values {values} do not fit the output dtype {out.dtype}")
+        raise _refusal(f"values {values} do not fit dtype {out.dtype}", "values")
     cdef int64_t c_values[3]
     for j in range(3):
         c_values[j] = values[j]
-    if out.size == 0:
-        return result
-    cdef emf_labels desc
-    _describe(labels, m, &desc)
-    cdef emf_dtype c_dtype = dtype_code(out.dtype, "out", (out.dtype,))
-    cdef void *c_out = cnp.PyArray_DATA(<cnp.ndarray> out)
+    if checked is None:
+        return out
+    cdef emf_dtype c_dtype = dtype_code(checked.dtype, "out", (checked.dtype,))
+    cdef void *c_out = cnp.PyArray_DATA(<cnp.ndarray> checked)
     cdef int status
     with nogil:
         status = emf_classes(&desc, c_thickness, c_in_plane, has_background, c_background, c_values, c_dtype,
                              c_out)
     check_status(status, "classes")
-    return result
+    return out
 
 
 def foreground(labels, margin, background, out):
@@ -290,18 +300,16 @@ def foreground(labels, margin, background, out):
     shape = labels.shape[2:]
     cdef tuple m = _margin(margin, shape)
     cdef uint64_t c_background = _label_bits(background, labels.dtype, "background")
-    result = out
-    out = _plain_out(out, "out", _out_shape(labels, m, 1), (np.dtype(np.uint8),), labels)
-    if out.size == 0:
-        return result
     cdef emf_labels desc
-    _describe(labels, m, &desc)
-    cdef uint8_t *c_out = <uint8_t *> cnp.PyArray_DATA(<cnp.ndarray> out)
+    checked = _one_channel_out(labels, m, out, (np.dtype(np.uint8),), &desc)
+    if checked is None:
+        return out
+    cdef uint8_t *c_out = <uint8_t *> cnp.PyArray_DATA(<cnp.ndarray> checked)
     cdef int status
     with nogil:
         status = emf_foreground(&desc, c_background, c_out)
     check_status(status, "foreground")
-    return result
+    return out
 
 
 #: Channels of a local shape descriptor: mean offset (z, y, x), variance (z, y, x), pearson (zy, zx, yx), size.
@@ -311,12 +319,12 @@ LSD_CHANNELS = 10
 def _three_numbers(values, what):
     """``values`` as a tuple of three floats (z, y, x)."""
     try:
-        values = tuple(float(v) for v in values)
+        numbers_given = tuple(float(v) for v in values)
     except (TypeError, ValueError):
-        raise TypeError(f"{what} must be three numbers (z, y, x), got {values!r}") from None
-    if len(values) != 3:
-        raise ValueError(f"{what} must be three numbers (z, y, x), got {values!r}")
-    return values
+        numbers_given = ()
+    if len(numbers_given) != 3:
+        raise _refusal(f"{what} must be three numbers (z, y, x), got {values!r}", what)
+    return numbers_given
 
 
 def lsd_radius(sigma):
@@ -361,9 +369,9 @@ def lsd(labels, margin, sigma, variance_floor, background, ignore, out, mask):
     sigma = _three_numbers(sigma, "sigma")
     variance_floor = _three_numbers(variance_floor, "variance_floor")
     if not all(1.0 <= v < float("inf") for v in sigma):
-        raise ValueError(f"sigma must be >= 1 voxel along each axis, got {sigma}")
+        raise _refusal(f"sigma must be >= 1 voxel along each axis, got {sigma}", "sigma")
     if not all(0.0 <= v < float("inf") for v in variance_floor):
-        raise ValueError(f"variance_floor must be finite and >= 0, got {variance_floor}")
+        raise _refusal(f"variance_floor must be finite and >= 0, got {variance_floor}", "variance_floor")
     cdef double c_sigma[3]
     cdef double c_floor[3]
     cdef int64_t c_radius[3]
