@@ -1,0 +1,116 @@
+"""Affinities: for each offset, whether a voxel and its neighbour there carry the same label (gunpowder's
+``seg_to_affgraph`` convention).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .._checks import refusal
+from .._checks import is_integer as _is_integer
+from .._core import targets as _targets
+from .._registry import register
+from ._base import Margin, Target, _check_dtype, _check_id, _check_label_dtype, _check_name
+
+
+@register("target")
+@dataclass
+class Affinities(Target):
+    """Affinities to neighbours at fixed offsets, with a mask of where they are known.
+
+    Convention of gunpowder's ``seg_to_affgraph``, exactly: channel k at voxel v is the affinity between v and
+    its neighbour ``v + offsets[k]``, so the usual nearest-neighbour set is ``(-1, 0, 0), (0, -1, 0),
+    (0, 0, -1)`` (the default), and neighbourhoods copied from gunpowder or lsd configs mean the same here. It is
+    1 where both have the same label and that label is not ``background``, else 0. Only ``background`` is
+    background: gunpowder also treats negative ids (int32, int64 labels) as background, emfast treats them as ordinary
+    objects; map them to ``background`` first if you rely on that. The mask (field ``name + "_mask"``) is 0 where the neighbour lies outside the label patch (unknown;
+    the affinity is 0 there too) or where either voxel is labelled ``ignore``, else 1.
+
+    Parameters
+    ----------
+    offsets : sequence of (int, int, int)
+        One (dz, dy, dx) per channel, any sign, not all zero, e.g. ``((-1, 0, 0), (0, -1, 0), (0, 0, -1))`` for
+        the nearest neighbours and ``(0, 0, -9)`` for a long-range one. An offset as long as the patch along an axis is
+        legal: its channel is then entirely masked.
+    background : int or None
+        Label id that never has affinity, not even to itself; None for no background.
+    ignore : int or None
+        Label id of unlabelled voxels: every affinity touching one is masked; None for none.
+    dtype : {"float32", "uint8"}
+        Affinity dtype (values 0 and 1). The mask is always uint8.
+    name : str
+        Field name of the affinities; the mask is ``name + "_mask"``.
+    """
+
+    offsets: Sequence[Sequence[int]] = ((-1, 0, 0), (0, -1, 0), (0, 0, -1))
+    background: Optional[int] = 0
+    ignore: Optional[int] = None
+    dtype: str = "float32"
+    name: str = "affinities"
+    kind: ClassVar[str] = "affinities"
+
+    def __post_init__(self) -> None:
+        owner = "Affinities"
+        if isinstance(self.offsets, (str, bytes)) or not isinstance(self.offsets, (Sequence, np.ndarray)):
+            raise refusal(f"{owner}: offsets must be a sequence of (dz, dy, dx) triples, got {self.offsets!r}",
+                          "offsets")
+        if len(self.offsets) == 3 and all(_is_integer(d) for d in self.offsets):
+            raise refusal(f"{owner}: offsets must be a sequence of (dz, dy, dx) triples; for the single offset "
+                          f"{tuple(self.offsets)!r} write ({tuple(self.offsets)!r},)", "offsets")
+        offsets = []
+        for offset in self.offsets:
+            if isinstance(offset, (str, bytes)) or not isinstance(offset, (Sequence, np.ndarray)) \
+                    or len(offset) != 3:
+                raise ValueError(f"{owner}: offset {offset!r} is not a (dz, dy, dx) triple of integers")
+            if not all(_is_integer(d) for d in offset):
+                raise ValueError(f"{owner}: offset {tuple(offset)!r} must hold integers")
+            offset = tuple(int(d) for d in offset)
+            if offset == (0, 0, 0):
+                raise ValueError(f"{owner}: offset (0, 0, 0) links a voxel with itself; "
+                                 "every offset needs a non-zero step along some axis")
+            offsets.append(offset)
+        if not offsets:
+            raise refusal(f"{owner}: offsets must hold at least one (dz, dy, dx) triple", "offsets")
+        self.offsets = tuple(offsets)
+        self.background = _check_id(self.background, "background", owner, optional=True)
+        self.ignore = _check_id(self.ignore, "ignore", owner, optional=True)
+        self.dtype = _check_dtype(self.dtype, ("float32", "uint8"), owner)
+        self.name = _check_name(self.name, owner)
+
+    @property
+    def channels(self) -> int:
+        return len(self.offsets)
+
+    @property
+    def mask_name(self) -> str:
+        return self.name + "_mask"
+
+    def margin(self) -> Margin:
+        """The longest step along each axis: max |offset| per axis."""
+        return tuple(max(abs(offset[axis]) for offset in self.offsets) for axis in range(3))
+
+    def outputs(self) -> Dict[str, Tuple[int, np.dtype]]:
+        return {self.name: (self.channels, np.dtype(self.dtype)), self.mask_name: (self.channels, np.dtype(np.uint8))}
+
+    def check(self, label_dtype) -> None:
+        _check_label_dtype(label_dtype, {"background": self.background, "ignore": self.ignore}, "Affinities")
+
+    def mask_unknown(self, valid: np.ndarray, margin: Sequence[int], out: Dict[str, np.ndarray]) -> None:
+        """Mask every affinity whose voxel or neighbour is unknown (moved in from outside the data)."""
+        m = margin
+        inner = valid[:, 0, m[0]:valid.shape[2] - m[0], m[1]:valid.shape[3] - m[1], m[2]:valid.shape[4] - m[2]]
+        mask = out[self.mask_name]
+        for k, offset in enumerate(self.offsets):
+            neighbour = valid[:, 0, m[0] - offset[0]:valid.shape[2] - m[0] - offset[0],
+                              m[1] - offset[1]:valid.shape[3] - m[1] - offset[1],
+                              m[2] - offset[2]:valid.shape[4] - m[2] - offset[2]]
+            np.bitwise_and(mask[:, k], inner, out=mask[:, k])
+            np.bitwise_and(mask[:, k], neighbour, out=mask[:, k])
+
+    def compute(self, labels, margin, out) -> None:
+        affinities, mask = self._arrays(out)
+        _targets.affinities(labels, self.offsets, margin, self.background, self.ignore, affinities, mask)
+
+

@@ -1,0 +1,83 @@
+"""Targets by name, their batch fields and margin, and :func:`compute_targets`.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .._core import targets as _targets
+from .._registry import instantiate
+from ._base import Margin, Target
+
+
+TargetLike = Union[Target, str]
+
+
+def resolve(items: Union[TargetLike, Iterable[TargetLike]]) -> list:
+    """Turn targets or their names (``"affinities"``, ``"boundaries"``, ``"classes"``, ``"foreground"``, with
+    default parameters; ``"lsd"`` needs its ``sigma``) into a list of :class:`Target` objects with distinct field
+    names.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name (with the closest known one), or two targets writing the same field.
+    TypeError
+        For an item that is neither a name nor a :class:`Target`.
+    """
+    resolved = instantiate(items, "target", Target)
+    outputs(resolved)  # distinct field names
+    return resolved
+
+
+def outputs(targets: Sequence[Target]) -> Dict[str, Tuple[int, np.dtype]]:
+    """All fields the targets write, {field name: (channels, dtype)}, in order; raises on a repeated name."""
+    fields: Dict[str, Tuple[int, np.dtype]] = {}
+    for target in targets:
+        for field, spec in target.outputs().items():
+            if field in fields:
+                raise ValueError(f"two targets write the field {field!r}; give one of them another name=")
+            fields[field] = spec
+    return fields
+
+
+def required_margin(targets: Sequence[Target]) -> Margin:
+    """The margin to cut labels with so that every target is exact up to the output border: the largest
+    :meth:`Target.margin` of the targets along each axis ((0, 0, 0) for no targets)."""
+    margins = [target.margin() for target in targets]
+    return tuple(max((m[axis] for m in margins), default=0) for axis in range(3))
+
+
+def compute_targets(labels: np.ndarray, targets: Sequence[Target], margin: Sequence[int] = (0, 0, 0),
+                    out: Optional[Dict[str, np.ndarray]] = None) -> Dict[str, np.ndarray]:
+    """Compute ``targets`` for a label batch, each with one kernel call that releases the GIL.
+
+    Parameters
+    ----------
+    labels : ndarray
+        (B, 1, Zi, Yi, Xi) uint32, uint64, int64 or int32, C-contiguous; the already cropped and augmented labels.
+    targets : sequence of Target
+        What to compute; field names must be distinct.
+    margin : (int, int, int)
+        The margin the labels were cut with: output voxel (z, y, x) is label voxel (z + mz, y + my, x + mx).
+        Each margin must leave at least one output voxel (2 * margin < label extent). A margin smaller than
+        :func:`required_margin` is legal: neighbours outside the patch are then unknown (masked for
+        affinities, not counted for boundaries).
+    out : dict of ndarray, optional
+        Pre-allocated C-contiguous arrays (B, channels, Zi - 2 mz, Yi - 2 my, Xi - 2 mx) of each field's dtype;
+        missing fields are allocated.
+
+    Returns
+    -------
+    dict of ndarray
+        One array per field of :func:`outputs`.
+    """
+    fields = outputs(targets)
+    result = dict(out) if out is not None else {}
+    for field, (channels, dtype) in fields.items():
+        if field not in result:
+            result[field] = np.empty(_targets.output_shape(labels, margin, channels), dtype=dtype)
+    for target in targets:
+        target.compute(labels, margin, result)
+    return result
