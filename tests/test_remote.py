@@ -364,3 +364,58 @@ def test_a_lazy_remote_volume_reads_in_a_forked_worker(written, served):
                 child.kill()
         assert child.exitcode == 0
         np.testing.assert_array_equal(np.frombuffer(got, np.uint8).reshape(SHAPE), written[1])
+
+
+# -- remote inputs of the commands ----------------------------------------------------------------------------------
+
+def identity(batch):
+    return batch
+
+
+@pytest.mark.parametrize("where", ["http", "s3"])
+def test_predict_and_convert_read_a_remote_input_as_they_read_a_local_one(request, written, where, tmp_path):
+    root, data, stores = written
+    url, args = remote_url(request, where, "zarr v2")
+    with ef.open(url, in_memory=False, **args) as volume:
+        ef.predict(identity, volume, str(tmp_path / "p.zarr/p"), patch_in=(8, 16, 16), blend="none")
+        again = ef.predict(identity, volume, str(tmp_path / "p.zarr/p"), patch_in=(8, 16, 16), blend="none",
+                           resume=True)
+    ef.io.convert(url, str(tmp_path / "c.zarr/raw"), **args)
+    assert again.computed == 0  # the record matched: same URL, same metadata
+    local = str(root / stores["zarr v2"][0])
+    ef.predict(identity, local, str(tmp_path / "local.zarr/p"), patch_in=(8, 16, 16), blend="none")
+    predicted = ef.open(str(tmp_path / "p.zarr/p"))
+    np.testing.assert_array_equal(predicted.array, ef.open(str(tmp_path / "local.zarr/p")).array)
+    assert predicted.resolution == (40.0, 4.0, 4.0) and predicted.offset == (80.0, 8.0, 4.0)
+    converted = ef.open(str(tmp_path / "c.zarr/raw"))
+    np.testing.assert_array_equal(converted.array[0], data)
+    assert converted.resolution == (40.0, 4.0, 4.0)
+
+
+def test_resuming_from_a_remote_input_whose_metadata_changed_is_refused(written, served, tmp_path):
+    import json
+    import shutil
+    root = written[0]
+    shutil.copytree(root / "v3.zarr", root / "changing.zarr")
+    try:
+        url = f"{served.url}/changing.zarr"
+        out = str(tmp_path / "p.zarr/p")
+        ef.predict(identity, url, out, patch_in=(8, 16, 16), blend="none")
+        metadata = json.loads((root / "changing.zarr/zarr.json").read_text())
+        metadata["attributes"] = {"rewritten": True}
+        (root / "changing.zarr/zarr.json").write_text(json.dumps(metadata))
+        with pytest.raises(ef.inference.OutputExistsError, match=r"changing.zarr/.* has other array metadata"):
+            ef.predict(identity, url, out, patch_in=(8, 16, 16), blend="none", resume=True)
+    finally:
+        shutil.rmtree(root / "changing.zarr")
+
+
+@pytest.mark.parametrize("name", ["zarr v2", "precomputed"])
+def test_info_shows_a_remote_volume(written, served, name, capsys):
+    from emfast.cli import main
+    path, _ = written[2][name]
+    url = f"{served.url}/{path}"
+    assert main(["info", url]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(url) and "shape=(20, 30, 40) dtype=uint8 chunks=(8, 8, 8)" in out, out
+    assert "resolution=(40.0, 4.0, 4.0)" in out and "values from 16 of 60 chunks" in out, out

@@ -75,7 +75,7 @@ class Conversion:
 def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None, compression: Optional[str] = None,
             zarr_format: int = 3, overwrite: bool = False, progress: Optional[Callable[[int, int], None]] = None,
             tile_bytes: Optional[int] = None, levels: int = 1, downsampling: Optional[str] = None,
-            compressor: Optional[str] = None) -> Conversion:
+            compressor: Optional[str] = None, storage_options: Optional[dict] = None) -> Conversion:
     """Convert the volume at ``source_path`` (any form :func:`emfast.open` takes) to ``destination``
     (``out.zarr/raw`` or ``out.h5/raw``), optionally with a multiscale pyramid.
 
@@ -105,6 +105,9 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
         the lowest) for labels. Default ``mode`` for 32- and 64-bit integers, else ``mean``.
     compressor : str, optional
         Deprecated name of ``compression``.
+    storage_options : dict, optional
+        For a remote source (``s3://``, ``gs://``, ``http(s)://``): fsspec's options, as :func:`emfast.open`
+        takes them (e.g. ``{"endpoint_url": ...}`` for an S3-compatible server).
 
     Returns
     -------
@@ -151,7 +154,7 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
         raise ConvertError(f"downsampling must be one of {', '.join(DOWNSAMPLING)}, got {downsampling!r}")
     if kind == "zarr":  # an existing store keeps its format: a root of the other one would hide its arrays
         zarr_format = zarr_store_format(container) or zarr_format
-    source = open_source(source_path)
+    source = open_source(source_path, storage_options=storage_options)
     try:
         try:
             check_output_location(container, dataset, kind, source.stamp, "source")

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional, Sequence, Tuple, Union
 
 from . import _format_entries  # noqa: F401  (registers the built-in formats)
-from ._formats import Contents, detect, detect_remote, format_named, format_of_suffix, formats
+from ._formats import Contents, Listed, detect, detect_remote, format_named, format_of_suffix, formats
 from ._remote import RemoteStore, is_url
 from ._source import VolumeSource
 from ._volume import Volume
@@ -65,9 +65,10 @@ def open_source(path: Union[str, os.PathLike], dataset: Optional[str] = None, *,
     return chosen.open(where, inner, level, resolution)
 
 
-def contents(path: Union[str, os.PathLike]) -> Contents:
+def contents(path: Union[str, os.PathLike], storage_options: Optional[dict] = None) -> Contents:
     """What ``emfast info`` lists of a local file or store: its attributes and its datasets (or the one that
-    ``path`` names inside it), each opened lazily as a volume where emfast reads it as one.
+    ``path`` names inside it), each opened lazily as a volume where emfast reads it as one. A URL names one
+    remote volume (object stores are not listed): that volume alone, opened lazily.
 
     Returns
     -------
@@ -80,6 +81,10 @@ def contents(path: Union[str, os.PathLike]) -> Contents:
     FileNotFoundError, DatasetNotFoundError, ValueError
         No such container, no such dataset or group (the message lists what is there), or no known format.
     """
+    if is_url(path):
+        source = open_source(str(path), None, storage_options=storage_options)
+        listed = Listed("", source.describe(), source.attributes(), Volume.open(source, in_memory=False))
+        return Contents({}, iter([listed]))
     container, inner, kind = split_path(path)
     return format_named(kind or detect(container)).contents(container, inner)
 

@@ -83,7 +83,7 @@ def check_output_location(container: Path, dataset: str, kind: str, stamp, role:
     """OutputLocationError if the output would be the input described by ``stamp`` (a :class:`Stamp`, or None for
     an in-memory input), lie inside it, or contain it; ``role`` names the input in the message ("source", "input").
     """
-    if stamp is None:
+    if stamp is None or not isinstance(stamp.path, Path):  # in memory, or remote: never where a local output goes
         return
     output = filesystem_path(container, dataset, kind)
     if stamp.path.is_file():  # HDF5: one file holds the input and whatever else is written into it
@@ -121,9 +121,15 @@ def input_folder(stamp) -> Path:
 def fingerprint(stamp) -> Optional[dict]:
     """What the input's data looks like on disk: the count, total size and a digest of the names, sizes and
     modification times of every file holding it (the HDF5 file; a store array's chunk files), or None for an
-    in-memory input. Rewriting any chunk in place changes it. Costs one ``stat`` per file."""
+    in-memory input. Rewriting any chunk in place changes it. Costs one ``stat`` per file.
+
+    A remote input (a :class:`~emfast.io._remote.RemoteStamp`) is known by its array metadata: the size and
+    digest of the document read when it was opened. Object stores offer no listing over HTTP and no modification
+    times emfast relies on, so a chunk rewritten under unchanged metadata is not seen."""
     if stamp is None:
         return None
+    if not isinstance(stamp.path, Path):
+        return {"metadata": stamp.marker, "bytes": stamp.size, "digest": stamp.digest}
     if stamp.path.is_file():
         entries = [_entry(stamp.path, stamp.path.parent)]
     else:
@@ -152,6 +158,9 @@ def input_changed(previous: Optional[dict], now: Optional[dict], name: str) -> O
         return None
     if previous is None or now is None:
         return f"{name} is not the one this output was started from"
+    if "metadata" in previous and "metadata" in now:
+        return (f"{name} has other array metadata ({now['metadata']}) than when this output was started; resuming "
+                "would mix old and new data")
     if "files" not in previous or "files" not in now:
         return (f"{name} holds other data than when this output was started (its digest differs); "
                 "resuming would mix old and new data")
