@@ -419,3 +419,28 @@ def test_info_shows_a_remote_volume(written, served, name, capsys):
     out = capsys.readouterr().out
     assert out.startswith(url) and "shape=(20, 30, 40) dtype=uint8 chunks=(8, 8, 8)" in out, out
     assert "resolution=(40.0, 4.0, 4.0)" in out and "values from 16 of 60 chunks" in out, out
+
+
+def test_a_config_gives_storage_options_for_a_samples_remote_files(written, s3, tmp_path):
+    from emfast.config import ConfigError, dump_config
+    config = tmp_path / "train.yaml"
+    text = f"""
+data:
+  samples:
+    - file: s3://{BUCKET}/v3.zarr
+      raw: ""
+      lazy: true
+      storage_options: {{endpoint_url: "{s3}"}}
+loader:
+  patch: [6, 12, 14]
+  batch_size: 2
+"""
+    config.write_text(text)
+    loaded = load_config(config)
+    assert f"storage_options: {{endpoint_url: '{s3}'}}" in dump_config(loaded)
+    dataset = loaded.dataset()
+    np.testing.assert_array_equal(lazy_box(dataset.samples[0].raw), written[1])
+    dataset.close()
+    config.write_text(text.replace(f"s3://{BUCKET}/v3.zarr", str(written[0] / "v3.zarr")))
+    with pytest.raises(ConfigError, match="line 7: data.samples\\[0\\].storage_options: .*this sample reads none"):
+        load_config(config)

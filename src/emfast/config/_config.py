@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 import yaml
 
 from .._checks import concerned_key
-from ..io import Volume, open_volume
+from ..io import Volume, is_url, open_volume
 from ..pipeline import Loader
 from ..sampling import Dataset, Sample, Sampler
 from ._yaml import Path_, Reader, parse_yaml, read_source
@@ -103,8 +103,10 @@ class Config:
             for key, volume in spec.volumes():
                 file = volume.file.path(cache_dir, demo_shape) if isinstance(volume.file, Builtin) else volume.file
                 try:
+                    remote = {"storage_options": dict(spec.storage_options)} \
+                        if spec.storage_options and is_url(file) else {}
                     opened.append(open_volume(file, volume.dataset, in_memory=not spec.lazy,
-                                               cache_bytes=spec.cache_bytes))
+                                               cache_bytes=spec.cache_bytes, **remote))
                 except OSError as error:
                     raise reader.error(path + (("file",) if volume.shared_file else key + ("file",)),
                                        str(error)) from error

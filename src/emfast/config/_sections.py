@@ -35,7 +35,7 @@ def loader_default(name: str):
 # -- parsing the sections -----------------------------------------------------------------------------------------
 
 _SAMPLE_KEYS = ("name", "file", "raw", "labels", "mask", "extra", "weight", "label_offset", "mask_offset", "lazy",
-                "cache_bytes", "own_resolution")
+                "cache_bytes", "own_resolution", "storage_options")
 
 
 def _file(reader: Reader, value, path: Path_) -> Union[Path, Builtin, str]:
@@ -94,10 +94,24 @@ def sample_spec(reader: Reader, value, path: Path_) -> SampleSpec:
     for key, offset in (("label_offset", "labels"), ("mask_offset", "mask")):
         if key in optional and offset not in volumes:
             raise reader.error(path + (key,), f"{key} was given but the sample has no {offset}")
+    if value.get("storage_options") is not None:
+        optional["storage_options"] = _storage_options(reader, value["storage_options"], path + ("storage_options",),
+                                                       [volume.file for volume in volumes.values()] +
+                                                       [volume.file for _, volume in extra])
     if value.get("own_resolution") is not None:
         optional["own_resolution"] = _own_resolution(reader, value["own_resolution"], path + ("own_resolution",),
                                                      [*volumes, *(key for key, _ in extra)])
     return SampleSpec(extra=extra, **volumes, **optional)
+
+
+def _storage_options(reader: Reader, value, path: Path_, files) -> tuple:
+    """fsspec's options for the sample's remote files (e.g. ``endpoint_url``), as sorted (key, value) pairs."""
+    if not isinstance(value, dict):
+        raise reader.error(path, f"expected a mapping of fsspec options, got {describe_value(value)}")
+    if not any(isinstance(file, str) and is_url(file) for file in files):
+        raise reader.error(path, "storage_options applies to remote files (s3://, gs://, http(s)://); this "
+                                 "sample reads none")
+    return tuple(sorted((str(key), item) for key, item in value.items()))
 
 
 def _own_resolution(reader: Reader, value, path: Path_, fields) -> tuple:

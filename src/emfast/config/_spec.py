@@ -77,6 +77,8 @@ class SampleSpec:
     lazy: bool = False
     cache_bytes: Optional[int] = None
     own_resolution: Tuple[str, ...] = ()
+    #: fsspec's options for the sample's remote files, as sorted (key, value) pairs.
+    storage_options: Tuple[Tuple[str, Any], ...] = ()
 
     def volumes(self) -> List[Tuple[Tuple[str, ...], VolumeSpec]]:
         """(key path within the sample, volume) of every volume, raw first."""
@@ -99,6 +101,8 @@ class SampleSpec:
             value = getattr(self, key)
             if value != getattr(defaults, key):
                 out[key] = list(value) if isinstance(value, tuple) else value
+        if self.storage_options:
+            out["storage_options"] = dict(self.storage_options)
         return out
 
 
