@@ -5,7 +5,7 @@ import inspect
 import os
 import time
 import warnings
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple, Union
 
@@ -371,6 +371,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         _warn_if_clipped(predictor, out)
         failed = False
     finally:
+        if digest is not None:
+            wait([digest])  # no thread outlives predict, after an error too
         if caller.runner is not None:
             caller.runner.close(quiet=failed)
         if opened:
