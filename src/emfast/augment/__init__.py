@@ -9,7 +9,9 @@ May import: ``emfast._core``, ``emfast._registry``, ``emfast._checks``, ``emfast
 from ._base import Augmentation, AugmentationLike, Params, Patches, Windows, reachable_permutations, resolve
 from ._defects import Artifacts, LowContrast, MissingSection, Slip
 from ._dihedral import Mirror, Transpose
+from ._geometry import WarpPlan
 from ._intensity import Blur, Contrast, Gamma, Intensity, Noise
+from ._resample import warp_labels, warp_raw
 from ._warp import Elastic, Rotate, Scale
 
 #: The full default augmentation list for anisotropic EM training, by name (each with its default parameters):

@@ -33,12 +33,9 @@ from typing import Any, Callable, List, Mapping, Optional, Union
 
 from .._checks import concerned_key
 from .._core.gather import PAD_MODES
-from ..inference import (BLENDS, COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS, Prediction, TilePlan,
-                         predict)
-from ..inference._memory import parse_memory
-from ..inference._predict import CHUNK_EDGE
-from ..inference._store import check_compression, parse_output
-from ..io import open_volume
+from ..inference import (BLENDS, CHUNK_EDGE, COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS, Prediction,
+                         TilePlan, parse_memory, predict)
+from ..io import check_compression, open_volume, parse_output
 from ._sections import _check_normalize, _file
 from ._spec import Builtin, plain
 from ._yaml import ConfigError, Path_, Reader, describe_value, parse_yaml, read_source

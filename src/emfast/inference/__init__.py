@@ -12,8 +12,9 @@ shared modules (``emfast._core``,
 import warnings
 
 from ._blend import BLENDS
+from ._memory import parse_memory
 from ._model import ModelOutputError
-from ._predict import Prediction, PredictProgress, SaturationWarning, predict
+from ._predict import CHUNK_EDGE, Prediction, PredictProgress, SaturationWarning, predict
 from ._store import COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, BlockWriteError, OutputExistsError
 from ._tiling import Block, TilePlan
 from ._tta import TTA_COUNTS

@@ -18,7 +18,7 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from ..io._outputs import check_free_space, option
+from ..io import check_free_space, option
 from ._block import BlockPredictor
 from ._store import BlockWriteError, OutputStore
 from ._tiling import Block

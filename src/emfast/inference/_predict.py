@@ -14,10 +14,8 @@ import numpy as np
 from .._checks import integer, is_integer, triple
 from .._core.gather import PAD_MODES
 from .._version import __version__
-from ..io import Volume, open_volume
-from ..io._outputs import (OutputLock, array_fingerprint, check_free_space, check_output_location, fingerprint,
-                           option)
-from ..io._progress import WIDTH, ProgressBar, plural
+from ..io import (WIDTH, OutputLock, ProgressBar, Volume, array_fingerprint, check_free_space, check_output_location,
+                  fingerprint, open_volume, option, plural)
 from ..pipeline import normalization
 from ..transfer import TransferBackend
 from ._block import BlockPredictor

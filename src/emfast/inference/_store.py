@@ -15,7 +15,7 @@ from typing import Set, Tuple
 import numpy as np
 
 from ..io import COMPRESSIONS, OutputWriter, check_compression, parse_output
-from ..io._outputs import OutputLock, option
+from ..io import OutputLock, option
 
 RECORD = "emfast_predict"
 #: Record entries kept for provenance and not compared when resuming: a retrained model keeps its name, a wrapped

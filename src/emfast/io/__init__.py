@@ -16,9 +16,10 @@ from ._hdf5 import Hdf5Source, hdf5, list_datasets, open_hdf5
 from ._formats import Contents, Listed, VolumeFormat, formats
 from ._n5 import N5Source
 from ._open import contents, open_source, open_volume, split_path
-from ._outputs import add_ome_multiscales, command_line_options, zarr_geometry
+from ._outputs import (OutputLock, add_ome_multiscales, array_fingerprint, check_free_space, check_output_location,
+                       command_line_options, fingerprint, option, zarr_geometry)
 from ._precomputed import PrecomputedSource, tensorstore_missing
-from ._progress import ProgressBar, plural
+from ._progress import WIDTH, ProgressBar, plural
 from ._pyramid import DOWNSAMPLING
 from ._remote import ReadAbandoned, RemoteReadError, RemoteStore, abandoned_when, is_url
 from ._source import CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource

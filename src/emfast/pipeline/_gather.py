@@ -25,9 +25,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from .._core import gather as _gather
-from ..augment import Patches
-from ..augment._geometry import WarpPlan
-from ..augment._resample import warp_labels, warp_raw
+from ..augment import Patches, WarpPlan, warp_labels, warp_raw
 from ..sampling import OnRawGrid, Placed
 from ..targets import Target, compute_targets
 from ._plan import BatchPlan
