@@ -157,15 +157,15 @@ def test_slabs_cover_the_volume_in_chunk_aligned_sections(tmp_path, rng, channel
             assert volume.cache_stats.misses == 0  # slabs bypass the chunk cache
 
 
-def test_source_records_the_file_as_opened(small_h5):
+def test_the_stamp_records_the_file_as_opened(small_h5):
     path, _, _ = small_h5
     for in_memory in (True, False):
         with ef.hdf5(path, "volumes/raw", in_memory=in_memory) as volume:
-            source = volume.source
+            source = volume.stamp
             assert source.path == path.resolve() and source.dataset == "volumes/raw"
             assert (source.size, source.mtime_ns) == (path.stat().st_size, path.stat().st_mtime_ns)
             assert source.unchanged()
-    assert ef.Volume.from_array(np.zeros((2, 2, 2), np.uint8)).source is None
+    assert ef.Volume.from_array(np.zeros((2, 2, 2), np.uint8)).stamp is None
 
 
 def test_np_asarray_of_a_volume_is_its_data(small_h5, monkeypatch):
@@ -212,3 +212,16 @@ def test_reprs_show_plain_numbers(small_h5):
     with ef.hdf5(path, "volumes/raw", in_memory=False) as lazy:
         assert repr(lazy._reader) == f"Hdf5Source('{path}:volumes/raw', shape=(20, 48, 40), dtype=uint8, " \
                                      "chunks=(4, 16, 16))"
+
+
+def test_volume_source_is_a_deprecated_name_of_its_stamp(tmp_path):
+    import h5py
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f.create_dataset("raw", data=np.zeros((4, 4, 4), np.uint8))
+    volume = ef.open(str(tmp_path / "a.h5/raw"))
+    assert volume.stamp.dataset == "raw"
+    with pytest.warns(DeprecationWarning, match="Volume.source is deprecated; use Volume.stamp"):
+        assert volume.source is volume.stamp
+    with pytest.warns(DeprecationWarning, match="Volume\\(source=\\) is deprecated; use stamp="):
+        again = ef.Volume(volume.array, name="copy", source=volume.stamp)
+    assert again.stamp is volume.stamp

@@ -134,7 +134,7 @@ def _triple_or_int(value, what: str, minimum: int) -> Tuple[int, int, int]:
 def _fingerprint_ahead(volume: Volume) -> Optional[Future]:
     """The digest of an in-memory input, computed on a thread of its own (hashing releases the GIL) while the
     rest of the set-up runs: it is needed only for the record, and takes tens of ms per 10 MB."""
-    if volume.source is not None or not volume.in_memory:
+    if volume.stamp is not None or not volume.in_memory:
         return None
     hasher = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-fingerprint")
     try:
@@ -148,8 +148,8 @@ def _record(volume: Volume, caller: ModelCaller, plan: TilePlan, settings: dict,
     """What decides the output's bytes, stored with it and compared when resuming; ``digest``: the in-memory
     input's fingerprint from :func:`_fingerprint_ahead`."""
     source = {"name": volume.name, "shape": [volume.channels, *volume.shape], "dtype": volume.dtype.str}
-    if volume.source is not None:
-        stamp = volume.source
+    if volume.stamp is not None:
+        stamp = volume.stamp
         source.update(path=str(stamp.path), dataset=stamp.dataset, fingerprint=fingerprint(stamp))
     elif volume.in_memory:  # an array's content decides the bytes as much as a file's
         source.update(fingerprint=array_fingerprint(volume.array) if digest is None else digest.result())
@@ -296,7 +296,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     digest = _fingerprint_ahead(volume)
     failed = True
     try:
-        check_output_location(container, dataset, kind, volume.source, "input")
+        check_output_location(container, dataset, kind, volume.stamp, "input")
         patch_in = _triple_or_int(patch_in, "patch_in", 1)
         patch_out = patch_in if patch_out is None else _triple_or_int(patch_out, "patch_out", 1)
         if overlap is None:

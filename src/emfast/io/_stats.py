@@ -193,7 +193,7 @@ class _CacheEntry:
 
     @classmethod
     def for_volume(cls, volume: Volume) -> Optional["_CacheEntry"]:
-        source = volume.source
+        source = volume.stamp
         # A file changed since it was opened may no longer hold the data this volume reads: do not cache.
         if source is None or not source.unchanged():
             return None

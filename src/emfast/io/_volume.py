@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import operator
+import warnings
 from typing import Optional, Sequence, Tuple
 
 import numpy as np
@@ -95,14 +96,20 @@ class Volume:
         Voxel size and world position of voxel (0, 0, 0), (z, y, x), from the store's metadata.
     in_memory : bool
         True when the kernels read :attr:`array` directly; False for lazy reads through the chunk cache.
-    source : Stamp or None
-        The file or store and dataset the volume came from, as it was when opened (None for arrays).
+    stamp : Stamp or None
+        The file or store and dataset the volume came from, as it was when opened (None for arrays). Its former
+        name ``source`` still works, with a DeprecationWarning, until the next minor version.
     """
 
-    def __init__(self, data, *, name: Optional[str], resolution=None, offset=None, chunks=None, source=None,
-                 cache_bytes: Optional[int] = None) -> None:
+    def __init__(self, data, *, name: Optional[str], resolution=None, offset=None, chunks=None, stamp=None,
+                 cache_bytes: Optional[int] = None, source=None) -> None:
         """``data``: a NumPy array (held as it is), or a :class:`VolumeSource` read lazily through a chunk cache of
-        ``cache_bytes``; ``source`` is the :class:`Stamp` of an array read from a store."""
+        ``cache_bytes``; ``stamp`` is the :class:`Stamp` of an array read from a store (``source``: its deprecated
+        name)."""
+        if source is not None:
+            warnings.warn("Volume(source=) is deprecated; use stamp= (the same Stamp)", DeprecationWarning,
+                          stacklevel=2)
+            stamp = source if stamp is None else stamp
         lazy = isinstance(data, VolumeSource)
         name = data.name if lazy and name is None else name
         dtype = _checked_dtype(_Described(data.full_shape, data.dtype) if lazy else data, name)
@@ -115,7 +122,7 @@ class Volume:
         resolution, offset = (data.resolution, data.offset) if lazy else (resolution, offset)
         self.resolution = None if resolution is None else triple(resolution, f"{name}: resolution", integer=False)
         self.offset = None if offset is None else triple(offset, f"{name}: offset", integer=False)
-        self.source = data.stamp if lazy else source
+        self.stamp = data.stamp if lazy else stamp
         self._reader: Optional[VolumeSource] = data if lazy else None
         self._array = None
         self._cache = None
@@ -164,7 +171,7 @@ class Volume:
             raise
         source.close()
         return cls(data, name=name, resolution=source.resolution, offset=source.offset, chunks=source.chunks,
-                   source=source.stamp)
+                   stamp=source.stamp)
 
     @classmethod
     def from_array(cls, array: np.ndarray, *, name: str = "array", resolution=None, offset=None) -> "Volume":
@@ -176,12 +183,20 @@ class Volume:
     def __reduce__(self):
         """Pickle an in-memory volume with its data, a lazy one as its file and dataset (reopened read-only)."""
         if self._array is not None:
-            return _rebuilt_volume, (self._array, self.name, self.resolution, self.offset, self.chunks, self.source)
+            return _rebuilt_volume, (self._array, self.name, self.resolution, self.offset, self.chunks, self.stamp)
         return _reopened_volume, (type(self._reader), self._reader.reopen_arguments(), self._cache.budget_bytes)
 
     @property
     def in_memory(self) -> bool:
         return self._array is not None
+
+    @property
+    def source(self):
+        """Deprecated name of :attr:`stamp` ("source" also names the stores a volume reads, the
+        :class:`VolumeSource`)."""
+        warnings.warn("Volume.source is deprecated; use Volume.stamp (the same Stamp)", DeprecationWarning,
+                      stacklevel=2)
+        return self.stamp
 
     @property
     def array(self) -> np.ndarray:
@@ -439,8 +454,8 @@ class Volume:
         return f"Volume({self.name!r}, shape={self.shape}, {channels}dtype={self.dtype}, {where})"
 
 
-def _rebuilt_volume(array, name, resolution, offset, chunks, source) -> Volume:
-    return Volume(array, name=name, resolution=resolution, offset=offset, chunks=chunks, source=source)
+def _rebuilt_volume(array, name, resolution, offset, chunks, stamp) -> Volume:
+    return Volume(array, name=name, resolution=resolution, offset=offset, chunks=chunks, stamp=stamp)
 
 
 def _reopened_volume(source_type: type, arguments: tuple, cache_bytes: int) -> Volume:
