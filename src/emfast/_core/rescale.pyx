@@ -52,6 +52,15 @@ cdef object _weights(table, int64_t length, str name):
     return table
 
 
+cdef void _walk(src, tuple shape, int64_t *strides, int64_t *extent):
+    """The kernels' walk: ``src``'s byte strides (c, z, y, x) and the output's extent (z, y, x) of ``shape``."""
+    cdef int j
+    for j in range(4):
+        strides[j] = src.strides[j]
+    for j in range(3):
+        extent[j] = shape[1 + j]
+
+
 def rescale_nearest(src, index_z, index_y, index_x, out):
     """``out[c, z, y, x] = src[c, index_z[z], index_y[y], index_x[x]]`` without the GIL, bit for bit.
 
@@ -72,11 +81,7 @@ def rescale_nearest(src, index_z, index_y, index_x, out):
         return out
     cdef int64_t strides[4]
     cdef int64_t extent[3]
-    cdef int j
-    for j in range(4):
-        strides[j] = src.strides[j]
-    for j in range(3):
-        extent[j] = shape[1 + j]
+    _walk(src, shape, strides, extent)
     cdef const int64_t *iz = <const int64_t *> cnp.PyArray_DATA(<cnp.ndarray> tables[0])
     cdef const int64_t *iy = <const int64_t *> cnp.PyArray_DATA(<cnp.ndarray> tables[1])
     cdef const int64_t *ix = <const int64_t *> cnp.PyArray_DATA(<cnp.ndarray> tables[2])
@@ -118,11 +123,7 @@ def rescale_linear(src, tables, out):
         return out
     cdef int64_t strides[4]
     cdef int64_t extent[3]
-    cdef int j
-    for j in range(4):
-        strides[j] = src.strides[j]
-    for j in range(3):
-        extent[j] = lengths[j]
+    _walk(src, shape, strides, extent)
     cdef const int64_t *lz = <const int64_t *> cnp.PyArray_DATA(<cnp.ndarray> checked[0])
     cdef const int64_t *hz = <const int64_t *> cnp.PyArray_DATA(<cnp.ndarray> checked[1])
     cdef const double *wz = <const double *> cnp.PyArray_DATA(<cnp.ndarray> checked[2])
