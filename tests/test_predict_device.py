@@ -147,3 +147,25 @@ def test_cuda_with_torch_writes_what_the_cpu_writes(tmp_path, volume):
     _, cpu = _predict(lambda b: crop(b) * 2, volume, tmp_path / "cpu.zarr/pred", tta=4, batch_size=3)
     _, gpu = _predict(Crop(), volume, tmp_path / "gpu.zarr/pred", tta=4, batch_size=3, device="cuda")
     np.testing.assert_array_equal(gpu, cpu)
+
+
+def test_the_device_slots_are_counted_in_the_memory_budget(tmp_path, volume):
+    """The page-locked batch and result slots come out of memory=: with the same budget, the device path takes
+    smaller blocks than the CPU path (here one block against several), writes the same bytes, and its pinned
+    memory stays within what it counted."""
+    big = np.random.default_rng(3).integers(0, 256, (16, 96, 96), dtype=np.uint8)
+    settings = dict(patch_in=(8, 32, 32), chunks=(8, 16, 16), blend="none", batch_size=8, memory="12MiB")
+    cpu = ef.predict(crop_to_self, big, str(tmp_path / "cpu.zarr/pred"), **settings)
+    device = FakeDevice(seed=1)
+    on_device = ef.predict(crop_to_self, big, str(tmp_path / "dev.zarr/pred"), device=device, **settings)
+    assert on_device.blocks > cpu.blocks
+    read = [zarr.open_array(str(tmp_path / f"{n}.zarr"), path="pred", mode="r")[...] for n in ("cpu", "dev")]
+    np.testing.assert_array_equal(read[0], read[1])
+    from emfast.inference._device import HOST_SLOTS
+    pinned = sum(array.nbytes for array in device._pinned)
+    batch = 8 * 8 * 32 * 32  # batch_size * prod(patch_in); the output of a tile is its input here
+    assert pinned <= (HOST_SLOTS + 1) * 4 * batch + HOST_SLOTS * 8 * batch
+
+
+def crop_to_self(batch):
+    return np.array(batch)

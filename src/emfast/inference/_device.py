@@ -57,6 +57,11 @@ class DeviceRunner:
     def name(self) -> str:
         return self.backend.name
 
+    def host_bytes(self, output_elements: int) -> int:
+        """The page-locked host memory this runner holds at most: its batch slots, and one prediction of
+        ``output_elements`` per lent slot (counted at 8 bytes an element, the widest a model returns)."""
+        return (HOST_SLOTS + 1) * 4 * self._elements + HOST_SLOTS * 8 * int(output_elements)
+
     def host_slots(self) -> List[np.ndarray]:
         """The page-locked batch slots to gather into (flat float32); opens the device."""
         self._on_device(self._open)

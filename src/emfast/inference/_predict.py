@@ -229,8 +229,9 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         Threads reading blocks' inputs ahead of the model.
     memory : int or str, optional
         The budget for what the prediction holds (inputs read ahead, blocks' sums and outputs, batches, shared
-        tiles, which get an eighth before going to disk, and the chunk cache of an input given as a path, which
-        gets a quarter), in bytes or as "512MiB", "2GiB"; default 1 GiB. It sets the default ``block``;
+        tiles, which get an eighth before going to disk, the chunk cache of an input given as a path, which gets a
+        quarter, and a device's page-locked batch and result slots), in bytes or as "512MiB", "2GiB"; default
+        1 GiB. It sets the default ``block``;
         ValueError if one output chunk does not fit.
     resume, overwrite : bool
         Continue an unfinished prediction with the same settings and the same input (its files' sizes and
@@ -318,11 +319,13 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         if channels is None:
             probed = _probe(predictor_for(plan), plan)
             channels = probed[1].shape[0]
-        if block is None:
+        if block is None:  # the blocks get what the chunk cache, kept tiles and device slots leave
+            pinned = 0 if caller.runner is None else \
+                caller.runner.host_bytes(batch_size * channels * int(np.prod(plan.patch_out)))
             plan = TilePlan(volume.shape, patch_in, patch_out, overlap, chunks, roi,
                             _budget_block(plan, volume, channels, dtype, threads, batch_size, len(tile_variants),
                                           budget - budget // TILES_SHARE
-                                          - (budget // CACHE_SHARE if opened else 0), budget),
+                                          - (budget // CACHE_SHARE if opened else 0) - pinned, budget),
                             crop=blend == "none")
         predictor = predictor_for(plan, TileCache.beside(container, dataset, budget // TILES_SHARE))
         predictor.channels = channels
