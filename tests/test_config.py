@@ -505,3 +505,18 @@ def test_a_bad_loader_value_is_refused_in_the_same_words_from_python_and_yaml(ke
     text = BASE.replace("loader:\n  patch: [4, 16, 16]\n  batch_size: 2\n  seed: 3\n", section)
     error = _error(text)
     assert error.path == f"loader.{key}" and error.reason == str(python.value), (str(error), str(python.value))
+
+
+def test_a_sample_of_a_root_array_survives_dump_and_load(tmp_path):
+    """An array at the root of its store (as tensorstore and funlib write them) is the dataset "": written in the
+    short form or as {file, dataset}, dumped and loaded back to the same config."""
+    zarr = pytest.importorskip("zarr")
+    data = np.random.default_rng(5).integers(0, 256, (8, 32, 32), dtype=np.uint8)
+    zarr.create_array(str(tmp_path / "root.zarr"), shape=data.shape, chunks=(4, 16, 16), dtype=np.uint8)[...] = data
+    for raw in ('file: root.zarr\n      raw: ""', 'raw: {file: root.zarr, dataset: ""}'):
+        path = _write(tmp_path, f"data:\n  samples:\n    - {raw}\nloader:\n  patch: [4, 16, 16]\n")
+        config = load_config(path)
+        again = load_config(dump_config(config))
+        assert again == config
+        with again.loader() as loader:
+            assert loader.next_batch()["raw"].shape == (8, 1, 4, 16, 16)

@@ -61,7 +61,10 @@ def _volume(reader: Reader, value, path: Path_, sample_file) -> VolumeSpec:
                                      "{file: ..., dataset: ...} or give the sample a file")
         return VolumeSpec(sample_file, value, shared_file=True)
     reader.mapping(value, path, ("file", "dataset"), required=("dataset",) if sample_file else ("file", "dataset"))
-    dataset = reader.string(value["dataset"], path + ("dataset",))
+    dataset = value["dataset"]
+    if not isinstance(dataset, str):  # "" is an array at the store's root, as in the short form
+        raise reader.error(path + ("dataset",), f"expected a dataset path (\"\" for an array at the store's root), "
+                                                f"got {describe_value(dataset)}")
     if "file" in value:
         return VolumeSpec(_file(reader, value["file"], path + ("file",)), dataset)
     return VolumeSpec(sample_file, dataset, shared_file=True)
