@@ -520,3 +520,15 @@ def test_a_sample_of_a_root_array_survives_dump_and_load(tmp_path):
         assert again == config
         with again.loader() as loader:
             assert loader.next_batch()["raw"].shape == (8, 1, 4, 16, 16)
+
+
+def test_an_extra_channel_named_like_a_field_is_blamed_on_the_loader_not_on_normalize(files):
+    text = BASE.replace("      labels: volumes/labels\n",
+                        "      labels: volumes/labels\n      extra: {labels: volumes/raw}\n", 1)
+    text = text.replace("    - name: B\n      raw: {file: b.h5, dataset: volumes/raw}\n",
+                        "    - name: B\n      raw: {file: b.h5, dataset: volumes/raw}\n"
+                        "      extra: {labels: {file: b.h5, dataset: volumes/raw}}\n")
+    text = text.replace("  seed: 3\n", "  seed: 3\n  normalize: [0.5, 0]\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(files, text)).loader()
+    assert info.value.path == "loader" and "collides with a batch field" in str(info.value), str(info.value)

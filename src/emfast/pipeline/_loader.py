@@ -193,8 +193,7 @@ class Loader:
 
         with concerning(section="augment"):
             check_own(self.dataset.samples[0].own_resolution, self.augmentations, self.targets)
-        with concerning(setting="normalize"):
-            fields = self._fields(normalize)
+        fields = self._fields(normalize)
         self._own_fields = [f for f in fields if f.grids is not None]
         self._common_grid = common_grid(fields, self.dataset.names)
         with concerning(section="augment"):
@@ -240,10 +239,13 @@ class Loader:
         origin = np.zeros(3, dtype=np.int64)
         context = tuple(-((i - o) // 2) for i, o in zip(self.patch_in, self.patch_out))
 
+        def scales(volumes: List[Volume]) -> np.ndarray:
+            with concerning(setting="normalize"):  # a config names the key
+                return np.asarray([normalization(v, normalize) for v in volumes], dtype=np.float64)
+
         def converted(name: str, volumes: List[Volume], intensity: bool) -> Field:
-            scales = np.asarray([normalization(v, normalize) for v in volumes], dtype=np.float64)
             return Field(name, [Placed(v, origin) for v in volumes], self.dtype, self.patch_in, context,
-                         normalization=scales, intensity=intensity)
+                         normalization=scales(volumes), intensity=intensity)
 
         def placed_field(name: str, placed: List[Placed], dtype, patch, offset, **options) -> Field:
             """On raw's grid, or at the field's own voxel size where the samples ask for it."""
@@ -256,8 +258,8 @@ class Loader:
             if name in ("raw", "labels", "mask") or name in _targets.outputs(self.targets):
                 raise ValueError(f"extra channel name {name!r} collides with a batch field; rename it")
             placed = [s.placed_extra[name] for s in samples]
-            scales = np.asarray([normalization(p.volume, normalize) for p in placed], dtype=np.float64)
-            fields.append(placed_field(name, placed, self.dtype, self.patch_in, context, normalization=scales))
+            fields.append(placed_field(name, placed, self.dtype, self.patch_in, context,
+                                       normalization=scales([p.volume for p in placed])))
         if self.dataset.has_labels:
             label_patch = tuple(p + 2 * m for p, m in zip(self.patch_out, self.margin))
             placed = [s.placed_labels for s in samples]
