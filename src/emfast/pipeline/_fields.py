@@ -18,6 +18,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .._checks import concerning
 from ..sampling import FieldGrid, Placed, lcm_phase
 from ._gather import Field
 
@@ -75,19 +76,24 @@ def check_own(own: Sequence[str], augmentations, targets) -> None:
     own = list(own)
     if not own:
         return
+    # Each refusal is marked with the section of a config that names what it refuses.
     for augmentation in augmentations:
         if augmentation.moves_voxels:
-            raise ValueError(f"{augmentation.name} resamples off the voxel grid, which fields delivered at their own "
-                             f"voxel size ({OPTION}: {own}) do not support; deliver them on raw's grid (the "
-                             "default), or drop the augmentation")
+            with concerning(section="augment"):
+                raise ValueError(f"{augmentation.name} resamples off the voxel grid, which fields delivered at their "
+                                 f"own voxel size ({OPTION}: {own}) do not support; deliver them on raw's grid (the "
+                                 "default), or drop the augmentation")
     if "labels" in own:
         if targets:
-            raise ValueError(f"targets {[t.name for t in targets]} are computed on raw's grid; labels delivered at "
-                             f"their own voxel size ({OPTION}) cannot feed them: deliver the labels on raw's grid")
+            with concerning(section="targets"):
+                raise ValueError(f"targets {[t.name for t in targets]} are computed on raw's grid; labels delivered "
+                                 f"at their own voxel size ({OPTION}) cannot feed them: deliver the labels on raw's "
+                                 "grid")
         moving = [a.name for a in augmentations if a.unknown_voxels]
         if moving:
-            raise ValueError(f"{moving} track which labels are known on raw's grid; labels delivered at their own "
-                             f"voxel size ({OPTION}) cannot follow them: deliver the labels on raw's grid")
+            with concerning(section="augment"):
+                raise ValueError(f"{moving} track which labels are known on raw's grid; labels delivered at their own "
+                                 f"voxel size ({OPTION}) cannot follow them: deliver the labels on raw's grid")
 
 
 def common_grid(fields: Sequence[Field], sample_names: Sequence[str]) -> Optional[Tuple[np.ndarray, np.ndarray]]:

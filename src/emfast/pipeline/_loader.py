@@ -191,8 +191,7 @@ class Loader:
             self._backend = resolve_device(device)
         self.device = "cpu" if self._backend is None else self._backend.name
 
-        with concerning(section="augment"):
-            check_own(self.dataset.samples[0].own_resolution, self.augmentations, self.targets)
+        check_own(self.dataset.samples[0].own_resolution, self.augmentations, self.targets)
         fields = self._fields(normalize)
         self._own_fields = [f for f in fields if f.grids is not None]
         self._common_grid = common_grid(fields, self.dataset.names)
