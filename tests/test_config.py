@@ -532,3 +532,12 @@ def test_an_extra_channel_named_like_a_field_is_blamed_on_the_loader_not_on_norm
     with pytest.raises(ConfigError) as info:
         load_config(_write(files, text)).loader()
     assert info.value.path == "loader" and "collides with a batch field" in str(info.value), str(info.value)
+
+
+def test_targets_refused_for_labels_at_their_own_voxel_size_are_blamed_on_targets(files):
+    text = BASE.replace("    - name: A\n", "    - name: A\n      own_resolution: [labels]\n").replace(
+        "    - name: B\n", "    - name: B\n      own_resolution: [labels]\n").replace(
+        "augment:\n  - mirror\n  - intensity: {scale: 0.2, shift: 0.1}\n", "augment: [mirror]\ntargets: [foreground]\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(files, text)).loader()
+    assert info.value.path == "targets" and "cannot feed them" in str(info.value), str(info.value)
