@@ -29,6 +29,7 @@ from typing import Iterator, Optional, Sequence, Tuple
 import numpy as np
 
 from ._progress import plural
+from ._remote import RemoteStamp
 
 #: Attributes naming an array as written by emfast (the records of convert and predict, and predict's flags).
 RECORDS = ("emfast_convert", "emfast_predict", "emfast_predict_blocks")
@@ -83,7 +84,7 @@ def check_output_location(container: Path, dataset: str, kind: str, stamp, role:
     """OutputLocationError if the output would be the input described by ``stamp`` (a :class:`Stamp`, or None for
     an in-memory input), lie inside it, or contain it; ``role`` names the input in the message ("source", "input").
     """
-    if stamp is None or not isinstance(stamp.path, Path):  # in memory, or remote: never where a local output goes
+    if stamp is None or isinstance(stamp, RemoteStamp):  # in memory, or remote: never where a local output goes
         return
     output = filesystem_path(container, dataset, kind)
     if stamp.path.is_file():  # HDF5: one file holds the input and whatever else is written into it
@@ -128,7 +129,7 @@ def fingerprint(stamp) -> Optional[dict]:
     times emfast relies on, so a chunk rewritten under unchanged metadata is not seen."""
     if stamp is None:
         return None
-    if not isinstance(stamp.path, Path):
+    if isinstance(stamp, RemoteStamp):
         return {"metadata": stamp.marker, "bytes": stamp.size, "digest": stamp.digest}
     if stamp.path.is_file():
         entries = [_entry(stamp.path, stamp.path.parent)]
