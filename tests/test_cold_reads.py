@@ -213,9 +213,11 @@ def test_a_raw_precomputed_chunk_of_another_size_names_the_chunk(tmp_path):
 # several chunks side by side -------------------------------------------------------------------------------------
 
 class Recording:
-    """A volume source that records which thread read each chunk, and fails on the chunks named."""
+    """A volume source that records which thread read each chunk, and fails on the chunks named; it reads chunk by
+    chunk (no ``read_many``), as sources that do not read their files themselves do."""
 
     parallel_reads = True
+    read_many = None
 
     def __init__(self, source, failing=()) -> None:
         self._source = source
@@ -301,8 +303,19 @@ def test_run_all_runs_every_call_once_and_raises_the_first_error_after_all_ended
     assert threads == {threading.get_ident()}  # every core busy: no helper
 
 
-def test_idle_cores_follow_the_load_average(monkeypatch):
+def test_idle_cores_are_the_cores_less_the_threads_runnable_now(monkeypatch, tmp_path):
     monkeypatch.setattr(_decode, "_cores", lambda: 4)
+    figures = tmp_path / "loadavg"
+    monkeypatch.setattr(_decode, "LOADAVG", str(figures))
+    figures.write_text("5.10 4.00 3.00 3/812 4242\n")  # a busy last minute, but 3 threads runnable now
+    assert _decode._idle_cores() == 1
+    figures.write_text("0.00 0.00 0.00 7/812 4242\n")
+    assert _decode._idle_cores() == 0
+
+
+def test_idle_cores_follow_the_load_average_without_proc(monkeypatch, tmp_path):
+    monkeypatch.setattr(_decode, "_cores", lambda: 4)
+    monkeypatch.setattr(_decode, "LOADAVG", str(tmp_path / "none"))  # no /proc (macOS)
     monkeypatch.setattr(os, "getloadavg", lambda: (1.2, 0.0, 0.0))
     assert _decode._idle_cores() == 2
     monkeypatch.setattr(os, "getloadavg", lambda: (6.0, 0.0, 0.0))
@@ -387,3 +400,111 @@ def test_a_failing_read_among_a_batch_names_the_box_and_leaves_nothing_pinned(tm
             volume.read_box((0, 0, 0), (16, 20, 12), np.empty((1, 16, 20, 12), np.uint8))
         cache = volume.chunk_cache
         assert not cache.grid.pins.any() and cache.stats.blocks_held == 0 and not cache._pending
+
+
+# a box's missing chunks read in one call of the compiled reader, decoded in parts side by side -------------------
+
+@pytest.mark.parametrize("zarr_format, compressor", [(2, {"id": "blosc", "cname": "lz4"}), (2, {"id": "zlib"}),
+                                                     (2, None), (3, "zstd"), (3, "gzip"), (3, None)])
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32])
+def test_a_box_s_missing_zarr_chunks_are_read_in_one_call_and_equal_zarr_python(tmp_path, monkeypatch, zarr_format,
+                                                                                 compressor, dtype):
+    from emfast.io import _zarr
+    data = random_volume(dtype)
+    codec = {"zstd": zarr.codecs.ZstdCodec(), "gzip": zarr.codecs.GzipCodec()}.get(compressor, compressor) \
+        if isinstance(compressor, (str, type(None))) else compressor
+    array = zarr.create_array(str(tmp_path / "s.zarr"), shape=SHAPE, chunks=INNER, dtype=dtype,
+                              zarr_format=zarr_format, compressors=codec, fill_value=7)
+    array[:30] = data[:30]  # the chunks beyond plane 32 are never written, planes 30 and 31 hold the fill value
+    expected = data.copy()
+    expected[30:] = 7
+    calls = []
+    counted = _zarr.read_regular_files
+    monkeypatch.setattr(_zarr, "read_regular_files", lambda paths, *a, **k: calls.append(len(paths)) or
+                        counted(paths, *a, **k))
+    monkeypatch.setattr(_decode, "_idle_cores", lambda: 1)  # helpers wherever the work pays for them
+    assert_lazy_equal(tmp_path / "s.zarr", expected, cache_bytes=40 * 8 * 10 * 6 * 4)  # 40 blocks: evicted, read again
+    assert max(calls) > 1  # several chunks of a box in one call
+    assert not emfast_threads()
+
+
+def test_a_4d_zarr_array_with_its_channels_in_one_chunk_is_read_in_batches(tmp_path):
+    data = random_volume(np.uint16, (3,) + SHAPE)
+    zarr.create_array(str(tmp_path / "c.zarr"), shape=data.shape, chunks=(3,) + INNER, dtype=np.uint16,
+                      compressors=zarr.codecs.ZstdCodec(), dimension_names=["c", "z", "y", "x"])[...] = data
+    rng = np.random.default_rng(4)
+    with ef.open(tmp_path / "c.zarr", in_memory=False) as volume:
+        for corner, extent in random_boxes(rng, count=10):
+            out = volume.read_box(corner, extent, np.empty((3,) + tuple(extent), np.uint16))
+            np.testing.assert_array_equal(out, data[(slice(None),) + tuple(slice(c, c + e)
+                                                                           for c, e in zip(corner, extent))])
+
+
+def test_a_shard_rewritten_between_its_index_and_its_chunks_is_read_again_from_its_new_index(tmp_path):
+    """The batch path keeps a shard's index and reads the chunks' byte ranges later: a shard rewritten in between
+    (another size or time) has its chunks read again through its new index, never at the old offsets."""
+    first = random_volume(np.uint16, seed=1)
+    write_sharded_zarr_python(tmp_path / "s.zarr", first, zarr.codecs.ZstdCodec())
+    box, extent = (0, 0, 0), (16, 20, 12)  # one whole shard: 8 inner chunks
+    with ef.open(tmp_path / "s.zarr", in_memory=False) as volume:
+        out = volume.read_box(box, extent, np.empty((1,) + extent, np.uint16))
+        np.testing.assert_array_equal(out[0], first[:16, :20, :12])
+        assert volume._reader._direct._indexes  # the shard's index kept
+        second = np.arange(np.prod(SHAPE), dtype=np.uint16).reshape(SHAPE) // 64  # compresses to another size
+        zarr.open_array(str(tmp_path / "s.zarr"), mode="r+")[:16, :20, :12] = second[:16, :20, :12]
+        volume.chunk_cache.clear()
+        out = volume.read_box(box, extent, np.empty((1,) + extent, np.uint16))
+        np.testing.assert_array_equal(out[0], second[:16, :20, :12])
+
+
+def test_sharded_boxes_read_each_shard_index_once_in_batches(tmp_path, monkeypatch):
+    data = random_volume(np.float32)
+    write_sharded_zarr_python(tmp_path / "s.zarr", data, zarr.codecs.BloscCodec())
+    indexes = []
+    keep = ShardedChunks._keep_index
+    monkeypatch.setattr(ShardedChunks, "_keep_index", lambda self, key, *a: indexes.append(key) or keep(self, key, *a))
+    monkeypatch.setattr(_decode, "_idle_cores", lambda: 1)
+    assert_lazy_equal(tmp_path / "s.zarr", data)
+    assert len(indexes) == len(set(indexes)) == 3 * 3 * 3  # every shard's index read once, all kept
+
+
+def test_side_by_side_runs_every_item_once_in_parts_and_raises_after_all_ended(monkeypatch):
+    monkeypatch.setattr(_decode, "_cores", lambda: 3)
+    monkeypatch.setattr(_decode, "_idle_cores", lambda: 2)
+    runner = _decode.SideBySide()
+    seen, threads = [], set()
+
+    def work(part):
+        threads.add(threading.get_ident())
+        for item in part:
+            time.sleep(0.001)  # slow items: worth helpers once measured
+            seen.append(item)
+            if item == 13:
+                raise ValueError("item 13")
+
+    runner.run(list(range(10)), work)
+    assert sorted(seen) == list(range(10)) and threads == {threading.get_ident()}  # unmeasured: this thread alone
+    seen.clear()
+    with pytest.raises(ValueError, match="item 13"):
+        runner.run(list(range(10, 40)), work)
+    # three parts, 10..19 on this thread (it stops at its error), 20..29 and 30..39 on two helpers, all ended
+    assert sorted(seen) == list(range(10, 14)) + list(range(20, 40)) and len(threads) == 3
+    assert not emfast_threads()
+    quick = _decode.SideBySide()
+    threads.clear()
+    for _ in range(3):
+        quick.run(list(range(30)), lambda part: threads.add(threading.get_ident()))
+    assert threads == {threading.get_ident()}  # items too quick to pay for a helper
+
+
+def test_a_corrupt_chunk_among_a_batch_names_itself_and_leaves_nothing_pinned(tmp_path):
+    data = random_volume(np.uint16)
+    zarr.create_array(str(tmp_path / "s.zarr"), shape=SHAPE, chunks=INNER, dtype=np.uint16, zarr_format=2,
+                      compressors={"id": "zstd", "level": 1})[...] = data
+    (tmp_path / "s.zarr" / "1.1.1").write_bytes(b"\x28\xb5\x2f\xfd damaged")
+    with ef.open(tmp_path / "s.zarr", in_memory=False) as volume:
+        with pytest.raises(CorruptChunkError, match=r"s\.zarr: cannot decode chunk 1\.1\.1"):
+            volume.read_box((0, 0, 0), (24, 30, 18), np.empty((1, 24, 30, 18), np.uint16))
+        assert not volume.chunk_cache.grid.pins.any()
+        out = volume.read_box((0, 0, 0), (8, 20, 18), np.empty((1, 8, 20, 18), np.uint16))  # chunks around it
+        np.testing.assert_array_equal(out[0], data[:8, :20, :18])

@@ -12,9 +12,11 @@ chunk known to decode to exactly its block's size can be decoded straight into t
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
+import time
 from typing import Callable, List, Optional, Sequence
 
 #: Calls per helper thread at least: fewer are read on the calling thread alone, as starting a thread (about
@@ -29,8 +31,19 @@ def _cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+#: Linux's load figures; its fourth field is "runnable threads/all threads" at this instant.
+LOADAVG = "/proc/loadavg"
+
+
 def _idle_cores() -> int:
-    """Cores no thread is using, by the 1-minute load average (which counts this process's busy threads too)."""
+    """Cores no thread is using now: the cores less the threads runnable on this machine at this instant (Linux:
+    /proc/loadavg's count, which includes the caller; a thread waiting for the GIL sleeps and is not counted),
+    else by the 1-minute load average (which counts this process's busy threads too, and lags by seconds)."""
+    try:
+        with open(LOADAVG, "rb") as file:
+            return max(0, _cores() - int(file.read().split()[3].split(b"/")[0]))
+    except (OSError, IndexError, ValueError):
+        pass
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # no load average (Windows)
@@ -62,20 +75,21 @@ class _Calls:
                     self.errors.append(error)
 
 
-def run_all(calls: Sequence[Callable[[], None]]) -> None:
-    """Run every call, side by side on this thread and helper threads (at most one per idle core, and one per
-    :data:`CALLS_PER_HELPER` calls), and return when all have ended.
+def run_all(calls: Sequence[Callable[[], None]], helpers: Optional[int] = None) -> None:
+    """Run every call, side by side on this thread and helper threads, and return when all have ended.
 
-    Helpers run only on idle cores: where every core is busy (other producers, other processes), threads of one
-    process contend for the GIL and the cores, and cost CPU time without shortening the reads (measured on a
-    loaded 2-core machine: about 20 % more CPU time per box and no faster, ``benchmarks/lazy_cold.py``).
+    ``helpers`` (default: one per idle core, and one per :data:`CALLS_PER_HELPER` calls): helpers run only on
+    idle cores, since where every core is busy (other producers, other processes), threads of one process contend
+    for the GIL and the cores, and cost CPU time without shortening the reads (measured on a loaded 2-core
+    machine: about 20 % more CPU time per box and no faster, ``benchmarks/lazy_cold.py``).
 
     Raises
     ------
     BaseException
         The first exception a call raised, after every call has ended (the others' are dropped).
     """
-    helpers = min(_cores() - 1, _idle_cores(), (len(calls) - 1) // CALLS_PER_HELPER)
+    if helpers is None:
+        helpers = min(_cores() - 1, _idle_cores(), (len(calls) - 1) // CALLS_PER_HELPER)
     work = _Calls(calls)
     threads = [threading.Thread(target=work.work, name=f"emfast-decode-{n}", daemon=True) for n in range(helpers)]
     for thread in threads:
@@ -87,6 +101,42 @@ def run_all(calls: Sequence[Callable[[], None]]) -> None:
             thread.join()
     if work.errors:
         raise work.errors[0]
+
+
+#: Seconds of work a list must promise (its length times the measured seconds per item) to be cut into parts run
+#: side by side: a helper costs a thread's start (about 0.1 ms on a 2-core machine) and GIL hand-overs.
+SIDE_BY_SIDE_SECONDS = 0.4e-3
+
+
+class SideBySide:
+    """Runs one reader's work on the parts of a list (the reads and decodes of a box's chunks) side by side where
+    the list promises enough work to gain from it (:data:`SIDE_BY_SIDE_SECONDS`, by the seconds per item measured
+    on its earlier lists), else all on the calling thread.
+
+    The list is cut into one contiguous part per thread, so a helper takes no lock per item."""
+
+    def __init__(self) -> None:
+        self._seconds_per_item = 0.0  # unknown until measured: the first lists run on the calling thread
+
+    def run(self, items: Sequence, work: Callable[[Sequence], None]) -> None:
+        """Call ``work`` on parts of ``items`` (every item in exactly one part), side by side where that pays.
+
+        Raises
+        ------
+        BaseException
+            The first exception a part raised, after every part has ended (the calling thread's first).
+        """
+        if not items:
+            return
+        helpers = 0
+        if self._seconds_per_item * len(items) >= SIDE_BY_SIDE_SECONDS:
+            helpers = min(_cores() - 1, _idle_cores(), (len(items) - 1) // CALLS_PER_HELPER)
+        bounds = [len(items) * n // (helpers + 1) for n in range(helpers + 2)]
+        parts = [items[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        start = time.perf_counter()
+        run_all([functools.partial(work, part) for part in parts], helpers)
+        per_item = (time.perf_counter() - start) * (helpers + 1) / len(items)
+        self._seconds_per_item += 0.25 * (per_item - self._seconds_per_item)
 
 
 def zstd_content_size(frame) -> Optional[int]:

@@ -33,6 +33,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
+from ._filebatch import read_regular_files
 from ._metadata import bad_metadata, deprecated_level, int_list, metadata_key, number_list
 from ._remote import RemoteStore
 from ._source import (CorruptChunkError, Stamp, StoreMetadataError, VolumeSource, add_transfer_time, checked_chunk,
@@ -168,10 +169,9 @@ class PrecomputedSource(VolumeSource):
         """Fill several boxes, ``requests`` a list of (corner, extent, out) as :meth:`read` takes them: a scale
         tensorstore reads gets every box's read issued at once, decoded concurrently by tensorstore's threads
         outside the GIL, each delivered in emfast's (c, z, y, x) order (tensorstore transposes while it copies);
-        a raw scale reads its chunk files one after another."""
+        a raw scale reads its whole chunks' files in one call (:meth:`_ChunkFiles.read_raw_many`)."""
         if self._store is None:
-            for corner, extent, out in requests:
-                self.read(corner, extent, out)
+            self._chunk_files.read_raw_many(requests, self.dtype, self.stamp)
             return
         reads = []
         for corner, extent, out in requests:
@@ -288,21 +288,39 @@ class _ChunkFiles:
                 continue
             out[into] = chunk[(slice(None),) + tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, start))]
 
+    def read_raw_many(self, requests, dtype: np.dtype, stamp: Stamp) -> None:
+        """Fill the boxes of ``requests`` ((corner, extent, out) each): those that are one whole chunk from their
+        uncompressed files in one call (:func:`read_regular_files`) straight into ``out``, the others (and chunks
+        stored compressed, missing, or of another size, which it reports) by :meth:`read_raw`."""
+        stems = [self._whole_chunk_stem(corner, extent, out, dtype) for corner, extent, out in requests]
+        whole = [(stem, request) for stem, request in zip(stems, requests) if stem is not None]
+        directory = str(self._directory)
+        contents, _ = read_regular_files([os.path.join(directory, stem) for stem, _ in whole],
+                                         "a precomputed chunk", into=[out for _, (_, _, out) in whole])
+        done = {id(request) for (_, request), data in zip(whole, contents) if data is True}
+        for request in requests:
+            if id(request) not in done:
+                self.read_raw(*request, dtype, stamp)
+
     def _read_whole_chunk(self, corner, extent, out: np.ndarray, dtype: np.dtype) -> bool:
-        """Read the box straight from its chunk's uncompressed file into ``out`` if the box is exactly one chunk
-        (as the chunk cache asks) and the file has the chunk's size: the raw encoding is the chunk's little-endian
-        (c, z, y, x) elements, ``out``'s own layout. False, with ``out`` to be filled by :meth:`read_raw`'s
-        general path (a compressed or missing file, or one of another size, which it reports; a remote store's
-        chunk, read through the store), otherwise."""
+        """Read the box straight from its chunk's uncompressed file into ``out`` if :meth:`_whole_chunk_stem`
+        names one and the file has the chunk's size; False, with ``out`` to be filled by :meth:`read_raw`'s
+        general path, otherwise."""
+        stem = self._whole_chunk_stem(corner, extent, out, dtype)
+        return stem is not None and bool(read_regular_file_into(self._directory / stem, "a precomputed chunk", out))
+
+    def _whole_chunk_stem(self, corner, extent, out: np.ndarray, dtype: np.dtype) -> Optional[str]:
+        """The file name of the chunk if the box is exactly one chunk (as the chunk cache asks) of a local scale and
+        ``out`` its C-contiguous buffer: the raw encoding is the chunk's little-endian (c, z, y, x) elements,
+        ``out``'s own layout. None otherwise (a remote store's chunk is read through the store)."""
         if isinstance(self._directory, RemoteStore) or not out.flags.c_contiguous or out.dtype != dtype:
-            return False
+            return None
         chunk = self._chunk[::-1]
         if not all(int(c) % k == 0 and int(e) == min(k, s - int(c))
                    for c, e, k, s in zip(corner, extent, chunk, self._size[::-1])):
-            return False
-        stem = "_".join(f"{o + int(c)}-{o + int(c) + int(e)}"
+            return None
+        return "_".join(f"{o + int(c)}-{o + int(c) + int(e)}"
                         for o, c, e in zip(self.origin, corner[::-1], extent[::-1]))
-        return bool(read_regular_file_into(self._directory / stem, "a precomputed chunk", out))
 
     def _chunk_data(self, stem: str, shape, channels: int, dtype: np.dtype, stamp: Stamp):
         """One chunk as (c, z, y, x), from its file in whichever form it exists, or None if in none."""

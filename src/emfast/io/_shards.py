@@ -14,6 +14,7 @@ index. A chunk whose index entry points outside its file, or an index whose chec
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -24,6 +25,8 @@ from typing import Callable, Optional, Tuple
 
 import numpy as np
 
+from ._decode import SideBySide
+from ._filebatch import lent_buffer, read_regular_files
 from ._source import CorruptChunkError, Stamp, add_transfer_time, decoded_into, require_kind
 
 #: Index entry of an inner chunk that was never written (offset and length both).
@@ -69,6 +72,7 @@ class ShardedChunks:
         self._fill = array.fill_value
         self._indexes: "OrderedDict[str, Tuple[Tuple[int, int], np.ndarray]]" = OrderedDict()
         self._lock = threading.Lock()
+        self._decodes = SideBySide()  # a box's chunks decoded side by side where that pays
 
     @classmethod
     def for_array(cls, array, directory: Path, decoder: Callable, decoder_into: Callable
@@ -96,31 +100,124 @@ class ShardedChunks:
             return None
         return cls(array, directory, decode, into, checksum, sharding.index_location.value == "end")
 
-    def read(self, corner, extent, out: np.ndarray, name: str, stamp: Stamp) -> bool:
-        """Fill ``out`` (1, z, y, x) if the box is exactly one inner chunk of a 3-D array; False otherwise, and
-        the caller reads through zarr-python."""
-        if len(self._shape) != 3 or not all(int(c) % k == 0 and int(e) == min(k, s - int(c))
-                                            for c, e, k, s in zip(corner, extent, self._inner, self._shape)):
-            return False
+    def _one_chunk(self, corner, extent) -> bool:
+        """Whether the box is exactly one inner chunk of a 3-D array."""
+        return len(self._shape) == 3 and all(int(c) % k == 0 and int(e) == min(k, s - int(c))
+                                             for c, e, k, s in zip(corner, extent, self._inner, self._shape))
+
+    def _locate(self, corner, name: str) -> Tuple[str, int, str]:
+        """(its shard's key, its position in the shard's index, words naming it) of the inner chunk at ``corner``."""
         chunk = tuple(int(c) // k for c, k in zip(corner, self._inner))
         shard = tuple(c // n for c, n in zip(chunk, self._per_shard))
         position = int(np.ravel_multi_index(tuple(c % n for c, n in zip(chunk, self._per_shard)), self._per_shard))
         key = self._metadata.encode_chunk_key(shard)
-        where = f"{name}: chunk (z, y, x) = {chunk} (in shard {key})"
+        return key, position, f"{name}: chunk (z, y, x) = {chunk} (in shard {key})"
+
+    def read(self, corner, extent, out: np.ndarray, name: str, stamp: Stamp) -> bool:
+        """Fill ``out`` (1, z, y, x) if the box is exactly one inner chunk of a 3-D array; False otherwise, and
+        the caller reads through zarr-python."""
+        if not self._one_chunk(corner, extent):
+            return False
+        key, position, where = self._locate(corner, name)
         start = time.perf_counter()
         try:
             data = self._chunk_bytes(key, position, where)
         finally:  # the shard's bytes moved: the rest of the read is decoding
             add_transfer_time(time.perf_counter() - start)
+        self._fill_from(data, extent, out, where, stamp)
+        return True
+
+    def read_many(self, requests, name: str, stamp: Stamp) -> list:
+        """Fill the boxes of ``requests`` ((corner, extent, out) each) that are one inner chunk each: the indexes
+        of their shards not kept yet read in one call, then the chunks' byte ranges read in one call
+        (:func:`read_regular_files`) and decoded, in parts side by side where that pays (:class:`SideBySide`).
+        A chunk whose shard changed since its index was read is read again alone (:meth:`read`). Returns the
+        requests it did not fill."""
+        mine, rest = [], []
+        for request in requests:
+            (mine if self._one_chunk(request[0], request[1]) else rest).append(request)
+        located = [self._locate(corner, name) for corner, _, _ in mine]
+        indexes = self._indexes_of(sorted({key for key, _, _ in located}), {key: w for key, _, w in located})
+        ranges = []
+        for (key, position, where), (corner, extent, out) in zip(located, mine):
+            version, index = indexes[key]
+            entry = None if index is None else self._entry(index, position, version[0], where)
+            if entry is None:
+                self._fill_from(None, extent, out, where, stamp)
+            else:
+                ranges.append((key, entry, version, where, corner, extent, out))
+        again: list = []
+        self._decodes.run(ranges, functools.partial(self._read_part, again=again, stamp=stamp))
+        for corner, extent, out in again:
+            self.read(corner, extent, out, name, stamp)
+        return rest
+
+    def _read_part(self, ranges, again: list, stamp: Stamp) -> None:
+        """Read and decode inner chunks, ``ranges`` (shard key, (offset, length), the shard's version its index
+        was read at, words naming the chunk, corner, extent, out) each; a chunk whose shard is no longer at that
+        version is appended to ``again`` (its box as :meth:`read` takes it)."""
+        directory = str(self._directory)
+        with lent_buffer() as buffer:
+            contents, versions = read_regular_files([os.path.join(directory, key) for key, *_ in ranges],
+                                                    "a zarr shard", [entry[0] for _, entry, *_ in ranges],
+                                                    [entry[1] for _, entry, *_ in ranges], buffer=buffer)
+            for data, read_version, (_, entry, version, where, corner, extent, out) in zip(contents, versions, ranges):
+                if read_version != version or data is None or len(data) != entry[1]:
+                    again.append((corner, extent, out))
+                else:
+                    self._fill_from(data, extent, out, where, stamp)
+
+    def _fill_from(self, data, extent, out: np.ndarray, where: str, stamp: Stamp) -> None:
+        """Fill ``out`` from an inner chunk's stored bytes ``data`` (None: never written, the fill value)."""
         if data is None:
             out[...] = self._fill
-            return True
+            return
         whole = out.flags.c_contiguous and out.dtype == self._dtype and out.size == math.prod(self._inner)
         if whole and self._decode_into is not None and self._decode_into(data, out):
-            return True
+            return
         decoded_into(data, out, self._dtype, self._inner, extent, self._decode, where, f"{where}: cannot decode it",
                      stamp)
-        return True
+
+    def _indexes_of(self, keys, where) -> dict:
+        """Shard key -> ((size, mtime), index or None where there is no shard file) for ``keys``: kept indexes as
+        they are (the chunks' reads check their version), the others read in one call. ``where``: key -> words
+        naming a chunk of it, for errors."""
+        found = {}
+        with self._lock:
+            for key in keys:
+                kept = self._indexes.get(key)
+                if kept is not None:
+                    self._indexes.move_to_end(key)
+                    found[key] = kept
+        unread = [key for key in keys if key not in found]
+        if unread:
+            start = -self._index_bytes if self._at_end else 0
+            contents, versions = read_regular_files([self._directory / key for key in unread], "a zarr shard",
+                                                    [start] * len(unread), [self._index_bytes] * len(unread))
+            for key, raw, version in zip(unread, contents, versions):
+                if raw is None:
+                    found[key] = (version, None)
+                    continue
+                self._check_size(version[0], where[key])
+                found[key] = (version, self._keep_index(key, bytes(raw), version, where[key]))
+        return found
+
+    def _check_size(self, size: int, where: str) -> None:
+        if size < self._index_bytes:
+            raise CorruptChunkError(f"{where}: the shard file has {size} bytes, fewer than its index's "
+                                    f"{self._index_bytes}; the store is corrupt or being written")
+
+    @staticmethod
+    def _entry(index: np.ndarray, position: int, size: int, where: str) -> Optional[Tuple[int, int]]:
+        """(offset, length) of inner chunk ``position`` in a shard of ``size`` bytes, or None if never written."""
+        offset, length = index[position]
+        if offset == _EMPTY and length == _EMPTY:
+            return None
+        if int(offset) + int(length) > size:
+            raise CorruptChunkError(f"{where}: the shard's index places it at bytes "
+                                    f"{int(offset)}..{int(offset) + int(length)}, beyond the file's {size}; the "
+                                    "store is corrupt or being written")
+        return int(offset), int(length)
 
     def _chunk_bytes(self, key: str, position: int, where: str) -> Optional[bytes]:
         """The encoded bytes of inner chunk ``position`` of shard ``key``, or None if it was never written
@@ -134,18 +231,10 @@ class ShardedChunks:
         try:
             status = os.fstat(descriptor)
             size = status.st_size
-            if size < self._index_bytes:
-                raise CorruptChunkError(f"{where}: the shard file has {size} bytes, fewer than its index's "
-                                        f"{self._index_bytes}; the store is corrupt or being written")
+            self._check_size(size, where)
             index = self._index(key, descriptor, (size, status.st_mtime_ns), where)
-            offset, length = index[position]
-            if offset == _EMPTY and length == _EMPTY:
-                return None
-            if int(offset) + int(length) > size:
-                raise CorruptChunkError(f"{where}: the shard's index places it at bytes "
-                                        f"{int(offset)}..{int(offset) + int(length)}, beyond the file's {size}; the "
-                                        "store is corrupt or being written")
-            return os.pread(descriptor, int(length), int(offset))
+            entry = self._entry(index, position, size, where)
+            return None if entry is None else os.pread(descriptor, entry[1], entry[0])
         finally:
             os.close(descriptor)
 
@@ -157,7 +246,11 @@ class ShardedChunks:
                 self._indexes.move_to_end(key)
                 return kept[1]
         start = version[0] - self._index_bytes if self._at_end else 0
-        raw = os.pread(descriptor, self._index_bytes, start)
+        return self._keep_index(key, os.pread(descriptor, self._index_bytes, start), version, where)
+
+    def _keep_index(self, key: str, raw: bytes, version: Tuple[int, int], where: str) -> np.ndarray:
+        """Shard ``key``'s index from its stored bytes ``raw`` (checked against its checksum), kept for
+        ``version``."""
         if self._checksum:
             import numcodecs
             try:

@@ -29,6 +29,7 @@ still refuses is reported as the same error, naming the metadata file.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -41,7 +42,8 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ._geometry import Geometry, array_geometry, choose_level, multiscale_levels, require_agreement
-from ._decode import blosc_content_size, zstd_content_size
+from ._decode import SideBySide, blosc_content_size, zstd_content_size
+from ._filebatch import lent_buffer, read_regular_files
 from ._metadata import bad_metadata, int_list, metadata_key, parsing
 from ._remote import RemoteReadError, RemoteStore, ReadAbandoned
 from ._shards import ShardedChunks
@@ -179,6 +181,19 @@ class ZarrSource(VolumeSource):
         """The stored array's index of the (z, y, x) box, every channel, time point 0."""
         box = {a: slice(int(c), int(c) + int(e)) for a, c, e in zip("zyx", corner, extent)}
         return tuple(0 if a == "t" else box.get(a, slice(None)) for a in self._take)
+
+    @property
+    def read_many(self):
+        """A function filling several boxes at once (a list of (corner, extent, out), as :meth:`read` takes them)
+        where emfast reads this array's chunk files itself: the chunk cache's missing blocks of a box, read in one
+        call and decoded side by side. None where another library reads the chunks, or they are remote."""
+        if self._direct is None or isinstance(self._path, RemoteStore):
+            return None
+        return self._read_many
+
+    def _read_many(self, requests) -> None:
+        for corner, extent, out in self._direct.read_many(requests, self.name, self.stamp):
+            self.read(corner, extent, out)
 
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
         if self._direct is not None and self._direct.read(corner, extent, out, self.name, self.stamp):
@@ -424,6 +439,7 @@ class _DirectChunks:
         if endian is not None and self._dtype.itemsize > 1:
             self._dtype = self._dtype.newbyteorder("<" if endian == "little" else ">")
         self._fill = array.fill_value
+        self._decodes = SideBySide()  # a box's chunks decoded side by side where that pays
 
     @classmethod
     def for_array(cls, array, directory: Union[Path, RemoteStore]) -> Optional["_DirectChunks"]:
@@ -449,33 +465,68 @@ class _DirectChunks:
         return self._metadata.encode_chunk_key((0,) * lead + tuple(int(c) // k for c, k in
                                                                    zip(corner, self._chunks[lead:])))
 
-    def read(self, corner, extent, out: np.ndarray, name: str, stamp: Stamp) -> bool:
-        """Fill ``out`` if the box is exactly one chunk of a 3-D array (or of a 4-D one with all channels in one
-        chunk); False otherwise, and the caller reads through zarr-python."""
+    def _one_chunk(self, corner, extent) -> bool:
+        """Whether the box is exactly one chunk of a 3-D array (or of a 4-D one with all channels in one chunk)."""
         lead = len(self._shape) - 3
         if lead and self._chunks[0] != self._shape[0]:
             return False
-        spatial = self._chunks[lead:]
-        if not all(int(c) % k == 0 and int(e) == min(k, s - int(c))
-                   for c, e, k, s in zip(corner, extent, spatial, self._shape[lead:])):
+        return all(int(c) % k == 0 and int(e) == min(k, s - int(c))
+                   for c, e, k, s in zip(corner, extent, self._chunks[lead:], self._shape[lead:]))
+
+    def _whole(self, out: np.ndarray) -> bool:
+        """Whether ``out`` is a whole chunk's buffer, which a chunk is read or decoded straight into."""
+        return out.flags.c_contiguous and out.dtype == self._dtype and out.size == math.prod(self._chunks)
+
+    def read(self, corner, extent, out: np.ndarray, name: str, stamp: Stamp) -> bool:
+        """Fill ``out`` if the box is exactly one chunk (:meth:`_one_chunk`); False otherwise, and the caller reads
+        through zarr-python."""
+        if not self._one_chunk(corner, extent):
             return False
         key = self.key(corner)
-        # a whole chunk (the chunk cache's usual request) is read or decoded straight into ``out``
-        whole = out.flags.c_contiguous and out.dtype == self._dtype and out.size == math.prod(self._chunks)
+        whole = self._whole(out)
         if isinstance(self.directory, RemoteStore):
             data = self.directory.get(key)
         else:
             if whole and self._raw and read_regular_file_into(self.directory / key, "a zarr chunk", out):
                 return True
             data = read_regular_file(self.directory / key, "a zarr chunk")
+        self._fill_from(data, key, extent, out, whole, name, stamp)
+        return True
+
+    def read_many(self, requests, name: str, stamp: Stamp) -> list:
+        """Fill the boxes of ``requests`` ((corner, extent, out) each) that are one chunk each of a local array,
+        their files read in one call (:func:`read_regular_files`) and decoded, in parts side by side where that
+        pays (:class:`SideBySide`). Returns the requests it did not fill."""
+        if isinstance(self.directory, RemoteStore):
+            return list(requests)
+        mine, rest = [], []
+        for request in requests:
+            (mine if self._one_chunk(request[0], request[1]) else rest).append(request)
+        self._decodes.run(mine, functools.partial(self._read_part, name=name, stamp=stamp))
+        return rest
+
+    def _read_part(self, requests, name: str, stamp: Stamp) -> None:
+        """Fill ``requests``, one chunk each: their files read in one call, then decoded one after another."""
+        keys = [self.key(corner) for corner, _, _ in requests]
+        wholes = [self._whole(out) for _, _, out in requests]
+        into = [out if whole and self._raw else None for (_, _, out), whole in zip(requests, wholes)]
+        directory = str(self.directory)
+        with lent_buffer() as buffer:
+            contents, _ = read_regular_files([os.path.join(directory, key) for key in keys], "a zarr chunk",
+                                             into=into, buffer=buffer)
+            for data, key, (_, extent, out), whole in zip(contents, keys, requests, wholes):
+                if data is not True:
+                    self._fill_from(data, key, extent, out, whole, name, stamp)
+
+    def _fill_from(self, data, key: str, extent, out: np.ndarray, whole: bool, name: str, stamp: Stamp) -> None:
+        """Fill ``out`` from chunk ``key``'s stored bytes ``data`` (None: no chunk, the fill value)."""
         if data is None:
             out[...] = self._fill
-            return True
+            return
         if whole and self._decode_into is not None and self._decode_into(data, out):
-            return True
+            return
         decoded_into(data, out, self._dtype, self._chunks, extent, self._decode, f"{name}: chunk {key}",
                      f"{name}: cannot decode chunk {key}", stamp)
-        return True
 
 
 def _decoder_into(codec):

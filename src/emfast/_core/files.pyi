@@ -1,0 +1,16 @@
+# Stub of the compiled module emfast._core.files (files.pyx): many files read in one call without the GIL.
+import os
+from typing import List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+FILE_READ: int
+FILE_MISSING: int
+FILE_NOT_REGULAR: int
+FILE_FAILED: int
+FILE_UNSUPPORTED: int
+
+def read_files(paths: List[Union[str, bytes, os.PathLike]], starts: Optional[Sequence[int]] = None,
+               lengths: Optional[Sequence[int]] = None, into: Optional[List[Optional[np.ndarray]]] = None,
+               scratch: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                          np.ndarray]: ...

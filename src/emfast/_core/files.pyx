@@ -1,0 +1,140 @@
+# cython: language_level=3
+"""Thin wrapper around the file reader in csrc/files.cpp (contract in csrc/files.h): many files, or byte ranges of
+them, read in one call without the GIL."""
+import os
+
+from libc.stdint cimport int64_t
+from libc.stdlib cimport free, malloc
+
+import numpy as np
+
+cimport numpy as cnp
+
+cnp.import_array()
+
+
+cdef extern from "files.h" nogil:
+    ctypedef enum emf_file_status:
+        EMF_FILE_OPEN
+        EMF_FILE_MISSING
+        EMF_FILE_NOT_REGULAR
+        EMF_FILE_FAILED
+        EMF_FILE_UNSUPPORTED
+    void emf_open_files(int64_t n, const char *const *paths, int *descriptors, int64_t *sizes, int64_t *mtimes_ns,
+                        int *status, int *modes, int *errors)
+    void emf_read_files(int64_t n, const int *descriptors, const int64_t *starts, int64_t *lengths,
+                        char *const *destinations, int *status, int *errors)
+    void emf_close_files(int64_t n, const int *descriptors, const int *status)
+
+
+#: What became of a file, as :func:`read_files` reports it: read (its bytes where ``offsets`` says), no such file,
+#: not a regular file (never read; ``modes`` holds its st_mode), a system call failed (``errors`` holds errno), or
+#: not read by this build (Windows: read it another way).
+FILE_READ = EMF_FILE_OPEN
+FILE_MISSING = EMF_FILE_MISSING
+FILE_NOT_REGULAR = EMF_FILE_NOT_REGULAR
+FILE_FAILED = EMF_FILE_FAILED
+FILE_UNSUPPORTED = EMF_FILE_UNSUPPORTED
+
+
+def read_files(list paths, starts=None, lengths=None, list into=None, scratch=None):
+    """Read ``paths`` (str, bytes or path-like), whole or byte ranges of them, one after another without the GIL.
+
+    ``starts`` and ``lengths`` (int64 per path, default 0 and -1) choose the bytes: from ``starts[i]`` (a negative
+    start counts from the file's end, as an HTTP suffix range does), ``lengths[i]`` of them (-1: to the end).
+    ``into`` (None or a list of None or writeable C-contiguous arrays) names where a file's bytes go when it has
+    exactly ``into[i].nbytes`` of them to read; others go to one buffer: the start of ``scratch`` (a writeable
+    C-contiguous uint8 array) if it is large enough, else a new one. Reusing a scratch buffer spares the page
+    faults of fresh memory, which cost more than the reads themselves.
+
+    Returns
+    -------
+    data : numpy.ndarray
+        uint8: the bytes of every file read but not into its ``into``, one after another (a view of ``scratch``
+        where they fit in it).
+    offsets : numpy.ndarray
+        int64 per path: where its bytes start in ``data``; -1 where they went to ``into[i]`` or none were read.
+    read : numpy.ndarray
+        int64 per path: how many bytes were read (fewer than asked for where the file ends first).
+    status, modes, errors : numpy.ndarray
+        int32 per path: :data:`FILE_READ` and the other codes above, st_mode where not regular, errno where failed.
+    sizes, mtimes_ns : numpy.ndarray
+        int64 per path: the file's size and modification time (ns) when it was opened (its ``fstat``), so a
+        caller can tell a file rewritten since it last looked at it.
+    """
+    cdef Py_ssize_t n = len(paths), i
+    encoded = [os.fsencode(path) for path in paths]
+    cdef cnp.ndarray[cnp.int64_t] begin = np.zeros(n, np.int64) if starts is None else \
+        np.ascontiguousarray(starts, np.int64)
+    cdef cnp.ndarray[cnp.int64_t] wanted = np.full(n, -1, np.int64) if lengths is None else \
+        np.ascontiguousarray(lengths, np.int64)
+    if begin.shape[0] != n or wanted.shape[0] != n or (into is not None and len(into) != n):
+        raise ValueError(f"read_files: {n} paths but {begin.shape[0]} starts, {wanted.shape[0]} lengths"
+                         + ("" if into is None else f", {len(into)} destinations"))
+    cdef cnp.ndarray[cnp.int32_t] descriptors = np.full(n, -1, np.int32)
+    cdef cnp.ndarray[cnp.int32_t] status = np.empty(n, np.int32)
+    cdef cnp.ndarray[cnp.int32_t] modes = np.zeros(n, np.int32)
+    cdef cnp.ndarray[cnp.int32_t] errors = np.zeros(n, np.int32)
+    cdef cnp.ndarray[cnp.int64_t] sizes = np.zeros(n, np.int64)
+    cdef cnp.ndarray[cnp.int64_t] mtimes = np.zeros(n, np.int64)
+    cdef cnp.ndarray[cnp.int64_t] offsets = np.full(n, -1, np.int64)
+    cdef cnp.ndarray[cnp.int64_t] read = np.zeros(n, np.int64)
+    cdef const char **c_paths = <const char **>malloc(max(n, 1) * sizeof(char *))
+    cdef char **destinations = <char **>malloc(max(n, 1) * sizeof(char *))
+    cdef int64_t size, first, total = 0
+    cdef char *base
+    if c_paths == NULL or destinations == NULL:
+        free(c_paths)
+        free(destinations)
+        raise MemoryError("read_files: out of memory for the list of paths")
+    try:
+        for i in range(n):
+            c_paths[i] = encoded[i]
+        with nogil:
+            emf_open_files(n, c_paths, <int *>descriptors.data, <int64_t *>sizes.data, <int64_t *>mtimes.data,
+                           <int *>status.data, <int *>modes.data, <int *>errors.data)
+        try:
+            targets = [None] * n
+            for i in range(n):
+                if status[i] != EMF_FILE_OPEN:
+                    continue
+                size = sizes[i]
+                first = min(max(size + begin[i] if begin[i] < 0 else begin[i], 0), size)
+                begin[i] = first
+                read[i] = size - first if wanted[i] < 0 else min(wanted[i], size - first)
+                target = into[i] if into is not None else None
+                if target is not None and _writeable_contiguous(target, i) and (<cnp.ndarray>target).nbytes == read[i]:
+                    targets[i] = target
+                else:
+                    offsets[i] = total
+                    total += read[i]
+            if scratch is not None and _writeable_contiguous(scratch, -1) and scratch.dtype == np.uint8 \
+                    and scratch.shape[0] >= total:
+                data = scratch[:total]
+            else:
+                data = np.empty(total, np.uint8)
+            base = <char *>cnp.PyArray_DATA(data)
+            for i in range(n):
+                if offsets[i] >= 0:
+                    destinations[i] = base + offsets[i]
+                elif targets[i] is not None:
+                    destinations[i] = <char *>cnp.PyArray_DATA(<cnp.ndarray>targets[i])
+                else:
+                    destinations[i] = NULL
+        except BaseException:
+            emf_close_files(n, <int *>descriptors.data, <int *>status.data)
+            raise
+        with nogil:  # closes every file it reads
+            emf_read_files(n, <int *>descriptors.data, <int64_t *>begin.data, <int64_t *>read.data, destinations,
+                           <int *>status.data, <int *>errors.data)
+    finally:
+        free(c_paths)
+        free(destinations)
+    return data, offsets, read, status, modes, errors, sizes, mtimes
+
+
+cdef bint _writeable_contiguous(target, Py_ssize_t i) except -1:
+    if not isinstance(target, np.ndarray) or not target.flags.c_contiguous or not target.flags.writeable:
+        raise TypeError(f"read_files: {'scratch' if i < 0 else f'into[{i}]'} must be a writeable C-contiguous NumPy array, got "
+                        f"{type(target).__name__}")
+    return True

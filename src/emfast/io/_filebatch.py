@@ -1,0 +1,119 @@
+"""Reading the files of many chunks in one call: the missing blocks of a box, read by the compiled reader.
+
+A box of a lazy volume misses up to 27 chunks at once. Read one by one in Python, each file costs a stat, an open,
+an fstat, a read and a close through the interpreter, about as long as decoding it (``benchmarks/lazy_cold.py``);
+:func:`read_regular_files` makes the same system calls for all of them in one call of ``emfast._core.files``
+without the GIL, with the same contract as :func:`~emfast.io._source.read_regular_file`: a path is checked before
+it is opened, so a FIFO or a device is refused, never read.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno as errnos
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .._core.files import FILE_FAILED, FILE_MISSING, FILE_NOT_REGULAR, FILE_READ, FILE_UNSUPPORTED, read_files
+from ._source import _kind, add_transfer_time, read_regular_file
+
+#: Most bytes of a lent buffer kept for the next reads (a box's chunks take about a MiB), and most buffers kept.
+KEPT_BUFFER_BYTES = 4 << 20
+KEPT_BUFFERS = 4
+
+
+class FileBuffer:
+    """Where :func:`read_regular_files` puts the bytes of the files it reads: the buffer of an earlier read where
+    they fit, else a new one, kept for the next (if at most :data:`KEPT_BUFFER_BYTES`). Reused memory spares the
+    page faults of fresh memory, which cost more than the reads themselves."""
+
+    def __init__(self) -> None:
+        self.array: Optional[np.ndarray] = None
+
+
+_kept: List[FileBuffer] = []
+_kept_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def lent_buffer() -> Iterator[FileBuffer]:
+    """A :class:`FileBuffer` lent for the block and given back after it: bytes read into it must not be used
+    after the block."""
+    with _kept_lock:
+        buffer = _kept.pop() if _kept else FileBuffer()
+    try:
+        yield buffer
+    finally:
+        with _kept_lock:
+            if len(_kept) < KEPT_BUFFERS:
+                _kept.append(buffer)
+
+
+#: One file's bytes as :func:`read_regular_files` gives them: None (no file), True (read into its ``into``
+#: array), or a read-only view of them.
+Contents = Union[None, bool, memoryview]
+
+
+def read_regular_files(paths: Sequence[Path], what: str, starts: Optional[Sequence[int]] = None,
+                       lengths: Optional[Sequence[int]] = None, into: Optional[List[Optional[np.ndarray]]] = None,
+                       buffer: Optional[FileBuffer] = None) -> Tuple[List[Contents], List[Tuple[int, int]]]:
+    """Read regular files whole, or ``lengths`` bytes from ``starts`` (a negative start counts from the end), in
+    one call without the GIL; a file with exactly ``into[i].nbytes`` bytes to read is read into ``into[i]``, the
+    others into ``buffer`` (see :func:`lent_buffer`; default: new memory).
+
+    Returns
+    -------
+    contents : list
+        Per path: None if there is no file, True if it was read into ``into[i]``, else its bytes (fewer than asked
+        for where the file ends first): a read-only view of ``buffer``'s array, valid until its next read.
+    versions : list of (int, int)
+        Per path: (size, modification time in ns) of the file as it was read, (0, 0) where there is none.
+
+    Raises
+    ------
+    IsADirectoryError, OSError
+        A path is a directory, FIFO, device or socket (named, with its kind, as ``what`` must be a file), or a
+        read failed (the path and the system's reason).
+    """
+    start = time.perf_counter()
+    scratch = None if buffer is None else buffer.array
+    data, offsets, count, status, modes, errors, sizes, mtimes = read_files(list(paths), starts, lengths, into,
+                                                                            scratch)
+    add_transfer_time(time.perf_counter() - start)
+    if buffer is not None and data.base is None and data.nbytes <= KEPT_BUFFER_BYTES:
+        buffer.array = data  # new memory, larger than the buffer's: kept for its next reads
+    contents: List[Contents] = []
+    view = memoryview(data).toreadonly()
+    for i, path in enumerate(paths):
+        code = status[i]
+        if code == FILE_READ:
+            contents.append(True if offsets[i] < 0 else view[offsets[i]:offsets[i] + count[i]])
+        elif code == FILE_MISSING:
+            contents.append(None)
+        elif code == FILE_NOT_REGULAR:
+            kind = _kind(int(modes[i]))
+            error = IsADirectoryError if kind == "a directory" else OSError
+            raise error(f"{path} is {kind}, not a regular file: {what} must be a file")
+        elif code == FILE_FAILED:
+            number = int(errors[i])
+            raise OSError(number, f"cannot read {what}: {os.strerror(number)} ({errnos.errorcode.get(number, '')})",
+                          str(path))
+        else:
+            assert code == FILE_UNSUPPORTED, code
+            contents.append(_read_in_python(Path(path), what, None if starts is None else int(starts[i]),
+                                            None if lengths is None else int(lengths[i])))
+    return contents, list(zip(sizes.tolist(), mtimes.tolist()))
+
+
+def _read_in_python(path: Path, what: str, start: Optional[int], length: Optional[int]) -> Optional[memoryview]:
+    """One file's bytes (or range) through the Python reader, where the compiled one reads none (Windows)."""
+    data = read_regular_file(path, what)
+    if data is None:
+        return None
+    first = 0 if start is None else (max(len(data) + start, 0) if start < 0 else start)
+    stop = len(data) if length is None or length < 0 else first + length
+    return memoryview(data)[first:stop]

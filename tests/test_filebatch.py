@@ -1,0 +1,119 @@
+"""The compiled batch file reader (emfast._core.files through emfast.io._filebatch): every file, range and kind of
+path read as Python's own file reads read it, FIFOs and directories refused without blocking, buffers reused."""
+import errno
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from emfast._core import files as compiled
+from emfast.io import _filebatch
+from emfast.io._filebatch import FileBuffer, lent_buffer, read_regular_files
+
+
+def random_files(directory, count, rng):
+    paths = []
+    for n in range(count):
+        path = directory / f"f{n}"
+        path.write_bytes(rng.integers(0, 256, int(rng.integers(0, 5000)), dtype=np.uint8).tobytes())
+        paths.append(path)
+    return paths
+
+
+def test_whole_files_and_ranges_read_as_python_reads_them(tmp_path):
+    rng = np.random.default_rng(0)
+    paths = random_files(tmp_path, 40, rng)
+    sizes = [p.stat().st_size for p in paths]
+    starts = [int(rng.integers(-s - 10, s + 10)) for s in sizes]  # negative: from the end; some past either end
+    lengths = [int(rng.integers(-1, 3000)) for _ in sizes]
+    contents, versions = read_regular_files(paths, "a test file", starts, lengths)
+    for path, start, length, got, version in zip(paths, starts, lengths, contents, versions):
+        data = path.read_bytes()
+        first = max(len(data) + start, 0) if start < 0 else start
+        expected = data[first:] if length < 0 else data[first:first + length]
+        assert bytes(got) == expected, (path, start, length)
+        status = os.stat(path)
+        assert version == (status.st_size, status.st_mtime_ns)
+    whole, _ = read_regular_files(paths, "a test file")
+    assert [bytes(c) for c in whole] == [p.read_bytes() for p in paths]
+
+
+def test_files_of_exactly_the_size_of_their_destination_are_read_into_it(tmp_path):
+    (tmp_path / "a").write_bytes(bytes(range(16)))
+    (tmp_path / "b").write_bytes(bytes(range(15)))  # one byte short of its destination: read into the buffer
+    into = [np.zeros((2, 8), np.uint8), np.zeros(16, np.uint8)]
+    contents, _ = read_regular_files([tmp_path / "a", tmp_path / "b"], "a test file", into=into)
+    assert contents[0] is True and into[0].tobytes() == bytes(range(16))
+    assert bytes(contents[1]) == bytes(range(15)) and not into[1].any()
+    with pytest.raises(TypeError, match=r"into\[0\] must be a writeable C-contiguous NumPy array"):
+        read_regular_files([tmp_path / "a"], "a test file", into=[np.zeros((4, 8), np.uint8)[:, ::2]])
+
+
+def test_missing_files_are_none_and_other_kinds_are_refused_without_blocking(tmp_path):
+    (tmp_path / "file").write_bytes(b"x")
+    (tmp_path / "directory").mkdir()
+    contents, versions = read_regular_files([tmp_path / "none", tmp_path / "file" / "below"], "a zarr chunk")
+    assert contents == [None, None] and versions == [(0, 0), (0, 0)]
+    with pytest.raises(IsADirectoryError, match=r"directory is a directory, not a regular file: a zarr chunk must"):
+        read_regular_files([tmp_path / "file", tmp_path / "directory"], "a zarr chunk")
+    if not hasattr(os, "mkfifo"):
+        return
+    os.mkfifo(tmp_path / "fifo")  # nobody writes to it: opening it to read without O_NONBLOCK would block
+    reader = threading.Thread(target=lambda: pytest.raises(OSError, read_regular_files, [tmp_path / "fifo"], "x"))
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive()
+    with pytest.raises(OSError, match=r"fifo is a FIFO \(named pipe\), not a regular file: a zarr chunk must be"):
+        read_regular_files([tmp_path / "fifo"], "a zarr chunk")
+
+
+def test_an_unreadable_file_names_itself_and_the_reason(tmp_path):
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        pytest.skip("root reads files without read permission")
+    (tmp_path / "locked").write_bytes(b"secret")
+    (tmp_path / "locked").chmod(0)
+    with pytest.raises(PermissionError, match=r"cannot read a zarr chunk: Permission denied") as raised:
+        read_regular_files([tmp_path / "locked"], "a zarr chunk")
+    assert raised.value.filename == str(tmp_path / "locked") and raised.value.errno == errno.EACCES
+
+
+def test_a_lent_buffer_is_reused_while_the_reads_fit_and_replaced_when_they_do_not(tmp_path):
+    (tmp_path / "small").write_bytes(b"a" * 100)
+    (tmp_path / "large").write_bytes(b"b" * 5000)
+    buffer = FileBuffer()
+    read_regular_files([tmp_path / "large"], "x", buffer=buffer)
+    kept = buffer.array
+    assert kept is not None and kept.nbytes == 5000
+    contents, _ = read_regular_files([tmp_path / "small"], "x", buffer=buffer)
+    assert bytes(contents[0]) == b"a" * 100 and buffer.array is kept  # fits: read into the kept buffer
+    assert np.shares_memory(np.frombuffer(contents[0], np.uint8), kept)
+    contents, _ = read_regular_files([tmp_path / "large", tmp_path / "large"], "x", buffer=buffer)
+    assert buffer.array.nbytes == 10000 and [bytes(c) for c in contents] == [b"b" * 5000] * 2
+    with lent_buffer() as first, lent_buffer() as second:
+        assert first is not second  # two reads in flight never share a buffer
+
+
+def test_where_the_compiled_reader_reads_nothing_python_reads_the_files(tmp_path, monkeypatch):
+    """Windows builds report every file unsupported: the same contents come from Python's reads."""
+    rng = np.random.default_rng(3)
+    paths = random_files(tmp_path, 6, rng) + [tmp_path / "none"]
+    expected, _ = read_regular_files(paths, "x", [0, 5, -7, 0, 2, 0, 0], [-1, 10, -1, 0, 3000, 7, -1])
+    expected = [None if c is None else bytes(c) for c in expected]
+
+    def unsupported(paths, starts, lengths, into, scratch):
+        n = len(paths)
+        return (np.empty(0, np.uint8), np.full(n, -1), np.zeros(n, np.int64),
+                np.full(n, compiled.FILE_UNSUPPORTED, np.int32), np.zeros(n, np.int32), np.zeros(n, np.int32),
+                np.zeros(n, np.int64), np.zeros(n, np.int64))
+    monkeypatch.setattr(_filebatch, "read_files", unsupported)
+    contents, _ = read_regular_files(paths, "x", [0, 5, -7, 0, 2, 0, 0], [-1, 10, -1, 0, 3000, 7, -1])
+    assert [None if c is None else bytes(c) for c in contents] == expected
+
+
+def test_the_compiled_reader_checks_its_arguments(tmp_path):
+    with pytest.raises(ValueError, match=r"2 paths but 1 starts"):
+        compiled.read_files([tmp_path / "a", tmp_path / "b"], [0])
+    with pytest.raises(TypeError, match=r"scratch must be a writeable C-contiguous NumPy array"):
+        (tmp_path / "a").write_bytes(b"x")
+        compiled.read_files([tmp_path / "a"], scratch=np.zeros(8, np.uint8)[::2])
