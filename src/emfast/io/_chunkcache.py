@@ -248,10 +248,8 @@ class ChunkCache:
         ended."""
         keys: Dict[Key, None] = {}
         for box in boxes:
-            slices = _box_slices(box)
-            origin = np.array([s.start for s in slices])
-            for key in np.argwhere(self._addresses[slices] == 0) + origin:
-                keys[tuple(int(k) for k in key)] = None
+            missing = np.argwhere(self._addresses[_box_slices(box)] == 0) + box[0]
+            keys.update(dict.fromkeys(map(tuple, missing.tolist())))
         announce = getattr(self._source, "will_read", None)
         if announce is not None and len(keys) > 1:
             with self._lock:
@@ -316,10 +314,13 @@ class ChunkCache:
         start = time.perf_counter()
         if waiting is not None:  # another thread is reading this block: wait for it (or its exception)
             try:
-                return waiting.result()
+                waiting.result()
             finally:
                 if timings is not None:
                     timings.add("pending", time.perf_counter() - start)
+            with self._lock:
+                block = self._blocks.get(self._flat(key))
+            return block if block is not None else self._get(key, timings, ahead)  # else evicted meanwhile
         moved = transfer_time()
         try:
             block = self._fetch(key)
@@ -340,36 +341,39 @@ class ChunkCache:
             self._stamps[key] = self._clock
             self._bytes_held += block.nbytes
             del self._pending[key]
-        pending.set_result(block)
+        pending.set_result(None)  # the block is in the cache: its waiters take it from there
         return block
 
     def _read_together(self, keys, read_many, timings, ahead: bool) -> None:
         """Read the blocks ``keys`` not held by one call of the source's ``read_many`` (which reads them all at
-        once, e.g. tensorstore's concurrent reads), after waiting for those another thread is reading already."""
-        mine, theirs = [], []
+        once, e.g. tensorstore's concurrent reads), after waiting for those another thread is reading already.
+        The blocks of one call share one future: a thread needing one of them waits for the whole call."""
+        mine, theirs, shared = [], {}, 0
+        ours: Future = Future()
         with self._lock:
             for key in keys:
                 if self._addresses[key]:
                     continue  # read by another thread meanwhile
                 waiting = self._pending.get(key)
                 if waiting is not None:
-                    theirs.append(waiting)
+                    theirs[id(waiting)] = waiting
+                    shared += 1
                 else:
-                    self._pending[key] = Future()
+                    self._pending[key] = ours
                     mine.append(key)
-            self._shared += len(theirs)
+            self._shared += shared
             self._misses += len(mine)
             self._read_ahead += ahead * len(mine)
         start, moved = time.perf_counter(), transfer_time()
         try:
-            blocks = [self._empty_block(key) for key in mine]
+            blocks = self._empty_blocks(mine)
             read_many([(origin, block.shape[1:], block) for origin, block in blocks])
             blocks = [self._finished(key, block) for key, (_, block) in zip(mine, blocks)]
         except BaseException as exc:
             with self._lock:
-                futures = [self._pending.pop(key) for key in mine]
-            for future in futures:
-                future.set_exception(exc)
+                for key in mine:
+                    del self._pending[key]
+            ours.set_exception(exc)
             raise
         if timings is not None:  # as in _get: the bytes' transfer, then the rest
             moved = transfer_time() - moved
@@ -377,17 +381,18 @@ class ChunkCache:
             timings.add("decode", max(0.0, time.perf_counter() - start - moved))
         with self._lock:
             self._evict_unpinned(self._bytes_held + sum(b.nbytes for b in blocks) - self.budget_bytes)
+            shape = self._addresses.shape
             for key, block in zip(mine, blocks):
-                self._blocks[self._flat(key)] = block
+                self._blocks[(key[0] * shape[1] + key[1]) * shape[2] + key[2]] = block
                 self._addresses[key] = block.ctypes.data
-                self._clock += 1
-                self._stamps[key] = self._clock
                 self._bytes_held += block.nbytes
-            futures = [self._pending.pop(key) for key in mine]
-        for future, block in zip(futures, blocks):
-            future.set_result(block)
+                del self._pending[key]
+            self._clock += 1
+            if mine:
+                self._stamps[tuple(np.array(mine).T)] = self._clock
+        ours.set_result(None)
         start = time.perf_counter()
-        for waiting in theirs:
+        for waiting in theirs.values():
             waiting.result()  # another thread's read: its exception, if it failed, is raised here too
         if theirs and timings is not None:
             timings.add("pending", time.perf_counter() - start)
@@ -440,6 +445,26 @@ class ChunkCache:
         origin, extent = self._block_box(key)
         shape = (self._channels,) + extent
         return origin, self._buffer(math.prod(shape) * self._dtype.itemsize).view(self._dtype).reshape(shape)
+
+    def _empty_blocks(self, keys) -> list:
+        """:meth:`_empty_block` of each of ``keys``, the spare buffers of whole blocks taken under one lock."""
+        boxes = [self._block_box(key) for key in keys]
+        whole = (self._channels,) + self.block_shape
+        shapes = [(self._channels,) + extent for _, extent in boxes]
+        spares = []
+        with self._lock:
+            wanted = sum(shape == whole for shape in shapes)
+            while self._spare and len(spares) < wanted:
+                buffer = self._spare.pop()
+                # references: `buffer` and getrefcount's argument; any more are views a reader still copies from
+                if sys.getrefcount(buffer) == 2:
+                    spares.append(buffer)
+        blocks = []
+        for (origin, _), shape in zip(boxes, shapes):
+            nbytes = math.prod(shape) * self._dtype.itemsize
+            buffer = spares.pop() if spares and shape == whole else np.empty(nbytes, np.uint8)
+            blocks.append((origin, buffer.view(self._dtype).reshape(shape)))
+        return blocks
 
     def _finished(self, key: Key, block: np.ndarray) -> np.ndarray:
         """``block``, filled, made read-only, its NaN flag set."""

@@ -88,10 +88,9 @@ def read_regular_files(paths: Sequence[Path], what: str, starts: Optional[Sequen
         buffer.array = data  # new memory, larger than the buffer's: kept for its next reads
     contents: List[Contents] = []
     view = memoryview(data).toreadonly()
-    for i, path in enumerate(paths):
-        code = status[i]
+    for i, (path, code, offset, read) in enumerate(zip(paths, status.tolist(), offsets.tolist(), count.tolist())):
         if code == FILE_READ:
-            contents.append(True if offsets[i] < 0 else view[offsets[i]:offsets[i] + count[i]])
+            contents.append(True if offset < 0 else view[offset:offset + read])
         elif code == FILE_MISSING:
             contents.append(None)
         elif code == FILE_NOT_REGULAR:

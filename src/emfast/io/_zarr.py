@@ -470,8 +470,10 @@ class _DirectChunks:
         lead = len(self._shape) - 3
         if lead and self._chunks[0] != self._shape[0]:
             return False
-        return all(int(c) % k == 0 and int(e) == min(k, s - int(c))
-                   for c, e, k, s in zip(corner, extent, self._chunks[lead:], self._shape[lead:]))
+        for c, e, k, s in zip(corner, extent, self._chunks[lead:], self._shape[lead:]):
+            if c % k or e != min(k, s - c):
+                return False
+        return True
 
     def _whole(self, out: np.ndarray) -> bool:
         """Whether ``out`` is a whole chunk's buffer, which a chunk is read or decoded straight into."""
