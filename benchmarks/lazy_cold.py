@@ -19,8 +19,9 @@ empty; tensorstore: a new handle with a fresh cache pool of the same budget), al
   ``positions``), the 8 reads of a batch issued at once (tensorstore's own thread pool decodes them in parallel);
 - boxes CPU time: the process's CPU time (every thread's) of the box reads, which other processes' load hardly
   changes: how much work each reader spends per box;
-- ablation (zarr v3 zstd): the boxes read with emfast's decode helpers forced on or off, and whole chunks decoded
-  straight into their cache blocks or not;
+- ablation (zarr v3 zstd): the boxes read with a box's missing chunks read in one batch (one compiled call for
+  their files, decoded in parts side by side where that pays) or chunk by chunk, with decode helpers allowed or
+  not;
 - decoders: every chunk of the volume read alone, one after another (file read and decode of one chunk), by
   emfast's store reader and by tensorstore, to compare the decode routes per codec.
 
@@ -173,29 +174,31 @@ def decoders(path: str, spec: dict, shape) -> dict:
 
 
 def ablation(path: str, spec: dict, corners, rounds: int) -> dict:
-    """Median (wall, CPU) seconds of the boxes read by emfast with its decode helpers forced on or off and whole
-    chunks decoded straight into blocks or not, against tensorstore, alternating in one run."""
+    """Median (wall, CPU) seconds of the boxes read by emfast with a box's missing chunks read in one batch (one
+    compiled call for the files, decoded in parts side by side where that pays) or chunk by chunk (one Python file
+    read and decode per chunk, on decode helpers where cores are idle), each with helpers allowed or not, against
+    tensorstore, alternating in one run."""
     from emfast.io import _decode
-    idle = _decode._idle_cores
+    from emfast.io._zarr import ZarrSource
+    idle, batched = _decode._idle_cores, ZarrSource.read_many
     results = {}
     try:
         for _ in range(rounds):
-            for helpers in (True, False):
-                _decode._idle_cores = _decode._cores if helpers else (lambda: 0)
-                for into in (True, False):
+            for batch in (True, False):
+                ZarrSource.read_many = batched if batch else property(lambda self: None)
+                for helpers in (True, False):
+                    _decode._idle_cores = idle if helpers else (lambda: 0)
                     volume = ef.open(path, in_memory=False, cache_bytes=BUDGET)
-                    if not into:
-                        volume._reader._direct._decode_into = None
                     out = np.empty((1,) + PATCH, np.uint8)
                     start, cpu = time.perf_counter(), time.process_time()
                     for corner in corners:
                         volume.read_box(corner, PATCH, out)
-                    key = f"helpers {'on' if helpers else 'off'}, decode into blocks {'on' if into else 'off'}"
+                    key = f"{'batched' if batch else 'chunk by chunk'}, helpers {'allowed' if helpers else 'off'}"
                     results.setdefault(key, []).append((time.perf_counter() - start, time.process_time() - cpu))
                     volume.close()
             results.setdefault("tensorstore", []).append(boxes_tensorstore(spec, corners))
     finally:
-        _decode._idle_cores = idle
+        _decode._idle_cores, ZarrSource.read_many = idle, batched
     return {k: [statistics.median(v[0] for v in values), statistics.median(v[1] for v in values)]
             for k, values in results.items()}
 
@@ -220,7 +223,7 @@ def main(argv=None) -> int:
     parser.add_argument("--formats", default="", help="comma-separated subset of the formats (default: all)")
     parser.add_argument("--quick", action="store_true", help="one round, few boxes (a smoke test)")
     parser.add_argument("--ablation", type=int, default=5, metavar="ROUNDS",
-                        help="rounds of the zarr v3 zstd ablation (decode helpers, decoding into blocks; 0: none)")
+                        help="rounds of the zarr v3 zstd ablation (batched reads, decode helpers; 0: none)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     rounds = 1 if args.quick else args.rounds

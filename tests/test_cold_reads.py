@@ -508,3 +508,24 @@ def test_a_corrupt_chunk_among_a_batch_names_itself_and_leaves_nothing_pinned(tm
         assert not volume.chunk_cache.grid.pins.any()
         out = volume.read_box((0, 0, 0), (8, 20, 18), np.empty((1, 8, 20, 18), np.uint16))  # chunks around it
         np.testing.assert_array_equal(out[0], data[:8, :20, :18])
+
+
+def test_side_by_side_stops_cutting_lists_into_parts_where_that_is_slower(monkeypatch):
+    """Parts that run slower side by side than alone (raw reads into fresh memory on a small virtual machine) are
+    measured so: the reader goes back to running its lists alone, trying parts again once in EXPLORE_EVERY."""
+    monkeypatch.setattr(_decode, "_cores", lambda: 2)
+    monkeypatch.setattr(_decode, "_idle_cores", lambda: 1)
+    runner, in_parts = _decode.SideBySide(), []
+
+    def work(part):
+        cut = len(part) < 8  # a part of the list: four times slower per item than the whole list alone
+        time.sleep(0.0005 * len(part) * (4 if cut else 1))
+        if cut:
+            in_parts[-1] = True
+
+    for _ in range(48):
+        in_parts.append(False)
+        runner.run(list(range(8)), work)
+    assert in_parts[1]  # tried once measured as promising enough work
+    assert sum(in_parts[8:]) <= 48 // _decode.EXPLORE_EVERY  # then only to look again
+    assert not emfast_threads()

@@ -107,16 +107,26 @@ def run_all(calls: Sequence[Callable[[], None]], helpers: Optional[int] = None) 
 #: side by side: a helper costs a thread's start (about 0.1 ms on a 2-core machine) and GIL hand-overs.
 SIDE_BY_SIDE_SECONDS = 0.4e-3
 
+#: Every this many lists, a reader runs one the other way (alone where helpers were not paying, and the reverse),
+#: so that its choice follows the machine's load.
+EXPLORE_EVERY = 16
+
 
 class SideBySide:
     """Runs one reader's work on the parts of a list (the reads and decodes of a box's chunks) side by side where
-    the list promises enough work to gain from it (:data:`SIDE_BY_SIDE_SECONDS`, by the seconds per item measured
-    on its earlier lists), else all on the calling thread.
+    that pays, else all on the calling thread.
 
-    The list is cut into one contiguous part per thread, so a helper takes no lock per item."""
+    Whether it pays is measured, not assumed: the reader keeps the seconds per item of its lists run alone and run
+    in parts, and cuts a list into parts while that was faster, the list promises enough work
+    (:data:`SIDE_BY_SIDE_SECONDS`) and cores are idle. Decoding zstd chunks gains from helpers; reading raw chunks
+    into fresh memory does not on a 2-core virtual machine, whose page faults contend (measured,
+    ``benchmarks/lazy_cold.py``). The list is cut into one contiguous part per thread, so a helper takes no lock
+    per item."""
 
     def __init__(self) -> None:
-        self._seconds_per_item = 0.0  # unknown until measured: the first lists run on the calling thread
+        self._alone = 0.0  # seconds per item, alone: unknown until measured, the first lists run alone
+        self._in_parts: Optional[float] = None  # seconds per item in parts: unknown until tried
+        self._lists = 0
 
     def run(self, items: Sequence, work: Callable[[Sequence], None]) -> None:
         """Call ``work`` on parts of ``items`` (every item in exactly one part), side by side where that pays.
@@ -128,15 +138,21 @@ class SideBySide:
         """
         if not items:
             return
+        self._lists += 1
         helpers = 0
-        if self._seconds_per_item * len(items) >= SIDE_BY_SIDE_SECONDS:
-            helpers = min(_cores() - 1, _idle_cores(), (len(items) - 1) // CALLS_PER_HELPER)
+        if self._alone * len(items) >= SIDE_BY_SIDE_SECONDS:
+            paying = self._in_parts is None or self._in_parts < self._alone
+            if paying != (self._lists % EXPLORE_EVERY == 0):
+                helpers = min(_cores() - 1, _idle_cores(), (len(items) - 1) // CALLS_PER_HELPER)
         bounds = [len(items) * n // (helpers + 1) for n in range(helpers + 2)]
         parts = [items[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
         start = time.perf_counter()
         run_all([functools.partial(work, part) for part in parts], helpers)
-        per_item = (time.perf_counter() - start) * (helpers + 1) / len(items)
-        self._seconds_per_item += 0.25 * (per_item - self._seconds_per_item)
+        per_item = (time.perf_counter() - start) / len(items)
+        if helpers:
+            self._in_parts = per_item if self._in_parts is None else self._in_parts + 0.25 * (per_item - self._in_parts)
+        else:
+            self._alone += 0.25 * (per_item - self._alone) if self._alone else per_item
 
 
 def zstd_content_size(frame) -> Optional[int]:

@@ -22,6 +22,7 @@ own kvstore of the URL.
 from __future__ import annotations
 
 import bz2
+import functools
 import gzip
 import itertools
 import json
@@ -33,6 +34,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
+from ._decode import SideBySide
 from ._filebatch import read_regular_files
 from ._metadata import bad_metadata, deprecated_level, int_list, metadata_key, number_list
 from ._remote import RemoteStore
@@ -242,6 +244,7 @@ class _ChunkFiles:
         self._size = [int(n) for n in scale["size"]]
         self._chunk = [int(n) for n in scale["chunk_sizes"][0]]
         self._sharded = bool(scale.get("sharding"))
+        self._reads = SideBySide()  # a box's chunk files read side by side where that pays
 
     def _chunks_of(self, corner, extent):
         """(file name stem, (z, y, x) start, (z, y, x) stop) of every chunk the box touches, in volume voxels."""
@@ -290,17 +293,25 @@ class _ChunkFiles:
 
     def read_raw_many(self, requests, dtype: np.dtype, stamp: Stamp) -> None:
         """Fill the boxes of ``requests`` ((corner, extent, out) each): those that are one whole chunk from their
-        uncompressed files in one call (:func:`read_regular_files`) straight into ``out``, the others (and chunks
-        stored compressed, missing, or of another size, which it reports) by :meth:`read_raw`."""
+        uncompressed files straight into ``out``, in parts side by side where that pays (:class:`SideBySide`),
+        each part's files in one call (:func:`read_regular_files`); the others (and chunks stored compressed,
+        missing, or of another size, which it reports) by :meth:`read_raw`."""
         stems = [self._whole_chunk_stem(corner, extent, out, dtype) for corner, extent, out in requests]
         whole = [(stem, request) for stem, request in zip(stems, requests) if stem is not None]
+        done: list = []
+        self._reads.run(whole, functools.partial(self._read_whole_chunks, done=done))
+        done_ids = set(done)
+        for request in requests:
+            if id(request) not in done_ids:
+                self.read_raw(*request, dtype, stamp)
+
+    def _read_whole_chunks(self, whole, done: list) -> None:
+        """Read (file name, request) chunks' files straight into the requests' ``out`` in one call; append the ids
+        of the requests filled so to ``done``."""
         directory = str(self._directory)
         contents, _ = read_regular_files([os.path.join(directory, stem) for stem, _ in whole],
                                          "a precomputed chunk", into=[out for _, (_, _, out) in whole])
-        done = {id(request) for (_, request), data in zip(whole, contents) if data is True}
-        for request in requests:
-            if id(request) not in done:
-                self.read_raw(*request, dtype, stamp)
+        done.extend(id(request) for (_, request), data in zip(whole, contents) if data is True)
 
     def _read_whole_chunk(self, corner, extent, out: np.ndarray, dtype: np.dtype) -> bool:
         """Read the box straight from its chunk's uncompressed file into ``out`` if :meth:`_whole_chunk_stem`
