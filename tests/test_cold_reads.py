@@ -529,3 +529,46 @@ def test_side_by_side_stops_cutting_lists_into_parts_where_that_is_slower(monkey
     assert in_parts[1]  # tried once measured as promising enough work
     assert sum(in_parts[8:]) <= 48 // _decode.EXPLORE_EVERY  # then only to look again
     assert not emfast_threads()
+
+
+def test_decode_helpers_serve_one_request_after_another_and_end_once_idle(monkeypatch):
+    """A helper waits HELPER_IDLE_SECONDS for the next request (a read loop's next box pays no thread start), then
+    ends; the calling thread never waits for a helper that has not taken its share."""
+    monkeypatch.setattr(_decode, "_cores", lambda: 2)
+    monkeypatch.setattr(_decode, "_idle_cores", lambda: 1)
+    served = []
+
+    def slow(n):
+        def run():
+            time.sleep(0.002)
+            served.append((n, threading.get_ident()))
+        return run
+
+    caller = threading.get_ident()
+    for request in range(5):
+        _decode.run_all([slow(10 * request + n) for n in range(8)])
+    helpers = {thread for _, thread in served if thread != caller}
+    assert sorted(n for n, _ in served) == sorted(10 * r + n for r in range(5) for n in range(8))
+    assert len(helpers) == 1  # one helper served every request
+    alive = [t for t in threading.enumerate() if t.name.startswith("emfast-decode-")]
+    assert len(alive) == 1 and alive[0].ident in helpers
+    alive[0].join(_decode.HELPER_IDLE_SECONDS + 2)
+    assert not alive[0].is_alive()  # ended once idle
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_decode_helpers_work_in_a_forked_child(monkeypatch):
+    monkeypatch.setattr(_decode, "_cores", lambda: 2)
+    monkeypatch.setattr(_decode, "_idle_cores", lambda: 1)
+    _decode.run_all([lambda: time.sleep(0.002) for _ in range(8)])  # a helper alive in the parent at fork()
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's helper does not exist here, and new ones must start
+        try:
+            done = []
+            _decode.run_all([lambda: (time.sleep(0.002), done.append(1)) for _ in range(8)])
+            helpers = [t for t in threading.enumerate() if t.name.startswith("emfast-decode-")]
+            os._exit(0 if len(done) == 8 and helpers else 1)  # a helper of its own took a share
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

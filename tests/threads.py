@@ -2,9 +2,18 @@
 import threading
 import time
 
+from emfast.io._decode import HELPER_IDLE_SECONDS
+
+#: The decode helpers' names: they end HELPER_IDLE_SECONDS after their last task, not with the read itself.
+DECODE_HELPER = "emfast-decode-"
+
 
 def emfast_threads():
-    """Names of the emfast threads alive now."""
+    """Names of the emfast threads alive now, once idle decode helpers have had their idle time (and a second
+    more) to end: a helper alive after that is listed like any other thread."""
+    deadline = time.time() + HELPER_IDLE_SECONDS + 1.0
+    while time.time() < deadline and any(t.name.startswith(DECODE_HELPER) for t in threading.enumerate()):
+        time.sleep(0.005)
     return [t.name for t in threading.enumerate() if t.name.startswith("emfast-")]
 
 

@@ -4,14 +4,16 @@ A box of a lazy volume usually misses several chunks at once (8 to 27 for a wind
 decoders (numcodecs' zstd, blosc and lz4, zlib, the kernel's file reads) release the GIL, so reading them on
 several threads runs them on several cores, as tensorstore does with its own thread pool. :func:`run_all` runs
 a list of calls on the calling thread and on helper threads, one per idle core, and returns when every call has
-ended. The helpers live only as long as the request: started for it, joined before :func:`run_all` returns, so
-no thread outlives the reads that needed it (a loader's close() leaves none behind).
+ended; :class:`SideBySide` decides, per reader and by measurement, whether a list gains from helpers. A helper
+waits :data:`HELPER_IDLE_SECONDS` for the next request, so a read loop's next box pays no thread start, then ends:
+no helper outlives the reads that needed it by more (a loader's close() leaves none behind for longer).
 
 :func:`zstd_content_size` and :func:`blosc_content_size` read the decoded size a frame's header states, so that a
 chunk known to decode to exactly its block's size can be decoded straight into the block.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import os
@@ -75,13 +77,92 @@ class _Calls:
                     self.errors.append(error)
 
 
+#: Seconds an idle helper thread waits for more work before it ends: long enough to serve the next box of a read
+#: loop without a thread's start (0.1 to 0.2 ms on a 2-core virtual machine), short enough that no helper outlives
+#: the reads that needed it by more.
+HELPER_IDLE_SECONDS = 0.05
+
+
+class _Task:
+    """One helper's share of a :func:`run_all` request."""
+
+    __slots__ = ("run", "done")
+
+    def __init__(self, run: Callable[[], None]) -> None:
+        self.run = run
+        self.done = threading.Event()
+
+
+class _Helpers:
+    """The process's helper threads: started when a task finds none idle, ended after
+    :data:`HELPER_IDLE_SECONDS` without a task."""
+
+    def __init__(self) -> None:
+        self.forget()
+
+    def forget(self) -> None:
+        """Start afresh, with no helper: in a child process after fork(), where the parent's do not exist."""
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._tasks: "collections.deque[_Task]" = collections.deque()
+        self._idle = 0
+        self._started = 0
+
+    def submit(self, run: Callable[[], None]) -> _Task:
+        """Queue ``run`` for a helper: an idle one, else a new one."""
+        task = _Task(run)
+        with self._lock:
+            self._tasks.append(task)
+            if self._idle >= len(self._tasks):
+                self._ready.notify()
+                return task
+            self._started += 1
+            name = f"emfast-decode-{self._started}"
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
+        return task
+
+    def finish(self, task: _Task) -> None:
+        """Return once ``task`` has run, or at once if no helper took it yet (it is dropped: the caller did its
+        work)."""
+        with self._lock:
+            try:
+                self._tasks.remove(task)
+                return
+            except ValueError:
+                pass  # taken by a helper
+        task.done.wait()
+
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+                deadline = time.monotonic() + HELPER_IDLE_SECONDS
+                while not self._tasks:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self._idle -= 1
+                        return
+                    self._ready.wait(left)
+                self._idle -= 1
+                task = self._tasks.popleft()
+            try:
+                task.run()
+            finally:
+                task.done.set()
+
+
+_HELPERS = _Helpers()
+os.register_at_fork(after_in_child=_HELPERS.forget)
+
+
 def run_all(calls: Sequence[Callable[[], None]], helpers: Optional[int] = None) -> None:
     """Run every call, side by side on this thread and helper threads, and return when all have ended.
 
     ``helpers`` (default: one per idle core, and one per :data:`CALLS_PER_HELPER` calls): helpers run only on
     idle cores, since where every core is busy (other producers, other processes), threads of one process contend
     for the GIL and the cores, and cost CPU time without shortening the reads (measured on a loaded 2-core
-    machine: about 20 % more CPU time per box and no faster, ``benchmarks/lazy_cold.py``).
+    machine: about 20 % more CPU time per box and no faster, ``benchmarks/lazy_cold.py``). A helper's share that
+    no helper has taken when this thread ran out of calls is dropped, not waited for.
 
     Raises
     ------
@@ -91,20 +172,19 @@ def run_all(calls: Sequence[Callable[[], None]], helpers: Optional[int] = None) 
     if helpers is None:
         helpers = min(_cores() - 1, _idle_cores(), (len(calls) - 1) // CALLS_PER_HELPER)
     work = _Calls(calls)
-    threads = [threading.Thread(target=work.work, name=f"emfast-decode-{n}", daemon=True) for n in range(helpers)]
-    for thread in threads:
-        thread.start()
+    tasks = [_HELPERS.submit(work.work) for _ in range(helpers)]
     try:
         work.work()
     finally:
-        for thread in threads:
-            thread.join()
+        for task in tasks:
+            _HELPERS.finish(task)
     if work.errors:
         raise work.errors[0]
 
 
 #: Seconds of work a list must promise (its length times the measured seconds per item) to be cut into parts run
-#: side by side: a helper costs a thread's start (about 0.1 ms on a 2-core machine) and GIL hand-overs.
+#: side by side: a helper costs a wake-up or a thread's start (0.05 to 0.2 ms on a 2-core machine) and GIL
+#: hand-overs.
 SIDE_BY_SIDE_SECONDS = 0.4e-3
 
 #: Every this many lists, a reader runs one the other way (alone where helpers were not paying, and the reverse),
