@@ -572,3 +572,20 @@ def test_decode_helpers_work_in_a_forked_child(monkeypatch):
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.parametrize("compression", ["raw", "gzip", "zstd", "lz4"])
+def test_a_box_s_missing_n5_blocks_written_by_z5py_are_read_in_one_call(tmp_path, monkeypatch, compression):
+    z5py = pytest.importorskip("z5py")
+    from emfast.io import _n5
+    data = random_volume(np.uint16)
+    z5py.File(str(tmp_path / "s.n5"), mode="a").create_dataset("raw", data=data, chunks=INNER,
+                                                                 compression=compression)
+    calls = []
+    counted = _n5.read_regular_files
+    monkeypatch.setattr(_n5, "read_regular_files", lambda paths, *a, **k: calls.append(len(paths)) or
+                        counted(paths, *a, **k))
+    monkeypatch.setattr(_decode, "_idle_cores", lambda: 1)
+    assert_lazy_equal(tmp_path / "s.n5/raw", data, cache_bytes=40 * 8 * 10 * 6 * 2)  # 40 blocks: evicted, read again
+    assert max(calls) > 1
+    assert not emfast_threads()

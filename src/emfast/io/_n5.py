@@ -36,6 +36,8 @@ from typing import Sequence, Union
 
 import numpy as np
 
+from ._decode import SideBySide
+from ._filebatch import lent_buffer, read_regular_files
 from ._geometry import array_geometry
 from ._metadata import bad_metadata, int_list, metadata_key, parsing
 from ._remote import RemoteStore
@@ -122,6 +124,7 @@ class N5Source(VolumeSource):
         self._block = tuple(reversed(block))
         self.chunks = self._block[-3:]
         self._decode = _decoder(meta.get("compression", {"type": meta.get("compressionType", "raw")}), where)
+        self._decodes = SideBySide()  # a box's blocks decoded side by side where that pays
         self._directory = root / dataset
         self._root, self._dataset = root, dataset
         with parsing(where):
@@ -157,6 +160,47 @@ class N5Source(VolumeSource):
                 take = tuple(slice(a - o, b - o) for a, b, o in zip(lo, hi, origin))
                 target[into] = block[((slice(None),) if lead else ()) + take]
 
+    @property
+    def read_many(self):
+        """A function filling several boxes at once (a list of (corner, extent, out), as :meth:`read` takes them)
+        for a local container: the chunk cache's missing blocks of a box, their files read in one call and decoded
+        side by side where that pays. None for a remote one, whose blocks :meth:`will_read` requests together."""
+        return None if isinstance(self._directory, RemoteStore) else self._read_many
+
+    def _read_many(self, requests) -> None:
+        mine, rest = [], []
+        for request in requests:
+            (mine if self._one_block(request[0], request[1]) else rest).append(request)
+        self._decodes.run(mine, self._read_part)
+        for corner, extent, out in rest:
+            self.read(corner, extent, out)
+
+    def _one_block(self, corner, extent) -> bool:
+        """Whether the box is exactly one block of a 3-D dataset (or of a 4-D one with all channels in one block)."""
+        if len(self.full_shape) == 4 and self._block[0] < self.full_shape[0]:
+            return False
+        for c, e, b, s in zip(corner, extent, self.chunks, self.full_shape[-3:]):
+            if c % b or e != min(b, s - c):
+                return False
+        return True
+
+    def _read_part(self, requests) -> None:
+        """Fill ``requests``, one block each: their files read in one call (:func:`read_regular_files`), then
+        decoded one after another."""
+        lead = (0,) if len(self.full_shape) == 4 else ()
+        keys = [lead + tuple(int(c) // b for c, b in zip(corner, self.chunks)) for corner, _, _ in requests]
+        directory = str(self._directory)
+        with lent_buffer() as buffer:
+            contents, _ = read_regular_files([os.path.join(directory, *map(str, reversed(key))) for key in keys],
+                                             "an N5 block", buffer=buffer)
+            for data, key, (_, extent, out) in zip(contents, keys, requests):
+                block = None if data is None else self._decoded(data, key)
+                if block is None:
+                    out[...] = 0
+                    continue
+                block = block if lead else block[np.newaxis]
+                out[...] = block[(slice(None),) + tuple(slice(0, int(e)) for e in extent)]
+
     def will_read(self, blocks) -> None:
         """Announce the blocks ((corner, extent) each) about to be read: a remote store requests them together."""
         if not isinstance(self._directory, RemoteStore):
@@ -176,8 +220,10 @@ class N5Source(VolumeSource):
             data = self._directory.get(name)
         else:
             data = read_regular_file(self._directory / name, "an N5 block")
-        if data is None:
-            return None
+        return None if data is None else self._decoded(data, key)
+
+    def _decoded(self, data, key) -> np.ndarray:
+        """Block ``key`` from its file's bytes ``data``, checked as :meth:`_block_data` says."""
         where = f"{self.name}: block {'/'.join(str(k) for k in reversed(key))}"
         clipped = tuple(min(b, s - k * b) for k, b, s in zip(key, self._block, self.full_shape))
         shape, start = self._header(data, clipped, where)
@@ -260,6 +306,7 @@ _LZ4_RAW, _LZ4_COMPRESSED = 0x10, 0x20
 def _lz4_decode(codec, data: bytes, size: int) -> bytes:
     """An N5 lz4 block in either framing writers use: n5-java's lz4-java stream (told by its magic), or the bare
     LZ4 block z5py writes (its size comes from the N5 header)."""
+    data = bytes(data)  # a view of a file buffer has no startswith
     if not data.startswith(_LZ4_BLOCK_MAGIC):
         return _lz4_block(codec, data, size)
     parts, position = [], 0
