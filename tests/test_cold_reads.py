@@ -589,3 +589,31 @@ def test_a_box_s_missing_n5_blocks_written_by_z5py_are_read_in_one_call(tmp_path
     assert_lazy_equal(tmp_path / "s.n5/raw", data, cache_bytes=40 * 8 * 10 * 6 * 2)  # 40 blocks: evicted, read again
     assert max(calls) > 1
     assert not emfast_threads()
+
+
+@pytest.mark.parametrize("channels, channel_chunk", [(None, None), (3, 2)])
+def test_a_box_s_missing_hdf5_chunks_are_decompressed_side_by_side_and_equal_h5py(tmp_path, monkeypatch, channels,
+                                                                                   channel_chunk):
+    """gzip + shuffle chunks written by h5py, fetched one after another under HDF5's lock and decompressed in
+    parts; a 4-D dataset's channels split over two chunks are both filled."""
+    import h5py
+    from emfast.io._hdf5 import Hdf5Source
+    shape = SHAPE if channels is None else (channels,) + SHAPE
+    data = random_volume(np.uint16, shape)
+    chunks = INNER if channels is None else (channel_chunk,) + INNER
+    with h5py.File(tmp_path / "s.h5", "w") as file:
+        file.create_dataset("raw", data=data, chunks=chunks, compression="gzip", shuffle=True)
+    batches = []
+    many = Hdf5Source._read_many
+    monkeypatch.setattr(Hdf5Source, "_read_many", lambda self, requests: batches.append(len(requests)) or
+                        many(self, requests))
+    monkeypatch.setattr(_decode, "_idle_cores", lambda: 1)
+    rng = np.random.default_rng(5)
+    with ef.open(tmp_path / "s.h5", "raw", in_memory=False, cache_bytes=40 * 8 * 10 * 6 * 2 * 3) as volume:
+        expected = data if channels is not None else data[np.newaxis]
+        for corner, extent in random_boxes(rng, count=15):
+            out = volume.read_box(corner, extent, np.empty((volume.channels,) + tuple(extent), np.uint16))
+            np.testing.assert_array_equal(out, expected[(slice(None),) + tuple(slice(c, c + e)
+                                                                               for c, e in zip(corner, extent))])
+    assert max(batches) > 1
+    assert not emfast_threads()

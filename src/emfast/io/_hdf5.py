@@ -2,7 +2,8 @@
 
 Chunked datasets whose filters are at most shuffle and deflate (gzip) are read chunk by chunk with
 ``Dataset.id.read_direct_chunk`` and decoded here: h5py's global lock is held only while the compressed bytes are
-read, and ``zlib`` decompresses with the GIL released, so several producer threads decode in parallel. Any other
+read, and ``zlib`` decompresses with the GIL released, so several producer threads decode in parallel, and the
+chunks a box misses are decompressed side by side where that pays (``read_many``). Any other
 read (contiguous datasets, other filters, chunks never written, which read as the fill value, boxes that are not
 one chunk) goes through ``Dataset.read_direct``, which HDF5 serialises.
 
@@ -20,6 +21,7 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 import h5py
 import numpy as np
 
+from ._decode import SideBySide
 from ._geometry import GEOMETRY_KEYS, array_geometry
 from ._metadata import parsing
 from ._source import CorruptChunkError, DatasetNotFoundError, Stamp, VolumeSource, checked_chunk, require_kind
@@ -88,17 +90,48 @@ class Hdf5Source(VolumeSource):
         geometry.require_canonical(where)
         self.resolution, self.offset = geometry.resolution, geometry.offset
         self._direct = _DirectChunkReader.for_dataset(node)
+        self._decodes = SideBySide()  # a box's chunks decompressed side by side where that pays
         self._opened_size = self._file_size()
 
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
         corner, extent = tuple(int(c) for c in corner), tuple(int(e) for e in extent)
-        one_chunk = self.chunks is not None and all(
-            c % k == 0 and e == min(k, s - c) for c, e, k, s in zip(corner, extent, self.chunks, self.full_shape[-3:]))
+        one_chunk = self._one_chunk(corner, extent)
         if one_chunk or self.chunks is None:
             self._check_stored(corner)
         self._check_sources_remain(corner, extent)
         if one_chunk and self._direct is not None and self._direct.read(self._dataset, corner, out, self.name):
             return
+        self._read_through_hdf5(corner, extent, out)
+
+    @property
+    def read_many(self):
+        """A function filling several boxes at once (a list of (corner, extent, out), as :meth:`read` takes them)
+        where chunks are read directly: the chunk cache's missing blocks of a box, their compressed bytes read
+        one after another (HDF5 holds its lock for them), decompressed side by side where that pays. None
+        otherwise."""
+        return None if self._direct is None else self._read_many
+
+    def _read_many(self, requests) -> None:
+        fetched = []
+        for corner, extent, out in requests:
+            corner, extent = tuple(int(c) for c in corner), tuple(int(e) for e in extent)
+            if not self._one_chunk(corner, extent):
+                self.read(corner, extent, out)
+                continue
+            self._check_stored(corner)
+            self._check_sources_remain(corner, extent)
+            chunks = self._direct.fetch(self._dataset, corner, out)
+            if chunks is None:  # a chunk never written or with a filter skipped: through HDF5
+                self._read_through_hdf5(corner, extent, out)
+            else:
+                fetched.append((chunks, out))
+        self._decodes.run(fetched, lambda part: [self._direct.fill(chunks, out, self.name) for chunks, out in part])
+
+    def _one_chunk(self, corner: Tuple[int, ...], extent: Tuple[int, ...]) -> bool:
+        return self.chunks is not None and all(
+            c % k == 0 and e == min(k, s - c) for c, e, k, s in zip(corner, extent, self.chunks, self.full_shape[-3:]))
+
+    def _read_through_hdf5(self, corner: Tuple[int, ...], extent: Tuple[int, ...], out: np.ndarray) -> None:
         box = tuple(slice(c, c + e) for c, e in zip(corner, extent))
         try:
             if self._dataset.ndim == 4:
@@ -242,21 +275,36 @@ class _DirectChunkReader:
     def read(self, dataset: h5py.Dataset, origin: Sequence[int], block: np.ndarray, name: str) -> bool:
         """Fill ``block`` (c, z, y, x) whose first voxel is at ``origin`` (z, y, x); False if a chunk has no
         storage or skipped a filter, in which case the caller reads the block through HDF5."""
+        chunks = self.fetch(dataset, origin, block)
+        if chunks is None:
+            return False
+        self.fill(chunks, block, name)
+        return True
+
+    def fetch(self, dataset: h5py.Dataset, origin: Sequence[int], block: np.ndarray) -> Optional[list]:
+        """The stored chunks of ``block`` (c, z, y, x) whose first voxel is at ``origin`` (z, y, x), as (first
+        channel, chunk offset, compressed bytes); None if a chunk has no storage or skipped a filter."""
         channel_chunk = self._chunks[0] if dataset.ndim == 4 else 1
-        channels = block.shape[0]
-        for c0 in range(0, channels, channel_chunk):
+        chunks = []
+        for c0 in range(0, block.shape[0], channel_chunk):
             offset = ((c0,) if dataset.ndim == 4 else ()) + tuple(origin)
             try:
                 filter_mask, raw = dataset.id.read_direct_chunk(offset)
             except RuntimeError:  # chunk never written: HDF5 returns the fill value instead
-                return False
+                return None
             if filter_mask:
-                return False
+                return None
+            chunks.append((c0, offset, raw))
+        return chunks
+
+    def fill(self, chunks: list, block: np.ndarray, name: str) -> None:
+        """Decode the chunks :meth:`fetch` gave into ``block``."""
+        channel_chunk = self._chunks[0] if len(self._chunks) == 4 else 1
+        z, y, x = block.shape[1:]
+        for c0, offset, raw in chunks:
             chunk = self._decoded(raw, offset, name).reshape((-1,) + self._chunks[-3:])
-            c1 = min(c0 + channel_chunk, channels)
-            z, y, x = block.shape[1:]
+            c1 = min(c0 + channel_chunk, block.shape[0])
             block[c0:c1] = chunk[:c1 - c0, :z, :y, :x]
-        return True
 
     def _decoded(self, raw: bytes, offset: Tuple[int, ...], name: str) -> np.ndarray:
         itemsize = self._file_dtype.itemsize
