@@ -152,16 +152,31 @@ def test_threads_hammering_read_box_get_exact_boxes(tmp_path, rng):
 
 
 def slow_fetches(cache, release):
-    """Make ``cache`` count its block reads per key, each read waiting for ``release`` first."""
+    """Make ``cache`` count its block reads per key, each read waiting for ``release(key)`` first: blocks read
+    alone (``_fetch``) and a box's blocks read together (the source's ``read_many``)."""
     counts = {}
-    original = cache._fetch
+    original, source = cache._fetch, cache._source
 
-    def fetch(key):
+    def count(key):
         counts[key] = counts.get(key, 0) + 1
         assert release(key).wait(10), "a fetch was never released"
+
+    def fetch(key):
+        count(key)
         return original(key)
 
+    class Counted:
+        def __getattr__(self, name):
+            return getattr(source, name)
+
+        def read_many(self, requests):
+            for corner, _, _ in requests:
+                count(tuple(int(c) // b for c, b in zip(corner, cache.block_shape)))
+            source.read_many(requests)
+
     cache._fetch = fetch
+    if source.read_many is not None:
+        cache._source = Counted()
     return counts
 
 
