@@ -381,9 +381,8 @@ class ChunkCache:
             timings.add("decode", max(0.0, time.perf_counter() - start - moved))
         with self._lock:
             self._evict_unpinned(self._bytes_held + sum(b.nbytes for b in blocks) - self.budget_bytes)
-            shape = self._addresses.shape
             for key, block in zip(mine, blocks):
-                self._blocks[(key[0] * shape[1] + key[1]) * shape[2] + key[2]] = block
+                self._blocks[self._flat(key)] = block
                 self._addresses[key] = block.ctypes.data
                 self._bytes_held += block.nbytes
                 del self._pending[key]

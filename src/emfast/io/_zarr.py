@@ -499,8 +499,6 @@ class _DirectChunks:
         """Fill the boxes of ``requests`` ((corner, extent, out) each) that are one chunk each of a local array,
         their files read in one call (:func:`read_regular_files`) and decoded, in parts side by side where that
         pays (:class:`SideBySide`). Returns the requests it did not fill."""
-        if isinstance(self.directory, RemoteStore):
-            return list(requests)
         mine, rest = [], []
         for request in requests:
             (mine if self._one_chunk(request[0], request[1]) else rest).append(request)
