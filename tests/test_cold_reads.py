@@ -617,3 +617,49 @@ def test_a_box_s_missing_hdf5_chunks_are_decompressed_side_by_side_and_equal_h5p
                                                                                for c, e in zip(corner, extent))])
     assert max(batches) > 1
     assert not emfast_threads()
+
+
+def test_a_box_s_missing_blocks_are_read_within_the_budget_and_in_steps_where_the_rest_is_pinned(tmp_path,
+                                                                                                monkeypatch):
+    """Room for a box's missing blocks is made before they are allocated: a full cache of unpinned blocks reads a
+    box of 27 new blocks in waves (WAVE_BLOCKS here) and never holds more than its budget; where every held block
+    is pinned, the blocks are read one at a time, each adding one block beyond what the pins hold."""
+    from emfast.io._chunkcache import WAVE_BLOCKS, ChunkCache
+    data = random_volume(np.uint8, (64, 64, 64))
+    zarr.create_array(str(tmp_path / "s.zarr"), shape=data.shape, chunks=(8, 8, 8), dtype=np.uint8,
+                      compressors=zarr.codecs.ZstdCodec())[...] = data
+    block = 8 * 8 * 8
+    budget = 64 * block
+    peaks, requests = [], []
+    allocate = ChunkCache._empty_blocks
+
+    def watched(self, keys):
+        blocks = allocate(self, keys)
+        peaks.append(self._bytes_held + self._incoming)
+        requests.append(len(keys))
+        return blocks
+    monkeypatch.setattr(ChunkCache, "_empty_blocks", watched)
+    with ef.open(tmp_path / "s.zarr", in_memory=False, cache_bytes=budget) as volume:
+        cache = volume.chunk_cache
+        full = [((0, 0, 0), (32, 32, 16)), ((0, 32, 0), (32, 32, 16))]  # 64 blocks: the budget
+        for corner, extent in full:
+            volume.read_box(corner, extent, np.empty((1,) + extent, np.uint8))
+        assert cache.stats.bytes_held == budget
+        peaks.clear()
+        requests.clear()
+        out = volume.read_box((40, 0, 24), (24, 24, 24), np.empty((1, 24, 24, 24), np.uint8))  # 27 new blocks
+        np.testing.assert_array_equal(out[0], data[40:64, 0:24, 24:48])
+        assert sum(requests) == 27 and max(requests) == WAVE_BLOCKS  # 64 // 32 blocks would be fewer
+        assert max(peaks) <= budget  # room made before each wave: never the budget and the new blocks
+        pinned = cache.boxes(*zip(*[((40, 0, 24), (24, 24, 24)), ((0, 0, 0), (32, 32, 16)),
+                                    ((0, 32, 0), (24, 32, 16))]))
+        cache.pin(pinned)
+        assert (cache.grid.pins.flat[list(cache._blocks)] > 0).all()  # every held block pinned
+        peaks.clear()
+        requests.clear()
+        held = cache.stats.bytes_held
+        out = volume.read_box((40, 32, 32), (16, 16, 16), np.empty((1, 16, 16, 16), np.uint8))  # 8 new blocks
+        np.testing.assert_array_equal(out[0], data[40:56, 32:48, 32:48])
+        assert sum(requests) == 8 and max(requests) == 1  # no room: one block at a time
+        assert max(peaks) <= held + block * (1 + 7)  # one block beyond what the pins hold before each step
+        cache.unpin(pinned)

@@ -50,6 +50,12 @@ GRID_BYTES_PER_BLOCK = 8 + 4 + 8 + 1
 
 #: Most buffers of evicted blocks kept for reuse (outside the budget; in steady state one or two are used).
 SPARE_BUFFERS = 4
+#: A box's missing blocks are read in waves of at most 1/WAVES_PER_BUDGET of the budget, or WAVE_BLOCKS blocks if
+#: that is more: a wave's encoded bytes and new blocks are in memory at once, and with several threads reading
+#: (producers, read-ahead, decode helpers) whole batches of large blocks left the process 10 to 25 % above its
+#: budget (``benchmarks/lazy_memory.py``: 64 blocks of 512 KiB against a 64 MiB budget).
+WAVES_PER_BUDGET = 32
+WAVE_BLOCKS = 8
 
 
 Key = Tuple[int, int, int]
@@ -169,6 +175,7 @@ class ChunkCache:
         self._blocks: Dict[int, np.ndarray] = {}  # flat grid index -> block: the owners of the memory
         self._pending: Dict[Key, Future] = {}
         self._bytes_held = 0
+        self._incoming = 0  # bytes of blocks being read by read_many calls, not held yet
         self._hits = self._misses = self._shared = self._read_ahead = 0
         # Buffers of evicted full-size blocks. Reusing them instead of freeing and allocating keeps the process
         # at budget + in-flight reads: with malloc, blocks freed into one producer thread's heap and allocated
@@ -257,7 +264,10 @@ class ChunkCache:
             announce([self._block_box(key) for key in wanted])
         read_many = getattr(self._source, "read_many", None)
         if read_many is not None and len(keys) > 1:
-            self._read_together(list(keys), read_many, timings, ahead)
+            left = list(keys)
+            wave = max(WAVE_BLOCKS, self.budget_bytes // WAVES_PER_BUDGET // self.block_bytes)
+            while left:
+                left = self._read_together(left[:wave], read_many, timings, ahead) + left[wave:]
             return
         calls = [functools.partial(self._get, key, timings, ahead) for key in keys]
         if getattr(self._source, "parallel_reads", False):
@@ -344,10 +354,15 @@ class ChunkCache:
         pending.set_result(None)  # the block is in the cache: its waiters take it from there
         return block
 
-    def _read_together(self, keys, read_many, timings, ahead: bool) -> None:
+    def _read_together(self, keys, read_many, timings, ahead: bool) -> list:
         """Read the blocks ``keys`` not held by one call of the source's ``read_many`` (which reads them all at
         once, e.g. tensorstore's concurrent reads), after waiting for those another thread is reading already.
-        The blocks of one call share one future: a thread needing one of them waits for the whole call."""
+        The blocks of one call share one future: a thread needing one of them waits for the whole call.
+
+        Room for the blocks is made before they are allocated, counting those other threads are reading. Where
+        it cannot be made (the blocks held are pinned by windows in flight), only as many as fit are read, at
+        least one, and the others are returned for a later call: a batch's misses add at most one block to what
+        pinning holds, not the whole batch (64 blocks of read-ahead would be half a 64 MiB budget)."""
         mine, theirs, shared = [], {}, 0
         ours: Future = Future()
         with self._lock:
@@ -362,6 +377,16 @@ class ChunkCache:
                     self._pending[key] = ours
                     mine.append(key)
             self._shared += shared
+            # the evicted blocks' buffers are the new blocks' (_empty_blocks)
+            self._evict_unpinned(self._bytes_held + self._incoming + len(mine) * self.block_bytes
+                                 - self.budget_bytes, spares=SPARE_BUFFERS + len(mine))
+            over = self._bytes_held + self._incoming + len(mine) * self.block_bytes - self.budget_bytes
+            later = mine[max(1, len(mine) - -(-over // self.block_bytes)):] if over > 0 else []
+            for key in later:
+                del self._pending[key]
+            mine = mine[:len(mine) - len(later)]
+            incoming = len(mine) * self.block_bytes
+            self._incoming += incoming
             self._misses += len(mine)
             self._read_ahead += ahead * len(mine)
         start, moved = time.perf_counter(), transfer_time()
@@ -371,6 +396,7 @@ class ChunkCache:
             blocks = [self._finished(key, block) for key, (_, block) in zip(mine, blocks)]
         except BaseException as exc:
             with self._lock:
+                self._incoming -= incoming
                 for key in mine:
                     del self._pending[key]
             ours.set_exception(exc)
@@ -380,7 +406,9 @@ class ChunkCache:
             timings.add("fetch", moved)
             timings.add("decode", max(0.0, time.perf_counter() - start - moved))
         with self._lock:
-            self._evict_unpinned(self._bytes_held + sum(b.nbytes for b in blocks) - self.budget_bytes)
+            self._incoming -= incoming
+            self._evict_unpinned(self._bytes_held + self._incoming + sum(b.nbytes for b in blocks)
+                                 - self.budget_bytes)
             for key, block in zip(mine, blocks):
                 self._blocks[self._flat(key)] = block
                 self._addresses[key] = block.ctypes.data
@@ -395,13 +423,14 @@ class ChunkCache:
             waiting.result()  # another thread's read: its exception, if it failed, is raised here too
         if theirs and timings is not None:
             timings.add("pending", time.perf_counter() - start)
+        return later
 
     def _flat(self, key: Key) -> int:
         return (key[0] * self._addresses.shape[1] + key[1]) * self._addresses.shape[2] + key[2]
 
-    def _evict_unpinned(self, nbytes: int) -> None:
+    def _evict_unpinned(self, nbytes: int, spares: int = SPARE_BUFFERS) -> None:
         """Under the lock: free at least ``nbytes`` by evicting unpinned blocks, least recently used first (fewer
-        if too few are unpinned)."""
+        if too few are unpinned), keeping up to ``spares`` of their buffers for blocks read next."""
         if nbytes <= 0 or not self._blocks:
             return
         held = np.fromiter(self._blocks, np.int64, len(self._blocks))
@@ -413,7 +442,7 @@ class ChunkCache:
             self._addresses.flat[flat] = 0
             self._bytes_held -= evicted.nbytes
             nbytes -= evicted.nbytes
-            if evicted.nbytes == self.block_bytes and len(self._spare) < SPARE_BUFFERS:
+            if evicted.nbytes == self.block_bytes and len(self._spare) < spares:
                 self._spare.append(evicted.base)
 
     def _buffer(self, nbytes: int) -> np.ndarray:
@@ -458,6 +487,7 @@ class ChunkCache:
                 # references: `buffer` and getrefcount's argument; any more are views a reader still copies from
                 if sys.getrefcount(buffer) == 2:
                     spares.append(buffer)
+            del self._spare[SPARE_BUFFERS:]  # those evicted for this batch beyond its needs are freed
         blocks = []
         for (origin, _), shape in zip(boxes, shapes):
             nbytes = math.prod(shape) * self._dtype.itemsize
@@ -476,6 +506,7 @@ class ChunkCache:
         """In a child process: a read or a gather in flight in the parent at fork() never completes here."""
         self._lock = threading.Lock()
         self._pending.clear()
+        self._incoming = 0
         self._pins[...] = 0
 
 

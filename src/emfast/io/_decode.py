@@ -208,8 +208,9 @@ class SideBySide:
         self._in_parts: Optional[float] = None  # seconds per item in parts: unknown until tried
         self._lists = 0
 
-    def run(self, items: Sequence, work: Callable[[Sequence], None]) -> None:
-        """Call ``work`` on parts of ``items`` (every item in exactly one part), side by side where that pays.
+    def run(self, items: Sequence, work: Callable[[Sequence], None], most: Optional[int] = None) -> None:
+        """Call ``work`` on parts of ``items`` (every item in exactly one part, at most ``most`` items in a part),
+        side by side where that pays.
 
         Raises
         ------
@@ -224,7 +225,8 @@ class SideBySide:
             paying = self._in_parts is None or self._in_parts < self._alone
             if paying != (self._lists % EXPLORE_EVERY == 0):
                 helpers = min(_cores() - 1, _idle_cores(), (len(items) - 1) // CALLS_PER_HELPER)
-        bounds = [len(items) * n // (helpers + 1) for n in range(helpers + 2)]
+        count = max(helpers + 1, -(-len(items) // most) if most else 1)
+        bounds = [len(items) * n // count for n in range(count + 1)]
         parts = [items[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
         start = time.perf_counter()
         run_all([functools.partial(work, part) for part in parts], helpers)

@@ -21,6 +21,10 @@ import numpy as np
 from .._core.files import FILE_FAILED, FILE_MISSING, FILE_NOT_REGULAR, FILE_READ, FILE_UNSUPPORTED, read_files
 from ._source import _kind, add_transfer_time, read_regular_file
 
+#: Most bytes of chunk files a reader reads in one call: a box's missing chunks beyond it (large chunks, or a
+#: batch's read-ahead) are read in several calls, so that their encoded bytes never wait in memory all at once.
+BATCH_BYTES = 8 << 20
+
 #: Most bytes of a lent buffer kept for the next reads (a box's chunks take about a MiB), and most buffers kept.
 KEPT_BUFFER_BYTES = 4 << 20
 KEPT_BUFFERS = 4

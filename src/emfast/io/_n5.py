@@ -28,6 +28,7 @@ from __future__ import annotations
 import bz2
 import json
 import lzma
+import math
 import os
 import struct
 import zlib
@@ -37,7 +38,7 @@ from typing import Sequence, Union
 import numpy as np
 
 from ._decode import SideBySide
-from ._filebatch import lent_buffer, read_regular_files
+from ._filebatch import BATCH_BYTES, lent_buffer, read_regular_files
 from ._geometry import array_geometry
 from ._metadata import bad_metadata, int_list, metadata_key, parsing
 from ._remote import RemoteStore
@@ -171,7 +172,8 @@ class N5Source(VolumeSource):
         mine, rest = [], []
         for request in requests:
             (mine if self._one_block(request[0], request[1]) else rest).append(request)
-        self._decodes.run(mine, self._read_part)
+        self._decodes.run(mine, self._read_part,
+                          most=max(1, BATCH_BYTES // (math.prod(self._block) * self._stored.itemsize)))
         for corner, extent, out in rest:
             self.read(corner, extent, out)
 

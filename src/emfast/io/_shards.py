@@ -26,7 +26,7 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 
 from ._decode import SideBySide
-from ._filebatch import lent_buffer, read_regular_files
+from ._filebatch import BATCH_BYTES, lent_buffer, read_regular_files
 from ._source import CorruptChunkError, Stamp, add_transfer_time, decoded_into, require_kind
 
 #: Index entry of an inner chunk that was never written (offset and length both).
@@ -147,7 +147,8 @@ class ShardedChunks:
             else:
                 ranges.append((key, entry, version, where, corner, extent, out))
         again: list = []
-        self._decodes.run(ranges, functools.partial(self._read_part, again=again, stamp=stamp))
+        self._decodes.run(ranges, functools.partial(self._read_part, again=again, stamp=stamp),
+                          most=max(1, BATCH_BYTES // (math.prod(self._inner) * self._dtype.itemsize)))
         for corner, extent, out in again:
             self.read(corner, extent, out, name, stamp)
         return rest

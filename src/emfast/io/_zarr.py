@@ -43,7 +43,7 @@ import numpy as np
 
 from ._geometry import Geometry, array_geometry, choose_level, multiscale_levels, require_agreement
 from ._decode import SideBySide, blosc_content_size, zstd_content_size
-from ._filebatch import lent_buffer, read_regular_files
+from ._filebatch import BATCH_BYTES, lent_buffer, read_regular_files
 from ._metadata import bad_metadata, int_list, metadata_key, parsing
 from ._remote import RemoteReadError, RemoteStore, ReadAbandoned
 from ._shards import ShardedChunks
@@ -502,7 +502,8 @@ class _DirectChunks:
         mine, rest = [], []
         for request in requests:
             (mine if self._one_chunk(request[0], request[1]) else rest).append(request)
-        self._decodes.run(mine, functools.partial(self._read_part, name=name, stamp=stamp))
+        self._decodes.run(mine, functools.partial(self._read_part, name=name, stamp=stamp),
+                          most=max(1, BATCH_BYTES // (math.prod(self._chunks) * self._dtype.itemsize)))
         return rest
 
     def _read_part(self, requests, name: str, stamp: Stamp) -> None:
