@@ -663,3 +663,11 @@ def test_a_box_s_missing_blocks_are_read_within_the_budget_and_in_steps_where_th
         assert sum(requests) == 8 and max(requests) == 1  # no room: one block at a time
         assert max(peaks) <= held + block * (1 + 7)  # one block beyond what the pins hold before each step
         cache.unpin(pinned)
+
+
+def test_side_by_side_cuts_parts_of_at_most_the_items_asked(monkeypatch):
+    """A reader's parts hold at most ``most`` items (its chunks' encoded bytes in one file read), alone or not."""
+    monkeypatch.setattr(_decode, "_idle_cores", lambda: 0)
+    parts = []
+    _decode.SideBySide().run(list(range(10)), parts.append, most=3)
+    assert [len(p) for p in parts] == [2, 3, 2, 3] and sorted(i for p in parts for i in p) == list(range(10))
