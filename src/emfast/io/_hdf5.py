@@ -95,13 +95,22 @@ class Hdf5Source(VolumeSource):
 
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
         corner, extent = tuple(int(c) for c in corner), tuple(int(e) for e in extent)
-        one_chunk = self._one_chunk(corner, extent)
+        one_chunk = self.chunks is not None and all(
+            c % k == 0 and e == min(k, s - c) for c, e, k, s in zip(corner, extent, self.chunks, self.full_shape[-3:]))
         if one_chunk or self.chunks is None:
             self._check_stored(corner)
         self._check_sources_remain(corner, extent)
         if one_chunk and self._direct is not None and self._direct.read(self._dataset, corner, out, self.name):
             return
-        self._read_through_hdf5(corner, extent, out)
+        box = tuple(slice(c, c + e) for c, e in zip(corner, extent))
+        try:
+            if self._dataset.ndim == 4:
+                self._dataset.read_direct(out, source_sel=(slice(None),) + box)
+            else:
+                self._dataset.read_direct(out[0], source_sel=box)
+        except OSError as error:  # h5py names neither file nor dataset (e.g. a corrupt compressed chunk)
+            raise OSError(f"{self.name}: cannot read the dataset ({error}); the file may be truncated or "
+                          "corrupt") from error
 
     @property
     def read_many(self):
@@ -119,21 +128,6 @@ class Hdf5Source(VolumeSource):
         while another thread may fetch, so that no more than one chunk's compressed bytes wait per thread."""
         for corner, extent, out in requests:
             self.read(corner, extent, out)
-
-    def _one_chunk(self, corner: Tuple[int, ...], extent: Tuple[int, ...]) -> bool:
-        return self.chunks is not None and all(
-            c % k == 0 and e == min(k, s - c) for c, e, k, s in zip(corner, extent, self.chunks, self.full_shape[-3:]))
-
-    def _read_through_hdf5(self, corner: Tuple[int, ...], extent: Tuple[int, ...], out: np.ndarray) -> None:
-        box = tuple(slice(c, c + e) for c, e in zip(corner, extent))
-        try:
-            if self._dataset.ndim == 4:
-                self._dataset.read_direct(out, source_sel=(slice(None),) + box)
-            else:
-                self._dataset.read_direct(out[0], source_sel=box)
-        except OSError as error:  # h5py names neither file nor dataset (e.g. a corrupt compressed chunk)
-            raise OSError(f"{self.name}: cannot read the dataset ({error}); the file may be truncated or "
-                          "corrupt") from error
 
     def attributes(self) -> dict:
         return dict(self._dataset.attrs)
@@ -268,36 +262,21 @@ class _DirectChunkReader:
     def read(self, dataset: h5py.Dataset, origin: Sequence[int], block: np.ndarray, name: str) -> bool:
         """Fill ``block`` (c, z, y, x) whose first voxel is at ``origin`` (z, y, x); False if a chunk has no
         storage or skipped a filter, in which case the caller reads the block through HDF5."""
-        chunks = self.fetch(dataset, origin, block)
-        if chunks is None:
-            return False
-        self.fill(chunks, block, name)
-        return True
-
-    def fetch(self, dataset: h5py.Dataset, origin: Sequence[int], block: np.ndarray) -> Optional[list]:
-        """The stored chunks of ``block`` (c, z, y, x) whose first voxel is at ``origin`` (z, y, x), as (first
-        channel, chunk offset, compressed bytes); None if a chunk has no storage or skipped a filter."""
         channel_chunk = self._chunks[0] if dataset.ndim == 4 else 1
-        chunks = []
-        for c0 in range(0, block.shape[0], channel_chunk):
+        channels = block.shape[0]
+        for c0 in range(0, channels, channel_chunk):
             offset = ((c0,) if dataset.ndim == 4 else ()) + tuple(origin)
             try:
                 filter_mask, raw = dataset.id.read_direct_chunk(offset)
             except RuntimeError:  # chunk never written: HDF5 returns the fill value instead
-                return None
+                return False
             if filter_mask:
-                return None
-            chunks.append((c0, offset, raw))
-        return chunks
-
-    def fill(self, chunks: list, block: np.ndarray, name: str) -> None:
-        """Decode the chunks :meth:`fetch` gave into ``block``."""
-        channel_chunk = self._chunks[0] if len(self._chunks) == 4 else 1
-        z, y, x = block.shape[1:]
-        for c0, offset, raw in chunks:
+                return False
             chunk = self._decoded(raw, offset, name).reshape((-1,) + self._chunks[-3:])
-            c1 = min(c0 + channel_chunk, block.shape[0])
+            c1 = min(c0 + channel_chunk, channels)
+            z, y, x = block.shape[1:]
             block[c0:c1] = chunk[:c1 - c0, :z, :y, :x]
+        return True
 
     def _decoded(self, raw: bytes, offset: Tuple[int, ...], name: str) -> np.ndarray:
         itemsize = self._file_dtype.itemsize
