@@ -253,6 +253,8 @@ class ChunkCache:
         the source's ``read_many`` where it has one, else side by side on this thread and the decode helpers where
         the source's reads gain from it, else one after another. The first failure is raised once every read
         ended."""
+        if not len(boxes):  # every block held: the usual case of a warm cache
+            return
         keys: Dict[Key, None] = {}
         for box in boxes:
             missing = np.argwhere(self._addresses[_box_slices(box)] == 0) + box[0]

@@ -169,8 +169,9 @@ def run_all(calls: Sequence[Callable[[], None]], helpers: Optional[int] = None) 
     BaseException
         The first exception a call raised, after every call has ended (the others' are dropped).
     """
-    if helpers is None:
-        helpers = min(_cores() - 1, _idle_cores(), (len(calls) - 1) // CALLS_PER_HELPER)
+    if helpers is None:  # the idle cores asked only where the calls are enough for a helper (a file read)
+        helpers = min(_cores() - 1, (len(calls) - 1) // CALLS_PER_HELPER)
+        helpers = min(helpers, _idle_cores()) if helpers > 0 else 0
     work = _Calls(calls)
     tasks = [_HELPERS.submit(work.work) for _ in range(helpers)]
     try:
