@@ -671,3 +671,21 @@ def test_side_by_side_cuts_parts_of_at_most_the_items_asked(monkeypatch):
     parts = []
     _decode.SideBySide().run(list(range(10)), parts.append, most=3)
     assert [len(p) for p in parts] == [2, 3, 2, 3] and sorted(i for p in parts for i in p) == list(range(10))
+
+
+def test_a_warm_read_asks_nothing_of_the_machine(tmp_path, monkeypatch):
+    """Boxes whose blocks are all held read no load figures (/proc/loadavg): a warm batch's cache stage stays a
+    few compiled loops."""
+    data = random_volume(np.uint16)
+    zarr.create_array(str(tmp_path / "s.zarr"), shape=SHAPE, chunks=INNER, dtype=np.uint16,
+                      compressors=zarr.codecs.ZstdCodec())[...] = data
+    asked = []
+    idle = _decode._idle_cores
+    monkeypatch.setattr(_decode, "_idle_cores", lambda: asked.append(1) or idle())
+    with ef.open(tmp_path / "s.zarr", in_memory=False) as volume:
+        volume.read_box((0, 0, 0), SHAPE, np.empty((1,) + SHAPE, np.uint16))  # cold: every block read
+        asked.clear()
+        for corner, extent in random_boxes(np.random.default_rng(6), count=10):
+            out = volume.read_box(corner, extent, np.empty((1,) + tuple(extent), np.uint16))
+            np.testing.assert_array_equal(out[0], data[tuple(slice(c, c + e) for c, e in zip(corner, extent))])
+    assert asked == []
