@@ -196,10 +196,10 @@ class N5Source(VolumeSource):
             contents, _ = read_regular_files([os.path.join(directory, *map(str, reversed(key))) for key in keys],
                                              "an N5 block", buffer=buffer)
             for data, key, (_, extent, out) in zip(contents, keys, requests):
-                block = None if data is None else self._decoded(data, key)
-                if block is None:
+                if data is None:  # never written: 0
                     out[...] = 0
                     continue
+                block = self._decoded(data, key)
                 block = block if lead else block[np.newaxis]
                 out[...] = block[(slice(None),) + tuple(slice(0, int(e)) for e in extent)]
 
