@@ -6,7 +6,8 @@ reads every channel), or :data:`CONTIGUOUS_BLOCK` voxels for data stored without
 assembled from the blocks it overlaps; a missing block is read from its
 :class:`~emfast.io._source.VolumeSource` once and kept until the memory budget needs its room, least recently
 used first. The source decodes: HDF5, zarr and N5 all decode chunks outside the GIL, so the missing blocks of a
-batch's windows are read side by side, on the calling thread and the decode helpers of :mod:`emfast.io._decode`,
+batch's windows are read together, through the source's ``read_many`` where it has one (its files read in one
+call, decoded side by side by the decode helpers of :mod:`emfast.io._decode`), else block by block, side by side
 where the source says that pays (:attr:`~emfast.io._source.VolumeSource.parallel_reads`).
 
 The gather kernels read windows straight from the held blocks (:attr:`ChunkCache.grid`, the address of each
@@ -16,8 +17,9 @@ nor reused meanwhile.
 Concurrency
 -----------
 One lock guards the cache's bookkeeping only; no file read happens under it. A thread that misses a block
-registers a future for it and reads it; other threads that want the same block wait on that future instead of
-reading it again, while misses on other blocks proceed in parallel.
+registers a future for it (one for all the blocks a ``read_many`` call reads) and reads it; other threads that
+want the same block wait on that future instead of reading it again, while misses on other blocks proceed in
+parallel.
 """
 from __future__ import annotations
 
@@ -249,8 +251,8 @@ class ChunkCache:
         """Read the blocks of ``boxes`` (from :meth:`boxes`) that are not held (``ahead``: for :meth:`prefetch`).
 
         The source is told every block first (``will_read``, where it has one): a remote source then requests
-        them all at once, and the blocks wait for one round trip, not one each. Then they are read in one call of
-        the source's ``read_many`` where it has one, else side by side on this thread and the decode helpers where
+        them all at once, and the blocks wait for one round trip, not one each. Then they are read in waves of calls
+        of the source's ``read_many`` where it has one (:meth:`_read_together`), else side by side on this thread and the decode helpers where
         the source's reads gain from it, else one after another. The first failure is raised once every read
         ended."""
         if not len(boxes):  # every block held: the usual case of a warm cache

@@ -216,7 +216,7 @@ class SideBySide:
         Raises
         ------
         BaseException
-            The first exception a part raised, after every part has ended (the calling thread's first).
+            The first exception a part raised, after every part has ended.
         """
         if not items:
             return
