@@ -251,10 +251,10 @@ class ChunkCache:
         """Read the blocks of ``boxes`` (from :meth:`boxes`) that are not held (``ahead``: for :meth:`prefetch`).
 
         The source is told every block first (``will_read``, where it has one): a remote source then requests
-        them all at once, and the blocks wait for one round trip, not one each. Then they are read in waves of calls
-        of the source's ``read_many`` where it has one (:meth:`_read_together`), else side by side on this thread and the decode helpers where
-        the source's reads gain from it, else one after another. The first failure is raised once every read
-        ended."""
+        them all at once, and the blocks wait for one round trip, not one each. Then they are read in waves of
+        calls of the source's ``read_many`` where it has one (:meth:`_read_together`), else side by side on this
+        thread and the decode helpers where the source's reads gain from it, else one after another. The first
+        failure is raised once every read ended."""
         if not len(boxes):  # every block held: the usual case of a warm cache
             return
         keys: Dict[Key, None] = {}
