@@ -257,6 +257,38 @@ def test_a_failed_write_leaves_a_resumable_store(tmp_path, volume, monkeypatch):
     np.testing.assert_array_equal(_read(path), _read(tmp_path / "whole.zarr/pred"))
 
 
+def test_finished_blocks_are_flagged_in_files_zarr_reads(tmp_path, volume, monkeypatch):
+    """A block's flag is its one-element chunk file, written without zarr-python's write path (an event-loop round
+    trip that held a writer for milliseconds per block); zarr-python reads exactly the blocks written."""
+    original_write, original_setitem = OutputStore.write, zarr.Array.__setitem__
+    lock, calls, written = threading.Lock(), [0], []
+
+    def fifth_fails(self, start, data):
+        with lock:
+            calls[0] += 1
+            fail = calls[0] == 5
+        if fail:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        original_write(self, start, data)
+        written.append(tuple(start))
+
+    def no_flags_through_zarr(array, selection, value):
+        assert not array.path.endswith(".blocks"), "a flag was written through zarr-python"
+        original_setitem(array, selection, value)
+
+    monkeypatch.setattr(OutputStore, "write", fifth_fails)
+    monkeypatch.setattr(zarr.Array, "__setitem__", no_flags_through_zarr)
+    path = tmp_path / "p.zarr/pred"
+    with pytest.raises(BlockWriteError):
+        ef.predict(lopsided, volume, path, **SETTINGS)
+    flags = zarr.open_array(str(tmp_path / "p.zarr"), path="pred.blocks", mode="r")[...]
+    assert flags.dtype == np.uint8 and set(np.unique(flags)) <= {0, 1}
+    assert 0 < int(flags.sum()) == len(written) < flags.size
+    monkeypatch.setattr(OutputStore, "write", original_write)
+    resumed = ef.predict(lopsided, volume, path, resume=True, **SETTINGS)
+    assert resumed.computed == flags.size - len(written)
+
+
 def test_existing_outputs_are_refused_replaced_or_resumed_only_with_the_same_settings(tmp_path, volume):
     path = tmp_path / "p.zarr/pred"
     root = zarr.open_group(str(tmp_path / "p.zarr"), mode="w")

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..io import COMPRESSIONS, OutputWriter, check_compression, parse_output
 from ..io import OutputLock, option
+from ..io._chunkfiles import chunk_files
 
 RECORD = "emfast_predict"
 #: Record entries kept for provenance and not compared when resuming: a retrained model keeps its name, a wrapped
@@ -48,6 +49,7 @@ class OutputStore:
         self.flags_name = dataset + ".blocks"
         self._writer = OutputWriter(container, dataset, kind, RECORD, refused=OutputExistsError)
         self._flags = None
+        self._flag_files = False  # zarr: the ChunkFiles writing the flags' chunks (None: zarr-python); unknown yet
         #: Whether :meth:`prepare` opened an existing output to resume it (rather than creating it).
         self.resumed = False
 
@@ -116,9 +118,19 @@ class OutputStore:
 
     def mark(self, index: int, grid) -> None:
         """Record block ``index`` (numbered in C order of ``grid``) as finished."""
-        self._flags[np.unravel_index(index, tuple(grid))] = 1
+        position = tuple(int(i) for i in np.unravel_index(index, tuple(grid)))
         if self.kind == "hdf5":
+            self._flags[position] = 1
             self._writer.root.flush()
+            return
+        # The flag's one-element chunk written as a file: through zarr-python, an event-loop round trip that held
+        # a writer thread for milliseconds per block.
+        if self._flag_files is False:
+            self._flag_files = chunk_files(self._flags)
+        if self._flag_files is None:
+            self._flags[position] = 1
+        else:
+            self._flag_files.write(position, np.ones((1,) * len(position), np.uint8))
 
     def finish(self) -> None:
         """Record the prediction as complete and drop the flags (nothing to do if it was complete already)."""
@@ -126,8 +138,8 @@ class OutputStore:
             return
         self._writer.set_record(dict(self._writer.record(), complete=True))
         self._writer.delete(self.flags_name)
-        self._flags = None
+        self._flags, self._flag_files = None, False
 
     def close(self) -> None:
         self._writer.close()
-        self._flags = None
+        self._flags, self._flag_files = None, False
