@@ -1,5 +1,10 @@
 /* Blending overlapping predictions: weighted sums in float64, then one division and a conversion per voxel.
- * Weights and their totals are float32: they are multiples of 1/256, which float32 sums exactly (up to 65536).
+ *
+ * A tile's weight at a voxel is the product of three per-axis weights (wz[z] * wy[y] * wx[x]), each a multiple of
+ * 1/256 in (0, 1]. The product (27 bits) and its product with a float32 or float16 prediction (51 bits) are exact
+ * in float64, and so are the sums of such products of one value; the weights' totals over a block are products
+ * of per-axis totals, also exact. So where all overlapping predictions agree, the blended value is that
+ * prediction bit for bit.
  *
  * Arrays are described by a base pointer and signed byte strides per axis, so a prediction can be read through
  * the inverse of a test-time transform (permuted and negative strides) without a copy. The Cython wrapper
@@ -16,19 +21,21 @@
 extern "C" {
 #endif
 
-/* For c < channels and every (z, y, x) < shape:
- *     sums[c, z, y, x] += weight[z, y, x] * prediction[c, z, y, x];  totals[z, y, x] += weight[z, y, x]
- * (totals once per voxel, not per channel). sums are float64, totals and weight float32; prediction is float16,
- * float32 or float64 (pred_dtype). Strides are in bytes: 4 for sums and prediction (c, z, y, x), 3 for totals and
- * weight. */
-int emf_blend_add(double *sums, const int64_t sums_strides[4], float *totals, const int64_t totals_strides[3],
-                  const float *weight, const int64_t weight_strides[3], const void *prediction,
-                  emf_dtype pred_dtype, const int64_t pred_strides[4], int64_t channels, const int64_t shape[3]);
+/* For c < channels and every (z, y, x) < shape, with w = wz[z] * wy[y] * wx[x] (in that order):
+ *     sums[c, z, y, x] = w * prediction[c, z, y, x]    inside the box [first_low, first_high),
+ *     sums[c, z, y, x] += w * prediction[c, z, y, x]   elsewhere.
+ * The box holds the voxels no tile blended before touched, so a block's sums need no clearing. sums and the
+ * weights are float64; prediction is float16, float32 or float64 (pred_dtype). Strides are in bytes (c, z, y, x). */
+int emf_blend_add(double *sums, const int64_t sums_strides[4], const double *wz, const double *wy,
+                  const double *wx, const void *prediction, emf_dtype pred_dtype, const int64_t pred_strides[4],
+                  int64_t channels, const int64_t shape[3], const int64_t first_low[3],
+                  const int64_t first_high[3]);
 
-/* out[c, v] = convert(sums[c, v] / totals[v]) for contiguous sums (channels, voxels) and totals (voxels), into a
- * contiguous out of out_dtype: float32, float16 (rounded through float32) or uint8 (rint(clip(x, 0, 1) * 255), NaN to 0). */
-int emf_blend_finish(const double *sums, const float *totals, int64_t channels, int64_t voxels,
-                     emf_dtype out_dtype, void *out);
+/* out[c, z, y, x] = convert(sums[c, z, y, x] / (((count * tz[z]) * ty[y]) * tx[x])) for contiguous sums and out
+ * (channels, shape), into out_dtype: float32, float16 (rounded through float32) or uint8 (rint(clip(x, 0, 1) *
+ * 255), NaN to 0). tz, ty and tx are the per-axis totals of the weights, count the predictions per tile. */
+int emf_blend_finish(const double *sums, const double *tz, const double *ty, const double *tx, double count,
+                     int64_t channels, const int64_t shape[3], emf_dtype out_dtype, void *out);
 
 #ifdef __cplusplus
 }

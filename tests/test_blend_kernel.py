@@ -1,38 +1,87 @@
 """The blending kernels (emfast._core.blend) against NumPy on random data: contiguous rows (the vectorised loops)
-and strided views (flips, transposes, sub-boxes of a block), every prediction dtype."""
+and strided views (flips, transposes, sub-boxes of a block), every prediction dtype; and the exactness the
+per-axis weights promise: predictions that agree blend to themselves bit for bit."""
 import numpy as np
 import pytest
 
 from emfast._core.blend import blend_add, blend_finish
 
 
+def _weights(rng, shape):
+    """Per-axis weights as predict uses them: multiples of 1/256 in [1/256, 1]."""
+    return [rng.integers(1, 257, n) / 256 for n in shape]
+
+
+def _product(axes):
+    wz, wy, wx = axes
+    return (wz[:, None, None] * wy[None, :, None]) * wx[None, None, :]
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
-@pytest.mark.parametrize("layout", ["contiguous", "strided", "constant weight"])
-def test_blend_add_matches_numpy(dtype, layout):
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+@pytest.mark.parametrize("first", [((0, 0, 0), (0, 0, 0)), ((1, 2, 4), (5, 7, 9)), ((0, 0, 0), (5, 9, 13))])
+def test_blend_add_matches_numpy(dtype, layout, first):
     rng = np.random.default_rng(3)
     shape = (5, 9, 13)
     sums = rng.random((2, 7, 11, 17))
-    totals = rng.random((7, 11, 17)).astype(np.float32)
     prediction = rng.random((2,) + shape).astype(dtype)
-    weight = (np.rint(rng.random(shape) * 256) / 256).astype(np.float32)
+    axes = _weights(rng, shape)
     box = (slice(1, 6), slice(2, 11), slice(3, 16))
-    if layout == "strided":  # a flipped prediction, weights read from a transposed array, totals every other x
-        prediction = np.ascontiguousarray(prediction[..., ::-1])[..., ::-1]
-        weight = np.ascontiguousarray(weight.transpose(2, 1, 0)).transpose(2, 1, 0)
-        totals = rng.random((7, 11, 34)).astype(np.float32)[..., ::2]
-    elif layout == "constant weight":
-        weight = np.broadcast_to(np.float32(0.75), shape)
-    expected_sums, expected_totals = sums.copy(), totals.copy()
-    expected_sums[(slice(None),) + box] += weight.astype(np.float64) * prediction.astype(np.float64)
-    expected_totals[box] += weight
-    blend_add(sums[(slice(None),) + box], totals[box], weight, prediction)
-    np.testing.assert_array_equal(sums, expected_sums)
-    np.testing.assert_array_equal(totals, expected_totals)
+    if layout == "strided":  # a flipped, transposed prediction and weights read through a stride
+        prediction = np.ascontiguousarray(prediction.transpose(0, 3, 2, 1)[..., ::-1]).transpose(0, 3, 2, 1)[
+            :, :, ::-1]
+        axes = [np.repeat(w, 2)[::2] for w in axes]
+    expected = sums.copy()
+    term = _product(axes) * prediction.astype(np.float64)
+    expected[(slice(None),) + box] += term
+    (z0, y0, x0), (z1, y1, x1) = first
+    target = expected[(slice(None),) + box]
+    target[:, z0:z1, y0:y1, x0:x1] = term[:, z0:z1, y0:y1, x0:x1]
+    blend_add(sums[(slice(None),) + box], axes, prediction, first)
+    np.testing.assert_array_equal(sums, expected)
 
 
-def test_blend_finish_divides_and_converts():
+def test_blend_add_refuses_weights_of_the_wrong_length():
+    sums = np.zeros((1, 2, 3, 4))
+    with pytest.raises(ValueError, match=r"weights must be three 1-D arrays of lengths \(2, 3, 4\)"):
+        blend_add(sums, [np.ones(2), np.ones(3), np.ones(5)], np.zeros((1, 2, 3, 4), np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.uint8])
+def test_blend_finish_divides_by_the_product_of_the_totals_and_converts(dtype):
     rng = np.random.default_rng(4)
-    sums, totals = rng.random((3, 4, 5, 6)), (rng.random((4, 5, 6)) + 0.5).astype(np.float32)
+    sums = rng.random((3, 4, 5, 6))
+    totals = [rng.random(n) + 0.5 for n in (4, 5, 6)]
+    out = np.empty(sums.shape, dtype)
+    divided = sums / _product([3 * totals[0], totals[1], totals[2]])
+    if dtype == np.uint8:
+        expected = np.rint(np.clip(divided, 0, 1) * 255).astype(np.uint8)
+    else:
+        expected = divided.astype(np.float32).astype(dtype)
+    np.testing.assert_array_equal(blend_finish(sums, totals, 3, out), expected)
+
+
+def test_agreeing_predictions_blend_to_themselves_bit_for_bit():
+    """Tiles at random offsets with random per-axis weights, and two variants each, over one float32 value
+    field: sums set where each voxel is first reached, then divided by the product of the per-axis totals."""
+    rng = np.random.default_rng(5)
+    shape, size = (12, 14, 16), (6, 7, 8)
+    field = (rng.random((1,) + shape) * rng.choice([1e-6, 1.0, 300.0], (1,) + shape)).astype(np.float32)
+    sums = np.full((1,) + shape, np.nan)
+    profiles = _weights(rng, size)
+    starts = [np.append(np.arange(0, n - s, s // 2), n - s) for n, s in zip(shape, size)]  # as TilePlan
+    totals = [np.zeros(n) for n in shape]
+    for axis in range(3):
+        for start in starts[axis]:
+            totals[axis][start:start + size[axis]] += profiles[axis]
+    for tile in np.stack(np.meshgrid(*starts, indexing="ij"), -1).reshape(-1, 3):
+        box = tuple(slice(t, t + s) for t, s in zip(tile, size))
+        previous = [s[np.searchsorted(s, t) - 1] + n if t > s[0] else t for s, t, n in zip(starts, tile, size)]
+        first = ([p - t for p, t in zip(previous, tile)], list(size))
+        for variant in range(2):
+            blend_add(sums[(slice(None),) + box], profiles, field[(slice(None),) + box],
+                      first if variant == 0 else ((0, 0, 0), (0, 0, 0)))
+    assert not np.isnan(sums).any()
+    np.testing.assert_array_equal(sums, field * _product([2 * totals[0], totals[1], totals[2]]))  # no rounding
     out = np.empty(sums.shape, np.float32)
-    expected = (sums / totals.astype(np.float64)).astype(np.float32)
-    np.testing.assert_array_equal(blend_finish(sums, totals, out), expected)
+    np.testing.assert_array_equal(blend_finish(sums, totals, 2, out), field)

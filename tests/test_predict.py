@@ -18,7 +18,6 @@ import pytest
 
 import emfast as ef
 from emfast.inference import BlockWriteError, ModelOutputError, OutputExistsError, TilePlan
-from emfast.inference._blend import Weights
 from emfast.inference._store import OutputStore
 from emfast.inference._tta import variants
 
@@ -61,10 +60,27 @@ def _read(path):
         return f[dataset][...]
 
 
+def _tile_weights(plan, blend, tile):
+    """The documented weights of ``tile``: per axis the profile rounded to multiples of 1/256 (at least 1/256),
+    their product over the tile; with "none", ones over the box between the cuts the tile owns. Returns (weights,
+    box low, box high)."""
+    if blend == "none":
+        index = [int(np.searchsorted(s, t)) for s, t in zip(plan.starts, tile)]
+        low = [int(c[i]) for c, i in zip(plan.cuts, index)]
+        high = [int(c[i + 1]) for c, i in zip(plan.cuts, index)]
+        return np.ones([h - lo for lo, h in zip(low, high)]), low, high
+    axes = []
+    for size in plan.patch_out:
+        t = (np.arange(size) + 0.5) / size
+        shape = np.exp(-0.5 * ((t - 0.5) * 8.0) ** 2) if blend == "gaussian" else np.exp(4.0 - 1.0 / (t * (1 - t)))
+        axes.append(np.maximum(1.0, np.rint(shape * 256)) / 256)
+    weights = axes[0][:, None, None] * axes[1][None, :, None] * axes[2][None, None, :]
+    return weights, list(tile), [t + p for t, p in zip(tile, plan.patch_out)]
+
+
 def _reference(model, volume, roi, overlap, blend, tta, pad):
     """Whole-volume prediction written the plain way: np.pad, every tile and variant, one float64 accumulator."""
     plan = TilePlan(volume.shape, PATCH_IN, PATCH_OUT, overlap, (1, 1, 1), roi, crop=blend == "none")
-    weights = Weights(plan, blend)
     margin = 40
     padded = np.pad(normalized(volume), margin, mode=pad)
     sums = weights_sum = None
@@ -79,10 +95,10 @@ def _reference(model, volume, roi, overlap, blend, tta, pad):
             if sums is None:
                 sums = np.zeros((back.shape[0],) + volume.shape)
                 weights_sum = np.zeros(volume.shape)
-            w, (low, high) = weights.tile(tuple(tile))
+            w, low, high = _tile_weights(plan, blend, tuple(int(t) for t in tile))
             box = tuple(slice(lo, min(hi, s)) for lo, hi, s in zip(low, high, volume.shape))
+            w = w[tuple(slice(0, b.stop - b.start) for b in box)]
             inside = tuple(slice(b.start - t, b.stop - t) for b, t in zip(box, tile))
-            w = w[inside]
             sums[(slice(None),) + box] += w * back[(slice(None),) + inside]
             weights_sum[box] += w
     result = np.zeros_like(sums)
@@ -287,6 +303,31 @@ def test_finished_blocks_are_flagged_in_files_zarr_reads(tmp_path, volume, monke
     monkeypatch.setattr(OutputStore, "write", original_write)
     resumed = ef.predict(lopsided, volume, path, resume=True, **SETTINGS)
     assert resumed.computed == flags.size - len(written)
+
+
+def test_an_output_started_with_the_old_blend_weights_is_not_resumed(tmp_path, volume, monkeypatch):
+    """Outputs started before the weights were per axis (their record has no "weights") would mix blocks that
+    differ in the last bits: resume refuses them, naming the setting."""
+    path = tmp_path / "p.zarr/pred"
+    original_write = OutputStore.write
+    writes = [0]
+
+    def third_fails(self, start, data):
+        writes[0] += 1
+        if writes[0] == 3:
+            raise OSError(errno.EIO, "Input/output error")
+        original_write(self, start, data)
+
+    monkeypatch.setattr(OutputStore, "write", third_fails)
+    with pytest.raises(BlockWriteError):
+        ef.predict(lopsided, volume, path, **SETTINGS)
+    monkeypatch.setattr(OutputStore, "write", original_write)
+    array = zarr.open_array(str(tmp_path / "p.zarr"), path="pred", mode="r+")
+    record = dict(array.attrs["emfast_predict"])
+    assert record.pop("weights") == "per-axis, 1/256"
+    array.attrs["emfast_predict"] = record
+    with pytest.raises(OutputExistsError, match=r"weights: None there, 'per-axis, 1/256' now.*overwrite=True"):
+        ef.predict(lopsided, volume, path, resume=True, **SETTINGS)
 
 
 def test_existing_outputs_are_refused_replaced_or_resumed_only_with_the_same_settings(tmp_path, volume):

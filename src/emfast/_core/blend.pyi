@@ -1,10 +1,13 @@
 # Stub of the compiled module emfast._core.blend (blend.pyx): the blending kernels of prediction.
-from typing import Tuple
+from typing import Sequence, Tuple
 
 import numpy as np
+
+Box = Tuple[Sequence[int], Sequence[int]]
 
 PREDICTION_DTYPES: Tuple[np.dtype, ...]
 BLEND_OUTPUT_DTYPES: Tuple[np.dtype, ...]
 
-def blend_add(sums: np.ndarray, totals: np.ndarray, weight: np.ndarray, prediction: np.ndarray) -> None: ...
-def blend_finish(sums: np.ndarray, totals: np.ndarray, out: np.ndarray) -> np.ndarray: ...
+def blend_add(sums: np.ndarray, weights: Sequence[np.ndarray], prediction: np.ndarray,
+              first: Box = ((0, 0, 0), (0, 0, 0))) -> None: ...
+def blend_finish(sums: np.ndarray, totals: Sequence[np.ndarray], count: float, out: np.ndarray) -> np.ndarray: ...

@@ -154,10 +154,10 @@ class BlockPredictor:
         self._known[(self.plan.tile_key(tile), 0)] = np.array(prediction)
         self.tiles_computed += 1
 
-    def _count_clipped(self, sums: np.ndarray, weights: np.ndarray) -> None:
+    def _count_clipped(self, sums: np.ndarray, totals: List[np.ndarray]) -> None:
         """Tally the blended values that uint8 cannot hold: those rounding to below 0 or above 255."""
-        covered = weights > 0
-        values = sums[:, covered] / weights[covered]
+        tz, ty, tx = totals
+        values = sums / ((len(self.variants) * tz)[:, None, None] * ty[None, :, None] * tx[None, None, :])
         self.values += values.size
         self.clipped += int(np.count_nonzero((values < -0.5 / 255) | (values > 1 + 0.5 / 255)))
 
@@ -238,7 +238,7 @@ class _Group:
 
 
 class BlockRun:
-    """A block's sums and weights, fed jobs in the plan's order. Jobs are grouped: a group closes when it holds a
+    """A block's sums, fed jobs in the plan's order. Jobs are grouped: a group closes when it holds a
     batch of missing jobs (submitted to the model) or when a ready job has none missing before it; groups are
     blended in order, so only a few batches' predictions are held at once."""
 
@@ -252,7 +252,7 @@ class BlockRun:
         self.groups: deque = deque()
         self.fresh: Dict[tuple, tuple] = {}  # shared tiles being computed: (their variants, how many so far)
         self.loaded: tuple = (None, None)  # the kept tile being blended: (key, predictions)
-        self.sums = self.weights = None
+        self.sums = None
 
     def add(self, job: _Job) -> None:
         self.open.append(job)
@@ -293,14 +293,14 @@ class BlockRun:
         try:
             while self.groups:
                 self._blend_group(self.groups.popleft())
-            sums, weights = self.sums, self.weights
+            predictor, sums = self.predictor, self.sums
             size = sums.size
-            dtype = self.predictor.dtype
-            result = (np.empty(sums.shape, dtype) if out is None or out.size < size
+            result = (np.empty(sums.shape, predictor.dtype) if out is None or out.size < size
                       else out[:size].reshape(sums.shape))
-            if dtype == np.uint8:
-                self.predictor._count_clipped(sums, weights)
-            return blend_finish(sums, weights, result)
+            totals = predictor.weights.totals(self.block)
+            if predictor.dtype == np.uint8:
+                predictor._count_clipped(sums, totals)
+            return blend_finish(sums, totals, len(predictor.variants), result)
         finally:
             self.release()
 
@@ -312,8 +312,7 @@ class BlockRun:
                 group.future.cancel()
         if self.sums is not None:
             pool.give("sums", self.sums)
-            pool.give("weights", self.weights)
-            self.sums = self.weights = None
+            self.sums = None
 
     def _blend_group(self, group: _Group) -> None:
         if self.after is not None:  # kept tiles of the previous block are saved once it is finished
@@ -361,18 +360,20 @@ class BlockRun:
 
     def _blend(self, job: _Job) -> None:
         prediction = self._prediction(job)
-        block, predictor = self.block, self.predictor
-        if self.sums is None:
-            self.sums = predictor._pool.take("sums", (prediction.shape[0],) + block.shape, np.float64)
-            self.weights = predictor._pool.take("weights", block.shape, np.float32)
-            self.sums.fill(0.0)
-            self.weights.fill(0.0)
-        weight, (reach_low, reach_high) = predictor.weights.tile(job.tile)
-        low = [max(r, b) for r, b in zip(reach_low, block.start)]
-        high = [min(r, b) for r, b in zip(reach_high, block.stop)]
+        block, weights = self.block, self.predictor.weights
+        if self.sums is None:  # not cleared: each voxel's first tile sets it (see blend_add)
+            self.sums = self.predictor._pool.take("sums", (prediction.shape[0],) + block.shape, np.float64)
+        axes = weights.tile(job.tile)
+        low = [max(reach, b) for (_, reach, _), b in zip(axes, block.start)]
+        high = [min(reach, b) for (_, _, reach), b in zip(axes, block.stop)]
         if any(lo >= hi for lo, hi in zip(low, high)):
             return
         in_tile = tuple(slice(lo - t, hi - t) for lo, hi, t in zip(low, high, job.tile))
         in_block = tuple(slice(lo - b, hi - b) for lo, hi, b in zip(low, high, block.start))
-        blend_add(self.sums[(slice(None),) + in_block], self.weights[in_block], weight[in_tile],
-                  undo(prediction, job.variant)[(slice(None),) + in_tile])
+        along = [w[lo - reach:hi - reach] for (w, reach, _), lo, hi in zip(axes, low, high)]
+        first = ((0, 0, 0), (0, 0, 0))
+        if job.index == 0:  # the voxels this tile reaches first: set, not added to (its later variants add)
+            first = ([max(weights.first(a, t), lo) - lo for a, (t, lo) in enumerate(zip(job.tile, low))],
+                     [hi - lo for lo, hi in zip(low, high)])
+        blend_add(self.sums[(slice(None),) + in_block], along, undo(prediction, job.variant)[(slice(None),) + in_tile],
+                  first)

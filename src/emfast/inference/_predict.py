@@ -19,7 +19,7 @@ from ..io import (WIDTH, OutputLock, ProgressBar, Volume, array_fingerprint, che
 from ..pipeline import normalization
 from ..transfer import TransferBackend
 from ._block import BlockPredictor
-from ._blend import BLENDS
+from ._blend import BLENDS, WEIGHTS
 from ._cache import TileCache
 from ._dask import dask_missing, run_dask
 from ._device import device_runner
@@ -335,7 +335,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
             predictor.remember(*probed)
         blocks = plan.blocks()
         # device: a GPU's arithmetic may differ from the CPU's in the last bits
-        settings = dict(blend=blend, tta=tta, pad=pad, fill=float(fill), normalize=[float(scale), float(shift)],
+        settings = dict(blend=blend, weights=WEIGHTS, tta=tta, pad=pad, fill=float(fill),
+                        normalize=[float(scale), float(shift)],
                         channels=predictor.channels, dtype=dtype, compression=compression, batch_size=batch_size,
                         device=None if device is None else getattr(device, "name", str(device)).split(":")[0])
         shape = (predictor.channels,) + volume.shape
