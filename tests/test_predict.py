@@ -1,6 +1,7 @@
 """emfast.predict (emfast.inference): tiles, padding, blending and test-time augmentation against a whole-volume NumPy reference;
 resumed, failed and distributed runs against uninterrupted ones, byte for byte."""
 import errno
+import hashlib
 import json
 import os
 import re
@@ -592,6 +593,9 @@ def test_resuming_with_an_array_input_that_changed_is_refused(tmp_path, volume):
     path = tmp_path / "p.zarr/pred"
     with pytest.raises(RuntimeError):
         ef.predict(_interrupting(lopsided, 20, RuntimeError("stop")), volume, path, **SETTINGS)
+    record = zarr.open_array(str(tmp_path / "p.zarr"), path="pred", mode="r").attrs["emfast_predict"]
+    assert record["input"]["fingerprint"] == {"bytes": volume.nbytes,
+                                              "sha256": hashlib.sha256(volume.tobytes()).hexdigest()}
     changed = volume.copy()
     changed[5, 5, 5] ^= 1  # one voxel
     with pytest.raises(OutputExistsError, match="cannot resume .*: the input array holds other data than "
