@@ -163,56 +163,29 @@ class BlockPredictor:
 
 
 class _Pool:
-    """Arrays handed back for reuse (batches, sums, kept tiles): fresh memory would be page-faulted in on every
-    block, a large share of the cost of blending. Thread-safe.
-
-    Kept tiles, many of them allocated while the first blocks run, are cut from slabs of :data:`SLAB_BYTES`:
-    NumPy asks for transparent huge pages for arrays of 4 MiB and more, whose page faults cost a fraction of small
-    pages' per byte. A slab's pieces not yet used are not touched, so they take no memory (at most the rest of a
-    huge page)."""
+    """Arrays handed back for reuse (batches, sums): fresh memory would be page-faulted in on every block, a
+    large share of the cost of blending. Thread-safe."""
 
     def __init__(self) -> None:
         self._free: Dict[tuple, List[np.ndarray]] = {}
-        self._lent: Dict[int, np.ndarray] = {}  # the piece behind each array take handed out, by its address
         self._lock = threading.Lock()
 
-    def take(self, name: str, shape: tuple, dtype, slab: bool = False) -> np.ndarray:
-        """An array of ``shape`` and ``dtype`` for ``name``: a free one, or fresh memory (cut from a slab if
-        ``slab``)."""
-        size, dtype = int(np.prod(shape)), np.dtype(dtype)
+    def take(self, name: str, shape: tuple, dtype) -> np.ndarray:
+        size = int(np.prod(shape))
         with self._lock:
-            free = self._free.setdefault((name, dtype.str), [])
-            # the last given back first: its memory is warm, a slab's untouched rest is taken last
-            index = next((i for i in range(len(free) - 1, -1, -1) if free[i].size >= size), None)
+            free = self._free.setdefault((name, np.dtype(dtype).str), [])
+            index = next((i for i, f in enumerate(free) if f.size >= size), None)
             flat = None if index is None else free.pop(index)
         if flat is None:
-            count = max(1, -(-SLAB_BYTES // max(1, size * dtype.itemsize))) if slab else 1
-            allocation = np.empty(count * size, dtype)
-            flat = allocation[:size]
-            with self._lock:
-                free[:0] = [allocation[i * size:(i + 1) * size] for i in range(1, count)]
-        array = flat[:size].reshape(shape)
-        with self._lock:
-            self._lent[_address(array)] = flat
-        return array
+            flat = np.empty(size, dtype)
+        return flat[:size].reshape(shape)
 
     def give(self, name: str, array: np.ndarray) -> None:
-        with self._lock:
-            flat = self._lent.pop(_address(array), None)
-        if flat is None:  # not taken from this pool (a device's slot, a kept tile loaded from disk): all of it
-            flat = array
-            while isinstance(flat.base, np.ndarray):
-                flat = flat.base
+        flat = array
+        while isinstance(flat.base, np.ndarray):  # the whole allocation (take hands out views of it)
+            flat = flat.base
         with self._lock:
             self._free.setdefault((name, flat.dtype.str), []).append(flat)
-
-
-def _address(array: np.ndarray) -> int:
-    return array.__array_interface__["data"][0]
-
-
-#: Fresh kept tiles are cut from allocations at least this large (see :class:`_Pool`).
-SLAB_BYTES = 8 << 20
 
 
 #: A job whose prediction another block kept (loaded when it is blended).
@@ -336,7 +309,7 @@ class BlockRun:
             return
         count = len(predictor.variants)
         kept, done = self.fresh.get(job.key) or (predictor._pool.take(KEPT, (count,) + job.prediction.shape,
-                                                                      job.prediction.dtype, slab=True), 0)
+                                                                      job.prediction.dtype), 0)
         kept[job.index] = job.prediction  # a copy: the model's output may be a view of a batch reused next
         if done + 1 == count:
             predictor.cache.save(job.key, kept)
