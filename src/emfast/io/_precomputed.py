@@ -297,21 +297,21 @@ class _ChunkFiles:
         each part's files in one call (:func:`read_regular_files`); the others (and chunks stored compressed,
         missing, or of another size, which it reports) by :meth:`read_raw`."""
         stems = [self._whole_chunk_stem(corner, extent, out, dtype) for corner, extent, out in requests]
-        whole = [(stem, request) for stem, request in zip(stems, requests) if stem is not None]
-        done: list = []
-        self._reads.run(whole, functools.partial(self._read_whole_chunks, done=done))
-        done_ids = set(done)
-        for request in requests:
-            if id(request) not in done_ids:
+        whole = [(stem, index) for index, stem in enumerate(stems) if stem is not None]
+        filled: list = []
+        self._reads.run(whole, functools.partial(self._read_whole_chunks, requests=requests, filled=filled))
+        filled_indices = set(filled)
+        for index, request in enumerate(requests):
+            if index not in filled_indices:
                 self.read_raw(*request, dtype, stamp)
 
-    def _read_whole_chunks(self, whole, done: list) -> None:
-        """Read (file name, request) chunks' files straight into the requests' ``out`` in one call; append the ids
-        of the requests filled so to ``done``."""
+    def _read_whole_chunks(self, whole, requests, filled: list) -> None:
+        """Read the (file name, request index) chunks' files straight into their requests' ``out`` in one call;
+        append the indices of the requests filled so to ``filled``."""
         directory = str(self._directory)
         contents, _ = read_regular_files([os.path.join(directory, stem) for stem, _ in whole],
-                                         "a precomputed chunk", into=[out for _, (_, _, out) in whole])
-        done.extend(id(request) for (_, request), data in zip(whole, contents) if data is True)
+                                         "a precomputed chunk", into=[requests[index][2] for _, index in whole])
+        filled.extend(index for (_, index), data in zip(whole, contents) if data is True)
 
     def _read_whole_chunk(self, corner, extent, out: np.ndarray, dtype: np.dtype) -> bool:
         """Read the box straight from its chunk's uncompressed file into ``out`` if :meth:`_whole_chunk_stem`
