@@ -9,8 +9,9 @@
 - memory: the same network over a 64 MiB (64, 1024, 1024) zarr input chunked per section (1, 1024, 1024) or
   (64, 64, 64), each in a fresh process, peak RSS (target: per-section <= 1.2x the cubes', both within the 1 GiB
   default budget plus the interpreter).
-- overhead: a compute-bound NumPy network (elementwise passes over each tile) over a (64, 256, 256) volume: predict
-  (threads=2) against the same network called on the same batches of tiles (target <= 1.10x).
+- overhead: a compute-bound NumPy network (elementwise passes over each tile, as many as take MODEL_SECONDS_PER_TILE
+  on this machine) over a (64, 256, 256) volume: predict (threads=2) against the same network called on the same
+  batches of tiles (target <= 1.10x).
 
 - write: an identity network over the built-in (96, 384, 384) uint8 volume, tiles (32, 128, 128) with the default
   overlap (a quarter: 8, 32, 32) and gaussian blending, written as float32 to zarr v3 (zstd level 3, chunks
@@ -49,23 +50,41 @@ TILE = (32, 128, 128)
 TARGET_WRITE, TARGET_DASK, TARGET_ONCE, TARGET_RSS, TARGET_OVERHEAD = 0.8, 1.6, 1.05, 1.2, 1.10
 #: The README's network: valid convolutions shrink (36, 188, 188) to (16, 100, 100).
 README_IN, README_OUT = (36, 188, 188), (16, 100, 100)
-#: Elementwise passes of the compute-bound network.
-PASSES = 24
+#: The compute-bound network's time per (16, 128, 128) tile: what its 24 elementwise passes took on the machine the
+#: target was set on (0.77 s for 45 tiles). Its passes are calibrated to this on each machine (tanh costs 6x less
+#: on some), so that the network stays compute-bound: the target is about a network whose time dominates.
+MODEL_SECONDS_PER_TILE = 0.017
 
 
-def identity(batch):
-    return batch
+class ComputeBound:
+    """A stand-in for a network on the CPU: ``passes`` elementwise passes over the tile, in place. (Temporaries
+    would measure Dask's worker setting MALLOC_TRIM_THRESHOLD_=65536 instead: every large free is returned to the
+    system and faulted in again, which makes such code about 5x slower in a worker than in the client.) An
+    instance pickles with its passes, so Dask workers run the same network."""
+
+    def __init__(self, passes: int) -> None:
+        self.passes = passes
+
+    def __call__(self, batch):
+        out = batch.copy()
+        for _ in range(self.passes):
+            np.multiply(out, np.float32(1.01), out=out)
+            np.tanh(out, out=out)
+        return out
+
+    @classmethod
+    def calibrated(cls) -> "ComputeBound":
+        """The network whose passes take about MODEL_SECONDS_PER_TILE per (16, 128, 128) tile here."""
+        tile = np.random.default_rng(0).random((1, 1, 16, 128, 128), dtype=np.float32)
+        one = cls(1)
+        seconds = min(_timed(one, tile) for _ in range(7))
+        return cls(max(1, round(MODEL_SECONDS_PER_TILE / seconds)))
 
 
-def compute_bound(batch):
-    """A stand-in for a network on the CPU: PASSES elementwise passes over the tile, in place. (Temporaries would
-    measure Dask's worker setting MALLOC_TRIM_THRESHOLD_=65536 instead: every large free is returned to the
-    system and faulted in again, which makes such code about 5x slower in a worker than in the client.)"""
-    out = batch.copy()
-    for _ in range(PASSES):
-        np.multiply(out, np.float32(1.01), out=out)
-        np.tanh(out, out=out)
-    return out
+def _timed(call, *args) -> float:
+    start = time.perf_counter()
+    call(*args)
+    return time.perf_counter() - start
 
 
 def valid_crop(batch):
@@ -133,10 +152,11 @@ def bench_memory(directory, rounds, quick):
     return {"input_shape": list(shape), "peak_rss_bytes": medians, "ratio": medians["sections"] / medians["cubes"]}
 
 
-def bench_overhead(directory, rounds, quick):
+def bench_overhead(directory, rounds, quick, network):
     raw, _ = make_em_volume((32, 256, 256) if quick else (64, 256, 256), seed=3)
     settings = dict(patch_in=(24, 144, 144), patch_out=(16, 128, 128), channels=1, threads=2)
     batches = []
+    crop_bound = CropBound(network)
 
     def recording(batch):
         batches.append(batch.copy())
@@ -168,7 +188,7 @@ def bench_overhead(directory, rounds, quick):
                       "after last call": start + seconds - calls[-1][1],
                       "in model calls": sum(b - a for a, b, _ in calls),
                       "CPU in model calls": model_cpu, "CPU around the model": cpu - model_cpu})
-    return {"tiles": len(batches), **_best_and_median(times, "model alone", "predict", inverse=True),
+    return {"tiles": len(batches), "passes": network.passes, **_best_and_median(times, "model alone", "predict", inverse=True),
             "model_waits_best_round": waits[times["predict"].index(min(times["predict"]))]}
 
 
@@ -186,9 +206,14 @@ def _best_and_median(times, baseline, contender, inverse=False):
             "ratio_median": ratio(medians), "ratio_paired_median": statistics.median(paired)}
 
 
-def crop_bound(batch):
-    """``compute_bound`` on the centre (16, 128, 128) of a (24, 144, 144) tile."""
-    return compute_bound(np.ascontiguousarray(batch[:, :, 4:-4, 8:-8, 8:-8]))
+class CropBound:
+    """``network`` (a :class:`ComputeBound`) on the centre (16, 128, 128) of a (24, 144, 144) tile."""
+
+    def __init__(self, network: ComputeBound) -> None:
+        self.network = network
+
+    def __call__(self, batch):
+        return self.network(np.ascontiguousarray(batch[:, :, 4:-4, 8:-8, 8:-8]))
 
 
 def direct_write(path, data):
@@ -237,7 +262,7 @@ def bench_write(directory, raw, rounds):
             for name in best}
 
 
-def bench_dask(directory, raw, rounds):
+def bench_dask(directory, raw, rounds, network):
     from distributed import Client, LocalCluster
 
     logging.getLogger("distributed").setLevel(logging.ERROR)
@@ -249,11 +274,11 @@ def bench_dask(directory, raw, rounds):
     try:
         clients = {n: Client(cluster) for n, cluster in clusters.items()}
         for n, client in clients.items():  # warm-up: workers import emfast and numpy once
-            timed_predict(compute_bound, raw, os.path.join(directory, f"warm{n}.zarr/p"), client=client,
+            timed_predict(network, raw, os.path.join(directory, f"warm{n}.zarr/p"), client=client,
                           **settings)
         for _ in range(rounds):
             for n, client in clients.items():
-                seconds, result = timed_predict(compute_bound, raw, os.path.join(directory, f"dask{n}.zarr/p"),
+                seconds, result = timed_predict(network, raw, os.path.join(directory, f"dask{n}.zarr/p"),
                                                 client=client, **settings)
                 times[n].append(seconds)
         for client in clients.values():
@@ -261,7 +286,7 @@ def bench_dask(directory, raw, rounds):
     finally:
         for cluster in clusters.values():
             cluster.close()
-    local, _ = timed_predict(compute_bound, raw, os.path.join(directory, "local.zarr/p"), **settings)
+    local, _ = timed_predict(network, raw, os.path.join(directory, "local.zarr/p"), **settings)
     import zarr
     one, two = (zarr.open_array(os.path.join(directory, f"dask{n}.zarr"), path="p", mode="r")[...] for n in (1, 2))
     assert np.array_equal(one, two), "1 and 2 workers must write the same bytes"
@@ -286,9 +311,10 @@ def main(argv=None) -> int:
     try:
         once = bench_once(directory, args.quick)
         memory = bench_memory(directory, rounds, args.quick)
-        overhead = bench_overhead(directory, rounds, args.quick)
+        network = ComputeBound.calibrated()
+        overhead = bench_overhead(directory, rounds, args.quick, network)
         write = bench_write(directory, raw, rounds)
-        dask = None if args.no_dask else bench_dask(directory, small, rounds)
+        dask = None if args.no_dask else bench_dask(directory, small, rounds, network)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     load = {"before": load_before, "after": os.getloadavg()}
@@ -304,7 +330,8 @@ def main(argv=None) -> int:
           f"{rss['sections'] / 2 ** 20:.0f} MiB, (64, 64, 64) chunks {rss['cubes'] / 2 ** 20:.0f} MiB: "
           f"{memory['ratio']:.2f}x (target <= {TARGET_RSS}x -> "
           f"{'met' if memory['ratio'] <= TARGET_RSS else 'NOT met'})")
-    print(f"compute-bound network, {overhead['tiles']} tiles, best of {rounds} (median): model alone "
+    print(f"compute-bound network ({overhead['passes']} passes, calibrated to {MODEL_SECONDS_PER_TILE * 1000:.0f} ms "
+          f"per tile), {overhead['tiles']} tiles, best of {rounds} (median): model alone "
           f"{overhead['seconds']['model alone']:.2f} s ({overhead['seconds_median']['model alone']:.2f}), predict "
           f"{overhead['seconds']['predict']:.2f} s ({overhead['seconds_median']['predict']:.2f}): "
           f"{overhead['ratio']:.3f}x ({overhead['ratio_median']:.3f}x; median of the rounds' own ratios "
