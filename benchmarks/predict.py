@@ -56,6 +56,10 @@ README_IN, README_OUT = (36, 188, 188), (16, 100, 100)
 MODEL_SECONDS_PER_TILE = 0.017
 
 
+def identity(batch):
+    return batch
+
+
 class ComputeBound:
     """A stand-in for a network on the CPU: ``passes`` elementwise passes over the tile, in place. (Temporaries
     would measure Dask's worker setting MALLOC_TRIM_THRESHOLD_=65536 instead: every large free is returned to the
