@@ -331,6 +331,33 @@ def test_an_output_started_with_the_old_blend_weights_is_not_resumed(tmp_path, v
         ef.predict(lopsided, volume, path, resume=True, **SETTINGS)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own CPU priority is Linux's")
+def test_background_threads_yield_the_cpu_to_the_model(tmp_path, volume):
+    """Readers, finisher and writers run at a lower CPU priority than the model's thread (and the caller's), so on
+    busy cores the network is not the one that waits."""
+    from emfast.inference._local import BACKGROUND_NICE
+
+    seen = {}
+    pools = ("emfast-predict-model", "emfast-predict-read", "emfast-predict-blend", "emfast-predict-write")
+
+    def model(batch):
+        for thread in threading.enumerate():
+            pool = thread.name.rsplit("_", 1)[0]
+            if pool in pools and thread.native_id is not None:
+                try:
+                    seen[pool] = os.getpriority(os.PRIO_PROCESS, thread.native_id)
+                except OSError:  # it ended meanwhile
+                    pass
+        return crop(batch)
+
+    ef.predict(model, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT, chunks=(8, 16, 16),
+               block=(8, 16, 16), batch_size=2)
+    caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    background = min(caller + BACKGROUND_NICE, 19)
+    assert seen == {"emfast-predict-model": caller, "emfast-predict-read": background,
+                    "emfast-predict-blend": background, "emfast-predict-write": background}
+
+
 def test_existing_outputs_are_refused_replaced_or_resumed_only_with_the_same_settings(tmp_path, volume):
     path = tmp_path / "p.zarr/pred"
     root = zarr.open_group(str(tmp_path / "p.zarr"), mode="w")

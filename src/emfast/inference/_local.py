@@ -4,6 +4,9 @@ in order; one finisher thread blends the predictions (in the plan's order) and c
 is fed; :data:`WRITERS` writer threads write finished blocks. Shared tiles are kept until the last block needing
 them is computed.
 
+The readers, the finisher and the writers run at a lower CPU priority (:data:`BACKGROUND_NICE`, on Linux) than the
+calling thread and the model's: on a machine whose cores are all busy, the network is not the one kept waiting.
+
 Memory stays bounded by the blocks in flight: ``threads`` inputs read ahead, one block being fed and one being
 finished (their sums), a few batches, and at most :data:`WRITES_IN_FLIGHT` blocks being written, whose output
 buffers are reused once written. Every thread is joined before :func:`run_local` returns or raises (batches queued
@@ -12,6 +15,8 @@ first.
 """
 from __future__ import annotations
 
+import os
+import threading
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, List, Optional
@@ -25,6 +30,9 @@ from ._tiling import Block
 
 #: Finished blocks that may wait for the writers.
 WRITES_IN_FLIGHT = 2
+#: How much lower the CPU priority of the readers, finisher and writers is (a nice increment: raising it needs no
+#: privilege, and it applies to each thread alone, and to the threads it starts).
+BACKGROUND_NICE = 5
 #: Writer threads: compression releases the GIL, and two blocks written at once keep both cores of a small machine
 #: busy while the network runs (each block writes its own chunks; HDF5 writes are serialised by h5py).
 WRITERS = 2
@@ -47,6 +55,25 @@ def write_block(store: OutputStore, block: Block, result, grid) -> int:
     return block.index
 
 
+def _caller_nice() -> Optional[int]:
+    """The calling thread's nice value (Linux: each thread has its own), or None where there is none."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    except (AttributeError, OSError):
+        return None
+
+
+def _at_nice(nice: Optional[int]) -> None:
+    """Give this thread the nice value ``nice`` (set whole: a pool's threads start as whichever thread submits first,
+    which may be a background one); None, or refused (lowering it needs a privilege): left as it is."""
+    if nice is None:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except OSError:
+        pass
+
+
 def _discard_blended(predictor: BlockPredictor, block: Block, sharers: Counter) -> None:
     """Drop the kept tiles that no block left to compute needs (a crash before the block is written costs their
     recomputation on resume, nothing else); their memory is reused for the next kept tiles (fresh memory costs
@@ -62,10 +89,15 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
     """Compute and write ``blocks`` in order; ``progress(block)`` after each is written. A kept tile is
     discarded once the last of these blocks that shares it is computed."""
     grid = predictor.plan.grid
-    readers = ThreadPoolExecutor(threads, thread_name_prefix="emfast-predict-read")
-    model = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-model")
-    finisher = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-blend")
-    writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="emfast-predict-write")
+    nice = _caller_nice()
+    background = (None if nice is None else nice + BACKGROUND_NICE,)
+    readers = ThreadPoolExecutor(threads, thread_name_prefix="emfast-predict-read", initializer=_at_nice,
+                                 initargs=background)
+    model = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-model", initializer=_at_nice, initargs=(nice,))
+    finisher = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-blend", initializer=_at_nice,
+                                  initargs=background)
+    writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="emfast-predict-write", initializer=_at_nice,
+                                 initargs=background)
     reads: deque = deque()
     writes: deque = deque()  # (future of the block's finishing, the output buffer it was given, the block)
     sharers = Counter(key for block in blocks for key in predictor.shared_keys(block))
