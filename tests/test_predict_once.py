@@ -222,6 +222,28 @@ def test_the_next_batch_is_ready_while_the_model_runs(tmp_path, volume, monkeypa
     assert len(waits) == total and all(waits)
 
 
+def test_predictions_are_blended_on_the_finisher_thread_not_the_feeding_one(tmp_path, volume, monkeypatch):
+    """The calling thread only gathers batches for the model (at the caller's CPU priority); every tile is blended
+    on the finisher thread (at a lower one), and the result is the same as blending on one thread."""
+    import threading
+
+    from emfast.inference import _block
+
+    threads = set()
+    original = _block.blend_add
+
+    def recording(*args):
+        threads.add(threading.current_thread().name.rsplit("_", 1)[0])
+        return original(*args)
+
+    monkeypatch.setattr(_block, "blend_add", recording)
+    settings = dict(SETTINGS, tta=4, block=(8, 16, 16))
+    ef.predict(lopsided, volume, tmp_path / "p.zarr/pred", **settings)
+    assert threads == {"emfast-predict-blend"}
+    expected = _reference(lopsided, volume, None, settings["overlap"], "gaussian", 4, "reflect")
+    np.testing.assert_allclose(_read(tmp_path / "p.zarr/pred"), expected, rtol=2e-6, atol=1e-7)
+
+
 def test_shared_tiles_beyond_the_memory_share_go_to_disk_and_back(tmp_path, volume):
     """With a small budget most shared tiles cannot stay in memory: they are written beside the output, read by
     the blocks that share them, and still computed once."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from typing import Callable, Dict, List, Optional, Set
 
 import numpy as np
@@ -88,15 +88,17 @@ class BlockPredictor:
         run = self.feed(block, region, self.call_now)
         return run.finish(out)
 
-    def feed(self, block: Block, region: np.ndarray, run_model: ModelRunner,
-             after: Optional[Future] = None) -> "BlockRun":
+    def feed(self, block: Block, region: np.ndarray, run_model: ModelRunner, after: Optional[Future] = None,
+             blender: Optional[Executor] = None) -> "BlockRun":
         """Submit the block's missing tiles to ``run_model`` in batches, blending (once ``after``, the previous
         block's finishing, is done) whatever came back while more than :data:`BATCHES_AHEAD` are out; returns
-        the run, for :meth:`BlockRun.finish`.
+        the run, for :meth:`BlockRun.finish`. With ``blender`` (a one-thread executor, which then runs the
+        run's :meth:`~BlockRun.finish` too) the groups are blended there as the model returns them, and this
+        thread only feeds the model, waiting while more than :data:`BATCHES_AHEAD` groups are not blended.
 
         Tiles are blended in the plan's order, whichever were computed here and whichever were kept by another
         block, so the sums (and the bytes written) do not depend on the blocks."""
-        run = BlockRun(self, block, region, run_model, after)
+        run = BlockRun(self, block, region, run_model, after, blender)
         for tile in block.tiles:
             tile = tuple(int(v) for v in tile)
             key = self.plan.tile_key(tile)
@@ -213,12 +215,15 @@ class _Group:
 class BlockRun:
     """A block's sums, fed jobs in the plan's order. Jobs are grouped: a group closes when it holds a
     batch of missing jobs (submitted to the model) or when a ready job has none missing before it; groups are
-    blended in order, so only a few batches' predictions are held at once."""
+    blended in order (on the feeding thread, or on a blender: see :meth:`BlockPredictor.feed`), so only a few
+    batches' predictions are held at once."""
 
     def __init__(self, predictor: BlockPredictor, block: Block, region: np.ndarray, run_model: ModelRunner,
-                 after: Optional[Future]) -> None:
+                 after: Optional[Future], blender: Optional[Executor] = None) -> None:
         self.predictor, self.block, self.region, self.run_model = predictor, block, region, run_model
-        self.after = after
+        self.after, self.blender = after, blender
+        self.blended = threading.Condition()  # a group was blended on the blender, or a blending ended
+        self.failed: Optional[BaseException] = None  # what a blending on the blender raised
         self.corner, _ = predictor.plan.input_box(block)
         self.open: List[_Job] = []
         self.missing = 0
@@ -237,7 +242,8 @@ class BlockRun:
             self.close_group()
 
     def close_group(self) -> None:
-        """Submit the open group's missing jobs, then blend groups while too many are out or the oldest is in."""
+        """Submit the open group's missing jobs; then blend groups here while too many are out or the oldest is
+        in, or, with a blender, queue the group for it and wait while more than :data:`BATCHES_AHEAD` are queued."""
         if not self.open:
             return
         predictor = self.predictor
@@ -248,8 +254,33 @@ class BlockRun:
             future = self.run_model(batch, predictor.gather(self.region, self.corner, part, batch))
         self.groups.append(_Group(self.open, future, batch))
         self.open, self.missing = [], 0
-        while self.groups and (self._batches_out() > BATCHES_AHEAD or self._oldest_ready()):
-            self._blend_group(self.groups.popleft())
+        if self.blender is None:
+            while self.groups and (self._batches_out() > BATCHES_AHEAD or self._oldest_ready()):
+                self._blend_group(self.groups.popleft())
+            return
+        self.blender.submit(self._blend_queued)  # takes every group queued before it, or fails
+        with self.blended:
+            self.blended.wait_for(lambda: len(self.groups) <= BATCHES_AHEAD or self.failed is not None)
+        if self.failed is not None:
+            raise self.failed
+
+    def _blend_queued(self) -> None:
+        """On the blender: blend the groups queued, in order, each once the model has returned its batch. After a
+        failure (the model's error, say) nothing more is blended, and the error is raised again by every later
+        blending and by :meth:`finish`: the block must not be finished without the group that failed."""
+        try:
+            if self.failed is not None:
+                raise self.failed
+            while self.groups:
+                self._blend_group(self.groups.popleft())
+                with self.blended:
+                    self.blended.notify()
+        except BaseException as error:
+            self.failed = error
+            raise
+        finally:
+            with self.blended:
+                self.blended.notify()
 
     def _batches_out(self) -> int:
         return sum(group.future is not None for group in self.groups)
@@ -264,6 +295,8 @@ class BlockRun:
     def finish(self, out: Optional[np.ndarray] = None) -> np.ndarray:
         """Blend what is left and convert: the block's prediction (see :meth:`BlockPredictor.compute`)."""
         try:
+            if self.failed is not None:
+                raise self.failed
             while self.groups:
                 self._blend_group(self.groups.popleft())
             predictor, sums = self.predictor, self.sums

@@ -1,7 +1,7 @@
 """The local engine, a pipeline in which the network never waits: reader threads fetch blocks' inputs ahead; the
 calling thread feeds a block (gathers and normalises batches of tiles); one model thread runs the network on them
-in order; one finisher thread blends the predictions (in the plan's order) and converts the block while the next
-is fed; :data:`WRITERS` writer threads write finished blocks. Shared tiles are kept until the last block needing
+in order; one finisher thread blends the predictions as they come back (in the plan's order) and converts each
+block; :data:`WRITERS` writer threads write finished blocks. Shared tiles are kept until the last block needing
 them is computed.
 
 The readers, the finisher and the writers run at a lower CPU priority (:data:`BACKGROUND_NICE`, on Linux) than the
@@ -136,8 +136,9 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
             while len(writes) > WRITES_IN_FLIGHT:  # one block being finished, WRITES_IN_FLIGHT written
                 finish_write()
             buffer = spare.pop() if spare else None
-            # Fed here while the previous block is blended on the finisher thread: the model always has a batch.
-            run = predictor.feed(block, region.result(), run_model, after=finishing)
+            # Fed here while the finisher thread blends what the model returned (and finishes the previous block):
+            # this thread only gathers, so the model always has its next batch.
+            run = predictor.feed(block, region.result(), run_model, after=finishing, blender=finisher)
             finishing = finisher.submit(finish, run, buffer, block)
             writes.append((finishing, buffer, block))
         while writes:
