@@ -333,12 +333,13 @@ def test_an_output_started_with_the_old_blend_weights_is_not_resumed(tmp_path, v
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own CPU priority is Linux's")
 def test_background_threads_yield_the_cpu_to_the_model(tmp_path, volume):
-    """Readers, finisher and writers run at a lower CPU priority than the model's thread (and the caller's), so on
-    busy cores the network is not the one that waits."""
+    """Readers, finisher and writers run at a lower CPU priority than the model's and the blender's threads (and
+    the caller's), so on busy cores the network, and the blending the caller waits for, do not wait for them."""
     from emfast.inference._local import BACKGROUND_NICE
 
     seen = {}
-    pools = ("emfast-predict-model", "emfast-predict-read", "emfast-predict-blend", "emfast-predict-write")
+    pools = ("emfast-predict-model", "emfast-predict-read", "emfast-predict-blend", "emfast-predict-finish",
+             "emfast-predict-write")
 
     def model(batch):
         for thread in threading.enumerate():
@@ -354,8 +355,9 @@ def test_background_threads_yield_the_cpu_to_the_model(tmp_path, volume):
                block=(8, 16, 16), batch_size=2)
     caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     background = min(caller + BACKGROUND_NICE, 19)
-    assert seen == {"emfast-predict-model": caller, "emfast-predict-read": background,
-                    "emfast-predict-blend": background, "emfast-predict-write": background}
+    assert seen == {"emfast-predict-model": caller, "emfast-predict-blend": caller,
+                    "emfast-predict-read": background, "emfast-predict-finish": background,
+                    "emfast-predict-write": background}
 
 
 def test_existing_outputs_are_refused_replaced_or_resumed_only_with_the_same_settings(tmp_path, volume):

@@ -5,10 +5,11 @@ A block's result depends only on the block: the same tiles and variants blended 
 whether computed here or kept by the block that shares them (:mod:`~emfast.inference._cache`). So a resumed run,
 or one spread over Dask workers, writes the same bytes as one uninterrupted run.
 
-A block runs in two halves so that the network never waits (:func:`~emfast.inference._local.run_local`): one
-thread *feeds* it (gathers batches of the tiles still missing and submits them to the model), another *finishes*
-it (blends the predictions as they come back, in the plan's order, and converts the sums) while the next block is
-fed. Dask tasks, and :meth:`BlockPredictor.compute`, run both halves on one thread, the model called at once.
+A block runs in parts so that the network never waits (:func:`~emfast.inference._local.run_local`): one thread
+*feeds* it (gathers batches of the tiles still missing and submits them to the model), a *blender* blends the
+predictions as they come back (every block's, in the plan's order, so a block's blending starts once the previous
+block's shared tiles are kept), and its finishing converts the sums. Dask tasks, and
+:meth:`BlockPredictor.compute`, do it all on one thread, the model called at once.
 """
 from __future__ import annotations
 
@@ -88,17 +89,16 @@ class BlockPredictor:
         run = self.feed(block, region, self.call_now)
         return run.finish(out)
 
-    def feed(self, block: Block, region: np.ndarray, run_model: ModelRunner, after: Optional[Future] = None,
+    def feed(self, block: Block, region: np.ndarray, run_model: ModelRunner,
              blender: Optional[Executor] = None) -> "BlockRun":
-        """Submit the block's missing tiles to ``run_model`` in batches, blending (once ``after``, the previous
-        block's finishing, is done) whatever came back while more than :data:`BATCHES_AHEAD` are out; returns
-        the run, for :meth:`BlockRun.finish`. With ``blender`` (a one-thread executor, which then runs the
-        run's :meth:`~BlockRun.finish` too) the groups are blended there as the model returns them, and this
-        thread only feeds the model, waiting while more than :data:`BATCHES_AHEAD` groups are not blended.
+        """Submit the block's missing tiles to ``run_model`` in batches, blending whatever came back while more
+        than :data:`BATCHES_AHEAD` are out; returns the run, for :meth:`BlockRun.finish`. With ``blender`` (a one-thread executor blending every block's
+        groups, in order) the groups are blended there as the model returns them, and this thread only feeds the
+        model, waiting while more than :data:`BATCHES_AHEAD` groups are queued.
 
         Tiles are blended in the plan's order, whichever were computed here and whichever were kept by another
         block, so the sums (and the bytes written) do not depend on the blocks."""
-        run = BlockRun(self, block, region, run_model, after, blender)
+        run = BlockRun(self, block, region, run_model, blender)
         for tile in block.tiles:
             tile = tuple(int(v) for v in tile)
             key = self.plan.tile_key(tile)
@@ -219,9 +219,10 @@ class BlockRun:
     batches' predictions are held at once."""
 
     def __init__(self, predictor: BlockPredictor, block: Block, region: np.ndarray, run_model: ModelRunner,
-                 after: Optional[Future], blender: Optional[Executor] = None) -> None:
+                 blender: Optional[Executor] = None) -> None:
         self.predictor, self.block, self.region, self.run_model = predictor, block, region, run_model
-        self.after, self.blender = after, blender
+        self.blender = blender
+        self.blending: Optional[Future] = None  # on the blender: the blending of the last group queued
         self.blended = threading.Condition()  # a group was blended on the blender, or a blending ended
         self.failed: Optional[BaseException] = None  # what a blending on the blender raised
         self.corner, _ = predictor.plan.input_box(block)
@@ -258,7 +259,7 @@ class BlockRun:
             while self.groups and (self._batches_out() > BATCHES_AHEAD or self._oldest_ready()):
                 self._blend_group(self.groups.popleft())
             return
-        self.blender.submit(self._blend_queued)  # takes every group queued before it, or fails
+        self.blending = self.blender.submit(self._blend_queued)  # takes every group queued before it, or fails
         with self.blended:
             self.blended.wait_for(lambda: len(self.groups) <= BATCHES_AHEAD or self.failed is not None)
         if self.failed is not None:
@@ -286,15 +287,18 @@ class BlockRun:
         return sum(group.future is not None for group in self.groups)
 
     def _oldest_ready(self) -> bool:
-        """Whether the oldest group can be blended without waiting (for its batch or for the previous block):
-        waiting here would leave the model without its next batch."""
+        """Whether the oldest group can be blended without waiting for its batch: waiting here would leave the
+        model without its next batch."""
         oldest = self.groups[0]
-        return ((self.after is None or self.after.done())
-                and (oldest.future is None or oldest.future.done()))
+        return oldest.future is None or oldest.future.done()
 
     def finish(self, out: Optional[np.ndarray] = None) -> np.ndarray:
-        """Blend what is left and convert: the block's prediction (see :meth:`BlockPredictor.compute`)."""
+        """Blend what is left and convert: the block's prediction (see :meth:`BlockPredictor.compute`). With a
+        blender, this waits for it to blend the block's last group (submitted by the feeding thread, so before
+        any group of the next block: the blender blends every block's groups in the plan's order)."""
         try:
+            if self.blending is not None:  # the last group's blending, behind this block's others
+                self.blending.result()
             if self.failed is not None:
                 raise self.failed
             while self.groups:
@@ -321,9 +325,6 @@ class BlockRun:
             self.sums = None
 
     def _blend_group(self, group: _Group) -> None:
-        if self.after is not None:  # kept tiles of the previous block are saved once it is finished
-            self.after.result()
-            self.after = None
         if group.future is not None:
             predictions = iter(group.future.result())
             for job in group.jobs:

@@ -1,7 +1,7 @@
 """The local engine, a pipeline in which the network never waits: reader threads fetch blocks' inputs ahead; the
 calling thread feeds a block (gathers and normalises batches of tiles); one model thread runs the network on them
-in order; one finisher thread blends the predictions as they come back (in the plan's order) and converts each
-block; :data:`WRITERS` writer threads write finished blocks. Shared tiles are kept until the last block needing
+in order; one blender thread blends the predictions as they come back (in the plan's order); one finisher thread
+converts each block once blended; :data:`WRITERS` writer threads write finished blocks. Shared tiles are kept until the last block needing
 them is computed.
 
 The readers, the finisher and the writers run at a lower CPU priority (:data:`BACKGROUND_NICE`, on Linux) than the
@@ -94,7 +94,10 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
     readers = ThreadPoolExecutor(threads, thread_name_prefix="emfast-predict-read", initializer=_at_nice,
                                  initargs=background)
     model = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-model", initializer=_at_nice, initargs=(nice,))
-    finisher = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-blend", initializer=_at_nice,
+    # Blending runs at the caller's priority: the calling thread waits for it once BATCHES_AHEAD groups are queued.
+    blender = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-blend", initializer=_at_nice,
+                                 initargs=(nice,))
+    finisher = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-finish", initializer=_at_nice,
                                   initargs=background)
     writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="emfast-predict-write", initializer=_at_nice,
                                  initargs=background)
@@ -122,13 +125,14 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
         if progress is not None:
             progress(block)
 
-    finishing = None
     try:
         for block in upcoming:
             reads.append((block, readers.submit(predictor.read, block)))
             if len(reads) > threads:
                 break
         while reads:
+            if len(writes) > 1:  # fed ahead of the blending by one block at most: the memory budget's count
+                writes[-2][0].result()
             block, region = reads.popleft()
             for following in upcoming:
                 reads.append((following, readers.submit(predictor.read, following)))
@@ -136,9 +140,9 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
             while len(writes) > WRITES_IN_FLIGHT:  # one block being finished, WRITES_IN_FLIGHT written
                 finish_write()
             buffer = spare.pop() if spare else None
-            # Fed here while the finisher thread blends what the model returned (and finishes the previous block):
-            # this thread only gathers, so the model always has its next batch.
-            run = predictor.feed(block, region.result(), run_model, after=finishing, blender=finisher)
+            # Fed here while the blender blends what the model returned and the finisher converts the previous
+            # block: this thread only gathers, so the model always has its next batch.
+            run = predictor.feed(block, region.result(), run_model, blender=blender)
             finishing = finisher.submit(finish, run, buffer, block)
             writes.append((finishing, buffer, block))
         while writes:
@@ -146,5 +150,6 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
     finally:
         readers.shutdown(wait=True, cancel_futures=True)
         model.shutdown(wait=True, cancel_futures=True)  # a finishing block waiting for a batch sees it cancelled
+        blender.shutdown(wait=True)
         finisher.shutdown(wait=True)
         writers.shutdown(wait=True)
