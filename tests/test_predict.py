@@ -254,21 +254,30 @@ def test_a_killed_process_resumes_to_the_same_bytes(tmp_path, volume):
     np.testing.assert_array_equal(_read(tmp_path / "p.zarr/pred"), _read(tmp_path / "whole.zarr/pred"))
 
 
-def test_a_failed_write_leaves_a_resumable_store(tmp_path, volume, monkeypatch):
-    original = OutputStore.write
-    writes = [0]
+def _failing_write(monkeypatch, nth: int, error: Exception) -> list:
+    """Make the ``nth`` block write raise ``error`` (undo with ``monkeypatch.undo()``); returns the list the
+    starts of the blocks written go to."""
+    original, lock, calls, written = OutputStore.write, threading.Lock(), [0], []
 
-    def disk_full(self, start, data):
-        writes[0] += 1
-        if writes[0] == 5:
-            raise OSError(errno.ENOSPC, "No space left on device")
+    def failing(self, start, data):
+        with lock:  # two writer threads
+            calls[0] += 1
+            fail = calls[0] == nth
+        if fail:
+            raise error
         original(self, start, data)
+        written.append(tuple(start))
 
-    monkeypatch.setattr(OutputStore, "write", disk_full)
+    monkeypatch.setattr(OutputStore, "write", failing)
+    return written
+
+
+def test_a_failed_write_leaves_a_resumable_store(tmp_path, volume, monkeypatch):
+    _failing_write(monkeypatch, 5, OSError(errno.ENOSPC, "No space left on device"))
     path = tmp_path / "p.zarr/pred"
     with pytest.raises(BlockWriteError, match=r"writing block \d+ .* No space left on device.*resume=True"):
         ef.predict(lopsided, volume, path, **SETTINGS)
-    monkeypatch.setattr(OutputStore, "write", original)
+    monkeypatch.undo()
     ef.predict(lopsided, volume, path, resume=True, **SETTINGS)
     ef.predict(lopsided, volume, tmp_path / "whole.zarr/pred", **SETTINGS)
     np.testing.assert_array_equal(_read(path), _read(tmp_path / "whole.zarr/pred"))
@@ -277,23 +286,13 @@ def test_a_failed_write_leaves_a_resumable_store(tmp_path, volume, monkeypatch):
 def test_finished_blocks_are_flagged_in_files_zarr_reads(tmp_path, volume, monkeypatch):
     """A block's flag is its one-element chunk file, written without zarr-python's write path (an event-loop round
     trip that held a writer for milliseconds per block); zarr-python reads exactly the blocks written."""
-    original_write, original_setitem = OutputStore.write, zarr.Array.__setitem__
-    lock, calls, written = threading.Lock(), [0], []
-
-    def fifth_fails(self, start, data):
-        with lock:
-            calls[0] += 1
-            fail = calls[0] == 5
-        if fail:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        original_write(self, start, data)
-        written.append(tuple(start))
+    original_setitem = zarr.Array.__setitem__
 
     def no_flags_through_zarr(array, selection, value):
         assert not array.path.endswith(".blocks"), "a flag was written through zarr-python"
         original_setitem(array, selection, value)
 
-    monkeypatch.setattr(OutputStore, "write", fifth_fails)
+    written = _failing_write(monkeypatch, 5, OSError(errno.ENOSPC, "No space left on device"))
     monkeypatch.setattr(zarr.Array, "__setitem__", no_flags_through_zarr)
     path = tmp_path / "p.zarr/pred"
     with pytest.raises(BlockWriteError):
@@ -301,7 +300,7 @@ def test_finished_blocks_are_flagged_in_files_zarr_reads(tmp_path, volume, monke
     flags = zarr.open_array(str(tmp_path / "p.zarr"), path="pred.blocks", mode="r")[...]
     assert flags.dtype == np.uint8 and set(np.unique(flags)) <= {0, 1}
     assert 0 < int(flags.sum()) == len(written) < flags.size
-    monkeypatch.setattr(OutputStore, "write", original_write)
+    monkeypatch.undo()
     resumed = ef.predict(lopsided, volume, path, resume=True, **SETTINGS)
     assert resumed.computed == flags.size - len(written)
 
@@ -310,19 +309,10 @@ def test_an_output_started_with_the_old_blend_weights_is_not_resumed(tmp_path, v
     """Outputs started before the weights were per axis (their record has no "weights") would mix blocks that
     differ in the last bits: resume refuses them, naming the setting."""
     path = tmp_path / "p.zarr/pred"
-    original_write = OutputStore.write
-    writes = [0]
-
-    def third_fails(self, start, data):
-        writes[0] += 1
-        if writes[0] == 3:
-            raise OSError(errno.EIO, "Input/output error")
-        original_write(self, start, data)
-
-    monkeypatch.setattr(OutputStore, "write", third_fails)
+    _failing_write(monkeypatch, 3, OSError(errno.EIO, "Input/output error"))
     with pytest.raises(BlockWriteError):
         ef.predict(lopsided, volume, path, **SETTINGS)
-    monkeypatch.setattr(OutputStore, "write", original_write)
+    monkeypatch.undo()
     array = zarr.open_array(str(tmp_path / "p.zarr"), path="pred", mode="r+")
     record = dict(array.attrs["emfast_predict"])
     assert record.pop("weights") == "per-axis, 1/256"
