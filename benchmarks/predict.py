@@ -192,7 +192,8 @@ def bench_overhead(directory, rounds, quick, network):
                       "after last call": start + seconds - calls[-1][1],
                       "in model calls": sum(b - a for a, b, _ in calls),
                       "CPU in model calls": model_cpu, "CPU around the model": cpu - model_cpu})
-    return {"tiles": len(batches), "passes": network.passes, **_best_and_median(times, "model alone", "predict", inverse=True),
+    return {"tiles": len(batches), "passes": network.passes,
+            **_best_and_median(times, "model alone", "predict", inverse=True),
             "model_waits_best_round": waits[times["predict"].index(min(times["predict"]))]}
 
 

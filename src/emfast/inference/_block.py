@@ -92,9 +92,10 @@ class BlockPredictor:
     def feed(self, block: Block, region: np.ndarray, run_model: ModelRunner,
              blender: Optional[Executor] = None) -> "BlockRun":
         """Submit the block's missing tiles to ``run_model`` in batches, blending whatever came back while more
-        than :data:`BATCHES_AHEAD` are out; returns the run, for :meth:`BlockRun.finish`. With ``blender`` (a one-thread executor blending every block's
-        groups, in order) the groups are blended there as the model returns them, and this thread only feeds the
-        model, waiting while more than :data:`BATCHES_AHEAD` groups are queued.
+        than :data:`BATCHES_AHEAD` are out; returns the run, for :meth:`BlockRun.finish`. With ``blender`` (a
+        one-thread executor blending every block's groups, in order) the groups are blended there as the model
+        returns them, and this thread only feeds the model, waiting while more than :data:`BATCHES_AHEAD` groups
+        are queued.
 
         Tiles are blended in the plan's order, whichever were computed here and whichever were kept by another
         block, so the sums (and the bytes written) do not depend on the blocks."""

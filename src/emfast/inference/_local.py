@@ -1,17 +1,18 @@
 """The local engine, a pipeline in which the network never waits: reader threads fetch blocks' inputs ahead; the
 calling thread feeds a block (gathers and normalises batches of tiles); one model thread runs the network on them
-in order; one blender thread blends the predictions as they come back (in the plan's order); one finisher thread
-converts each block once blended; :data:`WRITERS` writer threads write finished blocks. Shared tiles are kept until the last block needing
-them is computed.
+in order; one blender thread blends the predictions as they come back (every block's, in the plan's order); one
+finisher thread converts each block once blended; :data:`WRITERS` writer threads write finished blocks. Shared
+tiles are kept until the last block needing them is computed.
 
 The readers, the finisher and the writers run at a lower CPU priority (:data:`BACKGROUND_NICE`, on Linux) than the
-calling thread and the model's: on a machine whose cores are all busy, the network is not the one kept waiting.
+calling thread, the model's and the blender's: on a machine whose cores are all busy, the network is not the one
+kept waiting.
 
 Memory stays bounded by the blocks in flight: ``threads`` inputs read ahead, one block being fed and one being
-finished (their sums), a few batches, and at most :data:`WRITES_IN_FLIGHT` blocks being written, whose output
-buffers are reused once written. Every thread is joined before :func:`run_local` returns or raises (batches queued
-for the model are cancelled); a block being written when an error or Ctrl-C arrives is finished and recorded
-first.
+blended or finished (their sums; the calling thread feeds no further ahead), a few batches, and at most
+:data:`WRITES_IN_FLIGHT` blocks being written, whose output buffers are reused once written. Every thread is
+joined before :func:`run_local` returns or raises (batches queued for the model are cancelled); a block being
+written when an error or Ctrl-C arrives is finished and recorded first.
 """
 from __future__ import annotations
 
@@ -149,7 +150,7 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
             finish_write()
     finally:
         readers.shutdown(wait=True, cancel_futures=True)
-        model.shutdown(wait=True, cancel_futures=True)  # a finishing block waiting for a batch sees it cancelled
+        model.shutdown(wait=True, cancel_futures=True)  # a blending waiting for a batch sees it cancelled
         blender.shutdown(wait=True)
         finisher.shutdown(wait=True)
         writers.shutdown(wait=True)
