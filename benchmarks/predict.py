@@ -51,8 +51,8 @@ TARGET_WRITE, TARGET_DASK, TARGET_ONCE, TARGET_RSS, TARGET_OVERHEAD = 0.8, 1.6, 
 #: The README's network: valid convolutions shrink (36, 188, 188) to (16, 100, 100).
 README_IN, README_OUT = (36, 188, 188), (16, 100, 100)
 #: The compute-bound network's time per (16, 128, 128) tile: what its 24 elementwise passes took on the machine the
-#: target was set on (0.77 s for 45 tiles). Its passes are calibrated to this on each machine (tanh costs 6x less
-#: on some), so that the network stays compute-bound: the target is about a network whose time dominates.
+#: target was set on (0.77 s for 45 tiles). Its passes are calibrated to this on each machine (tanh costs about
+#: 5x less on some), so that the network stays compute-bound: the target is about a network whose time dominates.
 MODEL_SECONDS_PER_TILE = 0.017
 
 

@@ -91,9 +91,9 @@ class Weights:
             low, high = block.start[axis], block.stop[axis]
             total = np.zeros(high - low)
             for start in np.unique(block.tiles[:, axis]):
-                weights, first, last = self.axis(axis, int(start))
-                a, b = max(first, low), min(last, high)
+                weights, reach_low, reach_high = self.axis(axis, int(start))
+                a, b = max(reach_low, low), min(reach_high, high)
                 if a < b:
-                    total[a - low:b - low] += weights[a - first:b - first]
+                    total[a - low:b - low] += weights[a - reach_low:b - reach_low]
             totals.append(total)
         return totals
