@@ -1,0 +1,183 @@
+#!/usr/bin/env python
+"""Issue 23's GPU target: ``emfast.predict`` with a torch 3-D U-Net on CUDA against the network's own throughput.
+
+    python benchmarks/predict_cuda.py [--rounds R] [--batch-size B] [--json PATH] [--quick] [--device cuda|cpu]
+
+Network: a 3-D U-Net with valid convolutions, the kind the field trains for affinities: two 3x3x3 convolutions
+(ReLU) per level, 12 feature maps multiplied by 5 per level, downsampling (1, 2, 2) then (2, 2, 2) by max-pooling,
+transposed-convolution upsampling, cropped skip connections, 3 sigmoid outputs: (44, 140, 140) in,
+3 x (20, 100, 100) out.
+
+Baseline: the network alone on a resident batch of ``B`` tiles on the device, in inference mode, synchronised
+after each call: tiles per second.
+Contender: ``emfast.predict`` over a (100, 800, 800) uint8 volume in memory, default settings (gaussian blending,
+float32 zarr output, zstd), the same batch size, ``device="cuda"``, ``threads`` 2 (the default) and half the cores:
+tiles the model computed per second of predict's wall time (set-up, probe and writing included).
+Target: predict >= 0.9x the network alone. Rounds alternate; the best and median of each are reported.
+
+``--device cpu`` runs the same code on the CPU (the model converts NumPy batches itself): a smoke test of this
+script, not a measurement.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import emfast as ef  # noqa: E402
+from emfast.io._demo import make_em_volume  # noqa: E402
+from _workload import machine_info  # noqa: E402
+
+TARGET = 0.9
+PATCH_IN, PATCH_OUT = (44, 140, 140), (20, 100, 100)
+VOLUME = (100, 800, 800)
+
+
+def unet(torch, fmaps=12, increase=5, outputs=3):
+    """The U-Net above: (44, 140, 140) -> (20, 100, 100) with two levels of downsampling."""
+    nn = torch.nn
+    factors = [(1, 2, 2), (2, 2, 2)]
+
+    def convs(channels_in, channels_out):
+        return nn.Sequential(nn.Conv3d(channels_in, channels_out, 3), nn.ReLU(inplace=True),
+                             nn.Conv3d(channels_out, channels_out, 3), nn.ReLU(inplace=True))
+
+    def crop(tensor, shape):
+        offsets = [(a - b) // 2 for a, b in zip(tensor.shape[2:], shape)]
+        return tensor[(slice(None), slice(None)) + tuple(slice(o, o + s) for o, s in zip(offsets, shape))]
+
+    widths = [fmaps * increase ** level for level in range(len(factors) + 1)]
+
+    class UNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.down = nn.ModuleList([convs(1, widths[0])] +
+                                      [convs(widths[i], widths[i + 1]) for i in range(len(factors))])
+            self.pool = nn.ModuleList([nn.MaxPool3d(f) for f in factors])
+            self.up = nn.ModuleList([nn.ConvTranspose3d(widths[i + 1], widths[i], f, stride=f)
+                                     for i, f in enumerate(factors)])
+            self.merge = nn.ModuleList([convs(2 * widths[i], widths[i]) for i in range(len(factors))])
+            self.head = nn.Conv3d(widths[0], outputs, 1)
+
+        def forward(self, x):
+            skips = []
+            for level, down in enumerate(self.down):
+                x = down(x)
+                if level < len(factors):
+                    skips.append(x)
+                    x = self.pool[level](x)
+            for level in reversed(range(len(factors))):
+                x = self.up[level](x)
+                x = self.merge[level](torch.cat([crop(skips[level], x.shape[2:]), x], dim=1))
+            return torch.sigmoid(self.head(x))
+
+    return UNet()
+
+
+def network_alone(torch, net, device, batch_size, calls):
+    """Tiles per second of ``net`` on a resident batch, synchronised after each call."""
+    batch = torch.rand((batch_size, 1) + PATCH_IN, device=device)
+    with torch.inference_mode():
+        output = net(batch)
+        assert tuple(output.shape[2:]) == PATCH_OUT, output.shape
+        for _ in range(3):
+            net(batch)
+        _synchronise(torch, device)
+        start = time.perf_counter()
+        for _ in range(calls):
+            net(batch)
+            _synchronise(torch, device)
+        return calls * batch_size / (time.perf_counter() - start)
+
+
+def _synchronise(torch, device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def predict_rate(torch, net, device, raw, out, batch_size, threads):
+    """(tiles per second, the Prediction) of emfast.predict with ``net``."""
+    if device == "cuda":
+        model, on = net, "cuda"
+    else:
+        def model(batch):
+            with torch.inference_mode():
+                return net(torch.from_numpy(batch)).numpy()
+        on = None
+    shutil.rmtree(os.path.dirname(out), ignore_errors=True)
+    start = time.perf_counter()
+    result = ef.predict(model, raw, out, patch_in=PATCH_IN, patch_out=PATCH_OUT, batch_size=batch_size,
+                        device=on, threads=threads)
+    seconds = time.perf_counter() - start
+    return result.tiles_computed / seconds, result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--quick", action="store_true", help="a small volume and network, 1 round (smoke test)")
+    parser.add_argument("--json", default=None, help="write the results here")
+    args = parser.parse_args(argv)
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("predict_cuda: torch sees no CUDA device", file=sys.stderr)
+        return 2
+    torch.backends.cudnn.benchmark = True
+    net = unet(torch, fmaps=2 if args.quick else 12).to(args.device).eval()
+    rounds = 1 if args.quick else args.rounds
+    raw, _ = make_em_volume((44, 240, 240) if args.quick else VOLUME, seed=0)
+    many = max(2, (os.cpu_count() or 2) // 2)
+    contenders = {"network alone": None, "predict threads=2": 2, f"predict threads={many}": many}
+    rates = {name: [] for name in contenders}
+    tiles = {}
+    directory = tempfile.mkdtemp(prefix="emfast-bench-predict-cuda-")
+    try:
+        predict_rate(torch, net, args.device, raw, os.path.join(directory, "warm.zarr/p"), args.batch_size, 2)
+        for _ in range(rounds):
+            for name, threads in contenders.items():
+                if threads is None:
+                    rates[name].append(network_alone(torch, net, args.device, args.batch_size,
+                                                     calls=4 if args.quick else 100))
+                    continue
+                rate, result = predict_rate(torch, net, args.device, raw, os.path.join(directory, "p.zarr/p"),
+                                            args.batch_size, threads)
+                rates[name].append(rate)
+                tiles[name] = {"plan": result.tiles, "computed": result.tiles_computed, "blocks": result.blocks}
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    best = {name: max(values) for name, values in rates.items()}
+    medians = {name: statistics.median(values) for name, values in rates.items()}
+    device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
+    print(f"machine: {machine_info()}; device: {device_name}; torch {torch.__version__}")
+    print(f"3-D U-Net {PATCH_IN} -> 3 x {PATCH_OUT}, batch {args.batch_size}, volume {raw.shape}, "
+          f"best of {rounds} rounds (median), tiles/s:")
+    rows = {}
+    for name in contenders:
+        ratio, ratio_median = best[name] / best["network alone"], medians[name] / medians["network alone"]
+        rows[name] = {"tiles_per_s": best[name], "tiles_per_s_median": medians[name], "all": rates[name],
+                      "ratio": ratio, "ratio_median": ratio_median, **({"tiles": tiles[name]} if name in tiles else {})}
+        verdict = "" if name == "network alone" else \
+            f"  {ratio:.3f}x ({ratio_median:.3f}x) -> {'met' if ratio >= TARGET else 'NOT met'} (target >= {TARGET}x)"
+        print(f"  {name:22s} {best[name]:8.1f} ({medians[name]:.1f}){verdict}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine_info(), "device": device_name, "torch": torch.__version__,
+                       "batch_size": args.batch_size, "volume": list(raw.shape), "rounds": rounds, "rows": rows,
+                       "target": TARGET}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The checks that need an NVIDIA GPU, as one run on a lent machine (Python 3.12, CUDA, torch, no network):
+# install pycuda and the pure-Python packages the tests need from .whl/ (wheels made on a machine with network,
+# see benchmarks/README.md), build emfast's core, run the GPU tests and the GPU benchmarks. Reports go to $OUT.
+set -u
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+root=$PWD
+stamp() { echo "== $1 at ${SECONDS} s"; }
+
+stamp install
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$root/src
+probe='import pycuda.driver as d; d.init(); print("pycuda", d.get_version(), d.Device(0).name())'
+if ! python3 -c "$probe"; then  # the wheel was built elsewhere: build pycuda here from its sdist
+    stamp "pycuda from source"
+    rm -rf /tmp/site/pycuda* && mkdir -p /tmp/pycuda && tar xzf .whl/pycuda-*.tar.gz -C /tmp/pycuda --strip-components 1
+    (cd /tmp/pycuda && python3 configure.py --cuda-root=/usr/local/cuda --no-cuda-enable-curand > /dev/null &&
+        python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/site . > /tmp/pycuda.log 2>&1) ||
+        { tail -30 /tmp/pycuda.log; exit 1; }
+    python3 -c "$probe" || exit 1
+fi
+
+stamp build
+EMFAST_BUILD_JOBS=$(nproc) python3 setup.py -q build_ext --inplace > /tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
+
+stamp tests
+python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py tests/test_predict_device.py tests/test_transfer.py \
+    tests/test_lifetime.py 2>&1 | tee "$OUT/tests.txt" | tail -25
+
+stamp gpu_transfer
+python3 benchmarks/gpu_transfer.py --seconds 5 --json "$OUT/gpu-transfer.json" > "$OUT/gpu-transfer.txt" 2>&1
+tail -12 "$OUT/gpu-transfer.txt"
+
+stamp lifetime
+python3 benchmarks/lifetime.py --rounds 3 --json "$OUT/lifetime.json" 2>&1 | tee "$OUT/lifetime.txt"
+
+stamp predict_cuda
+python3 benchmarks/predict_cuda.py --json "$OUT/predict-cuda.json" 2>&1 | tee "$OUT/predict-cuda.txt"
+stamp done
