@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks that need an NVIDIA GPU, as one run on a lent machine (Python 3.12, CUDA, torch, no network):
 # install pycuda and the pure-Python packages the tests need from .whl/ (wheels made on a machine with network,
-# see benchmarks/README.md), build emfast's core, run the GPU tests and the GPU benchmarks. Reports go to $OUT.
+# see benchmarks/README.md), build emfast's core (unless .whl/_core holds it, built for that Python), run the GPU
+# tests and the GPU benchmarks. Reports go to $OUT.
 set -u
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
@@ -24,7 +25,11 @@ if ! python3 -c "$probe"; then  # the wheel was built elsewhere: build pycuda he
 fi
 
 stamp build
-EMFAST_BUILD_JOBS=$(nproc) python3 setup.py -q build_ext --inplace > /tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
+cp .whl/_core/*.so src/emfast/_core/ 2>/dev/null  # the core built for this Python elsewhere, if it was carried
+modules=$(cd src/emfast/_core && ls *.pyx | sed 's/\.pyx$//; s/^/emfast._core./' | paste -sd,)
+python3 -c "import importlib; [importlib.import_module(m) for m in '$modules'.split(',')]" 2>/dev/null ||
+    EMFAST_BUILD_JOBS=$(nproc) python3 setup.py -q build_ext --inplace > /tmp/build.log 2>&1 ||
+    { tail -30 /tmp/build.log; exit 1; }
 
 stamp tests
 python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py tests/test_predict_device.py tests/test_transfer.py \
@@ -35,7 +40,7 @@ python3 benchmarks/gpu_transfer.py --seconds 5 --json "$OUT/gpu-transfer.json" >
 tail -12 "$OUT/gpu-transfer.txt"
 
 stamp lifetime
-python3 benchmarks/lifetime.py --rounds 3 --json "$OUT/lifetime.json" 2>&1 | tee "$OUT/lifetime.txt"
+python3 benchmarks/lifetime.py --rounds 3 --batches 200 --json "$OUT/lifetime.json" 2>&1 | tee "$OUT/lifetime.txt"
 
 stamp predict_cuda
 python3 benchmarks/predict_cuda.py --json "$OUT/predict-cuda.json" 2>&1 | tee "$OUT/predict-cuda.txt"
