@@ -81,16 +81,18 @@ def test_natural_torch_loop_keeps_device_memory_flat(volumes):
     with ef.Loader(raw, labels, patch=PATCH, seed=6, threads=2, device="cuda") as loader, \
             ef.Loader(raw, labels, patch=PATCH, seed=6) as cpu:
         iterator, expected = iter(loader), iter(cpu)
-        for _ in range(50):
+        for _ in range(50):  # the step's kernels run here first: CUDA loads their modules into device memory
             tensors = next(iterator).torch()
             torch.testing.assert_close(tensors["raw"].cpu(), torch.from_numpy(next(expected)["raw"]))
+            tensors["raw"].mul(2).sum().item()
         torch.cuda.synchronize()
-        free = torch.cuda.mem_get_info()[0]
+        free, cached = torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
         for _ in range(1000):
             tensors = next(iterator).torch()
             tensors["raw"].mul(2).sum().item()
         torch.cuda.synchronize()
-        assert torch.cuda.mem_get_info()[0] >= free - 2**20
+        # what the device lost, less what PyTorch's caching allocator took for itself
+        assert free - torch.cuda.mem_get_info()[0] - (torch.cuda.memory_reserved() - cached) <= 2**20
         assert loader.slots_allocated <= loader.buffers + 1
         kept = tensors["labels"].clone()
     torch.testing.assert_close(tensors["labels"], kept)  # still valid after close

@@ -2,13 +2,16 @@
 # The checks that need an NVIDIA GPU, as one run on a lent machine (Python 3.12, CUDA, torch, no network):
 # install pycuda and the pure-Python packages the tests need from .whl/ (wheels made on a machine with network,
 # see benchmarks/README.md), build emfast's core (unless .whl/_core holds it, built for that Python), run the GPU
-# tests and the GPU benchmarks. Reports go to $OUT.
+# tests and the GPU benchmarks. Reports go to $OUT. STEPS picks some of: tests transfer lifetime predict profile
+# (default all but profile: a py-spy record of one predict round, if py-spy was carried).
 set -u
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 root=$PWD
+STEPS=${STEPS:-tests transfer lifetime predict}
 stamp() { echo "== $1 at ${SECONDS} s"; }
+step() { [[ " $STEPS " == *" $1 "* ]] && stamp "$1"; }
 
 stamp install
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -31,17 +34,17 @@ python3 -c "import importlib; [importlib.import_module(m) for m in '$modules'.sp
     EMFAST_BUILD_JOBS=$(nproc) python3 setup.py -q build_ext --inplace > /tmp/build.log 2>&1 ||
     { tail -30 /tmp/build.log; exit 1; }
 
-stamp tests
-python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py tests/test_predict_device.py tests/test_transfer.py \
-    tests/test_lifetime.py 2>&1 | tee "$OUT/tests.txt" | tail -25
+step tests && python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu.py tests/test_predict_device.py \
+    tests/test_transfer.py tests/test_lifetime.py 2>&1 | tee "$OUT/tests.txt" | tail -25
 
-stamp gpu_transfer
-python3 benchmarks/gpu_transfer.py --seconds 5 --json "$OUT/gpu-transfer.json" > "$OUT/gpu-transfer.txt" 2>&1
-tail -12 "$OUT/gpu-transfer.txt"
+step transfer && { python3 benchmarks/gpu_transfer.py --seconds 5 --json "$OUT/gpu-transfer.json" \
+    > "$OUT/gpu-transfer.txt" 2>&1; tail -12 "$OUT/gpu-transfer.txt"; }
 
-stamp lifetime
-python3 benchmarks/lifetime.py --rounds 3 --batches 200 --json "$OUT/lifetime.json" 2>&1 | tee "$OUT/lifetime.txt"
+step lifetime && python3 benchmarks/lifetime.py --rounds 3 --batches 200 --json "$OUT/lifetime.json" 2>&1 |
+    tee "$OUT/lifetime.txt"
 
-stamp predict_cuda
-python3 benchmarks/predict_cuda.py --json "$OUT/predict-cuda.json" 2>&1 | tee "$OUT/predict-cuda.txt"
+step predict && python3 benchmarks/predict_cuda.py --json "$OUT/predict-cuda.json" 2>&1 |
+    tee "$OUT/predict-cuda.txt"
+step profile && /tmp/site/bin/py-spy record --idle --threads -r 250 -f raw -o "$OUT/predict-cuda-profile.txt" -- \
+    python3 benchmarks/predict_cuda.py --rounds 1 | tail -4
 stamp done

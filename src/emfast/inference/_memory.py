@@ -6,7 +6,7 @@ a time (along the shortest axis first) while that estimate stays within the budg
 voxels per axis: what is left after the model's last batch is one block's blending and writing, so smaller blocks
 end sooner, and each tile is computed once whatever the blocks. The input's own chunks do not enter: a lazy input
 that predict opens reads through a chunk cache of a quarter of the budget, and shared tiles are held in memory up
-to an eighth of it (then on disk).
+to what the blocks leave of it, at least an eighth (then on disk).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ DEFAULT_MEMORY = 1 << 30
 BLOCK_EDGE = 128
 #: The share of the budget given to the chunk cache of an input predict opens itself (1 / CACHE_SHARE).
 CACHE_SHARE = 4
-#: The share of the budget for shared tiles held in memory (1 / TILES_SHARE; beyond it they go to disk).
+#: The least share of the budget for shared tiles held in memory (1 / TILES_SHARE; beyond it they go to disk).
 TILES_SHARE = 8
 
 _UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12,

@@ -231,9 +231,9 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         Threads reading blocks' inputs ahead of the model.
     memory : int or str, optional
         The budget for what the prediction holds (inputs read ahead, blocks' sums and outputs, batches, shared
-        tiles, which get an eighth before going to disk, the chunk cache of an input given as a path, which gets a
-        quarter, and a device's page-locked batch and result slots), in bytes or as "512MiB", "2GiB"; default
-        1 GiB. It sets the default ``block``;
+        tiles, which get what the blocks leave, at least an eighth, before going to disk, the chunk cache of an
+        input given as a path, which gets a quarter, and a device's page-locked batch and result slots), in bytes
+        or as "512MiB", "2GiB"; default 1 GiB. It sets the default ``block``;
         ValueError if one output chunk does not fit.
     resume, overwrite : bool
         Continue an unfinished prediction with the same settings and the same input (its files' sizes and
@@ -321,15 +321,19 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         if channels is None:
             probed = _probe(predictor_for(plan), plan)
             channels = probed[1].shape[0]
-        if block is None:  # the blocks get what the chunk cache, kept tiles and device slots leave
-            pinned = 0 if caller.runner is None else \
-                caller.runner.host_bytes(batch_size * channels * int(np.prod(plan.patch_out)))
+        pinned = 0 if caller.runner is None else \
+            caller.runner.host_bytes(batch_size * channels * int(np.prod(plan.patch_out)))
+        reserved = (budget // CACHE_SHARE if opened else 0) + pinned  # the chunk cache and the device slots
+        estimate = _block_estimate(plan, volume, channels, dtype, threads, batch_size, len(tile_variants))
+        if block is None:  # the blocks get what those and the kept tiles' share leave
             plan = TilePlan(volume.shape, patch_in, patch_out, overlap, chunks, roi,
-                            _budget_block(plan, volume, channels, dtype, threads, batch_size, len(tile_variants),
-                                          budget - budget // TILES_SHARE
-                                          - (budget // CACHE_SHARE if opened else 0) - pinned, budget),
+                            choose_block(budget - budget // TILES_SHARE - reserved, plan.chunks, plan.roi, estimate,
+                                         budget),
                             crop=blend == "none")
-        predictor = predictor_for(plan, TileCache.beside(container, dataset, budget // TILES_SHARE))
+        # The kept tiles get whatever the blocks leave, at least their share: blocks stop growing at BLOCK_EDGE,
+        # and a kept tile held in memory is neither written to nor read back from disk by the blender.
+        kept_memory = max(budget // TILES_SHARE, budget - reserved - estimate(plan.block))
+        predictor = predictor_for(plan, TileCache.beside(container, dataset, kept_memory))
         predictor.channels = channels
         if caller.runner is not None:
             predictor.lend_batches(caller.runner.host_slots())
@@ -385,14 +389,14 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                       predictor.tiles_computed, time.monotonic() - started)
 
 
-def _budget_block(plan: TilePlan, volume: Volume, channels: int, dtype: str, threads: int, batch_size: int,
-                  variant_count: int, budget: int, given: int):
-    """The default block: the largest of whole chunks whose buffers fit ``budget`` (see :mod:`._memory`)."""
+def _block_estimate(plan: TilePlan, volume: Volume, channels: int, dtype: str, threads: int, batch_size: int,
+                    variant_count: int) -> Callable[[tuple], int]:
+    """The bytes a prediction holds with blocks of a given shape (see :mod:`._memory`)."""
     def estimate(block) -> int:
         return block_bytes(block, plan.patch_in, plan.patch_out, volume.channels, volume.dtype.itemsize, channels,
                            np.dtype(dtype).itemsize, threads, batch_size, variant_count)
 
-    return choose_block(budget, plan.chunks, plan.roi, estimate, given)
+    return estimate
 
 
 def _probe(predictor: BlockPredictor, plan: TilePlan):
