@@ -306,3 +306,57 @@ def test_the_memory_of_discarded_shared_tiles_is_reused_with_the_same_bytes(tmp_
     assert len(kept) > 2 * len(fresh) > 0
     expected = _reference(lopsided, volume, None, settings["overlap"], "gaussian", 0, "reflect")
     np.testing.assert_allclose(_read(tmp_path / "p.zarr/pred"), expected, rtol=2e-6, atol=1e-7)
+
+
+def test_shared_tiles_stay_in_memory_while_the_blocks_leave_room(tmp_path, volume):
+    """Kept tiles get the budget the blocks do not use, not only their eighth: here they need more than an eighth
+    of 6 MiB and far less than the blocks leave, so none goes to disk (each disk write and read back is the
+    blender's, one after another)."""
+    on_disk = []
+    counting = Counting()
+
+    def model(batch):
+        on_disk.append(len(list(tmp_path.glob(".p.zarr.pred.emfast-tiles/*.npy"))))
+        return counting(batch)
+
+    result = ef.predict(model, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT,
+                        overlap=(2, 4, 4), tta=4, chunks=(4, 8, 8), block=(4, 8, 8), memory="6MiB")
+    assert max(on_disk) == 0
+    assert counting.tiles == result.tiles * 4 and counting.repeats == 0
+
+
+def test_the_model_has_its_next_batches_while_kept_tiles_wait_to_be_blended(tmp_path, volume, monkeypatch):
+    """While the model computes a batch, the feeding thread has gathered the next ones (BATCHES_AHEAD queued and
+    one more), also where groups of kept tiles, which hold no batch, are queued between them: counting those
+    groups left the model waiting for its next batch on a GPU. Each call here waits for the feeding thread to get
+    that far, and notes when it did not within a second."""
+    import threading
+
+    from emfast.inference import _block
+
+    gathered = []
+    progress = threading.Condition()
+    gather = _block.BlockPredictor.gather
+
+    def counting_gather(self, *args):
+        shape = gather(self, *args)
+        with progress:
+            gathered.append(len(args[2]))
+            progress.notify_all()
+        return shape
+
+    monkeypatch.setattr(_block.BlockPredictor, "gather", counting_gather)
+    calls, waited = [0], []
+
+    def model(batch):
+        calls[0] += 1
+        with progress:
+            if not progress.wait_for(lambda: len(gathered) > calls[0] + _block.BATCHES_AHEAD, timeout=0.5):
+                waited.append(calls[0])
+        return lopsided(batch)
+
+    ef.predict(model, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT, overlap=(2, 4, 4),
+               chunks=(4, 8, 8), block=(16, 24, 24), batch_size=1, channels=2)
+    # only the last calls may wait: no batches are left to gather after them
+    assert [call for call in waited if call + _block.BATCHES_AHEAD < len(gathered)] == []
+    assert len(waited) <= _block.BATCHES_AHEAD + 1

@@ -94,7 +94,7 @@ class BlockPredictor:
         """Submit the block's missing tiles to ``run_model`` in batches, blending whatever came back while more
         than :data:`BATCHES_AHEAD` are out; returns the run, for :meth:`BlockRun.finish`. With ``blender`` (a
         one-thread executor blending every block's groups, in order) the groups are blended there as the model
-        returns them, and this thread only feeds the model, waiting while more than :data:`BATCHES_AHEAD` groups
+        returns them, and this thread only feeds the model, waiting while more than :data:`BATCHES_AHEAD` batches
         are queued.
 
         Tiles are blended in the plan's order, whichever were computed here and whichever were kept by another
@@ -245,7 +245,8 @@ class BlockRun:
 
     def close_group(self) -> None:
         """Submit the open group's missing jobs; then blend groups here while too many are out or the oldest is
-        in, or, with a blender, queue the group for it and wait while more than :data:`BATCHES_AHEAD` are queued."""
+        in, or, with a blender, queue the group for it and wait while more than :data:`BATCHES_AHEAD` batches are
+        queued."""
         if not self.open:
             return
         predictor = self.predictor
@@ -262,7 +263,9 @@ class BlockRun:
             return
         self.blending = self.blender.submit(self._blend_queued)  # takes every group queued before it, or fails
         with self.blended:
-            self.blended.wait_for(lambda: len(self.groups) <= BATCHES_AHEAD or self.failed is not None)
+            # Batches, not groups: a group of kept tiles holds no batch, and counting it would leave the model
+            # without its next batch behind a row of them.
+            self.blended.wait_for(lambda: self._batches_out() <= BATCHES_AHEAD or self.failed is not None)
         if self.failed is not None:
             raise self.failed
 
@@ -273,8 +276,12 @@ class BlockRun:
         try:
             if self.failed is not None:
                 raise self.failed
-            while self.groups:
-                self._blend_group(self.groups.popleft())
+            while True:
+                with self.blended:  # the feeding thread counts the queued batches under this lock
+                    if not self.groups:
+                        break
+                    group = self.groups.popleft()
+                self._blend_group(group)
                 with self.blended:
                     self.blended.notify()
         except BaseException as error:
