@@ -16,7 +16,9 @@ tiles the model computed per second of predict's wall time (set-up, probe and wr
 Target: predict >= 0.9x the network alone. Rounds alternate; the best and median of each are reported.
 
 ``--device cpu`` runs the same code on the CPU (the model converts NumPy batches itself): a smoke test of this
-script, not a measurement.
+script, not a measurement. ``--stand-in SECONDS`` needs no GPU and no torch: the network is a stand-in that
+sleeps SECONDS per batch (releasing the GIL, as waiting for a GPU does) and returns fixed predictions, so the
+ratio measures how well predict keeps a device busy on this machine's CPUs (the H100 took 9 ms per batch of 4).
 """
 from __future__ import annotations
 
@@ -104,9 +106,23 @@ def _synchronise(torch, device):
         torch.cuda.synchronize()
 
 
+class StandIn:
+    """A device-bound network without a device: ``seconds`` per batch, asleep, and fixed predictions."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.predictions = np.random.default_rng(0).random((64, 3) + PATCH_OUT, dtype=np.float32)
+
+    def __call__(self, batch):
+        time.sleep(self.seconds)
+        return self.predictions[:len(batch)]
+
+
 def predict_rate(torch, net, device, raw, out, batch_size, threads):
     """(tiles per second, the Prediction) of emfast.predict with ``net``."""
-    if device == "cuda":
+    if isinstance(net, StandIn):
+        model, on = net, None
+    elif device == "cuda":
         model, on = net, "cuda"
     else:
         def model(batch):
@@ -127,15 +143,20 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--quick", action="store_true", help="a small volume and network, 1 round (smoke test)")
+    parser.add_argument("--stand-in", type=float, default=None, metavar="SECONDS",
+                        help="a network sleeping SECONDS per batch instead of the U-Net (no GPU, no torch)")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
-    import torch
+    if args.stand_in is not None:
+        torch, net, args.device = None, StandIn(args.stand_in), "stand-in"
+    else:
+        import torch
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("predict_cuda: torch sees no CUDA device", file=sys.stderr)
-        return 2
-    torch.backends.cudnn.benchmark = True
-    net = unet(torch, fmaps=2 if args.quick else 12).to(args.device).eval()
+        if args.device == "cuda" and not torch.cuda.is_available():
+            print("predict_cuda: torch sees no CUDA device", file=sys.stderr)
+            return 2
+        torch.backends.cudnn.benchmark = True
+        net = unet(torch, fmaps=2 if args.quick else 12).to(args.device).eval()
     rounds = 1 if args.quick else args.rounds
     raw, _ = make_em_volume((44, 240, 240) if args.quick else VOLUME, seed=0)
     many = max(2, (os.cpu_count() or 2) // 2)
@@ -148,7 +169,8 @@ def main(argv=None) -> int:
         for _ in range(rounds):
             for name, threads in contenders.items():
                 if threads is None:
-                    rates[name].append(network_alone(torch, net, args.device, args.batch_size,
+                    rates[name].append(args.batch_size / net.seconds if torch is None else
+                                       network_alone(torch, net, args.device, args.batch_size,
                                                      calls=4 if args.quick else 100))
                     continue
                 rate, result = predict_rate(torch, net, args.device, raw, os.path.join(directory, "p.zarr/p"),
@@ -159,9 +181,11 @@ def main(argv=None) -> int:
         shutil.rmtree(directory, ignore_errors=True)
     best = {name: max(values) for name, values in rates.items()}
     medians = {name: statistics.median(values) for name, values in rates.items()}
-    device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
-    print(f"machine: {machine_info()}; device: {device_name}; torch {torch.__version__}")
-    print(f"3-D U-Net {PATCH_IN} -> 3 x {PATCH_OUT}, batch {args.batch_size}, volume {raw.shape}, "
+    device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else args.device
+    torch_version = None if torch is None else torch.__version__
+    network = f"stand-in, {net.seconds * 1e3:g} ms per batch," if torch is None else "3-D U-Net"
+    print(f"machine: {machine_info()}; device: {device_name}; torch {torch_version}")
+    print(f"{network} {PATCH_IN} -> 3 x {PATCH_OUT}, batch {args.batch_size}, volume {raw.shape}, "
           f"best of {rounds} rounds (median), tiles/s:")
     rows = {}
     for name in contenders:
@@ -173,7 +197,7 @@ def main(argv=None) -> int:
         print(f"  {name:22s} {best[name]:8.1f} ({medians[name]:.1f}){verdict}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": machine_info(), "device": device_name, "torch": torch.__version__,
+            json.dump({"machine": machine_info(), "device": device_name, "torch": torch_version, "network": network,
                        "batch_size": args.batch_size, "volume": list(raw.shape), "rounds": rounds, "rows": rows,
                        "target": TARGET}, f, indent=2)
     return 0
