@@ -244,9 +244,9 @@ def test_predictions_are_blended_on_the_finisher_thread_not_the_feeding_one(tmp_
     np.testing.assert_allclose(_read(tmp_path / "p.zarr/pred"), expected, rtol=2e-6, atol=1e-7)
 
 
-def test_shared_tiles_beyond_the_memory_share_go_to_disk_and_back(tmp_path, volume):
-    """With a small budget most shared tiles cannot stay in memory: they are written beside the output, read by
-    the blocks that share them, and still computed once."""
+def _kept_on_disk(tmp_path, volume, memory):
+    """Predict with small blocks and ``memory``: (the counting model, the kept tiles on disk at each model call,
+    the Prediction)."""
     on_disk = []
     counting = Counting()
 
@@ -255,7 +255,14 @@ def test_shared_tiles_beyond_the_memory_share_go_to_disk_and_back(tmp_path, volu
         return counting(batch)
 
     result = ef.predict(model, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT,
-                        overlap=(2, 4, 4), tta=4, chunks=(4, 8, 8), block=(4, 8, 8), memory="1MiB")
+                        overlap=(2, 4, 4), tta=4, chunks=(4, 8, 8), block=(4, 8, 8), memory=memory)
+    return counting, on_disk, result
+
+
+def test_shared_tiles_beyond_the_memory_share_go_to_disk_and_back(tmp_path, volume):
+    """With a small budget most shared tiles cannot stay in memory: they are written beside the output, read by
+    the blocks that share them, and still computed once."""
+    counting, on_disk, result = _kept_on_disk(tmp_path, volume, "1MiB")
     assert max(on_disk) > 10 and not _scratch(tmp_path / "p.zarr/pred")
     assert counting.tiles == result.tiles * 4 and counting.repeats == 0
     expected = _reference(lopsided, volume, None, (2, 4, 4), "gaussian", 4, "reflect")
@@ -312,15 +319,7 @@ def test_shared_tiles_stay_in_memory_while_the_blocks_leave_room(tmp_path, volum
     """Kept tiles get the budget the blocks do not use, not only their eighth: here they need more than an eighth
     of 6 MiB and far less than the blocks leave, so none goes to disk (each disk write and read back is the
     blender's, one after another)."""
-    on_disk = []
-    counting = Counting()
-
-    def model(batch):
-        on_disk.append(len(list(tmp_path.glob(".p.zarr.pred.emfast-tiles/*.npy"))))
-        return counting(batch)
-
-    result = ef.predict(model, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT,
-                        overlap=(2, 4, 4), tta=4, chunks=(4, 8, 8), block=(4, 8, 8), memory="6MiB")
+    counting, on_disk, result = _kept_on_disk(tmp_path, volume, "6MiB")
     assert max(on_disk) == 0
     assert counting.tiles == result.tiles * 4 and counting.repeats == 0
 
