@@ -328,7 +328,7 @@ def test_the_model_has_its_next_batches_while_kept_tiles_wait_to_be_blended(tmp_
     """While the model computes a batch, the feeding thread has gathered the next ones (BATCHES_AHEAD queued and
     one more), also where groups of kept tiles, which hold no batch, are queued between them: counting those
     groups left the model waiting for its next batch on a GPU. Each call here waits for the feeding thread to get
-    that far, and notes when it did not within a second."""
+    that far, and notes when it did not within half a second."""
     import threading
 
     from emfast.inference import _block
