@@ -20,7 +20,8 @@ export PYTHONPATH=/tmp/site:$root/src
 probe='import pycuda.driver as d; d.init(); print("pycuda", d.get_version(), d.Device(0).name())'
 if ! python3 -c "$probe"; then  # the wheel was built elsewhere: build pycuda here from its sdist
     stamp "pycuda from source"
-    rm -rf /tmp/site/pycuda* && mkdir -p /tmp/pycuda && tar xzf .whl/pycuda-*.tar.gz -C /tmp/pycuda --strip-components 1
+    rm -rf /tmp/site/pycuda* && mkdir -p /tmp/pycuda &&
+        tar xzf .whl/pycuda-*.tar.gz -C /tmp/pycuda --strip-components 1
     (cd /tmp/pycuda && python3 configure.py --cuda-root=/usr/local/cuda --no-cuda-enable-curand > /dev/null &&
         python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/site . > /tmp/pycuda.log 2>&1) ||
         { tail -30 /tmp/pycuda.log; exit 1; }
