@@ -121,3 +121,32 @@ def test_a_failed_chunk_write_raises_and_leaves_no_partial_file(tmp_path, monkey
     with pytest.raises(OSError, match="No space left"):
         files.write((0, 0, 0, 0), data)
     assert not list((tmp_path / "out.zarr").rglob("*.partial"))
+
+
+def test_a_box_is_encoded_on_half_the_cores(tmp_path, monkeypatch):
+    """On a machine of 16 cores a box's chunks are encoded on 8 threads (a slow compressor must not keep a fast
+    network waiting), and the files are still zarr's, each written once."""
+    import threading
+
+    from emfast.io import _chunkfiles
+
+    monkeypatch.setattr(_chunkfiles, "cores", lambda: 16)
+    data = np.random.default_rng(7).random(SHAPE).astype(np.float32)
+    theirs = new_array(tmp_path / "theirs.zarr", 3, "zstd")
+    theirs[...] = data
+    files = chunk_files(new_array(tmp_path / "ours.zarr", 3, "zstd"))
+    encoded, real_encode, lock = [], files.compressor.encode, threading.Lock()
+    together = threading.Barrier(8, timeout=10)  # each thread's first chunk waits for the other seven's
+
+    def encode(chunk):
+        with lock:
+            first = threading.get_ident() not in encoded
+            encoded.append(threading.get_ident())
+        if first:
+            together.wait()
+        return real_encode(chunk)
+
+    monkeypatch.setattr(files.compressor, "encode", encode)
+    files.write((0, 0, 0, 0), data)
+    assert len(encoded) == 27 and len(set(encoded)) == 8  # 3 x 3 x 3 chunks
+    assert chunk_bytes(tmp_path / "ours.zarr/p") == chunk_bytes(tmp_path / "theirs.zarr/p")

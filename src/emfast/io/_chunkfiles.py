@@ -23,6 +23,8 @@ from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from .._machine import cores
+
 #: v3 Blosc shuffle names as numcodecs numbers them.
 _BLOSC_SHUFFLES = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 
@@ -49,6 +51,12 @@ def _v3_compressor(codecs, itemsize: int):
         return numcodecs.Blosc(cname=codec.cname.value, clevel=codec.clevel,
                                shuffle=_BLOSC_SHUFFLES[codec.shuffle.value], blocksize=codec.blocksize)
     return False
+
+
+def encoders() -> int:
+    """Threads one box's chunks are encoded on: half the usable cores (a prediction writes two boxes at once), at
+    least two."""
+    return max(2, cores() // 2)
 
 
 def chunk_files(array) -> Optional["ChunkFiles"]:
@@ -90,27 +98,32 @@ class ChunkFiles:
                    for c, e, k, s in zip(corner, extent, self.chunks, self.shape))
 
     def write(self, corner: Tuple[int, ...], data: np.ndarray) -> None:
-        """Write ``data`` (the array's dtype), whose box :meth:`covers`, chunk by chunk: half of the chunks on a
-        second thread (encoding releases the GIL), so that a box written alone, as the last one of a run is,
-        still keeps two cores busy."""
+        """Write ``data`` (the array's dtype), whose box :meth:`covers`, chunk by chunk, on :func:`encoders`
+        threads (encoding releases the GIL): a box written alone, as the last one of a run is, still keeps the
+        cores busy, and a compressor slower than the network (zstd on near-constant float32 predictions runs at
+        about 150 MB/s a core) is spread over them."""
         chunks = list(self._chunks(corner, data))
-        if len(chunks) < 2:
+        parts = min(len(chunks), encoders())
+        if parts < 2:
             self._write_chunks(chunks)
             return
         errors: List[BaseException] = []
 
-        def other_half() -> None:
+        def part(index: int) -> None:
             try:
-                self._write_chunks(chunks[1::2])
+                self._write_chunks(chunks[index::parts])
             except BaseException as error:  # raised on the calling thread below
                 errors.append(error)
 
-        helper = threading.Thread(target=other_half, name="emfast-chunk-write", daemon=True)
-        helper.start()
+        helpers = [threading.Thread(target=part, args=(index,), name="emfast-chunk-write", daemon=True)
+                   for index in range(1, parts)]
+        for helper in helpers:
+            helper.start()
         try:
-            self._write_chunks(chunks[0::2])
+            self._write_chunks(chunks[0::parts])
         finally:
-            helper.join()
+            for helper in helpers:
+                helper.join()
         if errors:
             raise errors[0]
 
