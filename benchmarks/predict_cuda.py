@@ -107,15 +107,26 @@ def _synchronise(torch, device):
 
 
 class StandIn:
-    """A device-bound network without a device: ``seconds`` per batch, asleep, and fixed predictions."""
+    """A device-bound network without a device: ``seconds`` per batch, asleep in ``launches`` parts (a network
+    launches one kernel per layer, each call giving up the GIL and taking it back), and fixed predictions."""
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+    def __init__(self, seconds: float, launches: int = 1) -> None:
+        self.seconds, self.launches = seconds, launches
         self.predictions = np.random.default_rng(0).random((64, 3) + PATCH_OUT, dtype=np.float32)
 
     def __call__(self, batch):
-        time.sleep(self.seconds)
+        for _ in range(self.launches):
+            time.sleep(self.seconds / self.launches)
         return self.predictions[:len(batch)]
+
+
+def stand_in_rate(net: StandIn, batch_size: int, calls: int = 30) -> float:
+    """The stand-in's own tiles per second (its sleeps overshoot a little)."""
+    batch = np.zeros((batch_size, 1) + PATCH_IN, np.float32)
+    start = time.perf_counter()
+    for _ in range(calls):
+        net(batch)
+    return calls * batch_size / (time.perf_counter() - start)
 
 
 def predict_rate(torch, net, device, raw, out, batch_size, threads):
@@ -145,10 +156,12 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="a small volume and network, 1 round (smoke test)")
     parser.add_argument("--stand-in", type=float, default=None, metavar="SECONDS",
                         help="a network sleeping SECONDS per batch instead of the U-Net (no GPU, no torch)")
+    parser.add_argument("--launches", type=int, default=1,
+                        help="with --stand-in: sleep in this many parts, as a network's kernel launches")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
     if args.stand_in is not None:
-        torch, net, args.device = None, StandIn(args.stand_in), "stand-in"
+        torch, net, args.device = None, StandIn(args.stand_in, args.launches), "stand-in"
     else:
         import torch
 
@@ -169,7 +182,7 @@ def main(argv=None) -> int:
         for _ in range(rounds):
             for name, threads in contenders.items():
                 if threads is None:
-                    rates[name].append(args.batch_size / net.seconds if torch is None else
+                    rates[name].append(stand_in_rate(net, args.batch_size) if torch is None else
                                        network_alone(torch, net, args.device, args.batch_size,
                                                      calls=4 if args.quick else 100))
                     continue
@@ -183,7 +196,8 @@ def main(argv=None) -> int:
     medians = {name: statistics.median(values) for name, values in rates.items()}
     device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else args.device
     torch_version = None if torch is None else torch.__version__
-    network = f"stand-in, {net.seconds * 1e3:g} ms per batch," if torch is None else "3-D U-Net"
+    network = (f"stand-in, {net.seconds * 1e3:g} ms per batch in {net.launches} sleeps," if torch is None
+               else "3-D U-Net")
     print(f"machine: {machine_info()}; device: {device_name}; torch {torch_version}")
     print(f"{network} {PATCH_IN} -> 3 x {PATCH_OUT}, batch {args.batch_size}, volume {raw.shape}, "
           f"best of {rounds} rounds (median), tiles/s:")

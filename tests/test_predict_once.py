@@ -1,6 +1,8 @@
 """emfast.predict computes each tile (and each test-time variant of it) once, whatever the chunks and blocks, and
 still writes the same bytes as a whole-volume reference, across block sizes, engines and resumes; memory follows a
 budget, not the input's chunks."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -71,6 +73,32 @@ def test_the_same_bytes_whatever_the_block_size(tmp_path, volume):
         ef.predict(lopsided, volume, path, patch_in=PATCH_IN, patch_out=PATCH_OUT, overlap=(3, 4, 5), tta=4,
                    chunks=(4, 8, 8), block=block, batch_size=2)
         outputs.append(_read(path))
+    for other in outputs[1:]:
+        np.testing.assert_array_equal(other, outputs[0])
+
+
+@pytest.mark.parametrize("blend, overlap, tta", [("gaussian", (3, 4, 5), 4), ("bump", (2, 5, 4), 0),
+                                                 ("none", (0, 0, 0), 4)])
+def test_the_same_bytes_whatever_the_threads_blending(tmp_path, volume, monkeypatch, blend, overlap, tta):
+    """A machine of 8 or 16 cores blends a block's rows on 2 to 4 threads; each voxel still gets its tiles in the
+    same order, so the bytes are those one thread writes (transposed test-time variants included)."""
+    from emfast.inference import _block, _local
+
+    threads, real_blend_add = set(), _block.blend_add
+
+    def blend_add(*arguments):
+        threads.add(threading.current_thread().name.rpartition("_")[0])
+        return real_blend_add(*arguments)
+
+    monkeypatch.setattr(_block, "blend_add", blend_add)
+    outputs = []
+    for parts in (1, 2, 3, 4):
+        monkeypatch.setattr(_local, "blend_parts", lambda: parts)
+        path = tmp_path / f"parts{parts}.zarr/pred"
+        ef.predict(lopsided, volume, path, patch_in=PATCH_IN, patch_out=PATCH_OUT, overlap=overlap, blend=blend,
+                   tta=tta, chunks=(4, 8, 8), block=(8, 16, 16), batch_size=2)
+        outputs.append(_read(path))
+    assert threads == {"emfast-predict-blend", "emfast-predict-blend-rows"}
     for other in outputs[1:]:
         np.testing.assert_array_equal(other, outputs[0])
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, wait
 from typing import Callable, Dict, List, Optional, Set
 
 import numpy as np
@@ -89,17 +89,17 @@ class BlockPredictor:
         run = self.feed(block, region, self.call_now)
         return run.finish(out)
 
-    def feed(self, block: Block, region: np.ndarray, run_model: ModelRunner,
-             blender: Optional[Executor] = None) -> "BlockRun":
+    def feed(self, block: Block, region: np.ndarray, run_model: ModelRunner, blender: Optional[Executor] = None,
+             helpers: Optional["BlendHelpers"] = None) -> "BlockRun":
         """Submit the block's missing tiles to ``run_model`` in batches, blending whatever came back while more
         than :data:`BATCHES_AHEAD` are out; returns the run, for :meth:`BlockRun.finish`. With ``blender`` (a
         one-thread executor blending every block's groups, in order) the groups are blended there as the model
         returns them, and this thread only feeds the model, waiting while more than :data:`BATCHES_AHEAD` batches
-        are queued.
+        are queued; ``helpers`` blend rows of the block beside the blender.
 
         Tiles are blended in the plan's order, whichever were computed here and whichever were kept by another
         block, so the sums (and the bytes written) do not depend on the blocks."""
-        run = BlockRun(self, block, region, run_model, blender)
+        run = BlockRun(self, block, region, run_model, blender, helpers)
         for tile in block.tiles:
             tile = tuple(int(v) for v in tile)
             key = self.plan.tile_key(tile)
@@ -220,9 +220,9 @@ class BlockRun:
     batches' predictions are held at once."""
 
     def __init__(self, predictor: BlockPredictor, block: Block, region: np.ndarray, run_model: ModelRunner,
-                 blender: Optional[Executor] = None) -> None:
+                 blender: Optional[Executor] = None, helpers: Optional["BlendHelpers"] = None) -> None:
         self.predictor, self.block, self.region, self.run_model = predictor, block, region, run_model
-        self.blender = blender
+        self.blender, self.helpers = blender, helpers
         self.blending: Optional[Future] = None  # on the blender: the blending of the last group queued
         self.blended = threading.Condition()  # a group was blended on the blender, or a blending ended
         self.failed: Optional[BaseException] = None  # what a blending on the blender raised
@@ -341,7 +341,14 @@ class BlockRun:
         for job in group.jobs:
             if job.prediction is not KEPT:
                 self._keep_if_shared(job)
-            self._blend(job)
+        blends = [(job, self._prediction(job)) for job in group.jobs]
+        if self.sums is None:  # not cleared: each voxel's first tile sets it (see blend_add)
+            channels = blends[0][1].shape[0]
+            self.sums = self.predictor._pool.take("sums", (channels,) + self.block.shape, np.float64)
+        if self.helpers is None:
+            self._blend_rows(blends, 0, 1)
+        else:
+            self.helpers.run(self._blend_rows, blends)
         if group.batch is not None:  # the predictions may be views of it: reused only now
             self.predictor._pool.give("batch", group.batch)
 
@@ -373,22 +380,56 @@ class BlockRun:
             return self.run_model(batch, predictor.gather(self.region, self.corner, part, batch)).result()[0]
         return kept[job.index]
 
-    def _blend(self, job: _Job) -> None:
-        prediction = self._prediction(job)
+    def _blend_rows(self, blends: List[tuple], part: int, parts: int) -> None:
+        """Blend the (job, prediction) pairs, in order, into the block's rows ``y`` with ``y % parts == part``
+        (counted from the block's start): each voxel gets its tiles in the same order however many parts run."""
+        for job, prediction in blends:
+            self._blend(job, prediction, part, parts)
+
+    def _blend(self, job: _Job, prediction: np.ndarray, part: int = 0, parts: int = 1) -> None:
         block, weights = self.block, self.predictor.weights
-        if self.sums is None:  # not cleared: each voxel's first tile sets it (see blend_add)
-            self.sums = self.predictor._pool.take("sums", (prediction.shape[0],) + block.shape, np.float64)
         axes = weights.tile(job.tile)
         low = [max(reach, b) for (_, reach, _), b in zip(axes, block.start)]
         high = [min(reach, b) for (_, _, reach), b in zip(axes, block.stop)]
+        low[1] += (part - (low[1] - block.start[1])) % parts  # the first of this part's rows
         if any(lo >= hi for lo, hi in zip(low, high)):
             return
-        in_tile = tuple(slice(lo - t, hi - t) for lo, hi, t in zip(low, high, job.tile))
-        in_block = tuple(slice(lo - b, hi - b) for lo, hi, b in zip(low, high, block.start))
-        along = [w[lo - reach:hi - reach] for (w, reach, _), lo, hi in zip(axes, low, high)]
+        steps = (1, parts, 1)
+        in_tile = tuple(slice(lo - t, hi - t, k) for lo, hi, t, k in zip(low, high, job.tile, steps))
+        in_block = tuple(slice(lo - b, hi - b, k) for lo, hi, b, k in zip(low, high, block.start, steps))
+        along = [w[lo - reach:hi - reach:k] for (w, reach, _), lo, hi, k in zip(axes, low, high, steps)]
+        counts = [-(-(hi - lo) // k) for lo, hi, k in zip(low, high, steps)]
         first = ((0, 0, 0), (0, 0, 0))
         if job.index == 0:  # the voxels this tile reaches first: set, not added to (its later variants add)
-            first = ([max(weights.first(a, t), lo) - lo for a, (t, lo) in enumerate(zip(job.tile, low))],
-                     [hi - lo for lo, hi in zip(low, high)])
+            first = ([max(0, -(-(weights.first(a, t) - lo) // k)) for a, (t, lo, k) in
+                      enumerate(zip(job.tile, low, steps))], counts)
         blend_add(self.sums[(slice(None),) + in_block], along, undo(prediction, job.variant)[(slice(None),) + in_tile],
                   first)
+
+
+class BlendHelpers:
+    """Threads that blend a block beside the blender, each its own rows (see :meth:`BlockRun._blend_rows`):
+    blending one tile reads and writes several times its bytes, more than one core's memory bandwidth keeps up
+    with on a GPU that predicts a few hundred tiles a second.
+
+    Parameters
+    ----------
+    parts : int
+        Rows are split into this many parts; the calling thread blends the first, ``parts - 1`` threads the rest.
+    executor : Executor
+        Runs the other parts (``parts - 1`` threads).
+    """
+
+    def __init__(self, parts: int, executor: Executor) -> None:
+        self.parts, self.executor = parts, executor
+
+    def run(self, blend_rows: Callable[[List[tuple], int, int], None], blends: List[tuple]) -> None:
+        """``blend_rows(blends, part, parts)`` for every part at once; returns when all are done, raising the
+        first error."""
+        others = [self.executor.submit(blend_rows, blends, part, self.parts) for part in range(1, self.parts)]
+        try:
+            blend_rows(blends, 0, self.parts)
+        finally:
+            wait(others)  # every part has stopped writing the sums before they are used or handed back
+        for other in others:
+            other.result()

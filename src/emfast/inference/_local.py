@@ -1,6 +1,7 @@
 """The local engine, a pipeline in which the network never waits: reader threads fetch blocks' inputs ahead; the
 calling thread feeds a block (gathers and normalises batches of tiles); one model thread runs the network on them
-in order; one blender thread blends the predictions as they come back (every block's, in the plan's order); one
+in order; one blender thread blends the predictions as they come back (every block's, in the plan's order; on a
+machine of 8 cores or more, with helpers blending rows of the block beside it, see :func:`blend_parts`); one
 finisher thread converts each block once blended; :data:`WRITERS` writer threads write finished blocks. Shared
 tiles are kept until the last block needing them is computed.
 
@@ -24,8 +25,9 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
+from .._machine import cores
 from ..io import check_free_space, option
-from ._block import BlockPredictor
+from ._block import BlendHelpers, BlockPredictor
 from ._store import BlockWriteError, OutputStore
 from ._tiling import Block
 
@@ -37,6 +39,12 @@ BACKGROUND_NICE = 5
 #: Writer threads: compression releases the GIL, and two blocks written at once keep both cores of a small machine
 #: busy while the network runs (each block writes its own chunks; HDF5 writes are serialised by h5py).
 WRITERS = 2
+
+
+def blend_parts() -> int:
+    """Threads blending a block, the blender included: one per four usable cores, from one to four (blending is
+    bound by memory bandwidth, which a few cores use up)."""
+    return max(1, min(4, cores() // 4))
 
 
 def write_block(store: OutputStore, block: Block, result, grid) -> int:
@@ -98,6 +106,9 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
     # Blending runs at the caller's priority: the calling thread waits for it once BATCHES_AHEAD groups are queued.
     blender = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-blend", initializer=_at_nice,
                                  initargs=(nice,))
+    parts = blend_parts()
+    helpers = ThreadPoolExecutor(parts - 1, thread_name_prefix="emfast-predict-blend-rows", initializer=_at_nice,
+                                 initargs=(nice,)) if parts > 1 else None
     finisher = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-finish", initializer=_at_nice,
                                   initargs=background)
     writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="emfast-predict-write", initializer=_at_nice,
@@ -143,7 +154,8 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
             buffer = spare.pop() if spare else None
             # Fed here while the blender blends what the model returned and the finisher converts the previous
             # block: this thread only gathers, so the model always has its next batch.
-            run = predictor.feed(block, region.result(), run_model, blender=blender)
+            run = predictor.feed(block, region.result(), run_model, blender=blender,
+                                 helpers=None if helpers is None else BlendHelpers(parts, helpers))
             finishing = finisher.submit(finish, run, buffer, block)
             writes.append((finishing, buffer, block))
         while writes:
@@ -152,5 +164,7 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
         readers.shutdown(wait=True, cancel_futures=True)
         model.shutdown(wait=True, cancel_futures=True)  # a blending waiting for a batch sees it cancelled
         blender.shutdown(wait=True)
+        if helpers is not None:
+            helpers.shutdown(wait=True)
         finisher.shutdown(wait=True)
         writers.shutdown(wait=True)
