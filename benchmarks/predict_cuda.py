@@ -107,16 +107,19 @@ def _synchronise(torch, device):
 
 
 class StandIn:
-    """A device-bound network without a device: ``seconds`` per batch, asleep in ``launches`` parts (a network
-    launches one kernel per layer, each call giving up the GIL and taking it back), and fixed predictions."""
+    """A device-bound network without a device: ``launches`` calls that give up the GIL and take it back (as each
+    kernel launch of a network does, while the device works on), then asleep until ``seconds`` have passed since
+    the call began (as synchronising with the device); fixed predictions."""
 
     def __init__(self, seconds: float, launches: int = 1) -> None:
         self.seconds, self.launches = seconds, launches
         self.predictions = np.random.default_rng(0).random((64, 3) + PATCH_OUT, dtype=np.float32)
 
     def __call__(self, batch):
+        start = time.perf_counter()
         for _ in range(self.launches):
-            time.sleep(self.seconds / self.launches)
+            time.sleep(0)
+        time.sleep(max(0.0, self.seconds - (time.perf_counter() - start)))
         return self.predictions[:len(batch)]
 
 
@@ -157,7 +160,8 @@ def main(argv=None) -> int:
     parser.add_argument("--stand-in", type=float, default=None, metavar="SECONDS",
                         help="a network sleeping SECONDS per batch instead of the U-Net (no GPU, no torch)")
     parser.add_argument("--launches", type=int, default=1,
-                        help="with --stand-in: sleep in this many parts, as a network's kernel launches")
+                        help="with --stand-in: give up the GIL and take it back this many times per batch first, "
+                             "as a network's kernel launches do")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
     if args.stand_in is not None:
@@ -196,7 +200,7 @@ def main(argv=None) -> int:
     medians = {name: statistics.median(values) for name, values in rates.items()}
     device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else args.device
     torch_version = None if torch is None else torch.__version__
-    network = (f"stand-in, {net.seconds * 1e3:g} ms per batch in {net.launches} sleeps," if torch is None
+    network = (f"stand-in, {net.seconds * 1e3:g} ms per batch after {net.launches} launches," if torch is None
                else "3-D U-Net")
     print(f"machine: {machine_info()}; device: {device_name}; torch {torch_version}")
     print(f"{network} {PATCH_IN} -> 3 x {PATCH_OUT}, batch {args.batch_size}, volume {raw.shape}, "
