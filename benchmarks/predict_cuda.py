@@ -14,6 +14,10 @@ Contender: ``emfast.predict`` over a (100, 1200, 1200) uint8 volume in memory, d
 float32 zarr output, zstd), the same batch size, ``device="cuda"``, ``threads`` 2 (the default) and half the cores:
 tiles the model computed per second of predict's wall time (set-up, probe and writing included).
 Target: predict >= 0.9x the network alone. Rounds alternate; the best and median of each are reported.
+Under each row, the best round's milliseconds per tile by stage of the network's calls: alone, the call (on a GPU
+it launches the kernels) and the wait for the device; in predict, ``Prediction.profile`` (the copies to the
+device, the call, the wait and copy back) and the share of predict's time the model was busy. A call that takes
+longer in predict than alone means the launching thread shares its core or the GIL with predict's others.
 
 ``--device cpu`` runs the same code on the CPU (the model converts NumPy batches itself): a smoke test of this
 script, not a measurement. ``--stand-in SECONDS`` needs no GPU and no torch: the network is a stand-in that
@@ -86,7 +90,8 @@ def unet(torch, fmaps=12, increase=5, outputs=3):
 
 
 def network_alone(torch, net, device, batch_size, calls):
-    """Tiles per second of ``net`` on a resident batch, synchronised after each call."""
+    """(tiles per second, ms per tile by stage) of ``net`` on a resident batch, synchronised after each call:
+    stage "network" is the call (on a GPU, launching its kernels), "from device" the wait for the device."""
     batch = torch.rand((batch_size, 1) + PATCH_IN, device=device)
     with torch.inference_mode():
         output = net(batch)
@@ -94,11 +99,16 @@ def network_alone(torch, net, device, batch_size, calls):
         for _ in range(3):
             net(batch)
         _synchronise(torch, device)
-        start = time.perf_counter()
+        start = launching = time.perf_counter()
+        launches = 0.0
         for _ in range(calls):
+            launching = time.perf_counter()
             net(batch)
+            launches += time.perf_counter() - launching
             _synchronise(torch, device)
-        return calls * batch_size / (time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+    tiles = calls * batch_size
+    return tiles / seconds, {"network": 1e3 * launches / tiles, "from device": 1e3 * (seconds - launches) / tiles}
 
 
 def _synchronise(torch, device):
@@ -123,13 +133,21 @@ class StandIn:
         return self.predictions[:len(batch)]
 
 
-def stand_in_rate(net: StandIn, batch_size: int, calls: int = 30) -> float:
-    """The stand-in's own tiles per second (its sleeps overshoot a little)."""
+def stand_in_rate(net: StandIn, batch_size: int, calls: int = 30) -> tuple:
+    """The stand-in's own (tiles per second, ms per tile by stage) (its sleeps overshoot a little)."""
     batch = np.zeros((batch_size, 1) + PATCH_IN, np.float32)
     start = time.perf_counter()
     for _ in range(calls):
         net(batch)
-    return calls * batch_size / (time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    return calls * batch_size / seconds, {"network": 1e3 * seconds / (calls * batch_size)}
+
+
+def predict_stages(result) -> dict:
+    """ms per tile computed by stage of the model's calls in a predict (``Prediction.profile``), and the share of
+    predict's time the model was busy."""
+    stages = {stage: 1e3 * seconds / result.tiles_computed for stage, seconds in result.profile.items()}
+    return dict(stages, busy=result.profile["model"] / result.seconds)
 
 
 def predict_rate(torch, net, device, raw, out, batch_size, threads):
@@ -179,6 +197,7 @@ def main(argv=None) -> int:
     many = max(2, (os.cpu_count() or 2) // 2)
     contenders = {"network alone": None, "predict threads=2": 2, f"predict threads={many}": many}
     rates = {name: [] for name in contenders}
+    stages = {name: [] for name in contenders}  # per round: ms per tile by stage of the model's calls
     tiles = {}
     directory = tempfile.mkdtemp(prefix="emfast-bench-predict-cuda-")
     try:
@@ -186,13 +205,16 @@ def main(argv=None) -> int:
         for _ in range(rounds):
             for name, threads in contenders.items():
                 if threads is None:
-                    rates[name].append(stand_in_rate(net, args.batch_size) if torch is None else
-                                       network_alone(torch, net, args.device, args.batch_size,
-                                                     calls=4 if args.quick else 100))
+                    rate, split = (stand_in_rate(net, args.batch_size) if torch is None else
+                                   network_alone(torch, net, args.device, args.batch_size,
+                                                 calls=4 if args.quick else 100))
+                    rates[name].append(rate)
+                    stages[name].append(split)
                     continue
                 rate, result = predict_rate(torch, net, args.device, raw, os.path.join(directory, "p.zarr/p"),
                                             args.batch_size, threads)
                 rates[name].append(rate)
+                stages[name].append(predict_stages(result))
                 tiles[name] = {"plan": result.tiles, "computed": result.tiles_computed, "blocks": result.blocks}
     finally:
         shutil.rmtree(directory, ignore_errors=True)
@@ -208,11 +230,15 @@ def main(argv=None) -> int:
     rows = {}
     for name in contenders:
         ratio, ratio_median = best[name] / best["network alone"], medians[name] / medians["network alone"]
+        split = stages[name][rates[name].index(best[name])]  # the best round's
         rows[name] = {"tiles_per_s": best[name], "tiles_per_s_median": medians[name], "all": rates[name],
-                      "ratio": ratio, "ratio_median": ratio_median, **({"tiles": tiles[name]} if name in tiles else {})}
+                      "ratio": ratio, "ratio_median": ratio_median, "ms_per_tile": split,
+                      **({"tiles": tiles[name]} if name in tiles else {})}
         verdict = "" if name == "network alone" else \
             f"  {ratio:.3f}x ({ratio_median:.3f}x) -> {'met' if ratio >= TARGET else 'NOT met'} (target >= {TARGET}x)"
         print(f"  {name:22s} {best[name]:8.1f} ({medians[name]:.1f}){verdict}")
+        busy = f"model busy {split.pop('busy'):.0%}; " if "busy" in split else ""
+        print(f"  {'':22s} {busy}ms per tile: " + ", ".join(f"{stage} {ms:.2f}" for stage, ms in split.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine_info(), "device": device_name, "torch": torch_version, "network": network,

@@ -530,6 +530,7 @@ def test_emfast_predict_runs_a_config_and_resumes(tmp_path, volume, capsys):
     assert main(["predict", str(config)]) == 0
     out = capsys.readouterr()
     assert "wrote" in out.out and "1 channel x" in out.out and "1 of 1 block computed" in out.out
+    assert re.search(r"computed in [0-9.]+ s, the model busy [0-9]+% of it$", out.out.strip())
     lines = out.err.splitlines()  # no \r in a log
     assert lines[0] == "[........................] 0/1 block, estimating the time left" and len(lines) == 2
     assert re.fullmatch(r"\[#{24}\] 1/1 block, [0-9.]+ tiles/s, [0-9.]+ Mvoxel/s, done in [0-9]+ s", lines[1])

@@ -3,6 +3,7 @@ GPU's rules: copies complete late, results are copied back only into page-locked
 waited for, device slots are never overwritten while viewed) against the CPU path, byte for byte; a real GPU with
 torch where there is one."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -61,6 +62,25 @@ def test_the_fake_device_writes_what_the_cpu_path_writes(tmp_path, volume, model
     assert device.copies == len(seen) and device.copies_back == len(seen)
     assert {name for name, _ in seen} == {"emfast-predict-device_0"}
     assert result.tiles_computed == result.tiles * max(tta, 1)
+
+
+def test_the_profile_splits_the_model_calls_into_device_stages(tmp_path, volume):
+    """``Prediction.profile``: the seconds of the model's calls, and within them the copies to the device, the
+    network's call and the wait for the copy back; the network's share holds its own time."""
+    asleep = []
+
+    def slow(batch):
+        asleep.append(0.004)
+        time.sleep(0.004)
+        return lopsided(batch)
+
+    result, _ = _predict(slow, volume, tmp_path / "dev.zarr/pred", device=FakeDevice(seed=1, max_delay=0.002),
+                         batch_size=4)
+    profile = result.profile
+    assert set(profile) == {"model", "to device", "network", "from device"}
+    assert all(seconds >= 0 for seconds in profile.values())
+    assert profile["network"] >= sum(asleep)
+    assert profile["to device"] + profile["network"] + profile["from device"] <= profile["model"] <= result.seconds
 
 
 def test_batches_are_gathered_into_page_locked_slots(tmp_path, volume, monkeypatch):

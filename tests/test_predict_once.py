@@ -2,6 +2,7 @@
 still writes the same bytes as a whole-volume reference, across block sizes, engines and resumes; memory follows a
 budget, not the input's chunks."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -101,6 +102,22 @@ def test_the_same_bytes_whatever_the_threads_blending(tmp_path, volume, monkeypa
     assert threads == {"emfast-predict-blend", "emfast-predict-blend-rows"}
     for other in outputs[1:]:
         np.testing.assert_array_equal(other, outputs[0])
+
+
+def test_the_profile_holds_the_seconds_in_model_calls(tmp_path, volume):
+    """``Prediction.profile["model"]``: every call's time (the probe's too), within the prediction's own; no device
+    stages without a device."""
+    asleep = []
+
+    def slow(batch):
+        asleep.append(0.003)
+        time.sleep(0.003)
+        return lopsided(batch)
+
+    result = ef.predict(slow, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT,
+                        chunks=(8, 8, 8), block=(8, 16, 16), batch_size=2)
+    assert set(result.profile) == {"model"}
+    assert sum(asleep) <= result.profile["model"] <= result.seconds
 
 
 def _scratch(path):

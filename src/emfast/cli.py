@@ -249,8 +249,15 @@ def predict(args: argparse.Namespace) -> int:
     channels, *spatial = result.shape
     blocks = f"{result.computed} of {result.blocks} {plural(result.blocks, 'block')}"
     print(f"wrote {result.path}: {channels} {plural(channels, 'channel')} x {' x '.join(map(str, spatial))} "
-          f"{result.dtype}; {blocks} computed in {result.seconds:.1f} s")
+          f"{result.dtype}; {blocks} computed in {result.seconds:.1f} s{_model_share(result)}")
     return 0
+
+
+def _model_share(result) -> str:
+    """How much of a prediction's time the model was busy: near all of it, the network set the pace."""
+    if not result.seconds or not result.profile.get("model"):
+        return ""
+    return f", the model busy {min(1.0, result.profile['model'] / result.seconds):.0%} of it"
 
 
 def build_parser() -> argparse.ArgumentParser:

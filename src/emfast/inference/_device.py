@@ -14,6 +14,7 @@ prediction copied out of the staging memory.
 from __future__ import annotations
 
 import re
+import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional
@@ -23,6 +24,11 @@ import numpy as np
 from ..transfer import DeviceArray, TransferBackend, cuda_unavailable, resolve_device
 from ._block import BATCHES_AHEAD
 from ._model import ModelOutputError
+
+#: The stages of a call on the device: copying the batch there (and waiting for the copy), calling the network
+#: (which, on an asynchronous device, only launches its work), and waiting for the device to finish and copy the
+#: prediction back.
+DEVICE_STAGES = ("to device", "network", "from device")
 
 #: Page-locked batch slots lent to the predictor: the batches a block being fed and the block being finished hold
 #: at most (one more is kept for staging).
@@ -52,6 +58,8 @@ class DeviceRunner:
         self._outputs: Dict[int, np.ndarray] = {}  # slot index -> flat page-locked memory of its prediction
         self._memory = None  # the device slot
         self._opened = False
+        #: Seconds per stage of the calls (see :attr:`~emfast.inference.Prediction.profile`).
+        self.stages: Dict[str, float] = dict.fromkeys(DEVICE_STAGES, 0.0)
 
     @property
     def name(self) -> str:
@@ -124,15 +132,21 @@ class DeviceRunner:
             index = len(self._slots) - 1
             np.copyto(self._slots[index][:batch.size].reshape(batch.shape), batch)
         source = result = None
+        stages, start = self.stages, time.perf_counter()
         try:
             backend.guard(memory)
             backend.copy({"batch": self._slots[index]}, memory)
             backend.wait(memory)
             source = _view(backend.export(memory, memory)["batch"], batch.shape)
+            copied = time.perf_counter()
+            stages["to device"] += copied - start
             result = self._run(model, source)
+            called = time.perf_counter()
+            stages["network"] += called - copied
             host = self._output(index, result)
             backend.copy_back(result, host)
             backend.wait_back()
+            stages["from device"] += time.perf_counter() - called
         except BaseException as error:
             traceback.clear_frames(error.__traceback__)  # no view of the device slot outlives the call
             raise

@@ -2,6 +2,7 @@
 tensor on a device, and a checked NumPy prediction back."""
 from __future__ import annotations
 
+import time
 from typing import Callable, Optional
 
 import numpy as np
@@ -37,17 +38,23 @@ class ModelCaller:
         self.device = device
         self.runner = None  # set by predict for a device with a transfer backend
         self.name = model_name(model)
+        #: Seconds spent in calls of the model here (device copies included); calls come one at a time.
+        self.seconds = 0.0
 
     def __getstate__(self) -> dict:
         return dict(self.__dict__, runner=None)
 
     def __call__(self, batch: np.ndarray, out_shape: tuple, channels: Optional[int]) -> np.ndarray:
-        if self.runner is not None:
-            prediction = self.runner(self.model, batch)
-        elif self.device is None:
-            prediction = self.model(batch)
-        else:
-            prediction = self._torch(batch)
+        start = time.perf_counter()
+        try:
+            if self.runner is not None:
+                prediction = self.runner(self.model, batch)
+            elif self.device is None:
+                prediction = self.model(batch)
+            else:
+                prediction = self._torch(batch)
+        finally:
+            self.seconds += time.perf_counter() - start
         return self._checked(prediction, batch.shape[0], out_shape, channels)
 
     def _torch(self, batch: np.ndarray):

@@ -6,8 +6,8 @@ import os
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Callable, Optional, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 
@@ -63,6 +63,13 @@ class Prediction:
         by both).
     seconds : float
         Wall time of this call.
+    profile : dict of str to float
+        Seconds by stage of the model's calls in this process: ``"model"``, the calls in all (on a device, the
+        copies there and back included); with a device that has a transfer backend, also ``"to device"``,
+        ``"network"`` (the network's call, which on a GPU only launches its kernels) and ``"from device"``
+        (waiting for the device to finish, and the copy back). ``profile["model"] / seconds`` near 1 means the
+        network set the pace; well below 1, the model waited for emfast (or the disk). On Dask the workers call
+        the model, and only the probe's call is counted here.
     """
 
     path: str
@@ -73,6 +80,7 @@ class Prediction:
     tiles: int
     tiles_computed: int
     seconds: float
+    profile: Dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -385,8 +393,9 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
             caller.runner.close(quiet=failed)
         if opened:
             volume.close()
+    profile = {"model": caller.seconds, **({} if caller.runner is None else caller.runner.stages)}
     return Prediction(f"{container}/{dataset}", shape, np.dtype(dtype), len(blocks), len(todo), plan.tile_count,
-                      predictor.tiles_computed, time.monotonic() - started)
+                      predictor.tiles_computed, time.monotonic() - started, profile)
 
 
 def _block_estimate(plan: TilePlan, volume: Volume, channels: int, dtype: str, threads: int, batch_size: int,
