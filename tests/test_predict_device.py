@@ -64,6 +64,30 @@ def test_the_fake_device_writes_what_the_cpu_path_writes(tmp_path, volume, model
     assert result.tiles_computed == result.tiles * max(tta, 1)
 
 
+def test_on_a_device_the_model_is_called_on_the_device_thread_alone(tmp_path, volume):
+    """No model thread relays the batches to the device thread (each hand-over waits for the GIL and a wake-up);
+    a failing call cancels the batches queued behind it, and every thread ends."""
+    from emfast.inference._block import BATCHES_AHEAD
+
+    relays, calls = [], []
+
+    def failing(batch):
+        calls.append(1)
+        relays.extend(t.name for t in threading.enumerate() if t.name.startswith("emfast-predict-model"))
+        if len(calls) == 6:
+            raise RuntimeError("model failed")
+        return lopsided(batch)
+
+    device = FakeDevice(seed=2)
+    with pytest.raises(RuntimeError, match="model failed"):
+        _predict(failing, volume, tmp_path / "dev.zarr/pred", device=device, batch_size=2)
+    assert relays == []
+    # the call under way when the error reached the feeding thread ran; those queued behind it were cancelled
+    assert len(calls) <= 6 + BATCHES_AHEAD
+    assert device.closed and device.live == 0
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("emfast-predict")]
+
+
 def test_the_profile_splits_the_model_calls_into_device_stages(tmp_path, volume):
     """``Prediction.profile``: the seconds of the model's calls, and within them the copies to the device, the
     network's call and the wait for the copy back; the network's share holds its own time."""

@@ -2,8 +2,9 @@
 page-locked host slots with asynchronous copies, and predictions come back the same way.
 
 Every backend call happens on one thread, the device thread (a backend's device work belongs to the thread that
-opened it): the model thread of the local engine hands each batch over and waits for its prediction, so the
-network still runs one batch at a time while reading, gathering, blending and writing go on in other threads.
+opened it). The local engine calls the model there (:meth:`DeviceRunner.calls`), one batch at a time, while
+reading, gathering, blending and writing go on in other threads: a batch is handed over once, from the feeding
+thread, and its prediction once, to the blender.
 
 Tiles are gathered straight into the page-locked slots (:meth:`DeviceRunner.host_slots` lends them to the
 predictor's pool). A batch's prediction comes back into page-locked memory paired with its slot, so it stays valid
@@ -14,9 +15,12 @@ prediction copied out of the staging memory.
 from __future__ import annotations
 
 import re
+import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent import futures
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -54,6 +58,7 @@ class DeviceRunner:
         self.torch_device = torch_device
         self._elements = int(batch_elements)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-device")
+        self._device_thread: Optional[int] = None  # its identity, once it ran something
         self._slots: List[np.ndarray] = []  # flat float32 page-locked slots; the last one stages
         self._outputs: Dict[int, np.ndarray] = {}  # slot index -> flat page-locked memory of its prediction
         self._memory = None  # the device slot
@@ -79,6 +84,11 @@ class DeviceRunner:
         """``model``'s prediction of ``batch`` (float32, (B, C, z, y, x)) as a NumPy array."""
         return self._on_device(self._call, model, batch)
 
+    def calls(self) -> "DeviceCalls":
+        """An executor running calls on the device thread (the model's calls, so that a batch is handed over once,
+        not from a model thread to this one and back)."""
+        return DeviceCalls(self._thread)
+
     def close(self, quiet: bool = False) -> None:
         """Free the device memory and end the device thread (idempotent); ``quiet``: after another error, which a
         failure to free (the model kept a view of its input) must not hide."""
@@ -92,9 +102,12 @@ class DeviceRunner:
             self._thread.shutdown(wait=True)
 
     def _on_device(self, function, *arguments):
+        if threading.get_ident() == self._device_thread:  # called by a call of calls()
+            return function(*arguments)
         return self._thread.submit(function, *arguments).result()
 
     def _open(self) -> None:
+        self._device_thread = threading.get_ident()
         if self._opened:
             return
         fields = {"batch": ((self._elements,), np.dtype(np.float32))}
@@ -180,6 +193,30 @@ class DeviceRunner:
         if flat is None or flat.dtype != dtype or flat.size < size:
             flat = self._outputs[index] = self.backend.pinned((size,), dtype)
         return flat[:size].reshape(shape)
+
+
+class DeviceCalls:
+    """Submits calls to the device thread for one prediction; :meth:`shutdown` cancels those not started and waits
+    for the others, as a thread pool's would, but the thread stays the runner's."""
+
+    def __init__(self, executor: ThreadPoolExecutor) -> None:
+        self._executor = executor
+        self._futures: "deque[Future]" = deque()
+
+    def submit(self, function, *arguments) -> Future:
+        while self._futures and self._futures[0].done():
+            self._futures.popleft()
+        future = self._executor.submit(function, *arguments)
+        self._futures.append(future)
+        return future
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        if cancel_futures:
+            for future in self._futures:
+                future.cancel()
+        if wait:
+            futures.wait(self._futures)
+        self._futures.clear()
 
 
 def _view(exported, shape: tuple):

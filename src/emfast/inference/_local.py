@@ -1,9 +1,9 @@
 """The local engine, a pipeline in which the network never waits: reader threads fetch blocks' inputs ahead; the
-calling thread feeds a block (gathers and normalises batches of tiles); one model thread runs the network on them
-in order; one blender thread blends the predictions as they come back (every block's, in the plan's order; on a
-machine of 8 cores or more, with helpers blending rows of the block beside it, see :func:`blend_parts`); one
-finisher thread converts each block once blended; :data:`WRITERS` writer threads write finished blocks. Shared
-tiles are kept until the last block needing them is computed.
+calling thread feeds a block (gathers and normalises batches of tiles); one model thread (on a device, the
+device's thread) runs the network on them in order; one blender thread blends the predictions as they come back
+(every block's, in the plan's order; on a machine of 8 cores or more, with helpers blending rows of the block
+beside it, see :func:`blend_parts`); one finisher thread converts each block once blended; :data:`WRITERS` writer
+threads write finished blocks. Shared tiles are kept until the last block needing them is computed.
 
 The readers, the finisher and the writers run at a lower CPU priority (:data:`BACKGROUND_NICE`, on Linux) than the
 calling thread, the model's and the blender's: on a machine whose cores are all busy, the network is not the one
@@ -102,7 +102,9 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
     background = (None if nice is None else nice + BACKGROUND_NICE,)
     readers = ThreadPoolExecutor(threads, thread_name_prefix="emfast-predict-read", initializer=_at_nice,
                                  initargs=background)
-    model = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-model", initializer=_at_nice, initargs=(nice,))
+    # On a device the model is called on the device's own thread: a batch is handed over once, not twice.
+    model = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-model", initializer=_at_nice, initargs=(nice,)) \
+        if predictor.model.runner is None else predictor.model.runner.calls()
     # Blending runs at the caller's priority: the calling thread waits for it once BATCHES_AHEAD groups are queued.
     blender = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-blend", initializer=_at_nice,
                                  initargs=(nice,))
