@@ -180,8 +180,13 @@ def main(argv=None) -> int:
     parser.add_argument("--launches", type=int, default=1,
                         help="with --stand-in: give up the GIL and take it back this many times per batch first, "
                              "as a network's kernel launches do")
+    parser.add_argument("--switch-interval", type=float, default=None, metavar="SECONDS",
+                        help="run with sys.setswitchinterval(SECONDS) (Python's default 0.005): whether the thread "
+                             "launching the network's kernels waits for the GIL")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     if args.stand_in is not None:
         torch, net, args.device = None, StandIn(args.stand_in, args.launches), "stand-in"
     else:
@@ -224,7 +229,8 @@ def main(argv=None) -> int:
     torch_version = None if torch is None else torch.__version__
     network = (f"stand-in, {net.seconds * 1e3:g} ms per batch after {net.launches} launches," if torch is None
                else "3-D U-Net")
-    print(f"machine: {machine_info()}; device: {device_name}; torch {torch_version}")
+    print(f"machine: {machine_info()}; device: {device_name}; torch {torch_version}; "
+          f"switch interval {sys.getswitchinterval() * 1e3:g} ms")
     print(f"{network} {PATCH_IN} -> 3 x {PATCH_OUT}, batch {args.batch_size}, volume {raw.shape}, "
           f"best of {rounds} rounds (median), tiles/s:")
     rows = {}
@@ -242,6 +248,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": machine_info(), "device": device_name, "torch": torch_version, "network": network,
+                       "switch_interval": sys.getswitchinterval(),
                        "batch_size": args.batch_size, "volume": list(raw.shape), "rounds": rounds, "rows": rows,
                        "target": TARGET}, f, indent=2)
     return 0

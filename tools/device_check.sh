@@ -2,8 +2,9 @@
 # The checks that need an NVIDIA GPU, as one run on a lent machine (Python 3.12, CUDA, torch, no network):
 # install pycuda and the pure-Python packages the tests need from .whl/ (wheels made on a machine with network,
 # see benchmarks/README.md), build emfast's core (unless .whl/_core holds it, built for that Python), run the GPU
-# tests and the GPU benchmarks. Reports go to $OUT. STEPS picks some of: tests transfer lifetime predict profile
-# (default all but profile: a py-spy record of one predict round, if py-spy was carried).
+# tests and the GPU benchmarks. Reports go to $OUT. STEPS picks some of: tests transfer lifetime predict switch
+# profile (default the first four; switch: predict with a 0.5 ms GIL switch interval; profile: a py-spy record of
+# one predict round, if py-spy was carried).
 set -u
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
@@ -46,6 +47,8 @@ step lifetime && python3 benchmarks/lifetime.py --rounds 3 --batches 200 --json 
 
 step predict && python3 benchmarks/predict_cuda.py --json "$OUT/predict-cuda.json" 2>&1 |
     tee "$OUT/predict-cuda.txt"
+step switch && python3 benchmarks/predict_cuda.py --switch-interval 0.0005 --json "$OUT/predict-cuda-switch.json" \
+    2>&1 | tee "$OUT/predict-cuda-switch.txt"
 step profile && /tmp/site/bin/py-spy record --idle --threads -r 250 -f raw -o "$OUT/predict-cuda-profile.txt" -- \
     python3 benchmarks/predict_cuda.py --rounds 1 | tail -4
 stamp done
