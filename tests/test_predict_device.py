@@ -88,6 +88,23 @@ def test_on_a_device_the_model_is_called_on_the_device_thread_alone(tmp_path, vo
     assert not [t.name for t in threading.enumerate() if t.name.startswith("emfast-predict")]
 
 
+def test_a_call_on_the_device_thread_before_the_device_is_opened_does_not_wait_for_itself():
+    """A call submitted through ``calls()`` runs the runner on the device thread; the runner must recognise that
+    thread from its start (not from the opening), or it would queue its work behind itself."""
+    from emfast.inference._device import DeviceRunner
+
+    runner = DeviceRunner(FakeDevice(), batch_elements=10)
+    future = runner.calls().submit(runner, lambda batch: batch * 2, np.ones((1, 1, 1, 2, 5), np.float32))
+    try:
+        result = future.result(timeout=10)
+    except TimeoutError:
+        runner._thread.shutdown(wait=False, cancel_futures=True)  # frees the device thread waiting for itself
+        pytest.fail("a call on the device thread waited for the device thread")
+    finally:
+        runner.close()
+    np.testing.assert_array_equal(result, np.full((1, 1, 1, 2, 5), 2, np.float32))
+
+
 def test_the_profile_splits_the_model_calls_into_device_stages(tmp_path, volume):
     """``Prediction.profile``: the seconds of the model's calls, and within them the copies to the device, the
     network's call and the wait for the copy back; the network's share holds its own time."""

@@ -57,8 +57,9 @@ class DeviceRunner:
         self.backend = backend
         self.torch_device = torch_device
         self._elements = int(batch_elements)
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-device")
-        self._device_thread: Optional[int] = None  # its identity, once it ran something
+        self._device_thread: Optional[int] = None  # its identity, from its start
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-device",
+                                          initializer=self._mark_device_thread)
         self._slots: List[np.ndarray] = []  # flat float32 page-locked slots; the last one stages
         self._outputs: Dict[int, np.ndarray] = {}  # slot index -> flat page-locked memory of its prediction
         self._memory = None  # the device slot
@@ -106,8 +107,10 @@ class DeviceRunner:
             return function(*arguments)
         return self._thread.submit(function, *arguments).result()
 
-    def _open(self) -> None:
+    def _mark_device_thread(self) -> None:
         self._device_thread = threading.get_ident()
+
+    def _open(self) -> None:
         if self._opened:
             return
         fields = {"batch": ((self._elements,), np.dtype(np.float32))}
