@@ -689,3 +689,86 @@ def test_a_warm_read_asks_nothing_of_the_machine(tmp_path, monkeypatch):
             out = volume.read_box(corner, extent, np.empty((1,) + tuple(extent), np.uint16))
             np.testing.assert_array_equal(out[0], data[tuple(slice(c, c + e) for c, e in zip(corner, extent))])
     assert asked == []
+
+
+# zstd frames decoded many at a time by the system's libzstd --------------------------------------------------------
+
+def _system_zstd():
+    from emfast.io import _zstd
+    if not _zstd.system_zstd():
+        pytest.skip("no libzstd on this machine: zstd chunks are decoded through numcodecs")
+    return _zstd
+
+
+@pytest.mark.parametrize("level, checksum", [(1, False), (3, True), (19, False)])
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32])
+def test_system_zstd_decodes_numcodecs_frames_and_refuses_damaged_ones(level, checksum, dtype):
+    import numcodecs
+    zstd = _system_zstd()
+    codec = numcodecs.Zstd(level=level, checksum=checksum)
+    chunks = [random_volume(dtype, (8, 10, 6), seed) for seed in range(5)]
+    chunks[1] = np.zeros_like(chunks[1])  # compresses to a few bytes
+    frames = [codec.encode(chunk) for chunk in chunks]
+    damaged = bytearray(frames[2])
+    damaged[len(damaged) // 2] ^= 0xFF  # a flipped byte inside the compressed data
+    frames[2] = bytes(damaged)
+    frames[3] = frames[3][:-5]  # truncated
+    outs = [np.empty_like(chunk) for chunk in chunks]
+    outs[4] = np.empty((8, 10, 5), dtype)  # another size than the frame's
+    decoded = zstd.decode_frames(frames, [out.reshape(-1).view(np.uint8) for out in outs])
+    assert decoded.tolist() == [True, True, not checksum and _decodes_anyway(codec, frames[2]), False, False]
+    for i in (0, 1):
+        np.testing.assert_array_equal(outs[i], chunks[i])
+
+
+def _decodes_anyway(codec, frame):
+    """Whether numcodecs decodes a damaged frame without noticing (no checksum to catch a flipped byte)."""
+    try:
+        codec.decode(frame)
+    except Exception:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_zstd_chunks_written_by_zarr_python_read_the_same_with_and_without_libzstd(tmp_path, monkeypatch,
+                                                                                   zarr_format):
+    from emfast.io import _zarr
+    zstd = _system_zstd()
+    data = random_volume(np.uint16)
+    codec = {"id": "zstd", "level": 5, "checksum": True} if zarr_format == 2 else zarr.codecs.ZstdCodec(checksum=True)
+    zarr.create_array(str(tmp_path / "s.zarr"), shape=SHAPE, chunks=INNER, dtype=np.uint16, zarr_format=zarr_format,
+                      compressors=codec)[...] = data
+    frames = []
+    counted = _zarr.decode_frames
+    monkeypatch.setattr(_zarr, "decode_frames", lambda sources, outs: frames.append(len(sources)) or
+                        counted(sources, outs))
+    assert_lazy_equal(tmp_path / "s.zarr", data, cache_bytes=40 * 8 * 10 * 6 * 2)
+    assert max(frames) > 1  # a box's whole chunks in one call
+    monkeypatch.setattr(zstd, "_library", False)  # as on a machine without libzstd: numcodecs decodes
+    assert_lazy_equal(tmp_path / "s.zarr", data, cache_bytes=40 * 8 * 10 * 6 * 2)
+
+
+def test_a_damaged_zstd_chunk_is_named_after_libzstd_refused_it(tmp_path):
+    _system_zstd()
+    data = random_volume(np.uint16)
+    zarr.create_array(str(tmp_path / "s.zarr"), shape=SHAPE, chunks=INNER, dtype=np.uint16,
+                      compressors=zarr.codecs.ZstdCodec(checksum=True))[...] = data
+    chunk = tmp_path / "s.zarr/c/1/1/1"
+    damaged = bytearray(chunk.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(damaged))
+    with ef.open(tmp_path / "s.zarr", in_memory=False) as volume:
+        with pytest.raises(CorruptChunkError, match=r"s\.zarr: cannot decode chunk c/1/1/1"):
+            volume.read_box((0, 0, 0), (24, 30, 18), np.empty((1, 24, 30, 18), np.uint16))
+        out = volume.read_box((0, 0, 0), (8, 20, 18), np.empty((1, 8, 20, 18), np.uint16))  # chunks around it
+        np.testing.assert_array_equal(out[0], data[:8, :20, :18])
+
+
+def test_emfast_system_zstd_0_leaves_zstd_to_numcodecs(tmp_path):
+    script = ("import os; os.environ['EMFAST_SYSTEM_ZSTD'] = '0'\n"
+              "from emfast.io import _zstd\n"
+              "assert not _zstd.system_zstd() and _zstd.decode_frames([b'x'], [bytearray(1)]) is None\n")
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)

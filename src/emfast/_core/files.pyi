@@ -1,4 +1,5 @@
-# Stub of the compiled module emfast._core.files (files.pyx): many files read in one call without the GIL.
+# Stub of the compiled module emfast._core.files (files.pyx): many files read, and their zstd frames decoded, in
+# one call without the GIL.
 import os
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -14,3 +15,7 @@ def read_files(paths: List[Union[str, bytes, os.PathLike]], starts: Optional[Seq
                lengths: Optional[Sequence[int]] = None, into: Optional[List[Optional[np.ndarray]]] = None,
                scratch: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                           np.ndarray]: ...
+
+def bind_zstd(create: int, free_context: int, decompress: int, is_error: int) -> None: ...
+
+def decode_zstd(sources: List[Union[bytes, memoryview, np.ndarray]], outs: List[np.ndarray]) -> np.ndarray: ...

@@ -1,9 +1,10 @@
 # cython: language_level=3
-"""Thin wrapper around the file reader in csrc/files.cpp (contract in csrc/files.h): many files, or byte ranges of
-them, read in one call without the GIL."""
+"""Thin wrappers around the file reader in csrc/files.cpp (contract in csrc/files.h): many files, or byte ranges of
+them, read in one call without the GIL; and around the zstd decoder in csrc/zstd.cpp (csrc/zstd.h): their frames
+decoded in one call without the GIL, by the libzstd whose functions :func:`bind_zstd` was given."""
 import os
 
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint8_t
 from libc.stdlib cimport free, malloc
 
 import numpy as np
@@ -25,6 +26,21 @@ cdef extern from "files.h" nogil:
     void emf_read_files(int64_t n, const int *descriptors, const int64_t *starts, int64_t *lengths,
                         char *const *destinations, int *status, int *errors)
     void emf_close_files(int64_t n, const int *descriptors, const int *status)
+
+
+cdef extern from "zstd.h" nogil:
+    ctypedef void *(*emf_zstd_create_fn)()
+    ctypedef size_t (*emf_zstd_free_fn)(void *context)
+    ctypedef size_t (*emf_zstd_decompress_fn)(void *context, void *destination, size_t capacity, const void *source,
+                                              size_t size)
+    ctypedef unsigned (*emf_zstd_is_error_fn)(size_t code)
+    ctypedef struct emf_zstd_library:
+        emf_zstd_create_fn create
+        emf_zstd_free_fn free
+        emf_zstd_decompress_fn decompress
+        emf_zstd_is_error_fn is_error
+    int emf_decode_zstd(const emf_zstd_library *library, int64_t n, const char *const *sources, const int64_t *sizes,
+                        char *const *destinations, const int64_t *capacities, uint8_t *decoded)
 
 
 #: What became of a file, as :func:`read_files` reports it: read (its bytes where ``offsets`` says), no such file,
@@ -103,13 +119,14 @@ def read_files(list paths, starts=None, lengths=None, list into=None, scratch=No
                 begin[i] = first
                 read[i] = size - first if wanted[i] < 0 else min(wanted[i], size - first)
                 target = into[i] if into is not None else None
-                if target is not None and _writeable_contiguous(target, i) and (<cnp.ndarray>target).nbytes == read[i]:
+                if target is not None and _writeable_contiguous(target, "read_files: into", i) \
+                        and (<cnp.ndarray>target).nbytes == read[i]:
                     targets[i] = target
                 else:
                     offsets[i] = total
                     total += read[i]
-            if scratch is not None and _writeable_contiguous(scratch, -1) and scratch.dtype == np.uint8 \
-                    and scratch.shape[0] >= total:
+            if scratch is not None and _writeable_contiguous(scratch, "read_files: scratch", -1) \
+                    and scratch.dtype == np.uint8 and scratch.shape[0] >= total:
                 data = scratch[:total]
             else:
                 data = np.empty(total, np.uint8)
@@ -133,8 +150,68 @@ def read_files(list paths, starts=None, lengths=None, list into=None, scratch=No
     return data, offsets, read, status, modes, errors, sizes, mtimes
 
 
-cdef bint _writeable_contiguous(target, Py_ssize_t i) except -1:
+cdef bint _writeable_contiguous(target, str what, Py_ssize_t i) except -1:
+    """Check ``target``, named ``what[i]`` (``what`` alone where ``i`` < 0) in the error."""
     if not isinstance(target, np.ndarray) or not target.flags.c_contiguous or not target.flags.writeable:
-        raise TypeError(f"read_files: {'scratch' if i < 0 else f'into[{i}]'} must be a writeable C-contiguous NumPy array, got "
-                        f"{type(target).__name__}")
+        name = what if i < 0 else f"{what}[{i}]"
+        raise TypeError(f"{name} must be a writeable C-contiguous NumPy array, got {type(target).__name__}")
     return True
+
+cdef emf_zstd_library _zstd
+cdef bint _zstd_bound = False
+
+
+def bind_zstd(size_t create, size_t free_context, size_t decompress, size_t is_error):
+    """Decode with the libzstd functions at these addresses: ``ZSTD_createDCtx``, ``ZSTD_freeDCtx``,
+    ``ZSTD_decompressDCtx`` and ``ZSTD_isError`` (from ctypes, of a library loaded for the life of the process)."""
+    global _zstd_bound
+    if not (create and free_context and decompress and is_error):
+        raise ValueError("bind_zstd: every address must be a function's")
+    _zstd.create = <emf_zstd_create_fn>create
+    _zstd.free = <emf_zstd_free_fn>free_context
+    _zstd.decompress = <emf_zstd_decompress_fn>decompress
+    _zstd.is_error = <emf_zstd_is_error_fn>is_error
+    _zstd_bound = True
+
+
+def decode_zstd(list sources, list outs):
+    """Decode the zstd frames ``sources[i]`` (bytes-like) into ``outs[i]`` (writeable C-contiguous arrays), one
+    after another without the GIL, with the library given to :func:`bind_zstd`.
+
+    Returns
+    -------
+    numpy.ndarray
+        uint8 per frame: 1 where it decoded to exactly ``outs[i].nbytes`` bytes, else 0 (damaged, or another
+        size; ``outs[i]`` then holds undefined bytes).
+    """
+    cdef Py_ssize_t n = len(sources), i
+    if len(outs) != n:
+        raise ValueError(f"decode_zstd: {n} sources but {len(outs)} destinations")
+    if not _zstd_bound:
+        raise RuntimeError("decode_zstd: no zstd library was bound (bind_zstd)")
+    frames = [np.frombuffer(source, np.uint8) for source in sources]  # held until the call returns
+    for i in range(n):
+        _writeable_contiguous(outs[i], "decode_zstd: outs", i)
+    cdef cnp.ndarray[cnp.uint8_t] decoded = np.zeros(n, np.uint8)
+    cdef cnp.ndarray[cnp.int64_t] sizes = np.array([frame.nbytes for frame in frames], np.int64)
+    cdef cnp.ndarray[cnp.int64_t] capacities = np.array([out.nbytes for out in outs], np.int64)
+    cdef const char **c_sources = <const char **>malloc(max(n, 1) * sizeof(char *))
+    cdef char **destinations = <char **>malloc(max(n, 1) * sizeof(char *))
+    cdef int status
+    if c_sources == NULL or destinations == NULL:
+        free(c_sources)
+        free(destinations)
+        raise MemoryError("decode_zstd: out of memory for the list of frames")
+    try:
+        for i in range(n):
+            c_sources[i] = <const char *>cnp.PyArray_DATA(<cnp.ndarray>frames[i])
+            destinations[i] = <char *>cnp.PyArray_DATA(<cnp.ndarray>outs[i])
+        with nogil:
+            status = emf_decode_zstd(&_zstd, n, c_sources, <int64_t *>sizes.data, destinations,
+                                     <int64_t *>capacities.data, <uint8_t *>decoded.data)
+    finally:
+        free(c_sources)
+        free(destinations)
+    if status != 0:
+        raise MemoryError("decode_zstd: libzstd could not make a decoding context")
+    return decoded
