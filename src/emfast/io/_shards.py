@@ -48,7 +48,8 @@ class ShardedChunks:
     decode : callable
         Bytes of one encoded inner chunk -> its decoded bytes.
     decode_into : callable or None
-        (bytes, out) -> whether it decoded them straight into ``out`` (see ``_zarr._decoder_into``).
+        (bytes, out) -> whether it decoded them straight into ``out``; its ``many(contents, outs, wholes)`` decodes
+        a box's whole chunks at once (see ``_zarr._IntoDecoder``).
     checksum, at_end : bool
         Whether the index ends with a CRC32C checksum; whether it is at the shard's end (else its start).
     """
@@ -162,19 +163,28 @@ class ShardedChunks:
             contents, versions = read_regular_files([os.path.join(directory, key) for key, *_ in ranges],
                                                     "a zarr shard", [entry[0] for _, entry, *_ in ranges],
                                                     [entry[1] for _, entry, *_ in ranges], buffer=buffer)
-            for data, read_version, (_, entry, version, where, corner, extent, out) in zip(contents, versions, ranges):
-                if read_version != version or data is None or len(data) != entry[1]:
+            current = [read_version == version and data is not None and len(data) == entry[1]
+                       for data, read_version, (_, entry, version, *_) in zip(contents, versions, ranges)]
+            outs = [out for *_, out in ranges]
+            decoded = [False] * len(ranges) if self._decode_into is None else \
+                self._decode_into.many([data if ok else None for data, ok in zip(contents, current)], outs,
+                                       [self._whole(out) for out in outs])
+            for data, ok, done, (*_, where, corner, extent, out) in zip(contents, current, decoded, ranges):
+                if not ok:
                     again.append((corner, extent, out))
-                else:
+                elif not done:
                     self._fill_from(data, extent, out, where, stamp)
+
+    def _whole(self, out: np.ndarray) -> bool:
+        """Whether ``out`` is a whole inner chunk's buffer, which a chunk is decoded straight into."""
+        return out.flags.c_contiguous and out.dtype == self._dtype and out.size == math.prod(self._inner)
 
     def _fill_from(self, data, extent, out: np.ndarray, where: str, stamp: Stamp) -> None:
         """Fill ``out`` from an inner chunk's stored bytes ``data`` (None: never written, the fill value)."""
         if data is None:
             out[...] = self._fill
             return
-        whole = out.flags.c_contiguous and out.dtype == self._dtype and out.size == math.prod(self._inner)
-        if whole and self._decode_into is not None and self._decode_into(data, out):
+        if self._whole(out) and self._decode_into is not None and self._decode_into(data, out):
             return
         decoded_into(data, out, self._dtype, self._inner, extent, self._decode, where, f"{where}: cannot decode it",
                      stamp)
