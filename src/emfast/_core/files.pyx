@@ -157,6 +157,7 @@ cdef bint _writeable_contiguous(target, str what, Py_ssize_t i) except -1:
         raise TypeError(f"{name} must be a writeable C-contiguous NumPy array, got {type(target).__name__}")
     return True
 
+
 cdef emf_zstd_library _zstd
 cdef bint _zstd_bound = False
 

@@ -1,8 +1,9 @@
 """zstd chunks decoded many at a time without the GIL, by the system's libzstd where there is one.
 
-numcodecs decodes a zstd frame with a decoding context made afresh, behind the interpreter's bookkeeping: for the
-64 KiB chunks of an EM volume that is about a fifth of the decoding itself (23.6 against 19.0 ms for 256 chunks,
-``benchmarks/lazy_cold.py``'s store). :func:`decode_frames` hands a box's frames to one compiled call
+numcodecs decodes each zstd frame in a call of its own, which sets up a decoding context every time (zstd's manual
+advises one context reused for many frames), behind the interpreter's bookkeeping: for the 64 KiB chunks of an EM
+volume that is about a fifth of the decoding itself (23.6 against 19.0 ms for 256 chunks, ``benchmarks/lazy_cold.py``'s
+store). :func:`decode_frames` hands a box's frames to one compiled call
 (``emfast._core.files.decode_zstd``) that decodes them all with one context, so the reader threads of a box decode
 side by side without waiting for the GIL between chunks.
 
