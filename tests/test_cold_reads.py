@@ -739,14 +739,20 @@ def test_zstd_chunks_written_by_zarr_python_read_the_same_with_and_without_libzs
     codec = {"id": "zstd", "level": 5, "checksum": True} if zarr_format == 2 else zarr.codecs.ZstdCodec(checksum=True)
     zarr.create_array(str(tmp_path / "s.zarr"), shape=SHAPE, chunks=INNER, shards=shards, dtype=np.uint16,
                       zarr_format=zarr_format, compressors=codec)[...] = data
+    _assert_decoded_together_and_without(monkeypatch, zstd, zstd._LIBZSTD, tmp_path / "s.zarr", data)
+
+
+def _assert_decoded_together_and_without(monkeypatch, module, library, store, data):
+    """``store`` reads as ``data`` with a box's whole chunks decoded in one call of ``module.decode_frames``, then
+    the same where its library is missing (``library`` found none: numcodecs decodes)."""
     frames = []
-    counted = _zarr.decode_frames
-    monkeypatch.setattr(_zarr, "decode_frames", lambda sources, outs: frames.append(len(sources)) or
+    counted = module.decode_frames
+    monkeypatch.setattr(module, "decode_frames", lambda sources, outs: frames.append(len(sources)) or
                         counted(sources, outs))
-    assert_lazy_equal(tmp_path / "s.zarr", data, cache_bytes=40 * 8 * 10 * 6 * 2)
+    assert_lazy_equal(store, data, cache_bytes=40 * 8 * 10 * 6 * 2)
     assert max(frames) > 1  # a box's whole chunks in one call
-    monkeypatch.setattr(zstd, "_library", False)  # as on a machine without libzstd: numcodecs decodes
-    assert_lazy_equal(tmp_path / "s.zarr", data, cache_bytes=40 * 8 * 10 * 6 * 2)
+    monkeypatch.setattr(library, "_library", False)  # as on a machine without the library
+    assert_lazy_equal(store, data, cache_bytes=40 * 8 * 10 * 6 * 2)
 
 
 def test_a_damaged_zstd_chunk_is_named_after_libzstd_refused_it(tmp_path):
@@ -769,6 +775,79 @@ def test_emfast_system_zstd_0_leaves_zstd_to_numcodecs(tmp_path):
     script = ("import os; os.environ['EMFAST_SYSTEM_ZSTD'] = '0'\n"
               "from emfast.io import _zstd\n"
               "assert not _zstd.system_zstd() and _zstd.decode_frames([b'x'], [bytearray(1)]) is None\n")
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+
+
+# blosc frames decoded many at a time by c-blosc's own decoder ------------------------------------------------------
+
+def _native_blosc():
+    from emfast.io import _blosc
+    if not _blosc.native_blosc():
+        pytest.skip("no c-blosc 1.16 or later found: blosc chunks are decoded through numcodecs")
+    return _blosc
+
+
+@pytest.mark.parametrize("cname, shuffle", [("lz4", 1), ("zstd", 2), ("blosclz", 0), ("zlib", 1)])
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32])
+def test_native_blosc_decodes_numcodecs_frames_and_refuses_damaged_ones(cname, shuffle, dtype):
+    import numcodecs
+    blosc = _native_blosc()
+    codec = numcodecs.Blosc(cname=cname, clevel=5, shuffle=shuffle)
+    chunks = [random_volume(dtype, (8, 10, 6), seed) for seed in range(6)]
+    chunks[1] = np.zeros_like(chunks[1])  # compresses to a few bytes
+    chunks[5] = (chunks[5] // 64).astype(dtype)  # compresses, without being constant
+    frames = [codec.encode(chunk) for chunk in chunks]
+    damaged = bytearray(frames[2])
+    damaged[len(damaged) // 2] ^= 0xFF  # a flipped byte inside the compressed data
+    frames[2] = bytes(damaged)
+    frames[3] = frames[3][:-5]  # truncated: the header's size is no longer the frame's
+    outs = [np.empty_like(chunk) for chunk in chunks]
+    outs[4] = np.empty((8, 10, 5), dtype)  # another size than the frame's
+    decoded = blosc.decode_frames(frames, [out.reshape(-1).view(np.uint8) for out in outs])
+    assert decoded.tolist() == [True, True, _decodes_anyway(codec, frames[2]), False, False, True]
+    for i in (0, 1, 5):
+        np.testing.assert_array_equal(outs[i], chunks[i])
+    if decoded[2]:  # c-blosc noticed nothing, as numcodecs does not: both decode the same bytes
+        np.testing.assert_array_equal(outs[2].reshape(-1).view(np.uint8), np.frombuffer(codec.decode(frames[2]),
+                                                                                         np.uint8))
+
+
+@pytest.mark.parametrize("zarr_format, shards", [(2, None), (3, None), (3, SHARD)])
+def test_blosc_chunks_written_by_zarr_python_read_the_same_with_and_without_native_blosc(tmp_path, monkeypatch,
+                                                                                         zarr_format, shards):
+    blosc = _native_blosc()
+    data = random_volume(np.uint16)
+    data[:8] //= 256  # some chunks compress
+    codec = {"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 2} if zarr_format == 2 else \
+        zarr.codecs.BloscCodec(cname="lz4", shuffle="bitshuffle")
+    zarr.create_array(str(tmp_path / "s.zarr"), shape=SHAPE, chunks=INNER, shards=shards, dtype=np.uint16,
+                      zarr_format=zarr_format, compressors=codec)[...] = data
+    _assert_decoded_together_and_without(monkeypatch, blosc, blosc._CBLOSC, tmp_path / "s.zarr", data)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_truncated_blosc_chunk_is_named_not_decoded_past_its_end(tmp_path, monkeypatch, native):
+    blosc = _native_blosc()
+    if not native:  # numcodecs alone decodes a truncated frame without an error: emfast checks its length itself
+        monkeypatch.setattr(blosc._CBLOSC, "_library", False)
+    data = random_volume(np.uint16)
+    zarr.create_array(str(tmp_path / "s.zarr"), shape=SHAPE, chunks=INNER, dtype=np.uint16, zarr_format=2,
+                      compressors={"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1})[...] = data
+    chunk = tmp_path / "s.zarr/1.1.1"
+    chunk.write_bytes(chunk.read_bytes()[:-7])
+    with ef.open(tmp_path / "s.zarr", in_memory=False) as volume:
+        with pytest.raises(CorruptChunkError, match=r"s\.zarr: cannot decode chunk 1\.1\.1"):
+            volume.read_box((0, 0, 0), (24, 30, 18), np.empty((1, 24, 30, 18), np.uint16))
+        out = volume.read_box((0, 0, 0), (8, 20, 18), np.empty((1, 8, 20, 18), np.uint16))  # chunks around it
+        np.testing.assert_array_equal(out[0], data[:8, :20, :18])
+
+
+def test_emfast_native_blosc_0_leaves_blosc_to_numcodecs():
+    script = ("import os; os.environ['EMFAST_NATIVE_BLOSC'] = '0'\n"
+              "from emfast.io import _blosc\n"
+              "assert not _blosc.native_blosc() and _blosc.decode_frames([b'x'], [bytearray(1)]) is None\n")
     import subprocess
     import sys
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)

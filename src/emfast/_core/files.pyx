@@ -1,7 +1,8 @@
 # cython: language_level=3
 """Thin wrappers around the file reader in csrc/files.cpp (contract in csrc/files.h): many files, or byte ranges of
-them, read in one call without the GIL; and around the zstd decoder in csrc/zstd.cpp (csrc/zstd.h): their frames
-decoded in one call without the GIL, by the libzstd whose functions :func:`bind_zstd` was given."""
+them, read in one call without the GIL; and around the zstd and blosc decoders in csrc/zstd.cpp and csrc/blosc.cpp
+(csrc/zstd.h, csrc/blosc.h): their frames decoded in one call without the GIL, by the libraries whose functions
+:func:`bind_zstd` and :func:`bind_blosc` were given."""
 import os
 
 from libc.stdint cimport int64_t, uint8_t
@@ -41,6 +42,17 @@ cdef extern from "zstd.h" nogil:
         emf_zstd_is_error_fn is_error
     int emf_decode_zstd(const emf_zstd_library *library, int64_t n, const char *const *sources, const int64_t *sizes,
                         char *const *destinations, const int64_t *capacities, uint8_t *decoded)
+
+
+cdef extern from "blosc.h" nogil:
+    ctypedef int (*emf_blosc_validate_fn)(const void *source, size_t size, size_t *decoded_size)
+    ctypedef int (*emf_blosc_decompress_fn)(const void *source, void *destination, size_t capacity, int threads)
+    ctypedef struct emf_blosc_library:
+        emf_blosc_validate_fn validate
+        emf_blosc_decompress_fn decompress
+    void emf_decode_blosc(const emf_blosc_library *library, int64_t n, const char *const *sources,
+                          const int64_t *sizes, char *const *destinations, const int64_t *capacities,
+                          uint8_t *decoded)
 
 
 #: What became of a file, as :func:`read_files` reports it: read (its bytes where ``offsets`` says), no such file,
@@ -185,34 +197,78 @@ def decode_zstd(list sources, list outs):
         uint8 per frame: 1 where it decoded to exactly ``outs[i].nbytes`` bytes, else 0 (damaged, or another
         size; ``outs[i]`` then holds undefined bytes).
     """
-    cdef Py_ssize_t n = len(sources), i
-    if len(outs) != n:
-        raise ValueError(f"decode_zstd: {n} sources but {len(outs)} destinations")
     if not _zstd_bound:
         raise RuntimeError("decode_zstd: no zstd library was bound (bind_zstd)")
+    return _decode_frames("decode_zstd", sources, outs, _ZSTD)
+
+
+cdef emf_blosc_library _blosc
+cdef bint _blosc_bound = False
+
+
+def bind_blosc(size_t validate, size_t decompress):
+    """Decode with the c-blosc functions at these addresses: ``blosc_cbuffer_validate`` and
+    ``blosc_decompress_ctx`` (from ctypes, of a library loaded for the life of the process)."""
+    global _blosc_bound
+    if not (validate and decompress):
+        raise ValueError("bind_blosc: every address must be a function's")
+    _blosc.validate = <emf_blosc_validate_fn>validate
+    _blosc.decompress = <emf_blosc_decompress_fn>decompress
+    _blosc_bound = True
+
+
+def decode_blosc(list sources, list outs):
+    """Decode the blosc frames ``sources[i]`` (bytes-like) into ``outs[i]`` (writeable C-contiguous arrays), one
+    after another without the GIL, with the library given to :func:`bind_blosc`.
+
+    Returns
+    -------
+    numpy.ndarray
+        uint8 per frame: 1 where its header states exactly ``outs[i].nbytes`` bytes and it decoded, else 0
+        (damaged, or another size; ``outs[i]`` then holds undefined bytes).
+    """
+    if not _blosc_bound:
+        raise RuntimeError("decode_blosc: no blosc library was bound (bind_blosc)")
+    return _decode_frames("decode_blosc", sources, outs, _BLOSC)
+
+
+cdef enum _Codec:
+    _ZSTD
+    _BLOSC
+
+
+cdef _decode_frames(str who, list sources, list outs, _Codec codec):
+    """Frames ``sources`` decoded into ``outs`` by ``codec``'s bound library; uint8 per frame, 1 where decoded."""
+    cdef Py_ssize_t n = len(sources), i
+    if len(outs) != n:
+        raise ValueError(f"{who}: {n} sources but {len(outs)} destinations")
     frames = [np.frombuffer(source, np.uint8) for source in sources]  # held until the call returns
     for i in range(n):
-        _writeable_contiguous(outs[i], "decode_zstd: outs", i)
+        _writeable_contiguous(outs[i], f"{who}: outs", i)
     cdef cnp.ndarray[cnp.uint8_t] decoded = np.zeros(n, np.uint8)
     cdef cnp.ndarray[cnp.int64_t] sizes = np.array([frame.nbytes for frame in frames], np.int64)
     cdef cnp.ndarray[cnp.int64_t] capacities = np.array([out.nbytes for out in outs], np.int64)
     cdef const char **c_sources = <const char **>malloc(max(n, 1) * sizeof(char *))
     cdef char **destinations = <char **>malloc(max(n, 1) * sizeof(char *))
-    cdef int status
+    cdef int status = 0
     if c_sources == NULL or destinations == NULL:
         free(c_sources)
         free(destinations)
-        raise MemoryError("decode_zstd: out of memory for the list of frames")
+        raise MemoryError(f"{who}: out of memory for the list of frames")
     try:
         for i in range(n):
             c_sources[i] = <const char *>cnp.PyArray_DATA(<cnp.ndarray>frames[i])
             destinations[i] = <char *>cnp.PyArray_DATA(<cnp.ndarray>outs[i])
         with nogil:
-            status = emf_decode_zstd(&_zstd, n, c_sources, <int64_t *>sizes.data, destinations,
-                                     <int64_t *>capacities.data, <uint8_t *>decoded.data)
+            if codec == _ZSTD:
+                status = emf_decode_zstd(&_zstd, n, c_sources, <int64_t *>sizes.data, destinations,
+                                         <int64_t *>capacities.data, <uint8_t *>decoded.data)
+            else:
+                emf_decode_blosc(&_blosc, n, c_sources, <int64_t *>sizes.data, destinations,
+                                 <int64_t *>capacities.data, <uint8_t *>decoded.data)
     finally:
         free(c_sources)
         free(destinations)
     if status != 0:
-        raise MemoryError("decode_zstd: libzstd could not make a decoding context")
+        raise MemoryError(f"{who}: libzstd could not make a decoding context")
     return decoded

@@ -9,7 +9,8 @@ waits :data:`HELPER_IDLE_SECONDS` for the next request, so a read loop's next bo
 no helper outlives the reads that needed it by more (a loader's close() leaves none behind for longer).
 
 :func:`zstd_content_size` and :func:`blosc_content_size` read the decoded size a frame's header states, so that a
-chunk known to decode to exactly its block's size can be decoded straight into the block.
+chunk known to decode to exactly its block's size can be decoded straight into the block; :func:`checked_blosc`
+refuses a truncated blosc frame, which numcodecs would decode.
 """
 from __future__ import annotations
 
@@ -257,3 +258,22 @@ def blosc_content_size(frame) -> Optional[int]:
     """The decoded size a blosc frame's header states, or None if ``frame`` is too short to be one."""
     header = bytes(memoryview(frame)[:16])
     return int.from_bytes(header[4:8], "little") if len(header) == 16 else None
+
+
+def checked_blosc(codec) -> Callable:
+    """``codec.decode`` (a numcodecs ``Blosc``) refusing a frame whose header states another length than it has:
+    numcodecs (0.16) decodes a truncated frame without an error, into bytes read past its end.
+
+    Raises
+    ------
+    ValueError
+        The frame is shorter or longer than its header says (the caller names the chunk).
+    """
+    def decode(data, out=None):
+        length = memoryview(data).nbytes
+        header = bytes(memoryview(data).cast("B")[:16])
+        stated = int.from_bytes(header[12:16], "little") if len(header) == 16 else None
+        if stated != length:
+            raise ValueError(f"a blosc frame of {length} bytes whose header states {stated}: truncated or damaged")
+        return codec.decode(data, out)
+    return decode

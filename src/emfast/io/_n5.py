@@ -37,7 +37,7 @@ from typing import Sequence, Union
 
 import numpy as np
 
-from ._decode import SideBySide
+from ._decode import SideBySide, checked_blosc
 from ._filebatch import BATCH_BYTES, lent_buffer, read_regular_files
 from ._geometry import array_geometry
 from ._metadata import bad_metadata, int_list, metadata_key, parsing
@@ -291,8 +291,8 @@ def _decoder(compression, name: str):
                               "pip install 'emfast[zarr]'") from None
         if kind == "lz4":
             return lambda data, size: _lz4_decode(numcodecs.LZ4(), data, size)
-        codec = {"blosc": numcodecs.Blosc, "zstd": numcodecs.Zstd}[kind]()
-        return lambda data, size: codec.decode(data)
+        decode = checked_blosc(numcodecs.Blosc()) if kind == "blosc" else numcodecs.Zstd().decode
+        return lambda data, size: decode(data)
     raise bad_metadata(name, "compression", compression, 'a compression of type raw, gzip, zlib, bzip2, xz, blosc, '
                        'zstd or lz4, e.g. {"type": "gzip"}')
 

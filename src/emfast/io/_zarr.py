@@ -10,7 +10,8 @@ chunk straight from its shard file through the shard's index, read once (:mod:`e
 faster than zarr-python per inner chunk). A whole chunk is decoded straight into its cache block (zstd and blosc,
 whose frames state their decoded size) or read into it (no compressor); a box's whole zstd chunks are decoded in
 one compiled call by the system's libzstd where there is one (:mod:`emfast.io._zstd`; 19 against 24 ms for 256
-chunks of 64 KiB through numcodecs). Any other layout (a remote sharded array
+chunks of 64 KiB through numcodecs), and its blosc chunks by c-blosc's own decoder (:mod:`emfast.io._blosc`).
+Any other layout (a remote sharded array
 included) is read through zarr-python. Per codec, emfast decodes with numcodecs (zstd, blosc, lz4) or zlib (gzip)
 itself rather than through tensorstore: one chunk read alone costs about what tensorstore's read of it costs
 (``benchmarks/lazy_cold.py``), and a tensorstore route would add a copy into the block and a dependency. A remote
@@ -44,14 +45,14 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ._geometry import Geometry, array_geometry, choose_level, multiscale_levels, require_agreement
-from ._decode import SideBySide, blosc_content_size, zstd_content_size
+from ._decode import SideBySide, blosc_content_size, checked_blosc, zstd_content_size
 from ._filebatch import BATCH_BYTES, lent_buffer, read_regular_files
 from ._metadata import bad_metadata, int_list, metadata_key, parsing
 from ._remote import RemoteReadError, RemoteStore, ReadAbandoned
 from ._shards import ShardedChunks
 from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource,
                       add_transfer_time, decoded_into, read_regular_file, read_regular_file_into, require_kind)
-from ._zstd import decode_frames
+from . import _blosc, _zstd
 
 #: Metadata files that mark a zarr array or group (v3, then v2).
 ARRAY_MARKERS = ("zarr.json", ".zarray")
@@ -553,18 +554,21 @@ def _decoder_into(codec):
 
 class _IntoDecoder:
     """Decodes chunks straight into their blocks where a frame states exactly the block's size and decodes:
-    one (a call), or a box's whole chunks at once (:meth:`many`: zstd, with the system's libzstd). What it does not
-    decode, the caller decodes the general way, which names what is wrong."""
+    one (a call), or a box's whole chunks at once (:meth:`many`: zstd with the system's libzstd, blosc with
+    c-blosc's own decoder). What it does not decode, the caller decodes the general way, which names what is
+    wrong."""
 
     def __init__(self, kind: str, decoder) -> None:
-        self.kind, self._decoder = kind, decoder
+        self.kind = kind
+        self._decode = decoder.decode if kind == "zstd" else checked_blosc(decoder)
         self._size_of = zstd_content_size if kind == "zstd" else blosc_content_size
+        self._decode_frames = _zstd.decode_frames if kind == "zstd" else _blosc.decode_frames
 
     def __call__(self, data, out: np.ndarray) -> bool:
         if self._size_of(data) != out.nbytes:
             return False
         try:
-            self._decoder.decode(data, out.reshape(-1).view(np.uint8))
+            self._decode(data, out.reshape(-1).view(np.uint8))
         except Exception:  # noqa: BLE001 - decoded again the general way, whose error names the chunk
             return False
         return True
@@ -575,9 +579,10 @@ class _IntoDecoder:
         done = [False] * len(contents)
         chosen = [i for i, (data, whole) in enumerate(zip(contents, wholes))
                   if whole and data is not None and data is not True]
-        if self.kind != "zstd" or not chosen:
+        if not chosen:
             return done
-        decoded = decode_frames([contents[i] for i in chosen], [outs[i].reshape(-1).view(np.uint8) for i in chosen])
+        decoded = self._decode_frames([contents[i] for i in chosen],
+                                      [outs[i].reshape(-1).view(np.uint8) for i in chosen])
         if decoded is not None:
             for i, ok in zip(chosen, decoded.tolist()):
                 done[i] = ok
@@ -589,11 +594,13 @@ def _decoder(codec):
     import numcodecs
     zarr = import_zarr()
     if isinstance(codec, numcodecs.abc.Codec):  # zarr v2 metadata: numcodecs objects
-        return codec.decode if codec.codec_id in ("zstd", "blosc", "zlib", "gzip", "lz4") else None
+        if codec.codec_id == "blosc":
+            return checked_blosc(codec)
+        return codec.decode if codec.codec_id in ("zstd", "zlib", "gzip", "lz4") else None
     if isinstance(codec, zarr.codecs.ZstdCodec):
         return numcodecs.Zstd(level=codec.level, checksum=codec.checksum).decode
     if isinstance(codec, zarr.codecs.BloscCodec):
-        return numcodecs.Blosc().decode  # a blosc frame describes its own compressor and shuffle
+        return checked_blosc(numcodecs.Blosc())  # a blosc frame describes its own compressor and shuffle
     if isinstance(codec, zarr.codecs.GzipCodec):
         return lambda data: zlib.decompress(data, 31)
     return None

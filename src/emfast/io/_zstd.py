@@ -16,16 +16,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-import threading
 from typing import List, Optional, Sequence
 
 import numpy as np
 
+from ._native import FoundOnce
+
 #: The oldest libzstd used (1.4.0, 2019): older ones decode too, but are not tested.
 OLDEST = 10400
-
-_lock = threading.Lock()
-_library: Optional[object] = None  # the loaded library, False where there is none usable, None until looked for
 
 
 def _load():
@@ -46,18 +44,16 @@ def _load():
         from .._core.files import bind_zstd
 
         bind_zstd(*addresses)
-        return library  # kept: its functions stay loaded for the life of the process
+        return library
     return False
+
+
+_LIBZSTD = FoundOnce(_load)
 
 
 def system_zstd() -> bool:
     """Whether :func:`decode_frames` decodes (a usable libzstd was found; looked for once)."""
-    global _library
-    if _library is None:
-        with _lock:
-            if _library is None:
-                _library = _load()
-    return _library is not False
+    return _LIBZSTD.found()
 
 
 def decode_frames(frames: Sequence, outs: List[np.ndarray]) -> Optional[np.ndarray]:
