@@ -119,6 +119,22 @@ def test_a_chunk_not_held_or_a_window_outside_the_volume_is_refused(rng):
         ChunkGrid(np.zeros((2, 2, 2), np.int64), (4, 8, 8), SHAPE, 1, np.uint8)
 
 
+@pytest.mark.parametrize("box", [[[0, 0, 0], [1, 1, 6]], [[-1, 0, 0], [0, 0, 0]], [[1, 0, 0], [0, 0, 0]],
+                                 [[0, 0, 0, 0], [0, 0, 0, 0]]])
+def test_pinning_refuses_boxes_of_blocks_outside_the_grid_and_leaves_the_pins_alone(rng, box):
+    volume = random_volume(rng, (1,) + SHAPE, np.uint8)
+    grid, _ = held_blocks(volume, (4, 8, 8))
+    shape = grid.addresses.shape
+    with pytest.raises(ValueError, match=rf"chunk indices inside the grid \({shape[0]}, {shape[1]}, {shape[2]}\)"):
+        grid.pin(np.array([box, box]), 1)
+    with pytest.raises(ValueError, match="inside the grid"):
+        grid.unpin(np.array([box]))
+    assert not grid.pins.any()
+    last = np.array(shape) - 1
+    assert grid.pin(np.array([[[0, 0, 0], last]]), 1) == (grid.addresses.size, [])
+    assert (grid.pins == 1).all()
+
+
 def write_zarr(path, data, chunks):
     """A zarr v3 array written by zarr-python, the way the field's tools write them."""
     array = zarr.create_array(str(path), shape=data.shape, chunks=chunks, dtype=data.dtype,

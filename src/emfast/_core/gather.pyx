@@ -431,11 +431,23 @@ cdef class ChunkGrid:
         """``boxes`` as a C-contiguous int64 (n, 2, 3) array inside the grid (ValueError otherwise)."""
         b = np.ascontiguousarray(boxes, dtype=np.int64)
         grid = self.addresses.shape
-        if b.ndim != 3 or b.shape[1:] != (2, 3) or (b < 0).any() or (b[:, 0] > b[:, 1]).any() \
-                or (b[:, 1] >= np.asarray(grid)).any():
+        if b.ndim != 3 or b.shape[1:] != (2, 3) or not _inside(b, self.addresses):
             raise ValueError(f"boxes must be (n, 2, 3) first and last chunk indices inside the grid {grid}, "
                              f"got {b.tolist()}")
         return b
+
+
+cdef bint _inside(int64_t[:, :, ::1] boxes, cnp.ndarray grid):
+    """Whether every (2, 3) box of first and last indices is ordered and inside ``grid``'s shape (a typed loop: a
+    box's blocks are pinned and unpinned per read, where NumPy's reductions cost more than the pinning)."""
+    cdef Py_ssize_t n, a
+    cdef int64_t extent
+    for n in range(boxes.shape[0]):
+        for a in range(3):
+            extent = grid.shape[a]
+            if boxes[n, 0, a] < 0 or boxes[n, 0, a] > boxes[n, 1, a] or boxes[n, 1, a] >= extent:
+                return False
+    return True
 
 
 cdef emf_chunked_window *_chunked_windows(tuple grids, corners, perms, flips, tuple out_shape) except NULL:

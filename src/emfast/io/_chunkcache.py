@@ -250,22 +250,17 @@ class ChunkCache:
     def _read_missing(self, boxes: np.ndarray, timings, ahead: bool = False) -> None:
         """Read the blocks of ``boxes`` (from :meth:`boxes`) that are not held (``ahead``: for :meth:`prefetch`).
 
-        The source is told every block first (``will_read``, where it has one): a remote source then requests
-        them all at once, and the blocks wait for one round trip, not one each. Then they are read in waves of
-        calls of the source's ``read_many`` where it has one (:meth:`_read_together`), else side by side on this
-        thread and the decode helpers where the source's reads gain from it, else one after another. The first
-        failure is raised once every read ended."""
+        They are read in waves of calls of the source's ``read_many`` where it has one (:meth:`_read_together`).
+        Else the source is told every block first (``will_read``, where it has one): a remote source then requests
+        them all at once, and the blocks wait for one round trip, not one each; then they are read side by side on
+        this thread and the decode helpers where the source's reads gain from it, else one after another. The
+        first failure is raised once every read ended."""
         if not len(boxes):  # every block held: the usual case of a warm cache
             return
         keys: Dict[Key, None] = {}
         for box in boxes:
             missing = np.argwhere(self._addresses[_box_slices(box)] == 0) + box[0]
             keys.update(dict.fromkeys(map(tuple, missing.tolist())))
-        announce = getattr(self._source, "will_read", None)
-        if announce is not None and len(keys) > 1:
-            with self._lock:
-                wanted = [key for key in keys if key not in self._pending]
-            announce([self._block_box(key) for key in wanted])
         read_many = getattr(self._source, "read_many", None)
         if read_many is not None and len(keys) > 1:
             left = list(keys)
@@ -273,6 +268,11 @@ class ChunkCache:
             while left:
                 left = self._read_together(left[:wave], read_many, timings, ahead) + left[wave:]
             return
+        announce = getattr(self._source, "will_read", None)
+        if announce is not None and len(keys) > 1:
+            with self._lock:
+                wanted = [key for key in keys if key not in self._pending]
+            announce([self._block_box(key) for key in wanted])
         calls = [functools.partial(self._get, key, timings, ahead) for key in keys]
         if getattr(self._source, "parallel_reads", False):
             run_all(calls)
