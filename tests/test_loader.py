@@ -49,6 +49,20 @@ def test_batches_equal_the_numpy_reference(volumes):
                                                                       perms[n], flips[n]))
 
 
+def test_the_first_batch_waits_for_one_slot_only_and_the_producers_allocate_the_others(volumes, monkeypatch):
+    from emfast.pipeline._gather import Gatherer
+    allocated_on = []
+    allocate = Gatherer.allocate
+    monkeypatch.setattr(Gatherer, "allocate", lambda self: allocated_on.append(threading.current_thread().name)
+                        or allocate(self))
+    raw, labels = volumes
+    with ef.Loader(raw, labels, patch=PATCH, batch_size=3, threads=2, buffers=5, seed=1) as loader:
+        kept = [batch["raw"] for _, batch in zip(range(5), loader)]  # all kept: each needs its own slot
+        assert allocated_on[0] == threading.current_thread().name  # at start, where a lack of memory fails early
+        assert len(allocated_on) >= 5 and all(name.startswith("emfast-producer") for name in allocated_on[1:])
+        assert all(raw.shape == (3, 1) + PATCH for raw in kept)
+
+
 def test_intensity_changes_raw_only_and_float16_output(volumes):
     raw, labels = volumes
     plain = collect(ef.Loader(raw, labels, patch=PATCH, augment=["mirror"], seed=1), 3)

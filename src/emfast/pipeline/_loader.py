@@ -329,7 +329,10 @@ class Loader:
             if self._backend is None:
                 pool = host_slots = SlotPool(self._gatherer.allocate, lambda memory: None, self.max_buffers,
                                              first=self._consumed)
-                pool.prefill(self.buffers)
+                # One slot now: a lack of memory fails at start. The producers allocate the others as they need
+                # them: each slot's pages are filled in (16 MiB of float32 windows: 2 to 4 ms), and the first batch
+                # need not wait for all of them.
+                pool.prefill(1)
                 host_ring = consumer_ring = Ring(self.buffers, self._consumed)
                 export = host_arrays
             else:
