@@ -497,6 +497,24 @@ def test_side_by_side_runs_every_item_once_in_parts_and_raises_after_all_ended(m
     assert threads == {threading.get_ident()}  # items too quick to pay for a helper
 
 
+def test_stores_opened_again_share_the_measurements_of_their_codec_and_chunk_size(tmp_path):
+    """Whether a box's chunks pay for helpers is measured per kind of store, not per handle: a loader opened every
+    epoch (or in every worker) would otherwise measure afresh, running its first lists the slow way."""
+    data = random_volume(np.uint16)
+    for name, chunks, codec in [("a", INNER, {"id": "zstd", "level": 1}), ("b", INNER, {"id": "zstd", "level": 1}),
+                                ("c", INNER, {"id": "blosc", "cname": "lz4"}), ("d", (8, 10, 12), {"id": "zstd"})]:
+        zarr.create_array(str(tmp_path / f"{name}.zarr"), shape=SHAPE, chunks=chunks, dtype=np.uint16, zarr_format=2,
+                          compressors=codec)[...] = data
+
+    def runner(name):
+        with ef.open(tmp_path / f"{name}.zarr", in_memory=False) as volume:
+            return volume.chunk_cache._source._direct._decodes
+
+    first = runner("a")
+    assert runner("a") is first and runner("b") is first  # the same store again, and another one like it
+    assert runner("c") is not first and runner("d") is not first  # another codec, another chunk size
+
+
 def test_a_corrupt_chunk_among_a_batch_names_itself_and_leaves_nothing_pinned(tmp_path):
     data = random_volume(np.uint16)
     zarr.create_array(str(tmp_path / "s.zarr"), shape=SHAPE, chunks=INNER, dtype=np.uint16, zarr_format=2,

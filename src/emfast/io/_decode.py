@@ -186,8 +186,14 @@ def run_all(calls: Sequence[Callable[[], None]], helpers: Optional[int] = None) 
 
 #: Seconds of work a list must promise (its length times the measured seconds per item) to be cut into parts run
 #: side by side: a helper costs a wake-up or a thread's start (0.05 to 0.2 ms on a 2-core machine) and GIL
-#: hand-overs.
-SIDE_BY_SIDE_SECONDS = 0.4e-3
+#: hand-overs, and file reads side by side slow each other (a box's 13 blosc-lz4 chunks, 0.5 to 0.7 ms of reading
+#: and decoding: 4.5 ms of file reads per 24 boxes alone, 7.4 ms in two parts). Measured on 2 cores,
+#: ``benchmarks/lazy_cold.py``: such boxes read 10 % slower with helpers, boxes of zstd chunks (1.8 ms) 9 % faster.
+SIDE_BY_SIDE_SECONDS = 1.0e-3
+
+#: Every ``SideBySide.of`` kind's measurements.
+_SHARED: dict = {}
+_SHARED_LOCK = threading.Lock()
 
 #: Every this many lists, a reader runs one the other way (alone where helpers were not paying, and the reverse),
 #: so that its choice follows the machine's load.
@@ -209,6 +215,14 @@ class SideBySide:
         self._alone = 0.0  # seconds per item, alone: unknown until measured, the first lists run alone
         self._in_parts: Optional[float] = None  # seconds per item in parts: unknown until tried
         self._lists = 0
+
+    @classmethod
+    def of(cls, *kind) -> "SideBySide":
+        """The process's measurements for readers of one ``kind`` (a format, its codec, its chunks' bytes): shared,
+        so that a store opened again, as every epoch or worker may, does not measure and explore afresh (its
+        first lists, in parts or not, are the slowest)."""
+        with _SHARED_LOCK:
+            return _SHARED.setdefault(kind, cls())
 
     def run(self, items: Sequence, work: Callable[[Sequence], None], most: Optional[int] = None) -> None:
         """Call ``work`` on parts of ``items`` (every item in exactly one part, at most ``most`` items in a part),

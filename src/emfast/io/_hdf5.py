@@ -90,7 +90,8 @@ class Hdf5Source(VolumeSource):
         geometry.require_canonical(where)
         self.resolution, self.offset = geometry.resolution, geometry.offset
         self._direct = _DirectChunkReader.for_dataset(node)
-        self._decodes = SideBySide()  # a box's chunks decompressed side by side where that pays
+        # a box's chunks decompressed side by side where that pays, as measured for this filter and chunk size
+        self._decodes = SideBySide.of("hdf5", str(node.compression), self.chunks, str(node.dtype))
         self._opened_size = self._file_size()
 
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:

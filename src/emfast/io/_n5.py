@@ -125,7 +125,9 @@ class N5Source(VolumeSource):
         self._block = tuple(reversed(block))
         self.chunks = self._block[-3:]
         self._decode = _decoder(meta.get("compression", {"type": meta.get("compressionType", "raw")}), where)
-        self._decodes = SideBySide()  # a box's blocks decoded side by side where that pays
+        # a box's blocks decoded side by side where that pays, as measured for this compression and block size
+        self._decodes = SideBySide.of("n5", repr(meta.get("compression", meta.get("compressionType"))),
+                                      math.prod(self._block) * self._stored.itemsize)
         self._directory = root / dataset
         self._root, self._dataset = root, dataset
         with parsing(where):

@@ -244,7 +244,8 @@ class _ChunkFiles:
         self._size = [int(n) for n in scale["size"]]
         self._chunk = [int(n) for n in scale["chunk_sizes"][0]]
         self._sharded = bool(scale.get("sharding"))
-        self._reads = SideBySide()  # a box's chunk files read side by side where that pays
+        # a box's chunk files read side by side where that pays, as measured for chunks of this size
+        self._reads = SideBySide.of("precomputed", tuple(self._chunk))
 
     def _chunks_of(self, corner, extent):
         """(file name stem, (z, y, x) start, (z, y, x) stop) of every chunk the box touches, in volume voxels."""

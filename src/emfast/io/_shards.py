@@ -73,7 +73,9 @@ class ShardedChunks:
         self._fill = array.fill_value
         self._indexes: "OrderedDict[str, Tuple[Tuple[int, int], np.ndarray]]" = OrderedDict()
         self._lock = threading.Lock()
-        self._decodes = SideBySide()  # a box's chunks decoded side by side where that pays
+        # a box's chunks decoded side by side where that pays, as measured for shards of this codec and chunk size
+        self._decodes = SideBySide.of("zarr shards", repr(tuple(array.metadata.codecs[0].codecs)),
+                                      math.prod(self._inner) * self._dtype.itemsize)
 
     @classmethod
     def for_array(cls, array, directory: Path, decoder: Callable, decoder_into: Callable

@@ -443,7 +443,10 @@ class _DirectChunks:
         if endian is not None and self._dtype.itemsize > 1:
             self._dtype = self._dtype.newbyteorder("<" if endian == "little" else ">")
         self._fill = array.fill_value
-        self._decodes = SideBySide()  # a box's chunks decoded side by side where that pays
+        codec = array.compressors[0] if array.compressors else None
+        # a box's chunks decoded side by side where that pays, as measured for stores of this codec and chunk size
+        self._decodes = SideBySide.of("zarr", type(codec).__name__, str(getattr(codec, "cname", "")),
+                                      math.prod(self._chunks) * self._dtype.itemsize)
 
     @classmethod
     def for_array(cls, array, directory: Union[Path, RemoteStore]) -> Optional["_DirectChunks"]:
