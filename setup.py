@@ -54,7 +54,8 @@ EXTENSIONS = [
     extension("sampling", ["sampling.cpp"], ["sampling.h"]),
     extension("blend", ["blend.cpp"], ["blend.h", "half.h"]),
     extension("rescale", ["rescale.cpp"], ["rescale.h", "half.h"]),
-    extension("files", ["files.cpp", "zstd.cpp", "blosc.cpp"], ["files.h", "zstd.h", "blosc.h"]),
+    extension("files", ["files.cpp", "zstd.cpp", "blosc.cpp", "deflate.cpp"],
+              ["files.h", "zstd.h", "blosc.h", "deflate.h"]),
 ]
 
 # The modules are independent: Cython translates them and the compiler builds them on every core at once

@@ -869,3 +869,96 @@ def test_emfast_native_blosc_0_leaves_blosc_to_numcodecs():
     import subprocess
     import sys
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+
+
+# gzip and zlib streams inflated many at a time by the system's libdeflate ------------------------------------------
+
+def _system_deflate():
+    from emfast.io import _deflate
+    if not _deflate.system_deflate():
+        pytest.skip("no libdeflate on this machine: gzip and zlib chunks are inflated through zlib")
+    return _deflate
+
+
+@pytest.mark.parametrize("wrap", ["gzip", "zlib", "numcodecs GZip", "numcodecs Zlib"])
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32])
+def test_system_deflate_inflates_gzip_and_zlib_and_refuses_damaged_ones(wrap, dtype):
+    import gzip
+    import zlib
+    import numcodecs
+    deflate = _system_deflate()
+    encode = {"gzip": lambda data: gzip.compress(data, 6), "zlib": lambda data: zlib.compress(data, 1),
+              "numcodecs GZip": numcodecs.GZip(level=9).encode, "numcodecs Zlib": numcodecs.Zlib(level=5).encode}[wrap]
+    chunks = [random_volume(dtype, (8, 10, 6), seed) for seed in range(6)]
+    chunks[1] = np.zeros_like(chunks[1])  # compresses to a few bytes
+    frames = [bytes(encode(chunk.tobytes())) for chunk in chunks]
+    damaged = bytearray(frames[2])
+    damaged[len(damaged) // 2] ^= 0xFF  # a flipped byte: gzip's crc32 or zlib's adler32 no longer agrees
+    frames[2] = bytes(damaged)
+    frames[3] = frames[3][:-5]  # truncated
+    frames[5] = frames[5] + frames[5]  # two streams back to back: the general path decides what they are
+    outs = [np.empty_like(chunk) for chunk in chunks]
+    outs[4] = np.empty((8, 10, 5), dtype)  # another size than the stream's
+    decoded = deflate.decode_frames(frames, [out.reshape(-1).view(np.uint8) for out in outs])
+    assert decoded.tolist() == [True, True, False, False, False, False]
+    for i in (0, 1):
+        np.testing.assert_array_equal(outs[i], chunks[i])
+
+
+@pytest.mark.parametrize("codec, zarr_format, shards", [({"id": "gzip", "level": 5}, 2, None),
+                                                        ({"id": "zlib"}, 2, None), ("gzip", 3, None),
+                                                        ("gzip", 3, SHARD)])
+def test_gzip_chunks_written_by_zarr_python_read_the_same_with_and_without_libdeflate(tmp_path, monkeypatch, codec,
+                                                                                      zarr_format, shards):
+    deflate = _system_deflate()
+    data = random_volume(np.uint16)
+    data[:8] //= 256  # some chunks compress
+    zarr.create_array(str(tmp_path / "s.zarr"), shape=SHAPE, chunks=INNER, shards=shards, dtype=np.uint16,
+                      zarr_format=zarr_format,
+                      compressors=zarr.codecs.GzipCodec(level=6) if codec == "gzip" else codec)[...] = data
+    _assert_decoded_together_and_without(monkeypatch, deflate, deflate._LIBDEFLATE, tmp_path / "s.zarr", data)
+
+
+@pytest.mark.parametrize("writer", ["z5py", "tensorstore"])
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32])
+def test_gzip_n5_blocks_read_the_same_with_and_without_libdeflate(tmp_path, monkeypatch, writer, dtype):
+    """N5's big-endian values inflated straight into the blocks, then swapped; edge blocks clipped (z5py) or whole
+    (tensorstore), which the general path reads."""
+    deflate = _system_deflate()
+    data = random_volume(dtype)
+    if writer == "z5py":
+        z5py = pytest.importorskip("z5py")
+        z5py.File(str(tmp_path / "s.n5"), mode="a").create_dataset("raw", data=data, chunks=INNER,
+                                                                     compression="gzip")
+    else:
+        ts = pytest.importorskip("tensorstore")
+        ts.open({"driver": "n5", "kvstore": {"driver": "file", "path": str(tmp_path / "s.n5/raw")},
+                 "metadata": {"dimensions": list(reversed(SHAPE)), "blockSize": list(reversed(INNER)),
+                              "dataType": np.dtype(dtype).name, "compression": {"type": "gzip"}},
+                 "create": True}).result()[...] = data.T
+    _assert_decoded_together_and_without(monkeypatch, deflate, deflate._LIBDEFLATE, tmp_path / "s.n5/raw", data)
+
+
+def test_a_damaged_gzip_n5_block_is_named_after_libdeflate_refused_it(tmp_path):
+    z5py = pytest.importorskip("z5py")
+    _system_deflate()
+    data = random_volume(np.uint16)
+    z5py.File(str(tmp_path / "s.n5"), mode="a").create_dataset("raw", data=data, chunks=INNER, compression="gzip")
+    block = tmp_path / "s.n5/raw/1/1/1"
+    damaged = bytearray(block.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    block.write_bytes(bytes(damaged))
+    with ef.open(tmp_path / "s.n5/raw", in_memory=False) as volume:
+        with pytest.raises(CorruptChunkError, match=r"block 1/1/1 is corrupt: cannot decompress it"):
+            volume.read_box((0, 0, 0), (24, 30, 18), np.empty((1, 24, 30, 18), np.uint16))
+        out = volume.read_box((0, 0, 0), (8, 20, 18), np.empty((1, 8, 20, 18), np.uint16))  # blocks around it
+        np.testing.assert_array_equal(out[0], data[:8, :20, :18])
+
+
+def test_emfast_system_deflate_0_leaves_gzip_to_zlib():
+    script = ("import os; os.environ['EMFAST_SYSTEM_DEFLATE'] = '0'\n"
+              "from emfast.io import _deflate\n"
+              "assert not _deflate.system_deflate() and _deflate.decode_frames([b'x'], [bytearray(1)]) is None\n")
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)

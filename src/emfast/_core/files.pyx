@@ -1,8 +1,8 @@
 # cython: language_level=3
 """Thin wrappers around the file reader in csrc/files.cpp (contract in csrc/files.h): many files, or byte ranges of
-them, read in one call without the GIL; and around the zstd and blosc decoders in csrc/zstd.cpp and csrc/blosc.cpp
-(csrc/zstd.h, csrc/blosc.h): their frames decoded in one call without the GIL, by the libraries whose functions
-:func:`bind_zstd` and :func:`bind_blosc` were given."""
+them, read in one call without the GIL; and around the zstd, blosc and deflate decoders in csrc/zstd.cpp,
+csrc/blosc.cpp and csrc/deflate.cpp (their .h files): their frames decoded in one call without the GIL, by the
+libraries whose functions :func:`bind_zstd`, :func:`bind_blosc` and :func:`bind_deflate` were given."""
 import os
 
 from libc.stdint cimport int64_t, uint8_t
@@ -53,6 +53,21 @@ cdef extern from "blosc.h" nogil:
     void emf_decode_blosc(const emf_blosc_library *library, int64_t n, const char *const *sources,
                           const int64_t *sizes, char *const *destinations, const int64_t *capacities,
                           uint8_t *decoded)
+
+
+cdef extern from "deflate.h" nogil:
+    ctypedef void *(*emf_deflate_alloc_fn)()
+    ctypedef void (*emf_deflate_free_fn)(void *decompressor)
+    ctypedef int (*emf_deflate_decompress_fn)(void *decompressor, const void *source, size_t size,
+                                              void *destination, size_t capacity, size_t *consumed, size_t *written)
+    ctypedef struct emf_deflate_library:
+        emf_deflate_alloc_fn alloc
+        emf_deflate_free_fn free
+        emf_deflate_decompress_fn gzip
+        emf_deflate_decompress_fn zlib
+    int emf_decode_deflate(const emf_deflate_library *library, int64_t n, const char *const *sources,
+                           const int64_t *sizes, char *const *destinations, const int64_t *capacities,
+                           uint8_t *decoded)
 
 
 #: What became of a file, as :func:`read_files` reports it: read (its bytes where ``offsets`` says), no such file,
@@ -232,9 +247,44 @@ def decode_blosc(list sources, list outs):
     return _decode_frames("decode_blosc", sources, outs, _BLOSC)
 
 
+cdef emf_deflate_library _deflate
+cdef bint _deflate_bound = False
+
+
+def bind_deflate(size_t alloc, size_t free_decompressor, size_t gzip, size_t zlib):
+    """Inflate with the libdeflate functions at these addresses: ``libdeflate_alloc_decompressor``,
+    ``libdeflate_free_decompressor``, ``libdeflate_gzip_decompress_ex`` and ``libdeflate_zlib_decompress_ex``
+    (from ctypes, of a library loaded for the life of the process)."""
+    global _deflate_bound
+    if not (alloc and free_decompressor and gzip and zlib):
+        raise ValueError("bind_deflate: every address must be a function's")
+    _deflate.alloc = <emf_deflate_alloc_fn>alloc
+    _deflate.free = <emf_deflate_free_fn>free_decompressor
+    _deflate.gzip = <emf_deflate_decompress_fn>gzip
+    _deflate.zlib = <emf_deflate_decompress_fn>zlib
+    _deflate_bound = True
+
+
+def decode_deflate(list sources, list outs):
+    """Inflate the gzip or zlib streams ``sources[i]`` (bytes-like; gzip where they start with its magic bytes) into
+    ``outs[i]`` (writeable C-contiguous arrays), one after another without the GIL, with the library given to
+    :func:`bind_deflate`.
+
+    Returns
+    -------
+    numpy.ndarray
+        uint8 per stream: 1 where it is one whole stream that inflated to exactly ``outs[i].nbytes`` bytes, else 0
+        (damaged, another size, or several gzip members; ``outs[i]`` then holds undefined bytes).
+    """
+    if not _deflate_bound:
+        raise RuntimeError("decode_deflate: no deflate library was bound (bind_deflate)")
+    return _decode_frames("decode_deflate", sources, outs, _DEFLATE)
+
+
 cdef enum _Codec:
     _ZSTD
     _BLOSC
+    _DEFLATE
 
 
 cdef _decode_frames(str who, list sources, list outs, _Codec codec):
@@ -263,12 +313,15 @@ cdef _decode_frames(str who, list sources, list outs, _Codec codec):
             if codec == _ZSTD:
                 status = emf_decode_zstd(&_zstd, n, c_sources, <int64_t *>sizes.data, destinations,
                                          <int64_t *>capacities.data, <uint8_t *>decoded.data)
-            else:
+            elif codec == _BLOSC:
                 emf_decode_blosc(&_blosc, n, c_sources, <int64_t *>sizes.data, destinations,
                                  <int64_t *>capacities.data, <uint8_t *>decoded.data)
+            else:
+                status = emf_decode_deflate(&_deflate, n, c_sources, <int64_t *>sizes.data, destinations,
+                                            <int64_t *>capacities.data, <uint8_t *>decoded.data)
     finally:
         free(c_sources)
         free(destinations)
     if status != 0:
-        raise MemoryError(f"{who}: libzstd could not make a decoding context")
+        raise MemoryError(f"{who}: the library could not make a decoding context")
     return decoded

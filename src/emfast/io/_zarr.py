@@ -10,7 +10,8 @@ chunk straight from its shard file through the shard's index, read once (:mod:`e
 faster than zarr-python per inner chunk). A whole chunk is decoded straight into its cache block (zstd and blosc,
 whose frames state their decoded size) or read into it (no compressor); a box's whole zstd chunks are decoded in
 one compiled call by the system's libzstd where there is one (:mod:`emfast.io._zstd`; 19 against 24 ms for 256
-chunks of 64 KiB through numcodecs), and its blosc chunks by c-blosc's own decoder (:mod:`emfast.io._blosc`).
+chunks of 64 KiB through numcodecs), its blosc chunks by c-blosc's own decoder (:mod:`emfast.io._blosc`), its gzip
+and zlib chunks by the system's libdeflate (:mod:`emfast.io._deflate`).
 Any other layout (a remote sharded array
 included) is read through zarr-python. Per codec, emfast decodes with numcodecs (zstd, blosc, lz4) or zlib (gzip)
 itself rather than through tensorstore: one chunk read alone costs about what tensorstore's read of it costs
@@ -52,7 +53,7 @@ from ._remote import RemoteReadError, RemoteStore, ReadAbandoned
 from ._shards import ShardedChunks
 from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource,
                       add_transfer_time, decoded_into, read_regular_file, read_regular_file_into, require_kind)
-from . import _blosc, _zstd
+from . import _blosc, _deflate, _zstd
 
 #: Metadata files that mark a zarr array or group (v3, then v2).
 ARRAY_MARKERS = ("zarr.json", ".zarray")
@@ -540,12 +541,14 @@ class _DirectChunks:
 
 
 def _decoder_into(codec):
-    """A :class:`_IntoDecoder` for one zarr compressor, or None for codecs without one (gzip: zlib cannot decode
-    into a buffer)."""
+    """A :class:`_IntoDecoder` for one zarr compressor, or None for codecs without one (lz4)."""
     import numcodecs
     zarr = import_zarr()
     if isinstance(codec, numcodecs.abc.Codec) and codec.codec_id in ("zstd", "blosc"):
         kind, decoder = codec.codec_id, codec
+    elif isinstance(codec, numcodecs.abc.Codec) and codec.codec_id in ("gzip", "zlib") or \
+            isinstance(codec, zarr.codecs.GzipCodec):
+        kind, decoder = "deflate", None  # zlib cannot inflate into a buffer: libdeflate alone does
     elif isinstance(codec, zarr.codecs.ZstdCodec):
         kind, decoder = "zstd", numcodecs.Zstd(level=codec.level, checksum=codec.checksum)
     elif isinstance(codec, zarr.codecs.BloscCodec):
@@ -556,18 +559,22 @@ def _decoder_into(codec):
 
 
 class _IntoDecoder:
-    """Decodes chunks straight into their blocks where a frame states exactly the block's size and decodes:
-    one (a call), or a box's whole chunks at once (:meth:`many`: zstd with the system's libzstd, blosc with
-    c-blosc's own decoder). What it does not decode, the caller decodes the general way, which names what is
-    wrong."""
+    """Decodes chunks straight into their blocks where a frame decodes to exactly the block's size: one (a call),
+    or a box's whole chunks at once (:meth:`many`: zstd with the system's libzstd, blosc with c-blosc's own
+    decoder, gzip and zlib with the system's libdeflate). What it does not decode, the caller decodes the general
+    way, which names what is wrong."""
 
     def __init__(self, kind: str, decoder) -> None:
         self.kind = kind
-        self._decode = decoder.decode if kind == "zstd" else checked_blosc(decoder)
-        self._size_of = zstd_content_size if kind == "zstd" else blosc_content_size
-        self._decode_frames = _zstd.decode_frames if kind == "zstd" else _blosc.decode_frames
+        self._decode_frames = {"zstd": _zstd.decode_frames, "blosc": _blosc.decode_frames,
+                               "deflate": _deflate.decode_frames}[kind]
+        if kind != "deflate":
+            self._decode = decoder.decode if kind == "zstd" else checked_blosc(decoder)
+            self._size_of = zstd_content_size if kind == "zstd" else blosc_content_size
 
     def __call__(self, data, out: np.ndarray) -> bool:
+        if self.kind == "deflate":  # no size in a zlib header: the inflation stops at the block's size
+            return bool(self.many([data], [out], [True])[0])
         if self._size_of(data) != out.nbytes:
             return False
         try:
