@@ -760,17 +760,18 @@ def test_zstd_chunks_written_by_zarr_python_read_the_same_with_and_without_libzs
     _assert_decoded_together_and_without(monkeypatch, zstd, zstd._LIBZSTD, tmp_path / "s.zarr", data)
 
 
-def _assert_decoded_together_and_without(monkeypatch, module, library, store, data):
-    """``store`` reads as ``data`` with a box's whole chunks decoded in one call of ``module.decode_frames``, then
-    the same where its library is missing (``library`` found none: numcodecs decodes)."""
+def _assert_decoded_together_and_without(monkeypatch, module, library, store, data, **options):
+    """``store`` reads as ``data`` (opened with ``options``) with a box's whole chunks decoded in one call of
+    ``module.decode_frames``, then the same where its library is missing (``library`` found none: numcodecs
+    decodes)."""
     frames = []
     counted = module.decode_frames
     monkeypatch.setattr(module, "decode_frames", lambda sources, outs: frames.append(len(sources)) or
                         counted(sources, outs))
-    assert_lazy_equal(store, data, cache_bytes=40 * 8 * 10 * 6 * 2)
+    assert_lazy_equal(store, data, cache_bytes=40 * 8 * 10 * 6 * 2, **options)
     assert max(frames) > 1  # a box's whole chunks in one call
     monkeypatch.setattr(library, "_library", False)  # as on a machine without the library
-    assert_lazy_equal(store, data, cache_bytes=40 * 8 * 10 * 6 * 2)
+    assert_lazy_equal(store, data, cache_bytes=40 * 8 * 10 * 6 * 2, **options)
 
 
 def test_a_damaged_zstd_chunk_is_named_after_libzstd_refused_it(tmp_path):
@@ -937,6 +938,26 @@ def test_gzip_n5_blocks_read_the_same_with_and_without_libdeflate(tmp_path, monk
                               "dataType": np.dtype(dtype).name, "compression": {"type": "gzip"}},
                  "create": True}).result()[...] = data.T
     _assert_decoded_together_and_without(monkeypatch, deflate, deflate._LIBDEFLATE, tmp_path / "s.n5/raw", data)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32])
+def test_gzip_precomputed_chunks_of_cloud_volume_read_the_same_with_and_without_libdeflate(tmp_path, monkeypatch,
+                                                                                          dtype):
+    """cloud-volume's default compression: every chunk file a .gz; one never written reads as zeros."""
+    cloudvolume = pytest.importorskip("cloudvolume")
+    deflate = _system_deflate()
+    data = random_volume(dtype)
+    info = cloudvolume.CloudVolume.create_new_info(
+        num_channels=1, layer_type="image", data_type=np.dtype(dtype).name, encoding="raw", resolution=[4, 4, 40],
+        voxel_offset=[3, 5, 7], chunk_size=list(INNER[::-1]), volume_size=list(data.shape[::-1]))
+    volume = cloudvolume.CloudVolume(f"file://{tmp_path / 'pc'}", info=info, compress="gzip", progress=False)
+    volume.commit_info()
+    volume[3:3 + data.shape[2], 5:5 + data.shape[1], 7:7 + data.shape[0]] = data.T
+    assert (tmp_path / "pc/4_4_40/3-9_5-15_7-15.gz").exists()
+    os.remove(tmp_path / "pc/4_4_40/3-9_5-15_7-15.gz")
+    data[:8, :10, :6] = 0
+    _assert_decoded_together_and_without(monkeypatch, deflate, deflate._LIBDEFLATE, tmp_path / "pc", data,
+                                         format="precomputed")
 
 
 def test_a_damaged_gzip_n5_block_is_named_after_libdeflate_refused_it(tmp_path):

@@ -8,8 +8,9 @@ An unsharded scale with the ``raw`` encoding (cloud-volume's default for images 
 chunk file by chunk file: ``<key>/<x0>-<x1>_<y0>-<y1>_<z0>-<z1>`` holds the chunk's little-endian elements,
 x fastest, then channels. cloud-volume writes these files compressed by default, with the compression as a
 suffix (``.gz``, ``.br``, ``.zstd``, ``.bz2``, ``.xz``), which neuroglancer's HTTP servers turn into a
-``Content-Encoding``; emfast decompresses them (brotli needs the ``brotli`` package). A chunk with no file in any
-form is 0, as neuroglancer and tensorstore read it. Every other scale (sharded, or another encoding) is read
+``Content-Encoding``; emfast decompresses them (brotli needs the ``brotli`` package; a box's whole ``.gz`` chunks
+are inflated in one call by the system's libdeflate where there is one, :mod:`emfast.io._deflate`). A chunk with
+no file in any form is 0, as neuroglancer and tensorstore read it. Every other scale (sharded, or another encoding) is read
 through tensorstore (the optional extra ``emfast[tensorstore]``), which decodes with its own thread pool and
 reads only files without a suffix: a chunk that exists only compressed there is refused, never read as zeros.
 
@@ -34,8 +35,9 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
+from . import _deflate
 from ._decode import SideBySide
-from ._filebatch import read_regular_files
+from ._filebatch import lent_buffer, read_regular_files
 from ._metadata import bad_metadata, deprecated_level, int_list, metadata_key, number_list
 from ._remote import RemoteStore
 from ._source import (CorruptChunkError, Stamp, StoreMetadataError, VolumeSource, add_transfer_time, checked_chunk,
@@ -307,12 +309,24 @@ class _ChunkFiles:
                 self.read_raw(*request, dtype, stamp)
 
     def _read_whole_chunks(self, whole, requests, filled: list) -> None:
-        """Read the (file name, request index) chunks' files straight into their requests' ``out`` in one call;
-        append the indices of the requests filled so to ``filled``."""
+        """Read the (file name, request index) chunks' files straight into their requests' ``out`` in one call,
+        then the gzip files (cloud-volume's default compression) of those without an uncompressed file, inflated
+        into ``out`` in one call of libdeflate where there is one (:mod:`emfast.io._deflate`); append the indices
+        of the requests filled so to ``filled``."""
         directory = str(self._directory)
         contents, _ = read_regular_files([os.path.join(directory, stem) for stem, _ in whole],
                                          "a precomputed chunk", into=[requests[index][2] for _, index in whole])
         filled.extend(index for (_, index), data in zip(whole, contents) if data is True)
+        absent = [(stem, index) for (stem, index), data in zip(whole, contents) if data is None]
+        if not absent or not _deflate.system_deflate():
+            return
+        with lent_buffer() as buffer:
+            gzipped, _ = read_regular_files([os.path.join(directory, stem + ".gz") for stem, _ in absent],
+                                            "a precomputed chunk", buffer=buffer)
+            found = [(index, data) for (_, index), data in zip(absent, gzipped) if data is not None]
+            decoded = _deflate.decode_frames([data for _, data in found],
+                                             [requests[index][2].reshape(-1).view(np.uint8) for index, _ in found])
+        filled.extend(index for (index, _), ok in zip(found, decoded.tolist()) if ok)
 
     def _read_whole_chunk(self, corner, extent, out: np.ndarray, dtype: np.dtype) -> bool:
         """Read the box straight from its chunk's uncompressed file into ``out`` if :meth:`_whole_chunk_stem`
