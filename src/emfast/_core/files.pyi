@@ -1,5 +1,5 @@
-# Stub of the compiled module emfast._core.files (files.pyx): many files read, and their zstd frames decoded, in
-# one call without the GIL.
+# Stub of the compiled module emfast._core.files (files.pyx): many files read, and their zstd, blosc or deflate
+# frames decoded, in one call without the GIL.
 import os
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -19,3 +19,11 @@ def read_files(paths: List[Union[str, bytes, os.PathLike]], starts: Optional[Seq
 def bind_zstd(create: int, free_context: int, decompress: int, is_error: int) -> None: ...
 
 def decode_zstd(sources: List[Union[bytes, memoryview, np.ndarray]], outs: List[np.ndarray]) -> np.ndarray: ...
+
+def bind_blosc(validate: int, decompress: int) -> None: ...
+
+def decode_blosc(sources: List[Union[bytes, memoryview, np.ndarray]], outs: List[np.ndarray]) -> np.ndarray: ...
+
+def bind_deflate(alloc: int, free_decompressor: int, gzip: int, zlib: int) -> None: ...
+
+def decode_deflate(sources: List[Union[bytes, memoryview, np.ndarray]], outs: List[np.ndarray]) -> np.ndarray: ...
