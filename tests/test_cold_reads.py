@@ -983,3 +983,44 @@ def test_emfast_system_deflate_0_leaves_gzip_to_zlib():
     import subprocess
     import sys
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("dtype, shuffle", [(np.uint8, False), (np.uint16, True), (np.float32, True),
+                                            (np.uint16, False)])
+def test_gzip_hdf5_chunks_written_by_h5py_read_the_same_with_and_without_libdeflate(tmp_path, monkeypatch, dtype,
+                                                                                   shuffle):
+    import h5py
+    deflate = _system_deflate()
+    data = random_volume(dtype)
+    with h5py.File(tmp_path / "s.h5", "w") as file:
+        file.create_dataset("raw", data=data, chunks=INNER, compression="gzip", shuffle=shuffle)
+    inflated = []
+    counted = deflate.decode_frames
+    monkeypatch.setattr(deflate, "decode_frames", lambda frames, outs: inflated.append(counted(frames, outs)) or
+                        inflated[-1])
+    assert_lazy_equal(tmp_path / "s.h5", data, dataset="raw")
+    assert inflated and all(decoded.all() for decoded in inflated)
+    monkeypatch.setattr(deflate._LIBDEFLATE, "_library", False)  # as on a machine without libdeflate: zlib
+    assert_lazy_equal(tmp_path / "s.h5", data, dataset="raw")
+
+
+@pytest.mark.parametrize("with_libdeflate", [True, False])
+def test_a_damaged_gzip_hdf5_chunk_is_named_with_and_without_libdeflate(tmp_path, monkeypatch, with_libdeflate):
+    import h5py
+    deflate = _system_deflate()
+    if not with_libdeflate:
+        monkeypatch.setattr(deflate._LIBDEFLATE, "_library", False)
+    data = random_volume(np.uint16)
+    with h5py.File(tmp_path / "s.h5", "w") as file:
+        dataset = file.create_dataset("raw", data=data, chunks=INNER, compression="gzip", shuffle=True)
+        info = dataset.id.get_chunk_info_by_coord((8, 10, 6))
+    with open(tmp_path / "s.h5", "r+b") as file:  # a flipped byte inside the chunk's deflate stream
+        file.seek(info.byte_offset + info.size // 2)
+        byte = file.read(1)
+        file.seek(-1, os.SEEK_CUR)
+        file.write(bytes([byte[0] ^ 0xFF]))
+    with ef.open(tmp_path / "s.h5", dataset="raw", in_memory=False) as volume:
+        with pytest.raises(CorruptChunkError, match=r"cannot decompress the chunk at \(8, 10, 6\)"):
+            volume.read_box((0, 0, 0), (24, 30, 18), np.empty((1, 24, 30, 18), np.uint16))
+        out = volume.read_box((0, 0, 0), (8, 20, 18), np.empty((1, 8, 20, 18), np.uint16))  # chunks around it
+        np.testing.assert_array_equal(out[0], data[:8, :20, :18])
