@@ -480,7 +480,9 @@ class ChunkCache:
 
     def _empty_blocks(self, keys) -> list:
         """:meth:`_empty_block` of each of ``keys``, the spare buffers of whole blocks taken under one lock."""
-        boxes = [self._block_box(key) for key in keys]
+        (bz, by, bx), (sz, sy, sx) = self.block_shape, self._shape
+        boxes = [((z * bz, y * by, x * bx), (min(bz, sz - z * bz), min(by, sy - y * by), min(bx, sx - x * bx)))
+                 for z, y, x in keys]  # _block_box inlined: a wave's blocks are hundreds
         whole = (self._channels,) + self.block_shape
         shapes = [(self._channels,) + extent for _, extent in boxes]
         spares = []
