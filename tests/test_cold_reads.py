@@ -709,6 +709,16 @@ def test_a_warm_read_asks_nothing_of_the_machine(tmp_path, monkeypatch):
     assert asked == []
 
 
+def _assert_named_and_the_chunks_around_read(path, data, match, **open_args):
+    """A box over the damaged chunk at (8, 10, 6) of ``path`` (uint16, INNER chunks) raises CorruptChunkError
+    matching ``match``; a box of the chunks around it reads as ``data``."""
+    with ef.open(path, in_memory=False, **open_args) as volume:
+        with pytest.raises(CorruptChunkError, match=match):
+            volume.read_box((0, 0, 0), (24, 30, 18), np.empty((1, 24, 30, 18), np.uint16))
+        out = volume.read_box((0, 0, 0), (8, 20, 18), np.empty((1, 8, 20, 18), np.uint16))
+        np.testing.assert_array_equal(out[0], data[:8, :20, :18])
+
+
 # zstd frames decoded many at a time by the system's libzstd --------------------------------------------------------
 
 def _system_zstd():
@@ -783,20 +793,7 @@ def test_a_damaged_zstd_chunk_is_named_after_libzstd_refused_it(tmp_path):
     damaged = bytearray(chunk.read_bytes())
     damaged[len(damaged) // 2] ^= 0xFF
     chunk.write_bytes(bytes(damaged))
-    with ef.open(tmp_path / "s.zarr", in_memory=False) as volume:
-        with pytest.raises(CorruptChunkError, match=r"s\.zarr: cannot decode chunk c/1/1/1"):
-            volume.read_box((0, 0, 0), (24, 30, 18), np.empty((1, 24, 30, 18), np.uint16))
-        out = volume.read_box((0, 0, 0), (8, 20, 18), np.empty((1, 8, 20, 18), np.uint16))  # chunks around it
-        np.testing.assert_array_equal(out[0], data[:8, :20, :18])
-
-
-def test_emfast_system_zstd_0_leaves_zstd_to_numcodecs(tmp_path):
-    script = ("import os; os.environ['EMFAST_SYSTEM_ZSTD'] = '0'\n"
-              "from emfast.io import _zstd\n"
-              "assert not _zstd.system_zstd() and _zstd.decode_frames([b'x'], [bytearray(1)]) is None\n")
-    import subprocess
-    import sys
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    _assert_named_and_the_chunks_around_read(tmp_path / "s.zarr", data, r"s\.zarr: cannot decode chunk c/1/1/1")
 
 
 # blosc frames decoded many at a time by c-blosc's own decoder ------------------------------------------------------
@@ -856,20 +853,7 @@ def test_a_truncated_blosc_chunk_is_named_not_decoded_past_its_end(tmp_path, mon
                       compressors={"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1})[...] = data
     chunk = tmp_path / "s.zarr/1.1.1"
     chunk.write_bytes(chunk.read_bytes()[:-7])
-    with ef.open(tmp_path / "s.zarr", in_memory=False) as volume:
-        with pytest.raises(CorruptChunkError, match=r"s\.zarr: cannot decode chunk 1\.1\.1"):
-            volume.read_box((0, 0, 0), (24, 30, 18), np.empty((1, 24, 30, 18), np.uint16))
-        out = volume.read_box((0, 0, 0), (8, 20, 18), np.empty((1, 8, 20, 18), np.uint16))  # chunks around it
-        np.testing.assert_array_equal(out[0], data[:8, :20, :18])
-
-
-def test_emfast_native_blosc_0_leaves_blosc_to_numcodecs():
-    script = ("import os; os.environ['EMFAST_NATIVE_BLOSC'] = '0'\n"
-              "from emfast.io import _blosc\n"
-              "assert not _blosc.native_blosc() and _blosc.decode_frames([b'x'], [bytearray(1)]) is None\n")
-    import subprocess
-    import sys
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    _assert_named_and_the_chunks_around_read(tmp_path / "s.zarr", data, r"s\.zarr: cannot decode chunk 1\.1\.1")
 
 
 # gzip and zlib streams inflated many at a time by the system's libdeflate ------------------------------------------
@@ -969,20 +953,8 @@ def test_a_damaged_gzip_n5_block_is_named_after_libdeflate_refused_it(tmp_path):
     damaged = bytearray(block.read_bytes())
     damaged[len(damaged) // 2] ^= 0xFF
     block.write_bytes(bytes(damaged))
-    with ef.open(tmp_path / "s.n5/raw", in_memory=False) as volume:
-        with pytest.raises(CorruptChunkError, match=r"block 1/1/1 is corrupt: cannot decompress it"):
-            volume.read_box((0, 0, 0), (24, 30, 18), np.empty((1, 24, 30, 18), np.uint16))
-        out = volume.read_box((0, 0, 0), (8, 20, 18), np.empty((1, 8, 20, 18), np.uint16))  # blocks around it
-        np.testing.assert_array_equal(out[0], data[:8, :20, :18])
-
-
-def test_emfast_system_deflate_0_leaves_gzip_to_zlib():
-    script = ("import os; os.environ['EMFAST_SYSTEM_DEFLATE'] = '0'\n"
-              "from emfast.io import _deflate\n"
-              "assert not _deflate.system_deflate() and _deflate.decode_frames([b'x'], [bytearray(1)]) is None\n")
-    import subprocess
-    import sys
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    _assert_named_and_the_chunks_around_read(tmp_path / "s.n5/raw", data,
+                                             r"block 1/1/1 is corrupt: cannot decompress it")
 
 
 @pytest.mark.parametrize("dtype, shuffle", [(np.uint8, False), (np.uint16, True), (np.float32, True),
@@ -1019,8 +991,24 @@ def test_a_damaged_gzip_hdf5_chunk_is_named_with_and_without_libdeflate(tmp_path
         byte = file.read(1)
         file.seek(-1, os.SEEK_CUR)
         file.write(bytes([byte[0] ^ 0xFF]))
-    with ef.open(tmp_path / "s.h5", dataset="raw", in_memory=False) as volume:
-        with pytest.raises(CorruptChunkError, match=r"cannot decompress the chunk at \(8, 10, 6\)"):
-            volume.read_box((0, 0, 0), (24, 30, 18), np.empty((1, 24, 30, 18), np.uint16))
-        out = volume.read_box((0, 0, 0), (8, 20, 18), np.empty((1, 8, 20, 18), np.uint16))  # chunks around it
-        np.testing.assert_array_equal(out[0], data[:8, :20, :18])
+    _assert_named_and_the_chunks_around_read(tmp_path / "s.h5", data, r"cannot decompress the chunk at \(8, 10, 6\)",
+                                             dataset="raw")
+
+
+@pytest.mark.parametrize("module, switch, found", [("_zstd", "EMFAST_SYSTEM_ZSTD", "system_zstd"),
+                                                   ("_blosc", "EMFAST_NATIVE_BLOSC", "native_blosc"),
+                                                   ("_deflate", "EMFAST_SYSTEM_DEFLATE", "system_deflate")])
+def test_each_compiled_decoder_is_turned_off_by_its_environment_variable(module, switch, found):
+    """With the variable at 0, no library is looked for and every frame is left to the general decoders."""
+    script = (f"import os; os.environ[{switch!r}] = '0'\n"
+              f"from emfast.io import {module} as codec\n"
+              f"assert not codec.{found}() and codec.decode_frames([b'x'], [bytearray(1)]) is None\n")
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+
+
+def test_the_compiled_decoder_refuses_a_codec_it_does_not_know():
+    from emfast._core.files import decode_frames
+    with pytest.raises(ValueError, match="codec must be one of zstd, blosc, deflate, got 'lz4'"):
+        decode_frames("lz4", [], [])

@@ -202,21 +202,6 @@ def bind_zstd(size_t create, size_t free_context, size_t decompress, size_t is_e
     _zstd_bound = True
 
 
-def decode_zstd(list sources, list outs):
-    """Decode the zstd frames ``sources[i]`` (bytes-like) into ``outs[i]`` (writeable C-contiguous arrays), one
-    after another without the GIL, with the library given to :func:`bind_zstd`.
-
-    Returns
-    -------
-    numpy.ndarray
-        uint8 per frame: 1 where it decoded to exactly ``outs[i].nbytes`` bytes, else 0 (damaged, or another
-        size; ``outs[i]`` then holds undefined bytes).
-    """
-    if not _zstd_bound:
-        raise RuntimeError("decode_zstd: no zstd library was bound (bind_zstd)")
-    return _decode_frames("decode_zstd", sources, outs, _ZSTD)
-
-
 cdef emf_blosc_library _blosc
 cdef bint _blosc_bound = False
 
@@ -230,21 +215,6 @@ def bind_blosc(size_t validate, size_t decompress):
     _blosc.validate = <emf_blosc_validate_fn>validate
     _blosc.decompress = <emf_blosc_decompress_fn>decompress
     _blosc_bound = True
-
-
-def decode_blosc(list sources, list outs):
-    """Decode the blosc frames ``sources[i]`` (bytes-like) into ``outs[i]`` (writeable C-contiguous arrays), one
-    after another without the GIL, with the library given to :func:`bind_blosc`.
-
-    Returns
-    -------
-    numpy.ndarray
-        uint8 per frame: 1 where its header states exactly ``outs[i].nbytes`` bytes and it decoded, else 0
-        (damaged, or another size; ``outs[i]`` then holds undefined bytes).
-    """
-    if not _blosc_bound:
-        raise RuntimeError("decode_blosc: no blosc library was bound (bind_blosc)")
-    return _decode_frames("decode_blosc", sources, outs, _BLOSC)
 
 
 cdef emf_deflate_library _deflate
@@ -265,30 +235,34 @@ def bind_deflate(size_t alloc, size_t free_decompressor, size_t gzip, size_t zli
     _deflate_bound = True
 
 
-def decode_deflate(list sources, list outs):
-    """Inflate the gzip or zlib streams ``sources[i]`` (bytes-like; gzip where they start with its magic bytes) into
-    ``outs[i]`` (writeable C-contiguous arrays), one after another without the GIL, with the library given to
-    :func:`bind_deflate`.
-
-    Returns
-    -------
-    numpy.ndarray
-        uint8 per stream: 1 where it is one whole stream that inflated to exactly ``outs[i].nbytes`` bytes, else 0
-        (damaged, another size, or several gzip members; ``outs[i]`` then holds undefined bytes).
-    """
-    if not _deflate_bound:
-        raise RuntimeError("decode_deflate: no deflate library was bound (bind_deflate)")
-    return _decode_frames("decode_deflate", sources, outs, _DEFLATE)
-
-
 cdef enum _Codec:
     _ZSTD
     _BLOSC
     _DEFLATE
 
 
-cdef _decode_frames(str who, list sources, list outs, _Codec codec):
-    """Frames ``sources`` decoded into ``outs`` by ``codec``'s bound library; uint8 per frame, 1 where decoded."""
+#: The codecs :func:`decode_frames` decodes.
+_CODECS = {"zstd": _ZSTD, "blosc": _BLOSC, "deflate": _DEFLATE}
+
+
+def decode_frames(str codec, list sources, list outs):
+    """Decode the frames ``sources[i]`` (bytes-like) of ``codec`` into ``outs[i]`` (writeable C-contiguous arrays),
+    one after another without the GIL, with the library given to ``bind_<codec>``: "zstd" (frames back to back),
+    "blosc" (its header's sizes checked against the frame's length and ``outs[i]``, before decoding) or "deflate"
+    (gzip where a stream starts with its magic bytes, else zlib; exactly one whole stream).
+
+    Returns
+    -------
+    numpy.ndarray
+        uint8 per frame: 1 where it decoded to exactly ``outs[i].nbytes`` bytes, else 0 (damaged, or another
+        size; ``outs[i]`` then holds undefined bytes).
+    """
+    if codec not in _CODECS:
+        raise ValueError(f"decode_frames: codec must be one of {', '.join(_CODECS)}, got {codec!r}")
+    if not {"zstd": _zstd_bound, "blosc": _blosc_bound, "deflate": _deflate_bound}[codec]:
+        raise RuntimeError(f"decode_frames: no {codec} library was bound (bind_{codec})")
+    cdef _Codec kind = _CODECS[codec]
+    who = f"decode_frames({codec!r})"
     cdef Py_ssize_t n = len(sources), i
     if len(outs) != n:
         raise ValueError(f"{who}: {n} sources but {len(outs)} destinations")
@@ -310,10 +284,10 @@ cdef _decode_frames(str who, list sources, list outs, _Codec codec):
             c_sources[i] = <const char *>cnp.PyArray_DATA(<cnp.ndarray>frames[i])
             destinations[i] = <char *>cnp.PyArray_DATA(<cnp.ndarray>outs[i])
         with nogil:
-            if codec == _ZSTD:
+            if kind == _ZSTD:
                 status = emf_decode_zstd(&_zstd, n, c_sources, <int64_t *>sizes.data, destinations,
                                          <int64_t *>capacities.data, <uint8_t *>decoded.data)
-            elif codec == _BLOSC:
+            elif kind == _BLOSC:
                 emf_decode_blosc(&_blosc, n, c_sources, <int64_t *>sizes.data, destinations,
                                  <int64_t *>capacities.data, <uint8_t *>decoded.data)
             else:

@@ -4,7 +4,7 @@ numcodecs decodes each blosc frame in a call of its own, and each call first ask
 in (to choose between blosc's global, locked context and a private one) and checks its buffers in Python. For the
 64 KiB lz4 chunks of an EM volume that costs more than the decoding: 4.6 against 3.9 ms for 256 chunks, most of
 a box's read being elsewhere (``benchmarks/lazy_cold.py``). :func:`decode_frames` hands a box's frames to one
-compiled call (``emfast._core.files.decode_blosc``) that decodes them with ``blosc_decompress_ctx``, c-blosc's
+compiled call (``emfast._core.files.decode_frames``) that decodes them with ``blosc_decompress_ctx``, c-blosc's
 thread-safe decoder.
 
 c-blosc is not linked: the one numcodecs ships (its extension module exports c-blosc's functions), else the
@@ -14,14 +14,12 @@ safe on damaged input). Where there is none, :func:`decode_frames` returns None 
 """
 from __future__ import annotations
 
-import ctypes
 import ctypes.util
-import os
 from typing import List, Optional, Sequence
 
 import numpy as np
 
-from ._native import FoundOnce
+from ._native import CompiledDecoder
 
 
 def _candidates() -> list:
@@ -35,25 +33,9 @@ def _candidates() -> list:
     return names + [ctypes.util.find_library("blosc"), "libblosc.so.1", "libblosc.dylib", "blosc.dll"]
 
 
-def _load():
-    """A library with c-blosc 1.16 or later, bound to the compiled decoder, or False."""
-    if os.environ.get("EMFAST_NATIVE_BLOSC", "1") == "0":
-        return False
-    for name in filter(None, _candidates()):
-        try:
-            library = ctypes.CDLL(name)
-            addresses = [ctypes.cast(getattr(library, function), ctypes.c_void_p).value
-                         for function in ("blosc_cbuffer_validate", "blosc_decompress_ctx")]
-        except (OSError, AttributeError):
-            continue
-        from .._core.files import bind_blosc
-
-        bind_blosc(*addresses)
-        return library
-    return False
-
-
-_CBLOSC = FoundOnce(_load)
+#: c-blosc 1.16 or later: blosc_cbuffer_validate came with the decoder safe on damaged input.
+_CBLOSC = CompiledDecoder("blosc", "EMFAST_NATIVE_BLOSC", _candidates,
+                          ("blosc_cbuffer_validate", "blosc_decompress_ctx"))
 
 
 def native_blosc() -> bool:
@@ -62,17 +44,7 @@ def native_blosc() -> bool:
 
 
 def decode_frames(frames: Sequence, outs: List[np.ndarray]) -> Optional[np.ndarray]:
-    """Decode blosc frames ``frames[i]`` (bytes-like) into ``outs[i]`` (writeable C-contiguous) without the GIL.
-
-    Returns
-    -------
-    numpy.ndarray or None
-        bool per frame: True where it decoded to exactly ``outs[i].nbytes`` bytes; the others (damaged, or
-        another size) are the caller's to decode another way, which names what is wrong. None if there is no
-        usable c-blosc: decode them all another way.
-    """
-    if not native_blosc():
-        return None
-    from .._core.files import decode_blosc
-
-    return decode_blosc(list(frames), outs).astype(bool)
+    """Decode blosc frames ``frames[i]`` into ``outs[i]`` in one call without the GIL, by c-blosc
+    (:meth:`CompiledDecoder.decode <emfast.io._native.CompiledDecoder.decode>`: None where there is none); a frame
+    whose header states another size than ``outs[i]`` or than its own length is refused."""
+    return _CBLOSC.decode(frames, outs)

@@ -1,20 +1,42 @@
-"""Shared libraries that compiled decoders call, found at run time with ctypes (libzstd, c-blosc).
+"""Compiled decoders of many frames at once, bound at run time to a shared library found with ctypes (libzstd,
+c-blosc, libdeflate).
 
 emfast links none of them: the wheels stay self-contained, and where a library is missing the chunks are decoded
-the general way (numcodecs). A :class:`FoundOnce` looks for its library on first use, once per process.
+the general way (numcodecs, zlib). A :class:`CompiledDecoder` looks for its library on first use, once per process,
+gives the compiled call (``emfast._core.files.decode_frames``) its functions' addresses, and decodes a box's frames
+in one call without the GIL.
 """
 from __future__ import annotations
 
+import ctypes
+import os
 import threading
-from typing import Callable, Optional
+from typing import Callable, Iterable, List, Optional, Sequence
+
+import numpy as np
 
 
-class FoundOnce:
-    """The result of ``find`` (a loaded library, bound to its compiled decoder, or False where there is none usable),
-    called once, on the first :meth:`found`."""
+class CompiledDecoder:
+    """One codec's compiled decoder, bound to the first usable library of ``names``.
 
-    def __init__(self, find: Callable[[], object]) -> None:
-        self._find = find
+    Parameters
+    ----------
+    codec : str
+        The codec as ``emfast._core.files`` names it ("zstd", "blosc", "deflate").
+    switch : str
+        The environment variable that turns it off when "0".
+    names : callable
+        Library names or paths to try, in order (None entries are skipped).
+    functions : sequence of str
+        The functions whose addresses ``emfast._core.files.bind_<codec>`` takes, in its order.
+    usable : callable, optional
+        ``usable(library)``: False for a library found but not to be used (too old).
+    """
+
+    def __init__(self, codec: str, switch: str, names: Callable[[], Iterable[Optional[str]]],
+                 functions: Sequence[str], usable: Callable[[ctypes.CDLL], bool] = lambda library: True) -> None:
+        self.codec, self._switch, self._names = codec, switch, names
+        self._functions, self._usable = tuple(functions), usable
         self._lock = threading.Lock()
         self._library: Optional[object] = None  # kept: its functions stay loaded for the life of the process
 
@@ -25,3 +47,38 @@ class FoundOnce:
                 if self._library is None:
                     self._library = self._find()
         return self._library is not False
+
+    def decode(self, frames: Sequence, outs: List[np.ndarray]) -> Optional[np.ndarray]:
+        """Decode ``frames[i]`` (bytes-like) into ``outs[i]`` (writeable C-contiguous) without the GIL.
+
+        Returns
+        -------
+        numpy.ndarray or None
+            bool per frame: True where it decoded to exactly ``outs[i].nbytes`` bytes; the others (damaged, or
+            another size) are the caller's to decode another way, which names what is wrong. None if there is no
+            usable library: decode them all another way.
+        """
+        if not self.found():
+            return None
+        from .._core.files import decode_frames
+
+        return decode_frames(self.codec, list(frames), outs).astype(bool)
+
+    def _find(self):
+        """The first usable library, bound to the compiled decoder, or False."""
+        if os.environ.get(self._switch, "1") == "0":
+            return False
+        for name in filter(None, self._names()):
+            try:
+                library = ctypes.CDLL(name)
+                if not self._usable(library):
+                    continue
+                addresses = [ctypes.cast(getattr(library, function), ctypes.c_void_p).value
+                             for function in self._functions]
+            except (OSError, AttributeError):
+                continue
+            from .._core import files
+
+            getattr(files, f"bind_{self.codec}")(*addresses)
+            return library
+        return False

@@ -10,9 +10,10 @@ x fastest, then channels. cloud-volume writes these files compressed by default,
 suffix (``.gz``, ``.br``, ``.zstd``, ``.bz2``, ``.xz``), which neuroglancer's HTTP servers turn into a
 ``Content-Encoding``; emfast decompresses them (brotli needs the ``brotli`` package; a box's whole ``.gz`` chunks
 are inflated in one call by the system's libdeflate where there is one, :mod:`emfast.io._deflate`). A chunk with
-no file in any form is 0, as neuroglancer and tensorstore read it. Every other scale (sharded, or another encoding) is read
-through tensorstore (the optional extra ``emfast[tensorstore]``), which decodes with its own thread pool and
-reads only files without a suffix: a chunk that exists only compressed there is refused, never read as zeros.
+no file in any form is 0, as neuroglancer and tensorstore read it. Every other scale (sharded, or another
+encoding) is read through tensorstore (the optional extra ``emfast[tensorstore]``), which decodes with its own
+thread pool and reads only files without a suffix: a chunk that exists only compressed there is refused, never
+read as zeros.
 
 The ``info`` is checked here before any chunk is read (a non-empty ``scales``, each with its ``key``, ``size``,
 ``resolution``, ``voxel_offset``, ``chunk_sizes`` and ``encoding``), so malformed metadata is a

@@ -4,7 +4,7 @@ numcodecs decodes each zstd frame in a call of its own, which sets up a decoding
 advises one context reused for many frames), behind the interpreter's bookkeeping: for the 64 KiB chunks of an EM
 volume that is about a fifth of the decoding itself (23.6 against 19.0 ms for 256 chunks, ``benchmarks/lazy_cold.py``'s
 store). :func:`decode_frames` hands a box's frames to one compiled call
-(``emfast._core.files.decode_zstd``) that decodes them all with one context, so the reader threads of a box decode
+(``emfast._core.files.decode_frames``) that decodes them all with one context, so the reader threads of a box decode
 side by side without waiting for the GIL between chunks.
 
 emfast does not link libzstd: it looks for the shared library at run time (ctypes) and gives the compiled call
@@ -15,40 +15,25 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 from typing import List, Optional, Sequence
 
 import numpy as np
 
-from ._native import FoundOnce
+from ._native import CompiledDecoder
 
 #: The oldest libzstd used (1.4.0, 2019): older ones decode too, but are not tested.
 OLDEST = 10400
 
 
-def _load():
-    """The process's libzstd, bound to the compiled decoder, or False."""
-    if os.environ.get("EMFAST_SYSTEM_ZSTD", "1") == "0":
-        return False
-    names = [ctypes.util.find_library("zstd"), "libzstd.so.1", "libzstd.dylib", "zstd.dll"]
-    for name in filter(None, names):
-        try:
-            library = ctypes.CDLL(name)
-            library.ZSTD_versionNumber.restype = ctypes.c_uint
-            if library.ZSTD_versionNumber() < OLDEST:
-                continue
-            addresses = [ctypes.cast(getattr(library, function), ctypes.c_void_p).value for function in
-                         ("ZSTD_createDCtx", "ZSTD_freeDCtx", "ZSTD_decompressDCtx", "ZSTD_isError")]
-        except (OSError, AttributeError):
-            continue
-        from .._core.files import bind_zstd
-
-        bind_zstd(*addresses)
-        return library
-    return False
+def _recent(library) -> bool:
+    library.ZSTD_versionNumber.restype = ctypes.c_uint
+    return library.ZSTD_versionNumber() >= OLDEST
 
 
-_LIBZSTD = FoundOnce(_load)
+_LIBZSTD = CompiledDecoder(
+    "zstd", "EMFAST_SYSTEM_ZSTD",
+    lambda: [ctypes.util.find_library("zstd"), "libzstd.so.1", "libzstd.dylib", "zstd.dll"],
+    ("ZSTD_createDCtx", "ZSTD_freeDCtx", "ZSTD_decompressDCtx", "ZSTD_isError"), _recent)
 
 
 def system_zstd() -> bool:
@@ -57,17 +42,6 @@ def system_zstd() -> bool:
 
 
 def decode_frames(frames: Sequence, outs: List[np.ndarray]) -> Optional[np.ndarray]:
-    """Decode zstd frames ``frames[i]`` (bytes-like) into ``outs[i]`` (writeable C-contiguous) without the GIL.
-
-    Returns
-    -------
-    numpy.ndarray or None
-        bool per frame: True where it decoded to exactly ``outs[i].nbytes`` bytes; the others (damaged, or
-        another size) are the caller's to decode another way, which names what is wrong. None if there is no
-        usable libzstd: decode them all another way.
-    """
-    if not system_zstd():
-        return None
-    from .._core.files import decode_zstd
-
-    return decode_zstd(list(frames), outs).astype(bool)
+    """Decode zstd frames ``frames[i]`` into ``outs[i]`` in one call without the GIL, by the system's libzstd
+    (:meth:`CompiledDecoder.decode <emfast.io._native.CompiledDecoder.decode>`: None where there is none)."""
+    return _LIBZSTD.decode(frames, outs)
