@@ -16,10 +16,9 @@ element size, is a :class:`~emfast.io._source.CorruptChunkError` naming the bloc
 
 Codecs: raw, gzip and zlib, bzip2 and xz from the standard library, which decompress outside the GIL (a box's gzip
 and zlib blocks are inflated in one call by the system's libdeflate where there is one, twice as fast as zlib:
-:mod:`emfast.io._deflate`); blosc,
-zstd and lz4 through numcodecs (``emfast[zarr]``). lz4 comes in two framings: n5-java (the reference) writes
-lz4-java's ``LZ4BlockOutputStream`` stream (blocks that start with the magic ``LZ4Block``), z5py a bare LZ4 block;
-the magic tells them apart.
+:mod:`emfast.io._deflate`); blosc, zstd and lz4 through numcodecs (``emfast[zarr]``). lz4 comes in two framings:
+n5-java (the reference) writes lz4-java's ``LZ4BlockOutputStream`` stream (blocks that start with the magic
+``LZ4Block``), z5py a bare LZ4 block; the magic tells them apart.
 
 Geometry comes from :mod:`emfast.io._geometry` with every list reversed (N5 lists x first); datasets whose axes
 are named in another order than (c, z, y, x) are refused, naming the axes. A remote container
@@ -133,8 +132,7 @@ class N5Source(VolumeSource):
         #: gzip and zlib blocks are inflated a box at a time by libdeflate where there is one (io/_deflate.py)
         self._deflated = kind in ("gzip", "zlib")
         # a box's blocks decoded side by side where that pays, as measured for this compression and block size
-        self._decodes = SideBySide.of("n5", repr(meta.get("compression", meta.get("compressionType"))),
-                                      math.prod(self._block) * self._stored.itemsize)
+        self._decodes = SideBySide.of("n5", repr(compression), math.prod(self._block) * self._stored.itemsize)
         self._directory = root / dataset
         self._root, self._dataset = root, dataset
         with parsing(where):

@@ -8,13 +8,12 @@ in parallel (:mod:`emfast.io._decode`); this is about twice as fast as a call in
 event loop serialises much of the work. Sharded v3 arrays of the same inner layout in a local store read each inner
 chunk straight from its shard file through the shard's index, read once (:mod:`emfast.io._shards`; about ten times
 faster than zarr-python per inner chunk). A whole chunk is decoded straight into its cache block (zstd and blosc,
-whose frames state their decoded size) or read into it (no compressor); a box's whole zstd chunks are decoded in
-one compiled call by the system's libzstd where there is one (:mod:`emfast.io._zstd`; 19 against 24 ms for 256
-chunks of 64 KiB through numcodecs), its blosc chunks by c-blosc's own decoder (:mod:`emfast.io._blosc`), its gzip
-and zlib chunks by the system's libdeflate (:mod:`emfast.io._deflate`).
-Any other layout (a remote sharded array
-included) is read through zarr-python. Per codec, emfast decodes with numcodecs (zstd, blosc, lz4) or zlib (gzip)
-itself rather than through tensorstore: one chunk read alone costs about what tensorstore's read of it costs
+whose frames state their decoded size; gzip by libdeflate) or read into it (no compressor); a box's whole zstd
+chunks are decoded in one compiled call by the system's libzstd where there is one (:mod:`emfast.io._zstd`; 19
+against 24 ms for 256 chunks of 64 KiB through numcodecs), its blosc chunks by c-blosc's own decoder
+(:mod:`emfast.io._blosc`), its gzip and zlib chunks by the system's libdeflate (:mod:`emfast.io._deflate`). Any
+other layout (a remote sharded array included) is read through zarr-python. Per codec, emfast decodes with
+numcodecs (zstd, blosc, lz4) or zlib (gzip) itself rather than through tensorstore: one chunk read alone costs about what tensorstore's read of it costs
 (``benchmarks/lazy_cold.py``), and a tensorstore route would add a copy into the block and a dependency. A remote
 store (:mod:`emfast.io._remote`) is read the same way, its chunks' bytes coming over the network (to zarr-python
 through a retrying FsspecStore); its chunks are decoded one after another on the reading thread, their requests
@@ -546,7 +545,7 @@ def _decoder_into(codec):
     zarr = import_zarr()
     if isinstance(codec, numcodecs.abc.Codec) and codec.codec_id in ("zstd", "blosc"):
         kind, decoder = codec.codec_id, codec
-    elif isinstance(codec, numcodecs.abc.Codec) and codec.codec_id in ("gzip", "zlib") or \
+    elif (isinstance(codec, numcodecs.abc.Codec) and codec.codec_id in ("gzip", "zlib")) or \
             isinstance(codec, zarr.codecs.GzipCodec):
         kind, decoder = "deflate", None  # zlib cannot inflate into a buffer: libdeflate alone does
     elif isinstance(codec, zarr.codecs.ZstdCodec):
