@@ -13,8 +13,9 @@ chunks are decoded in one compiled call by the system's libzstd where there is o
 against 24 ms for 256 chunks of 64 KiB through numcodecs), its blosc chunks by c-blosc's own decoder
 (:mod:`emfast.io._blosc`), its gzip and zlib chunks by the system's libdeflate (:mod:`emfast.io._deflate`). Any
 other layout (a remote sharded array included) is read through zarr-python. Per codec, emfast decodes with
-numcodecs (zstd, blosc, lz4) or zlib (gzip) itself rather than through tensorstore: one chunk read alone costs about what tensorstore's read of it costs
-(``benchmarks/lazy_cold.py``), and a tensorstore route would add a copy into the block and a dependency. A remote
+numcodecs (zstd, blosc, lz4) or zlib (gzip) itself rather than through tensorstore: one chunk read alone costs
+about what tensorstore's read of it costs (``benchmarks/lazy_cold.py``), and a tensorstore route would add a copy
+into the block and a dependency. A remote
 store (:mod:`emfast.io._remote`) is read the same way, its chunks' bytes coming over the network (to zarr-python
 through a retrying FsspecStore); its chunks are decoded one after another on the reading thread, their requests
 announced together beforehand (``will_read``). A chunk that was never written reads as the array's fill value, as
