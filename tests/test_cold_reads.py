@@ -1012,3 +1012,24 @@ def test_the_compiled_decoder_refuses_a_codec_it_does_not_know():
     from emfast._core.files import decode_frames
     with pytest.raises(ValueError, match="codec must be one of zstd, blosc, deflate, got 'lz4'"):
         decode_frames("lz4", [], [])
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
+def test_gzip_n5_blocks_read_alone_are_inflated_by_libdeflate_too(tmp_path, monkeypatch, dtype):
+    """In-memory opens and edge blocks written whole (tensorstore) read block by block: libdeflate inflates them,
+    zlib where it is missing, to the same values."""
+    ts = pytest.importorskip("tensorstore")
+    deflate = _system_deflate()
+    data = random_volume(dtype)
+    ts.open({"driver": "n5", "kvstore": {"driver": "file", "path": str(tmp_path / "s.n5/raw")},
+             "metadata": {"dimensions": list(reversed(SHAPE)), "blockSize": list(reversed(INNER)),
+                          "dataType": np.dtype(dtype).name, "compression": {"type": "gzip", "useZlib": True}},
+             "create": True}).result()[...] = data.T
+    inflated = []
+    inflate = deflate.inflate
+    monkeypatch.setattr(deflate, "inflate", lambda stream, size: inflated.append(inflate(stream, size)) or
+                        inflated[-1])
+    np.testing.assert_array_equal(np.asarray(ef.open(tmp_path / "s.n5/raw"))[0], data)
+    assert inflated and all(block is not None for block in inflated)
+    monkeypatch.setattr(deflate._LIBDEFLATE, "_library", False)
+    np.testing.assert_array_equal(np.asarray(ef.open(tmp_path / "s.n5/raw"))[0], data)

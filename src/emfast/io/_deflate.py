@@ -38,3 +38,11 @@ def decode_frames(frames: Sequence, outs: List[np.ndarray]) -> Optional[np.ndarr
     <emfast.io._native.CompiledDecoder.decode>`: None where there is none); a stream that is not exactly one whole
     stream (several gzip members, bytes after it) is refused."""
     return _LIBDEFLATE.decode(frames, outs)
+
+
+def inflate(data, size: int) -> Optional[np.ndarray]:
+    """``data``, one whole gzip or zlib stream, inflated to exactly ``size`` bytes (uint8) by libdeflate; None where
+    there is none or it refuses the stream: the caller inflates it with zlib, whose error says what is wrong."""
+    out = np.empty(size, np.uint8)
+    decoded = decode_frames([data], [out])
+    return out if decoded is not None and decoded[0] else None

@@ -296,10 +296,9 @@ def _inflated(data: bytes, expected: int, what: str):
     """A deflate filter's zlib stream inflated: by libdeflate where there is one (twice as fast,
     :mod:`emfast.io._deflate`), else, or where it refuses the stream, by zlib, whose error is raised as a
     CorruptChunkError saying ``what``."""
-    out = np.empty(expected, np.uint8)
-    decoded = _deflate.decode_frames([data], [out])
-    if decoded is not None and decoded[0]:
-        return out
+    inflated = _deflate.inflate(data, expected)
+    if inflated is not None:
+        return inflated
     try:
         return zlib.decompress(data, bufsize=expected)  # sized once: no growing copies
     except zlib.error as exc:
