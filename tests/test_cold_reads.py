@@ -1033,3 +1033,29 @@ def test_gzip_n5_blocks_read_alone_are_inflated_by_libdeflate_too(tmp_path, monk
     assert inflated and all(block is not None for block in inflated)
     monkeypatch.setattr(deflate._LIBDEFLATE, "_library", False)
     np.testing.assert_array_equal(np.asarray(ef.open(tmp_path / "s.n5/raw"))[0], data)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_the_compiled_decoders_bound_in_a_parent_decode_in_a_forked_child():
+    """A torch DataLoader worker is a forked child: the libraries found and bound before fork() serve it."""
+    import gzip
+    import numcodecs
+    from emfast.io import _blosc, _deflate, _zstd
+    chunk = random_volume(np.uint16, (8, 10, 6))
+    frames = {_zstd: numcodecs.Zstd().encode(chunk), _blosc: numcodecs.Blosc().encode(chunk),
+              _deflate: gzip.compress(chunk.tobytes())}
+    usable = [module for module in frames if module.decode_frames([frames[module]], [np.empty_like(chunk)])
+              is not None]  # found and bound here, in the parent
+    if not usable:
+        pytest.skip("none of libzstd, c-blosc and libdeflate on this machine")
+    pid = os.fork()
+    if pid == 0:
+        try:
+            for module in usable:
+                out = np.empty_like(chunk)
+                assert module.decode_frames([frames[module]], [out]).all() and np.array_equal(out, chunk)
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
