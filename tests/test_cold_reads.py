@@ -3,6 +3,7 @@ raw precomputed chunk files straight into cache blocks, several chunks side by s
 compared voxel by voxel with the array written by the field's own tool (zarr-python, tensorstore, cloud-volume),
 with partial edge chunks, never-written chunks (the fill value) and damaged chunks (an error naming the store
 and the chunk)."""
+import math
 import os
 import threading
 import time
@@ -1059,3 +1060,75 @@ def test_the_compiled_decoders_bound_in_a_parent_decode_in_a_forked_child():
             os._exit(1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+# whole volumes: in-memory opens and np.asarray of lazy volumes -----------------------------------------------------
+
+def _write_whole_case(tmp_path, case, data):
+    """The store of one whole-read case and the options to open it with."""
+    if case in ("zarr v2 blosc", "zarr v3 zstd", "zarr sharded"):
+        compressors = {"id": "blosc", "cname": "lz4"} if case == "zarr v2 blosc" else zarr.codecs.ZstdCodec()
+        zarr.create_array(str(tmp_path / "s.zarr"), shape=data.shape, dtype=data.dtype,
+                          chunks=INNER if data.ndim == 3 else (data.shape[0],) + INNER,
+                          shards=(SHARD if data.ndim == 3 else (data.shape[0],) + SHARD) if case == "zarr sharded"
+                          else None, zarr_format=2 if case == "zarr v2 blosc" else 3,
+                          compressors=compressors)[...] = data
+        return tmp_path / "s.zarr", {}
+    if case == "n5 gzip":
+        z5py = pytest.importorskip("z5py")
+        z5py.File(str(tmp_path / "s.n5"), mode="a").create_dataset("raw", data=data, chunks=INNER,
+                                                                     compression="gzip")
+        return tmp_path / "s.n5/raw", {}
+    import h5py
+    with h5py.File(tmp_path / "s.h5", "w") as file:
+        file.create_dataset("raw", data=data, chunks=INNER, compression="gzip" if case == "hdf5 gzip" else None)
+    return tmp_path / "s.h5", {"dataset": "raw"}
+
+
+@pytest.mark.parametrize("case, by_chunks", [("zarr v2 blosc", True), ("zarr v3 zstd", True), ("zarr sharded", True),
+                                             ("n5 gzip", True), ("hdf5 gzip", True), ("hdf5 raw", False)])
+def test_a_whole_volume_reads_by_waves_of_chunks_where_that_is_faster(tmp_path, monkeypatch, case, by_chunks):
+    """In-memory opens and np.asarray of a lazy volume read chunk by chunk through the source's read_many (small
+    waves here: chunk buffers reused from one wave to the next, edge chunks of every size) where the store's
+    library reads a whole array more slowly, else in one read; the same values either way."""
+    from emfast.io import _whole
+    data = random_volume(np.uint16)
+    path, options = _write_whole_case(tmp_path, case, data)
+    monkeypatch.setattr(_whole, "WAVE_BYTES", 5 * 8 * 10 * 6 * 2)  # five chunks a wave
+    waves = []
+    read_whole = _whole.read_whole
+
+    class Counted:  # the source, its read_many counting the chunks of each wave
+        def __init__(self, source):
+            self._source = source
+
+        def __getattr__(self, name):
+            return getattr(self._source, name)
+
+        @property
+        def read_many(self):
+            many = self._source.read_many
+            return None if many is None else lambda requests: waves.append(len(requests)) or many(requests)
+
+    def counted(source, out):
+        return read_whole(Counted(source), out)
+
+    monkeypatch.setattr(_whole, "read_whole", counted)
+    from emfast.io import _volume
+    monkeypatch.setattr(_volume, "read_whole", counted)
+    np.testing.assert_array_equal(np.asarray(ef.open(path, **options))[0], data)
+    with ef.open(path, in_memory=False, **options) as volume:
+        np.testing.assert_array_equal(np.asarray(volume)[0], data)
+    chunks = math.prod(-(-s // c) for s, c in zip(SHAPE, INNER))
+    assert sum(waves) == (2 * chunks if by_chunks else 0) and (not waves or max(waves) == 5)
+
+
+def test_a_four_d_zarr_array_reads_whole_by_chunks_only_with_its_channels_in_one_chunk(tmp_path):
+    data = random_volume(np.uint16, (3,) + SHAPE)
+    for name, channel_chunk in (("together", 3), ("split", 1)):
+        zarr.create_array(str(tmp_path / f"{name}.zarr"), shape=data.shape, chunks=(channel_chunk,) + INNER,
+                          dtype=data.dtype, compressors=zarr.codecs.ZstdCodec())[...] = data
+        with ef.open(tmp_path / f"{name}.zarr", in_memory=False) as volume:
+            assert volume._reader.whole_by_chunks == (channel_chunk == 3)
+            np.testing.assert_array_equal(np.asarray(volume), data)
+        np.testing.assert_array_equal(np.asarray(ef.open(tmp_path / f"{name}.zarr")), data)

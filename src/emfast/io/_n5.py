@@ -136,6 +136,9 @@ class N5Source(VolumeSource):
         self._decodes = SideBySide.of("n5", repr(compression), math.prod(self._block) * self._stored.itemsize)
         self._directory = root / dataset
         self._root, self._dataset = root, dataset
+        # a 4-D dataset whose channels are split over blocks reads them box by box (_one_block)
+        self.whole_by_chunks = not isinstance(root, RemoteStore) and (
+            len(self.full_shape) == 3 or self._block[0] >= self.full_shape[0])
         with parsing(where):
             geometry = array_geometry(meta, len(dimensions), where, reversed_order=True)
         geometry.require_canonical(where)

@@ -243,6 +243,11 @@ class VolumeSource:
         chunk read is mostly decoding that releases the GIL (the chunk cache then reads a box's missing chunks side
         by side, :mod:`emfast.io._decode`); False where it is mostly Python work (an uncompressed file), which
         threads would only contend for.
+    whole_by_chunks : bool
+        Whether the whole volume reads faster chunk by chunk through ``read_many`` than in one :meth:`read`
+        (:func:`emfast.io._whole.read_whole`: in-memory opens, ``np.asarray`` of a lazy volume): True where emfast
+        reads the chunks itself and the store's library reads a whole array more slowly (zarr-python, N5, HDF5's
+        deflate filter).
 
     A source may also offer ``read_many(requests)``, filling several boxes, ``requests`` a list of
     ``(corner, extent, out)`` as :meth:`read` takes them, in one call (tensorstore's concurrent reads): the chunk
@@ -252,6 +257,7 @@ class VolumeSource:
     """
 
     parallel_reads: bool = False
+    whole_by_chunks: bool = False
     name: str
     full_shape: Tuple[int, ...]
     dtype: np.dtype

@@ -17,6 +17,7 @@ from .._core.gather import gather_copy, pad_indices
 from .._machine import available_bytes
 from ._chunkcache import CacheStats, ChunkCache, check_budget, default_budget
 from ._source import VolumeSource, plain
+from ._whole import read_whole
 
 SUPPORTED_DTYPES = tuple(dict.fromkeys(RAW_DTYPES + LABEL_DTYPES))  # uint32 is both
 
@@ -164,8 +165,7 @@ class Volume:
                 size = _gib(math.prod(int(s) for s in source.full_shape) * dtype.itemsize)
                 raise VolumeTooLargeError(f"{name}: cannot allocate {size} for {tuple(source.full_shape)} {dtype}; "
                                           "open it lazily with in_memory=False") from None
-            whole = data if data.ndim == 4 else data[np.newaxis]
-            source.read((0, 0, 0), whole.shape[1:], whole)
+            read_whole(source, data if data.ndim == 4 else data[np.newaxis])
         except BaseException:
             source.close()
             raise
@@ -227,7 +227,7 @@ class Volume:
                                  f"more than the {_gib(ASARRAY_LIMIT_BYTES)} limit; read the part you need with "
                                  "volume.read_box(corner, extent, out), or stream it with volume.slabs()")
             data = np.empty((self.channels,) + self.shape, self.dtype)
-            self._reader.read((0, 0, 0), self.shape, data)
+            read_whole(self._reader, data)
             copy = False  # freshly read: nobody else holds it
         if dtype is not None and np.dtype(dtype) != data.dtype:
             if copy is False:

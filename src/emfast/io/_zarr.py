@@ -157,6 +157,9 @@ class ZarrSource(VolumeSource):
         # emfast's own decoders release the GIL; zarr-python's event loop serialises the work of several threads.
         # A remote array's reads wait on the network, their requests already announced together (will_read).
         self.parallel_reads = self._direct is not None and bool(array.compressors) and not remote
+        # a 4-D array whose channels are split over chunks reads a block's chunks through zarr-python
+        self.whole_by_chunks = self._direct is not None and not remote and (
+            len(array.shape) == 3 or int(array.chunks[0]) == int(array.shape[0]))
         self._path, self._dataset = path, dataset
         self._level, self._resolution = level, resolution
         self.dtype = np.dtype(array.dtype)
