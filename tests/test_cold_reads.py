@@ -1123,6 +1123,25 @@ def test_a_whole_volume_reads_by_waves_of_chunks_where_that_is_faster(tmp_path, 
     assert sum(waves) == (2 * chunks if by_chunks else 0) and (not waves or max(waves) == 5)
 
 
+@pytest.mark.parametrize("compress", [False, "gzip"])
+def test_raw_precomputed_reads_whole_by_chunks_plain_or_gzipped(tmp_path, compress):
+    """cloud-volume's chunk files, one of them never written (zeros), in memory and through np.asarray."""
+    cloudvolume = pytest.importorskip("cloudvolume")
+    data = random_volume(np.uint16)
+    info = cloudvolume.CloudVolume.create_new_info(
+        num_channels=1, layer_type="image", data_type="uint16", encoding="raw", resolution=[4, 4, 40],
+        voxel_offset=[3, 5, 7], chunk_size=list(INNER[::-1]), volume_size=list(data.shape[::-1]))
+    volume = cloudvolume.CloudVolume(f"file://{tmp_path / 'pc'}", info=info, compress=compress, progress=False)
+    volume.commit_info()
+    volume[3:3 + data.shape[2], 5:5 + data.shape[1], 7:7 + data.shape[0]] = data.T
+    os.remove(tmp_path / ("pc/4_4_40/3-9_5-15_7-15" + (".gz" if compress else "")))
+    data[:8, :10, :6] = 0
+    with ef.open(tmp_path / "pc", in_memory=False, format="precomputed") as lazy:
+        assert lazy._reader.whole_by_chunks
+        np.testing.assert_array_equal(np.asarray(lazy)[0], data)
+    np.testing.assert_array_equal(np.asarray(ef.open(tmp_path / "pc", format="precomputed"))[0], data)
+
+
 def test_a_four_d_zarr_array_reads_whole_by_chunks_only_with_its_channels_in_one_chunk(tmp_path):
     data = random_volume(np.uint16, (3,) + SHAPE)
     for name, channel_chunk in (("together", 3), ("split", 1)):

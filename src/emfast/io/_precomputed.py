@@ -157,6 +157,9 @@ class PrecomputedSource(VolumeSource):
             channels = int(info["num_channels"])
             x, y, z = (int(n) for n in chosen["size"])
             self.dtype = np.dtype(info["data_type"]).newbyteorder("<")
+            # whole chunks read straight into buffers (and .gz ones inflated a wave at a time) beat one read chunk by
+            # chunk: 17 against 26 ms for (96, 512, 512) uint8, 56 against 205 ms gzipped
+            self.whole_by_chunks = not remote
         else:
             self._store = _open_tensorstore(path, index, self.name)
             self.parallel_reads = True  # tensorstore decodes outside the GIL

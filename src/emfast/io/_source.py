@@ -247,7 +247,7 @@ class VolumeSource:
         Whether the whole volume reads faster chunk by chunk through ``read_many`` than in one :meth:`read`
         (:func:`emfast.io._whole.read_whole`: in-memory opens, ``np.asarray`` of a lazy volume): True where emfast
         reads the chunks itself and the store's library reads a whole array more slowly (zarr-python, N5, HDF5's
-        deflate filter).
+        deflate filter, raw precomputed chunk files).
 
     A source may also offer ``read_many(requests)``, filling several boxes, ``requests`` a list of
     ``(corner, extent, out)`` as :meth:`read` takes them, in one call (tensorstore's concurrent reads): the chunk

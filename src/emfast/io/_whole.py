@@ -5,7 +5,8 @@ Read in one call, a store goes through its library's general path: zarr-python f
 (:attr:`~emfast.io._source.VolumeSource.whole_by_chunks`: the compiled file reads and decoders, decode helpers
 where cores are idle), :func:`read_whole` reads the volume through its ``read_many``, in waves of whole chunks
 decoded into chunk buffers, each then copied into place: 42 ms for that array, blosc-lz4 24 ms against 147,
-sharded 67 against 120, N5 gzip 74 against 108, HDF5 gzip 100 against 185.
+sharded 67 against 120, N5 gzip 74 against 108, HDF5 gzip 100 against 185, raw precomputed 17 against 26 (gzipped
+56 against 205).
 """
 from __future__ import annotations
 
