@@ -268,10 +268,16 @@ def zstd_content_size(frame) -> Optional[int]:
     return int.from_bytes(header[start:start + size], "little") + (256 if size == 2 else 0)
 
 
+def _blosc_size(frame, at: int) -> Optional[int]:
+    """The size at byte ``at`` of a blosc frame's 16-byte header (4: decoded, 12: the frame's own), or None if
+    ``frame`` is too short to be one."""
+    header = bytes(memoryview(frame).cast("B")[:16])
+    return int.from_bytes(header[at:at + 4], "little") if len(header) == 16 else None
+
+
 def blosc_content_size(frame) -> Optional[int]:
     """The decoded size a blosc frame's header states, or None if ``frame`` is too short to be one."""
-    header = bytes(memoryview(frame)[:16])
-    return int.from_bytes(header[4:8], "little") if len(header) == 16 else None
+    return _blosc_size(frame, 4)
 
 
 def checked_blosc(codec) -> Callable:
@@ -284,9 +290,7 @@ def checked_blosc(codec) -> Callable:
         The frame is shorter or longer than its header says (the caller names the chunk).
     """
     def decode(data, out=None):
-        length = memoryview(data).nbytes
-        header = bytes(memoryview(data).cast("B")[:16])
-        stated = int.from_bytes(header[12:16], "little") if len(header) == 16 else None
+        length, stated = memoryview(data).nbytes, _blosc_size(data, 12)
         if stated != length:
             raise ValueError(f"a blosc frame of {length} bytes whose header states {stated}: truncated or damaged")
         return codec.decode(data, out)
