@@ -1151,3 +1151,14 @@ def test_a_four_d_zarr_array_reads_whole_by_chunks_only_with_its_channels_in_one
             assert volume._reader.whole_by_chunks == (channel_chunk == 3)
             np.testing.assert_array_equal(np.asarray(volume), data)
         np.testing.assert_array_equal(np.asarray(ef.open(tmp_path / f"{name}.zarr")), data)
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_whole_zarr_volume_read_by_chunks_fills_chunks_never_written(tmp_path, zarr_format):
+    data = random_volume(np.uint16)
+    zarr.create_array(str(tmp_path / "s.zarr"), shape=SHAPE, chunks=INNER, dtype=np.uint16, fill_value=7,
+                      zarr_format=zarr_format, compressors={"id": "zstd"} if zarr_format == 2 else
+                      zarr.codecs.ZstdCodec())[...] = data
+    os.remove(tmp_path / ("s.zarr/1.1.1" if zarr_format == 2 else "s.zarr/c/1/1/1"))
+    data[8:16, 10:20, 6:12] = 7
+    np.testing.assert_array_equal(np.asarray(ef.open(tmp_path / "s.zarr"))[0], data)
