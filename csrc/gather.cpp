@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <type_traits>
 #include <vector>
 
 #if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
@@ -52,7 +53,13 @@ struct Convert<uint16_t> { /* float16 output, stored as its bits */
 
 template <typename Src, typename Out, typename Op>
 inline void row_forward(const Src *src, int64_t n, Out *out, const Op &op) {
-    for (int64_t i = 0; i < n; ++i) out[i] = op(src[i]);
+    if constexpr (std::is_same<Op, Copy>::value && std::is_same<Src, Out>::value) {
+        /* a plain copy: memcpy moves short rows (the pieces of rows that cross chunks, 64 bytes and less) with a
+         * few overlapping loads, where the loop's vector body leaves a scalar tail of up to 31 elements */
+        std::memcpy(out, src, static_cast<size_t>(n) * sizeof(Src));
+    } else {
+        for (int64_t i = 0; i < n; ++i) out[i] = op(src[i]);
+    }
 }
 
 /* Output of at least this many bytes per call is written with non-temporal (streaming) stores: it cannot stay
