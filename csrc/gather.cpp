@@ -492,7 +492,10 @@ void chunked_window(const emf_chunked_window &w, const int64_t shape[4], Out *ou
                         for (int a = 0; a < 3; ++a) origin += local[a] * chunk.steps[a];
                         const int64_t step_y = w.flip[ay] ? -chunk.steps[ay] : chunk.steps[ay];
                         const int64_t step_x = w.flip[ax] ? -chunk.steps[ax] : chunk.steps[ax];
-                        if (split_rows) /* rows crossing chunks are assembled in staging, then converted whole */
+                        if (split_rows && step_x == item) /* a piece of each row, in one chunk's row: copied */
+                            for (int64_t r = 0; r < ry.count; ++r)
+                                std::memcpy(staging + r * nx + rx.first, origin + r * step_y, rx.count * item);
+                        else if (split_rows) /* rows crossing chunks are assembled in staging, then converted whole */
                             gather_plane<Src>(origin, step_y, step_x, ry.count, rx.count, staging + rx.first, nx,
                                               Copy{}, tile, false);
                         else
