@@ -14,6 +14,7 @@ off.
 from __future__ import annotations
 
 import ctypes.util
+import zlib
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -46,3 +47,11 @@ def inflate(data, size: int) -> Optional[np.ndarray]:
     out = np.empty(size, np.uint8)
     decoded = decode_frames([data], [out])
     return out if decoded is not None and decoded[0] else None
+
+
+def inflated(data, size: int, wbits: int = zlib.MAX_WBITS):
+    """``data`` inflated to its ``size`` bytes: by libdeflate where there is one (:func:`inflate`), else, or where
+    it refuses the stream, by zlib with ``wbits`` (15: zlib, 47: gzip or zlib), whose ``zlib.error`` says what is
+    wrong (the caller names the chunk)."""
+    out = inflate(data, size)
+    return out if out is not None else zlib.decompress(data, wbits, size)  # sized once: no growing copies

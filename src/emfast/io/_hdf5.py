@@ -290,23 +290,13 @@ class _DirectChunkReader:
         data = raw
         for code in self._decode:
             if code == h5py.h5z.FILTER_DEFLATE:
-                data = _inflated(data, expected, f"{name}: cannot decompress the chunk at {offset}")
+                try:
+                    data = _deflate.inflated(data, expected)
+                except zlib.error as exc:
+                    raise CorruptChunkError(f"{name}: cannot decompress the chunk at {offset}: {exc}") from exc
             elif itemsize > 1:  # shuffle: byte k of every element stored together; a no-op for 1-byte types
                 data = np.frombuffer(data, np.uint8).reshape(itemsize, -1).T.tobytes()
         return checked_chunk(data, self._file_dtype, self._chunks, f"{name}: the chunk at {offset}")
-
-
-def _inflated(data: bytes, expected: int, what: str):
-    """A deflate filter's zlib stream inflated: by libdeflate where there is one (twice as fast,
-    :mod:`emfast.io._deflate`), else, or where it refuses the stream, by zlib, whose error is raised as a
-    CorruptChunkError saying ``what``."""
-    inflated = _deflate.inflate(data, expected)
-    if inflated is not None:
-        return inflated
-    try:
-        return zlib.decompress(data, bufsize=expected)  # sized once: no growing copies
-    except zlib.error as exc:
-        raise CorruptChunkError(f"{what}: {exc}") from exc
 
 
 def hdf5(path: Union[str, os.PathLike], dataset: str, *, in_memory: bool = True,

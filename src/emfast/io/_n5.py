@@ -33,7 +33,6 @@ import lzma
 import math
 import os
 import struct
-import zlib
 from pathlib import Path
 from typing import Sequence, Union
 
@@ -324,7 +323,7 @@ def _decoder(compression, name: str):
     if kind in ("gzip", "zlib"):
         zlib_header = isinstance(compression, dict) and compression.get("useZlib") is True
         wbits = 47 if kind == "gzip" and not zlib_header else 15  # 47: gzip or zlib header
-        return functools.partial(_inflated, wbits=wbits)
+        return functools.partial(_deflate.inflated, wbits=wbits)
     if kind == "bzip2":
         return lambda data, size: bz2.decompress(data)
     if kind == "xz":
@@ -341,14 +340,6 @@ def _decoder(compression, name: str):
         return lambda data, size: decode(data)
     raise bad_metadata(name, "compression", compression, 'a compression of type raw, gzip, zlib, bzip2, xz, blosc, '
                        'zstd or lz4, e.g. {"type": "gzip"}')
-
-
-def _inflated(data, size: int, wbits: int):
-    """A gzip or zlib block's elements: by libdeflate where there is one (twice as fast, :mod:`emfast.io._deflate`;
-    blocks read alone: remote, edge blocks written whole, in-memory opens), else, or where it refuses the stream, by
-    zlib (``wbits``), whose error names what is wrong."""
-    inflated = _deflate.inflate(data, size)
-    return inflated if inflated is not None else zlib.decompress(data, wbits, size)
 
 
 #: lz4-java's ``LZ4BlockOutputStream`` framing, which n5-java (the reference) writes: each block is the magic,
