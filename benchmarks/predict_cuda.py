@@ -11,8 +11,9 @@ transposed-convolution upsampling, cropped skip connections, 3 sigmoid outputs: 
 Baseline: the network alone on a resident batch of ``B`` tiles on the device, in inference mode, synchronised
 after each call: tiles per second.
 Contender: ``emfast.predict`` over a (100, 1200, 1200) uint8 volume in memory, default settings (gaussian blending,
-float32 zarr output, zstd), the same batch size, ``device="cuda"``, ``threads`` 2 (the default) and half the cores:
-tiles the model computed per second of predict's wall time (set-up, probe and writing included).
+float32 zarr output, zstd), the same batch size, ``device="cuda"``, ``threads`` 2 (the default) and half the cores,
+and ``threads`` 2 with ``cuda_graphs=True`` (the network's calls replayed from captured CUDA graphs): tiles the
+model computed per second of predict's wall time (set-up, probe and writing included).
 Target: predict >= 0.9x the network alone. Rounds alternate; the best and median of each are reported.
 Under each row, the best round's milliseconds per tile by stage of the network's calls: alone, the call (on a GPU
 it launches the kernels) and the wait for the device; in predict, ``Prediction.profile`` (the copies to the
@@ -150,7 +151,7 @@ def predict_stages(result) -> dict:
     return dict(stages, busy=result.profile["model"] / result.seconds)
 
 
-def predict_rate(torch, net, device, raw, out, batch_size, threads):
+def predict_rate(torch, net, device, raw, out, batch_size, threads, cuda_graphs=False):
     """(tiles per second, the Prediction) of emfast.predict with ``net``."""
     if isinstance(net, StandIn):
         model, on = net, None
@@ -164,7 +165,7 @@ def predict_rate(torch, net, device, raw, out, batch_size, threads):
     shutil.rmtree(os.path.dirname(out), ignore_errors=True)
     start = time.perf_counter()
     result = ef.predict(model, raw, out, patch_in=PATCH_IN, patch_out=PATCH_OUT, batch_size=batch_size,
-                        device=on, threads=threads)
+                        device=on, threads=threads, cuda_graphs=cuda_graphs)
     seconds = time.perf_counter() - start
     return result.tiles_computed / seconds, result
 
@@ -200,7 +201,9 @@ def main(argv=None) -> int:
     rounds = 1 if args.quick else args.rounds
     raw, _ = make_em_volume((44, 240, 240) if args.quick else VOLUME, seed=0)
     many = max(2, (os.cpu_count() or 2) // 2)
-    contenders = {"network alone": None, "predict threads=2": 2, f"predict threads={many}": many}
+    contenders = {"network alone": None, "predict threads=2": (2, False), f"predict threads={many}": (many, False)}
+    if args.device == "cuda":
+        contenders["predict threads=2 cuda_graphs"] = (2, True)
     rates = {name: [] for name in contenders}
     stages = {name: [] for name in contenders}  # per round: ms per tile by stage of the model's calls
     tiles = {}
@@ -208,8 +211,8 @@ def main(argv=None) -> int:
     try:
         predict_rate(torch, net, args.device, raw, os.path.join(directory, "warm.zarr/p"), args.batch_size, 2)
         for _ in range(rounds):
-            for name, threads in contenders.items():
-                if threads is None:
+            for name, settings in contenders.items():
+                if settings is None:
                     rate, split = (stand_in_rate(net, args.batch_size) if torch is None else
                                    network_alone(torch, net, args.device, args.batch_size,
                                                  calls=4 if args.quick else 100))
@@ -217,7 +220,7 @@ def main(argv=None) -> int:
                     stages[name].append(split)
                     continue
                 rate, result = predict_rate(torch, net, args.device, raw, os.path.join(directory, "p.zarr/p"),
-                                            args.batch_size, threads)
+                                            args.batch_size, *settings)
                 rates[name].append(rate)
                 stages[name].append(predict_stages(result))
                 tiles[name] = {"plan": result.tiles, "computed": result.tiles_computed, "blocks": result.blocks}

@@ -105,6 +105,91 @@ def test_a_call_on_the_device_thread_before_the_device_is_opened_does_not_wait_f
     np.testing.assert_array_equal(result, np.full((1, 1, 1, 2, 5), 2, np.float32))
 
 
+class _Recorder:
+    """A caller for DeviceCalls that records launches and waits; its first launch waits for ``go``."""
+
+    def __init__(self):
+        self.events, self.go = [], threading.Event()
+
+    def launch(self, number):
+        if not self.events:
+            assert self.go.wait(10)
+        self.events.append(("launch", number))
+
+        def wait():
+            self.events.append(("wait", number))
+            return number * 10
+
+        return wait
+
+
+def _device_calls():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from emfast.inference._device import DeviceCalls
+
+    executor = ThreadPoolExecutor(1)
+    return executor, DeviceCalls(executor)
+
+
+def test_a_call_is_launched_before_the_previous_one_is_waited_for_when_its_batch_is_queued():
+    """The device goes from one batch to the next without waiting for the host: with three batches queued, each
+    is launched before the prediction of the one before it is waited for; a call alone is still waited for."""
+    executor, calls = _device_calls()
+    recorder = _Recorder()
+    try:
+        queued = [calls.submit(recorder, number) for number in range(3)]
+        recorder.go.set()
+        assert [future.result(timeout=10) for future in queued] == [0, 10, 20]
+        assert recorder.events == [("launch", 0), ("launch", 1), ("wait", 0), ("launch", 2), ("wait", 1),
+                                   ("wait", 2)]
+        assert calls.submit(recorder, 3).result(timeout=10) == 30  # nothing queued behind it: not left waiting
+    finally:
+        calls.shutdown()
+        executor.shutdown()
+
+
+def test_shutting_the_device_calls_down_cancels_the_calls_not_launched_and_waits_for_the_others():
+    executor, calls = _device_calls()
+    recorder = _Recorder()
+    try:
+        queued = [calls.submit(recorder, number) for number in range(4)]
+        threading.Timer(0.05, recorder.go.set).start()
+        calls.shutdown(wait=True, cancel_futures=True)
+        assert queued[0].result(timeout=0) == 0  # launched before the cancel: its prediction was waited for
+        assert all(future.cancelled() for future in queued[1:])
+        assert recorder.events == [("launch", 0), ("wait", 0)]
+    finally:
+        executor.shutdown()
+
+
+def test_two_staged_calls_under_way_keep_their_own_predictions():
+    """Batches not gathered into a lent slot are staged; two may be under way at once (one launched while the
+    other's prediction comes back), so each has its own page-locked output: one shared would be overwritten."""
+    from emfast.inference._device import DeviceRunner
+
+    device = FakeDevice(seed=4, max_delay=0.005)
+    runner = DeviceRunner(device, batch_elements=2 * int(np.prod(PATCH_IN)))
+    rng = np.random.default_rng(5)
+    batches = [rng.random((2, 1) + PATCH_IN, dtype=np.float32) for _ in range(3)]
+    try:
+        first = runner.launch(lopsided, batches[0])
+        second = runner.launch(lopsided, batches[1])
+        np.testing.assert_array_equal(first(), lopsided(batches[0]))
+        third = runner.launch(lopsided, batches[2])
+        np.testing.assert_array_equal(second(), lopsided(batches[1]))
+        np.testing.assert_array_equal(third(), lopsided(batches[2]))
+    finally:
+        runner.close()
+    assert device.violations == [] and device.live == 0
+
+
+def test_cuda_graphs_need_a_cuda_device(tmp_path, volume):
+    for device in (None, "cpu", FakeDevice()):
+        with pytest.raises(ValueError, match="cuda_graphs=True needs device='cuda'"):
+            _predict(lopsided, volume, tmp_path / "p.zarr/pred", device=device, cuda_graphs=True)
+
+
 def test_the_profile_splits_the_model_calls_into_device_stages(tmp_path, volume):
     """``Prediction.profile``: the seconds of the model's calls, and within them the copies to the device, the
     network's call and the wait for the copy back; the network's share holds its own time."""
@@ -210,6 +295,66 @@ def test_cuda_with_torch_writes_what_the_cpu_writes(tmp_path, volume):
     np.testing.assert_array_equal(gpu, cpu)
 
 
+def _cuda_torch():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    from emfast.transfer import cuda_unavailable
+
+    reason = cuda_unavailable()
+    if reason is not None or not torch.cuda.is_available():
+        pytest.skip(f"no usable CUDA device: {reason or 'torch sees none'}")
+    return torch
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_replay_the_network_and_write_what_the_cpu_writes(tmp_path, volume):
+    """With cuda_graphs=True the network's Python runs only to capture (warm-up calls and one capture per device
+    slot) and for partial batches; every other full batch is a replay, and the output is the CPU's."""
+    torch = _cuda_torch()
+    from emfast.inference._graphs import WARMUP_CALLS
+
+    class Conv(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv3d(1, 2, 3)
+            self.forwards = []
+
+        def forward(self, batch):
+            self.forwards.append(batch.shape[0])
+            return torch.sigmoid(self.conv(batch))[:, :, 1:-1, 3:-3, 3:-3]
+
+    net = Conv().cuda().eval()
+    torch.backends.cudnn.deterministic = True
+    try:
+        _, eager = _predict(net, volume, tmp_path / "eager.zarr/pred", tta=4, batch_size=3, device="cuda")
+        eager_forwards = list(net.forwards)
+        net.forwards.clear()
+        _, graphs = _predict(net, volume, tmp_path / "graphs.zarr/pred", tta=4, batch_size=3, device="cuda",
+                             cuda_graphs=True)
+    finally:
+        torch.backends.cudnn.deterministic = False
+    np.testing.assert_allclose(graphs, eager, rtol=0, atol=1e-6)
+    full = sum(1 for size in eager_forwards if size == 3) - 1  # the probe's call is eager
+    partial = sum(1 for size in eager_forwards if size != 3)
+    assert full > 4 * (WARMUP_CALLS + 1)
+    assert len(net.forwards) <= 1 + 2 * (WARMUP_CALLS + 1) + partial
+
+
+@pytest.mark.gpu
+def test_a_network_that_cannot_be_captured_is_called_eagerly_with_a_notice(tmp_path, volume):
+    torch = _cuda_torch()
+
+    class Syncing(torch.nn.Module):
+        def forward(self, batch):
+            scale = float(batch.max().item() > -1)  # a value read on the host: not capturable
+            return batch[:, :, 2:-2, 4:-4, 4:-4] * 2 * scale
+
+    _, cpu = _predict(lambda b: crop(b) * 2, volume, tmp_path / "cpu.zarr/pred", batch_size=3)
+    with pytest.warns(ef.DeviceNotice, match="could not be captured"):
+        _, gpu = _predict(Syncing(), volume, tmp_path / "gpu.zarr/pred", batch_size=3, device="cuda",
+                          cuda_graphs=True)
+    np.testing.assert_array_equal(gpu, cpu)
+
+
 def test_the_device_slots_are_counted_in_the_memory_budget(tmp_path, volume):
     """The page-locked batch and result slots come out of memory=: with the same budget, the device path takes
     smaller blocks than the CPU path (here one block against several), writes the same bytes, and its pinned
@@ -225,7 +370,7 @@ def test_the_device_slots_are_counted_in_the_memory_budget(tmp_path, volume):
     from emfast.inference._device import HOST_SLOTS
     pinned = sum(array.nbytes for array in device._pinned)
     batch = 8 * 8 * 32 * 32  # batch_size * prod(patch_in); the output of a tile is its input here
-    assert pinned <= (HOST_SLOTS + 1) * 4 * batch + HOST_SLOTS * 8 * batch
+    assert pinned <= (HOST_SLOTS + 1) * 4 * batch + (HOST_SLOTS + 2) * 8 * batch
 
 
 def crop_to_self(batch):

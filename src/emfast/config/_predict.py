@@ -25,6 +25,7 @@ import difflib
 import importlib
 import inspect
 import os
+import re
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -349,6 +350,12 @@ def predict_section(reader: Reader, value, path: Path_) -> PredictSpec:
         options["normalize"] = _check_normalize(reader, section["normalize"], path + ("normalize",))
     if section.get("device") is not None:
         options["device"] = reader.string(section["device"], path + ("device",))
+    if section.get("cuda_graphs") is not None:
+        options["cuda_graphs"] = reader.boolean(section["cuda_graphs"], path + ("cuda_graphs",))
+        device = options.get("device")
+        if options["cuda_graphs"] and not (isinstance(device, str) and re.fullmatch(r"cuda(:\d+)?", device)):
+            raise reader.error(path + ("cuda_graphs",), f"CUDA graphs need device: cuda (or cuda:N), not "
+                                                        f"{describe_value(device)}")
     if section.get("memory") is not None:
         try:
             options["memory"] = parse_memory(section["memory"])

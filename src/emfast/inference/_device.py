@@ -2,18 +2,21 @@
 page-locked host slots with asynchronous copies, and predictions come back the same way.
 
 Every backend call happens on one thread, the device thread (a backend's device work belongs to the thread that
-opened it). The local engine calls the model there (:meth:`DeviceRunner.calls`), one batch at a time, while
-reading, gathering, blending and writing go on in other threads: a batch is handed over once, from the feeding
-thread, and its prediction once, to the blender.
+opened it). The local engine calls the model there (:meth:`DeviceRunner.calls`), while reading, gathering,
+blending and writing go on in other threads: a batch is handed over once, from the feeding thread, and its
+prediction once, to the blender. A call is launched (the batch copied to one of two device slots, the network's
+work queued, the copy of its prediction back started) before the previous call's copy back is waited for, so
+that the device goes from one batch to the next without waiting for the host.
 
 Tiles are gathered straight into the page-locked slots (:meth:`DeviceRunner.host_slots` lends them to the
 predictor's pool). A batch's prediction comes back into page-locked memory paired with its slot, so it stays valid
 as long as the batch does: the pool reuses a batch only once its predictions are blended. A batch in ordinary
 memory (the probe, or one gathered while every slot was in use) is staged through a slot kept for that, and its
-prediction copied out of the staging memory.
+prediction copied out of the staging memory (two staging outputs: two calls may be under way).
 """
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import time
@@ -21,12 +24,13 @@ import traceback
 from collections import deque
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
 from ..transfer import DeviceArray, TransferBackend, cuda_unavailable, resolve_device
 from ._block import BATCHES_AHEAD
+from ._graphs import CapturedNetwork
 from ._model import ModelOutputError
 
 #: The stages of a call on the device: copying the batch there (and waiting for the copy), calling the network
@@ -37,6 +41,10 @@ DEVICE_STAGES = ("to device", "network", "from device")
 #: Page-locked batch slots lent to the predictor: the batches a block being fed and the block being finished hold
 #: at most (one more is kept for staging).
 HOST_SLOTS = 2 * (BATCHES_AHEAD + 1)
+
+#: Device slots: a batch is copied into one while the network computes on the other; at most this many calls are
+#: under way.
+DEVICE_SLOTS = 2
 
 
 class DeviceRunner:
@@ -51,18 +59,24 @@ class DeviceRunner:
     torch_device : str, optional
         Give the model torch tensors on this device (zero-copy views of the device slot), in inference mode; None:
         the device arrays as the backend exports them.
+    cuda_graphs : bool
+        With ``torch_device``: replay full batches' calls from captured CUDA graphs (:mod:`._graphs`).
     """
 
-    def __init__(self, backend: TransferBackend, batch_elements: int, torch_device: Optional[str] = None) -> None:
+    def __init__(self, backend: TransferBackend, batch_elements: int, torch_device: Optional[str] = None,
+                 cuda_graphs: bool = False) -> None:
         self.backend = backend
         self.torch_device = torch_device
         self._elements = int(batch_elements)
+        self.graphs = CapturedNetwork(batch_elements) if cuda_graphs and torch_device is not None else None
         self._device_thread: Optional[int] = None  # its identity, from its start
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-device",
                                           initializer=self._mark_device_thread)
         self._slots: List[np.ndarray] = []  # flat float32 page-locked slots; the last one stages
-        self._outputs: Dict[int, np.ndarray] = {}  # slot index -> flat page-locked memory of its prediction
-        self._memory = None  # the device slot
+        # flat page-locked memory of a slot's prediction, by slot index (-1 and -2: the staged calls')
+        self._outputs: Dict[int, np.ndarray] = {}
+        self._memories: list = []  # the device slots
+        self._launches = 0
         self._opened = False
         #: Seconds per stage of the calls (see :attr:`~emfast.inference.Prediction.profile`).
         self.stages: Dict[str, float] = dict.fromkeys(DEVICE_STAGES, 0.0)
@@ -73,8 +87,9 @@ class DeviceRunner:
 
     def host_bytes(self, output_elements: int) -> int:
         """The page-locked host memory this runner holds at most: its batch slots, and one prediction of
-        ``output_elements`` per lent slot (counted at 8 bytes an element, the widest a model returns)."""
-        return (HOST_SLOTS + 1) * 4 * self._elements + HOST_SLOTS * 8 * int(output_elements)
+        ``output_elements`` per lent slot and per staged call under way (counted at 8 bytes an element, the widest
+        a model returns)."""
+        return (HOST_SLOTS + 1) * 4 * self._elements + (HOST_SLOTS + DEVICE_SLOTS) * 8 * int(output_elements)
 
     def host_slots(self) -> List[np.ndarray]:
         """The page-locked batch slots to gather into (flat float32); opens the device."""
@@ -83,7 +98,13 @@ class DeviceRunner:
 
     def __call__(self, model, batch: np.ndarray) -> np.ndarray:
         """``model``'s prediction of ``batch`` (float32, (B, C, z, y, x)) as a NumPy array."""
-        return self._on_device(self._call, model, batch)
+        return self.launch(model, batch)()
+
+    def launch(self, model, batch: np.ndarray) -> Callable[[], np.ndarray]:
+        """Copy ``batch`` to a device slot, call ``model`` on it (on an asynchronous device that only queues its
+        work) and start copying the prediction back; the function returned waits for the prediction. Wait for
+        every call but the last before launching another (at most :data:`DEVICE_SLOTS` are under way)."""
+        return functools.partial(self._on_device, self._finish, self._on_device(self._launch, model, batch))
 
     def calls(self) -> "DeviceCalls":
         """An executor running calls on the device thread (the model's calls, so that a batch is handed over once,
@@ -117,21 +138,24 @@ class DeviceRunner:
         slots = self.backend.open(fields, HOST_SLOTS + 1)
         self._opened = True
         self._slots = [slot["batch"] for slot in slots]
-        self._memory = self.backend.allocate()
+        while len(self._memories) < DEVICE_SLOTS:
+            self._memories.append(self.backend.allocate())
 
     def _close(self) -> None:
         self._opened = False
         self._slots, self._outputs = [], {}
-        outstanding = 0
-        try:
-            if self._memory is not None:
-                self.backend.free(self._memory)
-        except BaseException:
-            outstanding = 1  # still viewed: left to the backend's own rules
-            raise
-        finally:
-            self._memory = None
-            self.backend.close(outstanding)
+        if self.graphs is not None:
+            self.graphs.clear()  # their pools go back to torch before the slots they read are freed
+        errors = []
+        for memory in self._memories:
+            try:
+                self.backend.free(memory)
+            except BaseException as error:  # still viewed: left to the backend's own rules
+                errors.append(error)
+        self._memories = []
+        self.backend.close(len(errors))
+        if errors:
+            raise errors[0]
 
     def _slot_of(self, batch: np.ndarray) -> Optional[int]:
         root = batch
@@ -139,14 +163,16 @@ class DeviceRunner:
             root = root.base
         return next((i for i, slot in enumerate(self._slots[:-1]) if root is slot), None)
 
-    def _call(self, model, batch: np.ndarray) -> np.ndarray:
+    def _launch(self, model, batch: np.ndarray) -> "_Launched":
         self._open()
-        backend, memory = self.backend, self._memory
+        backend, memory = self.backend, self._memories[self._launches % DEVICE_SLOTS]
         index = self._slot_of(batch)
         staged = index is None
         if staged:
             index = len(self._slots) - 1
             np.copyto(self._slots[index][:batch.size].reshape(batch.shape), batch)
+        output = -1 - self._launches % DEVICE_SLOTS if staged else index
+        self._launches += 1
         source = result = None
         stages, start = self.stages, time.perf_counter()
         try:
@@ -157,19 +183,27 @@ class DeviceRunner:
             copied = time.perf_counter()
             stages["to device"] += copied - start
             result = self._run(model, source)
+            source = None
             called = time.perf_counter()
             stages["network"] += called - copied
-            host = self._output(index, result)
-            backend.copy_back(result, host)
-            backend.wait_back()
+            host = self._output(output, result)
+            launched = _Launched(host, backend.copy_back(result, host), result, staged)
             stages["from device"] += time.perf_counter() - called
         except BaseException as error:
+            source = result = None
             traceback.clear_frames(error.__traceback__)  # no view of the device slot outlives the call
             raise
-        finally:
-            source = result = None
         backend.given_back(memory)
-        return host.copy() if staged else host
+        return launched
+
+    def _finish(self, launched: "_Launched") -> np.ndarray:
+        start = time.perf_counter()
+        try:
+            self.backend.wait_back(launched.copy)
+        finally:
+            launched.result = None  # the prediction on the device, kept until copied
+            self.stages["from device"] += time.perf_counter() - start
+        return launched.host.copy() if launched.staged else launched.host
 
     def _run(self, model, source):
         """The model's output for the device batch ``source``: C-contiguous, on the device."""
@@ -179,13 +213,15 @@ class DeviceRunner:
         import torch
 
         with torch.inference_mode():
-            result = model(torch.as_tensor(source, device=self.torch_device))
+            tensor = torch.as_tensor(source, device=self.torch_device)
+            result = model(tensor) if self.graphs is None else self.graphs(torch, model, tensor)
             if isinstance(result, torch.Tensor):
                 result = result.detach().contiguous()
         return result
 
     def _output(self, index: int, result) -> np.ndarray:
-        """Page-locked memory of the slot's prediction, shaped as ``result``."""
+        """Page-locked memory of the slot's prediction (negative ``index``: a staged call's), shaped as
+        ``result``."""
         try:
             shape, dtype = tuple(int(n) for n in result.shape), _numpy_dtype(result.dtype)
         except (AttributeError, TypeError) as error:
@@ -198,28 +234,72 @@ class DeviceRunner:
         return flat[:size].reshape(shape)
 
 
+class _Launched:
+    """A call whose prediction is being copied back into ``host`` (``copy``: the backend's token for it)."""
+
+    __slots__ = ("host", "copy", "result", "staged")
+
+    def __init__(self, host: np.ndarray, copy, result, staged: bool) -> None:
+        self.host, self.copy, self.result, self.staged = host, copy, result, staged
+
+
 class DeviceCalls:
-    """Submits calls to the device thread for one prediction; :meth:`shutdown` cancels those not started and waits
-    for the others, as a thread pool's would, but the thread stays the runner's."""
+    """Submits calls to the device thread for one prediction, as a thread pool's ``submit`` would, but each call is
+    launched before the previous call's prediction is waited for when the next batch is already queued.
+
+    ``submit(caller, *arguments)`` runs ``caller.launch(*arguments)``, which returns the function that waits for
+    the prediction; the future returned resolves to what that function returns. :meth:`shutdown` cancels the calls
+    not launched and waits for the others; the thread stays the runner's.
+    """
 
     def __init__(self, executor: ThreadPoolExecutor) -> None:
         self._executor = executor
-        self._futures: "deque[Future]" = deque()
+        self._calls: "deque[tuple]" = deque()  # (the launch's task, the call's future)
+        self._waiting: Optional[tuple] = None  # (future, wait) of the call launched last; on the device thread
 
-    def submit(self, function, *arguments) -> Future:
-        while self._futures and self._futures[0].done():
-            self._futures.popleft()
-        future = self._executor.submit(function, *arguments)
-        self._futures.append(future)
+    def submit(self, caller, *arguments) -> Future:
+        while self._calls and self._calls[0][1].done():
+            self._calls.popleft()
+        future: Future = Future()
+        self._calls.append((self._executor.submit(self._launch, future, caller, arguments), future))
         return future
+
+    def _launch(self, future: Future, caller, arguments: tuple) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            wait = caller.launch(*arguments)
+        except BaseException as error:
+            self._wait_for_last()
+            future.set_exception(error)
+            return
+        self._wait_for_last()  # its copy back overlapped this launch
+        self._waiting = (future, wait)
+        # Queued behind the launches submitted meanwhile: when the next batch is ready, it is launched first.
+        self._executor.submit(self._wait_for, future)
+
+    def _wait_for(self, future: Future) -> None:
+        if self._waiting is not None and self._waiting[0] is future:
+            self._wait_for_last()
+
+    def _wait_for_last(self) -> None:
+        if self._waiting is None:
+            return
+        (future, wait), self._waiting = self._waiting, None
+        try:
+            future.set_result(wait())
+        except BaseException as error:
+            future.set_exception(error)
 
     def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
         if cancel_futures:
-            for future in self._futures:
-                future.cancel()
+            for task, future in self._calls:
+                if task.cancel():
+                    future.cancel()
+                    future.set_running_or_notify_cancel()  # what its task would have done: now it counts as done
         if wait:
-            futures.wait(self._futures)
-        self._futures.clear()
+            futures.wait([future for _, future in self._calls])
+        self._calls.clear()
 
 
 def _view(exported, shape: tuple):
@@ -237,15 +317,16 @@ def _numpy_dtype(dtype) -> np.dtype:
         return np.dtype(str(dtype).replace("torch.", ""))
 
 
-def device_runner(device, batch_elements: int) -> Optional[DeviceRunner]:
+def device_runner(device, batch_elements: int, cuda_graphs: bool = False) -> Optional[DeviceRunner]:
     """The runner for :func:`~emfast.predict`'s ``device``: a :class:`TransferBackend` given as the device (the
     model gets the device arrays it exports), or for ``"cuda[:N]"`` pycuda's backend when pycuda can use the
-    device (the model gets torch tensors); None otherwise (no device, ``"cpu"``, or CUDA without pycuda, where
-    torch moves the batches itself)."""
+    device (the model gets torch tensors, from CUDA graphs' replays with ``cuda_graphs``); None otherwise (no
+    device, ``"cpu"``, or CUDA without pycuda, where torch moves the batches itself)."""
     if isinstance(device, TransferBackend):
         return DeviceRunner(device, batch_elements)
     match = re.fullmatch(r"cuda(?::(\d+))?", device) if isinstance(device, str) else None
     if match is None or cuda_unavailable(int(match.group(1) or 0)) is not None:
         return None
     ordinal = int(match.group(1) or 0)
-    return DeviceRunner(resolve_device(f"cuda:{ordinal}"), batch_elements, torch_device=f"cuda:{ordinal}")
+    return DeviceRunner(resolve_device(f"cuda:{ordinal}"), batch_elements, torch_device=f"cuda:{ordinal}",
+                        cuda_graphs=cuda_graphs)

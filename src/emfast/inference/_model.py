@@ -45,17 +45,31 @@ class ModelCaller:
         return dict(self.__dict__, runner=None)
 
     def __call__(self, batch: np.ndarray, out_shape: tuple, channels: Optional[int]) -> np.ndarray:
+        return self.launch(batch, out_shape, channels)()
+
+    def launch(self, batch: np.ndarray, out_shape: tuple, channels: Optional[int]) -> Callable[[], np.ndarray]:
+        """Start the call on ``batch``; the function returned waits for the prediction and checks it. With a
+        runner the device computes meanwhile
+        (:meth:`~emfast.inference._device.DeviceRunner.launch`); otherwise the model is called here."""
         start = time.perf_counter()
         try:
             if self.runner is not None:
-                prediction = self.runner(self.model, batch)
-            elif self.device is None:
-                prediction = self.model(batch)
+                wait = self.runner.launch(self.model, batch)
             else:
-                prediction = self._torch(batch)
+                prediction = self.model(batch) if self.device is None else self._torch(batch)
+                wait = lambda: prediction  # noqa: E731
         finally:
             self.seconds += time.perf_counter() - start
-        return self._checked(prediction, batch.shape[0], out_shape, channels)
+
+        def checked() -> np.ndarray:
+            start = time.perf_counter()
+            try:
+                prediction = wait()
+            finally:
+                self.seconds += time.perf_counter() - start
+            return self._checked(prediction, batch.shape[0], out_shape, channels)
+
+        return checked
 
     def _torch(self, batch: np.ndarray):
         import torch

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,7 +18,7 @@ from .._version import __version__
 from ..io import (WIDTH, OutputLock, ProgressBar, Volume, array_fingerprint, check_free_space, check_output_location,
                   fingerprint, open_volume, option, plural)
 from ..pipeline import normalization
-from ..transfer import TransferBackend
+from ..transfer import DeviceNotice, TransferBackend, cuda_unavailable
 from ._block import BlockPredictor
 from ._blend import BLENDS, WEIGHTS
 from ._cache import TileCache
@@ -171,8 +172,9 @@ def _record(volume: Volume, caller: ModelCaller, plan: TilePlan, settings: dict,
 def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=None, roi=None,
             blend: str = "gaussian", tta: int = 0, pad: str = "reflect", fill=0, normalize=None,
             channels: Optional[int] = None, dtype: str = "float32", chunks=None, block=None,
-            compression: Optional[str] = None, batch_size: int = 1, device: Optional[str] = None, threads: int = 2,
-            memory=None, resume: bool = False, overwrite: bool = False, client=None,
+            compression: Optional[str] = None, batch_size: int = 1, device: Optional[str] = None,
+            cuda_graphs: bool = False, threads: int = 2, memory=None, resume: bool = False, overwrite: bool = False,
+            client=None,
             progress: Union[bool, Callable[["PredictProgress"], None]] = False) -> Prediction:
     """Predict every voxel of ``volume`` (or of ``roi``) with ``model`` and write the result to ``out``.
 
@@ -235,6 +237,13 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         pycuda installed, batches are gathered into page-locked buffers and copied to the device and back
         asynchronously on a stream of their own (pycuda missing: torch copies them). A transfer backend object
         (see :mod:`emfast.transfer`) gives the model the device arrays it exports; not with ``client``.
+    cuda_graphs : bool
+        With ``device="cuda[:N]"``, pycuda and a torch network: capture the network's call on a full batch as a
+        CUDA graph (once per device slot, two) and replay it, instead of launching its kernels one by one from
+        Python, where they wait for the GIL that reading, blending and writing take. For networks that do the
+        same work on every call (no ``.item()``, no shapes that depend on values); one that cannot be captured is
+        called eagerly, with a :class:`~emfast.DeviceNotice`. Costs the device memory of the network's
+        intermediate tensors twice over. Not with ``client``.
     threads : int
         Threads reading blocks' inputs ahead of the model.
     memory : int or str, optional
@@ -299,6 +308,9 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     compression = compression or ("gzip" if kind == "hdf5" else "zstd")
     check_compression(compression, kind)
     budget = DEFAULT_MEMORY if memory is None else parse_memory(memory)
+    if cuda_graphs and not (isinstance(device, str) and re.fullmatch(r"cuda(:\d+)?", device) and client is None):
+        raise ValueError(f"cuda_graphs=True needs device='cuda' or 'cuda:N' and no client=, got device={device!r}"
+                         f"{'' if client is None else ' with client='}")
     if client is not None and isinstance(device, TransferBackend):
         raise ValueError(f"device={device.name!r} is a device of this process; with client= give a device name "
                          "(such as 'cuda') that each worker opens itself")
@@ -317,7 +329,12 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         tile_variants = variants(tta, patch_in, patch_out)
         scale, shift = normalization(volume, normalize)
         if client is None:  # batches through the device's transfer backend (Dask workers move their own)
-            caller.runner = device_runner(device, batch_size * volume.channels * int(np.prod(patch_in)))
+            caller.runner = device_runner(device, batch_size * volume.channels * int(np.prod(patch_in)),
+                                          cuda_graphs)
+            if cuda_graphs and caller.runner is None:
+                why = cuda_unavailable(int(device.partition(":")[2] or 0))
+                warnings.warn(f"cuda_graphs=True: the network is called eagerly ({why})",
+                              DeviceNotice, stacklevel=2)
 
         def predictor_for(plan: TilePlan, cache: Optional[TileCache] = None) -> BlockPredictor:
             return BlockPredictor(volume, caller, plan, blend, tile_variants, scale, shift, pad, fill, batch_size,

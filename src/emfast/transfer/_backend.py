@@ -118,14 +118,15 @@ class TransferBackend:
         :meth:`close`."""
         raise NotImplementedError
 
-    def copy_back(self, source: Any, host: np.ndarray) -> None:
+    def copy_back(self, source: Any, host: np.ndarray) -> Any:
         """Start copying ``source``, a C-contiguous device array (``__cuda_array_interface__``) of ``host``'s shape
         and dtype, into ``host`` (a host slot or :meth:`pinned` memory), after the work queued on the calling
-        thread's current stream (the work that computed ``source``)."""
+        thread's current stream (the work that computed ``source``). Returns the copy's token for
+        :meth:`wait_back`."""
         raise NotImplementedError
 
-    def wait_back(self) -> None:
-        """Block until the copies started by :meth:`copy_back` have completed."""
+    def wait_back(self, copy: Any) -> None:
+        """Block until the copy back whose token is ``copy`` has completed (each token is waited for once)."""
         raise NotImplementedError
 
     def close(self, slots_outstanding: int) -> None:

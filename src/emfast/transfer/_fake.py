@@ -11,7 +11,7 @@ records every breach of the rules that make pycuda leak or corrupt memory on rea
 - the stream a slot is ordered after is the one current where its last view died, noted then;
 - a copy into a slot that any exported array (or view, or tensor of it) still reaches is an error;
 - results are copied back only into page-locked memory (a host slot or ``pinned()``), from a C-contiguous array
-  of the destination's shape and dtype; until ``wait_back()`` the destination holds poison;
+  of the destination's shape and dtype; until ``wait_back()`` of that copy the destination holds poison;
 - live allocations are counted, so a test can bound them.
 """
 import contextlib
@@ -73,6 +73,7 @@ class FakeDevice(TransferBackend):
         self._local = threading.local()
         self._lock = threading.Lock()
         self._copiers = []
+        self._copies_back = []  # copies back not yet waited for
         self._pinned = []  # page-locked host memory: the host slots and pinned() arrays
         self.copies_back = 0
 
@@ -216,18 +217,21 @@ class FakeDevice(TransferBackend):
 
         thread = threading.Thread(target=transfer, name="fake-dma-back")
         thread.start()
-        self._copiers.append(thread)
+        self._copies_back.append(thread)
+        return thread
 
-    def wait_back(self):
+    def wait_back(self, copy):
         self._called()
-        for thread in self._copiers:
-            thread.join()
-        self._copiers = []
+        if copy not in self._copies_back:
+            self._broken("wait_back() given a copy that is not under way (waited for twice, or not a copy back)")
+        copy.join()
+        self._copies_back.remove(copy)
 
     def close(self, slots_outstanding):
         self._called()
-        for thread in self._copiers:
+        for thread in self._copiers + self._copies_back:
             thread.join()
+        self._copies_back = []
         if slots_outstanding != self.live:
             self._broken(f"close() told {slots_outstanding} slots are outstanding, but {self.live} are allocated")
         self.outstanding_at_close = slots_outstanding

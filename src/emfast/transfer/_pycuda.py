@@ -110,7 +110,7 @@ class PycudaBackend(TransferBackend):
             self._stream = cuda.Stream(flags=_CU_STREAM_NON_BLOCKING)
             self._pinned: List[np.ndarray] = []
             self._computed = self._driver.event()  # the consumer's work that computed a result copied back
-            self._copied_back = cuda.Event()
+            self._copies_back: List[Any] = []  # events of copies back already waited for, reused
             self._host = [{name: cuda.pagelocked_empty(shape, dtype) for name, (shape, dtype) in fields.items()}
                           for _ in range(host_slots)]
         except (cuda.Error, MemoryError) as error:
@@ -209,10 +209,13 @@ class PycudaBackend(TransferBackend):
         self._driver.record(self._computed, producer)
         self._driver.wait(self._stream.handle, self._computed)
         self._cuda.memcpy_dtoh_async(host, interface["data"][0], self._stream)
-        self._copied_back.record(self._stream)
+        copied = self._copies_back.pop() if self._copies_back else self._cuda.Event()
+        copied.record(self._stream)
+        return copied
 
-    def wait_back(self) -> None:
-        self._copied_back.synchronize()
+    def wait_back(self, copy: Any) -> None:
+        copy.synchronize()
+        self._copies_back.append(copy)
 
     def close(self, slots_outstanding: int) -> None:
         if self._context is None:
@@ -223,7 +226,7 @@ class PycudaBackend(TransferBackend):
                 stream.synchronize()
         finally:  # even after a CUDA error: a thread that ends with a context pushed aborts the process
             # Dropping the last references frees the host slots and the stream here, in the context's thread.
-            self._host, self._stream, self._pinned, self._copied_back = [], None, [], None
+            self._host, self._stream, self._pinned, self._copies_back = [], None, [], []
             computed, self._computed = getattr(self, "_computed", None), None
             if computed is not None:
                 self._driver.destroy(computed)
