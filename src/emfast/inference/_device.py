@@ -178,7 +178,10 @@ class DeviceRunner:
         try:
             backend.guard(memory)
             backend.copy({"batch": self._slots[index]}, memory)
-            backend.wait(memory)
+            if staged:  # the next staged call overwrites the staging slot
+                backend.wait(memory)
+            else:  # the network's work waits for the copy on the device, not here
+                backend.order(memory)
             source = _view(backend.export(memory, memory)["batch"], batch.shape)
             copied = time.perf_counter()
             stages["to device"] += copied - start

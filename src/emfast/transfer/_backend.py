@@ -113,6 +113,11 @@ class TransferBackend:
         """Block until the copy into ``memory`` has completed."""
         raise NotImplementedError
 
+    def order(self, memory: Any) -> None:
+        """Order the work the calling thread queues next on its current stream after the copy into ``memory``,
+        without waiting here if the device can (by default it waits: :meth:`wait`)."""
+        self.wait(memory)
+
     def pinned(self, shape: tuple, dtype) -> np.ndarray:
         """Page-locked host memory that :meth:`copy_back` copies results into (prediction's outputs); freed at
         :meth:`close`."""

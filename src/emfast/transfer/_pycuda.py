@@ -19,24 +19,28 @@ _CU_EVENT_DISABLE_TIMING = 2
 
 
 class _Driver:
-    """The CUDA driver calls pycuda lacks: recording an event on a stream that another library created."""
+    """The CUDA driver calls pycuda lacks (recording an event on a stream that another library created), and the
+    asynchronous copies and event calls, made without giving up the GIL.
+
+    pycuda releases the GIL around every call, even one that only queues work and returns in microseconds; taking
+    it back can wait a whole switch interval (5 ms) behind a thread running Python, several times a batch. Only
+    :meth:`synchronize`, which waits for the device, releases it here.
+    """
 
     def __init__(self) -> None:
-        library = None
-        for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
-            try:
-                library = ctypes.CDLL(name)
-                break
-            except OSError:
-                continue
-        if library is None:
+        name = next((name for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll") if _loads(name)), None)
+        if name is None:
             raise OSError("the CUDA driver library (libcuda) cannot be loaded")
-        handle, pointer = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
+        quick, blocking = ctypes.PyDLL(name), ctypes.CDLL(name)  # PyDLL keeps the GIL during the call
+        handle, pointer, size = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t
         self._calls = {}
-        for call, arguments in (("cuEventCreate", [pointer, ctypes.c_uint]),
-                                ("cuEventRecord", [handle, handle]),
-                                ("cuStreamWaitEvent", [handle, handle, ctypes.c_uint]),
-                                ("cuEventDestroy_v2", [handle])):
+        for library, call, arguments in ((quick, "cuEventCreate", [pointer, ctypes.c_uint]),
+                                         (quick, "cuEventRecord", [handle, handle]),
+                                         (quick, "cuStreamWaitEvent", [handle, handle, ctypes.c_uint]),
+                                         (quick, "cuEventDestroy_v2", [handle]),
+                                         (quick, "cuMemcpyHtoDAsync_v2", [ctypes.c_uint64, handle, size, handle]),
+                                         (quick, "cuMemcpyDtoHAsync_v2", [handle, ctypes.c_uint64, size, handle]),
+                                         (blocking, "cuEventSynchronize", [handle])):
             function = getattr(library, call)
             function.argtypes, function.restype = arguments, ctypes.c_int
             self._calls[call] = function
@@ -61,13 +65,33 @@ class _Driver:
     def destroy(self, event: int) -> None:
         self._call("cuEventDestroy_v2", event)
 
+    def synchronize(self, event: int) -> None:
+        """Wait for ``event``'s work, the GIL released."""
+        self._call("cuEventSynchronize", event)
+
+    def to_device(self, device: int, host: np.ndarray, stream: int) -> None:
+        """Queue a copy of the C-contiguous (page-locked) ``host`` to ``device`` on ``stream``."""
+        self._call("cuMemcpyHtoDAsync_v2", device, host.ctypes.data, host.nbytes, stream)
+
+    def to_host(self, host: np.ndarray, device: int, stream: int) -> None:
+        """Queue a copy of ``host.nbytes`` from ``device`` into the C-contiguous (page-locked) ``host``."""
+        self._call("cuMemcpyDtoHAsync_v2", host.ctypes.data, device, host.nbytes, stream)
+
+
+def _loads(name: str) -> bool:
+    try:
+        ctypes.CDLL(name)
+    except OSError:
+        return False
+    return True
+
 
 class _DeviceSlot:
     """One batch's device memory: an allocation per field, and the events that order copies into it."""
 
     __slots__ = ("allocations", "copied", "released", "recorded", "unordered")
 
-    def __init__(self, allocations: Dict[str, Any], copied: Any, released: int) -> None:
+    def __init__(self, allocations: Dict[str, Any], copied: int, released: int) -> None:
         self.allocations = allocations
         self.copied = copied  # recorded on the copy stream after the copy
         self.released = released  # recorded on the consumer's stream where the slot was given back
@@ -77,7 +101,8 @@ class _DeviceSlot:
 
 @register("backend")
 class PycudaBackend(TransferBackend):
-    """Page-locked host slots, device slots and one non-blocking copy stream in the device's primary context.
+    """Page-locked host slots, device slots and two non-blocking copy streams (to the device, and back: a copy back
+    waits for the work computing it, and must not hold up the next copy in) in the device's primary context.
 
     The primary context is the one PyTorch and CuPy use, so their tensors and these buffers live in the same
     context. It is pushed in the copier thread for the thread's lifetime and popped at :meth:`close`.
@@ -108,9 +133,11 @@ class PycudaBackend(TransferBackend):
         self._context.push()
         try:
             self._stream = cuda.Stream(flags=_CU_STREAM_NON_BLOCKING)
+            self._back_stream = cuda.Stream(flags=_CU_STREAM_NON_BLOCKING)
             self._pinned: List[np.ndarray] = []
             self._computed = self._driver.event()  # the consumer's work that computed a result copied back
-            self._copies_back: List[Any] = []  # events of copies back already waited for, reused
+            self._back_events: List[int] = []  # the events of copies back, destroyed at close
+            self._copies_back: List[int] = []  # those of copies already waited for, reused
             self._host = [{name: cuda.pagelocked_empty(shape, dtype) for name, (shape, dtype) in fields.items()}
                           for _ in range(host_slots)]
         except (cuda.Error, MemoryError) as error:
@@ -127,7 +154,7 @@ class PycudaBackend(TransferBackend):
         except cuda.Error as error:
             raise MemoryError(f"cannot allocate a batch slot of {sum(sizes.values()) / 2**20:.1f} MiB on "
                               f"{self.name}: {error}") from error
-        return _DeviceSlot(allocations, cuda.Event(), self._driver.event())
+        return _DeviceSlot(allocations, self._driver.event(), self._driver.event())
 
     def _field_bytes(self) -> Dict[str, int]:
         return {name: int(np.prod(shape)) * np.dtype(dtype).itemsize for name, (shape, dtype) in self._fields.items()}
@@ -141,8 +168,9 @@ class PycudaBackend(TransferBackend):
                 errors.append(error)
         try:
             self._driver.destroy(memory.released)
+            self._driver.destroy(memory.copied)
         finally:
-            memory.allocations, memory.copied = {}, None  # the copy event goes here too, in this context
+            memory.allocations = {}
         if errors:
             raise errors[0]
 
@@ -184,12 +212,16 @@ class PycudaBackend(TransferBackend):
         memory.recorded = memory.unordered = False
 
     def copy(self, host: Dict[str, np.ndarray], memory: _DeviceSlot) -> None:
+        stream = self._stream.handle
         for name, allocation in memory.allocations.items():
-            self._cuda.memcpy_htod_async(allocation, host[name], self._stream)
-        memory.copied.record(self._stream)
+            self._driver.to_device(int(allocation), host[name], stream)
+        self._driver.record(memory.copied, stream)
 
     def wait(self, memory: _DeviceSlot) -> None:
-        memory.copied.synchronize()
+        self._driver.synchronize(memory.copied)
+
+    def order(self, memory: _DeviceSlot) -> None:
+        self._driver.wait(self._current_stream(), memory.copied)
 
     def pinned(self, shape: tuple, dtype) -> np.ndarray:
         array = self._cuda.pagelocked_empty(shape, dtype)
@@ -207,29 +239,36 @@ class PycudaBackend(TransferBackend):
         # The copy stream waits for the stream the result was computed on (the producer's, else the current one).
         producer = interface.get("stream") or self._current_stream()
         self._driver.record(self._computed, producer)
-        self._driver.wait(self._stream.handle, self._computed)
-        self._cuda.memcpy_dtoh_async(host, interface["data"][0], self._stream)
-        copied = self._copies_back.pop() if self._copies_back else self._cuda.Event()
-        copied.record(self._stream)
+        stream = self._back_stream.handle
+        self._driver.wait(stream, self._computed)
+        self._driver.to_host(host, interface["data"][0], stream)
+        if not self._copies_back:
+            self._back_events.append(self._driver.event())
+            self._copies_back.append(self._back_events[-1])
+        copied = self._copies_back.pop()
+        self._driver.record(copied, stream)
         return copied
 
-    def wait_back(self, copy: Any) -> None:
-        copy.synchronize()
+    def wait_back(self, copy: int) -> None:
+        self._driver.synchronize(copy)
         self._copies_back.append(copy)
 
     def close(self, slots_outstanding: int) -> None:
         if self._context is None:
             return
-        stream = getattr(self, "_stream", None)
+        streams = [getattr(self, name, None) for name in ("_stream", "_back_stream")]
         try:
-            if stream is not None:
-                stream.synchronize()
+            for stream in streams:
+                if stream is not None:
+                    stream.synchronize()
         finally:  # even after a CUDA error: a thread that ends with a context pushed aborts the process
-            # Dropping the last references frees the host slots and the stream here, in the context's thread.
-            self._host, self._stream, self._pinned, self._copies_back = [], None, [], []
-            computed, self._computed = getattr(self, "_computed", None), None
-            if computed is not None:
-                self._driver.destroy(computed)
+            # Dropping the last references frees the host slots and the streams here, in the context's thread.
+            self._host, self._stream, self._back_stream, self._pinned = [], None, None, []
+            events = [getattr(self, "_computed", None)] + getattr(self, "_back_events", [])
+            self._computed, self._back_events, self._copies_back = None, [], []
+            for event in events:
+                if event is not None:
+                    self._driver.destroy(event)
             self._cuda.Context.pop()
             if slots_outstanding == 0:
                 self._context.detach()
