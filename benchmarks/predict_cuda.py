@@ -184,6 +184,8 @@ def main(argv=None) -> int:
     parser.add_argument("--switch-interval", type=float, default=None, metavar="SECONDS",
                         help="run with sys.setswitchinterval(SECONDS) (Python's default 0.005): whether the thread "
                              "launching the network's kernels waits for the GIL")
+    parser.add_argument("--only", default=None, metavar="TEXT",
+                        help="run only the predict rows whose name contains TEXT (for a profile)")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
     if args.switch_interval is not None:
@@ -204,6 +206,9 @@ def main(argv=None) -> int:
     contenders = {"network alone": None, "predict threads=2": (2, False), f"predict threads={many}": (many, False)}
     if args.device == "cuda":
         contenders["predict threads=2 cuda_graphs"] = (2, True)
+    if args.only is not None:
+        contenders = {name: settings for name, settings in contenders.items()
+                      if settings is None or args.only in name}
     rates = {name: [] for name in contenders}
     stages = {name: [] for name in contenders}  # per round: ms per tile by stage of the model's calls
     tiles = {}

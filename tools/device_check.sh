@@ -4,7 +4,7 @@
 # see benchmarks/README.md), build emfast's core (unless .whl/_core holds it, built for that Python), run the GPU
 # tests and the GPU benchmarks. Reports go to $OUT. STEPS picks some of: tests transfer lifetime predict switch
 # profile (default the first four; switch: predict with a 0.5 ms GIL switch interval; profile: a py-spy record of
-# one predict round, if py-spy was carried).
+# one predict, the row named by PROFILE_ROW, default cuda_graphs, if py-spy was carried).
 set -u
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
@@ -49,6 +49,6 @@ step predict && python3 benchmarks/predict_cuda.py --json "$OUT/predict-cuda.jso
     tee "$OUT/predict-cuda.txt"
 step switch && python3 benchmarks/predict_cuda.py --switch-interval 0.0005 --json "$OUT/predict-cuda-switch.json" \
     2>&1 | tee "$OUT/predict-cuda-switch.txt"
-step profile && /tmp/site/bin/py-spy record --idle --threads -r 250 -f raw -o "$OUT/predict-cuda-profile.txt" -- \
-    python3 benchmarks/predict_cuda.py --rounds 1 | tail -4
+step profile && /tmp/site/bin/py-spy record --idle --threads -r 100 -f raw -o "$OUT/predict-cuda-profile.txt" -- \
+    python3 benchmarks/predict_cuda.py --rounds 1 --only "${PROFILE_ROW:-cuda_graphs}" | tail -6
 stamp done
