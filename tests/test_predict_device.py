@@ -307,8 +307,8 @@ def _cuda_torch():
 
 @pytest.mark.gpu
 def test_cuda_graphs_replay_the_network_and_write_what_the_cpu_writes(tmp_path, volume):
-    """With cuda_graphs=True the network's Python runs only to capture (warm-up calls and one capture per device
-    slot) and for partial batches; every other full batch is a replay, and the output is the CPU's."""
+    """With cuda_graphs=True the network's Python runs only to capture (warm-up calls, then one capture per device
+    slot); every batch, partial ones too, is a replay, and the output is eager torch's."""
     torch = _cuda_torch()
     from emfast.inference._graphs import WARMUP_CALLS
 
@@ -333,10 +333,9 @@ def test_cuda_graphs_replay_the_network_and_write_what_the_cpu_writes(tmp_path, 
     finally:
         torch.backends.cudnn.deterministic = False
     np.testing.assert_allclose(graphs, eager, rtol=0, atol=1e-6)
-    full = sum(1 for size in eager_forwards if size == 3) - 1  # the probe's call is eager
-    partial = sum(1 for size in eager_forwards if size != 3)
-    assert full > 4 * (WARMUP_CALLS + 1)
-    assert len(net.forwards) <= 1 + 2 * (WARMUP_CALLS + 1) + partial
+    assert any(size != 3 for size in eager_forwards)  # there were partial batches
+    assert len(eager_forwards) > 4 * (1 + WARMUP_CALLS + 2)
+    assert len(net.forwards) <= 1 + WARMUP_CALLS + 2  # the probe, the warm-up, a capture per device slot
 
 
 @pytest.mark.gpu
@@ -375,3 +374,83 @@ def test_the_device_slots_are_counted_in_the_memory_budget(tmp_path, volume):
 
 def crop_to_self(batch):
     return np.array(batch)
+
+
+class _FakeCuda:
+    """torch.cuda's graph API over CPU tensors, enough to check CapturedNetwork's bookkeeping: a network called
+    while a graph is captured registers its computation there (``capturing``), and a replay runs that again into
+    the captured output, as a CUDA graph's kernels do."""
+
+    def __init__(self, torch, fail_capture=False):
+        import contextlib
+        import types
+
+        self.fail_capture, self.captures, self.replays, self.capturing = fail_capture, 0, 0, None
+        fake = self
+
+        class Graph:
+            def replay(self):
+                fake.replays += 1
+                self.output.copy_(self.call())
+
+        @contextlib.contextmanager
+        def graph(captured, capture_error_mode):
+            assert capture_error_mode == "thread_local"
+            fake.capturing = captured
+            yield
+            fake.capturing = None
+            if fake.fail_capture:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            fake.captures += 1
+
+        stream = types.SimpleNamespace(wait_stream=lambda other: None)
+        self.cuda = types.SimpleNamespace(device=lambda device: contextlib.nullcontext(),
+                                          current_stream=lambda: stream, Stream=lambda: stream,
+                                          stream=lambda stream: contextlib.nullcontext(), CUDAGraph=Graph,
+                                          graph=graph)
+        self.Tensor = torch.Tensor
+
+
+def _doubling(fake, calls):
+    def network(batch):
+        calls.append(batch.shape[0])
+        output = batch[:, :, 1:-1] * 2
+        if fake.capturing is not None:
+            fake.capturing.call, fake.capturing.output = (lambda: batch[:, :, 1:-1] * 2), output
+        return output
+
+    return network
+
+
+def test_captured_network_replays_a_graph_per_slot_and_cuts_partial_batches_out_of_it():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    from emfast.inference._graphs import WARMUP_CALLS, CapturedNetwork
+
+    fake, calls = _FakeCuda(torch), []
+    network, captured = _doubling(fake, calls), CapturedNetwork()
+    slots = [torch.zeros((4, 1, 5, 3, 3)), torch.zeros((4, 1, 5, 3, 3))]
+    rng = np.random.default_rng(0)
+    for number, count in enumerate([4, 4, 3, 4, 1, 2]):
+        slot = slots[number % 2]
+        slot.copy_(torch.from_numpy(rng.random(slot.shape, dtype=np.float32)))
+        torch.testing.assert_close(captured(fake, network, slot, count), slot[:count, :, 1:-1] * 2, rtol=0,
+                                   atol=0)
+    assert captured.captured == 2 and fake.captures == 2 and fake.replays == 6
+    assert calls == [4] * (WARMUP_CALLS + 2)  # one warm-up, a capture per slot, on whole slots; then replays
+
+
+def test_a_network_that_fails_its_capture_is_called_eagerly_from_then_on():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    from emfast.inference._graphs import WARMUP_CALLS, CapturedNetwork
+
+    fake, calls = _FakeCuda(torch, fail_capture=True), []
+    network, captured = _doubling(fake, calls), CapturedNetwork()
+    slot = torch.ones((4, 1, 5, 2, 2))
+    with pytest.warns(ef.DeviceNotice, match="could not be captured.*stream is capturing"):
+        result = captured(fake, network, slot, 3)
+    torch.testing.assert_close(result, slot[:3, :, 1:-1] * 2)
+    assert captured.refused is not None and captured.captured == 0
+    assert calls == [4] * (WARMUP_CALLS + 1) + [3]
+    fake.fail_capture = False
+    torch.testing.assert_close(captured(fake, network, slot, 2), slot[:2, :, 1:-1] * 2)
+    assert calls[-1] == 2 and fake.captures == 0  # eager from then on, the batch alone

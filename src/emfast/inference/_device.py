@@ -68,7 +68,7 @@ class DeviceRunner:
         self.backend = backend
         self.torch_device = torch_device
         self._elements = int(batch_elements)
-        self.graphs = CapturedNetwork(batch_elements) if cuda_graphs and torch_device is not None else None
+        self.graphs = CapturedNetwork() if cuda_graphs and torch_device is not None else None
         self._device_thread: Optional[int] = None  # its identity, from its start
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-device",
                                           initializer=self._mark_device_thread)
@@ -182,18 +182,19 @@ class DeviceRunner:
                 backend.wait(memory)
             else:  # the network's work waits for the copy on the device, not here
                 backend.order(memory)
-            source = _view(backend.export(memory, memory)["batch"], batch.shape)
+            exported = backend.export(memory, memory)["batch"]
+            source = _view(exported, batch.shape)
             copied = time.perf_counter()
             stages["to device"] += copied - start
-            result = self._run(model, source)
-            source = None
+            result = self._run(model, source, exported)
+            source = exported = None
             called = time.perf_counter()
             stages["network"] += called - copied
             host = self._output(output, result)
             launched = _Launched(host, backend.copy_back(result, host), result, staged)
             stages["from device"] += time.perf_counter() - called
         except BaseException as error:
-            source = result = None
+            source = exported = result = None
             traceback.clear_frames(error.__traceback__)  # no view of the device slot outlives the call
             raise
         backend.given_back(memory)
@@ -208,16 +209,22 @@ class DeviceRunner:
             self.stages["from device"] += time.perf_counter() - start
         return launched.host.copy() if launched.staged else launched.host
 
-    def _run(self, model, source):
-        """The model's output for the device batch ``source``: C-contiguous, on the device."""
+    def _run(self, model, source, slot):
+        """The model's output for the device batch ``source`` (at the start of the flat device array ``slot``):
+        C-contiguous, on the device."""
         if self.torch_device is None:
             result = model(source)
             return np.ascontiguousarray(result) if isinstance(result, np.ndarray) else result
         import torch
 
         with torch.inference_mode():
-            tensor = torch.as_tensor(source, device=self.torch_device)
-            result = model(tensor) if self.graphs is None else self.graphs(torch, model, tensor)
+            if self.graphs is None:
+                result = model(torch.as_tensor(source, device=self.torch_device))
+            else:
+                tile = int(np.prod(source.shape[1:]))
+                whole = _view(slot, (self._elements // tile,) + tuple(source.shape[1:]))
+                result = self.graphs(torch, model, torch.as_tensor(whole, device=self.torch_device),
+                                     source.shape[0])
             if isinstance(result, torch.Tensor):
                 result = result.detach().contiguous()
         return result

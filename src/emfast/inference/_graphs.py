@@ -17,24 +17,18 @@ from typing import Dict, Optional, Tuple
 
 from ..transfer import DeviceNotice
 
-#: Eager calls before a capture, on a stream of their own: cuDNN's benchmark mode and lazy initialisation happen
-#: there, not in the graph.
+#: Eager calls before the first capture, on a stream of their own: cuDNN's benchmark mode and lazy initialisation
+#: happen there, not in the graph.
 WARMUP_CALLS = 2
 
 
 class CapturedNetwork:
-    """Calls ``model`` on full batches through one CUDA graph per input address (a device slot), captured on first
-    use; partial batches, and every call once a capture failed, run eagerly.
+    """Calls ``model`` through one CUDA graph per device slot, captured on first use: a batch that fills part of
+    its slot is computed as the whole slot and its predictions cut out, so that every call is a replay. The tiles
+    past the batch are an earlier batch's (or uninitialised memory): a network in inference computes each tile on
+    its own, and their predictions are dropped. Once a capture failed, every call is eager."""
 
-    Parameters
-    ----------
-    full_elements : int
-        Elements of a full batch: only batches of that size are captured (a partial batch is rare, and a graph per
-        size would hold the network's intermediates once more each).
-    """
-
-    def __init__(self, full_elements: int) -> None:
-        self.full_elements = int(full_elements)
+    def __init__(self) -> None:
         self._graphs: Dict[Tuple[int, tuple], Tuple[object, object]] = {}  # (address, shape) -> (graph, output)
         #: Why the network could not be captured (then every call is eager), or None.
         self.refused: Optional[str] = None
@@ -44,29 +38,29 @@ class CapturedNetwork:
         """Graphs captured so far."""
         return len(self._graphs)
 
-    def __call__(self, torch, model, tensor):
-        """``model(tensor)``, replayed from a graph where possible: the output of a replay is the graph's own
-        tensor, overwritten by that graph's next replay."""
-        if self.refused is not None or tensor.numel() != self.full_elements:
-            return model(tensor)
-        key = (tensor.data_ptr(), tuple(tensor.shape))
-        captured = self._graphs.get(key) or self._capture(torch, model, tensor, key)
-        if captured is None:
-            return model(tensor)
-        graph, output = captured
-        graph.replay()
-        return output
+    def __call__(self, torch, model, slot, count: int):
+        """``model(slot[:count])`` for ``slot``, a tensor over a whole device slot: replayed from a graph where
+        possible, then a view of the graph's own output tensor, overwritten by that graph's next replay."""
+        if self.refused is None:
+            key = (slot.data_ptr(), tuple(slot.shape))
+            captured = self._graphs.get(key) or self._capture(torch, model, slot, key)
+            if captured is not None:
+                graph, output = captured
+                graph.replay()
+                return output[:count]
+        return model(slot[:count])
 
     def _capture(self, torch, model, tensor, key):
         try:
             with torch.cuda.device(tensor.device):
                 current = torch.cuda.current_stream()
-                side = torch.cuda.Stream()
-                side.wait_stream(current)
-                with torch.cuda.stream(side):
-                    for _ in range(WARMUP_CALLS):
-                        model(tensor)
-                current.wait_stream(side)
+                if not self._graphs:  # once: what a warm-up initialises, it does for every slot
+                    side = torch.cuda.Stream()
+                    side.wait_stream(current)
+                    with torch.cuda.stream(side):
+                        for _ in range(WARMUP_CALLS):
+                            model(tensor)
+                    current.wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
                 # thread_local: other threads of the process (a user's, predict's own) may use CUDA meanwhile
                 with torch.cuda.graph(graph, capture_error_mode="thread_local"):
