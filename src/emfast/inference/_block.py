@@ -338,10 +338,9 @@ class BlockRun:
             for job in group.jobs:
                 if job.prediction is None:
                     job.prediction = next(predictions)
-        for job in group.jobs:
-            if job.prediction is not KEPT:
-                self._keep_if_shared(job)
-        blends = [(job, self._prediction(job)) for job in group.jobs]
+        complete: List[tuple] = []  # (key, predictions) of shared tiles whose every variant is in this group
+        blends = [(job, self._prediction(job), None if job.prediction is KEPT else self._keep_if_shared(job, complete))
+                  for job in group.jobs]
         if self.sums is None:  # not cleared: each voxel's first tile sets it (see blend_add)
             channels = blends[0][1].shape[0]
             self.sums = self.predictor._pool.take("sums", (channels,) + self.block.shape, np.float64)
@@ -349,22 +348,27 @@ class BlockRun:
             self._blend_rows(blends, 0, 1)
         else:
             self.helpers.run(self._blend_rows, blends)
+        for key, kept in complete:
+            self.predictor.cache.save(key, kept)
         if group.batch is not None:  # the predictions may be views of it: reused only now
             self.predictor._pool.give("batch", group.batch)
 
-    def _keep_if_shared(self, job: _Job) -> None:
+    def _keep_if_shared(self, job: _Job, complete: List[tuple]) -> Optional[np.ndarray]:
+        """Where to copy the prediction of a tile that later blocks share (its rows are copied with its blending,
+        :meth:`_blend_rows`: the model's output may be a view of a batch reused next), or None; a tile with all
+        its variants kept goes on ``complete``, to be saved once copied."""
         predictor = self.predictor
         if not predictor.is_shared(job.key):
-            return
+            return None
         count = len(predictor.variants)
         kept, done = self.fresh.get(job.key) or (predictor._pool.take(KEPT, (count,) + job.prediction.shape,
                                                                       job.prediction.dtype), 0)
-        kept[job.index] = job.prediction  # a copy: the model's output may be a view of a batch reused next
         if done + 1 == count:
-            predictor.cache.save(job.key, kept)
+            complete.append((job.key, kept))
             self.fresh.pop(job.key, None)
         else:
             self.fresh[job.key] = (kept, done + 1)
+        return kept[job.index]
 
     def _prediction(self, job: _Job) -> np.ndarray:
         if job.prediction is not KEPT:
@@ -381,9 +385,12 @@ class BlockRun:
         return kept[job.index]
 
     def _blend_rows(self, blends: List[tuple], part: int, parts: int) -> None:
-        """Blend the (job, prediction) pairs, in order, into the block's rows ``y`` with ``y % parts == part``
-        (counted from the block's start): each voxel gets its tiles in the same order however many parts run."""
-        for job, prediction in blends:
+        """Blend the (job, prediction, copy kept for later blocks or None) triples, in order, into the block's rows
+        ``y`` with ``y % parts == part`` (counted from the block's start): each voxel gets its tiles in the same
+        order however many parts run. The copies kept are split the same way, by the tile's rows."""
+        for job, prediction, keep in blends:
+            if keep is not None:
+                keep[:, :, part::parts] = prediction[:, :, part::parts]
             self._blend(job, prediction, part, parts)
 
     def _blend(self, job: _Job, prediction: np.ndarray, part: int = 0, parts: int = 1) -> None:
