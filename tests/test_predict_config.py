@@ -264,3 +264,22 @@ def test_a_mutated_predict_config_is_valid_or_names_its_line(folder, position, l
         check_config(path)
     except ConfigError as error:
         assert error.source == str(path) and error.line is not None and error.reason, str(error)
+
+
+@pytest.mark.parametrize("extra, words", [
+    ("cuda_graphs: true", "CUDA graphs need device: cuda (or cuda:N), not nothing"),
+    ("device: cpu\n  cuda_graphs: true", "CUDA graphs need device: cuda (or cuda:N), not the string 'cpu'"),
+    ("device: cuda\n  cuda_graphs: 1", "expected true or false"),
+])
+def test_cuda_graphs_need_a_boolean_and_a_cuda_device(folder, extra, words):
+    text = PREDICT + f"  {extra}\n"
+    path = _config(folder, text)
+    with pytest.raises(ConfigError) as info:
+        load_predict_config(path)
+    assert (info.value.path, info.value.line) == ("predict.cuda_graphs", _line_of(text, "cuda_graphs"))
+    assert words in str(info.value)
+
+
+def test_cuda_graphs_reach_predict(folder):
+    spec = load_predict_config(_config(folder, PREDICT + "  device: cuda:1\n  cuda_graphs: true\n"))
+    assert spec.options["cuda_graphs"] is True and spec.options["device"] == "cuda:1"
