@@ -454,3 +454,27 @@ def test_a_network_that_fails_its_capture_is_called_eagerly_from_then_on():
     fake.fail_capture = False
     torch.testing.assert_close(captured(fake, network, slot, 2), slot[:2, :, 1:-1] * 2)
     assert calls[-1] == 2 and fake.captures == 0  # eager from then on, the batch alone
+
+
+@pytest.mark.parametrize("error", [RuntimeError("model failed"), KeyboardInterrupt()])
+def test_an_interrupted_device_run_leaves_no_thread_and_resumes_to_the_cpus_bytes(tmp_path, volume, error):
+    """Ctrl-C (or an error) in the network while calls are under way on the device: raised in the caller, the
+    device closed, every thread ended; the resumed run writes what the CPU path writes."""
+    settings = dict(overlap=(2, 4, 4), tta=4, batch_size=2)
+    _, cpu = _predict(lopsided, volume, tmp_path / "cpu.zarr/pred", **settings)
+    calls = [0]
+
+    def interrupted(batch):
+        calls[0] += 1
+        if calls[0] == 25:
+            raise error
+        return lopsided(batch)
+
+    device = FakeDevice(seed=7, max_delay=0.003)
+    with pytest.raises(type(error)):
+        _predict(interrupted, volume, tmp_path / "dev.zarr/pred", device=device, **settings)
+    assert device.closed and device.live == 0 and device.violations == []
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("emfast-predict")]
+    _, resumed = _predict(lopsided, volume, tmp_path / "dev.zarr/pred", device=FakeDevice(seed=8), resume=True,
+                          **settings)
+    np.testing.assert_array_equal(resumed, cpu)
