@@ -33,9 +33,9 @@ from ._block import BATCHES_AHEAD
 from ._graphs import CapturedNetwork
 from ._model import ModelOutputError
 
-#: The stages of a call on the device: copying the batch there (and waiting for the copy), calling the network
-#: (which, on an asynchronous device, only launches its work), and waiting for the device to finish and copy the
-#: prediction back.
+#: The stages of a call on the device: starting the copy of the batch there (waiting for it only where the device
+#: cannot order the network after it), calling the network (which, on an asynchronous device, only launches its
+#: work), and waiting for the device to finish and copy the prediction back.
 DEVICE_STAGES = ("to device", "network", "from device")
 
 #: Page-locked batch slots lent to the predictor: the batches a block being fed and the block being finished hold
@@ -60,7 +60,8 @@ class DeviceRunner:
         Give the model torch tensors on this device (zero-copy views of the device slot), in inference mode; None:
         the device arrays as the backend exports them.
     cuda_graphs : bool
-        With ``torch_device``: replay full batches' calls from captured CUDA graphs (:mod:`._graphs`).
+        With ``torch_device``: replay the network's calls from CUDA graphs captured once per device slot
+        (:mod:`._graphs`).
     """
 
     def __init__(self, backend: TransferBackend, batch_elements: int, torch_device: Optional[str] = None,

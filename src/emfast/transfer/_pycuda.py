@@ -1,5 +1,5 @@
-"""The real device: page-locked host slots, device slots and a non-blocking copy stream through pycuda, plus the few
-driver calls pycuda lacks, through ctypes (the rules are in :mod:`emfast.transfer._backend`)."""
+"""The real device: page-locked host slots, device slots and two non-blocking copy streams through pycuda, with the
+copies and the driver calls pycuda lacks made through ctypes (the rules are in :mod:`emfast.transfer._backend`)."""
 from __future__ import annotations
 
 import contextlib
@@ -28,10 +28,15 @@ class _Driver:
     """
 
     def __init__(self) -> None:
-        name = next((name for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll") if _loads(name)), None)
-        if name is None:
+        for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+            try:
+                quick = ctypes.PyDLL(name)  # keeps the GIL during the call
+            except OSError:
+                continue
+            blocking = ctypes.CDLL(name)
+            break
+        else:
             raise OSError("the CUDA driver library (libcuda) cannot be loaded")
-        quick, blocking = ctypes.PyDLL(name), ctypes.CDLL(name)  # PyDLL keeps the GIL during the call
         handle, pointer, size = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t
         self._calls = {}
         for library, call, arguments in ((quick, "cuEventCreate", [pointer, ctypes.c_uint]),
@@ -76,14 +81,6 @@ class _Driver:
     def to_host(self, host: np.ndarray, device: int, stream: int) -> None:
         """Queue a copy of ``host.nbytes`` from ``device`` into the C-contiguous (page-locked) ``host``."""
         self._call("cuMemcpyDtoHAsync_v2", host.ctypes.data, device, host.nbytes, stream)
-
-
-def _loads(name: str) -> bool:
-    try:
-        ctypes.CDLL(name)
-    except OSError:
-        return False
-    return True
 
 
 class _DeviceSlot:
