@@ -135,3 +135,10 @@ def test_device_array_interface():
     assert interface == {"shape": (2, 1, 4, 8, 8), "typestr": "<f2", "data": (0x7F0000001000, False),
                          "version": 3, "strides": None, "stream": None}
     assert array.nbytes == 2 * 4 * 8 * 8 * 2 and "cuda:0" in repr(array)
+
+
+def test_cuda_ordinal_reads_cuda_names_only():
+    from emfast.transfer import cuda_ordinal
+
+    assert [cuda_ordinal(name) for name in ("cuda", "cuda:0", "cuda:3")] == [0, 0, 3]
+    assert [cuda_ordinal(name) for name in ("cpu", "auto", "cuda:", "cuda:x", "fake:0", None, 1)] == [None] * 7

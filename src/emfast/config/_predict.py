@@ -25,7 +25,6 @@ import difflib
 import importlib
 import inspect
 import os
-import re
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from .._core.gather import PAD_MODES
 from ..inference import (BLENDS, CHUNK_EDGE, COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS, Prediction,
                          TilePlan, parse_memory, predict)
 from ..io import check_compression, open_volume, parse_output
+from ..transfer import cuda_ordinal
 from ._sections import _check_normalize, _file
 from ._spec import Builtin, plain
 from ._yaml import ConfigError, Path_, Reader, describe_value, parse_yaml, read_source
@@ -353,7 +353,7 @@ def predict_section(reader: Reader, value, path: Path_) -> PredictSpec:
     if section.get("cuda_graphs") is not None:
         options["cuda_graphs"] = reader.boolean(section["cuda_graphs"], path + ("cuda_graphs",))
         device = options.get("device")
-        if options["cuda_graphs"] and not (isinstance(device, str) and re.fullmatch(r"cuda(:\d+)?", device)):
+        if options["cuda_graphs"] and cuda_ordinal(device) is None:
             raise reader.error(path + ("cuda_graphs",), f"CUDA graphs need device: cuda (or cuda:N), not "
                                                         f"{describe_value(device)}")
     if section.get("memory") is not None:

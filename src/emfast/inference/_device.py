@@ -17,7 +17,6 @@ prediction copied out of the staging memory (two staging outputs: two calls may 
 from __future__ import annotations
 
 import functools
-import re
 import threading
 import time
 import traceback
@@ -28,7 +27,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from ..transfer import DeviceArray, TransferBackend, cuda_unavailable, resolve_device
+from ..transfer import DeviceArray, TransferBackend, cuda_ordinal, cuda_unavailable, resolve_device
 from ._block import BATCHES_AHEAD
 from ._graphs import CapturedNetwork
 from ._model import ModelOutputError
@@ -335,9 +334,8 @@ def device_runner(device, batch_elements: int, cuda_graphs: bool = False) -> Opt
     device, ``"cpu"``, or CUDA without pycuda, where torch moves the batches itself)."""
     if isinstance(device, TransferBackend):
         return DeviceRunner(device, batch_elements)
-    match = re.fullmatch(r"cuda(?::(\d+))?", device) if isinstance(device, str) else None
-    if match is None or cuda_unavailable(int(match.group(1) or 0)) is not None:
+    ordinal = cuda_ordinal(device)
+    if ordinal is None or cuda_unavailable(ordinal) is not None:
         return None
-    ordinal = int(match.group(1) or 0)
     return DeviceRunner(resolve_device(f"cuda:{ordinal}"), batch_elements, torch_device=f"cuda:{ordinal}",
                         cuda_graphs=cuda_graphs)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import re
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,7 +17,7 @@ from .._version import __version__
 from ..io import (WIDTH, OutputLock, ProgressBar, Volume, array_fingerprint, check_free_space, check_output_location,
                   fingerprint, open_volume, option, plural)
 from ..pipeline import normalization
-from ..transfer import DeviceNotice, TransferBackend, cuda_unavailable
+from ..transfer import DeviceNotice, TransferBackend, cuda_ordinal, cuda_unavailable
 from ._block import BlockPredictor
 from ._blend import BLENDS, WEIGHTS
 from ._cache import TileCache
@@ -308,7 +307,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     compression = compression or ("gzip" if kind == "hdf5" else "zstd")
     check_compression(compression, kind)
     budget = DEFAULT_MEMORY if memory is None else parse_memory(memory)
-    if cuda_graphs and not (isinstance(device, str) and re.fullmatch(r"cuda(:\d+)?", device) and client is None):
+    if cuda_graphs and (cuda_ordinal(device) is None or client is not None):
         raise ValueError(f"cuda_graphs=True needs device='cuda' or 'cuda:N' and no client=, got device={device!r}"
                          f"{'' if client is None else ' with client='}")
     if client is not None and isinstance(device, TransferBackend):
@@ -332,7 +331,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
             caller.runner = device_runner(device, batch_size * volume.channels * int(np.prod(patch_in)),
                                           cuda_graphs)
             if cuda_graphs and caller.runner is None:
-                why = cuda_unavailable(int(device.partition(":")[2] or 0))
+                why = cuda_unavailable(cuda_ordinal(device))
                 warnings.warn(f"cuda_graphs=True: the network is called eagerly ({why})",
                               DeviceNotice, stacklevel=2)
 

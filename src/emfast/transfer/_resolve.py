@@ -10,6 +10,12 @@ from . import _pycuda  # noqa: F401  (registers the pycuda backend as "cuda")
 from ._backend import DeviceNotice, TransferBackend
 
 
+def cuda_ordinal(device) -> Optional[int]:
+    """N for ``"cuda:N"``, 0 for ``"cuda"``; None for anything else."""
+    match = re.fullmatch(r"cuda(?::(\d+))?", device) if isinstance(device, str) else None
+    return None if match is None else int(match.group(1) or 0)
+
+
 def resolve_device(device) -> Optional[TransferBackend]:
     """The backend for ``device`` (None for the CPU).
 
