@@ -237,9 +237,9 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         asynchronously on a stream of their own (pycuda missing: torch copies them). A transfer backend object
         (see :mod:`emfast.transfer`) gives the model the device arrays it exports; not with ``client``.
     cuda_graphs : bool
-        With ``device="cuda[:N]"``, pycuda and a torch network: capture the network's call on a full batch as a
-        CUDA graph (once per device slot, two) and replay it, instead of launching its kernels one by one from
-        Python, where they wait for the GIL that reading, blending and writing take. For networks that do the
+        With ``device="cuda[:N]"``, pycuda and a torch network: capture the network's call on a device slot as a
+        CUDA graph (once per slot, two) and replay it for every batch (a partial one as its whole slot), instead
+        of launching its kernels one by one from Python. For networks that do the
         same work on every call (no ``.item()``, no shapes that depend on values); one that cannot be captured is
         called eagerly, with a :class:`~emfast.DeviceNotice`. Costs the device memory of the network's
         intermediate tensors twice over. Not with ``client``.
