@@ -46,14 +46,16 @@ inline void set_row(double *__restrict s, double wzy, const double *__restrict w
     for (int64_t x = from; x < to; ++x) s[x] = (wzy * wx[x]) * value(p, x);
 }
 
+/* Rows y with (row + y) % parts == part only (row: the block row of y = 0), so that threads may share a block. */
 template <typename P>
 void add(double *sums, const int64_t ss[4], const double *wz, const double *wy, const double *wx,
          const void *prediction, const int64_t ps[4], int64_t channels, const int64_t n[3], const int64_t low[3],
-         const int64_t high[3]) {
+         const int64_t high[3], int64_t row, int64_t part, int64_t parts) {
     const bool rows = ss[3] == sizeof(double) && ps[3] == sizeof(P);
+    const int64_t first_row = ((part - row) % parts + parts) % parts;
     for (int64_t z = 0; z < n[0]; ++z) {
         const bool first_z = z >= low[0] && z < high[0];
-        for (int64_t y = 0; y < n[1]; ++y) {
+        for (int64_t y = first_row; y < n[1]; y += parts) {
             const double wzy = wz[z] * wy[y];
             const bool first = first_z && y >= low[1] && y < high[1] && low[2] < high[2];
             const int64_t from = first ? low[2] : n[2], to = first ? high[2] : n[2];  /* assigned in [from, to) */
@@ -73,6 +75,25 @@ void add(double *sums, const int64_t ss[4], const double *wz, const double *wy, 
                     const double term = (wzy * wx[x]) * load<P>(p + x * ps[3]);
                     *target = (x >= from && x < to) ? term : *target + term;
                 }
+            }
+        }
+    }
+}
+
+/* keep[c, z, y, x] = kept_from[c, z, y, x] for the rows y % parts == part of the tile: contiguous rows by memcpy. */
+void copy_rows(const emf_blend_tile &t, int64_t part, int64_t parts) {
+    const int64_t *n = t.keep_shape, *ks = t.keep_strides, *fs = t.from_strides;
+    const bool rows = ks[3] == t.item_size && fs[3] == t.item_size;
+    for (int64_t c = 0; c < n[0]; ++c) {
+        for (int64_t z = 0; z < n[1]; ++z) {
+            for (int64_t y = part; y < n[2]; y += parts) {
+                char *to = at(t.keep, c * ks[0] + z * ks[1] + y * ks[2]);
+                const char *from = at(t.kept_from, c * fs[0] + z * fs[1] + y * fs[2]);
+                if (rows) {
+                    std::memcpy(to, from, static_cast<size_t>(n[3] * t.item_size));
+                    continue;
+                }
+                for (int64_t x = 0; x < n[3]; ++x) std::memcpy(to + x * ks[3], from + x * fs[3], t.item_size);
             }
         }
     }
@@ -107,22 +128,37 @@ int emf_blend_add(double *sums, const int64_t sums_strides[4], const double *wz,
                   const double *wx, const void *prediction, emf_dtype pred_dtype, const int64_t pred_strides[4],
                   int64_t channels, const int64_t shape[3], const int64_t first_low[3],
                   const int64_t first_high[3]) {
-    switch (pred_dtype) {
-        case EMF_FLOAT16:
-            add<uint16_t>(sums, sums_strides, wz, wy, wx, prediction, pred_strides, channels, shape, first_low,
-                          first_high);
-            return EMF_OK;
-        case EMF_FLOAT32:
-            add<float>(sums, sums_strides, wz, wy, wx, prediction, pred_strides, channels, shape, first_low,
-                       first_high);
-            return EMF_OK;
-        case EMF_FLOAT64:
-            add<double>(sums, sums_strides, wz, wy, wx, prediction, pred_strides, channels, shape, first_low,
-                        first_high);
-            return EMF_OK;
-        default:
-            return EMF_BAD_DTYPE;
+    const emf_blend_tile tile = {sums, {sums_strides[0], sums_strides[1], sums_strides[2], sums_strides[3]},
+                                 wz, wy, wx, prediction, pred_dtype,
+                                 {pred_strides[0], pred_strides[1], pred_strides[2], pred_strides[3]}, channels,
+                                 {shape[0], shape[1], shape[2]}, {first_low[0], first_low[1], first_low[2]},
+                                 {first_high[0], first_high[1], first_high[2]}, 0, nullptr, nullptr, {0, 0, 0, 0},
+                                 {0, 0, 0, 0}, {0, 0, 0, 0}, 0};
+    return emf_blend_tiles(&tile, 1, 0, 1);
+}
+
+int emf_blend_tiles(const emf_blend_tile *tiles, int64_t count, int64_t part, int64_t parts) {
+    for (int64_t i = 0; i < count; ++i) {
+        const emf_blend_tile &t = tiles[i];
+        if (t.keep != nullptr) copy_rows(t, part, parts);
+        switch (t.pred_dtype) {
+            case EMF_FLOAT16:
+                add<uint16_t>(t.sums, t.sums_strides, t.wz, t.wy, t.wx, t.prediction, t.pred_strides, t.channels,
+                              t.shape, t.first_low, t.first_high, t.row, part, parts);
+                break;
+            case EMF_FLOAT32:
+                add<float>(t.sums, t.sums_strides, t.wz, t.wy, t.wx, t.prediction, t.pred_strides, t.channels,
+                           t.shape, t.first_low, t.first_high, t.row, part, parts);
+                break;
+            case EMF_FLOAT64:
+                add<double>(t.sums, t.sums_strides, t.wz, t.wy, t.wx, t.prediction, t.pred_strides, t.channels,
+                            t.shape, t.first_low, t.first_high, t.row, part, parts);
+                break;
+            default:
+                return EMF_BAD_DTYPE;
+        }
     }
+    return EMF_OK;
 }
 
 int emf_blend_finish(const double *sums, const double *tz, const double *ty, const double *tx, double count,

@@ -31,6 +31,30 @@ int emf_blend_add(double *sums, const int64_t sums_strides[4], const double *wz,
                   int64_t channels, const int64_t shape[3], const int64_t first_low[3],
                   const int64_t first_high[3]);
 
+/* One tile of a group blended by emf_blend_tiles: emf_blend_add's arguments, plus ``row``, the block row of the
+ * tile's y = 0 (a part blends the rows with (row + y) % parts == part), and, where keep is not NULL, a copy of the
+ * whole tile to make first: keep[c, z, y, x] = kept_from[c, z, y, x] over keep_shape, item_size bytes per element,
+ * by the tile's own rows (y % parts == part). */
+typedef struct {
+    double *sums;
+    int64_t sums_strides[4];
+    const double *wz, *wy, *wx;
+    const void *prediction;
+    emf_dtype pred_dtype;
+    int64_t pred_strides[4];
+    int64_t channels;
+    int64_t shape[3];
+    int64_t first_low[3], first_high[3];
+    int64_t row;
+    void *keep;
+    const void *kept_from;
+    int64_t keep_strides[4], from_strides[4], keep_shape[4];
+    int64_t item_size;
+} emf_blend_tile;
+/* emf_blend_add for each of count tiles in order, each on its rows of part ``part`` of ``parts`` (0 <= part <
+ * parts): threads blending the parts of one group at once write disjoint rows, and each voxel gets its tiles in the
+ * same order whatever ``parts``. */
+int emf_blend_tiles(const emf_blend_tile *tiles, int64_t count, int64_t part, int64_t parts);
 /* out[c, z, y, x] = convert(sums[c, z, y, x] / (((count * tz[z]) * ty[y]) * tx[x])) for contiguous sums and out
  * (channels, shape), into out_dtype: float32, float16 (rounded through float32) or uint8 (rint(clip(x, 0, 1) *
  * 255), NaN to 0). tz, ty and tx are the per-axis totals of the weights, count the predictions per tile. */

@@ -4,7 +4,7 @@ per-axis weights promise: predictions that agree blend to themselves bit for bit
 import numpy as np
 import pytest
 
-from emfast._core.blend import blend_add, blend_finish
+from emfast._core.blend import TileBlends, blend_add, blend_finish
 
 
 def _weights(rng, shape):
@@ -45,6 +45,77 @@ def test_blend_add_refuses_weights_of_the_wrong_length():
     sums = np.zeros((1, 2, 3, 4))
     with pytest.raises(ValueError, match=r"weights must be three 1-D arrays of lengths \(2, 3, 4\)"):
         blend_add(sums, [np.ones(2), np.ones(3), np.ones(5)], np.zeros((1, 2, 3, 4), np.float32))
+
+
+def _group(rng, dtype, transposed=False):
+    """Overlapping tiles of a block as (sums box, weights, prediction, first box, whole tile to keep or None)."""
+    tiles = []
+    for start in [(0, 1, 2), (2, 3, 0), (1, 0, 5), (3, 6, 4)]:
+        shape = (4, 5, 6)
+        box = tuple(slice(s, s + n) for s, n in zip(start, shape))
+        whole = rng.random((2, 4, 8, 7)).astype(dtype)  # the tile the model returned, larger than its box here
+        prediction = whole[:, :, 1:6, :6]
+        if transposed:
+            prediction = np.ascontiguousarray(whole[:, :, :6, :5].transpose(0, 1, 3, 2))[..., ::-1]
+        first = ((1, 0, 2), (3, 5, 6)) if start[1] % 2 else ((0, 0, 0), (0, 0, 0))
+        tiles.append((box, _weights(rng, shape), prediction, first, whole if start[0] != 1 else None))
+    return tiles
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_tile_blends_in_parts_equal_blend_add_tile_by_tile(dtype, parts, transposed):
+    """Each part blends its rows of every tile, in order; together they make the bytes of one ``blend_add`` per
+    tile, whatever ``parts``, and the kept copies equal the tiles."""
+    rng = np.random.default_rng(parts)
+    group = _group(rng, dtype, transposed)
+    start = rng.random((2, 8, 13, 12))
+    expected, sums = start.copy(), start.copy()
+    for box, axes, prediction, first, _ in group:
+        blend_add(expected[(slice(None),) + box], axes, prediction, first)
+    tiles = TileBlends()
+    keeps = []
+    for box, axes, prediction, first, whole in group:
+        keep = None if whole is None else np.full_like(whole, np.nan)
+        keeps.append(keep)
+        tiles.add(sums[(slice(None),) + box], axes, prediction, first, box[1].start, keep, whole)
+    assert len(tiles) == len(group)
+    for part in reversed(range(parts)):  # any order: the parts write disjoint rows
+        tiles.run(part, parts)
+    np.testing.assert_array_equal(sums, expected)
+    for (*_, whole), keep in zip(group, keeps):
+        if whole is not None:
+            np.testing.assert_array_equal(keep, whole)
+
+
+def test_a_part_writes_only_its_rows_of_the_block():
+    """Part 1 of 3 touches the block rows r with r % 3 == 1 (counted from the block's start, not the tile's), and
+    copies the kept tile's own rows y % 3 == 1."""
+    rng = np.random.default_rng(7)
+    sums = np.zeros((1, 3, 10, 4))
+    whole = rng.random((1, 3, 6, 4)).astype(np.float32)
+    keep = np.zeros_like(whole)
+    tiles = TileBlends()
+    tiles.add(sums[:, :, 2:8], _weights(rng, (3, 6, 4)), whole, row=2, keep=keep, kept_from=whole)
+    tiles.run(1, 3)
+    assert set(np.flatnonzero(sums.any(axis=(0, 1, 3)))) == {4, 7}
+    assert set(np.flatnonzero(keep.any(axis=(0, 1, 3)))) == {1, 4}
+
+
+def test_tile_blends_refuse_bad_input():
+    tiles = TileBlends()
+    sums, prediction = np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3, 4), np.float32)
+    ones = [np.ones(2), np.ones(3), np.ones(4)]
+    with pytest.raises(ValueError, match="keep must be a writeable 4-D array of kept_from's shape and dtype"):
+        tiles.add(sums, ones, prediction, keep=np.zeros((1, 2, 3, 4), np.float64), kept_from=prediction)
+    with pytest.raises(ValueError, match="shapes differ"):
+        tiles.add(sums, ones, prediction[:, :1])
+    with pytest.raises(TypeError, match="sums must be a writeable 4-D float64 array"):
+        tiles.add(sums.astype(np.float32), ones, prediction)
+    with pytest.raises(ValueError, match=r"part must be in \[0, parts\), got part 3 of 3"):
+        tiles.run(3, 3)
+    assert len(tiles) == 0
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.uint8])

@@ -85,13 +85,14 @@ def test_the_same_bytes_whatever_the_threads_blending(tmp_path, volume, monkeypa
     same order, so the bytes are those one thread writes (transposed test-time variants included)."""
     from emfast.inference import _block, _local
 
-    threads, real_blend_add = set(), _block.blend_add
+    threads = set()
 
-    def blend_add(*arguments):
-        threads.add(threading.current_thread().name.rpartition("_")[0])
-        return real_blend_add(*arguments)
+    class Recording(_block.TileBlends):
+        def run(self, *part):
+            threads.add(threading.current_thread().name.rpartition("_")[0])
+            return super().run(*part)
 
-    monkeypatch.setattr(_block, "blend_add", blend_add)
+    monkeypatch.setattr(_block, "TileBlends", Recording)
     outputs = []
     for parts in (1, 2, 3, 4):
         monkeypatch.setattr(_local, "blend_parts", lambda: parts)
@@ -275,13 +276,13 @@ def test_predictions_are_blended_on_the_finisher_thread_not_the_feeding_one(tmp_
     from emfast.inference import _block
 
     threads = set()
-    original = _block.blend_add
 
-    def recording(*args):
-        threads.add(threading.current_thread().name.rsplit("_", 1)[0])
-        return original(*args)
+    class Recording(_block.TileBlends):
+        def run(self, *part):
+            threads.add(threading.current_thread().name.rsplit("_", 1)[0])
+            return super().run(*part)
 
-    monkeypatch.setattr(_block, "blend_add", recording)
+    monkeypatch.setattr(_block, "TileBlends", Recording)
     settings = dict(SETTINGS, tta=4, block=(8, 16, 16))
     ef.predict(lopsided, volume, tmp_path / "p.zarr/pred", **settings)
     assert threads == {"emfast-predict-blend"}

@@ -2,6 +2,7 @@
 """Thin typed wrappers around the blending kernels in csrc/blend.cpp (contract in csrc/blend.h): checks here, the
 loops without the GIL there."""
 from libc.stdint cimport int64_t
+from libc.stdlib cimport free, realloc
 
 import numpy as np
 
@@ -21,6 +22,27 @@ cdef extern from "blend.h" nogil:
     int emf_blend_add(double *sums, const int64_t *sums_strides, const double *wz, const double *wy,
                       const double *wx, const void *prediction, emf_dtype pred_dtype, const int64_t *pred_strides,
                       int64_t channels, const int64_t *shape, const int64_t *first_low, const int64_t *first_high)
+    ctypedef struct emf_blend_tile:
+        double *sums
+        int64_t sums_strides[4]
+        const double *wz
+        const double *wy
+        const double *wx
+        const void *prediction
+        emf_dtype pred_dtype
+        int64_t pred_strides[4]
+        int64_t channels
+        int64_t shape[3]
+        int64_t first_low[3]
+        int64_t first_high[3]
+        int64_t row
+        void *keep
+        const void *kept_from
+        int64_t keep_strides[4]
+        int64_t from_strides[4]
+        int64_t keep_shape[4]
+        int64_t item_size
+    int emf_blend_tiles(const emf_blend_tile *tiles, int64_t count, int64_t part, int64_t parts)
     int emf_blend_finish(const double *sums, const double *tz, const double *ty, const double *tx, double count,
                          int64_t channels, const int64_t *shape, emf_dtype out_dtype, void *out)
 
@@ -83,6 +105,102 @@ def blend_add(sums, weights, prediction, first=((0, 0, 0), (0, 0, 0))):
         status = emf_blend_add(c_sums, ss, c_wz, c_wy, c_wx, c_prediction, c_pred, ps, channels, shape, first_low,
                                first_high)
     check_status(status, "blend_add")
+
+
+cdef class TileBlends:
+    """A group of tiles to blend into one block's sums, checked once (with the GIL) and then blended by
+    :meth:`run`, in parts that threads run at once, each in a single call without the GIL: per tile,
+    :func:`blend_add`'s work on that part's rows, after copying that part's rows of the tile, if asked, to an array
+    kept for later blocks."""
+    cdef emf_blend_tile *tiles
+    cdef Py_ssize_t count, capacity
+    cdef list arrays  # every array a pointer in ``tiles`` points into
+
+    def __cinit__(self):
+        self.tiles = NULL
+        self.count = self.capacity = 0
+        self.arrays = []
+
+    def __dealloc__(self):
+        free(self.tiles)
+
+    def __len__(self):
+        return self.count
+
+    def add(self, sums, weights, prediction, first=((0, 0, 0), (0, 0, 0)), Py_ssize_t row=0, keep=None,
+            kept_from=None):
+        """Blend ``prediction`` into ``sums`` as :func:`blend_add` does (the same arguments), ``row`` being the
+        block row of the view's first row (parts split the block's rows); first copy ``kept_from`` (a whole tile)
+        to ``keep``, of the same shape and dtype, if given."""
+        sums = plain_array(sums, "sums")
+        if sums.dtype != np.float64 or sums.ndim != 4 or not sums.flags.writeable:
+            raise TypeError(f"sums must be a writeable 4-D float64 array, got {sums.ndim}-D {sums.dtype}")
+        prediction = plain_array(prediction, "prediction")
+        cdef emf_dtype c_pred = dtype_code(prediction.dtype, "prediction", PREDICTION_DTYPES)
+        if prediction.shape != sums.shape:
+            raise ValueError(f"shapes differ: sums {sums.shape}, prediction {prediction.shape}")
+        axes = _axis_weights(weights, sums.shape[1:], "weights")
+        if keep is not None:
+            keep = plain_array(keep, "keep")
+            kept_from = plain_array(kept_from, "kept_from")
+            if (keep.shape != kept_from.shape or keep.dtype != kept_from.dtype or keep.ndim != 4
+                    or not keep.flags.writeable):
+                raise ValueError(f"keep must be a writeable 4-D array of kept_from's shape and dtype, got "
+                                 f"{keep.shape} {keep.dtype} for {kept_from.shape} {kept_from.dtype}")
+        if self.count == self.capacity:
+            self._grow()
+        cdef emf_blend_tile *tile = &self.tiles[self.count]
+        cdef int j
+        low, high = first
+        for j in range(3):
+            tile.shape[j] = sums.shape[1 + j]
+            tile.first_low[j] = min(max(int(low[j]), 0), tile.shape[j])
+            tile.first_high[j] = min(max(int(high[j]), tile.first_low[j]), tile.shape[j])
+        for j in range(4):
+            tile.sums_strides[j] = sums.strides[j]
+            tile.pred_strides[j] = prediction.strides[j]
+        tile.channels = sums.shape[0]
+        if 0 in sums.shape:  # nothing to blend: an empty shape makes the loops skip it
+            tile.shape[0] = 0
+        tile.sums = <double *> cnp.PyArray_DATA(<cnp.ndarray> sums)
+        tile.wz = <const double *> cnp.PyArray_DATA(<cnp.ndarray> axes[0])
+        tile.wy = <const double *> cnp.PyArray_DATA(<cnp.ndarray> axes[1])
+        tile.wx = <const double *> cnp.PyArray_DATA(<cnp.ndarray> axes[2])
+        tile.prediction = cnp.PyArray_DATA(<cnp.ndarray> prediction)
+        tile.pred_dtype = c_pred
+        tile.row = row
+        tile.keep = NULL
+        tile.kept_from = NULL
+        tile.item_size = 0
+        if keep is not None:
+            tile.keep = cnp.PyArray_DATA(<cnp.ndarray> keep)
+            tile.kept_from = cnp.PyArray_DATA(<cnp.ndarray> kept_from)
+            tile.item_size = keep.itemsize
+            for j in range(4):
+                tile.keep_strides[j] = keep.strides[j]
+                tile.from_strides[j] = kept_from.strides[j]
+                tile.keep_shape[j] = keep.shape[j]
+        self.arrays.append((sums, axes, prediction, keep, kept_from))
+        self.count += 1
+
+    cdef _grow(self):
+        cdef Py_ssize_t capacity = max(8, 2 * self.capacity)
+        cdef emf_blend_tile *grown = <emf_blend_tile *> realloc(self.tiles, capacity * sizeof(emf_blend_tile))
+        if grown == NULL:
+            raise MemoryError()
+        self.tiles = grown
+        self.capacity = capacity
+
+    def run(self, Py_ssize_t part=0, Py_ssize_t parts=1):
+        """Blend every tile, in the order added, on the rows of ``part`` (of ``parts``): those whose block row
+        ``r`` has ``r % parts == part``, and copy the kept tiles' rows ``y % parts == part``. The parts of one
+        group write disjoint rows, so threads may run them at once."""
+        if not 0 <= part < parts:
+            raise ValueError(f"part must be in [0, parts), got part {part} of {parts}")
+        cdef int status
+        with nogil:
+            status = emf_blend_tiles(self.tiles, self.count, part, parts)
+        check_status(status, "blend")
 
 
 def blend_finish(sums, totals, double count, out):

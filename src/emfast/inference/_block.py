@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Optional, Set
 
 import numpy as np
 
-from .._core.blend import blend_add, blend_finish
+from .._core.blend import TileBlends, blend_finish
 from .._core.gather import gather_convert
 from ..io import Volume
 from ._blend import Weights
@@ -344,10 +344,13 @@ class BlockRun:
         if self.sums is None:  # not cleared: each voxel's first tile sets it (see blend_add)
             channels = blends[0][1].shape[0]
             self.sums = self.predictor._pool.take("sums", (channels,) + self.block.shape, np.float64)
+        tiles = TileBlends()
+        for job, prediction, keep in blends:
+            self._add_tile(tiles, job, prediction, keep)
         if self.helpers is None:
-            self._blend_rows(blends, 0, 1)
+            tiles.run()
         else:
-            self.helpers.run(self._blend_rows, blends)
+            self.helpers.run(tiles.run)
         for key, kept in complete:
             self.predictor.cache.save(key, kept)
         if group.batch is not None:  # the predictions may be views of it: reused only now
@@ -355,7 +358,7 @@ class BlockRun:
 
     def _keep_if_shared(self, job: _Job, complete: List[tuple]) -> Optional[np.ndarray]:
         """Where to copy the prediction of a tile that later blocks share (its rows are copied with its blending,
-        :meth:`_blend_rows`: the model's output may be a view of a batch reused next), or None; a tile with all
+        :meth:`_add_tile`: the model's output may be a view of a batch reused next), or None; a tile with all
         its variants kept goes on ``complete``, to be saved once copied."""
         predictor = self.predictor
         if not predictor.is_shared(job.key):
@@ -384,38 +387,27 @@ class BlockRun:
             return self.run_model(batch, predictor.gather(self.region, self.corner, part, batch)).result()[0]
         return kept[job.index]
 
-    def _blend_rows(self, blends: List[tuple], part: int, parts: int) -> None:
-        """Blend the (job, prediction, copy kept for later blocks or None) triples, in order, into the block's rows
-        ``y`` with ``y % parts == part`` (counted from the block's start): each voxel gets its tiles in the same
-        order however many parts run. The copies kept are split the same way, by the tile's rows."""
-        for job, prediction, keep in blends:
-            if keep is not None:
-                keep[:, :, part::parts] = prediction[:, :, part::parts]
-            self._blend(job, prediction, part, parts)
-
-    def _blend(self, job: _Job, prediction: np.ndarray, part: int = 0, parts: int = 1) -> None:
+    def _add_tile(self, tiles: TileBlends, job: _Job, prediction: np.ndarray, keep: Optional[np.ndarray]) -> None:
+        """Add the job's tile, where it reaches into the block, to the group's ``tiles``, and its copy into
+        ``keep`` if later blocks share it (made with the blending, split by rows as it is: the model's output may
+        be a view of a batch reused next)."""
         block, weights = self.block, self.predictor.weights
         axes = weights.tile(job.tile)
         low = [max(reach, b) for (_, reach, _), b in zip(axes, block.start)]
-        high = [min(reach, b) for (_, _, reach), b in zip(axes, block.stop)]
-        low[1] += (part - (low[1] - block.start[1])) % parts  # the first of this part's rows
-        if any(lo >= hi for lo, hi in zip(low, high)):
-            return
-        steps = (1, parts, 1)
-        in_tile = tuple(slice(lo - t, hi - t, k) for lo, hi, t, k in zip(low, high, job.tile, steps))
-        in_block = tuple(slice(lo - b, hi - b, k) for lo, hi, b, k in zip(low, high, block.start, steps))
-        along = [w[lo - reach:hi - reach:k] for (w, reach, _), lo, hi, k in zip(axes, low, high, steps)]
-        counts = [-(-(hi - lo) // k) for lo, hi, k in zip(low, high, steps)]
+        high = [max(lo, min(reach, b)) for (_, _, reach), b, lo in zip(axes, block.stop, low)]  # empty: copy only
+        in_tile = tuple(slice(lo - t, hi - t) for lo, hi, t in zip(low, high, job.tile))
+        in_block = tuple(slice(lo - b, hi - b) for lo, hi, b in zip(low, high, block.start))
+        along = [w[lo - reach:hi - reach] for (w, reach, _), lo, hi in zip(axes, low, high)]
         first = ((0, 0, 0), (0, 0, 0))
         if job.index == 0:  # the voxels this tile reaches first: set, not added to (its later variants add)
-            first = ([max(0, -(-(weights.first(a, t) - lo) // k)) for a, (t, lo, k) in
-                      enumerate(zip(job.tile, low, steps))], counts)
-        blend_add(self.sums[(slice(None),) + in_block], along, undo(prediction, job.variant)[(slice(None),) + in_tile],
-                  first)
+            first = ([max(0, weights.first(a, t) - lo) for a, (t, lo) in enumerate(zip(job.tile, low))],
+                     [hi - lo for lo, hi in zip(low, high)])
+        tiles.add(self.sums[(slice(None),) + in_block], along, undo(prediction, job.variant)[(slice(None),) + in_tile],
+                  first, low[1] - block.start[1], keep, None if keep is None else prediction)
 
 
 class BlendHelpers:
-    """Threads that blend a block beside the blender, each its own rows (see :meth:`BlockRun._blend_rows`):
+    """Threads that blend a block beside the blender, each its own rows (see :class:`~emfast._core.blend.TileBlends`):
     blending one tile reads and writes several times its bytes, more than one core's memory bandwidth keeps up
     with on a GPU that predicts a few hundred tiles a second.
 
@@ -430,12 +422,12 @@ class BlendHelpers:
     def __init__(self, parts: int, executor: Executor) -> None:
         self.parts, self.executor = parts, executor
 
-    def run(self, blend_rows: Callable[[List[tuple], int, int], None], blends: List[tuple]) -> None:
-        """``blend_rows(blends, part, parts)`` for every part at once; returns when all are done, raising the
-        first error."""
-        others = [self.executor.submit(blend_rows, blends, part, self.parts) for part in range(1, self.parts)]
+    def run(self, blend_part: Callable[[int, int], None]) -> None:
+        """``blend_part(part, parts)`` for every part at once; returns when all are done, raising the first
+        error."""
+        others = [self.executor.submit(blend_part, part, self.parts) for part in range(1, self.parts)]
         try:
-            blend_rows(blends, 0, self.parts)
+            blend_part(0, self.parts)
         finally:
             wait(others)  # every part has stopped writing the sums before they are used or handed back
         for other in others:
