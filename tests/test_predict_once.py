@@ -67,6 +67,95 @@ def test_each_tile_is_computed_once_and_matches_the_reference(tmp_path, volume, 
     np.testing.assert_allclose(_read(tmp_path / "p.zarr/pred"), expected, rtol=2e-6, atol=1e-7)
 
 
+class Sizes(Counting):
+    """``Counting``, recording the size of every batch."""
+
+    def __init__(self, fail_at=None):
+        super().__init__(fail_at)
+        self.sizes = []
+
+    def __call__(self, batch):
+        self.sizes.append(len(batch))
+        return super().__call__(batch)
+
+
+@pytest.mark.parametrize("tta, chunks, block, batch_size", [(0, (6, 12, 12), (12, 24, 24), 3),
+                                                           (4, (6, 12, 12), (6, 24, 24), 5)])
+def test_batches_span_blocks_so_only_the_last_is_partial(tmp_path, volume, tta, chunks, block, batch_size):
+    """A device computes a whole batch whatever it holds: a block's last tiles fill their batch with the next
+    block's first ones, so every batch but the last is full (the probe's single tile aside; blocks whose tile
+    counts are not multiples of the batch size), and the bytes are those of one block."""
+    model = Sizes()
+    settings = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT, blend="none", overlap=(0, 0, 0), tta=tta, chunks=chunks,
+                    batch_size=batch_size)
+    result = ef.predict(model, volume, tmp_path / "p.zarr/pred", block=block, **settings)
+    assert result.blocks > 4 and model.repeats == 0
+    batches = model.sizes[1:]  # after the probe
+    assert batches[:-1] == [batch_size] * (len(batches) - 1) and 1 <= batches[-1] <= batch_size
+    ef.predict(lopsided, volume, tmp_path / "one.zarr/pred", block=(24, 48, 48), **settings)
+    np.testing.assert_array_equal(_read(tmp_path / "p.zarr/pred"), _read(tmp_path / "one.zarr/pred"))
+
+
+def _predict_in_a_thread(*args, **kwargs):
+    """``ef.predict(*args, **kwargs)`` on a thread: what it raised, or fail the test if it has not returned in
+    60 s (a blending left waiting for a batch never submitted)."""
+    raised = []
+
+    def run():
+        try:
+            ef.predict(*args, **kwargs)
+        except BaseException as error:  # noqa: BLE001 - handed to the test
+            raised.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "predict hung"
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("emfast-predict")]
+    return raised
+
+
+@pytest.mark.parametrize("where", ["model", "reading"])
+def test_a_failure_while_a_batch_spans_blocks_ends_the_run(tmp_path, volume, monkeypatch, where):
+    """The model failing once a batch two blocks share is submitted, or a block's input failing to read while
+    the previous block's partial batch waits for it: the error is raised, no thread is left, nothing hangs."""
+    from emfast.inference import _block, _local
+
+    left, spanning = [], []
+
+    class Watched(_block.Carry):
+        def submit(self, shared, run_model):
+            spanning.append(shared.count)
+            return super().submit(shared, run_model)
+
+        def abandon(self):
+            left.append(len(self._unsubmitted))
+            return super().abandon()
+
+    def model(batch):
+        if where == "model" and spanning:
+            raise RuntimeError("model failed")
+        return lopsided(batch)
+
+    monkeypatch.setattr(_local, "Carry", Watched)
+    if where == "reading":
+        read, reads = _block.BlockPredictor.read, []
+
+        def failing(self, block):
+            reads.append(block)
+            if len(reads) == 4:
+                raise OSError("the disk went away")
+            return read(self, block)
+
+        monkeypatch.setattr(_block.BlockPredictor, "read", failing)
+    raised = _predict_in_a_thread(model, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT,
+                                  blend="none", overlap=(0, 0, 0), chunks=(6, 12, 12), block=(12, 24, 24),
+                                  batch_size=3)
+    assert [type(error) for error in raised] == [RuntimeError if where == "model" else OSError]
+    if where == "reading":
+        assert left[-1] == 1  # a block's partial batch was waiting for the block that failed to read
+
+
 def test_the_same_bytes_whatever_the_block_size(tmp_path, volume):
     outputs = []
     for block in [(4, 16, 8), (24, 48, 40)]:

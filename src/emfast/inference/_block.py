@@ -90,16 +90,19 @@ class BlockPredictor:
         return run.finish(out)
 
     def feed(self, block: Block, region: np.ndarray, run_model: ModelRunner, blender: Optional[Executor] = None,
-             helpers: Optional["BlendHelpers"] = None) -> "BlockRun":
+             helpers: Optional["BlendHelpers"] = None, carry: Optional["Carry"] = None) -> "BlockRun":
         """Submit the block's missing tiles to ``run_model`` in batches, blending whatever came back while more
         than :data:`BATCHES_AHEAD` are out; returns the run, for :meth:`BlockRun.finish`. With ``blender`` (a
         one-thread executor blending every block's groups, in order) the groups are blended there as the model
         returns them, and this thread only feeds the model, waiting while more than :data:`BATCHES_AHEAD` batches
         are queued; ``helpers`` blend rows of the block beside the blender.
 
+        With ``carry`` (a blender's run over several blocks), a batch the block's last tiles leave partly empty
+        is filled by the next block's first, see :class:`Carry`.
+
         Tiles are blended in the plan's order, whichever were computed here and whichever were kept by another
         block, so the sums (and the bytes written) do not depend on the blocks."""
-        run = BlockRun(self, block, region, run_model, blender, helpers)
+        run = BlockRun(self, block, region, run_model, blender, helpers, carry)
         for tile in block.tiles:
             tile = tuple(int(v) for v in tile)
             key = self.plan.tile_key(tile)
@@ -110,7 +113,7 @@ class BlockPredictor:
                 run.add(_Job(tile, key, index, variant, KEPT if kept else known))
             if shared:
                 self._promised.add(key)
-        run.close_group()
+        run.close_group(last=True)
         return run
 
     def call_now(self, batch: np.ndarray, out_shape: tuple) -> Future:
@@ -205,12 +208,71 @@ class _Job:
 
 
 class _Group:
-    """Jobs blended together: those ready, and at most one batch computed by the model (``future``)."""
+    """Jobs blended together: those ready, and at most one batch computed by the model (``future``), whose
+    predictions from ``offset`` on are the group's; ``batch`` is handed back once the group is blended (None when
+    a later group shares it)."""
 
-    __slots__ = ("jobs", "future", "batch")
+    __slots__ = ("jobs", "future", "batch", "offset")
 
-    def __init__(self, jobs: List[_Job], future: Optional[Future], batch: Optional[np.ndarray]) -> None:
-        self.jobs, self.future, self.batch = jobs, future, batch
+    def __init__(self, jobs: List[_Job], future: Optional[Future], batch: Optional[np.ndarray],
+                 offset: int = 0) -> None:
+        self.jobs, self.future, self.batch, self.offset = jobs, future, batch, offset
+
+
+class _SharedBatch:
+    """A batch begun by a block's last group (``first``) and finished by the next block's first. Its ``future``
+    exists from the start (the first group is queued for blending with it) and takes the model's result once the
+    batch is submitted. The batch is handed back by the last group blended that holds it."""
+
+    __slots__ = ("batch", "count", "out_shape", "first", "future")
+
+    def __init__(self, batch: np.ndarray, count: int, out_shape: tuple, first: _Group) -> None:
+        self.batch, self.count, self.out_shape, self.first = batch, count, out_shape, first
+        self.future: Future = Future()
+        first.future, first.batch = self.future, batch
+
+    def _settle(self, done: Future) -> None:
+        if done.cancelled():
+            self.future.cancel()
+        elif done.exception() is not None:
+            self.future.set_exception(done.exception())
+        else:
+            self.future.set_result(done.result())
+
+
+class Carry:
+    """Batches spanning blocks, for a run that feeds blocks one after another (:func:`~emfast.inference._local.
+    run_local`): a block whose missing tiles end in a partial batch leaves it here, and the next block's first
+    missing tiles fill it before it is submitted. A device computes a whole batch whatever it holds (a CUDA
+    graph replays its whole slot), so each block's partial batch would cost a whole one. A batch spans at most
+    two blocks: the next block submits it at its end, filled or not, and :meth:`flush` submits what is left.
+    The predictions do not depend on the batch a tile is in, so neither do the bytes written."""
+
+    def __init__(self) -> None:
+        self.pending: Optional[_SharedBatch] = None  # the last block's, for the next block to fill
+        self._unsubmitted: List[_SharedBatch] = []
+
+    def begin(self, batch: np.ndarray, count: int, out_shape: tuple, group: _Group) -> None:
+        self.pending = _SharedBatch(batch, count, out_shape, group)
+        self._unsubmitted.append(self.pending)
+
+    def submit(self, shared: _SharedBatch, run_model: ModelRunner) -> None:
+        self._unsubmitted.remove(shared)
+        if self.pending is shared:
+            self.pending = None
+        run_model(shared.batch[:shared.count], shared.out_shape).add_done_callback(shared._settle)
+
+    def flush(self, run_model: ModelRunner) -> None:
+        """Submit the batches begun and not yet submitted."""
+        for shared in list(self._unsubmitted):
+            self.submit(shared, run_model)
+
+    def abandon(self) -> None:
+        """After an error: the batches not submitted never are, and a blending waiting for one sees it
+        cancelled."""
+        unsubmitted, self._unsubmitted, self.pending = self._unsubmitted, [], None
+        for shared in unsubmitted:
+            shared.future.cancel()
 
 
 class BlockRun:
@@ -220,9 +282,12 @@ class BlockRun:
     batches' predictions are held at once."""
 
     def __init__(self, predictor: BlockPredictor, block: Block, region: np.ndarray, run_model: ModelRunner,
-                 blender: Optional[Executor] = None, helpers: Optional["BlendHelpers"] = None) -> None:
+                 blender: Optional[Executor] = None, helpers: Optional["BlendHelpers"] = None,
+                 carry: Optional[Carry] = None) -> None:
         self.predictor, self.block, self.region, self.run_model = predictor, block, region, run_model
-        self.blender, self.helpers = blender, helpers
+        self.blender, self.helpers, self.carry = blender, helpers, carry
+        #: The previous block's partial batch, which this block's first missing tiles fill.
+        self.continued: Optional[_SharedBatch] = None if carry is None else carry.pending
         self.blending: Optional[Future] = None  # on the blender: the blending of the last group queued
         self.blended = threading.Condition()  # a group was blended on the blender, or a blending ended
         self.failed: Optional[BaseException] = None  # what a blending on the blender raised
@@ -238,24 +303,26 @@ class BlockRun:
         self.open.append(job)
         if job.prediction is None:
             self.missing += 1
-            if self.missing == self.predictor.batch_size:
+            if self.missing == self.predictor.batch_size - (0 if self.continued is None else self.continued.count):
                 self.close_group()
         elif not self.missing:
             self.close_group()
 
-    def close_group(self) -> None:
-        """Submit the open group's missing jobs; then blend groups here while too many are out or the oldest is
+    def close_group(self, last: bool = False) -> None:
+        """Submit the open group's missing jobs (``last``: the block's last group, whose partial batch a
+        :class:`Carry` keeps for the next block); then blend groups here while too many are out or the oldest is
         in, or, with a blender, queue the group for it and wait while more than :data:`BATCHES_AHEAD` batches are
         queued."""
+        part = [(job.tile, job.variant) for job in self.open if job.prediction is None]
+        if part:
+            self.groups.append(self._submit(part, last))
+        elif self.open:
+            self.groups.append(_Group(self.open, None, None))
+        if last and self.continued is not None:  # a batch spans two blocks at most
+            self.carry.submit(self.continued, self.run_model)
+            self.continued = None
         if not self.open:
             return
-        predictor = self.predictor
-        part = [(job.tile, job.variant) for job in self.open if job.prediction is None]
-        future = batch = None
-        if part:
-            batch = predictor._pool.take("batch", predictor.batch_shape(part, self.region.shape[0]), np.float32)
-            future = self.run_model(batch, predictor.gather(self.region, self.corner, part, batch))
-        self.groups.append(_Group(self.open, future, batch))
         self.open, self.missing = [], 0
         if self.blender is None:
             while self.groups and (self._batches_out() > BATCHES_AHEAD or self._oldest_ready()):
@@ -268,6 +335,28 @@ class BlockRun:
             self.blended.wait_for(lambda: self._batches_out() <= BATCHES_AHEAD or self.failed is not None)
         if self.failed is not None:
             raise self.failed
+
+    def _submit(self, part: List[tuple], last: bool) -> _Group:
+        """The open group, its missing jobs ``part`` gathered into a batch: submitted to the model, or continuing
+        the previous block's batch, or (``last``, partial) left in the carry for the next block."""
+        predictor = self.predictor
+        shape = predictor.batch_shape(part, self.region.shape[0])
+        shared, group = self.continued, _Group(self.open, None, None)
+        if shared is not None and shared.batch.shape[1:] == shape[1:]:
+            self.continued = None
+            predictor.gather(self.region, self.corner, part, shared.batch[shared.count:shared.count + len(part)])
+            group.future, group.batch, group.offset = shared.future, shared.batch, shared.count
+            shared.first.batch = None  # handed back by this group, blended after the first
+            shared.count += len(part)
+            self.carry.submit(shared, self.run_model)
+        elif last and self.carry is not None and len(part) < predictor.batch_size:
+            batch = predictor._pool.take("batch", (predictor.batch_size,) + shape[1:], np.float32)
+            out_shape = predictor.gather(self.region, self.corner, part, batch[:len(part)])
+            self.carry.begin(batch, len(part), out_shape, group)
+        else:
+            group.batch = predictor._pool.take("batch", shape, np.float32)
+            group.future = self.run_model(group.batch, predictor.gather(self.region, self.corner, part, group.batch))
+        return group
 
     def _blend_queued(self) -> None:
         """On the blender: blend the groups queued, in order, each once the model has returned its batch. After a
@@ -334,7 +423,7 @@ class BlockRun:
 
     def _blend_group(self, group: _Group) -> None:
         if group.future is not None:
-            predictions = iter(group.future.result())
+            predictions = iter(group.future.result()[group.offset:])
             for job in group.jobs:
                 if job.prediction is None:
                     job.prediction = next(predictions)

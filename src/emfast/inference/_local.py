@@ -27,7 +27,7 @@ import numpy as np
 
 from .._machine import cores
 from ..io import check_free_space, option
-from ._block import BlendHelpers, BlockPredictor
+from ._block import BlendHelpers, BlockPredictor, Carry
 from ._store import BlockWriteError, OutputStore
 from ._tiling import Block
 
@@ -120,6 +120,7 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
     sharers = Counter(key for block in blocks for key in predictor.shared_keys(block))
     spare: List[np.ndarray] = []  # output buffers whose write finished, reused: no page faults
     upcoming = iter(blocks)
+    carry = Carry()  # a block's last, partial batch is filled by the next block's first tiles
 
     def run_model(batch: np.ndarray, out_shape: tuple):
         return model.submit(predictor.model, batch, out_shape, predictor.channels)
@@ -157,12 +158,14 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
             # Fed here while the blender blends what the model returned and the finisher converts the previous
             # block: this thread only gathers, so the model always has its next batch.
             run = predictor.feed(block, region.result(), run_model, blender=blender,
-                                 helpers=None if helpers is None else BlendHelpers(parts, helpers))
+                                 helpers=None if helpers is None else BlendHelpers(parts, helpers), carry=carry)
             finishing = finisher.submit(finish, run, buffer, block)
             writes.append((finishing, buffer, block))
+        carry.flush(run_model)
         while writes:
             finish_write()
     finally:
+        carry.abandon()  # a blending waiting for a batch never submitted sees it cancelled
         readers.shutdown(wait=True, cancel_futures=True)
         model.shutdown(wait=True, cancel_futures=True)  # a blending waiting for a batch sees it cancelled
         blender.shutdown(wait=True)
