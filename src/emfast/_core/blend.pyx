@@ -116,7 +116,8 @@ cdef class TileBlends:
     cdef Py_ssize_t count, capacity
     cdef list arrays  # every array a pointer in ``tiles`` points into
 
-    def __cinit__(self):
+    def __init__(self):
+        free(self.tiles)  # NULL unless __init__ runs again
         self.tiles = NULL
         self.count = self.capacity = 0
         self.arrays = []
