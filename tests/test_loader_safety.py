@@ -222,7 +222,10 @@ def test_ctrl_c_during_start_of_a_device_loader_stops_the_copier_and_frees_the_d
     loaders, in_start = _interrupt_starts(
         lambda trial: ef.Loader(raw, patch=PATCH, batch_size=8, threads=8, buffers=8, device=devices[trial]), 8)
     assert in_start >= 2
-    assert all(device.closed and device.live == 0 for device in devices), [d.live for d in devices]
+    # On a loaded machine the interrupt may land before the copier thread opened its device: nothing to free then.
+    opened = [device for device in devices if device.owner is not None]
+    assert len(opened) >= 2
+    assert all(device.closed and device.live == 0 for device in opened), [(d.closed, d.live) for d in opened]
     for loader in loaders:
         loader.close()
 
