@@ -65,15 +65,19 @@ def _group(rng, dtype, transposed=False):
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 @pytest.mark.parametrize("parts", [1, 2, 3, 4])
 @pytest.mark.parametrize("transposed", [False, True])
-def test_tile_blends_in_parts_equal_blend_add_tile_by_tile(dtype, parts, transposed):
-    """Each part blends its rows of every tile, in order; together they make the bytes of one ``blend_add`` per
-    tile, whatever ``parts``, and the kept copies equal the tiles."""
+def test_tile_blends_in_parts_equal_numpy_tile_by_tile(dtype, parts, transposed):
+    """Each part blends its rows of every tile, in order; together they make NumPy's bytes for the tiles blended
+    one after another, whatever ``parts``, and the kept copies equal the tiles."""
     rng = np.random.default_rng(parts)
     group = _group(rng, dtype, transposed)
     start = rng.random((2, 8, 13, 12))
     expected, sums = start.copy(), start.copy()
-    for box, axes, prediction, first, _ in group:
-        blend_add(expected[(slice(None),) + box], axes, prediction, first)
+    for box, axes, prediction, first, _ in group:  # NumPy, tile by tile
+        term = _product(axes) * prediction.astype(np.float64)
+        target = expected[(slice(None),) + box]
+        target += term
+        (z0, y0, x0), (z1, y1, x1) = first
+        target[:, z0:z1, y0:y1, x0:x1] = term[:, z0:z1, y0:y1, x0:x1]
     tiles = TileBlends()
     keeps = []
     for box, axes, prediction, first, whole in group:

@@ -115,10 +115,12 @@ def _predict_in_a_thread(*args, **kwargs):
     return raised
 
 
-@pytest.mark.parametrize("where", ["model", "reading"])
-def test_a_failure_while_a_batch_spans_blocks_ends_the_run(tmp_path, volume, monkeypatch, where):
-    """The model failing once a batch two blocks share is submitted, or a block's input failing to read while
-    the previous block's partial batch waits for it: the error is raised, no thread is left, nothing hangs."""
+@pytest.mark.parametrize("where, seconds", [("model", 0), ("model", 0.01), ("reading", 0), ("submitting", 0)])
+def test_a_failure_while_a_batch_spans_blocks_ends_the_run(tmp_path, volume, monkeypatch, where, seconds):
+    """The model failing once a batch two blocks share is submitted (also a slow model, whose first failure is
+    an earlier block's batch), or a block's input failing to read while the previous block's partial batch waits
+    for it, or Ctrl-C while a shared batch is submitted: that error is raised (not a cancellation), no thread is
+    left, nothing hangs."""
     from emfast.inference import _block, _local
 
     left, spanning = [], []
@@ -126,6 +128,11 @@ def test_a_failure_while_a_batch_spans_blocks_ends_the_run(tmp_path, volume, mon
     class Watched(_block.Carry):
         def submit(self, shared, run_model):
             spanning.append(shared.count)
+            if where == "submitting":
+                def interrupted(*arguments):
+                    raise KeyboardInterrupt
+
+                return super().submit(shared, interrupted)
             return super().submit(shared, run_model)
 
         def abandon(self):
@@ -133,6 +140,7 @@ def test_a_failure_while_a_batch_spans_blocks_ends_the_run(tmp_path, volume, mon
             return super().abandon()
 
     def model(batch):
+        time.sleep(seconds)
         if where == "model" and spanning:
             raise RuntimeError("model failed")
         return lopsided(batch)
@@ -151,7 +159,8 @@ def test_a_failure_while_a_batch_spans_blocks_ends_the_run(tmp_path, volume, mon
     raised = _predict_in_a_thread(model, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT,
                                   blend="none", overlap=(0, 0, 0), chunks=(6, 12, 12), block=(12, 24, 24),
                                   batch_size=3)
-    assert [type(error) for error in raised] == [RuntimeError if where == "model" else OSError]
+    assert [type(error) for error in raised] == [{"model": RuntimeError, "reading": OSError,
+                                                  "submitting": KeyboardInterrupt}[where]]
     if where == "reading":
         assert left[-1] == 1  # a block's partial batch was waiting for the block that failed to read
 

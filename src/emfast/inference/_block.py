@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from concurrent.futures import Executor, Future, wait
+from concurrent.futures import Executor, Future, InvalidStateError, wait
 from typing import Callable, Dict, List, Optional, Set
 
 import numpy as np
@@ -228,16 +228,25 @@ class _SharedBatch:
 
     def __init__(self, batch: np.ndarray, count: int, out_shape: tuple, first: _Group) -> None:
         self.batch, self.count, self.out_shape, self.first = batch, count, out_shape, first
-        self.future: Future = Future()
+        self.future: Future = _CarriedFuture()
         first.future, first.batch = self.future, batch
 
     def _settle(self, done: Future) -> None:
-        if done.cancelled():
-            self.future.cancel()
-        elif done.exception() is not None:
-            self.future.set_exception(done.exception())
-        else:
-            self.future.set_result(done.result())
+        try:
+            if done.cancelled():
+                self.future.cancel()
+            elif done.exception() is not None:
+                self.future.set_exception(done.exception())
+            else:
+                self.future.set_result(done.result())
+        except InvalidStateError:  # cancelled by Carry.abandon meanwhile (an error): nobody waits for it now
+            pass
+
+
+class _CarriedFuture(Future):
+    """The future of a batch two blocks share: cancelled by its :class:`Carry` only, never by one block's
+    :meth:`BlockRun.release` (the other block's group waits on it, and would report a cancellation instead of
+    the error that ended the first block)."""
 
 
 class Carry:
@@ -257,10 +266,10 @@ class Carry:
         self._unsubmitted.append(self.pending)
 
     def submit(self, shared: _SharedBatch, run_model: ModelRunner) -> None:
-        self._unsubmitted.remove(shared)
         if self.pending is shared:
             self.pending = None
         run_model(shared.batch[:shared.count], shared.out_shape).add_done_callback(shared._settle)
+        self._unsubmitted.remove(shared)  # only now: if the submission failed (Ctrl-C), abandon() cancels it
 
     def flush(self, run_model: ModelRunner) -> None:
         """Submit the batches begun and not yet submitted."""
@@ -342,7 +351,10 @@ class BlockRun:
         predictor = self.predictor
         shape = predictor.batch_shape(part, self.region.shape[0])
         shared, group = self.continued, _Group(self.open, None, None)
-        if shared is not None and shared.batch.shape[1:] == shape[1:]:
+        if shared is not None and shared.batch.shape[1:] != shape[1:]:  # tiles of another shape: not in one batch
+            self.carry.submit(shared, self.run_model)
+            self.continued = shared = None
+        if shared is not None:
             self.continued = None
             predictor.gather(self.region, self.corner, part, shared.batch[shared.count:shared.count + len(part)])
             group.future, group.batch, group.offset = shared.future, shared.batch, shared.count
@@ -415,7 +427,7 @@ class BlockRun:
         """Hand the sums and the batches back (after an error too)."""
         pool = self.predictor._pool
         for group in self.groups:
-            if group.future is not None:
+            if group.future is not None and not isinstance(group.future, _CarriedFuture):
                 group.future.cancel()
         if self.sums is not None:
             pool.give("sums", self.sums)
