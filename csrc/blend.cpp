@@ -124,19 +124,6 @@ void finish(const double *sums, const double *tz, const double *ty, const double
 
 extern "C" {
 
-int emf_blend_add(double *sums, const int64_t sums_strides[4], const double *wz, const double *wy,
-                  const double *wx, const void *prediction, emf_dtype pred_dtype, const int64_t pred_strides[4],
-                  int64_t channels, const int64_t shape[3], const int64_t first_low[3],
-                  const int64_t first_high[3]) {
-    const emf_blend_tile tile = {sums, {sums_strides[0], sums_strides[1], sums_strides[2], sums_strides[3]},
-                                 wz, wy, wx, prediction, pred_dtype,
-                                 {pred_strides[0], pred_strides[1], pred_strides[2], pred_strides[3]}, channels,
-                                 {shape[0], shape[1], shape[2]}, {first_low[0], first_low[1], first_low[2]},
-                                 {first_high[0], first_high[1], first_high[2]}, 0, nullptr, nullptr, {0, 0, 0, 0},
-                                 {0, 0, 0, 0}, {0, 0, 0, 0}, 0};
-    return emf_blend_tiles(&tile, 1, 0, 1);
-}
-
 int emf_blend_tiles(const emf_blend_tile *tiles, int64_t count, int64_t part, int64_t parts) {
     for (int64_t i = 0; i < count; ++i) {
         const emf_blend_tile &t = tiles[i];

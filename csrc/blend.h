@@ -21,20 +21,15 @@
 extern "C" {
 #endif
 
-/* For c < channels and every (z, y, x) < shape, with w = wz[z] * wy[y] * wx[x] (in that order):
+/* One tile of a group blended by emf_blend_tiles. For c < channels and every (z, y, x) < shape, with
+ * w = wz[z] * wy[y] * wx[x] (in that order):
  *     sums[c, z, y, x] = w * prediction[c, z, y, x]    inside the box [first_low, first_high),
  *     sums[c, z, y, x] += w * prediction[c, z, y, x]   elsewhere.
  * The box holds the voxels no tile blended before touched, so a block's sums need no clearing. sums and the
- * weights are float64; prediction is float16, float32 or float64 (pred_dtype). Strides are in bytes (c, z, y, x). */
-int emf_blend_add(double *sums, const int64_t sums_strides[4], const double *wz, const double *wy,
-                  const double *wx, const void *prediction, emf_dtype pred_dtype, const int64_t pred_strides[4],
-                  int64_t channels, const int64_t shape[3], const int64_t first_low[3],
-                  const int64_t first_high[3]);
-
-/* One tile of a group blended by emf_blend_tiles: emf_blend_add's arguments, plus ``row``, the block row of the
- * tile's y = 0 (a part blends the rows with (row + y) % parts == part), and, where keep is not NULL, a copy of the
- * whole tile to make first: keep[c, z, y, x] = kept_from[c, z, y, x] over keep_shape, item_size bytes per element,
- * by the tile's own rows (y % parts == part). */
+ * weights are float64; prediction is float16, float32 or float64 (pred_dtype). Strides are in bytes (c, z, y, x).
+ * ``row`` is the block row of the tile's y = 0: a part blends the rows with (row + y) % parts == part. Where keep
+ * is not NULL, a copy of the whole tile is made first: keep[c, z, y, x] = kept_from[c, z, y, x] over keep_shape,
+ * item_size bytes per element, by the tile's own rows (y % parts == part). */
 typedef struct {
     double *sums;
     int64_t sums_strides[4];
@@ -51,7 +46,7 @@ typedef struct {
     int64_t keep_strides[4], from_strides[4], keep_shape[4];
     int64_t item_size;
 } emf_blend_tile;
-/* emf_blend_add for each of count tiles in order, each on its rows of part ``part`` of ``parts`` (0 <= part <
+/* Blends count tiles in order, each on its rows of part ``part`` of ``parts`` (0 <= part <
  * parts): threads blending the parts of one group at once write disjoint rows, and each voxel gets its tiles in the
  * same order whatever ``parts``. */
 int emf_blend_tiles(const emf_blend_tile *tiles, int64_t count, int64_t part, int64_t parts);

@@ -19,9 +19,6 @@ BLEND_OUTPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.u
 
 
 cdef extern from "blend.h" nogil:
-    int emf_blend_add(double *sums, const int64_t *sums_strides, const double *wz, const double *wy,
-                      const double *wx, const void *prediction, emf_dtype pred_dtype, const int64_t *pred_strides,
-                      int64_t channels, const int64_t *shape, const int64_t *first_low, const int64_t *first_high)
     ctypedef struct emf_blend_tile:
         double *sums
         int64_t sums_strides[4]
@@ -69,42 +66,9 @@ def blend_add(sums, weights, prediction, first=((0, 0, 0), (0, 0, 0))):
     ``(w[z, y, x] * prediction.astype(float64))`` added to (or stored in) ``sums``, with ``w`` multiplied in the
     order ``(wz * wy) * wx``.
     """
-    sums = plain_array(sums, "sums")
-    if sums.dtype != np.float64 or sums.ndim != 4 or not sums.flags.writeable:
-        raise TypeError(f"sums must be a writeable 4-D float64 array, got {sums.ndim}-D {sums.dtype}")
-    prediction = plain_array(prediction, "prediction")
-    cdef emf_dtype c_pred = dtype_code(prediction.dtype, "prediction", PREDICTION_DTYPES)
-    if prediction.shape != sums.shape:
-        raise ValueError(f"shapes differ: sums {sums.shape}, prediction {prediction.shape}")
-    wz, wy, wx = _axis_weights(weights, sums.shape[1:], "weights")
-    low, high = first
-    cdef int64_t first_low[3]
-    cdef int64_t first_high[3]
-    cdef int j
-    for j in range(3):
-        first_low[j] = min(max(int(low[j]), 0), sums.shape[1 + j])
-        first_high[j] = min(max(int(high[j]), first_low[j]), sums.shape[1 + j])
-    if 0 in sums.shape:
-        return
-    cdef int64_t ss[4]
-    cdef int64_t ps[4]
-    cdef int64_t shape[3]
-    for j in range(4):
-        ss[j] = sums.strides[j]
-        ps[j] = prediction.strides[j]
-    for j in range(3):
-        shape[j] = sums.shape[1 + j]
-    cdef int64_t channels = sums.shape[0]
-    cdef double *c_sums = <double *> cnp.PyArray_DATA(<cnp.ndarray> sums)
-    cdef const double *c_wz = <const double *> cnp.PyArray_DATA(<cnp.ndarray> wz)
-    cdef const double *c_wy = <const double *> cnp.PyArray_DATA(<cnp.ndarray> wy)
-    cdef const double *c_wx = <const double *> cnp.PyArray_DATA(<cnp.ndarray> wx)
-    cdef const void *c_prediction = cnp.PyArray_DATA(<cnp.ndarray> prediction)
-    cdef int status
-    with nogil:
-        status = emf_blend_add(c_sums, ss, c_wz, c_wy, c_wx, c_prediction, c_pred, ps, channels, shape, first_low,
-                               first_high)
-    check_status(status, "blend_add")
+    tile = TileBlends()
+    tile.add(sums, weights, prediction, first)
+    tile.run()
 
 
 cdef class TileBlends:
