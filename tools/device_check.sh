@@ -3,8 +3,9 @@
 # install pycuda and the pure-Python packages the tests need from .whl/ (wheels made on a machine with network,
 # see benchmarks/README.md), build emfast's core (unless .whl/_core holds it, built for that Python), run the GPU
 # tests and the GPU benchmarks. Reports go to $OUT. STEPS picks some of: tests transfer lifetime predict switch
-# profile (default the first four; switch: predict with a 0.5 ms GIL switch interval; profile: a py-spy record of
-# one predict, the row named by PROFILE_ROW, default cuda_graphs, if py-spy was carried).
+# profile trace (default the first four; switch: predict with a 0.5 ms GIL switch interval; profile: a py-spy
+# record of one predict, the row named by PROFILE_ROW, default cuda_graphs, if py-spy was carried; trace: a
+# torch.profiler trace of one predict with cuda_graphs, tools/profile_predict_cuda.py).
 set -u
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
@@ -51,4 +52,5 @@ step switch && python3 benchmarks/predict_cuda.py --switch-interval 0.0005 --jso
     2>&1 | tee "$OUT/predict-cuda-switch.txt"
 step profile && /tmp/site/bin/py-spy record --idle --threads -r 100 -f raw -o "$OUT/predict-cuda-profile.txt" -- \
     python3 benchmarks/predict_cuda.py --rounds 1 --only "${PROFILE_ROW:-cuda_graphs}" | tail -6
+step trace && { python3 tools/profile_predict_cuda.py > "$OUT/trace.txt" 2>&1; tail -30 "$OUT/trace.txt"; }
 stamp done
