@@ -48,26 +48,26 @@ inline void set_row(double *__restrict s, double wzy, const double *__restrict w
 
 /* Rows y with (row + y) % parts == part only (row: the block row of y = 0), so that threads may share a block. */
 template <typename P>
-void add(double *sums, const int64_t ss[4], const double *wz, const double *wy, const double *wx,
-         const void *prediction, const int64_t ps[4], int64_t channels, const int64_t n[3], const int64_t low[3],
-         const int64_t high[3], int64_t row, int64_t part, int64_t parts) {
+void add(const emf_blend_tile &t, int64_t part, int64_t parts) {
+    const int64_t *ss = t.sums_strides, *ps = t.pred_strides, *n = t.shape, *low = t.first_low, *high = t.first_high;
+    const double *wz = t.wz, *wy = t.wy, *wx = t.wx;
     const bool rows = ss[3] == sizeof(double) && ps[3] == sizeof(P);
-    const int64_t first_row = ((part - row) % parts + parts) % parts;
+    const int64_t first_row = ((part - t.row) % parts + parts) % parts;
     for (int64_t z = 0; z < n[0]; ++z) {
         const bool first_z = z >= low[0] && z < high[0];
         for (int64_t y = first_row; y < n[1]; y += parts) {
             const double wzy = wz[z] * wy[y];
             const bool first = first_z && y >= low[1] && y < high[1] && low[2] < high[2];
             const int64_t from = first ? low[2] : n[2], to = first ? high[2] : n[2];  /* assigned in [from, to) */
-            for (int64_t c = 0; c < channels; ++c) {
-                char *s = at(sums, c * ss[0] + z * ss[1] + y * ss[2]);
-                const char *p = at(prediction, c * ps[0] + z * ps[1] + y * ps[2]);
+            for (int64_t c = 0; c < t.channels; ++c) {
+                char *s = at(t.sums, c * ss[0] + z * ss[1] + y * ss[2]);
+                const char *p = at(t.prediction, c * ps[0] + z * ps[1] + y * ps[2]);
                 if (rows) {
-                    double *row = reinterpret_cast<double *>(s);
+                    double *sums_row = reinterpret_cast<double *>(s);
                     const P *values = reinterpret_cast<const P *>(p);
-                    add_row(row, wzy, wx, values, 0, from);
-                    set_row(row, wzy, wx, values, from, to);
-                    add_row(row, wzy, wx, values, to, n[2]);
+                    add_row(sums_row, wzy, wx, values, 0, from);
+                    set_row(sums_row, wzy, wx, values, from, to);
+                    add_row(sums_row, wzy, wx, values, to, n[2]);
                     continue;
                 }
                 for (int64_t x = 0; x < n[2]; ++x) {
@@ -130,16 +130,13 @@ int emf_blend_tiles(const emf_blend_tile *tiles, int64_t count, int64_t part, in
         if (t.keep != nullptr) copy_rows(t, part, parts);
         switch (t.pred_dtype) {
             case EMF_FLOAT16:
-                add<uint16_t>(t.sums, t.sums_strides, t.wz, t.wy, t.wx, t.prediction, t.pred_strides, t.channels,
-                              t.shape, t.first_low, t.first_high, t.row, part, parts);
+                add<uint16_t>(t, part, parts);
                 break;
             case EMF_FLOAT32:
-                add<float>(t.sums, t.sums_strides, t.wz, t.wy, t.wx, t.prediction, t.pred_strides, t.channels,
-                           t.shape, t.first_low, t.first_high, t.row, part, parts);
+                add<float>(t, part, parts);
                 break;
             case EMF_FLOAT64:
-                add<double>(t.sums, t.sums_strides, t.wz, t.wy, t.wx, t.prediction, t.pred_strides, t.channels,
-                            t.shape, t.first_low, t.first_high, t.row, part, parts);
+                add<double>(t, part, parts);
                 break;
             default:
                 return EMF_BAD_DTYPE;
