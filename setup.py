@@ -55,7 +55,7 @@ EXTENSIONS = [
     extension("blend", ["blend.cpp"], ["blend.h", "half.h"]),
     extension("rescale", ["rescale.cpp"], ["rescale.h", "half.h"]),
     extension("files", ["files.cpp", "zstd.cpp", "blosc.cpp", "deflate.cpp"],
-              ["files.h", "zstd.h", "blosc.h", "deflate.h"]),
+              ["files.h", "zstd.h", "blosc.h", "deflate.h", "kept_context.h"]),
 ]
 
 # The modules are independent: Cython translates them and the compiler builds them on every core at once

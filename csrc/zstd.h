@@ -31,8 +31,8 @@ typedef struct {
 } emf_zstd_library;
 
 /* Decode frame i (sources[i], sizes[i] bytes) into destinations[i] (capacities[i] bytes), for i < n, one context
- * for all: decoded[i] = 1 where the frames (one or more, back to back) decoded to exactly capacities[i] bytes,
- * else 0 (a damaged frame, or another size: the caller decodes it the way that names what is wrong; the
+ * for all (this thread's, kept for its next calls: kept_context.h): decoded[i] = 1 where the frames (one or more,
+ * back to back) decoded to exactly capacities[i] bytes, else 0 (a damaged frame, or another size: the caller decodes it the way that names what is wrong; the
  * destination's bytes are then undefined). Returns 0, or -1 if no context could be made (nothing decoded). */
 int emf_decode_zstd(const emf_zstd_library *library, int64_t n, const char *const *sources, const int64_t *sizes,
                     char *const *destinations, const int64_t *capacities, uint8_t *decoded);

@@ -891,6 +891,49 @@ def test_system_deflate_inflates_gzip_and_zlib_and_refuses_damaged_ones(wrap, dt
         np.testing.assert_array_equal(outs[i], chunks[i])
 
 
+@pytest.mark.parametrize("codec", ["zstd", "deflate"])
+def test_a_thread_s_kept_decoder_decodes_exactly_after_damaged_frames_and_beside_other_threads(codec):
+    """Each thread keeps its decoding context for its next calls: a context that refused damaged and truncated
+    frames decodes the next good ones exactly, and threads decoding at once each use their own."""
+    import numcodecs
+    module = _system_zstd() if codec == "zstd" else _system_deflate()
+    encoder = numcodecs.Zstd(level=3, checksum=True) if codec == "zstd" else numcodecs.GZip(level=6)
+    chunks = [random_volume(np.uint16, (8, 10, 6), seed) for seed in range(8)]
+    frames = [bytes(encoder.encode(chunk)) for chunk in chunks]
+    damaged = bytearray(frames[0])
+    damaged[len(damaged) // 2] ^= 0xFF
+
+    def decode(indices, broken=()):
+        outs = [np.empty_like(chunks[i]) for i in indices]
+        done = module.decode_frames(list(broken) + [frames[i] for i in indices],
+                                    [np.empty(chunks[0].nbytes, np.uint8) for _ in broken] +
+                                    [out.reshape(-1).view(np.uint8) for out in outs])
+        assert done.tolist() == [False] * len(broken) + [True] * len(indices)
+        return outs
+
+    decode([], broken=[bytes(damaged), frames[1][:-7]])  # fails mid-frame: the kept context is left mid-stream
+    for outs, indices in ((decode([0, 1]), [0, 1]), (decode([2]), [2])):
+        for out, i in zip(outs, indices):
+            np.testing.assert_array_equal(out, chunks[i])
+    results, errors = {}, []
+
+    def run(n):
+        try:
+            for _ in range(20):
+                results[n] = decode(list(range(8)))
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+    workers = [threading.Thread(target=run, args=(n,)) for n in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert not errors
+    for outs in results.values():
+        for out, chunk in zip(outs, chunks):
+            np.testing.assert_array_equal(out, chunk)
+
+
 @pytest.mark.parametrize("codec, zarr_format, shards", [({"id": "gzip", "level": 5}, 2, None),
                                                         ({"id": "zlib"}, 2, None), ("gzip", 3, None),
                                                         ("gzip", 3, SHARD)])
