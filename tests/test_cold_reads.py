@@ -575,6 +575,32 @@ def test_decode_helpers_serve_one_request_after_another_and_end_once_idle(monkey
     assert not alive[0].is_alive()  # ended once idle
 
 
+def test_an_idle_decode_helper_holds_nothing_of_the_request_it_served(monkeypatch):
+    """The buffers a request's calls fill (a chunk cache's blocks) are free once run_all returns: a helper waiting
+    for the next request keeps no reference to the last, which would keep an evicted block's memory from reuse."""
+    import weakref
+    monkeypatch.setattr(_decode, "_cores", lambda: 2)
+    monkeypatch.setattr(_decode, "_idle_cores", lambda: 1)
+
+    class Buffer:
+        pass
+    buffers = [Buffer() for _ in range(8)]
+    served = set()
+
+    def fill(buffer):
+        def run():
+            time.sleep(0.002)
+            served.add(threading.get_ident())
+            buffer.filled = True
+        return run
+    _decode.run_all([fill(buffer) for buffer in buffers])
+    assert len(served) == 2  # a helper took a share
+    alive = [weakref.ref(buffer) for buffer in buffers]
+    del buffers
+    assert [ref() for ref in alive] == [None] * 8
+    assert any(t.name.startswith("emfast-decode-") for t in threading.enumerate())  # still waiting, idle
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_decode_helpers_work_in_a_forked_child(monkeypatch):
     monkeypatch.setattr(_decode, "_cores", lambda: 2)

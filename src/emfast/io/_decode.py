@@ -150,6 +150,9 @@ class _Helpers:
                 task.run()
             finally:
                 task.done.set()
+                # let go of the request while idle: its calls hold the buffers they filled (a chunk cache's blocks,
+                # whose memory is reused once nothing else refers to it)
+                del task
 
 
 _HELPERS = _Helpers()
