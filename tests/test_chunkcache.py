@@ -1,4 +1,5 @@
 """Lazy volumes read through the bounded chunk cache: exact boxes, the budget, concurrency and bad budgets."""
+import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 import emfast as ef
+from emfast.io._blockslots import HUGE_PAGE, SLAB_BYTES, BlockSlots, block_on
 from emfast.io._chunkcache import CONTIGUOUS_BLOCK, default_budget
 from reference import assert_releases_gil, random_volume
 
@@ -132,6 +134,75 @@ def test_evicted_blocks_still_in_use_are_never_overwritten(tmp_path, rng):
         assert cache.stats.misses == 4
         np.testing.assert_array_equal(held[0], data[:4, :8, :16])
         assert not held.flags.writeable
+
+
+def test_a_slot_is_reused_only_once_no_view_of_its_evicted_block_remains():
+    slots = BlockSlots(64 << 10)
+    first = slots.take()
+    block = block_on(first, np.dtype(np.uint16), (1, 8, 64, 64))
+    view = block[0, 2:4]  # a reader still copying out of the evicted block
+    addresses = [first.ctypes.data]
+    del block
+    slots.give(first, 4)
+    del first
+    second = slots.take()
+    addresses.append(second.ctypes.data)
+    assert addresses[1] != addresses[0] and not np.shares_memory(second, view)
+    slots.give(second, 4)
+    del second
+    assert slots.take().ctypes.data == addresses[1]  # free, where the first is still read
+    del view
+    assert slots.take().ctypes.data == addresses[0]  # free once its last view is gone
+
+
+def test_whole_blocks_share_slabs_advised_as_huge_pages_and_freed_with_their_last_block():
+    import weakref
+    slots = BlockSlots(64 << 10)
+    taken = [slots.take() for _ in range(SLAB_BYTES // (64 << 10) + 1)]
+    assert slots.per_slab == 64
+    first_slab = taken[0].base.obj  # the anonymous map the first 64 slots are cut from
+    assert all(t.base.obj is first_slab for t in taken[:64]) and taken[64].base.obj is not first_slab
+    start = taken[0].ctypes.data
+    assert start % HUGE_PAGE == 0 and [t.ctypes.data - start for t in taken[:64]] == [i << 16 for i in range(64)]
+    if hasattr(__import__("mmap"), "MADV_HUGEPAGE") and os.path.exists("/proc/self/smaps"):
+        with open("/proc/self/smaps") as smaps:
+            areas = smaps.read().split("\n")
+        flags = [line for i, line in enumerate(areas) if line.startswith("VmFlags") and
+                 any(head.startswith(f"{start:x}-") or _covers(head, start) for head in areas[max(0, i - 30):i]
+                     if "-" in head.split(" ")[0])]
+        assert any(" hg" in line for line in flags)  # advised: the kernel backs it with huge pages where it can
+    alive = weakref.ref(first_slab)
+    del first_slab
+    slots.drop()
+    del taken
+    assert alive() is None  # unmapped once no block uses it
+
+
+def _covers(head: str, address: int) -> bool:
+    """Whether the /proc/self/smaps area line ``head`` ("start-end perms ...") contains ``address``."""
+    bounds = head.split(" ")[0].split("-")
+    try:
+        return int(bounds[0], 16) <= address < int(bounds[1], 16)
+    except ValueError:
+        return False
+
+
+def test_a_cache_at_its_budget_reuses_the_slots_of_the_blocks_it_evicts(tmp_path, rng, monkeypatch):
+    from emfast.io import _blockslots
+    cut = []
+    made = _blockslots._new_slab
+    monkeypatch.setattr(_blockslots, "_new_slab", lambda: cut.append(1) or made())
+    data = random_volume(rng, (64, 256, 256), np.uint8)
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        f.create_dataset("data", data=data, chunks=(16, 64, 64))  # 64 blocks of 64 KiB: one slab's worth
+    with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False, cache_bytes=1 << 20) as volume:
+        out = np.empty((1, 16, 128, 128), np.uint8)
+        for _ in range(3):  # every block three times through a cache of a quarter of them
+            for corner in itertools.product(range(0, 64, 16), range(0, 256, 128), range(0, 256, 128)):
+                volume.read_box(corner, out.shape[1:], out)
+                np.testing.assert_array_equal(out[0], data[tuple(slice(c, c + n) for c, n in zip(corner, out.shape[1:]))])
+        assert volume.cache_stats.misses == 3 * 64 and volume.cache_stats.bytes_held <= 1 << 20
+    assert len(cut) == 1  # 192 blocks read into the slots of one slab: those of evicted blocks reused
 
 
 def test_threads_hammering_read_box_get_exact_boxes(tmp_path, rng):

@@ -38,6 +38,7 @@ from typing import Dict, Sequence, Tuple
 import numpy as np
 
 from .._core.gather import ChunkGrid, gather_chunked_copy
+from ._blockslots import BlockSlots, block_on
 from ._decode import run_all
 from ._source import transfer_time
 
@@ -50,7 +51,8 @@ DEFAULT_BUDGET_CAP = 1 << 30
 #: Bytes of bookkeeping per block of the volume: address, pins, last use, NaN flag.
 GRID_BYTES_PER_BLOCK = 8 + 4 + 8 + 1
 
-#: Most buffers of evicted blocks kept for reuse (outside the budget; in steady state one or two are used).
+#: Most buffers of evicted blocks allocated alone (more than half a slab each, see ``_blockslots``) kept for
+#: reuse, outside the budget; in steady state one or two are used.
 SPARE_BUFFERS = 4
 #: A box's missing blocks are read in waves of at most 1/WAVES_PER_BUDGET of the budget, or WAVE_BLOCKS blocks if
 #: that is more: a wave's encoded bytes and new blocks are in memory at once, and with several threads reading
@@ -179,13 +181,12 @@ class ChunkCache:
         self._bytes_held = 0
         self._incoming = 0  # bytes of blocks being read by read_many calls, not held yet
         self._hits = self._misses = self._shared = self._read_ahead = 0
-        # Buffers of evicted full-size blocks. Reusing them instead of freeing and allocating keeps the process
-        # at budget + in-flight reads: with malloc, blocks freed into one producer thread's heap and allocated
-        # from another's leave freed memory resident, and glibc's adaptive mmap threshold soon sends every
-        # block to those heaps.
         #: Bytes of one whole block (every channel).
         self.block_bytes = block_bytes
-        self._spare: list = []
+        # Whole blocks live in slots of huge-page slabs, those of evicted blocks reused. Reusing them instead of
+        # freeing and allocating also keeps the process at budget + in-flight reads: with malloc, blocks freed
+        # into one producer thread's heap and allocated from another's leave freed memory resident.
+        self._slots = BlockSlots(block_bytes)
         _CACHES.add(self)
 
     @property
@@ -198,7 +199,7 @@ class ChunkCache:
         """Drop every cached block, except those pinned by a gather in flight (dropped when it unpins them)."""
         with self._lock:
             self._evict_unpinned(self._bytes_held)
-            self._spare.clear()
+            self._slots.drop()
 
     def boxes(self, corners: np.ndarray, extents: np.ndarray) -> np.ndarray:
         """The blocks of each box ``[corner, corner + extent)`` (voxels, (n, 3) each): (n, 2, 3) first and last
@@ -394,15 +395,19 @@ class ChunkCache:
             self._misses += len(mine)
             self._read_ahead += ahead * len(mine)
         start, moved = time.perf_counter(), transfer_time()
+        empty: list = []
         try:
-            blocks = self._empty_blocks(mine)
-            read_many([(origin, block.shape[1:], block) for origin, block in blocks])
-            blocks = [self._finished(key, block) for key, (_, block) in zip(mine, blocks)]
+            empty = self._empty_blocks(mine)
+            read_many([(origin, block.shape[1:], block) for origin, block in empty])
+            blocks = [self._finished(key, block) for key, (_, block) in zip(mine, empty)]
         except BaseException as exc:
             with self._lock:
                 self._incoming -= incoming
                 for key in mine:
                     del self._pending[key]
+                for _, block in empty:  # their slots serve the next blocks
+                    if block.nbytes == self.block_bytes:
+                        self._slots.give(block.base, SPARE_BUFFERS)
             ours.set_exception(exc)
             raise
         if timings is not None:  # as in _get: the bytes' transfer, then the rest
@@ -434,7 +439,8 @@ class ChunkCache:
 
     def _evict_unpinned(self, nbytes: int, spares: int = SPARE_BUFFERS) -> None:
         """Under the lock: free at least ``nbytes`` by evicting unpinned blocks, least recently used first (fewer
-        if too few are unpinned), keeping up to ``spares`` of their buffers for blocks read next."""
+        if too few are unpinned), keeping their slots for blocks read next (up to ``spares`` of those allocated
+        alone)."""
         if nbytes <= 0 or not self._blocks:
             return
         held = np.fromiter(self._blocks, np.int64, len(self._blocks))
@@ -446,19 +452,8 @@ class ChunkCache:
             self._addresses.flat[flat] = 0
             self._bytes_held -= evicted.nbytes
             nbytes -= evicted.nbytes
-            if evicted.nbytes == self.block_bytes and len(self._spare) < spares:
-                self._spare.append(evicted.base)
-
-    def _buffer(self, nbytes: int) -> np.ndarray:
-        """A uint8 buffer for a block of ``nbytes``: an evicted block's that no reader still uses, else new."""
-        if nbytes == self.block_bytes:
-            with self._lock:
-                while self._spare:
-                    buffer = self._spare.pop()
-                    # references: `buffer` and getrefcount's argument; any more are views a reader still copies from
-                    if sys.getrefcount(buffer) == 2:
-                        return buffer
-        return np.empty(nbytes, np.uint8)
+            if evicted.nbytes == self.block_bytes:
+                self._slots.give(evicted.base, spares)
 
     def _block_box(self, key: Key) -> Tuple[list, tuple]:
         """(corner, extent) of block ``key`` in voxels, clipped to the volume."""
@@ -476,7 +471,13 @@ class ChunkCache:
         """(origin (z, y, x) in voxels, an unfilled (c, z, y, x) buffer) of block ``key``."""
         origin, extent = self._block_box(key)
         shape = (self._channels,) + extent
-        return origin, self._buffer(math.prod(shape) * self._dtype.itemsize).view(self._dtype).reshape(shape)
+        nbytes = math.prod(shape) * self._dtype.itemsize
+        if nbytes == self.block_bytes:
+            with self._lock:
+                slot = self._slots.take()
+        else:
+            slot = np.empty(nbytes, np.uint8)
+        return origin, block_on(slot, self._dtype, shape)
 
     def _empty_blocks(self, keys) -> list:
         """:meth:`_empty_block` of each of ``keys``, the spare buffers of whole blocks taken under one lock."""
@@ -485,20 +486,13 @@ class ChunkCache:
                  for z, y, x in keys]  # _block_box inlined: a wave's blocks are hundreds
         whole = (self._channels,) + self.block_shape
         shapes = [(self._channels,) + extent for _, extent in boxes]
-        spares = []
         with self._lock:
-            wanted = sum(shape == whole for shape in shapes)
-            while self._spare and len(spares) < wanted:
-                buffer = self._spare.pop()
-                # references: `buffer` and getrefcount's argument; any more are views a reader still copies from
-                if sys.getrefcount(buffer) == 2:
-                    spares.append(buffer)
-            del self._spare[SPARE_BUFFERS:]  # those evicted for this batch beyond its needs are freed
+            slots = [self._slots.take() for shape in shapes if shape == whole]
+            self._slots.trim(SPARE_BUFFERS)  # those evicted for this batch beyond its needs are freed
         blocks = []
         for (origin, _), shape in zip(boxes, shapes):
-            nbytes = math.prod(shape) * self._dtype.itemsize
-            buffer = spares.pop() if spares and shape == whole else np.empty(nbytes, np.uint8)
-            blocks.append((origin, buffer.view(self._dtype).reshape(shape)))
+            slot = slots.pop() if shape == whole else np.empty(math.prod(shape) * self._dtype.itemsize, np.uint8)
+            blocks.append((origin, block_on(slot, self._dtype, shape)))
         return blocks
 
     def _finished(self, key: Key, block: np.ndarray) -> np.ndarray:
