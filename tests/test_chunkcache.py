@@ -205,6 +205,54 @@ def test_a_cache_at_its_budget_reuses_the_slots_of_the_blocks_it_evicts(tmp_path
     assert len(cut) == 1  # 192 blocks read into the slots of one slab: those of evicted blocks reused
 
 
+def _slab_volume(tmp_path, rng, name):
+    data = random_volume(rng, (32, 128, 128), np.uint8)
+    with h5py.File(tmp_path / name, "w") as f:
+        f.create_dataset("data", data=data, chunks=(16, 64, 64))  # 8 whole blocks of 64 KiB: one slab
+    return data, ef.hdf5(tmp_path / name, "data", in_memory=False, cache_bytes=1 << 20)
+
+
+def _block_addresses(volume) -> set:
+    return {int(a) for a in volume.chunk_cache.grid.addresses.ravel() if a}
+
+
+def test_a_closed_cache_hands_its_free_slabs_to_the_next_and_keeps_any_still_read(tmp_path, rng, monkeypatch):
+    from emfast.io import _blockslots
+    monkeypatch.setattr(_blockslots, "_kept", [])
+    first_data, first = _slab_volume(tmp_path, rng, "a.h5")
+    out = np.empty((1, 32, 128, 128), np.uint8)
+    first.read_box((0, 0, 0), (32, 128, 128), out)
+    used = _block_addresses(first)
+    first.close()
+    assert len(_blockslots._kept) == 1  # its one slab, every slot free
+    second_data, second = _slab_volume(tmp_path, rng, "b.h5")
+    second.read_box((0, 0, 0), (32, 128, 128), out)
+    np.testing.assert_array_equal(out[0], second_data)
+    assert _block_addresses(second) == used and not _blockslots._kept  # the same memory, no fresh map
+    held = second.chunk_cache._get((0, 0, 0))  # a reader still copying out of a block when the cache closes
+    second.close()
+    assert not _blockslots._kept  # that slab is not handed on
+    third_data, third = _slab_volume(tmp_path, rng, "c.h5")
+    third.read_box((0, 0, 0), (32, 128, 128), out)
+    assert not _block_addresses(third) & used
+    np.testing.assert_array_equal(held[0], second_data[:16, :64, :64])  # not overwritten
+    third.close()
+
+
+def test_the_slabs_kept_for_the_next_caches_stay_within_their_bound(monkeypatch):
+    from emfast.io import _blockslots
+    monkeypatch.setattr(_blockslots, "_kept", [])
+    monkeypatch.setattr(_blockslots, "KEPT_SLAB_BYTES", 2 * SLAB_BYTES)
+    caches = [BlockSlots(64 << 10) for _ in range(4)]  # four caches open at once, a slab each
+    for slots in caches:
+        for slot in [slots.take() for _ in range(slots.per_slab)]:
+            slots.give(slot, 4)
+    del slot
+    for slots in caches:
+        slots.drop()
+    assert len(_blockslots._kept) == 2 and len({id(slab) for slab in _blockslots._kept}) == 2
+
+
 def test_threads_hammering_read_box_get_exact_boxes(tmp_path, rng):
     data = random_volume(rng, SHAPE, np.uint16)
     write(tmp_path / "v.h5", data, "gzip-shuffle")

@@ -4,10 +4,16 @@ A cache of small chunks (64 KiB for (16, 64, 64) uint8) holds thousands of block
 on 4 KiB pages: a cold read faults in 16 pages per block as it decodes into it (a fifth of the time to decode a
 zstd chunk of EM, ``benchmarks/lazy_cold.py``), and a gather reading a window across 27 blocks misses the TLB
 where an in-memory volume, one large array that NumPy asks to be on 2 MiB pages, does not (the chunked kernels ran
-at 0.85 of the in-memory ones from blocks on small pages, 0.90 from slabs; 0.93 and 1.0 for per-section chunks).
+at about 0.85 of the in-memory ones from blocks on small pages, 0.87 from slabs; 0.90 and 0.97 for per-section
+chunks, ``benchmarks/results/lazy-slabs-ab-cpu-2core.txt``).
 :class:`BlockSlots` cuts whole blocks from anonymous memory maps of :data:`SLAB_BYTES`, advised to the kernel as
 transparent huge pages (``madvise(MADV_HUGEPAGE)``, Linux), and keeps the slots of evicted blocks for the blocks
 read next. Blocks of more than half a slab, and blocks clipped by the volume's edge, are allocated alone.
+
+A cache that is cleared or closed hands the slabs none of whose blocks is still read to the next caches (up to
+:data:`KEPT_SLAB_BYTES` in the process): fresh memory costs its zeroing again, about 3 ms per 16 MiB of blocks, a
+seventh of reading the 24 boxes of blosc-lz4 chunks that fill them, where blocks allocated one by one reused the
+heap memory their predecessors freed (a store opened afresh every epoch or worker, ``benchmarks/lazy_cold.py``).
 
 Memory stays within the cache's budget: a slot is freed into the cache's free list only by an eviction, which
 happens only when the blocks held fill the budget, and a new slot is cut only where none is free; the process holds
@@ -18,9 +24,12 @@ is recognised by its reference count and not reused.
 """
 from __future__ import annotations
 
+import bisect
 import mmap
+import os
 import sys
-from typing import List, Optional
+import threading
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -30,6 +39,8 @@ SLAB_BYTES = 4 << 20
 #: a boundary inside, so that all of it can be on huge pages; the bytes around it are never touched, so never
 #: resident.
 HUGE_PAGE = 2 << 20
+#: Most bytes of free slabs the process keeps for the next caches.
+KEPT_SLAB_BYTES = 64 << 20
 
 
 class BlockSlots:
@@ -43,6 +54,7 @@ class BlockSlots:
         self._free: List[np.ndarray] = []
         self._slab: Optional[memoryview] = None
         self._cut = 0  # slots of the current slab handed out
+        self._slabs: List[Tuple[memoryview, int]] = []  # every slab cut from, with its address
 
     def take(self) -> np.ndarray:
         """A slot no block uses: a freed one, else one cut from the current slab (a new slab if it is used up).
@@ -55,6 +67,7 @@ class BlockSlots:
             return np.empty(self.block_bytes, np.uint8)
         if self._slab is None or self._cut == self.per_slab:
             self._slab, self._cut = _new_slab(), 0
+            self._slabs.append((self._slab, _address(self._slab)))
         start = self._cut * self.block_bytes
         self._cut += 1
         return np.frombuffer(self._slab[start:start + self.block_bytes], np.uint8)
@@ -71,8 +84,21 @@ class BlockSlots:
             del self._free[keep:]
 
     def drop(self) -> None:
-        """Forget every free slot and the current slab: their memory is freed once no block uses it."""
+        """Forget every free slot and slab: slabs whose every cut slot is free and unread go to the next caches
+        (see :data:`KEPT_SLAB_BYTES`), the others are freed once no block uses them."""
+        unread: Dict[int, int] = {}  # slab index -> its free slots no reader holds
+        order = sorted(range(len(self._slabs)), key=lambda index: self._slabs[index][1])
+        starts = [self._slabs[index][1] for index in order]
+        for i in range(len(self._free)):
+            if sys.getrefcount(self._free[i]) == 2:  # the list's reference and the argument's, as in take()
+                index = order[bisect.bisect_right(starts, _address(self._free[i])) - 1]
+                unread[index] = unread.get(index, 0) + 1
         self._free.clear()
+        for index, (slab, _) in enumerate(self._slabs):
+            cut = self._cut if slab is self._slab else self.per_slab
+            if unread.get(index, 0) == cut:
+                _keep(slab)
+        self._slabs.clear()
         self._slab, self._cut = None, 0
 
 
@@ -82,15 +108,45 @@ def block_on(slot: np.ndarray, dtype: np.dtype, shape: tuple) -> np.ndarray:
     return slot.view(dtype).reshape(shape)
 
 
+_kept: List[memoryview] = []  # free slabs for the next caches
+_kept_lock = threading.Lock()
+
+
+def _forget_kept_lock() -> None:
+    """In a child process after fork(): a lock held by a parent's thread at that moment is never released."""
+    global _kept_lock
+    _kept_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_kept_lock)
+
+
+def _keep(slab: memoryview) -> None:
+    """Keep a slab none of whose slots is in use for the next cache, while the kept ones stay within
+    :data:`KEPT_SLAB_BYTES` (else it is freed with its last view)."""
+    with _kept_lock:
+        if (len(_kept) + 1) * SLAB_BYTES <= KEPT_SLAB_BYTES:
+            _kept.append(slab)
+
+
+def _address(buffer) -> int:
+    """The address of a buffer's first byte."""
+    return np.frombuffer(buffer, np.uint8, count=1).ctypes.data
+
+
 def _new_slab() -> memoryview:
-    """:data:`SLAB_BYTES` of fresh memory starting on a huge page's boundary, advised as huge pages where the system
-    has them. It is unmapped once nothing uses it (the map object lives as long as views of it)."""
+    """A slab another cache freed, else :data:`SLAB_BYTES` of fresh memory starting on a huge page's boundary,
+    advised as huge pages where the system has them. It is unmapped once nothing uses it (the map object lives as
+    long as views of it)."""
+    with _kept_lock:
+        if _kept:
+            return _kept.pop()
     size = SLAB_BYTES + HUGE_PAGE
     if hasattr(mmap, "MAP_PRIVATE"):  # private like the heap: shared anonymous memory is not on huge pages by default
         memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
     else:  # Windows
         memory = mmap.mmap(-1, size)
-    start = -np.frombuffer(memory, np.uint8, count=1).ctypes.data % HUGE_PAGE
+    start = -_address(memory) % HUGE_PAGE
     if hasattr(mmap, "MADV_HUGEPAGE"):
         memory.madvise(mmap.MADV_HUGEPAGE, start, SLAB_BYTES)
     return memoryview(memory)[start:start + SLAB_BYTES]
