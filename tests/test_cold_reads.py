@@ -16,7 +16,7 @@ from emfast.io import _decode
 from emfast.io._shards import ShardedChunks
 from emfast.io._source import CorruptChunkError
 
-from threads import emfast_threads
+from threads import emfast_threads, errors_on_threads
 
 zarr = pytest.importorskip("zarr")
 
@@ -941,20 +941,12 @@ def test_a_thread_s_kept_decoder_decodes_exactly_after_damaged_frames_and_beside
     for outs, indices in ((decode([0, 1]), [0, 1]), (decode([2]), [2])):
         for out, i in zip(outs, indices):
             np.testing.assert_array_equal(out, chunks[i])
-    results, errors = {}, []
+    results = {}
 
     def run(n):
-        try:
-            for _ in range(20):
-                results[n] = decode(list(range(8)))
-        except BaseException as error:  # noqa: BLE001 - reported below
-            errors.append(error)
-    workers = [threading.Thread(target=run, args=(n,)) for n in range(4)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    assert not errors
+        for _ in range(20):
+            results[n] = decode(list(range(8)))
+    assert errors_on_threads(run, 4) == []
     for outs in results.values():
         for out, chunk in zip(outs, chunks):
             np.testing.assert_array_equal(out, chunk)

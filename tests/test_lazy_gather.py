@@ -14,7 +14,7 @@ from emfast._core.gather import (ChunkGrid, gather_chunked_convert, gather_chunk
                                  gather_copy)
 from emfast.io import VolumeTooLargeError
 from reference import assert_releases_gil, extent_of, random_corner, random_volume
-from threads import emfast_threads, threads_end
+from threads import emfast_threads, errors_on_threads, threads_end
 
 TRANSFORMS = [(perm, flips) for perm in itertools.permutations(range(3))
               for flips in itertools.product((False, True), repeat=3)]
@@ -292,25 +292,16 @@ def test_read_box_of_a_box_larger_than_the_budget_is_read_block_by_block(tmp_pat
 def test_threads_sharing_a_lazy_volume_get_exact_windows(tmp_path, rng):
     raw = random_volume(rng, SHAPE, np.uint8)
     write_zarr(tmp_path / "raw.zarr", raw, (3, 5, 7))
-    errors = []
     with ef.open(tmp_path / "raw.zarr", in_memory=False, cache_bytes=60 * 3 * 5 * 7) as lazy:
         def read(seed):
             generator = np.random.default_rng(seed)
-            try:
-                for _ in range(60):
-                    extent = tuple(int(generator.integers(1, 9)) for _ in range(3))
-                    corner = random_corner(generator, SHAPE, extent)
-                    out = lazy.read_box(corner, extent, np.empty((1,) + extent, np.uint8))
-                    box = tuple(slice(c, c + e) for c, e in zip(corner, extent))
-                    np.testing.assert_array_equal(out[0], raw[box])
-            except Exception as error:  # reported below, in the test's thread
-                errors.append(error)
-        workers = [threading.Thread(target=read, args=(seed,)) for seed in range(4)]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-    assert errors == []
+            for _ in range(60):
+                extent = tuple(int(generator.integers(1, 9)) for _ in range(3))
+                corner = random_corner(generator, SHAPE, extent)
+                out = lazy.read_box(corner, extent, np.empty((1,) + extent, np.uint8))
+                box = tuple(slice(c, c + e) for c, e in zip(corner, extent))
+                np.testing.assert_array_equal(out[0], raw[box])
+        assert errors_on_threads(read, 4) == []
 
 
 def test_profile_separates_cache_hits_fetches_and_waits_for_read_ahead(tmp_path, rng):

@@ -24,3 +24,22 @@ def threads_end(seconds=10):
     while emfast_threads() and time.time() < deadline:
         time.sleep(0.01)
     return not emfast_threads()
+
+
+def errors_on_threads(work, count):
+    """Run ``work(n)`` for n < ``count`` on as many threads at once; the exceptions they raised (to assert on in
+    the test's own thread, where pytest sees them)."""
+    errors = []
+
+    def run(n):
+        try:
+            work(n)
+        except BaseException as error:  # noqa: BLE001 - returned to the test
+            errors.append(error)
+    workers = [threading.Thread(target=run, args=(n,)) for n in range(count)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return errors
+
