@@ -788,7 +788,6 @@ def _decodes_anyway(codec, frame):
 @pytest.mark.parametrize("zarr_format, shards", [(2, None), (3, None), (3, SHARD)])
 def test_zstd_chunks_written_by_zarr_python_read_the_same_with_and_without_libzstd(tmp_path, monkeypatch,
                                                                                    zarr_format, shards):
-    from emfast.io import _zarr
     zstd = _system_zstd()
     data = random_volume(np.uint16)
     codec = {"id": "zstd", "level": 5, "checksum": True} if zarr_format == 2 else zarr.codecs.ZstdCodec(checksum=True)
