@@ -254,6 +254,93 @@ def test_the_slabs_kept_for_the_next_caches_stay_within_their_bound(monkeypatch)
     assert len(_blockslots._kept) == 2 and len({id(slab) for slab in _blockslots._kept}) == 2
 
 
+def test_clearing_while_blocks_are_pinned_hands_on_no_slab_they_use(tmp_path, rng, monkeypatch):
+    """clear() while a gather pins blocks (twice, the first leaving a slot of a forgotten slab among the free):
+    no slab a pinned block lies in reaches the next cache, whose reads would overwrite it."""
+    from emfast.io import _blockslots
+    monkeypatch.setattr(_blockslots, "_kept", [])
+    data = random_volume(rng, (64, 128, 128), np.uint8)
+    other = random_volume(rng, (64, 128, 128), np.uint8)
+    for name, array in (("a.h5", data), ("b.h5", other)):
+        with h5py.File(tmp_path / name, "w") as f:
+            f.create_dataset("data", data=array, chunks=(16, 64, 64))
+    first = ef.hdf5(tmp_path / "a.h5", "data", in_memory=False, cache_bytes=4 << 20)
+    cache = first.chunk_cache
+    a = cache.boxes([[0, 0, 0]], [[16, 64, 64]])
+    cache.pin(a)
+    cache.clear()  # block a survives, pinned; its slab is forgotten
+    cache.unpin(a)
+    out = np.empty((1, 16, 64, 128), np.uint8)
+    first.read_box((16, 0, 0), (16, 64, 128), out)  # two blocks in a new slab
+    b = cache.boxes([[16, 0, 0]], [[16, 64, 64]])
+    cache.pin(b)
+    cache.clear()  # a's slot is free now, but not of b's slab, which must not be handed on
+    cache.unpin(b)
+    cache.clear()
+    with ef.hdf5(tmp_path / "b.h5", "data", in_memory=False, cache_bytes=4 << 20) as second:
+        second.read_box((0, 0, 0), (64, 128, 128), np.empty((1, 64, 128, 128), np.uint8))
+    box = np.empty((1, 16, 64, 64), np.uint8)
+    first.read_box((16, 0, 0), (16, 64, 64), box)
+    np.testing.assert_array_equal(box[0], data[16:32, :64, :64])
+    first.close()
+
+
+def test_blocks_of_more_than_half_a_slab_are_allocated_alone_and_their_cache_closes(tmp_path, rng):
+    data = random_volume(rng, (64, 256, 256), np.uint8)
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        f.create_dataset("data", data=data, chunks=(64, 256, 256))  # one block of 4 MiB
+    with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False, cache_bytes=16 << 20) as volume:
+        out = np.empty((1, 8, 8, 8), np.uint8)
+        volume.read_box((0, 0, 0), (8, 8, 8), out)
+        np.testing.assert_array_equal(out[0], data[:8, :8, :8])
+    assert volume.cache_stats.blocks_held == 0
+
+
+def test_failed_block_reads_give_their_slots_back(tmp_path, rng, monkeypatch):
+    from emfast.io import _blockslots
+    cut = []
+    made = _blockslots._new_slab
+    monkeypatch.setattr(_blockslots, "_new_slab", lambda: cut.append(1) or made())
+    data = random_volume(rng, (64, 128, 128), np.uint8)
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        f.create_dataset("data", data=data, chunks=(16, 64, 64))
+    with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False, cache_bytes=1 << 20) as volume:
+        source = volume.chunk_cache._source
+
+        def failing(corner, extent, out):
+            out[...] = 1  # a decoder that wrote part of the block, then failed
+            raise OSError("corrupt chunk")
+        monkeypatch.setattr(source, "read", failing)
+        for _ in range(200):  # one block each: the single-block read path
+            with pytest.raises(OSError, match="corrupt chunk"):
+                volume.read_box((0, 0, 0), (4, 4, 4), np.empty((1, 4, 4, 4), np.uint8))
+        monkeypatch.undo()
+        monkeypatch.setattr(_blockslots, "_new_slab", lambda: cut.append(1) or made())
+        out = np.empty((1, 4, 4, 4), np.uint8)
+        volume.read_box((0, 0, 0), (4, 4, 4), out)
+        np.testing.assert_array_equal(out[0], data[:4, :4, :4])
+    assert len(cut) <= 1  # 200 failures and a read in one slot of one slab
+
+
+def test_slabs_are_read_and_written_where_the_kernel_refuses_huge_page_advice(tmp_path, rng, monkeypatch):
+    import mmap as system_mmap
+    from emfast.io import _blockslots
+
+    class NoAdvice(system_mmap.mmap):  # a kernel built without transparent huge pages answers EINVAL
+        def madvise(self, *args):
+            raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(_blockslots, "_kept", [])
+    monkeypatch.setattr(_blockslots.mmap, "mmap", NoAdvice)
+    data = random_volume(rng, (32, 128, 128), np.uint8)
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        f.create_dataset("data", data=data, chunks=(16, 64, 64))
+    with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False, cache_bytes=1 << 20) as volume:
+        out = np.empty((1, 32, 128, 128), np.uint8)
+        volume.read_box((0, 0, 0), (32, 128, 128), out)
+    np.testing.assert_array_equal(out[0], data)
+
+
 def test_threads_hammering_read_box_get_exact_boxes(tmp_path, rng):
     data = random_volume(rng, SHAPE, np.uint16)
     write(tmp_path / "v.h5", data, "gzip-shuffle")

@@ -90,9 +90,14 @@ class BlockSlots:
         order = sorted(range(len(self._slabs)), key=lambda index: self._slabs[index][1])
         starts = [self._slabs[index][1] for index in order]
         for i in range(len(self._free)):
-            if sys.getrefcount(self._free[i]) == 2:  # the list's reference and the argument's, as in take()
-                index = order[bisect.bisect_right(starts, _address(self._free[i])) - 1]
-                unread[index] = unread.get(index, 0) + 1
+            if sys.getrefcount(self._free[i]) != 2:  # the list's reference and the argument's, as in take()
+                continue
+            address = _address(self._free[i])
+            place = bisect.bisect_right(starts, address) - 1
+            # slots allocated alone, and slots of slabs an earlier drop() forgot (their blocks were pinned then),
+            # belong to none of the slabs listed
+            if place >= 0 and address < starts[place] + SLAB_BYTES:
+                unread[order[place]] = unread.get(order[place], 0) + 1
         self._free.clear()
         for index, (slab, _) in enumerate(self._slabs):
             cut = self._cut if slab is self._slab else self.per_slab
@@ -148,6 +153,9 @@ def _new_slab() -> memoryview:
         memory = mmap.mmap(-1, size)
     start = -_address(memory) % HUGE_PAGE
     if hasattr(mmap, "MADV_HUGEPAGE"):
-        memory.madvise(mmap.MADV_HUGEPAGE, start, SLAB_BYTES)
+        try:
+            memory.madvise(mmap.MADV_HUGEPAGE, start, SLAB_BYTES)
+        except OSError:  # a kernel built without transparent huge pages (EINVAL): small pages, as malloc's
+            pass
     return memoryview(memory)[start:start + SLAB_BYTES]
 

@@ -405,9 +405,7 @@ class ChunkCache:
                 self._incoming -= incoming
                 for key in mine:
                     del self._pending[key]
-                for _, block in empty:  # their slots serve the next blocks
-                    if block.nbytes == self.block_bytes:
-                        self._slots.give(block.base, SPARE_BUFFERS)
+            self._give_back([block.base for _, block in empty])
             ours.set_exception(exc)
             raise
         if timings is not None:  # as in _get: the bytes' transfer, then the rest
@@ -464,8 +462,20 @@ class ChunkCache:
     def _fetch(self, key: Key) -> np.ndarray:
         """Read block ``key`` from the source, as a read-only (c, z, y, x) array."""
         origin, block = self._empty_block(key)
-        self._source.read(origin, block.shape[1:], block)
+        try:
+            self._source.read(origin, block.shape[1:], block)
+        except BaseException:
+            self._give_back([block.base])  # a failed read's slot serves the next block, whatever it wrote
+            raise
         return self._finished(key, block)
+
+    def _give_back(self, slots) -> None:
+        """Return the slots (``block.base``) of blocks never cached, their read failed, for the next blocks; those of
+        edge blocks, allocated alone and smaller, are freed."""
+        with self._lock:
+            for slot in slots:
+                if slot.nbytes == self.block_bytes:
+                    self._slots.give(slot, SPARE_BUFFERS)
 
     def _empty_block(self, key: Key) -> tuple:
         """(origin (z, y, x) in voxels, an unfilled (c, z, y, x) buffer) of block ``key``."""
@@ -490,9 +500,14 @@ class ChunkCache:
             slots = [self._slots.take() for shape in shapes if shape == whole]
             self._slots.trim(SPARE_BUFFERS)  # those evicted for this batch beyond its needs are freed
         blocks = []
-        for (origin, _), shape in zip(boxes, shapes):
-            slot = slots.pop() if shape == whole else np.empty(math.prod(shape) * self._dtype.itemsize, np.uint8)
-            blocks.append((origin, block_on(slot, self._dtype, shape)))
+        try:
+            for (origin, _), shape in zip(boxes, shapes):
+                slot = slots.pop() if shape == whole else np.empty(math.prod(shape) * self._dtype.itemsize,
+                                                                   np.uint8)
+                blocks.append((origin, block_on(slot, self._dtype, shape)))
+        except BaseException:  # out of memory for an edge block: the whole blocks' slots serve the next ones
+            self._give_back([block.base for _, block in blocks] + slots)
+            raise
         return blocks
 
     def _finished(self, key: Key, block: np.ndarray) -> np.ndarray:
