@@ -27,7 +27,6 @@ import functools
 import itertools
 import math
 import os
-import sys
 import threading
 import time
 import weakref
