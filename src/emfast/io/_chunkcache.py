@@ -346,6 +346,7 @@ class ChunkCache:
             with self._lock:
                 del self._pending[key]
             pending.set_exception(exc)
+            pending = None  # else this frame, in the exception's traceback, holds it through its future: a cycle
             raise
         with self._lock:
             self._evict_unpinned(self._bytes_held + block.nbytes - self.budget_bytes)
@@ -406,6 +407,7 @@ class ChunkCache:
                     del self._pending[key]
             self._give_back([block.base for _, block in empty])
             ours.set_exception(exc)
+            ours, empty = None, []  # no cycle through this frame (see _get), nor the failed blocks held by it
             raise
         if timings is not None:  # as in _get: the bytes' transfer, then the rest
             moved = transfer_time() - moved
@@ -463,10 +465,12 @@ class ChunkCache:
         origin, block = self._empty_block(key)
         try:
             self._source.read(origin, block.shape[1:], block)
+            return self._finished(key, block)
         except BaseException:
-            self._give_back([block.base])  # a failed read's slot serves the next block, whatever it wrote
+            slot = block.base
+            del block  # this frame stays in the exception's traceback: the slot must not be held there
+            self._give_back([slot])  # a failed read's slot serves the next block, whatever it wrote
             raise
-        return self._finished(key, block)
 
     def _give_back(self, slots) -> None:
         """Return the slots (``block.base``) of blocks never cached, their read failed, for the next blocks; those of
@@ -495,8 +499,14 @@ class ChunkCache:
                  for z, y, x in keys]  # _block_box inlined: a wave's blocks are hundreds
         whole = (self._channels,) + self.block_shape
         shapes = [(self._channels,) + extent for _, extent in boxes]
+        slots: list = []
         with self._lock:
-            slots = [self._slots.take() for shape in shapes if shape == whole]
+            try:
+                slots.extend(self._slots.take() for shape in shapes if shape == whole)
+            except BaseException:  # no memory for a new slab: the slots taken serve the next blocks
+                for slot in slots:
+                    self._slots.give(slot, SPARE_BUFFERS)
+                raise
             self._slots.trim(SPARE_BUFFERS)  # those evicted for this batch beyond its needs are freed
         blocks = []
         try:

@@ -184,7 +184,12 @@ def run_all(calls: Sequence[Callable[[], None]], helpers: Optional[int] = None) 
         for task in tasks:
             _HELPERS.finish(task)
     if work.errors:
-        raise work.errors[0]
+        errors = work.errors
+        try:
+            raise errors[0]
+        finally:  # the error's traceback holds the calls' frames, and through them this request: no cycle back
+            errors.clear()
+            del errors, work, tasks, calls
 
 
 #: Seconds of work a list must promise (its length times the measured seconds per item) to be cut into parts run
