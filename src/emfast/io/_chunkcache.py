@@ -462,7 +462,7 @@ class ChunkCache:
 
     def _fetch(self, key: Key) -> np.ndarray:
         """Read block ``key`` from the source, as a read-only (c, z, y, x) array."""
-        origin, block = self._empty_block(key)
+        (origin, block), = self._empty_blocks([key])
         try:
             self._source.read(origin, block.shape[1:], block)
             return self._finished(key, block)
@@ -480,20 +480,9 @@ class ChunkCache:
                 if slot.nbytes == self.block_bytes:
                     self._slots.give(slot, SPARE_BUFFERS)
 
-    def _empty_block(self, key: Key) -> tuple:
-        """(origin (z, y, x) in voxels, an unfilled (c, z, y, x) buffer) of block ``key``."""
-        origin, extent = self._block_box(key)
-        shape = (self._channels,) + extent
-        nbytes = math.prod(shape) * self._dtype.itemsize
-        if nbytes == self.block_bytes:
-            with self._lock:
-                slot = self._slots.take()
-        else:
-            slot = np.empty(nbytes, np.uint8)
-        return origin, block_on(slot, self._dtype, shape)
-
     def _empty_blocks(self, keys) -> list:
-        """:meth:`_empty_block` of each of ``keys``, the spare buffers of whole blocks taken under one lock."""
+        """(origin (z, y, x) in voxels, an unfilled (c, z, y, x) block) of each of ``keys``, the slots of the whole
+        blocks taken under one lock."""
         (bz, by, bx), (sz, sy, sx) = self.block_shape, self._shape
         boxes = [((z * bz, y * by, x * bx), (min(bz, sz - z * bz), min(by, sy - y * by), min(bx, sx - x * bx)))
                  for z, y, x in keys]  # _block_box inlined: a wave's blocks are hundreds
