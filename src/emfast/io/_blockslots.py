@@ -107,7 +107,6 @@ class BlockSlots:
         self._slab, self._cut = None, 0
 
 
-
 def block_on(slot: np.ndarray, dtype: np.dtype, shape: tuple) -> np.ndarray:
     """An array of ``dtype`` and ``shape`` on the uint8 array ``slot``, which is its ``base``."""
     return slot.view(dtype).reshape(shape)
