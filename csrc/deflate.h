@@ -29,9 +29,9 @@ typedef struct {
 } emf_deflate_library;
 
 /* Inflate stream i (sources[i], sizes[i] bytes: gzip where it starts with gzip's magic bytes, else zlib) into
- * destinations[i] (capacities[i] bytes), for i < n, one decompressor for all (this
- * thread's, kept for its next calls: kept_context.h): decoded[i] = 1 where the stream is
- * exactly the source's bytes (one gzip member, nothing after it) and inflates to exactly capacities[i] bytes,
+ * destinations[i] (capacities[i] bytes), for i < n, one decompressor for all (this thread's, kept for its next
+ * calls: kept_context.h): decoded[i] = 1 where the stream is exactly the source's bytes (one gzip member, nothing
+ * after it) and inflates to exactly capacities[i] bytes,
  * else 0 (damaged, another size, or several gzip members: the caller inflates it the way that names what is
  * wrong; the destination's bytes are then undefined). Returns 0, or -1 if no decompressor could be made. */
 int emf_decode_deflate(const emf_deflate_library *library, int64_t n, const char *const *sources,
