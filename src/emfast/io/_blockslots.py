@@ -73,9 +73,10 @@ class BlockSlots:
         return np.frombuffer(self._slab[start:start + self.block_bytes], np.uint8)
 
     def give(self, slot: np.ndarray, keep: int) -> None:
-        """Keep the slot of an evicted whole block for the next block: every one where slabs are cut (their memory
-        is freed only with the whole slab), else while fewer than ``keep`` are kept (the others are freed)."""
-        if self.per_slab or len(self._free) < keep:
+        """Keep the slot (``block.base``) of a block evicted or never cached for the next block: every one where
+        slabs are cut (their memory is freed only with the whole slab), else while fewer than ``keep`` are kept (the
+        others are freed). The memory of edge blocks, allocated alone and smaller, is freed."""
+        if slot.nbytes == self.block_bytes and (self.per_slab or len(self._free) < keep):
             self._free.append(slot)
 
     def trim(self, keep: int) -> None:

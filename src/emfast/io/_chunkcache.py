@@ -451,8 +451,7 @@ class ChunkCache:
             self._addresses.flat[flat] = 0
             self._bytes_held -= evicted.nbytes
             nbytes -= evicted.nbytes
-            if evicted.nbytes == self.block_bytes:
-                self._slots.give(evicted.base, spares)
+            self._slots.give(evicted.base, spares)
 
     def _block_box(self, key: Key) -> Tuple[list, tuple]:
         """(corner, extent) of block ``key`` in voxels, clipped to the volume."""
@@ -473,12 +472,10 @@ class ChunkCache:
             raise
 
     def _give_back(self, slots) -> None:
-        """Return the slots (``block.base``) of blocks never cached, their read failed, for the next blocks; those of
-        edge blocks, allocated alone and smaller, are freed."""
+        """Return the slots (``block.base``) of blocks never cached, their read failed, for the next blocks."""
         with self._lock:
             for slot in slots:
-                if slot.nbytes == self.block_bytes:
-                    self._slots.give(slot, SPARE_BUFFERS)
+                self._slots.give(slot, SPARE_BUFFERS)
 
     def _empty_blocks(self, keys) -> list:
         """(origin (z, y, x) in voxels, an unfilled (c, z, y, x) block) of each of ``keys``, the slots of the whole
