@@ -17,6 +17,7 @@
 #include <cstring>
 #include <new>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
@@ -320,11 +321,34 @@ int convert_from(const emf_window *windows, int64_t count, const int64_t shape[4
     }
 }
 
-/* Padded windows: one table lookup per element. Rows whose z or y index is padding take the fill value whole. */
+/* The longest run [first, last) of output x indices reading consecutive source elements: all of a row's
+ * interior, which is copied or converted like an unpadded row; only the padding around it is looked up. */
+template <typename Src>
+std::pair<int64_t, int64_t> contiguous_run(const int64_t *ox, int64_t n) {
+    int64_t first = 0, last = 0, start = 0;
+    for (int64_t x = 0; x < n; ++x) {
+        const bool continues = x > start && ox[x] != EMF_PAD_FILL && ox[x] == ox[x - 1] + (int64_t)sizeof(Src);
+        if (!continues)
+            start = x;
+        if (ox[x] != EMF_PAD_FILL && x + 1 - start > last - first) {
+            first = start;
+            last = x + 1;
+        }
+    }
+    return {first, last};
+}
+
+/* Padded windows: rows whose z or y index is padding take the fill value whole; in the others the interior run
+ * is one row copy and the padding around it one table lookup per element. */
 template <typename Src, typename Out, typename Op>
 void padded_window(const emf_padded_window &w, const int64_t shape[4], Src fill, Out *out, const Op &op) {
     const Out filled = op(fill);
     const int64_t *oz = w.offsets[0], *oy = w.offsets[1], *ox = w.offsets[2];
+    const auto run = contiguous_run<Src>(ox, shape[3]);
+    auto looked_up = [&](const char *row, Out *o, int64_t from, int64_t to) {
+        for (int64_t x = from; x < to; ++x)
+            o[x] = ox[x] == EMF_PAD_FILL ? filled : op(*reinterpret_cast<const Src *>(row + ox[x]));
+    };
     for (int64_t c = 0; c < shape[0]; ++c) {
         for (int64_t z = 0; z < shape[1]; ++z) {
             for (int64_t y = 0; y < shape[2]; ++y, out += shape[3]) {
@@ -333,8 +357,11 @@ void padded_window(const emf_padded_window &w, const int64_t shape[4], Src fill,
                     continue;
                 }
                 const char *row = w.origin + c * w.channel_step + oz[z] + oy[y];
-                for (int64_t x = 0; x < shape[3]; ++x)
-                    out[x] = ox[x] == EMF_PAD_FILL ? filled : op(*reinterpret_cast<const Src *>(row + ox[x]));
+                looked_up(row, out, 0, run.first);
+                if (run.second > run.first)
+                    row_forward(reinterpret_cast<const Src *>(row + ox[run.first]), run.second - run.first,
+                                out + run.first, op);
+                looked_up(row, out, run.second, shape[3]);
             }
         }
     }

@@ -55,6 +55,27 @@ def test_padded_gather_matches_numpy_pad(mode, dtype):
             np.testing.assert_array_equal(converted, np.stack(expected))
 
 
+@pytest.mark.parametrize("mode", PAD_MODES)
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32, np.uint16])
+def test_long_rows_reaching_past_the_source_match_numpy_pad(mode, dtype):
+    """Rows long enough for the vector loops: each row's interior is read as one run, its padding looked up."""
+    rng = np.random.default_rng(7)
+    src = rng.integers(0, 250, (1, 5, 6, 40)).astype(dtype)
+    for corner_x, extent_x in [(-9, 64), (-1, 41), (0, 40), (3, 45), (-20, 23), (-6, 16), (30, 33)]:
+        corners = [(-2, -1, corner_x), (1, 2, corner_x)]
+        extent = (4, 5, extent_x)
+        identity, forward = [np.arange(3)] * 2, [np.zeros(3, bool)] * 2
+        references = np.stack([_reference(src, c, extent, [0, 1, 2], [False] * 3, mode, 9) for c in corners])
+        out = np.empty((2, 1) + extent, dtype)
+        gather_copy([src] * 2, corners, identity, forward, out, pad=mode, fill=9)
+        np.testing.assert_array_equal(out, references, err_msg=f"x from {corner_x}, {extent_x} long")
+        converted = np.empty((2, 1) + extent, np.float32)
+        gather_convert([src] * 2, corners, identity, forward, [0.5, 2.0], [1.0, -3.0], converted, pad=mode, fill=9)
+        expected = references.astype(np.float32) * np.float32([0.5, 2.0])[:, None, None, None, None] \
+            + np.float32([1.0, -3.0])[:, None, None, None, None]
+        np.testing.assert_array_equal(converted, expected, err_msg=f"x from {corner_x}, {extent_x} long")
+
+
 def test_windows_inside_the_source_are_the_same_padded_or_not():
     rng = np.random.default_rng(5)
     src = rng.integers(0, 255, (1, 9, 10, 11), dtype=np.uint8)
