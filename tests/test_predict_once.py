@@ -503,3 +503,96 @@ def test_the_model_has_its_next_batches_while_kept_tiles_wait_to_be_blended(tmp_
     # only the last calls may wait: no batches are left to gather after them
     assert [call for call in waited if call + _block.BATCHES_AHEAD < len(gathered)] == []
     assert len(waited) <= _block.BATCHES_AHEAD + 1
+
+
+def _slow_opening(monkeypatch, events, seconds=0.3):
+    """Make opening the output take ``seconds`` longer; ``("opened", time)`` goes on ``events`` when it ends."""
+    from emfast.inference._store import OutputStore
+
+    prepare = OutputStore.prepare.__func__
+
+    def slow(cls, *args, **kwargs):
+        time.sleep(seconds)
+        try:
+            return prepare(cls, *args, **kwargs)
+        finally:
+            events.append(("opened", time.monotonic()))
+
+    monkeypatch.setattr(OutputStore, "prepare", classmethod(slow))
+
+
+def test_the_network_runs_while_the_output_opens_and_never_reads_another_runs_tiles(tmp_path, volume, monkeypatch):
+    """The output is created beside the first blocks' computation. Until then, tiles kept beyond the memory share
+    wait for the tile folder, and the folder, which still holds the tiles another prediction left (other
+    settings, stopped half way), is not looked in."""
+    settings = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT, overlap=(2, 4, 4), chunks=(4, 8, 8), block=(4, 8, 8),
+                    memory="1MiB")
+    out = tmp_path / "p.zarr/pred"
+    with pytest.raises(RuntimeError, match="model failed"):
+        ef.predict(Counting(fail_at=30), volume, out, tta=0, **settings)
+    assert len(list(tmp_path.glob(".p.zarr.pred.emfast-tiles/*.npy"))) > 5
+    events = []
+    _slow_opening(monkeypatch, events)
+    counting = Counting()
+
+    def model(batch):
+        events.append(("model", time.monotonic()))
+        return counting(batch)
+
+    result = ef.predict(model, volume, out, tta=4, overwrite=True, **settings)
+    assert events[0][0] == "model" and events.index(next(e for e in events if e[0] == "opened")) > 1
+    assert counting.repeats == 0 and counting.tiles == result.tiles * 4
+    expected = _reference(lopsided, volume, None, (2, 4, 4), "gaussian", 4, "reflect")
+    np.testing.assert_allclose(_read(out), expected, rtol=2e-6, atol=1e-7)
+    assert not _scratch(out)
+
+
+def test_an_output_that_may_not_be_replaced_stops_the_network_at_its_next_batch(tmp_path, volume, monkeypatch):
+    """Refusing the output (here another program's array) comes while the network runs: the run stops at the
+    next batch, raises the refusal, leaves the array as it was and no thread behind."""
+    path = tmp_path / "p.zarr/pred"
+    root = zarr.open_group(str(tmp_path / "p.zarr"), mode="w")
+    root.create_array("pred", shape=(3,), dtype="uint8")[...] = [1, 2, 3]
+    events = []
+    _slow_opening(monkeypatch, events, seconds=0.1)
+    counting = Counting()
+
+    def slow_model(batch):
+        time.sleep(0.05)
+        return counting(batch)
+
+    with pytest.raises(ef.inference.OutputExistsError, match="exists and was not written by emfast"):
+        ef.predict(slow_model, volume, path, patch_in=PATCH_IN, patch_out=PATCH_OUT, tta=4, batch_size=2,
+                   overwrite=True)
+    assert counting.calls <= 5  # of the run's 201: the batches out when the refusal came
+    assert list(zarr.open_array(str(tmp_path / "p.zarr"), path="pred", mode="r")[...]) == [1, 2, 3]
+    assert not [t for t in threading.enumerate() if t.name.startswith("emfast-predict")]
+    assert not _scratch(path)
+
+
+def test_a_tile_folder_is_used_only_once_opened(tmp_path):
+    """Before :meth:`TileCache.open` the folder is another run's: its tiles are not seen, a tile beyond the memory
+    share waits for the opening (which empties the folder) instead of being written among them and removed, and
+    after a failed opening it is not written at all."""
+    from emfast.inference._cache import RECORD_FILE, TileCache
+
+    stale = TileCache(tmp_path / "tiles")
+    stale.open({"run": "another"}, resume=False)
+    stale.save((0, 0, 0), np.zeros((1, 2), np.float32))
+    cache = TileCache(tmp_path / "tiles", memory_limit=0)
+    assert not cache.has((0, 0, 0))
+    kept = np.arange(6, dtype=np.float32).reshape(1, 2, 3)
+    saving = threading.Thread(target=cache.save, args=((1, 2, 3), kept))
+    saving.start()
+    saving.join(0.2)
+    assert saving.is_alive() and not (tmp_path / "tiles" / "1_2_3.npy").exists()
+    cache.open({"run": "this"}, resume=False)
+    saving.join(5)
+    assert not saving.is_alive() and not cache.has((0, 0, 0)) and cache.has((1, 2, 3))
+    np.testing.assert_array_equal(cache.load((1, 2, 3)), kept)
+    assert (tmp_path / "tiles" / RECORD_FILE).read_text() == '{"run": "this"}'
+
+    refused = TileCache(tmp_path / "refused", memory_limit=0)
+    refused.never_opened()
+    refused.save((1, 2, 3), kept)  # returns: the tile is computed again if needed
+    assert not (tmp_path / "refused").exists() and refused.load((1, 2, 3)) is None

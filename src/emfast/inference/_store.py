@@ -9,8 +9,10 @@ that concurrent workers never write the same chunk. A block's flag is set only a
 """
 from __future__ import annotations
 
+import threading
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Set, Tuple
+from typing import Callable, Optional, Set, Tuple
 
 import numpy as np
 
@@ -27,8 +29,8 @@ FLAGS_RECORD = "emfast_predict_blocks"
 #: The names of the dtypes a prediction may be written as (``predict(dtype=...)``); the loader's batch dtypes
 #: (``OUTPUT_DTYPES`` in ``emfast.pipeline._loader``) are another list, of NumPy dtypes.
 PREDICT_OUTPUT_DTYPE_NAMES = ("float32", "float16", "uint8")
-__all__ = ["COMPRESSIONS", "PREDICT_OUTPUT_DTYPE_NAMES", "BlockWriteError", "OutputExistsError", "OutputStore",
-           "check_compression", "parse_output"]
+__all__ = ["COMPRESSIONS", "PREDICT_OUTPUT_DTYPE_NAMES", "BlockWriteError", "OutputExistsError", "OutputOpening",
+           "OutputStore", "check_compression", "parse_output"]
 
 
 class OutputExistsError(FileExistsError):
@@ -143,3 +145,52 @@ class OutputStore:
     def close(self) -> None:
         self._writer.close()
         self._flags, self._flag_files = None, False
+
+
+class OutputOpening:
+    """The output being opened by ``open_output()`` (which returns the :class:`OutputStore` and the blocks already
+    finished). With ``concurrently``, it runs on a thread of its own while the first blocks are computed: hashing
+    the input for the record and creating the arrays take tens of milliseconds, in which the network could
+    already run, and nothing is written before the first block is finished. Without, it runs here (a resume
+    needs the finished blocks before choosing what to compute), and its error is raised here.
+
+    Always :meth:`close` it: that waits for the thread, and closes the store if it was opened."""
+
+    def __init__(self, open_output: Callable[[], Tuple[OutputStore, Set[int]]], concurrently: bool) -> None:
+        self._opened: Future = Future()
+        self._thread: Optional[threading.Thread] = None
+        if not concurrently:
+            self._opened.set_result(open_output())
+            return
+
+        def run() -> None:
+            try:
+                self._opened.set_result(open_output())
+            except BaseException as error:  # raised by whoever asks for the store
+                self._opened.set_exception(error)
+
+        self._thread = threading.Thread(target=run, name="emfast-predict-open", daemon=True)
+        self._thread.start()
+
+    def store(self) -> OutputStore:
+        """The store, once opened; raises the error that kept it from opening."""
+        return self._opened.result()[0]
+
+    def finished(self) -> Set[int]:
+        """The blocks a resumed output holds already (waits for the opening)."""
+        return self._opened.result()[1]
+
+    def failure(self) -> Optional[BaseException]:
+        """The error that kept the output from opening, None if it opened (waits for the opening)."""
+        return self._opened.exception()
+
+    def raise_if_failed(self) -> None:
+        """Raise the opening's error if it has failed already; do not wait."""
+        if self._opened.done() and self._opened.exception() is not None:
+            raise self._opened.exception()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        if self.failure() is None:
+            self.store().close()
