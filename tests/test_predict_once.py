@@ -571,8 +571,8 @@ def test_an_output_that_may_not_be_replaced_stops_the_network_at_its_next_batch(
 
 
 def test_a_tile_folder_is_used_only_once_opened(tmp_path):
-    """Before :meth:`TileCache.open` the folder is another run's: its tiles are not seen, a tile beyond the memory
-    share waits for the opening (which empties the folder) instead of being written among them and removed, and
+    """Before :meth:`TileCache.open` the folder is another run's: its tiles are neither seen, read nor deleted, a
+    tile beyond the memory share waits for the opening (which empties the folder) instead of being written among them and removed, and
     after a failed opening it is not written at all."""
     from emfast.inference._cache import RECORD_FILE, TileCache
 
@@ -580,7 +580,8 @@ def test_a_tile_folder_is_used_only_once_opened(tmp_path):
     stale.open({"run": "another"}, resume=False)
     stale.save((0, 0, 0), np.zeros((1, 2), np.float32))
     cache = TileCache(tmp_path / "tiles", memory_limit=0)
-    assert not cache.has((0, 0, 0))
+    assert not cache.has((0, 0, 0)) and cache.load((0, 0, 0)) is None
+    assert cache.discard((0, 0, 0)) is None and (tmp_path / "tiles" / "0_0_0.npy").is_file()
     kept = np.arange(6, dtype=np.float32).reshape(1, 2, 3)
     saving = threading.Thread(target=cache.save, args=((1, 2, 3), kept))
     saving.start()
@@ -596,3 +597,25 @@ def test_a_tile_folder_is_used_only_once_opened(tmp_path):
     refused.never_opened()
     refused.save((1, 2, 3), kept)  # returns: the tile is computed again if needed
     assert not (tmp_path / "refused").exists() and refused.load((1, 2, 3)) is None
+
+
+def test_ctrl_c_while_a_failed_run_waits_for_the_opening_leaves_no_thread(tmp_path, volume, monkeypatch):
+    """A run that fails early (its progress callback raises) waits for the output's opening, which must not
+    outlive predict and its lock: a Ctrl-C meanwhile is raised once the opening has ended."""
+    import os
+    import signal
+
+    out = tmp_path / "p.zarr/pred"
+    _slow_opening(monkeypatch, [], seconds=0.5)
+
+    def failing_progress(state):
+        raise ValueError("progress callback failed")
+
+    interrupter = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+    interrupter.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        ef.predict(lopsided, volume, out, patch_in=PATCH_IN, patch_out=PATCH_OUT, progress=failing_progress)
+    assert time.monotonic() - started >= 0.45  # the opening's end
+    assert not [t for t in threading.enumerate() if t.name.startswith("emfast-predict")]
+    interrupter.join()

@@ -16,8 +16,9 @@ A tile missing from the folder (never saved, removed, or not savable on a full d
 time, never correctness, since a tile's prediction does not depend on which block asked for it.
 
 The local engine opens the folder on a thread of its own while the first blocks are computed (see
-:class:`~emfast.inference._store.OutputOpening`): until :meth:`TileCache.open`, only the tiles held in memory count
-(whatever the folder holds then is another run's), and a tile beyond the memory share waits for it.
+:class:`~emfast.inference._store.OutputOpening`): until :meth:`TileCache.open`, and for good after
+:meth:`TileCache.never_opened`, only the tiles held in memory count (whatever the folder holds is another run's:
+never read or deleted), and a tile beyond the memory share waits for the opening.
 """
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ class TileCache:
     def load(self, key) -> Optional[np.ndarray]:
         """The predictions kept for tile ``key``, shape (variants, channels, z, y, x); None if there are none."""
         held = self._held.get(key)
-        if held is not None:
+        if held is not None or not self._usable:
             return held
         try:
             return np.load(self._path(key), allow_pickle=False)
@@ -141,7 +142,8 @@ class TileCache:
             if held is not None:
                 self._held_bytes -= held.nbytes
                 return held
-        self._path(key).unlink(missing_ok=True)
+        if self._usable:
+            self._path(key).unlink(missing_ok=True)
         return None
 
     def remove(self) -> None:

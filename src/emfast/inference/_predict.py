@@ -276,8 +276,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     ------
     OutputExistsError
         ``out`` exists and neither ``resume`` (with the same settings and input) nor ``overwrite`` was given;
-        or it was not written by emfast. Without ``resume`` the output is opened while the network starts on the
-        first blocks, and this comes with the next batch.
+        or it was not written by emfast. Without ``resume`` or ``client``, the output is opened while the network
+        starts on the first blocks: this error then stops the run at the next batch or write.
     ValueError
         ``out`` is the input, inside it or above it (:class:`~emfast.io._outputs.OutputLocationError`).
     OSError
@@ -377,12 +377,17 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         if volume.offset is not None:
             attributes["offset"] = list(volume.offset)
         with OutputLock(container) as lock:
-            def open_output():
+            def open_output(proceed: Callable[[], None]):
                 try:
                     record = _record(volume, caller, plan, settings, digest)
+                    proceed()
                     store, finished = OutputStore.prepare(out, shape, dtype, plan.chunks, compression, plan.grid,
                                                           record, attributes, resume, overwrite, lock)
                     try:
+                        if compression == "none":  # once an output replaced has given its space back
+                            _check_room_for([b for b in blocks if b.index not in finished],
+                                            shape[0] * np.dtype(dtype).itemsize, container)
+                        proceed()
                         predictor.cache.open(record, store.resumed)
                     except BaseException:
                         store.close()
@@ -392,14 +397,13 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                     predictor.cache.never_opened()
                     raise
 
-            # The local engine opens the output beside the first blocks' computation; a resume needs to know the
-            # finished blocks first, and Dask workers reopen the store themselves.
-            opening = OutputOpening(open_output, concurrently=client is None and not resume)
             bar = _PredictBar(len(blocks)) if progress is True else None
+            opening = None
             try:
+                # The local engine opens the output beside the first blocks' computation; a resume needs to know
+                # the finished blocks first, and Dask workers reopen the store themselves.
+                opening = OutputOpening(open_output, concurrently=client is None and not resume)
                 todo = [b for b in blocks if b.index not in opening.finished()] if resume else blocks
-                if compression == "none":
-                    _check_room_for(todo, shape[0] * np.dtype(dtype).itemsize, container)
                 tick = _ticker(bar or progress, predictor, blocks, todo)
                 try:
                     if client is not None:
@@ -415,7 +419,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                 opening.store().finish()
                 predictor.cache.remove()
             finally:
-                opening.close()
+                if opening is not None:
+                    opening.close()
                 if bar is not None:
                     bar.finish()  # an error's message starts on a line of its own
         _warn_if_clipped(predictor, out)
