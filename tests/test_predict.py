@@ -214,15 +214,11 @@ def test_a_resumed_run_equals_an_uninterrupted_one_byte_for_byte(tmp_path, volum
 
 
 def _wait_for_a_finished_block(container, seconds=30.0):
-    """The block flags once at least one block is recorded (the output is created beside the model's first calls,
-    and the writer thread trails the model)."""
+    """The block flags once at least one block is recorded (the writer thread trails the model)."""
     deadline = time.monotonic() + seconds
     while True:
-        try:
-            flags = zarr.open_array(str(container), path="pred.blocks", mode="r")[...]
-        except (FileNotFoundError, KeyError):  # not created yet
-            flags = None
-        if (flags is not None and flags.sum()) or time.monotonic() > deadline:
+        flags = zarr.open_array(str(container), path="pred.blocks", mode="r")[...]
+        if flags.sum() or time.monotonic() > deadline:
             return flags
         time.sleep(0.05)
 

@@ -14,11 +14,6 @@ another process (a Dask worker) keeps its tiles in the folder only.
 
 A tile missing from the folder (never saved, removed, or not savable on a full disk) is computed again: that costs
 time, never correctness, since a tile's prediction does not depend on which block asked for it.
-
-The local engine opens the folder on a thread of its own while the first blocks are computed (see
-:class:`~emfast.inference._store.OutputOpening`): until :meth:`TileCache.open`, and for good after
-:meth:`TileCache.never_opened`, only the tiles held in memory count (whatever the folder holds is another run's:
-never read or deleted), and a tile beyond the memory share waits for the opening.
 """
 from __future__ import annotations
 
@@ -46,17 +41,12 @@ class TileCache:
         self._held_bytes = 0
         self._lock = threading.Lock()
         self._warned = False
-        #: Set by :meth:`open` (the folder is this prediction's) or :meth:`never_opened`.
-        self._opened = threading.Event()
-        self._usable = False
 
     def __getstate__(self) -> dict:
         return {"folder": self.folder, "memory_limit": 0, "_warned": False}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["folder"], state["memory_limit"])
-        self._usable = True  # sent once opened
-        self._opened.set()
 
     @classmethod
     def beside(cls, container: Path, dataset: str, memory_limit: int = 0) -> "TileCache":
@@ -67,16 +57,11 @@ class TileCache:
         """Start using the folder for the prediction with ``record``: kept tiles are reused when resuming the
         same prediction, and removed otherwise."""
         wanted = json.dumps(record, sort_keys=True)
-        if not (resume and self._record() == wanted):
-            self._remove_folder()  # the tiles held in memory are this run's
-            self.folder.mkdir(parents=True)
-            (self.folder / RECORD_FILE).write_text(wanted)
-        self._usable = True
-        self._opened.set()
-
-    def never_opened(self) -> None:
-        """The output could not be opened: tiles are kept in memory only, and none wait for the folder."""
-        self._opened.set()
+        if resume and self._record() == wanted:
+            return
+        self.remove()
+        self.folder.mkdir(parents=True)
+        (self.folder / RECORD_FILE).write_text(wanted)
 
     def _record(self) -> Optional[str]:
         try:
@@ -88,12 +73,12 @@ class TileCache:
         return self.folder / ("_".join(map(str, key)) + ".npy")
 
     def has(self, key) -> bool:
-        return key in self._held or (self._usable and self._path(key).is_file())
+        return key in self._held or self._path(key).is_file()
 
     def load(self, key) -> Optional[np.ndarray]:
         """The predictions kept for tile ``key``, shape (variants, channels, z, y, x); None if there are none."""
         held = self._held.get(key)
-        if held is not None or not self._usable:
+        if held is not None:
             return held
         try:
             return np.load(self._path(key), allow_pickle=False)
@@ -118,9 +103,6 @@ class TileCache:
             self._write(key, predictions)
 
     def _write(self, key, predictions: np.ndarray) -> None:
-        self._opened.wait()
-        if not self._usable:
-            return
         path = self._path(key)
         temporary = path.with_name(f"{path.stem}.{os.getpid()}.{threading.get_ident()}.partial")
         try:
@@ -142,8 +124,7 @@ class TileCache:
             if held is not None:
                 self._held_bytes -= held.nbytes
                 return held
-        if self._usable:
-            self._path(key).unlink(missing_ok=True)
+        self._path(key).unlink(missing_ok=True)
         return None
 
     def remove(self) -> None:
@@ -151,9 +132,6 @@ class TileCache:
         with self._lock:
             self._held.clear()
             self._held_bytes = 0
-        self._remove_folder()
-
-    def _remove_folder(self) -> None:
         if self.folder.is_dir() and not self.folder.is_symlink() and (self.folder / RECORD_FILE).is_file():
             shutil.rmtree(self.folder, ignore_errors=True)
         elif self.folder.exists() or self.folder.is_symlink():

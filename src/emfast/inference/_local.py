@@ -3,9 +3,7 @@ calling thread feeds a block (gathers and normalises batches of tiles); one mode
 device's thread) runs the network on them in order; one blender thread blends the predictions as they come back
 (every block's, in the plan's order; on a machine of 8 cores or more, with helpers blending rows of the block
 beside it, see :func:`blend_parts`); one finisher thread converts each block once blended; :data:`WRITERS` writer
-threads write finished blocks. Shared tiles are kept until the last block needing them is computed. The output is
-opened (:class:`~emfast.inference._store.OutputOpening`) while the first blocks are computed: the writers wait for
-it, and the model is given no further batch once it has failed.
+threads write finished blocks. Shared tiles are kept until the last block needing them is computed.
 
 The readers, the finisher and the writers run at a lower CPU priority (:data:`BACKGROUND_NICE`, on Linux) than the
 calling thread, the model's and the blender's: on a machine whose cores are all busy, the network is not the one
@@ -30,7 +28,7 @@ import numpy as np
 from .._machine import cores
 from ..io import check_free_space, option
 from ._block import BlendHelpers, BlockPredictor, Carry
-from ._store import BlockWriteError, OutputOpening, OutputStore
+from ._store import BlockWriteError, OutputStore
 from ._tiling import Block
 
 #: Finished blocks that may wait for the writers.
@@ -66,11 +64,6 @@ def write_block(store: OutputStore, block: Block, result, grid) -> int:
     return block.index
 
 
-def write_opened(opening: OutputOpening, block: Block, result, grid) -> int:
-    """:func:`write_block` into the output once it is opened (raising the error that kept it from opening)."""
-    return write_block(opening.store(), block, result, grid)
-
-
 def _caller_nice() -> Optional[int]:
     """The calling thread's nice value (Linux: each thread has its own), or None where there is none."""
     try:
@@ -100,11 +93,10 @@ def _discard_blended(predictor: BlockPredictor, block: Block, sharers: Counter) 
             predictor.give_back_kept(predictor.cache.discard(key))
 
 
-def run_local(predictor: BlockPredictor, opening: OutputOpening, blocks: List[Block], threads: int,
+def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block], threads: int,
               progress: Optional[Callable[[Block], None]]) -> None:
-    """Compute and write ``blocks`` in order into the output ``opening`` opens; ``progress(block)`` after each is
-    written. A kept tile is discarded once the last of these blocks that shares it is computed. If the output
-    fails to open, the run stops at the next batch, raising why."""
+    """Compute and write ``blocks`` in order; ``progress(block)`` after each is written. A kept tile is
+    discarded once the last of these blocks that shares it is computed."""
     grid = predictor.plan.grid
     nice = _caller_nice()
     background = (None if nice is None else nice + BACKGROUND_NICE,)
@@ -131,13 +123,12 @@ def run_local(predictor: BlockPredictor, opening: OutputOpening, blocks: List[Bl
     carry = Carry()  # a block's last, partial batch is filled by the next block's first tiles
 
     def run_model(batch: np.ndarray, out_shape: tuple):
-        opening.raise_if_failed()  # no more of the network's time spent on a run that cannot be written
         return model.submit(predictor.model, batch, out_shape, predictor.channels)
 
     def finish(run, buffer, block: Block):
         result = run.finish(buffer)
         _discard_blended(predictor, block, sharers)
-        return writers.submit(write_opened, opening, block, result, grid), result
+        return writers.submit(write_block, store, block, result, grid), result
 
     def finish_write() -> None:
         finishing, buffer, block = writes.popleft()

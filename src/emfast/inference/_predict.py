@@ -26,7 +26,7 @@ from ._device import device_runner
 from ._local import run_local
 from ._memory import CACHE_SHARE, DEFAULT_MEMORY, TILES_SHARE, block_bytes, choose_block, parse_memory
 from ._model import ModelCaller
-from ._store import PREDICT_OUTPUT_DTYPE_NAMES, OutputOpening, OutputStore, check_compression, parse_output
+from ._store import PREDICT_OUTPUT_DTYPE_NAMES, OutputStore, check_compression, parse_output
 from ._tiling import Block, TilePlan
 from ._tta import IDENTITY, variants
 
@@ -276,8 +276,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     ------
     OutputExistsError
         ``out`` exists and neither ``resume`` (with the same settings and input) nor ``overwrite`` was given;
-        or it was not written by emfast. Without ``resume`` or ``client``, the output is opened while the network
-        starts on the first blocks: this error then stops the run at the next batch or write.
+        or it was not written by emfast.
     ValueError
         ``out`` is the input, inside it or above it (:class:`~emfast.io._outputs.OutputLocationError`).
     OSError
@@ -376,51 +375,29 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
             attributes["resolution"] = list(volume.resolution)
         if volume.offset is not None:
             attributes["offset"] = list(volume.offset)
+        record = _record(volume, caller, plan, settings, digest)
         with OutputLock(container) as lock:
-            def open_output(proceed: Callable[[], None]):
-                try:
-                    record = _record(volume, caller, plan, settings, digest)
-                    proceed()
-                    store, finished = OutputStore.prepare(out, shape, dtype, plan.chunks, compression, plan.grid,
-                                                          record, attributes, resume, overwrite, lock)
-                    try:
-                        if compression == "none":  # once an output replaced has given its space back
-                            _check_room_for([b for b in blocks if b.index not in finished],
-                                            shape[0] * np.dtype(dtype).itemsize, container)
-                        proceed()
-                        predictor.cache.open(record, store.resumed)
-                    except BaseException:
-                        store.close()
-                        raise
-                    return store, finished
-                except BaseException:
-                    predictor.cache.never_opened()
-                    raise
-
+            store, finished = OutputStore.prepare(out, shape, dtype, plan.chunks, compression, plan.grid, record,
+                                                  attributes, resume, overwrite, lock)
             bar = _PredictBar(len(blocks)) if progress is True else None
-            opening = None
             try:
-                # The local engine opens the output beside the first blocks' computation; a resume needs to know
-                # the finished blocks first, and Dask workers reopen the store themselves.
-                opening = OutputOpening(open_output, concurrently=client is None and not resume)
-                todo = [b for b in blocks if b.index not in opening.finished()] if resume else blocks
+                todo = [b for b in blocks if b.index not in finished]
+                if compression == "none":
+                    _check_room_for(todo, shape[0] * np.dtype(dtype).itemsize, container)
+                predictor.cache.open(record, store.resumed)
                 tick = _ticker(bar or progress, predictor, blocks, todo)
                 try:
                     if client is not None:
-                        run_dask(client, predictor, opening.store(), todo, tick)
+                        run_dask(client, predictor, store, todo, tick)
                     else:
-                        run_local(predictor, opening, todo, threads, tick)
-                except BaseException as error:
-                    failure = opening.failure()
-                    if failure is not None and isinstance(error, Exception):
-                        raise failure  # the output's own error (exists, busy...) before what it led to
+                        run_local(predictor, store, todo, threads, tick)
+                except BaseException:
                     predictor.cache.spill()  # what a resume would otherwise compute again
                     raise
-                opening.store().finish()
+                store.finish()
                 predictor.cache.remove()
             finally:
-                if opening is not None:
-                    opening.close()
+                store.close()
                 if bar is not None:
                     bar.finish()  # an error's message starts on a line of its own
         _warn_if_clipped(predictor, out)

@@ -9,10 +9,8 @@ that concurrent workers never write the same chunk. A block's flag is set only a
 """
 from __future__ import annotations
 
-import threading
-from concurrent.futures import Future
 from pathlib import Path
-from typing import Callable, Optional, Set, Tuple
+from typing import Set, Tuple
 
 import numpy as np
 
@@ -29,8 +27,8 @@ FLAGS_RECORD = "emfast_predict_blocks"
 #: The names of the dtypes a prediction may be written as (``predict(dtype=...)``); the loader's batch dtypes
 #: (``OUTPUT_DTYPES`` in ``emfast.pipeline._loader``) are another list, of NumPy dtypes.
 PREDICT_OUTPUT_DTYPE_NAMES = ("float32", "float16", "uint8")
-__all__ = ["COMPRESSIONS", "PREDICT_OUTPUT_DTYPE_NAMES", "BlockWriteError", "OpeningCancelled", "OutputExistsError",
-           "OutputOpening", "OutputStore", "check_compression", "parse_output"]
+__all__ = ["COMPRESSIONS", "PREDICT_OUTPUT_DTYPE_NAMES", "BlockWriteError", "OutputExistsError", "OutputStore",
+           "check_compression", "parse_output"]
 
 
 class OutputExistsError(FileExistsError):
@@ -145,99 +143,3 @@ class OutputStore:
     def close(self) -> None:
         self._writer.close()
         self._flags, self._flag_files = None, False
-
-
-class OpeningCancelled(Exception):
-    """The run ended before its output was opened: the opening stopped before changing anything."""
-
-
-class OutputOpening:
-    """The output being opened by ``open_output(proceed)``, which returns the :class:`OutputStore` and the blocks
-    already finished, and calls ``proceed()`` before each step that changes the output or the tile folder. With
-    ``concurrently``, it runs on a thread of its own while the first blocks are computed: hashing the input for the
-    record and creating the arrays take tens of milliseconds, in which the network can already run, and nothing
-    is written before the first block is finished. Without, it runs here (a resume needs the finished blocks
-    before choosing what to compute), and its error is raised here.
-
-    Always :meth:`close` it, under the output's lock: a run that failed stops the opening at its next step (an
-    output being replaced is then left as it was), and the thread is waited for, through Ctrl-C too, so that it
-    never outlives the lock; then the store is closed if it was opened."""
-
-    def __init__(self, open_output: Callable[[Callable[[], None]], Tuple[OutputStore, Set[int]]],
-                 concurrently: bool) -> None:
-        self._opened: Future = Future()
-        self._cancelled = threading.Event()
-        self._traceback = None
-        self._thread: Optional[threading.Thread] = None
-        self._ended = threading.Event()
-        if not concurrently:
-            self._opened.set_result(open_output(self._proceed))
-            self._ended.set()
-            return
-
-        def run() -> None:
-            try:
-                self._opened.set_result(open_output(self._proceed))
-            except BaseException as error:  # raised by whoever asks for the store
-                self._traceback = error.__traceback__
-                self._opened.set_exception(error)
-            finally:
-                self._ended.set()
-
-        self._thread = threading.Thread(target=run, name="emfast-predict-open", daemon=True)
-        self._thread.start()
-
-    def _proceed(self) -> None:
-        if self._cancelled.is_set():
-            raise OpeningCancelled("the run ended before its output was opened")
-
-    def _error(self) -> Optional[BaseException]:
-        """The opening's error (once it ended) with the opening's own traceback: it is raised on several threads,
-        and each raise would add its frames to the last one's."""
-        error = self._opened.exception()
-        return None if error is None else error.with_traceback(self._traceback)
-
-    def store(self) -> OutputStore:
-        """The store, once opened; raises the error that kept it from opening."""
-        error = self._error()
-        if error is not None:
-            raise error
-        return self._opened.result()[0]
-
-    def finished(self) -> Set[int]:
-        """The blocks a resumed output holds already (waits for the opening; raises its error)."""
-        self.store()
-        return self._opened.result()[1]
-
-    def raise_if_failed(self) -> None:
-        """Raise the opening's error if it has failed already; do not wait."""
-        if self._opened.done():
-            self.store()
-
-    def failure(self) -> Optional[BaseException]:
-        """For a run that failed: stop the opening at its next step, wait for it, and return the error that kept it
-        from opening (None if it opened, or stopped as asked)."""
-        self._cancelled.set()
-        self._join()
-        error = self._error()
-        return None if isinstance(error, OpeningCancelled) else error
-
-    def close(self) -> None:
-        self._cancelled.set()  # a run that succeeded has its store: this stops nothing
-        self._join()
-        if self._opened.exception() is None:
-            self._opened.result()[0].close()
-
-    def _join(self) -> None:
-        """Wait for the thread, a Ctrl-C meanwhile raised once it has ended. (On an event: Python 3.11's
-        ``Thread.join``, interrupted, marks the thread ended while it still runs.)"""
-        interrupted = None
-        while not self._ended.is_set():
-            try:
-                self._ended.wait()
-            except KeyboardInterrupt as error:
-                interrupted = error
-        if self._thread is not None:
-            self._thread.join()  # it has set the event: its last step
-        if interrupted is not None:
-            raise interrupted
