@@ -186,6 +186,18 @@ def test_a_full_disk_ends_in_a_clear_error_and_the_resume_equals_an_uninterrupte
     np.testing.assert_array_equal(ef.open(out).array, ef.open(whole).array)
 
 
+def test_overwriting_an_uncompressed_prediction_counts_the_space_the_old_one_frees(small_disk):
+    """The room an uncompressed output needs is checked once the output it replaces is removed: on a disk that
+    holds one copy and its margin, not two, overwriting succeeds."""
+    data = np.random.default_rng(6).integers(0, 256, (10, 256, 256), dtype=np.uint8)  # 0.6 MiB of a 2 MiB disk
+    options = dict(patch_in=(2, 64, 64), blend="none", chunks=(2, 64, 64), block=(2, 128, 128), dtype="uint8",
+                   compression="none")
+    out = small_disk / "p.zarr/raw"
+    ef.predict(identity, data, out, **options)
+    ef.predict(lambda batch: 1 - batch, data, out, overwrite=True, **options)
+    np.testing.assert_array_equal(ef.open(out).array[0], 255 - data)
+
+
 def test_an_uncompressed_output_that_cannot_fit_is_refused_before_writing(tmp_path, small_disk):
     data = np.random.default_rng(5).integers(0, 256, FULL_SHAPE, dtype=np.uint8)
     with h5py.File(tmp_path / "in.h5", "w") as f:

@@ -492,6 +492,20 @@ def test_dask_with_two_workers_equals_one_process(tmp_path, volume):
     np.testing.assert_array_equal(_read(tmp_path / "dask.zarr/pred"), _read(tmp_path / "local.zarr/pred"))
 
 
+def test_dask_refuses_an_hdf5_output_before_replacing_the_one_there(tmp_path, volume):
+    distributed = pytest.importorskip("distributed", reason="dask.distributed is not installed "
+                                                            "(pip install 'emfast[dask]')")
+    path = tmp_path / "p.h5/pred"
+    ef.predict(lopsided, volume, path, **SETTINGS)
+    before = _read(path)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None,
+                                  silence_logs=40) as cluster, distributed.Client(cluster) as client:
+        with pytest.raises(ValueError, match=r"client= writes from many processes at once, which HDF5 does not "
+                                             r"allow; write .*p.h5/pred as a .zarr output"):
+            ef.predict(crop, volume, path, client=client, overwrite=True, **SETTINGS)
+    np.testing.assert_array_equal(_read(path), before)
+
+
 NETS = '''
 import numpy as np
 

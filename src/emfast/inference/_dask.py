@@ -54,9 +54,6 @@ def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List
     the tasks makes rare)."""
     from distributed import as_completed
 
-    if store.kind != "zarr":
-        raise ValueError(f"client= writes from many processes at once, which HDF5 does not allow; write "
-                         f"{store.path} as a .zarr output (emfast convert can make an HDF5 copy afterwards)")
     shared = client.scatter(predictor, broadcast=True)
     blocks = sorted(blocks, key=lambda block: _phase(block, predictor.plan.grid))
     futures = client.map(_run_block, blocks, predictor=shared, container=str(store.container),

@@ -278,7 +278,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         ``out`` exists and neither ``resume`` (with the same settings and input) nor ``overwrite`` was given;
         or it was not written by emfast.
     ValueError
-        ``out`` is the input, inside it or above it (:class:`~emfast.io._outputs.OutputLocationError`).
+        ``out`` is the input, inside it or above it (:class:`~emfast.io._outputs.OutputLocationError`); or
+        ``client`` with an HDF5 ``out`` (refused before anything there is replaced).
     OSError
         Another emfast run (or program) is writing ``out`` (:class:`~emfast.io._outputs.OutputBusyError`, naming
         the run's pid); or too little free space for the next block, or for the whole output when uncompressed
@@ -304,6 +305,10 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     if client is not None and dask_missing():
         raise ImportError(dask_missing())
     container, dataset, kind = parse_output(out)
+    if client is not None and kind != "zarr":  # refused before an output given to overwrite is replaced
+        raise ValueError(f"client= writes from many processes at once, which HDF5 does not allow; write "
+                         f"{container}/{dataset} as a .zarr output (emfast convert can make an HDF5 copy "
+                         "afterwards)")
     compression = compression or ("gzip" if kind == "hdf5" else "zstd")
     check_compression(compression, kind)
     budget = DEFAULT_MEMORY if memory is None else parse_memory(memory)
