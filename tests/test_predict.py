@@ -254,6 +254,38 @@ def test_a_killed_process_resumes_to_the_same_bytes(tmp_path, volume):
     np.testing.assert_array_equal(_read(tmp_path / "p.zarr/pred"), _read(tmp_path / "whole.zarr/pred"))
 
 
+def test_ctrl_c_twice_writes_nothing_after_predict_has_raised(tmp_path, volume, monkeypatch):
+    """One Ctrl-C stops the run; a second, while predict waits for the blocks being written (a slow disk), must
+    not leave writer threads behind that write after predict raised (and released the output's lock): Python
+    3.11 reports a thread whose join was interrupted as ended."""
+    from emfast.io import _chunkfiles
+
+    written, write = [], _chunkfiles.ChunkFiles.write
+
+    def slow_write(self, corner, data):
+        time.sleep(0.5)
+        write(self, corner, data)
+        written.append(time.monotonic())
+
+    monkeypatch.setattr(_chunkfiles.ChunkFiles, "write", slow_write)
+    calls = [0]
+
+    def model(batch):
+        calls[0] += 1
+        if calls[0] == 6:
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()  # the second, during the clean-up
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        return lopsided(batch)
+
+    with pytest.raises(KeyboardInterrupt):
+        ef.predict(model, volume, tmp_path / "p.zarr/pred", **dict(SETTINGS, tta=0))
+    raised = time.monotonic()
+    assert not [t for t in threading.enumerate() if t.name.startswith("emfast-")]
+    time.sleep(0.6)
+    assert written and max(written) < raised
+
+
 def _failing_write(monkeypatch, nth: int, error: Exception) -> list:
     """Make the ``nth`` block write raise ``error`` (undo with ``monkeypatch.undo()``); returns the list the
     starts of the blocks written go to."""

@@ -17,6 +17,7 @@ written when an error or Ctrl-C arrives is finished and recorded first.
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections import Counter, deque
@@ -26,6 +27,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from .._machine import cores
+from .._threads import run_every, shut_down
 from ..io import check_free_space, option
 from ._block import BlendHelpers, BlockPredictor, Carry
 from ._store import BlockWriteError, OutputStore
@@ -166,10 +168,10 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
             finish_write()
     finally:
         carry.abandon()  # a blending waiting for a batch never submitted sees it cancelled
-        readers.shutdown(wait=True, cancel_futures=True)
-        model.shutdown(wait=True, cancel_futures=True)  # a blending waiting for a batch sees it cancelled
-        blender.shutdown(wait=True)
-        if helpers is not None:
-            helpers.shutdown(wait=True)
-        finisher.shutdown(wait=True)
-        writers.shutdown(wait=True)
+        # In this order, each pool's threads ended before the next is shut down (the finisher submits writes),
+        # every one even if Ctrl-C interrupts (again and again): no writer outlives the run and its output's lock.
+        run_every([functools.partial(shut_down, readers, cancel_futures=True),
+                   functools.partial(shut_down, model, cancel_futures=True),  # a blending waiting sees it cancelled
+                   functools.partial(shut_down, blender)]
+                  + ([] if helpers is None else [functools.partial(shut_down, helpers)])
+                  + [functools.partial(shut_down, finisher), functools.partial(shut_down, writers)])

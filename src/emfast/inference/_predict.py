@@ -1,6 +1,7 @@
 """``emfast.predict`` (:func:`predict`): run a network over a whole volume, or a region of it, and write the result beside it."""
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import time
@@ -13,6 +14,7 @@ import numpy as np
 
 from .._checks import integer, is_integer, triple
 from .._core.gather import PAD_MODES
+from .._threads import run_every, shut_down
 from .._version import __version__
 from ..io import (WIDTH, OutputLock, ProgressBar, Volume, array_fingerprint, check_free_space, check_output_location,
                   fingerprint, open_volume, option, plural)
@@ -408,12 +410,13 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         _warn_if_clipped(predictor, out)
         failed = False
     finally:
-        if hasher is not None:
-            hasher.shutdown(wait=True)  # no thread outlives predict, after an error too
+        # No thread outlives predict, after an error or Ctrl-C too; each step runs even if Ctrl-C interrupts one.
+        steps = [] if hasher is None else [functools.partial(shut_down, hasher)]
         if caller.runner is not None:
-            caller.runner.close(quiet=failed)
+            steps.append(functools.partial(caller.runner.close, quiet=failed))
         if opened:
-            volume.close()
+            steps.append(volume.close)
+        run_every(steps)
     profile = {"model": caller.seconds, **({} if caller.runner is None else caller.runner.stages)}
     return Prediction(f"{container}/{dataset}", shape, np.dtype(dtype), len(blocks), len(todo), plan.tile_count,
                       predictor.tiles_computed, time.monotonic() - started, profile)

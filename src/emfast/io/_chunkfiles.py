@@ -24,6 +24,7 @@ from typing import Iterator, List, Optional, Tuple
 import numpy as np
 
 from .._machine import cores
+from .._threads import join_all
 
 #: v3 Blosc shuffle names as numcodecs numbers them.
 _BLOSC_SHUFFLES = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
@@ -122,8 +123,7 @@ class ChunkFiles:
         try:
             self._write_chunks(chunks[0::parts])
         finally:
-            for helper in helpers:
-                helper.join()
+            join_all(helpers)  # through Ctrl-C: no helper writes after the caller has moved on
         if errors:
             raise errors[0]
 

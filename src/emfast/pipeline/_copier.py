@@ -6,10 +6,11 @@ import threading
 from typing import Callable, Optional
 
 
+from .._threads import join_all, start_thread
 from ..transfer import Fields, TransferBackend
 from ._pool import FixedSlots, SlotPool
 from ._profile import Profile
-from ._ring import Ring, RingClosed, join_all, start_thread
+from ._ring import Ring, RingClosed
 
 
 class Copier:

@@ -33,7 +33,8 @@ from ._options import (buffer_counts, check_memory, check_threads, checked_epoch
                        rank_and_world, setting, torch_worker)
 from ._plan import Planner
 from ._pool import SlotPool
-from ._producers import STARTED, ExhaustionCheck, Pipeline, Producers, run_every, stop_abandoned
+from .._threads import run_every
+from ._producers import STARTED, ExhaustionCheck, Pipeline, Producers, stop_abandoned
 from ._profile import Profile, ProfileReport
 from ._ring import Ring
 from ._snapshot import write_snapshot

@@ -15,6 +15,7 @@ import time
 import weakref
 from typing import Callable, Optional
 
+from .._threads import join_all, run_every, start_thread
 from ..io import abandoned_when
 from ._copier import Copier
 from ._gather import Gatherer
@@ -22,7 +23,7 @@ from ._plan import BatchPlan, Planner
 from ._pool import SlotPool, SlotsExhaustedError
 from ._profile import Profile
 from ._readahead import ReadAhead, read_ahead_depth
-from ._ring import Ring, RingClosed, join_all, start_thread
+from ._ring import Ring, RingClosed
 
 
 #: Seconds the consumer waits while the program itself holds every slot, before it collects cycles once and then
@@ -115,18 +116,6 @@ class Producers:
                 self.ring.fail(number, error)
                 return
 
-
-
-def run_every(steps) -> None:
-    """Run every step even if Ctrl-C interrupts one (again and again), then raise the interrupt."""
-    interrupted: Optional[KeyboardInterrupt] = None
-    for step in steps:
-        try:
-            step()
-        except KeyboardInterrupt as error:
-            interrupted = error
-    if interrupted is not None:
-        raise interrupted
 
 
 class Pipeline:

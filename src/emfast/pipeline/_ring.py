@@ -9,9 +9,8 @@ later one.
 """
 from __future__ import annotations
 
-import signal
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional
 
 #: Seconds between checks while blocked, so that Ctrl-C and close() are noticed promptly.
 POLL_SECONDS = 0.1
@@ -177,37 +176,3 @@ def _fresh(error: BaseException) -> BaseException:
     fresh.__cause__, fresh.__context__ = error.__cause__, error.__context__
     fresh.__suppress_context__ = error.__suppress_context__
     return fresh
-
-
-def join_all(threads: Sequence[threading.Thread]) -> None:
-    """Join every thread even if Ctrl-C arrives meanwhile (again and again); then raise the interrupt."""
-    interrupted: Optional[KeyboardInterrupt] = None
-    for thread in threads:
-        while thread.is_alive():
-            try:
-                thread.join()
-            except KeyboardInterrupt as error:
-                interrupted = error
-    if interrupted is not None:
-        raise interrupted
-
-
-def start_thread(thread: threading.Thread) -> None:
-    """``thread.start()``, with Ctrl-C held back until it returns (in the main thread, where Ctrl-C arrives).
-
-    CPython registers a thread as starting before it creates it and undoes that only for an ``Exception``: a
-    KeyboardInterrupt at that moment leaves a thread that never runs and never leaves ``threading.enumerate()``.
-    Held back, the interrupt is raised right after, where the caller can stop the threads it started.
-    """
-    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
-    if previous is None:  # not the main thread, or a handler installed outside Python that could not be restored
-        thread.start()
-        return
-    received: List[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        thread.start()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if received:
-        signal.raise_signal(signal.SIGINT)  # as if it arrived now, to whatever handler the program has
