@@ -456,6 +456,71 @@ def test_ctrl_c_during_close_still_joins_every_thread(volumes, monkeypatch, devi
     loader.close()  # and again, quietly
 
 
+def test_a_burst_of_ctrl_c_during_close_leaves_no_producer_running(volumes, monkeypatch):
+    """Ctrl-C pressed again and again while close() stops slow producers: signals from another process (a
+    terminal's), about one every 0.3 ms, may land anywhere in close(), not only while it waits. The test's handler
+    raises KeyboardInterrupt, as the default one does, but only inside close() (so that pytest goes on) and once
+    close() is past its first ``with`` line: before that, nothing has started to stop, and an interrupt there ends
+    close() early by design."""
+    import inspect
+    import subprocess
+    import sys
+
+    raw, labels = volumes
+    close = ef.Loader.close.__code__
+    lines, first = inspect.getsourcelines(ef.Loader.close)
+    stopping_from = first + next(i for i, line in enumerate(lines) if line.strip().startswith("with "))
+
+    def interrupt_inside_close(signum, frame):
+        while frame is not None:
+            if frame.f_code is close:
+                if frame.f_lineno > stopping_from:
+                    raise KeyboardInterrupt
+                return
+            frame = frame.f_back
+
+    previous = signal.signal(signal.SIGINT, interrupt_inside_close)
+    sender = subprocess.Popen([sys.executable, "-c", f"""
+import os, signal, sys, time
+for line in sys.stdin:
+    end = time.monotonic() + float(line)
+    while time.monotonic() < end:
+        os.kill({os.getpid()}, signal.SIGINT)
+        pause = time.monotonic() + 0.0003
+        while time.monotonic() < pause:
+            pass
+    print("done", flush=True)
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in range(5):
+            loader = ef.Loader(raw, labels, patch=PATCH, threads=3, buffers=6, seed=1)
+            fill, filling = type(loader._gatherer).fill, set()
+
+            def slow_fill(*args):
+                filling.add(threading.current_thread().name)
+                try:
+                    time.sleep(0.3)
+                    return fill(loader._gatherer, *args)
+                finally:
+                    filling.discard(threading.current_thread().name)
+
+            monkeypatch.setattr(loader._gatherer, "fill", slow_fill)
+            loader.start()
+            time.sleep(0.05)
+            sender.stdin.write("0.35\n")
+            sender.stdin.flush()
+            try:
+                loader.close()
+            except KeyboardInterrupt:
+                pass
+            assert not filling, f"still filling after close(): {sorted(filling)}"
+            sender.stdout.readline()
+    finally:
+        sender.stdin.close()
+        sender.wait(10)
+        signal.signal(signal.SIGINT, previous)
+
+
 class FormattedError(Exception):
     def __init__(self, number):
         super().__init__(f"batch {number} is bad")

@@ -1,90 +1,81 @@
 """Starting and waiting for threads through Ctrl-C, for every stage that runs threads.
 
-Ctrl-C raises KeyboardInterrupt in the main thread, wherever it is, and two places need care:
+Ctrl-C raises KeyboardInterrupt in the main thread wherever it is, and two waits must not be cut short by it:
 
 - ``Thread.start``: CPython registers a thread as starting before it creates it and undoes that only for an
-  ``Exception``; :func:`start_thread` holds Ctrl-C back until it returns.
-- ``Thread.join``: in Python 3.11, a join interrupted by a signal marks the thread ended while it still runs
-  (bpo-45274's clean-up releases the lock the running thread holds), so every later ``join`` or ``is_alive``
-  says it has ended, and whatever it uses is freed under it. :func:`join_all` therefore waits in the main thread
-  by checking ``is_alive`` (a lock taken without blocking, which nothing interrupts) between short sleeps.
+  ``Exception``: a KeyboardInterrupt then leaves a thread that never runs and never leaves ``threading.enumerate()``.
+- ``Thread.join`` (and a thread pool's ``shutdown(wait=True)``): in Python 3.11, a join or ``is_alive`` that
+  KeyboardInterrupt interrupts releases the lock the running thread holds (bpo-45274's clean-up), so every later
+  join says the thread has ended while it still runs, and whatever it uses gets freed or closed under it.
+
+So these run with Ctrl-C held back (:func:`ctrl_c_held`): a signal then runs a handler that only records it, the
+wait resumes, and the interrupt is delivered once the wait is over.
 """
 from __future__ import annotations
 
 import signal
 import threading
-import time
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
-#: Seconds between checks while the main thread waits for a thread to end.
-POLL_SECONDS = 0.002
+
+class ctrl_c_held:  # noqa: N801 - used as a function: ``with ctrl_c_held():``
+    """Hold Ctrl-C back in the main thread for the ``with`` block, then deliver it (to the program's own handler)
+    as if it arrived at the block's end. Elsewhere, or where a handler installed outside Python cannot be restored,
+    nothing is held (signals reach the main thread only). Its set-up is a few steps, since a Ctrl-C before the
+    handler is in place still interrupts: put it first in a clean-up."""
+
+    __slots__ = ("_previous", "_received")
+
+    def __enter__(self) -> None:
+        self._received = False
+        self._previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is _MAIN else None
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._record)
+
+    def _record(self, signum, frame) -> None:
+        self._received = True
+
+    def __exit__(self, *exception) -> None:
+        if self._previous is None:
+            return
+        signal.signal(signal.SIGINT, self._previous)
+        if self._received:
+            signal.raise_signal(signal.SIGINT)
+
+
+#: The thread signals are delivered to.
+_MAIN = threading.main_thread()
 
 
 def join_all(threads: Sequence[threading.Thread]) -> None:
-    """Wait until every thread has ended, even if Ctrl-C arrives meanwhile (again and again); then raise the
-    interrupt."""
-    interrupted: Optional[KeyboardInterrupt] = None
-    in_main = threading.current_thread() is threading.main_thread()
-    for thread in threads:
-        while thread.is_alive():
-            try:
-                if in_main:
-                    time.sleep(POLL_SECONDS)
-                else:  # signals reach the main thread only
-                    thread.join()
-            except KeyboardInterrupt as error:
-                interrupted = error
-    if interrupted is not None:
-        raise interrupted
+    """Wait until every thread has ended, Ctrl-C held back meanwhile (then raised)."""
+    with ctrl_c_held():
+        for thread in threads:
+            thread.join()
 
 
-def shut_down(pool, cancel_futures: bool = False) -> None:
-    """``pool.shutdown(wait=True, cancel_futures=...)`` for a ``ThreadPoolExecutor`` (or an executor like one),
-    waiting for its threads with :func:`join_all`: a Ctrl-C meanwhile is raised once they have ended."""
-    pool.shutdown(wait=False, cancel_futures=cancel_futures)
-    interrupted: Optional[KeyboardInterrupt] = None
-    try:
-        join_all(list(getattr(pool, "_threads", ())))  # a ThreadPoolExecutor's threads, kept there since 3.2
-    except KeyboardInterrupt as error:
-        interrupted = error
-    while True:  # the threads have ended: this returns at once (another executor waits here)
-        try:
-            pool.shutdown(wait=True)
-            break
-        except KeyboardInterrupt as error:
-            interrupted = error
-    if interrupted is not None:
-        raise interrupted
+def shutdown_pool(pool, cancel_futures: bool = False) -> None:
+    """``pool.shutdown(wait=True, cancel_futures=...)`` with Ctrl-C held back meanwhile (then raised)."""
+    with ctrl_c_held():
+        pool.shutdown(wait=True, cancel_futures=cancel_futures)
 
 
 def run_every(steps) -> None:
-    """Run every step even if Ctrl-C interrupts one (again and again), then raise the interrupt."""
+    """Run every step, with Ctrl-C held back, even if one raises KeyboardInterrupt; then raise the first
+    interrupt."""
     interrupted: Optional[KeyboardInterrupt] = None
-    for step in steps:
-        try:
-            step()
-        except KeyboardInterrupt as error:
-            interrupted = error
+    with ctrl_c_held():
+        for step in steps:
+            try:
+                step()
+            except KeyboardInterrupt as error:
+                interrupted = interrupted or error
     if interrupted is not None:
         raise interrupted
 
 
 def start_thread(thread: threading.Thread) -> None:
-    """``thread.start()``, with Ctrl-C held back until it returns (in the main thread, where Ctrl-C arrives).
-
-    CPython registers a thread as starting before it creates it and undoes that only for an ``Exception``: a
-    KeyboardInterrupt at that moment leaves a thread that never runs and never leaves ``threading.enumerate()``.
-    Held back, the interrupt is raised right after, where the caller can stop the threads it started.
-    """
-    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
-    if previous is None:  # not the main thread, or a handler installed outside Python that could not be restored
+    """``thread.start()``, with Ctrl-C held back until it returns, where the caller can stop the threads it
+    started."""
+    with ctrl_c_held():
         thread.start()
-        return
-    received: List[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        thread.start()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if received:
-        signal.raise_signal(signal.SIGINT)  # as if it arrived now, to whatever handler the program has

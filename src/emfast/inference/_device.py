@@ -27,7 +27,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from .._threads import shut_down
+from .._threads import shutdown_pool
 from ..transfer import DeviceArray, TransferBackend, cuda_ordinal, cuda_unavailable, resolve_device
 from ._block import BATCHES_AHEAD
 from ._graphs import CapturedNetwork
@@ -122,7 +122,7 @@ class DeviceRunner:
             if not quiet:
                 raise
         finally:
-            shut_down(self._thread)
+            shutdown_pool(self._thread)
 
     def _on_device(self, function, *arguments):
         if threading.get_ident() == self._device_thread:  # called by a call of calls()

@@ -17,7 +17,6 @@ written when an error or Ctrl-C arrives is finished and recorded first.
 """
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from collections import Counter, deque
@@ -27,7 +26,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from .._machine import cores
-from .._threads import run_every, shut_down
+from .._threads import ctrl_c_held, shutdown_pool
 from ..io import check_free_space, option
 from ._block import BlendHelpers, BlockPredictor, Carry
 from ._store import BlockWriteError, OutputStore
@@ -167,11 +166,14 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
         while writes:
             finish_write()
     finally:
-        carry.abandon()  # a blending waiting for a batch never submitted sees it cancelled
-        # In this order, each pool's threads ended before the next is shut down (the finisher submits writes),
-        # every one even if Ctrl-C interrupts (again and again): no writer outlives the run and its output's lock.
-        run_every([functools.partial(shut_down, readers, cancel_futures=True),
-                   functools.partial(shut_down, model, cancel_futures=True),  # a blending waiting sees it cancelled
-                   functools.partial(shut_down, blender)]
-                  + ([] if helpers is None else [functools.partial(shut_down, helpers)])
-                  + [functools.partial(shut_down, finisher), functools.partial(shut_down, writers)])
+        with ctrl_c_held():  # first: until every pool below has ended, no Ctrl-C cuts this short
+            carry.abandon()  # a blending waiting for a batch never submitted sees it cancelled
+            # In this order, each pool's threads end before the next is shut down (the finisher submits writes):
+            # no writer outlives the run and its output's lock.
+            shutdown_pool(readers, cancel_futures=True)
+            shutdown_pool(model, cancel_futures=True)  # a blending waiting for a batch sees it cancelled
+            shutdown_pool(blender)
+            if helpers is not None:
+                shutdown_pool(helpers)
+            shutdown_pool(finisher)
+            shutdown_pool(writers)

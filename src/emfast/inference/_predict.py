@@ -14,7 +14,7 @@ import numpy as np
 
 from .._checks import integer, is_integer, triple
 from .._core.gather import PAD_MODES
-from .._threads import run_every, shut_down
+from .._threads import ctrl_c_held, run_every, shutdown_pool
 from .._version import __version__
 from ..io import (WIDTH, OutputLock, ProgressBar, Volume, array_fingerprint, check_free_space, check_output_location,
                   fingerprint, open_volume, option, plural)
@@ -144,7 +144,7 @@ def _triple_or_int(value, what: str, minimum: int) -> Tuple[int, int, int]:
 def _fingerprint_ahead(volume: Volume) -> Tuple[Optional[ThreadPoolExecutor], Optional[Future]]:
     """The digest of an in-memory input, computed on a thread of its own (hashing releases the GIL) while the
     rest of the set-up runs: it is needed only for the record, and takes about 10 ms per 14 MB. Returns the
-    thread's executor (shut down, so its thread ends with the digest; join it with ``shutdown()``) and the
+    thread's executor (shut down, so its thread ends with the digest; wait for it with ``shutdown_pool``) and the
     digest's future; (None, None) for other inputs."""
     if volume.stamp is not None or not volume.in_memory:
         return None, None
@@ -410,13 +410,13 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         _warn_if_clipped(predictor, out)
         failed = False
     finally:
-        # No thread outlives predict, after an error or Ctrl-C too; each step runs even if Ctrl-C interrupts one.
-        steps = [] if hasher is None else [functools.partial(shut_down, hasher)]
-        if caller.runner is not None:
-            steps.append(functools.partial(caller.runner.close, quiet=failed))
-        if opened:
-            steps.append(volume.close)
-        run_every(steps)
+        with ctrl_c_held():  # no thread outlives predict, after an error or Ctrl-C too
+            steps = [] if hasher is None else [functools.partial(shutdown_pool, hasher)]
+            if caller.runner is not None:
+                steps.append(functools.partial(caller.runner.close, quiet=failed))
+            if opened:
+                steps.append(volume.close)
+            run_every(steps)
     profile = {"model": caller.seconds, **({} if caller.runner is None else caller.runner.stages)}
     return Prediction(f"{container}/{dataset}", shape, np.dtype(dtype), len(blocks), len(todo), plan.tile_count,
                       predictor.tiles_computed, time.monotonic() - started, profile)

@@ -24,7 +24,7 @@ from typing import Iterator, List, Optional, Tuple
 import numpy as np
 
 from .._machine import cores
-from .._threads import join_all
+from .._threads import join_all, start_thread
 
 #: v3 Blosc shuffle names as numcodecs numbers them.
 _BLOSC_SHUFFLES = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
@@ -118,12 +118,12 @@ class ChunkFiles:
 
         helpers = [threading.Thread(target=part, args=(index,), name="emfast-chunk-write", daemon=True)
                    for index in range(1, parts)]
-        for helper in helpers:
-            helper.start()
         try:
+            for helper in helpers:
+                start_thread(helper)
             self._write_chunks(chunks[0::parts])
         finally:
-            join_all(helpers)  # through Ctrl-C: no helper writes after the caller has moved on
+            join_all([h for h in helpers if h.ident is not None])  # through Ctrl-C: none writes after this returns
         if errors:
             raise errors[0]
 

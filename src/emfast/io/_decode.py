@@ -22,6 +22,8 @@ import threading
 import time
 from typing import Callable, List, Optional, Sequence
 
+from .._threads import ctrl_c_held
+
 #: Calls per helper thread at least: fewer are read on the calling thread alone, as starting a thread (about
 #: 0.1 ms) would cost more than it saves.
 CALLS_PER_HELPER = 2
@@ -181,8 +183,9 @@ def run_all(calls: Sequence[Callable[[], None]], helpers: Optional[int] = None) 
     try:
         work.work()
     finally:
-        for task in tasks:
-            _HELPERS.finish(task)
+        with ctrl_c_held():  # the helpers write into the caller's buffers: all have ended before it goes on
+            for task in tasks:
+                _HELPERS.finish(task)
     if work.errors:
         errors = work.errors
         try:

@@ -56,7 +56,7 @@ class Copier:
         start_thread(self.thread)
         self._opened.wait()
         if self._open_error is not None:
-            self.thread.join()
+            join_all([self.thread])
             raise self._open_error
 
     def run(self, producers_alive: Callable[[], bool]) -> None:

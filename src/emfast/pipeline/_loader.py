@@ -20,6 +20,7 @@ import numpy as np
 from .. import augment as _augment
 from .. import targets as _targets
 from .._checks import concerning
+from .._threads import ctrl_c_held, run_every
 from ..augment import Windows
 from ..io import ProgressBar, Volume
 from ..sampling import Placed, Sampler, as_dataset
@@ -33,7 +34,6 @@ from ._options import (buffer_counts, check_memory, check_threads, checked_epoch
                        rank_and_world, setting, torch_worker)
 from ._plan import Planner
 from ._pool import SlotPool
-from .._threads import run_every
 from ._producers import STARTED, ExhaustionCheck, Pipeline, Producers, stop_abandoned
 from ._profile import Profile, ProfileReport
 from ._ring import Ring
@@ -359,24 +359,28 @@ class Loader:
             raise
 
     def _undo_launch(self, pool: Optional[SlotPool], copier: Optional[Copier]) -> None:
-        """Stop, join and free what an interrupted :meth:`_launch` made, leaving the loader unstarted."""
-        if self._finalizer is not None:
-            self._finalizer.detach()
-        if self._pipeline is not None:
-            pipeline, self._pipeline = self._pipeline, None
-            STARTED.discard(self)
-            pipeline.stop()
-        elif copier is not None:  # its thread may run already: closed rings and finish() end it
-            run_every([copier.host_ring.close, copier.device_ring.close, copier.finish])
-        elif pool is not None:
-            pool.close()
+        """Stop, join and free what an interrupted :meth:`_launch` made, leaving the loader unstarted (a Ctrl-C
+        meanwhile is raised at the end)."""
+        with ctrl_c_held():
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            if self._pipeline is not None:
+                pipeline, self._pipeline = self._pipeline, None
+                STARTED.discard(self)
+                pipeline.stop()
+            elif copier is not None:  # its thread may run already: closed rings and finish() end it
+                run_every([copier.host_ring.close, copier.device_ring.close, copier.finish])
+            elif pool is not None:
+                pool.close()
 
     def close(self) -> None:
         """Stop and join every producer thread (idempotent; also after errors and Ctrl-C)."""
         if self._forked_from is not None:  # the threads are the parent's; its locks may be held forever here
             self._closed = True
             return
-        with self._lifecycle:  # from another thread: after a start() in progress, so that its threads stop too
+        # A Ctrl-C is raised once everything has stopped and the files are closed. From another thread: after a
+        # start() in progress, so that its threads stop too.
+        with ctrl_c_held(), self._lifecycle:
             with self._holding:
                 held, self._held = list(self._held.values()), {}
             for batch in held:
