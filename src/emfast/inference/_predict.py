@@ -1,7 +1,6 @@
 """``emfast.predict`` (:func:`predict`): run a network over a whole volume, or a region of it, and write the result beside it."""
 from __future__ import annotations
 
-import functools
 import inspect
 import os
 import time
@@ -14,7 +13,7 @@ import numpy as np
 
 from .._checks import integer, is_integer, triple
 from .._core.gather import PAD_MODES
-from .._threads import ctrl_c_held, run_every, shutdown_pool
+from .._threads import ctrl_c_held, shutdown_pool
 from .._version import __version__
 from ..io import (WIDTH, OutputLock, ProgressBar, Volume, array_fingerprint, check_free_space, check_output_location,
                   fingerprint, open_volume, option, plural)
@@ -411,12 +410,12 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         failed = False
     finally:
         with ctrl_c_held():  # no thread outlives predict, after an error or Ctrl-C too
-            steps = [] if hasher is None else [functools.partial(shutdown_pool, hasher)]
+            if hasher is not None:
+                shutdown_pool(hasher)
             if caller.runner is not None:
-                steps.append(functools.partial(caller.runner.close, quiet=failed))
+                caller.runner.close(quiet=failed)
             if opened:
-                steps.append(volume.close)
-            run_every(steps)
+                volume.close()
     profile = {"model": caller.seconds, **({} if caller.runner is None else caller.runner.stages)}
     return Prediction(f"{container}/{dataset}", shape, np.dtype(dtype), len(blocks), len(todo), plan.tile_count,
                       predictor.tiles_computed, time.monotonic() - started, profile)

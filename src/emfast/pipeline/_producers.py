@@ -117,7 +117,6 @@ class Producers:
                 return
 
 
-
 class Pipeline:
     """Everything with a thread: producers, and for a device the copier. Holds no reference to the Loader.
 
