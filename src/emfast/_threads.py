@@ -18,6 +18,10 @@ import threading
 from typing import Optional, Sequence
 
 
+#: The thread signals are delivered to.
+_MAIN = threading.main_thread()
+
+
 class ctrl_c_held:  # noqa: N801 - used as a function: ``with ctrl_c_held():``
     """Hold Ctrl-C back in the main thread for the ``with`` block, then deliver it (to the program's own handler)
     as if it arrived at the block's end. Elsewhere, or where a handler installed outside Python cannot be restored,
@@ -41,10 +45,6 @@ class ctrl_c_held:  # noqa: N801 - used as a function: ``with ctrl_c_held():``
         signal.signal(signal.SIGINT, self._previous)
         if self._received:
             signal.raise_signal(signal.SIGINT)
-
-
-#: The thread signals are delivered to.
-_MAIN = threading.main_thread()
 
 
 def join_all(threads: Sequence[threading.Thread]) -> None:
