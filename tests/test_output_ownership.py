@@ -2,6 +2,9 @@
 name a failed run was creating, a zarr array used as an output's container, a lock file that is a link, and an
 HDF5 output that is the input file under another name."""
 import os
+import signal
+import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -106,3 +109,58 @@ def test_partial_files_are_never_removed_through_a_link(tmp_path):
     theirs.write_bytes(b"x")
     os.symlink(tmp_path / "theirs", tmp_path / "pred.blocks")
     assert remove_partial_files(tmp_path / "pred.blocks") == 0 and theirs.exists()
+
+
+KILLED_WHILE_CREATING = """
+import os, signal, sys
+import emfast as ef
+from emfast.io import _writer
+_writer.OutputWriter.create = lambda self, **layout: os.kill(os.getpid(), signal.SIGKILL)
+source, out, how = sys.argv[1:]
+if how == "predict":
+    ef.predict(lambda batch: batch[:, :, 2:-2, 2:-2, 2:-2], source, out, patch_in=20, patch_out=16)
+else:
+    ef.io.convert(source, out)
+"""
+
+
+def _users_own(out, container: str) -> None:
+    """The user's own array under the output's name, with data and no emfast record."""
+    if container == "out.h5":  # the killed run left the file truncated: the user writes it anew
+        with h5py.File(out.parent, "w") as f:
+            f[out.name] = np.full((1, 32, 32, 32), 7.0, np.float32)
+        return
+    array = zarr.open_group(out.parent, mode="a", zarr_format=3 if container == "v3.zarr" else 2).create_array(
+        out.name, shape=(1, 32, 32, 32), chunks=(1, 16, 16, 16), dtype="f4")
+    array[...] = 7.0
+
+
+def _still_users(out, container: str) -> bool:
+    if container == "out.h5":
+        with h5py.File(out.parent, "r") as f:
+            return bool((f[out.name][...] == 7).all())
+    return bool((zarr.open_array(out, mode="r")[...] == 7).all())
+
+
+@pytest.mark.parametrize("container", ["v2.zarr", "v3.zarr", "out.h5"])
+@pytest.mark.parametrize("how", ["predict", "convert"])
+def test_a_users_array_written_where_a_killed_run_was_creating_is_never_replaced(tmp_path, how, container):
+    """A run killed while creating its output leaves that name in the lock file; an array the user writes there
+    afterwards holds data and no record, so neither a plain run nor an overwrite may take it for the half-made
+    output and delete it."""
+    _input(tmp_path)
+    out = tmp_path / container / "pred"
+    if container != "out.h5":  # an existing store keeps its format
+        zarr.open_group(out.parent, mode="w", zarr_format=3 if container == "v3.zarr" else 2)
+    killed = subprocess.run([sys.executable, "-c", KILLED_WHILE_CREATING, str(tmp_path / "in.h5/raw"), str(out), how],
+                            capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert '"creating": "pred"' in (tmp_path / f".{container}.emfast-lock").read_text()
+    _users_own(out, container)
+    for overwrite in (False, True):
+        with pytest.raises((ef.inference.OutputExistsError, ef.io.ConvertError), match="not written by emfast"):
+            if how == "predict":
+                ef.predict(crop, tmp_path / "in.h5/raw", out, overwrite=overwrite, **ARGS)
+            else:
+                ef.io.convert(tmp_path / "in.h5/raw", out, overwrite=overwrite)
+        assert _still_users(out, container)

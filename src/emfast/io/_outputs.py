@@ -6,7 +6,7 @@ Both writers follow the same rules, so they live here once:
 
 * An output is never the input, inside it, or above it (symlinks resolved), and never in the input's HDF5 file.
 * Overwriting removes only an array (dataset) that carries an emfast record (or one a killed emfast run was
-  creating), never a group, a link, or anything else.
+  creating, while it holds no data), never a group, a link, or anything else.
 * One run at a time writes a container: a lock file ``.NAME.emfast-lock`` beside it is held (``fcntl.flock``)
   for the run; the operating system releases it when the process ends, however it ends. It also says which
   dataset a run is creating, so a run killed before the output held its record leaves an output that is still
@@ -24,7 +24,7 @@ import shutil
 import stat
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional, Sequence, Tuple
+from typing import Callable, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -205,10 +205,23 @@ def remove_partial_files(folder: Path) -> int:
     return removed
 
 
-def owned_by_emfast(attributes, lock: "OutputLock", dataset: str) -> bool:
+def owned_by_emfast(attributes, lock: "OutputLock", dataset: str, holds_data: Callable[[], bool]) -> bool:
     """Whether an existing array with these attributes is emfast's to replace: it carries an emfast record, or
-    a run killed while creating ``dataset`` left it (the lock file says so)."""
-    return any(key in attributes for key in RECORDS) or lock.was_creating(dataset)
+    a run killed while creating ``dataset`` left it (the lock file says so) and it holds no data yet. One that
+    holds data without a record is someone's own, even under that name: a user may have written it after the
+    kill (``holds_data()`` is asked only then)."""
+    if any(key in attributes for key in RECORDS):
+        return True
+    return lock.was_creating(dataset) and not holds_data()
+
+
+#: The files of a zarr node that describe it; any other file below an array's folder is its data.
+ZARR_METADATA_FILES = {"zarr.json", ".zarray", ".zattrs", ".zgroup"}
+
+
+def _zarr_holds_data(folder: Path) -> bool:
+    """Whether a zarr array's folder holds a chunk or shard file (or anything besides its metadata)."""
+    return any(set(files) - ZARR_METADATA_FILES for _, _, files in os.walk(folder))
 
 
 def remove_zarr_output(container: Path, dataset: str, lock: "OutputLock") -> None:
@@ -223,7 +236,7 @@ def remove_zarr_output(container: Path, dataset: str, lock: "OutputLock") -> Non
         kind = "a zarr group" if metadata is not None else "not a zarr array"
         raise NotOwnOutputError(f"{folder} is {kind}; emfast replaces only arrays it wrote: delete it yourself "
                                 "or choose another output")
-    if not owned_by_emfast(metadata.get("attributes", {}), lock, dataset):
+    if not owned_by_emfast(metadata.get("attributes", {}), lock, dataset, lambda: _zarr_holds_data(folder)):
         raise NotOwnOutputError(f"{folder} exists and was not written by emfast (it has no emfast record); emfast "
                                 "replaces only its own outputs: delete it yourself or choose another output")
     shutil.rmtree(folder)
@@ -356,7 +369,7 @@ def remove_hdf5_output(file, dataset: str, lock: "OutputLock") -> None:
     if not isinstance(node, h5py.Dataset):
         raise NotOwnOutputError(f"{file.filename}/{dataset} is a group; emfast replaces only datasets it wrote: "
                                 "delete it yourself or choose another output")
-    if not owned_by_emfast(node.attrs, lock, dataset):
+    if not owned_by_emfast(node.attrs, lock, dataset, lambda: node.id.get_storage_size() > 0):
         raise NotOwnOutputError(f"{file.filename}/{dataset} exists and was not written by emfast (it has no "
                                 "emfast record); emfast replaces only its own outputs: delete it yourself or choose "
                                 "another output")
