@@ -149,6 +149,29 @@ def test_tensorstore_n5_with_units(tmp_path, compression):
     assert [u.multiplier for u in store.dimension_units] == [4, 0.004, 40] and units == ["nm", "um", "nm"]
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32])
+@pytest.mark.parametrize("writer", ["tensorstore", "zarr-python"])
+def test_zarr_v2_null_fill_value_reads_chunks_never_written_as_zero(tmp_path, writer, dtype):
+    """zarr v2 allows ``"fill_value": null`` and tensorstore's zarr driver writes it by default; both tools read
+    the chunks never written as 0 (emfast read NaN for floats, and raised a bare TypeError for integers)."""
+    path = tmp_path / "s.zarr/raw"
+    data = np.zeros(SHAPE, dtype)
+    data[:4, :5, :3] = random_volume(dtype, (4, 5, 3))  # one chunk written, the others never
+    if writer == "tensorstore":
+        ts = needs("tensorstore")
+        store = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(path)},
+                         "metadata": {"shape": list(SHAPE), "chunks": [4, 5, 3], "dtype": np.dtype(dtype).str,
+                                      "compressor": {"id": "zstd", "level": 1}}, "create": True}).result()
+        store[:4, :5, :3] = data[:4, :5, :3]
+        np.testing.assert_array_equal(store.read().result(), data)
+    else:
+        array = zarr.create_array(path, shape=SHAPE, chunks=(4, 5, 3), dtype=dtype, fill_value=None, zarr_format=2)
+        array[:4, :5, :3] = data[:4, :5, :3]
+        np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], data)
+    assert json.loads((path / ".zarray").read_text())["fill_value"] is None
+    assert_reads(path, data)
+
+
 @pytest.mark.parametrize("sharded", [False, True])
 def test_tensorstore_precomputed(tmp_path, sharded):
     ts = needs("tensorstore")

@@ -25,6 +25,7 @@ import numpy as np
 
 from .._machine import cores
 from .._threads import join_all, start_thread
+from ._source import fill_value
 
 #: v3 Blosc shuffle names as numcodecs numbers them.
 _BLOSC_SHUFFLES = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
@@ -79,7 +80,7 @@ def chunk_files(array) -> Optional["ChunkFiles"]:
         compressor = _v3_compressor(metadata.codecs, dtype.itemsize)
         if compressor is False:
             return None
-    fill = np.zeros((), dtype) if metadata.fill_value is None else np.asarray(metadata.fill_value, dtype)
+    fill = fill_value(metadata.fill_value, dtype)
     return ChunkFiles(Path(store_root) / array.path, metadata, tuple(array.shape), tuple(array.chunks), dtype,
                       compressor, fill)
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from ._decode import SideBySide
 from ._filebatch import BATCH_BYTES, lent_buffer, read_regular_files
-from ._source import CorruptChunkError, Stamp, add_transfer_time, decoded_into, require_kind
+from ._source import CorruptChunkError, Stamp, add_transfer_time, decoded_into, fill_value, require_kind
 
 #: Index entry of an inner chunk that was never written (offset and length both).
 _EMPTY = np.uint64(2 ** 64 - 1)
@@ -70,7 +70,7 @@ class ShardedChunks:
         self._dtype = np.dtype(array.dtype)
         if self._dtype.itemsize > 1 and array.serializer.endian is not None:
             self._dtype = self._dtype.newbyteorder("<" if array.serializer.endian.value == "little" else ">")
-        self._fill = array.fill_value
+        self._fill = fill_value(array.fill_value, self._dtype)
         self._indexes: "OrderedDict[str, Tuple[Tuple[int, int], np.ndarray]]" = OrderedDict()
         self._lock = threading.Lock()
         # a box's chunks decoded side by side where that pays, as measured for shards of this codec and chunk size

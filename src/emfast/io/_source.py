@@ -65,6 +65,13 @@ def checked_chunk(data, dtype: np.dtype, shape: Sequence[int], where: str, stamp
     return np.frombuffer(data, dtype).reshape(tuple(int(s) for s in shape))
 
 
+def fill_value(value, dtype: np.dtype) -> np.ndarray:
+    """A zarr array's ``fill_value`` as a 0-d array of ``dtype``: 0 where the metadata says null, which zarr v2
+    allows and tensorstore's zarr driver writes by default (zarr-python and tensorstore read the never-written
+    chunks of such an array as 0)."""
+    return np.zeros((), dtype) if value is None else np.asarray(value, dtype)
+
+
 def decoded_into(data, out: np.ndarray, dtype: np.dtype, chunk_shape: Sequence[int], extent: Sequence[int],
                  decode, where: str, undecodable: str, stamp: Optional["Stamp"] = None) -> None:
     """Fill ``out`` (c, z, y, x) with the first ``extent`` voxels of a chunk from its stored bytes ``data``:

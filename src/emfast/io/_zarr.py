@@ -52,7 +52,8 @@ from ._metadata import bad_metadata, int_list, metadata_key, parsing
 from ._remote import RemoteReadError, RemoteStore, ReadAbandoned
 from ._shards import ShardedChunks
 from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource,
-                      add_transfer_time, decoded_into, read_regular_file, read_regular_file_into, require_kind)
+                      add_transfer_time, decoded_into, fill_value, read_regular_file, read_regular_file_into,
+                      require_kind)
 from . import _blosc, _deflate, _zstd
 
 #: Metadata files that mark a zarr array or group (v3, then v2).
@@ -446,7 +447,7 @@ class _DirectChunks:
         endian = getattr(getattr(serializer, "endian", None), "value", None)
         if endian is not None and self._dtype.itemsize > 1:
             self._dtype = self._dtype.newbyteorder("<" if endian == "little" else ">")
-        self._fill = array.fill_value
+        self._fill = fill_value(array.fill_value, self._dtype)
         codec = array.compressors[0] if array.compressors else None
         # a box's chunks decoded side by side where that pays, as measured for stores of this codec and chunk size
         self._decodes = SideBySide.of("zarr", type(codec).__name__, str(getattr(codec, "cname", "")),
