@@ -149,6 +149,46 @@ def test_tensorstore_n5_with_units(tmp_path, compression):
     assert [u.multiplier for u in store.dimension_units] == [4, 0.004, 40] and units == ["nm", "um", "nm"]
 
 
+def test_tensorstore_n5_labels_are_its_axes(tmp_path):
+    """tensorstore's N5 driver writes its dimension labels as ``axes``, in the order of ``dimensions``: x first is
+    N5's own order, read as (c, z, y, x); an array labelled z first is stored z first and is refused naming its
+    axes (it was read transposed, z and x swapped, without a word)."""
+    ts = needs("tensorstore")
+    data = random_volume(np.uint8, (3,) + SHAPE)
+
+    def write(name, labels, array):
+        store = ts.open({"driver": "n5", "kvstore": {"driver": "file", "path": str(tmp_path / f"s.n5/{name}")},
+                         "schema": {"domain": {"shape": list(array.shape), "labels": labels}, "dtype": "uint8",
+                                    "chunk_layout": {"read_chunk": {"shape": [4] * array.ndim}}},
+                         "metadata": {"compression": {"type": "raw"}}, "create": True}).result()
+        store[...] = array
+        assert json.loads((tmp_path / f"s.n5/{name}/attributes.json").read_text())["axes"] == labels
+
+    write("xyz", ["x", "y", "z"], data[0].T)
+    write("xyzc", ["x", "y", "z", "c"], data.T)
+    write("zyx", ["z", "y", "x"], data[0])
+    (tmp_path / "s.n5/attributes.json").write_text(json.dumps({"n5": "2.5.1"}))
+    assert_reads(tmp_path / "s.n5/xyz", data[0])
+    assert_reads(tmp_path / "s.n5/xyzc", data)
+    with pytest.raises(StoreMetadataError, match=r"s.n5:zyx \(attributes.json\): its axes are \['x', 'y', 'z'\]"):
+        ef.open(tmp_path / "s.n5/zyx")
+
+
+@pytest.mark.parametrize("channel_block", [2, 4])
+def test_tensorstore_n5_whole_edge_blocks_along_channels(tmp_path, channel_block):
+    """tensorstore writes a 4-D N5 dataset's edge blocks whole along the channels too (blockSize 2 or 4 for 3
+    channels): the channels past the last are cut like voxels past the edge (every read raised a NumPy
+    broadcasting error naming nothing)."""
+    ts = needs("tensorstore")
+    data = random_volume(np.uint16, (3,) + SHAPE)
+    store = ts.open({"driver": "n5", "kvstore": {"driver": "file", "path": str(tmp_path / "s.n5/raw")},
+                     "metadata": {"dimensions": list(data.shape[::-1]), "blockSize": [3, 5, 4, channel_block],
+                                  "dataType": "uint16", "compression": {"type": "gzip"}}, "create": True}).result()
+    store[...] = data.T
+    (tmp_path / "s.n5/attributes.json").write_text(json.dumps({"n5": "2.5.1"}))
+    assert_reads(tmp_path / "s.n5/raw", data)
+
+
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32])
 @pytest.mark.parametrize("writer", ["tensorstore", "zarr-python"])
 def test_zarr_v2_null_fill_value_reads_chunks_never_written_as_zero(tmp_path, writer, dtype):

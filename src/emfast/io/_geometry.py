@@ -9,7 +9,8 @@ Conventions read (each defined by the tool or document named):
   (one per spatial axis; ``""`` when not set) and ``types`` (``space``, ``channel``, ``time``). Spatial values
   are listed in the order of the spatial axes as stored, so ``axis_names=["x", "y", "z"]`` lists them (x, y, z).
 - CREMI HDF5 and gunpowder's HDF5 (``cremi/io/CremiFile.py``): ``resolution`` and ``offset`` in nm, (z, y, x).
-- zarr v3 (the zarr v3 core specification, "dimension_names"): one name (or null) per dimension.
+- zarr v3 (the zarr v3 core specification, "dimension_names"): one name (or null) per dimension. tensorstore's
+  N5 driver (and neuroglancer's N5 source) name the dimensions the same way in an N5 dataset's ``axes``.
 - N5 (``saalfeldlab/n5``, README "file-system specification"): every list is stored in (x, y, z) order, so it is
   reversed here; ``pixelResolution`` (BigDataViewer, n5-viewer) as ``{"dimensions": [...], "unit": "nm"}`` or a
   plain list; tensorstore's N5 driver writes ``resolution`` and ``units`` (one per dimension).
@@ -150,7 +151,8 @@ def _named_role(name: Any, kind: Any) -> Optional[str]:
 
 
 def array_geometry(attrs: Mapping, ndim: int, where: str, *, dimension_names: Optional[Sequence[Any]] = None,
-                   reversed_order: bool = False, known_axes: Optional[Sequence[str]] = None) -> Geometry:
+                   names_key: str = "zarr dimension_names", reversed_order: bool = False,
+                   known_axes: Optional[Sequence[str]] = None) -> Geometry:
     """The geometry of one array from its attributes (gunpowder, funlib, CREMI, N5 conventions) and, for zarr v3,
     its ``dimension_names``.
 
@@ -163,7 +165,10 @@ def array_geometry(attrs: Mapping, ndim: int, where: str, *, dimension_names: Op
     where : str
         ``store:array (attributes)``, for messages.
     dimension_names : sequence, optional
-        zarr v3 ``dimension_names``.
+        One name (or None) per dimension as the store lists them: zarr v3 ``dimension_names``, an N5 dataset's
+        ``axes`` (reversed, as every N5 list).
+    names_key : str
+        What ``dimension_names`` is called in the store, for messages.
     reversed_order : bool
         The container lists every axis in reverse (N5's (x, y, z)).
     known_axes : sequence of str, optional
@@ -183,10 +188,12 @@ def array_geometry(attrs: Mapping, ndim: int, where: str, *, dimension_names: Op
     names = stored("axis_names")
     roles = axis_roles(names, ndim, where, "axis_names", stored("types")) if names is not None else None
     if dimension_names is not None and any(n is not None for n in dimension_names):
-        from_dimensions = axis_roles(list(dimension_names), ndim, where, "dimension_names")
+        listed = list(dimension_names)
+        from_dimensions = axis_roles(listed[::-1] if reversed_order else listed, ndim, where, names_key)
         if roles is not None and roles != from_dimensions:
-            raise StoreMetadataError(f"{where}: contradictory metadata: axis_names {list(names)} but the zarr "
-                                     f"dimension_names {list(dimension_names)}")
+            as_stored = names[::-1] if reversed_order else names
+            raise StoreMetadataError(f"{where}: contradictory metadata: axis_names {list(as_stored)} but the "
+                                     f"{names_key} {listed}")
         roles = from_dimensions
     if known_axes is not None and roles is not None and roles != tuple(known_axes):
         raise StoreMetadataError(f"{where}: contradictory metadata: the array's axes {list(roles)} but the "

@@ -7,7 +7,7 @@ specification (https://github.com/saalfeldlab/n5): a container directory whose r
 big-endian header (mode uint16, ndim uint16, the block's size per dimension uint32, and for mode 1 the number of
 elements uint32) followed by the compressed big-endian elements, x varying fastest. A block that was never
 written is absent and reads as 0 (N5 has no fill value). Blocks at the volume's far edges may be clipped to the
-volume (N5-Java) or whole (tensorstore), never larger.
+volume (N5-Java, z5py) or whole (tensorstore), along every axis, channels included, never larger.
 
 Every block is checked against the dataset's attributes, which are checked first (``dimensions``, positive
 ``blockSize`` of the same length, a known ``dataType`` and ``compression``): a header of another size, another
@@ -20,8 +20,10 @@ and zlib blocks are inflated in one call by the system's libdeflate where there 
 n5-java (the reference) writes lz4-java's ``LZ4BlockOutputStream`` stream (blocks that start with the magic
 ``LZ4Block``), z5py a bare LZ4 block; the magic tells them apart.
 
-Geometry comes from :mod:`emfast.io._geometry` with every list reversed (N5 lists x first); datasets whose axes
-are named in another order than (c, z, y, x) are refused, naming the axes. A remote container
+Geometry comes from :mod:`emfast.io._geometry` with every list reversed (N5 lists x first), the axes named by
+funlib's ``axis_names`` or by ``axes`` (tensorstore's N5 driver writes its dimension labels there, in the order of
+``dimensions``, and neuroglancer reads them); datasets whose axes are named in another order than (c, z, y, x) (a
+tensorstore array labelled ``["z", "y", "x"]`` is stored z first) are refused, naming the axes. A remote container
 (:mod:`emfast.io._remote`) is read the same way, its blocks' bytes coming over the network.
 """
 from __future__ import annotations
@@ -49,7 +51,7 @@ from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetad
 
 #: Attributes that describe the N5 layout itself, not the data.
 _STRUCTURE = {"dimensions", "blockSize", "dataType", "compression", "compressionType", "resolution", "offset",
-              "pixelResolution", "units", "axis_names", "voxel_size", "types"}
+              "pixelResolution", "units", "axis_names", "axes", "voxel_size", "types"}
 _DTYPES = {name: np.dtype(name).newbyteorder(">") for name in
            ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64")}
 
@@ -138,8 +140,12 @@ class N5Source(VolumeSource):
         # a 4-D dataset whose channels are split over blocks reads them box by box (_one_block)
         self.whole_by_chunks = not isinstance(root, RemoteStore) and (
             len(self.full_shape) == 3 or self._block[0] >= self.full_shape[0])
+        axes = meta.get("axes")
+        if axes is not None and (not isinstance(axes, list) or len(axes) != len(dimensions)):
+            raise bad_metadata(where, "axes", axes, f"a list of {len(dimensions)} axis names, x first")
         with parsing(where):
-            geometry = array_geometry(meta, len(dimensions), where, reversed_order=True)
+            geometry = array_geometry(meta, len(dimensions), where, reversed_order=True, names_key="N5 axes",
+                                      dimension_names=axes)
         geometry.require_canonical(where)
         self.resolution, self.offset = geometry.resolution, geometry.offset
         if remote:
@@ -169,7 +175,9 @@ class N5Source(VolumeSource):
                     target[into] = 0
                     continue
                 take = tuple(slice(a - o, b - o) for a, b, o in zip(lo, hi, origin))
-                target[into] = block[((slice(None),) if lead else ()) + take]
+                # a whole edge block (tensorstore) holds channels past the last: those are cut like voxels
+                channels = (slice(0, into[0].stop - into[0].start),) if lead else ()
+                target[into] = block[channels + take]
 
     @property
     def read_many(self):
@@ -214,7 +222,7 @@ class N5Source(VolumeSource):
                     continue
                 block = self._decoded(data, key)
                 block = block if lead else block[np.newaxis]
-                out[...] = block[(slice(None),) + tuple(slice(0, int(e)) for e in extent)]
+                out[...] = block[tuple(slice(0, n) for n in out.shape)]  # a whole edge block is cut to the volume
 
     def _inflated_into(self, contents, keys, outs) -> list:
         """Per block, whether it was inflated here straight into its ``out``: the gzip or zlib blocks whose header
