@@ -358,6 +358,12 @@ def _tiles(shape, chunks, itemsize: int, tile_bytes: int):
     return tiles
 
 
+#: Attributes of other conventions that name or measure a source's axes in its stored order (xarray's zarr v2
+#: ``_ARRAY_DIMENSIONS``, tensorstore's ``dimension_units``, N5 ``axes``): carried to a (c, z, y, x) output, they
+#: would mislabel it (xarray read a source stored (x, y, z) as converted with x and z swapped).
+SOURCE_AXES_KEYS = ("_ARRAY_DIMENSIONS", "dimension_units", "axes")
+
+
 def _carried_attributes(source: VolumeSource) -> dict:
     """The source's own attributes (JSON-compatible ones), with its resolution and offset in (z, y, x)."""
     carried = {}
@@ -371,7 +377,8 @@ def _carried_attributes(source: VolumeSource) -> dict:
         except (TypeError, ValueError):
             continue
         carried[key] = value
-    for key in GEOMETRY_KEYS:  # the source's own, in its stored axis order; the output's are written anew
+    # the source's own, in its stored axis order; the output's are written anew
+    for key in GEOMETRY_KEYS + SOURCE_AXES_KEYS:
         carried.pop(key, None)
     if source.resolution is not None:
         carried["resolution"] = [float(r) for r in source.resolution]

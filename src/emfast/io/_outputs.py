@@ -265,10 +265,13 @@ def zarr_geometry(ndim: int, resolution: Optional[Sequence[float]], offset: Opti
 
     Written in every convention the field reads: ``voxel_size``, ``offset``, ``axis_names`` and ``units`` for
     funlib.persistence and daisy, ``resolution`` for gunpowder, ``dimension_names`` for zarr v3 readers
-    (tensorstore, napari). A stated voxel size without an offset gets offset 0, the field's default.
+    (tensorstore, napari), and in v2 xarray's ``_ARRAY_DIMENSIONS`` (the names it reads a v2 array's dimensions
+    by). A stated voxel size without an offset gets offset 0, the field's default.
     """
     names = OUTPUT_AXES.get(ndim)
     attributes = {} if names is None else {"axis_names": list(names)}
+    if names is not None and zarr_format == 2:
+        attributes["_ARRAY_DIMENSIONS"] = [n.rstrip("^") for n in names]
     if resolution is not None:
         size = [float(r) for r in resolution]
         attributes.update(voxel_size=size, resolution=size, units=["nm"] * 3,
