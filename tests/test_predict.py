@@ -636,6 +636,26 @@ def test_resuming_after_the_input_changed_is_refused(tmp_path, volume):
         ef.predict(lopsided, str(tmp_path / "in.h5/raw"), path, resume=True, **SETTINGS)
 
 
+def test_an_input_named_another_way_resumes(tmp_path, volume, monkeypatch):
+    """The input named relatively, then absolutely, then through a link to its folder, is the same input: the
+    resume goes on (it was refused as "another input", the record holding the path as typed)."""
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("raw", data=volume, chunks=(8, 16, 16))
+    (tmp_path / "link").symlink_to(tmp_path)
+    whole = ef.predict(lopsided, str(tmp_path / "in.h5/raw"), tmp_path / "whole.zarr/pred", **SETTINGS)
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "p.zarr/pred"
+    resumed = 0
+    for calls, spelled in ((10, "in.h5/raw"), (30, str(tmp_path / "in.h5/raw")), (None, "link/in.h5/raw")):
+        try:
+            resumed += ef.predict(lopsided if calls is None else _interrupting(lopsided, calls, RuntimeError("stop")),
+                                  spelled, path, resume=calls != 10, **SETTINGS).computed
+        except RuntimeError:
+            continue
+    assert 0 < resumed < whole.computed
+    np.testing.assert_array_equal(_read(path), _read(tmp_path / "whole.zarr/pred"))
+
+
 def test_uint8_outputs_warn_once_with_the_fraction_clipped(tmp_path, volume):
     from emfast.inference import SaturationWarning
 

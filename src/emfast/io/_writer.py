@@ -83,6 +83,15 @@ def zarr_compressor(name: str, zarr_format: int, zarr):
             "gzip": zarr.codecs.GzipCodec}[name]()
 
 
+def _compared(record: dict, key: str, input_key: str):
+    """``record[key]`` as a resume compares it: the input's ``name`` is the path as the user spelled it (relative,
+    through a link), not what it holds, which its resolved ``path``, ``dataset`` and fingerprint say."""
+    value = record.get(key)
+    if key == input_key and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k != "name"}
+    return value
+
+
 class OutputWriter:
     """One output dataset (``container/dataset``) and its container, opened for writing.
 
@@ -213,8 +222,8 @@ class OutputWriter:
             if changed:
                 raise self.refused(f"cannot resume {self.path}: {changed}; pass {option('overwrite')} to start "
                                    "again")
-        differing = sorted(k for k in set(record) | set(previous)
-                           if k not in unchecked and previous.get(k) != record.get(k))
+        differing = sorted(k for k in set(record) | set(previous) if k not in unchecked
+                           and _compared(previous, k, input_key) != _compared(record, k, input_key))
         if differing:
             role = "source" if input_key == "source" else "input"
             raise self.refused(f"{self.path} exists and it is a {what} with another {role} or other settings ("
