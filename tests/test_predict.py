@@ -675,6 +675,24 @@ def test_uint8_outputs_warn_once_with_the_fraction_clipped(tmp_path, volume):
         ef.predict(crop, volume, tmp_path / "p.zarr/fine", patch_in=PATCH_IN, patch_out=PATCH_OUT, dtype="uint8")
 
 
+def test_uint8_outputs_count_nan_among_the_values_clipped(tmp_path, volume):
+    """NaN from the model is written as 0 in uint8: counted and named in the warning (it went unsaid)."""
+    from emfast.inference import SaturationWarning
+
+    def with_nan(batch):
+        out = crop(batch).copy()
+        out[:, :, 0] = np.nan  # the first section of every tile
+        return out
+
+    settings = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT, chunks=(8, 16, 16), block=(8, 16, 16))
+    with pytest.warns(SaturationWarning, match=r"of them NaN, written as 0") as warned:
+        ef.predict(with_nan, volume, tmp_path / "p.zarr/nan", dtype="uint8", **settings)
+    nan = np.isnan(_read(ef.predict(with_nan, volume, tmp_path / "p.zarr/float", **settings).path))
+    assert nan.any() and (_read(tmp_path / "p.zarr/nan")[nan] == 0).all()
+    counted = int(re.search(r"\(\d+ of \d+, (\d+) of them NaN", str(warned[0].message)).group(1))
+    assert counted == nan.sum()
+
+
 def test_resuming_with_an_array_input_that_changed_is_refused(tmp_path, volume):
     path = tmp_path / "p.zarr/pred"
     with pytest.raises(RuntimeError):

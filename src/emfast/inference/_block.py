@@ -56,8 +56,9 @@ class BlockPredictor:
         self.variants, self.scale, self.shift = variants, scale, shift
         self.pad, self.fill, self.batch_size, self.dtype = pad, fill, batch_size, np.dtype(dtype)
         self.channels: Optional[int] = None  # learned from the first prediction, then enforced
-        #: uint8 outputs: values computed, and values outside [0, 1] that the conversion clipped to 0 or 255.
-        self.values = self.clipped = 0
+        #: uint8 outputs: values computed, values outside [0, 1] or NaN that the conversion clipped to 0 or 255
+        #: (NaN to 0), and of those the NaN.
+        self.values = self.clipped = self.nans = 0
         self._pool = _Pool()
 
     def __getstate__(self) -> dict:
@@ -164,8 +165,10 @@ class BlockPredictor:
         """Tally the blended values that uint8 cannot hold: those rounding to below 0 or above 255."""
         tz, ty, tx = totals
         values = sums / ((len(self.variants) * tz)[:, None, None] * ty[None, :, None] * tx[None, None, :])
+        nans = int(np.count_nonzero(np.isnan(values)))
         self.values += values.size
-        self.clipped += int(np.count_nonzero((values < -0.5 / 255) | (values > 1 + 0.5 / 255)))
+        self.clipped += int(np.count_nonzero((values < -0.5 / 255) | (values > 1 + 0.5 / 255))) + nans
+        self.nans += nans
 
 
 class _Pool:

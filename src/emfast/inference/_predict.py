@@ -37,7 +37,7 @@ CHUNK_EDGE = 64
 
 
 class SaturationWarning(UserWarning):
-    """A uint8 prediction clipped values outside [0, 1] (a model returning logits, say)."""
+    """A uint8 prediction clipped values outside [0, 1] (a model returning logits, say), or wrote NaN as 0."""
 
 
 @dataclass(frozen=True)
@@ -218,9 +218,9 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     channels : int, optional
         The model's output channels; default: learned from one call on the first tile.
     dtype : {"float32", "float16", "uint8"}
-        Output dtype; "uint8" stores [0, 1] as 0..255 and clips values outside [0, 1] to 0 or 255: if any were
-        clipped, a :class:`SaturationWarning` says which fraction, once per call (a model returning logits
-        needs a sigmoid first, or use "float32").
+        Output dtype; "uint8" stores [0, 1] as 0..255 and clips values outside [0, 1] to 0 or 255 (NaN to 0): if
+        any were clipped, a :class:`SaturationWarning` says which fraction, once per call (a model returning
+        logits needs a sigmoid first, or use "float32").
     chunks : (int, int, int), optional
         Output chunks; default 64 per axis (clipped to the volume), whatever the input's chunks.
     block : (int, int, int), optional
@@ -445,10 +445,11 @@ def _warn_if_clipped(predictor: BlockPredictor, out) -> None:
     """One SaturationWarning for the run if its uint8 output clipped any value."""
     if predictor.clipped:
         fraction = predictor.clipped / predictor.values
+        nans = f", {predictor.nans} of them NaN, written as 0" if predictor.nans else ""
         warnings.warn(SaturationWarning(
-            f"{fraction:.1%} of the values written to {out} ({predictor.clipped} of {predictor.values}) were outside "
-            "[0, 1] and were clipped to 0 or 255 by dtype='uint8'; if the model returns logits, apply a sigmoid "
-            "in the model, or predict with dtype='float32'"), stacklevel=3)
+            f"{fraction:.1%} of the values written to {out} ({predictor.clipped} of {predictor.values}{nans}) were "
+            "outside [0, 1] and were clipped to 0 or 255 by dtype='uint8'; if the model returns logits, apply a "
+            "sigmoid in the model, or predict with dtype='float32'"), stacklevel=3)
 
 
 def _check_room_for(blocks, bytes_per_voxel: int, container) -> None:
