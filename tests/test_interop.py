@@ -122,6 +122,27 @@ def test_tensorstore_zarr_array_without_group_metadata(tmp_path, dtype, driver):
     assert_reads(tmp_path / "s.zarr/volumes/raw", data)
 
 
+def test_tensorstore_dimension_units_are_the_voxel_size(tmp_path):
+    """tensorstore's zarr3 driver keeps the schema's units in the attribute ``dimension_units`` ("40 nm", "0.004 um",
+    none for channels): they are the voxel size, as tensorstore reads them (emfast read no voxel size)."""
+    ts = needs("tensorstore")
+    data = random_volume(np.uint8, (2,) + SHAPE)
+    store = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "s.zarr/raw")},
+                     "schema": {"domain": {"shape": list(data.shape)}, "dtype": "uint8",
+                                "dimension_units": [None, [40, "nm"], [0.008, "um"], "4nm"]},
+                     "create": True}).result()
+    store[...] = data
+    assert [u and (u.multiplier, u.base_unit) for u in store.dimension_units] == [
+        None, (40, "nm"), (0.008, "um"), (4, "nm")]
+    assert_reads(tmp_path / "s.zarr/raw", data, (40, 8, 4), (0, 0, 0))
+    metadata = json.loads((tmp_path / "s.zarr/raw/zarr.json").read_text())
+    metadata["attributes"]["resolution"] = [40, 8, 8]
+    (tmp_path / "s.zarr/raw/zarr.json").write_text(json.dumps(metadata))
+    with pytest.raises(StoreMetadataError, match=r"contradictory metadata: resolution = \[40, 8, 8\] but "
+                                                 r"dimension_units = \[None, '40 nm', '0.008 um', '4 nm'\]"):
+        ef.open(tmp_path / "s.zarr/raw")
+
+
 def test_tensorstore_zarr3_with_x_first_is_read_as_zyx(tmp_path):
     ts = needs("tensorstore")
     data = random_volume(np.uint16)
@@ -448,6 +469,10 @@ def zarr_array(path, attrs, shape=SHAPE, dimension_names=None, dtype=np.uint8):
     ({"axis_names": ["z", "y", "x"]}, ["x", "y", "z"],
      r"contradictory metadata: axis_names \['z', 'y', 'x'\] but the zarr dimension_names \['x', 'y', 'z'\]"),
     ({"voxel_size": [40, 4]}, None, r"voxel_size = \[40, 4\]; expected 3 numbers"),
+    ({"dimension_units": ["40 nm", None, "4 nm"]}, None,
+     r"dimension_units = \['40 nm', None, '4 nm'\]; expected a length \(such as \"4 nm\"\) for each of z, y and x"),
+    ({"dimension_units": ["40 nm", "4 furlong", "4 nm"]}, None,
+     r"dimension_units = 'furlong'; expected a length unit"),
 ])
 def test_contradictory_or_unmappable_metadata_is_refused(tmp_path, attrs, dimension_names, message):
     path = zarr_array(tmp_path / "s.zarr", attrs, dimension_names=dimension_names)

@@ -358,10 +358,10 @@ def _tiles(shape, chunks, itemsize: int, tile_bytes: int):
     return tiles
 
 
-#: Attributes of other conventions that name or measure a source's axes in its stored order (xarray's zarr v2
-#: ``_ARRAY_DIMENSIONS``, tensorstore's ``dimension_units``, N5 ``axes``): carried to a (c, z, y, x) output, they
-#: would mislabel it (xarray read a source stored (x, y, z) as converted with x and z swapped).
-SOURCE_AXES_KEYS = ("_ARRAY_DIMENSIONS", "dimension_units", "axes")
+#: Attributes of other conventions that name a source's axes in its stored order (xarray's zarr v2
+#: ``_ARRAY_DIMENSIONS``, N5 ``axes``): carried to a (c, z, y, x) output, they would mislabel it (xarray read a
+#: source stored (x, y, z) as converted with x and z swapped).
+SOURCE_AXES_KEYS = ("_ARRAY_DIMENSIONS", "axes")
 
 
 def _carried_attributes(source: VolumeSource) -> dict:

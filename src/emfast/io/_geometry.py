@@ -14,6 +14,9 @@ Conventions read (each defined by the tool or document named):
 - N5 (``saalfeldlab/n5``, README "file-system specification"): every list is stored in (x, y, z) order, so it is
   reversed here; ``pixelResolution`` (BigDataViewer, n5-viewer) as ``{"dimensions": [...], "unit": "nm"}`` or a
   plain list; tensorstore's N5 driver writes ``resolution`` and ``units`` (one per dimension).
+- tensorstore's zarr3 driver (its schema's ``dimension_units``): the array attribute ``dimension_units``, one
+  entry per dimension, each a length as ``"<multiplier> <unit>"`` (``"4 nm"``, ``"4nm"``, ``"nm"``) or null for
+  a dimension without one (a channel axis).
 - OME-NGFF 0.4 and 0.5 (https://ngff.openmicroscopy.org): ``axes`` with ``name``, ``type`` and ``unit``, each
   level's ``coordinateTransformations`` (``scale``, then an optional ``translation``) composed with the
   multiscale's own; 0.5 nests everything under ``ome``.
@@ -28,6 +31,7 @@ and the level's own ``voxel_size``), an unknown unit, or axes that cannot be tol
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -43,7 +47,8 @@ SPATIAL = ("z", "y", "x")
 CANONICAL = ("t", "c") + SPATIAL
 
 #: The attributes the gunpowder, funlib, CREMI and N5 conventions describe an array's geometry with.
-GEOMETRY_KEYS = ("resolution", "voxel_size", "pixelResolution", "offset", "axis_names", "units", "types")
+GEOMETRY_KEYS = ("resolution", "voxel_size", "pixelResolution", "dimension_units", "offset", "axis_names", "units",
+                 "types")
 
 _SI_PREFIXES = {"yotta": 1e24, "zetta": 1e21, "exa": 1e18, "peta": 1e15, "tera": 1e12, "giga": 1e9, "mega": 1e6,
                 "kilo": 1e3, "hecto": 1e2, "deca": 1e1, "": 1.0, "deci": 1e-1, "centi": 1e-2, "milli": 1e-3,
@@ -211,6 +216,13 @@ def array_geometry(attrs: Mapping, ndim: int, where: str, *, dimension_names: Op
         if value is not None:
             shown = attrs[key]
             candidates.append((key, shown, _spatial(value, key, roles, spatial, key_units, where, shown)))
+    if stored("dimension_units") is not None:
+        shown = attrs["dimension_units"]
+        lengths = _dimension_units(stored("dimension_units"), roles, where, shown)
+        if lengths is not None:
+            multipliers, lengths_units = lengths
+            candidates.append(("dimension_units", shown, _spatial(multipliers, "dimension_units", roles, spatial,
+                                                                  lengths_units, where, shown)))
     resolution = _agreed(candidates, where)
     offset = stored("offset")
     if offset is not None:
@@ -229,6 +241,26 @@ def _per_spatial_axis(value, roles) -> Optional[list]:
         if len(value) == len(axes) != 3:
             return [v for v, role in zip(value, axes) if role in SPATIAL]
     return list(value) if len(value) == 3 else None
+
+
+#: A tensorstore unit: an optional multiplier, then the base unit (``"4 nm"``, ``"4nm"``, ``"1e-3 um"``, ``"nm"``).
+_UNIT = re.compile(r"\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)?\s*(.*?)\s*")
+
+
+def _dimension_units(value, roles, where: str, shown) -> Optional[Tuple[list, list]]:
+    """(multipliers, units) per spatial axis, in stored order, from tensorstore's ``dimension_units``; None where
+    no spatial axis states one."""
+    entries = _per_spatial_axis(value, roles)
+    if entries is None or not all(e is None or isinstance(e, str) for e in entries):
+        raise bad_metadata(where, "dimension_units", _shown(shown), "one unit (a string such as \"4 nm\", or null) per "
+                           "dimension")
+    if all(e is None or not e.strip() for e in entries):
+        return None
+    parsed = [_UNIT.fullmatch(e or "") for e in entries]
+    if not all(m and m.group(2) for m in parsed):
+        raise bad_metadata(where, "dimension_units", _shown(shown), "a length (such as \"4 nm\") for each of z, y "
+                           "and x")
+    return [float(m.group(1) or 1) for m in parsed], [m.group(2) for m in parsed]
 
 
 def _units(value, roles, where: str) -> List[Any]:
@@ -252,7 +284,8 @@ def _spatial(value, key: str, roles, spatial, units, where: str, shown) -> Tripl
         raise bad_metadata(where, key, _shown(shown), "3 numbers (finite, one per spatial axis)")
     if key != "offset" and any(v <= 0 for v in items):
         raise bad_metadata(where, key, _shown(shown), "3 positive numbers")
-    nm = [float(v) * nanometres_per(u, where, "units" if key != "pixelResolution" else f"{key}.unit")
+    unit_key = {"pixelResolution": f"{key}.unit", "dimension_units": key}.get(key, "units")
+    nm = [float(v) * nanometres_per(u, where, unit_key)
           for v, u in zip(items, units)]
     return tuple(nm[spatial.index(a)] for a in SPATIAL)
 

@@ -131,10 +131,10 @@ def open_volume(path: Union[str, os.PathLike], dataset: Optional[str] = None, *,
     Volume
         In (z, y, x) order, with ``resolution`` and ``offset`` in nanometres from the metadata (see
         :mod:`emfast.io._geometry`): gunpowder/funlib ``resolution``/``voxel_size``, ``offset``, ``axis_names`` and
-        ``units`` (reversed in N5), zarr v3 ``dimension_names``, N5 ``pixelResolution`` and tensorstore's
-        ``units``, OME-NGFF axes units and ``coordinateTransformations``, precomputed scales. An array stored
-        (x, y, z) is read as (z, y, x); units convert to nm; a missing offset is 0. Samples align raw, labels and
-        masks with them, as for HDF5.
+        ``units`` (reversed in N5), zarr v3 ``dimension_names``, N5 ``pixelResolution``, tensorstore's ``units``,
+        ``dimension_units`` (zarr3) and N5 ``axes``, OME-NGFF axes units and ``coordinateTransformations``,
+        precomputed scales. An array stored (x, y, z) is read as (z, y, x); units convert to nm; a missing offset is
+        0. Samples align raw, labels and masks with them, as for HDF5.
 
     Raises
     ------
