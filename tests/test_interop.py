@@ -143,6 +143,16 @@ def test_tensorstore_dimension_units_are_the_voxel_size(tmp_path):
         ef.open(tmp_path / "s.zarr/raw")
 
 
+def test_a_5d_level_with_one_time_point_opens_by_its_path(tmp_path):
+    """An OME-Zarr 0.5 level is a (t, c, z, y, x) array naming its dimensions: opened by its own path it reads as the
+    image does with level= (it was refused as malformed: "expected a list of 3 or 4 integers")."""
+    data = random_volume(np.uint16, (1, 2) + SHAPE)
+    array = zarr.create_array(tmp_path / "image.zarr", name="s0", shape=data.shape, chunks=(1, 1, 4, 5, 3),
+                              dtype=np.uint16, dimension_names=["t", "c", "z", "y", "x"])
+    array[...] = data
+    assert_reads(tmp_path / "image.zarr/s0", data[0])
+
+
 def test_tensorstore_zarr3_with_x_first_is_read_as_zyx(tmp_path):
     ts = needs("tensorstore")
     data = random_volume(np.uint16)

@@ -110,7 +110,7 @@ class ZarrSource(VolumeSource):
             if not path.is_dir():
                 raise FileNotFoundError(f"zarr store not found: {path}")
             refuse_special_metadata(path, dataset)
-        check_array_metadata(path / dataset, self.name, ranks=(3, 4))
+        check_array_metadata(path / dataset, self.name, ranks=(3, 4, 5))  # 5-D: a time axis, named
         node = _open_node(zarr, path, dataset, self.name)
         if isinstance(node, zarr.Group):
             with parsing(f"{self.name} (OME-NGFF multiscales)"):
