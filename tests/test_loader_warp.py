@@ -55,6 +55,10 @@ def test_voxels_rotated_in_from_outside_are_filled_and_marked():
         assert unknown.any()
         assert np.all(batch["labels"][unknown] == 0)
         assert not batch["affinities_mask"][:, :1][unknown].any()
+        # the y and x channels compare v with v - 1 along their axis: an unknown neighbour masks v too
+        mask = batch["affinities_mask"]
+        assert not mask[:, 1, :, 1:, :][unknown[:, 0, :, :-1, :]].any()
+        assert not mask[:, 2, :, :, 1:][unknown[:, 0, :, :, :-1]].any()
 
 
 def test_plain_transforms_in_a_warped_loader_equal_the_gather_path():

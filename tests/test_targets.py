@@ -63,6 +63,28 @@ def test_affinities_match_numpy(rng, dtype, margin, offsets):
             np.testing.assert_array_equal(mask, expected_mask, err_msg=where)
 
 
+@pytest.mark.parametrize("offsets", ["nearest", "negative", "long-range"])
+def test_unknown_voxels_mask_every_affinity_that_compares_them(rng, offsets):
+    """Channel k compares voxel v with v + offsets[k]: where either is unknown (moved in by a warp or a slip), its
+    affinity is masked. The neighbour on the other side, v - offsets[k], was checked instead, leaving affinities
+    with an unknown neighbour trained on (a loader with Rotate: hundreds per batch)."""
+    target = Affinities(offsets=OFFSETS[offsets])
+    margin = target.margin()
+    out_size = (3, 4, 5)
+    shape = (2, 1) + tuple(n + 2 * m for n, m in zip(out_size, margin))
+    labels = rng.integers(1, 3, size=shape).astype(np.uint64)
+    valid = (rng.random(shape) > 0.3).astype(np.uint8)
+    out = compute_targets(labels, [target], margin)
+    before = out[target.mask_name].copy()
+    target.mask_unknown(valid, margin, out)
+    for k, offset in enumerate(target.offsets):
+        for b, z, y, x in np.ndindex(shape[0], *out_size):
+            voxel = tuple(c + m for c, m in zip((z, y, x), margin))
+            neighbour = tuple(c + o for c, o in zip(voxel, offset))
+            expected = before[b, k, z, y, x] and valid[(b, 0) + voxel] and valid[(b, 0) + neighbour]
+            assert out[target.mask_name][b, k, z, y, x] == expected, (k, offset, (b, z, y, x))
+
+
 def test_affinities_follow_gunpowder_convention():
     """Channel k at v links v with v + offset: by hand on one row."""
     labels = np.array([1, 1, 2, 2, 0, 0, 3], dtype=np.uint64).reshape(1, 1, 1, 1, 7)

@@ -102,10 +102,10 @@ class Affinities(Target):
         m = margin
         inner = valid[:, 0, m[0]:valid.shape[2] - m[0], m[1]:valid.shape[3] - m[1], m[2]:valid.shape[4] - m[2]]
         mask = out[self.mask_name]
-        for k, offset in enumerate(self.offsets):
-            neighbour = valid[:, 0, m[0] - offset[0]:valid.shape[2] - m[0] - offset[0],
-                              m[1] - offset[1]:valid.shape[3] - m[1] - offset[1],
-                              m[2] - offset[2]:valid.shape[4] - m[2] - offset[2]]
+        for k, offset in enumerate(self.offsets):  # channel k compares v with v + offsets[k], as the kernel does
+            neighbour = valid[:, 0, m[0] + offset[0]:valid.shape[2] - m[0] + offset[0],
+                              m[1] + offset[1]:valid.shape[3] - m[1] + offset[1],
+                              m[2] + offset[2]:valid.shape[4] - m[2] + offset[2]]
             np.bitwise_and(mask[:, k], inner, out=mask[:, k])
             np.bitwise_and(mask[:, k], neighbour, out=mask[:, k])
 
