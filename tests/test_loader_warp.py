@@ -98,3 +98,22 @@ def test_augmentation_objects_are_not_changed_by_a_loader():
     with ef.Loader(sample, patch=(4, 16, 16), batch_size=2, augment=[elastic]) as loader:
         loader.next_batch()
     assert elastic.grid is None
+
+
+@pytest.mark.parametrize("mode", ["slip", "step"])
+def test_a_slip_moves_the_mask_with_the_labels(mode):
+    """Slip(labels="shift") keeps each label on its raw voxel; the mask gating the labels must move with them (it
+    stayed: a third of the known voxels had another voxel's mask). The label window carries the targets' margin
+    and the mask does not, so their sections start at different raw sections, and a label moved in from the
+    margin is known where the mask, moved in from outside its own window, is 0: excluded, never wrong."""
+    slip = ef.Slip(p=0.5, mode=mode, labels="shift")
+    with ef.Loader(coordinate_sample(), patch_in=(6, 24, 24), patch_out=(4, 16, 16), batch_size=4, seed=2,
+                   augment=[slip], targets=[ef.Affinities()], normalize=(1.0, 0.0)) as loader:
+        for _ in range(3):
+            batch = loader.next_batch()
+            known = batch["labels_valid"][:, 0].astype(bool)
+            labels, mask = batch["labels"][:, 0], batch["mask"][:, 0]
+            assert known.any() and not known.all()
+            agrees = mask[known] == labels[known] % 2
+            assert agrees.mean() > 0.9 and not mask[known][~agrees].any()
+            assert not mask[~known].any()

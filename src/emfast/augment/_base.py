@@ -91,6 +91,10 @@ class Patches:
         1 where the label is known, 0 where it is not (e.g. shifted in from outside); None when not tracked.
     valid : int
         Examples at the front of the batch that are real.
+    mask : ndarray or None, (B, 1, Zm, Ym, Xm)
+        The training mask's windows, which gate the labels: an augmentation that moves labels moves it too.
+    mask_offset : (int, int, int)
+        Position of ``mask[:, :, 0, 0, 0]`` in the raw window's output coordinates, as ``labels_offset``.
     """
 
     raw: np.ndarray
@@ -98,6 +102,8 @@ class Patches:
     labels_offset: tuple = (0, 0, 0)
     labels_valid: Optional[np.ndarray] = None
     valid: int = 0
+    mask: Optional[np.ndarray] = None
+    mask_offset: tuple = (0, 0, 0)
 
 
 @dataclass(frozen=True)

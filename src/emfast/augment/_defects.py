@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional, Sequence
+from typing import ClassVar, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -203,11 +203,12 @@ class Slip(_SectionDefect):
     Raw voxels whose source lies outside the raw window get ``fill``. Labels, when present, are handled by
     ``labels``:
 
-    * ``"shift"``: labels (and ``labels_valid``) move by the same vector in their own array, so a label stays
-      on its raw voxel; label section zl moves as raw section ``zl + labels_offset[0]`` (in step mode, label
-      sections beyond the raw window move with its last section). Labels whose source lies outside the label
-      window become 0 and, if ``patches.labels_valid`` is tracked, invalid. A label window larger than raw
-      (target context) keeps its real labels next to raw ``fill``: the labels are still known there.
+    * ``"shift"``: labels (and ``labels_valid``, and the training mask that gates them) move by the same vector
+      in their own array, so a label stays on its raw voxel; label section zl moves as raw section
+      ``zl + labels_offset[0]`` (in step mode, label sections beyond the raw window move with its last section).
+      Labels whose source lies outside the label window become 0 and, if ``patches.labels_valid`` is tracked,
+      invalid; the mask there becomes 0. A label window larger than raw (target context) keeps its real labels
+      next to raw ``fill``: the labels are still known there.
     * ``"mask"``: labels stay, and ``patches.labels_valid`` (required) is set to 0 on every moved label section,
       so the misaligned sections do not count in the loss.
 
@@ -283,22 +284,19 @@ class Slip(_SectionDefect):
                                     "raw")
         if not label_arrays:
             return
-        label_channels, depth = next(a for a in label_arrays if a is not None).shape[1:3]
-        # label section zl moves as raw section zl + offset; before the window none moves, beyond it row Z applies
-        source = np.arange(depth) + int(patches.labels_offset[0])
-        moves = table[:, np.clip(source, 0, sections)]  # (valid, depth, 2)
-        moves[:, source < 0] = 0
-        example, section = np.nonzero(moves.any(axis=2))
-        if not example.size:
-            return
-        planes = _plane_index(example, section, label_channels, depth)
-        if self.labels == "mask":
+        labels = next(a for a in label_arrays if a is not None)
+        planes, vectors = _moved_planes(table, labels.shape, patches.labels_offset[0], sections)
+        if planes.size and self.labels == "mask":
             _intensity.fill_planes(patches.labels_valid, planes, 0, "labels_valid")
-            return
-        vectors = np.repeat(moves[example, section], label_channels, axis=0)
+        if not planes.size or self.labels == "mask":
+            return  # the mask gates the labels where they are: it stays with them
         for array, name in zip(label_arrays, ("labels", "labels_valid")):
             if array is not None:
                 _intensity.shift_planes(array, planes, vectors, 0, name)
+        if patches.mask is not None:
+            planes, vectors = _moved_planes(table, patches.mask.shape, patches.mask_offset[0], sections)
+            if planes.size:
+                _intensity.shift_planes(patches.mask, planes, vectors, 0, "mask")
 
     def _label_arrays(self, patches: Patches, raw: np.ndarray) -> list:
         """[labels, labels_valid] to change (either may be None), checked; [] when there are no labels."""
@@ -319,6 +317,18 @@ class Slip(_SectionDefect):
         if len(offset) != 3 or any(isinstance(o, bool) or not isinstance(o, numbers.Integral) for o in offset):
             raise ValueError(f"Slip: patches.labels_offset must be three integers, got {offset!r}")
         return [labels, mask]
+
+
+def _moved_planes(table: np.ndarray, shape: Sequence[int], offset: int, sections: int) -> Tuple[np.ndarray, np.ndarray]:
+    """The planes of a (B, C, Z, Y, X) label-like array whose section zl moves as raw section ``zl + offset``
+    (none before the raw window, row Z of ``table`` beyond it), and their (dy, dx) moves, one per plane."""
+    channels, depth = shape[1], shape[2]
+    source = np.arange(depth) + int(offset)
+    moves = table[:, np.clip(source, 0, sections)]  # (valid, depth, 2)
+    moves[:, source < 0] = 0
+    example, section = np.nonzero(moves.any(axis=2))
+    planes = _plane_index(example, section, channels, depth)
+    return planes, np.repeat(moves[example, section], channels, axis=0)
 
 
 @register("augmentation")

@@ -221,10 +221,9 @@ class Gatherer:
         labels = windows.get("labels")
         if self.pixelwise:
             with profile.timer("augment"):
-                offset = tuple(np.asarray(self._by_name["labels"].offset) - np.asarray(self._by_name["raw"].offset)) \
-                    if labels is not None else (0, 0, 0)
-                patches = Patches(raw=windows["raw"], labels=labels, labels_offset=offset, labels_valid=valid,
-                                  valid=plan.valid)
+                patches = Patches(raw=windows["raw"], labels=labels, labels_offset=self._offset_from_raw("labels"),
+                                  labels_valid=valid, valid=plan.valid, mask=windows.get("mask"),
+                                  mask_offset=self._offset_from_raw("mask"))
                 for position, augmentation in self.pixelwise:
                     augmentation.process(plan.records[position], patches)
         if labels is not None and self.keep_labels and not self._by_name["labels"].delivered:
@@ -238,6 +237,12 @@ class Gatherer:
                         target.mask_unknown(valid, self.margin, arrays)
         if valid is not None:
             np.copyto(arrays["labels_valid"], self._inner(valid))
+
+    def _offset_from_raw(self, name: str) -> tuple:
+        """Where field ``name``'s window starts in raw's output coordinates ((0, 0, 0) without that field)."""
+        if name not in self._by_name:
+            return (0, 0, 0)
+        return tuple(int(o) for o in np.asarray(self._by_name[name].offset) - np.asarray(self._by_name["raw"].offset))
 
     def _inner(self, cut: np.ndarray) -> np.ndarray:
         """The output window of an array cut with the targets' margin."""
