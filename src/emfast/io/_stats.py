@@ -7,11 +7,13 @@ float64, uint32) are summed in float64 per
 piece, and the pieces' means and squared deviations are merged with Chan et al.'s pairwise formula, which stays
 accurate where a running sum of squares would cancel.
 
-For a volume opened from an HDF5 file the result is cached as a small JSON file in the emfast cache directory
-(``$EMFAST_CACHE_DIR``, else ``$XDG_CACHE_HOME/emfast``, else ``~/.cache/emfast``), never in the user's file. The
-cache entry is keyed by the file's absolute path, the dataset, the file's size and modification time (ns) and
-:data:`STATS_FORMAT_VERSION`, so a changed file is recomputed. An unwritable cache directory only costs the
-caching (a warning), never the result.
+For a volume opened from an HDF5 file or a local store the result is cached as a small JSON file in the emfast
+cache directory (``$EMFAST_CACHE_DIR``, else ``$XDG_CACHE_HOME/emfast``, else ``~/.cache/emfast``), never in the
+user's files. The cache entry is keyed by the absolute path, the dataset, the size and modification time (ns) of the
+file or of the store's array metadata, for a store a digest of every chunk file's name, size and modification time
+(chunks rewritten in place leave the metadata as it was), and :data:`STATS_FORMAT_VERSION`, so changed data is
+recomputed. A remote volume is not cached: its chunks can change unseen. An unwritable cache directory only costs
+the caching (a warning), never the result.
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ import numpy as np
 
 from .._core.common import RAW_DTYPES
 from .._machine import cache_directory
+from ._outputs import fingerprint
+from ._remote import RemoteStamp
 from ._volume import Volume, as_volume
 
 #: Bumped whenever the statistics or the cache file layout change; part of every cache key.
@@ -79,8 +83,8 @@ def volume_statistics(volume, *, cache: bool = True) -> VolumeStatistics:
         A volume of a raw dtype (uint8, uint16, int8, int16, uint32, float16, float32, float64), in memory or
         lazy. Lazy volumes are read slab by slab (32 MiB at a time) straight from the file.
     cache : bool
-        Reuse and store the result in the emfast cache directory, for volumes opened from an HDF5 file whose
-        file has not changed since it was opened. Arrays are never cached.
+        Reuse and store the result in the emfast cache directory, for volumes opened from an HDF5 file or a local
+        store whose data has not changed since it was opened. Arrays and remote volumes are never cached.
 
     Returns
     -------
@@ -183,7 +187,7 @@ def _check_finite(volume: Volume, z: int, slab: np.ndarray) -> None:
 # -- caching ------------------------------------------------------------------------------------------------------
 
 class _CacheEntry:
-    """The JSON cache file of one HDF5 dataset at one file version."""
+    """The JSON cache file of one dataset at one version of its data."""
 
     def __init__(self, key: dict) -> None:
         self.key = key
@@ -195,10 +199,13 @@ class _CacheEntry:
     def for_volume(cls, volume: Volume) -> Optional["_CacheEntry"]:
         source = volume.stamp
         # A file changed since it was opened may no longer hold the data this volume reads: do not cache.
-        if source is None or not source.unchanged():
+        if source is None or isinstance(source, RemoteStamp) or not source.unchanged():
             return None
-        return cls({"format": STATS_FORMAT_VERSION, "path": str(source.path), "dataset": source.dataset,
-                    "size": source.size, "mtime_ns": source.mtime_ns})
+        key = {"format": STATS_FORMAT_VERSION, "path": str(source.path), "dataset": source.dataset,
+               "size": source.size, "mtime_ns": source.mtime_ns}
+        if not source.path.is_file():  # a store: its chunks are rewritten in place under the same metadata
+            key["data"] = fingerprint(source)
+        return cls(key)
 
     def load(self) -> Optional[VolumeStatistics]:
         """The cached statistics, or None if there are none for this key (missing, stale or unreadable)."""
