@@ -106,7 +106,7 @@ def _not_fitting(sample, perm, extent, patch_in: tuple, patch_out: tuple, margin
     transposed = "" if tuple(perm) == (0, 1, 2) else \
         f" (window {tuple(int(e) for e in extent)} in source axes for transposed examples)"
     grown = f", grown to patch_in {patch_in} by the network's context" if patch_in != patch_out else ""
-    margin_note = f" and by the targets' label margin {margin}" if any(margin) else ""
+    margin_note = (f"{' and' if grown else ', grown'} by the targets' label margin {margin}") if any(margin) else ""
     return (f"sample {sample.name!r}: {patch_name} {patch_out}{transposed}{grown}{margin_note} does "
             f"not fit in its data (raw {sample.raw.shape}" +
             (f", labels {labels.volume.shape} at {tuple(int(v) for v in labels.origin)}"
