@@ -328,6 +328,45 @@ def test_torch_dataloader_workers_draw_disjoint_shards(volumes, monkeypatch):
     assert started_in_worker == workers[1] and built_in_parent.shard == (1, 2)
 
 
+def test_set_epoch_moves_fresh_dataloader_workers_to_that_epoch(volumes):
+    """A torch DataLoader without persistent workers hands each epoch's new workers fresh copies of the loader,
+    which all began at epoch 0: every epoch delivered the same batches. set_epoch(e), called in the main process
+    before each epoch, starts the copies at epoch e, each in its worker's shard: the batches a loader of that
+    shard delivers in epoch e."""
+    torch = pytest.importorskip("torch")
+
+    class Digests(torch.utils.data.IterableDataset):
+        """Each batch of the loader as (shard, epoch, index, digest of raw)."""
+
+        def __init__(self, loader):
+            self.loader = loader
+
+        def __iter__(self):
+            for batch in self.loader:
+                yield tuple(self.loader.shard), batch.epoch, batch.index, digest(batch["raw"])
+
+    loader, _ = make_loader(volumes, "cpu", epoch_size=3)
+    data = torch.utils.data.DataLoader(Digests(loader), batch_size=None, num_workers=2, persistent_workers=False)
+    epochs = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        epochs.append(sorted(data))
+    assert {row[1] for row in epochs[0]} == {0} and {row[1] for row in epochs[1]} == {1}
+    assert not {row[3] for row in epochs[0]} & {row[3] for row in epochs[1]}
+    for worker in range(2):
+        reference, _ = make_loader(volumes, "cpu", epoch_size=3, rank=worker, world_size=2)
+        with reference:
+            expected = [(epoch, batch.index, digest(batch["raw"])) for epoch in range(2) for batch in reference]
+        assert [tuple(row[1:]) for rows in epochs for row in rows if tuple(row[0]) == (worker, 2)] == expected
+    with pytest.raises(ValueError, match="epoch must be an integer >= 0"):
+        loader.set_epoch(-1)
+    endless, _ = make_loader(volumes, "cpu")
+    with pytest.raises(ValueError, match="set_epoch\\(\\) needs epoch_size"):
+        endless.set_epoch(1)
+    with endless, pytest.raises(RuntimeError, match="before the loader starts"):
+        endless.set_epoch(0)
+
+
 def test_a_loader_started_before_fork_fails_clearly_in_the_child(volumes):
     loader, _ = make_loader(volumes, "cpu")
     with loader:

@@ -220,6 +220,7 @@ class Loader:
         self._consuming = threading.Lock()  # held while a thread takes the next batch
         self._lifecycle = threading.RLock()  # start() from two threads must not build two pipelines
         self._consumed = 0
+        self._start_epoch: Optional[int] = None  # set_epoch's, applied at start in the shard the loader runs in
         self._closed = False
         self._forked_from: Optional[int] = None
 
@@ -319,6 +320,8 @@ class Loader:
                 # built in the main process, started in a torch DataLoader worker: draw this worker's shard
                 self.shard = self._current_shard()
                 self._bind_stream()
+            if self._pipeline is None and self._start_epoch is not None:
+                self._consumed = self._start_epoch * self.epoch_size  # this shard's epochs
             if self._pipeline is None:
                 self._launch()
         return self
@@ -529,6 +532,32 @@ class Loader:
             details = ", ".join(f"{key} {state.get(key)!r} (this loader: {identity[key]!r})" for key in differing)
             raise ValueError(f"the state was saved by a loader with another stream: {details}")
         self._consumed = int(state["next_batch"])
+        self._start_epoch = None  # the state says where the stream stands
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start at the first batch of epoch ``epoch``; call it before the loader starts.
+
+        For a torch ``DataLoader`` whose workers are not persistent: each epoch it starts new workers with fresh
+        copies of this loader, which would all begin at epoch 0 and deliver the same batches every epoch. Call
+        ``loader.set_epoch(epoch)`` in the main process before each epoch (as ``DistributedSampler.set_epoch``),
+        and the copies begin there, each in its worker's shard. Persistent workers go on from where they are.
+
+        Raises
+        ------
+        ValueError
+            If ``epoch`` is not an integer >= 0, or the loader has no ``epoch_size`` (its stream is one endless
+            epoch).
+        RuntimeError
+            If this loader has started already.
+        """
+        if self._pipeline is not None or self._closed:
+            raise RuntimeError("set_epoch() must be called before the loader starts")
+        if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0:
+            raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+        if not self.epoch_size:
+            raise ValueError("set_epoch() needs epoch_size: without it the stream is one endless epoch")
+        self._start_epoch = int(epoch)
+        self._consumed = self._start_epoch * self.epoch_size
 
     def _stream_identity(self) -> Dict[str, object]:
         return {"seed": self.seed, "batch_size": self.batch_size, "epoch_size": self.epoch_size,
