@@ -254,8 +254,10 @@ def test_the_training_loop_raises_a_remote_error_naming_url_and_chunk(served):
     assert threads_end()
 
 
-@pytest.mark.parametrize("name", ["zarr v3", "N5", "precomputed"])
+@pytest.mark.parametrize("name", ["zarr v3", "N5", "precomputed", "zarr v3 sharded", "precomputed sharded"])
 def test_close_returns_promptly_while_requests_hang(written, served, name):
+    """Also for the stores read through zarr-python (sharded zarr) and tensorstore (sharded precomputed), whose
+    own blocking calls waited for the network: close() did not return in 15 s."""
     path, args = written[2][name]
     with ef.open(f"{served.url}/{path}", in_memory=False, storage_options={"timeout": 60}, **args) as lazy:
         served.faults[f"/{path}/"] = ["hang"] * 1000  # every chunk request hangs (the metadata was read)
@@ -347,9 +349,11 @@ def read_in_child(volume, queue):
     queue.put(lazy_box(volume).tobytes())
 
 
-def test_a_lazy_remote_volume_reads_in_a_forked_worker(written, served):
-    """A PyTorch worker is a fork: the parent's connections and event loop are not usable there."""
-    with ef.open(f"{served.url}/v3.zarr", in_memory=False) as lazy:
+@pytest.mark.parametrize("path", ["v3.zarr", "sharded.zarr"])
+def test_a_lazy_remote_volume_reads_in_a_forked_worker(written, served, path):
+    """A PyTorch worker is a fork: the parent's connections and event loop are not usable there (a sharded array,
+    read through zarr-python, failed with 'Timeout context manager should be used inside a task')."""
+    with ef.open(f"{served.url}/{path}", in_memory=False) as lazy:
         lazy_box(lazy, (0, 0, 0), (8, 8, 8))  # the parent has read: its event loop runs
         lazy.chunk_cache.clear()
         context = multiprocessing.get_context("fork")
@@ -364,6 +368,50 @@ def test_a_lazy_remote_volume_reads_in_a_forked_worker(written, served):
                 child.kill()
         assert child.exitcode == 0
         np.testing.assert_array_equal(np.frombuffer(got, np.uint8).reshape(SHAPE), written[1])
+
+
+def refused_in_child(volume, queue):
+    try:
+        lazy_box(volume)
+        queue.put("read")
+    except RuntimeError as error:
+        queue.put(str(error))
+
+
+def test_a_tensorstore_volume_is_refused_in_a_forked_child_not_aborted(written):
+    """tensorstore aborts a forked child that uses it (SIGABRT: a DataLoader says only that a worker exited): the
+    child gets an error saying what to do instead."""
+    root, _, stores = written
+    with ef.open(str(root / "pcs"), in_memory=False, format="precomputed") as lazy:
+        lazy_box(lazy, (0, 0, 0), (8, 8, 8))
+        lazy.chunk_cache.clear()
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        child = context.Process(target=refused_in_child, args=(lazy, queue))
+        child.start()
+        try:
+            message = queue.get(timeout=60)
+        finally:
+            child.join(10)
+            if child.is_alive():
+                child.kill()
+    assert child.exitcode == 0
+    assert "read through tensorstore, which cannot be used in a process forked after it started" in message
+    assert "'spawn'" in message
+
+
+@pytest.mark.parametrize("fault, message", [(403, "PERMISSION_DENIED"), ("hang", r"no answer within \d+ s \(1 retries")])
+def test_tensorstore_reads_retry_time_out_and_fail_as_remote_reads(served, fault, message):
+    """tensorstore reads the sharded precomputed scale: the storage options' retries and timeout bound its wait
+    (a hanging server held it for as long as the server held the request), and a refusal is a RemoteReadError
+    naming the URL (a CorruptChunkError before)."""
+    with ef.open(f"{served.url}/pcs", in_memory=False, format="precomputed",
+                 storage_options={"retries": 1, "timeout": 1}) as lazy:
+        served.faults["/pcs/"] = [fault] * 1000
+        start = time.perf_counter()
+        with pytest.raises(RemoteReadError, match=rf"{served.url}/pcs: the box at .*{message}"):
+            lazy_box(lazy)
+        assert time.perf_counter() - start < 10
 
 
 # -- remote inputs of the commands ----------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from . import _deflate
 from ._decode import SideBySide
 from ._filebatch import lent_buffer, read_regular_files
 from ._metadata import bad_metadata, deprecated_level, int_list, metadata_key, number_list
-from ._remote import RemoteStore
+from ._remote import ReadAbandoned, RemoteReadError, RemoteStore
 from ._source import (CorruptChunkError, Stamp, StoreMetadataError, VolumeSource, add_transfer_time, checked_chunk,
                       read_regular_file, read_regular_file_into, require_kind)
 
@@ -162,6 +162,7 @@ class PrecomputedSource(VolumeSource):
             self.whole_by_chunks = not remote
         else:
             self._store = _open_tensorstore(path, index, self.name)
+            self._opened_in = os.getpid()
             self.parallel_reads = True  # tensorstore decodes outside the GIL
             x, y, z, channels = (int(n) for n in self._store.domain.shape)
             self.dtype = np.dtype(self._store.dtype.numpy_dtype)
@@ -181,6 +182,11 @@ class PrecomputedSource(VolumeSource):
         if self._store is None:
             self._chunk_files.read_raw_many(requests, self.dtype, self.stamp)
             return
+        if self._opened_in != os.getpid():  # tensorstore aborts a forked child that uses it
+            raise RuntimeError(f"{self.name}: this scale is read through tensorstore, which cannot be used in a "
+                               "process forked after it started (it aborts the process): open the volume in the worker "
+                               "itself (for a torch DataLoader, in the Dataset's __iter__ or a worker_init_fn), or "
+                               "start the workers with the 'spawn' method")
         reads = []
         for corner, extent, out in requests:
             self._chunk_files.refuse_compressed(corner, extent)
@@ -190,7 +196,10 @@ class PrecomputedSource(VolumeSource):
             where = f"{self.name}: the box at (z, y, x) = {tuple(int(c) for c in corner)}"
             start = time.perf_counter()
             try:
-                data = future.result()
+                data = self._path.wait_tensorstore(future, where) if isinstance(self._path, RemoteStore) else \
+                    future.result()
+            except (RemoteReadError, ReadAbandoned):
+                raise
             except Exception as error:
                 raise CorruptChunkError(f"{where}: cannot read it: {error}") from error
             finally:  # tensorstore fetches and decodes in one call: counted as the transfer it mostly is remotely

@@ -52,6 +52,9 @@ _POLL_S = 0.05
 MAX_ANNOUNCED = 1024
 #: HTTP statuses worth trying again.
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+#: tensorstore's status codes for a transfer that failed (as opposed to data it cannot decode).
+_TENSORSTORE_TRANSFER_STATUSES = ("PERMISSION_DENIED", "UNAUTHENTICATED", "UNAVAILABLE", "DEADLINE_EXCEEDED",
+                                  "ABORTED", "RESOURCE_EXHAUSTED")
 
 
 class RemoteReadError(OSError):
@@ -304,13 +307,17 @@ class RemoteStore:
         return RetryingStore(fs, read_only=True, path=self._root)
 
     def kvstore_spec(self) -> dict:
-        """The tensorstore kvstore of this URL."""
+        """The tensorstore kvstore of this URL, retrying as :meth:`get` does (tensorstore has no timeout per
+        request: :meth:`wait_tensorstore` bounds the wait)."""
         parts = urlsplit(self.url)
-        if self._protocol in ("http", "https"):
-            return {"driver": "http", "base_url": self.url + "/"}
-        if self._protocol == "gcs":
-            return {"driver": "gcs", "bucket": parts.netloc, "path": parts.path.strip("/") + "/"}
-        spec = {"driver": "s3", "bucket": parts.netloc, "path": parts.path.strip("/") + "/"}
+        kind = {"http": "http", "https": "http"}.get(self._protocol, self._protocol)
+        retries = {f"{kind}_request_retries": {"max_retries": max(1, self.retries), "initial_delay": f"{BACKOFF_S}s",
+                                                "max_delay": f"{MAX_BACKOFF_S}s"}}
+        if kind == "http":
+            return {"driver": "http", "base_url": self.url + "/", "context": retries}
+        if kind == "gcs":
+            return {"driver": "gcs", "bucket": parts.netloc, "path": parts.path.strip("/") + "/", "context": retries}
+        spec = {"driver": "s3", "bucket": parts.netloc, "path": parts.path.strip("/") + "/", "context": retries}
         endpoint = (self._options.get("endpoint_url") or self._options.get("client_kwargs", {}).get("endpoint_url")
                     or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
         if endpoint:
@@ -321,6 +328,24 @@ class RemoteStore:
         if region:
             spec["aws_region"] = region
         return spec
+
+    def wait_tensorstore(self, future, where: str):
+        """The result of a tensorstore read of this store, waited for as :meth:`get` waits (abandoned when the
+        thread's loader closes) and for at most as long as :attr:`retries` attempts of :attr:`timeout` seconds and
+        their backoffs; RemoteReadError naming ``where`` for a failure of the transfer (denied, not reachable, out
+        of time), the error as it is for any other (the caller names a chunk it cannot decode)."""
+        limit = (self.retries + 1) * self.timeout + sum(min(MAX_BACKOFF_S, BACKOFF_S * 2 ** n)
+                                                        for n in range(self.retries))
+        try:
+            return _wait(future, time.monotonic() + limit)
+        except TimeoutError:
+            future.cancel()
+            raise RemoteReadError(f"{where}: cannot read it: no answer within {limit:.0f} s ({self.retries} "
+                                  f"retries of {self.timeout:g} s each)") from None
+        except Exception as error:
+            if any(status in str(error) for status in _TENSORSTORE_TRANSFER_STATUSES):
+                raise RemoteReadError(f"{where}: cannot read it ({_describe(error)})") from error
+            raise
 
     def stamp(self, dataset: str, marker: str) -> RemoteStamp:
         """The stamp of the volume ``dataset`` whose metadata file is ``marker`` (a key)."""
@@ -364,16 +389,29 @@ def _describe(error: BaseException) -> str:
     return text if type(error).__name__ in text else f"{type(error).__name__}: {text}"
 
 
-def _wait(future: concurrent.futures.Future):
-    """The future's result, waited for in slices so that the thread's loader closing abandons it."""
+def _wait(future, deadline: Optional[float] = None):
+    """The result of ``future`` (a concurrent or tensorstore future), waited for in slices so that the thread's
+    loader closing abandons it; TimeoutError past ``deadline`` (a ``time.monotonic()`` time)."""
     closed = getattr(_abandon, "closed", None)
     while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise TimeoutError("the remote read took longer than its retries may")
+        slice_s = _POLL_S if closed is not None else left
         try:
-            return future.result(timeout=_POLL_S if closed is not None else None)
-        except concurrent.futures.TimeoutError:
-            if closed():
+            return future.result(timeout=slice_s if left is None or slice_s is None else min(slice_s, left))
+        except concurrent.futures.TimeoutError:  # TimeoutError itself, which tensorstore's futures raise too
+            if closed is not None and closed():
                 future.cancel()
                 raise ReadAbandoned("the loader closed while a remote read was in flight") from None
+
+
+def zarr_read(coroutine):
+    """Await a zarr-python coroutine (a read of an array on :meth:`RemoteStore.zarr_store`) on zarr's event loop,
+    where its store's connections live, waited for as :meth:`RemoteStore.get` waits: a thread whose loader
+    closes abandons it, and it is cancelled (zarr-python's own blocking calls wait for the network)."""
+    from zarr.core.sync import _get_loop  # zarr-python names no public getter of its loop
+    return _wait(asyncio.run_coroutine_threadsafe(coroutine, _get_loop()))
 
 
 def _count(value, url: str) -> int:

@@ -49,7 +49,7 @@ from ._geometry import Geometry, array_geometry, choose_level, multiscale_levels
 from ._decode import SideBySide, blosc_content_size, checked_blosc, zstd_content_size
 from ._filebatch import BATCH_BYTES, lent_buffer, read_regular_files
 from ._metadata import bad_metadata, int_list, metadata_key, parsing
-from ._remote import RemoteReadError, RemoteStore, ReadAbandoned
+from ._remote import RemoteReadError, RemoteStore, ReadAbandoned, zarr_read
 from ._shards import ShardedChunks
 from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource,
                       add_transfer_time, decoded_into, fill_value, read_regular_file, read_regular_file_into,
@@ -162,6 +162,7 @@ class ZarrSource(VolumeSource):
         self.whole_by_chunks = self._direct is not None and not remote and (
             len(array.shape) == 3 or int(array.chunks[0]) == int(array.shape[0]))
         self._path, self._dataset = path, dataset
+        self._opened_in = os.getpid()  # the process whose event loop self._array's connections live on
         self._level, self._resolution = level, resolution
         self.dtype = np.dtype(array.dtype)
         self._take, shape, chunks = self._layout(array)
@@ -209,7 +210,7 @@ class ZarrSource(VolumeSource):
             return
         start = time.perf_counter()
         try:
-            data = self._array[self._selection(corner, extent)]
+            data = self._stored(self._selection(corner, extent))
         except (RemoteReadError, ReadAbandoned):
             raise
         except Exception as error:
@@ -218,6 +219,17 @@ class ZarrSource(VolumeSource):
             add_transfer_time(time.perf_counter() - start)
         data = np.transpose(data, self._to_canonical)  # a view: stored (x, y, z) reads as (z, y, x)
         np.copyto(out, data if "c" in self._take else data[np.newaxis])
+
+    def _stored(self, selection):
+        """The stored array's values at ``selection``, through zarr-python. A remote array's read is abandoned when
+        the reading thread's loader closes; in a forked child (a torch DataLoader worker) the array is opened
+        again, since its connections belong to the parent's event loop."""
+        if not isinstance(self._path, RemoteStore):
+            return self._array[selection]
+        if self._opened_in != os.getpid():
+            self._array = _open_node(import_zarr(), self._path, self._dataset, self.name)
+            self._opened_in = os.getpid()
+        return zarr_read(self._array.async_array.getitem(selection))
 
     def _unreadable(self, corner, extent, error: Exception) -> CorruptChunkError:
         """The error for a box zarr-python could not read, naming the first chunk that fails alone (zarr-python
@@ -229,7 +241,9 @@ class ZarrSource(VolumeSource):
             start = [k * n for k, n in zip(key, self.chunks)]
             stop = [min(a + n, s) for a, n, s in zip(start, self.chunks, self.full_shape[-3:])]
             try:
-                self._array[self._selection(start, [b - a for a, b in zip(start, stop)])]
+                self._stored(self._selection(start, [b - a for a, b in zip(start, stop)]))
+            except (RemoteReadError, ReadAbandoned):
+                raise
             except Exception as alone:
                 return CorruptChunkError(f"{self.name}: cannot read chunk (z, y, x) = {key}: {alone}; {why}")
         chunks = [f"{r.start}..{r.stop - 1}" for r in ranges]
