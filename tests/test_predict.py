@@ -524,6 +524,38 @@ def test_dask_with_two_workers_equals_one_process(tmp_path, volume):
     np.testing.assert_array_equal(_read(tmp_path / "dask.zarr/pred"), _read(tmp_path / "local.zarr/pred"))
 
 
+def test_dask_tasks_on_one_workers_threads_count_their_own_tiles_and_values(tmp_path, volume):
+    """Tasks running at once on one worker's two threads share its predictor: each counted the other's tiles and
+    values too (tiles_computed 3905 for 2016 model calls; 51054 values written of 25641), and the NaN count was
+    dropped from the uint8 warning."""
+    distributed = pytest.importorskip("distributed", reason="dask.distributed is not installed "
+                                                            "(pip install 'emfast[dask]')")
+    from emfast.inference import SaturationWarning
+
+    calls, lock = [0], threading.Lock()
+
+    def counted(batch):
+        with lock:
+            calls[0] += len(batch)
+        out = lopsided(batch).copy()
+        out[:, :, 0] = np.nan
+        return out
+
+    settings = dict(SETTINGS, dtype="uint8")
+    with pytest.warns(SaturationWarning) as local:
+        ef.predict(counted, volume, tmp_path / "local.zarr/pred", **settings)
+    local_calls, calls[0] = calls[0], 0
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None,
+                                  silence_logs=40) as cluster, distributed.Client(cluster) as client:
+        with pytest.warns(SaturationWarning) as on_dask:
+            result = ef.predict(counted, volume, tmp_path / "dask.zarr/pred", client=client, **settings)
+    assert result.tiles_computed == calls[0] and local_calls <= calls[0] <= 1.05 * local_calls
+    counts = re.compile(r"\((\d+) of (\d+), (\d+) of them NaN")
+    (clipped, values, nans), = counts.findall(str(on_dask[0].message))
+    assert int(values) == np.prod(result.shape) and int(nans) > 0
+    assert counts.findall(str(local[0].message)) == [(clipped, values, nans)]  # the blocks' values, as written
+
+
 def test_dask_refuses_an_hdf5_output_before_replacing_the_one_there(tmp_path, volume):
     distributed = pytest.importorskip("distributed", reason="dask.distributed is not installed "
                                                             "(pip install 'emfast[dask]')")

@@ -5,6 +5,7 @@ plan) is sent to each worker once.
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -26,16 +27,20 @@ def dask_missing() -> Optional[str]:
 
 
 def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset: str, kind: str) -> tuple:
-    """One Dask task: compute, write and flag ``block``; returns the tiles it computed, the values it computed and
-    those it clipped."""
-    before = predictor.tiles_computed, predictor.values, predictor.clipped
-    result = predictor.compute(block, predictor.read(block))
+    """One Dask task: compute, write and flag ``block``; returns the tiles it computed, the values it computed,
+    those it clipped and the NaN among them.
+
+    The task counts on its own copy of the worker's predictor (which shares its kept tiles, model and volume):
+    tasks running at once on one worker's threads each counted the others' tiles too."""
+    task = copy.copy(predictor)
+    task.tiles_computed = task.values = task.clipped = task.nans = 0
+    result = task.compute(block, task.read(block))
     store = OutputStore.reopen(Path(container), dataset, kind)
     try:
-        write_block(store, block, result, predictor.plan.grid)
+        write_block(store, block, result, task.plan.grid)
     finally:
         store.close()
-    return (predictor.tiles_computed - before[0], predictor.values - before[1], predictor.clipped - before[2])
+    return task.tiles_computed, task.values, task.clipped, task.nans
 
 
 def _phase(block: Block, grid) -> tuple:
@@ -61,10 +66,11 @@ def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List
     by_key = {future.key: block for future, block in zip(futures, blocks)}
     try:
         for future in as_completed(futures):
-            tiles, values, clipped = future.result()
+            tiles, values, clipped, nans = future.result()
             predictor.tiles_computed += tiles
             predictor.values += values
             predictor.clipped += clipped
+            predictor.nans += nans
             if progress is not None:
                 progress(by_key[future.key])
     finally:
