@@ -510,6 +510,20 @@ def test_a_torch_module_on_the_cpu(tmp_path, volume):
                                   normalized(volume) * 2)
 
 
+def test_a_torch_module_in_bfloat16_is_widened_to_float32(tmp_path, volume):
+    """A network run in mixed precision returns bfloat16, which NumPy cannot hold (a bare TypeError from torch):
+    it is widened to float32, exactly, and blended as any float32 prediction."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+
+    class Crop(torch.nn.Module):
+        def forward(self, batch):
+            return (batch[:, :, 2:-2, 4:-4, 4:-4] * 3).to(torch.bfloat16)
+
+    ef.predict(Crop(), volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT, device="cpu")
+    expected = torch.from_numpy(normalized(volume) * 3).to(torch.bfloat16).float().numpy()
+    np.testing.assert_array_equal(_read(tmp_path / "p.zarr/pred")[0], expected)
+
+
 def test_dask_with_two_workers_equals_one_process(tmp_path, volume):
     distributed = pytest.importorskip("distributed", reason="dask.distributed is not installed "
                                                             "(pip install 'emfast[dask]')")

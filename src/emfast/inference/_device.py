@@ -31,7 +31,7 @@ from .._threads import shutdown_pool
 from ..transfer import DeviceArray, TransferBackend, cuda_ordinal, cuda_unavailable, resolve_device
 from ._block import BATCHES_AHEAD
 from ._graphs import CapturedNetwork
-from ._model import ModelOutputError
+from ._model import ModelOutputError, widened
 
 #: The stages of a call on the device: starting the copy of the batch there (waiting for it only where the device
 #: cannot order the network after it), calling the network (which, on an asynchronous device, only launches its
@@ -227,7 +227,7 @@ class DeviceRunner:
                 result = self.graphs(torch, model, torch.as_tensor(whole, device=self.torch_device),
                                      source.shape[0])
             if isinstance(result, torch.Tensor):
-                result = result.detach().contiguous()
+                result = widened(result).detach().contiguous()
         return result
 
     def _output(self, index: int, result) -> np.ndarray:

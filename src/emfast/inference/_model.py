@@ -11,6 +11,14 @@ import numpy as np
 PREDICTION_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
+def widened(tensor):
+    """A torch tensor NumPy can hold: bfloat16 (a network run in mixed precision) as float32, which holds every
+    bfloat16 value exactly; any other dtype as it is (those NumPy has no dtype for are named by the check)."""
+    import torch
+
+    return tensor.float() if tensor.dtype == torch.bfloat16 else tensor
+
+
 class ModelOutputError(ValueError):
     """The model returned something of the wrong type, shape or dtype."""
 
@@ -80,7 +88,7 @@ class ModelCaller:
                 source = source.pin_memory()
             result = self.model(source.to(self.device, non_blocking=True))
             if isinstance(result, torch.Tensor):
-                return result.detach().cpu().numpy()
+                return widened(result).detach().cpu().numpy()
             return result
 
     def _checked(self, prediction, count: int, out_shape: tuple, channels: Optional[int]) -> np.ndarray:

@@ -191,7 +191,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     model : callable
         Takes a float32 batch ``(B, C_in, *patch_in)`` and returns ``(B, C_out, *patch_out)`` as float16/32/64:
         NumPy in and out, or, with ``device``, torch tensors on that device (the input is a tensor there; the
-        output may be a tensor anywhere).
+        output may be a tensor anywhere, in bfloat16 too, widened to float32 exactly).
     volume : Volume, numpy.ndarray or path
         The input; a path is opened lazily (any format :func:`emfast.open` reads).
     out : str or path-like
