@@ -229,6 +229,23 @@ def test_bad_input_names_the_key_path_and_line(old, new, path, needle, words):
         assert word in str(error)
 
 
+def test_a_device_this_machine_lacks_is_a_config_error_at_its_key(files, capsys):
+    """device: cuda where pycuda or a GPU is missing is the machine's state, told in one line at loader.device
+    (it was a RuntimeError: a traceback, "internal error", exit 1)."""
+    from emfast.transfer import cuda_unavailable
+
+    if cuda_unavailable() is None:
+        pytest.skip("this machine has a usable CUDA device")
+    path = _write(files, BASE.replace("  seed: 3", "  seed: 3\n  device: cuda"))
+    with pytest.raises(ConfigError) as info:
+        load_config(path).loader()
+    assert info.value.path == "loader.device" and "device='cuda' cannot be used" in str(info.value)
+    assert info.value.line == _line_of(path.read_text(), "device: cuda")
+    assert main(["check", str(path)]) == 2
+    error = capsys.readouterr().err
+    assert "loader.device: device='cuda' cannot be used" in error and "Traceback" not in error
+
+
 def test_the_loader_keys_are_the_loaders_arguments():
     error = _error(BASE.replace("  seed: 3", "  label_offset: [0, 0, 0]"))
     assert error.path == "loader.label_offset" and "device" in error.reason and "patch_in" in error.reason

@@ -36,6 +36,7 @@ from .._checks import concerned_key
 from ..io import Volume, is_url, open_volume
 from ..pipeline import Loader
 from ..sampling import Dataset, Sample, Sampler
+from ..transfer import DeviceUnavailableError
 from ._yaml import Path_, Reader, parse_yaml, read_source
 from ._predict import predict_section
 from ._spec import Builtin, ComponentSpec, SampleSpec, Validation, components_yaml, plain
@@ -205,7 +206,7 @@ class Config:
         dataset = self.dataset(split, cache_dir=cache_dir, demo_shape=demo_shape)
         try:
             return Loader(dataset, close_data=True, **kwargs)
-        except (TypeError, ValueError, KeyError, OSError) as error:
+        except (TypeError, ValueError, KeyError, OSError, DeviceUnavailableError) as error:
             close_volumes(dataset.samples)
             culprit = getattr(error, "emfast_section", None) or "loader"
             overridden = {"loader": bool(self.validation.loader), "sampler": self.validation.sampler is not None,

@@ -8,7 +8,7 @@ A backend selectable by name registers with ``@register("backend")`` under its `
 May import: ``emfast._registry`` (pycuda only when a CUDA device is asked for).
 """
 from ._backend import DeviceArray, DeviceNotice, Fields, TransferBackend, cuda_unavailable
-from ._resolve import cuda_ordinal, resolve_device
+from ._resolve import DeviceUnavailableError, cuda_ordinal, resolve_device
 
-__all__ = ["DeviceArray", "DeviceNotice", "Fields", "TransferBackend", "cuda_ordinal", "cuda_unavailable",
-           "resolve_device"]
+__all__ = ["DeviceArray", "DeviceNotice", "DeviceUnavailableError", "Fields", "TransferBackend", "cuda_ordinal",
+           "cuda_unavailable", "resolve_device"]

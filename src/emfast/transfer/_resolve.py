@@ -10,6 +10,14 @@ from . import _pycuda  # noqa: F401  (registers the pycuda backend as "cuda")
 from ._backend import DeviceNotice, TransferBackend
 
 
+class DeviceUnavailableError(RuntimeError):
+    """A device named by ``device=`` cannot be used on this machine (its driver, library or GPU is missing): the
+    machine's state, told in one line, not a fault of emfast. Carries ``emfast_setting = "device"``, the key a
+    config error points at."""
+
+    emfast_setting = "device"
+
+
 def cuda_ordinal(device) -> Optional[int]:
     """N for ``"cuda:N"``, 0 for ``"cuda"``; None for anything else."""
     match = re.fullmatch(r"cuda(?::(\d+))?", device) if isinstance(device, str) else None
@@ -30,8 +38,8 @@ def resolve_device(device) -> Optional[TransferBackend]:
     ------
     ValueError
         For a string that names no device.
-    RuntimeError
-        For a device that cannot be used; the message says what is missing.
+    DeviceUnavailableError
+        For a device that cannot be used (a RuntimeError); the message says what is missing.
     """
     if isinstance(device, TransferBackend):
         return device
@@ -56,5 +64,5 @@ def resolve_device(device) -> Optional[TransferBackend]:
         return None
     reason = backends[kind].unavailable(ordinal)
     if reason is not None:
-        raise RuntimeError(f"device={device!r} cannot be used: {reason}")
+        raise DeviceUnavailableError(f"device={device!r} cannot be used: {reason}")
     return backends[kind](ordinal)
