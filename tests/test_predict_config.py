@@ -168,6 +168,26 @@ def test_values_that_do_not_fit_the_input_name_their_key_and_line(folder, capsys
     assert not (folder / "out.zarr").exists()
 
 
+def test_a_memory_too_small_for_the_inputs_chunk_cache_names_the_memory_key(folder, capsys):
+    """memory: 2000 (meaning MB?) gives the input's chunk cache 500 bytes, less than one chunk: emfast check said
+    valid, then emfast predict failed naming cache_bytes, a setting the user never wrote, with no key or line."""
+    text = PREDICT + "  memory: 2000\n"
+    error = _check_and_predict_fail(_config(folder, text), capsys)
+    assert f"predict.yaml, line {_line_of(text, 'memory:')}: predict.memory: " in error
+    assert "the input's chunk cache gets 1/4 of memory" in error
+    assert not (folder / "out.zarr").exists()
+
+
+def test_a_memory_too_small_for_a_block_names_the_memory_key_when_predict_finds_it(folder, capsys):
+    """What only the run finds (the model's channels decide a block's bytes) names its key too."""
+    text = PREDICT + "  memory: 200KiB\n"
+    assert main(["check", str(_config(folder, text))]) == 0
+    capsys.readouterr()
+    assert main(["predict", str(folder / "predict.yaml")]) == 2
+    error = capsys.readouterr().err
+    assert f"predict.yaml, line {_line_of(text, 'memory:')}: predict.memory: memory=204800 bytes is too small" in error
+
+
 @pytest.mark.parametrize("old, new, key, words", [
     ("output: out.zarr/pred", "output: out.n5/pred", "predict.output", ["in a .zarr or .h5 container"]),
     ("output: out.zarr/pred", "output: out.h5/pred\n  compression: blosc", "predict.compression",

@@ -33,8 +33,8 @@ from typing import Any, Callable, List, Mapping, Optional, Union
 
 from .._checks import concerned_key
 from .._core.gather import PAD_MODES
-from ..inference import (BLENDS, CHUNK_EDGE, COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS, Prediction,
-                         TilePlan, parse_memory, predict)
+from ..inference import (BLENDS, CACHE_SHARE, CHUNK_EDGE, COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS,
+                         Prediction, TilePlan, parse_memory, predict)
 from ..io import check_compression, open_volume, parse_output
 from ..transfer import cuda_ordinal
 from ._sections import _check_normalize, _file
@@ -234,6 +234,13 @@ class PredictSpec:
             shape, chunks = volume.shape, self.options.get("chunks")
         finally:
             volume.close()
+        if self.options.get("memory") is not None:  # predict gives the input's chunk cache a share of it
+            try:
+                open_volume(self.input_path(cache_dir), in_memory=False,
+                            cache_bytes=self.options["memory"] // CACHE_SHARE).close()
+            except ValueError as error:
+                raise self.error(("memory",), f"{error} (the input's chunk cache gets 1/{CACHE_SHARE} of memory)") \
+                    from None
         chunks = chunks or tuple(min(CHUNK_EDGE, s) for s in shape)  # predict's default
         patch_in = self.options["patch_in"]
         patch_out = self.options.get("patch_out", patch_in)
@@ -280,6 +287,15 @@ class PredictSpec:
         self.check_device()
         self.plan(cache_dir)
         model = self.load_model()
+        try:
+            return self._predict(model, arguments, cache_dir)
+        except ValueError as error:  # what only the run finds (a memory too small for a block) names its key
+            key = concerned_key(error, self.options)
+            if key is None:
+                raise
+            raise self.error((key,), str(error)) from None
+
+    def _predict(self, model, arguments: dict, cache_dir) -> Prediction:
         if self.engine is None:
             return predict(model, self.input_path(cache_dir), self.output, **arguments)
         from distributed import Client, LocalCluster

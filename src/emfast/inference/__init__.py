@@ -12,16 +12,16 @@ shared modules (``emfast._core``,
 import warnings
 
 from ._blend import BLENDS
-from ._memory import parse_memory
+from ._memory import CACHE_SHARE, parse_memory
 from ._model import ModelOutputError
 from ._predict import CHUNK_EDGE, Prediction, PredictProgress, SaturationWarning, predict
 from ._store import COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, BlockWriteError, OutputExistsError
 from ._tiling import Block, TilePlan
 from ._tta import TTA_COUNTS
 
-__all__ = ["BLENDS", "COMPRESSIONS", "PREDICT_OUTPUT_DTYPE_NAMES", "TTA_COUNTS", "Block", "BlockWriteError",
-           "ModelOutputError", "OutputExistsError", "Prediction", "PredictProgress", "SaturationWarning", "TilePlan",
-           "predict"]
+__all__ = ["BLENDS", "CACHE_SHARE", "COMPRESSIONS", "PREDICT_OUTPUT_DTYPE_NAMES", "TTA_COUNTS", "Block",
+           "BlockWriteError", "ModelOutputError", "OutputExistsError", "Prediction", "PredictProgress",
+           "SaturationWarning", "TilePlan", "predict"]
 
 
 def __getattr__(name: str):

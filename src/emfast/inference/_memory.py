@@ -15,6 +15,7 @@ from typing import Tuple
 
 import numpy as np
 
+from .._checks import refusal
 from ._block import BATCHES_AHEAD
 from ._local import WRITES_IN_FLIGHT
 
@@ -69,9 +70,10 @@ def choose_block(budget: int, chunks, roi, estimate, given: int) -> Tuple[int, i
     """
     block = list(chunks)
     if estimate(block) > budget:
-        raise ValueError(f"memory={given} bytes is too small for a block of one output chunk {tuple(chunks)} "
-                         f"(about {estimate(block)} bytes with its inputs, sums and outputs, of the {budget} left "
-                         "beside the input's chunk cache and the shared tiles); give more memory or smaller chunks")
+        raise refusal(f"memory={given} bytes is too small for a block of one output chunk {tuple(chunks)} "
+                      f"(about {estimate(block)} bytes with its inputs, sums and outputs, of the {budget} left "
+                      "beside the input's chunk cache and the shared tiles); give more memory or smaller chunks",
+                      "memory")
     limits = [c * max(1, -(-min(BLOCK_EDGE, b - a) // c)) for c, a, b in zip(chunks, *roi)]
     while True:
         growable = sorted((block[a], a) for a in range(3) if block[a] < limits[a])
