@@ -36,6 +36,17 @@ def test_info_lists_datasets_with_metadata(small_h5, capsys):
     assert "volumes/labels/neuron_ids" in out and "resolution=[40.0, 4.0, 4.0]" in out
 
 
+def test_info_into_a_pipe_closed_early_stops_quietly(small_h5):
+    """emfast info a.h5 | head -1: the reader goes away, and emfast stops without a word, as a command the
+    SIGPIPE ends (it printed "emfast: error: [Errno 32] Broken pipe" and exited 2)."""
+    path, _, _ = small_h5
+    process = subprocess.Popen([sys.executable, "-m", "emfast", "info", str(path)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    process.stdout.close()  # before emfast writes a line
+    _, error = process.communicate(timeout=120)
+    assert process.returncode == 141 and error == b""
+
+
 @pytest.mark.parametrize("target", ["missing.h5", "."])
 def test_info_on_a_bad_path_is_a_clear_error(tmp_path, capsys, target):
     assert main(["info", str(tmp_path / target)]) == 2

@@ -5,6 +5,7 @@ compares emfast with NumPy, PyTorch and the memory-bandwidth floor (see :mod:`em
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from importlib import metadata
@@ -390,7 +391,8 @@ def user_error(error: BaseException) -> bool:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the ``emfast`` console script; returns the exit status: 0 done, 2 a user error (told in one
-    line), 1 a bug (its traceback and a request to report it), 130 interrupted."""
+    line), 1 a bug (its traceback and a request to report it), 130 interrupted, 141 the reader of its output went
+    away (``emfast info ... | head``: quietly, as a command killed by SIGPIPE)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -398,6 +400,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print("\nemfast: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # what is left in stdout's buffer goes nowhere, so that Python's flush at exit does not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE (13), as a shell reports a command the signal ended
     except Exception as error:
         if user_error(error):
             print(f"emfast: error: {error}", file=sys.stderr)
