@@ -47,6 +47,13 @@ def test_info_into_a_pipe_closed_early_stops_quietly(small_h5):
     assert process.returncode == 141 and error == b""
 
 
+@pytest.mark.parametrize("dataset", ["", "/volumes/raw"])
+def test_converting_a_missing_hdf5_file_says_it_is_missing(tmp_path, capsys, dataset):
+    """Without a dataset the message asked to name one, e.g. missing.h5/volumes/raw, for a file that is not there."""
+    assert main(["convert", str(tmp_path / "missing.h5") + dataset, str(tmp_path / "out.zarr/raw")]) == 2
+    assert f"emfast: error: HDF5 file not found: {tmp_path / 'missing.h5'}\n" == capsys.readouterr().err
+
+
 @pytest.mark.parametrize("target", ["missing.h5", "."])
 def test_info_on_a_bad_path_is_a_clear_error(tmp_path, capsys, target):
     assert main(["info", str(tmp_path / target)]) == 2

@@ -56,6 +56,8 @@ class Hdf5Format(VolumeFormat):
             raise ValueError(f"{where}: HDF5 is not read remotely; copy the file, or convert it to zarr "
                              "(emfast convert)")
         if not dataset:
+            if not Path(where).exists():  # say what is wrong first: a dataset in no file would not help
+                raise FileNotFoundError(f"HDF5 file not found: {where}")
             raise ValueError(f"{where}: name the dataset, e.g. {where}/volumes/raw")
         return Hdf5Source(where, dataset)
 
