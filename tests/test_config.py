@@ -246,6 +246,16 @@ def test_a_device_this_machine_lacks_is_a_config_error_at_its_key(files, capsys)
     assert "loader.device: device='cuda' cannot be used" in error and "Traceback" not in error
 
 
+def test_numbers_in_scientific_notation_are_numbers():
+    """1e-1 and 5.0e2 are numbers in YAML 1.2 and JSON; PyYAML's YAML 1.1 patterns read them as strings (wanting a
+    dot and a signed exponent), which were refused as "must be in [0, 1), got '1e-1'"."""
+    text = BASE.replace("intensity: {scale: 0.2, shift: 0.1}", "intensity: {scale: 1e-1, shift: 5E-2}")
+    intensity = load_config(textwrap.dedent(text)).loader_kwargs()["augment"][1]
+    assert (intensity.scale, intensity.shift) == (0.1, 0.05)
+    error = _error(text.replace("scale: 1e-1", "scale: '1e-1'"))  # quoted, it stays a string, refused as one
+    assert error.path == "augment[1].intensity.scale"
+
+
 def test_the_loader_keys_are_the_loaders_arguments():
     error = _error(BASE.replace("  seed: 3", "  label_offset: [0, 0, 0]"))
     assert error.path == "loader.label_offset" and "device" in error.reason and "patch_in" in error.reason

@@ -168,6 +168,11 @@ def test_values_that_do_not_fit_the_input_name_their_key_and_line(folder, capsys
     assert not (folder / "out.zarr").exists()
 
 
+def test_a_memory_in_scientific_notation_is_a_number_of_bytes(folder, capsys):
+    """memory: 1e9 is a number in YAML 1.2 (PyYAML read the string '1e9', refused as not a number of bytes)."""
+    assert main(["check", str(_config(folder, PREDICT + "  memory: 1e9\n"))]) == 0
+
+
 def test_a_memory_too_small_for_the_inputs_chunk_cache_names_the_memory_key(folder, capsys):
     """memory: 2000 (meaning MB?) gives the input's chunk cache 500 bytes, less than one chunk: emfast check said
     valid, then emfast predict failed naming cache_bytes, a setting the user never wrote, with no key or line."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import difflib
 import os
 import math
+import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -128,8 +129,19 @@ def _config_text(path: Path) -> str:
     return text
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` reading ``1e-3`` and ``1.5e3`` as the numbers YAML 1.2 and JSON make them: YAML 1.1's
+    pattern for floats wants a dot and a signed exponent, so PyYAML read them as strings, which were refused as
+    'must be in [0, 1), got '1e-3''."""
+
+
+_ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"))
+
+
 def parse_yaml(text: str, source: str) -> Tuple[Any, Dict[Path_, int]]:
-    loader = yaml.SafeLoader(text)
+    loader = _ConfigLoader(text)
     try:
         node = loader.get_single_node()
         marks: Dict[Path_, int] = {}

@@ -10,6 +10,7 @@ to what the blocks leave of it, at least an eighth (then on disk).
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Tuple
 
@@ -33,8 +34,11 @@ _UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 *
 
 
 def parse_memory(value) -> int:
-    """``value`` in bytes: an integer, or a string such as "512MiB", "2 GiB" or "1.5GB"."""
+    """``value`` in bytes: an integer (a whole float too, as YAML reads ``1e9``), or a string such as "512MiB",
+    "2 GiB" or "1.5GB"."""
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0:
+        return int(value)
+    if isinstance(value, (float, np.floating)) and math.isfinite(value) and value.is_integer() and value > 0:
         return int(value)
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value) if isinstance(value, str) else None
     if match and match.group(2).lower() in _UNITS and float(match.group(1)) > 0:
