@@ -83,6 +83,11 @@ def test_snapshot_refuses_an_existing_path_and_bad_batches(tmp_path, volumes):
             loader.snapshot(tmp_path / "there.zarr")
         with pytest.raises(ValueError, match="batches must be an integer >= 1"):
             loader.snapshot(tmp_path / "new.zarr", batches=0)
+        # a missing folder for the montage is found before the store is written (it was found after, and the
+        # store left behind refused the next try)
+        with pytest.raises(FileNotFoundError, match="the folder of png='.*no_folder/m.png' does not exist"):
+            loader.snapshot(tmp_path / "new.zarr", png=tmp_path / "no_folder" / "m.png")
+        assert not (tmp_path / "new.zarr").exists()
     assert (tmp_path / "there.zarr" / "keep.txt").read_text() == "mine"
 
 

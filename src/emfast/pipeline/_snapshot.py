@@ -55,6 +55,8 @@ def write_snapshot(loader, path, batches: int = 1, png=None) -> Path:
         if target is not None and target.exists():
             raise FileExistsError(f"snapshot: {target} exists; a snapshot never replaces a file or store, choose "
                                   "another path")
+    if png is not None and not png.absolute().parent.is_dir():  # checked before the store is written
+        raise FileNotFoundError(f"snapshot: the folder of png={str(png)!r} does not exist")
     zarr = import_zarr()
     root = zarr.open_group(str(path), mode="w-", zarr_format=2)
     root.attrs.update(emfast_snapshot={"batches": int(batches), "patch_out": list(loader.patch_out)})
