@@ -349,27 +349,6 @@ def read_in_child(volume, queue):
     queue.put(lazy_box(volume).tobytes())
 
 
-@pytest.mark.parametrize("path", ["v3.zarr", "sharded.zarr"])
-def test_a_lazy_remote_volume_reads_in_a_forked_worker(written, served, path):
-    """A PyTorch worker is a fork: the parent's connections and event loop are not usable there (a sharded array,
-    read through zarr-python, failed with 'Timeout context manager should be used inside a task')."""
-    with ef.open(f"{served.url}/{path}", in_memory=False) as lazy:
-        lazy_box(lazy, (0, 0, 0), (8, 8, 8))  # the parent has read: its event loop runs
-        lazy.chunk_cache.clear()
-        context = multiprocessing.get_context("fork")
-        queue = context.Queue()
-        child = context.Process(target=read_in_child, args=(lazy, queue))
-        child.start()
-        try:
-            got = queue.get(timeout=60)
-        finally:
-            child.join(10)
-            if child.is_alive():
-                child.kill()
-        assert child.exitcode == 0
-        np.testing.assert_array_equal(np.frombuffer(got, np.uint8).reshape(SHAPE), written[1])
-
-
 def refused_in_child(volume, queue):
     try:
         lazy_box(volume)
@@ -378,24 +357,40 @@ def refused_in_child(volume, queue):
         queue.put(str(error))
 
 
+def in_a_forked_child(volume, target):
+    """(exit code, what ``target(volume, queue)`` put) in a forked child, after the parent read and cleared its
+    cache: a PyTorch worker is such a fork."""
+    lazy_box(volume, (0, 0, 0), (8, 8, 8))  # the parent has read: its event loop and threads run
+    volume.chunk_cache.clear()
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=target, args=(volume, queue))
+    child.start()
+    try:
+        put = queue.get(timeout=60)  # before joining: a child exits only once its queue is drained
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+    return child.exitcode, put
+
+
+@pytest.mark.parametrize("path", ["v3.zarr", "sharded.zarr"])
+def test_a_lazy_remote_volume_reads_in_a_forked_worker(written, served, path):
+    """The parent's connections and event loop are not usable in a fork (a sharded array, read through
+    zarr-python, failed with 'Timeout context manager should be used inside a task')."""
+    with ef.open(f"{served.url}/{path}", in_memory=False) as lazy:
+        exitcode, got = in_a_forked_child(lazy, read_in_child)
+    assert exitcode == 0
+    np.testing.assert_array_equal(np.frombuffer(got, np.uint8).reshape(SHAPE), written[1])
+
+
 def test_a_tensorstore_volume_is_refused_in_a_forked_child_not_aborted(written):
     """tensorstore aborts a forked child that uses it (SIGABRT: a DataLoader says only that a worker exited): the
     child gets an error saying what to do instead."""
-    root, _, stores = written
-    with ef.open(str(root / "pcs"), in_memory=False, format="precomputed") as lazy:
-        lazy_box(lazy, (0, 0, 0), (8, 8, 8))
-        lazy.chunk_cache.clear()
-        context = multiprocessing.get_context("fork")
-        queue = context.Queue()
-        child = context.Process(target=refused_in_child, args=(lazy, queue))
-        child.start()
-        try:
-            message = queue.get(timeout=60)
-        finally:
-            child.join(10)
-            if child.is_alive():
-                child.kill()
-    assert child.exitcode == 0
+    with ef.open(str(written[0] / "pcs"), in_memory=False, format="precomputed") as lazy:
+        exitcode, message = in_a_forked_child(lazy, refused_in_child)
+    assert exitcode == 0
     assert "read through tensorstore, which cannot be used in a process forked after it started" in message
     assert "'spawn'" in message
 
