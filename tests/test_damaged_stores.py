@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import zlib
 
 import h5py
@@ -134,6 +135,59 @@ def test_a_store_replaced_under_a_running_loader_stops_training_naming_the_chunk
                                                     r"metadata changed since it was opened"):
             for _ in range(200):
                 loader.next_batch()
+
+
+CHANGED = r"its files changed since it was opened \(the store was replaced, rewritten or removed"
+
+
+def _lazy_uint32(tmp_path, rng, kind: str):
+    """A uint32 volume in a zarr v2 store or an HDF5 file, and it opened lazily with a cache of one block."""
+    raw = rng.integers(0, 1000, (16, 32, 32), dtype=np.uint32)
+    if kind == "zarr":
+        zarr.create_array(str(tmp_path / "s.zarr"), name="raw", shape=raw.shape, chunks=(4, 8, 8), dtype=np.uint32,
+                          zarr_format=2, compressors=None)[...] = raw
+        return raw, ef.open(tmp_path / "s.zarr/raw", in_memory=False, cache_bytes=1024)
+    with h5py.File(tmp_path / "s.h5", "w") as f:
+        f.create_dataset("raw", data=raw, chunks=(4, 8, 8))
+    return raw, ef.hdf5(tmp_path / "s.h5", "raw", in_memory=False, cache_bytes=1024)
+
+
+@pytest.mark.parametrize("kind, change", [("zarr", "removed"), ("zarr", "float32 instead"), ("hdf5", "cp over it")])
+def test_a_store_changed_under_a_lazy_volume_is_an_error_never_other_data(tmp_path, rng, kind, change):
+    """Changes nothing else tells: a removed store read as its fill value (zeros); one recreated as float32 has
+    chunks of the uint32 size, which decode without an error (float bits read as integers); an HDF5 file
+    rewritten in place (cp keeps the inode) has its chunks' offsets point into other bytes. Each is now an error
+    at the first read of a missing block, and at every read after it."""
+    raw, volume = _lazy_uint32(tmp_path, rng, kind)
+    out = np.empty((1, 4, 8, 8), np.uint32)
+    volume.read_box((0, 0, 0), (4, 8, 8), out)
+    np.testing.assert_array_equal(out[0], raw[:4, :8, :8])
+    if change == "removed":
+        shutil.rmtree(tmp_path / "s.zarr")
+    elif change == "float32 instead":
+        zarr.create_array(str(tmp_path / "s.zarr"), name="raw", shape=raw.shape, chunks=(4, 8, 8), dtype=np.float32,
+                          zarr_format=2, compressors=None, overwrite=True)[...] = raw.astype(np.float32)
+    else:
+        with h5py.File(tmp_path / "new.h5", "w") as f:
+            f.create_dataset("raw", data=raw[::-1].copy(), chunks=(4, 8, 8))
+        shutil.copyfile(tmp_path / "new.h5", tmp_path / "s.h5")
+        os.utime(tmp_path / "s.h5", ns=(time.time_ns(), time.time_ns() + 10**9))  # a coarse clock may not tick
+    for _ in range(2):
+        with pytest.raises(CorruptChunkError, match=CHANGED):
+            volume.read_box((8, 16, 16), (4, 8, 8), out)
+    volume.close()
+
+
+def test_a_lazy_hdf5_file_removed_or_renamed_away_still_reads(tmp_path, rng):
+    """The open descriptor keeps the data of a file whose path is removed or reused: it reads on, correctly."""
+    raw, volume = _lazy_uint32(tmp_path, rng, "hdf5")
+    os.rename(tmp_path / "s.h5", tmp_path / "elsewhere.h5")
+    with h5py.File(tmp_path / "s.h5", "w") as f:  # another file at the path
+        f.create_dataset("raw", data=raw[::-1].copy(), chunks=(4, 8, 8))
+    out = np.empty((1, 4, 8, 8), np.uint32)
+    volume.read_box((8, 16, 16), (4, 8, 8), out)
+    np.testing.assert_array_equal(out[0], raw[8:12, 16:24, 16:24])
+    volume.close()
 
 
 @pytest.mark.parametrize("damage, message", [

@@ -32,14 +32,14 @@ import time
 import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .._core.gather import ChunkGrid, gather_chunked_copy
 from ._blockslots import BlockSlots, block_on
 from ._decode import run_all
-from ._source import transfer_time
+from ._source import CorruptChunkError, transfer_time
 
 #: Block shape (z, y, x) for datasets stored contiguously (no HDF5 chunks), clipped to the volume.
 CONTIGUOUS_BLOCK = (64, 64, 64)
@@ -180,6 +180,7 @@ class ChunkCache:
         self._bytes_held = 0
         self._incoming = 0  # bytes of blocks being read by read_many calls, not held yet
         self._hits = self._misses = self._shared = self._read_ahead = 0
+        self._changed: Optional[str] = None  # why the source's files are no longer those opened (_check_unchanged)
         #: Bytes of one whole block (every channel).
         self.block_bytes = block_bytes
         # Whole blocks live in slots of huge-page slabs, those of evicted blocks reused. Reusing them instead of
@@ -224,6 +225,8 @@ class ChunkCache:
             held, missing = self.grid.pin(boxes, self._clock)
             self._hits += held
         try:
+            if self._changed is not None:
+                raise CorruptChunkError(self._changed)
             self._read_missing(boxes[missing], timings)
         except BaseException:
             self.unpin(boxes)
@@ -257,6 +260,24 @@ class ChunkCache:
         first failure is raised once every read ended."""
         if not len(boxes):  # every block held: the usual case of a warm cache
             return
+        self._read_keys(boxes, timings, ahead)
+        self._check_unchanged()
+
+    def _check_unchanged(self) -> None:
+        """Refuse to go on once the source's files are no longer those opened (the store was recreated, rewritten
+        or removed; the HDF5 file overwritten): the blocks just read may come from another array than those cached,
+        and nothing else tells (a store recreated with chunks of the same byte size decodes without an error, a
+        removed one reads as its fill value). Asked after every read of missing blocks that succeeded (a failed
+        one says why itself): one ``stat`` (see :meth:`VolumeSource.changed_since_opened`)."""
+        changed = getattr(self._source, "changed_since_opened", None)  # a source of another kind may have none
+        if self._changed is None and changed is not None and changed():
+            self._changed = (f"{self._name}: its files changed since it was opened (the store was replaced, "
+                             "rewritten or removed, or the file overwritten): what is read now may mix the old data "
+                             "and the new; open it again")
+        if self._changed is not None:
+            raise CorruptChunkError(self._changed)
+
+    def _read_keys(self, boxes: np.ndarray, timings, ahead: bool) -> None:
         keys: Dict[Key, None] = {}
         for box in boxes:
             missing = np.argwhere(self._addresses[_box_slices(box)] == 0) + box[0]
@@ -309,6 +330,7 @@ class ChunkCache:
             target = (slice(None),) + tuple(slice(a - c, b - c) for a, b, c in zip(lo, hi, corner))
             source = (slice(None),) + tuple(slice(a - o, b - o) for a, b, o in zip(lo, hi, origin))
             np.copyto(out[target], block[source])
+        self._check_unchanged()
 
     def _get(self, key: Key, timings=None, ahead: bool = False) -> np.ndarray:
         with self._lock:

@@ -95,7 +95,8 @@ class Hdf5Source(VolumeSource):
         self.whole_by_chunks = self._direct is not None and self._direct.inflates
         # a box's chunks decompressed side by side where that pays, as measured for this filter and chunk size
         self._decodes = SideBySide.of("hdf5", str(node.compression), self.chunks, str(node.dtype))
-        self._opened_size = self._file_size()
+        self._opened = self._file_state()
+        self._opened_size = None if self._opened is None else self._opened[0]
 
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
         corner, extent = tuple(int(c) for c in corner), tuple(int(e) for e in extent)
@@ -154,15 +155,29 @@ class Hdf5Source(VolumeSource):
                                         f"{source.dataset!r}) for the box at (z, y, x) = {corner} is gone; HDF5 "
                                         "would read that part as fill values")
 
-    def _file_size(self) -> Optional[int]:
-        """The file's size now (None where it cannot be told: another HDF5 driver, or a removed path)."""
+    def _file_state(self) -> Optional[tuple]:
+        """The file's (size, modification time in ns) now (None where it cannot be told: another HDF5 driver, or a
+        removed path)."""
         file = self._file
         try:
             if file.driver == "sec2":  # the open descriptor: right even if the path was removed or replaced
-                return os.fstat(file.id.get_vfd_handle()).st_size
-            return os.stat(file.filename).st_size
+                status = os.fstat(file.id.get_vfd_handle())
+            else:
+                status = os.stat(file.filename)
         except (OSError, ValueError):
             return None
+        return status.st_size, status.st_mtime_ns
+
+    def _file_size(self) -> Optional[int]:
+        state = self._file_state()
+        return None if state is None else state[0]
+
+    def changed_since_opened(self) -> bool:
+        """Whether the open file was written since it was opened (``cp new.h5 v.h5`` rewrites it in place: the
+        chunks' offsets then point into other bytes). Told through the open descriptor, so a file removed or renamed
+        away, whose data the descriptor keeps, has not changed."""
+        now = self._file_state()
+        return now is not None and self._opened is not None and now != self._opened
 
     def _check_stored(self, origin: Sequence[int]) -> None:
         """Refuse a chunk whose bytes lie past the end of the file: HDF5 reads them as zeros, silently, when the

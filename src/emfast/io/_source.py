@@ -278,6 +278,13 @@ class VolumeSource:
         channel. The box lies inside the volume. Safe to call from several threads at once."""
         raise NotImplementedError
 
+    def changed_since_opened(self) -> bool:
+        """Whether the files this source reads are no longer those it opened: the store was recreated, rewritten
+        or removed (its marker file's size or modification time differ, or it is gone). A remote source is not
+        looked at: that would cost a request each time."""
+        stamp = getattr(self, "stamp", None)
+        return isinstance(stamp, Stamp) and not stamp.unchanged()
+
     def attributes(self) -> dict:
         """The dataset's own metadata attributes (what ``emfast convert`` carries over)."""
         return {}
