@@ -2,6 +2,7 @@
 dropped loaders. On the CPU and on the fake device, which enforces the rules of a real GPU."""
 import gc
 import os
+import pickle
 import select
 import sys
 import hashlib
@@ -365,6 +366,27 @@ def test_set_epoch_moves_fresh_dataloader_workers_to_that_epoch(volumes):
         endless.set_epoch(1)
     with endless, pytest.raises(RuntimeError, match="before the loader starts"):
         endless.set_epoch(0)
+
+
+def test_set_epoch_travels_with_a_pickled_loader_to_its_workers_shard(volumes, monkeypatch):
+    """A spawned worker gets the loader pickled: it carried the position (epoch x the main process's epoch size)
+    but not the epoch, so a worker whose shard has shorter epochs (a tiled sampler) began mid-way through
+    another epoch. The epoch travels, and is counted in the worker's shard."""
+    from emfast.pipeline import _loader
+
+    def tiled(**kwargs):
+        return make_loader(volumes, "cpu", sampler=ef.Tiled(), augment=(), **kwargs)[0]
+
+    loader = tiled()
+    loader.set_epoch(1)
+    worker = pickle.loads(pickle.dumps(loader))  # as a spawned worker gets it, before its worker info is set
+    monkeypatch.setattr(_loader, "torch_worker", lambda: (1, 2))  # then started in worker 1 of 2
+    with worker:
+        got = [(batch.epoch, batch.index, digest(batch["raw"])) for batch in worker]
+    monkeypatch.setattr(_loader, "torch_worker", lambda: None)
+    with tiled(rank=1, world_size=2) as reference:
+        expected = [(batch.epoch, batch.index, digest(batch["raw"])) for epoch in range(2) for batch in reference]
+    assert worker.epoch_size < loader.epoch_size and got == expected[len(got):]
 
 
 def test_a_loader_started_before_fork_fails_clearly_in_the_child(volumes):

@@ -164,3 +164,17 @@ def test_a_users_array_written_where_a_killed_run_was_creating_is_never_replaced
             else:
                 ef.io.convert(tmp_path / "in.h5/raw", out, overwrite=overwrite)
         assert _still_users(out, container)
+
+
+def test_a_half_made_v2_output_with_a_partial_attributes_file_is_still_emfasts(tmp_path):
+    """zarr-python writes .zattrs through NAME.<uuid>.partial: a run killed between .zarray and .zattrs leaves
+    that temporary, which is no data of anyone's; a chunk file is."""
+    from emfast.io._outputs import _zarr_holds_data
+
+    folder = tmp_path / "pred"
+    folder.mkdir()
+    (folder / ".zarray").write_text("{}")
+    (folder / f".zattrs.{'ab12' * 8}.partial").write_text("{")
+    assert not _zarr_holds_data(folder)
+    (folder / "0.0.0").write_bytes(b"data")
+    assert _zarr_holds_data(folder)

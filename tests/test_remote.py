@@ -395,7 +395,7 @@ def test_a_tensorstore_volume_is_refused_in_a_forked_child_not_aborted(written):
     assert "'spawn'" in message
 
 
-@pytest.mark.parametrize("fault, message", [(403, "PERMISSION_DENIED"), ("hang", r"no answer within \d+ s \(1 retries")])
+@pytest.mark.parametrize("fault, message", [(403, "PERMISSION_DENIED"), ("hang", r"no answer within \d+ s \(3 requests in a row, each with 1 retries of 1 s\)")])
 def test_tensorstore_reads_retry_time_out_and_fail_as_remote_reads(served, fault, message):
     """tensorstore reads the sharded precomputed scale: the storage options' retries and timeout bound its wait
     (a hanging server held it for as long as the server held the request), and a refusal is a RemoteReadError

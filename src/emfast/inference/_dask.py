@@ -5,7 +5,6 @@ plan) is sent to each worker once.
 """
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -32,8 +31,8 @@ def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset:
 
     The task counts on its own copy of the worker's predictor (which shares its kept tiles, model and volume):
     tasks running at once on one worker's threads each counted the others' tiles too."""
-    task = copy.copy(predictor)
-    task.tiles_computed = task.values = task.clipped = task.nans = 0
+    task = object.__new__(BlockPredictor)  # not copy.copy: that would pickle its way to a new, empty _Pool
+    task.__dict__.update(predictor.__dict__, tiles_computed=0, values=0, clipped=0, nans=0)
     result = task.compute(block, task.read(block))
     store = OutputStore.reopen(Path(container), dataset, kind)
     try:

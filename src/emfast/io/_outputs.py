@@ -220,8 +220,10 @@ ZARR_METADATA_FILES = {"zarr.json", ".zarray", ".zattrs", ".zgroup"}
 
 
 def _zarr_holds_data(folder: Path) -> bool:
-    """Whether a zarr array's folder holds a chunk or shard file (or anything besides its metadata)."""
-    return any(set(files) - ZARR_METADATA_FILES for _, _, files in os.walk(folder))
+    """Whether a zarr array's folder holds a chunk or shard file (anything besides its metadata and the
+    ``*.partial`` temporaries a killed write leaves, such as zarr-python's of ``.zattrs``)."""
+    return any(name not in ZARR_METADATA_FILES and not name.endswith(".partial")
+               for _, _, files in os.walk(folder) for name in files)
 
 
 def remove_zarr_output(container: Path, dataset: str, lock: "OutputLock") -> None:
@@ -372,7 +374,7 @@ def remove_hdf5_output(file, dataset: str, lock: "OutputLock") -> None:
     if not isinstance(node, h5py.Dataset):
         raise NotOwnOutputError(f"{file.filename}/{dataset} is a group; emfast replaces only datasets it wrote: "
                                 "delete it yourself or choose another output")
-    if not owned_by_emfast(node.attrs, lock, dataset, lambda: node.id.get_storage_size() > 0):
+    if not owned_by_emfast(node.attrs, lock, dataset, lambda: node.is_virtual or node.id.get_storage_size() > 0):
         raise NotOwnOutputError(f"{file.filename}/{dataset} exists and was not written by emfast (it has no "
                                 "emfast record); emfast replaces only its own outputs: delete it yourself or choose "
                                 "another output")

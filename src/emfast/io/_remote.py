@@ -52,6 +52,9 @@ _POLL_S = 0.05
 MAX_ANNOUNCED = 1024
 #: HTTP statuses worth trying again.
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+#: Requests a tensorstore box read may make one after another: a sharded volume's shard index, minishard index,
+#: then the chunks (tensorstore has no timeout of its own: see :meth:`RemoteStore.wait_tensorstore`).
+REQUESTS_IN_A_ROW = 3
 #: tensorstore's status codes for a transfer that failed (as opposed to data it cannot decode).
 _TENSORSTORE_TRANSFER_STATUSES = ("PERMISSION_DENIED", "UNAUTHENTICATED", "UNAVAILABLE", "DEADLINE_EXCEEDED",
                                   "ABORTED", "RESOURCE_EXHAUSTED")
@@ -311,7 +314,8 @@ class RemoteStore:
         request: :meth:`wait_tensorstore` bounds the wait)."""
         parts = urlsplit(self.url)
         kind = {"http": "http", "https": "http"}.get(self._protocol, self._protocol)
-        retries = {f"{kind}_request_retries": {"max_retries": max(1, self.retries), "initial_delay": f"{BACKOFF_S}s",
+        # tensorstore counts the attempts ("All 1 retry attempts failed" for max_retries 1)
+        retries = {f"{kind}_request_retries": {"max_retries": self.retries + 1, "initial_delay": f"{BACKOFF_S}s",
                                                 "max_delay": f"{MAX_BACKOFF_S}s"}}
         if kind == "http":
             return {"driver": "http", "base_url": self.url + "/", "context": retries}
@@ -331,17 +335,20 @@ class RemoteStore:
 
     def wait_tensorstore(self, future, where: str):
         """The result of a tensorstore read of this store, waited for as :meth:`get` waits (abandoned when the
-        thread's loader closes) and for at most as long as :attr:`retries` attempts of :attr:`timeout` seconds and
-        their backoffs; RemoteReadError naming ``where`` for a failure of the transfer (denied, not reachable, out
-        of time), the error as it is for any other (the caller names a chunk it cannot decode)."""
-        limit = (self.retries + 1) * self.timeout + sum(min(MAX_BACKOFF_S, BACKOFF_S * 2 ** n)
-                                                        for n in range(self.retries))
+        thread's loader closes) and for at most as long as :data:`REQUESTS_IN_A_ROW` requests one after another
+        may take, each with :attr:`retries` retries of :attr:`timeout` seconds and their backoffs; RemoteReadError
+        naming ``where`` for a failure of the transfer (denied, not reachable, out of time), the error as it is for
+        any other (the caller names a chunk it cannot decode)."""
+        one = (self.retries + 1) * self.timeout + sum(min(MAX_BACKOFF_S, BACKOFF_S * 2 ** n)
+                                                      for n in range(self.retries))
+        limit = REQUESTS_IN_A_ROW * one
         try:
             return _wait(future, time.monotonic() + limit)
         except TimeoutError:
             future.cancel()
-            raise RemoteReadError(f"{where}: cannot read it: no answer within {limit:.0f} s ({self.retries} "
-                                  f"retries of {self.timeout:g} s each)") from None
+            raise RemoteReadError(f"{where}: cannot read it: no answer within {limit:.0f} s ({REQUESTS_IN_A_ROW} "
+                                  f"requests in a row, each with {self.retries} retries of {self.timeout:g} s)") \
+                from None
         except Exception as error:
             if any(status in str(error) for status in _TENSORSTORE_TRANSFER_STATUSES):
                 raise RemoteReadError(f"{where}: cannot read it ({_describe(error)})") from error
@@ -401,6 +408,8 @@ def _wait(future, deadline: Optional[float] = None):
         try:
             return future.result(timeout=slice_s if left is None or slice_s is None else min(slice_s, left))
         except concurrent.futures.TimeoutError:  # TimeoutError itself, which tensorstore's futures raise too
+            if future.done():  # it failed with a TimeoutError of its own: that is its result
+                raise
             if closed is not None and closed():
                 future.cancel()
                 raise ReadAbandoned("the loader closed while a remote read was in flight") from None

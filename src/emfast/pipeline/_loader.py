@@ -401,7 +401,7 @@ class Loader:
             raise TypeError("a started or closed Loader cannot be pickled: its threads and memory stay in this "
                             "process. Pickle it before it starts (it travels as its arguments and position) and "
                             "start it where it is unpickled")
-        return _unpickled_loader, (self._arguments, self.state_dict())
+        return _unpickled_loader, (self._arguments, self.state_dict(), self._start_epoch)
 
     def __enter__(self) -> "Loader":
         return self.start()
@@ -605,9 +605,12 @@ class Loader:
                 f"device={self.device!r}, {state})")
 
 
-def _unpickled_loader(arguments: Dict[str, object], state: Dict[str, object]) -> Loader:
+def _unpickled_loader(arguments: Dict[str, object], state: Dict[str, object],
+                      start_epoch: Optional[int] = None) -> Loader:
     loader = Loader(**arguments)
     loader.load_state_dict(state)
+    if start_epoch is not None:  # set_epoch's epoch, counted in the shard the copy starts in (a spawned worker's)
+        loader.set_epoch(start_epoch)
     return loader
 
 
