@@ -178,6 +178,14 @@ def test_a_store_changed_under_a_lazy_volume_is_an_error_never_other_data(tmp_pa
     volume.close()
 
 
+def test_reading_a_closed_lazy_hdf5_volume_names_it(tmp_path, rng):
+    """h5py said "Unable to synchronously get dataspace (identifier is not of specified type)", naming nothing."""
+    _, volume = _lazy_uint32(tmp_path, rng, "hdf5")
+    volume.close()
+    with pytest.raises(ValueError, match=r"s\.h5:raw: the volume was closed; open it again to read it"):
+        volume.read_box((0, 0, 0), (4, 8, 8), np.empty((1, 4, 8, 8), np.uint32))
+
+
 def test_a_lazy_hdf5_file_removed_or_renamed_away_still_reads(tmp_path, rng):
     """The open descriptor keeps the data of a file whose path is removed or reused: it reads on, correctly."""
     raw, volume = _lazy_uint32(tmp_path, rng, "hdf5")

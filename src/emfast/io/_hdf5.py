@@ -99,6 +99,8 @@ class Hdf5Source(VolumeSource):
         self._opened_size = None if self._opened is None else self._opened[0]
 
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
+        if not self._file.id.valid:  # h5py would say "identifier is not of specified type", naming nothing
+            raise ValueError(f"{self.name}: the volume was closed; open it again to read it")
         corner, extent = tuple(int(c) for c in corner), tuple(int(e) for e in extent)
         one_chunk = self.chunks is not None and all(
             c % k == 0 and e == min(k, s - c) for c, e, k, s in zip(corner, extent, self.chunks, self.full_shape[-3:]))
