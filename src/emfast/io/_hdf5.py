@@ -95,8 +95,7 @@ class Hdf5Source(VolumeSource):
         self.whole_by_chunks = self._direct is not None and self._direct.inflates
         # a box's chunks decompressed side by side where that pays, as measured for this filter and chunk size
         self._decodes = SideBySide.of("hdf5", str(node.compression), self.chunks, str(node.dtype))
-        self._opened = self._file_state()
-        self._opened_size = None if self._opened is None else self._opened[0]
+        self._opened = self._file_state()  # (size, modification time) when opened, None where it cannot be told
 
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
         if not self._file.id.valid:  # h5py would say "identifier is not of specified type", naming nothing
@@ -185,7 +184,7 @@ class Hdf5Source(VolumeSource):
         """Refuse a chunk whose bytes lie past the end of the file: HDF5 reads them as zeros, silently, when the
         file was truncated after it was opened. Only a file smaller than when it was opened is looked into."""
         size = self._file_size()
-        if size is None or self._opened_size is None or size >= self._opened_size:
+        if size is None or self._opened is None or size >= self._opened[0]:
             return
         dataset, where = self._dataset, tuple(int(o) for o in origin)
         if dataset.chunks is None:
