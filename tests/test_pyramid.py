@@ -121,6 +121,25 @@ def test_a_label_pyramid_keeps_only_ids_of_the_level_below_most_frequent_first_t
     assert set(np.unique(np.asarray(image.data[2]))) <= set(np.unique(labels))
 
 
+@pytest.mark.parametrize("dtype", [np.uint64, np.int64])
+def test_the_mean_of_64_bit_integers_is_exact(dtype):
+    """float64 holds 53 bits: a block of 2**64 - 1 averaged to 0, one of 2**63 - 1 to -2**63. The mean of the
+    block's voxels, rounded half to even, is compared with Python's exact fractions."""
+    from fractions import Fraction
+
+    from emfast.io._pyramid import downsample
+
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(5)
+    data = rng.integers(info.max - 20, info.max, (3, 5, 7), dtype=dtype, endpoint=True)
+    data[0] = rng.integers(info.min, info.min + 20, (5, 7), dtype=dtype, endpoint=True)
+    data[1, :2, :2] = info.max
+    got = downsample(data, (2, 2, 2), "mean")
+    for z, y, x in np.ndindex(got.shape):
+        block = data[2 * z:2 * z + 2, 2 * y:2 * y + 2, 2 * x:2 * x + 2].ravel().tolist()
+        assert int(got[z, y, x]) == round(Fraction(sum(block), len(block))), (z, y, x)
+
+
 def test_downsampling_is_chosen_by_the_user_and_recorded(tmp_path, raw_source):
     path, data = raw_source
     convert(str(path) + "/raw", tmp_path / "out.zarr/raw", levels=2, downsampling="mode")

@@ -6,8 +6,8 @@ voxel size of that level, which brings anisotropic EM volumes towards isotropic 
 in y and x only, (40, 8, 8), (40, 16, 16), (40, 32, 32), until z is within a factor 2 of the others, (80, 64, 64).
 A volume without a voxel size is taken as isotropic.
 
-How: ``mean`` (intensities) averages each 2 x 2 (x 2) block, in float64, rounded half to even for integer
-types; ``mode`` (labels) takes each block's most frequent value, ties going to the lowest value, so that
+How: ``mean`` (intensities) averages each 2 x 2 (x 2) block, in float64 (64-bit integers in integers, which
+float64 does not hold exactly), rounded half to even for integer types; ``mode`` (labels) takes each block's most frequent value, ties going to the lowest value, so that
 downsampled labels only hold ids of the level below. A block cut by the volume's far border (an odd size) uses
 the voxels it has. Level k's shape is the ceiling of level k-1's over the factors.
 
@@ -76,6 +76,8 @@ def downsample(data: np.ndarray, factor, rule: str) -> np.ndarray:
     order = tuple(range(n)) + (n, n + 2, n + 4, n + 1, n + 3, n + 5)
     blocks = padded.reshape(split).transpose(order).reshape(lead + out_shape + (-1,))
     mask = valid.reshape(split[n:]).transpose(0, 2, 4, 1, 3, 5).reshape(out_shape + (-1,))
+    if rule == "mean" and data.dtype.kind in "iu" and data.dtype.itemsize == 8:
+        return _exact_mean(blocks, mask, data.dtype)
     if rule == "mean":
         total = np.where(mask, blocks, 0).sum(axis=-1, dtype=np.float64)
         mean = total / mask.sum(axis=-1)
@@ -88,3 +90,16 @@ def downsample(data: np.ndarray, factor, rule: str) -> np.ndarray:
     best = counts == counts.max(axis=-1, keepdims=True)
     highest = np.iinfo(data.dtype).max if data.dtype.kind in "iu" else np.inf
     return np.where(best, blocks, np.array(highest, data.dtype)).min(axis=-1).astype(data.dtype)
+
+
+def _exact_mean(blocks: np.ndarray, mask: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The mean of each block's valid entries (last axis), rounded half to even, for 64-bit integers, which float64
+    holds only to 53 bits (2**64 - 1 averaged to 0): each value is split as q * n + r (0 <= r < n, n the block's
+    count), so that the sums stay in the dtype's range: mean = sum(q) + sum(r) / n."""
+    count = np.maximum(mask.sum(axis=-1), 1).astype(dtype)  # every block holds one voxel at least
+    quotient = np.where(mask, blocks // count[..., None], 0).sum(axis=-1, dtype=dtype)
+    remainder = np.where(mask, blocks % count[..., None], 0).sum(axis=-1, dtype=dtype)
+    mean = quotient + remainder // count
+    left = remainder % count  # the fraction left / count, rounded half to even
+    up = (2 * left > count) | ((2 * left == count) & (mean % 2 == 1))
+    return (mean + up.astype(dtype)).astype(dtype)
