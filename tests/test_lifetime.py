@@ -368,6 +368,23 @@ def test_set_epoch_moves_fresh_dataloader_workers_to_that_epoch(volumes):
         endless.set_epoch(0)
 
 
+def test_a_dataloader_collating_batches_is_told_to_use_batch_size_none(volumes):
+    """torch's default collation requests batch_size batches before it reads the first, which by then is
+    released: the error said only to copy before requesting the next, which the user never did."""
+    torch = pytest.importorskip("torch")
+
+    class Batches(torch.utils.data.IterableDataset):
+        def __init__(self, loader):
+            self.loader = loader
+
+        def __iter__(self):
+            return iter(self.loader)
+
+    loader, _ = make_loader(volumes, "cpu", epoch_size=4)
+    with loader, pytest.raises(ef.BatchReleasedError, match=r"give it batch_size=None"):
+        next(iter(torch.utils.data.DataLoader(Batches(loader), batch_size=2)))
+
+
 def test_set_epoch_travels_with_a_pickled_loader_to_its_workers_shard(volumes, monkeypatch):
     """A spawned worker gets the loader pickled: it carried the position (epoch x the main process's epoch size)
     but not the epoch, so a worker whose shard has shorter epochs (a tiled sampler) began mid-way through

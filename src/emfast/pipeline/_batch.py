@@ -107,7 +107,9 @@ class Batch(Mapping):
     def _live(self) -> Dict[str, np.ndarray]:
         if self._arrays is None:
             raise BatchReleasedError(f"batch {self.number} (epoch {self.epoch}, index {self.index}) was released; "
-                                     "copy what you need to keep with batch.copy() before requesting the next")
+                                     "copy what you need to keep with batch.copy() before requesting the next (a "
+                                     "torch DataLoader collating batches requests several first: give it "
+                                     "batch_size=None)")
         return self._arrays
 
     def __getitem__(self, name: str) -> np.ndarray:
