@@ -54,6 +54,15 @@ def test_converting_a_missing_hdf5_file_says_it_is_missing(tmp_path, capsys, dat
     assert f"emfast: error: HDF5 file not found: {tmp_path / 'missing.h5'}\n" == capsys.readouterr().err
 
 
+def test_a_folder_of_no_format_is_told_the_remedy_the_command_line_has(tmp_path, capsys):
+    """The message ended "or pass format=", an option no command has: that one is emfast.open's."""
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.txt").write_text("not a store")
+    assert main(["info", str(tmp_path / "plain")]) == 2
+    error = capsys.readouterr().err
+    assert "name the container with a suffix" in error and "(or, in Python, pass format= to emfast.open)" in error
+
+
 @pytest.mark.parametrize("target", ["missing.h5", "."])
 def test_info_on_a_bad_path_is_a_clear_error(tmp_path, capsys, target):
     assert main(["info", str(tmp_path / target)]) == 2

@@ -119,7 +119,8 @@ def suffixes() -> List[str]:
 def _cannot_tell(where) -> ValueError:
     names = ", ".join(f.name for f in formats())
     return ValueError(f"{where}: cannot tell its format (none of {names} recognises it, or the server refuses "
-                      f"their metadata files); name the container with a suffix {suffixes()} or pass format=")
+                      f"their metadata files); name the container with a suffix {suffixes()} (or, in Python, "
+                      "pass format= to emfast.open)")
 
 
 def detect(container: Path) -> str:
