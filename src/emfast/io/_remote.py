@@ -404,9 +404,9 @@ def _wait(future, deadline: Optional[float] = None):
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             raise TimeoutError("the remote read took longer than its retries may")
-        slice_s = _POLL_S if closed is not None else left
+        wait_s = left if closed is None else (_POLL_S if left is None else min(_POLL_S, left))
         try:
-            return future.result(timeout=slice_s if left is None or slice_s is None else min(slice_s, left))
+            return future.result(timeout=wait_s)
         except concurrent.futures.TimeoutError:  # TimeoutError itself, which tensorstore's futures raise too
             if future.done():  # it failed with a TimeoutError of its own: that is its result
                 raise
