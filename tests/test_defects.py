@@ -229,6 +229,29 @@ def test_slip_mask_mode_leaves_labels_and_masks_moved_sections(rng):
         slip.process(record, Patches(raw=raw.copy(), labels=labels.copy(), valid=3))
 
 
+@pytest.mark.parametrize("mode", ["slip", "step"])
+def test_extra_channels_move_with_raw_in_the_loader(mode):
+    """An extra channel holding raw's own volume stays equal to raw, voxel for voxel, under slips (it stayed in
+    place before, so half its voxels were misaligned)."""
+    volume = np.random.default_rng(5).integers(0, 255, (40, 80, 80), dtype=np.uint8)
+    sample = ef.Sample(volume, extra={"em2": volume.copy()})
+    slip = Slip(p=0.5, max_shift=(4, 4), mode=mode, fill=-3.0)
+    with ef.Loader(sample, patch=(8, 32, 32), batch_size=4, threads=1, augment=[slip], seed=1) as loader:
+        for _ in range(3):
+            batch = loader.next_batch()
+            assert (batch["raw"] == -3.0).any()
+            np.testing.assert_array_equal(batch["em2"], batch["raw"])
+
+
+def test_extra_channels_at_their_own_voxel_size_refuse_slips():
+    raw = ef.Volume(np.zeros((16, 32, 32), np.uint8), resolution=(8, 8, 8), name="raw")
+    coarse = ef.Volume(np.zeros((8, 16, 16), np.float32), resolution=(16, 16, 16), name="coarse")
+    sample = ef.Sample(raw, extra={"coarse": coarse}, own_resolution=["coarse"])
+    with pytest.raises(ValueError, match=r"\['slip'\] move raw's sections.*own_resolution: \['coarse'\]"):
+        ef.Loader(sample, patch=(4, 8, 8), augment=[Slip()])
+    ef.Loader(sample, patch=(4, 8, 8), augment=["mirror"]).close()
+
+
 def test_section_draws_depend_only_on_key_and_section(rng):
     """A deeper window keeps the hits of the shallower one's sections: draws are keyed by (example, z)."""
     for defect in (MissingSection(p=0.3), LowContrast(p=0.3), Slip(p=0.3)):

@@ -18,10 +18,11 @@ BATCHES = 20
 #: One digest per augmentation set; volumes in memory and read lazily must give the same stream.
 #: Changed on purpose (2026-11-27, two fixes, each changing both digests): affinities whose neighbour a warp or a
 #: slip moved in from outside the data are masked (the mask had looked at the neighbour on the other side), and
-#: Slip(labels="shift") moves the training mask with the labels it gates.
+#: Slip(labels="shift") moves the training mask with the labels it gates. Changed again (2026-11-27, only the
+#: extra channel's bytes): Slip moves extra channels with raw.
 GOLDEN = {
-    "anisotropic": "4f4bbd6fd3844c801d24dcfdfabcf7a0145129d57860b22f3f8ebf4cc45644dd",
-    "isotropic": "f2e19e51261cb15c929ab3bab00d375e0e66b6397e7db9bff1b8cbefc901bc74",
+    "anisotropic": "be7f441b227c1eee5cc48bce45b8f7c595bf57812ff0a1057a082142692b747d",
+    "isotropic": "09b4e9a472a3e57a64b26bc9ba67aa223488914d7067b7aff57625386f9c4052",
 }
 
 

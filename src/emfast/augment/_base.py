@@ -95,6 +95,9 @@ class Patches:
         The training mask's windows, which gate the labels: an augmentation that moves labels moves it too.
     mask_offset : (int, int, int)
         Position of ``mask[:, :, 0, 0, 0]`` in the raw window's output coordinates, as ``labels_offset``.
+    extras : tuple of ndarray
+        The extra input channels' windows on raw's grid, (B, Ce, Z, Y, X) each, cut like raw: an augmentation
+        that moves raw's sections moves them too.
     """
 
     raw: np.ndarray
@@ -104,6 +107,7 @@ class Patches:
     valid: int = 0
     mask: Optional[np.ndarray] = None
     mask_offset: tuple = (0, 0, 0)
+    extras: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,8 @@ class Augmentation:
       grid and fold into the gather kernels' steps;
     - ``unknown_voxels``: it can bring voxels from outside the data into a window, so the loader tracks which
       labels are known (``labels_valid``) and masks affinities that touch unknown ones;
+    - ``moves_sections``: it moves whole z-sections of raw in y and x, and every field on raw's grid with them
+      (extra channels, labels and mask), which fields delivered at their own voxel size cannot follow;
     - :meth:`bind_windows`: what it must size or check against the windows before drawing.
     """
 
@@ -146,6 +152,7 @@ class Augmentation:
     pixelwise: ClassVar[bool] = False
     moves_voxels: ClassVar[bool] = False
     unknown_voxels: ClassVar[bool] = False
+    moves_sections: ClassVar[bool] = False
 
     def check(self, isotropic: bool) -> None:
         """Raise if this augmentation is not allowed for the data (anisotropic unless ``isotropic``)."""

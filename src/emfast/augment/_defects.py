@@ -200,8 +200,8 @@ class Slip(_SectionDefect):
     * ``mode="step"``: the hit section and every section after it move (an alignment error between two
       stacks); sections 1 and later may be hit, and the moves of several hits add up.
 
-    Raw voxels whose source lies outside the raw window get ``fill``. Labels, when present, are handled by
-    ``labels``:
+    Raw voxels whose source lies outside the raw window get ``fill``. Extra input channels move with raw, by the
+    same vector, and get ``fill`` as raw does. Labels, when present, are handled by ``labels``:
 
     * ``"shift"``: labels (and ``labels_valid``, and the training mask that gates them) move by the same vector
       in their own array, so a label stays on its raw voxel; label section zl moves as raw section
@@ -223,7 +223,7 @@ class Slip(_SectionDefect):
     labels : str
         ``"shift"`` or ``"mask"``.
     fill : float
-        Raw value of voxels moved in from outside the window, in normalised raw units.
+        Raw (and extra channels') value of voxels moved in from outside the window, in normalised units.
     """
 
     p: float = 0.05
@@ -233,6 +233,7 @@ class Slip(_SectionDefect):
     fill: float = 0.0
     name: ClassVar[str] = "slip"
     unknown_voxels: ClassVar[bool] = True  # a slipped section shifts in voxels from beside the window
+    moves_sections: ClassVar[bool] = True
     _DRAWS: ClassVar[int] = 3
     _TAG: ClassVar[int] = _tag("slip")
 
@@ -275,13 +276,19 @@ class Slip(_SectionDefect):
     def process(self, record: SectionKeys, patches: Patches) -> None:
         raw, record = self._start(record, patches)
         label_arrays = self._label_arrays(patches, raw)
-        valid, channels, sections = patches.valid, raw.shape[1], raw.shape[2]
+        valid, sections = patches.valid, raw.shape[2]
         table = self.shifts(record, raw.shape, valid)
         example, section = np.nonzero(table[:, :sections].any(axis=2))
+        for extra in patches.extras:
+            if not isinstance(extra, np.ndarray) or extra.ndim != 5 \
+                    or extra.shape[:1] + extra.shape[2:] != raw.shape[:1] + raw.shape[2:]:
+                raise ValueError(f"Slip: patches.extras must be arrays shaped like raw {raw.shape} but for their "
+                                 f"channels, got {getattr(extra, 'shape', type(extra).__name__)}")
         if example.size:
-            planes = _plane_index(example, section, channels, sections)
-            _intensity.shift_planes(raw, planes, np.repeat(table[example, section], channels, axis=0), self.fill,
-                                    "raw")
+            for array, name in [(raw, "raw")] + [(extra, "extra channel") for extra in patches.extras]:
+                channels = array.shape[1]
+                _intensity.shift_planes(array, _plane_index(example, section, channels, sections),
+                                        np.repeat(table[example, section], channels, axis=0), self.fill, name)
         if not label_arrays:
             return
         labels = next(a for a in label_arrays if a is not None)

@@ -71,8 +71,8 @@ def own_field(name: str, placed: Sequence[Placed], dtype, patch: Sequence[int], 
 
 
 def check_own(own: Sequence[str], augmentations, targets) -> None:
-    """Refuse what the fields ``own`` (delivered at their own voxel size) cannot do: warps, and labels feeding
-    targets or validity tracking (both on raw's grid)."""
+    """Refuse what the fields ``own`` (delivered at their own voxel size) cannot do: warps, moved sections, and
+    labels feeding targets or validity tracking (both on raw's grid)."""
     own = list(own)
     if not own:
         return
@@ -83,6 +83,12 @@ def check_own(own: Sequence[str], augmentations, targets) -> None:
                 raise ValueError(f"{augmentation.name} resamples off the voxel grid, which fields delivered at their "
                                  f"own voxel size ({OPTION}: {own}) do not support; deliver them on raw's grid (the "
                                  "default), or drop the augmentation")
+    moving = [a.name for a in augmentations if a.moves_sections]
+    if moving and set(own) - {"labels"}:  # labels are refused below, with what they cannot follow
+        with concerning(section="augment"):
+            raise ValueError(f"{moving} move raw's sections, and every field on raw's grid with them; fields delivered "
+                             f"at their own voxel size ({OPTION}: {own}) cannot follow: deliver them on raw's grid, "
+                             "or drop the augmentation")
     if "labels" in own:
         if targets:
             with concerning(section="targets"):

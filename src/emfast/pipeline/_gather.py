@@ -223,7 +223,7 @@ class Gatherer:
             with profile.timer("augment"):
                 patches = Patches(raw=windows["raw"], labels=labels, labels_offset=self._offset_from_raw("labels"),
                                   labels_valid=valid, valid=plan.valid, mask=windows.get("mask"),
-                                  mask_offset=self._offset_from_raw("mask"))
+                                  mask_offset=self._offset_from_raw("mask"), extras=self._extras(windows))
                 for position, augmentation in self.pixelwise:
                     augmentation.process(plan.records[position], patches)
         if labels is not None and self.keep_labels and not self._by_name["labels"].delivered:
@@ -237,6 +237,11 @@ class Gatherer:
                         target.mask_unknown(valid, self.margin, arrays)
         if valid is not None:
             np.copyto(arrays["labels_valid"], self._inner(valid))
+
+    def _extras(self, windows: Dict[str, np.ndarray]) -> tuple:
+        """The extra channels' windows on raw's grid (fields at their own voxel size are not cut like raw)."""
+        return tuple(windows[f.name] for f in self.fields
+                     if f.name not in ("raw", "labels", "mask") and f.grids is None)
 
     def _offset_from_raw(self, name: str) -> tuple:
         """Where field ``name``'s window starts in raw's output coordinates ((0, 0, 0) without that field)."""
