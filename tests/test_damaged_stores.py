@@ -144,22 +144,35 @@ CHANGED = r"its files changed since it was opened \(the store was replaced, rewr
 
 def _lazy_uint32(tmp_path, rng, kind: str):
     """A uint32 volume in a zarr v2 store or an HDF5 file, and it opened lazily with a cache of one block."""
-    raw = rng.integers(0, 1000, (16, 32, 32), dtype=np.uint32)
+    # a virtual dataset is stored contiguously: the cache holds it in blocks of 64 along x, one at a time
+    raw = rng.integers(0, 1000, (16, 32, 128 if kind == "hdf5 virtual" else 32), dtype=np.uint32)
     if kind == "zarr":
         zarr.create_array(str(tmp_path / "s.zarr"), name="raw", shape=raw.shape, chunks=(4, 8, 8), dtype=np.uint32,
                           zarr_format=2, compressors=None)[...] = raw
         return raw, ef.open(tmp_path / "s.zarr/raw", in_memory=False, cache_bytes=1024)
-    with h5py.File(tmp_path / "s.h5", "w") as f:
+    data = "s.h5" if kind == "hdf5" else "d.h5"  # else s.h5 reads d.h5 through an external link or a VDS
+    with h5py.File(tmp_path / data, "w") as f:
         f.create_dataset("raw", data=raw, chunks=(4, 8, 8))
-    return raw, ef.hdf5(tmp_path / "s.h5", "raw", in_memory=False, cache_bytes=1024)
+    if kind == "hdf5 external link":
+        with h5py.File(tmp_path / "s.h5", "w") as f:
+            f["raw"] = h5py.ExternalLink("d.h5", "raw")
+    elif kind == "hdf5 virtual":
+        layout = h5py.VirtualLayout(shape=raw.shape, dtype=raw.dtype)
+        layout[...] = h5py.VirtualSource("d.h5", "raw", shape=raw.shape)
+        with h5py.File(tmp_path / "s.h5", "w") as f:
+            f.create_virtual_dataset("raw", layout)
+    budget = 16 * 32 * 64 * 4 if kind == "hdf5 virtual" else 1024
+    return raw, ef.hdf5(tmp_path / "s.h5", "raw", in_memory=False, cache_bytes=budget)
 
 
-@pytest.mark.parametrize("kind, change", [("zarr", "removed"), ("zarr", "float32 instead"), ("hdf5", "cp over it")])
+@pytest.mark.parametrize("kind, change", [("zarr", "removed"), ("zarr", "float32 instead"), ("hdf5", "cp over it"),
+                                          ("hdf5 external link", "cp over it"), ("hdf5 virtual", "cp over it")])
 def test_a_store_changed_under_a_lazy_volume_is_an_error_never_other_data(tmp_path, rng, kind, change):
     """Changes nothing else tells: a removed store read as its fill value (zeros); one recreated as float32 has
     chunks of the uint32 size, which decode without an error (float bits read as integers); an HDF5 file
-    rewritten in place (cp keeps the inode) has its chunks' offsets point into other bytes. Each is now an error
-    at the first read of a missing block, and at every read after it."""
+    rewritten in place (cp keeps the inode) has its chunks' offsets point into other bytes, and so has the file
+    an external link or a virtual dataset reads. Each is now an error at the first read of a missing block, and
+    at every read after it."""
     raw, volume = _lazy_uint32(tmp_path, rng, kind)
     out = np.empty((1, 4, 8, 8), np.uint32)
     volume.read_box((0, 0, 0), (4, 8, 8), out)
@@ -172,11 +185,12 @@ def test_a_store_changed_under_a_lazy_volume_is_an_error_never_other_data(tmp_pa
     else:
         with h5py.File(tmp_path / "new.h5", "w") as f:
             f.create_dataset("raw", data=raw[::-1].copy(), chunks=(4, 8, 8))
-        shutil.copyfile(tmp_path / "new.h5", tmp_path / "s.h5")
-        os.utime(tmp_path / "s.h5", ns=(time.time_ns(), time.time_ns() + 10**9))  # a coarse clock may not tick
+        data = tmp_path / ("s.h5" if kind == "hdf5" else "d.h5")
+        shutil.copyfile(tmp_path / "new.h5", data)
+        os.utime(data, ns=(time.time_ns(), time.time_ns() + 10**9))  # a coarse clock may not tick
     for _ in range(2):
         with pytest.raises(CorruptChunkError, match=CHANGED):
-            volume.read_box((8, 16, 16), (4, 8, 8), out)
+            volume.read_box((8, 16, raw.shape[2] - 8), (4, 8, 8), out)
     volume.close()
 
 

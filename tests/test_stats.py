@@ -161,6 +161,37 @@ def test_cache_of_a_store_is_invalidated_when_its_chunks_are_rewritten(tmp_path,
     assert slab_reads[0] > reads
 
 
+def _external_link(tmp_path, data):
+    with h5py.File(tmp_path / "data.h5", "w") as f:
+        f.create_dataset("raw", data=data, chunks=(3, 4, 4))
+    with h5py.File(tmp_path / "main.h5", "w") as f:
+        f["raw"] = h5py.ExternalLink("data.h5", "raw")
+
+
+def _virtual(tmp_path, data):
+    with h5py.File(tmp_path / "data.h5", "w") as f:
+        f.create_dataset("raw", data=data, chunks=(3, 4, 4))
+    layout = h5py.VirtualLayout(shape=data.shape, dtype=data.dtype)
+    layout[...] = h5py.VirtualSource(str(tmp_path / "data.h5"), "raw", shape=data.shape)
+    with h5py.File(tmp_path / "main.h5", "w") as f:
+        f.create_virtual_dataset("raw", layout)
+
+
+@pytest.mark.parametrize("link", [_external_link, _virtual], ids=["external-link", "virtual"])
+def test_cache_follows_the_file_an_hdf5_link_or_virtual_dataset_reads(tmp_path, rng, link):
+    """main.h5 stays as it was while the file holding its data is rewritten: the statistics of the old data were
+    reused (batches with mean 494, std 30 instead of 0 and 1)."""
+    first, second = random_volume(rng, (6, 8, 8), np.uint8), random_volume(rng, (6, 8, 8), np.uint8) // 4
+    link(tmp_path, first)
+    main = tmp_path / "main.h5"
+    state = main.stat()
+    assert_matches_numpy(volume_statistics(ef.hdf5(main, "raw", in_memory=False)), first)
+    with h5py.File(tmp_path / "data.h5", "r+") as f:
+        f["raw"][...] = second
+    assert main.stat().st_mtime_ns == state.st_mtime_ns
+    assert_matches_numpy(volume_statistics(ef.hdf5(main, "raw", in_memory=False)), second)
+
+
 def test_file_changed_after_opening_is_not_cached(tmp_path, rng, cache_dir):
     path = tmp_path / "v.h5"
     write(path, random_volume(rng, (6, 8, 8), np.uint8))

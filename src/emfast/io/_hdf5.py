@@ -74,8 +74,8 @@ class Hdf5Source(VolumeSource):
             if not isinstance(node, h5py.Dataset):
                 raise ValueError(f"{self.name} is a group, not a dataset; datasets in the file: "
                                  f"{', '.join(list_datasets(file))}")
-            self.stamp = Stamp.of(path, dataset)
             self._sources = _virtual_sources(Path(path), node, self.name) if node.is_virtual else []
+            self.stamp = Stamp.of(path, dataset, data_files=_data_files(Path(path), node, self._sources))
         except BaseException:
             file.close()
             raise
@@ -157,9 +157,9 @@ class Hdf5Source(VolumeSource):
                                         "would read that part as fill values")
 
     def _file_state(self) -> Optional[tuple]:
-        """The file's (size, modification time in ns) now (None where it cannot be told: another HDF5 driver, or a
-        removed path)."""
-        file = self._file
+        """The (size, modification time in ns) now of the file holding the dataset (the one an external link leads
+        to, if any; None where it cannot be told: another HDF5 driver, or a removed path)."""
+        file = self._dataset.file
         try:
             if file.driver == "sec2":  # the open descriptor: right even if the path was removed or replaced
                 status = os.fstat(file.id.get_vfd_handle())
@@ -175,10 +175,13 @@ class Hdf5Source(VolumeSource):
 
     def changed_since_opened(self) -> bool:
         """Whether the open file was written since it was opened (``cp new.h5 v.h5`` rewrites it in place: the
-        chunks' offsets then point into other bytes). Told through the open descriptor, so a file removed or renamed
+        chunks' offsets then point into other bytes), or another file holding the data (a virtual dataset's source,
+        external raw storage) was. The open file is told through its descriptor, so a file removed or renamed
         away, whose data the descriptor keeps, has not changed."""
         now = self._file_state()
-        return now is not None and self._opened is not None and now != self._opened
+        if now is not None and self._opened is not None and now != self._opened:
+            return True
+        return not self.stamp.data_files_unchanged(skip=(Path(self._dataset.file.filename).resolve(),))
 
     def _check_stored(self, origin: Sequence[int]) -> None:
         """Refuse a chunk whose bytes lie past the end of the file: HDF5 reads them as zeros, silently, when the
@@ -245,6 +248,17 @@ def _virtual_sources(path: Path, dataset: h5py.Dataset, name: str) -> List[_Virt
         first, last = mapping.vspace.get_select_bounds()
         sources.append(_VirtualSource(file, mapping.dset_name, tuple(first[-3:]), tuple(last[-3:])))
     return sources
+
+
+def _data_files(path: Path, dataset: h5py.Dataset, sources: Sequence[_VirtualSource]) -> List[Path]:
+    """The files besides ``path`` that hold the dataset's bytes: the file an external link leads to, a virtual
+    dataset's sources, and external raw storage (looked for beside ``path``, then from the working directory)."""
+    files = [Path(dataset.file.filename)] + [source.file for source in sources]
+    for name, _, _ in dataset.external or ():
+        name = os.fsdecode(name)
+        found = [f for f in (path.parent / name, Path(name)) if f.is_file()]
+        files += found[:1]
+    return files
 
 
 def _source_file(vds: Path, file_name: str) -> Optional[Path]:

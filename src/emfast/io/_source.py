@@ -205,6 +205,9 @@ class Stamp:
     marker : pathlib.Path
         The file whose stat stands for the data: the HDF5 file itself, or a store's array metadata file
         (rewritten whenever the array is recreated or resized).
+    data_files : tuple of (pathlib.Path, int, int)
+        Other files holding the data, with their size and modification time then: the file an HDF5 external link
+        leads to, a virtual dataset's source files. Rewriting one changes the data, not ``marker``.
     """
 
     path: Path
@@ -212,20 +215,36 @@ class Stamp:
     size: int
     mtime_ns: int
     marker: Optional[Path] = None
+    data_files: tuple = ()
 
     @classmethod
-    def of(cls, path, dataset: str, marker=None) -> "Stamp":
+    def of(cls, path, dataset: str, marker=None, data_files=()) -> "Stamp":
         marker = Path(path if marker is None else marker)
         stat = os.stat(marker)
-        return cls(Path(path).resolve(), dataset, stat.st_size, stat.st_mtime_ns, marker.resolve())
+        others = []
+        for file in dict.fromkeys(Path(f).resolve() for f in data_files):
+            if file != marker.resolve():
+                state = os.stat(file)
+                others.append((file, state.st_size, state.st_mtime_ns))
+        return cls(Path(path).resolve(), dataset, stat.st_size, stat.st_mtime_ns, marker.resolve(), tuple(others))
 
     def unchanged(self) -> bool:
-        """True if the marker file still has the size and modification time it had when the volume was opened."""
-        try:
-            now = os.stat(self.marker or self.path)
-        except OSError:
-            return False
-        return (now.st_size, now.st_mtime_ns) == (self.size, self.mtime_ns)
+        """True if the marker file and the other data files still have the size and modification time they had
+        when the volume was opened."""
+        return _same_state(self.marker or self.path, self.size, self.mtime_ns) and self.data_files_unchanged()
+
+    def data_files_unchanged(self, skip: Sequence[Path] = ()) -> bool:
+        """True if the other data files (but those in ``skip``) still have the size and modification time they
+        had when the volume was opened."""
+        return all(_same_state(*entry) for entry in self.data_files if entry[0] not in skip)
+
+
+def _same_state(file: Path, size: int, mtime_ns: int) -> bool:
+    try:
+        now = os.stat(file)
+    except OSError:
+        return False
+    return (now.st_size, now.st_mtime_ns) == (size, mtime_ns)
 
 
 class VolumeSource:

@@ -203,7 +203,9 @@ class _CacheEntry:
             return None
         key = {"format": STATS_FORMAT_VERSION, "path": str(source.path), "dataset": source.dataset,
                "size": source.size, "mtime_ns": source.mtime_ns}
-        if not source.path.is_file():  # a store: its chunks are rewritten in place under the same metadata
+        # a store's chunks are rewritten in place under the same metadata; an HDF5 link's or virtual dataset's
+        # files are rewritten under the same file
+        if not source.path.is_file() or source.data_files:
             key["data"] = fingerprint(source)
         return cls(key)
 
