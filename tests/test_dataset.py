@@ -1,4 +1,6 @@
 """Datasets of several volumes through the loader: alignment, context windows, targets, shards and bad input."""
+import pickle
+
 import h5py
 import numpy as np
 import pytest
@@ -279,3 +281,31 @@ def test_a_wrong_dtype_lists_only_that_fields_supported_dtypes(kwargs, expected)
         ef.Sample(volume("raw", np.uint8), volume("labels", np.uint64), mask=volume("mask", np.uint8),
                   extra={"second": volume("extra", np.uint8)})
     assert str(caught.value) == expected
+
+
+@pytest.mark.parametrize("kind", ["array", "hdf5", "hdf5 lazy", "zarr", "pickled"])
+def test_a_bool_volume_from_any_source_is_refused_as_raw_or_extra_and_kept_as_mask(tmp_path, kind):
+    """A bool array was refused as raw, but the same data from a file (read as uint8 0/1) was taken: batches
+    of 0 and 1/255."""
+    data = np.zeros((6, 8, 8), bool)
+    data[:, :, 4:] = True
+    if kind.startswith("hdf5"):
+        with h5py.File(tmp_path / "b.h5", "w") as f:
+            f["b"] = data
+        volume = ef.hdf5(tmp_path / "b.h5", "b", in_memory=kind == "hdf5")
+    elif kind == "zarr":
+        zarr = pytest.importorskip("zarr")
+        zarr.create_array(tmp_path / "b.zarr", shape=data.shape, chunks=(3, 4, 4), dtype=bool)[...] = data
+        volume = ef.open(tmp_path / "b.zarr")
+    else:
+        volume = ef.Volume.from_array(data)
+        volume = pickle.loads(pickle.dumps(volume)) if kind == "pickled" else volume
+    assert volume.stored_dtype == bool and volume.dtype == np.uint8
+    with pytest.raises(TypeError, match=rf"raw must be {RAW_LIST}, not bool"):
+        ef.Sample(volume)
+    raw = np.zeros(data.shape, np.uint8)
+    with pytest.raises(TypeError, match=rf"extra channels must be {RAW_LIST}, not bool"):
+        ef.Sample(raw, extra={"b": volume})
+    sample = ef.Sample(raw, mask=volume)
+    with ef.Loader(sample, patch=(6, 8, 8), batch_size=1, augment=()) as loader:
+        np.testing.assert_array_equal(loader.next_batch()["mask"][0, 0], data)

@@ -100,6 +100,9 @@ class Volume:
     stamp : Stamp or None
         The file or store and dataset the volume came from, as it was when opened (None for arrays). Its former
         name ``source`` still works, with a DeprecationWarning, until the next minor version.
+    stored_dtype : numpy.dtype
+        The element type as stored, native byte order: ``bool`` for a boolean mask, which :attr:`dtype` gives as
+        uint8 (0 or 1).
     """
 
     def __init__(self, data, *, name: Optional[str], resolution=None, offset=None, chunks=None, stamp=None,
@@ -116,6 +119,7 @@ class Volume:
         dtype = _checked_dtype(_Described(data.full_shape, data.dtype) if lazy else data, name)
         self.name = name
         self.dtype = dtype
+        self.stored_dtype = np.dtype(data.dtype).newbyteorder("=")
         full_shape = tuple(int(s) for s in (data.full_shape if lazy else data.shape))
         self.channels = full_shape[0] if len(full_shape) == 4 else 1
         self.shape = full_shape[-3:]
@@ -170,8 +174,10 @@ class Volume:
             source.close()
             raise
         source.close()
-        return cls(data, name=name, resolution=source.resolution, offset=source.offset, chunks=source.chunks,
-                   stamp=source.stamp)
+        volume = cls(data, name=name, resolution=source.resolution, offset=source.offset, chunks=source.chunks,
+                     stamp=source.stamp)
+        volume.stored_dtype = np.dtype(source.dtype).newbyteorder("=")
+        return volume
 
     @classmethod
     def from_array(cls, array: np.ndarray, *, name: str = "array", resolution=None, offset=None) -> "Volume":
@@ -183,7 +189,8 @@ class Volume:
     def __reduce__(self):
         """Pickle an in-memory volume with its data, a lazy one as its file and dataset (reopened read-only)."""
         if self._array is not None:
-            return _rebuilt_volume, (self._array, self.name, self.resolution, self.offset, self.chunks, self.stamp)
+            array = self._array.view(bool) if self.stored_dtype == bool else self._array
+            return _rebuilt_volume, (array, self.name, self.resolution, self.offset, self.chunks, self.stamp)
         return _reopened_volume, (type(self._reader), self._reader.reopen_arguments(), self._cache.budget_bytes)
 
     @property

@@ -109,8 +109,9 @@ def _as_role_volume(source, what: str, dtypes, role: Optional[str] = None) -> Vo
     if isinstance(source, np.ndarray) and dtype.newbyteorder("=") not in dtypes:  # before Volume's generic check
         raise TypeError(f"{what}: {role} must be {_dtype_list(dtypes)}, not {dtype}")
     volume = as_volume(source, what)
-    if volume.dtype not in dtypes:
-        raise TypeError(f"{volume.name}: {role} must be {_dtype_list(dtypes)}, not {volume.dtype}")
+    stored = volume.stored_dtype  # a bool mask reads as uint8: not raw intensities
+    if volume.dtype not in dtypes or (stored == bool and bool not in dtypes):
+        raise TypeError(f"{volume.name}: {role} must be {_dtype_list(dtypes)}, not {stored}")
     return volume
 
 
