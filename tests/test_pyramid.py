@@ -95,8 +95,11 @@ def test_ome_zarr_py_and_tensorstore_read_every_level_of_an_intensity_pyramid(tm
         stored = ts.open({"driver": driver, "kvstore": {"driver": "file",
                                                         "path": str(tmp_path / f"out.zarr/raw/s{k}")}}).result()
         np.testing.assert_array_equal(stored.read().result(), want)
-        with ef.open(str(tmp_path / f"out.zarr/raw/s{k}")) as volume:  # each level's own attributes agree
-            assert volume.resolution == pytest.approx(voxel) and volume.offset == pytest.approx(offset)
+        # OME's translation is the centre of a level's first voxel; emfast's and funlib's offset its corner, where
+        # level 0 starts (the level's own attributes, and the image opened at that level)
+        for volume in (ef.open(str(tmp_path / f"out.zarr/raw/s{k}")), ef.open(str(tmp_path / "out.zarr/raw"), level=k)):
+            with volume:
+                assert volume.resolution == pytest.approx(voxel) and volume.offset == pytest.approx(OFFSET)
     with ef.open(str(tmp_path / "out.zarr/raw")) as volume:  # the image opens at its finest level
         np.testing.assert_array_equal(volume.array[0], data)
 
@@ -231,3 +234,42 @@ def test_an_ome_zarr_py_image_converts_with_its_geometry_and_the_pyramid_of_ome_
         [reference_level(channel, (1, 2, 2), "mean") for channel in data[0]]))
     array = persistence.open_ds(str(tmp_path / "out.zarr/image/s1"), mode="r")
     assert tuple(array.voxel_size) == (40, 16, 16) and list(array.axis_names) == ["c^", "z", "y", "x"]
+
+
+@pytest.mark.parametrize("open_level", ["by index", "by path"])
+def test_a_coarser_level_as_labels_lines_up_with_raw_voxel_for_voxel(tmp_path, open_level):
+    """Level 1 of a label pyramid given as labels of a finer raw: its OME translation (the centre of its first
+    voxel) was taken for the corner, and every label landed one raw voxel off in y and x (7168 of 16384)."""
+    shape = (8, 64, 64)
+    raw = np.arange(np.prod(shape), dtype=np.uint16).reshape(shape)  # each voxel holds its own index
+    ids = (np.arange(8 * 32 * 32, dtype=np.uint64) + 1).reshape(8, 32, 32)
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("raw", data=raw).attrs.update(resolution=(40, 2, 2), offset=(0, 0, 0))
+        f.create_dataset("labels", data=ids).attrs.update(resolution=(40, 4, 4), offset=(0, 0, 0))
+    convert(str(tmp_path / "in.h5/labels"), tmp_path / "out.zarr/labels", levels=2)
+    level1 = (ef.open(tmp_path / "out.zarr", "labels", level=1) if open_level == "by index"
+              else ef.open(tmp_path / "out.zarr/labels/s1"))
+    assert level1.resolution == (40, 8, 8) and level1.offset == (0, 0, 0)
+    coarse = np.asarray(level1)[0]
+    sample = ef.Sample(ef.hdf5(tmp_path / "in.h5", "raw"), labels=level1)
+    with ef.Loader(sample, patch=(2, 16, 16), batch_size=4, augment=(), normalize=(1, 0), seed=0) as loader:
+        for _ in range(3):
+            batch = loader.next_batch()
+            z, y, x = np.unravel_index(batch["raw"][:, 0].astype(np.int64), shape)
+            # raw voxel y covers [2y, 2y + 2) nm, level-1 voxel j [8j, 8j + 8): j = y // 4
+            np.testing.assert_array_equal(batch["labels"][:, 0], coarse[z, y // 4, x // 4])
+
+
+def test_a_pyramid_whose_levels_state_the_ome_translation_as_their_offset_still_opens(tmp_path):
+    """emfast's earlier pyramids wrote the OME translation (the centre) as each level's funlib offset too."""
+    zarr = needs("zarr")
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("raw", data=np.zeros((4, 16, 16), np.uint8)).attrs.update(resolution=(40, 4, 4),
+                                                                                   offset=(0, 8, 8))
+    convert(str(tmp_path / "in.h5/raw"), tmp_path / "out.zarr/raw", levels=2)
+    zarr.open_array(str(tmp_path / "out.zarr/raw/s1"), mode="r+").attrs["offset"] = [0, 10, 10]
+    assert ef.open(tmp_path / "out.zarr/raw", level=1).offset == (0, 8, 8)
+    zarr.open_array(str(tmp_path / "out.zarr/raw/s1"), mode="r+").attrs["offset"] = [0, 12, 12]
+    with pytest.raises(ef.io.StoreMetadataError, match=r"contradictory metadata: its offset \(z, y, x\) = "
+                                                       r"\(0.0, 12.0, 12.0\) nm but the OME-NGFF translation"):
+        ef.open(tmp_path / "out.zarr/raw", level=1)

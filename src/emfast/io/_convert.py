@@ -237,8 +237,10 @@ def _convert_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_f
         geometry.append(level_geometry(*geometry[-1], factor))
         below = open_source(f"{container}/{dataset}/s{level - 1}")
         try:
+            # funlib's offset is the corner of the first voxel, where level 0 starts; OME's translation, the
+            # centre, is in geometry
             done = _convert_level(below, container, f"{dataset}/s{level}", "zarr", zarr_format, settings,
-                                  overwrite, progress_of(level), factor, rule, geometry[-1])
+                                  overwrite, progress_of(level), factor, rule, (geometry[-1][0], source.offset))
         finally:
             below.close()
         tiles, written = tiles + done.tiles, written + done.written

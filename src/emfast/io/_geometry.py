@@ -31,6 +31,8 @@ and the level's own ``voxel_size``), an unknown unit, or axes that cannot be tol
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -325,12 +327,20 @@ def require_agreement(where: str, what: str, stated: Optional[Triple], other: st
 
 @dataclass(frozen=True)
 class Level:
-    """One level of an OME-NGFF multiscale image: its path, the role of each axis, (z, y, x) nm."""
+    """One level of an OME-NGFF multiscale image: its path, the role of each axis, (z, y, x) nm.
+
+    ``translation`` is the level's OME-NGFF translation as stated; ``offset`` is where its voxel (0, 0, 0) starts
+    as emfast (and funlib) place voxels, the corner: a level translated from level 0 by half the difference of
+    their voxel sizes (OME-NGFF's convention for binned levels, whose translation is the centre of their first
+    voxel: ome-zarr-py's pyramids, emfast's own) starts where level 0 starts; any other translation is taken as
+    the corner, as level 0's is.
+    """
 
     path: str
     axes: Tuple[str, ...]
     resolution: Triple
     offset: Triple
+    translation: Triple
 
 
 def multiscale_levels(attrs: Mapping, name: str) -> Optional[Sequence[Level]]:
@@ -362,11 +372,23 @@ def multiscale_levels(attrs: Mapping, name: str) -> Optional[Sequence[Level]]:
             raise StoreMetadataError(f"{where}: a dataset entry has no path: {dataset!r}")
         scale, shift = _transform(dataset.get("coordinateTransformations", ()), len(axes), where, dataset["path"])
         scale, shift = scale * outer_scale * factors, (shift * outer_scale + outer_shift) * factors
-        levels.append(Level(str(dataset["path"]), roles, tuple(float(scale[roles.index(a)]) for a in SPATIAL),
-                            tuple(float(shift[roles.index(a)]) for a in SPATIAL)))
+        resolution = tuple(float(scale[roles.index(a)]) for a in SPATIAL)
+        translation = tuple(float(shift[roles.index(a)]) for a in SPATIAL)
+        levels.append(Level(str(dataset["path"]), roles, resolution, translation, translation))
     if not levels:
         raise StoreMetadataError(f"{where}: the multiscale lists no datasets")
-    return levels
+    first = levels[0]
+    return [dataclasses.replace(level, offset=_corner(level, first)) for level in levels]
+
+
+def _corner(level: Level, first: Level) -> Triple:
+    """``level``'s offset as a corner, per axis: level 0's where the translation moved by half the voxel size
+    difference (a binned level's centre), else the translation."""
+    corner = []
+    for t, v, t0, v0 in zip(level.translation, level.resolution, first.translation, first.resolution):
+        centred = math.isclose(t, t0 + (v - v0) / 2, rel_tol=0, abs_tol=1e-6 * v0)
+        corner.append(t0 if centred else t)
+    return tuple(corner)
 
 
 def choose_level(levels: Sequence[Level], level, resolution, name: str) -> Level:

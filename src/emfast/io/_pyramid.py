@@ -11,10 +11,12 @@ float64 does not hold exactly), rounded half to even for integer types; ``mode``
 downsampled labels only hold ids of the level below. A block cut by the volume's far border (an odd size) uses
 the voxels it has. Level k's shape is the ceiling of level k-1's over the factors.
 
-Where: a level's voxel is centred on the block it summarises, so its offset (the centre of its first voxel, as
-OME-NGFF's translation and emfast's offset mean it) moves by (factor - 1) / 2 voxels of the level below: half a
-voxel for a halved axis. This is where ome-zarr-py's own pyramids put their levels (ome/ome-zarr-py#403, #590)
-and what neuroglancer expects of averaged levels (google/neuroglancer#440); the tests compare with ome-zarr-py.
+Where: a level's voxel is centred on the block it summarises, so its OME-NGFF translation (the centre of its
+first voxel) moves by (factor - 1) / 2 voxels of the level below: half a voxel for a halved axis. This is where
+ome-zarr-py's own pyramids put their levels (ome/ome-zarr-py#403, #590) and what neuroglancer expects of averaged
+levels (google/neuroglancer#440); the tests compare with ome-zarr-py. The level's funlib ``offset`` is the corner
+of its first voxel (funlib's and emfast's meaning), which stays where level 0 starts; :func:`level_geometry` gives
+the translation.
 """
 from __future__ import annotations
 
@@ -53,8 +55,8 @@ def level_factors(shape: Sequence[int], resolution: Optional[Sequence[float]], l
 
 
 def level_geometry(resolution: Optional[Sequence[float]], offset: Optional[Sequence[float]], factor) -> tuple:
-    """The voxel size and offset (z, y, x nm) of the level made from one of ``resolution`` and ``offset`` by
-    ``factor``; a source without a voxel size counts as 1 per axis."""
+    """The voxel size and OME-NGFF translation (z, y, x nm) of the level made from one of ``resolution`` and
+    translation ``offset`` by ``factor``; a source without a voxel size counts as 1 per axis."""
     size = [float(r) for r in (resolution or (1.0, 1.0, 1.0))]
     start = [float(o) for o in (offset or (0.0, 0.0, 0.0))]
     return ([s * f for s, f in zip(size, factor)], [o + (f - 1) / 2 * s for o, s, f in zip(start, size, factor)])

@@ -138,8 +138,10 @@ class ZarrSource(VolumeSource):
             geometry = _geometry_of(array, self.name, chosen.axes)
             require_agreement(f"{self.name} (attributes)", "its voxel_size", geometry.resolution,
                               "the OME-NGFF scale", chosen.resolution)
-            require_agreement(f"{self.name} (attributes)", "its offset", geometry.offset,
-                              "the OME-NGFF translation", chosen.offset)
+            if geometry.offset is None or not np.allclose(geometry.offset, chosen.translation, rtol=0, atol=1e-6):
+                # funlib's offset is the corner (emfast's earlier pyramids wrote a binned level's centre there too)
+                require_agreement(f"{self.name} (attributes)", "its offset", geometry.offset,
+                                  "the OME-NGFF translation (its first voxel's corner)", chosen.offset)
             self._axes = chosen.axes
             self.resolution, self.offset = chosen.resolution, chosen.offset
         else:
