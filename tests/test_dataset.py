@@ -309,3 +309,27 @@ def test_a_bool_volume_from_any_source_is_refused_as_raw_or_extra_and_kept_as_ma
     sample = ef.Sample(raw, mask=volume)
     with ef.Loader(sample, patch=(6, 8, 8), batch_size=1, augment=()) as loader:
         np.testing.assert_array_equal(loader.next_batch()["mask"][0, 0], data)
+
+
+@pytest.mark.parametrize("voxels", [100, 50_000, 200_000])
+def test_half_voxel_offsets_are_refused_however_far_from_raw(voxels):
+    """A relative tolerance let 50000.5 voxels through as 50000 (a half-voxel shift, silently)."""
+    raw = ef.Volume.from_array(np.zeros((4, 8, 8), np.uint8), name="raw", resolution=(40, 8, 8), offset=(0, 0, 0))
+    labels = ef.Volume.from_array(np.ones((4, 8, 8), np.uint64), name="labels", resolution=(40, 8, 8),
+                                  offset=(0, voxels * 8 + 4, 0))
+    with pytest.raises(ValueError, match=rf"offset by \(0.0, {voxels}.5, 0.0\) voxels .* not a whole number"):
+        ef.Sample(raw, labels=labels)
+    shifted = ef.Volume.from_array(np.ones((4, 8, 8), np.uint64), name="labels", resolution=(40, 8, 8),
+                                   offset=(0, -voxels * 8, 0))
+    assert ef.Sample(ef.Volume.from_array(np.zeros((4, 8, 8), np.uint8), name="raw", resolution=(40, 8, 8),
+                                          offset=(0, -voxels * 8, 0)), labels=shifted).placed_labels.origin.tolist() \
+        == [0, 0, 0]
+
+
+def test_two_offsets_of_one_array_far_from_zero_must_agree_to_rounding():
+    """A relative tolerance of 1e-6 let offsets 4 nm apart agree at 4 mm."""
+    from emfast.io._geometry import require_agreement
+    with pytest.raises(ef.io.StoreMetadataError, match="contradictory metadata"):
+        require_agreement("a", "its offset", (0.0, 4e6, 0.0), "the translation", (0.0, 4e6 + 4, 0.0))
+    require_agreement("a", "its offset", (0.0, 4e6, 0.0), "the translation", (0.0, 4000.0 * 1e3, 0.0))
+    require_agreement("a", "its voxel size", (40.0, 4.0, 4.0), "the scale", (0.04 * 1e3, 0.004 * 1e3, 4.0))

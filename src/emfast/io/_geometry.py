@@ -298,7 +298,7 @@ def _agreed(candidates, where: str) -> Optional[Triple]:
         return None
     first_key, first_raw, first = candidates[0]
     for key, raw, value in candidates[1:]:
-        if not np.allclose(value, first, rtol=1e-6):
+        if not np.allclose(value, first, rtol=1e-9, atol=1e-9):
             raise StoreMetadataError(f"{where}: contradictory metadata: {first_key} = {_shown(first_raw)} but {key} = "
                                      f"{_shown(raw)} ((z, y, x) nm: {first} vs {value})")
     return first
@@ -320,7 +320,8 @@ def world_box(shape: Sequence[int], resolution: Optional[Triple], offset: Option
 
 def require_agreement(where: str, what: str, stated: Optional[Triple], other: str, derived: Optional[Triple]) -> None:
     """Refuse two voxel sizes (or offsets) of the same array that differ, naming both."""
-    if stated is not None and derived is not None and not np.allclose(stated, derived, rtol=1e-6):
+    # rounding (micrometres to nm) is far below 1e-9 relative; a sub-voxel offset far from 0 is not
+    if stated is not None and derived is not None and not np.allclose(stated, derived, rtol=1e-9, atol=1e-9):
         raise StoreMetadataError(f"{where}: contradictory metadata: {what} (z, y, x) = {stated} nm but {other} = "
                                  f"{derived} nm")
 

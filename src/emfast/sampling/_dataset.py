@@ -50,7 +50,7 @@ def _origin_from_attributes(raw: Volume, other: Volume) -> Optional[np.ndarray]:
     world = np.asarray(other.offset or (0, 0, 0), dtype=np.float64) - \
         np.asarray(raw.offset or (0, 0, 0), dtype=np.float64)
     voxels = world / np.asarray(raw.resolution, dtype=np.float64)
-    if not np.allclose(voxels, np.round(voxels)):
+    if not np.allclose(voxels, np.round(voxels), rtol=0, atol=1e-6):  # a relative tolerance grows with the offset
         raise ValueError(f"{other.name} ({_offset_text(other)}) is offset by {tuple(float(v) for v in voxels)} "
                          f"voxels from {raw.name} ({_offset_text(raw)}, resolution {raw.resolution}), not a whole "
                          "number of voxels")
