@@ -151,8 +151,12 @@ def test_the_users_errors_stay_one_line(tmp_path, small_h5, capsys, monkeypatch)
     zarr.create_array(tmp_path / "store.zarr", shape=(4, 4, 4), dtype="uint8", chunks=(2, 2, 2))
     monkeypatch.setitem(sys.modules, "zarr", None)  # the optional package not installed: import zarr fails
     assert main(["info", str(tmp_path / "store.zarr")]) == 2
+    err = capsys.readouterr().err  # it said only "No module named 'zarr'"
+    assert err.startswith("emfast: error: reading zarr needs zarr-python 3") and "Traceback" not in err
+    assert "pip install 'emfast[zarr]'" in err
+    assert main(["convert", f"{path}/volumes/raw", str(tmp_path / "out.zarr/raw")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("emfast: error:") and "zarr" in err and "Traceback" not in err
+    assert err.startswith("emfast: error: writing zarr needs zarr-python 3") and "emfast[zarr]" in err, err
 
 
 def test_info_shows_the_world_box_of_hdf5_datasets_as_of_zarr_arrays(tmp_path, capsys):

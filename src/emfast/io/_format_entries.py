@@ -16,7 +16,7 @@ from ._precomputed import PrecomputedSource, is_precomputed
 from ._remote import RemoteStore
 from ._source import DatasetNotFoundError, read_regular_file
 from ._volume import Volume
-from ._zarr import GROUP_MARKERS, ZarrSource, arrays_on_disk, refuse_special_metadata
+from ._zarr import GROUP_MARKERS, ZarrSource, arrays_on_disk, import_zarr, refuse_special_metadata
 
 
 def not_found(container, inner: str, members: Callable[[str], Optional[List[str]]]) -> DatasetNotFoundError:
@@ -167,7 +167,7 @@ class ZarrFormat(VolumeFormat):
 
 def _zarr_arrays(container: Path, inner: str) -> List[str]:
     """The array named, an OME-Zarr image group named, or every array below the named group."""
-    import zarr
+    zarr = import_zarr()
     refuse_special_metadata(container, inner)
     names = arrays_on_disk(container, inner) if (container / inner).is_dir() else []
     if names and not any((container / m).is_file() for m in GROUP_MARKERS):
@@ -183,7 +183,7 @@ def _zarr_arrays(container: Path, inner: str) -> List[str]:
 
 
 def _zarr_members(root, group: str):
-    import zarr
+    zarr = import_zarr()
     try:
         node = root[group] if group else root
     except KeyError:

@@ -317,7 +317,7 @@ def add_ome_pyramid(container: Path, dataset: str, ndim: int, levels: Sequence[t
 
     if ndim not in OUTPUT_AXES:
         return
-    group = import_zarr().open_group(str(container), path=dataset, mode="r+")
+    group = import_zarr("writing").open_group(str(container), path=dataset, mode="r+")
     _describe_image(group, dataset.rpartition("/")[2], ndim, levels)
 
 

@@ -129,7 +129,7 @@ class OutputWriter:
             check_zarr_container(self.container)
             # a root of the other format over an existing store would hide the store's arrays
             self.zarr_format = zarr_store_format(self.container) or self.zarr_format
-            self.root = import_zarr().open_group(str(self.container), mode="a", zarr_format=self.zarr_format)
+            self.root = import_zarr("writing").open_group(str(self.container), mode="a", zarr_format=self.zarr_format)
         return self
 
     def node(self, name: str):
@@ -257,7 +257,7 @@ class OutputWriter:
             self.root.flush()
             return
         from ._zarr import import_zarr
-        zarr = import_zarr()
+        zarr = import_zarr("writing")
         geometry, dimension_names = zarr_geometry(len(shape), resolution, offset, self.zarr_format)
         self.array = self.root.create_array(self.dataset, shape=shape, chunks=chunks, dtype=dtype,
                                             compressors=zarr_compressor(compression, self.zarr_format, zarr),

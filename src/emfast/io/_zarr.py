@@ -65,19 +65,20 @@ METADATA_FILES = ("zarr.json", ".zarray", ".zgroup", ".zattrs")
 _CHUNKS_TRIED_ALONE = 4096
 
 
-def zarr_missing() -> Optional[str]:
-    """Why zarr stores cannot be read here, or None if they can."""
+def zarr_missing(use: str = "reading") -> Optional[str]:
+    """Why zarr stores cannot be used here (``use``: "reading" or "writing"), or None if they can."""
     try:
         import zarr
     except ImportError as error:
-        return f"reading zarr needs zarr-python 3 ({error}); install it with pip install 'emfast[zarr]'"
+        return f"{use} zarr needs zarr-python 3 ({error}); install it with pip install 'emfast[zarr]'"
     if int(zarr.__version__.split(".")[0]) < 3:
-        return f"reading zarr needs zarr-python 3, this is {zarr.__version__}; pip install 'emfast[zarr]'"
+        return f"{use} zarr needs zarr-python 3, this is {zarr.__version__}; pip install 'emfast[zarr]'"
     return None
 
 
-def import_zarr():
-    reason = zarr_missing()
+def import_zarr(use: str = "reading"):
+    """zarr-python 3, or an ImportError saying what it is needed for and how to install it."""
+    reason = zarr_missing(use)
     if reason is not None:
         raise ImportError(reason)
     import zarr

@@ -57,7 +57,7 @@ def write_snapshot(loader, path, batches: int = 1, png=None) -> Path:
                                   "another path")
     if png is not None and not png.absolute().parent.is_dir():  # checked before the store is written
         raise FileNotFoundError(f"snapshot: the folder of png={str(png)!r} does not exist")
-    zarr = import_zarr()
+    zarr = import_zarr("writing")
     root = zarr.open_group(str(path), mode="w-", zarr_format=2)
     root.attrs.update(emfast_snapshot={"batches": int(batches), "patch_out": list(loader.patch_out)})
     first = None
