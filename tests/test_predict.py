@@ -762,3 +762,12 @@ def test_the_old_name_of_the_prediction_dtype_names_warns_and_gives_the_new_list
         assert inference.OUTPUT_DTYPES is inference.PREDICT_OUTPUT_DTYPE_NAMES
     with pytest.raises(AttributeError, match="no attribute 'NO_SUCH_NAME'"):
         inference.NO_SUCH_NAME
+
+
+def test_a_device_without_pytorch_is_refused_before_anything_runs(tmp_path, volume, monkeypatch):
+    """It was a bare "No module named 'torch'" raised from the model's thread, once the run had started."""
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if PyTorch were not installed
+    with pytest.raises(ImportError, match=r"device 'cpu' feeds the model torch tensors, but PyTorch is not "
+                                          r"installed \(pip install torch\); leave device out"):
+        ef.predict(lambda batch: batch, volume, tmp_path / "p.zarr/p", patch_in=(8, 16, 16), device="cpu")
+    assert not (tmp_path / "p.zarr").exists()

@@ -1,8 +1,8 @@
 """The predict section as ``emfast check`` and ``emfast predict`` read it: a predict-only config is checked as it
 is run, the model factory is imported (never called) by check, and every problem names the config file, the line
 and the key path (``predict.model_args.gian``); a data file given instead of a config is named as such."""
-import importlib.util
 import re
+import sys
 import textwrap
 
 import h5py
@@ -210,9 +210,8 @@ def test_output_errors_name_their_key_when_the_config_is_read(folder, old, new, 
             assert word in str(info.value)
 
 
-def test_a_device_without_pytorch_names_the_device_key(folder, capsys):
-    if importlib.util.find_spec("torch") is not None:
-        pytest.skip("torch is installed: the missing-PyTorch error cannot occur here")
+def test_a_device_without_pytorch_names_the_device_key(folder, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if PyTorch were not installed
     text = PREDICT + "  device: cuda\n"
     error = _check_and_predict_fail(_config(folder, text), capsys)
     assert f"predict.yaml, line {_line_of(text, 'device')}: predict.device: device 'cuda' feeds the model torch " \

@@ -34,7 +34,7 @@ from typing import Any, Callable, List, Mapping, Optional, Union
 from .._checks import concerned_key
 from .._core.gather import PAD_MODES
 from ..inference import (BLENDS, CACHE_SHARE, CHUNK_EDGE, COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS,
-                         Prediction, TilePlan, parse_memory, predict)
+                         Prediction, TilePlan, parse_memory, predict, require_torch)
 from ..io import check_compression, open_volume, parse_output
 from ..transfer import cuda_ordinal
 from ._sections import _check_normalize, _file
@@ -189,11 +189,10 @@ class PredictSpec:
         if device is None:
             return None
         try:
-            import torch
-        except ImportError:
-            raise self.error(("device",), f"device {device!r} feeds the model torch tensors, but PyTorch is not "
-                                          "installed (pip install torch); leave device out to feed it NumPy "
-                                          "arrays") from None
+            require_torch(device)
+        except ImportError as error:
+            raise self.error(("device",), str(error)) from None
+        import torch
         try:
             kind = torch.device(device)
         except (RuntimeError, ValueError) as error:

@@ -29,6 +29,17 @@ def model_name(model) -> str:
     return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(target))}"
 
 
+def require_torch(device) -> None:
+    """Raise an ImportError saying so where ``device`` (a torch device name) needs PyTorch and it is missing."""
+    if not isinstance(device, str):
+        return
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise ImportError(f"device {device!r} feeds the model torch tensors, but PyTorch is not installed (pip "
+                          "install torch); leave device out to feed it NumPy arrays") from None
+
+
 class ModelCaller:
     """Calls ``model`` on NumPy batches (``device=None``) or on torch tensors on ``device``, and checks that the
     prediction has shape (B, channels, *patch_out) (``channels`` None: any) and a float dtype.
@@ -42,6 +53,7 @@ class ModelCaller:
     def __init__(self, model: Callable, device: Optional[str] = None) -> None:
         if not callable(model):
             raise TypeError(f"model must be callable (a function or a torch module), got {type(model).__name__}")
+        require_torch(device)  # here, not at the first call on a thread of its own
         self.model = model
         self.device = device
         self.runner = None  # set by predict for a device with a transfer backend
