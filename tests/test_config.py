@@ -568,3 +568,18 @@ def test_targets_refused_for_labels_at_their_own_voxel_size_are_blamed_on_target
     with pytest.raises(ConfigError) as info:
         load_config(_write(files, text)).loader()
     assert info.value.path == "targets" and "cannot feed them" in str(info.value), str(info.value)
+
+
+def test_a_tiled_validation_sets_its_epoch_and_a_different_epoch_size_is_refused_at_its_key(files):
+    """docs/CONFIG.md: a tiled validation sampler sets epoch_size; validation.loader may only repeat it."""
+    base = BASE.replace("  seed: 3\n", "  seed: 3\n  epoch_size: 7\n").replace("loader:\n", "  hold_out: [B]\nloader:\n", 1)
+    config = load_config(_write(files, base + "validation: {sampler: tiled}\n"))
+    with config.loader("validation") as loader:
+        tiled = loader.epoch_size
+    assert tiled not in (None, 7)
+    config = load_config(_write(files, base + f"validation: {{sampler: tiled, loader: {{epoch_size: {tiled}}}}}\n"))
+    with config.loader("validation") as loader:
+        assert loader.epoch_size == tiled
+    config = load_config(_write(files, base + f"validation: {{sampler: tiled, loader: {{epoch_size: {tiled + 1}}}}}\n"))
+    with pytest.raises(ConfigError, match=rf"validation.loader.epoch_size: epoch_size={tiled + 1}, but Tiled"):
+        config.loader("validation")

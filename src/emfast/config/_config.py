@@ -159,8 +159,8 @@ class Config:
         sampler built.
 
         The validation loader takes the training arguments, overridden by ``validation.loader``, except
-        ``epoch_size``: that comes from ``validation.loader`` only, else from the sampler if it has a finite
-        epoch (such as ``tiled``), else from the training loader.
+        ``epoch_size``: a sampler with a finite epoch (such as ``tiled``) sets it (``validation.loader`` may only
+        repeat it), else it comes from ``validation.loader``, else from the training loader.
         """
         reader = self._reader()
         kwargs = dict(self.loader_args)
