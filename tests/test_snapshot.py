@@ -141,6 +141,16 @@ def test_render_shows_affinities_as_rgb_and_raw_in_grey():
     assert image.shape == (2, 3 + 4 + 3, 3)  # cells of the largest section (2 x 3), 4 pixels apart
 
 
+def test_render_shows_masks_white_where_valid_even_when_all_are():
+    """A mask valid everywhere (a constant 1) was drawn black, as one masked everywhere."""
+    for dtype in (np.uint8, bool):
+        assert (render(np.ones((1, 1, 2, 3), dtype)) == 255).all()
+        assert (render(np.zeros((1, 1, 2, 3), dtype)) == 0).all()
+        half = np.zeros((3, 1, 1, 2), dtype)  # affinities_mask: uint8, one channel per offset
+        half[:, 0, 0, 1] = 1
+        assert render(half)[0].tolist() == [[0, 0, 0], [255, 255, 255]]
+
+
 def test_emfast_snapshot_command_writes_the_store_and_png(tmp_path, volumes, capsys):
     raw, labels = volumes[2], volumes[3]
     import h5py

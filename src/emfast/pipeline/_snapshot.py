@@ -114,8 +114,10 @@ def _label_colours(ids: np.ndarray) -> np.ndarray:
 
 
 def _grey(section: np.ndarray) -> np.ndarray:
+    """Grey levels from the section's own range; masks (integers 0 and 1) on a fixed one: 1 white, 0 black."""
+    mask = section.dtype.kind in "bu" and section.max() <= 1
     section = section.astype(np.float64)
-    low, high = np.nanmin(section), np.nanmax(section)
+    low, high = (0.0, 1.0) if mask else (np.nanmin(section), np.nanmax(section))
     scaled = (section - low) / (high - low) if high > low else np.zeros_like(section)
     return np.repeat((np.nan_to_num(scaled) * 255).round().astype(np.uint8)[..., None], 3, axis=-1)
 
