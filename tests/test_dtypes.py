@@ -62,6 +62,18 @@ def test_default_normalisation_maps_each_integer_range_onto_0_1():
         assert DEFAULT_NORMALIZATION[np.dtype(dtype)] == (1.0, 0.0)
 
 
+def test_float16_output_beyond_its_range_is_infinity_as_documented():
+    """README: a normalised value beyond +-65504 in float16 output becomes infinity (the kernels round to
+    nearest, as NumPy's float32 -> float16 cast does)."""
+    raw = np.full((4, 8, 8), 70000.0, np.float32)
+    raw[:, :, :4] = 60000.0
+    with ef.Loader(raw, patch=(4, 8, 8), batch_size=1, dtype="float16", augment=()) as loader:
+        out = loader.next_batch()["raw"][0, 0]
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(out, raw.astype(np.float16))
+    assert np.isinf(out[:, :, 4:]).all() and (out[:, :, :4] == np.float16(60000.0)).all()
+
+
 @pytest.mark.parametrize("dtype", NEW_RAW)
 def test_statistics_of_the_new_raw_dtypes_equal_numpy(rng, dtype):
     raw = random_volume(rng, (6, 20, 30), dtype)

@@ -88,7 +88,8 @@ class Loader:
         Seed in [0, 2**64). Batches are a pure function of (seed, epoch, batch index, rank): the same whatever
         ``threads`` and ``buffers``.
     dtype : str, default 'float32'
-        Raw output type, ``"float32"`` or ``"float16"``.
+        Raw output type, ``"float32"`` or ``"float16"``. A normalised value beyond float16's range (±65504)
+        becomes infinity: normalise to a small range (the defaults, ``"volume"``, ``"minmax"``) for float16.
     normalize : (float, float), dict, str, default None
         Raw and extra channels: ``(scale, shift)`` (output = ``x * scale + shift``), ``{"mean": m, "std": s}``,
         ``"volume"`` (each volume to zero mean, unit variance from its statistics) or ``"minmax"`` (each
