@@ -7,6 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
+import emfast as ef
 from emfast import sampling
 from emfast.sampling import _base
 from emfast._core import sampling as _sampling
@@ -402,6 +403,15 @@ def test_tiled_errors():
         Tiled(last="wrap")
 
 
+def test_tiled_roll_with_fewer_tiles_than_a_batch_cycles_through_them():
+    """The docstring's example: 3 tiles, batch 8."""
+    sampler = Tiled(last="roll")
+    sampler.bind([region(lo=(0, 0, 0), hi=(2, 2, 6), mask=np.ones((2, 2, 6), np.uint8))], np.array([[2, 2, 2]]), 8)
+    tiles = [sampler.tile(i)[1].tolist() for i in range(3)]
+    (draw,) = tiled_draws(sampler, 8)
+    assert draw.valid == 8 and [c.tolist() for c in draw.corners] == [tiles[i] for i in (0, 1, 2, 0, 1, 2, 0, 1)]
+
+
 def test_reprs():
     assert repr(Masked(0.25)) == "Masked(min_fraction=0.25, source='mask')"
     assert repr(Tiled(2, "roll")) == "Tiled(stride=(2, 2, 2), last='roll')"
@@ -461,3 +471,12 @@ def test_samplers_answer_the_report_through_the_protocol(rng):
                      half[1]:labels.shape[1] - extents[0, 1] + half[1] + 1,
                      half[2]:labels.shape[2] - extents[0, 2] + half[2] + 1]
     assert sum(counts.values()) == centres.size
+
+
+def test_sampler_warnings_point_at_the_users_loader_call(rng):
+    """They pointed at emfast's own pipeline/_loader.py, where no user can find or filter them."""
+    raw = rng.integers(0, 256, (8, 16, 16), dtype=np.uint8)
+    labels = np.ones((8, 16, 16), np.uint64)  # one id: no boundary anywhere
+    with pytest.warns(UserWarning, match="class 'boundary' is absent") as caught:
+        ef.Loader(raw, labels, patch=(4, 8, 8), sampler=Balanced("boundary")).close()
+    assert [record.filename for record in caught] == [__file__]

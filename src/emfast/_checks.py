@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import sys
+import warnings
 from contextlib import contextmanager
 from typing import Iterator, Optional, Tuple, Union
 
@@ -142,3 +145,14 @@ def _accepted(item, integer: bool) -> bool:
     if integer:
         return is_integer(item) and abs(int(item)) < _INTEGER_LIMIT
     return is_real(item) and math.isfinite(item)
+
+
+def warn_user(message: str, category: type = UserWarning) -> None:
+    """``warnings.warn`` pointing at the first caller outside emfast (the user's ``Loader(...)`` or
+    ``load_config(...).loader()``), however deep inside emfast the warning is raised, so that the user can find it
+    and filter it by their own module."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 2  # stacklevel 2 is the caller, frame 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

@@ -2,13 +2,12 @@
 ids) with given priors, from per-block class counts."""
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import ClassVar, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from .._checks import ID_RANGE, is_integer, real, refusal
+from .._checks import ID_RANGE, is_integer, real, refusal, warn_user
 from .._core import sampling as _sampling
 from .._registry import register
 from ..io import Volume
@@ -205,11 +204,11 @@ class Balanced(Sampler):
         for c, name in enumerate(self.class_names):
             absent = [self.regions[i].name for i in range(len(self.regions)) if usable[i] and not present[i, c]]
             if priors[c] > 0 and absent:
-                warnings.warn(f"{self!r}: class {name!r} is absent from region(s) {', '.join(map(repr, absent))}; "
-                              f"its prior goes to the classes present there", stacklevel=2)
+                warn_user(f"{self!r}: class {name!r} is absent from region(s) {', '.join(map(repr, absent))}; "
+                              f"its prior goes to the classes present there")
         for i in np.flatnonzero(~usable):
-            warnings.warn(f"{self!r}: region {self.regions[i].name!r} has no voxel of a class with a positive "
-                          f"prior; it is skipped and its weight goes to the other regions", stacklevel=2)
+            warn_user(f"{self!r}: region {self.regions[i].name!r} has no voxel of a class with a positive "
+                          f"prior; it is skipped and its weight goes to the other regions")
         weights = np.asarray([region.weight for region in self.regions], dtype=np.float64)
         self._cumulative_weights = cumulative_shares(redistributed(weights, usable))
         self._class_weights = [cumulative_shares(row) if row.sum() > 0 else None for row in effective]

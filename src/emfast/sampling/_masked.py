@@ -3,13 +3,12 @@ well enough, from a compact bitmap of the qualifying corners."""
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import ClassVar, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .._checks import is_real, label_id, refusal
+from .._checks import is_real, label_id, refusal, warn_user
 from .._core import sampling as _sampling
 from .._registry import register
 from ..io import Volume
@@ -164,10 +163,10 @@ class Masked(Sampler):
                     f"{self.min_fraction} in any region ({names}); the best covered fraction is "
                     f"{index[best].best / volume:.4g} (region {self.regions[best].name!r})")
             for i in np.flatnonzero(~usable):
-                warnings.warn(
+                warn_user(
                     f"{self!r}: region {self.regions[i].name!r} has no window of extent {as_triple(extent)} covered "
                     f"to min_fraction={self.min_fraction} (best: {index[i].best / volume:.4g}); it is skipped for "
-                    f"that extent and its weight goes to the other regions", stacklevel=2)
+                    f"that extent and its weight goes to the other regions")
             self._extents[as_triple(extent)] = k
             self._corners.append(index)
             self._weights.append(cumulative_shares(redistributed(weights, usable)))

@@ -37,8 +37,10 @@ class Tiled(Sampler):
       examples and repeats its last tile in the remaining places.
     - ``last="drop"``: ``n // B`` batches, all full; the last ``n % B`` tiles are never delivered.
     - ``last="roll"``: ``ceil(n / B)`` batches, all full: the sequence wraps around, so place p of the epoch
-      (``p = batch * B + example``) gets the shard's tile ``p % n``; the first ``ceil(n / B) * B - n`` tiles
-      come twice, at the start and again at the end of the last batch. Every epoch is the same.
+      (``p = batch * B + example``) gets the shard's tile ``p % n``; with ``n >= B`` the first
+      ``ceil(n / B) * B - n`` tiles come twice, at the start and again at the end of the last batch, and with
+      fewer tiles than ``B`` the one batch cycles through them (3 tiles, B = 8: 0, 1, 2, 0, 1, 2, 0, 1). Every
+      epoch is the same.
 
     Parameters
     ----------
