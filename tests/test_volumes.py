@@ -1,5 +1,6 @@
 """Opening volumes: metadata, in-memory and lazy reads, and clear errors for bad input."""
 import hashlib
+import os
 
 import h5py
 import numpy as np
@@ -225,3 +226,23 @@ def test_volume_source_is_a_deprecated_name_of_its_stamp(tmp_path):
     with pytest.warns(DeprecationWarning, match="Volume\\(source=\\) is deprecated; use stamp="):
         again = ef.Volume(volume.array, name="copy", source=volume.stamp)
     assert again.stamp is volume.stamp
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files through /proc/self/fd (Linux)")
+def test_closing_a_volume_behind_an_external_link_closes_both_files(tmp_path):
+    """The file the link leads to stayed open after close()."""
+    with h5py.File(tmp_path / "data.h5", "w") as f:
+        f.create_dataset("raw", data=np.arange(8 * 16 * 16, dtype=np.uint16).reshape(8, 16, 16), chunks=(4, 8, 8))
+    with h5py.File(tmp_path / "main.h5", "w") as f:
+        f["raw"] = h5py.ExternalLink("data.h5", "raw")
+
+    def open_files():
+        names = (os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd"))
+        return sorted(os.path.basename(name) for name in names if name.startswith(str(tmp_path)))
+
+    volume = ef.hdf5(tmp_path / "main.h5", "raw", in_memory=False)
+    out = np.empty((1, 4, 8, 8), np.uint16)
+    volume.read_box((4, 8, 8), (4, 8, 8), out)
+    assert out[0, 0, 0, 0] == 4 * 256 + 8 * 16 + 8 and open_files() == ["data.h5", "main.h5"]
+    volume.close()
+    assert open_files() == []

@@ -80,6 +80,9 @@ class Hdf5Source(VolumeSource):
             file.close()
             raise
         self._file, self._dataset = file, node
+        # the file holding the dataset: another one where an external link leads there
+        self._data_file = node.file
+        self._data_path = Path(self._data_file.filename).resolve()
         self.full_shape = tuple(int(s) for s in node.shape)
         self.channels = self.full_shape[0] if len(self.full_shape) == 4 else 1
         self.dtype = np.dtype(node.dtype)
@@ -146,6 +149,8 @@ class Hdf5Source(VolumeSource):
 
     def close(self) -> None:
         self._file.close()
+        if self._data_file.id.valid:  # an external link's file, which closing the linking one leaves open
+            self._data_file.close()
 
     def _check_sources_remain(self, corner: Tuple[int, ...], extent: Tuple[int, ...]) -> None:
         """Refuse a box of a virtual dataset that maps onto a source file removed since the volume was opened:
@@ -159,7 +164,7 @@ class Hdf5Source(VolumeSource):
     def _file_state(self) -> Optional[tuple]:
         """The (size, modification time in ns) now of the file holding the dataset (the one an external link leads
         to, if any; None where it cannot be told: another HDF5 driver, or a removed path)."""
-        file = self._dataset.file
+        file = self._data_file
         try:
             if file.driver == "sec2":  # the open descriptor: right even if the path was removed or replaced
                 status = os.fstat(file.id.get_vfd_handle())
@@ -181,7 +186,7 @@ class Hdf5Source(VolumeSource):
         now = self._file_state()
         if now is not None and self._opened is not None and now != self._opened:
             return True
-        return not self.stamp.data_files_unchanged(skip=(Path(self._dataset.file.filename).resolve(),))
+        return bool(self.stamp.data_files) and not self.stamp.data_files_unchanged(skip=(self._data_path,))
 
     def _check_stored(self, origin: Sequence[int]) -> None:
         """Refuse a chunk whose bytes lie past the end of the file: HDF5 reads them as zeros, silently, when the
