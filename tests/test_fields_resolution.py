@@ -8,6 +8,7 @@ field voxel containing it; linear: scipy's map_coordinates at that point, edges 
 """
 from __future__ import annotations
 
+import h5py
 import numpy as np
 import pytest
 import zarr
@@ -536,6 +537,39 @@ augment: [mirror]
     config.write_text(config.read_text().replace("own_resolution: [mask]", "own_resolution: [extra]"))
     with pytest.raises(ConfigError, match=r"own_resolution.*'extra' is not a field of this sample"):
         load_config(config)
+
+
+def test_config_reads_a_coarser_level_of_an_ome_zarr_image(tmp_path):
+    """A config could name an image group (its finest level) or a level's path (without the image's voxel size,
+    refused): a coarser level of a mask pyramid could not be used. ``level`` and ``resolution`` choose it."""
+    from emfast.io import convert
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("raw", data=np.zeros((8, 32, 32), np.uint8)).attrs["resolution"] = (40, 4, 4)
+        mask = np.zeros((8, 32, 32), np.uint8)
+        mask[:, :, 16:] = 1
+        f.create_dataset("mask", data=mask).attrs["resolution"] = (40, 4, 4)
+    convert(str(tmp_path / "in.h5/mask"), tmp_path / "s.zarr/mask", levels=2)
+    text = f"""
+data:
+  samples:
+    - {{file: {tmp_path / 'in.h5'}, raw: raw, mask: {{file: {tmp_path / 's.zarr'}, dataset: mask, CHOICE}}}}
+loader: {{patch: [4, 8, 8], batch_size: 2, epoch_size: 1}}
+"""
+    for choice in ("level: 1", "resolution: [40, 8, 8]"):
+        loaded = load_config(text.replace("CHOICE", choice))
+        assert load_config(dump_config(loaded)) == loaded
+        dataset = loaded.dataset()
+        try:
+            mask = dataset.samples[0].mask
+            assert mask.resolution == (40, 8, 8) and mask.offset == (0, 0, 0) and mask.shape == (8, 16, 16)
+        finally:
+            close_volumes(dataset)
+    for choice, key, message in (("level: 2", "level", r"level must be an index in \[0, 2\), got 2"),
+                                 ("resolution: [40, 2, 2]", "resolution", r"no level has resolution"),
+                                 ("level: -1", "level", r"expected an integer >= 0"),
+                                 ("level: 1, resolution: [40, 8, 8]", "resolution", "give level or resolution")):
+        with pytest.raises(ConfigError, match=rf"data.samples\[0\].mask.{key}: .*{message}"):
+            load_config(text.replace("CHOICE", choice)).dataset()
 
 
 def test_read_ahead_covers_the_stored_windows_of_resampled_lazy_fields(tmp_path, rng):

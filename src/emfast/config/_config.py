@@ -33,13 +33,13 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 import yaml
 
 from .._checks import concerned_key
-from ..io import Volume, is_url, open_volume
+from ..io import LevelChoiceError, Volume, is_url, open_volume
 from ..pipeline import Loader
 from ..sampling import Dataset, Sample, Sampler
 from ..transfer import DeviceUnavailableError
 from ._yaml import Path_, Reader, parse_yaml, read_source
 from ._predict import predict_section
-from ._spec import Builtin, ComponentSpec, SampleSpec, Validation, components_yaml, plain
+from ._spec import Builtin, ComponentSpec, SampleSpec, Validation, VolumeSpec, components_yaml, plain
 from ._sections import (check_augment, component, components, construct, loader_default, loader_section,
                         sample_spec)
 
@@ -107,12 +107,13 @@ class Config:
                     remote = {"storage_options": dict(spec.storage_options)} \
                         if spec.storage_options and is_url(file) else {}
                     opened.append(open_volume(file, volume.dataset, in_memory=not spec.lazy,
-                                               cache_bytes=spec.cache_bytes, **remote))
+                                               cache_bytes=spec.cache_bytes, level=volume.level,
+                                               resolution=volume.resolution, **remote))
                 except OSError as error:
                     raise reader.error(path + (("file",) if volume.shared_file else key + ("file",)),
                                        str(error)) from error
                 except (KeyError, TypeError, ValueError) as error:
-                    raise reader.error(path + key + ("dataset",), str(error)) from error
+                    raise reader.error(path + key + (_culprit(volume, error),), str(error)) from error
                 volumes[key] = opened[-1]
             try:
                 return Sample(volumes[("raw",)], volumes.get(("labels",)), volumes.get(("mask",)),
@@ -235,6 +236,14 @@ class Config:
         if validation:
             out["validation"] = validation
         return out
+
+
+def _culprit(volume: VolumeSpec, error: BaseException) -> str:
+    """The key of a volume's mapping an error opening it concerns: its ``level`` or ``resolution`` where those
+    name no level, else its ``dataset``."""
+    if isinstance(error, LevelChoiceError):
+        return "resolution" if volume.resolution is not None else "level"
+    return "dataset"
 
 
 def close_volumes(samples) -> None:

@@ -60,14 +60,26 @@ def _volume(reader: Reader, value, path: Path_, sample_file) -> VolumeSpec:
             raise reader.error(path, f"{value!r} names a dataset, but the sample has no 'file'; write "
                                      "{file: ..., dataset: ...} or give the sample a file")
         return VolumeSpec(sample_file, value, shared_file=True)
-    reader.mapping(value, path, ("file", "dataset"), required=("dataset",) if sample_file else ("file", "dataset"))
+    reader.mapping(value, path, ("file", "dataset", "level", "resolution"),
+                   required=("dataset",) if sample_file else ("file", "dataset"))
     dataset = value["dataset"]
     if not isinstance(dataset, str):  # "" is an array at the store's root, as in the short form
         raise reader.error(path + ("dataset",), f"expected a dataset path (\"\" for an array at the store's root), "
                                                 f"got {describe_value(dataset)}")
+    if "level" in value and "resolution" in value:
+        raise reader.error(path + ("resolution",), "give level or resolution, not both")
+    level = reader.integer(value["level"], path + ("level",), minimum=0) if "level" in value else None
+    resolution = _resolution(reader, value["resolution"], path + ("resolution",)) if "resolution" in value else None
     if "file" in value:
-        return VolumeSpec(_file(reader, value["file"], path + ("file",)), dataset)
-    return VolumeSpec(sample_file, dataset, shared_file=True)
+        return VolumeSpec(_file(reader, value["file"], path + ("file",)), dataset, level=level, resolution=resolution)
+    return VolumeSpec(sample_file, dataset, shared_file=True, level=level, resolution=resolution)
+
+
+def _resolution(reader: Reader, value, path: Path_) -> Tuple[float, float, float]:
+    """A (z, y, x) voxel size: three positive numbers."""
+    if not isinstance(value, list) or len(value) != 3:
+        raise reader.error(path, f"expected a list of 3 positive numbers [z, y, x] (nm), got {describe_value(value)}")
+    return tuple(float(reader.number(v, path + (i,), positive=True)) for i, v in enumerate(value))
 
 
 def sample_spec(reader: Reader, value, path: Path_) -> SampleSpec:

@@ -44,7 +44,8 @@ class Builtin:
 
 @dataclass(frozen=True)
 class VolumeSpec:
-    """One dataset: an absolute file path, a remote store's URL (or the built-in volume) and the dataset inside it.
+    """One dataset: an absolute file path, a remote store's URL (or the built-in volume) and the dataset inside it;
+    for an OME-Zarr image or a precomputed volume, the ``level`` (index) or the (z, y, x) ``resolution`` to read.
 
     ``shared_file`` (not compared) records that the file came from the sample's ``file`` key, for messages.
     """
@@ -52,10 +53,17 @@ class VolumeSpec:
     file: Union[Path, Builtin, str]
     dataset: str
     shared_file: bool = field(default=False, compare=False, repr=False)
+    level: Optional[int] = None
+    resolution: Optional[Tuple[float, float, float]] = None
 
     def to_yaml(self) -> dict:
         file = self.file.to_yaml() if isinstance(self.file, Builtin) else str(self.file)
-        return {"file": file, "dataset": self.dataset}
+        out: Dict[str, Any] = {"file": file, "dataset": self.dataset}
+        if self.level is not None:
+            out["level"] = self.level
+        if self.resolution is not None:
+            out["resolution"] = list(self.resolution)
+        return out
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from ._precomputed import PrecomputedSource, tensorstore_missing
 from ._progress import WIDTH, ProgressBar, plural
 from ._pyramid import DOWNSAMPLING
 from ._remote import ReadAbandoned, RemoteReadError, RemoteStore, abandoned_when, is_url
-from ._source import CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource
+from ._source import (CorruptChunkError, DatasetNotFoundError, LevelChoiceError, Stamp, StoreMetadataError,
+                      VolumeSource)
 from ._volume import ASARRAY_LIMIT_BYTES, Volume, VolumeTooLargeError, as_volume
 from ._zarr import ZarrSource, import_zarr, zarr_missing
 from ._writer import COMPRESSIONS, OutputWriter, check_compression, parse_output, zarr_compressor
@@ -56,6 +57,7 @@ __all__ = [
     "RemoteStore",
     "Stamp",
     "StoreMetadataError",
+    "LevelChoiceError",
     "Volume",
     "abandoned_when",
     "VolumeSource",

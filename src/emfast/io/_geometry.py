@@ -41,7 +41,7 @@ import numpy as np
 
 from .._checks import triple
 from ._metadata import bad_metadata
-from ._source import StoreMetadataError
+from ._source import LevelChoiceError, StoreMetadataError
 
 Triple = Tuple[float, float, float]
 SPATIAL = ("z", "y", "x")
@@ -395,17 +395,17 @@ def _corner(level: Level, first: Level) -> Triple:
 def choose_level(levels: Sequence[Level], level, resolution, name: str) -> Level:
     """The level at index ``level``, or the one whose (z, y, x) voxel size is ``resolution``; level 0 by default."""
     if level is not None and resolution is not None:
-        raise ValueError(f"{name}: give level or resolution, not both")
+        raise LevelChoiceError(f"{name}: give level or resolution, not both")
     if resolution is not None:
         wanted = triple(resolution, "resolution", integer=False)
         for candidate in levels:
             if np.allclose(candidate.resolution, wanted, rtol=1e-6):
                 return candidate
-        raise ValueError(f"{name}: no level has resolution {wanted}; levels: "
+        raise LevelChoiceError(f"{name}: no level has resolution {wanted}; levels: "
                          + ", ".join(f"{i}: {c.resolution}" for i, c in enumerate(levels)))
     index = 0 if level is None else level
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(levels):
-        raise ValueError(f"{name}: level must be an index in [0, {len(levels)}), got {level!r}")
+        raise LevelChoiceError(f"{name}: level must be an index in [0, {len(levels)}), got {level!r}")
     return levels[index]
 
 

@@ -9,7 +9,7 @@ from typing import Optional, Sequence, Tuple, Union
 from . import _format_entries  # noqa: F401  (registers the built-in formats)
 from ._formats import Contents, Listed, detect, detect_remote, format_named, format_of_suffix, formats
 from ._remote import RemoteStore, is_url
-from ._source import VolumeSource
+from ._source import LevelChoiceError, VolumeSource
 from ._volume import Volume
 
 
@@ -60,7 +60,7 @@ def open_source(path: Union[str, os.PathLike], dataset: Optional[str] = None, *,
     chosen = format_named(kind)
     if not chosen.multiscale and (level is not None or resolution is not None):
         multiscale = " or ".join(f.name for f in formats() if f.multiscale)
-        raise ValueError(f"{container}: level and resolution choose a level of a multiscale image ({multiscale}), "
+        raise LevelChoiceError(f"{container}: level and resolution choose a level of a multiscale image ({multiscale}), "
                          f"not of {kind}")
     return chosen.open(where, inner, level, resolution)
 

@@ -41,8 +41,8 @@ from ._decode import SideBySide
 from ._filebatch import lent_buffer, read_regular_files
 from ._metadata import bad_metadata, deprecated_level, int_list, metadata_key, number_list
 from ._remote import ReadAbandoned, RemoteReadError, RemoteStore
-from ._source import (CorruptChunkError, Stamp, StoreMetadataError, VolumeSource, add_transfer_time, checked_chunk,
-                      read_regular_file, read_regular_file_into, require_kind)
+from ._source import (CorruptChunkError, LevelChoiceError, Stamp, StoreMetadataError, VolumeSource, add_transfer_time,
+                      checked_chunk, read_regular_file, read_regular_file_into, require_kind)
 
 
 def tensorstore_missing() -> Optional[str]:
@@ -139,12 +139,12 @@ class PrecomputedSource(VolumeSource):
             wanted = [float(r) for r in resolution][::-1]
             matches = [i for i, s in enumerate(scales) if np.allclose(s["resolution"], wanted)]
             if not matches:
-                raise ValueError(f"{self.name}: no scale has resolution {tuple(resolution)}; scales (z, y, x): "
+                raise LevelChoiceError(f"{self.name}: no scale has resolution {tuple(resolution)}; scales (z, y, x): "
                                  + ", ".join(str(tuple(s["resolution"][::-1])) for s in scales))
             scale = matches[0]
         index = 0 if scale is None else scale
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(scales):
-            raise ValueError(f"{self.name}: level must be an index in [0, {len(scales)}), got {scale!r}")
+            raise LevelChoiceError(f"{self.name}: level must be an index in [0, {len(scales)}), got {scale!r}")
         chosen = scales[index]
         self.chunks = tuple(int(n) for n in chosen["chunk_sizes"][0][::-1])
         self.resolution = tuple(float(r) for r in chosen["resolution"][::-1])

@@ -28,6 +28,10 @@ class DatasetNotFoundError(KeyError):
         return str(self.args[0])
 
 
+class LevelChoiceError(ValueError):
+    """``level=`` or ``resolution=`` names no level of the volume, or the volume has no levels to choose from."""
+
+
 class StoreMetadataError(ValueError):
     """The metadata of a file or store cannot describe an array: a key is missing, or holds a value of the wrong
     type or range. The message names the store, the array, the key and the value."""

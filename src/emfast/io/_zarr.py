@@ -51,9 +51,9 @@ from ._filebatch import BATCH_BYTES, lent_buffer, read_regular_files
 from ._metadata import bad_metadata, int_list, metadata_key, parsing
 from ._remote import RemoteReadError, RemoteStore, ReadAbandoned, zarr_read
 from ._shards import ShardedChunks
-from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource,
-                      add_transfer_time, decoded_into, fill_value, read_regular_file, read_regular_file_into,
-                      require_kind)
+from ._source import (CorruptChunkError, DatasetNotFoundError, LevelChoiceError, Stamp, StoreMetadataError,
+                      VolumeSource, add_transfer_time, decoded_into, fill_value, read_regular_file,
+                      read_regular_file_into, require_kind)
 from . import _blosc, _deflate, _zstd
 
 #: Metadata files that mark a zarr array or group (v3, then v2).
@@ -147,7 +147,7 @@ class ZarrSource(VolumeSource):
             self.resolution, self.offset = chosen.resolution, chosen.offset
         else:
             if level is not None or resolution is not None:
-                raise ValueError(f"{self.name} is an array, not a multiscale image: level and resolution do not "
+                raise LevelChoiceError(f"{self.name} is an array, not a multiscale image: level and resolution do not "
                                  "apply")
             array = node
             geometry = _geometry_of(array, self.name)
