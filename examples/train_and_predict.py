@@ -84,7 +84,7 @@ def score(predicted: np.ndarray, labels: np.ndarray) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))  # the first paragraph
     parser.add_argument("--quick", action="store_true", help="few steps on a small volume (for CI)")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default 300, quick: 20)")
     parser.add_argument("--out", type=Path, default=None,

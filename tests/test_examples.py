@@ -42,3 +42,13 @@ def test_train_and_predict_leaves_nothing_in_the_temporary_folder(tmp_path, monk
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     result = _load("train_and_predict").main(["--quick", "--steps", "2"])
     assert result["path"] is None and list(scratch.iterdir()) == []
+
+
+def test_train_and_predict_help_gives_the_whole_first_paragraph(capsys):
+    """--help showed the docstring's first line only, cut mid-sentence ("... write them to")."""
+    pytest.importorskip("torch", reason="examples/train_and_predict.py needs torch (pip install torch)")
+    example = _load("train_and_predict")
+    with pytest.raises(SystemExit):
+        example.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "write them to zarr, and score them against the built-in labels." in text
