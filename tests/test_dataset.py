@@ -333,3 +333,17 @@ def test_two_offsets_of_one_array_far_from_zero_must_agree_to_rounding():
         require_agreement("a", "its offset", (0.0, 4e6, 0.0), "the translation", (0.0, 4e6 + 4, 0.0))
     require_agreement("a", "its offset", (0.0, 4e6, 0.0), "the translation", (0.0, 4000.0 * 1e3, 0.0))
     require_agreement("a", "its voxel size", (40.0, 4.0, 4.0), "the scale", (0.04 * 1e3, 0.004 * 1e3, 4.0))
+
+
+def test_geometry_stored_as_float32_still_lines_up(tmp_path):
+    """float32 attributes (4.1 nm voxels, an offset 100 voxels in) are whole voxels only to float32 rounding; a
+    float32 resolution beside its float64 voxel_size states the same value."""
+    voxel = np.array([4.1, 4.1, 4.1], np.float32)
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        raw = f.create_dataset("raw", data=np.zeros((8, 300, 300), np.uint8))
+        raw.attrs.update(resolution=voxel, offset=np.zeros(3, np.float32), voxel_size=voxel.astype(np.float64))
+        labels = f.create_dataset("labels", data=np.ones((8, 100, 100), np.uint64))
+        labels.attrs.update(resolution=voxel, offset=(np.array([0, 100, 100]) * voxel.astype(np.float64)).astype(
+            np.float32))
+    sample = ef.Sample(ef.hdf5(tmp_path / "f.h5", "raw"), labels=ef.hdf5(tmp_path / "f.h5", "labels"))
+    assert sample.placed_labels.origin.tolist() == [0, 100, 100]

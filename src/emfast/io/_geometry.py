@@ -292,13 +292,18 @@ def _spatial(value, key: str, roles, spatial, units, where: str, shown) -> Tripl
     return tuple(nm[spatial.index(a)] for a in SPATIAL)
 
 
+#: How closely two statements of one value must agree: float32 rounding (a value stored as float32 beside its
+#: float64 statement, micrometres converted to nm), not more: 1e-6 let offsets 4 nm apart agree at 4 mm.
+AGREEMENT = 2.5e-7
+
+
 def _agreed(candidates, where: str) -> Optional[Triple]:
     """The one voxel size several attributes state, or an error naming those that disagree."""
     if not candidates:
         return None
     first_key, first_raw, first = candidates[0]
     for key, raw, value in candidates[1:]:
-        if not np.allclose(value, first, rtol=1e-9, atol=1e-9):
+        if not np.allclose(value, first, rtol=AGREEMENT, atol=1e-9):
             raise StoreMetadataError(f"{where}: contradictory metadata: {first_key} = {_shown(first_raw)} but {key} = "
                                      f"{_shown(raw)} ((z, y, x) nm: {first} vs {value})")
     return first
@@ -320,8 +325,7 @@ def world_box(shape: Sequence[int], resolution: Optional[Triple], offset: Option
 
 def require_agreement(where: str, what: str, stated: Optional[Triple], other: str, derived: Optional[Triple]) -> None:
     """Refuse two voxel sizes (or offsets) of the same array that differ, naming both."""
-    # rounding (micrometres to nm) is far below 1e-9 relative; a sub-voxel offset far from 0 is not
-    if stated is not None and derived is not None and not np.allclose(stated, derived, rtol=1e-9, atol=1e-9):
+    if stated is not None and derived is not None and not np.allclose(stated, derived, rtol=AGREEMENT, atol=1e-9):
         raise StoreMetadataError(f"{where}: contradictory metadata: {what} (z, y, x) = {stated} nm but {other} = "
                                  f"{derived} nm")
 

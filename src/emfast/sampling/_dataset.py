@@ -50,11 +50,23 @@ def _origin_from_attributes(raw: Volume, other: Volume) -> Optional[np.ndarray]:
     world = np.asarray(other.offset or (0, 0, 0), dtype=np.float64) - \
         np.asarray(raw.offset or (0, 0, 0), dtype=np.float64)
     voxels = world / np.asarray(raw.resolution, dtype=np.float64)
-    if not np.allclose(voxels, np.round(voxels), rtol=0, atol=1e-6):  # a relative tolerance grows with the offset
+    if not np.allclose(voxels, np.round(voxels), rtol=0, atol=_whole_voxel_tolerance(voxels)):
         raise ValueError(f"{other.name} ({_offset_text(other)}) is offset by {tuple(float(v) for v in voxels)} "
                          f"voxels from {raw.name} ({_offset_text(raw)}, resolution {raw.resolution}), not a whole "
                          "number of voxels")
     return np.round(voxels).astype(np.int64)
+
+
+#: Relative error of a voxel count computed from float32 metadata (an offset and a voxel size, each rounded by
+#: up to 2**-24): far from raw's origin the count is whole only to that.
+FLOAT32_ROUNDING = 2.5e-7
+
+
+def _whole_voxel_tolerance(voxels: np.ndarray) -> np.ndarray:
+    """How far from a whole number of voxels a computed count may be: a thousandth of a voxel, plus float32
+    rounding far from the origin, never a quarter voxel (np.allclose's relative 1e-5 let half a voxel pass
+    50,000 voxels away)."""
+    return np.minimum(0.25, 1e-3 + FLOAT32_ROUNDING * np.abs(voxels))
 
 
 def origin_in(raw: Volume, other: Volume, offset, offset_name: str = "offset") -> np.ndarray:
