@@ -188,8 +188,10 @@ def test_a_store_changed_under_a_lazy_volume_is_an_error_never_other_data(tmp_pa
         data = tmp_path / ("s.h5" if kind == "hdf5" else "d.h5")
         shutil.copyfile(tmp_path / "new.h5", data)
         os.utime(data, ns=(time.time_ns(), time.time_ns() + 10**9))  # a coarse clock may not tick
+    changed = r"its files changed since it was opened \(the virtual dataset's source file .*d\.h5 for the box " \
+        if kind == "hdf5 virtual" else CHANGED
     for _ in range(2):
-        with pytest.raises(CorruptChunkError, match=CHANGED):
+        with pytest.raises(CorruptChunkError, match=changed):
             volume.read_box((8, 16, raw.shape[2] - 8), (4, 8, 8), out)
     volume.close()
 
@@ -586,3 +588,55 @@ def test_hdf5_metadata_and_chunks_get_the_same_errors(tmp_path, raw, in_memory):
     with pytest.raises(CorruptChunkError, match=r"a.h5:ok: the chunk at \(4, 4, 4\) decodes to 128 bytes, but the "
                                                 r"metadata promise \(4, 4, 4\) uint8 = 64 bytes"):
         volume.read_box((4, 4, 4), (2, 4, 4), np.empty((1, 2, 4, 4), np.uint8))
+
+
+def test_a_virtual_dataset_reading_its_own_file_is_not_taken_for_changed(tmp_path, raw):
+    """A source in the virtual dataset's own file ("."), watched as the file itself."""
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        f.create_dataset("part", data=raw)
+        layout = h5py.VirtualLayout(shape=raw.shape, dtype=raw.dtype)
+        layout[...] = h5py.VirtualSource(".", "part", shape=raw.shape)
+        f.create_virtual_dataset("raw", layout)
+    with ef.hdf5(tmp_path / "v.h5", "raw", in_memory=False) as volume:
+        np.testing.assert_array_equal(volume[:][0], raw)
+
+
+def test_the_change_check_of_a_virtual_dataset_looks_only_at_the_sources_read(tmp_path, raw, monkeypatch):
+    """Every missing block's check stat-ed every source: 4.5 ms per check over 1000 section files."""
+    sources = []
+    for z in range(raw.shape[0]):
+        with h5py.File(tmp_path / f"section{z}.h5", "w") as f:
+            f.create_dataset("s", data=raw[z:z + 1])
+        sources.append(h5py.VirtualSource(f"section{z}.h5", "s", shape=(1,) + raw.shape[1:]))
+    layout = h5py.VirtualLayout(shape=raw.shape, dtype=raw.dtype)
+    for z, source in enumerate(sources):
+        layout[z:z + 1] = source
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        f.create_virtual_dataset("raw", layout)
+    with ef.hdf5(tmp_path / "v.h5", "raw", in_memory=False) as volume:
+        source = volume.chunk_cache._source
+        stats = []
+        real_stat = os.stat
+        monkeypatch.setattr(os, "stat", lambda path, *a, **k: stats.append(str(path)) or real_stat(path, *a, **k))
+        assert not source.changed_since_opened()  # after every read of missing blocks: no source looked at
+        assert [p for p in stats if "section" in p] == []
+        out = np.empty((1, 1) + raw.shape[1:], raw.dtype)
+        source.read((1, 0, 0), out.shape[1:], out)  # a read looks at the sources it overlaps
+        monkeypatch.undo()
+    np.testing.assert_array_equal(out[0], raw[1:2])
+    assert [os.path.basename(path) for path in stats if "section" in path] == ["section1.h5"]
+
+
+def test_external_raw_storage_is_watched_where_hdf5_reads_it(tmp_path, monkeypatch):
+    """HDF5 reads a relative external file from the working directory; emfast watched the one beside the file."""
+    (tmp_path / "A").mkdir()
+    (tmp_path / "B").mkdir()
+    for folder, value in (("A", 1), ("B", 2)):
+        np.full(64, value, np.uint8).tofile(tmp_path / folder / "raw.bin")
+    with h5py.File(tmp_path / "A" / "f.h5", "w") as f:
+        f.create_dataset("raw", shape=(4, 4, 4), dtype=np.uint8, external=[("raw.bin", 0, 64)])
+    monkeypatch.chdir(tmp_path / "B")
+    monkeypatch.delenv("HDF5_EXTFILE_PREFIX", raising=False)
+    with ef.hdf5(tmp_path / "A" / "f.h5", "raw", in_memory=False) as volume:
+        assert [file for file, _, _ in volume.stamp.data_files] == [tmp_path / "B" / "raw.bin"]
+        assert (volume[:][0] == 2).all()

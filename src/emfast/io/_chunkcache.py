@@ -268,7 +268,9 @@ class ChunkCache:
         or removed; the HDF5 file overwritten): the blocks just read may come from another array than those cached,
         and nothing else tells (a store recreated with chunks of the same byte size decodes without an error, a
         removed one reads as its fill value). Asked after every read of missing blocks that succeeded (a failed
-        one says why itself): one ``stat`` (see :meth:`VolumeSource.changed_since_opened`)."""
+        one says why itself): one ``stat``, and one per other file an HDF5 dataset's data lives in (external raw
+        storage; a virtual dataset's sources are looked at by the reads that overlap them), see
+        :meth:`VolumeSource.changed_since_opened`."""
         changed = getattr(self._source, "changed_since_opened", None)  # a source of another kind may have none
         if self._changed is None and changed is not None and changed():
             self._changed = (f"{self._name}: its files changed since it was opened (the store was replaced, "

@@ -14,6 +14,7 @@ the fill value. Only regular files are opened: a FIFO named ``*.h5`` is refused,
 from __future__ import annotations
 
 import os
+import stat
 import zlib
 from pathlib import Path
 from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -83,6 +84,12 @@ class Hdf5Source(VolumeSource):
         # the file holding the dataset: another one where an external link leads there
         self._data_file = node.file
         self._data_path = Path(self._data_file.filename).resolve()
+        # a virtual dataset's sources are looked at where a read overlaps them (_check_sources), the other data
+        # files (external raw storage) at every change check
+        opened = {file: (size, mtime) for file, size, mtime in self.stamp.data_files}
+        resolved = [source.file.resolve() for source in self._sources]
+        self._source_states = [opened.get(file) for file in resolved]  # None: the file itself, watched as a whole
+        self._watched_elsewhere = (self._data_path,) + tuple(resolved)
         self.full_shape = tuple(int(s) for s in node.shape)
         self.channels = self.full_shape[0] if len(self.full_shape) == 4 else 1
         self.dtype = np.dtype(node.dtype)
@@ -108,7 +115,7 @@ class Hdf5Source(VolumeSource):
             c % k == 0 and e == min(k, s - c) for c, e, k, s in zip(corner, extent, self.chunks, self.full_shape[-3:]))
         if one_chunk or self.chunks is None:
             self._check_stored(corner)
-        self._check_sources_remain(corner, extent)
+        self._check_sources(corner, extent)
         if one_chunk and self._direct is not None and self._direct.read(self._dataset, corner, out, self.name):
             return
         box = tuple(slice(c, c + e) for c, e in zip(corner, extent))
@@ -152,14 +159,26 @@ class Hdf5Source(VolumeSource):
         if self._data_file.id.valid:  # an external link's file, which closing the linking one leaves open
             self._data_file.close()
 
-    def _check_sources_remain(self, corner: Tuple[int, ...], extent: Tuple[int, ...]) -> None:
-        """Refuse a box of a virtual dataset that maps onto a source file removed since the volume was opened:
-        HDF5 would read its part as the fill value, silently. One stat per source the box overlaps."""
-        for source in self._sources:
-            if source.overlaps(corner, extent) and not source.file.is_file():
+    def _check_sources(self, corner: Tuple[int, ...], extent: Tuple[int, ...]) -> None:
+        """Refuse a box of a virtual dataset that maps onto a source file removed since the volume was opened
+        (HDF5 would read its part as the fill value, silently), or rewritten since (its part may be another array
+        now). One stat per source the box overlaps."""
+        for source, opened in zip(self._sources, self._source_states):
+            if not source.overlaps(corner, extent):
+                continue
+            try:
+                status = os.stat(source.file)
+                gone = not stat.S_ISREG(status.st_mode)
+            except OSError:
+                gone = True
+            if gone:
                 raise FileNotFoundError(f"{self.name}: the virtual dataset's source file {source.file} (dataset "
                                         f"{source.dataset!r}) for the box at (z, y, x) = {corner} is gone; HDF5 "
                                         "would read that part as fill values")
+            if opened is not None and (status.st_size, status.st_mtime_ns) != opened:
+                raise CorruptChunkError(f"{self.name}: its files changed since it was opened (the virtual dataset's "
+                                        f"source file {source.file} for the box at (z, y, x) = {corner} was "
+                                        "rewritten): its part may hold another array now; open it again")
 
     def _file_state(self) -> Optional[tuple]:
         """The (size, modification time in ns) now of the file holding the dataset (the one an external link leads
@@ -186,7 +205,7 @@ class Hdf5Source(VolumeSource):
         now = self._file_state()
         if now is not None and self._opened is not None and now != self._opened:
             return True
-        return bool(self.stamp.data_files) and not self.stamp.data_files_unchanged(skip=(self._data_path,))
+        return bool(self.stamp.data_files) and not self.stamp.data_files_unchanged(skip=self._watched_elsewhere)
 
     def _check_stored(self, origin: Sequence[int]) -> None:
         """Refuse a chunk whose bytes lie past the end of the file: HDF5 reads them as zeros, silently, when the
@@ -257,12 +276,16 @@ def _virtual_sources(path: Path, dataset: h5py.Dataset, name: str) -> List[_Virt
 
 def _data_files(path: Path, dataset: h5py.Dataset, sources: Sequence[_VirtualSource]) -> List[Path]:
     """The files besides ``path`` that hold the dataset's bytes: the file an external link leads to, a virtual
-    dataset's sources, and external raw storage (looked for beside ``path``, then from the working directory)."""
+    dataset's sources, and external raw storage, where HDF5 looks for it: under ``$HDF5_EXTFILE_PREFIX``
+    (``${ORIGIN}`` is the file's folder), else from the working directory."""
     files = [Path(dataset.file.filename)] + [source.file for source in sources]
+    prefix = os.environ.get("HDF5_EXTFILE_PREFIX")
     for name, _, _ in dataset.external or ():
-        name = os.fsdecode(name)
-        found = [f for f in (path.parent / name, Path(name)) if f.is_file()]
-        files += found[:1]
+        name = Path(os.fsdecode(name))
+        if prefix and not name.is_absolute():
+            name = Path(prefix.replace("${ORIGIN}", str(path.resolve().parent))) / name
+        if name.is_file():
+            files.append(name)
     return files
 
 
