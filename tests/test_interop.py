@@ -277,6 +277,8 @@ def test_ome_zarr_py_levels_in_micrometres_read_in_nm(tmp_path, version):
     # ome-zarr-py translates level 1 by half a voxel of level 0 (its first voxel's centre): it starts at 0
     assert_reads(tmp_path / "img.zarr", level1, (40, 8, 8), (0, 0, 0), level=1)
     assert_reads(tmp_path / "img.zarr", level1, (40, 8, 8), (0, 0, 0), resolution=(40, 8, 8))
+    # the level opened by its own path, which holds no geometry itself: as the image above it places it
+    assert_reads(tmp_path / "img.zarr/s1", level1, (40, 8, 8), (0, 0, 0))
 
 
 def test_ome_zarr_in_micrometres_beside_labels_in_nm_align(tmp_path):

@@ -269,6 +269,7 @@ def test_a_pyramid_whose_levels_state_the_ome_translation_as_their_offset_still_
     convert(str(tmp_path / "in.h5/raw"), tmp_path / "out.zarr/raw", levels=2)
     zarr.open_array(str(tmp_path / "out.zarr/raw/s1"), mode="r+").attrs["offset"] = [0, 10, 10]
     assert ef.open(tmp_path / "out.zarr/raw", level=1).offset == (0, 8, 8)
+    assert ef.open(tmp_path / "out.zarr/raw/s1").offset == (0, 8, 8)  # by its path: as the image places it
     zarr.open_array(str(tmp_path / "out.zarr/raw/s1"), mode="r+").attrs["offset"] = [0, 12, 12]
     with pytest.raises(ef.io.StoreMetadataError, match=r"contradictory metadata: its offset \(z, y, x\) = "
                                                        r"\(0.0, 12.0, 12.0\) nm but the OME-NGFF translation"):

@@ -45,7 +45,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ._geometry import Geometry, array_geometry, choose_level, multiscale_levels, require_agreement
+from ._geometry import Geometry, Level, array_geometry, choose_level, multiscale_levels, require_agreement
 from ._decode import SideBySide, blosc_content_size, checked_blosc, zstd_content_size
 from ._filebatch import BATCH_BYTES, lent_buffer, read_regular_files
 from ._metadata import bad_metadata, int_list, metadata_key, parsing
@@ -131,28 +131,22 @@ class ZarrSource(VolumeSource):
                                  "store does not have") from None
             except Exception as error:
                 raise _refused(f"{path}:{level_path}", path / level_path, error) from error
-            if len(chosen.axes) != array.ndim:
-                raise ValueError(f"{self.name}/{chosen.path}: {array.ndim}-D array but {len(chosen.axes)} axes "
-                                 f"{list(chosen.axes)} in the multiscale metadata")
             dataset = f"{dataset}/{chosen.path}" if dataset else chosen.path
             self.name = f"{path}:{dataset}"
-            geometry = _geometry_of(array, self.name, chosen.axes)
-            require_agreement(f"{self.name} (attributes)", "its voxel_size", geometry.resolution,
-                              "the OME-NGFF scale", chosen.resolution)
-            if geometry.offset is None or not np.allclose(geometry.offset, chosen.translation, rtol=0, atol=1e-6):
-                # funlib's offset is the corner (emfast's earlier pyramids wrote a binned level's centre there too)
-                require_agreement(f"{self.name} (attributes)", "its offset", geometry.offset,
-                                  "the OME-NGFF translation (its first voxel's corner)", chosen.offset)
-            self._axes = chosen.axes
-            self.resolution, self.offset = chosen.resolution, chosen.offset
+            self._take_level(array, chosen)
         else:
             if level is not None or resolution is not None:
-                raise LevelChoiceError(f"{self.name} is an array, not a multiscale image: level and resolution do not "
-                                 "apply")
+                raise LevelChoiceError(f"{self.name} is an array, not a multiscale image: level and resolution do "
+                                       "not apply")
             array = node
-            geometry = _geometry_of(array, self.name)
-            self._axes = geometry.axes
-            self.resolution, self.offset = geometry.resolution, geometry.offset
+            # a level of an image opened by its own path is placed as the image places it
+            chosen = _level_above(zarr, path, dataset)
+            if chosen is not None:
+                self._take_level(array, chosen)
+            else:
+                geometry = _geometry_of(array, self.name)
+                self._axes = geometry.axes
+                self.resolution, self.offset = geometry.resolution, geometry.offset
         self._array = array
         in_order = "t" not in self._axes and Geometry(self._axes, None, None).canonical  # what _DirectChunks reads
         self._direct = _DirectChunks.for_array(array, path / dataset) if in_order else None
@@ -177,6 +171,22 @@ class ZarrSource(VolumeSource):
         else:
             marker = next((path / dataset / m for m in ARRAY_MARKERS if (path / dataset / m).is_file()), path)
             self.stamp = Stamp.of(path, dataset, marker)
+
+    def _take_level(self, array, chosen: Level) -> None:
+        """Axes, voxel size and offset of ``array``, the level ``chosen`` of an OME-NGFF image, checked against the
+        array's own attributes."""
+        if len(chosen.axes) != array.ndim:
+            raise ValueError(f"{self.name}: {array.ndim}-D array but {len(chosen.axes)} axes {list(chosen.axes)} in "
+                             "the multiscale metadata")
+        geometry = _geometry_of(array, self.name, chosen.axes)
+        require_agreement(f"{self.name} (attributes)", "its voxel_size", geometry.resolution,
+                          "the OME-NGFF scale", chosen.resolution)
+        if geometry.offset is None or not np.allclose(geometry.offset, chosen.translation, rtol=0, atol=1e-6):
+            # funlib's offset is the corner (emfast's earlier pyramids wrote a binned level's centre there too)
+            require_agreement(f"{self.name} (attributes)", "its offset", geometry.offset,
+                              "the OME-NGFF translation (its first voxel's corner)", chosen.offset)
+        self._axes = chosen.axes
+        self.resolution, self.offset = chosen.resolution, chosen.offset
 
     def _layout(self, array):
         """How to read (c, z, y, x) from the stored axes: index 0 of t, every axis moved to emfast's order."""
@@ -290,6 +300,21 @@ def _open_node(zarr, path: Path, dataset: str, name: str):
         return zarr.open(store=str(path), path=dataset, mode="r")
     except Exception as error:  # zarr raises various types for metadata it refuses
         raise _refused(name, node, error) from error
+
+
+def _level_above(zarr, path, dataset: str) -> Optional[Level]:
+    """The level an array is of the OME-NGFF image in the group right above it, None if that group is no image
+    listing it (or its multiscales cannot be read: the array's own attributes stand then)."""
+    parent, _, leaf = dataset.rpartition("/")
+    if not leaf or not any(_read_metadata(path / parent, marker) is not None for marker in GROUP_MARKERS):
+        return None
+    try:
+        group = zarr.open(store=path.zarr_store() if isinstance(path, RemoteStore) else str(path), path=parent,
+                          mode="r")
+        levels = multiscale_levels(dict(group.attrs), f"{path}:{parent}") if isinstance(group, zarr.Group) else None
+    except (StoreMetadataError, ValueError, KeyError, TypeError):
+        return None
+    return next((level for level in levels or () if level.path.strip("/") == leaf), None)
 
 
 def _geometry_of(array, name: str, known_axes: Optional[Sequence[str]] = None) -> Geometry:
