@@ -274,3 +274,39 @@ def test_a_pyramid_whose_levels_state_the_ome_translation_as_their_offset_still_
     with pytest.raises(ef.io.StoreMetadataError, match=r"contradictory metadata: its offset \(z, y, x\) = "
                                                        r"\(0.0, 12.0, 12.0\) nm but the OME-NGFF translation"):
         ef.open(tmp_path / "out.zarr/raw", level=1)
+
+
+def test_overwriting_a_pyramid_with_fewer_levels_drops_the_old_ones(tmp_path):
+    """The image still listed the old image's coarser levels, which viewers show when zoomed out."""
+    needs("ome_zarr")
+    from ome_zarr.io import parse_url
+    from ome_zarr.reader import Multiscales, Reader
+    rng = np.random.default_rng(3)
+    first, second = rng.integers(0, 100, (8, 32, 32), np.uint8), rng.integers(150, 255, (8, 32, 32), np.uint8)
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        for name, data in (("first", first), ("second", second)):
+            f.create_dataset(name, data=data).attrs["resolution"] = (40, 4, 4)
+    convert(str(tmp_path / "in.h5/first"), tmp_path / "out.zarr/raw", levels=4)
+    assert (tmp_path / "out.zarr/raw/s3").is_dir()
+    convert(str(tmp_path / "in.h5/second"), tmp_path / "out.zarr/raw", levels=2, overwrite=True)
+    image = [node for node in Reader(parse_url(str(tmp_path / "out.zarr/raw")))() if node.load(Multiscales)][0]
+    expected = expected_levels(second, (40.0, 4.0, 4.0), (0.0, 0.0, 0.0), 2, "mean")
+    assert len(image.data) == 2
+    for level, (want, _, _) in zip(image.data, expected):
+        np.testing.assert_array_equal(np.asarray(level), want)
+    assert not (tmp_path / "out.zarr/raw/s2").exists() and not (tmp_path / "out.zarr/raw/s3").exists()
+
+
+def test_a_pyramid_into_another_programs_image_is_refused_untouched(tmp_path):
+    zarr = needs("zarr")
+    group = zarr.open_group(str(tmp_path / "img.zarr"), mode="w", path="raw")
+    group.create_array("0", shape=(8, 32, 32), dtype=np.uint8)[...] = 7
+    group.attrs["multiscales"] = [{"version": "0.4", "axes": ["z", "y", "x"], "datasets": [
+        {"path": "0", "coordinateTransformations": [{"type": "scale", "scale": [40, 4, 4]}]}]}]
+    before = tree_digest(tmp_path / "img.zarr")
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("raw", data=np.zeros((8, 32, 32), np.uint8))
+    for overwrite in (False, True):
+        with pytest.raises(ConvertError, match=r"img.zarr/raw is an OME-NGFF image of other datasets \(0\)"):
+            convert(str(tmp_path / "in.h5/raw"), tmp_path / "img.zarr/raw", levels=2, overwrite=overwrite)
+        assert tree_digest(tmp_path / "img.zarr") == before

@@ -13,6 +13,7 @@ tile. An existing output that is not an unfinished conversion of the same source
 from __future__ import annotations
 
 import json
+import re
 import signal
 import threading
 from contextlib import contextmanager
@@ -25,8 +26,8 @@ import numpy as np
 from .._checks import is_integer
 from ._geometry import GEOMETRY_KEYS
 from ._open import open_source
-from ._outputs import (RECORDS, OutputLock, add_ome_pyramid, check_free_space, check_output_location, fingerprint,
-                       zarr_store_format)
+from ._outputs import (RECORDS, NotOwnOutputError, OutputLock, add_ome_pyramid, check_free_space,
+                       check_output_location, fingerprint, image_paths, remove_zarr_output, zarr_store_format)
 from ._progress import plural, progress_bar
 from ._pyramid import DOWNSAMPLING, default_downsampling, downsample, level_factors, level_geometry
 from ._source import VolumeSource
@@ -212,6 +213,10 @@ def _convert_level(source: VolumeSource, container: Path, dataset: str, kind: st
     return Conversion(container, len(tiles), len(tiles) - done)
 
 
+#: The names of emfast's pyramid levels.
+LEVEL_NAME = re.compile(r"s[0-9]+")
+
+
 def _convert_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_format: int, settings: dict,
                      factors, rule: str, overwrite: bool, progress) -> Conversion:
     """Write ``source`` as level ``s0`` of the OME-NGFF image ``container/dataset``, then each level from the one
@@ -220,6 +225,10 @@ def _convert_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_f
     if _is_zarr_array(node):
         raise ConvertError(f"{container}/{dataset} is an array; a pyramid's levels go into a group of that name: "
                            "choose another output")
+    listed = image_paths(node) or []
+    if any(not LEVEL_NAME.fullmatch(path) for path in listed):
+        raise ConvertError(f"{container}/{dataset} is an OME-NGFF image of other datasets ({', '.join(listed)}): "
+                           "emfast writes a pyramid into a new group or one of its own; choose another output")
     shape, counts = source.full_shape, []
     for factor in [None] + list(factors):  # one progress count over every level's tiles
         shape, _, level_tiles = _level_plan(shape, source.dtype, settings, factor, rule)
@@ -244,8 +253,17 @@ def _convert_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_f
         finally:
             below.close()
         tiles, written = tiles + done.tiles, written + done.written
+    stale = [path for path in listed if int(path[1:]) >= len(geometry)]
+    if overwrite and stale:  # the levels of the image replaced that this one does not have
+        with OutputLock(container) as lock:
+            for path in stale:
+                try:
+                    remove_zarr_output(container, f"{dataset}/{path}", lock)
+                except NotOwnOutputError as error:
+                    raise ConvertError(str(error)) from None
     add_ome_pyramid(container, dataset, len(source.full_shape),
-                    [(f"s{level}", *level_geometry(*g, (1, 1, 1))) for level, g in enumerate(geometry)])
+                    [(f"s{level}", *level_geometry(*g, (1, 1, 1))) for level, g in enumerate(geometry)],
+                    replace=overwrite)
     return Conversion(container, tiles, written)
 
 

@@ -24,7 +24,7 @@ import shutil
 import stat
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -310,25 +310,40 @@ def add_ome_multiscales(root, dataset: str, ndim: int, resolution: Optional[Sequ
     _describe_image(root[parent] if parent else root, name, ndim, [(name, resolution, offset)])
 
 
-def add_ome_pyramid(container: Path, dataset: str, ndim: int, levels: Sequence[tuple]) -> None:
+def add_ome_pyramid(container: Path, dataset: str, ndim: int, levels: Sequence[tuple], replace: bool = False
+                    ) -> None:
     """Describe the zarr group ``container/dataset`` as an OME-NGFF multiscale image of ``levels`` (path, voxel
-    size, offset in nm, finest first), unless it describes an image of other datasets already."""
+    size, offset in nm, finest first), unless it describes an image of other datasets already (``replace``:
+    whatever it describes)."""
     from ._zarr import import_zarr
 
     if ndim not in OUTPUT_AXES:
         return
     group = import_zarr("writing").open_group(str(container), path=dataset, mode="r+")
-    _describe_image(group, dataset.rpartition("/")[2], ndim, levels)
+    _describe_image(group, dataset.rpartition("/")[2], ndim, levels, replace)
 
 
-def _describe_image(group, name: str, ndim: int, levels: Sequence[tuple]) -> None:
+def image_paths(folder: Path) -> Optional[List[str]]:
+    """The dataset paths of the OME-NGFF image the zarr group ``folder`` describes, None if it describes none."""
+    metadata = _zarr_metadata(folder)
+    if metadata is None or metadata.get("node_type") != "group":
+        return None
+    attributes = metadata.get("attributes", {})
+    images = attributes.get("ome", attributes).get("multiscales")
+    if not images:
+        return None
+    return [str(d.get("path")) for image in images for d in image.get("datasets", ())]
+
+
+def _describe_image(group, name: str, ndim: int, levels: Sequence[tuple], replace: bool = False) -> None:
     """Write the OME-NGFF multiscales of ``levels`` on ``group``: 0.4 in zarr v2, 0.5 in v3. An image whose
-    datasets are not all among these levels (another program's) is kept."""
+    datasets are not all among these levels (another program's) is kept, unless ``replace``."""
     version = "0.4" if group.metadata.zarr_format == 2 else "0.5"
     attributes = dict(group.attrs)
     existing = (attributes.get("ome", attributes) if version == "0.5" else attributes).get("multiscales")
     paths = [path for path, _, _ in levels]
-    if existing and not set(d.get("path") for image in existing for d in image.get("datasets", ())) <= set(paths):
+    if existing and not replace and \
+            not set(d.get("path") for image in existing for d in image.get("datasets", ())) <= set(paths):
         return
     lead = ndim - 3
     axes = [{"name": "c", "type": "channel"}] * lead + [{"name": a, "type": "space", "unit": "nanometer"}
