@@ -206,3 +206,25 @@ def test_an_internal_type_error_in_a_command_is_a_bug_with_its_traceback(monkeyp
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err and "len(None)" in err
     assert "internal error (TypeError)" in err and not err.startswith("emfast: error:")
+
+
+def test_an_error_during_convert_starts_on_its_own_line_after_the_progress_bar(tmp_path, monkeypatch):
+    """On a terminal the message was appended to the bar's line ("...0/2 tiles, estimating the time left emfast:
+    error: ...")."""
+    import io
+    from emfast import cli
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    def failing(*args, progress, **kwargs):
+        progress(0, 2)
+        raise OSError("the disk is full")
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setattr(cli, "convert_volume", failing)
+    assert main(["convert", str(tmp_path / "in.h5/raw"), str(tmp_path / "out.zarr/raw")]) == 2
+    text = terminal.getvalue()
+    assert "estimating the time left" in text and "\nemfast: error: the disk is full" in text, text

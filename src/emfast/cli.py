@@ -230,10 +230,14 @@ def convert(args: argparse.Namespace) -> int:
     """Convert a volume between formats, resumably (run the same command again after an interruption)."""
     if args.compressor is not None:
         print("emfast: warning: --compressor is deprecated; use --compression (the same values)", file=sys.stderr)
-    with command_line_options():
-        result = convert_volume(args.source, args.destination, chunks=args.chunks, compression=args.compression,
-                                zarr_format=args.zarr_format, overwrite=args.overwrite, progress=progress_bar(),
-                                levels=args.levels, downsampling=args.downsampling, compressor=args.compressor)
+    bar = progress_bar()
+    try:
+        with command_line_options():
+            result = convert_volume(args.source, args.destination, chunks=args.chunks, compression=args.compression,
+                                    zarr_format=args.zarr_format, overwrite=args.overwrite, progress=bar,
+                                    levels=args.levels, downsampling=args.downsampling, compressor=args.compressor)
+    finally:
+        bar.finish()  # an error's message starts on a line of its own
     if result.written == 0:
         print(f"{args.destination} is already complete ({result.tiles} {plural(result.tiles, 'tile')}); nothing "
               "to do")
