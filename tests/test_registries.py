@@ -234,3 +234,16 @@ def test_cli_imports_no_private_io_module_and_no_h5py():
     imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
     assert "h5py" not in imported
     assert not [m for m in imported if re.match(r"(emfast\.)?io\._", m or "")], imported
+
+
+def test_convert_takes_a_precomputed_scale_by_level_or_resolution(tmp_path, raw):
+    """Only scale 0 could be converted: a scale's own folder is no volume emfast can open."""
+    write_precomputed(tmp_path / "pc", raw, scales=((4, 4, 40), (8, 8, 40)))
+    level = ef.open(tmp_path / "pc", level=1)
+    assert main(["convert", str(tmp_path / "pc"), str(tmp_path / "a.zarr/half"), "--level", "1"]) == 0
+    assert main(["convert", str(tmp_path / "pc"), str(tmp_path / "b.h5/half"), "--resolution", "40", "8", "8"]) == 0
+    for path in (tmp_path / "a.zarr/half", tmp_path / "b.h5/half"):
+        with ef.open(path) as converted:
+            np.testing.assert_array_equal(converted.array, level.array)
+            assert converted.resolution == (40, 8, 8) and converted.offset == level.offset
+    assert main(["convert", str(tmp_path / "pc"), str(tmp_path / "c.zarr/x"), "--level", "2"]) == 2

@@ -235,7 +235,8 @@ def convert(args: argparse.Namespace) -> int:
         with command_line_options():
             result = convert_volume(args.source, args.destination, chunks=args.chunks, compression=args.compression,
                                     zarr_format=args.zarr_format, overwrite=args.overwrite, progress=bar,
-                                    levels=args.levels, downsampling=args.downsampling, compressor=args.compressor)
+                                    levels=args.levels, downsampling=args.downsampling, compressor=args.compressor,
+                                    level=args.level, resolution=args.resolution)
     finally:
         bar.finish()  # an error's message starts on a line of its own
     if result.written == 0:
@@ -350,6 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="mean (intensities) or mode (labels: most frequent id, ties to the lowest); default "
                              "mode for 32/64-bit integers, else mean")
     change.add_argument("--zarr-format", type=int, choices=[2, 3], default=3, help="zarr format (default 3)")
+    which = change.add_mutually_exclusive_group()
+    which.add_argument("--level", type=int, default=None,
+                       help="an OME-Zarr image's level (a precomputed volume's scale) to convert, by index (default 0)")
+    which.add_argument("--resolution", type=float, nargs=3, metavar=("Z", "Y", "X"), default=None,
+                       help="the level to convert by its voxel size in nm")
     change.add_argument("--overwrite", action="store_true", help="replace an existing output")
     change.set_defaults(handler=convert)
 

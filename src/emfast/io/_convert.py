@@ -76,7 +76,8 @@ class Conversion:
 def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None, compression: Optional[str] = None,
             zarr_format: int = 3, overwrite: bool = False, progress: Optional[Callable[[int, int], None]] = None,
             tile_bytes: Optional[int] = None, levels: int = 1, downsampling: Optional[str] = None,
-            compressor: Optional[str] = None, storage_options: Optional[dict] = None) -> Conversion:
+            compressor: Optional[str] = None, storage_options: Optional[dict] = None, level: Optional[int] = None,
+            resolution: Optional[Sequence[float]] = None) -> Conversion:
     """Convert the volume at ``source_path`` (any form :func:`emfast.open` takes) to ``destination``
     (``out.zarr/raw`` or ``out.h5/raw``), optionally with a multiscale pyramid.
 
@@ -109,6 +110,9 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
     storage_options : dict, optional
         For a remote source (``s3://``, ``gs://``, ``http(s)://``): fsspec's options, as :func:`emfast.open`
         takes them (e.g. ``{"endpoint_url": ...}`` for an S3-compatible server).
+    level, resolution : optional
+        For an OME-Zarr image or a precomputed volume: the level (scale) to convert, by index or by its (z, y, x)
+        voxel size, as :func:`emfast.open` takes them (default: the finest).
 
     Returns
     -------
@@ -155,7 +159,7 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
         raise ConvertError(f"downsampling must be one of {', '.join(DOWNSAMPLING)}, got {downsampling!r}")
     if kind == "zarr":  # an existing store keeps its format: a root of the other one would hide its arrays
         zarr_format = zarr_store_format(container) or zarr_format
-    source = open_source(source_path, storage_options=storage_options)
+    source = open_source(source_path, level=level, resolution=resolution, storage_options=storage_options)
     try:
         try:
             check_output_location(container, dataset, kind, source.stamp, "source")
