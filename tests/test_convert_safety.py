@@ -113,3 +113,31 @@ def test_ctrl_c_during_a_zarr_conversion_prints_one_line_and_exits_130(tmp_path,
     monkeypatch.setattr(_convert, "TILE_BYTES", 128 << 10)
     assert main(["convert", *args, "--chunks", "4", "16", "16"]) == 0  # and it resumes
     np.testing.assert_array_equal(ef.open(tmp_path / "out.zarr/raw").array[0], data)
+
+
+def _tree(path: Path) -> dict:
+    """Every file below ``path`` (or ``path`` itself) with its bytes and modification time."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return {str(p): (p.read_bytes(), p.stat().st_mtime_ns) for p in files}
+
+
+def test_a_refused_output_is_left_exactly_as_it_was(tmp_path, source):
+    """A refusal came after the output was opened to write: an HDF5 file's modification time changed (which made a
+    conversion reading that file refuse to resume), and a tensorstore store got a root zarr.json."""
+    source = str(source[0])
+    with h5py.File(tmp_path / "out.h5", "w") as f:
+        f.create_dataset("foreign", data=np.ones((4, 4, 4), np.uint8))
+    os.utime(tmp_path / "out.h5", ns=(10**18, 10**18))
+    ts = pytest.importorskip("tensorstore")
+    ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(tmp_path / "ts.zarr/raw")},
+             "metadata": {"shape": [4, 4, 4], "data_type": "uint8"}, "create": True}).result()[...] = 1
+    for output, dataset in ((tmp_path / "out.h5", "foreign"), (tmp_path / "ts.zarr", "raw")):
+        before = _tree(output)
+        for overwrite in (False, True):
+            with pytest.raises(ConvertError, match="was not written by emfast"):
+                convert(source, f"{output}/{dataset}", overwrite=overwrite)
+            with pytest.raises(ef.inference.OutputExistsError, match="was not written by emfast"):
+                ef.predict(lambda batch: batch.astype(np.float32), source, f"{output}/{dataset}",
+                           patch_in=(4, 8, 8), overwrite=overwrite)
+            assert _tree(output) == before
+    assert not (tmp_path / "ts.zarr/zarr.json").exists()

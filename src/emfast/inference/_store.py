@@ -74,7 +74,7 @@ class OutputStore:
         container, dataset, kind = parse_output(out)
         compression = check_compression(compression, kind)
         store = cls(container, dataset, kind)
-        store._writer.open()
+        store._writer.open_to_check()
         try:
             attributes = dict(attributes)
             previous = store._writer.prepare(

@@ -203,7 +203,7 @@ def _convert_level(source: VolumeSource, container: Path, dataset: str, kind: st
     with OutputLock(container) as lock:
         writer = OutputWriter(container, dataset, kind, RECORD, refused=ConvertError, zarr_format=zarr_format)
         try:
-            writer.open()
+            writer.open_to_check()
             previous = writer.prepare(lock, dict(record, done=0, complete=False), resume=True, overwrite=overwrite,
                                       input_key="source", what="conversion", unchecked=("done", "complete"),
                                       shape=full_shape, dtype=source.dtype, chunks=chunks,

@@ -240,8 +240,9 @@ def _zarr_holds_data(folder: Path) -> bool:
                for _, _, files in os.walk(folder) for name in files)
 
 
-def remove_zarr_output(container: Path, dataset: str, lock: "OutputLock") -> None:
-    """Delete the zarr array ``container/dataset`` if it is emfast's to replace; NotOwnOutputError otherwise."""
+def remove_zarr_output(container: Path, dataset: str, lock: "OutputLock", delete: bool = True) -> None:
+    """Delete the zarr array ``container/dataset`` if it is emfast's to replace (``delete`` False: only check that
+    it is); NotOwnOutputError otherwise."""
     folder = container / dataset
     if folder.is_symlink():
         raise NotOwnOutputError(f"{folder} is a symbolic link; emfast replaces only arrays it wrote, never links")
@@ -255,7 +256,8 @@ def remove_zarr_output(container: Path, dataset: str, lock: "OutputLock") -> Non
     if not owned_by_emfast(metadata.get("attributes", {}), lock, dataset, lambda: _zarr_holds_data(folder)):
         raise NotOwnOutputError(f"{folder} exists and was not written by emfast (it has no emfast record); emfast "
                                 "replaces only its own outputs: delete it yourself or choose another output")
-    shutil.rmtree(folder)
+    if delete:
+        shutil.rmtree(folder)
 
 
 def _zarr_metadata(folder: Path) -> Optional[dict]:
@@ -390,8 +392,9 @@ def open_hdf5_for_writing(path: Path):
         raise OSError(error.errno, f"cannot open {path} for writing: {error}") from None
 
 
-def remove_hdf5_output(file, dataset: str, lock: "OutputLock") -> None:
-    """Delete the dataset ``dataset`` of the open h5py ``file`` if it is emfast's; NotOwnOutputError otherwise."""
+def remove_hdf5_output(file, dataset: str, lock: "OutputLock", delete: bool = True) -> None:
+    """Delete the dataset ``dataset`` of the open h5py ``file`` if it is emfast's (``delete`` False: only check
+    that it is, on a file open read-only); NotOwnOutputError otherwise."""
     import h5py
 
     link = file.get(dataset, getlink=True)
@@ -407,7 +410,8 @@ def remove_hdf5_output(file, dataset: str, lock: "OutputLock") -> None:
         raise NotOwnOutputError(f"{file.filename}/{dataset} exists and was not written by emfast (it has no "
                                 "emfast record); emfast replaces only its own outputs: delete it yourself or choose "
                                 "another output")
-    del file[dataset]
+    if delete:
+        del file[dataset]
 
 
 class OutputLock:

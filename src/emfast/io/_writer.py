@@ -26,6 +26,7 @@ from typing import Callable, Iterable, Optional, Sequence, Tuple, Type
 import numpy as np
 
 from ._chunkfiles import chunk_files
+from ._hdf5 import open_hdf5
 from ._open import split_path
 from ._outputs import (NotOwnOutputError, OutputLock, add_ome_multiscales, check_zarr_container, input_changed,
                        open_hdf5_for_writing, option, remove_hdf5_output, remove_partial_files, remove_zarr_output,
@@ -120,8 +121,18 @@ class OutputWriter:
     def path(self) -> str:
         return f"{self.container}/{self.dataset}"
 
+    def open_to_check(self) -> "OutputWriter":
+        """Open the container read-only, or not at all where it does not exist: :meth:`prepare` decides whether
+        the output may be written before anything is (a refused run leaves an HDF5 file's modification time and a
+        store's metadata as they were), then opens it to write."""
+        self.close()
+        if self.kind == "hdf5" and self.container.is_file():
+            self.root = open_hdf5(self.container)
+        return self
+
     def open(self) -> "OutputWriter":
-        """Open the container (created if absent); a zarr store keeps its existing format."""
+        """Open the container to write (created if absent); a zarr store keeps its existing format."""
+        self.close()
         if self.kind == "hdf5":
             self.root = open_hdf5_for_writing(self.container)
         else:
@@ -135,7 +146,12 @@ class OutputWriter:
     def node(self, name: str):
         """The array (or group) ``name`` in the container, or None."""
         if self.kind == "hdf5":
-            return self.root.get(name)
+            return None if self.root is None else self.root.get(name)
+        if self.root is None:  # opened to check: read-only, and no root group made where the store has none
+            from ._zarr import ARRAY_MARKERS, GROUP_MARKERS, import_zarr
+            if not any((self.container / name / marker).is_file() for marker in ARRAY_MARKERS + GROUP_MARKERS):
+                return None
+            return import_zarr().open(store=str(self.container), path=name, mode="r")
         try:
             return self.root[name]
         except KeyError:
@@ -184,25 +200,36 @@ class OutputWriter:
         half_made = lock.was_creating(self.dataset)  # a run killed while creating it: nothing was finished
         if previous is not None and not overwrite and not half_made:
             self._check_resumable(previous, record, resume, input_key, what, set(unchecked))
+            self._writable()
             if self.kind == "zarr":
                 for name in (self.dataset, *companions):
                     remove_partial_files(self.container / name)
             self.array = self.node(self.dataset)
             self._chunk_files = False
             return previous
-        for name in (self.dataset, *companions):
-            try:
-                if self.kind == "hdf5":
-                    remove_hdf5_output(self.root, name, lock)
-                else:
-                    remove_zarr_output(self.container, name, lock)
-            except NotOwnOutputError as error:
-                raise self.refused(str(error)) from None
+        for delete in (False, True):  # every output checked before anything is written
+            if delete:
+                self._writable()
+            for name in (self.dataset, *companions):
+                try:
+                    if self.kind == "hdf5":
+                        if self.root is not None:
+                            remove_hdf5_output(self.root, name, lock, delete)
+                    else:
+                        remove_zarr_output(self.container, name, lock, delete)
+                except NotOwnOutputError as error:
+                    raise self.refused(str(error)) from None
         with lock.creating(self.dataset):  # the record is in the array's first metadata: never one without it
             self.create(attributes={**layout.pop("attributes", {}), self.record_key: record}, **layout)
             if create is not None:
                 create()
         return None
+
+    def _writable(self) -> None:
+        """Open the container to write, if it was opened to check."""
+        if self.kind == "zarr" and self.root is None or self.kind == "hdf5" and (
+                self.root is None or self.root.mode == "r"):
+            self.open()
 
     def _check_resumable(self, previous: dict, record: dict, resume: bool, input_key: str, what: str,
                          unchecked: set) -> None:
