@@ -34,7 +34,7 @@ from ._options import (buffer_counts, check_memory, check_threads, checked_epoch
                        rank_and_world, setting, torch_worker)
 from ._plan import Planner
 from ._pool import SlotPool
-from ._producers import STARTED, ExhaustionCheck, Pipeline, Producers, stop_abandoned
+from ._producers import STARTED, ExhaustionCheck, Pipeline, Producers, close_at_exit, stop_abandoned
 from ._profile import Profile, ProfileReport
 from ._ring import Ring
 from ._snapshot import write_snapshot
@@ -355,6 +355,7 @@ class Loader:
                                                self.dataset.close if self.close_data else None)
             self._pipeline = pipeline
             STARTED.add(self)
+            close_at_exit()
             producers.start()
             if copier is not None:
                 copier.run(producers.alive)

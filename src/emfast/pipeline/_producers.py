@@ -7,6 +7,7 @@ threads.
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import gc
 import os
@@ -180,6 +181,29 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _close_started_at_exit() -> None:
+    """Stop every started loader's threads while the interpreter still runs them: a producer left running into
+    its finalization, frozen mid-read, may hold h5py's lock, which the finalization then waits for forever."""
+    for loader in list(STARTED):
+        try:
+            loader.close()
+        except Exception:  # noqa: BLE001 - one loader that fails to close must not spare the others
+            pass
+
+
+_exit_hook_registered = False
+
+
+def close_at_exit() -> None:
+    """Have every started loader closed at interpreter exit. Registered after a loader's ``weakref.finalize``
+    exists, so that atexit (last in, first out) runs it before the finalizers' own exit function, which stops an
+    unreachable loader's threads from a daemon thread only, without waiting."""
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        atexit.register(_close_started_at_exit)
+        _exit_hook_registered = True
 
 
 class ExhaustionCheck:
