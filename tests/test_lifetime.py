@@ -476,3 +476,51 @@ def test_an_unstarted_loader_pickles_for_spawned_processes_with_lazy_volumes(tmp
             pickle.dumps(loader)
         with pytest.raises(TypeError, match=r"pickle batch.copy\(\)"):
             pickle.dumps(loader.next_batch())
+
+
+def test_a_script_ending_without_close_on_a_lazy_hdf5_loader_exits(tmp_path):
+    """Python's exit waited forever on h5py's lock, held by a producer frozen mid-read (7 of 8 runs): the loader
+    was still referenced at exit, and its finalizer only started a thread to stop the others."""
+    import subprocess
+    from pathlib import Path
+
+    import h5py
+    data = np.random.default_rng(2).integers(0, 256, (64, 256, 256), dtype=np.uint8)
+    with h5py.File(tmp_path / "raw.h5", "w") as f:
+        f.create_dataset("raw", data=data, chunks=(16, 64, 64), compression="gzip")
+    script = (f"import emfast as ef\n"
+              f"volume = ef.hdf5({str(tmp_path / 'raw.h5')!r}, 'raw', in_memory=False, cache_bytes=2**20)\n"
+              f"loader = ef.Loader(volume, patch=(16, 64, 64), batch_size=4, threads=2, seed=9, epoch_size=100)\n"
+              f"for batch in loader:\n    break\n")
+    source = str(Path(ef.__file__).resolve().parents[1])
+    for _ in range(4):
+        done = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=source),
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_fork_while_a_decoder_library_is_looked_up_leaves_the_child_able_to_decode():
+    """DataLoader workers forked while the parent's first compressed read looked up libdeflate (35 ms, its lock
+    held) waited for that lock forever."""
+    from emfast.io import _deflate
+    decoder = _deflate._LIBDEFLATE
+    with decoder._lock:  # the parent's lookup in progress on another thread
+        pid = os.fork()
+        if pid == 0:  # the child: the lookup must not wait for a thread that does not exist here
+            code = 0
+            try:
+                decoder.found()
+            except BaseException:  # noqa: BLE001
+                code = 1
+            os._exit(code)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child waited for the decoder's lock, held by a thread of its parent")

@@ -11,9 +11,23 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import weakref
 from typing import Callable, Iterable, List, Optional, Sequence
 
 import numpy as np
+
+
+#: Every decoder, whose lock a fork may copy held (the parent looking its library up meanwhile).
+_DECODERS: "weakref.WeakSet[CompiledDecoder]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for decoder in list(_DECODERS):
+        # the thread holding it in the parent does not exist here; a lookup it left unfinished is made afresh
+        decoder._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class CompiledDecoder:
@@ -39,6 +53,7 @@ class CompiledDecoder:
         self._functions, self._usable = tuple(functions), usable
         self._lock = threading.Lock()
         self._library: Optional[object] = None  # kept: its functions stay loaded for the life of the process
+        _DECODERS.add(self)
 
     def found(self) -> bool:
         """Whether a usable library was found (looked for on the first call)."""
