@@ -204,6 +204,30 @@ def test_reading_a_closed_lazy_hdf5_volume_names_it(tmp_path, rng):
         volume.read_box((0, 0, 0), (4, 8, 8), np.empty((1, 4, 8, 8), np.uint32))
 
 
+@pytest.mark.parametrize("kind", ["zarr", "hdf5"])
+def test_a_closed_lazy_volume_refuses_reads_whatever_its_format(tmp_path, rng, kind):
+    """A closed lazy zarr (N5, precomputed) volume went on reading, 300 batches after close(), while HDF5's failed:
+    its reader holds no file to close."""
+    _, volume = _lazy_uint32(tmp_path, rng, kind)
+    out = np.empty((1, 4, 8, 8), np.uint32)
+    volume.read_box((0, 0, 0), (4, 8, 8), out)
+    volume.close()
+    for corner in ((0, 0, 0), (8, 16, 16)):  # cached before, and never read
+        with pytest.raises(ValueError, match=r"the volume was closed; open it again to read it"):
+            volume.read_box(corner, (4, 8, 8), out)
+
+
+def test_a_lazy_hdf5_volume_closed_during_a_read_names_it(tmp_path, rng, monkeypatch):
+    """Closed by another thread between the check and the read, h5py's own message came through (9 of 40 runs of
+    a reviewer's race)."""
+    _, volume = _lazy_uint32(tmp_path, rng, "hdf5")
+    source = volume.chunk_cache._source
+    checks = source._check_sources
+    monkeypatch.setattr(source, "_check_sources", lambda *a: (volume.close(), checks(*a)))  # the race, every time
+    with pytest.raises(ValueError, match=r"s\.h5:raw: the volume was closed; open it again to read it"):
+        volume.read_box((0, 0, 0), (4, 8, 8), np.empty((1, 4, 8, 8), np.uint32))
+
+
 def test_a_lazy_hdf5_file_removed_or_renamed_away_still_reads(tmp_path, rng):
     """The open descriptor keeps the data of a file whose path is removed or reused: it reads on, correctly."""
     raw, volume = _lazy_uint32(tmp_path, rng, "hdf5")

@@ -181,6 +181,7 @@ class ChunkCache:
         self._incoming = 0  # bytes of blocks being read by read_many calls, not held yet
         self._hits = self._misses = self._shared = self._read_ahead = 0
         self._changed: Optional[str] = None  # why the source's files are no longer those opened (_check_unchanged)
+        self._closed = False  # set by close(): a missing block is an error, whatever the source still reads
         #: Bytes of one whole block (every channel).
         self.block_bytes = block_bytes
         # Whole blocks live in slots of huge-page slabs, those of evicted blocks reused. Reusing them instead of
@@ -194,6 +195,18 @@ class ChunkCache:
         with self._lock:
             return CacheStats(self._hits, self._misses, self._shared, self._read_ahead, self._bytes_held,
                               len(self._blocks), self.budget_bytes, self.block_shape)
+
+    def close(self) -> None:
+        """Drop the blocks (as :meth:`clear`) and refuse every later read of a missing one: the volume was closed
+        (a store's reader may still be able to read, but its volume's reads fail after close, as an HDF5 file's
+        do)."""
+        with self._lock:
+            self._closed = True
+        self.clear()
+
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self._name}: the volume was closed; open it again to read it")
 
     def clear(self) -> None:
         """Drop every cached block, except those pinned by a gather in flight (dropped when it unpins them)."""
@@ -280,6 +293,7 @@ class ChunkCache:
             raise CorruptChunkError(self._changed)
 
     def _read_keys(self, boxes: np.ndarray, timings, ahead: bool) -> None:
+        self._refuse_if_closed()
         keys: Dict[Key, None] = {}
         for box in boxes:
             missing = np.argwhere(self._addresses[_box_slices(box)] == 0) + box[0]
@@ -485,6 +499,7 @@ class ChunkCache:
 
     def _fetch(self, key: Key) -> np.ndarray:
         """Read block ``key`` from the source, as a read-only (c, z, y, x) array."""
+        self._refuse_if_closed()
         (origin, block), = self._empty_blocks([key])
         try:
             self._source.read(origin, block.shape[1:], block)

@@ -109,7 +109,18 @@ class Hdf5Source(VolumeSource):
 
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
         if not self._file.id.valid:  # h5py would say "identifier is not of specified type", naming nothing
-            raise ValueError(f"{self.name}: the volume was closed; open it again to read it")
+            raise self._closed()
+        try:
+            self._read(corner, extent, out)
+        except Exception:
+            if not self._file.id.valid:  # closed by another thread during the read
+                raise self._closed() from None
+            raise
+
+    def _closed(self) -> ValueError:
+        return ValueError(f"{self.name}: the volume was closed; open it again to read it")
+
+    def _read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
         corner, extent = tuple(int(c) for c in corner), tuple(int(e) for e in extent)
         one_chunk = self.chunks is not None and all(
             c % k == 0 and e == min(k, s - c) for c, e, k, s in zip(corner, extent, self.chunks, self.full_shape[-3:]))

@@ -443,9 +443,9 @@ class Volume:
                                  f"({bad[0]}, {z + bad[1]}, {bad[2]}, {bad[3]})")
 
     def close(self) -> None:
-        """Close the file or store of a lazy volume (in-memory volumes hold none)."""
+        """Close the file or store of a lazy volume (in-memory volumes hold none); its reads fail after it."""
         if self._cache is not None:
-            self._cache.clear()
+            self._cache.close()
         if self._reader is not None:
             self._reader.close()
 
