@@ -136,6 +136,10 @@ class Loader:
     producers (up to ``threads + 1`` batches, one thread each; the ``ahead`` stage of :attr:`profile`); ``fetch`` and ``pending``
     in :attr:`profile` show the producers' own reads and their waits for chunks being read, ``decode`` the
     decoding of what they read. Remote stores (``s3://``, ``gs://``, ``http(s)://``) are read the same way.
+    A batch that a warp moved (``Rotate``, ``Scale``, ``Elastic``) reads each example's source window of a lazy
+    volume into a buffer of its own first, outside the budget: per producer thread, ``batch_size`` windows in the
+    volume's dtype, each the output window enlarged to hold its rotation (up to twice its (y, x) area for a
+    rotation about z), on top of ``cache_bytes`` and the batch slots.
 
     Examples
     --------
