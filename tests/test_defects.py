@@ -339,3 +339,16 @@ def test_a_fill_that_is_not_a_finite_number_is_refused_naming_it(make, owner, fi
     with pytest.raises(ValueError) as error:
         make(fill=fill)
     assert str(error.value) == f"{owner}: fill must be a finite number, got {fill!r}"
+
+
+def test_artifact_sections_as_large_as_the_window_serve_transposed_batches_too():
+    """A transpose changes what a window reads, not the batch's (Y, X): artifacts of (16, 40) sections for a
+    (8, 16, 40) patch were refused with Transpose, as smaller than a (40, 40) section no batch has."""
+    raw = np.random.default_rng(3).integers(0, 256, (16, 48, 48), dtype=np.uint8)
+    artifacts = np.random.default_rng(4).integers(0, 256, (3, 16, 40), dtype=np.uint8)
+    with ef.Loader(raw, patch=(8, 16, 40), batch_size=4, augment=[ef.Transpose(), Artifacts(artifacts, p=1.0)],
+                   seed=1) as loader:
+        assert loader.next_batch()["raw"].shape == (4, 1, 8, 16, 40)
+    with pytest.raises(ValueError, match=r"sections of \(16, 39\), smaller than the raw window's sections of "
+                                         r"\(16, 40\)"):
+        ef.Loader(raw, patch=(8, 16, 40), augment=[Artifacts(artifacts[:, :, :39])])

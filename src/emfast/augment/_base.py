@@ -119,7 +119,8 @@ class Windows:
     largest : (int, int, int)
         The largest window of any field of an example (z, y, x), e.g. raw with its context.
     raw_section : (int, int)
-        The (y, x) extent a raw section can have in source axes, whatever transpose is drawn.
+        The (y, x) extent of a raw window's section as the batch holds it (a transpose changes what is read into
+        it, not its shape).
     """
 
     largest: Tuple[int, int, int]

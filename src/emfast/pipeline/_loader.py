@@ -279,10 +279,9 @@ class Loader:
 
     def _bind_augmentations(self, fields: List[Field]) -> None:
         """Let each augmentation fit the windows (an elastic grid covers the largest; artifact sections must cover a
-        raw section in either y/x order)."""
+        raw section of the batch)."""
         largest = tuple(int(n) for n in np.max([f.patch for f in fields if f.grids is None], axis=0))
-        side = max(self.patch_in[1:]) if len(self._perms) > 1 else None
-        windows = Windows(largest, (side or self.patch_in[1], side or self.patch_in[2]))
+        windows = Windows(largest, (self.patch_in[1], self.patch_in[2]))
         for augmentation in self.augmentations:
             augmentation.bind_windows(windows)
 
