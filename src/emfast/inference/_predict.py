@@ -11,7 +11,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from .._checks import integer, is_integer, triple
+from .._checks import integer, is_integer, refusal, triple
 from .._core.gather import PAD_MODES
 from .._threads import ctrl_c_held, shutdown_pool
 from .._version import __version__
@@ -355,11 +355,15 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
             caller.runner.host_bytes(batch_size * channels * int(np.prod(plan.patch_out)))
         reserved = (budget // CACHE_SHARE if opened else 0) + pinned  # the chunk cache and the device slots
         estimate = _block_estimate(plan, volume, channels, dtype, threads, batch_size, len(tile_variants))
-        if block is None:  # the blocks get what those and the kept tiles' share leave
+        left = budget - budget // TILES_SHARE - reserved  # what the blocks get beside those and the kept tiles
+        if block is None:
             plan = TilePlan(volume.shape, patch_in, patch_out, overlap, chunks, roi,
-                            choose_block(budget - budget // TILES_SHARE - reserved, plan.chunks, plan.roi, estimate,
-                                         budget),
-                            crop=blend == "none")
+                            choose_block(left, plan.chunks, plan.roi, estimate, budget), crop=blend == "none")
+        elif memory is not None and estimate(plan.block) > left:
+            raise refusal(f"block={tuple(plan.block)} needs about {estimate(plan.block)} bytes with its inputs, sums "
+                          f"and outputs, more than the {left} of memory={budget} left beside the input's chunk "
+                          "cache and the shared tiles; give a smaller block or more memory, or leave block out to "
+                          "have one chosen within memory", "block")
         # The kept tiles get whatever the blocks leave, at least their share: blocks stop growing at BLOCK_EDGE,
         # and a kept tile held in memory is neither written to nor read back from disk by the blender.
         kept_memory = max(budget // TILES_SHARE, budget - reserved - estimate(plan.block))
