@@ -781,3 +781,22 @@ def test_a_block_beyond_the_memory_given_is_refused(tmp_path, volume):
                    block=(23, 41, 37))
     assert not (tmp_path / "p.zarr/p").exists()
     ef.predict(lambda batch: batch, volume, tmp_path / "q.zarr/p", patch_in=(8, 16, 16), block=(23, 41, 37))
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_overwriting_with_an_input_without_geometry_drops_the_earlier_ome_description(tmp_path, volume, zarr_format):
+    """The group kept the first output's OME scale and translation, which ome-zarr-py read for the new array while
+    funlib read it without geometry."""
+    zarr = pytest.importorskip("zarr")
+    placed = ef.Volume.from_array(volume, resolution=(40, 4, 4), offset=(400, 40, 80))
+    group = zarr.open_group(str(tmp_path / "p.zarr"), mode="w", zarr_format=zarr_format)
+    ef.predict(lambda batch: batch, placed, tmp_path / "p.zarr/p", patch_in=(8, 16, 16))
+
+    def described():
+        attributes = dict(zarr.open_group(str(tmp_path / "p.zarr"), mode="r").attrs)
+        return attributes.get("ome", attributes).get("multiscales")
+
+    assert described() is not None and group is not None
+    ef.predict(lambda batch: batch, volume, tmp_path / "p.zarr/p", patch_in=(8, 16, 16), overwrite=True)
+    assert described() is None
+    assert "resolution" not in zarr.open_array(str(tmp_path / "p.zarr/p"), mode="r").attrs

@@ -306,10 +306,29 @@ def add_ome_multiscales(root, dataset: str, ndim: int, resolution: Optional[Sequ
     axes, voxel size and offset in nm. Only with a known voxel size, and never over another image's metadata: a
     parent that already describes an image of other datasets keeps it.
     """
-    if resolution is None or ndim not in OUTPUT_AXES:
+    if ndim not in OUTPUT_AXES:
         return
     parent, _, name = dataset.rpartition("/")
-    _describe_image(root[parent] if parent else root, name, ndim, [(name, resolution, offset)])
+    group = root[parent] if parent else root
+    if resolution is None:  # an earlier output of that name may have left its description: it would place this one
+        _forget_image(group, name)
+        return
+    _describe_image(group, name, ndim, [(name, resolution, offset)])
+
+
+def _forget_image(group, name: str) -> None:
+    """Remove ``group``'s OME-NGFF multiscales where they describe the one dataset ``name`` (emfast's own
+    description of an earlier output there); another image's stays."""
+    attributes = dict(group.attrs)
+    ome = attributes.get("ome")
+    holder = ome if isinstance(ome, dict) and "multiscales" in ome else attributes
+    images = holder.get("multiscales") or []
+    if [d.get("path") for image in images for d in image.get("datasets", ())] != [name]:
+        return
+    if holder is attributes:
+        del group.attrs["multiscales"]
+    else:
+        group.attrs["ome"] = {key: value for key, value in ome.items() if key != "multiscales"}
 
 
 def add_ome_pyramid(container: Path, dataset: str, ndim: int, levels: Sequence[tuple], replace: bool = False
