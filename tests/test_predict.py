@@ -800,3 +800,16 @@ def test_overwriting_with_an_input_without_geometry_drops_the_earlier_ome_descri
     ef.predict(lambda batch: batch, volume, tmp_path / "p.zarr/p", patch_in=(8, 16, 16), overwrite=True)
     assert described() is None
     assert "resolution" not in zarr.open_array(str(tmp_path / "p.zarr/p"), mode="r").attrs
+
+
+def test_a_memory_too_small_for_the_inputs_chunk_cache_says_how_much_memory_it_needs(tmp_path, volume):
+    """The message was the chunk cache's: "give a budget of at least B bytes", B below the memory given."""
+    zarr = pytest.importorskip("zarr")
+    zarr.create_array(str(tmp_path / "in.zarr"), shape=volume.shape, chunks=volume.shape, dtype=volume.dtype)[...] = \
+        volume
+    block = volume.nbytes
+    with pytest.raises(ValueError, match=rf"memory={2 * block} bytes is too small for the input's chunk cache: it "
+                                         rf"gets 1/4 of memory, {block // 2} bytes, less than one block of .* "
+                                         rf"\({block} bytes\); give memory of at least {4 * block} bytes"):
+        ef.predict(lambda batch: batch, str(tmp_path / "in.zarr"), tmp_path / "p.zarr/p", patch_in=(8, 16, 16),
+                   memory=2 * block)

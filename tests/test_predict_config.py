@@ -179,7 +179,10 @@ def test_a_memory_too_small_for_the_inputs_chunk_cache_names_the_memory_key(fold
     text = PREDICT + "  memory: 2000\n"
     error = _check_and_predict_fail(_config(folder, text), capsys)
     assert f"predict.yaml, line {_line_of(text, 'memory:')}: predict.memory: " in error
-    assert "the input's chunk cache gets 1/4 of memory" in error
+    assert re.search(r"memory=2000 bytes is too small for the input's chunk cache: it gets 1/4 of memory, 500 "
+                     r"bytes, less than one block of .* \((\d+) bytes\); give memory of at least (\d+) bytes", error)
+    needed, advised = map(int, re.search(r"\((\d+) bytes\); give memory of at least (\d+)", error).groups())
+    assert advised == 4 * needed  # it advised the block's bytes, which memory=2000 already exceeded once x 4
     assert not (folder / "out.zarr").exists()
 
 

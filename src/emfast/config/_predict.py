@@ -34,8 +34,8 @@ from typing import Any, Callable, List, Mapping, Optional, Union
 from .._checks import concerned_key
 from .._core.gather import PAD_MODES
 from ..inference import (BLENDS, CACHE_SHARE, CHUNK_EDGE, COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS,
-                         Prediction, TilePlan, parse_memory, predict, require_torch)
-from ..io import check_compression, open_volume, parse_output
+                         Prediction, TilePlan, input_cache_refusal, parse_memory, predict, require_torch)
+from ..io import CacheBudgetError, check_compression, open_volume, parse_output
 from ..transfer import cuda_ordinal
 from ._sections import _check_normalize, _file
 from ._spec import Builtin, plain
@@ -237,9 +237,8 @@ class PredictSpec:
             try:
                 open_volume(self.input_path(cache_dir), in_memory=False,
                             cache_bytes=self.options["memory"] // CACHE_SHARE).close()
-            except ValueError as error:
-                raise self.error(("memory",), f"{error} (the input's chunk cache gets 1/{CACHE_SHARE} of memory)") \
-                    from None
+            except CacheBudgetError as error:
+                raise self.error(("memory",), str(input_cache_refusal(error, self.options["memory"]))) from None
         chunks = chunks or tuple(min(CHUNK_EDGE, s) for s in shape)  # predict's default
         patch_in = self.options["patch_in"]
         patch_out = self.options.get("patch_out", patch_in)

@@ -33,6 +33,14 @@ _UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 *
           "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
 
 
+def input_cache_refusal(error, memory: int) -> ValueError:
+    """The refusal of a ``memory`` whose share for the input's chunk cache is smaller than one of its blocks
+    (``error``, a :class:`~emfast.io.CacheBudgetError`), naming the memory it needs."""
+    return refusal(f"memory={memory} bytes is too small for the input's chunk cache: it gets 1/{CACHE_SHARE} of "
+                   f"memory, {memory // CACHE_SHARE} bytes, less than one block of {error.name} ({error.block_bytes} "
+                   f"bytes); give memory of at least {CACHE_SHARE * error.block_bytes} bytes", "memory")
+
+
 def parse_memory(value) -> int:
     """``value`` in bytes: an integer (a whole float too, as YAML reads ``1e9``), or a string such as "512MiB",
     "2 GiB" or "1.5GB"."""

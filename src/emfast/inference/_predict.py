@@ -15,8 +15,8 @@ from .._checks import integer, is_integer, refusal, triple
 from .._core.gather import PAD_MODES
 from .._threads import ctrl_c_held, shutdown_pool
 from .._version import __version__
-from ..io import (WIDTH, OutputLock, ProgressBar, Volume, array_fingerprint, check_free_space, check_output_location,
-                  fingerprint, open_volume, option, plural)
+from ..io import (WIDTH, CacheBudgetError, OutputLock, ProgressBar, Volume, array_fingerprint, check_free_space,
+                  check_output_location, fingerprint, open_volume, option, plural)
 from ..pipeline import normalization
 from ..transfer import DeviceNotice, TransferBackend, cuda_ordinal, cuda_unavailable
 from ._block import BlockPredictor
@@ -25,7 +25,8 @@ from ._cache import TileCache
 from ._dask import dask_missing, run_dask
 from ._device import device_runner
 from ._local import run_local
-from ._memory import CACHE_SHARE, DEFAULT_MEMORY, TILES_SHARE, block_bytes, choose_block, parse_memory
+from ._memory import (CACHE_SHARE, DEFAULT_MEMORY, TILES_SHARE, block_bytes, choose_block, input_cache_refusal,
+                      parse_memory)
 from ._model import ModelCaller
 from ._store import PREDICT_OUTPUT_DTYPE_NAMES, OutputStore, check_compression, parse_output
 from ._tiling import Block, TilePlan
@@ -320,7 +321,10 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         raise ValueError(f"device={device.name!r} is a device of this process; with client= give a device name "
                          "(such as 'cuda') that each worker opens itself")
     caller = ModelCaller(model, device)
-    volume, opened = _as_volume(volume, budget // CACHE_SHARE)
+    try:
+        volume, opened = _as_volume(volume, budget // CACHE_SHARE)
+    except CacheBudgetError as error:
+        raise input_cache_refusal(error, budget) from None
     hasher, digest = _fingerprint_ahead(volume)
     failed = True
     try:

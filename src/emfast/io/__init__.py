@@ -7,7 +7,7 @@ data, and the built-in demo volume.
 
 May import: ``emfast._core``, ``emfast._registry``, ``emfast._checks``, ``emfast._machine``.
 """
-from ._chunkcache import CacheStats, default_budget
+from ._chunkcache import CacheBudgetError, CacheStats, default_budget
 from ._convert import COMPRESSORS, ConvertError, convert, progress_bar
 from ._geometry import Geometry, world_box
 from ._demo import LABELS_DATASET, RAW_DATASET, demo_volume_path, make_em_volume
@@ -44,6 +44,7 @@ __all__ = [
     "CorruptChunkError",
     "LABELS_DATASET",
     "RAW_DATASET",
+    "CacheBudgetError",
     "CacheStats",
     "DatasetNotFoundError",
     "Geometry",

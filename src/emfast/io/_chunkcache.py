@@ -41,6 +41,14 @@ from ._blockslots import BlockSlots, block_on
 from ._decode import run_all
 from ._source import CorruptChunkError, transfer_time
 
+class CacheBudgetError(ValueError):
+    """A chunk cache's budget is smaller than one of its blocks (``block_bytes``) of the volume ``name``."""
+
+    def __init__(self, message: str, name: str, block_bytes: int) -> None:
+        super().__init__(message)
+        self.name, self.block_bytes = name, block_bytes
+
+
 #: Block shape (z, y, x) for datasets stored contiguously (no HDF5 chunks), clipped to the volume.
 CONTIGUOUS_BLOCK = (64, 64, 64)
 
@@ -157,9 +165,10 @@ class ChunkCache:
         self.budget_bytes = int(budget_bytes)
         block_bytes = self._channels * int(np.prod(self.block_shape)) * self._dtype.itemsize
         if block_bytes > self.budget_bytes:
-            raise ValueError(f"{name}: one cache block ({self._channels} channel(s) x {self.block_shape} "
-                             f"{self._dtype}) is {block_bytes} bytes, more than cache_bytes={self.budget_bytes}; "
-                             f"give a budget of at least {block_bytes} bytes (a few hundred blocks is typical)")
+            raise CacheBudgetError(
+                f"{name}: one cache block ({self._channels} channel(s) x {self.block_shape} {self._dtype}) is "
+                f"{block_bytes} bytes, more than cache_bytes={self.budget_bytes}; give a budget of at least "
+                f"{block_bytes} bytes (a few hundred blocks is typical)", name, block_bytes)
         self._lock = threading.Lock()
         grid_shape = tuple(-(-s // b) for s, b in zip(self._shape, self.block_shape))
         try:  # zeroed pages: the operating system maps only those of the grid's regions that windows touch
