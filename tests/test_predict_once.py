@@ -245,6 +245,22 @@ def test_a_resume_uses_the_tiles_kept_and_writes_the_same_bytes(tmp_path, volume
     assert not _scratch(path)  # removed with the finished prediction
 
 
+def test_a_resume_under_another_model_name_still_uses_the_tiles_kept(tmp_path, volume):
+    """The output accepts a resume whatever the model is called (its name is provenance), but the kept tiles were
+    thrown away when it differed, and computed again."""
+    class Renamed(Counting):
+        pass
+
+    path = tmp_path / "p.zarr/pred"
+    first = Counting(fail_at=60)
+    with pytest.raises(RuntimeError, match="model failed"):
+        ef.predict(first, volume, path, **SETTINGS)
+    model = Renamed()
+    ef.predict(model, volume, path, resume=True, **SETTINGS)
+    # computed twice: a few batches in flight when the model failed (92 of 116 before, the kept ones thrown away)
+    assert len(set(first.seen) & set(model.seen)) <= 4 * SETTINGS["batch_size"] * 4
+
+
 def test_tiles_kept_by_another_prediction_are_never_used(tmp_path, volume):
     path = tmp_path / "p.zarr/pred"
     with pytest.raises(RuntimeError, match="model failed"):

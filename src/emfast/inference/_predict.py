@@ -28,7 +28,7 @@ from ._local import run_local
 from ._memory import (CACHE_SHARE, DEFAULT_MEMORY, TILES_SHARE, block_bytes, choose_block, input_cache_refusal,
                       parse_memory)
 from ._model import ModelCaller
-from ._store import PREDICT_OUTPUT_DTYPE_NAMES, OutputStore, check_compression, parse_output
+from ._store import PREDICT_OUTPUT_DTYPE_NAMES, PROVENANCE, OutputStore, check_compression, parse_output
 from ._tiling import Block, TilePlan
 from ._tta import IDENTITY, variants
 
@@ -398,7 +398,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                 todo = [b for b in blocks if b.index not in finished]
                 if compression == "none":
                     _check_room_for(todo, shape[0] * np.dtype(dtype).itemsize, container)
-                predictor.cache.open(record, store.resumed)
+                # the kept tiles serve a resume the output accepts: provenance (the model's name) does not decide
+                predictor.cache.open({k: v for k, v in record.items() if k not in PROVENANCE}, store.resumed)
                 tick = _ticker(bar or progress, predictor, blocks, todo)
                 try:
                     if client is not None:
