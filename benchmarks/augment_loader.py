@@ -32,7 +32,7 @@ TARGET = 1.7
 
 def throughput(raw, labels, patch, threads, batches):
     """Batches per second of a loader with the full augmentation list, after the ring has filled once."""
-    with ef.Loader(raw, labels, patch=patch, batch_size=8, threads=threads, seed=threads, augment=FULL,
+    with ef.Loader(raw, labels, patch=patch, batch_size=8, threads=threads, seed=0, augment=FULL,
                    targets=[ef.Affinities()]) as loader:
         for _ in range(loader.buffers):
             loader.next_batch()
@@ -59,8 +59,8 @@ def main(argv=None) -> int:
 
     rates = {1: [], 2: []}
     profiles = {}
-    for _ in range(rounds):
-        for threads in (1, 2):
+    for round_ in range(rounds):
+        for threads in (1, 2) if round_ % 2 == 0 else (2, 1):  # the same augmentations, in turn first
             rate, profiles[threads] = throughput(raw, labels, patch, threads, args.batches)
             rates[threads].append(rate)
     ratio = statistics.median(rates[2]) / statistics.median(rates[1])

@@ -8,7 +8,9 @@ Data: a random uint8 (64, 512, 512) volume written as zarr v3 (zstd, chunks (16,
 only, patch (32, 128, 128), batch 8, threads=2, no augmentation. Each measurement opens the volume afresh (cold
 cache, default budget) and times ``--batches`` batches after the first; with read-ahead (the default) against
 without it (its depth forced to 0, the loader otherwise the same), alternating over rounds. Reported: the median
-rates, their ratio, and the profile's fetch / pending / ahead milliseconds per batch.
+rates, their ratio, and the profile's fetch / decode / pending / ahead milliseconds per batch. The latency wrapper
+reads chunk by chunk (it offers no batched ``read_many``, as a remote store's reads do not), and the profile counts
+its waits in ``decode``, the stage timing the source's reads of single chunks.
 """
 from __future__ import annotations
 
@@ -62,7 +64,7 @@ def rate(path: str, latency: float, batches: int, read_ahead: bool) -> tuple:
     finally:
         _producers.read_ahead_depth = depth
         volume.close()
-    return batches / elapsed, {stage: profile[stage] for stage in ("cache", "fetch", "pending", "ahead", "kernel")}
+    return batches / elapsed, {stage: profile[stage] for stage in ("cache", "fetch", "decode", "pending", "ahead", "kernel")}
 
 
 def main(argv=None) -> int:
