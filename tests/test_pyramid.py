@@ -310,3 +310,37 @@ def test_a_pyramid_into_another_programs_image_is_refused_untouched(tmp_path):
         with pytest.raises(ConvertError, match=r"img.zarr/raw is an OME-NGFF image of other datasets \(0\)"):
             convert(str(tmp_path / "in.h5/raw"), tmp_path / "img.zarr/raw", levels=2, overwrite=overwrite)
         assert tree_digest(tmp_path / "img.zarr") == before
+
+
+def test_an_overwrite_refused_for_a_level_not_emfasts_writes_nothing(tmp_path):
+    """The levels were rewritten, one stale level deleted, and only then was the user's own s3 refused: the image
+    listed a level that no longer existed."""
+    zarr = needs("zarr")
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("raw", data=np.zeros((8, 32, 32), np.uint8)).attrs["resolution"] = (40, 4, 4)
+    convert(str(tmp_path / "in.h5/raw"), tmp_path / "out.zarr/raw", levels=4)
+    zarr.create_array(str(tmp_path / "out.zarr/raw/s3"), shape=(8, 4, 4), dtype=np.uint8, overwrite=True)[...] = 5
+    before = tree_digest(tmp_path / "out.zarr")
+    with pytest.raises(ConvertError, match=r"raw/s3 exists and was not written by emfast"):
+        convert(str(tmp_path / "in.h5/raw"), tmp_path / "out.zarr/raw", levels=2, overwrite=True)
+    assert tree_digest(tmp_path / "out.zarr") == before
+
+
+@pytest.mark.parametrize("damage", ["image a string", "transforms a dict", "scale with null"])
+def test_a_level_by_its_path_under_malformed_multiscales_opens_with_its_own_attributes(tmp_path, damage):
+    zarr = needs("zarr")
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("raw", data=np.zeros((8, 32, 32), np.uint8)).attrs["resolution"] = (40, 4, 4)
+    convert(str(tmp_path / "in.h5/raw"), tmp_path / "out.zarr/raw", levels=2)
+    group = zarr.open_group(str(tmp_path / "out.zarr/raw"), mode="r+")
+    attributes = dict(group.attrs)
+    image = attributes["ome"]["multiscales"][0]
+    if damage == "image a string":
+        attributes["ome"]["multiscales"] = ["s1"]
+    elif damage == "transforms a dict":
+        image["datasets"][1]["coordinateTransformations"] = {"type": "scale"}
+    else:
+        image["datasets"][1]["coordinateTransformations"][0]["scale"] = [None, 8, 8]
+    group.attrs["ome"] = attributes["ome"]
+    with ef.open(tmp_path / "out.zarr/raw/s1") as level:  # raised AttributeError; its own attributes place it
+        assert level.resolution == (40, 8, 8) and level.offset == (0, 0, 0)

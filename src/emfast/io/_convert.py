@@ -233,6 +233,14 @@ def _convert_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_f
     if any(not LEVEL_NAME.fullmatch(path) for path in listed):
         raise ConvertError(f"{container}/{dataset} is an OME-NGFF image of other datasets ({', '.join(listed)}): "
                            "emfast writes a pyramid into a new group or one of its own; choose another output")
+    stale = [path for path in listed if int(path[1:]) > len(factors)]  # levels of the image this one replaces
+    if overwrite and stale:
+        with OutputLock(container) as lock:  # every one emfast's to remove, before anything is written
+            for path in stale:
+                try:
+                    remove_zarr_output(container, f"{dataset}/{path}", lock, delete=False)
+                except NotOwnOutputError as error:
+                    raise ConvertError(str(error)) from None
     shape, counts = source.full_shape, []
     for factor in [None] + list(factors):  # one progress count over every level's tiles
         shape, _, level_tiles = _level_plan(shape, source.dtype, settings, factor, rule)
@@ -257,8 +265,7 @@ def _convert_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_f
         finally:
             below.close()
         tiles, written = tiles + done.tiles, written + done.written
-    stale = [path for path in listed if int(path[1:]) >= len(geometry)]
-    if overwrite and stale:  # the levels of the image replaced that this one does not have
+    if overwrite and stale:
         with OutputLock(container) as lock:
             for path in stale:
                 try:

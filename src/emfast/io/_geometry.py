@@ -425,8 +425,14 @@ def _transform(transforms, ndim: int, where: str, level: str) -> Tuple[np.ndarra
         if values is None or len(values) != ndim:
             raise StoreMetadataError(f"{where}: the {kind} of {level} must hold {ndim} numbers (one per axis), got "
                                      f"{values!r}")
+        try:
+            numbers = np.asarray(values, dtype=np.float64)
+        except (TypeError, ValueError):
+            numbers = np.full(ndim, np.nan)
+        if not np.isfinite(numbers).all():
+            raise StoreMetadataError(f"{where}: the {kind} of {level} must hold {ndim} finite numbers, got {values!r}")
         if kind == "scale":
-            scale = scale * np.asarray(values, dtype=np.float64)
+            scale = scale * numbers
         else:
-            shift = shift + np.asarray(values, dtype=np.float64)
+            shift = shift + numbers
     return scale, shift
