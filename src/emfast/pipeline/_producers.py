@@ -151,15 +151,29 @@ class Pipeline:
 
 
 
+#: Pipelines of unreachable loaders that a stopper thread is stopping: at exit they are waited for.
+STOPPING: set = set()
+#: Set at interpreter exit (before weakref's finalizers run): a finalizer stops its pipeline then and there.
+_exiting = False
+
+
 def stop_abandoned(pipeline: Pipeline, then: Optional[Callable[[], None]] = None) -> None:
     """Finalizer of an unreachable loader. It may run inside a garbage collection on any thread, even one that
     holds a lock the pipeline's threads wait for, so it must not block: a new thread stops the pipeline, then
-    calls ``then`` (closing the files the loader opened)."""
+    calls ``then`` (closing the files the loader opened). At interpreter exit it stops them itself: a thread
+    started then may be frozen by the finalization before it has."""
     def stop() -> None:
-        pipeline.stop()
-        if then is not None:
-            then()
+        try:
+            pipeline.stop()
+            if then is not None:
+                then()
+        finally:
+            STOPPING.discard(pipeline)
 
+    if _exiting:
+        stop()
+        return
+    STOPPING.add(pipeline)
     try:
         threading.Thread(target=stop, name="emfast-stopper", daemon=True).start()
     except RuntimeError:  # no new threads at interpreter shutdown: nothing can hold the locks any more
@@ -184,12 +198,14 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _close_started_at_exit() -> None:
-    """Stop every started loader's threads while the interpreter still runs them: a producer left running into
-    its finalization, frozen mid-read, may hold h5py's lock, which the finalization then waits for forever."""
-    for loader in list(STARTED):
+    """Stop every loader's threads while the interpreter still runs them, reachable or not: a producer left running
+    into its finalization, frozen mid-read, may hold h5py's lock, which the finalization then waits for forever."""
+    global _exiting
+    _exiting = True
+    for stop in [loader.close for loader in list(STARTED)] + [pipeline.stop for pipeline in list(STOPPING)]:
         try:
-            loader.close()
-        except Exception:  # noqa: BLE001 - one loader that fails to close must not spare the others
+            stop()
+        except Exception:  # noqa: BLE001 - one loader that fails to stop must not spare the others
             pass
 
 
