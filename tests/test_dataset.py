@@ -347,3 +347,20 @@ def test_geometry_stored_as_float32_still_lines_up(tmp_path):
             np.float32))
     sample = ef.Sample(ef.hdf5(tmp_path / "f.h5", "raw"), labels=ef.hdf5(tmp_path / "f.h5", "labels"))
     assert sample.placed_labels.origin.tolist() == [0, 100, 100]
+
+
+@pytest.mark.parametrize("far", [0, 100_000, 1_000_000])
+def test_float32_offsets_far_from_the_origin_line_up_and_half_voxels_do_not(far):
+    """The rounding allowed grew with the distance between the volumes, not with the offsets' size: raw 10**5
+    voxels from 0 and labels 101 voxels further, both offsets float32, were refused."""
+    voxel = np.float32(4.1)
+
+    def placed(name, at, dtype, shape=(4, 8, 8)):
+        offset = tuple(float(np.float32(v * float(voxel))) for v in (0, at, 0))
+        return ef.Volume.from_array(np.zeros(shape, dtype), name=name, resolution=(float(voxel),) * 3,
+                                    offset=offset)
+
+    raw = placed("raw", far, np.uint8, (4, 128, 8))
+    assert ef.Sample(raw, labels=placed("labels", far + 101, np.uint64)).placed_labels.origin.tolist() == [0, 101, 0]
+    with pytest.raises(ValueError, match="not a whole number of voxels"):
+        ef.Sample(raw, labels=placed("labels", far + 101.5, np.uint64))

@@ -47,10 +47,11 @@ def _origin_from_attributes(raw: Volume, other: Volume) -> Optional[np.ndarray]:
         raise ValueError(f"{with_offset.name} has an 'offset' attribute {with_offset.offset} but "
                          f"{unplaced[0].name} has no 'resolution', so the offset cannot be converted to voxels; give "
                          "both datasets a 'resolution' attribute, or the offset in raw voxels explicitly")
-    world = np.asarray(other.offset or (0, 0, 0), dtype=np.float64) - \
-        np.asarray(raw.offset or (0, 0, 0), dtype=np.float64)
-    voxels = world / np.asarray(raw.resolution, dtype=np.float64)
-    if not np.allclose(voxels, np.round(voxels), rtol=0, atol=_whole_voxel_tolerance(voxels)):
+    offsets = [np.asarray(v.offset or (0, 0, 0), dtype=np.float64) for v in (other, raw)]
+    resolution = np.asarray(raw.resolution, dtype=np.float64)
+    voxels = (offsets[0] - offsets[1]) / resolution
+    reach = (np.abs(offsets[0]) + np.abs(offsets[1])) / resolution  # what float32 rounding of the offsets scales with
+    if not np.allclose(voxels, np.round(voxels), rtol=0, atol=_whole_voxel_tolerance(reach)):
         raise ValueError(f"{other.name} ({_offset_text(other)}) is offset by {tuple(float(v) for v in voxels)} "
                          f"voxels from {raw.name} ({_offset_text(raw)}, resolution {raw.resolution}), not a whole "
                          "number of voxels")
@@ -62,11 +63,11 @@ def _origin_from_attributes(raw: Volume, other: Volume) -> Optional[np.ndarray]:
 FLOAT32_ROUNDING = 2.5e-7
 
 
-def _whole_voxel_tolerance(voxels: np.ndarray) -> np.ndarray:
-    """How far from a whole number of voxels a computed count may be: a thousandth of a voxel, plus float32
-    rounding far from the origin, never a quarter voxel (np.allclose's relative 1e-5 let half a voxel pass
-    50,000 voxels away)."""
-    return np.minimum(0.25, 1e-3 + FLOAT32_ROUNDING * np.abs(voxels))
+def _whole_voxel_tolerance(reach: np.ndarray) -> np.ndarray:
+    """How far from a whole number of voxels a count computed from offsets ``reach`` voxels from the origin (both
+    offsets' sizes together) may be: a thousandth of a voxel, plus float32 rounding of offsets that far, never a
+    quarter voxel (np.allclose's relative 1e-5 let half a voxel pass 50,000 voxels away)."""
+    return np.minimum(0.25, 1e-3 + FLOAT32_ROUNDING * reach)
 
 
 def origin_in(raw: Volume, other: Volume, offset, offset_name: str = "offset") -> np.ndarray:
