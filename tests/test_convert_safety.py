@@ -141,3 +141,46 @@ def test_a_refused_output_is_left_exactly_as_it_was(tmp_path, source):
                            patch_in=(4, 8, 8), overwrite=overwrite)
             assert _tree(output) == before
     assert not (tmp_path / "ts.zarr/zarr.json").exists()
+
+
+def test_a_rerun_on_a_complete_output_leaves_it_exactly_as_it_was(tmp_path, source):
+    """Opening it to write changed an HDF5 file's modification time even with nothing to write (a conversion
+    reading that file then refused to resume), and gave a store without root metadata a root zarr.json."""
+    source = str(source[0])
+    for output in (tmp_path / "out.h5/raw", tmp_path / "out.zarr/raw"):
+        convert(source, output)
+        container = output.parent
+        os.utime(container, ns=(10**18, 10**18))
+        if container.suffix == ".zarr":
+            (container / "zarr.json").unlink()  # as tensorstore writes a store: no root metadata
+        before = _tree(container)
+        assert convert(source, output).written == 0
+        assert _tree(container) == before
+
+
+def test_a_resume_refused_for_missing_block_flags_leaves_the_output_as_it_was(tmp_path, source):
+    data = source[1]
+
+    def failing(batch):
+        failing.calls += 1
+        if failing.calls == 3:
+            raise RuntimeError("model failed")
+        return batch.astype(np.float32)
+
+    failing.calls = 0
+    for output in (tmp_path / "p.h5/pred", tmp_path / "p.zarr/pred"):
+        failing.calls = 0
+        with pytest.raises(RuntimeError, match="model failed"):
+            ef.predict(failing, data, output, patch_in=(8, 16, 16), block=(8, 16, 16), chunks=(8, 16, 16))
+        if output.parent.suffix == ".h5":
+            with h5py.File(output.parent, "a") as f:
+                del f["pred.blocks"]
+        else:
+            import shutil
+            shutil.rmtree(output.parent / "pred.blocks")
+        os.utime(output.parent, ns=(10**18, 10**18))
+        before = _tree(output.parent)
+        with pytest.raises(ef.inference.OutputExistsError, match="without its record of finished blocks"):
+            ef.predict(lambda batch: batch.astype(np.float32), data, output, patch_in=(8, 16, 16),
+                       block=(8, 16, 16), chunks=(8, 16, 16), resume=True)
+        assert _tree(output.parent) == before

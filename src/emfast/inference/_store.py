@@ -80,7 +80,8 @@ class OutputStore:
             previous = store._writer.prepare(
                 lock, dict(record, complete=False), resume=resume, overwrite=overwrite, input_key="input",
                 what="prediction", unchecked=PROVENANCE, companions=(store.flags_name,),
-                create=lambda: store._create_flags(grid), shape=shape, dtype=dtype, chunks=chunks,
+                create=lambda: store._create_flags(grid), check_resume=store._check_flags, shape=shape,
+                dtype=dtype, chunks=chunks,
                 compression=compression, resolution=attributes.pop("resolution", None),
                 offset=attributes.pop("offset", None), attributes=attributes)
             if previous is None:
@@ -102,13 +103,16 @@ class OutputStore:
         store._flags = store._writer.node(store.flags_name)
         return store
 
+    def _check_flags(self, previous: dict) -> None:
+        """Refuse to resume an unfinished prediction whose finished-block flags are gone."""
+        if not previous.get("complete", False) and self._writer.node(self.flags_name) is None:
+            raise OutputExistsError(f"{self.path} is an unfinished prediction without its record of finished "
+                                    f"blocks ({self.flags_name}); pass {option('overwrite')} to start again")
+
     def _finished(self, grid, complete: bool) -> Set[int]:
         self._flags = self._writer.node(self.flags_name)
         if complete:
             return set(range(int(np.prod(grid))))
-        if self._flags is None:
-            raise OutputExistsError(f"{self.path} is an unfinished prediction without its record of finished "
-                                    f"blocks ({self.flags_name}); pass {option('overwrite')} to start again")
         return set(int(i) for i in np.flatnonzero(self._flags[...]))
 
     def write(self, start, data: np.ndarray) -> None:

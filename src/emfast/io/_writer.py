@@ -170,7 +170,8 @@ class OutputWriter:
 
     def prepare(self, lock: OutputLock, record: dict, *, resume: bool, overwrite: bool, input_key: str,
                 what: str, unchecked: Iterable[str] = (), companions: Sequence[str] = (),
-                create: Optional[Callable[[], None]] = None, **layout) -> Optional[dict]:
+                create: Optional[Callable[[], None]] = None, check_resume: Optional[Callable[[dict], None]] = None,
+                **layout) -> Optional[dict]:
         """Reopen the output to resume it (returns its record) or create it (returns None). The caller holds
         ``lock``, the container's :class:`~emfast.io._outputs.OutputLock`.
 
@@ -193,6 +194,9 @@ class OutputWriter:
         create : callable, optional
             Called after the output was created, while the lock still marks it as being created (to add the
             companions).
+        check_resume : callable, optional
+            Called with the existing record before a resume opens the output to write; raises to refuse it. A
+            complete output is not opened to write at all: a rerun leaves it as it is.
         **layout
             :meth:`create`'s arguments.
         """
@@ -200,6 +204,11 @@ class OutputWriter:
         half_made = lock.was_creating(self.dataset)  # a run killed while creating it: nothing was finished
         if previous is not None and not overwrite and not half_made:
             self._check_resumable(previous, record, resume, input_key, what, set(unchecked))
+            if check_resume is not None:
+                check_resume(previous)
+            if previous.get("complete"):  # nothing is left to write: the output stays exactly as it is
+                self.array = self.node(self.dataset)
+                return previous
             self._writable()
             if self.kind == "zarr":
                 for name in (self.dataset, *companions):
