@@ -478,7 +478,7 @@ def test_an_unstarted_loader_pickles_for_spawned_processes_with_lazy_volumes(tmp
             pickle.dumps(loader.next_batch())
 
 
-@pytest.mark.parametrize("ending", ["referenced", "unreferenced"])
+@pytest.mark.parametrize("ending", ["referenced", "unreferenced", "unreferenced, owning its file"])
 def test_a_script_ending_without_close_on_a_lazy_hdf5_loader_exits(tmp_path, ending):
     """Python's exit waited forever on h5py's lock, held by a producer frozen mid-read (7 of 8 runs): the loader
     was still referenced at exit, or unreferenced with a thread of its finalizer still stopping it."""
@@ -491,9 +491,10 @@ def test_a_script_ending_without_close_on_a_lazy_hdf5_loader_exits(tmp_path, end
         f.create_dataset("raw", data=data, chunks=(16, 64, 64), compression="gzip")
     script = (f"import emfast as ef\n"
               f"volume = ef.hdf5({str(tmp_path / 'raw.h5')!r}, 'raw', in_memory=False, cache_bytes=2**20)\n"
-              f"loader = ef.Loader(volume, patch=(16, 64, 64), batch_size=4, threads=2, seed=9, epoch_size=100)\n"
+              f"loader = ef.Loader(volume, patch=(16, 64, 64), batch_size=4, threads=2, seed=9, epoch_size=100, "
+              f"close_data={'owning' in ending})\n"
               f"for batch in loader:\n    break\n"
-              + ("del loader, batch\n" if ending == "unreferenced" else ""))
+              + ("del loader, batch\n" if ending.startswith("unreferenced") else ""))
     source = str(Path(ef.__file__).resolve().parents[1])
     for _ in range(3):
         done = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=source),

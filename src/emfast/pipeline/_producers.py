@@ -151,8 +151,11 @@ class Pipeline:
 
 
 
-#: Pipelines of unreachable loaders that a stopper thread is stopping: at exit they are waited for.
-STOPPING: set = set()
+#: Stopper threads of unreachable loaders, by the pipeline they stop: at exit they are waited for (the files a
+#: loader owns are closed by its stopper thread, after the pipeline).
+STOPPING: dict = {}
+#: How long the exit waits for one stopper thread.
+STOPPER_EXIT_SECONDS = 60.0
 #: Set at interpreter exit (before weakref's finalizers run): a finalizer stops its pipeline then and there.
 _exiting = False
 
@@ -168,14 +171,15 @@ def stop_abandoned(pipeline: Pipeline, then: Optional[Callable[[], None]] = None
             if then is not None:
                 then()
         finally:
-            STOPPING.discard(pipeline)
+            STOPPING.pop(pipeline, None)
 
     if _exiting:
         stop()
         return
-    STOPPING.add(pipeline)
+    stopper = threading.Thread(target=stop, name="emfast-stopper", daemon=True)
+    STOPPING[pipeline] = stopper
     try:
-        threading.Thread(target=stop, name="emfast-stopper", daemon=True).start()
+        stopper.start()
     except RuntimeError:  # no new threads at interpreter shutdown: nothing can hold the locks any more
         stop()
 
@@ -192,6 +196,7 @@ def _after_fork_in_child() -> None:
         except Exception:  # noqa: BLE001 - one loader caught mid-start must not spare the others
             pass
     STARTED.clear()
+    STOPPING.clear()  # the parent's stopper threads do not exist here
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -202,11 +207,13 @@ def _close_started_at_exit() -> None:
     into its finalization, frozen mid-read, may hold h5py's lock, which the finalization then waits for forever."""
     global _exiting
     _exiting = True
-    for stop in [loader.close for loader in list(STARTED)] + [pipeline.stop for pipeline in list(STOPPING)]:
+    for loader in list(STARTED):
         try:
-            stop()
-        except Exception:  # noqa: BLE001 - one loader that fails to stop must not spare the others
+            loader.close()
+        except Exception:  # noqa: BLE001 - one loader that fails to close must not spare the others
             pass
+    for stopper in list(STOPPING.values()):  # they stop their pipeline, then close the files it read
+        stopper.join(STOPPER_EXIT_SECONDS)
 
 
 _exit_hook_registered = False
