@@ -564,3 +564,11 @@ def test_lazy_reads_work_with_another_hdf5_driver(tmp_path, monkeypatch):
     volume = ef.hdf5(path, "raw", in_memory=False)
     out = np.empty((1, 8, 32, 32), np.uint8)
     np.testing.assert_array_equal(volume.read_box((0, 0, 0), (8, 32, 32), out)[0], raw)
+
+
+def test_a_cache_budget_error_crosses_process_boundaries_with_its_numbers():
+    """It could not be unpickled: a worker process's refusal reached the parent as BrokenProcessPool."""
+    import pickle
+    from emfast.io import CacheBudgetError
+    error = pickle.loads(pickle.dumps(CacheBudgetError("too small", "v.zarr:raw", 2048)))
+    assert (str(error), error.name, error.block_bytes) == ("too small", "v.zarr:raw", 2048)

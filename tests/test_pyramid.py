@@ -344,3 +344,36 @@ def test_a_level_by_its_path_under_malformed_multiscales_opens_with_its_own_attr
     group.attrs["ome"] = attributes["ome"]
     with ef.open(tmp_path / "out.zarr/raw/s1") as level:  # raised AttributeError; its own attributes place it
         assert level.resolution == (40, 8, 8) and level.offset == (0, 0, 0)
+
+
+def test_an_overwrite_refused_for_a_level_it_would_rewrite_writes_nothing(tmp_path):
+    """s0 was rewritten before the user's own s1 was refused: the image mixed the new s0 with old levels."""
+    zarr = needs("zarr")
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("raw", data=np.zeros((8, 32, 32), np.uint8)).attrs["resolution"] = (40, 4, 4)
+        f.create_dataset("other", data=np.full((8, 32, 32), 7, np.uint8)).attrs["resolution"] = (40, 4, 4)
+    convert(str(tmp_path / "in.h5/raw"), tmp_path / "out.zarr/raw", levels=4)
+    zarr.create_array(str(tmp_path / "out.zarr/raw/s1"), shape=(8, 16, 16), dtype=np.uint8, overwrite=True)[...] = 5
+    before = tree_digest(tmp_path / "out.zarr")
+    with pytest.raises(ConvertError, match=r"raw/s1 exists and was not written by emfast"):
+        convert(str(tmp_path / "in.h5/other"), tmp_path / "out.zarr/raw", levels=2, overwrite=True)
+    assert tree_digest(tmp_path / "out.zarr") == before
+
+
+def test_a_failed_read_of_the_image_above_a_level_is_raised_not_hidden(tmp_path, monkeypatch):
+    """Only malformed multiscales fall back to the array's own attributes; a read that fails (a remote store's
+    timeout) was hidden, and the level opened without a voxel size."""
+    zarr = needs("zarr")
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("raw", data=np.zeros((8, 32, 32), np.uint8)).attrs["resolution"] = (40, 4, 4)
+    convert(str(tmp_path / "in.h5/raw"), tmp_path / "out.zarr/raw", levels=2)
+    opened = zarr.open
+
+    def failing(*args, **kwargs):
+        if kwargs.get("path") == "raw":
+            raise TimeoutError("read timed out")
+        return opened(*args, **kwargs)
+
+    monkeypatch.setattr(zarr, "open", failing)
+    with pytest.raises(TimeoutError, match="read timed out"):
+        ef.open(tmp_path / "out.zarr/raw/s1")

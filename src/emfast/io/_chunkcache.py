@@ -48,6 +48,9 @@ class CacheBudgetError(ValueError):
         super().__init__(message)
         self.name, self.block_bytes = name, block_bytes
 
+    def __reduce__(self):  # across processes (Dask, multiprocessing) with its attributes
+        return type(self), (str(self), self.name, self.block_bytes)
+
 
 #: Block shape (z, y, x) for datasets stored contiguously (no HDF5 chunks), clipped to the volume.
 CONTIGUOUS_BLOCK = (64, 64, 64)

@@ -234,9 +234,9 @@ def _convert_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_f
         raise ConvertError(f"{container}/{dataset} is an OME-NGFF image of other datasets ({', '.join(listed)}): "
                            "emfast writes a pyramid into a new group or one of its own; choose another output")
     stale = [path for path in listed if int(path[1:]) > len(factors)]  # levels of the image this one replaces
-    if overwrite and stale:
-        with OutputLock(container) as lock:  # every one emfast's to remove, before anything is written
-            for path in stale:
+    if overwrite:  # every level to replace or remove emfast's own, before anything is written
+        with OutputLock(container) as lock:
+            for path in [f"s{level}" for level in range(len(factors) + 1)] + stale:
                 try:
                     remove_zarr_output(container, f"{dataset}/{path}", lock, delete=False)
                 except NotOwnOutputError as error:

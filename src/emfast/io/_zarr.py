@@ -312,8 +312,8 @@ def _level_above(zarr, path, dataset: str) -> Optional[Level]:
         group = zarr.open(store=path.zarr_store() if isinstance(path, RemoteStore) else str(path), path=parent,
                           mode="r")
         levels = multiscale_levels(dict(group.attrs), f"{path}:{parent}") if isinstance(group, zarr.Group) else None
-    except Exception:  # noqa: BLE001 - any malformed multiscales: the array's own attributes stand
-        return None
+    except (StoreMetadataError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+        return None  # malformed multiscales: the array's own attributes stand (a failed read is raised)
     return next((level for level in levels or () if level.path.strip("/") == leaf), None)
 
 
