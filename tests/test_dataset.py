@@ -364,3 +364,15 @@ def test_float32_offsets_far_from_the_origin_line_up_and_half_voxels_do_not(far)
     assert ef.Sample(raw, labels=placed("labels", far + 101, np.uint64)).placed_labels.origin.tolist() == [0, 101, 0]
     with pytest.raises(ValueError, match="not a whole number of voxels"):
         ef.Sample(raw, labels=placed("labels", far + 101.5, np.uint64))
+
+
+def test_float64_offsets_far_from_the_origin_are_checked_to_a_thousandth_of_a_voxel():
+    """The float32 allowance was applied to exact float64 offsets too: 800,000 voxels out, labels 10.2 voxels off
+    were accepted and rounded to 10."""
+    raw = ef.Volume.from_array(np.zeros((4, 64, 8), np.uint8), name="raw", resolution=(4.0, 4.0, 4.0),
+                               offset=(0.0, 3_200_000.0, 0.0))
+    for shift in (10.2, 0.2):
+        labels = ef.Volume.from_array(np.ones((4, 8, 8), np.uint64), name="labels", resolution=(4.0, 4.0, 4.0),
+                                      offset=(0.0, 3_200_000.0 + 4 * shift, 0.0))
+        with pytest.raises(ValueError, match="not a whole number of voxels"):
+            ef.Sample(raw, labels=labels)

@@ -50,24 +50,30 @@ def _origin_from_attributes(raw: Volume, other: Volume) -> Optional[np.ndarray]:
     offsets = [np.asarray(v.offset or (0, 0, 0), dtype=np.float64) for v in (other, raw)]
     resolution = np.asarray(raw.resolution, dtype=np.float64)
     voxels = (offsets[0] - offsets[1]) / resolution
-    reach = (np.abs(offsets[0]) + np.abs(offsets[1])) / resolution  # what float32 rounding of the offsets scales with
-    if not np.allclose(voxels, np.round(voxels), rtol=0, atol=_whole_voxel_tolerance(reach)):
+    rounded = all(_float32_values(v) for v in offsets + [resolution])  # stored as float32, it seems
+    reach = (np.abs(offsets[0]) + np.abs(offsets[1])) / resolution + np.abs(voxels)
+    if not np.allclose(voxels, np.round(voxels), rtol=0, atol=_whole_voxel_tolerance(reach if rounded else 0)):
         raise ValueError(f"{other.name} ({_offset_text(other)}) is offset by {tuple(float(v) for v in voxels)} "
                          f"voxels from {raw.name} ({_offset_text(raw)}, resolution {raw.resolution}), not a whole "
                          "number of voxels")
     return np.round(voxels).astype(np.int64)
 
 
-#: Relative error of a voxel count computed from float32 metadata (an offset and a voxel size, each rounded by
-#: up to 2**-24): far from raw's origin the count is whole only to that.
-FLOAT32_ROUNDING = 2.5e-7
+#: Relative rounding of a float32 value: each offset and the voxel size stored as float32 are off by up to this.
+FLOAT32_ROUNDING = 2.0 ** -24
 
 
-def _whole_voxel_tolerance(reach: np.ndarray) -> np.ndarray:
-    """How far from a whole number of voxels a count computed from offsets ``reach`` voxels from the origin (both
-    offsets' sizes together) may be: a thousandth of a voxel, plus float32 rounding of offsets that far, never a
-    quarter voxel (np.allclose's relative 1e-5 let half a voxel pass 50,000 voxels away)."""
-    return np.minimum(0.25, 1e-3 + FLOAT32_ROUNDING * reach)
+def _float32_values(values: np.ndarray) -> bool:
+    """Whether every value is a float32 (as metadata stored in float32 reads): float64 values beyond it are exact
+    to far better than a voxel."""
+    return bool(np.all(values.astype(np.float32).astype(np.float64) == values))
+
+
+def _whole_voxel_tolerance(reach) -> np.ndarray:
+    """How far from a whole number of voxels a count may be: a thousandth of a voxel, plus the float32 rounding of
+    offsets and voxel size ``reach`` voxels in size (0 for metadata that is no float32), never a quarter voxel
+    (np.allclose's relative 1e-5 let half a voxel pass 50,000 voxels away)."""
+    return np.minimum(0.25, 1e-3 + 2 * FLOAT32_ROUNDING * np.asarray(reach))
 
 
 def origin_in(raw: Volume, other: Volume, offset, offset_name: str = "offset") -> np.ndarray:
