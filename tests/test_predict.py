@@ -799,6 +799,7 @@ def test_overwriting_with_an_input_without_geometry_drops_the_earlier_ome_descri
     assert described() is not None and group is not None
     ef.predict(lambda batch: batch, volume, tmp_path / "p.zarr/p", patch_in=(8, 16, 16), overwrite=True)
     assert described() is None
+    assert "ome" not in zarr.open_group(str(tmp_path / "p.zarr"), mode="r").attrs  # no bare {"version": "0.5"}
     assert "resolution" not in zarr.open_array(str(tmp_path / "p.zarr/p"), mode="r").attrs
 
 

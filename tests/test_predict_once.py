@@ -519,3 +519,18 @@ def test_the_model_has_its_next_batches_while_kept_tiles_wait_to_be_blended(tmp_
     # only the last calls may wait: no batches are left to gather after them
     assert [call for call in waited if call + _block.BATCHES_AHEAD < len(gathered)] == []
     assert len(waited) <= _block.BATCHES_AHEAD + 1
+
+
+def test_a_resume_naming_the_input_otherwise_still_uses_the_tiles_kept(tmp_path, volume, monkeypatch):
+    """in.zarr/raw, then its absolute path: the output accepted the resume, the kept tiles were thrown away."""
+    zarr = pytest.importorskip("zarr")
+    zarr.create_array(str(tmp_path / "in.zarr"), shape=volume.shape, chunks=(8, 16, 16), dtype=volume.dtype)[...] = \
+        volume
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "p.zarr/pred"
+    first = Counting(fail_at=60)
+    with pytest.raises(RuntimeError, match="model failed"):
+        ef.predict(first, "in.zarr", path, **SETTINGS)
+    model = Counting()
+    ef.predict(model, str(tmp_path / "in.zarr"), path, resume=True, **SETTINGS)
+    assert len(set(first.seen) & set(model.seen)) <= 4 * SETTINGS["batch_size"] * 4

@@ -3,6 +3,7 @@ each level equal to an independent NumPy reference of the documented downsamplin
 half-voxel shift of its offset."""
 import hashlib
 import os
+import time
 
 import h5py
 import numpy as np
@@ -377,3 +378,15 @@ def test_a_failed_read_of_the_image_above_a_level_is_raised_not_hidden(tmp_path,
     monkeypatch.setattr(zarr, "open", failing)
     with pytest.raises(TimeoutError, match="read timed out"):
         ef.open(tmp_path / "out.zarr/raw/s1")
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_pyramid_rerun_with_nothing_to_do_rewrites_nothing(tmp_path, zarr_format):
+    """The image group's metadata was written again with the same bytes (its modification time changed)."""
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("raw", data=np.zeros((8, 32, 32), np.uint8)).attrs["resolution"] = (40, 4, 4)
+    convert(str(tmp_path / "in.h5/raw"), tmp_path / "out.zarr/raw", levels=3, zarr_format=zarr_format)
+    files = {p: p.stat().st_mtime_ns for p in (tmp_path / "out.zarr").rglob("*") if p.is_file()}
+    time.sleep(0.01)  # a rewrite would show in the modification times
+    assert convert(str(tmp_path / "in.h5/raw"), tmp_path / "out.zarr/raw", levels=3).written == 0
+    assert {p: p.stat().st_mtime_ns for p in files} == files

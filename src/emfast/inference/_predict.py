@@ -398,8 +398,11 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                 todo = [b for b in blocks if b.index not in finished]
                 if compression == "none":
                     _check_room_for(todo, shape[0] * np.dtype(dtype).itemsize, container)
-                # the kept tiles serve a resume the output accepts: provenance (the model's name) does not decide
-                predictor.cache.open({k: v for k, v in record.items() if k not in PROVENANCE}, store.resumed)
+                # the kept tiles serve a resume the output accepts: neither provenance (the model's name) nor how the
+                # input was named decides
+                key = {k: v for k, v in record.items() if k not in PROVENANCE}
+                key["input"] = {k: v for k, v in record["input"].items() if k != "name"}
+                predictor.cache.open(key, store.resumed)
                 tick = _ticker(bar or progress, predictor, blocks, todo)
                 try:
                     if client is not None:

@@ -327,6 +327,8 @@ def _forget_image(group, name: str) -> None:
         return
     if holder is attributes:
         del group.attrs["multiscales"]
+    elif set(ome) <= {"multiscales", "version"}:  # nothing but the image was described
+        del group.attrs["ome"]
     else:
         group.attrs["ome"] = {key: value for key, value in ome.items() if key != "multiscales"}
 
@@ -376,9 +378,11 @@ def _describe_image(group, name: str, ndim: int, levels: Sequence[tuple], replac
         for path, resolution, offset in levels]
     image = {"axes": axes, "datasets": datasets, "name": name}
     if version == "0.4":
-        group.attrs.update(multiscales=[dict(image, version="0.4")])
+        wanted = {"multiscales": [dict(image, version="0.4")]}
     else:
-        group.attrs.update(ome={**attributes.get("ome", {}), "version": "0.5", "multiscales": [image]})
+        wanted = {"ome": {**attributes.get("ome", {}), "version": "0.5", "multiscales": [image]}}
+    if any(attributes.get(key) != value for key, value in wanted.items()):  # a rerun rewrites nothing
+        group.attrs.update(wanted)
 
 
 def zarr_store_format(container: Path) -> Optional[int]:
