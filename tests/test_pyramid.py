@@ -313,20 +313,6 @@ def test_a_pyramid_into_another_programs_image_is_refused_untouched(tmp_path):
         assert tree_digest(tmp_path / "img.zarr") == before
 
 
-def test_an_overwrite_refused_for_a_level_not_emfasts_writes_nothing(tmp_path):
-    """The levels were rewritten, one stale level deleted, and only then was the user's own s3 refused: the image
-    listed a level that no longer existed."""
-    zarr = needs("zarr")
-    with h5py.File(tmp_path / "in.h5", "w") as f:
-        f.create_dataset("raw", data=np.zeros((8, 32, 32), np.uint8)).attrs["resolution"] = (40, 4, 4)
-    convert(str(tmp_path / "in.h5/raw"), tmp_path / "out.zarr/raw", levels=4)
-    zarr.create_array(str(tmp_path / "out.zarr/raw/s3"), shape=(8, 4, 4), dtype=np.uint8, overwrite=True)[...] = 5
-    before = tree_digest(tmp_path / "out.zarr")
-    with pytest.raises(ConvertError, match=r"raw/s3 exists and was not written by emfast"):
-        convert(str(tmp_path / "in.h5/raw"), tmp_path / "out.zarr/raw", levels=2, overwrite=True)
-    assert tree_digest(tmp_path / "out.zarr") == before
-
-
 @pytest.mark.parametrize("damage", ["image a string", "transforms a dict", "scale with null"])
 def test_a_level_by_its_path_under_malformed_multiscales_opens_with_its_own_attributes(tmp_path, damage):
     zarr = needs("zarr")
@@ -347,16 +333,19 @@ def test_a_level_by_its_path_under_malformed_multiscales_opens_with_its_own_attr
         assert level.resolution == (40, 8, 8) and level.offset == (0, 0, 0)
 
 
-def test_an_overwrite_refused_for_a_level_it_would_rewrite_writes_nothing(tmp_path):
-    """s0 was rewritten before the user's own s1 was refused: the image mixed the new s0 with old levels."""
+@pytest.mark.parametrize("level, shape", [("s3", (8, 4, 4)), ("s1", (8, 16, 16))], ids=["stale", "rewritten"])
+def test_an_overwrite_refused_for_a_level_not_emfasts_writes_nothing(tmp_path, level, shape):
+    """The user's own array at a level the overwrite removes (s3) or rewrites (s1): levels were rewritten, a
+    stale one deleted, and only then was it refused, leaving an image that mixed new and old levels or listed
+    one that no longer existed."""
     zarr = needs("zarr")
     with h5py.File(tmp_path / "in.h5", "w") as f:
         f.create_dataset("raw", data=np.zeros((8, 32, 32), np.uint8)).attrs["resolution"] = (40, 4, 4)
         f.create_dataset("other", data=np.full((8, 32, 32), 7, np.uint8)).attrs["resolution"] = (40, 4, 4)
     convert(str(tmp_path / "in.h5/raw"), tmp_path / "out.zarr/raw", levels=4)
-    zarr.create_array(str(tmp_path / "out.zarr/raw/s1"), shape=(8, 16, 16), dtype=np.uint8, overwrite=True)[...] = 5
+    zarr.create_array(str(tmp_path / f"out.zarr/raw/{level}"), shape=shape, dtype=np.uint8, overwrite=True)[...] = 5
     before = tree_digest(tmp_path / "out.zarr")
-    with pytest.raises(ConvertError, match=r"raw/s1 exists and was not written by emfast"):
+    with pytest.raises(ConvertError, match=rf"raw/{level} exists and was not written by emfast"):
         convert(str(tmp_path / "in.h5/other"), tmp_path / "out.zarr/raw", levels=2, overwrite=True)
     assert tree_digest(tmp_path / "out.zarr") == before
 
