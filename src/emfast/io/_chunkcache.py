@@ -41,6 +41,7 @@ from ._blockslots import BlockSlots, block_on
 from ._decode import run_all
 from ._source import CorruptChunkError, transfer_time
 
+
 class CacheBudgetError(ValueError):
     """A chunk cache's budget is smaller than one of its blocks (``block_bytes``) of the volume ``name``."""
 
