@@ -144,3 +144,9 @@ def _convert(window: np.ndarray, scale: np.float32, shift: np.float32) -> np.nda
 
 from emfast.bench import machine_info, rss_bytes  # noqa: E402,F401
 from emfast._machine import read_proc_field as _read_field  # noqa: E402,F401
+
+
+def count_option(given, full: int, quick: int, is_quick: bool) -> int:
+    """A count option's value (``--batches``, ``--rounds``): as given, else its ``--quick`` or its full default;
+    ``--quick`` never overrides a count given explicitly."""
+    return given if given is not None else (quick if is_quick else full)

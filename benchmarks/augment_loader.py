@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import emfast as ef  # noqa: E402
 from emfast.augment import FULL  # noqa: E402
 from emfast.io._demo import make_em_volume  # noqa: E402
-from _workload import machine_info  # noqa: E402
+from _workload import count_option, machine_info  # noqa: E402
 
 TARGET = 1.7
 
@@ -46,14 +46,14 @@ def throughput(raw, labels, patch, threads, batches):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--batches", type=int, default=12, help="timed batches per measurement (default 12)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating threads=1/2 rounds (default 3)")
+    parser.add_argument("--rounds", type=int, default=None, help="alternating threads=1/2 rounds (default 3; --quick: 1)")
     parser.add_argument("--quick", action="store_true", help="small patch, one round (a smoke test)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
-    if args.batches < 1 or args.rounds < 1:
+    rounds = count_option(args.rounds, 3, 1, args.quick)
+    if args.batches < 1 or rounds < 1:
         parser.error("--batches and --rounds must be >= 1")
     shape, patch = ((48, 160, 160), (16, 64, 64)) if args.quick else ((96, 384, 384), (32, 128, 128))
-    rounds = 1 if args.quick else args.rounds
     raw, labels = make_em_volume(shape, seed=0)
     labels = labels.astype(np.uint64)
 

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import emfast as ef  # noqa: E402
 from emfast.io._demo import make_em_volume  # noqa: E402
-from _workload import machine_info  # noqa: E402
+from _workload import count_option, machine_info  # noqa: E402
 
 PATCH = (32, 128, 128)
 BATCH = 8
@@ -95,13 +95,14 @@ def time_loader(v, contender, threads, batches):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    parser.add_argument("--batches", type=int, default=20, help="timed batches per contender and round (default 20)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of all contenders (default 3)")
+    parser.add_argument("--batches", type=int, default=None,
+                        help="timed batches per contender and round (default 20; --quick: 3)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of all contenders (default 3; --quick: 1)")
     parser.add_argument("--quick", action="store_true", help="a small volume and few batches (a smoke test)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
-    batches = 3 if args.quick else args.batches
-    rounds = 1 if args.quick else args.rounds
+    batches = count_option(args.batches, 20, 3, args.quick)
+    rounds = count_option(args.rounds, 3, 1, args.quick)
     shape = (48, 160, 160) if args.quick else SHAPE
     fields = make_fields(shape)
     results, lines = [], []

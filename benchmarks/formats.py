@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import emfast as ef  # noqa: E402
 from emfast.io._demo import make_em_volume  # noqa: E402
-from _workload import machine_info  # noqa: E402
+from _workload import count_option, machine_info  # noqa: E402
 
 CHUNKS = (32, 128, 128)
 #: Blocks the cold chunk caches hold: fewer than one batch's windows touch, so most windows decode chunks.
@@ -104,12 +104,12 @@ def cold_reads(path, patch, corners):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--batches", type=int, default=12, help="timed batches per measurement (default 12)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 3; --quick: 1)")
     parser.add_argument("--quick", action="store_true", help="small volume and patch, one round (a smoke test)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     shape, patch = ((48, 256, 256), (16, 64, 64)) if args.quick else ((96, 384, 384), (32, 128, 128))
-    rounds = 1 if args.quick else args.rounds
+    rounds = count_option(args.rounds, 3, 1, args.quick)
     raw, labels = make_em_volume(shape, seed=0)
     labels = labels.astype(np.uint64)
     block = int(np.prod(CHUNKS))

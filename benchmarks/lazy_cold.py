@@ -46,7 +46,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import emfast as ef  # noqa: E402
-from _workload import machine_info  # noqa: E402
+from _workload import count_option, machine_info  # noqa: E402
 
 CHUNKS, SHARDS, PATCH, BATCH = (16, 64, 64), (32, 256, 256), (32, 128, 128), 8
 BUDGET = 1 << 30
@@ -242,17 +242,18 @@ def check_same(path: str, spec: dict, data: np.ndarray) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    parser.add_argument("--boxes", type=int, default=24, help="boxes per box measurement (default 24)")
-    parser.add_argument("--batches", type=int, default=6, help="batches per loader measurement (default 6)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    parser.add_argument("--boxes", type=int, default=None, help="boxes per box measurement (default 24; --quick: 6)")
+    parser.add_argument("--batches", type=int, default=None,
+                        help="batches per loader measurement (default 6; --quick: 2)")
+    parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 3; --quick: 1)")
     parser.add_argument("--formats", default="", help="comma-separated subset of the formats (default: all)")
     parser.add_argument("--quick", action="store_true", help="one round, few boxes (a smoke test)")
     parser.add_argument("--ablation", type=int, default=5, metavar="ROUNDS",
                         help="rounds of the zarr v3 zstd ablation (batched reads, decode helpers; 0: none)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
-    rounds = 1 if args.quick else args.rounds
-    n_boxes, n_batches = (6, 2) if args.quick else (args.boxes, args.batches)
+    rounds = count_option(args.rounds, 3, 1, args.quick)
+    n_boxes, n_batches = count_option(args.boxes, 24, 6, args.quick), count_option(args.batches, 6, 2, args.quick)
     shape = (96, 512, 512)
     data = em_like(shape)
     rng = np.random.default_rng(1)

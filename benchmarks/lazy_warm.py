@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import emfast as ef  # noqa: E402
-from _workload import machine_info  # noqa: E402
+from _workload import count_option, machine_info  # noqa: E402
 
 LAYOUTS = {"cubic (16, 64, 64)": (16, 64, 64), "per-section (1, 256, 256)": (1, 256, 256)}
 TARGET_MEMORY, TARGET_THREADS = 0.9, 1.7
@@ -61,13 +61,13 @@ def warmed(path: str):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--batches", type=int, default=15, help="timed batches per measurement (default 15)")
-    parser.add_argument("--rounds", type=int, default=9, help="alternating rounds (default 9)")
+    parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 9; --quick: 1)")
     parser.add_argument("--augment", default="", help="comma-separated augmentations (default: none)")
     parser.add_argument("--quick", action="store_true", help="small volume and patch, one round (a smoke test)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     shape, patch = ((32, 256, 256), (16, 64, 64)) if args.quick else ((96, 512, 512), (32, 128, 128))
-    rounds = 1 if args.quick else args.rounds
+    rounds = count_option(args.rounds, 9, 1, args.quick)
     augment = tuple(name for name in args.augment.split(",") if name)
     raw = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
     results = {layout: {kind: {1: [], 2: []} for kind in ("lazy", "memory")} for layout in LAYOUTS}

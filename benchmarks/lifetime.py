@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import emfast as ef  # noqa: E402
 from emfast.transfer import cuda_unavailable  # noqa: E402
-from _workload import machine_info  # noqa: E402
+from _workload import count_option, machine_info  # noqa: E402
 
 CPU_TARGET, STEP_TARGET = 0.9, 0.97
 
@@ -138,16 +138,18 @@ def gpu_rows(raw, labels, patch, threads, batches):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    parser.add_argument("--batches", type=int, default=300, help="timed batches per measurement (default 300)")
-    parser.add_argument("--rounds", type=int, default=5, help="alternating careful/natural rounds (default 5)")
+    parser.add_argument("--batches", type=int, default=None,
+                        help="timed batches per measurement (default 300; --quick: 50)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="alternating careful/natural rounds (default 5; --quick: 2)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="producer threads (default: cores)")
     parser.add_argument("--quick", action="store_true", help="small patch, few batches (a smoke test)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
-    if args.batches < 1 or args.rounds < 1 or args.threads < 1:
+    batches, rounds = count_option(args.batches, 300, 50, args.quick), count_option(args.rounds, 5, 2, args.quick)
+    if batches < 1 or rounds < 1 or args.threads < 1:
         parser.error("--batches, --rounds and --threads must be >= 1")
     shape, patch = ((32, 96, 96), (8, 32, 32)) if args.quick else ((96, 384, 384), (32, 128, 128))
-    batches, rounds = (50, 2) if args.quick else (args.batches, args.rounds)
     rng = np.random.default_rng(0)
     raw = rng.integers(0, 256, shape, dtype=np.uint8)
     labels = rng.integers(0, 2**40, shape, dtype=np.uint64)

@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import emfast as ef  # noqa: E402
 from emfast.io._demo import make_em_volume  # noqa: E402
-from _workload import machine_info  # noqa: E402
+from _workload import count_option, machine_info  # noqa: E402
 
 CHUNKS = (32, 128, 128)
 TILE = (32, 128, 128)
@@ -302,13 +302,13 @@ def bench_dask(directory, raw, rounds, network):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of each measurement (default 5; --quick: 2)")
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--quick", action="store_true", help="smaller volumes, 2 rounds")
     parser.add_argument("--no-dask", action="store_true", help="skip the Dask comparison")
     parser.add_argument("--previous", default=None, help="a JSON of an earlier run: its ratios are printed beside")
     args = parser.parse_args(argv)
-    rounds = 2 if args.quick else args.rounds
+    rounds = count_option(args.rounds, 5, 2, args.quick)
     raw, _ = make_em_volume((48, 256, 256) if args.quick else (96, 384, 384), seed=0)
     small, _ = make_em_volume((32, 128, 128) if args.quick else (64, 256, 256), seed=1)
     directory = tempfile.mkdtemp(prefix="emfast-bench-predict-")

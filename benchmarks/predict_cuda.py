@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import emfast as ef  # noqa: E402
 from emfast.io._demo import make_em_volume  # noqa: E402
-from _workload import machine_info  # noqa: E402
+from _workload import count_option, machine_info  # noqa: E402
 
 TARGET = 0.9
 PATCH_IN, PATCH_OUT = (44, 140, 140), (20, 100, 100)
@@ -172,7 +172,7 @@ def predict_rate(torch, net, device, raw, out, batch_size, threads, cuda_graphs=
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of each measurement (default 2; --quick: 1)")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--quick", action="store_true", help="a small volume and network, 1 round (smoke test)")
@@ -200,7 +200,7 @@ def main(argv=None) -> int:
             return 2
         torch.backends.cudnn.benchmark = True
         net = unet(torch, fmaps=2 if args.quick else 12).to(args.device).eval()
-    rounds = 1 if args.quick else args.rounds
+    rounds = count_option(args.rounds, 2, 1, args.quick)
     raw, _ = make_em_volume((44, 240, 240) if args.quick else VOLUME, seed=0)
     many = max(2, (os.cpu_count() or 2) // 2)
     contenders = {"network alone": None, "predict threads=2": (2, False), f"predict threads={many}": (many, False)}

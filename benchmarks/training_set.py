@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import emfast as ef  # noqa: E402
 from emfast.sampling import Balanced  # noqa: E402
 from emfast.io._demo import make_em_volume  # noqa: E402
-from _workload import machine_info  # noqa: E402
+from _workload import count_option, machine_info  # noqa: E402
 
 PATCH = (32, 128, 128)
 BATCH = 8
@@ -147,13 +147,13 @@ def time_emfast(volumes, ignore, threads, batches):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    parser.add_argument("--batches", type=int, default=40, help="timed batches per contender (default 40)")
+    parser.add_argument("--batches", type=int, default=None, help="timed batches per contender (default 40; --quick: 3)")
     parser.add_argument("--quick", action="store_true", help="small volumes and few batches (a smoke test)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
-    if args.batches < 1:
+    batches = count_option(args.batches, 40, 3, args.quick)
+    if batches < 1:
         parser.error("--batches must be >= 1")
-    batches = 3 if args.quick else args.batches
     shapes = tuple((48, 160, 160) for _ in SHAPES) if args.quick else SHAPES
 
     volumes, ignore = make_dataset(shapes)
