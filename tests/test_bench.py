@@ -345,3 +345,19 @@ def test_the_profile_covers_the_timed_batches_only(cache):
     finally:
         volumes.close()
     assert result.profile_ms["wait"] <= result.ms_per_batch * 1.001
+
+
+def test_a_failure_before_any_measurement_is_told_once(tmp_path, capsys):
+    """A user error before anything was measured was printed twice: as "emfast bench stopped (OSError: ...); 0
+    measurement(s) taken before:" on stdout and as the error on stderr."""
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert main(["bench", "--quick", "--no-curves", "--cache-dir", str(blocked / "cache")]) == 2
+    captured = capsys.readouterr()
+    assert "stopped" not in captured.out and captured.err.count("emfast: error:") == 1
+
+
+def test_an_error_without_a_message_is_recorded_without_a_dangling_colon():
+    record = _record.Record(None)
+    record.failed(KeyboardInterrupt())
+    assert record.result["error"] == "KeyboardInterrupt"

@@ -42,7 +42,9 @@ def command(args: argparse.Namespace) -> int:
     try:
         result = run(config, record)
     except BaseException:
-        print("\n".join(record.partial_report()), flush=True)
+        kept = record.partial_report()
+        if kept:
+            print("\n".join(kept), flush=True)
         raise
     print("\n".join(result["report"]))
     left = result["leftovers"]

@@ -65,7 +65,7 @@ class Record:
 
     def failed(self, error: BaseException) -> None:
         """Note what stopped the run, keeping what was measured before."""
-        self.update(error=f"{type(error).__name__}: {error}".strip())
+        self.update(error=f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
 
     def save(self) -> None:
         if self.path is None:
@@ -76,8 +76,11 @@ class Record:
         os.replace(temporary, self.path)
 
     def partial_report(self) -> List[str]:
-        """What a run that did not finish measured, and what stopped it."""
+        """What a run that did not finish measured, and what stopped it (nothing where it measured nothing: the
+        error is told on its own)."""
         measurements = self.result["measurements"]
+        if not measurements:
+            return []
         lines = [f"emfast bench stopped ({self.result.get('error', 'interrupted')}); "
                  f"{len(measurements)} measurement(s) taken before:"]
         lines.extend(measurement_line(entry) for entry in measurements)
