@@ -16,7 +16,7 @@ from .._core.gather import PAD_MODES
 from .._threads import ctrl_c_held, shutdown_pool
 from .._version import __version__
 from ..io import (WIDTH, CacheBudgetError, OutputLock, ProgressBar, Volume, array_fingerprint, check_free_space,
-                  check_output_location, fingerprint, open_volume, option, plural)
+                  check_output_location, compared_record, fingerprint, open_volume, option, plural)
 from ..pipeline import normalization
 from ..transfer import DeviceNotice, TransferBackend, cuda_ordinal, cuda_unavailable
 from ._block import BlockPredictor
@@ -398,11 +398,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                 todo = [b for b in blocks if b.index not in finished]
                 if compression == "none":
                     _check_room_for(todo, shape[0] * np.dtype(dtype).itemsize, container)
-                # the kept tiles serve a resume the output accepts: neither provenance (the model's name) nor how the
-                # input was named decides
-                key = {k: v for k, v in record.items() if k not in PROVENANCE}
-                key["input"] = {k: v for k, v in record["input"].items() if k != "name"}
-                predictor.cache.open(key, store.resumed)
+                # the kept tiles serve every resume the output accepts: keyed by what its check compares
+                predictor.cache.open(compared_record(record, PROVENANCE, "input"), store.resumed)
                 tick = _ticker(bar or progress, predictor, blocks, todo)
                 try:
                     if client is not None:

@@ -26,7 +26,7 @@ from ._source import (CorruptChunkError, DatasetNotFoundError, LevelChoiceError,
                       VolumeSource)
 from ._volume import ASARRAY_LIMIT_BYTES, Volume, VolumeTooLargeError, as_volume
 from ._zarr import ZarrSource, import_zarr, zarr_missing
-from ._writer import COMPRESSIONS, OutputWriter, check_compression, parse_output, zarr_compressor
+from ._writer import COMPRESSIONS, OutputWriter, check_compression, compared_record, parse_output, zarr_compressor
 
 __all__ = [
     "Contents",
@@ -68,6 +68,7 @@ __all__ = [
     "add_ome_multiscales",
     "as_volume",
     "check_compression",
+    "compared_record",
     "convert",
     "default_budget",
     "demo_volume_path",

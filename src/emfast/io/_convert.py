@@ -235,12 +235,7 @@ def _convert_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_f
                            "emfast writes a pyramid into a new group or one of its own; choose another output")
     stale = [path for path in listed if int(path[1:]) > len(factors)]  # levels of the image this one replaces
     if overwrite:  # every level to replace or remove emfast's own, before anything is written
-        with OutputLock(container) as lock:
-            for path in [f"s{level}" for level in range(len(factors) + 1)] + stale:
-                try:
-                    remove_zarr_output(container, f"{dataset}/{path}", lock, delete=False)
-                except NotOwnOutputError as error:
-                    raise ConvertError(str(error)) from None
+        _remove_levels(container, dataset, [f"s{level}" for level in range(len(factors) + 1)] + stale, delete=False)
     shape, counts = source.full_shape, []
     for factor in [None] + list(factors):  # one progress count over every level's tiles
         shape, _, level_tiles = _level_plan(shape, source.dtype, settings, factor, rule)
@@ -265,17 +260,23 @@ def _convert_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_f
         finally:
             below.close()
         tiles, written = tiles + done.tiles, written + done.written
-    if overwrite and stale:
-        with OutputLock(container) as lock:
-            for path in stale:
-                try:
-                    remove_zarr_output(container, f"{dataset}/{path}", lock)
-                except NotOwnOutputError as error:
-                    raise ConvertError(str(error)) from None
+    if overwrite:
+        _remove_levels(container, dataset, stale, delete=True)
     add_ome_pyramid(container, dataset, len(source.full_shape),
                     [(f"s{level}", *level_geometry(*g, (1, 1, 1))) for level, g in enumerate(geometry)],
                     replace=overwrite)
     return Conversion(container, tiles, written)
+
+
+def _remove_levels(container: Path, dataset: str, paths, delete: bool) -> None:
+    """Remove the pyramid levels ``paths`` of the image ``container/dataset`` (``delete`` False: only check that
+    each is emfast's to remove); ConvertError naming one that is not."""
+    with OutputLock(container) as lock:
+        for path in paths:
+            try:
+                remove_zarr_output(container, f"{dataset}/{path}", lock, delete=delete)
+            except NotOwnOutputError as error:
+                raise ConvertError(str(error)) from None
 
 
 def _is_zarr_array(node: Path) -> bool:

@@ -406,7 +406,7 @@ def choose_level(levels: Sequence[Level], level, resolution, name: str) -> Level
             if np.allclose(candidate.resolution, wanted, rtol=1e-6):
                 return candidate
         raise LevelChoiceError(f"{name}: no level has resolution {wanted}; levels: "
-                         + ", ".join(f"{i}: {c.resolution}" for i, c in enumerate(levels)))
+                               + ", ".join(f"{i}: {c.resolution}" for i, c in enumerate(levels)))
     index = 0 if level is None else level
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(levels):
         raise LevelChoiceError(f"{name}: level must be an index in [0, {len(levels)}), got {level!r}")

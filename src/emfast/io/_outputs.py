@@ -322,8 +322,7 @@ def _forget_image(group, name: str) -> None:
     attributes = dict(group.attrs)
     ome = attributes.get("ome")
     holder = ome if isinstance(ome, dict) and "multiscales" in ome else attributes
-    images = holder.get("multiscales") or []
-    if [d.get("path") for image in images for d in image.get("datasets", ())] != [name]:
+    if _listed_paths(holder.get("multiscales")) != [name]:
         return
     if holder is attributes:
         del group.attrs["multiscales"]
@@ -353,9 +352,12 @@ def image_paths(folder: Path) -> Optional[List[str]]:
         return None
     attributes = metadata.get("attributes", {})
     images = attributes.get("ome", attributes).get("multiscales")
-    if not images:
-        return None
-    return [str(d.get("path")) for image in images for d in image.get("datasets", ())]
+    return [str(path) for path in _listed_paths(images)] if images else None
+
+
+def _listed_paths(images) -> list:
+    """The dataset paths OME-NGFF ``multiscales`` (a list of images; None: none) list, in order."""
+    return [dataset.get("path") for image in images or () for dataset in image.get("datasets", ())]
 
 
 def _describe_image(group, name: str, ndim: int, levels: Sequence[tuple], replace: bool = False) -> None:
@@ -365,8 +367,7 @@ def _describe_image(group, name: str, ndim: int, levels: Sequence[tuple], replac
     attributes = dict(group.attrs)
     existing = (attributes.get("ome", attributes) if version == "0.5" else attributes).get("multiscales")
     paths = [path for path, _, _ in levels]
-    if existing and not replace and \
-            not set(d.get("path") for image in existing for d in image.get("datasets", ())) <= set(paths):
+    if existing and not replace and not set(_listed_paths(existing)) <= set(paths):
         return
     lead = ndim - 3
     axes = [{"name": "c", "type": "channel"}] * lead + [{"name": a, "type": "space", "unit": "nanometer"}

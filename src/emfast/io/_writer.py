@@ -93,6 +93,12 @@ def _compared(record: dict, key: str, input_key: str):
     return value
 
 
+def compared_record(record: dict, unchecked: Iterable[str], input_key: str) -> dict:
+    """What of ``record`` decides whether an output may be resumed: every entry as :meth:`OutputWriter.prepare`
+    compares it, those in ``unchecked`` left out."""
+    return {key: _compared(record, key, input_key) for key in record if key not in set(unchecked)}
+
+
 class OutputWriter:
     """One output dataset (``container/dataset``) and its container, opened for writing.
 
