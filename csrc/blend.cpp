@@ -154,7 +154,7 @@ int emf_blend_finish(const double *sums, const double *tz, const double *ty, con
             return EMF_OK;
         case EMF_FLOAT16:
             finish(sums, tz, ty, tx, count, channels, shape, static_cast<uint16_t *>(out),
-                   [](double v) { return emf_half::float_to_half(static_cast<float>(v)); });
+                   [](double v) { return emf_half::double_to_half(v); });
             return EMF_OK;
         case EMF_UINT8:
             finish(sums, tz, ty, tx, count, channels, shape, static_cast<uint8_t *>(out), [](double v) {

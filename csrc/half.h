@@ -45,6 +45,22 @@ inline uint16_t float_to_half(float value) {
     return static_cast<uint16_t>(sign | half);
 }
 
+/* binary64 -> binary16, rounded once (as NumPy): the double is first rounded to float32 to odd (toward zero, the
+ * last bit set when anything was dropped), which keeps the information a later rounding to 11 bits needs, then
+ * rounded to half. Rounding to float32 to nearest instead can land exactly on a half's tie and break it the
+ * wrong way. */
+inline uint16_t double_to_half(double value) {
+    const float nearest = static_cast<float>(value);
+    uint32_t bits = float_to_bits(nearest);
+    const double back = static_cast<double>(nearest);
+    /* inexact (NaN compares unequal too, and stays as it is): step back toward zero if rounded away, mark odd */
+    const uint32_t inexact = 0u - static_cast<uint32_t>(back != value && value == value);
+    const uint32_t away = 0u - static_cast<uint32_t>((back > value) == (value > 0.0));
+    bits -= 1u & inexact & away;
+    bits |= 1u & inexact;
+    return float_to_half(bits_to_float(bits));
+}
+
 /* binary16 -> binary32, exact. */
 inline float half_to_float(uint16_t half) {
     const uint32_t h = half;

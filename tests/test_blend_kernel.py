@@ -160,3 +160,22 @@ def test_agreeing_predictions_blend_to_themselves_bit_for_bit():
     np.testing.assert_array_equal(sums, field * _product([2 * totals[0], totals[1], totals[2]]))  # no rounding
     out = np.empty(sums.shape, np.float32)
     np.testing.assert_array_equal(blend_finish(sums, totals, 2, out), field)
+
+
+def test_blend_finish_rounds_float16_once_as_numpy_does():
+    """Values just past a float16 rounding tie, by less than float32 resolves: rounding through float32 lands on
+    the tie and breaks it to even, one float16 step from NumPy's single rounding of the float64 value."""
+    rng = np.random.default_rng(11)
+    below = rng.uniform(-60000, 60000, 4000).astype(np.float16)
+    above = np.nextafter(below, np.where(below < 0, np.float16(-np.inf), np.float16(np.inf)))
+    ties = (below.astype(np.float64) + above.astype(np.float64)) / 2
+    nudged = ties * (1 + np.sign(rng.random(ties.size) - 0.5) * 2.0 ** -40)
+    values = np.concatenate([nudged, rng.uniform(-70000, 70000, 4000), rng.uniform(-1e-4, 1e-4, 4000),
+                             [np.nan, np.inf, -np.inf, 0.0, -0.0, 65520.0, 65519.99999, 2.0 ** -25,
+                              2.0 ** -25 * (1 + 2.0 ** -40)]])
+    sums = values.reshape(1, 1, 1, -1)
+    totals = [np.ones(1), np.ones(1), np.ones(values.size)]
+    out = blend_finish(sums, totals, 1, np.empty(sums.shape, np.float16))
+    with np.errstate(over="ignore"):  # beyond float16's range: infinity, as the kernel gives
+        expected = values.astype(np.float16).reshape(sums.shape)
+    np.testing.assert_array_equal(out.view(np.uint16), expected.view(np.uint16))
