@@ -13,7 +13,7 @@ import pytest
 import zarr
 
 import emfast as ef
-from emfast.config import load_config
+from emfast.config import load_config, load_predict_config
 from emfast.io import RemoteReadError, RemoteStore
 from remote_servers import free_port, http_server, s3_server, upload
 from threads import threads_end
@@ -177,6 +177,25 @@ loader:
     dataset = loaded.dataset()
     np.testing.assert_array_equal(lazy_box(dataset.samples[0].raw), written[1])
     assert any("v3.zarr/c/" in request for request in served.requests)
+
+
+def test_a_predict_config_takes_a_remote_file_and_its_dataset(written, served, tmp_path, monkeypatch):
+    """``input: {file: URL, dataset: ...}``, as CONFIG.md writes it for any file: the URL and the dataset are one
+    path (a URL is a string, not a path: joining them raised a TypeError, an "internal error")."""
+    (tmp_path / "nets.py").write_text("def load():\n    return lambda batch: batch\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = tmp_path / "predict.yaml"
+    config.write_text(f"""
+predict:
+  model: nets:load
+  input: {{file: {served.url}/ome.zarr/, dataset: /s0}}
+  output: {tmp_path}/out.zarr/p
+  patch_in: [8, 16, 16]
+""")
+    spec = load_predict_config(config)
+    assert spec.input_path() == f"{served.url}/ome.zarr/s0"
+    spec.run(progress=False)
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "out.zarr/p"))[0], written[1] * np.float32(1 / 255))
 
 
 def test_a_missing_chunk_is_the_fill_value_where_the_format_says_so(written, served, tmp_path):

@@ -277,7 +277,11 @@ class PredictSpec:
     def input_path(self, cache_dir=None) -> str:
         if isinstance(self.input, Builtin):
             return str(self.input.path(cache_dir) / (self.dataset or _DEMO_DATASET))
-        return str(self.input / self.dataset) if self.dataset else str(self.input)
+        if not self.dataset:
+            return str(self.input)
+        if isinstance(self.input, str):  # a remote store's URL: its dataset is a key below it
+            return f"{self.input.rstrip('/')}/{self.dataset.lstrip('/')}"
+        return str(self.input / self.dataset)
 
     def run(self, *, resume: bool = False, overwrite: bool = False, progress=True, cache_dir=None) -> Prediction:
         """Run the prediction; a Dask engine gets a client for the run's duration."""
