@@ -754,6 +754,25 @@ def test_resuming_with_an_array_input_that_changed_is_refused(tmp_path, volume):
     ef.predict(lopsided, volume, path, resume=True, **SETTINGS)
 
 
+@pytest.mark.parametrize("view", ["transposed", "flipped", "strided", "contiguous"])
+def test_an_array_inputs_fingerprint_is_taken_without_copying_the_array(view):
+    """The resume record's SHA-256 of an in-memory input is of its bytes in C order; a view (a memmap flipped or
+    transposed) is hashed a slab at a time, not copied whole (a copy the size of the input, outside ``memory=``)."""
+    import tracemalloc
+    from emfast.io import array_fingerprint
+    base = np.random.default_rng(5).integers(0, 256, (64, 256, 512), dtype=np.uint8)  # 8 MiB
+    array = {"transposed": base.transpose(2, 1, 0), "flipped": base[:, :, ::-1], "strided": base[:, ::2],
+             "contiguous": base}[view]
+    tracemalloc.start()
+    try:
+        fingerprint = array_fingerprint(array)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert fingerprint == {"bytes": array.nbytes, "sha256": hashlib.sha256(array.tobytes()).hexdigest()}
+    assert peak < base.nbytes // 4
+
+
 def test_the_old_name_of_the_prediction_dtype_names_warns_and_gives_the_new_list():
     import emfast.inference as inference
     assert inference.PREDICT_OUTPUT_DTYPE_NAMES == ("float32", "float16", "uint8")

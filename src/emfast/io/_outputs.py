@@ -142,11 +142,34 @@ def fingerprint(stamp) -> Optional[dict]:
     return {"files": len(entries), "bytes": sum(e[1] for e in entries), "digest": digest.hexdigest()}
 
 
+#: The most bytes of a non-contiguous input copied at once to be hashed.
+HASHED_SLAB_BYTES = 1 << 20
+
+
 def array_fingerprint(array) -> dict:
     """The size and the SHA-256 of an in-memory input's bytes (C order). SHA-256 runs on the CPU's SHA
-    instructions where it has them: 1.4 GB/s here, against BLAKE2b's 0.8, and the prediction waits for it."""
-    digest = hashlib.sha256(np.ascontiguousarray(array).view(np.uint8).reshape(-1))
+    instructions where it has them: 1.4 GB/s here, against BLAKE2b's 0.8, and the prediction waits for it. A
+    view that is not C-contiguous (a flipped or transposed memmap) is copied a slab at a time, never whole."""
+    digest = hashlib.sha256()
+    for slab in _c_order_slabs(array):
+        digest.update(np.ascontiguousarray(slab).view(np.uint8).reshape(-1))
     return {"bytes": int(array.nbytes), "sha256": digest.hexdigest()}
+
+
+def _c_order_slabs(array) -> Iterator[np.ndarray]:
+    """``array`` as consecutive pieces in C order: itself if contiguous, else slabs along its first axes of at
+    most :data:`HASHED_SLAB_BYTES` (or one row of the last axis, if that is larger)."""
+    if array.flags.c_contiguous or array.ndim <= 1 or array.nbytes <= HASHED_SLAB_BYTES:
+        yield array
+        return
+    step = max(1, HASHED_SLAB_BYTES // max(1, array[0].nbytes))
+    for start in range(0, len(array), step):
+        slab = array[start:start + step]
+        if slab.nbytes <= HASHED_SLAB_BYTES:
+            yield slab
+        else:
+            for row in slab:
+                yield from _c_order_slabs(row)
 
 
 def _now(files) -> list:
