@@ -103,6 +103,28 @@ def test_open_forms_mean_the_same(tmp_path, raw):
     np.testing.assert_array_equal(ef.open(tmp_path / "plain", "volumes/raw").array[0], raw)
 
 
+def test_paths_as_users_write_them_elsewhere(tmp_path, raw, monkeypatch):
+    """A suffix-less HDF5 file followed by its dataset (``noext/volumes/raw``, as ``open(noext, volumes/raw)``
+    reads), a home-relative path (``~/...``, as configs and shells expand it), and cloud-volume's and
+    tensorstore's ``file://`` URLs (percent-escapes decoded), for inputs and for outputs."""
+    with h5py.File(tmp_path / "noext", "w") as f:
+        f.create_dataset("volumes/raw", data=raw, chunks=CHUNKS)
+    write_zarr(tmp_path / "my data.zarr", "raw", raw)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for path in (tmp_path / "noext/volumes/raw", "~/noext/volumes/raw", f"file://{tmp_path}/noext/volumes/raw",
+                 "~/my data.zarr/raw", f"file://{tmp_path}/my%20data.zarr/raw"):
+        np.testing.assert_array_equal(ef.open(path).array[0], raw, err_msg=str(path))
+    np.testing.assert_array_equal(ef.hdf5("~/noext", "volumes/raw").array[0], raw)
+    ef.predict(lambda batch: batch, raw, "~/out.zarr/p", patch_in=(5, 10, 8))
+    assert (tmp_path / "out.zarr" / "p").is_dir() and not (tmp_path / "~").exists()
+    with h5py.File(tmp_path / "noext") as f, pytest.raises(TypeError, match=re.escape(
+            f"got a h5py._hl.dataset.Dataset: pass emfast.open('{tmp_path / 'noext'}', '/volumes/raw')")):
+        ef.open(f["volumes/raw"])
+    with pytest.raises(TypeError, match="got a numpy.ndarray: pass the path .* or an array in memory to "
+                                        "emfast.Volume.from_array"):
+        ef.open(raw)
+
+
 def test_gunpowder_attributes_align_labels_without_arguments(tmp_path, rng, raw):
     """gunpowder/funlib write resolution and offset (world units, z, y, x); labels covering part of raw line up."""
     labels = rng.integers(1, 9, (10, 20, 16), dtype=np.uint64)

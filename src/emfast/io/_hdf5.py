@@ -26,15 +26,16 @@ from . import _deflate
 from ._decode import SideBySide
 from ._geometry import GEOMETRY_KEYS, array_geometry
 from ._metadata import parsing
-from ._source import CorruptChunkError, DatasetNotFoundError, Stamp, VolumeSource, checked_chunk, require_kind
+from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, VolumeSource, checked_chunk, local_path,
+                      require_kind)
 from ._volume import Volume
 
 _DIRECT_FILTERS = {h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_DEFLATE}
 
 
 def open_hdf5(path: Union[str, os.PathLike]) -> h5py.File:
-    """Open an HDF5 file read-only, with errors that name the path."""
-    path = Path(path)
+    """Open an HDF5 file read-only, with errors that name the path (``~`` and ``file://`` as :func:`local_path`)."""
+    path = local_path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a directory, not an HDF5 file")
     require_kind(path, "file", "an HDF5 file")  # before HDF5 opens it: a FIFO would block forever
@@ -65,6 +66,7 @@ class Hdf5Source(VolumeSource):
     ``units`` (see :mod:`emfast.io._geometry`; axes named in another order are refused)."""
 
     def __init__(self, path: Union[str, os.PathLike], dataset: str) -> None:
+        path = local_path(path)
         self.name = f"{path}:{dataset}"
         file = open_hdf5(path)
         try:

@@ -9,21 +9,28 @@ from typing import Optional, Sequence, Tuple, Union
 from . import _format_entries  # noqa: F401  (registers the built-in formats)
 from ._formats import Contents, Listed, detect, detect_remote, format_named, format_of_suffix, formats
 from ._remote import RemoteStore, is_url
-from ._source import LevelChoiceError, VolumeSource
+from ._source import LevelChoiceError, VolumeSource, local_path
 from ._volume import Volume
 
 
 def split_path(path: Union[str, os.PathLike], dataset: Optional[str] = None) -> Tuple[Path, str, Optional[str]]:
     """(container, dataset inside it, format or None) of ``path``, which may name the dataset after the container
-    (``sample.zarr/volumes/raw``), with ``dataset`` appended."""
-    parts = Path(path).parts
+    (``sample.zarr/volumes/raw``, or after a file without a known suffix), with ``dataset`` appended. ``~`` is the
+    home folder and a ``file://`` URL its local path, as configs, shells, cloud-volume and tensorstore read them."""
+    path = local_path(path)
+    parts = path.parts
     for i, part in enumerate(parts):
         kind = format_of_suffix(part)
         if kind is not None:
             container, inner = Path(*parts[:i + 1]), "/".join(parts[i + 1:])
             break
     else:
-        container, inner, kind = Path(path), "", None
+        container, inner, kind = path, "", None
+        if not path.exists():  # a file followed by the dataset inside it
+            for i in range(len(parts) - 1, 0, -1):
+                if Path(*parts[:i]).is_file():
+                    container, inner = Path(*parts[:i]), "/".join(parts[i:])
+                    break
     dataset = "/".join(p.strip("/") for p in (inner, dataset or "") if p.strip("/"))
     return container, dataset, kind
 

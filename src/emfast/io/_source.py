@@ -14,7 +14,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple, Union
+from urllib.parse import unquote, urlsplit
 
 import numpy as np
 
@@ -111,6 +112,22 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
 
 def _kind(mode: int) -> str:
     return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
+
+
+def local_path(path: Union[str, os.PathLike]) -> Path:
+    """``path`` with ``~`` expanded; a ``file://`` URL as its local path (percent-escapes decoded). TypeError for
+    an object that is no path (an open dataset or array), saying what to pass instead."""
+    if not isinstance(path, (str, os.PathLike)):
+        file, name = getattr(getattr(path, "file", None), "filename", None), getattr(path, "name", None)
+        hint = (f"emfast.open({file!r}, {name!r})" if isinstance(file, str) and isinstance(name, str) else
+                "the path of its file or store (and its dataset), or an array in memory to "
+                "emfast.Volume.from_array")
+        raise TypeError(f"expected the path of a file or store, got a {type(path).__module__}.{type(path).__name__}: "
+                        f"pass {hint}")
+    text = os.fspath(path)
+    if isinstance(text, str) and text.lower().startswith("file://"):
+        text = unquote(urlsplit(text).path)
+    return Path(text).expanduser()
 
 
 def require_kind(path: Path, expected: str, what: str) -> None:
