@@ -833,3 +833,14 @@ def test_a_memory_too_small_for_the_inputs_chunk_cache_says_how_much_memory_it_n
                                          rf"\({block} bytes\); give memory of at least {4 * block} bytes"):
         ef.predict(lambda batch: batch, str(tmp_path / "in.zarr"), tmp_path / "p.zarr/p", patch_in=(8, 16, 16),
                    memory=2 * block)
+
+
+def test_chunks_larger_than_the_volume_are_cut_to_it_in_hdf5(tmp_path, volume):
+    """zarr takes chunks larger than the array; h5py refuses them ("Chunk shape must not be greater than data
+    shape"), which left an empty file behind. An HDF5 output's chunks are cut to the array: the same values."""
+    settings = dict(SETTINGS, chunks=(30, 16, 50), block=None)
+    expected = _read(ef.predict(lopsided, volume, tmp_path / "p.zarr/pred", **settings).path)
+    path = ef.predict(lopsided, volume, tmp_path / "p.h5/pred", **settings).path
+    np.testing.assert_array_equal(_read(path), expected)
+    with h5py.File(tmp_path / "p.h5", "r") as f:
+        assert f["pred"].chunks == (2, 23, 16, 37)

@@ -282,7 +282,8 @@ class OutputWriter:
         dtype = np.dtype(dtype).newbyteorder("=")
         attributes = dict(attributes or {})
         self._chunk_files = False
-        if self.kind == "hdf5":
+        if self.kind == "hdf5":  # HDF5 refuses chunks larger than the array, which zarr takes: cut to it
+            chunks = tuple(min(c, s) for c, s in zip(chunks, shape))
             self.array = self.root.create_dataset(self.dataset, shape=shape, dtype=dtype, chunks=chunks,
                                                   compression=None if compression == "none" else "gzip",
                                                   fillvalue=fill_value)
