@@ -844,3 +844,22 @@ def test_chunks_larger_than_the_volume_are_cut_to_it_in_hdf5(tmp_path, volume):
     np.testing.assert_array_equal(_read(path), expected)
     with h5py.File(tmp_path / "p.h5", "r") as f:
         assert f["pred"].chunks == (2, 23, 16, 37)
+
+
+@pytest.mark.parametrize("output", ["p.zarr/pred", "p.h5/pred"])
+def test_after_the_models_first_error_it_is_not_called_again_and_that_error_is_raised(tmp_path, volume, output):
+    """A model that fails from its call N on (a CUDA error leaves the device broken, and what follows fails
+    too): the batches queued behind the failed one are not run, and the error raised is the first, which names
+    the cause. Before, the next batches were run, and 2 of 8 runs raised the error of call N + 2."""
+    for attempt in range(6):
+        calls = []
+
+        def failing(batch):
+            calls.append(len(calls) + 1)
+            if len(calls) >= 9:
+                raise RuntimeError(f"failed at call {len(calls)}")
+            return lopsided(batch)
+
+        with pytest.raises(RuntimeError, match=r"^failed at call 9$"):
+            ef.predict(failing, volume, tmp_path / f"{attempt}{output}", **dict(SETTINGS, batch_size=3, blend="none"))
+        assert len(calls) == 9

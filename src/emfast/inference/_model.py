@@ -60,6 +60,8 @@ class ModelCaller:
         self.name = model_name(model)
         #: Seconds spent in calls of the model here (device copies included); calls come one at a time.
         self.seconds = 0.0
+        #: The first error of a call (the model's, or its prediction's check): later calls raise it unrun.
+        self.failure: Optional[Exception] = None
 
     def __getstate__(self) -> dict:
         return dict(self.__dict__, runner=None)
@@ -71,6 +73,10 @@ class ModelCaller:
         """Start the call on ``batch``; the function returned waits for the prediction and checks it. With a
         runner the device computes meanwhile
         (:meth:`~emfast.inference._device.DeviceRunner.launch`); otherwise the model is called here."""
+        # The batches queued behind a failed one are not run: on a device, what follows an error fails too, and
+        # the first error is the one that names the cause.
+        if self.failure is not None:
+            raise self.failure
         start = time.perf_counter()
         try:
             if self.runner is not None:
@@ -78,16 +84,23 @@ class ModelCaller:
             else:
                 prediction = self.model(batch) if self.device is None else self._torch(batch)
                 wait = lambda: prediction  # noqa: E731
+        except Exception as error:
+            self.failure = error
+            raise
         finally:
             self.seconds += time.perf_counter() - start
 
         def checked() -> np.ndarray:
             start = time.perf_counter()
             try:
-                prediction = wait()
-            finally:
-                self.seconds += time.perf_counter() - start
-            return self._checked(prediction, batch.shape[0], out_shape, channels)
+                try:
+                    prediction = wait()
+                finally:
+                    self.seconds += time.perf_counter() - start
+                return self._checked(prediction, batch.shape[0], out_shape, channels)
+            except Exception as error:
+                self.failure = self.failure or error
+                raise
 
         return checked
 
