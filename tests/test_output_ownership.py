@@ -13,6 +13,7 @@ import zarr
 
 import emfast as ef
 from emfast.cli import main
+from emfast.io import OutputWriter
 
 
 def crop(batch):
@@ -30,10 +31,16 @@ def _input(tmp_path):
 
 
 @pytest.mark.parametrize("how", ["predict", "convert"])
-def test_a_users_dataset_where_a_failed_run_was_creating_is_never_replaced(tmp_path, how, capsys):
+def test_a_users_dataset_where_a_failed_run_was_creating_is_never_replaced(tmp_path, how, capsys, monkeypatch):
     _input(tmp_path)
-    with pytest.raises(Exception):  # fails while creating its dataset: chunks larger than the volume
-        ef.predict(crop, tmp_path / "in.h5/raw", tmp_path / "out.h5/pred", chunks=(64, 64, 64), **ARGS)
+
+    def failing(*args, **kwargs):
+        raise OSError("no room for the flags")
+
+    monkeypatch.setattr(OutputWriter, "create_companion", failing)
+    with pytest.raises(OSError, match="no room"):  # fails while creating its output: its flags after its dataset
+        ef.predict(crop, tmp_path / "in.h5/raw", tmp_path / "out.h5/pred", **ARGS)
+    monkeypatch.undo()
     with h5py.File(tmp_path / "out.h5", "a") as f:  # the user then keeps their own data under that name
         if "pred" in f:
             del f["pred"]

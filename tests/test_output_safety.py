@@ -340,6 +340,57 @@ def test_a_run_killed_right_after_creating_its_output_resumes(tmp_path, zarr_inp
     np.testing.assert_array_equal(content(out, tool), data)
 
 
+KILLED_WHILE_REMOVING = """
+import os, shutil, signal, sys
+from pathlib import Path
+import emfast as ef
+from emfast.io import _writer
+
+def kill(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def rmtree_killed(path, *args, **kwargs):  # killed with the folder half removed: its metadata first
+    for name in ("zarr.json", ".zarray"):
+        (Path(path) / name).unlink(missing_ok=True)
+    kill()
+
+if sys.argv[3] == "flags":  # killed with the record complete, before the flags are removed
+    _writer.OutputWriter.delete = kill
+elif sys.argv[3] == "removing":
+    shutil.rmtree = rmtree_killed
+ef.predict(lambda batch: batch, sys.argv[1], sys.argv[2], patch_in=(8, 16, 16), blend="none", chunks=(8, 16, 16),
+           block=(8, 16, 16), resume=sys.argv[4] == "resume", overwrite=sys.argv[4] == "overwrite")
+"""
+
+
+@pytest.mark.parametrize("moment, container", [("flags", "out.zarr"), ("flags", "out.h5"),
+                                               ("removing", "out.zarr")])
+@pytest.mark.parametrize("rerun", ["resume", "overwrite"])
+def test_a_prediction_killed_while_removing_its_scratch_or_an_old_output_runs_again(tmp_path, zarr_input, moment,
+                                                                                    container, rerun):
+    """Killed as it finishes (the record complete, the finished-block flags not yet removed, or half removed),
+    or while ``overwrite`` removes the previous output: the next run completes and leaves nothing behind. A
+    resume of the first failed ("read-only mode"), and half-removed folders stayed for good or were refused as
+    "not a zarr array"."""
+    store, data = zarr_input
+    out = tmp_path / container / "raw"
+    source = store / "volumes/raw"
+    if rerun == "overwrite":
+        assert run_script(KILLED_WHILE_REMOVING, source, out, "none", "resume").returncode == 0
+    killed = run_script(KILLED_WHILE_REMOVING, source, out, moment, rerun)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    again = run_script(KILLED_WHILE_REMOVING, source, out, "none", rerun)
+    assert again.returncode == 0, again.stderr[-2000:]
+    np.testing.assert_array_equal(content(out, "predict"), data)
+    if container == "out.h5":
+        with h5py.File(out.parent, "r") as f:
+            assert list(f) == ["raw"]
+    else:
+        assert sorted(p.name for p in out.parent.iterdir()) == ["raw", "zarr.json"]
+    assert [p.name for p in tmp_path.iterdir() if p.name not in ("in.zarr", container) and "lock" not in p.name] \
+        == []
+
+
 @pytest.mark.parametrize("writer", sorted(WRITERS))
 def test_a_resume_removes_the_partial_files_a_killed_zarr_write_left(tmp_path, zarr_input, writer):
     store, data = zarr_input

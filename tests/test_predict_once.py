@@ -245,6 +245,33 @@ def test_a_resume_uses_the_tiles_kept_and_writes_the_same_bytes(tmp_path, volume
     assert not _scratch(path)  # removed with the finished prediction
 
 
+def test_a_run_killed_while_removing_the_kept_tiles_leaves_none_for_the_next(tmp_path, volume, monkeypatch):
+    """Killed while deleting the kept tiles (their record file gone first, the tiles not yet): the folder was
+    no longer known for emfast's, and every later run to that output was refused ("move it away")."""
+    import shutil
+    from pathlib import Path
+    from emfast.io import _outputs
+
+    rmtree = shutil.rmtree
+
+    def killed(path, *args, **kwargs):
+        if not (Path(path) / "record.json").is_file():  # the output replaced, before the tiles
+            return rmtree(path, *args, **kwargs)
+        (Path(path) / "record.json").unlink()
+        raise KeyboardInterrupt
+
+    path = tmp_path / "p.zarr/pred"
+    with pytest.raises(RuntimeError, match="model failed"):
+        ef.predict(Counting(fail_at=60), volume, path, **SETTINGS)
+    assert _scratch(path)
+    monkeypatch.setattr(_outputs.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ef.predict(lopsided, volume, path, overwrite=True, **SETTINGS)
+    monkeypatch.setattr(_outputs.shutil, "rmtree", rmtree)
+    ef.predict(lopsided, volume, path, overwrite=True, **SETTINGS)
+    assert [p.name for p in tmp_path.iterdir() if "lock" not in p.name] == ["p.zarr"]
+
+
 def test_a_resume_under_another_model_name_still_uses_the_tiles_kept(tmp_path, volume):
     """The output accepts a resume whatever the model is called (its name is provenance), but the kept tiles were
     thrown away when it differed, and computed again."""

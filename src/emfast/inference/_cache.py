@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
 import warnings
 from pathlib import Path
 from typing import Dict, Optional
 
 import numpy as np
+
+from ..io import remove_folder, remove_leftovers
 
 #: The file in the folder holding the record of the prediction its tiles belong to.
 RECORD_FILE = "record.json"
@@ -132,8 +133,13 @@ class TileCache:
         with self._lock:
             self._held.clear()
             self._held_bytes = 0
+        remove_leftovers(self.folder)
         if self.folder.is_dir() and not self.folder.is_symlink() and (self.folder / RECORD_FILE).is_file():
-            shutil.rmtree(self.folder, ignore_errors=True)
+            try:
+                remove_folder(self.folder)  # whole or not at all: half of it would not be known for emfast's
+            except OSError as error:  # the prediction is written: a folder left behind loses nothing
+                warnings.warn(f"could not remove the kept tiles at {self.folder} ({error}); delete it yourself",
+                              stacklevel=2)
         elif self.folder.exists() or self.folder.is_symlink():
             raise FileExistsError(f"{self.folder} exists and was not made by emfast predict; emfast keeps shared "
                                   "tiles there: move it away")

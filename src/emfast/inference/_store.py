@@ -137,10 +137,13 @@ class OutputStore:
             self._flag_files.write(position, np.ones((1,) * len(position), np.uint8))
 
     def finish(self) -> None:
-        """Record the prediction as complete and drop the flags (nothing to do if it was complete already)."""
+        """Record the prediction as complete and drop the flags (nothing to do if it was complete already; only
+        the flags to drop if a run was killed between the two)."""
         if self._flags is None:
             return
-        self._writer.set_record(dict(self._writer.record(), complete=True))
+        record = self._writer.record()
+        if not record.get("complete", False):
+            self._writer.set_record(dict(record, complete=True))
         self._writer.delete(self.flags_name)
         self._flags, self._flag_files = None, False
 

@@ -17,7 +17,7 @@ from ._formats import Contents, Listed, VolumeFormat, formats
 from ._n5 import N5Source
 from ._open import contents, open_source, open_volume, split_path
 from ._outputs import (OutputLock, add_ome_multiscales, array_fingerprint, check_free_space, check_output_location,
-                       command_line_options, fingerprint, option, zarr_geometry)
+                       command_line_options, fingerprint, option, remove_folder, remove_leftovers, zarr_geometry)
 from ._precomputed import PrecomputedSource, tensorstore_missing
 from ._progress import WIDTH, ProgressBar, plural
 from ._pyramid import DOWNSAMPLING
@@ -82,6 +82,8 @@ __all__ = [
     "open_volume",
     "parse_output",
     "progress_bar",
+    "remove_folder",
+    "remove_leftovers",
     "split_path",
     "tensorstore_missing",
     "volume_statistics",

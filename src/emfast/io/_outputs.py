@@ -269,6 +269,8 @@ def remove_zarr_output(container: Path, dataset: str, lock: "OutputLock", delete
     folder = container / dataset
     if folder.is_symlink():
         raise NotOwnOutputError(f"{folder} is a symbolic link; emfast replaces only arrays it wrote, never links")
+    if delete:
+        remove_leftovers(folder)
     if not folder.exists():
         return
     metadata = _zarr_metadata(folder)
@@ -280,7 +282,28 @@ def remove_zarr_output(container: Path, dataset: str, lock: "OutputLock", delete
         raise NotOwnOutputError(f"{folder} exists and was not written by emfast (it has no emfast record); emfast "
                                 "replaces only its own outputs: delete it yourself or choose another output")
     if delete:
-        shutil.rmtree(folder)
+        remove_folder(folder)
+
+
+def remove_folder(folder: Path) -> None:
+    """Delete ``folder`` so that a kill leaves it whole or gone, never half of it (which could no longer be told
+    for emfast's): renamed aside first, then deleted; what a killed deletion left aside goes with the next call
+    for the same folder, or :func:`remove_leftovers`."""
+    remove_leftovers(folder)
+    aside = _aside(folder)
+    os.rename(folder, aside)
+    shutil.rmtree(aside)
+
+
+def remove_leftovers(folder: Path) -> None:
+    """Delete what a killed :func:`remove_folder` of ``folder`` left aside, if anything."""
+    aside = _aside(folder)
+    if aside.is_dir() and not aside.is_symlink():
+        shutil.rmtree(aside)
+
+
+def _aside(folder: Path) -> Path:
+    return folder.parent / f".{folder.name}.emfast-removing"
 
 
 def _zarr_metadata(folder: Path) -> Optional[dict]:

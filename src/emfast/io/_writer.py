@@ -29,8 +29,8 @@ from ._chunkfiles import chunk_files
 from ._hdf5 import open_hdf5
 from ._open import split_path
 from ._outputs import (NotOwnOutputError, OutputLock, add_ome_multiscales, check_zarr_container, input_changed,
-                       open_hdf5_for_writing, option, remove_hdf5_output, remove_partial_files, remove_zarr_output,
-                       zarr_geometry, zarr_store_format)
+                       open_hdf5_for_writing, option, remove_folder, remove_hdf5_output, remove_leftovers,
+                       remove_partial_files, remove_zarr_output, zarr_geometry, zarr_store_format)
 
 #: Output codecs, for zarr; HDF5 takes gzip and none.
 COMPRESSIONS = ("zstd", "blosc", "gzip", "none")
@@ -212,6 +212,9 @@ class OutputWriter:
             self._check_resumable(previous, record, resume, input_key, what, set(unchecked))
             if check_resume is not None:
                 check_resume(previous)
+            if self.kind == "zarr":  # what a run killed while deleting a companion left aside (not the output)
+                for name in (self.dataset, *companions):
+                    remove_leftovers(self.container / name)
             if previous.get("complete"):  # nothing is left to write: the output stays exactly as it is
                 self.array = self.node(self.dataset)
                 return previous
@@ -344,10 +347,14 @@ class OutputWriter:
             self.root.flush()
 
     def delete(self, name: str) -> None:
-        """Delete the companion ``name``."""
+        """Delete the companion ``name`` (zarr: whole or not at all, see :func:`remove_folder`), opening the
+        container to write if it was opened to check."""
+        if self.kind == "zarr":
+            remove_folder(self.container / name)
+            return
+        self._writable()
         del self.root[name]
-        if self.kind == "hdf5":
-            self.root.flush()
+        self.root.flush()
 
     def close(self) -> None:
         if self.kind == "hdf5" and self.root is not None:
