@@ -115,6 +115,30 @@ def test_ctrl_c_during_a_zarr_conversion_prints_one_line_and_exits_130(tmp_path,
     np.testing.assert_array_equal(ef.open(tmp_path / "out.zarr/raw").array[0], data)
 
 
+def test_ctrl_c_during_the_last_tile_of_a_level_stops_before_the_next_level(tmp_path, monkeypatch, capsys):
+    """The first Ctrl-C is noted and honoured after the tile being written; during a level's last tile it was
+    dropped, and every coarser level of the pyramid was converted with exit status 0."""
+    data = np.random.default_rng(2).integers(0, 256, (16, 64, 64), dtype=np.uint8)
+    zarr.open_group(str(tmp_path / "in.zarr"), mode="w").create_array("raw", data=data, chunks=(4, 16, 16))
+    copy_tile = _convert._copy_tile
+
+    def interrupted_in_the_last(read, writer, record, tiles, number, *args):
+        if number == len(tiles) - 1 and writer.dataset.endswith("s0"):
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, noted while this tile is written
+        return copy_tile(read, writer, record, tiles, number, *args)
+
+    monkeypatch.setattr(_convert, "_copy_tile", interrupted_in_the_last)
+    monkeypatch.setattr(_convert, "TILE_BYTES", 16 * 64 * 16)
+    args = ["convert", str(tmp_path / "in.zarr/raw"), str(tmp_path / "out.zarr/raw"), "--levels", "3"]
+    assert main(args) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "emfast: interrupted"
+    np.testing.assert_array_equal(ef.open(tmp_path / "out.zarr/raw/s0").array[0], data)
+    assert not (tmp_path / "out.zarr/raw/s1").exists()
+    monkeypatch.setattr(_convert, "_copy_tile", copy_tile)
+    assert main(args) == 0  # and it resumes with the next level
+    assert ef.open(tmp_path / "out.zarr/raw/s2").shape == (4, 16, 16)
+
+
 def _tree(path: Path) -> dict:
     """Every file below ``path`` (or ``path`` itself) with its bytes and modification time."""
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())

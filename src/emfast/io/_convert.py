@@ -327,6 +327,8 @@ def _copy(read, source: VolumeSource, writer: OutputWriter, record: dict, tiles,
             _copy_tile(read, writer, record, tiles, number, channels, dtype, lead)
             if progress is not None:
                 progress(number + 1, len(tiles))
+        if interrupted:  # during the last tile: this array is complete, the next level is not begun
+            raise KeyboardInterrupt
 
 
 @contextmanager
