@@ -502,6 +502,29 @@ def test_a_script_ending_without_close_on_a_lazy_hdf5_loader_exits(tmp_path, end
         assert done.returncode == 0, done.stderr
 
 
+def test_the_readmes_loop_keeping_its_last_tensor_at_module_level_exits_quietly(tmp_path):
+    """The README's loop at a script's top level: the last batch's tensor lives until the interpreter tears its
+    modules down, and giving its slot back then printed "Exception ignored in: Lease.__del__ ... TypeError"
+    (the queue module was already gone)."""
+    import subprocess
+    from pathlib import Path
+
+    import h5py
+    pytest.importorskip("torch")
+    data = np.random.default_rng(2).integers(0, 256, (32, 128, 128), dtype=np.uint8)
+    with h5py.File(tmp_path / "raw.h5", "w") as f:
+        f.create_dataset("raw", data=data, chunks=(16, 64, 64))
+    script = (f"import torch\nimport emfast as ef\n"
+              f"raw = ef.hdf5({str(tmp_path / 'raw.h5')!r}, 'raw', in_memory=False)\n"
+              f"loader = ef.Loader(raw, patch=(16, 64, 64), batch_size=4, threads=2, epoch_size=10, seed=0)\n"
+              f"with loader:\n    for batch in loader:\n        x = batch.torch()['raw']\n        float(x.mean())\n")
+    source = str(Path(ef.__file__).resolve().parents[1])
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=source),
+                              capture_output=True, text=True, timeout=120)
+        assert (done.returncode, done.stderr) == (0, "")
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_fork_while_a_decoder_library_is_looked_up_leaves_the_child_able_to_decode(monkeypatch):
     """DataLoader workers forked while the parent's first compressed read looked up libdeflate (35 ms, its lock

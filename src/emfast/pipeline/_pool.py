@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import sys
 import threading
 import warnings
 from typing import Any, Callable, ContextManager, List, Optional
@@ -50,8 +51,11 @@ class Lease:
         self._pool = pool
         self.slot = slot
 
-    def __del__(self) -> None:
-        self._pool._give_back(self.slot)
+    def __del__(self, _finalizing=sys.is_finalizing) -> None:
+        # A view kept to the end of a script (the README's loop) dies as the interpreter tears its modules down:
+        # nothing is left to give back to then, and the modules giving back needs may be gone.
+        if not _finalizing():
+            self._pool._give_back(self.slot)
 
 
 class FixedSlots:
