@@ -362,24 +362,30 @@ def test_tiled_covers_every_voxel_of_every_region(stride):
 
 
 @pytest.mark.parametrize("last", ["keep", "drop", "roll"])
-@pytest.mark.parametrize("world_size", [1, 3])
+@pytest.mark.parametrize("world_size", [1, 3, 7])
 def test_tiled_last_batch_and_shards(last, world_size):
+    """Every shard makes as many batches as the largest (``keep``, ``roll``) or the smallest (``drop``) shard
+    makes, as torch's DistributedSampler gives every rank as many samples: ranks running collective operations
+    per batch (DistributedDataParallel's forward) wait forever for a rank that ran out. 30 tiles over 7 shards:
+    5 or 4 tiles each, 2 or 1 batches of 4."""
     regions = [region(lo=(0, 0, 0), hi=(2, 10, 12), mask=np.ones((2, 10, 12), np.uint8))]
     extent = np.array([[2, 2, 2]])  # 30 tiles
     batch = 4
+    most, least = -(-30 // world_size), 30 // world_size
     shards = []
     for rank in range(world_size):
         sampler = Tiled(last=last)
         sampler.bind(regions, extent, batch, rank, world_size)
         n = len(range(rank, 30, world_size))
         draws = tiled_draws(sampler, batch)
-        assert len(draws) == {"keep": -(-n // batch), "drop": n // batch, "roll": -(-n // batch)}[last]
+        assert len(draws) == {"keep": -(-most // batch), "drop": least // batch, "roll": -(-most // batch)}[last]
+        assert sampler.batches_per_epoch() == len(draws)
         tiles = [sampler.tile(i)[1].tolist() for i in range(rank, 30, world_size)]
         delivered = [c.tolist() for d in draws for c in d.corners[:d.valid]]
         if last == "keep":
             assert delivered == tiles
-            assert [d.valid for d in draws] == [batch] * (len(draws) - 1) + [n - (len(draws) - 1) * batch]
-            assert all((d.corners[d.valid:] == d.corners[d.valid - 1]).all() for d in draws)
+            assert [d.valid for d in draws] == [min(batch, max(0, n - i * batch)) for i in range(len(draws))]
+            assert all((d.corners[d.valid:] == tiles[-1]).all() for d in draws)
         elif last == "drop":
             assert delivered == tiles[:len(draws) * batch] and all(d.valid == batch for d in draws)
         else:

@@ -181,3 +181,23 @@ def test_info_names_nan_in_a_float_volume(tmp_path, capsys):
     assert main(["info", str(tmp_path / "s.h5")]) == 0
     line, = _values_lines(capsys.readouterr().out)
     assert "contains NaN or infinity" in line
+
+
+def test_every_rank_of_a_tiled_validation_makes_as_many_batches_even_one_without_tiles():
+    """64 tiles over 7 ranks (10 for rank 0, 9 for the others): every rank makes as many batches, as torch's
+    DistributedSampler gives every rank as many samples (uneven ranks hang DistributedDataParallel). A short
+    rank's last batch holds fewer real tiles (``valid``), none at all with batches of 3, and the augmentations
+    and targets take it."""
+    labels = (np.arange(16 * 32 * 32, dtype=np.uint64).reshape(16, 32, 32) // 7)
+    augment = [ef.Intensity(), ef.MissingSection(p=0.5)]
+    counts, valids = set(), {}
+    for rank, tiles_short in ((0, 0), (6, 1)):
+        with ef.Loader(ef.Sample(_raw(), labels=labels), patch=(4, 8, 8), batch_size=5, sampler=ef.Tiled(),
+                       augment=augment, targets=[ef.Affinities()], rank=rank, world_size=7) as loader:
+            batches = list(loader)
+        counts.add(len(batches))
+        valids[rank] = [batch.valid for batch in batches]
+    assert counts == {2} and valids == {0: [5, 5], 6: [5, 4]}
+    with ef.Loader(_raw(), patch=(4, 8, 8), batch_size=3, sampler=ef.Tiled(), augment=augment, rank=6,
+                   world_size=7) as loader:  # 10 or 9 tiles, batches of 3: 4 batches, the last of rank 6 empty
+        assert [batch.valid for batch in loader] == [3, 3, 3, 0]

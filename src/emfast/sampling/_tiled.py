@@ -31,14 +31,19 @@ class Tiled(Sampler):
     order. Uniforms are not used.
 
     Sharding: with ``world_size`` W, rank r gets the tiles i with ``i % W == r``; the shards are disjoint and
-    together hold every tile. Let n be the shard's tile count and B the batch size:
+    together hold every tile. Every shard makes the same number of batches, as torch's ``DistributedSampler``
+    gives every rank the same number of samples: ranks that run a collective operation per batch
+    (DistributedDataParallel's forward) would otherwise wait forever for one that ran out. Let n be the shard's
+    tile count, m = ceil(T / W) the largest shard's (T tiles in all) and B the batch size:
 
-    - ``last="keep"``: ``ceil(n / B)`` batches; the last one has ``valid = n - (ceil(n / B) - 1) * B`` real
-      examples and repeats its last tile in the remaining places.
-    - ``last="drop"``: ``n // B`` batches, all full; the last ``n % B`` tiles are never delivered.
-    - ``last="roll"``: ``ceil(n / B)`` batches, all full: the sequence wraps around, so place p of the epoch
+    - ``last="keep"``: ``ceil(m / B)`` batches; batch k has ``valid = clip(n - k * B, 0, B)`` real examples and
+      repeats the shard's last tile in the remaining places (a shard one tile short of the largest may end with
+      a batch of ``valid = 0``).
+    - ``last="drop"``: ``floor(T / W) // B`` batches (the smallest shard's full batches), all full; a shard's
+      tiles beyond them are never delivered.
+    - ``last="roll"``: ``ceil(m / B)`` batches, all full: the sequence wraps around, so place p of the epoch
       (``p = batch * B + example``) gets the shard's tile ``p % n``; with ``n >= B`` the first
-      ``ceil(n / B) * B - n`` tiles come twice, at the start and again at the end of the last batch, and with
+      ``ceil(m / B) * B - n`` tiles come twice, at the start and again at the end of the last batch, and with
       fewer tiles than ``B`` the one batch cycles through them (3 tiles, B = 8: 0, 1, 2, 0, 1, 2, 0, 1). Every
       epoch is the same.
 
@@ -100,15 +105,17 @@ class Tiled(Sampler):
         self.shard_tiles = len(range(self.rank, self.tiles, self.world_size))
         if self.shard_tiles == 0:
             raise ValueError(f"{self!r}: {self.tiles} tiles leave none for rank {rank} of {world_size}")
-        if self.last == "drop" and self.shard_tiles < self.batch_size:
-            raise ValueError(f"{self!r}: rank {rank} has {self.shard_tiles} tiles, fewer than batch_size="
-                             f"{batch_size}, so last='drop' leaves no batch")
+        if self.last == "drop" and self.tiles // self.world_size < self.batch_size:
+            raise ValueError(f"{self!r}: a shard of {self.tiles // self.world_size} tiles (of {self.tiles} over "
+                             f"{world_size}) is smaller than batch_size={batch_size}, so last='drop' leaves no "
+                             f"batch")
 
     def batches_per_epoch(self) -> int:
-        """Batches per epoch for this shard (see the class documentation)."""
+        """Batches per epoch, the same for every shard (see the class documentation)."""
         if self.last == "drop":
-            return self.shard_tiles // self.batch_size
-        return -(-self.shard_tiles // self.batch_size)
+            return (self.tiles // self.world_size) // self.batch_size
+        largest = -(-self.tiles // self.world_size)
+        return -(-largest // self.batch_size)
 
     def tile(self, i: int) -> Tuple[int, np.ndarray]:
         """(region index, window corner) of global tile ``i``."""
@@ -130,7 +137,7 @@ class Tiled(Sampler):
         if self.last == "roll":
             places %= self.shard_tiles
         elif self.last == "keep":
-            valid = min(self.batch_size, self.shard_tiles - index * self.batch_size)
+            valid = min(self.batch_size, max(0, self.shard_tiles - index * self.batch_size))
             places = np.minimum(places, self.shard_tiles - 1)
         volumes = np.empty(self.batch_size, dtype=np.int64)
         corners = np.empty((self.batch_size, 3), dtype=np.int64)
