@@ -99,25 +99,35 @@ void copy_rows(const emf_blend_tile &t, int64_t part, int64_t parts) {
     }
 }
 
+/* Converts a row; returns how many of its blended values are NaN or infinite (what the model returned: the
+ * weights are finite and positive). */
 template <typename Out, typename Convert>
-inline void finish_row(const double *__restrict s, double tzy, const double *__restrict tx, Out *__restrict o,
-                       int64_t n, Convert convert) {
-    for (int64_t x = 0; x < n; ++x) o[x] = convert(s[x] / (tzy * tx[x]));
+inline int64_t finish_row(const double *__restrict s, double tzy, const double *__restrict tx, Out *__restrict o,
+                          int64_t n, Convert convert) {
+    int64_t non_finite = 0;
+    for (int64_t x = 0; x < n; ++x) {
+        const double v = s[x] / (tzy * tx[x]);
+        non_finite += !(v - v == 0.0); /* NaN and infinity give NaN */
+        o[x] = convert(v);
+    }
+    return non_finite;
 }
 
 template <typename Out, typename Convert>
-void finish(const double *sums, const double *tz, const double *ty, const double *tx, double count,
-            int64_t channels, const int64_t n[3], Out *out, Convert convert) {
+int64_t finish(const double *sums, const double *tz, const double *ty, const double *tx, double count,
+               int64_t channels, const int64_t n[3], Out *out, Convert convert) {
     const int64_t plane = n[1] * n[2], voxels = n[0] * plane;
+    int64_t non_finite = 0;
     for (int64_t z = 0; z < n[0]; ++z) {
         for (int64_t y = 0; y < n[1]; ++y) {
             const double tzy = (count * tz[z]) * ty[y];
             for (int64_t c = 0; c < channels; ++c) {
                 const int64_t row = c * voxels + z * plane + y * n[2];
-                finish_row(sums + row, tzy, tx, out + row, n[2], convert);
+                non_finite += finish_row(sums + row, tzy, tx, out + row, n[2], convert);
             }
         }
     }
+    return non_finite;
 }
 
 }  // namespace
@@ -146,18 +156,18 @@ int emf_blend_tiles(const emf_blend_tile *tiles, int64_t count, int64_t part, in
 }
 
 int emf_blend_finish(const double *sums, const double *tz, const double *ty, const double *tx, double count,
-                     int64_t channels, const int64_t shape[3], emf_dtype out_dtype, void *out) {
+                     int64_t channels, const int64_t shape[3], emf_dtype out_dtype, void *out, int64_t *non_finite) {
     switch (out_dtype) {
         case EMF_FLOAT32:
-            finish(sums, tz, ty, tx, count, channels, shape, static_cast<float *>(out),
+            *non_finite = finish(sums, tz, ty, tx, count, channels, shape, static_cast<float *>(out),
                    [](double v) { return static_cast<float>(v); });
             return EMF_OK;
         case EMF_FLOAT16:
-            finish(sums, tz, ty, tx, count, channels, shape, static_cast<uint16_t *>(out),
+            *non_finite = finish(sums, tz, ty, tx, count, channels, shape, static_cast<uint16_t *>(out),
                    [](double v) { return emf_half::double_to_half(v); });
             return EMF_OK;
         case EMF_UINT8:
-            finish(sums, tz, ty, tx, count, channels, shape, static_cast<uint8_t *>(out), [](double v) {
+            *non_finite = finish(sums, tz, ty, tx, count, channels, shape, static_cast<uint8_t *>(out), [](double v) {
                 const double clipped = v > 1.0 ? 1.0 : (v >= 0.0 ? v : 0.0); /* NaN -> 0 */
                 return static_cast<uint8_t>(std::nearbyint(clipped * 255.0));
             });

@@ -733,10 +733,48 @@ def test_uint8_outputs_count_nan_among_the_values_clipped(tmp_path, volume):
     settings = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT, chunks=(8, 16, 16), block=(8, 16, 16))
     with pytest.warns(SaturationWarning, match=r"of them NaN, written as 0") as warned:
         ef.predict(with_nan, volume, tmp_path / "p.zarr/nan", dtype="uint8", **settings)
-    nan = np.isnan(_read(ef.predict(with_nan, volume, tmp_path / "p.zarr/float", **settings).path))
+    with pytest.warns(ef.NonFiniteWarning):  # the same NaN in a float output
+        nan = np.isnan(_read(ef.predict(with_nan, volume, tmp_path / "p.zarr/float", **settings).path))
     assert nan.any() and (_read(tmp_path / "p.zarr/nan")[nan] == 0).all()
     counted = int(re.search(r"\(\d+ of \d+, (\d+) of them NaN", str(warned[0].message)).group(1))
     assert counted == nan.sum()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("engine", ["local", "dask"])
+def test_float_outputs_with_nan_or_infinity_from_the_model_warn_once(tmp_path, volume, dtype, engine):
+    """NaN and infinity from the model are written as they are, and one NonFiniteWarning counts them (they went
+    unsaid); a float16 overflow of a finite value (documented as infinity) is not the model's."""
+    import contextlib
+    from emfast.inference import NonFiniteWarning
+
+    def with_non_finite(batch):
+        out = crop(batch).copy()
+        out[:, :, 0, 0] = np.nan
+        out[:, :, 0, 1] = np.inf
+        out[:, :, 1] *= 70000  # past float16's range, finite
+        return out
+
+    settings = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT, chunks=(8, 16, 16), block=(8, 16, 16))
+    with pytest.warns(NonFiniteWarning):
+        expected = np.count_nonzero(~np.isfinite(_read(ef.predict(with_non_finite, volume, tmp_path / "p.zarr/f32",
+                                                                  **settings).path)))
+    with contextlib.ExitStack() as stack:
+        client = None
+        if engine == "dask":
+            distributed = pytest.importorskip("distributed")
+            cluster = stack.enter_context(distributed.LocalCluster(
+                n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None, silence_logs=40))
+            client = stack.enter_context(distributed.Client(cluster))
+        with pytest.warns(NonFiniteWarning) as warned:
+            ef.predict(with_non_finite, volume, tmp_path / "p.zarr/p", client=client, dtype=dtype, **settings)
+    assert len([w for w in warned if w.category is NonFiniteWarning]) == 1  # once per run, not once per block
+    assert 0 < expected < volume.size and str(warned[0].message) == (
+        f"{expected} of the {volume.size} values written to {tmp_path / 'p.zarr/p'} are NaN or infinite: the model "
+        "returned them, and they were written as they are")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # finite: no warning
+        ef.predict(crop, volume, tmp_path / "p.zarr/fine", dtype=dtype, **settings)
 
 
 def test_resuming_with_an_array_input_that_changed_is_refused(tmp_path, volume):

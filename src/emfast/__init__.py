@@ -20,7 +20,7 @@ from .augment import (Artifacts, Augmentation, Blur, Contrast, Elastic, Gamma, I
                       MissingSection, Noise, Rotate, Scale, Slip, Transpose)
 from .io import CorruptChunkError, DatasetNotFoundError, StoreMetadataError, Volume, VolumeTooLargeError, hdf5
 from .io import open_volume as open
-from .inference import Prediction, SaturationWarning, predict
+from .inference import NonFiniteWarning, Prediction, SaturationWarning, predict
 from .pipeline import (BackPressureWarning, Batch, BatchReleasedError, InsufficientMemoryError, Loader,
                        MissingFieldError, ProfileReport, SlotsExhaustedError)
 from .sampling import Balanced, Dataset, Masked, Sample, Tiled, Uniform
@@ -61,6 +61,7 @@ __all__ = [
     "ProfileReport",
     "Rotate",
     "Sample",
+    "NonFiniteWarning",
     "SaturationWarning",
     "Scale",
     "Slip",

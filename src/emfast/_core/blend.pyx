@@ -41,7 +41,8 @@ cdef extern from "blend.h" nogil:
         int64_t item_size
     int emf_blend_tiles(const emf_blend_tile *tiles, int64_t count, int64_t part, int64_t parts)
     int emf_blend_finish(const double *sums, const double *tz, const double *ty, const double *tx, double count,
-                         int64_t channels, const int64_t *shape, emf_dtype out_dtype, void *out)
+                         int64_t channels, const int64_t *shape, emf_dtype out_dtype, void *out,
+                         int64_t *non_finite)
 
 
 cdef tuple _axis_weights(weights, tuple shape, str name):
@@ -170,8 +171,8 @@ cdef class TileBlends:
 
 def blend_finish(sums, totals, double count, out):
     """``out = sums / (count * tz * ty * tx)`` (``totals`` = (tz, ty, tx), multiplied in that order) converted to
-    ``out.dtype``: float32, float16 (rounded once, as NumPy rounds float64), or uint8 (``rint(clip(x, 0, 1) * 255)``, NaN to 0);
-    C-contiguous (C, z, y, x) sums and out."""
+    ``out.dtype``: float32, float16 (rounded once, as NumPy rounds float64), or uint8 (``rint(clip(x, 0, 1) * 255)``,
+    NaN to 0); C-contiguous (C, z, y, x) sums and out. Returns how many of the values were NaN or infinite."""
     sums = writeable_array(sums, "sums")
     out = writeable_array(out, "out")
     if sums.dtype != np.float64 or sums.ndim != 4 or out.shape != sums.shape:
@@ -190,7 +191,8 @@ def blend_finish(sums, totals, double count, out):
     cdef const double *c_tx = <const double *> cnp.PyArray_DATA(<cnp.ndarray> tx)
     cdef void *c_out = cnp.PyArray_DATA(<cnp.ndarray> out)
     cdef int status
+    cdef int64_t non_finite = 0
     with nogil:
-        status = emf_blend_finish(c_sums, c_tz, c_ty, c_tx, count, channels, shape, c_dtype, c_out)
+        status = emf_blend_finish(c_sums, c_tz, c_ty, c_tx, count, channels, shape, c_dtype, c_out, &non_finite)
     check_status(status, "blend_finish")
-    return out
+    return non_finite

@@ -14,14 +14,14 @@ import warnings
 from ._blend import BLENDS
 from ._memory import CACHE_SHARE, input_cache_refusal, parse_memory
 from ._model import ModelOutputError, require_torch
-from ._predict import CHUNK_EDGE, Prediction, PredictProgress, SaturationWarning, predict
+from ._predict import CHUNK_EDGE, NonFiniteWarning, Prediction, PredictProgress, SaturationWarning, predict
 from ._store import COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, BlockWriteError, OutputExistsError
 from ._tiling import Block, TilePlan
 from ._tta import TTA_COUNTS
 
 __all__ = ["BLENDS", "CACHE_SHARE", "COMPRESSIONS", "PREDICT_OUTPUT_DTYPE_NAMES", "TTA_COUNTS", "Block",
            "BlockWriteError", "ModelOutputError", "OutputExistsError", "Prediction", "PredictProgress",
-           "SaturationWarning", "TilePlan", "input_cache_refusal", "predict", "require_torch"]
+           "NonFiniteWarning", "SaturationWarning", "TilePlan", "input_cache_refusal", "predict", "require_torch"]
 
 
 def __getattr__(name: str):

@@ -56,9 +56,9 @@ class BlockPredictor:
         self.variants, self.scale, self.shift = variants, scale, shift
         self.pad, self.fill, self.batch_size, self.dtype = pad, fill, batch_size, np.dtype(dtype)
         self.channels: Optional[int] = None  # learned from the first prediction, then enforced
-        #: uint8 outputs: values computed, values outside [0, 1] or NaN that the conversion clipped to 0 or 255
-        #: (NaN to 0), and of those the NaN.
-        self.values = self.clipped = self.nans = 0
+        #: Values computed; uint8 outputs: values outside [0, 1] or NaN that the conversion clipped to 0 or 255
+        #: (NaN to 0), and of those the NaN; float outputs: values NaN or infinite (written as they are).
+        self.values = self.clipped = self.nans = self.non_finite = 0
         self._pool = _Pool()
 
     def __getstate__(self) -> dict:
@@ -422,7 +422,11 @@ class BlockRun:
             totals = predictor.weights.totals(self.block)
             if predictor.dtype == np.uint8:
                 predictor._count_clipped(sums, totals)
-            return blend_finish(sums, totals, len(predictor.variants), result)
+            non_finite = blend_finish(sums, totals, len(predictor.variants), result)
+            if predictor.dtype != np.uint8:
+                predictor.values += size
+                predictor.non_finite += non_finite
+            return result
         finally:
             self.release()
 

@@ -27,19 +27,20 @@ def dask_missing() -> Optional[str]:
 
 def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset: str, kind: str) -> tuple:
     """One Dask task: compute, write and flag ``block``; returns the tiles it computed, the values it computed,
-    those it clipped and the NaN among them.
+    those it clipped and the NaN among them, and those NaN or infinite in a float output.
 
     The task counts on its own copy of the worker's predictor (which shares its kept tiles, model and volume):
     tasks running at once on one worker's threads each counted the others' tiles too."""
     task = object.__new__(BlockPredictor)  # not copy.copy: that would pickle its way to a new, empty _Pool
-    task.__dict__.update(predictor.__dict__, tiles_computed=0, values=0, clipped=0, nans=0)
+    task.__dict__.update(predictor.__dict__, tiles_computed=0, values=0, clipped=0, nans=0,
+                         non_finite=0)
     result = task.compute(block, task.read(block))
     store = OutputStore.reopen(Path(container), dataset, kind)
     try:
         write_block(store, block, result, task.plan.grid)
     finally:
         store.close()
-    return task.tiles_computed, task.values, task.clipped, task.nans
+    return task.tiles_computed, task.values, task.clipped, task.nans, task.non_finite
 
 
 def _phase(block: Block, grid) -> tuple:
@@ -53,7 +54,7 @@ def _phase(block: Block, grid) -> tuple:
 def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List[Block],
              progress: Optional[Callable[[Block], None]]) -> None:
     """Run ``blocks`` as tasks on ``client``'s cluster; the first failed task cancels the rest and is raised.
-    The tasks' counts of tiles computed and of clipped values are added to ``predictor``'s. Kept tiles stay until
+    The tasks' counts of tiles computed and of clipped or non-finite values are added to ``predictor``'s. Kept tiles stay until
     the prediction completes (a tile two blocks need at the same moment is computed by both, which the order of
     the tasks makes rare)."""
     from distributed import as_completed
@@ -65,11 +66,12 @@ def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List
     by_key = {future.key: block for future, block in zip(futures, blocks)}
     try:
         for future in as_completed(futures):
-            tiles, values, clipped, nans = future.result()
+            tiles, values, clipped, nans, non_finite = future.result()
             predictor.tiles_computed += tiles
             predictor.values += values
             predictor.clipped += clipped
             predictor.nans += nans
+            predictor.non_finite += non_finite
             if progress is not None:
                 progress(by_key[future.key])
     finally:

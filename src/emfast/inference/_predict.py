@@ -41,6 +41,10 @@ class SaturationWarning(UserWarning):
     """A uint8 prediction clipped values outside [0, 1] (a model returning logits, say), or wrote NaN as 0."""
 
 
+class NonFiniteWarning(UserWarning):
+    """A float32 or float16 prediction holds NaN or infinite values: the model returned them."""
+
+
 @dataclass(frozen=True)
 class Prediction:
     """What :func:`predict` did.
@@ -273,6 +277,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     -----
     SaturationWarning
         ``dtype="uint8"`` clipped values outside [0, 1].
+    NonFiniteWarning
+        A float output holds NaN or infinite values the model returned (counted in the blocks this run wrote).
 
     Raises
     ------
@@ -416,6 +422,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                 if bar is not None:
                     bar.finish()  # an error's message starts on a line of its own
         _warn_if_clipped(predictor, out)
+        _warn_if_not_finite(predictor, out)
         failed = False
     finally:
         with ctrl_c_held():  # no thread outlives predict, after an error or Ctrl-C too
@@ -459,6 +466,14 @@ def _warn_if_clipped(predictor: BlockPredictor, out) -> None:
             f"{fraction:.1%} of the values written to {out} ({predictor.clipped} of {predictor.values}{nans}) were "
             "outside [0, 1] and were clipped to 0 or 255 by dtype='uint8'; if the model returns logits, apply a "
             "sigmoid in the model, or predict with dtype='float32'"), stacklevel=3)
+
+
+def _warn_if_not_finite(predictor: BlockPredictor, out) -> None:
+    """One NonFiniteWarning for the run if its float output holds any NaN or infinity."""
+    if predictor.non_finite:
+        warnings.warn(NonFiniteWarning(
+            f"{predictor.non_finite} of the {predictor.values} values written to {out} are NaN or infinite: the "
+            "model returned them, and they were written as they are"), stacklevel=3)
 
 
 def _check_room_for(blocks, bytes_per_voxel: int, container) -> None:
