@@ -123,6 +123,10 @@ def test_paths_as_users_write_them_elsewhere(tmp_path, raw, monkeypatch):
     with pytest.raises(TypeError, match="got a numpy.ndarray: pass the path .* or an array in memory to "
                                         "emfast.Volume.from_array"):
         ef.open(raw)
+    with pytest.raises(FileNotFoundError, match="~nosuchuser0/s.zarr"):  # not "could not determine home directory"
+        ef.open("~nosuchuser0/s.zarr/raw")
+    with pytest.raises(ValueError, match="file:// URL names a local path .* not one on host 'rel'"):
+        ef.open("file://rel/s.zarr/raw")  # as tensorstore refuses it, not /s.zarr
 
 
 def test_gunpowder_attributes_align_labels_without_arguments(tmp_path, rng, raw):

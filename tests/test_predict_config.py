@@ -87,6 +87,17 @@ def test_check_accepts_the_predict_only_config_that_predict_runs(folder, capsys)
     assert (folder / "factory-called").exists() and (folder / "out.zarr").is_dir()
 
 
+@pytest.mark.parametrize("input_", ["{file: FOLDER/in.h5, dataset: /raw}", "'file://FOLDER/in.h5/raw'",
+                                    "{file: 'file://localhost/FOLDER/in.h5', dataset: raw}", "~/in.h5/raw"])
+def test_the_input_as_users_write_paths_elsewhere(folder, capsys, monkeypatch, input_):
+    """An HDF5 dataset named with its leading "/" (as h5py names it; it replaced the file's path), cloud-volume's
+    and tensorstore's file:// URLs (read as a path relative to the config), and ~."""
+    monkeypatch.setenv("HOME", str(folder))
+    path = _config(folder, PREDICT.replace("{file: in.h5, dataset: raw}", input_.replace("FOLDER", str(folder))))
+    assert main(["predict", str(path)]) == 0, capsys.readouterr().err
+    assert (folder / "out.zarr" / "pred").is_dir()
+
+
 def test_check_of_a_training_config_with_a_predict_section_checks_both(folder, capsys):
     text = PREDICT.replace("nets:load", "nets:lod") + "data: {samples: [{file: in.h5, raw: raw}]}\n" \
                                                       "loader: {patch: [8, 16, 16]}\n"

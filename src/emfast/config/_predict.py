@@ -281,7 +281,7 @@ class PredictSpec:
             return str(self.input)
         if isinstance(self.input, str):  # a remote store's URL: its dataset is a key below it
             return f"{self.input.rstrip('/')}/{self.dataset.lstrip('/')}"
-        return str(self.input / self.dataset)
+        return str(self.input / self.dataset.lstrip("/"))  # "/raw" is inside the file, as HDF5 names it
 
     def run(self, *, resume: bool = False, overwrite: bool = False, progress=True, cache_dir=None) -> Prediction:
         """Run the prediction; a Dask engine gets a client for the run's duration."""

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 
-from ..io import is_url
+from ..io import is_url, local_path
 from ..pipeline import LOADER_SETTINGS, NORMALIZE_MODES, PATCH_KEYS, Loader
 from .._checks import concerned_key
 from .._registry import lookup
@@ -50,7 +50,10 @@ def _file(reader: Reader, value, path: Path_) -> Union[Path, Builtin, str]:
     text = reader.string(value, path)
     if is_url(text):  # a remote store (s3://, gs://, http(s)://), kept as its URL
         return text
-    file = Path(text).expanduser()
+    try:
+        file = local_path(text)  # ~ and file:// URLs, as emfast.open reads them
+    except ValueError as error:
+        raise reader.error(path, str(error)) from None
     return (file if file.is_absolute() else reader.base / file).resolve()
 
 

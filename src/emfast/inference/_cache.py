@@ -61,6 +61,9 @@ class TileCache:
         if resume and self._record() == wanted:
             return
         self.remove()
+        if self.folder.exists():  # an earlier prediction's, which could not be removed: never taken for this one's
+            raise FileExistsError(f"{self.folder} holds the kept tiles of an earlier prediction and could not be "
+                                  "removed; delete it yourself")
         self.folder.mkdir(parents=True)
         (self.folder / RECORD_FILE).write_text(wanted)
 
@@ -133,13 +136,15 @@ class TileCache:
         with self._lock:
             self._held.clear()
             self._held_bytes = 0
-        remove_leftovers(self.folder)
+        aside = self.folder.parent / f"{self.folder.name}.emfast-removing"
+        remove_leftovers(aside)
         if self.folder.is_dir() and not self.folder.is_symlink() and (self.folder / RECORD_FILE).is_file():
             try:
-                remove_folder(self.folder)  # whole or not at all: half of it would not be known for emfast's
-            except OSError as error:  # the prediction is written: a folder left behind loses nothing
-                warnings.warn(f"could not remove the kept tiles at {self.folder} ({error}); delete it yourself",
-                              stacklevel=2)
-        elif self.folder.exists() or self.folder.is_symlink():
+                remove_folder(self.folder, aside)  # whole or not at all: half of it would not be known for emfast's
+            except OSError as error:  # kept tiles are scratch: what cannot be deleted loses nothing, and is told
+                warnings.warn(f"could not remove the kept tiles of {self.folder.name} ({error}); delete it "
+                              "yourself", stacklevel=2)
+            return
+        if self.folder.exists() or self.folder.is_symlink():
             raise FileExistsError(f"{self.folder} exists and was not made by emfast predict; emfast keeps shared "
                                   "tiles there: move it away")

@@ -17,13 +17,14 @@ from ._formats import Contents, Listed, VolumeFormat, formats
 from ._n5 import N5Source
 from ._open import contents, open_source, open_volume, split_path
 from ._outputs import (OutputLock, add_ome_multiscales, array_fingerprint, check_free_space, check_output_location,
-                       command_line_options, fingerprint, option, remove_folder, remove_leftovers, zarr_geometry)
+                       command_line_options, fingerprint, option, remove_folder, remove_leftovers, set_aside,
+                       zarr_geometry)
 from ._precomputed import PrecomputedSource, tensorstore_missing
 from ._progress import WIDTH, ProgressBar, plural
 from ._pyramid import DOWNSAMPLING
 from ._remote import ReadAbandoned, RemoteReadError, RemoteStore, abandoned_when, is_url
 from ._source import (CorruptChunkError, DatasetNotFoundError, LevelChoiceError, Stamp, StoreMetadataError,
-                      VolumeSource)
+                      VolumeSource, local_path)
 from ._volume import ASARRAY_LIMIT_BYTES, Volume, VolumeTooLargeError, as_volume
 from ._zarr import ZarrSource, import_zarr, zarr_missing
 from ._writer import COMPRESSIONS, OutputWriter, check_compression, compared_record, parse_output, zarr_compressor
@@ -76,6 +77,7 @@ __all__ = [
     "import_zarr",
     "is_url",
     "list_datasets",
+    "local_path",
     "make_em_volume",
     "open_hdf5",
     "open_source",
@@ -84,6 +86,7 @@ __all__ = [
     "progress_bar",
     "remove_folder",
     "remove_leftovers",
+    "set_aside",
     "split_path",
     "tensorstore_missing",
     "volume_statistics",

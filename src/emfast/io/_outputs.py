@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import stat
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
@@ -270,7 +271,7 @@ def remove_zarr_output(container: Path, dataset: str, lock: "OutputLock", delete
     if folder.is_symlink():
         raise NotOwnOutputError(f"{folder} is a symbolic link; emfast replaces only arrays it wrote, never links")
     if delete:
-        remove_leftovers(folder)
+        remove_leftovers(set_aside(container, dataset))
     if not folder.exists():
         return
     metadata = _zarr_metadata(folder)
@@ -282,28 +283,46 @@ def remove_zarr_output(container: Path, dataset: str, lock: "OutputLock", delete
         raise NotOwnOutputError(f"{folder} exists and was not written by emfast (it has no emfast record); emfast "
                                 "replaces only its own outputs: delete it yourself or choose another output")
     if delete:
-        remove_folder(folder)
+        remove_folder(folder, set_aside(container, dataset))
 
 
-def remove_folder(folder: Path) -> None:
+def remove_folder(folder: Path, aside: Path) -> None:
     """Delete ``folder`` so that a kill leaves it whole or gone, never half of it (which could no longer be told
-    for emfast's): renamed aside first, then deleted; what a killed deletion left aside goes with the next call
-    for the same folder, or :func:`remove_leftovers`."""
-    remove_leftovers(folder)
-    aside = _aside(folder)
-    os.rename(folder, aside)
-    shutil.rmtree(aside)
+    for emfast's): renamed beside ``aside`` first (``aside`` plus a unique suffix; outside any zarr group, where
+    readers would list it: see :func:`set_aside`), then deleted; what a killed deletion left there goes with the
+    next call, or :func:`remove_leftovers`. Where the rename cannot be made (``aside`` on another file system)
+    the folder is deleted in place. An OSError names what is left."""
+    remove_leftovers(aside)
+    moved = aside.with_name(f"{aside.name}-{uuid.uuid4().hex[:12]}")
+    try:
+        os.rename(folder, moved)
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+        moved = folder
+    try:
+        shutil.rmtree(moved)
+    except OSError as error:
+        raise OSError(error.errno, f"could not delete {moved}: {error.strerror or error}") from error
 
 
-def remove_leftovers(folder: Path) -> None:
-    """Delete what a killed :func:`remove_folder` of ``folder`` left aside, if anything."""
-    aside = _aside(folder)
-    if aside.is_dir() and not aside.is_symlink():
-        shutil.rmtree(aside)
+def remove_leftovers(aside: Path) -> None:
+    """Delete what killed :func:`remove_folder` calls left beside ``aside``, as far as they can be (what cannot be
+    stays, in nobody's way: each removal moves its folder to a name of its own)."""
+    prefix = f"{aside.name}-"
+    try:
+        entries = list(aside.parent.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name.startswith(prefix) and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
 
 
-def _aside(folder: Path) -> Path:
-    return folder.parent / f".{folder.name}.emfast-removing"
+def set_aside(container: Path, dataset: str) -> Path:
+    """Where :func:`remove_folder` moves the zarr array ``container/dataset`` before deleting it: beside the
+    container, as ``.CONTAINER.DATASET.emfast-removing`` (inside it, zarr and ``emfast info`` would list it)."""
+    return container.parent / f".{container.name}.{dataset.strip('/').replace('/', '.')}.emfast-removing"
 
 
 def _zarr_metadata(folder: Path) -> Optional[dict]:

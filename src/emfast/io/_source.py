@@ -126,8 +126,15 @@ def local_path(path: Union[str, os.PathLike]) -> Path:
                         f"pass {hint}")
     text = os.fspath(path)
     if isinstance(text, str) and text.lower().startswith("file://"):
-        text = unquote(urlsplit(text).path)
-    return Path(text).expanduser()
+        url = urlsplit(text)
+        if url.netloc not in ("", "localhost"):
+            raise ValueError(f"{text}: a file:// URL names a local path (file:///path or file://localhost/path), "
+                             f"not one on host {url.netloc!r}")
+        text = unquote(url.path)
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:  # ~user of no such user: the path as written, which is then not found
+        return Path(text)
 
 
 def require_kind(path: Path, expected: str, what: str) -> None:

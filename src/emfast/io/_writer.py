@@ -30,7 +30,7 @@ from ._hdf5 import open_hdf5
 from ._open import split_path
 from ._outputs import (NotOwnOutputError, OutputLock, add_ome_multiscales, check_zarr_container, input_changed,
                        open_hdf5_for_writing, option, remove_folder, remove_hdf5_output, remove_leftovers,
-                       remove_partial_files, remove_zarr_output, zarr_geometry, zarr_store_format)
+                       remove_partial_files, remove_zarr_output, set_aside, zarr_geometry, zarr_store_format)
 
 #: Output codecs, for zarr; HDF5 takes gzip and none.
 COMPRESSIONS = ("zstd", "blosc", "gzip", "none")
@@ -214,7 +214,7 @@ class OutputWriter:
                 check_resume(previous)
             if self.kind == "zarr":  # what a run killed while deleting a companion left aside (not the output)
                 for name in (self.dataset, *companions):
-                    remove_leftovers(self.container / name)
+                    remove_leftovers(set_aside(self.container, name))
             if previous.get("complete"):  # nothing is left to write: the output stays exactly as it is
                 self.array = self.node(self.dataset)
                 return previous
@@ -350,7 +350,7 @@ class OutputWriter:
         """Delete the companion ``name`` (zarr: whole or not at all, see :func:`remove_folder`), opening the
         container to write if it was opened to check."""
         if self.kind == "zarr":
-            remove_folder(self.container / name)
+            remove_folder(self.container / name, set_aside(self.container, name))
             return
         self._writable()
         del self.root[name]
