@@ -221,3 +221,17 @@ def test_names_resolve_for_config_files():
     resolved = resolve(["gamma", "contrast", "noise", "blur"], isotropic=False)
     assert [type(a) for a in resolved] == [ei.Gamma, ei.Contrast, ei.Noise, ei.Blur]
     assert all(a.pixelwise for a in resolved)
+
+
+def test_intensity_comes_first_wherever_it_is_in_the_list():
+    """README: pixel-wise augmentations run in list order, except Intensity, folded into the crop's
+    normalisation: a missing section is at its fill value, not scaled and shifted, whichever comes first in the
+    list (the draws differ with the order)."""
+    import emfast as ef
+    raw = np.random.default_rng(3).integers(0, 256, (16, 32, 32), dtype=np.uint8)
+    for augment in ([ef.Intensity(0.5, 0.5), ef.MissingSection(p=0.5, fill=0.25)],
+                    [ef.MissingSection(p=0.5, fill=0.25), ef.Intensity(0.5, 0.5)]):
+        with ef.Loader(raw, patch=(8, 16, 16), batch_size=8, augment=augment, seed=4) as loader:
+            batch = loader.next_batch()["raw"]
+            filled = (batch == np.float32(0.25)).all(axis=(-2, -1))
+            assert filled.any() and not filled.all()  # some sections were filled, at the fill value itself
