@@ -180,6 +180,41 @@ def test_tile_plan_covers_the_roi_and_blocks_own_whole_chunks():
     assert covered[roi].min() == 1 and covered.sum() == covered[roi].size
 
 
+def test_a_small_roi_of_a_huge_volume_is_planned_and_resumed_by_its_own_blocks(tmp_path, monkeypatch):
+    """A 490k-voxel roi far out in a (7000, 250000, 250000) volume: planning walked every block of the volume
+    (4.2e8, about 21 minutes) and a resume of the finished output listed them all; both now go by the roi's.
+    The volume is a zarr array with only the roi's chunks written."""
+    shape, roi = (7000, 250000, 250000), ((5989, 199879, 239939), (6034, 199972, 240056))
+    plan = TilePlan(shape, (16, 40, 40), (8, 24, 24), (2, 6, 6), (64, 128, 128), roi)
+    visited = []
+    monkeypatch.setattr(np, "ndindex", lambda *grid: visited.append(grid) or iter(()))  # the whole grid's walk
+    blocks = plan.blocks()
+    monkeypatch.undo()
+    assert not visited and len(blocks) == 2 * 2 * 2 and np.prod(plan.grid) > 4e8
+    covered = sum(int(np.prod(np.subtract(b.stop, b.start))) for b in blocks)
+    assert covered == int(np.prod(np.subtract(roi[1], roi[0])))
+    volume = zarr.create_array(str(tmp_path / "in.zarr"), shape=shape, chunks=(64, 128, 128), dtype=np.uint8,
+                               fill_value=0)
+    data = np.random.default_rng(1).integers(0, 256, (64, 256, 256), dtype=np.uint8)
+    volume[5952:6016 + 64, 199808:199808 + 256, 239872:239872 + 256] = np.concatenate([data, data])
+    settings = dict(patch_in=(16, 40, 40), patch_out=(8, 24, 24), roi=roi, chunks=(64, 128, 128), blend="none")
+    first = ef.predict(crop_model(16, 40, 40, 8, 24, 24), str(tmp_path / "in.zarr"), tmp_path / "out.zarr/p",
+                       **settings)
+    again = ef.predict(crop_model(16, 40, 40, 8, 24, 24), str(tmp_path / "in.zarr"), tmp_path / "out.zarr/p",
+                       resume=True, **settings)
+    assert (first.blocks, first.computed, again.computed) == (8, 8, 0)
+    written = zarr.open_array(str(tmp_path / "out.zarr/p"))[(0,) + tuple(slice(a, b) for a, b in zip(*roi))]
+    expected = volume[tuple(slice(a, b) for a, b in zip(*roi))].astype(np.float32) * np.float32(1 / 255)
+    np.testing.assert_array_equal(written, expected)
+
+
+def crop_model(*shapes):
+    """The centre patch_out of each patch_in tile: a network of valid convolutions' shapes."""
+    pin, pout = shapes[:3], shapes[3:]
+    cut = tuple(slice((i - o) // 2, (i - o) // 2 + o) for i, o in zip(pin, pout))
+    return lambda batch: batch[(slice(None), slice(None)) + cut]
+
+
 def _interrupting(model, calls, error):
     count = [0]
 

@@ -295,6 +295,30 @@ def test_close_returns_promptly_while_requests_hang(written, served, name):
     assert threads_end()
 
 
+def test_a_prediction_ends_promptly_on_an_error_while_its_reads_hang(written, served, tmp_path):
+    """The model fails while a reader waits for a chunk the server holds: predict raised the model's error only
+    once the read gave up (after every retry: 184 s in a helper's Ctrl-C run), as it waited for its readers;
+    reads in flight are now abandoned, as a closing loader abandons its own."""
+    raised = []
+
+    def model(batch):
+        if not raised:  # from now on every chunk request hangs: the reads ahead of the model wait
+            served.faults["/v3.zarr/c/"] = ["hang"] * 1000
+            raised.append(time.monotonic())
+            return batch
+        time.sleep(0.5)  # a read of a block ahead is in flight
+        raised.append(time.monotonic())
+        raise RuntimeError("model failed")
+
+    volume = ef.open(f"{served.url}/v3.zarr", in_memory=False, storage_options={"timeout": 60})
+    with pytest.raises(RuntimeError, match="model failed"):
+        ef.predict(model, volume, tmp_path / "p.zarr/p", patch_in=(4, 8, 8), blend="none", chunks=(4, 8, 8),
+                   block=(4, 8, 8), threads=2)
+    assert time.monotonic() - raised[-1] < 5
+    volume.close()
+    assert threads_end()
+
+
 def test_profile_reports_fetch_apart_from_decode(served):
     served.latency = 0.03
     try:

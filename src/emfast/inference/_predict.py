@@ -398,7 +398,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         record = _record(volume, caller, plan, settings, digest)
         with OutputLock(container) as lock:
             store, finished = OutputStore.prepare(out, shape, dtype, plan.chunks, compression, plan.grid, record,
-                                                  attributes, resume, overwrite, lock)
+                                                  attributes, resume, overwrite, lock, plan.block_box())
             bar = _PredictBar(len(blocks)) if progress is True else None
             try:
                 todo = [b for b in blocks if b.index not in finished]

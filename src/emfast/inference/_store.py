@@ -59,10 +59,11 @@ class OutputStore:
 
     @classmethod
     def prepare(cls, out, shape, dtype: str, chunks, compression: str, grid, record: dict, attributes: dict,
-                resume: bool, overwrite: bool, lock: OutputLock) -> Tuple["OutputStore", Set[int]]:
-        """Create the output, or open it to resume; returns the store and the blocks already finished. The
-        caller holds ``lock``, the output's :class:`~emfast.io._outputs.OutputLock`. ``attributes`` may hold the
-        input's ``resolution`` and ``offset`` (z, y, x nm), written in every convention the field reads.
+                resume: bool, overwrite: bool, lock: OutputLock, box) -> Tuple["OutputStore", Set[int]]:
+        """Create the output, or open it to resume; returns the store and the blocks already finished among
+        those of ``box``, the (first, end) grid positions of the blocks the prediction covers. The caller holds
+        ``lock``, the output's :class:`~emfast.io._outputs.OutputLock`. ``attributes`` may hold the input's
+        ``resolution`` and ``offset`` (z, y, x nm), written in every convention the field reads.
 
         Raises
         ------
@@ -87,7 +88,7 @@ class OutputStore:
             if previous is None:
                 return store, set()
             store.resumed = True
-            return store, store._finished(grid, previous.get("complete", False))
+            return store, store._finished(grid, previous.get("complete", False), box)
         except BaseException:
             store.close()
             raise
@@ -109,11 +110,15 @@ class OutputStore:
             raise OutputExistsError(f"{self.path} is an unfinished prediction without its record of finished "
                                     f"blocks ({self.flags_name}); pass {option('overwrite')} to start again")
 
-    def _finished(self, grid, complete: bool) -> Set[int]:
+    def _finished(self, grid, complete: bool, box) -> Set[int]:
+        """The blocks of ``box`` finished: their flags are read, not the whole grid's (a small roi of a huge
+        volume has few of its 10^8 blocks)."""
         self._flags = self._writer.node(self.flags_name)
-        if complete:
-            return set(range(int(np.prod(grid))))
-        return set(int(i) for i in np.flatnonzero(self._flags[...]))
+        first, end = (np.asarray(corner) for corner in box)
+        positions = np.stack(np.meshgrid(*(np.arange(a, b) for a, b in zip(first, end)), indexing="ij"), axis=-1)
+        if not complete:
+            positions = positions[self._flags[tuple(slice(a, b) for a, b in zip(first, end))].astype(bool)]
+        return set(np.ravel_multi_index(positions.reshape(-1, 3).T, tuple(grid)).tolist())
 
     def write(self, start, data: np.ndarray) -> None:
         """Write ``data`` (channels, z, y, x) with its first voxel at ``start``; in HDF5, flushed to the file

@@ -13,6 +13,7 @@ it and keeps its prediction for the others (see :mod:`~emfast.inference._cache`)
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import List, Sequence, Tuple
 
@@ -160,14 +161,18 @@ class TilePlan:
         return tuple(np.sum([self._reaches(axis, a, b) for a, b in self._axis_spans(axis)], axis=0)
                      for axis in range(3))
 
+    def block_box(self) -> Tuple[Triple, Triple]:
+        """(first, end) grid positions of the blocks the roi touches, the others being empty."""
+        return (tuple(lo // b for lo, b in zip(self.roi[0], self.block)),
+                tuple(-(-hi // b) for hi, b in zip(self.roi[1], self.block)))
+
     def blocks(self) -> List[Block]:
-        """Every non-empty block, numbered in C order of the block grid."""
+        """Every non-empty block, numbered in C order of the block grid (walking the roi's blocks only: the
+        volume may have 10^8 of them)."""
         result = []
-        for position in np.ndindex(*self.grid):
+        for position in itertools.product(*(range(a, b) for a, b in zip(*self.block_box()))):
             start = tuple(max(p * b, lo) for p, b, lo in zip(position, self.block, self.roi[0]))
             stop = tuple(min((p + 1) * b, hi) for p, b, hi in zip(position, self.block, self.roi[1]))
-            if any(a >= b for a, b in zip(start, stop)):
-                continue
             tiles = [s[self._reaches(axis, a, b)] for axis, (s, a, b) in enumerate(zip(self.starts, start, stop))]
             grid = np.stack(np.meshgrid(*tiles, indexing="ij"), axis=-1).reshape(-1, 3)
             result.append(Block(int(np.ravel_multi_index(position, self.grid)), start, stop, grid))
