@@ -139,6 +139,29 @@ def test_ctrl_c_during_the_last_tile_of_a_level_stops_before_the_next_level(tmp_
     assert ef.open(tmp_path / "out.zarr/raw/s2").shape == (4, 16, 16)
 
 
+def test_a_pyramid_keeps_its_output_locked_between_its_levels(tmp_path, monkeypatch):
+    """Each level took and let go of the container's lock: another run got in between two levels, and the
+    pyramid, which had started first, failed half way with "another emfast run is writing"."""
+    from emfast.io._outputs import OutputBusyError, OutputLock
+    data = np.random.default_rng(2).integers(0, 256, (16, 64, 64), dtype=np.uint8)
+    zarr.open_group(str(tmp_path / "in.zarr"), mode="w").create_array("raw", data=data, chunks=(4, 16, 16))
+    others = []
+    open_source = _convert.open_source
+
+    def between_levels(path, *args, **kwargs):  # the pyramid opens the level below each level after s0
+        if "out.zarr" in str(path):
+            try:
+                OutputLock(tmp_path / "out.zarr").acquire().release()
+                others.append("let in")
+            except OutputBusyError:
+                others.append("refused")
+        return open_source(path, *args, **kwargs)
+
+    monkeypatch.setattr(_convert, "open_source", between_levels)
+    convert(str(tmp_path / "in.zarr/raw"), tmp_path / "out.zarr/raw", levels=3)
+    assert others == ["refused", "refused"]  # before s1 and before s2
+
+
 def _tree(path: Path) -> dict:
     """Every file below ``path`` (or ``path`` itself) with its bytes and modification time."""
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())

@@ -12,6 +12,7 @@ tile. An existing output that is not an unfinished conversion of the same source
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -189,8 +190,10 @@ def _level_plan(full_shape, dtype, settings: dict, factor=None, rule=None):
 
 
 def _convert_level(source: VolumeSource, container: Path, dataset: str, kind: str, zarr_format: int, settings: dict,
-                   overwrite: bool, progress, factor=None, rule=None, geometry=None) -> Conversion:
-    """Write ``source`` (downsampled by ``factor`` with ``rule`` when given) to ``container/dataset``."""
+                   overwrite: bool, progress, factor=None, rule=None, geometry=None,
+                   lock: Optional[OutputLock] = None) -> Conversion:
+    """Write ``source`` (downsampled by ``factor`` with ``rule`` when given) to ``container/dataset``, under
+    ``lock`` (a pyramid's, held for all its levels) or a lock of its own."""
     full_shape, chunks, tiles = _level_plan(source.full_shape, source.dtype, settings, factor, rule)
     record = {"source": {"path": str(source.stamp.path), "dataset": source.stamp.dataset,
                          "fingerprint": fingerprint(source.stamp)},
@@ -200,7 +203,7 @@ def _convert_level(source: VolumeSource, container: Path, dataset: str, kind: st
     if factor is not None:
         record.update(downsampling=rule, factor=list(factor))
     resolution, offset = geometry or (source.resolution, source.offset)
-    with OutputLock(container) as lock:
+    with contextlib.nullcontext(lock) if lock is not None else OutputLock(container) as lock:
         writer = OutputWriter(container, dataset, kind, RECORD, refused=ConvertError, zarr_format=zarr_format)
         try:
             writer.open_to_check()
@@ -224,7 +227,16 @@ LEVEL_NAME = re.compile(r"s[0-9]+")
 def _convert_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_format: int, settings: dict,
                      factors, rule: str, overwrite: bool, progress) -> Conversion:
     """Write ``source`` as level ``s0`` of the OME-NGFF image ``container/dataset``, then each level from the one
-    below it; the image's multiscales list every level with its voxel size and offset."""
+    below it; the image's multiscales list every level with its voxel size and offset. One lock is held for the
+    whole pyramid: another writer let in between two levels would make this run fail half way."""
+    with OutputLock(container) as lock:
+        return _write_pyramid(source, container, dataset, zarr_format, settings, factors, rule, overwrite,
+                              progress, lock)
+
+
+def _write_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_format: int, settings: dict,
+                   factors, rule: str, overwrite: bool, progress, lock: OutputLock) -> Conversion:
+    """:func:`_convert_pyramid`'s work, under its ``lock``."""
     node = container / dataset
     if _is_zarr_array(node):
         raise ConvertError(f"{container}/{dataset} is an array; a pyramid's levels go into a group of that name: "
@@ -235,7 +247,8 @@ def _convert_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_f
                            "emfast writes a pyramid into a new group or one of its own; choose another output")
     stale = [path for path in listed if int(path[1:]) > len(factors)]  # levels of the image this one replaces
     if overwrite:  # every level to replace or remove emfast's own, before anything is written
-        _remove_levels(container, dataset, [f"s{level}" for level in range(len(factors) + 1)] + stale, delete=False)
+        _remove_levels(container, dataset, [f"s{level}" for level in range(len(factors) + 1)] + stale, lock,
+                       delete=False)
     shape, counts = source.full_shape, []
     for factor in [None] + list(factors):  # one progress count over every level's tiles
         shape, _, level_tiles = _level_plan(shape, source.dtype, settings, factor, rule)
@@ -246,7 +259,7 @@ def _convert_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_f
         return None if progress is None else lambda done, _: progress(before + done, sum(counts))
 
     done = _convert_level(source, container, f"{dataset}/s0", "zarr", zarr_format, settings, overwrite,
-                          progress_of(0))
+                          progress_of(0), lock=lock)
     tiles, written = done.tiles, done.written
     geometry = [(source.resolution, source.offset)]
     for level, factor in enumerate(factors, 1):
@@ -256,27 +269,27 @@ def _convert_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_f
             # funlib's offset is the corner of the first voxel, where level 0 starts; OME's translation, the
             # centre, is in geometry
             done = _convert_level(below, container, f"{dataset}/s{level}", "zarr", zarr_format, settings,
-                                  overwrite, progress_of(level), factor, rule, (geometry[-1][0], source.offset))
+                                  overwrite, progress_of(level), factor, rule, (geometry[-1][0], source.offset),
+                                  lock)
         finally:
             below.close()
         tiles, written = tiles + done.tiles, written + done.written
     if overwrite:
-        _remove_levels(container, dataset, stale, delete=True)
+        _remove_levels(container, dataset, stale, lock, delete=True)
     add_ome_pyramid(container, dataset, len(source.full_shape),
                     [(f"s{level}", *level_geometry(*g, (1, 1, 1))) for level, g in enumerate(geometry)],
                     replace=overwrite)
     return Conversion(container, tiles, written)
 
 
-def _remove_levels(container: Path, dataset: str, paths, delete: bool) -> None:
+def _remove_levels(container: Path, dataset: str, paths, lock: OutputLock, delete: bool) -> None:
     """Remove the pyramid levels ``paths`` of the image ``container/dataset`` (``delete`` False: only check that
     each is emfast's to remove); ConvertError naming one that is not."""
-    with OutputLock(container) as lock:
-        for path in paths:
-            try:
-                remove_zarr_output(container, f"{dataset}/{path}", lock, delete=delete)
-            except NotOwnOutputError as error:
-                raise ConvertError(str(error)) from None
+    for path in paths:
+        try:
+            remove_zarr_output(container, f"{dataset}/{path}", lock, delete=delete)
+        except NotOwnOutputError as error:
+            raise ConvertError(str(error)) from None
 
 
 def _is_zarr_array(node: Path) -> bool:
