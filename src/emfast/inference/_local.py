@@ -12,8 +12,9 @@ kept waiting.
 Memory stays bounded by the blocks in flight: ``threads`` inputs read ahead, one block being fed and one being
 blended or finished (their sums; the calling thread feeds no further ahead), a few batches, and at most
 :data:`WRITES_IN_FLIGHT` blocks being written, whose output buffers are reused once written. Every thread is
-joined before :func:`run_local` returns or raises (batches queued for the model are cancelled); a block being
-written when an error or Ctrl-C arrives is finished and recorded first.
+joined before :func:`run_local` returns or raises (batches queued for the model are cancelled, and reads of a
+remote input in flight abandoned); a block being written when an error or Ctrl-C arrives is finished and
+recorded first.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import numpy as np
 
 from .._machine import cores
 from .._threads import ctrl_c_held, shutdown_pool
-from ..io import check_free_space, option
+from ..io import abandoned_when, check_free_space, option
 from ._block import BlendHelpers, BlockPredictor, Carry
 from ._store import BlockWriteError, OutputStore
 from ._tiling import Block
@@ -122,6 +123,11 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
     spare: List[np.ndarray] = []  # output buffers whose write finished, reused: no page faults
     upcoming = iter(blocks)
     carry = Carry()  # a block's last, partial batch is filled by the next block's first tiles
+    ending = threading.Event()  # set on the way out: a remote read in flight is abandoned, not waited for
+
+    def read(block: Block) -> np.ndarray:
+        with abandoned_when(ending.is_set):
+            return predictor.read(block)
 
     def run_model(batch: np.ndarray, out_shape: tuple):
         return model.submit(predictor.model, batch, out_shape, predictor.channels)
@@ -143,7 +149,7 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
 
     try:
         for block in upcoming:
-            reads.append((block, readers.submit(predictor.read, block)))
+            reads.append((block, readers.submit(read, block)))
             if len(reads) > threads:
                 break
         while reads:
@@ -151,7 +157,7 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
                 writes[-2][0].result()
             block, region = reads.popleft()
             for following in upcoming:
-                reads.append((following, readers.submit(predictor.read, following)))
+                reads.append((following, readers.submit(read, following)))
                 break
             while len(writes) > WRITES_IN_FLIGHT:  # one block being finished, WRITES_IN_FLIGHT written
                 finish_write()
@@ -167,6 +173,7 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
             finish_write()
     finally:
         with ctrl_c_held():  # first: until every pool below has ended, no Ctrl-C cuts this short
+            ending.set()
             carry.abandon()  # a blending waiting for a batch never submitted sees it cancelled
             # In this order, each pool's threads end before the next is shut down (the finisher submits writes):
             # no writer outlives the run and its output's lock.
