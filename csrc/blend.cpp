@@ -99,18 +99,45 @@ void copy_rows(const emf_blend_tile &t, int64_t part, int64_t parts) {
     }
 }
 
+/* Whether a double is NaN or infinite: its exponent bits all set. */
+inline bool is_special(double v) {
+    uint64_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    return (bits & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+}
+
+/* Whether a converted row may hold a NaN or an infinity, from its elements' exponent bits (a test that
+ * vectorises, on the row just written): float32 and float16 keep both; a float16 infinity may also be a finite
+ * value beyond its range. uint8 holds neither (NaN is written as 0): never. */
+inline bool may_be_special(const float *o, int64_t n) {
+    uint32_t found = 0;
+    for (int64_t x = 0; x < n; ++x) {
+        uint32_t bits;
+        std::memcpy(&bits, o + x, sizeof bits);
+        found |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    }
+    return found != 0;
+}
+
+inline bool may_be_special(const uint16_t *o, int64_t n) {
+    uint32_t found = 0;
+    for (int64_t x = 0; x < n; ++x) found |= static_cast<uint32_t>((o[x] & 0x7c00u) == 0x7c00u);
+    return found != 0;
+}
+
+inline bool may_be_special(const uint8_t *, int64_t) { return false; }
+
 /* Converts a row; returns how many of its blended values are NaN or infinite (what the model returned: the
- * weights are finite and positive). */
+ * weights are finite and positive), counted on the doubles only in a row whose output may hold one. uint8
+ * outputs count nothing here (their NaN are counted with the values clipped). */
 template <typename Out, typename Convert>
 inline int64_t finish_row(const double *__restrict s, double tzy, const double *__restrict tx, Out *__restrict o,
                           int64_t n, Convert convert) {
-    int64_t non_finite = 0;
-    for (int64_t x = 0; x < n; ++x) {
-        const double v = s[x] / (tzy * tx[x]);
-        non_finite += !(v - v == 0.0); /* NaN and infinity give NaN */
-        o[x] = convert(v);
-    }
-    return non_finite;
+    for (int64_t x = 0; x < n; ++x) o[x] = convert(s[x] / (tzy * tx[x]));
+    if (!may_be_special(o, n)) return 0;
+    int64_t count = 0;
+    for (int64_t x = 0; x < n; ++x) count += static_cast<int64_t>(is_special(s[x] / (tzy * tx[x])));
+    return count;
 }
 
 template <typename Out, typename Convert>

@@ -172,7 +172,8 @@ cdef class TileBlends:
 def blend_finish(sums, totals, double count, out):
     """``out = sums / (count * tz * ty * tx)`` (``totals`` = (tz, ty, tx), multiplied in that order) converted to
     ``out.dtype``: float32, float16 (rounded once, as NumPy rounds float64), or uint8 (``rint(clip(x, 0, 1) * 255)``,
-    NaN to 0); C-contiguous (C, z, y, x) sums and out. Returns how many of the values were NaN or infinite."""
+    NaN to 0); C-contiguous (C, z, y, x) sums and out. Returns how many of the values were NaN or infinite (0 for
+    uint8)."""
     sums = writeable_array(sums, "sums")
     out = writeable_array(out, "out")
     if sums.dtype != np.float64 or sums.ndim != 4 or out.shape != sums.shape:
