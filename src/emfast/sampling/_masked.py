@@ -45,7 +45,9 @@ class Masked(Sampler):
     """Windows drawn uniformly among those that a mask, or the labelled part of the labels, covers well enough.
 
     A window qualifies when at least ``min_fraction`` of its voxels are covered (``covered / window_voxels >=
-    min_fraction`` in float64); voxels outside the mask or label volume count as not covered. A region is drawn by
+    min_fraction`` in float64); voxels outside the mask or label volume count as not covered. With warps
+    (``Rotate``, ``Scale``, ``Elastic``) the window judged is the one drawn, around which the warped window is read:
+    a delivered mask may cover less (a scale below 1 shows more of the surroundings). A region is drawn by
     its weight, then one of its qualifying corners uniformly: the draw picks the k-th qualifying corner of a
     compact index (one bit per window position plus a running count per row of positions), never by rejection.
 
