@@ -1,19 +1,19 @@
 #!/usr/bin/env python
 """Lazy volumes larger than the chunk cache: peak memory stays within the cache budget.
 
-    python benchmarks/lazy_memory.py [--budget-mib 64] [--volume-mib 256] [--compression none|gzip]
-                                     [--boxes 300] [--batches 50] [--json [PATH]]
+    python benchmarks/lazy_memory.py [--budget-mib 64] [--volume-mib 256] [--format hdf5|zarr]
+                                     [--compression none|gzip|zstd] [--boxes 300] [--batches 50] [--json [PATH]]
 
-Writes a chunked uint8 HDF5 volume four times larger than the cache budget (default 256 MiB, (256, 1024, 1024),
-chunks (32, 128, 128), random data) into a temporary folder. Then, each in a fresh subprocess so that its peak
-RSS (VmHWM) is its own:
+Writes a chunked uint8 HDF5 volume (or a zarr v3 array, ``--format zarr``) four times larger than the cache
+budget (default 256 MiB, (256, 1024, 1024), chunks (32, 128, 128), random data) into a temporary folder. Then,
+each in a fresh subprocess so that its peak RSS (VmHWM) is its own:
 
-* ``boxes``: opens the volume with ``emfast.hdf5(path, "raw", in_memory=False, cache_bytes=budget)`` and reads
+* ``boxes``: opens the volume with ``emfast.open(path, in_memory=False, cache_bytes=budget)`` and reads
   (32, 128, 128) boxes with ``Volume.read_box``: first at random corners anywhere (the cache's worst case: the
   volume is 4x the budget, so most blocks miss, and a box needs up to 8 whole chunks), then at random corners
   inside a "hot" slab of half the budget (the working set fits: mostly hits). Then, as the same-run speed
   baseline, the same boxes with h5py's ``Dataset.read_direct`` (the uncached read that lazy volumes used before
-  the cache).
+  the cache), or zarr-python's ``Array[box]``.
 * ``loader``: streams ``--batches`` batches from ``emfast.Loader(volume, patch=(32, 128, 128), batch_size=8,
   threads=2)`` over the lazy volume.
 
@@ -27,6 +27,7 @@ windows x at most 8 chunks of 512 KiB is the 64 MiB budget).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -46,6 +47,7 @@ BOX = (32, 128, 128)
 CHUNKS = (32, 128, 128)
 SECTION = (1024, 1024)
 TOLERANCE = 0.10
+UNCACHED = {"hdf5": "h5py read_direct", "zarr": "zarr-python"}
 
 
 def kib_field(key: str) -> int:
@@ -58,26 +60,38 @@ def kib_field(key: str) -> int:
 
 
 def write_volume(path: Path, volume_mib: int, compression: str) -> tuple:
-    import h5py
+    """The volume at ``path`` (``.h5``: HDF5 dataset ``raw``; ``.zarr``: a zarr v3 array); its shape."""
     sections = volume_mib * MiB // (SECTION[0] * SECTION[1])
     shape = (sections,) + SECTION
     rng = np.random.default_rng(0)
-    options = dict(compression="gzip", compression_opts=1, shuffle=True) if compression == "gzip" else {}
-    with h5py.File(path, "w") as f:
-        dataset = f.create_dataset("raw", shape=shape, dtype=np.uint8, chunks=CHUNKS, **options)
-        for z in range(0, sections, CHUNKS[0]):  # a slab at a time: the parent stays small too
-            # noisy grey levels around 128, like EM: barely compressible, as raw EM is
-            slab = rng.normal(128, 30, (min(CHUNKS[0], sections - z),) + SECTION).clip(0, 255)
-            dataset[z:z + slab.shape[0]] = slab.astype(np.uint8)
+    if path.suffix == ".zarr":
+        import zarr
+        codecs = {"none": None, "gzip": zarr.codecs.GzipCodec(level=1), "zstd": zarr.codecs.ZstdCodec(level=3)}
+        dataset = zarr.create_array(str(path), shape=shape, dtype=np.uint8, chunks=CHUNKS,
+                                    compressors=codecs[compression])
+    else:
+        import h5py
+        options = dict(compression="gzip", compression_opts=1, shuffle=True) if compression == "gzip" else {}
+        dataset = h5py.File(path, "w").create_dataset("raw", shape=shape, dtype=np.uint8, chunks=CHUNKS,
+                                                      **options)
+    for z in range(0, sections, CHUNKS[0]):  # a slab at a time: the parent stays small too
+        # noisy grey levels around 128, like EM: barely compressible, as raw EM is
+        slab = rng.normal(128, 30, (min(CHUNKS[0], sections - z),) + SECTION).clip(0, 255)
+        dataset[z:z + slab.shape[0]] = slab.astype(np.uint8)
+    if path.suffix != ".zarr":
+        dataset.file.close()
     return shape
+
+
+def open_lazy(path: str, budget: int):
+    import emfast
+    return emfast.open(path if path.endswith(".zarr") else f"{path}/raw", in_memory=False, cache_bytes=budget)
 
 
 # -- children: one measurement each, in a fresh process ----------------------------------------------------------
 
 def child_boxes(path: str, budget: int, boxes: int) -> dict:
-    import h5py
-    import emfast
-    volume = emfast.hdf5(path, "raw", in_memory=False, cache_bytes=budget)
+    volume = open_lazy(path, budget)
     out = np.empty((1,) + BOX, np.uint8)
     out.fill(0)
     rng = np.random.default_rng(1)
@@ -99,19 +113,34 @@ def child_boxes(path: str, budget: int, boxes: int) -> dict:
     result["peak_rss"] = kib_field("VmHWM")
     result["bytes_held"] = volume.cache_stats.bytes_held
     volume.close()
-    with h5py.File(path, "r") as f:  # the same-run baseline: uncached reads of the same boxes
-        dataset = f["raw"]
-        for name in workloads:
+    for name in workloads:  # the same-run baseline: uncached reads of the same boxes
+        with uncached_reader(path) as read:
             started = time.perf_counter()
             for corner in corners[name]:
-                dataset.read_direct(out[0], source_sel=tuple(slice(c, c + b) for c, b in zip(corner, BOX)))
+                read(tuple(slice(c, c + b) for c, b in zip(corner, BOX)), out[0])
             result[f"{name}_uncached_boxes_per_s"] = boxes / (time.perf_counter() - started)
     return result
 
 
+@contextlib.contextmanager
+def uncached_reader(path: str):
+    """read(box, out) with the format's own library: h5py's read_direct, zarr-python's selection."""
+    if path.endswith(".zarr"):
+        import zarr
+        array = zarr.open_array(path, mode="r")
+        def read(box, out):
+            out[...] = array[box]
+        yield read
+        return
+    import h5py
+    with h5py.File(path, "r") as f:
+        dataset = f["raw"]
+        yield lambda box, out: dataset.read_direct(out, source_sel=box)
+
+
 def child_loader(path: str, budget: int, batches: int) -> dict:
     import emfast
-    volume = emfast.hdf5(path, "raw", in_memory=False, cache_bytes=budget)
+    volume = open_lazy(path, budget)
     loader = emfast.Loader(volume, patch=BOX, batch_size=8, threads=2, epoch_size=batches)
     baseline = kib_field("VmRSS")
     started = time.perf_counter()
@@ -141,7 +170,8 @@ def run_child(phase: str, path: Path, budget: int, count: int) -> dict:
 
 
 def report(results: dict, args, shape) -> str:
-    lines = [f"lazy volume {shape} uint8 ({args.volume_mib} MiB, chunks {CHUNKS}, compression {args.compression})"
+    lines = [f"lazy {args.format} volume {shape} uint8 ({args.volume_mib} MiB, chunks {CHUNKS}, compression "
+             f"{args.compression})"
              f", cache budget {args.budget_mib} MiB; machine: {results['machine']['cpu']}, "
              f"{results['machine']['usable_cores']} cores"]
     for phase, r in results["phases"].items():
@@ -153,7 +183,7 @@ def report(results: dict, args, shape) -> str:
     for name, where in (("random", "anywhere"), ("hot", "in a slab of half the budget")):
         cached, uncached = boxes[f"{name}_boxes_per_s"], boxes[f"{name}_uncached_boxes_per_s"]
         lines.append(f" speed, boxes {where}: {cached:.0f} boxes/s through the cache (hit rate "
-                     f"{boxes[f'{name}_hit_rate']:.0%}) vs {uncached:.0f} uncached (h5py read_direct): "
+                     f"{boxes[f'{name}_hit_rate']:.0%}) vs {uncached:.0f} uncached ({UNCACHED[args.format]}): "
                      f"ratio {cached / uncached:.2f}")
     loader = results["phases"]["loader"]
     lines.append(f"loader: {loader['batches']} batches of 8 x {BOX} at {loader['batches_per_s']:.1f} batches/s "
@@ -172,7 +202,9 @@ def main() -> int:
     parser.add_argument("--budget-mib", type=int, default=64, help="chunk cache budget (default 64)")
     parser.add_argument("--volume-mib", type=int, default=256, help="volume size; whole sections of 1 MiB "
                         "(default 256, 4x the budget)")
-    parser.add_argument("--compression", choices=["none", "gzip"], default="none")
+    parser.add_argument("--format", choices=["hdf5", "zarr"], default="hdf5")
+    parser.add_argument("--compression", choices=["none", "gzip", "zstd"], default="none",
+                        help="zstd: zarr only")
     parser.add_argument("--boxes", type=int, default=300, help="random boxes read in the boxes phase")
     parser.add_argument("--batches", type=int, default=50, help="batches streamed in the loader phase")
     parser.add_argument("--json", nargs="?", const="-", metavar="PATH",
@@ -180,13 +212,16 @@ def main() -> int:
     args = parser.parse_args()
     if args.budget_mib < 1 or args.volume_mib < CHUNKS[0] or args.boxes < 1 or args.batches < 1:
         parser.error("--budget-mib, --boxes and --batches must be positive, --volume-mib at least 32")
+    if args.compression == "zstd" and args.format != "zarr":
+        parser.error("--compression zstd is for --format zarr")
     budget = args.budget_mib * MiB
     with tempfile.TemporaryDirectory(prefix="emfast-lazy-") as folder:
-        path = Path(folder) / "volume.h5"
+        path = Path(folder) / ("volume.zarr" if args.format == "zarr" else "volume.h5")
         shape = write_volume(path, args.volume_mib, args.compression)
         phases = {"boxes": run_child("boxes", path, budget, args.boxes),
                   "loader": run_child("loader", path, budget, args.batches)}
-    results = {"machine": machine_info(), "volume_shape": shape, "chunks": CHUNKS, "compression": args.compression,
+    results = {"machine": machine_info(), "volume_shape": shape, "chunks": CHUNKS, "format": args.format,
+               "compression": args.compression,
                "budget_bytes": budget, "tolerance": TOLERANCE, "phases": phases,
                "ok": all(p["ok"] for p in phases.values())}
     if args.json == "-":
