@@ -215,6 +215,36 @@ def crop_model(*shapes):
     return lambda batch: batch[(slice(None), slice(None)) + cut]
 
 
+def test_no_dask_task_writes_after_predict_has_raised(tmp_path, volume):
+    """A task failing while another computes its block: predict raised and let go of the output's lock while the
+    other task went on to write and flag its block (a helper's rerun with overwrite=True then ended 'complete'
+    with 11232 stale voxels). Running tasks are now waited for, and write nothing once the run has ended."""
+    import threading as threads
+    distributed = pytest.importorskip("distributed")
+    slow = []  # the thread of the first task: its first call takes long, and its block completes
+
+    def model(batch):
+        if not slow:
+            slow.append(threads.get_ident())
+            time.sleep(1.5)  # this block is still computing when the other task fails
+        if threads.get_ident() != slow[0]:
+            raise RuntimeError("model failed")
+        return crop(batch)
+
+    path = tmp_path / "p.zarr/pred"
+    settings = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT, chunks=(8, 16, 16), block=(8, 16, 16), channels=1,
+                    batch_size=64)  # a block in one call: the slow task calls the model no more after the failure
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None,
+                                  silence_logs=40) as cluster, distributed.Client(cluster) as client:
+        with pytest.raises(RuntimeError, match="model failed"):
+            ef.predict(model, volume, path, client=client, **settings)
+        written = sorted(str(p) for p in path.rglob("*") if p.is_file())
+        time.sleep(2.5)  # the slow task has long finished its block
+        assert sorted(str(p) for p in path.rglob("*") if p.is_file()) == written
+        flags = path.parent / "pred.blocks"
+        assert not [p for p in flags.rglob("*") if p.is_file() and p.name != "zarr.json"]
+
+
 def _interrupting(model, calls, error):
     count = [0]
 

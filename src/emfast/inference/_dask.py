@@ -5,11 +5,13 @@ plan) is sent to each worker once.
 """
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Callable, List, Optional
 
 import numpy as np
 
+from .._threads import ctrl_c_held
 from ._block import BlockPredictor
 from ._local import write_block
 from ._store import OutputStore
@@ -25,16 +27,24 @@ def dask_missing() -> Optional[str]:
     return None
 
 
-def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset: str, kind: str) -> tuple:
+def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset: str, kind: str,
+               ended: str) -> Optional[tuple]:
     """One Dask task: compute, write and flag ``block``; returns the tiles it computed, the values it computed,
-    those it clipped and the NaN among them, and those NaN or infinite in a float output.
+    those it clipped and the NaN among them, and those NaN or infinite in a float output; None, having written
+    nothing, once the run has ended (the Dask event named ``ended`` is set).
 
     The task counts on its own copy of the worker's predictor (which shares its kept tiles, model and volume):
     tasks running at once on one worker's threads each counted the others' tiles too."""
+    from distributed import Event
+    run_ended = Event(ended)
+    if run_ended.is_set():
+        return None
     task = object.__new__(BlockPredictor)  # not copy.copy: that would pickle its way to a new, empty _Pool
     task.__dict__.update(predictor.__dict__, tiles_computed=0, values=0, clipped=0, nans=0,
                          non_finite=0)
     result = task.compute(block, task.read(block))
+    if run_ended.is_set():  # set before this task's write began: the run waits only for writes begun before
+        return None
     store = OutputStore.reopen(Path(container), dataset, kind)
     try:
         write_block(store, block, result, task.plan.grid)
@@ -57,12 +67,13 @@ def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List
     The tasks' counts of tiles computed and of clipped or non-finite values are added to ``predictor``'s. Kept tiles stay until
     the prediction completes (a tile two blocks need at the same moment is computed by both, which the order of
     the tasks makes rare)."""
-    from distributed import as_completed
+    from distributed import Event, as_completed
 
     shared = client.scatter(predictor, broadcast=True)
     blocks = sorted(blocks, key=lambda block: _phase(block, predictor.plan.grid))
+    ended = Event(f"emfast-predict-ended-{uuid.uuid4().hex}", client=client)
     futures = client.map(_run_block, blocks, predictor=shared, container=str(store.container),
-                         dataset=store.dataset, kind=store.kind, pure=False)
+                         dataset=store.dataset, kind=store.kind, ended=ended.name, pure=False)
     by_key = {future.key: block for future, block in zip(futures, blocks)}
     try:
         for future in as_completed(futures):
@@ -75,4 +86,26 @@ def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List
             if progress is not None:
                 progress(by_key[future.key])
     finally:
-        client.cancel(futures)
+        with ctrl_c_held():
+            _end_tasks(client, futures, ended)
+
+
+def _end_tasks(client, futures, ended) -> None:
+    """After the run (an error or Ctrl-C included): no task writes once this returns. The tasks not yet running
+    are cancelled; the ones running (a cancelled task runs on, and would write after predict has raised and
+    let go of the output's lock) are waited for: they write nothing once ``ended`` is set, except a write begun
+    before."""
+    from distributed import wait
+    try:
+        ended.set()
+        running = set(client.run_on_scheduler(_running, keys=[future.key for future in futures]))
+    except Exception:  # noqa: BLE001 - the client or cluster is gone: so are its tasks
+        return
+    client.cancel([future for future in futures if future.key not in running])
+    wait([future for future in futures if future.key in running])
+
+
+def _running(keys, dask_scheduler=None) -> list:
+    """On the scheduler: which of ``keys`` are being computed."""
+    states = {key: dask_scheduler.tasks.get(key) for key in keys}
+    return [key for key, task in states.items() if task is not None and task.state == "processing"]
