@@ -9,6 +9,7 @@ import struct
 import sys
 import threading
 import zlib
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -127,6 +128,29 @@ def test_paths_as_users_write_them_elsewhere(tmp_path, raw, monkeypatch):
         ef.open("~nosuchuser0/s.zarr/raw")
     with pytest.raises(ValueError, match="file:// URL names a local path .* not one on host 'rel'"):
         ef.open("file://rel/s.zarr/raw")  # as tensorstore refuses it, not /s.zarr
+
+
+def test_a_lazy_volume_opened_by_a_relative_path_unpickles_in_another_folder(tmp_path, raw, monkeypatch):
+    """Dask workers and spawned DataLoader workers may run in another working directory: a lazy volume pickled
+    as its relative path was not found there ("zarr store not found: in.zarr"). So are predict's kept tiles."""
+    import z5py
+    from emfast.inference._cache import TileCache
+    write_zarr(tmp_path / "s.zarr", "raw", raw)
+    with h5py.File(tmp_path / "s.h5", "w") as f:
+        f.create_dataset("raw", data=raw, chunks=CHUNKS)
+    z5py.File(str(tmp_path / "s.n5"), mode="a").create_dataset("raw", data=raw, chunks=CHUNKS)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    pickles = [pickle.dumps(ef.open(name, in_memory=False)) for name in ("s.zarr/raw", "s.h5/raw", "s.n5/raw")]
+    tiles = pickle.dumps(TileCache.beside(Path("out.zarr"), "p"))
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    for pickled in pickles:
+        volume = pickle.loads(pickled)
+        out = np.empty((1,) + raw.shape, raw.dtype)
+        volume.read_box((0, 0, 0), raw.shape, out)
+        np.testing.assert_array_equal(out[0], raw)
+        volume.close()
+    assert pickle.loads(tiles).folder == tmp_path / ".out.zarr.p.emfast-tiles"
 
 
 def test_gunpowder_attributes_align_labels_without_arguments(tmp_path, rng, raw):

@@ -245,6 +245,29 @@ def test_no_dask_task_writes_after_predict_has_raised(tmp_path, volume):
         assert not [p for p in flags.rglob("*") if p.is_file() and p.name != "zarr.json"]
 
 
+def test_a_model_dask_cannot_pickle_is_named_before_anything_is_written(tmp_path, volume):
+    """It failed at the first task naming emfast's BlockPredictor, after the output and its kept-tile folder
+    were made (a rerun was then refused as "exists")."""
+    import threading as threads
+    distributed = pytest.importorskip("distributed")
+
+    class Locked:
+        def __init__(self):
+            self.lock = threads.Lock()
+
+        def __call__(self, batch):
+            return crop(batch)
+
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp",
+                                  dashboard_address=None, silence_logs=40) as cluster, \
+            distributed.Client(cluster) as client:  # tcp: what goes to a worker is pickled, as to processes
+        with pytest.raises(TypeError, match=r"client=: the model .*Locked cannot be sent to the Dask workers, "
+                                            r"which need it pickled \(TypeError: cannot pickle '_thread.lock'"):
+            ef.predict(Locked(), volume, tmp_path / "p.zarr/pred", client=client, patch_in=PATCH_IN,
+                       patch_out=PATCH_OUT)
+    assert not [p for p in tmp_path.iterdir() if "lock" not in p.name]
+
+
 def _interrupting(model, calls, error):
     count = [0]
 

@@ -98,6 +98,31 @@ def test_the_input_as_users_write_paths_elsewhere(folder, capsys, monkeypatch, i
     assert (folder / "out.zarr" / "pred").is_dir()
 
 
+def test_a_dask_engine_gets_the_model_beside_the_config_whatever_the_working_directory(folder):
+    """The model's module beside the config is imported with the config's folder on the path, but Dask worker
+    processes could not import it by name ("No module named 'nets'", reported as an internal error) unless run
+    from that folder: it now travels with its code."""
+    import os
+    import subprocess
+    from pathlib import Path
+    pytest.importorskip("distributed")
+    (folder / "netclass.py").write_text(
+        "import numpy as np\n\n\nclass Crop:  # an instance of a class of this module: pickled by name\n"
+        "    def __call__(self, batch):\n        return batch[:, :, 2:-2, 4:-4, 4:-4] * np.float32(2)\n\n\n"
+        "def load():\n    return Crop()\n")
+    text = PREDICT.replace("nets:load", "netclass:load").replace("  model_args: {gain: 2.0}\n", "")
+    path = _config(folder, text + "  engine: {dask: {workers: 1}}\n")
+    (folder / "elsewhere").mkdir()
+    source = str(Path(__import__("emfast").__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-m", "emfast", "predict", str(path)], cwd=folder / "elsewhere",
+                          env=dict(os.environ, PYTHONPATH=source), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(["predict", str(_config(folder, text.replace("out.zarr", "local.zarr"), "local.yaml"))]) == 0
+    import zarr
+    np.testing.assert_array_equal(zarr.open_array(str(folder / "out.zarr/pred"))[...],
+                                  zarr.open_array(str(folder / "local.zarr/pred"))[...])
+
+
 def test_check_of_a_training_config_with_a_predict_section_checks_both(folder, capsys):
     text = PREDICT.replace("nets:load", "nets:lod") + "data: {samples: [{file: in.h5, raw: raw}]}\n" \
                                                       "loader: {patch: [8, 16, 16]}\n"

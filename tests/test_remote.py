@@ -329,6 +329,29 @@ def test_ctrl_c_ends_a_prediction_promptly_while_its_reads_hang(written, served,
     assert threads_end()
 
 
+def test_a_models_error_ends_a_prediction_promptly_while_its_next_read_hangs(written, served, tmp_path):
+    """The model fails while the calling thread waits for the next block's read, which the server holds: the
+    run ended only when the read gave up (about 100 s), with the read's error instead of the model's. (A second
+    reviewer's case: only the first block's chunk is served.)"""
+    served.faults["/v3.zarr/c/0/0/0"] = [None] * 1000  # served as it is
+    served.faults["/v3.zarr/c/"] = ["hang"] * 1000
+    raised = []
+
+    def model(batch):
+        time.sleep(1.0)  # the next block's read is hanging by now
+        raised.append(time.monotonic())
+        raise RuntimeError("model failed")
+
+    volume = ef.open(f"{served.url}/v3.zarr", in_memory=False, storage_options={"timeout": 15})
+    with pytest.raises(RuntimeError, match="model failed"):
+        ef.predict(model, volume, tmp_path / "p.zarr/p", patch_in=(4, 8, 8), blend="none", chunks=(4, 8, 8),
+                   block=(4, 8, 8), channels=1, threads=2, batch_size=1)
+    assert time.monotonic() - raised[-1] < 5
+    served.faults.clear()
+    volume.close()
+    assert threads_end()
+
+
 def test_profile_reports_fetch_apart_from_decode(served):
     served.latency = 0.03
     try:

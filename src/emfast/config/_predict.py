@@ -25,7 +25,9 @@ import difflib
 import importlib
 import inspect
 import os
+import shutil
 import sys
+import tempfile
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -304,10 +306,28 @@ class PredictSpec:
 
         if "address" in self.engine:
             with Client(self.engine["address"]) as client:
+                self._send_model_module(client)
                 return predict(model, self.input_path(cache_dir), self.output, client=client, **arguments)
         with LocalCluster(n_workers=self.engine["workers"], threads_per_worker=1, processes=True,
                           dashboard_address=None) as cluster, Client(cluster) as client:
+            self._send_model_module(client)
             return predict(model, self.input_path(cache_dir), self.output, client=client, **arguments)
+
+    def _send_model_module(self, client) -> None:
+        """Give the Dask workers the model's module when it was found beside the config: they do not have the
+        config's folder on their path, and could not import it by name ("No module named 'nets'"). A package
+        goes as a zip of its folder."""
+        module = sys.modules.get(self.model.partition(":")[0].split(".")[0])
+        where = getattr(module, "__file__", None)
+        if where is None or not Path(where).resolve().is_relative_to(Path(self.base).resolve()):
+            return
+        where = Path(where)
+        if where.name != "__init__.py":
+            client.upload_file(str(where))
+            return
+        with tempfile.TemporaryDirectory() as folder:
+            client.upload_file(shutil.make_archive(str(Path(folder) / where.parent.name), "zip",
+                                                   root_dir=where.parent.parent, base_dir=where.parent.name))
 
     def to_yaml(self) -> dict:
         out = {"model": self.model}

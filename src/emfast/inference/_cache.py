@@ -44,7 +44,7 @@ class TileCache:
         self._warned = False
 
     def __getstate__(self) -> dict:
-        return {"folder": self.folder, "memory_limit": 0, "_warned": False}
+        return {"folder": self.folder.absolute(), "memory_limit": 0, "_warned": False}  # workers run elsewhere
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["folder"], state["memory_limit"])

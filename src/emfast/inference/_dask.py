@@ -14,6 +14,7 @@ import numpy as np
 from .._threads import ctrl_c_held
 from ._block import BlockPredictor
 from ._local import write_block
+from ._model import model_name
 from ._store import OutputStore
 from ._tiling import Block
 
@@ -25,6 +26,22 @@ def dask_missing() -> Optional[str]:
     except ImportError as error:
         return f"client= needs dask.distributed ({error}); install it with pip install 'emfast[dask]'"
     return None
+
+
+def check_model_pickles(model, client) -> None:
+    """TypeError naming the model if it cannot be sent to ``client``'s workers (as Dask pickles it: pickle, else
+    cloudpickle), before anything is written: otherwise the run failed at its first task with an error naming
+    emfast's BlockPredictor, and left the output begun. Workers in this process (``inproc://``) share objects
+    unpickled."""
+    from distributed.protocol import pickle as dask_pickle
+    if str(getattr(client.scheduler, "address", "")).startswith("inproc://"):
+        return
+    try:
+        dask_pickle.dumps(model)
+    except Exception as error:  # noqa: BLE001 - whatever pickling raises is the reason
+        raise TypeError(f"client=: the model {model_name(model)} cannot be sent to the Dask workers, which need "
+                        f"it pickled ({type(error).__name__}: {error}); make it picklable, or predict without "
+                        "client=") from None
 
 
 def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset: str, kind: str,
@@ -72,7 +89,7 @@ def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List
     shared = client.scatter(predictor, broadcast=True)
     blocks = sorted(blocks, key=lambda block: _phase(block, predictor.plan.grid))
     ended = Event(f"emfast-predict-ended-{uuid.uuid4().hex}", client=client)
-    futures = client.map(_run_block, blocks, predictor=shared, container=str(store.container),
+    futures = client.map(_run_block, blocks, predictor=shared, container=str(Path(store.container).absolute()),
                          dataset=store.dataset, kind=store.kind, ended=ended.name, pure=False)
     by_key = {future.key: block for future, block in zip(futures, blocks)}
     try:

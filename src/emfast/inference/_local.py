@@ -28,7 +28,7 @@ import numpy as np
 
 from .._machine import cores
 from .._threads import ctrl_c_held, shutdown_pool
-from ..io import abandoned_when, check_free_space, option
+from ..io import ReadAbandoned, abandoned_when, check_free_space, option
 from ._block import BlendHelpers, BlockPredictor, Carry
 from ._store import BlockWriteError, OutputStore
 from ._tiling import Block
@@ -130,7 +130,23 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
             return predictor.read(block)
 
     def run_model(batch: np.ndarray, out_shape: tuple):
-        return model.submit(predictor.model, batch, out_shape, predictor.channels)
+        future = model.submit(predictor.model, batch, out_shape, predictor.channels)
+        future.add_done_callback(end_on_failure)
+        return future
+
+    def end_on_failure(future) -> None:
+        """The model's error ends the run: reads in flight are abandoned now, not when the feeding thread learns
+        of it (it may be waiting for a read the store holds)."""
+        if not future.cancelled() and future.exception() is not None:
+            ending.set()
+
+    def input_of(region) -> np.ndarray:
+        try:
+            return region.result()
+        except ReadAbandoned:  # the model failed meanwhile: its error, not the read's, ends the run
+            if predictor.model.failure is not None:
+                raise predictor.model.failure from None
+            raise
 
     def finish(run, buffer, block: Block):
         result = run.finish(buffer)
@@ -164,7 +180,7 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
             buffer = spare.pop() if spare else None
             # Fed here while the blender blends what the model returned and the finisher converts the previous
             # block: this thread only gathers, so the model always has its next batch.
-            run = predictor.feed(block, region.result(), run_model, blender=blender,
+            run = predictor.feed(block, input_of(region), run_model, blender=blender,
                                  helpers=None if helpers is None else BlendHelpers(parts, helpers), carry=carry)
             finishing = finisher.submit(finish, run, buffer, block)
             writes.append((finishing, buffer, block))

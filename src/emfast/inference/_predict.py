@@ -22,7 +22,7 @@ from ..transfer import DeviceNotice, TransferBackend, cuda_ordinal, cuda_unavail
 from ._block import BlockPredictor
 from ._blend import BLENDS, WEIGHTS
 from ._cache import TileCache
-from ._dask import dask_missing, run_dask
+from ._dask import check_model_pickles, dask_missing, run_dask
 from ._device import device_runner
 from ._local import run_local
 from ._memory import (CACHE_SHARE, DEFAULT_MEMORY, TILES_SHARE, block_bytes, choose_block, input_cache_refusal,
@@ -327,6 +327,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         raise ValueError(f"device={device.name!r} is a device of this process; with client= give a device name "
                          "(such as 'cuda') that each worker opens itself")
     caller = ModelCaller(model, device)
+    if client is not None:
+        check_model_pickles(model, client)
     try:
         volume, opened = _as_volume(volume, budget // CACHE_SHARE)
     except CacheBudgetError as error:

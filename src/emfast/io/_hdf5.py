@@ -165,7 +165,7 @@ class Hdf5Source(VolumeSource):
         return dataset_summary(self._dataset)
 
     def reopen_arguments(self) -> tuple:
-        return str(self.stamp.path), self.stamp.dataset
+        return str(Path(self.stamp.path).absolute()), self.stamp.dataset
 
     def close(self) -> None:
         self._file.close()

@@ -319,7 +319,8 @@ class N5Source(VolumeSource):
         return dict(self._attributes)
 
     def reopen_arguments(self) -> tuple:
-        root = self._root if isinstance(self._root, RemoteStore) else str(self._root)  # a store pickles as its URL
+        # a store pickles as its URL, a folder as its absolute path (a Dask worker may run elsewhere)
+        root = self._root if isinstance(self._root, RemoteStore) else str(Path(self._root).absolute())
         return root, self._dataset
 
 

@@ -211,7 +211,8 @@ class PrecomputedSource(VolumeSource):
         return tuple(o + int(c) for o, c in zip(self._chunk_files.origin, corner[::-1]))
 
     def reopen_arguments(self) -> tuple:
-        path = self._path if isinstance(self._path, RemoteStore) else str(self._path)  # a store pickles as its URL
+        # a store pickles as its URL, a folder as its absolute path (a Dask worker may run elsewhere)
+        path = self._path if isinstance(self._path, RemoteStore) else str(Path(self._path).absolute())
         return path, self._scale
 
 

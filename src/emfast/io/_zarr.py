@@ -272,7 +272,8 @@ class ZarrSource(VolumeSource):
         return dict(self._array.attrs)
 
     def reopen_arguments(self) -> tuple:
-        path = self._path if isinstance(self._path, RemoteStore) else str(self._path)  # a store pickles as its URL
+        # a store pickles as its URL, a folder as its absolute path (a Dask worker may run elsewhere)
+        path = self._path if isinstance(self._path, RemoteStore) else str(Path(self._path).absolute())
         return path, self._given, self._level, self._resolution
 
 

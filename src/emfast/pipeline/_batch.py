@@ -82,8 +82,9 @@ class Batch(Mapping):
     perms, flips : ndarray, (B, 3)
         Each example's transform: output = ``transpose(flip(window, flips[n]), perms[n])``.
     valid : int
-        Real examples at the front of the batch; fewer than B only in the last batch of a
-        :class:`~emfast.sampling.Tiled` epoch that keeps its incomplete batch (the rest repeat the last window).
+        Real examples at the front of the batch; fewer than B only in the last batches of a
+        :class:`~emfast.sampling.Tiled` epoch that keeps its incomplete batch (the rest repeat the last window),
+        and 0 in the last batch of a shard one tile short of the largest, which makes as many batches.
     """
 
     def __init__(self, owner, number: int, arrays: Dict[str, np.ndarray], plan: BatchPlan) -> None:
