@@ -245,6 +245,31 @@ def test_no_dask_task_writes_after_predict_has_raised(tmp_path, volume):
         assert not [p for p in flags.rglob("*") if p.is_file() and p.name != "zarr.json"]
 
 
+def test_no_dask_task_writes_its_block_after_the_user_closed_the_client(tmp_path, volume):
+    """The user's client closed mid-run: the run could no longer reach its tasks, and those computing went on
+    to write and flag their blocks after predict had raised. The run's event is set through its own client."""
+    import threading as threads
+    distributed = pytest.importorskip("distributed")
+
+    def model(batch):
+        time.sleep(1.0)  # every block is still computing when the client closes
+        return crop(batch)
+
+    path = tmp_path / "p.zarr/pred"
+    settings = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT, chunks=(8, 16, 16), block=(8, 16, 16), channels=1,
+                    batch_size=64)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=40) as cluster:
+        client = distributed.Client(cluster)
+        client.wait_for_workers(2)
+        threads.Timer(1.0, client.close).start()
+        with pytest.raises(Exception):
+            ef.predict(model, volume, path, client=client, **settings)
+        time.sleep(2.0)  # the tasks computing have long finished
+        assert not [p for p in path.rglob("*") if p.is_file() and p.name != "zarr.json"]
+        assert not [p for p in (path.parent / "pred.blocks").rglob("*") if p.is_file() and p.name != "zarr.json"]
+
+
 def test_a_model_dask_cannot_pickle_is_named_before_anything_is_written(tmp_path, volume):
     """It failed at the first task naming emfast's BlockPredictor, after the output and its kept-tile folder
     were made (a rerun was then refused as "exists")."""

@@ -314,20 +314,23 @@ class PredictSpec:
             return predict(model, self.input_path(cache_dir), self.output, client=client, **arguments)
 
     def _send_model_module(self, client) -> None:
-        """Give the Dask workers the model's module when it was found beside the config: they do not have the
-        config's folder on their path, and could not import it by name ("No module named 'nets'"). A package
-        goes as a zip of its folder."""
+        """Give the Dask workers the model's module when the config's folder is why it imports (a module or a
+        package directly in that folder): the workers do not have that folder on their path, and could not
+        import it by name ("No module named 'nets'"). A package goes as a zip of its folder. A module found
+        elsewhere, an installed one included, is the workers' to import as it is."""
         module = sys.modules.get(self.model.partition(":")[0].split(".")[0])
+        base = Path(self.base).resolve()
         where = getattr(module, "__file__", None)
-        if where is None or not Path(where).resolve().is_relative_to(Path(self.base).resolve()):
+        if where is not None and Path(where).resolve().parent == base:  # nets.py
+            client.upload_file(str(Path(where).resolve()))
             return
-        where = Path(where)
-        if where.name != "__init__.py":
-            client.upload_file(str(where))
+        folders = [Path(f).resolve() for f in getattr(module, "__path__", [])]  # a package, a namespace one too
+        folder = next((f for f in folders if f.parent == base), None)
+        if folder is None:
             return
-        with tempfile.TemporaryDirectory() as folder:
-            client.upload_file(shutil.make_archive(str(Path(folder) / where.parent.name), "zip",
-                                                   root_dir=where.parent.parent, base_dir=where.parent.name))
+        with tempfile.TemporaryDirectory() as scratch:
+            client.upload_file(shutil.make_archive(str(Path(scratch) / folder.name), "zip", root_dir=base,
+                                                   base_dir=folder.name))
 
     def to_yaml(self) -> dict:
         out = {"model": self.model}

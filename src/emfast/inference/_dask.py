@@ -89,6 +89,7 @@ def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List
     shared = client.scatter(predictor, broadcast=True)
     blocks = sorted(blocks, key=lambda block: _phase(block, predictor.plan.grid))
     ended = Event(f"emfast-predict-ended-{uuid.uuid4().hex}", client=client)
+    address = client.scheduler.address  # gone once the user closes the client
     futures = client.map(_run_block, blocks, predictor=shared, container=str(Path(store.container).absolute()),
                          dataset=store.dataset, kind=store.kind, ended=ended.name, pure=False)
     by_key = {future.key: block for future, block in zip(futures, blocks)}
@@ -104,19 +105,25 @@ def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List
                 progress(by_key[future.key])
     finally:
         with ctrl_c_held():
-            _end_tasks(client, futures, ended)
+            _end_tasks(client, futures, ended, address)
 
 
-def _end_tasks(client, futures, ended) -> None:
+def _end_tasks(client, futures, ended, address: str) -> None:
     """After the run (an error or Ctrl-C included): no task writes once this returns. The tasks not yet running
     are cancelled; the ones running (a cancelled task runs on, and would write after predict has raised and
     let go of the output's lock) are waited for: they write nothing once ``ended`` is set, except a write begun
-    before."""
-    from distributed import wait
+    before. With the user's client closed, ``ended`` is set through a client of the run's own (at the
+    scheduler's ``address``): the tasks not yet writing write nothing, and a write begun cannot be waited for."""
+    from distributed import Client, Event, wait
     try:
         ended.set()
         running = set(client.run_on_scheduler(_running, keys=[future.key for future in futures]))
-    except Exception:  # noqa: BLE001 - the client or cluster is gone: so are its tasks
+    except Exception:  # noqa: BLE001 - the user's client is closed (or the cluster gone)
+        try:
+            with Client(address, timeout=10, set_as_default=False) as own:
+                Event(ended.name, client=own).set()
+        except Exception:  # noqa: BLE001 - the cluster is gone: so are its tasks
+            pass
         return
     client.cancel([future for future in futures if future.key not in running])
     wait([future for future in futures if future.key in running])
