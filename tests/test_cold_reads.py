@@ -8,6 +8,7 @@ import os
 import threading
 import time
 
+import h5py
 import numpy as np
 import pytest
 
@@ -1222,3 +1223,43 @@ def test_a_whole_zarr_volume_read_by_chunks_fills_chunks_never_written(tmp_path,
     os.remove(tmp_path / ("s.zarr/1.1.1" if zarr_format == 2 else "s.zarr/c/1/1/1"))
     data[8:16, 10:20, 6:12] = 7
     np.testing.assert_array_equal(np.asarray(ef.open(tmp_path / "s.zarr"))[0], data)
+
+
+def test_never_written_hdf5_chunks_read_as_the_fill_value_after_hdf5_read_them_itself(tmp_path):
+    """Once HDF5 had read a dataset's never-written chunks (h5py, or emfast's in-memory open, in the same
+    process), read_direct_chunk raised OSError ("chunk address isn't defined") instead of RuntimeError, and
+    lazy reads of those chunks failed."""
+    with h5py.File(tmp_path / "part.h5", "w") as f:
+        f.create_dataset("raw", shape=(64, 64, 64), dtype=np.uint8, chunks=(32, 32, 32))[:32, :32, :32] = 7
+    lazy = ef.hdf5(tmp_path / "part.h5", "raw", in_memory=False)
+    with h5py.File(tmp_path / "part.h5", "r") as f:
+        whole = f["raw"][()]
+    out = np.empty((1, 32, 32, 32), np.uint8)
+    lazy.read_box((32, 32, 32), (32, 32, 32), out)
+    np.testing.assert_array_equal(out[0], whole[32:, 32:, 32:])
+    lazy.close()
+
+
+def test_hdf5_chunks_deflated_then_shuffled_read_as_h5py_reads_them(tmp_path):
+    """The HDF5 C API allows the filters in either order; shuffled after deflate, a chunk's compressed bytes
+    are seldom a multiple of the item size, and HDF5 leaves the last ones as they are (emfast raised "cannot
+    reshape array")."""
+    data = np.random.default_rng(3).integers(0, 1000, (16, 32, 32), dtype=np.uint16)
+    with h5py.File(tmp_path / "ds.h5", "w") as f:
+        plist = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        plist.set_chunk((8, 16, 16))
+        plist.set_deflate(4)
+        plist.set_shuffle()
+        space = h5py.h5s.create_simple(data.shape)
+        dataset = h5py.Dataset(h5py.h5d.create(f.id, b"raw", h5py.h5t.NATIVE_UINT16, space, dcpl=plist))
+        dataset[...] = data
+        filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
+        sizes = [len(dataset.id.read_direct_chunk(corner)[1]) % 2
+                 for corner in np.ndindex(2, 2, 2) for corner in [tuple(c * s for c, s in zip(corner, (8, 16, 16)))]]
+    assert filters == [h5py.h5z.FILTER_DEFLATE, h5py.h5z.FILTER_SHUFFLE] and 1 in sizes  # some odd
+    for in_memory in (True, False):
+        volume = ef.hdf5(tmp_path / "ds.h5", "raw", in_memory=in_memory)
+        out = np.empty((1,) + data.shape, data.dtype)
+        volume.read_box((0, 0, 0), data.shape, out)
+        np.testing.assert_array_equal(out[0], data)
+        volume.close()

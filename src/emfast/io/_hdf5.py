@@ -315,6 +315,14 @@ def _source_file(vds: Path, file_name: str) -> Optional[Path]:
     return None
 
 
+def _unshuffled(data: bytes, itemsize: int) -> bytes:
+    """HDF5's shuffle undone: byte k of each of the ``len // itemsize`` elements was stored together; the bytes
+    left over (shuffled after deflate, the compressed stream seldom divides) are as they were."""
+    whole = len(data) // itemsize * itemsize
+    shuffled = np.frombuffer(data, np.uint8, count=whole).reshape(itemsize, -1).T.tobytes()
+    return shuffled if whole == len(data) else shuffled + bytes(data[whole:])
+
+
 class _DirectChunkReader:
     """Reads a block chunk by chunk with ``read_direct_chunk`` and decodes shuffle + deflate itself."""
 
@@ -345,7 +353,7 @@ class _DirectChunkReader:
             offset = ((c0,) if dataset.ndim == 4 else ()) + tuple(origin)
             try:
                 filter_mask, raw = dataset.id.read_direct_chunk(offset)
-            except RuntimeError:  # chunk never written: HDF5 returns the fill value instead
+            except (RuntimeError, OSError):  # never written (OSError once HDF5 read it itself): the fill value
                 return False
             if filter_mask:
                 return False
@@ -366,7 +374,7 @@ class _DirectChunkReader:
                 except zlib.error as exc:
                     raise CorruptChunkError(f"{name}: cannot decompress the chunk at {offset}: {exc}") from exc
             elif itemsize > 1:  # shuffle: byte k of every element stored together; a no-op for 1-byte types
-                data = np.frombuffer(data, np.uint8).reshape(itemsize, -1).T.tobytes()
+                data = _unshuffled(data, itemsize)
         return checked_chunk(data, self._file_dtype, self._chunks, f"{name}: the chunk at {offset}")
 
 
