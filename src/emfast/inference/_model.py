@@ -97,7 +97,13 @@ class ModelCaller:
                     prediction = wait()
                 finally:
                     self.seconds += time.perf_counter() - start
-                return self._checked(prediction, batch.shape[0], out_shape, channels)
+                prediction = self._checked(prediction, batch.shape[0], out_shape, channels)
+                if self.runner is None and not np.may_share_memory(prediction, batch):
+                    # Blended only after the next calls: a model returning the same buffer every call (an out=
+                    # array, a compiled graph's static output) would have overwritten it. A view of the batch is
+                    # emfast's own until blended.
+                    prediction = np.array(prediction, copy=True, order="K")
+                return prediction
             except Exception as error:
                 self.failure = self.failure or error
                 raise
@@ -112,9 +118,15 @@ class ModelCaller:
             if torch.device(self.device).type == "cuda":
                 source = source.pin_memory()
             result = self.model(source.to(self.device, non_blocking=True))
-            if isinstance(result, torch.Tensor):
-                return widened(result).detach().cpu().numpy()
-            return result
+            if not isinstance(result, torch.Tensor):
+                return result
+            result = widened(result).detach().cpu()
+            try:
+                return result.numpy()
+            except TypeError:  # a dtype NumPy has none for (float8...)
+                raise ModelOutputError(f"model {self.name} returned dtype {result.dtype}, which NumPy has no dtype "
+                                       f"for; expected one of {', '.join(str(d) for d in PREDICTION_DTYPES)} (or "
+                                       "torch.bfloat16, widened exactly)") from None
 
     def _checked(self, prediction, count: int, out_shape: tuple, channels: Optional[int]) -> np.ndarray:
         if not isinstance(prediction, np.ndarray):
