@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import inspect
 import os
 import shutil
@@ -319,6 +320,8 @@ class PredictSpec:
         import it by name ("No module named 'nets'"). A package goes as a zip of its folder. A module found
         elsewhere, an installed one included, is the workers' to import as it is."""
         module = sys.modules.get(self.model.partition(":")[0].split(".")[0])
+        if module is None or all(client.run(_importable, module.__name__).values()):  # installed: theirs
+            return
         base = Path(self.base).resolve()
         where = getattr(module, "__file__", None)
         if where is not None and Path(where).resolve().parent == base:  # nets.py
@@ -474,3 +477,8 @@ def load_predict_config(source: Union[str, os.PathLike]) -> PredictSpec:
     if not isinstance(document, dict) or "predict" not in document:
         raise reader.error((), "no predict section: add predict: with model, input, output and patch_in")
     return predict_section(reader, document["predict"], ("predict",))
+
+
+def _importable(name: str) -> bool:
+    """On a Dask worker: whether the module ``name`` imports there as it is."""
+    return importlib.util.find_spec(name) is not None

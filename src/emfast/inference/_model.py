@@ -123,10 +123,11 @@ class ModelCaller:
             result = widened(result).detach().cpu()
             try:
                 return result.numpy()
-            except TypeError:  # a dtype NumPy has none for (float8...)
-                raise ModelOutputError(f"model {self.name} returned dtype {result.dtype}, which NumPy has no dtype "
-                                       f"for; expected one of {', '.join(str(d) for d in PREDICTION_DTYPES)} (or "
-                                       "torch.bfloat16, widened exactly)") from None
+            except TypeError as error:  # a dtype NumPy has none for (float8...), a sparse layout...
+                raise ModelOutputError(f"model {self.name} returned a {result.dtype} tensor NumPy cannot take "
+                                       f"({error}); expected a dense tensor of one of "
+                                       f"{', '.join(str(d) for d in PREDICTION_DTYPES)} (or torch.bfloat16, "
+                                       "widened exactly)") from None
 
     def _checked(self, prediction, count: int, out_shape: tuple, channels: Optional[int]) -> np.ndarray:
         if not isinstance(prediction, np.ndarray):

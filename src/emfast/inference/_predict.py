@@ -197,7 +197,9 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         Takes a float32 batch ``(B, C_in, *patch_in)`` and returns ``(B, C_out, *patch_out)`` as float16/32/64:
         NumPy in and out, or, with ``device``, torch tensors on that device (the input is a tensor there; the
         output may be a tensor anywhere, in bfloat16 too, widened to float32 exactly). It may return the same
-        buffer every call (a prediction that is not a view of its batch is copied at once). predict runs it in
+        buffer every call (a prediction that is not a view of its batch is copied at once), but Dask workers of
+        several threads call one model from each at once: such a model needs workers of one thread. predict
+        runs it in
         inference mode and never calls ``.eval()`` or ``.train()``: put a torch module in eval mode first, or
         its BatchNorm and Dropout act as in training (and BatchNorm's statistics change).
     volume : Volume, numpy.ndarray or path
