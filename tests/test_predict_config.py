@@ -127,6 +127,19 @@ def test_a_dask_engine_gets_the_model_beside_the_config_whatever_the_working_dir
                                   zarr.open_array(str(folder / "local.zarr/pred"))[...])
 
 
+def test_check_refuses_a_block_that_memory_cannot_hold_as_predict_does(folder, capsys):
+    """`emfast check` said "valid", and only the run refused the block, after loading the model and calling it
+    once. Check counts the output channels as `channels` says, or as 1."""
+    text = PREDICT + "  chunks: [8, 16, 16]\n  block: [24, 48, 48]\n  memory: 2MiB\n"
+    path = _config(folder, text)
+    error = _check_and_predict_fail(path, capsys)
+    assert re.search(r"line 10: predict\.block: block=\(24, 48, 48\) needs about \d+ bytes .* more than the -?\d+ "
+                     r"of memory=2097152 .* \(counting 1 output channel: the model may have more\)", error), error
+    assert not (folder / "factory-called").exists()
+    _config(folder, text.replace("memory: 2MiB", "memory: 64MiB"))
+    assert main(["check", str(path)]) == 0
+
+
 def test_check_of_a_training_config_with_a_predict_section_checks_both(folder, capsys):
     text = PREDICT.replace("nets:load", "nets:lod") + "data: {samples: [{file: in.h5, raw: raw}]}\n" \
                                                       "loader: {patch: [8, 16, 16]}\n"

@@ -34,10 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, Union
 
+import numpy as np
+
 from .._checks import concerned_key
 from .._core.gather import PAD_MODES
 from ..inference import (BLENDS, CACHE_SHARE, CHUNK_EDGE, COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS,
-                         Prediction, TilePlan, input_cache_refusal, parse_memory, predict, require_torch)
+                         Prediction, TilePlan, block_bytes, input_cache_refusal, parse_memory, predict,
+                         require_torch, too_large_block, variants)
 from ..io import CacheBudgetError, check_compression, open_volume, parse_output
 from ..transfer import cuda_ordinal
 from ._sections import _check_normalize, _file
@@ -234,6 +237,7 @@ class PredictSpec:
             raise self.error(input_key, str(error)) from None
         try:
             shape, chunks = volume.shape, self.options.get("chunks")
+            channels_in, itemsize_in = volume.channels, volume.dtype.itemsize
         finally:
             volume.close()
         if self.options.get("memory") is not None:  # predict gives the input's chunk cache a share of it
@@ -248,11 +252,30 @@ class PredictSpec:
         blend = self.options.get("blend", "gaussian")
         overlap = self.options.get("overlap", (0, 0, 0) if blend == "none" else tuple(p // 4 for p in patch_out))
         try:
-            return TilePlan(shape, patch_in, patch_out, overlap, chunks, self.options.get("roi"),
+            plan = TilePlan(shape, patch_in, patch_out, overlap, chunks, self.options.get("roi"),
                             self.options.get("block"), crop=blend == "none")
         except ValueError as error:  # the plan's refusals name their setting (patch_out given as patch_in here)
             key = concerned_key(error, self.options) or "patch_in"
             raise self.error((key,), f"{error} (input {self.input_path(cache_dir)}, shape {shape})") from None
+        if self.options.get("block") is not None and self.options.get("memory") is not None:
+            self._check_block_fits(plan, channels_in, itemsize_in)
+        return plan
+
+    def _check_block_fits(self, plan: TilePlan, channels_in: int, itemsize_in: int) -> None:
+        """Refuse a given block that memory cannot hold, as predict will, counting the model's output channels
+        as ``channels`` says, or as 1 (the least) where only the model knows them."""
+        options = self.options
+
+        def estimate(block) -> int:
+            return block_bytes(block, plan.patch_in, plan.patch_out, channels_in, itemsize_in,
+                               options.get("channels", 1), np.dtype(options.get("dtype", "float32")).itemsize,
+                               options.get("threads", 2), options.get("batch_size", 1),
+                               len(variants(options.get("tta", 0), plan.patch_in, plan.patch_out)))
+
+        error = too_large_block(plan.block, estimate, options["memory"], options["memory"] // CACHE_SHARE)
+        if error is not None:
+            counted = "" if "channels" in options else " (counting 1 output channel: the model may have more)"
+            raise self.error(("block",), f"{error}{counted}")
 
     def check(self, cache_dir=None) -> List[str]:
         """Everything that can be checked without calling the model: the factory imports, ``model_args`` fit

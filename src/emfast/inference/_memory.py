@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -97,3 +97,16 @@ def choose_block(budget: int, chunks, roi, estimate, given: int) -> Tuple[int, i
                 break
         else:
             return tuple(block)
+
+
+def too_large_block(block, estimate, budget: int, reserved: int) -> Optional[ValueError]:
+    """The refusal (at ``block``) of a given block whose ``estimate(block)`` bytes exceed what ``budget`` leaves
+    for blocks beside ``reserved`` bytes (the input's chunk cache, device slots) and the shared tiles; None if
+    it fits."""
+    left = budget - budget // TILES_SHARE - reserved
+    needed = estimate(block)
+    if needed <= left:
+        return None
+    return refusal(f"block={tuple(block)} needs about {needed} bytes with its inputs, sums and outputs, more than "
+                   f"the {left} of memory={budget} left beside the input's chunk cache and the shared tiles; give a "
+                   "smaller block or more memory, or leave block out to have one chosen within memory", "block")

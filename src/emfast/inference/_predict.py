@@ -26,7 +26,7 @@ from ._dask import check_model_pickles, dask_missing, run_dask
 from ._device import device_runner
 from ._local import run_local
 from ._memory import (CACHE_SHARE, DEFAULT_MEMORY, TILES_SHARE, block_bytes, choose_block, input_cache_refusal,
-                      parse_memory)
+                      parse_memory, too_large_block)
 from ._model import ModelCaller
 from ._store import PREDICT_OUTPUT_DTYPE_NAMES, PROVENANCE, OutputStore, check_compression, parse_output
 from ._tiling import Block, TilePlan
@@ -376,11 +376,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         if block is None:
             plan = TilePlan(volume.shape, patch_in, patch_out, overlap, chunks, roi,
                             choose_block(left, plan.chunks, plan.roi, estimate, budget), crop=blend == "none")
-        elif memory is not None and estimate(plan.block) > left:
-            raise refusal(f"block={tuple(plan.block)} needs about {estimate(plan.block)} bytes with its inputs, sums "
-                          f"and outputs, more than the {left} of memory={budget} left beside the input's chunk "
-                          "cache and the shared tiles; give a smaller block or more memory, or leave block out to "
-                          "have one chosen within memory", "block")
+        elif memory is not None and too_large_block(plan.block, estimate, budget, reserved) is not None:
+            raise too_large_block(plan.block, estimate, budget, reserved)
         # The kept tiles get whatever the blocks leave, at least their share: blocks stop growing at BLOCK_EDGE,
         # and a kept tile held in memory is neither written to nor read back from disk by the blender.
         kept_memory = max(budget // TILES_SHARE, budget - reserved - estimate(plan.block))
