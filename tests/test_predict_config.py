@@ -98,7 +98,7 @@ def test_the_input_as_users_write_paths_elsewhere(folder, capsys, monkeypatch, i
     assert (folder / "out.zarr" / "pred").is_dir()
 
 
-@pytest.mark.parametrize("layout", ["module", "namespace package"])
+@pytest.mark.parametrize("layout", ["module", "namespace package", "module named as one of the standard library"])
 def test_a_dask_engine_gets_the_model_beside_the_config_whatever_the_working_directory(folder, layout):
     """The model's module beside the config is imported with the config's folder on the path, but Dask worker
     processes could not import it by name ("No module named 'nets'", reported as an internal error) unless run
@@ -107,13 +107,14 @@ def test_a_dask_engine_gets_the_model_beside_the_config_whatever_the_working_dir
     import subprocess
     from pathlib import Path
     pytest.importorskip("distributed")
-    module = folder / ("netclass.py" if layout == "module" else "nsnets/netclass.py")  # no __init__.py there
+    # a namespace package has no __init__.py; a worker finds the standard library's nntplib, not this one
+    module = folder / {"module": "netclass.py", "namespace package": "nsnets/netclass.py"}.get(layout, "nntplib.py")
     module.parent.mkdir(exist_ok=True)
     module.write_text(
         "import numpy as np\n\n\nclass Crop:  # an instance of a class of this module: pickled by name\n"
         "    def __call__(self, batch):\n        return batch[:, :, 2:-2, 4:-4, 4:-4] * np.float32(2)\n\n\n"
         "def load():\n    return Crop()\n")
-    name = "netclass" if layout == "module" else "nsnets.netclass"
+    name = {"module": "netclass", "namespace package": "nsnets.netclass"}.get(layout, "nntplib")
     text = PREDICT.replace("nets:load", f"{name}:load").replace("  model_args: {gain: 2.0}\n", "")
     path = _config(folder, text + "  engine: {dask: {workers: 1}}\n")
     (folder / "elsewhere").mkdir()

@@ -343,7 +343,11 @@ class PredictSpec:
         import it by name ("No module named 'nets'"). A package goes as a zip of its folder. A module found
         elsewhere, an installed one included, is the workers' to import as it is."""
         module = sys.modules.get(self.model.partition(":")[0].split(".")[0])
-        if module is None or all(client.run(_importable, module.__name__).values()):  # installed: theirs
+        if module is None:
+            return
+        here = _module_location(module.__name__)
+        there = client.run(_module_location, module.__name__)
+        if there and all(location == here for location in there.values()):  # installed where the workers are
             return
         base = Path(self.base).resolve()
         where = getattr(module, "__file__", None)
@@ -502,6 +506,13 @@ def load_predict_config(source: Union[str, os.PathLike]) -> PredictSpec:
     return predict_section(reader, document["predict"], ("predict",))
 
 
-def _importable(name: str) -> bool:
-    """On a Dask worker: whether the module ``name`` imports there as it is."""
-    return importlib.util.find_spec(name) is not None
+def _module_location(name: str) -> Optional[str]:
+    """Where the module ``name`` imports from in this process (a Dask worker's, or the client's): its file, or
+    its package folders; None if it does not import. A worker whose module is another one of that name (the
+    standard library's ``test``, an earlier run's upload, a folder in its working directory) says so."""
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        return ",".join(sorted(str(Path(p).resolve()) for p in spec.submodule_search_locations))
+    return str(Path(spec.origin).resolve()) if spec.origin else None

@@ -123,7 +123,7 @@ class ModelCaller:
             result = widened(result).detach().cpu()
             try:
                 return result.numpy()
-            except TypeError as error:  # a dtype NumPy has none for (float8...), a sparse layout...
+            except (TypeError, RuntimeError) as error:  # no NumPy dtype (float8), a sparse layout, a conj bit...
                 raise ModelOutputError(f"model {self.name} returned a {result.dtype} tensor NumPy cannot take "
                                        f"({error}); expected a dense tensor of one of "
                                        f"{', '.join(str(d) for d in PREDICTION_DTYPES)} (or torch.bfloat16, "

@@ -198,10 +198,9 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         NumPy in and out, or, with ``device``, torch tensors on that device (the input is a tensor there; the
         output may be a tensor anywhere, in bfloat16 too, widened to float32 exactly). It may return the same
         buffer every call (a prediction that is not a view of its batch is copied at once), but Dask workers of
-        several threads call one model from each at once: such a model needs workers of one thread. predict
-        runs it in
-        inference mode and never calls ``.eval()`` or ``.train()``: put a torch module in eval mode first, or
-        its BatchNorm and Dropout act as in training (and BatchNorm's statistics change).
+        several threads call one model from each at once: such a model needs workers of one thread. predict runs
+        it in inference mode and never calls ``.eval()`` or ``.train()``: put a torch module in eval mode first,
+        or its BatchNorm and Dropout act as in training (and BatchNorm's statistics change).
     volume : Volume, numpy.ndarray or path
         The input; a path is opened lazily (any format :func:`emfast.open` reads).
     out : str or path-like
