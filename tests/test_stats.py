@@ -230,6 +230,35 @@ def test_unreadable_cache_entry_is_recomputed_and_replaced(tmp_path, rng, cache_
     assert [p.name for p in (cache_dir / "stats").iterdir()] == [entry.name]  # no temporary left behind
 
 
+@pytest.mark.parametrize("damage", [{"std": None}, {"mean": None}, {"std": "a"}, {"std": float("nan")},
+                                    {"std": -1.0}, {"min": 1e300}, {"count": 0}])
+def test_a_cache_entry_with_impossible_values_is_recomputed(tmp_path, rng, cache_dir, damage):
+    """A hand-edited or damaged entry under the right key was believed: TypeError, or "constant volume (std 0)
+    cannot be standardised" blaming the user's data."""
+    data = random_volume(rng, (6, 8, 8), np.uint8)
+    write(tmp_path / "v.h5", data)
+    first = volume_statistics(ef.hdf5(tmp_path / "v.h5", "raw"))
+    (entry,) = (cache_dir / "stats").iterdir()
+    content = json.loads(entry.read_text())
+    content["statistics"].update(damage)
+    entry.write_text(json.dumps(content))
+    assert volume_statistics(ef.hdf5(tmp_path / "v.h5", "raw")) == first
+
+
+def test_a_store_opened_in_memory_then_rewritten_caches_nothing(tmp_path, rng, cache_dir):
+    """Its statistics describe the data read when it was opened, but a key taken from the chunk files now
+    described the new data: later runs normalised the new data with the old statistics (batches with mean 1.9
+    and std 5.2)."""
+    zarr = pytest.importorskip("zarr")
+    path = tmp_path / "v.zarr"
+    first, second = (random_volume(rng, (6, 8, 8), np.uint8) for _ in range(2))
+    zarr.create_array(path, shape=first.shape, chunks=(3, 4, 4), dtype=np.uint8)[...] = first
+    volume = ef.open(path)  # in memory
+    zarr.open_array(path, mode="r+")[...] = second  # chunks rewritten in place, the metadata untouched
+    assert_matches_numpy(volume_statistics(volume), first)
+    assert_matches_numpy(volume_statistics(ef.open(path, in_memory=False)), second)
+
+
 def test_unwritable_cache_dir_warns_and_still_answers(tmp_path, rng, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -206,6 +206,8 @@ class _CacheEntry:
         # a store's chunks are rewritten in place under the same metadata; an HDF5 link's or virtual dataset's
         # files are rewritten under the same file
         if not source.path.is_file() or source.data_files:
+            if volume.in_memory:  # read when opened: the files now may hold other data than the statistics see
+                return None
             key["data"] = fingerprint(source)
         return cls(key)
 
@@ -216,9 +218,10 @@ class _CacheEntry:
                 content = json.load(file)
             if content.get("key") != self.key:
                 return None
-            return VolumeStatistics(**content["statistics"])
+            statistics = VolumeStatistics(**content["statistics"])
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return None
+        return statistics if _plausible(statistics) else None  # a damaged entry is recomputed, never believed
 
     def store(self, statistics: VolumeStatistics) -> None:
         """Write the entry atomically (temporary file + rename); warn and carry on if that is impossible."""
@@ -233,6 +236,19 @@ class _CacheEntry:
             warnings.warn(f"emfast: cannot cache volume statistics in {self.directory} ({exc.strerror or exc}); "
                           f"they will be recomputed next time. Set EMFAST_CACHE_DIR to a writable directory.",
                           RuntimeWarning, stacklevel=3)
+
+
+def _plausible(statistics: VolumeStatistics) -> bool:
+    """Whether cached statistics could be a volume's: finite numbers, min <= mean <= max, std >= 0."""
+    numbers = (statistics.mean, statistics.std, statistics.min, statistics.max)
+    optional = tuple(p for p in (statistics.p0_5, statistics.p99_5) if p is not None)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+               for v in numbers + optional):
+        return False
+    count_ok = isinstance(statistics.count, int) and not isinstance(statistics.count, bool) and statistics.count > 0
+    slack = 1e-6 * (abs(statistics.min) + abs(statistics.max) + 1)  # a mean's rounding past a constant's value
+    return (count_ok and statistics.std >= 0
+            and statistics.min - slack <= statistics.mean <= statistics.max + slack)
 
 
 def _remove_quietly(path: Path) -> None:

@@ -93,8 +93,9 @@ class Loader:
     normalize : (float, float), dict, str, default None
         Raw and extra channels: ``(scale, shift)`` (output = ``x * scale + shift``), ``{"mean": m, "std": s}``,
         ``"volume"`` (each volume to zero mean, unit variance from its statistics) or ``"minmax"`` (each
-        volume's range to [0, 1]); per-volume statistics are computed once and cached beside the data, never in
-        it. None: integers to [0, 1], float unchanged.
+        volume's range to [0, 1]); per-volume statistics are computed once and cached under
+        ``~/.cache/emfast`` (``EMFAST_CACHE_DIR``, ``XDG_CACHE_HOME``), never in the data's files. None: integers
+        to [0, 1], float unchanged.
     isotropic : bool, default False
         Allow transforms that swap z with y/x (only for data of equal resolution along all axes).
     label_offset : (int, int, int), default None
