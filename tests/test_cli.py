@@ -1,8 +1,10 @@
 """The emfast command line."""
+import json
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import emfast as ef
@@ -228,3 +230,21 @@ def test_an_error_during_convert_starts_on_its_own_line_after_the_progress_bar(t
     assert main(["convert", str(tmp_path / "in.h5/raw"), str(tmp_path / "out.zarr/raw")]) == 2
     text = terminal.getvalue()
     assert "estimating the time left" in text and "\nemfast: error: the disk is full" in text, text
+
+
+def test_converting_into_a_store_with_other_arrays_leaves_them_listed(tmp_path, capsys):
+    """convert store.zarr/raw store.zarr/raw_copy described the store's root as an OME-NGFF image of raw_copy:
+    emfast info and ome-zarr-py then saw only that image, and raw and labels were hidden."""
+    zarr = pytest.importorskip("zarr")
+    root = zarr.open_group(str(tmp_path / "store.zarr"), mode="w")
+    data = np.random.default_rng(1).integers(0, 255, (8, 16, 16), dtype=np.uint8)
+    for name in ("raw", "labels"):
+        root.create_array(name, data=data, chunks=(4, 8, 8), attributes={"resolution": [40, 4, 4]})
+    assert main(["convert", str(tmp_path / "store.zarr/raw"), str(tmp_path / "store.zarr/raw_copy")]) == 0
+    capsys.readouterr()
+    assert "multiscales" not in json.dumps(dict(zarr.open_group(str(tmp_path / "store.zarr")).attrs))
+    assert main(["info", str(tmp_path / "store.zarr")]) == 0
+    listed = capsys.readouterr().out
+    assert all(f"{name}:" in listed for name in ("raw", "labels", "raw_copy")), listed
+    assert main(["convert", str(tmp_path / "store.zarr/raw"), str(tmp_path / "alone.zarr/raw")]) == 0
+    assert "multiscales" in json.dumps(dict(zarr.open_group(str(tmp_path / "alone.zarr")).attrs))  # its one array

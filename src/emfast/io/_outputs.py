@@ -368,8 +368,9 @@ def add_ome_multiscales(root, dataset: str, ndim: int, resolution: Optional[Sequ
                         offset: Optional[Sequence[float]]) -> None:
     """Describe the zarr output ``dataset`` of the open group ``root`` as an OME-NGFF image of one level on its
     parent group (0.4 in zarr v2, 0.5 in v3), so that OME readers (ome-zarr-py, napari-ome-zarr) find it with its
-    axes, voxel size and offset in nm. Only with a known voxel size, and never over another image's metadata: a
-    parent that already describes an image of other datasets keeps it.
+    axes, voxel size and offset in nm. Only with a known voxel size, and only where the output is the parent's
+    one member (OME readers would take a group holding other arrays for that one image, and hide the others);
+    never over another image's metadata: a parent that already describes an image of other datasets keeps it.
     """
     if ndim not in OUTPUT_AXES:
         return
@@ -377,6 +378,8 @@ def add_ome_multiscales(root, dataset: str, ndim: int, resolution: Optional[Sequ
     group = root[parent] if parent else root
     if resolution is None:  # an earlier output of that name may have left its description: it would place this one
         _forget_image(group, name)
+        return
+    if set(group.keys()) - {name, f"{name}.blocks"}:  # described as an image, the group's others would be hidden
         return
     _describe_image(group, name, ndim, [(name, resolution, offset)])
 
