@@ -248,3 +248,16 @@ def test_converting_into_a_store_with_other_arrays_leaves_them_listed(tmp_path, 
     assert all(f"{name}:" in listed for name in ("raw", "labels", "raw_copy")), listed
     assert main(["convert", str(tmp_path / "store.zarr/raw"), str(tmp_path / "alone.zarr/raw")]) == 0
     assert "multiscales" in json.dumps(dict(zarr.open_group(str(tmp_path / "alone.zarr")).attrs))  # its one array
+
+
+def test_a_source_whose_path_is_not_utf8_converts(tmp_path):
+    """A file name with bytes that are not UTF-8 (an old file server's Latin-1): info read it, but convert failed
+    with "'utf-8' codec can't encode character '\\udcff'", naming nothing (the resume fingerprint's text)."""
+    import os
+    import h5py
+    name = os.fsdecode(b"bad\xffname.h5")
+    data = np.random.default_rng(2).integers(0, 255, (8, 16, 16), dtype=np.uint8)
+    with h5py.File(tmp_path / name, "w") as f:
+        f.create_dataset("raw", data=data, chunks=(4, 8, 8))
+    assert main(["convert", str(tmp_path / name / "raw"), str(tmp_path / "out.zarr/raw")]) == 0
+    np.testing.assert_array_equal(ef.open(tmp_path / "out.zarr/raw").array[0], data)

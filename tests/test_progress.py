@@ -40,5 +40,24 @@ def test_a_terminal_gets_one_line_redrawn_in_place(monkeypatch):
     for done in range(4):
         bar(done, 3)
     text = terminal.getvalue()
-    assert text.startswith("\r[") and text.endswith("3/3 tiles, done in 0 s \n") and text.count("\n") == 1
+    assert text.startswith("\r[") and text.endswith("\n") and text.count("\n") == 1
+    assert text.rstrip().endswith("3/3 tiles, done in 0 s")
     assert text.count("\r") == 2  # redrawn at most every REDRAW_SECONDS: the first and the last call
+
+
+def _screen(text: str) -> str:
+    """What a terminal shows of ``text``: each carriage return goes back to the line's start, overwriting."""
+    shown = ""
+    for part in text.split("\r"):
+        shown = part + shown[len(part):]
+    return shown
+
+
+def test_a_shorter_line_redrawn_in_place_covers_the_longer_one_before_it(monkeypatch):
+    """'estimating the time left' then 'done in 1 s' showed as '... done in 1 s he time left'."""
+    monkeypatch.setattr(_progress, "REDRAW_SECONDS", 0.0)
+    terminal = Terminal()
+    bar = progress_bar(terminal, unit="tile")
+    bar(0, 1)
+    bar(1, 1)
+    assert _screen(terminal.getvalue().rstrip("\n")).rstrip() == "[########################] 1/1 tile, done in 0 s"

@@ -139,7 +139,9 @@ def fingerprint(stamp) -> Optional[dict]:
         folder = input_folder(stamp)
         entries = sorted(_entry(Path(root) / name, folder)
                          for root, _, names in os.walk(folder) for name in names)
-    digest = hashlib.sha256("\n".join(f"{name} {size} {mtime}" for name, size, mtime in entries).encode())
+    # surrogateescape: a file name's bytes that are not UTF-8 (they decode so) hash as the bytes they are
+    digest = hashlib.sha256("\n".join(f"{name} {size} {mtime}" for name, size, mtime in entries)
+                            .encode("utf-8", "surrogateescape"))
     return {"files": len(entries), "bytes": sum(e[1] for e in entries), "digest": digest.hexdigest()}
 
 

@@ -49,6 +49,7 @@ class ProgressBar:
         self._drawn_at = -float("inf")
         self._line_done = None
         self._open_line = False
+        self._drawn_width = 0  # of the line last drawn in place
 
     def __call__(self, done: int, total: int) -> None:
         self.update(done, total)
@@ -82,7 +83,9 @@ class ProgressBar:
         finished = done >= self.total
         if self.interactive:
             if finished or now - self._drawn_at >= REDRAW_SECONDS:
-                self.stream.write("\r" + self.line(done) + " ")
+                line = self.line(done)  # padded over what a longer line before it left on the screen
+                self.stream.write("\r" + line.ljust(self._drawn_width) + " ")
+                self._drawn_width = len(line)
                 self._open_line = True
                 self._drawn_at = now
                 if finished:
