@@ -23,6 +23,7 @@ import re
 import shutil
 import stat
 import uuid
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
@@ -381,7 +382,10 @@ def add_ome_multiscales(root, dataset: str, ndim: int, resolution: Optional[Sequ
     if resolution is None:  # an earlier output of that name may have left its description: it would place this one
         _forget_image(group, name)
         return
-    if set(group.keys()) - {name, f"{name}.blocks"}:  # described as an image, the group's others would be hidden
+    with warnings.catch_warnings():  # zarr-python warns of folders that are no node (tensorstore's implicit ones)
+        warnings.simplefilter("ignore")
+        members = set(group.keys())
+    if members - {name, f"{name}.blocks"}:  # described as an image, the group's others would be hidden
         return
     _describe_image(group, name, ndim, [(name, resolution, offset)])
 
