@@ -261,3 +261,22 @@ def test_a_source_whose_path_is_not_utf8_converts(tmp_path):
         f.create_dataset("raw", data=data, chunks=(4, 8, 8))
     assert main(["convert", str(tmp_path / name / "raw"), str(tmp_path / "out.zarr/raw")]) == 0
     np.testing.assert_array_equal(ef.open(tmp_path / "out.zarr/raw").array[0], data)
+
+
+def test_info_names_an_array_it_cannot_read_instead_of_leaving_it_out(tmp_path, capsys, monkeypatch):
+    """A zarr array whose zarr.json this user may not read was left out of the listing, exit 0."""
+    zarr = pytest.importorskip("zarr")
+    from emfast.io import _zarr
+    root = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
+    for name in ("raw", "labels"):
+        root.create_array(name, shape=(8, 16, 16), chunks=(4, 8, 8), dtype=np.uint8)
+    read = _zarr.read_regular_file
+
+    def refusing(path, what):
+        if Path(path) == tmp_path / "s.zarr" / "raw" / "zarr.json":
+            raise PermissionError(13, "Permission denied", str(path))
+        return read(path, what)
+
+    monkeypatch.setattr(_zarr, "read_regular_file", refusing)
+    assert main(["info", str(tmp_path / "s.zarr")]) == 2
+    assert "cannot read the zarr metadata" in capsys.readouterr().err
