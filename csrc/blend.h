@@ -51,9 +51,10 @@ typedef struct {
  * same order whatever ``parts``. */
 int emf_blend_tiles(const emf_blend_tile *tiles, int64_t count, int64_t part, int64_t parts);
 /* out[c, z, y, x] = convert(sums[c, z, y, x] / (((count * tz[z]) * ty[y]) * tx[x])) for contiguous sums and out
- * (channels, shape), into out_dtype: float32, float16 (rounded once, as NumPy rounds float64) or uint8 (rint(clip(x, 0, 1) *
- * 255), NaN to 0). tz, ty and tx are the per-axis totals of the weights, count the predictions per tile.
- * *non_finite is set to how many blended values were NaN or infinite (before the conversion; 0 for uint8). */
+ * (channels, shape), into out_dtype: float32, float16 (rounded once, as NumPy rounds float64) or uint8
+ * (rint(clip(x, 0, 1) * 255), NaN to 0). tz, ty and tx are the per-axis totals of the weights, count the
+ * predictions per tile. *non_finite is set to how many blended values were NaN or infinite (before the
+ * conversion; 0 for uint8). */
 int emf_blend_finish(const double *sums, const double *tz, const double *ty, const double *tx, double count,
                      int64_t channels, const int64_t shape[3], emf_dtype out_dtype, void *out, int64_t *non_finite);
 

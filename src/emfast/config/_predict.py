@@ -34,12 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, Union
 
-import numpy as np
-
 from .._checks import concerned_key
 from .._core.gather import PAD_MODES
 from ..inference import (BLENDS, CACHE_SHARE, CHUNK_EDGE, COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS,
-                         Prediction, TilePlan, block_bytes, input_cache_refusal, parse_memory, predict,
+                         Prediction, TilePlan, block_estimate, input_cache_refusal, parse_memory, predict,
                          require_torch, too_large_block, variants)
 from ..io import CacheBudgetError, check_compression, open_volume, parse_output
 from ..transfer import cuda_ordinal
@@ -265,13 +263,10 @@ class PredictSpec:
         """Refuse a given block that memory cannot hold, as predict will, counting the model's output channels
         as ``channels`` says, or as 1 (the least) where only the model knows them."""
         options = self.options
-
-        def estimate(block) -> int:
-            return block_bytes(block, plan.patch_in, plan.patch_out, channels_in, itemsize_in,
-                               options.get("channels", 1), np.dtype(options.get("dtype", "float32")).itemsize,
-                               options.get("threads", 2), options.get("batch_size", 1),
-                               len(variants(options.get("tta", 0), plan.patch_in, plan.patch_out)))
-
+        estimate = block_estimate(plan, channels_in, itemsize_in, options.get("channels", 1),
+                                  options.get("dtype", "float32"), options.get("threads", 2),
+                                  options.get("batch_size", 1),
+                                  len(variants(options.get("tta", 0), plan.patch_in, plan.patch_out)))
         error = too_large_block(plan.block, estimate, options["memory"], options["memory"] // CACHE_SHARE)
         if error is not None:
             counted = "" if "channels" in options else " (counting 1 output channel: the model may have more)"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 
@@ -68,6 +68,17 @@ def block_bytes(block, patch_in, patch_out, channels_in: int, itemsize_in: int, 
     batches = ((BATCHES_AHEAD + 2) * batch_size * (channels_in * 4 * int(np.prod(patch_in)) + tile_out)
                + variants * tile_out)
     return inputs + blending + outputs + batches
+
+
+def block_estimate(plan, channels_in: int, itemsize_in: int, channels: int, dtype, threads: int, batch_size: int,
+                   variant_count: int) -> Callable[[tuple], int]:
+    """``estimate(block)``: :func:`block_bytes` for ``plan``'s tiles over an input of ``channels_in`` channels of
+    ``itemsize_in`` bytes, to an output of ``channels`` channels of ``dtype``."""
+    def estimate(block) -> int:
+        return block_bytes(block, plan.patch_in, plan.patch_out, channels_in, itemsize_in, channels,
+                           np.dtype(dtype).itemsize, threads, batch_size, variant_count)
+
+    return estimate
 
 
 def choose_block(budget: int, chunks, roi, estimate, given: int) -> Tuple[int, int, int]:

@@ -25,7 +25,7 @@ from ._cache import TileCache
 from ._dask import check_model_pickles, dask_missing, run_dask
 from ._device import device_runner
 from ._local import run_local
-from ._memory import (CACHE_SHARE, DEFAULT_MEMORY, TILES_SHARE, block_bytes, choose_block, input_cache_refusal,
+from ._memory import (CACHE_SHARE, DEFAULT_MEMORY, TILES_SHARE, block_estimate, choose_block, input_cache_refusal,
                       parse_memory, too_large_block)
 from ._model import ModelCaller
 from ._store import PREDICT_OUTPUT_DTYPE_NAMES, PROVENANCE, OutputStore, check_compression, parse_output
@@ -370,13 +370,16 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         pinned = 0 if caller.runner is None else \
             caller.runner.host_bytes(batch_size * channels * int(np.prod(plan.patch_out)))
         reserved = (budget // CACHE_SHARE if opened else 0) + pinned  # the chunk cache and the device slots
-        estimate = _block_estimate(plan, volume, channels, dtype, threads, batch_size, len(tile_variants))
+        estimate = block_estimate(plan, volume.channels, volume.dtype.itemsize, channels, dtype, threads, batch_size,
+                                  len(tile_variants))
         left = budget - budget // TILES_SHARE - reserved  # what the blocks get beside those and the kept tiles
         if block is None:
             plan = TilePlan(volume.shape, patch_in, patch_out, overlap, chunks, roi,
                             choose_block(left, plan.chunks, plan.roi, estimate, budget), crop=blend == "none")
-        elif memory is not None and too_large_block(plan.block, estimate, budget, reserved) is not None:
-            raise too_large_block(plan.block, estimate, budget, reserved)
+        elif memory is not None:
+            refused = too_large_block(plan.block, estimate, budget, reserved)
+            if refused is not None:
+                raise refused
         # The kept tiles get whatever the blocks leave, at least their share: blocks stop growing at BLOCK_EDGE,
         # and a kept tile held in memory is neither written to nor read back from disk by the blender.
         kept_memory = max(budget // TILES_SHARE, budget - reserved - estimate(plan.block))
@@ -438,16 +441,6 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     profile = {"model": caller.seconds, **({} if caller.runner is None else caller.runner.stages)}
     return Prediction(f"{container}/{dataset}", shape, np.dtype(dtype), len(blocks), len(todo), plan.tile_count,
                       predictor.tiles_computed, time.monotonic() - started, profile)
-
-
-def _block_estimate(plan: TilePlan, volume: Volume, channels: int, dtype: str, threads: int, batch_size: int,
-                    variant_count: int) -> Callable[[tuple], int]:
-    """The bytes a prediction holds with blocks of a given shape (see :mod:`._memory`)."""
-    def estimate(block) -> int:
-        return block_bytes(block, plan.patch_in, plan.patch_out, volume.channels, volume.dtype.itemsize, channels,
-                           np.dtype(dtype).itemsize, threads, batch_size, variant_count)
-
-    return estimate
 
 
 def _probe(predictor: BlockPredictor, plan: TilePlan):
