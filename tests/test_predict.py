@@ -563,6 +563,9 @@ def test_wrong_model_outputs_are_named(tmp_path, volume):
         ef.predict(**arguments(lambda batch: batch))
     with pytest.raises(ModelOutputError, match="returned dtype int32; expected one of float16, float32, float64"):
         ef.predict(**arguments(lambda batch: crop(batch).astype(np.int32)))
+    with pytest.raises(ModelOutputError, match=r"returned dtype >f4 \(the other byte order\); expected one of float16, "
+                                               r"float32, float64 in the byte order of this machine"):
+        ef.predict(**arguments(lambda batch: crop(batch).astype(">f4")))
     with pytest.raises(ModelOutputError, match="returned a list"):
         ef.predict(**arguments(lambda batch: [crop(batch)]))
     changing = [1]
@@ -1053,3 +1056,19 @@ def test_after_the_models_first_error_it_is_not_called_again_and_that_error_is_r
         with pytest.raises(RuntimeError, match=r"^failed at call 9$"):
             ef.predict(failing, volume, tmp_path / f"{attempt}{output}", **dict(SETTINGS, batch_size=3, blend="none"))
         assert len(calls) == 9
+
+
+@pytest.mark.parametrize("given", ["array", "hdf5 path"])
+def test_a_boolean_input_is_refused_as_the_loader_refuses_it(tmp_path, given):
+    """A bool array reads as uint8 (False 0, True 1), whose default scaling made every True 1/255 in the output
+    without a word, where the Loader refuses the same array as raw."""
+    mask = np.zeros((16, 32, 32), bool)
+    mask[4:12] = True
+    source = mask
+    if given == "hdf5 path":
+        with h5py.File(tmp_path / "in.h5", "w") as file:
+            file["mask"] = mask
+        source = tmp_path / "in.h5/mask"
+    with pytest.raises(TypeError, match=r"predict's input must be intensities \(integers or floats\), not bool"):
+        ef.predict(lambda batch: batch, source, tmp_path / "p.zarr/p", patch_in=(8, 16, 16))
+    assert not (tmp_path / "p.zarr").exists()

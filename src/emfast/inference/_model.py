@@ -141,6 +141,9 @@ class ModelCaller:
             raise ModelOutputError(f"model {self.name} returned shape {prediction.shape} for an input of "
                                    f"{count} tiles; expected {wanted}: the batch, the channels and patch_out")
         if prediction.dtype not in PREDICTION_DTYPES:
-            raise ModelOutputError(f"model {self.name} returned dtype {prediction.dtype}; expected one of "
-                                   f"{', '.join(str(d) for d in PREDICTION_DTYPES)}")
+            swapped = prediction.dtype.newbyteorder("=") in PREDICTION_DTYPES  # ">f4" is float32, not this byte order
+            raise ModelOutputError(f"model {self.name} returned dtype {prediction.dtype}"
+                                   f"{' (the other byte order)' if swapped else ''}; expected one of "
+                                   f"{', '.join(str(d) for d in PREDICTION_DTYPES)}"
+                                   f"{' in the byte order of this machine' if swapped else ''}")
         return prediction

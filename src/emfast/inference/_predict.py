@@ -11,7 +11,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from .._checks import integer, is_integer, refusal, triple
+from .._checks import integer, is_integer, triple
 from .._core.gather import PAD_MODES
 from .._threads import ctrl_c_held, shutdown_pool
 from .._version import __version__
@@ -133,12 +133,19 @@ def _as_volume(volume, cache_bytes: int) -> Tuple[Volume, bool]:
     """The input as a Volume, and whether this call opened it (and must close it, and its chunk cache of
     ``cache_bytes`` counts in the budget)."""
     if isinstance(volume, Volume):
-        return volume, False
-    if isinstance(volume, np.ndarray):
-        return Volume.from_array(volume, name="input array"), False
-    if isinstance(volume, (str, os.PathLike)):
-        return open_volume(volume, in_memory=False, cache_bytes=cache_bytes), True
-    raise TypeError(f"volume must be an emfast Volume, a NumPy array or a path, got {type(volume).__name__}")
+        opened = False
+    elif isinstance(volume, np.ndarray):
+        volume, opened = Volume.from_array(volume, name="input array"), False
+    elif isinstance(volume, (str, os.PathLike)):
+        volume, opened = open_volume(volume, in_memory=False, cache_bytes=cache_bytes), True
+    else:
+        raise TypeError(f"volume must be an emfast Volume, a NumPy array or a path, got {type(volume).__name__}")
+    if volume.stored_dtype == bool:  # read as uint8, it would be scaled to 0 and 1/255: a mask is not an image
+        if opened:
+            volume.close()
+        raise TypeError(f"{volume.name}: predict's input must be intensities (integers or floats), not bool; pass "
+                        "volume.astype(np.float32) if the network takes a mask")
+    return volume, opened
 
 
 def _triple_or_int(value, what: str, minimum: int) -> Tuple[int, int, int]:
