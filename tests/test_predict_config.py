@@ -364,3 +364,54 @@ def test_cuda_graphs_need_a_boolean_and_a_cuda_device(folder, extra, words):
 def test_cuda_graphs_reach_predict(folder):
     spec = load_predict_config(_config(folder, PREDICT + "  device: cuda:1\n  cuda_graphs: true\n"))
     assert spec.options["cuda_graphs"] is True and spec.options["device"] == "cuda:1"
+
+
+FAILING_NETS = '''\
+def wrong_channels(gain=1.0):
+    def network(batch):
+        raise RuntimeError("expected input to have 2 channels, but got 1 channels instead")
+    return network
+
+
+def numpy_style(gain=1.0):
+    def network(batch):
+        return batch.repeat(3, axis=1).no_such_method()
+    return network
+'''
+
+
+@pytest.mark.parametrize("factory, raised", [("wrong_channels", "RuntimeError"), ("numpy_style", "AttributeError")])
+def test_an_error_the_model_raises_is_the_users_with_its_traceback(folder, capsys, factory, raised):
+    """A torch network given the wrong channel count raises RuntimeError, a NumPy network given what it did not
+    expect a TypeError or AttributeError: these were called "a bug in emfast, not in your input" (exit 1). They
+    are the model's: its traceback, then one line naming the model, exit 2."""
+    (folder / "failing.py").write_text(FAILING_NETS)
+    path = _config(folder, PREDICT.replace("nets:load", f"failing:{factory}"))
+    assert main(["predict", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and 'failing.py", line' in err  # where in the user's code
+    last = err.rstrip().splitlines()[-1]
+    assert last.startswith(f"emfast: error: the model failing:{factory}") and f"raised {raised}: " in last
+    assert "bug in emfast" not in err
+
+
+def test_the_models_error_keeps_its_type_and_says_where_it_came_from(tmp_path):
+    """Library callers catch their own errors by type: predict raises the model's exception itself, with a note
+    naming the model; an error of emfast's own is not blamed on the model."""
+    import emfast as ef
+    from emfast.inference import model_blamed
+
+    class OutOfMemory(RuntimeError):
+        pass
+
+    def network(batch):
+        raise OutOfMemory("CUDA out of memory")
+
+    volume = np.zeros((8, 16, 16), np.uint8)
+    with pytest.raises(OutOfMemory) as raised:
+        ef.predict(network, volume, tmp_path / "p.zarr/p", patch_in=(8, 16, 16))
+    assert model_blamed(raised.value).endswith("network")
+    assert any("raised by the model" in note for note in raised.value.__notes__)
+    with pytest.raises(ValueError) as raised:  # emfast's own check of the input, before the model runs
+        ef.predict(network, volume, tmp_path / "q.zarr/p", patch_in=(8, 16, 16), overlap=(9, 0, 0))
+    assert model_blamed(raised.value) is None

@@ -25,6 +25,7 @@ from .io import DOWNSAMPLING
 from .io import convert as convert_volume
 from .io import command_line_options
 from .io import ProgressBar, plural, progress_bar
+from .inference import model_blamed
 from .pipeline import Loader
 
 #: The demo's progress bar (batches/s and Mvoxel/s): the one bar of every command.
@@ -415,6 +416,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE (13), as a shell reports a command the signal ended
     except Exception as error:
+        model = model_blamed(error)
+        if model is not None:  # the user's code: its traceback is theirs to read, the error theirs to fix
+            traceback.print_exc()
+            print(f"emfast: error: the model {model} raised {type(error).__name__}: {error}", file=sys.stderr)
+            return 2
         if user_error(error):
             print(f"emfast: error: {error}", file=sys.stderr)
             return 2

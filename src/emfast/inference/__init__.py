@@ -13,7 +13,7 @@ import warnings
 
 from ._blend import BLENDS
 from ._memory import CACHE_SHARE, block_estimate, input_cache_refusal, parse_memory, too_large_block
-from ._model import ModelOutputError, require_torch
+from ._model import ModelOutputError, model_blamed, require_torch
 from ._predict import CHUNK_EDGE, NonFiniteWarning, Prediction, PredictProgress, SaturationWarning, predict
 from ._store import COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, BlockWriteError, OutputExistsError
 from ._tiling import Block, TilePlan
@@ -21,8 +21,8 @@ from ._tta import TTA_COUNTS, variants
 
 __all__ = ["BLENDS", "CACHE_SHARE", "COMPRESSIONS", "PREDICT_OUTPUT_DTYPE_NAMES", "TTA_COUNTS", "Block",
            "BlockWriteError", "ModelOutputError", "OutputExistsError", "Prediction", "PredictProgress",
-           "NonFiniteWarning", "SaturationWarning", "TilePlan", "block_estimate", "input_cache_refusal", "predict",
-           "require_torch", "too_large_block", "variants"]
+           "NonFiniteWarning", "SaturationWarning", "TilePlan", "block_estimate", "input_cache_refusal", "model_blamed",
+           "predict", "require_torch", "too_large_block", "variants"]
 
 
 def __getattr__(name: str):

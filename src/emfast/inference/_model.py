@@ -40,6 +40,25 @@ def require_torch(device) -> None:
                           "install torch); leave device out to feed it NumPy arrays") from None
 
 
+def blame_model(error: BaseException, name: str) -> BaseException:
+    """Mark ``error`` as raised by the user's model ``name`` (see :func:`model_blamed`), with a note that its
+    traceback shows; returns it. The exception itself is kept: a caller may catch its own errors by type."""
+    if model_blamed(error) is None:
+        setattr(error, _BLAMED, name)
+        error.add_note(f"(raised by the model {name}, called by emfast.predict)")
+    return error
+
+
+def model_blamed(error: BaseException) -> Optional[str]:
+    """The name of the model that raised ``error`` in a prediction (in this process or on a Dask worker: the mark
+    travels with the pickled exception), or None if the error is not the model's."""
+    return getattr(error, _BLAMED, None)
+
+
+#: The attribute that :func:`blame_model` sets on an exception.
+_BLAMED = "emfast_model"
+
+
 class ModelCaller:
     """Calls ``model`` on NumPy batches (``device=None``) or on torch tensors on ``device``, and checks that the
     prediction has shape (B, channels, *patch_out) (``channels`` None: any) and a float dtype.
@@ -85,7 +104,7 @@ class ModelCaller:
                 prediction = self.model(batch) if self.device is None else self._torch(batch)
                 wait = lambda: prediction  # noqa: E731
         except Exception as error:
-            self.failure = error
+            self.failure = blame_model(error, self.name)
             raise
         finally:
             self.seconds += time.perf_counter() - start
@@ -95,6 +114,8 @@ class ModelCaller:
             try:
                 try:
                     prediction = wait()
+                except Exception as error:  # the model's run on the device
+                    raise blame_model(error, self.name)
                 finally:
                     self.seconds += time.perf_counter() - start
                 prediction = self._checked(prediction, batch.shape[0], out_shape, channels)
