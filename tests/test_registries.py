@@ -60,10 +60,13 @@ def test_info_of_zarr_written_by_zarr_python(tmp_path, raw, capsys):
     labels[...] = (raw % 7).astype(np.uint64)
     lines = info_lines(capsys, tmp_path / "z.zarr")
     assert lines[0] == str(tmp_path / "z.zarr")
-    assert lines[1] == ("  raw: shape=(16, 32, 48) dtype=uint8 chunks=(8, 16, 16) resolution=(40.0, 4.0, 4.0) "
-                        "offset=(80.0, 8.0, 4.0) world=[(80.0, 8.0, 4.0), (720.0, 136.0, 196.0)) nm")
+    # zarr-python compresses with zstd by default: the codec and the attributes are shown, as for HDF5
+    assert lines[1] == ("  raw: shape=(16, 32, 48) dtype=uint8 chunks=(8, 16, 16) zstd resolution=(40.0, 4.0, 4.0) "
+                        "offset=(80.0, 8.0, 4.0) world=[(80.0, 8.0, 4.0), (720.0, 136.0, 196.0)) nm  "
+                        "[resolution=[40, 4, 4], offset=[80, 8, 4]]")
     assert_values_line(lines[2], raw)
-    assert lines[3] == "  seg/labels: shape=(16, 32, 48) dtype=uint64 chunks=(8, 16, 16) resolution=None offset=None"
+    assert lines[3] == ("  seg/labels: shape=(16, 32, 48) dtype=uint64 chunks=(8, 16, 16) zstd resolution=None "
+                        "offset=None")
     assert "6 labels besides 0" in lines[4] and len(lines) == 5
     assert info_lines(capsys, tmp_path / "z.zarr/seg")[1:] == lines[3:]
 
@@ -73,9 +76,41 @@ def test_info_of_ome_zarr_written_by_ome_zarr_py(tmp_path, raw, capsys):
     group = zarr.open_group(str(tmp_path / "o.zarr"), mode="w", zarr_format=2)
     writer.write_image(raw, group=group, axes="zyx", scaler=None, storage_options={"chunks": CHUNKS})
     lines = info_lines(capsys, tmp_path / "o.zarr")
-    assert lines[1] == ("  .: shape=(16, 32, 48) dtype=uint8 chunks=(8, 16, 16) resolution=(1.0, 1.0, 1.0) "
-                        "offset=(0.0, 0.0, 0.0) world=[(0.0, 0.0, 0.0), (16.0, 32.0, 48.0)) nm")
+    levels = len(group.attrs["multiscales"][0]["datasets"])
+    assert lines[1] == (f"  .: shape=(16, 32, 48) dtype=uint8 chunks=(8, 16, 16) zstd (OME-Zarr image: level 0 of "
+                        f"{levels}, array s0) resolution=(1.0, 1.0, 1.0) offset=(0.0, 0.0, 0.0) world=[(0.0, 0.0, "
+                        "0.0), (16.0, 32.0, 48.0)) nm")
     assert_values_line(lines[2], raw)
+
+
+def test_info_lists_what_lies_beside_an_ome_zarr_image(tmp_path, raw, capsys):
+    """An image group lists its levels as one image, and what else it holds as well: OME-NGFF's labels images
+    inside it (written by ome-zarr-py), and an array that a later ``emfast convert`` put beside the image that an
+    earlier one described at the store's root. ``info`` showed the image alone."""
+    writer = pytest.importorskip("ome_zarr.writer")
+    group = zarr.open_group(str(tmp_path / "o.zarr"), mode="w", zarr_format=2)
+    writer.write_image(raw, group=group, axes="zyx", scaler=None, storage_options={"chunks": CHUNKS})
+    writer.write_labels((raw % 5).astype(np.uint32), group=group, name="cells", axes="zyx", scaler=None,
+                        storage_options={"chunks": CHUNKS})
+    lines = info_lines(capsys, tmp_path / "o.zarr")
+    names = [line.split(":")[0].strip() for line in lines[1:] if not line.startswith("    ")]
+    assert sorted(names) == [".", "labels/cells"]
+    image, cells = (next(line for line in lines if line.startswith(f"  {name}: "))
+                    for name in (".", "labels/cells"))
+    assert "(OME-Zarr image: level 0 of" in image and "dtype=uint8" in image
+    assert "(OME-Zarr image: level 0 of" in cells and "dtype=uint32" in cells
+
+    with h5py.File(tmp_path / "in.h5", "w") as file:
+        file["raw"], file["labels"] = raw, (raw % 3).astype(np.uint64)
+        for name in ("raw", "labels"):
+            file[name].attrs["resolution"] = [40, 8, 8]  # the first convert describes the root as raw's image
+    assert main(["convert", f"{tmp_path / 'in.h5'}/raw", str(tmp_path / "r.zarr/raw")]) == 0
+    assert main(["convert", f"{tmp_path / 'in.h5'}/labels", str(tmp_path / "r.zarr/labels")]) == 0
+    capsys.readouterr()
+    lines = info_lines(capsys, tmp_path / "r.zarr")
+    shown = [line for line in lines[1:] if not line.startswith("    ")]
+    assert len(shown) == 2 and shown[0].startswith("  labels: ") and "dtype=uint64" in shown[0]
+    assert shown[1].startswith("  .: ") and "(OME-Zarr image: level 0 of 1, array raw)" in shown[1]
 
 
 def test_info_of_n5_written_by_z5py(tmp_path, raw, capsys):
@@ -85,7 +120,7 @@ def test_info_of_n5_written_by_z5py(tmp_path, raw, capsys):
         "volumes/raw", data=data, chunks=CHUNKS, compression="gzip")
     dataset.attrs["resolution"] = [4, 4, 40]
     lines = info_lines(capsys, tmp_path / "n.n5")
-    assert lines[1] == ("  volumes/raw: shape=(16, 32, 48) dtype=uint16 chunks=(8, 16, 16) resolution=(40.0, 4.0, "
+    assert lines[1] == ("  volumes/raw: shape=(16, 32, 48) dtype=uint16 chunks=(8, 16, 16) gzip resolution=(40.0, 4.0, "
                         "4.0) offset=(0.0, 0.0, 0.0) world=[(0.0, 0.0, 0.0), (640.0, 128.0, 192.0)) nm")
     assert_values_line(lines[2], data)
 

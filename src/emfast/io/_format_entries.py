@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Set
 
 import h5py
 
@@ -37,7 +37,7 @@ def _volumes(fmt, container: Path, names: List[str]) -> Iterator[Listed]:
     """Each named array opened lazily as a volume, described by its source."""
     for name in names:
         source = fmt.open(container, name, None, None)
-        yield Listed(name, source.describe(), {}, Volume.open(source, in_memory=False))
+        yield Listed(name, source.describe(), source.attributes(), Volume.open(source, in_memory=False))
 
 
 @register("format")
@@ -177,9 +177,39 @@ def _zarr_arrays(container: Path, inner: str) -> List[str]:
         node = root[inner] if inner else root
     except KeyError:
         raise not_found(container, inner, lambda group: _zarr_members(root, group)) from None
-    if isinstance(node, zarr.Array) or "multiscales" in node.attrs.get("ome", node.attrs):
+    if isinstance(node, zarr.Array):
         return [inner]
-    return [f"{inner}/{name}".strip("/.") if name != "." else inner for name in names]
+    return _images_for_levels(root, inner, names)
+
+
+def _images_for_levels(root, inner: str, names: List[str]) -> List[str]:
+    """``names`` (arrays below ``inner``) with the levels of each OME-Zarr image replaced by the image's group,
+    listed once, where its first level was; arrays beside an image (another array a later write put in its group,
+    OME-NGFF's ``labels`` images inside it) stay listed."""
+    levels: Dict[str, Set[str]] = {}
+
+    def levels_of(group: str) -> Set[str]:
+        if group not in levels:
+            attributes = (root[group] if group else root).attrs
+            multiscales = attributes.get("ome", attributes).get("multiscales") or []
+            levels[group] = {d.get("path") for m in multiscales if isinstance(m, dict)
+                             for d in m.get("datasets") or [] if isinstance(d, dict)}
+        return levels[group]
+
+    def joined(*parts: str) -> str:
+        return "/".join(p for p in parts if p and p != ".")
+
+    listed: List[str] = []
+    for name in names:
+        parts = [] if name == "." else name.split("/")
+        shown = joined(inner, name)
+        for depth in range(len(parts)):
+            if "/".join(parts[depth:]) in levels_of(joined(inner, *parts[:depth])):
+                shown = joined(inner, *parts[:depth])
+                break
+        if shown not in listed:
+            listed.append(shown)
+    return listed
 
 
 def _zarr_members(root, group: str):

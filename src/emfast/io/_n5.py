@@ -131,6 +131,7 @@ class N5Source(VolumeSource):
         compression = meta.get("compression", {"type": meta.get("compressionType", "raw")})
         self._decode = _decoder(compression, where)
         kind = compression.get("type") if isinstance(compression, dict) else compression
+        self._compression = str(kind)
         #: gzip and zlib blocks are inflated a box at a time by libdeflate where there is one (io/_deflate.py)
         self._deflated = kind in ("gzip", "zlib")
         # a box's blocks decoded side by side where that pays, as measured for this compression and block size
@@ -317,6 +318,9 @@ class N5Source(VolumeSource):
 
     def attributes(self) -> dict:
         return dict(self._attributes)
+
+    def describe(self) -> str:
+        return f"{super().describe()} {self._compression}" if self._compression != "raw" else super().describe()
 
     def reopen_arguments(self) -> tuple:
         # a store pickles as its URL, a folder as its absolute path (a Dask worker may run elsewhere)

@@ -105,6 +105,7 @@ class ZarrSource(VolumeSource):
         path = path if remote else Path(path)
         dataset = dataset.strip("/")
         self._given = dataset
+        self._image_level: Optional[tuple] = None  # (index, levels, array path) where a multiscale image was named
         self.name = f"{path}:{dataset}" if dataset else str(path)
         if not remote:
             require_kind(path, "directory", "a zarr store")
@@ -134,6 +135,7 @@ class ZarrSource(VolumeSource):
             dataset = f"{dataset}/{chosen.path}" if dataset else chosen.path
             self.name = f"{path}:{dataset}"
             self._take_level(array, chosen)
+            self._image_level = (list(levels).index(chosen), len(levels), chosen.path)
         else:
             if level is not None or resolution is not None:
                 raise LevelChoiceError(f"{self.name} is an array, not a multiscale image: level and resolution do "
@@ -271,6 +273,13 @@ class ZarrSource(VolumeSource):
     def attributes(self) -> dict:
         return dict(self._array.attrs)
 
+    def describe(self) -> str:
+        text = f"{super().describe()} {codec_names(self._array.metadata)}".rstrip()
+        if self._image_level is not None:
+            index, count, level_path = self._image_level
+            text += f" (OME-Zarr image: level {index} of {count}, array {level_path})"
+        return text
+
     def reopen_arguments(self) -> tuple:
         # a store pickles as its URL, a folder as its absolute path (a Dask worker may run elsewhere)
         path = self._path if isinstance(self._path, RemoteStore) else str(Path(self._path).absolute())
@@ -325,6 +334,25 @@ def _geometry_of(array, name: str, known_axes: Optional[Sequence[str]] = None) -
     with parsing(where):
         names = getattr(array.metadata, "dimension_names", None)
         return array_geometry(dict(array.attrs), array.ndim, where, dimension_names=names, known_axes=known_axes)
+
+
+def codec_names(metadata) -> str:
+    """A zarr array's compression as ``emfast info`` shows it: its codecs but the bytes codec (v3; a sharded
+    array's inner ones in brackets), or its filters and compressor (v2); "" for none."""
+    if metadata.zarr_format == 2:
+        codecs = list(metadata.filters or ()) + ([metadata.compressor] if metadata.compressor is not None else [])
+        return " ".join(codec.codec_id for codec in codecs)
+
+    def names(described) -> List[str]:
+        shown = []
+        for codec in described:
+            if codec.get("name") == "sharding_indexed":
+                shown.append(f"sharded[{' '.join(names(codec.get('configuration', {}).get('codecs', ())))}]")
+            elif codec.get("name") != "bytes":
+                shown.append(str(codec.get("name")))
+        return shown
+
+    return " ".join(names([codec.to_dict() for codec in metadata.codecs]))
 
 
 def arrays_on_disk(store: Path, below: str = "") -> List[str]:
