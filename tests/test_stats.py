@@ -268,3 +268,25 @@ def test_unwritable_cache_dir_warns_and_still_answers(tmp_path, rng, monkeypatch
     with pytest.warns(RuntimeWarning, match=r"cannot cache volume statistics in .*a-file/cache"):
         statistics = volume_statistics(ef.hdf5(tmp_path / "v.h5", "raw"))
     assert_matches_numpy(statistics, data)
+
+
+def test_no_home_at_all_computes_the_statistics_and_says_why_nothing_is_cached(tmp_path, rng, monkeypatch, capsys):
+    """A container run as a user with no passwd entry and no HOME: ``Path.home()`` raised RuntimeError from the
+    statistics cache, so every lazy loader and ``normalize="volume"`` failed (and the CLI called it a bug)."""
+    import pwd
+    from emfast.cli import main
+
+    def no_such_user(uid):
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    for name in ("HOME", "EMFAST_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", no_such_user)
+    data = random_volume(rng, (6, 8, 8), np.uint16)
+    write(tmp_path / "v.h5", data)
+    with pytest.warns(RuntimeWarning, match=r"no folder to cache in: HOME is not set and this user has no home "
+                                            r"directory; set EMFAST_CACHE_DIR .*; volume statistics are recomputed"):
+        statistics = volume_statistics(ef.open(tmp_path / "v.h5/raw", in_memory=False))
+    assert_matches_numpy(statistics, data)
+    assert main(["demo", "--batches", "1"]) == 2  # the demo volume needs a folder: told in one line
+    assert capsys.readouterr().err.splitlines()[-1].startswith("emfast: error: emfast has no folder to cache in")

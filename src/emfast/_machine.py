@@ -45,7 +45,12 @@ def cache_directory(cache_dir: str | os.PathLike[str] | None) -> Path:
     # The XDG spec says relative values are invalid and must be ignored.
     if xdg and os.path.isabs(xdg):
         return Path(xdg) / "emfast"
-    return Path.home() / ".cache" / "emfast"
+    try:
+        home = Path.home()
+    except (RuntimeError, KeyError):  # no HOME, and no home in the user database (a container run as --user N)
+        raise FileNotFoundError("emfast has no folder to cache in: HOME is not set and this user has no home "
+                                "directory; set EMFAST_CACHE_DIR (or pass --cache-dir)") from None
+    return home / ".cache" / "emfast"
 
 
 def add_cache_dir_option(parser) -> None:

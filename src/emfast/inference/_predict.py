@@ -370,46 +370,49 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
 
         plan = TilePlan(volume.shape, patch_in, patch_out, overlap, chunks, roi, block or chunks,
                         crop=blend == "none")
-        probed = None
-        if channels is None:
-            probed = _probe(predictor_for(plan), plan)
-            channels = probed[1].shape[0]
-        pinned = 0 if caller.runner is None else \
-            caller.runner.host_bytes(batch_size * channels * int(np.prod(plan.patch_out)))
-        reserved = (budget // CACHE_SHARE if opened else 0) + pinned  # the chunk cache and the device slots
-        estimate = block_estimate(plan, volume.channels, volume.dtype.itemsize, channels, dtype, threads, batch_size,
-                                  len(tile_variants))
-        left = budget - budget // TILES_SHARE - reserved  # what the blocks get beside those and the kept tiles
-        if block is None:
-            plan = TilePlan(volume.shape, patch_in, patch_out, overlap, chunks, roi,
-                            choose_block(left, plan.chunks, plan.roi, estimate, budget), crop=blend == "none")
-        elif memory is not None:
-            refused = too_large_block(plan.block, estimate, budget, reserved)
-            if refused is not None:
-                raise refused
-        # The kept tiles get whatever the blocks leave, at least their share: blocks stop growing at BLOCK_EDGE,
-        # and a kept tile held in memory is neither written to nor read back from disk by the blender.
-        kept_memory = max(budget // TILES_SHARE, budget - reserved - estimate(plan.block))
-        predictor = predictor_for(plan, TileCache.beside(container, dataset, kept_memory))
-        predictor.channels = channels
-        if caller.runner is not None:
-            predictor.lend_batches(caller.runner.host_slots())
-        if probed is not None:
-            predictor.remember(*probed)
-        blocks = plan.blocks()
-        # device: a GPU's arithmetic may differ from the CPU's in the last bits
-        settings = dict(blend=blend, weights=WEIGHTS, tta=tta, pad=pad, fill=float(fill),
-                        normalize=[float(scale), float(shift)],
-                        channels=predictor.channels, dtype=dtype, compression=compression, batch_size=batch_size,
-                        device=None if device is None else getattr(device, "name", str(device)).split(":")[0])
-        shape = (predictor.channels,) + volume.shape
-        attributes = {}
-        if volume.resolution is not None:
-            attributes["resolution"] = list(volume.resolution)
-        if volume.offset is not None:
-            attributes["offset"] = list(volume.offset)
-        record = _record(volume, caller, plan, settings, digest)
+        # Taken before the model is first called: an output beside which nothing can be written, one another run
+        # writes, or one that exists and may not be touched, is refused before any work.
         with OutputLock(container) as lock:
+            OutputStore.refuse_early(out, resume, overwrite, lock)
+            probed = None
+            if channels is None:
+                probed = _probe(predictor_for(plan), plan)
+                channels = probed[1].shape[0]
+            pinned = 0 if caller.runner is None else \
+                caller.runner.host_bytes(batch_size * channels * int(np.prod(plan.patch_out)))
+            reserved = (budget // CACHE_SHARE if opened else 0) + pinned  # the chunk cache and the device slots
+            estimate = block_estimate(plan, volume.channels, volume.dtype.itemsize, channels, dtype, threads,
+                                      batch_size, len(tile_variants))
+            left = budget - budget // TILES_SHARE - reserved  # what the blocks get beside those and the kept tiles
+            if block is None:
+                plan = TilePlan(volume.shape, patch_in, patch_out, overlap, chunks, roi,
+                                choose_block(left, plan.chunks, plan.roi, estimate, budget), crop=blend == "none")
+            elif memory is not None:
+                refused = too_large_block(plan.block, estimate, budget, reserved)
+                if refused is not None:
+                    raise refused
+            # The kept tiles get whatever the blocks leave, at least their share: blocks stop growing at BLOCK_EDGE,
+            # and a kept tile held in memory is neither written to nor read back from disk by the blender.
+            kept_memory = max(budget // TILES_SHARE, budget - reserved - estimate(plan.block))
+            predictor = predictor_for(plan, TileCache.beside(container, dataset, kept_memory))
+            predictor.channels = channels
+            if caller.runner is not None:
+                predictor.lend_batches(caller.runner.host_slots())
+            if probed is not None:
+                predictor.remember(*probed)
+            blocks = plan.blocks()
+            # device: a GPU's arithmetic may differ from the CPU's in the last bits
+            settings = dict(blend=blend, weights=WEIGHTS, tta=tta, pad=pad, fill=float(fill),
+                            normalize=[float(scale), float(shift)],
+                            channels=predictor.channels, dtype=dtype, compression=compression, batch_size=batch_size,
+                            device=None if device is None else getattr(device, "name", str(device)).split(":")[0])
+            shape = (predictor.channels,) + volume.shape
+            attributes = {}
+            if volume.resolution is not None:
+                attributes["resolution"] = list(volume.resolution)
+            if volume.offset is not None:
+                attributes["offset"] = list(volume.offset)
+            record = _record(volume, caller, plan, settings, digest)
             store, finished = OutputStore.prepare(out, shape, dtype, plan.chunks, compression, plan.grid, record,
                                                   attributes, resume, overwrite, lock, plan.block_box())
             bar = _PredictBar(len(blocks)) if progress is True else None

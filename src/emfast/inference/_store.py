@@ -93,6 +93,19 @@ class OutputStore:
             store.close()
             raise
 
+    @classmethod
+    def refuse_early(cls, out, resume: bool, overwrite: bool, lock: OutputLock) -> None:
+        """Raise the OutputExistsError that :meth:`prepare` would for an output that neither ``resume`` nor
+        ``overwrite`` lets this run touch, before the model is first called (:meth:`prepare` needs the model's
+        channels). The caller holds ``lock``."""
+        container, dataset, kind = parse_output(out)
+        store = cls(container, dataset, kind)
+        try:
+            store._writer.open_to_check()
+            store._writer.refuse_untouchable(lock, resume, overwrite, "prediction")
+        finally:
+            store.close()
+
     def _create_flags(self, grid) -> None:
         self._flags = self._writer.create_companion(self.flags_name, tuple(grid), np.uint8, {FLAGS_RECORD: True})
 

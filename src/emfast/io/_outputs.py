@@ -528,10 +528,18 @@ class OutputLock:
 
     def acquire(self) -> "OutputLock":
         """Take the lock; OutputBusyError naming the other run's pid if another process holds it."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise OSError(error.errno, f"cannot create the folder {self.path.parent} of the output "
+                                       f"{self.container}: {error.strerror}") from None
         try:  # never through a link: the file is truncated and rewritten
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as error:
+            if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise OSError(error.errno, f"cannot write beside the output {self.container}: {error.strerror} "
+                                           f"(emfast keeps its lock file {self.path.name} there); write the output "
+                                           "to a folder you can write to") from None
             raise OSError(error.errno, f"cannot use the lock file {self.path}: {error.strerror} (emfast keeps its "
                                        "lock there; a link or folder of that name must be moved away)") from None
         if not stat.S_ISREG(os.fstat(fd).st_mode):

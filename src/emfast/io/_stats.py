@@ -209,7 +209,11 @@ class _CacheEntry:
             if volume.in_memory:  # read when opened: the files now may hold other data than the statistics see
                 return None
             key["data"] = fingerprint(source)
-        return cls(key)
+        try:
+            return cls(key)
+        except OSError as error:  # no cache folder at all: the statistics are computed, not cached
+            warnings.warn(f"{error}; volume statistics are recomputed each time", RuntimeWarning, stacklevel=3)
+            return None
 
     def load(self) -> Optional[VolumeStatistics]:
         """The cached statistics, or None if there are none for this key (missing, stale or unreadable)."""

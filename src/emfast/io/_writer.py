@@ -249,6 +249,14 @@ class OutputWriter:
                 self.root is None or self.root.mode == "r"):
             self.open()
 
+    def refuse_untouchable(self, lock: OutputLock, resume: bool, overwrite: bool, what: str) -> None:
+        """Refuse an existing output that :meth:`prepare` would refuse whatever this run's record (another
+        program's, or emfast's without ``resume`` or ``overwrite``); the caller holds ``lock``."""
+        previous = self.record()
+        if previous is not None and not overwrite and not lock.was_creating(self.dataset) \
+                and (previous is NOT_EMFAST or not resume):
+            self._check_resumable(previous, {}, resume, "input", what, set())
+
     def _check_resumable(self, previous: dict, record: dict, resume: bool, input_key: str, what: str,
                          unchecked: set) -> None:
         """``refused`` unless the existing output (its record ``previous``) may be continued with ``record``."""
