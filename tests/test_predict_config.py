@@ -415,3 +415,40 @@ def test_the_models_error_keeps_its_type_and_says_where_it_came_from(tmp_path):
     with pytest.raises(ValueError) as raised:  # emfast's own check of the input, before the model runs
         ef.predict(network, volume, tmp_path / "q.zarr/p", patch_in=(8, 16, 16), overlap=(9, 0, 0))
     assert model_blamed(raised.value) is None
+
+
+def test_only_the_models_own_call_is_blamed_and_its_exception_is_never_replaced(tmp_path):
+    """A device's failures around the call (page-locked memory, a copy) are emfast's, not the model's; an
+    exception that takes no mark (a frozen dataclass) is raised as it was, not replaced by the marking's error."""
+    import dataclasses
+
+    import emfast as ef
+    from emfast.inference import model_blamed
+    from emfast.transfer._fake import FakeDevice
+
+    volume = np.random.default_rng(0).integers(0, 255, (16, 32, 32), dtype=np.uint8)
+    for failing in (dict(fail_open=True), dict(fail_copy_at=1)):
+        with pytest.raises((MemoryError, RuntimeError), match="fake device") as raised:
+            ef.predict(lambda batch: np.asarray(batch) * 1.0, volume, tmp_path / f"{len(failing)}{failing}.zarr/p",
+                       patch_in=(8, 16, 16), device=FakeDevice(**failing))
+        assert model_blamed(raised.value) is None
+
+    @dataclasses.dataclass(frozen=True)
+    class Frozen(Exception):
+        code: int
+
+    def network(batch):
+        raise Frozen(7)
+
+    with pytest.raises(Frozen) as raised:
+        ef.predict(network, volume, tmp_path / "frozen.zarr/p", patch_in=(8, 16, 16))
+    assert raised.value.code == 7 and model_blamed(raised.value) is None
+
+
+def test_a_boolean_input_in_a_config_is_told_in_one_line_by_check_and_predict(folder, capsys):
+    with h5py.File(folder / "mask.h5", "w") as file:
+        file["mask"] = np.ones((24, 48, 48), bool)
+    path = _config(folder, PREDICT.replace("{file: in.h5, dataset: raw}", "{file: mask.h5, dataset: mask}"))
+    error = _check_and_predict_fail(path, capsys)
+    assert "predict.input.file: " in error and "predict's input must be intensities (integers or floats), not bool" \
+        in error

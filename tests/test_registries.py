@@ -113,6 +113,18 @@ def test_info_lists_what_lies_beside_an_ome_zarr_image(tmp_path, raw, capsys):
     assert shown[1].startswith("  .: ") and "(OME-Zarr image: level 0 of 1, array raw)" in shown[1]
 
 
+def test_info_lists_arrays_below_folders_without_group_metadata(tmp_path, raw, capsys):
+    """zarr-python writes ``a/b`` below a root group without a group for ``a``: looking for images there raised
+    KeyError ("a bug in emfast")."""
+    for zarr_format in (2, 3):
+        path = tmp_path / f"implicit{zarr_format}.zarr"
+        zarr.open_group(str(path), mode="w", zarr_format=zarr_format)
+        zarr.create_array(str(path / "a" / "b"), shape=SHAPE, chunks=CHUNKS, dtype=raw.dtype,
+                          zarr_format=zarr_format)[...] = raw  # a store of its own: nothing written for "a"
+        lines = info_lines(capsys, path)
+        assert lines[1].startswith("  a/b: shape=(16, 32, 48) dtype=uint8") and len(lines) == 3
+
+
 def test_info_of_n5_written_by_z5py(tmp_path, raw, capsys):
     z5py = pytest.importorskip("z5py")
     data = raw.astype(np.uint16) * 200  # two bytes, stored big-endian: shown in native order as a volume reads it

@@ -290,3 +290,32 @@ def test_no_home_at_all_computes_the_statistics_and_says_why_nothing_is_cached(t
     assert_matches_numpy(statistics, data)
     assert main(["demo", "--batches", "1"]) == 2  # the demo volume needs a folder: told in one line
     assert capsys.readouterr().err.splitlines()[-1].startswith("emfast: error: emfast has no folder to cache in")
+
+
+def test_a_store_folder_that_cannot_be_listed_is_never_fingerprinted_as_empty(tmp_path, rng, monkeypatch, capsys):
+    """On a mount whose folders may be entered but not listed, os.walk skipped them silently: the store's
+    fingerprint held no chunk files, so statistics of rewritten data were reused, a resume after the input
+    changed was accepted, and ``emfast info`` printed "(no arrays)". Now statistics are not cached (a warning),
+    and predict and info say which folder cannot be listed."""
+    import errno
+    zarr = pytest.importorskip("zarr")
+    from emfast.cli import main
+
+    path = tmp_path / "s.zarr"
+    data = rng.integers(0, 256, (6, 8, 8), dtype=np.uint8)
+    zarr.create_array(str(path), name="raw", shape=data.shape, chunks=(3, 4, 4), dtype=np.uint8)[...] = data
+    real_scandir = os.scandir
+
+    def unlistable(folder="."):
+        if str(folder).startswith(str(path)):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(folder))
+        return real_scandir(folder)
+
+    monkeypatch.setattr(os, "scandir", unlistable)
+    with pytest.warns(RuntimeWarning, match=r"cannot list .*s.zarr.*Permission denied.*; volume statistics are not "
+                                            r"cached"):
+        assert_matches_numpy(volume_statistics(ef.open(path / "raw", in_memory=False)), data)
+    with pytest.raises(OSError, match=r"cannot list .*s.zarr.*: Permission denied; emfast notices changes"):
+        ef.predict(lambda batch: batch, path / "raw", tmp_path / "p.zarr/p", patch_in=(6, 8, 8))
+    assert main(["info", str(path)]) == 2
+    assert "cannot list" in capsys.readouterr().err

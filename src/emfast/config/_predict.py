@@ -37,8 +37,8 @@ from typing import Any, Callable, List, Mapping, Optional, Union
 from .._checks import concerned_key
 from .._core.gather import PAD_MODES
 from ..inference import (BLENDS, CACHE_SHARE, CHUNK_EDGE, COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS,
-                         Prediction, TilePlan, block_estimate, input_cache_refusal, parse_memory, predict,
-                         require_torch, too_large_block, variants)
+                         InputDtypeError, Prediction, TilePlan, block_estimate, check_input_dtype,
+                         input_cache_refusal, parse_memory, predict, require_torch, too_large_block, variants)
 from ..io import CacheBudgetError, check_compression, open_volume, parse_output
 from ..transfer import cuda_ordinal
 from ._sections import _check_normalize, _file
@@ -234,8 +234,11 @@ class PredictSpec:
         except (OSError, ValueError) as error:
             raise self.error(input_key, str(error)) from None
         try:
+            check_input_dtype(volume)
             shape, chunks = volume.shape, self.options.get("chunks")
             channels_in, itemsize_in = volume.channels, volume.dtype.itemsize
+        except InputDtypeError as error:
+            raise self.error(input_key, str(error)) from None
         finally:
             volume.close()
         if self.options.get("memory") is not None:  # predict gives the input's chunk cache a share of it

@@ -31,7 +31,7 @@ from .._threads import shutdown_pool
 from ..transfer import DeviceArray, TransferBackend, cuda_ordinal, cuda_unavailable, resolve_device
 from ._block import BATCHES_AHEAD
 from ._graphs import CapturedNetwork
-from ._model import ModelOutputError, widened
+from ._model import ModelOutputError, called, widened
 
 #: The stages of a call on the device: starting the copy of the batch there (waiting for it only where the device
 #: cannot order the network after it), calling the network (which, on an asynchronous device, only launches its
@@ -214,13 +214,13 @@ class DeviceRunner:
         """The model's output for the device batch ``source`` (at the start of the flat device array ``slot``):
         C-contiguous, on the device."""
         if self.torch_device is None:
-            result = model(source)
+            result = called(model, source)
             return np.ascontiguousarray(result) if isinstance(result, np.ndarray) else result
         import torch
 
         with torch.inference_mode():
             if self.graphs is None:
-                result = model(torch.as_tensor(source, device=self.torch_device))
+                result = called(model, torch.as_tensor(source, device=self.torch_device))
             else:
                 tile = int(np.prod(source.shape[1:]))
                 whole = _view(slot, (self._elements // tile,) + tuple(source.shape[1:]))

@@ -16,6 +16,7 @@ import warnings
 from typing import Dict, Optional, Tuple
 
 from ..transfer import DeviceNotice
+from ._model import called
 
 #: Eager calls before the first capture, on a stream of their own: cuDNN's benchmark mode and lazy initialisation
 #: happen there, not in the graph.
@@ -48,7 +49,7 @@ class CapturedNetwork:
                 graph, output = captured
                 graph.replay()
                 return output[:count]
-        return model(slot[:count])
+        return called(model, slot[:count])
 
     def _capture(self, torch, model, tensor, key):
         try:

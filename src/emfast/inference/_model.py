@@ -40,18 +40,32 @@ def require_torch(device) -> None:
                           "install torch); leave device out to feed it NumPy arrays") from None
 
 
-def blame_model(error: BaseException, name: str) -> BaseException:
-    """Mark ``error`` as raised by the user's model ``name`` (see :func:`model_blamed`), with a note that its
-    traceback shows; returns it. The exception itself is kept: a caller may catch its own errors by type."""
-    if model_blamed(error) is None:
+def called(model: Callable, argument):
+    """``model(argument)``; an exception it raises is marked as the model's (:func:`model_blamed`) and raised as
+    it is. Only the call itself: what emfast does around it (device copies, output checks) is emfast's."""
+    try:
+        return model(argument)
+    except Exception as error:
+        _blame(error, model)
+        raise
+
+
+def _blame(error: BaseException, model: Callable) -> None:
+    """Mark ``error`` as raised by ``model``, with a note its traceback shows. An exception that takes no
+    attribute or note (frozen, or notes that are not a list) stays unmarked rather than replaced."""
+    if model_blamed(error) is not None:
+        return
+    name = model_name(model)
+    try:
         setattr(error, _BLAMED, name)
         error.add_note(f"(raised by the model {name}, called by emfast.predict)")
-    return error
+    except Exception:
+        pass
 
 
 def model_blamed(error: BaseException) -> Optional[str]:
-    """The name of the model that raised ``error`` in a prediction (in this process or on a Dask worker: the mark
-    travels with the pickled exception), or None if the error is not the model's."""
+    """The name of the model that raised ``error`` in a prediction, or None if the error is not known to be the
+    model's. The mark travels to Dask's client with exceptions that pickle their attributes (most do)."""
     return getattr(error, _BLAMED, None)
 
 
@@ -101,10 +115,10 @@ class ModelCaller:
             if self.runner is not None:
                 wait = self.runner.launch(self.model, batch)
             else:
-                prediction = self.model(batch) if self.device is None else self._torch(batch)
+                prediction = called(self.model, batch) if self.device is None else self._torch(batch)
                 wait = lambda: prediction  # noqa: E731
         except Exception as error:
-            self.failure = blame_model(error, self.name)
+            self.failure = error
             raise
         finally:
             self.seconds += time.perf_counter() - start
@@ -114,8 +128,6 @@ class ModelCaller:
             try:
                 try:
                     prediction = wait()
-                except Exception as error:  # the model's run on the device
-                    raise blame_model(error, self.name)
                 finally:
                     self.seconds += time.perf_counter() - start
                 prediction = self._checked(prediction, batch.shape[0], out_shape, channels)
@@ -138,7 +150,7 @@ class ModelCaller:
             source = torch.from_numpy(batch)
             if torch.device(self.device).type == "cuda":
                 source = source.pin_memory()
-            result = self.model(source.to(self.device, non_blocking=True))
+            result = called(self.model, source.to(self.device, non_blocking=True))
             if not isinstance(result, torch.Tensor):
                 return result
             result = widened(result).detach().cpu()

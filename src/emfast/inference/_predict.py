@@ -140,12 +140,25 @@ def _as_volume(volume, cache_bytes: int) -> Tuple[Volume, bool]:
         volume, opened = open_volume(volume, in_memory=False, cache_bytes=cache_bytes), True
     else:
         raise TypeError(f"volume must be an emfast Volume, a NumPy array or a path, got {type(volume).__name__}")
-    if volume.stored_dtype == bool:  # read as uint8, it would be scaled to 0 and 1/255: a mask is not an image
+    try:
+        check_input_dtype(volume)
+    except InputDtypeError:
         if opened:
             volume.close()
-        raise TypeError(f"{volume.name}: predict's input must be intensities (integers or floats), not bool; pass "
-                        "volume.astype(np.float32) if the network takes a mask")
+        raise
     return volume, opened
+
+
+class InputDtypeError(TypeError):
+    """The input's dtype is one that predict does not read as intensities."""
+
+
+def check_input_dtype(volume: Volume) -> None:
+    """Refuse a bool input (InputDtypeError): read as uint8, it would be scaled to 0 and 1/255, and a mask is
+    no image."""
+    if volume.stored_dtype == bool:
+        raise InputDtypeError(f"{volume.name}: predict's input must be intensities (integers or floats), not bool; "
+                              "convert it (array.astype(np.float32)) if the network takes a mask")
 
 
 def _triple_or_int(value, what: str, minimum: int) -> Tuple[int, int, int]:

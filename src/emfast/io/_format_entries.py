@@ -190,7 +190,11 @@ def _images_for_levels(root, inner: str, names: List[str]) -> List[str]:
 
     def levels_of(group: str) -> Set[str]:
         if group not in levels:
-            attributes = (root[group] if group else root).attrs
+            try:
+                attributes = (root[group] if group else root).attrs
+            except KeyError:  # a folder with no group metadata (arrays written below it alone): no image
+                levels[group] = set()
+                return levels[group]
             multiscales = attributes.get("ome", attributes).get("multiscales") or []
             levels[group] = {d.get("path") for m in multiscales if isinstance(m, dict)
                              for d in m.get("datasets") or [] if isinstance(d, dict)}

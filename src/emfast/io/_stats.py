@@ -208,7 +208,11 @@ class _CacheEntry:
         if not source.path.is_file() or source.data_files:
             if volume.in_memory:  # read when opened: the files now may hold other data than the statistics see
                 return None
-            key["data"] = fingerprint(source)
+            try:
+                key["data"] = fingerprint(source)
+            except OSError as error:  # a folder that cannot be listed: a change there would go unseen
+                warnings.warn(f"{error}; volume statistics are not cached", RuntimeWarning, stacklevel=3)
+                return None
         try:
             return cls(key)
         except OSError as error:  # no cache folder at all: the statistics are computed, not cached
