@@ -1108,3 +1108,20 @@ def test_an_output_that_may_not_be_written_is_refused_before_the_model_is_called
                                       r"folder you can write to"):
         ef.predict(counted, volume, tmp_path / "ro.zarr/pred", **settings)
     assert calls == []
+
+
+def sleepy(batch):
+    time.sleep(0.01)
+    return lopsided(batch)
+
+
+def test_dask_reports_the_seconds_of_the_models_calls_on_the_workers(tmp_path, volume):
+    """``Prediction.profile["model"]`` counted only the calls in this process on Dask (with worker processes,
+    0.05 s of a run whose model slept 2.4 s), so ``emfast predict`` printed "the model busy 0% of it"."""
+    distributed = pytest.importorskip("distributed", reason="dask.distributed is not installed "
+                                                            "(pip install 'emfast[dask]')")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None,
+                                  silence_logs=40) as cluster, distributed.Client(cluster) as client:
+        result = ef.predict(sleepy, volume, tmp_path / "dask.zarr/pred", client=client, channels=2, **SETTINGS)
+    calls = -(-result.tiles_computed // SETTINGS["batch_size"])  # at least: a batch holds batch_size tiles at most
+    assert calls > 10 and result.profile["model"] >= 0.01 * calls

@@ -5,6 +5,7 @@ plan) is sent to each worker once.
 """
 from __future__ import annotations
 
+import copy
 import uuid
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -47,17 +48,20 @@ def check_model_pickles(model, client) -> None:
 def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset: str, kind: str,
                ended: str) -> Optional[tuple]:
     """One Dask task: compute, write and flag ``block``; returns the tiles it computed, the values it computed,
-    those it clipped and the NaN among them, and those NaN or infinite in a float output; None, having written
-    nothing, once the run has ended (the Dask event named ``ended`` is set).
+    those it clipped and the NaN among them, those NaN or infinite in a float output, and the seconds spent in
+    the model's calls; None, having written nothing, once the run has ended (the Dask event named ``ended`` is
+    set).
 
-    The task counts on its own copy of the worker's predictor (which shares its kept tiles, model and volume):
-    tasks running at once on one worker's threads each counted the others' tiles too."""
+    The task counts on its own copy of the worker's predictor (which shares its kept tiles, model and volume)
+    and of its model caller: tasks running at once on one worker's threads each counted the others' too."""
     from distributed import Event
     run_ended = Event(ended)
     if run_ended.is_set():
         return None
     task = object.__new__(BlockPredictor)  # not copy.copy: that would pickle its way to a new, empty _Pool
-    task.__dict__.update(predictor.__dict__, tiles_computed=0, values=0, clipped=0, nans=0,
+    caller = copy.copy(predictor.model)
+    caller.seconds = 0.0
+    task.__dict__.update(predictor.__dict__, model=caller, tiles_computed=0, values=0, clipped=0, nans=0,
                          non_finite=0)
     result = task.compute(block, task.read(block))
     if run_ended.is_set():  # set before this task's write began: the run waits only for writes begun before
@@ -67,7 +71,7 @@ def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset:
         write_block(store, block, result, task.plan.grid)
     finally:
         store.close()
-    return task.tiles_computed, task.values, task.clipped, task.nans, task.non_finite
+    return task.tiles_computed, task.values, task.clipped, task.nans, task.non_finite, caller.seconds
 
 
 def _phase(block: Block, grid) -> tuple:
@@ -81,7 +85,8 @@ def _phase(block: Block, grid) -> tuple:
 def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List[Block],
              progress: Optional[Callable[[Block], None]]) -> None:
     """Run ``blocks`` as tasks on ``client``'s cluster; the first failed task cancels the rest and is raised.
-    The tasks' counts of tiles computed and of clipped or non-finite values are added to ``predictor``'s. Kept
+    The tasks' counts of tiles computed and of clipped or non-finite values, and their seconds in the model, are
+    added to ``predictor``'s. Kept
     tiles stay until the prediction completes (a tile two blocks need at the same moment is computed by both,
     which the order of the tasks makes rare)."""
     from distributed import Event, as_completed
@@ -95,7 +100,8 @@ def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List
     by_key = {future.key: block for future, block in zip(futures, blocks)}
     try:
         for future in as_completed(futures):
-            tiles, values, clipped, nans, non_finite = future.result()
+            tiles, values, clipped, nans, non_finite, seconds = future.result()
+            predictor.model.seconds += seconds  # the workers' calls, as Prediction.profile["model"] reports them
             predictor.tiles_computed += tiles
             predictor.values += values
             predictor.clipped += clipped

@@ -74,8 +74,9 @@ class Prediction:
         copies there and back included); with a device that has a transfer backend, also ``"to device"``,
         ``"network"`` (the network's call, which on a GPU only launches its kernels) and ``"from device"``
         (waiting for the device to finish, and the copy back). ``profile["model"] / seconds`` near 1 means the
-        network set the pace; well below 1, the model waited for emfast (or the disk). On Dask the workers call
-        the model, and only the probe's call is counted here.
+        network set the pace; well below 1, the model waited for emfast (or the disk). On Dask, ``"model"``
+        adds up the calls on every worker (workers calling it at once count each: up to their number times
+        ``seconds``).
     """
 
     path: str
