@@ -1125,3 +1125,27 @@ def test_dask_reports_the_seconds_of_the_models_calls_on_the_workers(tmp_path, v
         result = ef.predict(sleepy, volume, tmp_path / "dask.zarr/pred", client=client, channels=2, **SETTINGS)
     calls = -(-result.tiles_computed // SETTINGS["batch_size"])  # at least: a batch holds batch_size tiles at most
     assert calls > 10 and result.profile["model"] >= 0.01 * calls
+
+
+def test_an_hdf5_output_replaced_after_interruptions_does_not_grow_without_end(tmp_path):
+    """HDF5 forgets a deleted dataset's space when the file closes: each interrupted prediction replaced with
+    overwrite=True left its partial output's space unused in the file (1.27 MiB to 8.15 MiB after 40 cycles in a
+    helper's run). An output file emfast creates keeps its free space across openings, and reuses it."""
+    raw = np.random.default_rng(8).integers(0, 256, (48, 128, 128), dtype=np.uint8)
+    settings = dict(patch_in=(16, 64, 64), patch_out=(8, 48, 48), batch_size=2, chunks=(8, 32, 32),
+                    block=(16, 64, 64))
+
+    def network(batch):
+        return batch[:, :, 4:-4, 8:-8, 8:-8] * np.float32(0.5)
+
+    out = tmp_path / "o.h5/pred"
+    sizes = []
+    for cycle in range(5):
+        with pytest.raises(RuntimeError, match="stop"):
+            ef.predict(_interrupting(network, 5, RuntimeError("stop")), raw, out, overwrite=cycle > 0, **settings)
+        ef.predict(network, raw, out, overwrite=True, **settings)
+        sizes.append(os.path.getsize(tmp_path / "o.h5"))
+    assert sizes[-1] <= 1.1 * sizes[0], sizes  # before: 2.19 times after 5 cycles
+    ef.predict(network, raw, tmp_path / "reference.zarr/pred", **settings)
+    with h5py.File(tmp_path / "o.h5", "r") as file:  # an ordinary HDF5 file, holding the whole prediction
+        np.testing.assert_array_equal(file["pred"][...], _read(tmp_path / "reference.zarr/pred"))

@@ -484,11 +484,20 @@ def zarr_store_format(container: Path) -> Optional[int]:
 
 
 def open_hdf5_for_writing(path: Path):
-    """The HDF5 file ``path`` opened to append (created if absent), or an OSError naming it: HDF5's own message
-    for a file another process has open ("unable to lock file") does not say which file."""
+    """The HDF5 file ``path`` opened to append, or an OSError naming it: HDF5's own message for a file another
+    process has open ("unable to lock file") does not say which file.
+
+    A file created here keeps track of its free space across openings (HDF5 1.10.1 and later read it): by default
+    HDF5 forgets the space of a deleted dataset when the file is closed, so each interrupted prediction replaced
+    with ``overwrite`` grew the file by the space its partial output had taken."""
     import h5py
 
     try:
+        if not os.path.lexists(path):
+            try:
+                return h5py.File(path, "w-", fs_strategy="fsm", fs_persist=True)
+            except FileExistsError:  # made meanwhile by another program: opened as it is
+                pass
         return h5py.File(path, "a")
     except BlockingIOError as error:
         raise OutputBusyError(f"cannot write {path}: another program has it open ({error}); close it there, "
