@@ -15,12 +15,14 @@ Quick start::
             ...  # batch["raw"]: (8, 1, 32, 128, 128) float32, batch["labels"]: (8, 1, 32, 128, 128) uint64
             # arrays taken from a batch stay valid while you hold them; their memory is reused after
 """
-from ._version import __version__
+from ._version import __version__ as __version__
 from .augment import (Artifacts, Augmentation, Blur, Contrast, Elastic, Gamma, Intensity, LowContrast, Mirror,
                       MissingSection, Noise, Rotate, Scale, Slip, Transpose)
-from .io import CorruptChunkError, DatasetNotFoundError, StoreMetadataError, Volume, VolumeTooLargeError, hdf5
+from .io import (CorruptChunkError, DatasetNotFoundError, RemoteReadError, StoreMetadataError, Volume,
+                 VolumeTooLargeError, hdf5)
 from .io import open_volume as open
-from .inference import NonFiniteWarning, Prediction, SaturationWarning, predict
+from .inference import (BlockWriteError, InputDtypeError, ModelOutputError, NonFiniteWarning, OutputExistsError,
+                        Prediction, PredictProgress, SaturationWarning, predict)
 from .pipeline import (BackPressureWarning, Batch, BatchReleasedError, InsufficientMemoryError, Loader,
                        MissingFieldError, ProfileReport, SlotsExhaustedError)
 from .sampling import Balanced, Dataset, Masked, Sample, Tiled, Uniform
@@ -35,6 +37,7 @@ __all__ = [
     "Balanced",
     "Batch",
     "BatchReleasedError",
+    "BlockWriteError",
     "Blur",
     "Boundaries",
     "Classes",
@@ -47,6 +50,7 @@ __all__ = [
     "Elastic",
     "Foreground",
     "Gamma",
+    "InputDtypeError",
     "InsufficientMemoryError",
     "Intensity",
     "LSD",
@@ -56,12 +60,16 @@ __all__ = [
     "Mirror",
     "MissingFieldError",
     "MissingSection",
+    "ModelOutputError",
     "Noise",
+    "NonFiniteWarning",
+    "OutputExistsError",
+    "PredictProgress",
     "Prediction",
     "ProfileReport",
+    "RemoteReadError",
     "Rotate",
     "Sample",
-    "NonFiniteWarning",
     "SaturationWarning",
     "Scale",
     "Slip",

@@ -240,7 +240,7 @@ def gather_convert(sources, corners, perms, flips, scale, shift, out, pad=None, 
     ``out[n] = transpose(flip(src_n[:, window_n], flips[n]), perms[n]).astype(float32) * scale[n] + shift[n]``,
     cast to ``out.dtype`` (float32 or float16). The window of example n starts at ``corners[n]`` (z, y, x) in
     source axes; its extent along source axis ``perms[n][j]`` is ``out.shape[2 + j]``. Sources (4-D, any strides)
-    share one dtype: uint8, uint16 or float32.
+    share one dtype: uint8, int8, uint16, int16, uint32, float16, float32 or float64.
 
     Windows must lie inside their sources (IndexError otherwise) unless ``pad`` is given: then the part outside
     is read as ``np.pad(src, mode=pad)`` would have it ("reflect", "edge", or "constant" with the value ``fill``

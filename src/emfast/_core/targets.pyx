@@ -162,7 +162,7 @@ def affinities(labels, offsets, margin, background, ignore, out, mask):
     Parameters
     ----------
     labels : ndarray
-        (B, 1, Zi, Yi, Xi) uint32, uint64 or int64, C-contiguous.
+        (B, 1, Zi, Yi, Xi) uint32, int32, uint64 or int64, C-contiguous.
     offsets : sequence of (int, int, int)
         K >= 1 offsets (dz, dy, dx), any sign, none all zero. An offset as long as the patch along some axis is
         legal: its channel is then all 0 and fully masked.
@@ -345,7 +345,7 @@ def lsd(labels, margin, sigma, variance_floor, background, ignore, out, mask):
     Parameters
     ----------
     labels : ndarray
-        (B, 1, Zi, Yi, Xi) uint32, uint64 or int64, C-contiguous.
+        (B, 1, Zi, Yi, Xi) uint32, int32, uint64 or int64, C-contiguous.
     margin : (int, int, int)
         Label voxels on each side of the output region, >= 0, with 2 * margin < label extent.
     sigma : (float, float, float)

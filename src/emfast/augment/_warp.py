@@ -104,7 +104,7 @@ class Scale(_Warp):
         including z.
     """
 
-    range: tuple = (0.9, 1.1)
+    range: Sequence[float] = (0.9, 1.1)
     p: float = 1.0
     isotropic_xy: bool = True
     axes: str = "yx"
@@ -160,8 +160,8 @@ class Elastic(_Warp):
         Probability of deforming an example.
     """
 
-    spacing: tuple = (4.0, 32.0, 32.0)
-    sigma: tuple = (0.0, 2.0, 2.0)
+    spacing: Sequence[float] = (4.0, 32.0, 32.0)
+    sigma: Sequence[float] = (0.0, 2.0, 2.0)
     p: float = 1.0
     name: ClassVar[str] = "elastic"
     grid: Optional[tuple] = field(default=None, init=False)

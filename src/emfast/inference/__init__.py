@@ -10,6 +10,7 @@ shared modules (``emfast._core``,
 ``emfast._checks``, ``emfast._version``).
 """
 import warnings
+from typing import TYPE_CHECKING
 
 from ._blend import BLENDS
 from ._memory import CACHE_SHARE, block_estimate, input_cache_refusal, parse_memory, too_large_block
@@ -27,10 +28,11 @@ __all__ = ["BLENDS", "CACHE_SHARE", "COMPRESSIONS", "PREDICT_OUTPUT_DTYPE_NAMES"
            "variants"]
 
 
-def __getattr__(name: str):
-    # OUTPUT_DTYPES (names) was renamed: the loader has an OUTPUT_DTYPES too, of NumPy dtypes, for its batches.
-    if name == "OUTPUT_DTYPES":
-        warnings.warn("emfast.inference.OUTPUT_DTYPES is deprecated; use PREDICT_OUTPUT_DTYPE_NAMES (the same "
-                      "names)", DeprecationWarning, stacklevel=2)
-        return PREDICT_OUTPUT_DTYPE_NAMES
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+if not TYPE_CHECKING:  # for type checkers every other name stays an error, not Any
+    def __getattr__(name: str):
+        # OUTPUT_DTYPES (names) was renamed: the loader has an OUTPUT_DTYPES too, of NumPy dtypes, for its batches.
+        if name == "OUTPUT_DTYPES":
+            warnings.warn("emfast.inference.OUTPUT_DTYPES is deprecated; use PREDICT_OUTPUT_DTYPE_NAMES (the same "
+                          "names)", DeprecationWarning, stacklevel=2)
+            return PREDICT_OUTPUT_DTYPE_NAMES
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -198,9 +198,9 @@ def _record(volume: Volume, caller: ModelCaller, plan: TilePlan, settings: dict,
 def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=None, roi=None,
             blend: str = "gaussian", tta: int = 0, pad: str = "reflect", fill=0, normalize=None,
             channels: Optional[int] = None, dtype: str = "float32", chunks=None, block=None,
-            compression: Optional[str] = None, batch_size: int = 1, device: Optional[str] = None,
-            cuda_graphs: bool = False, threads: int = 2, memory=None, resume: bool = False, overwrite: bool = False,
-            client=None,
+            compression: Optional[str] = None, batch_size: int = 1,
+            device: Optional[Union[str, TransferBackend]] = None, cuda_graphs: bool = False, threads: int = 2,
+            memory=None, resume: bool = False, overwrite: bool = False, client=None,
             progress: Union[bool, Callable[["PredictProgress"], None]] = False) -> Prediction:
     """Predict every voxel of ``volume`` (or of ``roi``) with ``model`` and write the result to ``out``.
 
@@ -242,7 +242,9 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         Test-time augmentation: mirrors of y and x (4), of z, y and x (8), and those transposed in y/x (16);
         each prediction is transformed back before blending.
     pad : {"reflect", "edge", "constant"}
-        How the input is read past the volume's border (as ``np.pad``); ``fill`` is the constant.
+        How the input is read past the volume's border (as ``np.pad``).
+    fill : number
+        The value past the border with ``pad="constant"``, in the input's units (before normalisation).
     normalize : optional
         Input scaling, as :class:`emfast.Loader` takes it (default: integers to [0, 1]).
     channels : int, optional

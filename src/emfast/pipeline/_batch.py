@@ -6,13 +6,17 @@ from __future__ import annotations
 import difflib
 import weakref
 from collections.abc import Mapping
-from typing import Dict, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Iterator, Optional, Sequence
 
 import numpy as np
 
 from .._registry import registered
 from ._plan import BatchPlan
 from ._pool import Lease
+
+if TYPE_CHECKING:  # the optional libraries' types, for the annotations only
+    import cupy
+    import torch
 
 
 class MissingFieldError(KeyError):

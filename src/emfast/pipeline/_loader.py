@@ -13,7 +13,7 @@ import os
 import threading
 import weakref
 from collections.abc import Mapping
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -152,7 +152,7 @@ class Loader:
     def __init__(self, data, labels=None, *, patch: Optional[Sequence[int]] = None,
                  patch_in: Optional[Sequence[int]] = None, patch_out: Optional[Sequence[int]] = None,
                  batch_size: int = 8, augment: Sequence = ("mirror", "transpose"), targets: Sequence = (),
-                 sampler: Optional[Sampler] = None, epoch_size: Optional[int] = None, threads: int = 1,
+                 sampler: Optional[Union[Sampler, str]] = None, epoch_size: Optional[int] = None, threads: int = 1,
                  buffers: Optional[int] = None, max_buffers: Optional[int] = None, seed: int = 0, dtype="float32",
                  normalize=None,
                  isotropic: bool = False, label_offset=None, keep_labels: bool = True, rank: int = 0,

@@ -192,9 +192,9 @@ class Sample:
     Parameters
     ----------
     raw : Volume or ndarray
-        The image, (z, y, x) or (c, z, y, x), uint8, uint16 or float32.
+        The image, (z, y, x) or (c, z, y, x): uint8, int8, uint16, int16, uint32, float16, float32 or float64.
     labels : Volume or ndarray, optional
-        Label ids (uint32, uint64 or int64). May cover only part of raw (see ``label_offset``).
+        Label ids (uint32, int32, uint64 or int64). May cover only part of raw (see ``label_offset``).
     mask : Volume or ndarray, optional
         uint8 or bool, non-zero where the data may be used; delivered as the batch field ``"mask"`` and used by
         :class:`~emfast.sampling.Masked`.
