@@ -252,9 +252,10 @@ class OutputWriter:
     def refuse_untouchable(self, lock: OutputLock, resume: bool, overwrite: bool, what: str) -> None:
         """Refuse an existing output that :meth:`prepare` would refuse whatever this run's record (another
         program's, or emfast's without ``resume`` or ``overwrite``); the caller holds ``lock``."""
+        if overwrite:  # whether what is there is emfast's is checked when it is replaced
+            return
         previous = self.record()
-        if previous is not None and not overwrite and not lock.was_creating(self.dataset) \
-                and (previous is NOT_EMFAST or not resume):
+        if previous is not None and not lock.was_creating(self.dataset) and (previous is NOT_EMFAST or not resume):
             self._check_resumable(previous, {}, resume, "input", what, set())
 
     def _check_resumable(self, previous: dict, record: dict, resume: bool, input_key: str, what: str,
