@@ -1149,3 +1149,33 @@ def test_an_hdf5_output_replaced_after_interruptions_does_not_grow_without_end(t
     ef.predict(network, raw, tmp_path / "reference.zarr/pred", **settings)
     with h5py.File(tmp_path / "o.h5", "r") as file:  # an ordinary HDF5 file, holding the whole prediction
         np.testing.assert_array_equal(file["pred"][...], _read(tmp_path / "reference.zarr/pred"))
+
+
+def test_resuming_takes_the_channels_from_the_record_and_a_complete_output_never_calls_the_model(tmp_path, volume):
+    """Without ``channels`` the model was called once to learn them, even to resume an output already complete
+    (a workflow rerun with --resume loaded and ran the network for nothing)."""
+    out = tmp_path / "p.zarr/pred"
+    with pytest.raises(RuntimeError, match="stop"):
+        ef.predict(_interrupting(lopsided, 20, RuntimeError("stop")), volume, out, **SETTINGS)
+    calls = []
+
+    def counted(batch):
+        calls.append(len(batch))
+        return lopsided(batch)
+
+    ef.predict(counted, volume, out, resume=True, **SETTINGS)
+    ef.predict(lopsided, volume, tmp_path / "whole.zarr/pred", **SETTINGS)
+    np.testing.assert_array_equal(_read(out), _read(tmp_path / "whole.zarr/pred"))
+    assert calls  # the unfinished blocks were computed
+
+    def never(batch):
+        raise AssertionError("the model was called to resume a complete output")
+
+    result = ef.predict(never, volume, out, resume=True, **SETTINGS)
+    assert result.computed == 0 and result.tiles_computed == 0
+    partial = tmp_path / "q.zarr/pred"
+    with pytest.raises(RuntimeError, match="stop"):
+        ef.predict(_interrupting(lopsided, 20, RuntimeError("stop")), volume, partial, **SETTINGS)
+    with pytest.raises(ModelOutputError, match=r"returned shape \(2, 3, 6, 12, 12\) .* expected \(2, 2, "):
+        ef.predict(lambda batch: np.repeat(lopsided(batch)[:, :1], 3, axis=1), volume, partial, resume=True,
+                   **SETTINGS)  # the record's channels are the model's: one that changed is told so

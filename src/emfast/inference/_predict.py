@@ -389,7 +389,11 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         # Taken before the model is first called: an output beside which nothing can be written, one another run
         # writes, or one that exists and may not be touched, is refused before any work.
         with OutputLock(container) as lock:
-            OutputStore.refuse_early(out, resume, overwrite, lock)
+            existing = OutputStore.refuse_early(out, resume, overwrite, lock)
+            if channels is None and existing is not None and is_integer(existing.get("channels")):
+                # resumed: the record says what the model gave (a model that now gives other channels is refused
+                # at its first call), so a complete output is not computed again, nor is the model called at all
+                channels = int(existing["channels"])
             probed = None
             if channels is None:
                 probed = _probe(predictor_for(plan), plan)

@@ -10,7 +10,7 @@ that concurrent workers never write the same chunk. A block's flag is set only a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Set, Tuple
+from typing import Optional, Set, Tuple
 
 import numpy as np
 
@@ -94,15 +94,15 @@ class OutputStore:
             raise
 
     @classmethod
-    def refuse_early(cls, out, resume: bool, overwrite: bool, lock: OutputLock) -> None:
+    def refuse_early(cls, out, resume: bool, overwrite: bool, lock: OutputLock) -> Optional[dict]:
         """Raise the OutputExistsError that :meth:`prepare` would for an output that neither ``resume`` nor
         ``overwrite`` lets this run touch, before the model is first called (:meth:`prepare` needs the model's
-        channels). The caller holds ``lock``."""
+        channels). The caller holds ``lock``. Returns the record of an output ``resume`` may continue."""
         container, dataset, kind = parse_output(out)
         store = cls(container, dataset, kind)
         try:
             store._writer.open_to_check()
-            store._writer.refuse_untouchable(lock, resume, overwrite, "prediction")
+            return store._writer.refuse_untouchable(lock, resume, overwrite, "prediction")
         finally:
             store.close()
 

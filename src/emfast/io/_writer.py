@@ -249,14 +249,18 @@ class OutputWriter:
                 self.root is None or self.root.mode == "r"):
             self.open()
 
-    def refuse_untouchable(self, lock: OutputLock, resume: bool, overwrite: bool, what: str) -> None:
+    def refuse_untouchable(self, lock: OutputLock, resume: bool, overwrite: bool, what: str) -> Optional[dict]:
         """Refuse an existing output that :meth:`prepare` would refuse whatever this run's record (another
-        program's, or emfast's without ``resume`` or ``overwrite``); the caller holds ``lock``."""
+        program's, or emfast's without ``resume`` or ``overwrite``); the caller holds ``lock``. Returns the record
+        of an output ``resume`` may continue (:meth:`prepare` compares it with this run's), else None."""
         if overwrite:  # whether what is there is emfast's is checked when it is replaced
-            return
+            return None
         previous = self.record()
-        if previous is not None and not lock.was_creating(self.dataset) and (previous is NOT_EMFAST or not resume):
+        if previous is None or lock.was_creating(self.dataset):
+            return None
+        if previous is NOT_EMFAST or not resume:
             self._check_resumable(previous, {}, resume, "input", what, set())
+        return previous
 
     def _check_resumable(self, previous: dict, record: dict, resume: bool, input_key: str, what: str,
                          unchecked: set) -> None:
