@@ -137,6 +137,19 @@ def test_info_of_n5_written_by_z5py(tmp_path, raw, capsys):
     assert_values_line(lines[2], data)
 
 
+def test_info_of_z5py_groups_that_have_no_attributes_file(tmp_path, raw, capsys):
+    """z5py writes no attributes.json for a group without attributes: ``emfast info STORE.n5/volumes`` said "no
+    dataset or group 'volumes'; the root holds: nothing"."""
+    z5py = pytest.importorskip("z5py")
+    z5py.File(str(tmp_path / "n.n5"), use_zarr_format=False, mode="a").create_dataset(
+        "volumes/raw", data=raw, chunks=CHUNKS)
+    assert not (tmp_path / "n.n5" / "volumes" / "attributes.json").exists()
+    lines = info_lines(capsys, tmp_path / "n.n5/volumes")
+    assert lines[1].startswith("  volumes/raw: shape=(16, 32, 48) dtype=uint8")
+    assert main(["info", str(tmp_path / "n.n5/nothing/raw")]) == 2
+    assert capsys.readouterr().err.rstrip().endswith("the root holds: volumes")
+
+
 def write_precomputed(path, data, scales=((4, 4, 40),)):
     ts = pytest.importorskip("tensorstore")
     info = {"type": "image", "data_type": str(data.dtype), "num_channels": 1}

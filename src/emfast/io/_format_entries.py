@@ -3,6 +3,7 @@ OME-Zarr, N5 and neuroglancer precomputed; each says how it is detected, opened 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Set
 
@@ -119,7 +120,7 @@ class N5Format(VolumeFormat):
 
     @classmethod
     def contents(cls, container: Path, inner: str) -> Contents:
-        if inner and not (container / inner / "attributes.json").is_file():
+        if inner and not _holds_n5(container / inner):
             raise not_found(container, inner, lambda group: _n5_members(container, group))
         names = [f"{inner}/{name}".strip("/.") if name != "." else inner
                  for name in list_n5_datasets(container / inner)]
@@ -130,7 +131,15 @@ def _n5_members(container: Path, group: str):
     directory = container / group
     if not directory.is_dir() or "dimensions" in _n5_attributes(directory):
         return None
-    return sorted(d.name for d in directory.iterdir() if (d / "attributes.json").is_file())
+    return sorted(d.name for d in directory.iterdir() if _holds_n5(d))
+
+
+def _holds_n5(directory: Path) -> bool:
+    """Whether ``directory`` is an N5 group or dataset: it, or a folder below it, holds an attributes.json
+    (z5py and n5-java write none for a group without attributes). Stops at the first one found."""
+    if not directory.is_dir():
+        return False
+    return any("attributes.json" in files for _, _, files in os.walk(directory))
 
 
 def _n5_attributes(directory: Path) -> dict:
