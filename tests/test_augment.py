@@ -79,3 +79,16 @@ def test_bad_parameters(make):
 def test_not_an_augmentation():
     with pytest.raises(TypeError, match="names or Augmentation"):
         resolve([42], isotropic=False)
+
+
+def test_every_augmentation_repr_builds_the_same_augmentation():
+    """``Elastic``'s repr showed ``grid=None``, a field bound at run time, so ``eval(repr(Elastic()))`` raised
+    TypeError; a repr is what a user copies into a config or a script."""
+    from emfast._registry import registered
+    namespace = {name: getattr(ef, name) for name in ef.__all__}
+    for cls in set(registered("augmentation").values()):
+        try:
+            augmentation = cls()
+        except (TypeError, ValueError):  # needs an argument (Artifacts: a volume)
+            continue
+        assert eval(repr(augmentation), namespace) == augmentation, repr(augmentation)

@@ -164,7 +164,7 @@ class Elastic(_Warp):
     sigma: Sequence[float] = (0.0, 2.0, 2.0)
     p: float = 1.0
     name: ClassVar[str] = "elastic"
-    grid: Optional[tuple] = field(default=None, init=False)
+    grid: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)  # bound, not configured: not in the repr
 
     def __post_init__(self) -> None:
         self.spacing = triple(self.spacing, "Elastic: spacing", integer=False, minimum=0.0, strict=True)
