@@ -1209,3 +1209,38 @@ def test_an_hdf5_resume_never_takes_stale_flags_for_finished_blocks(tmp_path, ca
     result = ef.predict(network, raw, tmp_path / "o.h5/pred", resume=True, **settings)
     assert 0 < result.computed < result.blocks
     np.testing.assert_array_equal(_read(tmp_path / "o.h5/pred"), _read(tmp_path / "reference.zarr/pred"))
+
+
+def test_predicts_arguments_are_checked_before_anything_is_written(tmp_path, volume):
+    """Found by a helper misusing the API: ``overwrite="no"`` (a str, so true) replaced the output and
+    ``resume="no"`` resumed; ``progress="yes"`` failed at the first block, after the output and the lock were made
+    and the model had run; ``tta=np.int64(8)`` failed writing the record; ``chunks`` and ``block`` as arrays
+    raised NumPy's "truth value is ambiguous"; label ids (uint64) as input raised KeyError from the scaling."""
+    calls = []
+
+    def counted(batch):
+        calls.append(len(batch))
+        return crop(batch)
+
+    out = tmp_path / "p.zarr/pred"
+    settings = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT)
+    for bad, message in [(dict(overwrite="no"), "overwrite must be True or False, got 'no'"),
+                         (dict(resume="no"), "resume must be True or False, got 'no'"),
+                         (dict(progress="yes"), "progress must be True, False or a callable taking a "
+                                                "PredictProgress, got 'yes'")]:
+        with pytest.raises(TypeError, match=re.escape(message)):
+            ef.predict(counted, volume, out, **settings, **bad)
+    with pytest.raises(ef.InputDtypeError, match=r"input must be intensities, one of uint8, .*, not uint64 "
+                                                 r"\(label ids\?\)"):
+        ef.predict(counted, volume.astype(np.uint64), out, **settings)
+    assert calls == [] and not (tmp_path / "p.zarr").exists()
+    result = ef.predict(counted, volume, out, **settings, tta=np.int64(4), chunks=np.array([8, 16, 16]),
+                        block=np.array([8, 16, 16]))
+    assert result.computed == result.blocks
+    np.testing.assert_array_equal(_read(out), _read(_crop_reference(tmp_path, volume, settings)))
+
+
+def _crop_reference(tmp_path, volume, settings):
+    path = tmp_path / "reference.zarr/pred"
+    ef.predict(crop, volume, path, **settings, tta=4, chunks=(8, 16, 16), block=(8, 16, 16))
+    return path

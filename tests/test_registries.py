@@ -150,6 +150,26 @@ def test_info_of_z5py_groups_that_have_no_attributes_file(tmp_path, raw, capsys)
     assert capsys.readouterr().err.rstrip().endswith("the root holds: volumes")
 
 
+def test_an_n5_group_that_cannot_be_listed_is_named_not_missing(tmp_path, raw, capsys, monkeypatch):
+    """A review found the check for groups without attributes.json walking folders silently past listing
+    errors: a group that may be entered but not listed was "no dataset or group; the root holds: nothing"."""
+    import errno
+    import os
+    z5py = pytest.importorskip("z5py")
+    z5py.File(str(tmp_path / "n.n5"), use_zarr_format=False, mode="a").create_dataset(
+        "volumes/raw", data=raw, chunks=CHUNKS)
+    real_scandir = os.scandir
+
+    def unlistable(folder="."):
+        if str(folder) == str(tmp_path / "n.n5" / "volumes"):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(folder))
+        return real_scandir(folder)
+
+    monkeypatch.setattr(os, "scandir", unlistable)
+    assert main(["info", str(tmp_path / "n.n5/volumes")]) == 2
+    assert "cannot list" in capsys.readouterr().err
+
+
 def write_precomputed(path, data, scales=((4, 4, 40),)):
     ts = pytest.importorskip("tensorstore")
     info = {"type": "image", "data_type": str(data.dtype), "num_channels": 1}

@@ -246,3 +246,13 @@ def test_closing_a_volume_behind_an_external_link_closes_both_files(tmp_path):
     assert out[0, 0, 0, 0] == 4 * 256 + 8 * 16 + 8 and open_files() == ["data.h5", "main.h5"]
     volume.close()
     assert open_files() == []
+
+
+def test_in_memory_must_be_a_bool_not_a_string_that_is_true(tmp_path):
+    """``ef.open(path, in_memory="false")`` loaded the whole volume: a non-empty string is true."""
+    with h5py.File(tmp_path / "v.h5", "w") as file:
+        file["raw"] = np.zeros((4, 8, 8), np.uint8)
+    for opened in (lambda: ef.open(tmp_path / "v.h5/raw", in_memory="false"),
+                   lambda: ef.hdf5(tmp_path / "v.h5", "raw", in_memory="no")):
+        with pytest.raises(TypeError, match="in_memory must be True or False, got '(false|no)'"):
+            opened()

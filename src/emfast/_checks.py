@@ -74,6 +74,15 @@ def integer(value, what: str, minimum: int = 1) -> int:
     return int(value)
 
 
+def flag(value, name: str) -> bool:
+    """``value`` if it is True or False, else a TypeError naming the option."""
+    if not isinstance(value, bool):
+        error = TypeError(f"{name} must be True or False, got {value!r}")
+        error.emfast_setting = name
+        raise error
+    return value
+
+
 def is_real(value) -> bool:
     """True for Python and NumPy real numbers, False for bools and everything else."""
     return isinstance(value, (numbers.Real, np.floating, np.integer)) and not isinstance(value, (bool, np.bool_))

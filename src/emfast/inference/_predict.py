@@ -11,7 +11,8 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from .._checks import integer, is_integer, triple
+from .._checks import flag, integer, is_integer, triple
+from .._core.common import RAW_DTYPES
 from .._core.gather import PAD_MODES
 from .._threads import ctrl_c_held, shutdown_pool
 from .._version import __version__
@@ -155,11 +156,15 @@ class InputDtypeError(TypeError):
 
 
 def check_input_dtype(volume: Volume) -> None:
-    """Refuse a bool input (InputDtypeError): read as uint8, it would be scaled to 0 and 1/255, and a mask is
-    no image."""
+    """Refuse an input whose dtype is no image's (InputDtypeError): bool, read as uint8, would be scaled to 0
+    and 1/255; label ids (uint64, int64, int32) have no default scaling and no gather kernel."""
     if volume.stored_dtype == bool:
         raise InputDtypeError(f"{volume.name}: predict's input must be intensities (integers or floats), not bool; "
                               "convert it (array.astype(np.float32)) if the network takes a mask")
+    if volume.dtype not in RAW_DTYPES:
+        raise InputDtypeError(f"{volume.name}: predict's input must be intensities, one of "
+                              f"{', '.join(str(d) for d in RAW_DTYPES)}, not {volume.dtype} (label ids?); convert "
+                              "it (array.astype(np.float32)) if the network takes them")
 
 
 def _triple_or_int(value, what: str, minimum: int) -> Tuple[int, int, int]:
@@ -248,7 +253,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     normalize : optional
         Input scaling, as :class:`emfast.Loader` takes it (default: integers to [0, 1]).
     channels : int, optional
-        The model's output channels; default: learned from one call on the first tile.
+        The model's output channels; default: learned from one call on the first tile, or, resuming an output,
+        read from its record (the model is then not called before the blocks left to compute).
     dtype : {"float32", "float16", "uint8"}
         Output dtype; "uint8" stores [0, 1] as 0..255 and clips values outside [0, 1] to 0 or 255 (NaN to 0): if
         any were clipped, a :class:`SaturationWarning` says which fraction, once per call (a model returning
@@ -331,8 +337,12 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         raise ValueError(f"pad must be one of {', '.join(PAD_MODES)}, got {pad!r}")
     if dtype not in PREDICT_OUTPUT_DTYPE_NAMES:
         raise ValueError(f"dtype must be one of {', '.join(PREDICT_OUTPUT_DTYPE_NAMES)}, got {dtype!r}")
+    resume, overwrite = flag(resume, "resume"), flag(overwrite, "overwrite")  # overwrite="no" replaced the output
     if resume and overwrite:
         raise ValueError(f"pass {option('resume')} or {option('overwrite')}, not both")
+    if not (isinstance(progress, bool) or callable(progress)):  # found only at the first block, after the model ran
+        raise TypeError(f"progress must be True, False or a callable taking a PredictProgress, got {progress!r}")
+    tta = integer(tta, "tta", minimum=0)  # a NumPy integer is not JSON for the record
     batch_size = integer(batch_size, "batch_size")
     threads = integer(threads, "threads")
     if channels is not None:
@@ -369,7 +379,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         if overlap is None:
             overlap = (0, 0, 0) if blend == "none" else tuple(p // 4 for p in patch_out)
         overlap = _triple_or_int(overlap, "overlap", 0)
-        chunks = triple(chunks or tuple(min(CHUNK_EDGE, s) for s in volume.shape), "chunks", minimum=1)
+        chunks = triple(tuple(min(CHUNK_EDGE, s) for s in volume.shape) if chunks is None else chunks, "chunks",
+                        minimum=1)
         tile_variants = variants(tta, patch_in, patch_out)
         scale, shift = normalization(volume, normalize)
         if client is None:  # batches through the device's transfer backend (Dask workers move their own)
@@ -384,7 +395,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
             return BlockPredictor(volume, caller, plan, blend, tile_variants, scale, shift, pad, fill, batch_size,
                                   np.dtype(dtype), cache)
 
-        plan = TilePlan(volume.shape, patch_in, patch_out, overlap, chunks, roi, block or chunks,
+        plan = TilePlan(volume.shape, patch_in, patch_out, overlap, chunks, roi, chunks if block is None else block,
                         crop=blend == "none")
         # Taken before the model is first called: an output beside which nothing can be written, one another run
         # writes, or one that exists and may not be touched, is refused before any work.

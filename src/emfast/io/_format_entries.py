@@ -139,7 +139,14 @@ def _holds_n5(directory: Path) -> bool:
     (z5py and n5-java write none for a group without attributes). Stops at the first one found."""
     if not directory.is_dir():
         return False
-    return any("attributes.json" in files for _, _, files in os.walk(directory))
+    if (directory / "attributes.json").is_file():  # found without listing the folder
+        return True
+    return any("attributes.json" in files for _, _, files in os.walk(directory, onerror=_unlistable))
+
+
+def _unlistable(error: OSError) -> None:
+    """os.walk's onerror: a folder that cannot be listed is named, not taken for one holding nothing."""
+    raise OSError(error.errno, f"cannot list {error.filename}: {error.strerror}") from None
 
 
 def _n5_attributes(directory: Path) -> dict:

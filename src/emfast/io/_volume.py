@@ -11,7 +11,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._checks import triple
+from .._checks import flag, triple
 from .._core.common import LABEL_DTYPES, RAW_DTYPES
 from .._core.gather import gather_copy, pad_indices
 from .._machine import available_bytes
@@ -155,6 +155,7 @@ class Volume:
         """
         name = source.name
         try:
+            in_memory = flag(in_memory, "in_memory")  # "false" is a str, and true: it loaded the whole volume
             if cache_bytes is not None:
                 if in_memory:
                     raise ValueError(f"{name}: cache_bytes applies to lazy volumes; pass in_memory=False with it")

@@ -328,11 +328,12 @@ class OutputWriter:
         """A small uncompressed array beside the output (one element per chunk in zarr, so that concurrent writers
         never share a chunk), without geometry."""
         if self.kind == "hdf5":
-            node = self.root.create_dataset(name, shape=tuple(shape), dtype=dtype, fillvalue=0)
-            # Written, not left to the fill value: HDF5 hands out the space of deleted datasets again (a file
-            # that keeps its free space, see open_hdf5_for_writing) without clearing it, and stale flags would
-            # mark blocks finished that never were.
-            node[...] = np.zeros(tuple(shape), dtype)
+            # Chunked, each chunk filled with 0 when first written to: HDF5 hands out the space of deleted
+            # datasets again (a file that keeps its free space, see open_hdf5_for_writing) without clearing it,
+            # and stale flags would mark blocks finished that never were. Unwritten chunks take no space (a small
+            # roi of a huge grid flags a few).
+            node = self.root.create_dataset(name, shape=tuple(shape), dtype=dtype, fillvalue=0, fill_time="alloc",
+                                            chunks=tuple(min(int(s), 64) for s in shape))
             for key, value in attributes.items():
                 node.attrs[key] = value
             self.root.flush()

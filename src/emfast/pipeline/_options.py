@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
-from .._checks import check_seed, integer, refusal, triple
+from .._checks import check_seed, flag, integer, refusal, triple
 from .._machine import available_bytes, cores
 from .._registry import instantiate
 from ..io import plural
@@ -33,15 +33,6 @@ class InsufficientMemoryError(MemoryError, ValueError):
 
 def _gib(nbytes: int) -> str:
     return f"{nbytes / 2**30:,.2f} GiB"
-
-
-def flag(value, name: str) -> bool:
-    """``value`` if it is True or False, else a TypeError naming the option."""
-    if not isinstance(value, bool):
-        error = TypeError(f"{name} must be True or False, got {value!r}")
-        error.emfast_setting = name
-        raise error
-    return value
 
 
 def output_dtype(dtype) -> np.dtype:
