@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+import emfast
 from emfast._core import targets as _targets
 from emfast.targets import (Affinities, Boundaries, Classes, Foreground, Target, compute_targets, outputs,
                             required_margin, resolve)
@@ -412,3 +413,16 @@ def test_a_bad_setting_is_refused_in_the_same_words_by_the_target_and_its_kernel
         kernel(labels, np.empty((1, 1, 4, 4, 4), np.uint8))
     assert str(public.value).split(": ", 1)[1] == str(private.value)
     assert public.value.emfast_setting == private.value.emfast_setting
+
+
+@pytest.mark.parametrize("target", [Foreground(name="mask"), Foreground(name="labels"), Affinities(name="labels"),
+                                    Foreground(name="labels_valid"), Foreground(name="raw")], ids=repr)
+def test_a_target_named_as_a_batch_field_is_refused_when_the_loader_is_built(target):
+    """``Foreground(name="mask")`` silently replaced the sample's training mask, ``name="labels"`` the labels, and
+    ``name="labels_valid"`` with a rotation dropped the target; ``name="raw"`` failed at the first batch from a
+    kernel ("out has dtype uint8")."""
+    raw = np.zeros((16, 32, 32), np.uint8)
+    labels = np.ones((16, 32, 32), np.uint64)
+    with pytest.raises(ValueError, match="collides with the batch field of that name; give the target another "
+                                         "name="):
+        emfast.Loader(raw, labels, patch=(8, 16, 16), targets=[target])

@@ -40,6 +40,10 @@ from ._ring import Ring
 from ._snapshot import write_snapshot
 from ._windows import PATCH_KEYS, fitting_regions, patch_windows, window_extents
 
+#: The batch fields a loader delivers itself, whose names neither a target nor an extra channel may take.
+BUILT_IN_FIELDS = ("raw", "labels", "mask", "labels_valid")
+
+
 class Loader:
     """Streams batches of augmented 3-D patches from EM volumes, produced by background threads.
 
@@ -190,6 +194,10 @@ class Loader:
                                 for t in self.targets]
             for target in self.targets:
                 target.check(self.dataset.samples[0].placed_labels.volume.dtype)
+            for name in _targets.outputs(self.targets):  # Foreground(name="mask") replaced the training mask
+                if name in BUILT_IN_FIELDS:
+                    raise ValueError(f"target field {name!r} collides with the batch field of that name; give the "
+                                     "target another name=")
             self.margin = _targets.required_margin(self.targets) if self.targets else (0, 0, 0)
         self.keep_labels = setting("keep_labels", keep_labels)
         self.progress = setting("progress", progress)
@@ -262,7 +270,7 @@ class Loader:
 
         fields = [converted("raw", [s.raw for s in samples], intensity=True)]
         for name in samples[0].extra:
-            if name in ("raw", "labels", "mask") or name in _targets.outputs(self.targets):
+            if name in BUILT_IN_FIELDS or name in _targets.outputs(self.targets):
                 raise ValueError(f"extra channel name {name!r} collides with a batch field; rename it")
             placed = [s.placed_extra[name] for s in samples]
             fields.append(placed_field(name, placed, self.dtype, self.patch_in, context,
