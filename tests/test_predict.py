@@ -1244,3 +1244,20 @@ def _crop_reference(tmp_path, volume, settings):
     path = tmp_path / "reference.zarr/pred"
     ef.predict(crop, volume, path, **settings, tta=4, chunks=(8, 16, 16), block=(8, 16, 16))
     return path
+
+
+def test_a_device_that_is_no_torch_device_or_no_gpu_here_is_named(tmp_path, volume):
+    """torch's own errors came through with no setting named ("Expected one of cpu, cuda, ipu, ..." for "gpu",
+    "Cannot access accelerator device" for "cuda:9"), and device=5 reached torch; the config's check already
+    said it well, and now predict shares it."""
+    torch = pytest.importorskip("torch")
+    settings = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT)
+    with pytest.raises(ValueError, match=r"device 'gpu' is not a torch device \('cpu', 'cuda', 'cuda:1'\)"):
+        ef.predict(crop, volume, tmp_path / "a.zarr/p", device="gpu", **settings)
+    with pytest.raises(TypeError, match="device must be a torch device name such as 'cpu' or 'cuda:0', or a "
+                                        "transfer backend, got 5"):
+        ef.predict(crop, volume, tmp_path / "b.zarr/p", device=5, **settings)
+    wanted = torch.cuda.device_count() + 3
+    with pytest.raises(ValueError, match=rf"device 'cuda:{wanted}': (no usable NVIDIA GPU here|this machine has)"):
+        ef.predict(crop, volume, tmp_path / "c.zarr/p", device=f"cuda:{wanted}", **settings)
+    assert not any(tmp_path.iterdir())  # refused before the output or its lock was made

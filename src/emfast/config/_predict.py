@@ -37,8 +37,8 @@ from typing import Any, Callable, List, Mapping, Optional, Union
 from .._checks import concerned_key
 from .._core.gather import PAD_MODES
 from ..inference import (BLENDS, CACHE_SHARE, CHUNK_EDGE, COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS,
-                         InputDtypeError, Prediction, TilePlan, block_estimate, check_input_dtype,
-                         input_cache_refusal, parse_memory, predict, require_torch, too_large_block, variants)
+                         InputDtypeError, Prediction, TilePlan, block_estimate, check_input_dtype, check_torch_device,
+                         input_cache_refusal, parse_memory, predict, too_large_block, variants)
 from ..io import CacheBudgetError, check_compression, open_volume, parse_output
 from ..transfer import cuda_ordinal
 from ._sections import _check_normalize, _file
@@ -193,26 +193,10 @@ class PredictSpec:
         if device is None:
             return None
         try:
-            require_torch(device)
-        except ImportError as error:
+            # a scheduler's address: the workers open the device on their machines, not here
+            return check_torch_device(device, here=self.engine is None or "address" not in self.engine)
+        except (ImportError, ValueError) as error:
             raise self.error(("device",), str(error)) from None
-        import torch
-        try:
-            kind = torch.device(device)
-        except (RuntimeError, ValueError) as error:
-            raise self.error(("device",), f"{device!r} is not a torch device ('cpu', 'cuda', 'cuda:1'): "
-                                          f"{error}") from None
-        if kind.type != "cuda":
-            return f"{device} (PyTorch {torch.__version__})"
-        if not torch.cuda.is_available():
-            raise self.error(("device",), f"device {device!r}: no usable NVIDIA GPU here (PyTorch "
-                                          f"{torch.__version__}, built for CUDA {torch.version.cuda or 'none'}, "
-                                          "finds none: no GPU, no driver, or CUDA_VISIBLE_DEVICES hides them); "
-                                          "use device: cpu or run where there is one")
-        if kind.index is not None and kind.index >= torch.cuda.device_count():
-            raise self.error(("device",), f"device {device!r}: this machine has {torch.cuda.device_count()} "
-                                          f"GPU(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}")
-        return f"{device}: {torch.cuda.get_device_name(kind.index or 0)}"
 
     def plan(self, cache_dir=None) -> TilePlan:
         """Open the input and lay the tiles over it as :func:`emfast.predict` will.

@@ -29,6 +29,28 @@ def model_name(model) -> str:
     return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(target))}"
 
 
+def check_torch_device(device: str, here: bool = True) -> str:
+    """A description of the torch device named ``device``; ValueError naming it if it is no torch device or (with
+    ``here``: it is used in this process, not on Dask workers) is a GPU this machine lacks; ImportError without
+    PyTorch."""
+    require_torch(device)
+    import torch
+    try:
+        kind = torch.device(device)
+    except (RuntimeError, ValueError) as error:
+        raise ValueError(f"device {device!r} is not a torch device ('cpu', 'cuda', 'cuda:1'): {error}") from None
+    if kind.type != "cuda" or not here:
+        return f"{device} (PyTorch {torch.__version__})"
+    if not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: no usable NVIDIA GPU here (PyTorch {torch.__version__}, built for CUDA "
+                         f"{torch.version.cuda or 'none'}, finds none: no GPU, no driver, or CUDA_VISIBLE_DEVICES "
+                         "hides them); use device 'cpu' or run where there is one")
+    if kind.index is not None and kind.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} GPU(s), cuda:0 to "
+                         f"cuda:{torch.cuda.device_count() - 1}")
+    return f"{device}: {torch.cuda.get_device_name(kind.index or 0)}"
+
+
 def require_torch(device) -> None:
     """Raise an ImportError saying so where ``device`` (a torch device name) needs PyTorch and it is missing."""
     if not isinstance(device, str):

@@ -28,7 +28,7 @@ from ._device import device_runner
 from ._local import run_local
 from ._memory import (CACHE_SHARE, DEFAULT_MEMORY, TILES_SHARE, block_estimate, choose_block, input_cache_refusal,
                       parse_memory, too_large_block)
-from ._model import ModelCaller
+from ._model import ModelCaller, check_torch_device
 from ._store import PREDICT_OUTPUT_DTYPE_NAMES, PROVENANCE, OutputStore, check_compression, parse_output
 from ._tiling import Block, TilePlan
 from ._tta import IDENTITY, variants
@@ -363,6 +363,11 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     if client is not None and isinstance(device, TransferBackend):
         raise ValueError(f"device={device.name!r} is a device of this process; with client= give a device name "
                          "(such as 'cuda') that each worker opens itself")
+    if isinstance(device, str):  # torch's own errors ("Expected one of cpu, cuda, ...") named no setting
+        check_torch_device(device, here=client is None)
+    elif device is not None and not isinstance(device, TransferBackend):
+        raise TypeError(f"device must be a torch device name such as 'cpu' or 'cuda:0', or a transfer backend, "
+                        f"got {device!r}")
     caller = ModelCaller(model, device)
     if client is not None:
         check_model_pickles(model, client)
