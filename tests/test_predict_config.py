@@ -452,3 +452,17 @@ def test_a_boolean_input_in_a_config_is_told_in_one_line_by_check_and_predict(fo
     error = _check_and_predict_fail(path, capsys)
     assert "predict.input.file: " in error and "predict's input must be intensities (integers or floats), not bool" \
         in error
+
+
+def test_a_fill_the_inputs_dtype_cannot_hold_is_named_by_check_and_predict(folder, capsys, tmp_path):
+    """``pad="constant", fill=300`` on a uint8 input raised the gather kernel's "not representable in out's dtype
+    uint8" (its own buffer, not the user's output) after the model was set up, and ``emfast check`` said valid."""
+    import emfast as ef
+    path = _config(folder, PREDICT + "  pad: constant\n  fill: 300\n")
+    error = _check_and_predict_fail(path, capsys)
+    assert "predict.fill: fill=300 does not fit the input's dtype uint8" in error
+    with pytest.raises(ValueError, match=r"fill=-1 does not fit the input's dtype uint8"):
+        ef.predict(lambda batch: batch, np.zeros((8, 16, 16), np.uint8), tmp_path / "p.zarr/p", patch_in=(8, 16, 16),
+                   pad="constant", fill=-1)
+    ef.predict(lambda batch: batch, np.zeros((8, 16, 16), np.uint8), tmp_path / "q.zarr/p", patch_in=(8, 16, 16),
+               pad="reflect", fill=300)  # no constant padding: fill is not used

@@ -37,8 +37,8 @@ from typing import Any, Callable, List, Mapping, Optional, Union
 from .._checks import concerned_key
 from .._core.gather import PAD_MODES
 from ..inference import (BLENDS, CACHE_SHARE, CHUNK_EDGE, COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS,
-                         InputDtypeError, Prediction, TilePlan, block_estimate, check_input_dtype, check_torch_device,
-                         input_cache_refusal, parse_memory, predict, too_large_block, variants)
+                         InputDtypeError, Prediction, TilePlan, block_estimate, check_fill, check_input_dtype,
+                         check_torch_device, input_cache_refusal, parse_memory, predict, too_large_block, variants)
 from ..io import CacheBudgetError, check_compression, open_volume, parse_output
 from ..transfer import cuda_ordinal
 from ._sections import _check_normalize, _file
@@ -221,6 +221,10 @@ class PredictSpec:
             check_input_dtype(volume)
             shape, chunks = volume.shape, self.options.get("chunks")
             channels_in, itemsize_in = volume.channels, volume.dtype.itemsize
+            try:
+                check_fill(self.options.get("fill", 0), volume, self.options.get("pad", "reflect"))
+            except ValueError as error:
+                raise self.error(("fill",), str(error)) from None
         except InputDtypeError as error:
             raise self.error(input_key, str(error)) from None
         finally:

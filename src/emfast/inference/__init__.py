@@ -16,16 +16,16 @@ from ._blend import BLENDS
 from ._memory import CACHE_SHARE, block_estimate, input_cache_refusal, parse_memory, too_large_block
 from ._model import ModelOutputError, check_torch_device, model_blamed, require_torch
 from ._predict import (CHUNK_EDGE, InputDtypeError, NonFiniteWarning, Prediction, PredictProgress, SaturationWarning,
-                       check_input_dtype, predict)
+                       check_fill, check_input_dtype, predict)
 from ._store import COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, BlockWriteError, OutputExistsError
 from ._tiling import Block, TilePlan
 from ._tta import TTA_COUNTS, variants
 
 __all__ = ["BLENDS", "CACHE_SHARE", "COMPRESSIONS", "PREDICT_OUTPUT_DTYPE_NAMES", "TTA_COUNTS", "Block",
            "BlockWriteError", "InputDtypeError", "ModelOutputError", "OutputExistsError", "Prediction",
-           "PredictProgress", "NonFiniteWarning", "SaturationWarning", "TilePlan", "block_estimate",
-           "check_input_dtype", "check_torch_device", "input_cache_refusal", "model_blamed", "predict", "require_torch", "too_large_block",
-           "variants"]
+           "PredictProgress", "NonFiniteWarning", "SaturationWarning", "TilePlan", "block_estimate", "check_fill",
+           "check_input_dtype", "check_torch_device", "input_cache_refusal", "model_blamed", "predict",
+           "require_torch", "too_large_block", "variants"]
 
 
 if not TYPE_CHECKING:  # for type checkers every other name stays an error, not Any

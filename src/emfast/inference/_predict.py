@@ -155,6 +155,22 @@ class InputDtypeError(TypeError):
     """The input's dtype is one that predict does not read as intensities."""
 
 
+def check_fill(fill, volume: Volume, pad: str) -> None:
+    """Refuse a ``fill`` for ``pad="constant"`` that the input's dtype cannot hold (the padding is read as the
+    input, before normalisation): the gather kernel's refusal named its own buffer ("out's dtype uint8")."""
+    if pad != "constant":
+        return
+    value = np.asarray(fill)
+    try:
+        fits = value.ndim == 0 and bool(np.array_equal(value.astype(volume.dtype), value,
+                                                       equal_nan=volume.dtype.kind == "f"))
+    except (TypeError, ValueError):
+        fits = False
+    if not fits:
+        raise ValueError(f"fill={fill!r} does not fit the input's dtype {volume.dtype} ({volume.name}): the padding "
+                         "past the border is read as the input, before normalisation; give a value of that dtype")
+
+
 def check_input_dtype(volume: Volume) -> None:
     """Refuse an input whose dtype is no image's (InputDtypeError): bool, read as uint8, would be scaled to 0
     and 1/255; label ids (uint64, int64, int32) have no default scaling and no gather kernel."""
@@ -388,6 +404,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                         minimum=1)
         tile_variants = variants(tta, patch_in, patch_out)
         scale, shift = normalization(volume, normalize)
+        check_fill(fill, volume, pad)
         if client is None:  # batches through the device's transfer backend (Dask workers move their own)
             caller.runner = device_runner(device, batch_size * volume.channels * int(np.prod(patch_in)),
                                           cuda_graphs)
