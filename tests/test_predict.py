@@ -1235,9 +1235,15 @@ def test_predicts_arguments_are_checked_before_anything_is_written(tmp_path, vol
         ef.predict(counted, volume.astype(np.uint64), out, **settings)
     assert calls == [] and not (tmp_path / "p.zarr").exists()
     result = ef.predict(counted, volume, out, **settings, tta=np.int64(4), chunks=np.array([8, 16, 16]),
-                        block=np.array([8, 16, 16]))
+                        block=np.array([8, 16, 16]), overwrite=np.False_, progress=None)
     assert result.computed == result.blocks
     np.testing.assert_array_equal(_read(out), _read(_crop_reference(tmp_path, volume, settings)))
+    # what a review found refused by the first version of these checks, and worked before: NumPy bools, progress
+    # None, a whole float or False for tta (the config check takes them too), a torch.device
+    ef.predict(counted, volume, out, **settings, tta=4.0, chunks=(8, 16, 16), block=(8, 16, 16), resume=np.True_)
+    ef.predict(counted, volume, tmp_path / "q.zarr/pred", **settings, tta=False)
+    torch = pytest.importorskip("torch")
+    ef.predict(crop, volume, tmp_path / "t.zarr/pred", **settings, device=torch.device("cpu"))
 
 
 def _crop_reference(tmp_path, volume, settings):
@@ -1248,16 +1254,17 @@ def _crop_reference(tmp_path, volume, settings):
 
 def test_a_device_that_is_no_torch_device_or_no_gpu_here_is_named(tmp_path, volume):
     """torch's own errors came through with no setting named ("Expected one of cpu, cuda, ipu, ..." for "gpu",
-    "Cannot access accelerator device" for "cuda:9"), and device=5 reached torch; the config's check already
-    said it well, and now predict shares it."""
+    "Cannot access accelerator device" for "cuda:9"), and device=[0] reached torch; the config's check already
+    said it well, and now predict shares it. A bare index is a GPU's, as torch reads it."""
     torch = pytest.importorskip("torch")
     settings = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT)
     with pytest.raises(ValueError, match=r"device 'gpu' is not a torch device \('cpu', 'cuda', 'cuda:1'\)"):
         ef.predict(crop, volume, tmp_path / "a.zarr/p", device="gpu", **settings)
-    with pytest.raises(TypeError, match="device must be a torch device name such as 'cpu' or 'cuda:0', or a "
-                                        "transfer backend, got 5"):
-        ef.predict(crop, volume, tmp_path / "b.zarr/p", device=5, **settings)
+    with pytest.raises(TypeError, match=r"device must be a torch device \('cpu', 'cuda:0', torch.device\(...\)\) or a "
+                                        r"transfer backend, got \[0\]"):
+        ef.predict(crop, volume, tmp_path / "b.zarr/p", device=[0], **settings)
     wanted = torch.cuda.device_count() + 3
-    with pytest.raises(ValueError, match=rf"device 'cuda:{wanted}': (no usable NVIDIA GPU here|this machine has)"):
-        ef.predict(crop, volume, tmp_path / "c.zarr/p", device=f"cuda:{wanted}", **settings)
+    for device in (f"cuda:{wanted}", wanted):
+        with pytest.raises(ValueError, match=rf"device 'cuda:{wanted}': (no usable NVIDIA GPU here|this machine has)"):
+            ef.predict(crop, volume, tmp_path / "c.zarr/p", device=device, **settings)
     assert not any(tmp_path.iterdir())  # refused before the output or its lock was made

@@ -75,12 +75,12 @@ def integer(value, what: str, minimum: int = 1) -> int:
 
 
 def flag(value, name: str) -> bool:
-    """``value`` if it is True or False, else a TypeError naming the option."""
-    if not isinstance(value, bool):
+    """``value`` as a bool if it is True or False (NumPy's too), else a TypeError naming the option."""
+    if not isinstance(value, (bool, np.bool_)):
         error = TypeError(f"{name} must be True or False, got {value!r}")
         error.emfast_setting = name
         raise error
-    return value
+    return bool(value)
 
 
 def is_real(value) -> bool:

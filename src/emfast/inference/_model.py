@@ -51,6 +51,16 @@ def check_torch_device(device: str, here: bool = True) -> str:
     return f"{device}: {torch.cuda.get_device_name(kind.index or 0)}"
 
 
+def torch_device_name(device) -> str:
+    """The name of a ``torch.device`` or a GPU index as torch gives it ("cuda:0"); TypeError for anything else."""
+    if isinstance(device, (int, np.integer)) and not isinstance(device, bool):
+        return f"cuda:{int(device)}"  # torch's reading of a bare index
+    if type(device).__module__ == "torch":
+        return str(device)
+    raise TypeError(f"device must be a torch device ('cpu', 'cuda:0', torch.device(...)) or a transfer backend, got "
+                    f"{device!r}")
+
+
 def require_torch(device) -> None:
     """Raise an ImportError saying so where ``device`` (a torch device name) needs PyTorch and it is missing."""
     if not isinstance(device, str):

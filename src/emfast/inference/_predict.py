@@ -28,10 +28,10 @@ from ._device import device_runner
 from ._local import run_local
 from ._memory import (CACHE_SHARE, DEFAULT_MEMORY, TILES_SHARE, block_estimate, choose_block, input_cache_refusal,
                       parse_memory, too_large_block)
-from ._model import ModelCaller, check_torch_device
+from ._model import ModelCaller, check_torch_device, torch_device_name
 from ._store import PREDICT_OUTPUT_DTYPE_NAMES, PROVENANCE, OutputStore, check_compression, parse_output
 from ._tiling import Block, TilePlan
-from ._tta import IDENTITY, variants
+from ._tta import IDENTITY, TTA_COUNTS, variants
 
 #: Default output chunk edge (clipped to the volume), whatever the input's chunks: what viewers and readers of a
 #: prediction want, and small enough that blocks of whole chunks fit any memory budget.
@@ -356,9 +356,9 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     resume, overwrite = flag(resume, "resume"), flag(overwrite, "overwrite")  # overwrite="no" replaced the output
     if resume and overwrite:
         raise ValueError(f"pass {option('resume')} or {option('overwrite')}, not both")
-    if not (isinstance(progress, bool) or callable(progress)):  # found only at the first block, after the model ran
+    if not (progress is None or isinstance(progress, bool) or callable(progress)):  # else found after the model ran
         raise TypeError(f"progress must be True, False or a callable taking a PredictProgress, got {progress!r}")
-    tta = integer(tta, "tta", minimum=0)  # a NumPy integer is not JSON for the record
+    tta = int(tta) if tta in TTA_COUNTS else tta  # np.int64(8) or 4.0 as given; the record needs a JSON int
     batch_size = integer(batch_size, "batch_size")
     threads = integer(threads, "threads")
     if channels is not None:
@@ -379,11 +379,10 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     if client is not None and isinstance(device, TransferBackend):
         raise ValueError(f"device={device.name!r} is a device of this process; with client= give a device name "
                          "(such as 'cuda') that each worker opens itself")
+    if device is not None and not isinstance(device, (str, TransferBackend)):
+        device = torch_device_name(device)
     if isinstance(device, str):  # torch's own errors ("Expected one of cpu, cuda, ...") named no setting
         check_torch_device(device, here=client is None)
-    elif device is not None and not isinstance(device, TransferBackend):
-        raise TypeError(f"device must be a torch device name such as 'cpu' or 'cuda:0', or a transfer backend, "
-                        f"got {device!r}")
     caller = ModelCaller(model, device)
     if client is not None:
         check_model_pickles(model, client)
@@ -414,8 +413,9 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                               DeviceNotice, stacklevel=2)
 
         def predictor_for(plan: TilePlan, cache: Optional[TileCache] = None) -> BlockPredictor:
-            return BlockPredictor(volume, caller, plan, blend, tile_variants, scale, shift, pad, fill, batch_size,
-                                  np.dtype(dtype), cache)
+            # only constant padding reads fill (the kernel checks it whatever the mode); the record keeps it as given
+            return BlockPredictor(volume, caller, plan, blend, tile_variants, scale, shift, pad,
+                                  fill if pad == "constant" else 0, batch_size, np.dtype(dtype), cache)
 
         plan = TilePlan(volume.shape, patch_in, patch_out, overlap, chunks, roi, chunks if block is None else block,
                         crop=blend == "none")
