@@ -162,8 +162,10 @@ def check_fill(fill, volume: Volume, pad: str) -> None:
         return
     value = np.asarray(fill)
     try:
-        fits = value.ndim == 0 and bool(np.array_equal(value.astype(volume.dtype), value,
-                                                       equal_nan=volume.dtype.kind == "f"))
+        if volume.dtype.kind == "f":  # a float input takes any number, rounded to its dtype (0.1 for float32)
+            fits = value.ndim == 0 and value.dtype.kind in "biuf"
+        else:
+            fits = value.ndim == 0 and bool(np.array_equal(value.astype(volume.dtype), value))
     except (TypeError, ValueError):
         fits = False
     if not fits:
@@ -415,7 +417,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         def predictor_for(plan: TilePlan, cache: Optional[TileCache] = None) -> BlockPredictor:
             # only constant padding reads fill (the kernel checks it whatever the mode); the record keeps it as given
             return BlockPredictor(volume, caller, plan, blend, tile_variants, scale, shift, pad,
-                                  fill if pad == "constant" else 0, batch_size, np.dtype(dtype), cache)
+                                  volume.dtype.type(fill) if pad == "constant" else 0, batch_size, np.dtype(dtype),
+                                  cache)
 
         plan = TilePlan(volume.shape, patch_in, patch_out, overlap, chunks, roi, chunks if block is None else block,
                         crop=blend == "none")
