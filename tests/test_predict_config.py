@@ -467,6 +467,11 @@ def test_a_fill_the_inputs_dtype_cannot_hold_is_named_by_check_and_predict(folde
     floats = np.random.default_rng(0).random((8, 16, 16)).astype(np.float32)
     ef.predict(lambda batch: batch[:, :, 2:-2, 4:-4, 4:-4], floats, tmp_path / "f.zarr/p", patch_in=(8, 16, 16),
                patch_out=(4, 8, 8), pad="constant", fill=0.1)  # rounded to float32 (a YAML 0.1 was refused)
+    ef.predict(lambda batch: batch[:, :, 2:-2, 4:-4, 4:-4], floats, tmp_path / "f.zarr/p", patch_in=(8, 16, 16),
+               patch_out=(4, 8, 8), pad="constant", fill=np.float32(0.1), resume=True)  # the same padding value
+    with pytest.raises(ValueError, match=r"fill=100000.0 does not fit the input's dtype float16"):  # not inf
+        ef.predict(lambda batch: batch, floats.astype(np.float16), tmp_path / "h.zarr/p", patch_in=(8, 16, 16),
+                   pad="constant", fill=1e5)
     for pad in ("reflect", "edge"):  # only constant padding reads fill (a review: the kernel refused it anyway)
         ef.predict(lambda batch: batch[:, :, 2:-2, 4:-4, 4:-4], np.zeros((8, 16, 16), np.uint8),
                    tmp_path / f"{pad}.zarr/p", patch_in=(8, 16, 16), patch_out=(4, 8, 8), pad=pad, fill=300)

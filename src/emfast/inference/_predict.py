@@ -160,13 +160,16 @@ def check_fill(fill, volume: Volume, pad: str) -> None:
     input, before normalisation): the gather kernel's refusal named its own buffer ("out's dtype uint8")."""
     if pad != "constant":
         return
-    value = np.asarray(fill)
+    floats = volume.dtype.kind == "f"
+    value = np.asarray(float(fill) if floats and type(fill) is int else fill)  # 2**64: no object array
     try:
-        if volume.dtype.kind == "f":  # a float input takes any number, rounded to its dtype (0.1 for float32)
-            fits = value.ndim == 0 and value.dtype.kind in "biuf"
-        else:
-            fits = value.ndim == 0 and bool(np.array_equal(value.astype(volume.dtype), value))
-    except (TypeError, ValueError):
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow to inf is this check's answer
+            if floats:  # a float input takes any number, rounded to its dtype (0.1 for float32), if it stays finite
+                fits = value.ndim == 0 and value.dtype.kind in "biuf" and \
+                    bool(np.isfinite(value.astype(volume.dtype)) or not np.isfinite(value))
+            else:
+                fits = value.ndim == 0 and bool(np.array_equal(value.astype(volume.dtype), value))
+    except (TypeError, ValueError, OverflowError):
         fits = False
     if not fits:
         raise ValueError(f"fill={fill!r} does not fit the input's dtype {volume.dtype} ({volume.name}): the padding "
@@ -457,8 +460,10 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
             if probed is not None:
                 predictor.remember(*probed)
             blocks = plan.blocks()
-            # device: a GPU's arithmetic may differ from the CPU's in the last bits
-            settings = dict(blend=blend, weights=WEIGHTS, tta=tta, pad=pad, fill=float(fill),
+            # fill: with constant padding, as the input's dtype holds it (the padding's value); device: a GPU's
+            # arithmetic may differ from the CPU's in the last bits
+            settings = dict(blend=blend, weights=WEIGHTS, tta=tta, pad=pad,
+                            fill=float(predictor.fill) if pad == "constant" else float(fill),
                             normalize=[float(scale), float(shift)],
                             channels=predictor.channels, dtype=dtype, compression=compression, batch_size=batch_size,
                             device=None if device is None else getattr(device, "name", str(device)).split(":")[0])
