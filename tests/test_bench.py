@@ -361,3 +361,25 @@ def test_an_error_without_a_message_is_recorded_without_a_dangling_colon():
     record = _record.Record(None)
     record.failed(KeyboardInterrupt())
     assert record.result["error"] == "KeyboardInterrupt"
+
+
+def test_json_and_plot_replace_only_what_emfast_bench_wrote(tmp_path):
+    """``emfast bench --json in.h5`` replaced the user's HDF5 file with the results, and ``--plot fig.png`` any
+    PNG: an existing file is replaced only if it is an earlier bench JSON or plot."""
+    data = tmp_path / "in.h5"
+    data.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(100))
+    figure = tmp_path / "figure.png"
+    figure.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(100))  # another program's picture
+    with pytest.raises(ValueError, match="--json: .*in.h5' exists and is not a file emfast bench wrote"):
+        bench.settings(quick=True, json_path=str(data))
+    with pytest.raises(ValueError, match="--plot: .*figure.png' exists and is not a file emfast bench wrote"):
+        bench.settings(quick=True, plot=str(figure))
+    assert data.read_bytes().startswith(b"\x89HDF")
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"schema": "emfast-bench/1", "complete": True}))
+    assert bench.settings(quick=True, json_path=str(earlier)).json == str(earlier)
+    if HAVE_MATPLOTLIB:  # a plot emfast bench drew says so in its PNG text, and may be drawn again
+        from emfast.bench._report import plot
+        config = bench.settings(quick=True, plot=str(tmp_path / "bench.png"))
+        plot(config.plot, config, {}, None)
+        assert bench.settings(quick=True, plot=config.plot).plot == config.plot

@@ -231,3 +231,30 @@ def test_a_resume_refused_for_missing_block_flags_leaves_the_output_as_it_was(tm
             ef.predict(lambda batch: batch.astype(np.float32), data, output, patch_in=(8, 16, 16),
                        block=(8, 16, 16), chunks=(8, 16, 16), resume=True)
         assert _tree(output.parent) == before
+
+
+def test_convert_arguments_are_checked_before_anything_is_written(tmp_path):
+    """Found by a helper misusing the API: ``overwrite="no"`` (a str, so true) replaced an existing output with
+    other data; ``progress="yes"`` failed after the output's metadata was written and ``zarr_format=np.int64(2)``
+    after the store was made; ``chunks`` as an array, a string, an int, 10.5 or True and ``tile_bytes`` 0 or -5
+    raised Python's own errors or were taken as something else."""
+    with h5py.File(tmp_path / "in.h5", "w") as file:
+        file["raw"] = np.arange(20 * 40 * 40, dtype=np.uint32).reshape(20, 40, 40).astype(np.uint8)
+        file["labels"] = np.ones((20, 40, 40), np.uint64)
+    convert(tmp_path / "in.h5/raw", tmp_path / "o.zarr/raw")
+    with pytest.raises(ConvertError, match="overwrite must be True or False, got 'no'"):
+        convert(tmp_path / "in.h5/labels", tmp_path / "o.zarr/raw", overwrite="no")
+    np.testing.assert_array_equal(ef.open(tmp_path / "o.zarr/raw").array[0], h5py.File(tmp_path / "in.h5")["raw"][...])
+    for bad, message in [(dict(progress="yes"), "progress must be a callable"),
+                         (dict(chunks="10,20,20"), "chunks must be 3 integers >= 1"),
+                         (dict(chunks=10), "chunks must be 3 integers >= 1"),
+                         (dict(chunks=(10.5, 20, 20)), "chunks must be 3 integers >= 1"),
+                         (dict(chunks=(True, 20, 20)), "chunks must be 3 integers >= 1"),
+                         (dict(tile_bytes=0), "tile_bytes must be an integer >= 1"),
+                         (dict(tile_bytes=-5), "tile_bytes must be an integer >= 1")]:
+        with pytest.raises(ConvertError, match=message):
+            convert(tmp_path / "in.h5/raw", tmp_path / "refused.zarr/raw", **bad)
+        assert not (tmp_path / "refused.zarr").exists()
+    result = convert(tmp_path / "in.h5/raw", tmp_path / "n.zarr/raw", chunks=np.array([10, 20, 20]),
+                     zarr_format=np.int64(2), tile_bytes=np.int64(1 << 20))
+    assert result.written == result.tiles

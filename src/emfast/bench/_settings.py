@@ -2,6 +2,7 @@
 task's defaults and targets, and the memory the task's batches take."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import tempfile
@@ -89,7 +90,29 @@ def _check_output(path: Optional[str], option: str, suffix: Optional[str] = None
         raise ValueError(f"{option}: cannot write to the folder {str(target.parent)!r}: {error}") from None
     if target.exists() and not os.access(target, os.W_OK):
         raise ValueError(f"{option}: {path!r} is not writable")
+    if target.exists() and not _written_by_bench(target):  # --json in.h5 replaced the user's data file
+        raise ValueError(f"{option}: {path!r} exists and is not a file emfast bench wrote; emfast bench replaces "
+                         "only its own results: give another name or move it away")
     return str(target)
+
+
+#: The PNG text emfast bench writes into its plots (``Software``), by which it knows them again.
+PLOT_SOFTWARE = "emfast bench"
+
+
+def _written_by_bench(path: Path) -> bool:
+    """Whether ``path`` is an earlier emfast bench JSON (its ``schema``) or plot (its PNG ``Software`` text)."""
+    try:
+        head = path.read_bytes()[:1 << 16]
+    except OSError:
+        return False
+    if head.startswith(b"\x89PNG"):
+        return b"Software\x00" + PLOT_SOFTWARE.encode() in head
+    try:
+        schema = json.loads(path.read_text(encoding="utf-8")).get("schema", "")
+    except (ValueError, AttributeError, UnicodeDecodeError, OSError):
+        return False
+    return isinstance(schema, str) and schema.startswith("emfast-bench/")
 
 
 def slot_bytes(patch: Sequence[int], batch_size: int) -> int:

@@ -24,7 +24,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from .._checks import is_integer
+from .._checks import flag, integer, is_integer, triple
 from ._geometry import GEOMETRY_KEYS
 from ._open import open_source
 from ._outputs import (RECORDS, NotOwnOutputError, OutputLock, add_ome_pyramid, check_free_space,
@@ -147,10 +147,18 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
     try:
         container, dataset, kind = parse_output(destination, "destination")
         compression = check_compression(compression_option(compression, compressor, stacklevel=4), kind)
-    except ValueError as error:
+        overwrite = flag(overwrite, "overwrite")  # overwrite="no" (a str, so true) replaced the output
+        if chunks is not None:
+            chunks = triple(chunks, "chunks", minimum=1)
+        if tile_bytes is not None:
+            tile_bytes = integer(tile_bytes, "tile_bytes")
+    except (TypeError, ValueError) as error:
         raise ConvertError(str(error)) from None
+    if not (progress is None or callable(progress)):  # else found after the output's metadata was written
+        raise ConvertError(f"progress must be a callable taking (tiles done, tiles), got {progress!r}")
     if zarr_format not in (2, 3):
         raise ConvertError(f"zarr_format must be 2 or 3, got {zarr_format!r}")
+    zarr_format = int(zarr_format)  # np.int64(2) as given: the record needs a JSON int
     if not is_integer(levels) or levels < 1:
         raise ConvertError(f"levels must be an integer >= 1, got {levels!r}")
     if levels > 1 and kind != "zarr":
