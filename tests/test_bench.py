@@ -370,11 +370,15 @@ def test_json_and_plot_replace_only_what_emfast_bench_wrote(tmp_path):
     data.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(100))
     figure = tmp_path / "figure.png"
     figure.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(100))  # another program's picture
-    with pytest.raises(ValueError, match="--json: .*in.h5' exists and is not a file emfast bench wrote"):
+    with pytest.raises(ValueError, match="--json: .*in.h5' exists and is not recognised as emfast bench's"):
         bench.settings(quick=True, json_path=str(data))
-    with pytest.raises(ValueError, match="--plot: .*figure.png' exists and is not a file emfast bench wrote"):
+    with pytest.raises(ValueError, match="--plot: .*figure.png' exists and is not recognised as emfast bench's"):
         bench.settings(quick=True, plot=str(figure))
     assert data.read_bytes().startswith(b"\x89HDF")
+    nested = tmp_path / "nested.json"
+    nested.write_text("[" * 200000 + "]" * 200000)  # no RecursionError from the JSON parser
+    with pytest.raises(ValueError, match="is not recognised as emfast bench's"):
+        bench.settings(quick=True, json_path=str(nested))
     earlier = tmp_path / "earlier.json"
     earlier.write_text(json.dumps({"schema": "emfast-bench/1", "complete": True}))
     assert bench.settings(quick=True, json_path=str(earlier)).json == str(earlier)

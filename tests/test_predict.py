@@ -1227,9 +1227,12 @@ def test_predicts_arguments_are_checked_before_anything_is_written(tmp_path, vol
     for bad, message in [(dict(overwrite="no"), "overwrite must be True or False, got 'no'"),
                          (dict(resume="no"), "resume must be True or False, got 'no'"),
                          (dict(progress="yes"), "progress must be True, False or a callable taking a "
-                                                "PredictProgress, got 'yes'")]:
+                                                "PredictProgress, got 'yes'"),
+                         (dict(cuda_graphs="no"), "cuda_graphs must be True or False, got 'no'")]:
         with pytest.raises(TypeError, match=re.escape(message)):
             ef.predict(counted, volume, out, **settings, **bad)
+    with pytest.raises(ValueError, match="compression must be one of .*, got False"):  # zstd was written
+        ef.predict(counted, volume, out, **settings, compression=False)
     with pytest.raises(ef.InputDtypeError, match=r"input must be intensities, one of uint8, .*, not uint64 "
                                                  r"\(label ids\?\)"):
         ef.predict(counted, volume.astype(np.uint64), out, **settings)

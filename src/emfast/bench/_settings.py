@@ -91,8 +91,9 @@ def _check_output(path: Optional[str], option: str, suffix: Optional[str] = None
     if target.exists() and not os.access(target, os.W_OK):
         raise ValueError(f"{option}: {path!r} is not writable")
     if target.exists() and not _written_by_bench(target):  # --json in.h5 replaced the user's data file
-        raise ValueError(f"{option}: {path!r} exists and is not a file emfast bench wrote; emfast bench replaces "
-                         "only its own results: give another name or move it away")
+        raise ValueError(f"{option}: {path!r} exists and is not recognised as emfast bench's (a results JSON, or a "
+                         "plot marked as bench's: plots drawn before bench marked them carry no mark); emfast bench "
+                         "replaces only its own results: give another name or move it away")
     return str(target)
 
 
@@ -103,14 +104,18 @@ PLOT_SOFTWARE = "emfast bench"
 def _written_by_bench(path: Path) -> bool:
     """Whether ``path`` is an earlier emfast bench JSON (its ``schema``) or plot (its PNG ``Software`` text)."""
     try:
-        head = path.read_bytes()[:1 << 16]
+        with open(path, "rb") as file:  # the start only: the file may be a data file of many GB
+            head = file.read(1 << 16)
+            whole = len(head) < (1 << 16) or head.lstrip()[:1] == b"{" and file.seek(0, os.SEEK_END) < (64 << 20)
     except OSError:
         return False
     if head.startswith(b"\x89PNG"):
         return b"Software\x00" + PLOT_SOFTWARE.encode() in head
+    if not whole:  # results JSON are small; anything else large is not ours
+        return False
     try:
         schema = json.loads(path.read_text(encoding="utf-8")).get("schema", "")
-    except (ValueError, AttributeError, UnicodeDecodeError, OSError):
+    except (ValueError, AttributeError, UnicodeDecodeError, OSError, RecursionError):
         return False
     return isinstance(schema, str) and schema.startswith("emfast-bench/")
 

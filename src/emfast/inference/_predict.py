@@ -359,6 +359,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     if dtype not in PREDICT_OUTPUT_DTYPE_NAMES:
         raise ValueError(f"dtype must be one of {', '.join(PREDICT_OUTPUT_DTYPE_NAMES)}, got {dtype!r}")
     resume, overwrite = flag(resume, "resume"), flag(overwrite, "overwrite")  # overwrite="no" replaced the output
+    cuda_graphs = flag(cuda_graphs, "cuda_graphs")
     if resume and overwrite:
         raise ValueError(f"pass {option('resume')} or {option('overwrite')}, not both")
     if not (progress is None or isinstance(progress, bool) or callable(progress)):  # else found after the model ran
@@ -375,7 +376,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         raise ValueError(f"client= writes from many processes at once, which HDF5 does not allow; write "
                          f"{container}/{dataset} as a .zarr output (emfast convert can make an HDF5 copy "
                          "afterwards)")
-    compression = compression or ("gzip" if kind == "hdf5" else "zstd")
+    compression = ("gzip" if kind == "hdf5" else "zstd") if compression is None else compression  # False: refused
     check_compression(compression, kind)
     budget = DEFAULT_MEMORY if memory is None else parse_memory(memory)
     if cuda_graphs and (cuda_ordinal(device) is None or client is not None):

@@ -19,7 +19,7 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
-from .._checks import refusal, triple
+from .._checks import flag, refusal, triple
 
 Triple = Tuple[int, int, int]
 
@@ -83,7 +83,7 @@ class TilePlan:
         self.stride: Triple = tuple(p - v for p, v in zip(self.patch_out, self.overlap))
         self.roi = self._roi(roi)
         self.block = self._block(block)
-        self.crop = crop
+        self.crop = flag(crop, "crop")
         #: Per axis, the tiles' starts (output voxels, in the volume).
         self.starts: List[np.ndarray] = [self._axis_starts(axis) for axis in range(3)]
         self._positions = [{int(v): i for i, v in enumerate(s)} for s in self.starts]

@@ -52,7 +52,7 @@ def parse_output(out, name: str = "out") -> Tuple[Path, str, str]:
 def check_compression(compression: str, kind: str) -> str:
     """``compression`` (the format's default for None), ValueError unless it applies to a ``kind`` ("zarr" or
     "hdf5") output."""
-    compression = compression or DEFAULT_COMPRESSIONS[kind]
+    compression = DEFAULT_COMPRESSIONS[kind] if compression is None else compression  # False meant none: refused
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}")
     if kind == "hdf5" and compression not in ("gzip", "none"):
