@@ -218,10 +218,17 @@ def test_ctrl_c_at_random_moments_of_start_leaves_no_thread_running(raw):
 
 @MAIN_THREAD_ONLY
 def test_ctrl_c_during_start_of_a_device_loader_stops_the_copier_and_frees_the_device(raw):
-    devices = [FakeDevice(seed=trial) for trial in range(8)]
-    loaders, in_start = _interrupt_starts(
-        lambda trial: ef.Loader(raw, patch=PATCH, batch_size=8, threads=8, buffers=8, device=devices[trial]), 8)
-    assert in_start >= 2
+    devices, loaders, in_start = [], [], 0
+    for _ in range(4):  # rounds of 8 until 2 interrupts landed inside start() (1 of 8 once, on another machine)
+        made = [FakeDevice(seed=len(devices) + trial) for trial in range(8)]
+        devices += made
+        kept, landed = _interrupt_starts(
+            lambda trial: ef.Loader(raw, patch=PATCH, batch_size=8, threads=8, buffers=8, device=made[trial]), 8)
+        loaders += kept
+        in_start += landed
+        if in_start >= 2:
+            break
+    assert in_start >= 2, f"only {in_start} of {len(devices)} interrupts landed inside start(); the test lost its aim"
     # On a loaded machine the interrupt may land before the copier thread opened its device: nothing to free then.
     opened = [device for device in devices if device.owner is not None]
     assert len(opened) >= 2
