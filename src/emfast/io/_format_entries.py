@@ -15,7 +15,7 @@ from ._hdf5 import Hdf5Source, dataset_summary, open_hdf5
 from ._n5 import N5Source, is_n5, list_n5_datasets
 from ._precomputed import PrecomputedSource, is_precomputed
 from ._remote import RemoteStore
-from ._source import DatasetNotFoundError, read_regular_file
+from ._source import DatasetNotFoundError, read_regular_file, unlistable
 from ._volume import Volume
 from ._zarr import GROUP_MARKERS, ZarrSource, arrays_on_disk, import_zarr, refuse_special_metadata
 
@@ -141,12 +141,8 @@ def _holds_n5(directory: Path) -> bool:
         return False
     if (directory / "attributes.json").is_file():  # found without listing the folder
         return True
-    return any("attributes.json" in files for _, _, files in os.walk(directory, onerror=_unlistable))
+    return any("attributes.json" in files for _, _, files in os.walk(directory, onerror=unlistable()))
 
-
-def _unlistable(error: OSError) -> None:
-    """os.walk's onerror: a folder that cannot be listed is named, not taken for one holding nothing."""
-    raise OSError(error.errno, f"cannot list {error.filename}: {error.strerror}") from None
 
 
 def _n5_attributes(directory: Path) -> dict:

@@ -32,6 +32,11 @@ import numpy as np
 
 from ._progress import plural
 from ._remote import RemoteStamp
+from ._source import unlistable
+
+#: Why a store's folder that cannot be listed stops its fingerprint: the chunk files it hides could change unseen
+#: (a resume mixing old and new data, statistics of the old data).
+_UNLISTED = "; emfast notices changes to a store by listing its chunk files (give the folder read permission)"
 
 #: Attributes naming an array as written by emfast (the records of convert and predict, and predict's flags).
 RECORDS = ("emfast_convert", "emfast_predict", "emfast_predict_blocks")
@@ -139,18 +144,11 @@ def fingerprint(stamp) -> Optional[dict]:
     else:
         folder = input_folder(stamp)
         entries = sorted(_entry(Path(root) / name, folder)
-                         for root, _, names in os.walk(folder, onerror=_unlisted) for name in names)
+                         for root, _, names in os.walk(folder, onerror=unlistable(_UNLISTED)) for name in names)
     # surrogateescape: a file name's bytes that are not UTF-8 (they decode so) hash as the bytes they are
     digest = hashlib.sha256("\n".join(f"{name} {size} {mtime}" for name, size, mtime in entries)
                             .encode("utf-8", "surrogateescape"))
     return {"files": len(entries), "bytes": sum(e[1] for e in entries), "digest": digest.hexdigest()}
-
-
-def _unlisted(error: OSError) -> None:
-    """os.walk's onerror: a folder of the input that cannot be listed hides chunk files, so a fingerprint without
-    them would not see them change (a resume mixing old and new data, statistics of the old data)."""
-    raise OSError(error.errno, f"cannot list {error.filename}: {error.strerror}; emfast notices changes to a store "
-                               "by listing its chunk files (give the folder read permission)") from None
 
 
 #: The most bytes of a non-contiguous input copied at once to be hashed.

@@ -158,6 +158,15 @@ def require_kind(path: Path, expected: str, what: str) -> None:
         raise NotADirectoryError(f"{path} is {kind}, not a directory: {what} must be a directory")
 
 
+def unlistable(why: str = ""):
+    """An ``os.walk`` onerror that raises an OSError naming the folder (and ``why`` it matters): a folder that may
+    be entered but not listed is never taken for an empty one."""
+    def raise_it(error: OSError) -> None:
+        raise OSError(error.errno, f"cannot list {error.filename}: {error.strerror}{why}") from None
+
+    return raise_it
+
+
 def read_regular_file(path: Path, what: str) -> Optional[bytes]:
     """The bytes of the regular file ``path``, or None if there is none; anything else (a directory, a FIFO, a
     device) is refused. Checked by stat before it is opened, so a FIFO is never opened; opened non-blocking and

@@ -53,7 +53,7 @@ from ._remote import RemoteReadError, RemoteStore, ReadAbandoned, zarr_read
 from ._shards import ShardedChunks
 from ._source import (CorruptChunkError, DatasetNotFoundError, LevelChoiceError, Stamp, StoreMetadataError,
                       VolumeSource, add_transfer_time, decoded_into, fill_value, read_regular_file,
-                      read_regular_file_into, require_kind)
+                      read_regular_file_into, require_kind, unlistable)
 from . import _blosc, _deflate, _zstd
 
 #: Metadata files that mark a zarr array or group (v3, then v2).
@@ -360,17 +360,12 @@ def arrays_on_disk(store: Path, below: str = "") -> List[str]:
     arrays with no group metadata above them are listed too ("." for ``below`` itself)."""
     top = store / below
     found = []
-    for directory, subdirectories, files in os.walk(top, onerror=_unlistable):
+    for directory, subdirectories, files in os.walk(top, onerror=unlistable()):
         if ".zarray" in files or ("zarr.json" in files and _is_v3_array(Path(directory) / "zarr.json")):
             found.append(Path(directory).relative_to(top).as_posix())
             subdirectories[:] = []  # an array's subdirectories hold its chunks
         subdirectories.sort()
     return sorted(found)
-
-
-def _unlistable(error: OSError) -> None:
-    """os.walk's onerror: a folder that cannot be listed is an error, not a store without arrays."""
-    raise OSError(error.errno, f"cannot list {error.filename}: {error.strerror}") from None
 
 
 def _is_v3_array(metadata: Path) -> bool:
