@@ -164,7 +164,8 @@ class Elastic(_Warp):
     sigma: Sequence[float] = (0.0, 2.0, 2.0)
     p: float = 1.0
     name: ClassVar[str] = "elastic"
-    grid: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)  # bound, not configured: not in the repr
+    # bound to the windows at run time, not configured: neither shown nor compared
+    grid: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.spacing = triple(self.spacing, "Elastic: spacing", integer=False, minimum=0.0, strict=True)

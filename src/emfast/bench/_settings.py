@@ -106,7 +106,7 @@ def _written_by_bench(path: Path) -> bool:
     try:
         with open(path, "rb") as file:  # the start only: the file may be a data file of many GB
             head = file.read(1 << 16)
-            whole = len(head) < (1 << 16) or head.lstrip()[:1] == b"{" and file.seek(0, os.SEEK_END) < (64 << 20)
+            whole = len(head) < (1 << 16) or (head.lstrip()[:1] == b"{" and file.seek(0, os.SEEK_END) < (64 << 20))
     except OSError:
         return False
     if head.startswith(b"\x89PNG"):

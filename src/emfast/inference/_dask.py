@@ -86,9 +86,8 @@ def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List
              progress: Optional[Callable[[Block], None]]) -> None:
     """Run ``blocks`` as tasks on ``client``'s cluster; the first failed task cancels the rest and is raised.
     The tasks' counts of tiles computed and of clipped or non-finite values, and their seconds in the model, are
-    added to ``predictor``'s. Kept
-    tiles stay until the prediction completes (a tile two blocks need at the same moment is computed by both,
-    which the order of the tasks makes rare)."""
+    added to ``predictor``'s. Kept tiles stay until the prediction completes (a tile two blocks need at the same
+    moment is computed by both, which the order of the tasks makes rare)."""
     from distributed import Event, as_completed
 
     shared = client.scatter(predictor, broadcast=True)

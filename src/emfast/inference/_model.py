@@ -101,7 +101,7 @@ def model_blamed(error: BaseException) -> Optional[str]:
     return getattr(error, _BLAMED, None)
 
 
-#: The attribute that :func:`blame_model` sets on an exception.
+#: The attribute that :func:`called` sets on an exception its model raised.
 _BLAMED = "emfast_model"
 
 

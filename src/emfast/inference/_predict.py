@@ -376,8 +376,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         raise ValueError(f"client= writes from many processes at once, which HDF5 does not allow; write "
                          f"{container}/{dataset} as a .zarr output (emfast convert can make an HDF5 copy "
                          "afterwards)")
-    compression = ("gzip" if kind == "hdf5" else "zstd") if compression is None else compression  # False: refused
-    check_compression(compression, kind)
+    compression = check_compression(compression, kind)  # the format's default for None
     budget = DEFAULT_MEMORY if memory is None else parse_memory(memory)
     if cuda_graphs and (cuda_ordinal(device) is None or client is not None):
         raise ValueError(f"cuda_graphs=True needs device='cuda' or 'cuda:N' and no client=, got device={device!r}"
@@ -419,7 +418,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                               DeviceNotice, stacklevel=2)
 
         def predictor_for(plan: TilePlan, cache: Optional[TileCache] = None) -> BlockPredictor:
-            # only constant padding reads fill (the kernel checks it whatever the mode); the record keeps it as given
+            # only constant padding reads fill (the kernel checks it whatever the mode), as the input's dtype holds it
             return BlockPredictor(volume, caller, plan, blend, tile_variants, scale, shift, pad,
                                   volume.dtype.type(fill) if pad == "constant" else 0, batch_size, np.dtype(dtype),
                                   cache)
