@@ -42,6 +42,10 @@ class TileCache:
         self._held_bytes = 0
         self._lock = threading.Lock()
         self._warned = False
+        #: The names of the tile files in the folder, known where this process alone writes it (see :meth:`open`):
+        #: asking the folder for each shared tile (a stat) cost a prediction's feeding thread 10 ms of GIL waits.
+        #: None: ask the folder (a Dask worker's copy, beside other workers writing it).
+        self._files: Optional[set] = None
 
     def __getstate__(self) -> dict:
         return {"folder": self.folder.absolute(), "memory_limit": 0, "_warned": False}  # workers run elsewhere
@@ -59,6 +63,7 @@ class TileCache:
         same prediction, and removed otherwise."""
         wanted = json.dumps(record, sort_keys=True)
         if resume and self._record() == wanted:
+            self._files = {path.name for path in self.folder.iterdir()}
             return
         self.remove()
         if self.folder.exists():  # an earlier prediction's, which could not be removed: never taken for this one's
@@ -66,6 +71,7 @@ class TileCache:
                                   "removed; delete it yourself")
         self.folder.mkdir(parents=True)
         (self.folder / RECORD_FILE).write_text(wanted)
+        self._files = set()
 
     def _record(self) -> Optional[str]:
         try:
@@ -77,7 +83,10 @@ class TileCache:
         return self.folder / ("_".join(map(str, key)) + ".npy")
 
     def has(self, key) -> bool:
-        return key in self._held or self._path(key).is_file()
+        if key in self._held:
+            return True
+        path = self._path(key)
+        return path.is_file() if self._files is None else path.name in self._files
 
     def load(self, key) -> Optional[np.ndarray]:
         """The predictions kept for tile ``key``, shape (variants, channels, z, y, x); None if there are none."""
@@ -113,6 +122,8 @@ class TileCache:
             with open(temporary, "wb") as stream:
                 np.save(stream, predictions, allow_pickle=False)
             os.replace(temporary, path)
+            if self._files is not None:
+                self._files.add(path.name)
         except OSError as error:
             temporary.unlink(missing_ok=True)
             if not self._warned:
@@ -128,7 +139,10 @@ class TileCache:
             if held is not None:
                 self._held_bytes -= held.nbytes
                 return held
-        self._path(key).unlink(missing_ok=True)
+        path = self._path(key)
+        path.unlink(missing_ok=True)
+        if self._files is not None:
+            self._files.discard(path.name)
         return None
 
     def remove(self) -> None:
@@ -136,6 +150,8 @@ class TileCache:
         with self._lock:
             self._held.clear()
             self._held_bytes = 0
+            if self._files is not None:
+                self._files.clear()
         aside = self.folder.parent / f"{self.folder.name}.emfast-removing"
         remove_leftovers(aside)
         if self.folder.is_dir() and not self.folder.is_symlink() and (self.folder / RECORD_FILE).is_file():
