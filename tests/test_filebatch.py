@@ -94,6 +94,73 @@ def test_a_lent_buffer_is_reused_while_the_reads_fit_and_replaced_when_they_do_n
         assert first is not second  # two reads in flight never share a buffer
 
 
+def test_more_files_than_one_call_holds_open_are_read_in_parts_each_into_its_own_memory(tmp_path):
+    rng = np.random.default_rng(3)
+    count = 2 * _filebatch.FILES_PER_CALL + 17
+    paths = random_files(tmp_path, count, rng)
+    sizes = [p.stat().st_size for p in paths]
+    starts = [int(rng.integers(-s - 10, s + 10)) for s in sizes]
+    lengths = [int(rng.integers(-1, 3000)) for _ in sizes]
+    into = [np.empty(s, np.uint8) if n % 3 == 0 else None for n, s in enumerate(sizes)]
+    with lent_buffer() as buffer:
+        contents, versions = read_regular_files(paths, "a test file", starts, lengths, into, buffer)
+        for n, (path, start, length, got) in enumerate(zip(paths, starts, lengths, contents)):
+            data = path.read_bytes()
+            first = max(len(data) + start, 0) if start < 0 else start
+            expected = data[first:] if length < 0 else data[first:first + length]
+            if got is True:  # read into its destination: only where the whole file was asked for
+                assert into[n] is not None and bytes(into[n]) == expected == data, n
+            else:  # every part's views still hold their bytes: the parts did not share the lent buffer
+                assert bytes(got) == expected, (n, start, length)
+    assert versions == [(os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in paths]
+
+
+_DESCRIPTOR_LIMITED = """
+import os, resource, sys
+import numpy as np, zarr
+import emfast as ef
+store = sys.argv[1]
+data = zarr.open_array(store, mode="r")[...]
+open_now = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + int(sys.argv[2]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+try:
+    assert np.array_equal(ef.open(store)[...][0], data)
+    lazy = ef.open(store, in_memory=False, cache_bytes=64 << 20)
+    out = np.empty((1,) + data.shape, data.dtype)
+    lazy.read_box((0, 0, 0), data.shape, out)
+    assert np.array_equal(out[0], data)
+    print("read")
+except OSError as error:
+    print("error:", error)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open descriptors in /proc/self/fd (Linux)")
+def test_a_store_of_many_small_chunks_reads_within_a_low_descriptor_limit(tmp_path):
+    """zarr-python reads a store of 512 chunk files under ``ulimit -n 256``; emfast opened every file of a batch
+    of them at once and failed with EMFILE. Now a call holds at most FILES_PER_CALL open; where even those are too
+    many, the error says that the limit ran out, and which it is."""
+    import subprocess
+    import sys
+    zarr = pytest.importorskip("zarr")
+    store = str(tmp_path / "small-chunks.zarr")
+    zarr.create_array(store, shape=(8, 128, 256), chunks=(1, 16, 16), dtype="uint8", zarr_format=2)[...] = \
+        np.random.default_rng(0).integers(0, 256, (8, 128, 256), dtype=np.uint8)
+    script = tmp_path / "limited.py"
+    script.write_text(_DESCRIPTOR_LIMITED)
+
+    def run(spare):
+        done = subprocess.run([sys.executable, str(script), store, str(spare)], capture_output=True, text=True,
+                              timeout=120, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert run(2 * _filebatch.FILES_PER_CALL + 40) == "read"  # the chunk files (1024) are far more than the limit
+    refused = run(3)
+    assert refused.startswith("error:") and "small-chunks.zarr" in refused, refused
+    assert "ulimit -n" in refused and "limit of" in refused, refused
+
+
 def test_where_the_compiled_reader_reads_nothing_python_reads_the_files(tmp_path, monkeypatch):
     """Windows builds report every file unsupported: the same contents come from Python's reads."""
     rng = np.random.default_rng(3)

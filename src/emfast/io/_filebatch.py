@@ -28,6 +28,11 @@ from ._source import _kind, add_transfer_time, read_regular_file
 #: budget + slots, 1.07 to 1.12 x with 2 MiB).
 BATCH_BYTES = 2 << 20
 
+#: Most files one call of the compiled reader holds open at once (it opens a call's files, then reads them): a
+#: batch of 512 small chunks in one call failed with EMFILE in a process limited to 256 descriptors
+#: (``ulimit -n 256``, 9 of them in use), which zarr-python reads within. Two readers side by side hold twice this.
+FILES_PER_CALL = 64
+
 #: Most bytes of a lent buffer kept for the next reads (a box's chunks take about a MiB), and most buffers kept.
 KEPT_BUFFER_BYTES = 4 << 20
 KEPT_BUFFERS = 4
@@ -86,6 +91,17 @@ def read_regular_files(paths: Sequence[Path], what: str, starts: Optional[Sequen
         A path is a directory, FIFO, device or socket (named, with its kind, as ``what`` must be a file), or a
         read failed (the path and the system's reason).
     """
+    contents: List[Contents] = []
+    if len(paths) > FILES_PER_CALL:  # in parts: the first into ``buffer``, the others into new memory
+        versions: List[Tuple[int, int]] = []
+        for first in range(0, len(paths), FILES_PER_CALL):
+            part = slice(first, first + FILES_PER_CALL)
+            part_contents, part_versions = read_regular_files(
+                paths[part], what, None if starts is None else starts[part], None if lengths is None else lengths[part],
+                None if into is None else into[part], buffer if first == 0 else None)
+            contents += part_contents
+            versions += part_versions
+        return contents, versions
     start = time.perf_counter()
     scratch = None if buffer is None else buffer.array
     data, offsets, count, status, modes, errors, sizes, mtimes = read_files(list(paths), starts, lengths, into,
@@ -93,7 +109,6 @@ def read_regular_files(paths: Sequence[Path], what: str, starts: Optional[Sequen
     add_transfer_time(time.perf_counter() - start)
     if buffer is not None and data.base is None and data.nbytes <= KEPT_BUFFER_BYTES:
         buffer.array = data  # new memory, larger than the buffer's: kept for its next reads
-    contents: List[Contents] = []
     view = memoryview(data).toreadonly()
     for i, (path, code, offset, read) in enumerate(zip(paths, status.tolist(), offsets.tolist(), count.tolist())):
         if code == FILE_READ:
@@ -106,13 +121,26 @@ def read_regular_files(paths: Sequence[Path], what: str, starts: Optional[Sequen
             raise error(f"{path} is {kind}, not a regular file: {what} must be a file")
         elif code == FILE_FAILED:
             number = int(errors[i])
-            raise OSError(number, f"cannot read {what}: {os.strerror(number)} ({errnos.errorcode.get(number, '')})",
-                          str(path))
+            raise OSError(number, f"cannot read {what}: {os.strerror(number)} ({errnos.errorcode.get(number, '')})"
+                                  f"{_descriptor_hint(number)}", str(path))
         else:
             assert code == FILE_UNSUPPORTED, code
             contents.append(_read_in_python(Path(path), what, None if starts is None else int(starts[i]),
                                             None if lengths is None else int(lengths[i])))
     return contents, list(zip(sizes.tolist(), mtimes.tolist()))
+
+
+def _descriptor_hint(number: int) -> str:
+    """For EMFILE, the process's descriptor limit and what to do: the chunk named is where it ran out, not why."""
+    if number != errnos.EMFILE:
+        return ""
+    try:
+        import resource
+        limit = f" of {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}"
+    except (ImportError, OSError, ValueError):  # no resource module (Windows)
+        limit = ""
+    return (f"; the process has every file descriptor its limit{limit} allows open (ulimit -n): raise the limit, "
+            "or open fewer files at once (lazy HDF5 volumes hold one each)")
 
 
 def _read_in_python(path: Path, what: str, start: Optional[int], length: Optional[int]) -> Optional[memoryview]:
