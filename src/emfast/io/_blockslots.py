@@ -8,7 +8,9 @@ at about 0.85 of the in-memory ones from blocks on small pages, 0.87 from slabs;
 chunks, ``benchmarks/results/lazy-slabs-ab-cpu-2core.txt``).
 :class:`BlockSlots` cuts whole blocks from anonymous memory maps of :data:`SLAB_BYTES`, advised to the kernel as
 transparent huge pages (``madvise(MADV_HUGEPAGE)``, Linux), and keeps the slots of evicted blocks for the blocks
-read next. Blocks of more than half a slab, and blocks clipped by the volume's edge, are allocated alone.
+read next. Blocks of more than half a slab, blocks clipped by the volume's edge, and every block of a cache that
+can never hold a slab's worth (its budget or its whole volume smaller than a slab) are allocated alone: a training
+set of hundreds of small lazy volumes cost a huge page each, 2 MiB per volume of 45 KiB.
 
 A cache that is cleared or closed hands the slabs none of whose blocks is still read to the next caches (up to
 :data:`KEPT_SLAB_BYTES` in the process): fresh memory costs its zeroing again, about 3 ms per 16 MiB of blocks, a
@@ -44,13 +46,15 @@ KEPT_SLAB_BYTES = 64 << 20
 
 
 class BlockSlots:
-    """Buffers for one cache's whole blocks of ``block_bytes`` bytes. Not thread-safe: the cache calls it under
-    its lock."""
+    """Buffers for one cache's whole blocks of ``block_bytes`` bytes, of which it holds at most ``most_bytes`` (its
+    budget, or its volume's bytes if fewer). Not thread-safe: the cache calls it under its lock."""
 
-    def __init__(self, block_bytes: int) -> None:
+    def __init__(self, block_bytes: int, most_bytes: int) -> None:
         self.block_bytes = int(block_bytes)
-        #: Slots per slab; 0 where blocks are allocated alone.
-        self.per_slab = SLAB_BYTES // self.block_bytes if 2 * self.block_bytes <= SLAB_BYTES else 0
+        #: Slots per slab; 0 where blocks are allocated alone (large blocks, or at most ``most_bytes`` of blocks,
+        #: fewer than a slab holds).
+        self.per_slab = (SLAB_BYTES // self.block_bytes
+                         if 2 * self.block_bytes <= SLAB_BYTES and most_bytes >= SLAB_BYTES else 0)
         self._free: List[np.ndarray] = []
         self._slab: Optional[memoryview] = None
         self._cut = 0  # slots of the current slab handed out

@@ -200,7 +200,8 @@ class ChunkCache:
         # Whole blocks live in slots of huge-page slabs, those of evicted blocks reused. Reusing them instead of
         # freeing and allocating also keeps the process at budget + in-flight reads: with malloc, blocks freed
         # into one producer thread's heap and allocated from another's leave freed memory resident.
-        self._slots = BlockSlots(block_bytes)
+        self._slots = BlockSlots(block_bytes, min(self.budget_bytes, self._channels * math.prod(self._shape)
+                                                  * self._dtype.itemsize))
         _CACHES.add(self)
 
     @property
