@@ -130,6 +130,33 @@ def test_paths_as_users_write_them_elsewhere(tmp_path, raw, monkeypatch):
         ef.open("file://rel/s.zarr/raw")  # as tensorstore refuses it, not /s.zarr
 
 
+def test_dot_segments_inside_a_container_and_url_fragments_are_refused_by_name(tmp_path, raw):
+    """'..' after the container named a dataset ``../other.zarr/raw`` inside it: zarr refused it only once the
+    output's container and lock existed ("The path '../x/raw' is invalid ..."), an input read as "malformed
+    metadata", and HDF5 made a group named '..'. An unescaped '#' or '?' in a file:// URL cut the path there."""
+    write_zarr(tmp_path / "s.zarr", "raw", raw)
+    write_zarr(tmp_path / "other.zarr", "raw", raw)
+    for path, dataset in ((f"{tmp_path}/s.zarr/../other.zarr/raw", None), (f"{tmp_path}/s.zarr/raw/..", None),
+                          (tmp_path / "s.zarr", "../other.zarr/raw"), (tmp_path / "s.zarr", "volumes/../raw")):
+        with pytest.raises(ValueError, match=r"'\.\.' cannot name a dataset inside a container"):
+            ef.open(path, dataset)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for out in ("o.zarr/x/../../esc.zarr/p", "o.h5/../x", "o.zarr/p/.."):
+        with pytest.raises(ValueError, match=re.escape(out)):
+            ef.predict(lambda batch: batch, raw, str(tmp_path / out), patch_in=(5, 10, 8))
+        with pytest.raises(ValueError, match=re.escape(out)):
+            ef.io.convert(tmp_path / "s.zarr/raw", str(tmp_path / out))
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # refused before anything was made
+    for path, dataset in ((tmp_path / "s.zarr/raw/", None), (tmp_path / "s.zarr", "./raw")):  # as a path reads
+        np.testing.assert_array_equal(ef.open(path, dataset).array[0], raw)
+    (tmp_path / "h#sh").mkdir()
+    write_zarr(tmp_path / "h#sh" / "s.zarr", "raw", raw)
+    for mark in ("#", "?"):
+        with pytest.raises(ValueError, match=re.escape(f"'#' starts a fragment and '?' a query")):
+            ef.open(f"file://{tmp_path}/h{mark}sh/s.zarr/raw")
+    np.testing.assert_array_equal(ef.open(f"file://{tmp_path}/h%23sh/s.zarr/raw").array[0], raw)
+
+
 def test_a_lazy_volume_opened_by_a_relative_path_unpickles_in_another_folder(tmp_path, raw, monkeypatch):
     """Dask workers and spawned DataLoader workers may run in another working directory: a lazy volume pickled
     as its relative path was not found there ("zarr store not found: in.zarr"). So are predict's kept tiles."""
@@ -150,7 +177,7 @@ def test_a_lazy_volume_opened_by_a_relative_path_unpickles_in_another_folder(tmp
         volume.read_box((0, 0, 0), raw.shape, out)
         np.testing.assert_array_equal(out[0], raw)
         volume.close()
-    assert pickle.loads(tiles).folder == tmp_path / ".out.zarr.p.emfast-tiles"
+    assert pickle.loads(tiles).folder == tmp_path / ".out.zarr+p.emfast-tiles"
 
 
 def test_gunpowder_attributes_align_labels_without_arguments(tmp_path, rng, raw):

@@ -98,6 +98,21 @@ def test_the_input_as_users_write_paths_elsewhere(folder, capsys, monkeypatch, i
     assert (folder / "out.zarr" / "pred").is_dir()
 
 
+def test_an_output_store_reached_through_a_link_keeps_the_name_that_says_its_format(folder, capsys):
+    """``fast.zarr`` a link to a scratch folder without a suffix: the config resolved the whole path first and
+    refused the output it led to ("must name a dataset in a .zarr or .h5 container ... got .../scratch/pred"),
+    where the Python API writes it. The folders above the store are still resolved."""
+    (folder / "scratch").mkdir()
+    (folder / "fast.zarr").symlink_to(folder / "scratch")
+    (folder / "configs").mkdir()
+    path = _config(folder, PREDICT.replace("in.h5", "../in.h5").replace("out.zarr/pred", "../fast.zarr/pred"),
+                   "configs/predict.yaml")
+    assert main(["check", str(path)]) == 0, capsys.readouterr().err
+    assert f"output {folder / 'fast.zarr' / 'pred'}" in capsys.readouterr().out
+    assert main(["predict", str(path)]) == 0, capsys.readouterr().err
+    assert (folder / "scratch" / "pred").is_dir()
+
+
 @pytest.mark.parametrize("layout", ["module", "namespace package", "module named as one of the standard library"])
 def test_a_dask_engine_gets_the_model_beside_the_config_whatever_the_working_directory(folder, layout):
     """The model's module beside the config is imported with the config's folder on the path, but Dask worker

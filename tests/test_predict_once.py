@@ -321,6 +321,19 @@ def _zarr_input(tmp_path, volume, chunks):
     return path / "raw"
 
 
+def test_no_two_outputs_share_a_kept_tiles_folder():
+    """'/' written as '.' gave ``s.zarr/h5/p`` and ``s.zarr.h5/p`` (two containers, two locks: two runs at once)
+    one folder, which each removed and refilled under its own record."""
+    from pathlib import Path
+    from emfast.inference._cache import TileCache
+    outputs = [("s.zarr", "h5/p"), ("s.zarr.h5", "p"), ("s.zarr", "a/b"), ("s.zarr", "a.b"), ("s.zarr", "a%2Fb"),
+               ("s+x.zarr", "p"), ("s.zarr", "x+p"), ("d/s.zarr", "p")]
+    folders = [TileCache.beside(Path(container), dataset).folder for container, dataset in outputs]
+    assert len(set(folders)) == len(outputs)
+    assert all(f.name.startswith(".") and f.name.endswith(".emfast-tiles") and f.parent == Path(c).parent
+               for f, (c, _) in zip(folders, outputs))
+
+
 def test_output_chunks_and_blocks_do_not_follow_the_input_chunks(tmp_path, volume):
     results = []
     for chunks in [(1, 41, 37), (8, 8, 8)]:
@@ -438,7 +451,7 @@ def _kept_on_disk(tmp_path, volume, memory):
     counting = Counting()
 
     def model(batch):
-        on_disk.append(len(list(tmp_path.glob(".p.zarr.pred.emfast-tiles/*.npy"))))
+        on_disk.append(len(list(tmp_path.glob(".p.zarr+pred.emfast-tiles/*.npy"))))
         return counting(batch)
 
     result = ef.predict(model, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 
-from ..io import is_url, local_path
+from ..io import is_url, local_path, resolved_above_container
 from ..pipeline import LOADER_SETTINGS, NORMALIZE_MODES, PATCH_KEYS, Loader
 from .._checks import concerned_key
 from .._registry import lookup
@@ -54,7 +54,8 @@ def _file(reader: Reader, value, path: Path_) -> Union[Path, Builtin, str]:
         file = local_path(text)  # ~ and file:// URLs, as emfast.open reads them
     except ValueError as error:
         raise reader.error(path, str(error)) from None
-    return (file if file.is_absolute() else reader.base / file).resolve()
+    # the store's own name kept: one reached through a link (fast.zarr -> scratch space) keeps its format's suffix
+    return resolved_above_container(file if file.is_absolute() else reader.base / file)
 
 
 def _volume(reader: Reader, value, path: Path_, sample_file) -> VolumeSpec:

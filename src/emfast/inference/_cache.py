@@ -3,7 +3,8 @@
 A tile whose output reaches into more than one block is computed by the first of those blocks to run; its
 predictions (every test-time variant, as the model returned them) are saved here, and the other blocks load them
 instead of calling the model again. The folder lies beside the output's container, named
-``.<container>.<dataset>.emfast-tiles``, holds one ``.npy`` file per tile (written under a temporary name, then
+``.<container>+<dataset>.emfast-tiles`` (the dataset percent-encoded, so that no two outputs share a name: with
+'/' written as '.', ``s.zarr/h5/p`` and ``s.zarr.h5/p``, under two locks, did), holds one ``.npy`` file per tile (written under a temporary name, then
 renamed, so a reader never sees half a file) and the prediction's record (``record.json``): tiles are used only by
 a run with the same record, so a folder left by another prediction is emptied, never read. The folder lives as
 long as the prediction is unfinished (a resume uses what it holds) and is removed when it completes.
@@ -23,6 +24,7 @@ import threading
 import warnings
 from pathlib import Path
 from typing import Dict, Optional
+from urllib.parse import quote
 
 import numpy as np
 
@@ -55,7 +57,7 @@ class TileCache:
 
     @classmethod
     def beside(cls, container: Path, dataset: str, memory_limit: int = 0) -> "TileCache":
-        name = f".{container.name}.{dataset.replace('/', '.')}.emfast-tiles"
+        name = f".{container.name}+{quote(dataset, safe='')}.emfast-tiles"
         return cls(container.parent / name, memory_limit)
 
     def open(self, record: dict, resume: bool) -> None:

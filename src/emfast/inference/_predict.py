@@ -234,7 +234,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     needs; past the volume's border the input is padded), grouped into blocks of whole output chunks sized by
     ``memory``. Each block runs its tiles and their test-time variants through the network in batches, blends
     them and writes its chunks; each tile is computed once: a tile reaching into several blocks is kept (beside
-    the output, in ``.CONTAINER.DATASET.emfast-tiles``, removed at the end) for the blocks after the first. A
+    the output, in ``.CONTAINER+DATASET.emfast-tiles``, removed at the end) for the blocks after the first. A
     finished block is recorded, so an interrupted run continues with ``resume=True`` and writes the same bytes
     as an uninterrupted one.
 

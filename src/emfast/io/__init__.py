@@ -15,7 +15,7 @@ from ._stats import VolumeStatistics, volume_statistics
 from ._hdf5 import Hdf5Source, hdf5, list_datasets, open_hdf5
 from ._formats import Contents, Listed, VolumeFormat, formats
 from ._n5 import N5Source
-from ._open import contents, open_source, open_volume, split_path
+from ._open import contents, open_source, open_volume, resolved_above_container, split_path
 from ._outputs import (OutputLock, add_ome_multiscales, array_fingerprint, check_free_space, check_output_location,
                        command_line_options, fingerprint, option, remove_folder, remove_leftovers, set_aside,
                        zarr_geometry)
@@ -87,6 +87,7 @@ __all__ = [
     "remove_folder",
     "remove_leftovers",
     "set_aside",
+    "resolved_above_container",
     "split_path",
     "tensorstore_missing",
     "volume_statistics",

@@ -31,8 +31,30 @@ def split_path(path: Union[str, os.PathLike], dataset: Optional[str] = None) -> 
                 if Path(*parts[:i]).is_file():
                     container, inner = Path(*parts[:i]), "/".join(parts[i:])
                     break
-    dataset = "/".join(p.strip("/") for p in (inner, dataset or "") if p.strip("/"))
-    return container, dataset, kind
+    return container, _dataset_of(path, inner, dataset), kind
+
+
+def _dataset_of(path, inner: str, dataset: Optional[str]) -> str:
+    """The dataset ``inner`` (from the path) then ``dataset``, its '.' names dropped (as a path's are); ValueError
+    for '..' among them, which the formats take differently (zarr refuses it once the output's container is made,
+    HDF5 makes a group named '..'): a dataset is named from its container down."""
+    names = [name for part in (inner, dataset or "") for name in part.split("/") if name not in ("", ".")]
+    if ".." in names:
+        raise ValueError(f"{path}{'' if dataset is None else f' (dataset {dataset!r})'}: '..' cannot name a dataset "
+                         f"inside a container; give the container's own path, then the dataset from its top (e.g. "
+                         f"other.zarr/raw)")
+    return "/".join(names)
+
+
+def resolved_above_container(path: Path) -> Path:
+    """``path`` with the folders above its container resolved (links followed, '..' applied) and the container's
+    name and what follows kept as written: a store reached through a link (``fast.zarr`` to scratch space) keeps
+    the suffix that tells its format. Without a known suffix, all of it resolved."""
+    parts = path.parts
+    for i, part in enumerate(parts):
+        if format_of_suffix(part) is not None:
+            return Path(*parts[:i]).resolve() / Path(*parts[i:]) if i else path
+    return path.resolve()
 
 
 def split_url(url: str, dataset: Optional[str] = None) -> Tuple[str, str, Optional[str]]:
@@ -46,8 +68,7 @@ def split_url(url: str, dataset: Optional[str] = None) -> Tuple[str, str, Option
             break
     else:
         container, inner, kind = "/".join(parts), "", None
-    dataset = "/".join(p.strip("/") for p in (inner, dataset or "") if p.strip("/"))
-    return f"{scheme}://{container}", dataset, kind
+    return f"{scheme}://{container}", _dataset_of(url, inner, dataset), kind
 
 
 def open_source(path: Union[str, os.PathLike], dataset: Optional[str] = None, *, format: Optional[str] = None,

@@ -115,8 +115,9 @@ def _kind(mode: int) -> str:
 
 
 def local_path(path: Union[str, os.PathLike]) -> Path:
-    """``path`` with ``~`` expanded; a ``file://`` URL as its local path (percent-escapes decoded). TypeError for
-    an object that is no path (an open dataset or array), saying what to pass instead."""
+    """``path`` with ``~`` expanded; a ``file://`` URL as its local path (percent-escapes decoded; ValueError for
+    one with an unescaped '#' or '?'). TypeError for an object that is no path (an open dataset or array), saying
+    what to pass instead."""
     if not isinstance(path, (str, os.PathLike)):
         file, name = getattr(getattr(path, "file", None), "filename", None), getattr(path, "name", None)
         hint = (f"emfast.open({file!r}, {name!r})" if isinstance(file, str) and isinstance(name, str) else
@@ -126,6 +127,9 @@ def local_path(path: Union[str, os.PathLike]) -> Path:
                         f"pass {hint}")
     text = os.fspath(path)
     if isinstance(text, str) and text.lower().startswith("file://"):
+        if "#" in text or "?" in text:  # a URL's fragment and query: silently not part of the path
+            raise ValueError(f"{text}: in a file:// URL, '#' starts a fragment and '?' a query, which name no file; "
+                             "write them as %23 and %3F, or give the path itself")
         url = urlsplit(text)
         if url.netloc not in ("", "localhost"):
             raise ValueError(f"{text}: a file:// URL names a local path (file:///path or file://localhost/path), "
