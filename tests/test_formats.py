@@ -152,7 +152,7 @@ def test_dot_segments_inside_a_container_and_url_fragments_are_refused_by_name(t
     (tmp_path / "h#sh").mkdir()
     write_zarr(tmp_path / "h#sh" / "s.zarr", "raw", raw)
     for mark in ("#", "?"):
-        with pytest.raises(ValueError, match=re.escape(f"'#' starts a fragment and '?' a query")):
+        with pytest.raises(ValueError, match=re.escape("'#' starts a fragment and '?' a query")):
             ef.open(f"file://{tmp_path}/h{mark}sh/s.zarr/raw")
     np.testing.assert_array_equal(ef.open(f"file://{tmp_path}/h%23sh/s.zarr/raw").array[0], raw)
 
