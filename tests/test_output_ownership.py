@@ -98,6 +98,39 @@ def test_a_copy_of_a_prediction_carries_no_record_of_the_run_it_copies(tmp_path)
     assert "emfast_predict" not in attributes and "emfast_convert" in attributes
 
 
+_KILLED_WITH_A_CHILD = """
+import os, signal, sys, time
+from emfast.io import OutputLock
+lock = OutputLock(sys.argv[1]).acquire()
+child = os.fork()
+if child == 0:  # a helper process the model started, outliving the run (its output not the test's pipe)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    time.sleep(60)
+    os._exit(0)
+print(child, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_runs_forked_child_does_not_keep_the_outputs_lock(tmp_path):
+    """The lock's descriptor was inherited by fork(): a child outliving the killed run (a model's helper
+    process) kept the flock, and every later run was told that the dead pid was writing."""
+    from emfast.io import OutputLock
+    done = subprocess.run([sys.executable, "-c", _KILLED_WITH_A_CHILD, str(tmp_path / "out.zarr")],
+                          capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    child = int(done.stdout.split()[0])
+    try:
+        os.kill(child, 0)  # still running
+        with OutputLock(tmp_path / "out.zarr"):  # taken: the child's copy was closed at fork
+            pass
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
 def test_one_lock_for_an_output_reached_through_a_link(tmp_path):
     from emfast.io._outputs import OutputBusyError, OutputLock
 

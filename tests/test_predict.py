@@ -1102,6 +1102,21 @@ def test_an_output_that_may_not_be_written_is_refused_before_the_model_is_called
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
         return real_open(path, *args, **kwargs)
 
+    import h5py
+    import subprocess
+    import sys
+    with h5py.File(tmp_path / "viewed.h5", "w") as f:
+        f["other"] = np.zeros(4)
+    viewer = subprocess.Popen([sys.executable, "-c", "import h5py, sys, time; f = h5py.File(sys.argv[1], 'r'); "
+                               "print('open', flush=True); time.sleep(60)", str(tmp_path / "viewed.h5")],
+                              stdout=subprocess.PIPE, text=True)
+    try:  # a viewer holds the HDF5 output open: refused before the model is called, not once it has run
+        assert viewer.stdout.readline().strip() == "open"
+        with pytest.raises(_outputs.OutputBusyError, match=r"cannot write .*viewed.h5: another program has it open"):
+            ef.predict(counted, volume, tmp_path / "viewed.h5/pred", **settings)
+    finally:
+        viewer.kill()
+        viewer.wait()
     monkeypatch.setattr(_outputs.os, "open", read_only)
     with pytest.raises(OSError, match=r"cannot write beside the output .*ro.zarr: Read-only file system \(emfast "
                                       r"keeps its lock file .ro.zarr.emfast-lock there\); write the output to a "

@@ -24,6 +24,7 @@ import shutil
 import stat
 import uuid
 import warnings
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
@@ -504,6 +505,29 @@ def open_hdf5_for_writing(path: Path):
         raise OSError(error.errno, f"cannot open {path} for writing: {error}") from None
 
 
+def refuse_hdf5_in_use(path: Path) -> None:
+    """OutputBusyError if another program has the HDF5 file ``path`` open where HDF5 locks files (the default):
+    the lock a reader holds refuses :func:`open_hdf5_for_writing`, and this asks it without opening the file as
+    HDF5, so that the refusal comes before the model's first call. Call it before opening the file in this
+    process (its own lock would be taken for another's)."""
+    if os.environ.get("HDF5_USE_FILE_LOCKING", "").upper() == "FALSE":
+        return  # HDF5 takes no lock: the file opens for writing whoever reads it
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return  # what cannot be opened is named by the opening itself
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # HDF5 holds LOCK_SH to read, LOCK_EX to write
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except BlockingIOError as error:
+        raise OutputBusyError(f"cannot write {path}: another program has it open ({error}); close it there, "
+                              "then run again") from None
+    except OSError:
+        pass  # a file system without locks: HDF5's best-effort locking takes none either
+    finally:
+        os.close(fd)
+
+
 def remove_hdf5_output(file, dataset: str, lock: "OutputLock", delete: bool = True) -> None:
     """Delete the dataset ``dataset`` of the open h5py ``file`` if it is emfast's (``delete`` False: only check
     that it is, on a file open read-only); NotOwnOutputError otherwise."""
@@ -567,6 +591,7 @@ class OutputLock:
             raise OutputBusyError(f"another emfast run (pid {holder}) is writing {self.container}; wait for it "
                                   "to finish, or stop it, then run again") from None
         self._fd = fd
+        _HELD.add(self)
         # Only this run may act on a killed run's half-made dataset: the mark is consumed here, so a dataset that
         # appears under that name later (the user's own) is never taken for emfast's.
         self._creating_before = _read_state(fd).get("creating")
@@ -600,12 +625,34 @@ class OutputLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+        _HELD.discard(self)
+
+    def _forget_in_child(self) -> None:
+        """In a child process after fork(): close its copy of the lock's descriptor, never unlocking (that would
+        unlock the parent's too). A child outliving a killed parent (the model's helper process) held the lock
+        for as long as it ran, and the next run was told a dead pid was writing."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self) -> "OutputLock":
         return self.acquire()
 
     def __exit__(self, *_) -> None:
         self.release()
+
+
+#: The locks this process holds, closed in its forked children.
+_HELD: "weakref.WeakSet[OutputLock]" = weakref.WeakSet()
+
+
+def _forget_locks_in_child() -> None:
+    for lock in list(_HELD):
+        lock._forget_in_child()
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_locks_in_child)
 
 
 def _read_state(fd: int) -> dict:

@@ -29,8 +29,9 @@ from ._chunkfiles import chunk_files
 from ._hdf5 import open_hdf5
 from ._open import split_path
 from ._outputs import (NotOwnOutputError, OutputLock, add_ome_multiscales, check_zarr_container, input_changed,
-                       open_hdf5_for_writing, option, remove_folder, remove_hdf5_output, remove_leftovers,
-                       remove_partial_files, remove_zarr_output, set_aside, zarr_geometry, zarr_store_format)
+                       open_hdf5_for_writing, option, refuse_hdf5_in_use, remove_folder, remove_hdf5_output,
+                       remove_leftovers, remove_partial_files, remove_zarr_output, set_aside, zarr_geometry,
+                       zarr_store_format)
 
 #: Output codecs, for zarr; HDF5 takes gzip and none.
 COMPRESSIONS = ("zstd", "blosc", "gzip", "none")
@@ -133,6 +134,7 @@ class OutputWriter:
         store's metadata as they were), then opens it to write."""
         self.close()
         if self.kind == "hdf5" and self.container.is_file():
+            refuse_hdf5_in_use(self.container)  # another program's reader: known now, not only once writing
             self.root = open_hdf5(self.container)
         return self
 
