@@ -227,6 +227,10 @@ def test_bad_input_names_the_key_path_and_line(old, new, path, needle, words):
     assert isinstance(error, ValueError) and f"line {error.line}: {path}: " in str(error)
     for word in words:
         assert word in str(error)
+    import pickle  # as a spawned worker or Dask hands it back: the same message, not "<text>: " before it
+    back = pickle.loads(pickle.dumps(pickle.loads(pickle.dumps(error))))
+    assert (str(back), back.path, back.line, back.source, back.reason) == \
+           (str(error), error.path, error.line, error.source, error.reason)
 
 
 def test_a_device_this_machine_lacks_is_a_config_error_at_its_key(files, capsys):

@@ -68,8 +68,10 @@ def test_a_slot_given_back_after_close_is_freed_there_inside_activate():
     thread.start()
     thread.join()
     assert memory.freed_on == ("consumer", True) and pool.live == 0
-    with pytest.raises(RingClosed):
+    with pytest.raises(RingClosed) as closed:
         pool.acquire(2)
+    import pickle  # an error a worker process may hand back: its message is not an argument
+    assert str(pickle.loads(pickle.dumps(closed.value))) == "the loader was closed"
 
 
 @pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])

@@ -37,6 +37,9 @@ class ConfigError(ValueError):
         where = source + (f", line {line}" if line is not None else "")
         super().__init__(f"{where}: {path + ': ' if path else ''}{reason}")
 
+    def __reduce__(self):  # across processes (a spawned worker's config) with its parts, not the message as reason
+        return type(self), (self.reason, self.path, self.line, self.source), self.__dict__
+
 
 def _format_path(path: Path_) -> str:
     text = ""

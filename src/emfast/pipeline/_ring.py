@@ -22,6 +22,9 @@ class RingClosed(RuntimeError):
     def __init__(self) -> None:
         super().__init__("the loader was closed")
 
+    def __reduce__(self):  # its message is not an argument
+        return type(self), (), self.__dict__
+
 
 class Ring:
     """Ordered hand-off of numbered batches, at most ``size`` in flight.
