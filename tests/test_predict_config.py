@@ -487,6 +487,11 @@ def test_a_fill_the_inputs_dtype_cannot_hold_is_named_by_check_and_predict(folde
     with pytest.raises(ValueError, match=r"fill=100000.0 does not fit the input's dtype float16"):  # not inf
         ef.predict(lambda batch: batch, floats.astype(np.float16), tmp_path / "h.zarr/p", patch_in=(8, 16, 16),
                    pad="constant", fill=1e5)
+    for fill in (float("nan"), np.float32("nan"), float("inf"), -np.inf):  # a NaN run could never be resumed
+        with pytest.raises(ValueError, match=r"fill=\S*(nan|inf)\)? does not fit the input's dtype float32 .*a finite value"):
+            ef.predict(lambda batch: batch, floats, tmp_path / "n.zarr/p", patch_in=(8, 16, 16), pad="constant",
+                       fill=fill)
+    assert not (tmp_path / "n.zarr").exists()
     for pad in ("reflect", "edge"):  # only constant padding reads fill (a review: the kernel refused it anyway)
         ef.predict(lambda batch: batch[:, :, 2:-2, 4:-4, 4:-4], np.zeros((8, 16, 16), np.uint8),
                    tmp_path / f"{pad}.zarr/p", patch_in=(8, 16, 16), patch_out=(4, 8, 8), pad=pad, fill=300)

@@ -157,23 +157,24 @@ class InputDtypeError(TypeError):
 
 def check_fill(fill, volume: Volume, pad: str) -> None:
     """Refuse a ``fill`` for ``pad="constant"`` that the input's dtype cannot hold (the padding is read as the
-    input, before normalisation): the gather kernel's refusal named its own buffer ("out's dtype uint8")."""
+    input, before normalisation): the gather kernel's refusal named its own buffer ("out's dtype uint8"). NaN and
+    infinity are refused too: NaN made a run that could never be resumed (its record's NaN equals no NaN), both
+    are no JSON, and either turns every prediction reaching the border into NaN."""
     if pad != "constant":
         return
     floats = volume.dtype.kind == "f"
     value = np.asarray(float(fill) if floats and type(fill) is int else fill)  # 2**64: no object array
     try:
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow to inf is this check's answer
-            if floats:  # a float input takes any number, rounded to its dtype (0.1 for float32), if it stays finite
-                fits = value.ndim == 0 and value.dtype.kind in "biuf" and \
-                    bool(np.isfinite(value.astype(volume.dtype)) or not np.isfinite(value))
+            if floats:  # a float input takes any finite number, rounded to its dtype (0.1 for float32) if it stays finite
+                fits = value.ndim == 0 and value.dtype.kind in "biuf" and bool(np.isfinite(value.astype(volume.dtype)))
             else:
                 fits = value.ndim == 0 and bool(np.array_equal(value.astype(volume.dtype), value))
     except (TypeError, ValueError, OverflowError):
         fits = False
     if not fits:
         raise ValueError(f"fill={fill!r} does not fit the input's dtype {volume.dtype} ({volume.name}): the padding "
-                         "past the border is read as the input, before normalisation; give a value of that dtype")
+                         "past the border is read as the input, before normalisation; give a finite value of that dtype")
 
 
 def check_input_dtype(volume: Volume) -> None:
@@ -270,7 +271,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     pad : {"reflect", "edge", "constant"}
         How the input is read past the volume's border (as ``np.pad``).
     fill : number
-        The value past the border with ``pad="constant"``, in the input's units (before normalisation).
+        The value past the border with ``pad="constant"``, in the input's units (before normalisation): one the
+        input's dtype holds, finite.
     normalize : optional
         Input scaling, as :class:`emfast.Loader` takes it (default: integers to [0, 1]).
     channels : int, optional
