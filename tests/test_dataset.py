@@ -171,6 +171,31 @@ def test_per_volume_normalisation(rng, tmp_path, monkeypatch):
         np.testing.assert_allclose(loader.next_batch()["raw"][0, 0], (raw - 100.0) / 50, rtol=1e-6, atol=1e-6)
 
 
+def test_a_normalisation_float32_cannot_apply_is_refused_by_name(rng, tmp_path, monkeypatch):
+    """Checked finite in float64 but applied in float32, a scale of 1e300, a std of 1e-45 or standardised
+    subnormal data gave all-infinite or all-NaN batches and model inputs (and NumPy overflow warnings); float64
+    data whose variance overflows or underflows was called "constant"."""
+    monkeypatch.setenv("EMFAST_CACHE_DIR", str(tmp_path))
+    tiny = (rng.random((8, 20, 20)) * 1e-39).astype(np.float32)  # subnormal in float32
+    cases = [(rng.random((8, 20, 20), dtype=np.float32), (1e300, 0.0), "beyond float32"),
+             (rng.random((8, 20, 20), dtype=np.float32), {"mean": 0.5, "std": 1e-45}, "beyond float32"),
+             (tiny, "volume", "beyond float32"), (tiny, "minmax", "beyond float32"),
+             (rng.random((8, 20, 20)) * 1e300, "volume", "overflow float64"),
+             ((rng.random((8, 20, 20)) * 2 - 1) * 1e308, "minmax", "overflows float64"),
+             (rng.random((8, 20, 20)) * 1e-310, "volume", "differ too little")]
+    for raw, normalize, words in cases:
+        with pytest.raises(ValueError, match=words):
+            ef.Loader(raw, patch=(8, 20, 20), batch_size=1, augment=(), normalize=normalize)
+        with pytest.raises(ValueError, match=words):
+            ef.predict(lambda batch: batch, raw, tmp_path / "p.zarr/p", patch_in=(8, 20, 20), normalize=normalize)
+    assert not (tmp_path / "p.zarr").exists()
+    with pytest.raises(ValueError, match="constant volume"):  # still called so where it is
+        ef.Loader(np.full((8, 20, 20), 7.0), patch=(8, 20, 20), batch_size=1, augment=(), normalize="volume")
+    big = (rng.random((8, 20, 20)) * 1e30).astype(np.float32)  # large but within float32 after scaling
+    with ef.Loader(big, patch=(8, 20, 20), batch_size=1, augment=(), normalize="minmax") as loader:
+        assert np.isfinite(loader.next_batch()["raw"]).all()
+
+
 class Stamp(Augmentation):
     """A pixel-wise test augmentation: writes each example's drawn value into raw and marks label section 0."""
 

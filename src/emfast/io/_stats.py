@@ -163,9 +163,10 @@ def _float_statistics(volume: Volume) -> VolumeStatistics:
         for start in range(0, flat.size, _PIECE):
             piece = flat[start:start + _PIECE].astype(np.float64)
             n = piece.size
-            piece_mean = float(piece.sum()) / n
-            piece -= piece_mean
-            piece_squared = float(np.dot(piece, piece))
+            with np.errstate(over="ignore", invalid="ignore"):  # values near float64's limits: an infinite or NaN
+                piece_mean = float(piece.sum()) / n              # mean or std, which the normalisation names
+                piece -= piece_mean
+                piece_squared = float(np.dot(piece, piece))
             # Chan, Golub & LeVeque: merge (count, mean, M2) of two parts without cancellation
             merged = count + n
             delta = piece_mean - mean

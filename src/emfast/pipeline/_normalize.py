@@ -25,9 +25,15 @@ DEFAULT_NORMALIZATION = {
 
 def _standardize(volume: Volume) -> tuple:
     statistics = volume_statistics(volume)
+    if not (np.isfinite(statistics.mean) and np.isfinite(statistics.std)):
+        raise ValueError(f"{volume.name}: its mean and standard deviation overflow float64 (mean {statistics.mean}, "
+                         f"std {statistics.std}; values up to {statistics.max:g}), so it cannot be standardised; "
+                         "pass normalize=(scale, shift)")
     if not statistics.std > 0:
-        raise ValueError(f"{volume.name}: constant volume (std 0) cannot be standardised; pass normalize=(scale, "
-                         "shift)")
+        why = ("constant volume (std 0)" if not statistics.max > statistics.min else
+               f"its values (from {statistics.min:g} to {statistics.max:g}) differ too little for a standard "
+               "deviation (it underflows to 0)")
+        raise ValueError(f"{volume.name}: {why}, so it cannot be standardised; pass normalize=(scale, shift)")
     return 1.0 / statistics.std, -statistics.mean / statistics.std
 
 
@@ -36,7 +42,25 @@ def _min_max(volume: Volume) -> tuple:
     if not statistics.max > statistics.min:
         raise ValueError(f"{volume.name}: constant volume (min = max) cannot be min/max scaled; pass "
                          "normalize=(scale, shift)")
-    return 1.0 / (statistics.max - statistics.min), -statistics.min / (statistics.max - statistics.min)
+    span = statistics.max - statistics.min
+    if not np.isfinite(span):
+        raise ValueError(f"{volume.name}: its range ({statistics.min:g} to {statistics.max:g}) overflows float64, so "
+                         "it cannot be min/max scaled; pass normalize=(scale, shift)")
+    return 1.0 / span, -statistics.min / span
+
+
+def _fits_float32(volume: Volume, pair: tuple, normalize) -> tuple:
+    """``pair`` if the kernels, which compute ``float32(x) * float32(scale) + float32(shift)``, can apply it: a
+    scale or shift beyond float32's range (a std of 1e-45, a scale of 1e300, subnormal data standardised) made
+    every value infinite or NaN, silently, where float64 had checked them finite."""
+    scale, shift = pair
+    with np.errstate(over="ignore", under="ignore"):
+        scale32, shift32 = np.float32(scale), np.float32(shift)
+    if not (np.isfinite(scale32) and np.isfinite(shift32)) or (scale != 0 and scale32 == 0):
+        raise ValueError(f"{volume.name}: normalize={normalize!r} gives (scale, shift) = ({scale:g}, {shift:g}), "
+                         "beyond float32, in which the kernels normalise: every value would be infinite, NaN or "
+                         "0; scale the data first, or pass a (scale, shift) float32 holds")
+    return pair
 
 
 #: Per-volume normalisation modes: to zero mean and unit variance, or min/max to [0, 1], from statistics
@@ -56,9 +80,13 @@ def _pair(value) -> tuple:
 
 
 def normalization(volume: Volume, normalize) -> tuple:
-    """(scale, shift) mapping ``volume``'s values to the network's input range."""
+    """(scale, shift) mapping ``volume``'s values to the network's input range, both within float32."""
     if normalize is None:
         return DEFAULT_NORMALIZATION[volume.dtype]
+    return _fits_float32(volume, _chosen(volume, normalize), normalize)
+
+
+def _chosen(volume: Volume, normalize) -> tuple:
     if isinstance(normalize, dict):
         unknown = sorted(set(normalize) - {"mean", "std"})
         if unknown or set(normalize) != {"mean", "std"}:
