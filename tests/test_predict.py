@@ -118,6 +118,20 @@ def test_identity_reproduces_the_input_exactly(tmp_path, volume, blend, tta):
     np.testing.assert_array_equal(_read(tmp_path / "p.zarr/pred")[0], normalized(volume))
 
 
+@pytest.mark.parametrize("blend", ["gaussian", "none"])
+def test_identity_reproduces_a_float_input_bit_for_bit_negative_zeros_too(tmp_path, blend):
+    """The kernels' x * 1.0 + 0.0 turned every -0.0 of a float input into +0.0 (a helper's check, bit for bit,
+    of "floats unchanged"); the Loader's batches too."""
+    rng = np.random.default_rng(3)
+    floats = rng.standard_normal((23, 41, 37)).astype(np.float32)
+    floats[rng.random(floats.shape) < 0.2] = -0.0
+    ef.predict(crop, floats, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT, blend=blend, tta=8,
+               chunks=(8, 16, 16), block=(8, 16, 16))
+    assert _read(tmp_path / "p.zarr/pred")[0].tobytes() == floats.tobytes()
+    with ef.Loader(floats, patch=floats.shape, batch_size=1, augment=()) as loader:
+        assert loader.next_batch()["raw"][0, 0].tobytes() == floats.tobytes()
+
+
 @pytest.mark.parametrize("pad", ["reflect", "edge", "constant"])
 def test_identity_over_a_roi_at_the_border_with_every_pad(tmp_path, volume, pad):
     roi = ((0, 30, 5), (9, 41, 37))  # touches the border on five sides, smaller than a tile in y

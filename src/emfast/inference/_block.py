@@ -23,6 +23,7 @@ import numpy as np
 from .._core.blend import TileBlends, blend_finish
 from .._core.gather import gather_convert
 from ..io import Volume
+from ..pipeline import kernel_shift
 from ._blend import Weights
 from ._cache import TileCache
 from ._model import ModelCaller
@@ -53,7 +54,7 @@ class BlockPredictor:
         #: block is finished, so they need not be computed again even if not saved yet.
         self._promised: Set[tuple] = set()
         self.weights = Weights(plan, blend)
-        self.variants, self.scale, self.shift = variants, scale, shift
+        self.variants, self.scale, self.shift = variants, scale, kernel_shift(shift)
         self.pad, self.fill, self.batch_size, self.dtype = pad, fill, batch_size, np.dtype(dtype)
         self.channels: Optional[int] = None  # learned from the first prediction, then enforced
         #: Values computed; uint8 outputs: values outside [0, 1] or NaN that the conversion clipped to 0 or 255

@@ -28,6 +28,7 @@ from .._core import gather as _gather
 from ..augment import Patches, WarpPlan, warp_labels, warp_raw
 from ..sampling import OnRawGrid, Placed
 from ..targets import Target, compute_targets
+from ._normalize import kernel_shift
 from ._plan import BatchPlan
 from ._profile import Profile
 from ._windows import window_extents
@@ -292,7 +293,7 @@ class Gatherer:
         scale, shift = f.normalization[plan.volumes].T
         if f.intensity:
             scale, shift = scale * plan.params.gain, shift * plan.params.gain + plan.params.bias
-        return scale.astype(np.float32), shift.astype(np.float32)
+        return scale.astype(np.float32), kernel_shift(shift.astype(np.float32))
 
     def chunk_boxes(self, plan: BatchPlan) -> list:
         """``(cache, boxes)`` for the windows of ``plan`` read in place from chunk caches: the blocks a batch

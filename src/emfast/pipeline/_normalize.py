@@ -68,6 +68,15 @@ def _fits_float32(volume: Volume, pair: tuple, normalize) -> tuple:
 NORMALIZE_MODES = {"volume": _standardize, "minmax": _min_max}
 
 
+def kernel_shift(shift):
+    """``shift`` (a float or float32 array) for the kernels, which compute ``x * scale + shift``: +0.0 as -0.0,
+    since x + (-0.0) is x for every x where x + 0.0 turns -0.0 into +0.0 (an identity network's output then
+    differed from its float input in the sign of its zeros)."""
+    if isinstance(shift, np.ndarray):
+        return np.where(shift == 0, np.float32(-0.0), shift).astype(shift.dtype)
+    return -0.0 if shift == 0 else shift
+
+
 def _pair(value) -> tuple:
     """(scale, shift) as two finite floats."""
     try:
