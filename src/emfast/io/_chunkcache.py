@@ -301,8 +301,9 @@ class ChunkCache:
         changed = getattr(self._source, "changed_since_opened", None)  # a source of another kind may have none
         if self._changed is None and changed is not None and changed():
             self._changed = (f"{self._name}: its files changed since it was opened (the store was replaced, "
-                             "rewritten or removed, or the file overwritten): what is read now may mix the old data "
-                             "and the new; open it again")
+                             "rewritten or removed, or the file overwritten or written to by another program, such as "
+                             "an HDF5 file appended to where file locking is off): what is read now may mix the old "
+                             "data and the new; open it again")
         if self._changed is not None:
             raise CorruptChunkError(self._changed)
 
