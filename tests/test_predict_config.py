@@ -98,6 +98,14 @@ def test_the_input_as_users_write_paths_elsewhere(folder, capsys, monkeypatch, i
     assert (folder / "out.zarr" / "pred").is_dir()
 
 
+@pytest.mark.parametrize("normalize", ["[1.0e300, 0]", "{mean: 0, std: 1.0e-45}"])
+def test_check_refuses_a_normalisation_float32_cannot_apply_as_predict_does(folder, capsys, normalize):
+    """``emfast check`` said valid, then predict refused the setting without naming the config's key."""
+    text = PREDICT + f"  normalize: {normalize}\n"
+    error = _check_and_predict_fail(_config(folder, text), capsys)
+    assert f"line {_line_of(text, 'normalize')}: predict.normalize: " in error and "beyond float32" in error
+
+
 def test_an_output_store_reached_through_a_link_keeps_the_name_that_says_its_format(folder, capsys):
     """``fast.zarr`` a link to a scratch folder without a suffix: the config resolved the whole path first and
     refused the output it led to ("must name a dataset in a .zarr or .h5 container ... got .../scratch/pred"),
@@ -490,6 +498,10 @@ def test_a_fill_the_inputs_dtype_cannot_hold_is_named_by_check_and_predict(folde
     for fill in (float("nan"), np.float32("nan"), float("inf"), -np.inf):  # a NaN run could never be resumed
         with pytest.raises(ValueError, match=r"fill=\S*(nan|inf)\)? does not fit the input's dtype float32 .*a finite value"):
             ef.predict(lambda batch: batch, floats, tmp_path / "n.zarr/p", patch_in=(8, 16, 16), pad="constant",
+                       fill=fill)
+    for fill in (float("nan"), float("inf"), 2 ** 1024, "zero"):  # recorded whatever the padding: refused too
+        with pytest.raises(ValueError, match=r"must be a finite number"):
+            ef.predict(lambda batch: batch, floats, tmp_path / "n.zarr/p", patch_in=(8, 16, 16), pad="reflect",
                        fill=fill)
     assert not (tmp_path / "n.zarr").exists()
     for pad in ("reflect", "edge"):  # only constant padding reads fill (a review: the kernel refused it anyway)

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 
 from ..io import is_url, local_path, resolved_above_container
-from ..pipeline import LOADER_SETTINGS, NORMALIZE_MODES, PATCH_KEYS, Loader
+from ..pipeline import LOADER_SETTINGS, NORMALIZE_MODES, PATCH_KEYS, Loader, fixed_normalization
 from .._checks import concerned_key
 from .._registry import lookup
 from ..targets import outputs
@@ -152,15 +152,25 @@ def _check_normalize(reader: Reader, value, path: Path_):
     if isinstance(value, list) and len(value) == 2:
         for index, item in enumerate(value):
             reader.number(item, path + (index,))
-        return value
+        return _fixed(reader, value, path)
     if isinstance(value, dict):
         reader.mapping(value, path, ("mean", "std"), required=("mean", "std"))
         reader.number(value["mean"], path + ("mean",))
         reader.number(value["std"], path + ("std",), positive=True)
-        return value
+        return _fixed(reader, value, path)
     modes = ", ".join(repr(mode) for mode in NORMALIZE_MODES)
     raise reader.error(path, f"expected one of {modes}, [scale, shift] or {{mean: m, std: s}}; got "
                              f"{describe_value(value)}")
+
+
+def _fixed(reader: Reader, value, path: Path_):
+    """``value``, a normalisation that needs no data, if the kernels can apply it (checked before any volume is
+    read, so that ``emfast check`` refuses what predict and the Loader would)."""
+    try:
+        fixed_normalization(value)
+    except ValueError as error:
+        raise reader.error(path, str(error)) from None
+    return value
 
 
 def _check_loader_value(reader: Reader, key: str, value, path: Path_):

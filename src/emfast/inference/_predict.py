@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import time
 import warnings
@@ -11,7 +12,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from .._checks import flag, integer, is_integer, triple
+from .._checks import flag, integer, is_integer, is_real, triple
 from .._core.common import RAW_DTYPES
 from .._core.gather import PAD_MODES
 from .._threads import ctrl_c_held, shutdown_pool
@@ -160,21 +161,29 @@ def check_fill(fill, volume: Volume, pad: str) -> None:
     input, before normalisation): the gather kernel's refusal named its own buffer ("out's dtype uint8"). NaN and
     infinity are refused too: NaN made a run that could never be resumed (its record's NaN equals no NaN), both
     are no JSON, and either turns every prediction reaching the border into NaN."""
-    if pad != "constant":
+    if pad != "constant":  # not read, but recorded: a NaN there made a record no resume matches, and no JSON
+        try:
+            finite = is_real(fill) and math.isfinite(fill)
+        except OverflowError:  # an integer beyond float's range
+            finite = False
+        if not finite:
+            raise ValueError(f"fill={fill!r} must be a finite number")
         return
     floats = volume.dtype.kind == "f"
-    value = np.asarray(float(fill) if floats and type(fill) is int else fill)  # 2**64: no object array
     try:
+        value = np.asarray(float(fill) if floats and type(fill) is int else fill)  # 2**64: no object array
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow to inf is this check's answer
-            if floats:  # a float input takes any finite number, rounded to its dtype (0.1 for float32) if it stays finite
-                fits = value.ndim == 0 and value.dtype.kind in "biuf" and bool(np.isfinite(value.astype(volume.dtype)))
+            if floats:  # any finite number, rounded to the dtype (0.1 for float32) if it stays finite
+                fits = value.ndim == 0 and value.dtype.kind in "biuf" and \
+                    bool(np.isfinite(value.astype(volume.dtype)))
             else:
                 fits = value.ndim == 0 and bool(np.array_equal(value.astype(volume.dtype), value))
     except (TypeError, ValueError, OverflowError):
         fits = False
     if not fits:
         raise ValueError(f"fill={fill!r} does not fit the input's dtype {volume.dtype} ({volume.name}): the padding "
-                         "past the border is read as the input, before normalisation; give a finite value of that dtype")
+                         "past the border is read as the input, before normalisation; give a finite value of that "
+                         "dtype")
 
 
 def check_input_dtype(volume: Volume) -> None:

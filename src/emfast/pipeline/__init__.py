@@ -11,7 +11,7 @@ May import: every stage below it (``emfast.io``, ``emfast.sampling``, ``emfast.a
 """
 from ._batch import Batch, BatchReleasedError, MissingFieldError
 from ._loader import Loader
-from ._normalize import NORMALIZE_MODES, kernel_shift, normalization
+from ._normalize import NORMALIZE_MODES, fixed_normalization, kernel_shift, normalization
 from ._options import LOADER_SETTINGS, InsufficientMemoryError
 from ._pool import BackPressureWarning, SlotsExhaustedError
 from ._profile import STAGES, ProfileReport
@@ -19,4 +19,4 @@ from ._windows import PATCH_KEYS
 
 __all__ = ["LOADER_SETTINGS", "NORMALIZE_MODES", "PATCH_KEYS", "STAGES", "BackPressureWarning", "Batch", "BatchReleasedError",
            "InsufficientMemoryError", "Loader", "MissingFieldError", "ProfileReport", "SlotsExhaustedError",
-           "kernel_shift", "normalization"]
+           "fixed_normalization", "kernel_shift", "normalization"]

@@ -3,6 +3,8 @@ from a default per dtype, a given pair, a mean and std, or per-volume statistics
 :mod:`emfast.io._stats`). The per-example intensity augmentation composes with it in the gatherer."""
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from ..io import Volume, volume_statistics
@@ -49,17 +51,18 @@ def _min_max(volume: Volume) -> tuple:
     return 1.0 / span, -statistics.min / span
 
 
-def _fits_float32(volume: Volume, pair: tuple, normalize) -> tuple:
+def _fits_float32(pair: tuple, normalize, volume: Optional[Volume] = None) -> tuple:
     """``pair`` if the kernels, which compute ``float32(x) * float32(scale) + float32(shift)``, can apply it: a
     scale or shift beyond float32's range (a std of 1e-45, a scale of 1e300, subnormal data standardised) made
-    every value infinite or NaN, silently, where float64 had checked them finite."""
+    every value infinite or NaN, silently, where float64 had checked them finite. ``volume``: the one whose
+    statistics gave the pair."""
     scale, shift = pair
     with np.errstate(over="ignore", under="ignore"):
         scale32, shift32 = np.float32(scale), np.float32(shift)
     if not (np.isfinite(scale32) and np.isfinite(shift32)) or (scale != 0 and scale32 == 0):
-        raise ValueError(f"{volume.name}: normalize={normalize!r} gives (scale, shift) = ({scale:g}, {shift:g}), "
-                         "beyond float32, in which the kernels normalise: every value would be infinite, NaN or "
-                         "0; scale the data first, or pass a (scale, shift) float32 holds")
+        raise ValueError(f"{'' if volume is None else volume.name + ': '}normalize={normalize!r} gives (scale, shift) "
+                         f"= ({scale:g}, {shift:g}), beyond float32, in which the kernels normalise: every value "
+                         "would be infinite, NaN or 0; scale the data first, or pass a (scale, shift) float32 holds")
     return pair
 
 
@@ -92,10 +95,17 @@ def normalization(volume: Volume, normalize) -> tuple:
     """(scale, shift) mapping ``volume``'s values to the network's input range, both within float32."""
     if normalize is None:
         return DEFAULT_NORMALIZATION[volume.dtype]
-    return _fits_float32(volume, _chosen(volume, normalize), normalize)
+    if isinstance(normalize, str):
+        if normalize not in NORMALIZE_MODES:
+            raise ValueError(f"normalize must be one of {sorted(NORMALIZE_MODES)}, (scale, shift), or "
+                             f"{{'mean': ..., 'std': ...}}; got {normalize!r}")
+        return _fits_float32(NORMALIZE_MODES[normalize](volume), normalize, volume)
+    return fixed_normalization(normalize)
 
 
-def _chosen(volume: Volume, normalize) -> tuple:
+def fixed_normalization(normalize) -> tuple:
+    """(scale, shift) of a ``normalize`` that needs no data, (scale, shift) or {"mean": m, "std": s}, checked as
+    the kernels apply it (a config's check asks this before any volume is read): ValueError naming it."""
     if isinstance(normalize, dict):
         unknown = sorted(set(normalize) - {"mean", "std"})
         if unknown or set(normalize) != {"mean", "std"}:
@@ -103,10 +113,5 @@ def _chosen(volume: Volume, normalize) -> tuple:
         mean, std = _pair((normalize["mean"], normalize["std"]))
         if std <= 0:
             raise ValueError(f"normalize: std must be positive, got {std}")
-        return 1.0 / std, -mean / std
-    if isinstance(normalize, str):
-        if normalize not in NORMALIZE_MODES:
-            raise ValueError(f"normalize must be one of {sorted(NORMALIZE_MODES)}, (scale, shift), or "
-                             f"{{'mean': ..., 'std': ...}}; got {normalize!r}")
-        return NORMALIZE_MODES[normalize](volume)
-    return _pair(normalize)
+        return _fits_float32((1.0 / std, -mean / std), normalize)
+    return _fits_float32(_pair(normalize), normalize)
