@@ -62,8 +62,8 @@ DEFAULT_BUDGET_CAP = 1 << 30
 #: Bytes of bookkeeping per block of the volume: address, pins, last use, NaN flag.
 GRID_BYTES_PER_BLOCK = 8 + 4 + 8 + 1
 
-#: Most buffers of evicted blocks allocated alone (more than half a slab each, see ``_blockslots``) kept for
-#: reuse, outside the budget; in steady state one or two are used.
+#: Most buffers of evicted blocks allocated alone (more than half a slab each, or every block of a cache smaller
+#: than a slab, see ``_blockslots``) kept for reuse, outside the budget; in steady state one or two are used.
 SPARE_BUFFERS = 4
 #: A box's missing blocks are read in waves of at most 1/WAVES_PER_BUDGET of the budget, or WAVE_BLOCKS blocks if
 #: that is more: a wave's encoded bytes and new blocks are in memory at once, and with several threads reading
@@ -197,7 +197,8 @@ class ChunkCache:
         self._closed = False  # set by close(): a missing block is an error, whatever the source still reads
         #: Bytes of one whole block (every channel).
         self.block_bytes = block_bytes
-        # Whole blocks live in slots of huge-page slabs, those of evicted blocks reused. Reusing them instead of
+        # Whole blocks live in slots of huge-page slabs (a cache smaller than a slab: alone), those of evicted
+        # blocks reused. Reusing them instead of
         # freeing and allocating also keeps the process at budget + in-flight reads: with malloc, blocks freed
         # into one producer thread's heap and allocated from another's leave freed memory resident.
         self._slots = BlockSlots(block_bytes, min(self.budget_bytes, self._channels * math.prod(self._shape)

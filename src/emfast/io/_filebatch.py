@@ -30,8 +30,55 @@ BATCH_BYTES = 2 << 20
 
 #: Most files one call of the compiled reader holds open at once (it opens a call's files, then reads them): a
 #: batch of 512 small chunks in one call failed with EMFILE in a process limited to 256 descriptors
-#: (``ulimit -n 256``, 9 of them in use), which zarr-python reads within. Two readers side by side hold twice this.
+#: (``ulimit -n 256``, 9 of them in use), which zarr-python reads within. Calls side by side (decode helpers, one
+#: per idle core) share :data:`DESCRIPTOR_SHARE` of the limit, see :class:`_OpenFiles`.
 FILES_PER_CALL = 64
+
+#: The share of the process's descriptor limit the reader's calls may hold open together (at least one call's
+#: worth): the rest is the user's, the HDF5 files' and the libraries'.
+DESCRIPTOR_SHARE = 4
+
+
+class _OpenFiles:
+    """The files the compiled reader's calls hold open, counted across threads: a call waits while the others
+    hold so many that its own would pass the process's share of descriptors (a 16-core machine's 15 decode
+    helpers, 64 files each, passed ``ulimit -n 256``; macOS's default limit is 256)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._open = 0
+
+    @staticmethod
+    def _most() -> int:
+        try:
+            import resource  # not on Windows, where the Python reader reads the files one by one
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        except (ImportError, OSError, ValueError):
+            return FILES_PER_CALL
+        return FILES_PER_CALL if soft == resource.RLIM_INFINITY else max(FILES_PER_CALL, soft // DESCRIPTOR_SHARE)
+
+    @contextlib.contextmanager
+    def held(self, count: int) -> Iterator[None]:
+        """Hold ``count`` (at most :data:`FILES_PER_CALL`) files open for the block, waiting for room first."""
+        most = self._most()
+        with self._changed:
+            self._changed.wait_for(lambda: self._open == 0 or self._open + count <= most)
+            self._open += count
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._open -= count
+                self._changed.notify_all()
+
+    def forget(self) -> None:
+        """In a child process after fork(): no call of the parent's threads runs there."""
+        self._changed = threading.Condition()
+        self._open = 0
+
+
+_OPEN_FILES = _OpenFiles()
+os.register_at_fork(after_in_child=_OPEN_FILES.forget)
 
 #: Most bytes of a lent buffer kept for the next reads (a box's chunks take about a MiB), and most buffers kept.
 KEPT_BUFFER_BYTES = 4 << 20
@@ -74,14 +121,16 @@ def read_regular_files(paths: Sequence[Path], what: str, starts: Optional[Sequen
                        lengths: Optional[Sequence[int]] = None, into: Optional[List[Optional[np.ndarray]]] = None,
                        buffer: Optional[FileBuffer] = None) -> Tuple[List[Contents], List[Tuple[int, int]]]:
     """Read regular files whole, or ``lengths`` bytes from ``starts`` (a negative start counts from the end), in
-    one call without the GIL; a file with exactly ``into[i].nbytes`` bytes to read is read into ``into[i]``, the
-    others into ``buffer`` (see :func:`lent_buffer`; default: new memory).
+    calls of the compiled reader without the GIL (one per :data:`FILES_PER_CALL` files); a file with exactly
+    ``into[i].nbytes`` bytes to read is read into ``into[i]``, the others into ``buffer`` (see
+    :func:`lent_buffer`; default: new memory; a second call's files into new memory of their own).
 
     Returns
     -------
     contents : list
         Per path: None if there is no file, True if it was read into ``into[i]``, else its bytes (fewer than asked
-        for where the file ends first): a read-only view of ``buffer``'s array, valid until its next read.
+        for where the file ends first): a read-only view of the memory it was read into (``buffer``'s array for
+        the first call's files), valid until that buffer's next read.
     versions : list of (int, int)
         Per path: (size, modification time in ns) of the file as it was read, (0, 0) where there is none.
 
@@ -104,8 +153,9 @@ def read_regular_files(paths: Sequence[Path], what: str, starts: Optional[Sequen
         return contents, versions
     start = time.perf_counter()
     scratch = None if buffer is None else buffer.array
-    data, offsets, count, status, modes, errors, sizes, mtimes = read_files(list(paths), starts, lengths, into,
-                                                                            scratch)
+    with _OPEN_FILES.held(len(paths)):
+        data, offsets, count, status, modes, errors, sizes, mtimes = read_files(list(paths), starts, lengths, into,
+                                                                                scratch)
     add_transfer_time(time.perf_counter() - start)
     if buffer is not None and data.base is None and data.nbytes <= KEPT_BUFFER_BYTES:
         buffer.array = data  # new memory, larger than the buffer's: kept for its next reads
