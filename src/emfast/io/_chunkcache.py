@@ -198,9 +198,9 @@ class ChunkCache:
         #: Bytes of one whole block (every channel).
         self.block_bytes = block_bytes
         # Whole blocks live in slots of huge-page slabs (a cache smaller than a slab: alone), those of evicted
-        # blocks reused. Reusing them instead of
-        # freeing and allocating also keeps the process at budget + in-flight reads: with malloc, blocks freed
-        # into one producer thread's heap and allocated from another's leave freed memory resident.
+        # blocks reused. Reusing them instead of freeing and allocating also keeps the process at budget +
+        # in-flight reads: with malloc, blocks freed into one producer thread's heap and allocated from
+        # another's leave freed memory resident.
         self._slots = BlockSlots(block_bytes, min(self.budget_bytes, self._channels * math.prod(self._shape)
                                                   * self._dtype.itemsize))
         _CACHES.add(self)
