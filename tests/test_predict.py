@@ -1128,9 +1128,20 @@ def test_an_output_that_may_not_be_written_is_refused_before_the_model_is_called
         assert viewer.stdout.readline().strip() == "open"
         with pytest.raises(_outputs.OutputBusyError, match=r"cannot write .*viewed.h5: another program has it open"):
             ef.predict(counted, volume, tmp_path / "viewed.h5/pred", **settings)
+        for unlocked in ("FALSE", "0"):  # HDF5 (which reads it once per process) takes no lock, and writes it
+            run = subprocess.run([sys.executable, "-c", "import sys, numpy as np, emfast as ef; ef.predict(lambda b: b, "
+                                  "np.zeros((8, 16, 16), np.uint8), sys.argv[1], patch_in=(8, 16, 16))",
+                                  f"{tmp_path}/viewed.h5/pred{unlocked}"], capture_output=True, text=True, timeout=120,
+                                 env=dict(os.environ, HDF5_USE_FILE_LOCKING=unlocked,
+                                          PYTHONPATH=os.pathsep.join(sys.path)))
+            assert run.returncode == 0, run.stderr
     finally:
         viewer.kill()
         viewer.wait()
+    with h5py.File(tmp_path / "mine.h5", "a") as mine:  # this process's own file open to write: HDF5 shares it
+        mine["meta"] = np.zeros(3)
+        ef.predict(crop, volume, tmp_path / "mine.h5/pred", **settings)
+        assert "pred" in mine
     monkeypatch.setattr(_outputs.os, "open", read_only)
     with pytest.raises(OSError, match=r"cannot write beside the output .*ro.zarr: Read-only file system \(emfast "
                                       r"keeps its lock file .ro.zarr.emfast-lock there\); write the output to a "

@@ -508,10 +508,13 @@ def open_hdf5_for_writing(path: Path):
 def refuse_hdf5_in_use(path: Path) -> None:
     """OutputBusyError if another program has the HDF5 file ``path`` open where HDF5 locks files (the default):
     the lock a reader holds refuses :func:`open_hdf5_for_writing`, and this asks it without opening the file as
-    HDF5, so that the refusal comes before the model's first call. Call it before opening the file in this
-    process (its own lock would be taken for another's)."""
-    if os.environ.get("HDF5_USE_FILE_LOCKING", "").upper() == "FALSE":
+    HDF5, so that the refusal comes before the model's first call. A file this process has open is left to that
+    opening: its own lock would be taken for another program's (HDF5 shares a file open to write within a
+    process, and names one open read-only)."""
+    if os.environ.get("HDF5_USE_FILE_LOCKING") in ("FALSE", "0"):  # as HDF5 reads it (not "false")
         return  # HDF5 takes no lock: the file opens for writing whoever reads it
+    if _open_in_this_process(path):
+        return
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
@@ -526,6 +529,19 @@ def refuse_hdf5_in_use(path: Path) -> None:
         pass  # a file system without locks: HDF5's best-effort locking takes none either
     finally:
         os.close(fd)
+
+
+def _open_in_this_process(path: Path) -> bool:
+    """Whether HDF5 has the file ``path`` open in this process (through h5py, or emfast's own volumes)."""
+    import h5py
+
+    for file in h5py.h5f.get_obj_ids(types=h5py.h5f.OBJ_FILE):
+        try:
+            if os.path.samefile(os.fsdecode(file.name), path):
+                return True
+        except OSError:  # a file since removed or renamed: not this one
+            continue
+    return False
 
 
 def remove_hdf5_output(file, dataset: str, lock: "OutputLock", delete: bool = True) -> None:
