@@ -113,6 +113,7 @@ def test_an_output_store_reached_through_a_link_keeps_the_name_that_says_its_for
     (folder / "scratch").mkdir()
     (folder / "fast.zarr").symlink_to(folder / "scratch")
     (folder / "configs").mkdir()
+    (folder / "configs" / "nets.py").write_text(NETS)  # the model beside the config, as the other tests have it
     path = _config(folder, PREDICT.replace("in.h5", "../in.h5").replace("out.zarr/pred", "../fast.zarr/pred"),
                    "configs/predict.yaml")
     assert main(["check", str(path)]) == 0, capsys.readouterr().err

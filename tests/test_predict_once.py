@@ -1,6 +1,7 @@
 """emfast.predict computes each tile (and each test-time variant of it) once, whatever the chunks and blocks, and
 still writes the same bytes as a whole-volume reference, across block sizes, engines and resumes; memory follows a
 budget, not the input's chunks."""
+import os
 import threading
 import time
 
@@ -328,10 +329,28 @@ def test_no_two_outputs_share_a_kept_tiles_folder():
     from emfast.inference._cache import TileCache
     outputs = [("s.zarr", "h5/p"), ("s.zarr.h5", "p"), ("s.zarr", "a/b"), ("s.zarr", "a.b"), ("s.zarr", "a%2Fb"),
                ("s+x.zarr", "p"), ("s.zarr", "x+p"), ("d/s.zarr", "p")]
+    outputs += [("s.zarr", "予測" * 15), ("s.zarr", "a" * 300), ("s.zarr", "a" * 299 + "b")]  # a review: too long
     folders = [TileCache.beside(Path(container), dataset).folder for container, dataset in outputs]
     assert len(set(folders)) == len(outputs)
     assert all(f.name.startswith(".") and f.name.endswith(".emfast-tiles") and f.parent == Path(c).parent
-               for f, (c, _) in zip(folders, outputs))
+               and len(os.fsencode(f.name)) <= 255 for f, (c, _) in zip(folders, outputs))
+
+
+def test_a_long_non_ascii_dataset_name_predicts_and_an_earlier_versions_tiles_folder_is_removed(tmp_path, volume):
+    """Percent-encoding made a 30-character CJK dataset name's tiles folder longer than a file name may be
+    (ENAMETOOLONG on every multi-block run); a folder of tiles an earlier version kept for the output, under its
+    old name, was left for ever; one of that name that emfast did not make stays."""
+    import json
+    dataset = "予測" * 15
+    legacy = tmp_path / f".p.zarr.{dataset}.emfast-tiles"
+    legacy.mkdir()
+    (legacy / "record.json").write_text(json.dumps({"an": "earlier run"}))
+    ef.predict(lopsided, volume, tmp_path / "p.zarr" / dataset, **SETTINGS)
+    assert not legacy.exists() and _scratch(tmp_path / "p.zarr" / dataset) == []
+    theirs = tmp_path / ".q.zarr.pred.emfast-tiles"
+    theirs.mkdir()
+    ef.predict(lopsided, volume, tmp_path / "q.zarr/pred", **SETTINGS)
+    assert theirs.is_dir()
 
 
 def test_output_chunks_and_blocks_do_not_follow_the_input_chunks(tmp_path, volume):

@@ -3,8 +3,9 @@
 A tile whose output reaches into more than one block is computed by the first of those blocks to run; its
 predictions (every test-time variant, as the model returned them) are saved here, and the other blocks load them
 instead of calling the model again. The folder lies beside the output's container, named
-``.<container>+<dataset>.emfast-tiles`` (the dataset percent-encoded, so that no two outputs share a name: with
-'/' written as '.', ``s.zarr/h5/p`` and ``s.zarr.h5/p``, under two locks, did), holds one ``.npy`` file per tile (written under a temporary name, then
+``.<container>+<dataset>.emfast-tiles`` ('%', '/' and '+' of the dataset percent-encoded, so that no two outputs
+share a name: with '/' written as '.', ``s.zarr/h5/p`` and ``s.zarr.h5/p``, under two locks, did; a dataset whose
+name would make it longer than a file name may be, by its digest), holds one ``.npy`` file per tile (written under a temporary name, then
 renamed, so a reader never sees half a file) and the prediction's record (``record.json``): tiles are used only by
 a run with the same record, so a folder left by another prediction is emptied, never read. The folder lives as
 long as the prediction is unfinished (a resume uses what it holds) and is removed when it completes.
@@ -18,13 +19,13 @@ time, never correctness, since a tile's prediction does not depend on which bloc
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
 import warnings
 from pathlib import Path
 from typing import Dict, Optional
-from urllib.parse import quote
 
 import numpy as np
 
@@ -32,6 +33,8 @@ from ..io import remove_folder, remove_leftovers
 
 #: The file in the folder holding the record of the prediction its tiles belong to.
 RECORD_FILE = "record.json"
+#: The most bytes of a file name on common file systems (ext4, XFS, APFS, NTFS in UTF-16 units).
+NAME_MAX = 255
 
 
 class TileCache:
@@ -49,6 +52,9 @@ class TileCache:
         #: (48 shared tiles of the identity benchmark).
         #: None: ask the folder (a Dask worker's copy, beside other workers writing it).
         self._files: Optional[set] = None
+        #: Where earlier versions of emfast kept this output's tiles (see :meth:`beside`): removed with the folder;
+        #: an unfinished run's tiles there are computed again, not read.
+        self.legacy: Optional[Path] = None
 
     def __getstate__(self) -> dict:
         return {"folder": self.folder.absolute(), "memory_limit": 0, "_warned": False}  # workers run elsewhere
@@ -58,8 +64,13 @@ class TileCache:
 
     @classmethod
     def beside(cls, container: Path, dataset: str, memory_limit: int = 0) -> "TileCache":
-        name = f".{container.name}+{quote(dataset, safe='')}.emfast-tiles"
-        return cls(container.parent / name, memory_limit)
+        escaped = dataset.replace("%", "%25").replace("/", "%2F").replace("+", "%2B")
+        name = f".{container.name}+{escaped}.emfast-tiles"
+        if len(os.fsencode(name)) > NAME_MAX:  # a long (or long non-ASCII) dataset name: its digest instead
+            name = f".{container.name}+{hashlib.sha256(dataset.encode()).hexdigest()[:32]}.emfast-tiles"
+        cache = cls(container.parent / name, memory_limit)
+        cache.legacy = container.parent / f".{container.name}.{dataset.replace('/', '.')}.emfast-tiles"
+        return cache
 
     def open(self, record: dict, resume: bool) -> None:
         """Start using the folder for the prediction with ``record``: kept tiles are reused when resuming the
@@ -149,21 +160,30 @@ class TileCache:
         return None
 
     def remove(self) -> None:
-        """Delete the folder, if it is one of emfast's (it holds the record file), and forget the tiles held."""
+        """Delete the folder (and an earlier version's, :attr:`legacy`), if it is one of emfast's (it holds the
+        record file), and forget the tiles held."""
         with self._lock:
             self._held.clear()
             self._held_bytes = 0
             if self._files is not None:
                 self._files.clear()
-        aside = self.folder.parent / f"{self.folder.name}.emfast-removing"
-        remove_leftovers(aside)
-        if self.folder.is_dir() and not self.folder.is_symlink() and (self.folder / RECORD_FILE).is_file():
-            try:
-                remove_folder(self.folder, aside)  # whole or not at all: half of it would not be known for emfast's
-            except OSError as error:  # kept tiles are scratch: what cannot be deleted loses nothing, and is told
-                warnings.warn(f"could not remove the kept tiles of {self.folder.name} ({error}); delete it "
-                              "yourself", stacklevel=2)
-            return
-        if self.folder.exists() or self.folder.is_symlink():
+        if self.legacy is not None:
+            _remove_kept(self.legacy)
+        if not _remove_kept(self.folder) and (self.folder.exists() or self.folder.is_symlink()):
             raise FileExistsError(f"{self.folder} exists and was not made by emfast predict; emfast keeps shared "
                                   "tiles there: move it away")
+
+
+def _remove_kept(folder: Path) -> bool:
+    """Delete ``folder`` if it is a folder of kept tiles (it holds the record file); whether it was one. A failure
+    is a warning: kept tiles are scratch, so what cannot be deleted loses nothing."""
+    aside = folder.parent / f"{folder.name}.emfast-removing"
+    remove_leftovers(aside)
+    if not (folder.is_dir() and not folder.is_symlink() and (folder / RECORD_FILE).is_file()):
+        return False
+    try:
+        remove_folder(folder, aside)  # whole or not at all: half of it would not be known for emfast's
+    except OSError as error:
+        warnings.warn(f"could not remove the kept tiles of {folder.name} ({error}); delete it yourself",
+                      stacklevel=3)
+    return True
