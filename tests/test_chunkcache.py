@@ -514,6 +514,37 @@ def test_a_failed_read_reaches_every_waiter_and_is_retried(tmp_path, rng):
         np.testing.assert_array_equal(volume.read_box((0, 0, 0), (2, 2, 2), out)[0], data[:2, :2, :2])
 
 
+def test_low_level_hdf5_calls_hold_h5pys_lock(tmp_path, rng):
+    """h5py 3.8 to 3.15 made read_direct_chunk without its lock, and emfast called it from several threads: HDF5,
+    not thread-safe, crashed the process (``emfast demo`` 9 of 16 runs on h5py 3.8.0; a helper found it with the
+    declared minimum versions). emfast holds the lock around it itself."""
+    from emfast.io._hdf5 import HDF5_LOCK, _DirectChunkReader
+    data = rng.integers(0, 255, (16, 32, 32), dtype=np.uint8)
+    with h5py.File(tmp_path / "g.h5", "w") as f:
+        f.create_dataset("data", data=data, chunks=(8, 16, 16), compression="gzip", shuffle=True)
+    with h5py.File(tmp_path / "g.h5", "r") as f:
+        real, held = f["data"], []
+
+        class Calls:  # the dataset's low-level object, noting whether the lock is held at each chunk read
+            def __getattr__(self, name):
+                return getattr(real.id, name)
+
+            def read_direct_chunk(self, offset):
+                held.append(HDF5_LOCK._is_owned())
+                return real.id.read_direct_chunk(offset)
+
+        class Dataset:
+            id = Calls()
+
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+        block = np.empty((1, 8, 16, 16), np.uint8)
+        assert _DirectChunkReader.for_dataset(real).read(Dataset(), (8, 16, 0), block, "g.h5:data")
+    np.testing.assert_array_equal(block[0], data[8:, 16:, :16])
+    assert held == [True]
+
+
 def test_decoding_gzip_chunks_releases_the_gil(tmp_path, rng):
     # one 2 MiB gzip chunk: tens of ms of zlib, which must not stop other threads (h5py's lock is not held)
     data = rng.normal(128, 30, (32, 256, 256)).clip(0, 255).astype(np.uint8)

@@ -2,7 +2,8 @@
 
 Chunked datasets whose filters are at most shuffle and deflate (gzip) are read chunk by chunk with
 ``Dataset.id.read_direct_chunk`` and decoded here: h5py's global lock is held only while the compressed bytes are
-read, and ``zlib`` decompresses with the GIL released, so several producer threads decode in parallel, and the
+read (taken here: h5py before 3.16 did not take it for its low-level calls, and threads reading chunks at once
+crashed HDF5, which is not thread-safe, see :data:`HDF5_LOCK`), and ``zlib`` decompresses with the GIL released, so several producer threads decode in parallel, and the
 chunks a box misses are decompressed side by side where that pays (``read_many``). Any other
 read (contiguous datasets, other filters, chunks never written, which read as the fill value, boxes that are not
 one chunk) goes through ``Dataset.read_direct``, which HDF5 serialises.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 import zlib
 from pathlib import Path
 from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -31,6 +33,15 @@ from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, VolumeSour
 from ._volume import Volume
 
 _DIRECT_FILTERS = {h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_DEFLATE}
+
+try:  # the lock every high-level h5py call holds, so that one HDF5 call runs at a time in the process
+    from h5py._objects import phil as HDF5_LOCK
+except ImportError:  # a later h5py without it: its low-level calls are expected to lock themselves
+    HDF5_LOCK = threading.RLock()
+#: ``HDF5_LOCK`` is held around the low-level calls emfast makes from several threads (``read_direct_chunk``,
+#: chunk and storage queries): h5py 3.8 to 3.15 made them without it, and emfast's decode helpers and producers
+#: calling them at once crashed the process (SIGSEGV in ``emfast demo`` 9 of 16 runs on h5py 3.8.0, a helper
+#: found); h5py 3.16 takes it itself, and it is re-entrant.
 
 
 def open_hdf5(path: Union[str, os.PathLike]) -> h5py.File:
@@ -199,7 +210,9 @@ class Hdf5Source(VolumeSource):
         file = self._data_file
         try:
             if file.driver == "sec2":  # the open descriptor: right even if the path was removed or replaced
-                status = os.fstat(file.id.get_vfd_handle())
+                with HDF5_LOCK:
+                    handle = file.id.get_vfd_handle()
+                status = os.fstat(handle)
             else:
                 status = os.stat(file.filename)
         except (OSError, ValueError):
@@ -228,14 +241,16 @@ class Hdf5Source(VolumeSource):
             return
         dataset, where = self._dataset, tuple(int(o) for o in origin)
         if dataset.chunks is None:
-            spans = [(dataset.id.get_offset(), dataset.id.get_storage_size())]
+            with HDF5_LOCK:
+                spans = [(dataset.id.get_offset(), dataset.id.get_storage_size())]
         else:
             channel_chunk = dataset.chunks[0] if dataset.ndim == 4 else self.channels
             spans = []
             for c0 in range(0, self.channels, channel_chunk):
                 coord = ((c0,) if dataset.ndim == 4 else ()) + where
                 try:
-                    info = dataset.id.get_chunk_info_by_coord(coord)
+                    with HDF5_LOCK:
+                        info = dataset.id.get_chunk_info_by_coord(coord)
                 except (RuntimeError, OSError) as error:  # the chunk index itself is damaged or gone
                     raise OSError(f"{self.name}: cannot locate the block at {where} "
                                   f"({error}); the file ({size} bytes now) is truncated or corrupt") from error
@@ -352,7 +367,8 @@ class _DirectChunkReader:
         for c0 in range(0, channels, channel_chunk):
             offset = ((c0,) if dataset.ndim == 4 else ()) + tuple(origin)
             try:
-                filter_mask, raw = dataset.id.read_direct_chunk(offset)
+                with HDF5_LOCK:
+                    filter_mask, raw = dataset.id.read_direct_chunk(offset)
             except (RuntimeError, OSError):  # never written (OSError once HDF5 read it itself): the fill value
                 return False
             if filter_mask:
