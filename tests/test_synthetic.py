@@ -69,9 +69,8 @@ def test_intensity_has_texture_and_range(volume):
     assert 90 < raw.mean() < 200
     # Cells differ in mean brightness.
     raw_d, labels_d = make_em_volume((16, 128, 128), seed=2)
-    means = np.bincount(labels_d.ravel(), weights=raw_d.ravel()) / np.maximum(
-        np.bincount(labels_d.ravel()), 1
-    )
+    ids = labels_d.ravel().astype(np.intp)  # NumPy 1.x's bincount takes no uint64
+    means = np.bincount(ids, weights=raw_d.ravel()) / np.maximum(np.bincount(ids), 1)
     assert means[1:].std() > 5
 
 

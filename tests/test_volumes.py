@@ -179,12 +179,13 @@ def test_np_asarray_of_a_volume_is_its_data(small_h5, monkeypatch):
     np.testing.assert_array_equal(data[0], raw)
     assert not np.shares_memory(np.array(volume, copy=True), volume.array)
     assert np.asarray(volume, dtype=np.float32).dtype == np.float32
-    with pytest.raises(ValueError, match="needs a copy"):
-        np.asarray(volume, dtype=np.float32, copy=False)
     lazy = ef.hdf5(path, "volumes/raw", in_memory=False)
     np.testing.assert_array_equal(np.asarray(lazy)[0], raw)
-    with pytest.raises(ValueError, match="read lazily: np.asarray\\(copy=False\\) cannot give it without a copy"):
-        np.asarray(lazy, copy=False)
+    if np.lib.NumpyVersion(np.__version__) >= "2.0.0":  # np.asarray's copy= (NumPy 1.x, which emfast runs on, has none)
+        with pytest.raises(ValueError, match="needs a copy"):
+            np.asarray(volume, dtype=np.float32, copy=False)
+        with pytest.raises(ValueError, match="read lazily: np.asarray\\(copy=False\\) cannot give it without a copy"):
+            np.asarray(lazy, copy=False)
     monkeypatch.setattr(ef.io._volume, "ASARRAY_LIMIT_BYTES", raw.nbytes - 1)
     with pytest.raises(ValueError, match=r"volumes/raw: np.asarray would read the whole lazy volume, .* GiB, more "
                                          r"than the .* GiB limit; read the part you need with volume.read_box"):
