@@ -280,3 +280,20 @@ def test_info_names_an_array_it_cannot_read_instead_of_leaving_it_out(tmp_path, 
     monkeypatch.setattr(_zarr, "read_regular_file", refusing)
     assert main(["info", str(tmp_path / "s.zarr")]) == 2
     assert "cannot read the zarr metadata" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("closed", [1, 2])
+def test_a_closed_standard_stream_does_not_stop_the_work(small_h5, tmp_path, closed):
+    """``emfast convert ... 2>&-`` (standard error closed, as some schedulers leave it) converted nothing and
+    exited 1 without a word: its first progress line failed, then the error report. The work is done, the
+    closed stream's text is dropped, and nothing else is written where it was (the next file opened would have
+    taken its descriptor)."""
+    import os
+    path, raw, _ = small_h5
+    out = tmp_path / "c.zarr"
+    done = subprocess.run([sys.executable, "-m", "emfast", "convert", f"{path}/volumes/raw", f"{out}/raw"],
+                          capture_output=True, text=True, timeout=120, preexec_fn=lambda: os.close(closed),
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    np.testing.assert_array_equal(ef.open(f"{out}/raw").array[0], raw)
+    assert ("wrote" in done.stdout) == (closed == 2)

@@ -218,3 +218,24 @@ def test_a_half_made_v2_output_with_a_partial_attributes_file_is_still_emfasts(t
     assert not _zarr_holds_data(folder)
     (folder / "0.0.0").write_bytes(b"data")
     assert _zarr_holds_data(folder)
+
+
+def test_output_names_longer_than_a_file_name_may_be_are_refused_before_anything_is_made(tmp_path, capsys):
+    """A 245-character store name is a valid file name, but its lock file's is not: the error asked to move
+    away a link that did not exist; a 250-character dataset passed ``emfast check`` and failed once predict
+    had made the store, on its flags' name (``.blocks`` added)."""
+    volume = _input(tmp_path)
+    long_store, long_dataset = tmp_path / ("a" * 245 + ".zarr"), "b" * 250
+    for out in (f"{long_store}/p", f"{tmp_path}/o.zarr/{long_dataset}", f"{tmp_path}/o.zarr/{'c' * 256}/p"):
+        with pytest.raises(ValueError, match=r"more than the 255 a file name may have; choose a shorter name"):
+            ef.predict(crop, volume, out, **ARGS)
+        if long_dataset not in out:  # convert makes no companion
+            with pytest.raises(ValueError, match=r"more than the 255 a file name may have"):
+                ef.io.convert(tmp_path / "in.h5/raw", out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.h5"]
+    ef.io.convert(tmp_path / "in.h5/raw", f"{tmp_path}/o.zarr/{long_dataset}")  # convert makes no .blocks
+    config = tmp_path / "p.yaml"
+    config.write_text(f"predict:\n  model: numpy:copy\n  input: in.h5/raw\n  output: o.zarr/{long_dataset}\n"
+                      "  patch_in: [20, 20, 20]\n  patch_out: [20, 20, 20]\n")
+    assert main(["check", str(config)]) == 2
+    assert "line 4: predict.output: " in capsys.readouterr().err

@@ -61,3 +61,19 @@ def test_a_shorter_line_redrawn_in_place_covers_the_longer_one_before_it(monkeyp
     bar(0, 1)
     bar(1, 1)
     assert _screen(terminal.getvalue().rstrip("\n")).rstrip() == "[########################] 1/1 tile, done in 0 s"
+
+
+def test_a_line_redrawn_in_place_fits_the_terminals_width(monkeypatch):
+    """predict's line (83 characters) wrapped on an 80-column terminal, where the carriage return goes back to
+    its last row only: a new row per redraw (15 rows in 26 s, a helper saw under tmux)."""
+    from emfast.io._progress import ProgressBar
+    monkeypatch.setattr(_progress, "REDRAW_SECONDS", 0.0)
+    for columns in (80, 40, 20):
+        monkeypatch.setenv("COLUMNS", str(columns))
+        terminal = Terminal()
+        bar = ProgressBar(16, voxels_per_unit=10 ** 6, stream=terminal, unit="block")
+        for done in range(17):
+            bar.update(done)
+        drawn = terminal.getvalue().rstrip("\n").split("\r")[1:]
+        assert drawn and all(len(part) <= columns - 1 for part in drawn), (columns, max(map(len, drawn)))
+        assert drawn[-1].startswith("[########################] 16/16 blocks"[:columns - 2])

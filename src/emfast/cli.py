@@ -400,10 +400,36 @@ def user_error(error: BaseException) -> bool:
     return type(error).__module__.startswith("emfast.")
 
 
+def _fill_closed_standard_streams() -> None:
+    """Give a closed standard input, output or error (``2>&-``) /dev/null, and standard output or error opened
+    only to read (what a closed one is once the shell or a launcher opened a file there): the first diagnostic
+    written to a closed standard error failed, and the command with it (a conversion never made, exit 1 without
+    a word); and the next file opened would take the free descriptor, so that what is printed would go into it."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no descriptors of this kind
+        return
+    for descriptor, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            mode = fcntl.fcntl(descriptor, fcntl.F_GETFL) & os.O_ACCMODE
+            usable = descriptor == 0 or mode in (os.O_WRONLY, os.O_RDWR)
+        except OSError:
+            usable = False
+        if usable:
+            continue
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != descriptor:
+            os.dup2(null, descriptor)
+            os.close(null)
+        if getattr(sys, name) is None:  # Python found it closed at start: print(file=None) writes to stdout
+            setattr(sys, name, open(descriptor, "r" if descriptor == 0 else "w", closefd=False))
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the ``emfast`` console script; returns the exit status: 0 done, 2 a user error (told in one
     line), 1 a bug (its traceback and a request to report it), 130 interrupted, 141 the reader of its output went
     away (``emfast info ... | head``: quietly, as a command killed by SIGPIPE)."""
+    _fill_closed_standard_streams()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

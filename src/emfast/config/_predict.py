@@ -36,9 +36,10 @@ from typing import Any, Callable, List, Mapping, Optional, Union
 
 from .._checks import concerned_key
 from .._core.gather import PAD_MODES
-from ..inference import (BLENDS, CACHE_SHARE, CHUNK_EDGE, COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS,
-                         InputDtypeError, Prediction, TilePlan, block_estimate, check_fill, check_input_dtype,
-                         check_torch_device, input_cache_refusal, parse_memory, predict, too_large_block, variants)
+from ..inference import (BLENDS, CACHE_SHARE, CHUNK_EDGE, COMPRESSIONS, FLAGS_SUFFIX, PREDICT_OUTPUT_DTYPE_NAMES,
+                         TTA_COUNTS, InputDtypeError, Prediction, TilePlan, block_estimate, check_fill,
+                         check_input_dtype, check_torch_device, input_cache_refusal, parse_memory, predict,
+                         too_large_block, variants)
 from ..io import CacheBudgetError, check_compression, open_volume, parse_output
 from ..transfer import cuda_ordinal
 from ._sections import _check_normalize, _file
@@ -427,7 +428,7 @@ def predict_section(reader: Reader, value, path: Path_) -> PredictSpec:
 def _check_output(reader: Reader, output: Path, compression: Optional[str], path: Path_) -> None:
     """The output names a dataset in a .zarr or .h5 container, and the compression suits that container."""
     try:
-        _, _, kind = parse_output(output)
+        _, _, kind = parse_output(output, companions=(FLAGS_SUFFIX,))
     except ValueError as error:
         raise reader.error(path + ("output",), str(error)) from None
     if compression is not None:

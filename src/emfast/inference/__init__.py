@@ -17,11 +17,11 @@ from ._memory import CACHE_SHARE, block_estimate, input_cache_refusal, parse_mem
 from ._model import ModelOutputError, check_torch_device, model_blamed, require_torch
 from ._predict import (CHUNK_EDGE, InputDtypeError, NonFiniteWarning, Prediction, PredictProgress, SaturationWarning,
                        check_fill, check_input_dtype, predict)
-from ._store import COMPRESSIONS, PREDICT_OUTPUT_DTYPE_NAMES, BlockWriteError, OutputExistsError
+from ._store import COMPRESSIONS, FLAGS_SUFFIX, PREDICT_OUTPUT_DTYPE_NAMES, BlockWriteError, OutputExistsError
 from ._tiling import Block, TilePlan
 from ._tta import TTA_COUNTS, variants
 
-__all__ = ["BLENDS", "CACHE_SHARE", "COMPRESSIONS", "PREDICT_OUTPUT_DTYPE_NAMES", "TTA_COUNTS", "Block",
+__all__ = ["BLENDS", "CACHE_SHARE", "COMPRESSIONS", "FLAGS_SUFFIX", "PREDICT_OUTPUT_DTYPE_NAMES", "TTA_COUNTS", "Block",
            "BlockWriteError", "InputDtypeError", "ModelOutputError", "OutputExistsError", "Prediction",
            "PredictProgress", "NonFiniteWarning", "SaturationWarning", "TilePlan", "block_estimate", "check_fill",
            "check_input_dtype", "check_torch_device", "input_cache_refusal", "model_blamed", "predict",

@@ -30,7 +30,8 @@ from ._local import run_local
 from ._memory import (CACHE_SHARE, DEFAULT_MEMORY, TILES_SHARE, block_estimate, choose_block, input_cache_refusal,
                       parse_memory, too_large_block)
 from ._model import ModelCaller, check_torch_device, torch_device_name
-from ._store import PREDICT_OUTPUT_DTYPE_NAMES, PROVENANCE, OutputStore, check_compression, parse_output
+from ._store import (FLAGS_SUFFIX, PREDICT_OUTPUT_DTYPE_NAMES, PROVENANCE, OutputStore, check_compression,
+                     parse_output)
 from ._tiling import Block, TilePlan
 from ._tta import IDENTITY, TTA_COUNTS, variants
 
@@ -382,7 +383,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         channels = integer(channels, "channels")
     if client is not None and dask_missing():
         raise ImportError(dask_missing())
-    container, dataset, kind = parse_output(out)
+    container, dataset, kind = parse_output(out, companions=(FLAGS_SUFFIX,))
     if client is not None and kind != "zarr":  # refused before an output given to overwrite is replaced
         raise ValueError(f"client= writes from many processes at once, which HDF5 does not allow; write "
                          f"{container}/{dataset} as a .zarr output (emfast convert can make an HDF5 copy "

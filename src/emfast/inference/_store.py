@@ -24,6 +24,8 @@ RECORD = "emfast_predict"
 PROVENANCE = ("model", "emfast", "complete")
 #: The attribute marking the flags array as emfast's (so overwriting may remove it).
 FLAGS_RECORD = "emfast_predict_blocks"
+#: The flags array's name: the output's with this after it.
+FLAGS_SUFFIX = ".blocks"
 #: The names of the dtypes a prediction may be written as (``predict(dtype=...)``); the loader's batch dtypes
 #: (``OUTPUT_DTYPES`` in ``emfast.pipeline._loader``) are another list, of NumPy dtypes.
 PREDICT_OUTPUT_DTYPE_NAMES = ("float32", "float16", "uint8")
@@ -46,7 +48,7 @@ class OutputStore:
 
     def __init__(self, container: Path, dataset: str, kind: str) -> None:
         self.container, self.dataset, self.kind = container, dataset, kind
-        self.flags_name = dataset + ".blocks"
+        self.flags_name = dataset + FLAGS_SUFFIX
         self._writer = OutputWriter(container, dataset, kind, RECORD, refused=OutputExistsError)
         self._flags = None
         self._flag_files = False  # zarr: the ChunkFiles writing the flags' chunks (None: zarr-python); unknown yet
@@ -72,7 +74,7 @@ class OutputStore:
             or ``overwrite`` was given for something emfast did not write (another program's array, a group, a
             link).
         """
-        container, dataset, kind = parse_output(out)
+        container, dataset, kind = parse_output(out, companions=(FLAGS_SUFFIX,))
         compression = check_compression(compression, kind)
         store = cls(container, dataset, kind)
         store._writer.open_to_check()
@@ -98,7 +100,7 @@ class OutputStore:
         """Raise the OutputExistsError that :meth:`prepare` would for an output that neither ``resume`` nor
         ``overwrite`` lets this run touch, before the model is first called (:meth:`prepare` needs the model's
         channels). The caller holds ``lock``. Returns the record of an output ``resume`` may continue."""
-        container, dataset, kind = parse_output(out)
+        container, dataset, kind = parse_output(out, companions=(FLAGS_SUFFIX,))
         store = cls(container, dataset, kind)
         try:
             store._writer.open_to_check()

@@ -566,6 +566,10 @@ def remove_hdf5_output(file, dataset: str, lock: "OutputLock", delete: bool = Tr
         del file[dataset]
 
 
+#: The end of a lock file's name: ``.NAME.emfast-lock`` beside the container NAME.
+LOCK_SUFFIX = ".emfast-lock"
+
+
 class OutputLock:
     """The lock of one writer per output container, held from :meth:`acquire` to :meth:`release`.
 
@@ -576,7 +580,7 @@ class OutputLock:
     def __init__(self, container: Path) -> None:
         container = Path(container).resolve()  # one lock however the output is reached (links in its path)
         self.container = container
-        self.path = container.parent / f".{container.name}.emfast-lock"
+        self.path = container.parent / f".{container.name}{LOCK_SUFFIX}"
         self._fd: Optional[int] = None
         self._creating_before: Optional[str] = None
 

@@ -1,11 +1,13 @@
 """The one progress bar of emfast's commands (demo, convert, predict).
 
-On a terminal it redraws one line in place, at most every :data:`REDRAW_SECONDS`; on anything else (a log file, a
-pipe) it writes plain lines, one per :data:`LINE_FRACTION` of the work or per :data:`LINE_SECONDS`, so logs hold no
+On a terminal it redraws one line in place, at most every :data:`REDRAW_SECONDS`, cut to the terminal's width (a
+longer line wraps, and the carriage return then goes back to its last row only: a new row per redraw); on anything
+else (a log file, a pipe) it writes plain lines, one per :data:`LINE_FRACTION` of the work or per :data:`LINE_SECONDS`, so logs hold no
 carriage returns and stay short. The time left is "estimating" until the first unit is done.
 """
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from typing import Optional, TextIO
@@ -83,7 +85,9 @@ class ProgressBar:
         finished = done >= self.total
         if self.interactive:
             if finished or now - self._drawn_at >= REDRAW_SECONDS:
-                line = self.line(done)  # padded over what a longer line before it left on the screen
+                # within the width less one column (a character in the last one wraps on many terminals), padded
+                # over what a longer line before it left on the screen
+                line = self.line(done)[:max(1, shutil.get_terminal_size().columns - 2)]
                 self.stream.write("\r" + line.ljust(self._drawn_width) + " ")
                 self._drawn_width = len(line)
                 self._open_line = True

@@ -19,6 +19,7 @@ What both commands share lives here once:
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence, Tuple, Type
@@ -28,10 +29,10 @@ import numpy as np
 from ._chunkfiles import chunk_files
 from ._hdf5 import open_hdf5
 from ._open import split_path
-from ._outputs import (NotOwnOutputError, OutputLock, add_ome_multiscales, check_zarr_container, input_changed,
-                       open_hdf5_for_writing, option, refuse_hdf5_in_use, remove_folder, remove_hdf5_output,
-                       remove_leftovers, remove_partial_files, remove_zarr_output, set_aside, zarr_geometry,
-                       zarr_store_format)
+from ._outputs import (LOCK_SUFFIX, NotOwnOutputError, OutputLock, add_ome_multiscales, check_zarr_container,
+                       input_changed, open_hdf5_for_writing, option, refuse_hdf5_in_use, remove_folder,
+                       remove_hdf5_output, remove_leftovers, remove_partial_files, remove_zarr_output, set_aside,
+                       zarr_geometry, zarr_store_format)
 
 #: Output codecs, for zarr; HDF5 takes gzip and none.
 COMPRESSIONS = ("zstd", "blosc", "gzip", "none")
@@ -41,12 +42,30 @@ DEFAULT_COMPRESSIONS = {"zarr": "zstd", "hdf5": "gzip"}
 NOT_EMFAST = {"written by": "something other than emfast"}
 
 
-def parse_output(out, name: str = "out") -> Tuple[Path, str, str]:
+#: The most bytes of one name in a path on common file systems (ext4, XFS, btrfs, APFS).
+NAME_MAX = 255
+
+
+def parse_output(out, name: str = "out", companions: Sequence[str] = ()) -> Tuple[Path, str, str]:
     """(container, dataset, "zarr" or "hdf5") of ``out`` (``pred.zarr/affinities`` or ``pred.h5/affinities``);
-    ValueError naming the argument ``name`` otherwise."""
+    ValueError naming the argument ``name`` otherwise, or where a file name emfast makes for it would be longer
+    than a file system takes (its lock file beside the container; a zarr dataset's names, and its name with each
+    of ``companions``' suffixes, such as predict's ``.blocks``): the lock's "File name too long" asked to move
+    away a link that did not exist, and a dataset's companion failed once the output was made."""
     container, dataset, kind = split_path(out)
     if kind not in ("zarr", "hdf5") or not dataset:
         raise ValueError(f"{name} must name a dataset in a .zarr or .h5 container, e.g. out.zarr/raw; got {out}")
+    names = [(f".{container.name}{LOCK_SUFFIX}", "emfast's lock file beside the container")]
+    if kind == "zarr":
+        *groups, last = dataset.split("/")
+        names += [(group, "a group of the dataset") for group in groups]
+        names += [(last + suffix, f"the dataset's companion {suffix}" if suffix else "the dataset")
+                  for suffix in ("", *companions)]
+    for file_name, what in names:
+        if len(os.fsencode(file_name)) > NAME_MAX:
+            raise ValueError(f"{name}={out}: {what} would be named {file_name[:24]}...{file_name[-24:]}, "
+                             f"{len(os.fsencode(file_name))} bytes, more than the {NAME_MAX} a file name may have; "
+                             "choose a shorter name")
     return container, dataset, kind
 
 
