@@ -167,6 +167,15 @@ def test_a_store_of_many_small_chunks_reads_within_a_low_descriptor_limit(tmp_pa
     assert "ulimit -n" in refused and "limit of" in refused, refused
 
 
+def test_no_descriptor_limit_bounds_nothing(monkeypatch):
+    """RLIM_INFINITY (BSD, macOS) gave the tightest bound, one call at a time (a review)."""
+    import resource
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert _filebatch._OpenFiles._most() > 1 << 20
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 4096))
+    assert _filebatch._OpenFiles._most() == 256
+
+
 def test_where_the_compiled_reader_reads_nothing_python_reads_the_files(tmp_path, monkeypatch):
     """Windows builds report every file unsupported: the same contents come from Python's reads."""
     rng = np.random.default_rng(3)

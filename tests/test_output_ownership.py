@@ -239,3 +239,30 @@ def test_output_names_longer_than_a_file_name_may_be_are_refused_before_anything
                       "  patch_in: [20, 20, 20]\n  patch_out: [20, 20, 20]\n")
     assert main(["check", str(config)]) == 2
     assert "line 4: predict.output: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dataset", ["a" * 230, "a" * 200 + "/" + "b" * 200])
+def test_long_dataset_names_that_fit_a_file_name_predict_and_overwrite(tmp_path, dataset):
+    """A review: datasets of 210 to 248 characters failed after every model call (the kept-tiles folder's and
+    the set-aside names, which add to the dataset's), and one of two 200-character names when overwritten."""
+    volume = np.random.default_rng(1).integers(0, 256, (23, 41, 37), dtype=np.uint8)
+    settings = dict(patch_in=(8, 16, 16), overlap=(2, 4, 4), chunks=(8, 8, 8), block=(8, 8, 8), batch_size=2)
+    for overwrite in (False, True):
+        ef.predict(lambda batch: batch, volume, f"{tmp_path}/out.zarr/{dataset}", overwrite=overwrite, **settings)
+    np.testing.assert_array_equal(ef.open(f"{tmp_path}/out.zarr/{dataset}").array[0],
+                                  volume.astype(np.float32) * np.float32(1 / 255))
+    ef.predict(lambda batch: batch, volume, f"{tmp_path}/out.h5/{dataset}", **settings)  # no file-name limit inside
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.h5.emfast-lock", ".out.zarr.emfast-lock", "out.h5",
+                                                          "out.zarr"]
+
+
+def test_an_hdf5_output_this_process_has_open_to_read_is_refused_before_the_model_runs(tmp_path):
+    """Opened read-only here (a lazy volume of the previous prediction), HDF5 refuses to open it to write: the
+    busy check let it through as this process's own, and the model ran first (a review)."""
+    volume = _input(tmp_path)
+    calls = []
+    ef.predict(crop, volume, tmp_path / "out.h5/old", **ARGS)
+    with h5py.File(tmp_path / "out.h5", "r"):
+        with pytest.raises(ef.io._outputs.OutputBusyError, match="this process has it open to read only"):
+            ef.predict(lambda batch: calls.append(1) or crop(batch), volume, tmp_path / "out.h5/new", **ARGS)
+    assert calls == []

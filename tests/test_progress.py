@@ -77,3 +77,20 @@ def test_a_line_redrawn_in_place_fits_the_terminals_width(monkeypatch):
         drawn = terminal.getvalue().rstrip("\n").split("\r")[1:]
         assert drawn and all(len(part) <= columns - 1 for part in drawn), (columns, max(map(len, drawn)))
         assert drawn[-1].startswith("[########################] 16/16 blocks"[:columns - 2])
+
+
+def test_the_width_is_that_of_the_terminal_the_bar_writes_to(monkeypatch):
+    """shutil asks standard output's terminal, which ``emfast predict ... > log`` makes a file: the bar on a
+    60-column terminal was cut to 78 (a review)."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+    from emfast.io._progress import ProgressBar
+    monkeypatch.delenv("COLUMNS", raising=False)
+    main, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 60, 0, 0))
+    with open(follower, "w", closefd=True) as terminal:
+        assert ProgressBar(16, stream=terminal)._columns() == 60
+    os.close(main)

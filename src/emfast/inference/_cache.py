@@ -29,12 +29,14 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from ..io import remove_folder, remove_leftovers
+from ..io import REMOVING_TAIL, remove_folder, remove_leftovers
 
 #: The file in the folder holding the record of the prediction its tiles belong to.
 RECORD_FILE = "record.json"
 #: The most bytes of a file name on common file systems (ext4, XFS, APFS, NTFS in UTF-16 units).
 NAME_MAX = 255
+#: What a folder of kept tiles is renamed with to be deleted (then a unique tail, see ``remove_folder``).
+REMOVING = ".emfast-removing"
 
 
 class TileCache:
@@ -66,10 +68,11 @@ class TileCache:
     def beside(cls, container: Path, dataset: str, memory_limit: int = 0) -> "TileCache":
         escaped = dataset.replace("%", "%25").replace("/", "%2F").replace("+", "%2B")
         name = f".{container.name}+{escaped}.emfast-tiles"
-        if len(os.fsencode(name)) > NAME_MAX:  # a long (or long non-ASCII) dataset name: its digest instead
-            name = f".{container.name}+{hashlib.sha256(dataset.encode()).hexdigest()[:32]}.emfast-tiles"
+        if not _fits(name):  # a long (or long non-ASCII) name: the output's digest instead
+            name = f".{hashlib.sha256(f'{container.name}/{dataset}'.encode()).hexdigest()[:32]}.emfast-tiles"
         cache = cls(container.parent / name, memory_limit)
-        cache.legacy = container.parent / f".{container.name}.{dataset.replace('/', '.')}.emfast-tiles"
+        legacy = f".{container.name}.{dataset.replace('/', '.')}.emfast-tiles"
+        cache.legacy = container.parent / legacy if _fits(legacy) else None  # none could be made
         return cache
 
     def open(self, record: dict, resume: bool) -> None:
@@ -174,10 +177,16 @@ class TileCache:
                                   "tiles there: move it away")
 
 
+def _fits(name: str) -> bool:
+    """Whether a folder of kept tiles may be named ``name``, and moved aside to be deleted (see
+    :func:`_remove_kept`), within a file name's bytes."""
+    return len(os.fsencode(f"{name}{REMOVING}{REMOVING_TAIL}")) <= NAME_MAX
+
+
 def _remove_kept(folder: Path) -> bool:
     """Delete ``folder`` if it is a folder of kept tiles (it holds the record file); whether it was one. A failure
     is a warning: kept tiles are scratch, so what cannot be deleted loses nothing."""
-    aside = folder.parent / f"{folder.name}.emfast-removing"
+    aside = folder.parent / f"{folder.name}{REMOVING}"
     remove_leftovers(aside)
     if not (folder.is_dir() and not folder.is_symlink() and (folder / RECORD_FILE).is_file()):
         return False

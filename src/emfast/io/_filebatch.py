@@ -55,7 +55,9 @@ class _OpenFiles:
             soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         except (ImportError, OSError, ValueError):
             return FILES_PER_CALL
-        return FILES_PER_CALL if soft == resource.RLIM_INFINITY else max(FILES_PER_CALL, soft // DESCRIPTOR_SHARE)
+        if soft == resource.RLIM_INFINITY:  # no limit (BSD, macOS can have it): none to share
+            return 1 << 40
+        return max(FILES_PER_CALL, soft // DESCRIPTOR_SHARE)
 
     @contextlib.contextmanager
     def held(self, count: int) -> Iterator[None]:

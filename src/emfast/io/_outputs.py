@@ -295,6 +295,12 @@ def remove_zarr_output(container: Path, dataset: str, lock: "OutputLock", delete
         remove_folder(folder, set_aside(container, dataset))
 
 
+#: The unique tail :func:`remove_folder` adds to the name it moves a folder to: "-" and this many hex digits.
+REMOVING_TAIL_DIGITS = 12
+#: Characters that tail adds (for checks of names' lengths).
+REMOVING_TAIL = "-" + "0" * REMOVING_TAIL_DIGITS
+
+
 def remove_folder(folder: Path, aside: Path) -> None:
     """Delete ``folder`` so that a kill leaves it whole or gone, never half of it (which could no longer be told
     for emfast's): renamed beside ``aside`` first (``aside`` plus a unique suffix; outside any zarr group, where
@@ -302,7 +308,7 @@ def remove_folder(folder: Path, aside: Path) -> None:
     next call, or :func:`remove_leftovers`. Where the rename cannot be made (``aside`` on another file system)
     the folder is deleted in place. An OSError names what is left."""
     remove_leftovers(aside)
-    moved = aside.with_name(f"{aside.name}-{uuid.uuid4().hex[:12]}")
+    moved = aside.with_name(f"{aside.name}-{uuid.uuid4().hex[:REMOVING_TAIL_DIGITS]}")
     try:
         os.rename(folder, moved)
     except OSError as error:
@@ -330,8 +336,13 @@ def remove_leftovers(aside: Path) -> None:
 
 def set_aside(container: Path, dataset: str) -> Path:
     """Where :func:`remove_folder` moves the zarr array ``container/dataset`` before deleting it: beside the
-    container, as ``.CONTAINER.DATASET.emfast-removing`` (inside it, zarr and ``emfast info`` would list it)."""
-    return container.parent / f".{container.name}.{dataset.strip('/').replace('/', '.')}.emfast-removing"
+    container, as ``.CONTAINER.DATASET.emfast-removing`` (inside it, zarr and ``emfast info`` would list it), or,
+    where that name (with the tail a removal adds) would pass a file name's 255 bytes (a dataset of two long
+    names: 'File name too long' once its output was to be replaced), as ``.DIGEST.emfast-removing``."""
+    name = f".{container.name}.{dataset.strip('/').replace('/', '.')}.emfast-removing"
+    if len(os.fsencode(name + REMOVING_TAIL)) > 255:
+        name = f".{hashlib.sha256(f'{container.name}/{dataset}'.encode()).hexdigest()[:32]}.emfast-removing"
+    return container.parent / name
 
 
 def _zarr_metadata(folder: Path) -> Optional[dict]:
@@ -508,13 +519,16 @@ def open_hdf5_for_writing(path: Path):
 def refuse_hdf5_in_use(path: Path) -> None:
     """OutputBusyError if another program has the HDF5 file ``path`` open where HDF5 locks files (the default):
     the lock a reader holds refuses :func:`open_hdf5_for_writing`, and this asks it without opening the file as
-    HDF5, so that the refusal comes before the model's first call. A file this process has open is left to that
-    opening: its own lock would be taken for another program's (HDF5 shares a file open to write within a
-    process, and names one open read-only)."""
+    HDF5, so that the refusal comes before the model's first call. A file this process has open is told apart
+    (its own lock would be taken for another program's): open to write, HDF5 shares it, and it is left to that
+    opening; open only to read, HDF5 refuses to open it to write, and so does this, naming this process."""
+    if _open_in_this_process(path) == "write":
+        return
+    if _open_in_this_process(path) == "read":
+        raise OutputBusyError(f"cannot write {path}: this process has it open to read only (an emfast volume read "
+                              "lazily, or an h5py.File opened with 'r'); close it, then run again")
     if os.environ.get("HDF5_USE_FILE_LOCKING") in ("FALSE", "0"):  # as HDF5 reads it (not "false")
         return  # HDF5 takes no lock: the file opens for writing whoever reads it
-    if _open_in_this_process(path):
-        return
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
@@ -531,17 +545,21 @@ def refuse_hdf5_in_use(path: Path) -> None:
         os.close(fd)
 
 
-def _open_in_this_process(path: Path) -> bool:
-    """Whether HDF5 has the file ``path`` open in this process (through h5py, or emfast's own volumes)."""
+def _open_in_this_process(path: Path) -> Optional[str]:
+    """How HDF5 has the file ``path`` open in this process (through h5py, or emfast's own volumes): "write" if
+    any opening may write, "read" if only read, None if not open here."""
     import h5py
 
+    intents = set()
     for file in h5py.h5f.get_obj_ids(types=h5py.h5f.OBJ_FILE):
         try:
             if os.path.samefile(os.fsdecode(file.name), path):
-                return True
+                intents.add(file.get_intent())
         except OSError:  # a file since removed or renamed: not this one
             continue
-    return False
+    if not intents:
+        return None
+    return "read" if intents == {h5py.h5f.ACC_RDONLY} else "write"
 
 
 def remove_hdf5_output(file, dataset: str, lock: "OutputLock", delete: bool = True) -> None:

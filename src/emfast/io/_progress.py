@@ -7,6 +7,7 @@ carriage returns and stay short. The time left is "estimating" until the first u
 """
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -87,7 +88,7 @@ class ProgressBar:
             if finished or now - self._drawn_at >= REDRAW_SECONDS:
                 # within the width less one column (a character in the last one wraps on many terminals), padded
                 # over what a longer line before it left on the screen
-                line = self.line(done)[:max(1, shutil.get_terminal_size().columns - 2)]
+                line = self.line(done)[:max(1, self._columns() - 2)]
                 self.stream.write("\r" + line.ljust(self._drawn_width) + " ")
                 self._drawn_width = len(line)
                 self._open_line = True
@@ -98,6 +99,16 @@ class ProgressBar:
             self.stream.write(self.line(done) + "\n")
             self._line_done, self._drawn_at = done, now
         self.stream.flush()
+
+    def _columns(self) -> int:
+        """The width of the terminal the bar writes to (``COLUMNS`` if set): shutil asks standard output's, which
+        ``emfast predict ... > log`` sends to a file (80 columns then assumed, where the bar's terminal may be 60)."""
+        if os.environ.get("COLUMNS", "").isdigit():
+            return int(os.environ["COLUMNS"])
+        try:
+            return os.get_terminal_size(self.stream.fileno()).columns
+        except (AttributeError, OSError, ValueError):  # no descriptor (a StringIO), or none of a terminal
+            return shutil.get_terminal_size().columns
 
     def _line_due(self, done: int, now: float, finished: bool) -> bool:
         if self._line_done is None:
