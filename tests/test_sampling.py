@@ -394,6 +394,23 @@ def test_tiled_last_batch_and_shards(last, world_size):
     assert sum(len(s) for s in shards) == 30 and len(set.union(*shards)) == 30
 
 
+def test_a_rank_without_tiles_makes_its_batches_of_none_as_the_others_expect():
+    """One tile over two ranks (a small validation set on many GPUs): rank 1 refused to build ("1 tiles leave
+    none for rank 1 of 2"), where the docs promise every rank as many batches, the short one's of valid = 0."""
+    regions = [region(lo=(0, 0, 0), hi=(2, 2, 2), mask=np.ones((2, 2, 2), np.uint8))]
+    for rank in range(3):
+        sampler = Tiled()
+        sampler.bind(regions, np.array([[2, 2, 2]]), 4, rank, 3)
+        (draw,) = tiled_draws(sampler, 4)
+        assert draw.valid == (1 if rank == 0 else 0) and (draw.corners == 0).all() and (draw.volumes == 0).all()
+    with pytest.raises(ValueError, match="leave none for rank 1 of 3 to roll through"):
+        Tiled(last="roll").bind(regions, np.array([[2, 2, 2]]), 4, 1, 3)
+    raw = np.random.default_rng(0).integers(0, 256, (2, 8, 8), dtype=np.uint8)
+    with ef.Loader(raw, patch=(2, 8, 8), batch_size=2, sampler="tiled", augment=(), rank=1, world_size=2) as loader:
+        batches = list(loader)
+        assert len(batches) == 1 and batches[0].valid == 0
+
+
 def test_tiled_errors():
     regions = [region(mask=np.ones((4, 8, 8), np.uint8))]
     with pytest.raises(ValueError, match="same extent"):

@@ -38,11 +38,12 @@ class Tiled(Sampler):
 
     - ``last="keep"``: ``ceil(m / B)`` batches; batch k has ``valid = clip(n - k * B, 0, B)`` real examples and
       repeats the shard's last tile in the remaining places (a shard one tile short of the largest may end with
-      a batch of ``valid = 0``).
+      a batch of ``valid = 0``; a shard of no tile, with fewer tiles than ranks, makes its batch of
+      ``valid = 0`` from tile 0, as torch's DistributedSampler pads a rank with others' samples).
     - ``last="drop"``: ``floor(T / W) // B`` batches (the smallest shard's full batches), all full; a shard's
       tiles beyond them are never delivered.
-    - ``last="roll"``: ``ceil(m / B)`` batches, all full: the sequence wraps around, so place p of the epoch
-      (``p = batch * B + example``) gets the shard's tile ``p % n``; with ``n >= B`` the first
+    - ``last="roll"``: ``ceil(m / B)`` batches, all full (so every shard needs a tile of its own): the sequence
+      wraps around, so place p of the epoch (``p = batch * B + example``) gets the shard's tile ``p % n``; with ``n >= B`` the first
       ``ceil(m / B) * B - n`` tiles come twice, at the start and again at the end of the last batch, and with
       fewer tiles than ``B`` the one batch cycles through them (3 tiles, B = 8: 0, 1, 2, 0, 1, 2, 0, 1). Every
       epoch is the same.
@@ -103,8 +104,9 @@ class Tiled(Sampler):
         self.batch_size = int(batch_size)
         self.rank, self.world_size = int(rank), int(world_size)
         self.shard_tiles = len(range(self.rank, self.tiles, self.world_size))
-        if self.shard_tiles == 0:
-            raise ValueError(f"{self!r}: {self.tiles} tiles leave none for rank {rank} of {world_size}")
+        if self.shard_tiles == 0 and self.last == "roll":
+            raise ValueError(f"{self!r}: {self.tiles} tiles leave none for rank {rank} of {world_size} to roll "
+                             "through; with last='keep' its batch holds valid = 0 examples")
         if self.last == "drop" and self.tiles // self.world_size < self.batch_size:
             raise ValueError(f"{self!r}: a shard of {self.tiles // self.world_size} tiles (of {self.tiles} over "
                              f"{world_size}) is smaller than batch_size={batch_size}, so last='drop' leaves no "
@@ -141,8 +143,8 @@ class Tiled(Sampler):
             places = np.minimum(places, self.shard_tiles - 1)
         volumes = np.empty(self.batch_size, dtype=np.int64)
         corners = np.empty((self.batch_size, 3), dtype=np.int64)
-        for n, place in enumerate(places.tolist()):
-            volumes[n], corners[n] = self.tile(self.rank + place * self.world_size)
+        for n, place in enumerate(places.tolist()):  # an empty shard's places (valid = 0): tile 0
+            volumes[n], corners[n] = self.tile(self.rank + place * self.world_size if self.shard_tiles else 0)
         return Draw(volumes=volumes, corners=corners, valid=valid)
 
     def __repr__(self) -> str:
