@@ -428,6 +428,20 @@ def test_a_missing_optional_dependency_is_named(tmp_path, raw, monkeypatch):
         ef.open(tmp_path / "s.zarr/raw")
     monkeypatch.setitem(sys.modules, "tensorstore", None)
     assert "pip install 'emfast[tensorstore]'" in tensorstore_missing()
+    # one built for another NumPy (tensorstore 0.1.60 under NumPy 2) raised AttributeError past this check
+    (tmp_path / "broken" / "tensorstore").mkdir(parents=True)
+    (tmp_path / "broken" / "tensorstore" / "__init__.py").write_text("raise AttributeError('_ARRAY_API not found')")
+    monkeypatch.delitem(sys.modules, "tensorstore")
+    monkeypatch.syspath_prepend(str(tmp_path / "broken"))
+    assert "cannot be imported here (AttributeError: _ARRAY_API not found)" in tensorstore_missing()
+    import fsspec
+    from emfast.io._remote import remote_missing
+    monkeypatch.setattr(fsspec, "__version__", "2024.3.0")  # its forked children hung on the parent's event loop
+    assert "needs fsspec 2025.3.2 or later (this is 2024.3.0" in remote_missing()
+    with pytest.raises(ImportError, match="needs fsspec 2025.3.2 or later"):
+        ef.open("http://127.0.0.1:9/s.zarr/raw", in_memory=False)
+    monkeypatch.setattr(fsspec, "__version__", "2025.3.2.post1")
+    assert remote_missing() is None
 
 
 def test_convert_hdf5_to_zarr_resumes_byte_identical_and_never_clobbers(tmp_path, rng, monkeypatch, capsys):

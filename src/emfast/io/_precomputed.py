@@ -49,8 +49,10 @@ def tensorstore_missing() -> Optional[str]:
     """Why precomputed volumes cannot be read here, or None if they can."""
     try:
         import tensorstore  # noqa: F401
-    except ImportError as error:
-        return f"reading neuroglancer precomputed needs tensorstore ({error}); pip install 'emfast[tensorstore]'"
+    except Exception as error:  # noqa: BLE001 - also one built for another NumPy (0.1.60 under NumPy 2: AttributeError)
+        return (f"reading neuroglancer precomputed needs tensorstore, which cannot be imported here "
+                f"({type(error).__name__}: {error}); pip install 'emfast[tensorstore]' installs one that can "
+                "(with -U over an older one)")
     return None
 
 

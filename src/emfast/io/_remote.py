@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hashlib
+import itertools
 import os
 import random
 import threading
@@ -74,14 +75,34 @@ def is_url(path) -> bool:
     return isinstance(path, str) and urlsplit(path).scheme.lower() in SCHEMES and "://" in path
 
 
+#: The oldest fsspec that resets its event loop in a forked child: with an older one a lazy remote volume read in a
+#: forked process (a DataLoader worker) waited for ever on the parent's loop, which no thread runs there.
+FSSPEC_AT_LEAST = (2025, 3, 2)
+
+
 def remote_missing() -> Optional[str]:
     """Why remote stores cannot be read here, or None if they can."""
     try:
-        import fsspec  # noqa: F401
+        import fsspec
         import aiohttp  # noqa: F401
     except ImportError as error:
         return f"reading remote stores needs fsspec and aiohttp ({error}); pip install 'emfast[remote]'"
+    if _release(fsspec.__version__) < FSSPEC_AT_LEAST:
+        return (f"reading remote stores needs fsspec {'.'.join(map(str, FSSPEC_AT_LEAST))} or later (this is "
+                f"{fsspec.__version__}, whose forked processes, such as DataLoader workers, hang on a remote read); "
+                "pip install -U 'emfast[remote]'")
     return None
+
+
+def _release(version: str) -> tuple:
+    """The leading numbers of a version string ("2025.3.2.post1" -> (2025, 3, 2))."""
+    numbers = []
+    for part in version.split(".")[:3]:
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        numbers.append(int(digits))
+    return tuple(numbers)
 
 
 _abandon = threading.local()
