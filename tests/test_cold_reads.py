@@ -75,6 +75,41 @@ def test_sharded_zarr_python_reads_exactly_through_the_shard_index(tmp_path, dty
     assert reader.parallel_reads == (compressor is not None)
 
 
+def test_codec_settings_given_as_zarr_3_2_gives_them(tmp_path):
+    """zarr 3.2 on (what pip installs on Python 3.12) gives codec settings as strings where 3.1 gave enums:
+    ``.value`` raised AttributeError (a helper's 3.12 run: no sharded store read, no chunk written), and a
+    big-endian shard index would have passed for a little-endian one."""
+    import copy
+    from pathlib import Path
+    from types import SimpleNamespace
+    from emfast.io import _zarr
+    from emfast.io._chunkfiles import _v3_compressor
+
+    def as_text(codec, **settings):  # a copy (zarr may share codec objects) with settings as zarr 3.2 holds them
+        codec = copy.copy(codec)
+        for name, value in settings.items():
+            object.__setattr__(codec, name, value)  # frozen dataclasses
+        return codec
+
+    def reader(index_endian):
+        sharding = array.metadata.codecs[0]
+        inner = (as_text(sharding.codecs[0], endian="little"),
+                 as_text(sharding.codecs[1], shuffle="shuffle", cname="zstd"))
+        index = (as_text(sharding.index_codecs[0], endian=index_endian), sharding.index_codecs[1])
+        codecs = (as_text(sharding, index_location="end", codecs=inner, index_codecs=index),)
+        posing = SimpleNamespace(metadata=SimpleNamespace(codecs=codecs), shards=array.shards, dtype=array.dtype,
+                                 chunks=array.chunks, shape=array.shape, serializer=inner[0],
+                                 fill_value=array.fill_value)
+        return ShardedChunks.for_array(posing, Path(tmp_path / "s.zarr"), _zarr._decoder, _zarr._decoder_into), inner
+
+    data = random_volume(np.uint16)
+    array = write_sharded_zarr_python(tmp_path / "s.zarr", data, zarr.codecs.BloscCodec())
+    found, inner = reader("little")
+    assert found is not None and found._at_end
+    assert _v3_compressor(inner, 2).cname == "zstd"
+    assert reader("big")[0] is None
+
+
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.float32])
 @pytest.mark.parametrize("index_location", ["end", "start"])
 def test_sharded_zarr3_written_by_tensorstore(tmp_path, dtype, index_location):

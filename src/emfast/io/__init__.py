@@ -26,7 +26,7 @@ from ._remote import ReadAbandoned, RemoteReadError, RemoteStore, abandoned_when
 from ._source import (CorruptChunkError, DatasetNotFoundError, LevelChoiceError, Stamp, StoreMetadataError,
                       VolumeSource, local_path)
 from ._volume import ASARRAY_LIMIT_BYTES, Volume, VolumeTooLargeError, as_volume
-from ._zarr import ZarrSource, import_zarr, zarr_missing
+from ._zarr import ZarrSource, import_zarr, local_store, zarr_missing
 from ._writer import COMPRESSIONS, OutputWriter, check_compression, compared_record, parse_output, zarr_compressor
 
 __all__ = [
@@ -75,6 +75,7 @@ __all__ = [
     "demo_volume_path",
     "hdf5",
     "import_zarr",
+    "local_store",
     "is_url",
     "list_datasets",
     "local_path",

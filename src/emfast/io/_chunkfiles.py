@@ -25,6 +25,7 @@ import numpy as np
 
 from .._machine import cores
 from .._threads import join_all, start_thread
+from ._metadata import zarr_text
 from ._source import fill_value
 
 #: v3 Blosc shuffle names as numcodecs numbers them.
@@ -39,8 +40,7 @@ def _v3_compressor(codecs, itemsize: int):
 
     if not codecs or not isinstance(codecs[0], BytesCodec) or len(codecs) > 2:
         return False
-    endian = getattr(codecs[0].endian, "value", codecs[0].endian)
-    if endian not in (None, "little"):
+    if zarr_text(codecs[0].endian) not in (None, "little"):
         return False
     if len(codecs) == 1:
         return None
@@ -50,8 +50,8 @@ def _v3_compressor(codecs, itemsize: int):
     if isinstance(codec, GzipCodec):
         return numcodecs.GZip(level=codec.level)
     if isinstance(codec, BloscCodec) and codec.typesize == itemsize:
-        return numcodecs.Blosc(cname=codec.cname.value, clevel=codec.clevel,
-                               shuffle=_BLOSC_SHUFFLES[codec.shuffle.value], blocksize=codec.blocksize)
+        return numcodecs.Blosc(cname=zarr_text(codec.cname), clevel=codec.clevel,
+                               shuffle=_BLOSC_SHUFFLES[zarr_text(codec.shuffle)], blocksize=codec.blocksize)
     return False
 
 
@@ -74,8 +74,7 @@ def chunk_files(array) -> Optional["ChunkFiles"]:
             return None
         compressor = metadata.compressor
     else:
-        from zarr.core.chunk_grids import RegularChunkGrid
-        if not isinstance(metadata.chunk_grid, RegularChunkGrid):
+        if metadata.to_dict()["chunk_grid"]["name"] != "regular":  # by the spec's name: its class moved in 3.2
             return None
         compressor = _v3_compressor(metadata.codecs, dtype.itemsize)
         if compressor is False:

@@ -17,7 +17,8 @@ from ._precomputed import PrecomputedSource, is_precomputed
 from ._remote import RemoteStore
 from ._source import DatasetNotFoundError, read_regular_file, unlistable
 from ._volume import Volume
-from ._zarr import GROUP_MARKERS, ZarrSource, arrays_on_disk, import_zarr, refuse_special_metadata
+from ._zarr import (GROUP_MARKERS, ZarrSource, arrays_on_disk, import_zarr, local_store,
+                    refuse_special_metadata)
 
 
 def not_found(container, inner: str, members: Callable[[str], Optional[List[str]]]) -> DatasetNotFoundError:
@@ -184,7 +185,7 @@ def _zarr_arrays(container: Path, inner: str) -> List[str]:
     names = arrays_on_disk(container, inner) if (container / inner).is_dir() else []
     if names and not any((container / m).is_file() for m in GROUP_MARKERS):
         return [f"{inner}/{name}".strip("/.") if name != "." else inner for name in names]  # no root group
-    root = zarr.open(store=str(container), mode="r")
+    root = zarr.open(store=local_store(container), mode="r")
     try:
         node = root[inner] if inner else root
     except KeyError:

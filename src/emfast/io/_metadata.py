@@ -83,3 +83,10 @@ def deprecated_level(level: Optional[int], scale: Optional[int], where: str) -> 
                          f"scale={scale!r}")
     warnings.warn(f"{where}: scale= is deprecated; use level= (the same index)", DeprecationWarning, stacklevel=3)
     return scale
+
+
+def zarr_text(setting) -> Any:
+    """A zarr-python codec setting (an endianness, a blosc shuffle, a shard index's location) as its text: zarr
+    3.1 gives enums, 3.2 on plain strings (``.value`` of one raised AttributeError, and emfast read no sharded
+    store and wrote no chunk with zarr 3.4, which Python 3.12 installs)."""
+    return getattr(setting, "value", setting)

@@ -428,11 +428,11 @@ def add_ome_pyramid(container: Path, dataset: str, ndim: int, levels: Sequence[t
     """Describe the zarr group ``container/dataset`` as an OME-NGFF multiscale image of ``levels`` (path, voxel
     size, offset in nm, finest first), unless it describes an image of other datasets already (``replace``:
     whatever it describes)."""
-    from ._zarr import import_zarr
+    from ._zarr import import_zarr, local_store
 
     if ndim not in OUTPUT_AXES:
         return
-    group = import_zarr("writing").open_group(str(container), path=dataset, mode="r+")
+    group = import_zarr("writing").open_group(local_store(container, writable=True), path=dataset, mode="r+")
     _describe_image(group, dataset.rpartition("/")[2], ndim, levels, replace)
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from ._decode import SideBySide
 from ._filebatch import BATCH_BYTES, lent_buffer, read_regular_files
+from ._metadata import zarr_text
 from ._source import CorruptChunkError, Stamp, add_transfer_time, decoded_into, fill_value, require_kind
 
 #: Index entry of an inner chunk that was never written (offset and length both).
@@ -69,7 +70,7 @@ class ShardedChunks:
         self._index_bytes = 16 * int(np.prod(self._per_shard)) + 4 * checksum
         self._dtype = np.dtype(array.dtype)
         if self._dtype.itemsize > 1 and array.serializer.endian is not None:
-            self._dtype = self._dtype.newbyteorder("<" if array.serializer.endian.value == "little" else ">")
+            self._dtype = self._dtype.newbyteorder("<" if zarr_text(array.serializer.endian) == "little" else ">")
         self._fill = fill_value(array.fill_value, self._dtype)
         self._indexes: "OrderedDict[str, Tuple[Tuple[int, int], np.ndarray]]" = OrderedDict()
         self._lock = threading.Lock()
@@ -97,11 +98,11 @@ class ShardedChunks:
         decode = decoder(inner[1]) if len(inner) == 2 else (lambda data: data)
         into = decoder_into(inner[1]) if len(inner) == 2 else None
         index = list(sharding.index_codecs)
-        little = isinstance(index[0], BytesCodec) and getattr(index[0].endian, "value", "little") == "little"
+        little = isinstance(index[0], BytesCodec) and zarr_text(index[0].endian) in (None, "little")
         checksum = len(index) == 2 and isinstance(index[1], Crc32cCodec)
         if decode is None or not little or len(index) != 1 + checksum:
             return None
-        return cls(array, directory, decode, into, checksum, sharding.index_location.value == "end")
+        return cls(array, directory, decode, into, checksum, zarr_text(sharding.index_location) == "end")
 
     def _one_chunk(self, corner, extent) -> bool:
         """Whether the box is exactly one inner chunk of a 3-D array."""

@@ -163,11 +163,12 @@ class OutputWriter:
         if self.kind == "hdf5":
             self.root = open_hdf5_for_writing(self.container)
         else:
-            from ._zarr import import_zarr
+            from ._zarr import import_zarr, local_store
             check_zarr_container(self.container)
             # a root of the other format over an existing store would hide the store's arrays
             self.zarr_format = zarr_store_format(self.container) or self.zarr_format
-            self.root = import_zarr("writing").open_group(str(self.container), mode="a", zarr_format=self.zarr_format)
+            self.root = import_zarr("writing").open_group(local_store(self.container, writable=True), mode="a",
+                                                          zarr_format=self.zarr_format)
         return self
 
     def node(self, name: str):
@@ -175,10 +176,10 @@ class OutputWriter:
         if self.kind == "hdf5":
             return None if self.root is None else self.root.get(name)
         if self.root is None:  # opened to check: read-only, and no root group made where the store has none
-            from ._zarr import ARRAY_MARKERS, GROUP_MARKERS, import_zarr
+            from ._zarr import ARRAY_MARKERS, GROUP_MARKERS, import_zarr, local_store
             if not any((self.container / name / marker).is_file() for marker in ARRAY_MARKERS + GROUP_MARKERS):
                 return None
-            return import_zarr().open(store=str(self.container), path=name, mode="r")
+            return import_zarr().open(store=local_store(self.container), path=name, mode="r")
         try:
             return self.root[name]
         except KeyError:

@@ -85,6 +85,12 @@ def import_zarr(use: str = "reading"):
     return zarr
 
 
+def local_store(path, writable: bool = False):
+    """zarr-python's store of the local folder ``path``: a store object, not the path's text, which zarr 3.2 on
+    reads as a URL (a store in a folder named 'h#sh' was looked for in 'h')."""
+    return import_zarr("writing" if writable else "reading").storage.LocalStore(str(path), read_only=not writable)
+
+
 class ZarrSource(VolumeSource):
     """An array of a zarr store, or a level of an OME-NGFF multiscale image.
 
@@ -307,7 +313,7 @@ def _open_node(zarr, path: Path, dataset: str, name: str):
         raise OSError(f"cannot open {path} as a zarr store: it has no zarr.json, .zarray or .zgroup; arrays "
                       f"below it: {', '.join(arrays_on_disk(path)) or 'none'}")
     try:
-        return zarr.open(store=str(path), path=dataset, mode="r")
+        return zarr.open(store=local_store(path), path=dataset, mode="r")
     except Exception as error:  # zarr raises various types for metadata it refuses
         raise _refused(name, node, error) from error
 
@@ -319,8 +325,8 @@ def _level_above(zarr, path, dataset: str) -> Optional[Level]:
     if not leaf or not any(_read_metadata(path / parent, marker) is not None for marker in GROUP_MARKERS):
         return None
     try:
-        group = zarr.open(store=path.zarr_store() if isinstance(path, RemoteStore) else str(path), path=parent,
-                          mode="r")
+        group = zarr.open(store=path.zarr_store() if isinstance(path, RemoteStore) else local_store(path),
+                          path=parent, mode="r")
         levels = multiscale_levels(dict(group.attrs), f"{path}:{parent}") if isinstance(group, zarr.Group) else None
     except (StoreMetadataError, ValueError, KeyError, TypeError, AttributeError, IndexError):
         return None  # malformed multiscales: the array's own attributes stand (a failed read is raised)

@@ -28,7 +28,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from ..io import add_ome_multiscales, import_zarr, zarr_geometry
+from ..io import add_ome_multiscales, import_zarr, local_store, zarr_geometry
 from ._windows import window_extents
 
 #: The level written in each field group (the OME-NGFF image's one dataset).
@@ -58,7 +58,7 @@ def write_snapshot(loader, path, batches: int = 1, png=None) -> Path:
     if png is not None and not png.absolute().parent.is_dir():  # checked before the store is written
         raise FileNotFoundError(f"snapshot: the folder of png={str(png)!r} does not exist")
     zarr = import_zarr("writing")
-    root = zarr.open_group(str(path), mode="w-", zarr_format=2)
+    root = zarr.open_group(local_store(path, writable=True), mode="w-", zarr_format=2)
     root.attrs.update(emfast_snapshot={"batches": int(batches), "patch_out": list(loader.patch_out)})
     first = None
     for k in range(int(batches)):
