@@ -262,7 +262,8 @@ def test_an_hdf5_output_this_process_has_open_to_read_is_refused_before_the_mode
     volume = _input(tmp_path)
     calls = []
     ef.predict(crop, volume, tmp_path / "out.h5/old", **ARGS)
-    with h5py.File(tmp_path / "out.h5", "r"):
-        with pytest.raises(ef.io._outputs.OutputBusyError, match="this process has it open to read only"):
-            ef.predict(lambda batch: calls.append(1) or crop(batch), volume, tmp_path / "out.h5/new", **ARGS)
+    for swmr in (False, True):  # a SWMR reader's intent is another flag, still no writer's (a review)
+        with h5py.File(tmp_path / "out.h5", "r", swmr=swmr):
+            with pytest.raises(ef.io._outputs.OutputBusyError, match="this process has it open to read only"):
+                ef.predict(lambda batch: calls.append(1) or crop(batch), volume, tmp_path / "out.h5/new", **ARGS)
     assert calls == []

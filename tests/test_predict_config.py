@@ -500,9 +500,11 @@ def test_a_fill_the_inputs_dtype_cannot_hold_is_named_by_check_and_predict(folde
         with pytest.raises(ValueError, match=r"fill=\S*(nan|inf)\)? does not fit the input's dtype float32 .*a finite value"):
             ef.predict(lambda batch: batch, floats, tmp_path / "n.zarr/p", patch_in=(8, 16, 16), pad="constant",
                        fill=fill)
-    ef.predict(lambda batch: batch, floats, tmp_path / "z.zarr/p", patch_in=(8, 16, 16), pad="reflect",
-               fill=np.array(3))  # a 0-d array is a number (a review)
-    for fill in (float("nan"), float("inf"), 2 ** 1024, "zero"):  # recorded whatever the padding: refused too
+    from fractions import Fraction
+    for fill in (np.array(3), 2 ** 64, Fraction(1, 2), np.float32(2.5)):  # numbers, recorded as floats (reviews)
+        ef.predict(lambda batch: batch, floats, tmp_path / "z.zarr/p", patch_in=(8, 16, 16), pad="reflect",
+                   fill=fill, overwrite=True)
+    for fill in (float("nan"), float("inf"), 2 ** 1024, "zero", True):  # recorded whatever the padding: refused too
         with pytest.raises(ValueError, match=r"must be a finite number"):
             ef.predict(lambda batch: batch, floats, tmp_path / "n.zarr/p", patch_in=(8, 16, 16), pad="reflect",
                        fill=fill)

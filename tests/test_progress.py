@@ -93,4 +93,8 @@ def test_the_width_is_that_of_the_terminal_the_bar_writes_to(monkeypatch):
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 60, 0, 0))
     with open(follower, "w", closefd=True) as terminal:
         assert ProgressBar(16, stream=terminal)._columns() == 60
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 0, 0, 0, 0))  # never sized (CI, containers)
+        assert ProgressBar(16, stream=terminal)._columns() > 20  # not cut to one character (a review)
+        monkeypatch.setenv("COLUMNS", "0")
+        assert ProgressBar(16, stream=terminal)._columns() > 20
     os.close(main)

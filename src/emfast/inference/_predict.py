@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import time
 import warnings
@@ -11,7 +12,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from .._checks import flag, integer, is_integer, triple
+from .._checks import flag, integer, is_integer, is_real, triple
 from .._core.common import RAW_DTYPES
 from .._core.gather import PAD_MODES
 from .._threads import ctrl_c_held, shutdown_pool
@@ -162,10 +163,13 @@ def check_fill(fill, volume: Volume, pad: str) -> None:
     infinity are refused too: NaN made a run that could never be resumed (its record's NaN equals no NaN), both
     are no JSON, and either turns every prediction reaching the border into NaN."""
     if pad != "constant":  # not read, but recorded: a NaN there made a record no resume matches, and no JSON
-        value = np.asarray(fill)  # an integer beyond float64's range: an object array, refused
-        with np.errstate(over="ignore"):
-            if not (value.ndim == 0 and value.dtype.kind in "biuf" and np.isfinite(value.astype(np.float64))):
-                raise ValueError(f"fill={fill!r} must be a finite number")
+        number = fill.item() if isinstance(fill, np.ndarray) and fill.shape == () else fill
+        try:
+            finite = is_real(number) and math.isfinite(number)
+        except OverflowError:  # an integer beyond float's range
+            finite = False
+        if not finite:
+            raise ValueError(f"fill={fill!r} must be a finite number")
         return
     floats = volume.dtype.kind == "f"
     try:

@@ -559,7 +559,7 @@ def _open_in_this_process(path: Path) -> Optional[str]:
             continue
     if not intents:
         return None
-    return "read" if intents == {h5py.h5f.ACC_RDONLY} else "write"
+    return "write" if any(intent & h5py.h5f.ACC_RDWR for intent in intents) else "read"  # SWMR readers: read
 
 
 def remove_hdf5_output(file, dataset: str, lock: "OutputLock", delete: bool = True) -> None:

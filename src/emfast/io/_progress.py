@@ -103,12 +103,13 @@ class ProgressBar:
     def _columns(self) -> int:
         """The width of the terminal the bar writes to (``COLUMNS`` if set): shutil asks standard output's, which
         ``emfast predict ... > log`` sends to a file (80 columns then assumed, where the bar's terminal may be 60)."""
-        if os.environ.get("COLUMNS", "").isdigit():
+        if os.environ.get("COLUMNS", "").isdigit() and int(os.environ["COLUMNS"]) > 0:
             return int(os.environ["COLUMNS"])
         try:
-            return os.get_terminal_size(self.stream.fileno()).columns
+            columns = os.get_terminal_size(self.stream.fileno()).columns
         except (AttributeError, OSError, ValueError):  # no descriptor (a StringIO), or none of a terminal
-            return shutil.get_terminal_size().columns
+            columns = 0
+        return columns if columns > 0 else shutil.get_terminal_size().columns  # 0: a terminal never sized
 
     def _line_due(self, done: int, now: float, finished: bool) -> bool:
         if self._line_done is None:
