@@ -131,11 +131,40 @@ def test_read_box_refuses_boxes_outside_and_wrong_buffers(small_h5, in_memory):
         for corner in [(-1, 0, 0), (19, 0, 0), (0, 47, 0), (0, 0, 39)]:
             with pytest.raises(ValueError, match=r"sample\.h5:volumes/raw.*not inside the volume"):
                 volume.read_box(corner, (2, 2, 2), good)
-        with pytest.raises(ValueError, match="not inside"):
+        with pytest.raises(ValueError, match="the extent at least 1 along each"):  # not "not inside" (a helper)
             volume.read_box((0, 0, 0), (0, 2, 2), np.empty((1, 0, 2, 2), np.uint8))
         for out in [np.empty((1, 2, 2, 3), np.uint8), np.empty((1, 2, 2, 2), np.uint16), [[0]]]:
             with pytest.raises(ValueError, match=r"out must be a uint8 array of shape \(1, 2, 2, 2\)"):
                 volume.read_box((0, 0, 0), (2, 2, 2), out)
+        for corner, extent in (((1.9, 0, 0), (2, 2, 2)), (("1", True, 0), (2, 2, 2)), ((0, 0, 0), (2.9, 2, 2))):
+            with pytest.raises(TypeError, match=r"sample\.h5:volumes/raw: read_box takes integers"):  # int() cut them
+                volume.read_box(corner, extent, good)
+        volume.read_box(np.array([1, 2, 3]), (np.int64(2), 2, 2), good)  # NumPy integers are integers
+        read_only = np.empty((1, 2, 2, 2), np.uint8)
+        read_only.flags.writeable = False
+        with pytest.raises(ValueError, match=r"sample\.h5:volumes/raw: out is read-only"):
+            volume.read_box((0, 0, 0), (2, 2, 2), read_only)
+
+
+@pytest.mark.parametrize("store", ["zarr", "hdf5"])
+def test_a_closed_lazy_volume_refuses_every_read(tmp_path, rng, store):
+    """A closed lazy zarr or N5 volume still read through np.asarray and slabs (no file handle to close), where a
+    closed HDF5 one, and the volume's own box reads, refused."""
+    data = rng.integers(0, 255, (8, 12, 10), dtype=np.uint8)
+    if store == "zarr":
+        zarr = pytest.importorskip("zarr")
+        zarr.create_array(str(tmp_path / "v.zarr"), shape=data.shape, chunks=(4, 4, 4), dtype=data.dtype)[...] = data
+        volume = ef.open(tmp_path / "v.zarr", in_memory=False)
+    else:
+        with h5py.File(tmp_path / "v.h5", "w") as f:
+            f.create_dataset("raw", data=data, chunks=(4, 4, 4))
+        volume = ef.hdf5(tmp_path / "v.h5", "raw", in_memory=False)
+    np.testing.assert_array_equal(np.asarray(volume)[0], data)
+    volume.close()
+    for read in (lambda: np.asarray(volume), lambda: next(volume.slabs()), lambda: volume[0],
+                 lambda: volume.read_box((0, 0, 0), (2, 2, 2), np.empty((1, 2, 2, 2), np.uint8))):
+        with pytest.raises(ValueError, match="the volume was closed; open it again"):
+            read()
 
 
 @pytest.mark.parametrize("channels", [None, 2])

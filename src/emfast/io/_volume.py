@@ -11,7 +11,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._checks import flag, triple
+from .._checks import flag, is_integer, triple
 from .._core.common import LABEL_DTYPES, RAW_DTYPES
 from .._core.gather import gather_copy, pad_indices
 from .._machine import available_bytes
@@ -129,6 +129,7 @@ class Volume:
         self.offset = None if offset is None else triple(offset, f"{name}: offset", integer=False)
         self.stamp = data.stamp if lazy else stamp
         self._reader: Optional[VolumeSource] = data if lazy else None
+        self._closed = False  # a lazy volume, once closed (see close)
         self._array = None
         self._cache = None
         if lazy:
@@ -228,6 +229,7 @@ class Volume:
         if self._array is not None:
             data = self._array
         else:
+            self._refuse_if_closed()
             if copy is False:
                 raise ValueError(f"{self.name} is read lazily: np.asarray(copy=False) cannot give it without a copy")
             if self.nbytes > ASARRAY_LIMIT_BYTES:
@@ -276,16 +278,24 @@ class Volume:
         numpy.ndarray
             ``out``.
         """
+        if not all(is_integer(v) for v in (*corner, *extent)):  # int() cut 1.9 to 1 and read "1" and True
+            raise TypeError(f"{self.name}: read_box takes integers, got corner {tuple(corner)!r} and extent "
+                            f"{tuple(extent)!r}")
         corner = tuple(int(c) for c in corner)
         extent = tuple(int(e) for e in extent)
-        if (len(corner) != 3 or len(extent) != 3 or min(corner) < 0 or min(extent) < 1
-                or any(c + e > s for c, e, s in zip(corner, extent, self.shape))):
+        if len(corner) != 3 or len(extent) != 3 or min(extent) < 1:
+            raise ValueError(f"{self.name}: a box needs a corner and an extent of 3 values each (z, y, x), the "
+                             f"extent at least 1 along each; got corner {corner} and extent {extent}")
+        if min(corner) < 0 or any(c + e > s for c, e, s in zip(corner, extent, self.shape)):
             raise ValueError(f"{self.name}: box at {corner} of extent {extent} is not inside the volume "
                              f"of shape {self.shape}")
         if not isinstance(out, np.ndarray) or out.shape != (self.channels,) + extent or out.dtype != self.dtype:
             got = f"{out.shape} {out.dtype}" if isinstance(out, np.ndarray) else type(out).__name__
             raise ValueError(f"{self.name}: out must be a {self.dtype} array of shape "
                              f"{(self.channels,) + extent}, got {got}")
+        if not out.flags.writeable:
+            raise ValueError(f"{self.name}: out is read-only; pass a writeable array")
+        self._refuse_if_closed()
         box = tuple(slice(c, c + e) for c, e in zip(corner, extent))
         if self._array is not None:
             np.copyto(out, self._array[(slice(None),) + box])
@@ -414,6 +424,7 @@ class Volume:
         read each slab straight from the file into one reused buffer, bypassing (and not disturbing) the chunk
         cache: a slab is valid only until the next one is yielded. In-memory volumes yield views.
         """
+        self._refuse_if_closed()
         section = self.channels * self.shape[1] * self.shape[2] * self.dtype.itemsize
         step = max(1, int(max_bytes) // section)
         if self.chunks is not None and step >= self.chunks[-3]:
@@ -449,6 +460,13 @@ class Volume:
             self._cache.close()
         if self._reader is not None:
             self._reader.close()
+            self._closed = True
+
+    def _refuse_if_closed(self) -> None:
+        """ValueError once a lazy volume was closed: a store without a file handle (zarr, N5) still read after
+        it through np.asarray and slabs, where an HDF5 file, and the volume's own box reads, refused."""
+        if self._closed:
+            raise ValueError(f"{self.name}: the volume was closed; open it again to read it")
 
     def __enter__(self) -> "Volume":
         return self
