@@ -514,6 +514,28 @@ def test_a_failed_read_reaches_every_waiter_and_is_retried(tmp_path, rng):
         np.testing.assert_array_equal(volume.read_box((0, 0, 0), (2, 2, 2), out)[0], data[:2, :2, :2])
 
 
+def test_no_memory_for_a_slab_is_a_memory_error_naming_the_volume_and_its_budget(tmp_path, rng, monkeypatch):
+    """Under ulimit -v the slab's mmap failed with a bare OSError(ENOMEM), which ``except MemoryError`` missed,
+    naming no volume (a helper found it)."""
+    import errno
+    import mmap as system_mmap
+    from emfast.io import _blockslots
+
+    class NoMemory(system_mmap.mmap):
+        def __new__(cls, *args, **kwargs):
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(_blockslots, "_kept", [])
+    monkeypatch.setattr(_blockslots.mmap, "mmap", NoMemory)
+    data = random_volume(rng, (64, 256, 256), np.uint8)
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        f.create_dataset("data", data=data, chunks=(16, 64, 64))
+    with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False, cache_bytes=SLAB_BYTES) as volume:
+        with pytest.raises(MemoryError, match=r"v\.h5:data: no memory for more of its chunk cache .*cache_bytes="
+                                              r"4194304\): cannot map 6 MiB .*give it a smaller cache_bytes"):
+            volume.read_box((0, 0, 0), (16, 64, 64), np.empty((1, 16, 64, 64), np.uint8))
+
+
 def test_low_level_hdf5_calls_hold_h5pys_lock(tmp_path, rng):
     """h5py 3.8 to 3.15 made read_direct_chunk without its lock, and emfast called it from several threads: HDF5,
     not thread-safe, crashed the process (``emfast demo`` 9 of 16 runs on h5py 3.8.0; a helper found it with the

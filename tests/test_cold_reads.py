@@ -586,6 +586,27 @@ def test_side_by_side_stops_cutting_lists_into_parts_where_that_is_slower(monkey
     assert not emfast_threads()
 
 
+def test_a_helper_that_cannot_be_started_leaves_its_calls_to_the_caller(monkeypatch):
+    """Under ulimit -v a helper's start fails ("can't start new thread"): its task stayed queued, run_all raised,
+    the cache handed the blocks' buffers on, and the next helper ran the stale calls into them (a helper found
+    it). The caller now runs them, and nothing is left queued."""
+    real_start, failed = threading.Thread.start, []
+
+    def start(thread):
+        if thread.name.startswith("emfast-decode") and not failed:
+            failed.append(thread.name)
+            raise RuntimeError("can't start new thread")
+        return real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    ran = []
+    _decode.run_all([lambda i=i: ran.append(i) for i in range(4)], helpers=1)
+    assert failed and sorted(ran) == [0, 1, 2, 3] and not _decode._HELPERS._tasks
+    _decode.run_all([lambda: None] * 4, helpers=1)  # a later request, served by a helper that starts
+    time.sleep(2 * _decode.HELPER_IDLE_SECONDS)
+    assert sorted(ran) == [0, 1, 2, 3]  # nothing of the first request ran again
+
+
 def test_decode_helpers_serve_one_request_after_another_and_end_once_idle(monkeypatch):
     """A helper waits HELPER_IDLE_SECONDS for the next request (a read loop's next box pays no thread start), then
     ends; the calling thread never waits for a helper that has not taken its share."""

@@ -56,6 +56,49 @@ def test_sizes_beyond_available_memory_are_refused_and_those_within_accepted(raw
     assert ef.Loader(raw, patch=PATCH, batch_size=64).slot_bytes == 64 * example
 
 
+_LIMITED = """
+import resource, sys
+import numpy as np
+import emfast as ef
+from emfast._machine import read_proc_field
+size = int(read_proc_field("/proc/self/status", "VmSize").split()[0]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (size + (1 << 30), resource.RLIM_INFINITY))
+try:
+    ef.Loader(np.zeros((40, 300, 300), np.uint8), patch=(32, 256, 256), batch_size=48)
+    print("built")
+except ef.pipeline.InsufficientMemoryError as error:
+    print(error)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmSize from /proc/self/status")
+def test_a_loader_beyond_the_address_space_limit_is_refused_when_built(tmp_path):
+    """Under ``ulimit -v`` (RLIMIT_AS, a cluster node's limit) a loader needing 5.6 GiB of slots was built, then
+    failed in start() with NumPy's MemoryError naming none of its settings: the check saw only MemAvailable."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", _LIMITED], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert done.returncode == 0, done.stderr
+    assert "the loader needs" in done.stdout and "batch_size=48 x patch_in (32, 256, 256)" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_cgroups_memory_limit_counts_without_its_file_cache(tmp_path, version):
+    from emfast._machine import cgroup_memory_left
+    (tmp_path / "proc").write_text("0::/job\n" if version == 2 else "12:memory:/job\n4:cpu,cpuacct:/job\n")
+    folder = tmp_path / "root" / ("job" if version == 2 else "memory/job")
+    folder.mkdir(parents=True)
+    names = ("memory.max", "memory.current", "active_file", "inactive_file") if version == 2 else \
+        ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_active_file", "total_inactive_file")
+    (folder / names[0]).write_text(f"{8 << 30}\n")
+    (folder / names[1]).write_text(f"{7 << 30}\n")  # of which 5 GiB file cache, which the kernel reclaims
+    (folder / "memory.stat").write_text(f"anon {2 << 30}\n{names[2]} {3 << 30}\n{names[3]} {2 << 30}\n")
+    assert cgroup_memory_left(str(tmp_path / "proc"), str(tmp_path / "root")) == 6 << 30
+    (folder / names[0]).write_text("max\n" if version == 2 else f"{(1 << 63) - 4096}\n")  # no limit
+    assert cgroup_memory_left(str(tmp_path / "proc"), str(tmp_path / "root")) is None
+
+
 def test_lazy_fields_count_each_threads_scratch(tmp_path, raw):
     path = tmp_path / "raw.h5"
     with h5py.File(path, "w") as f:

@@ -497,13 +497,21 @@ def test_a_fill_the_inputs_dtype_cannot_hold_is_named_by_check_and_predict(folde
         ef.predict(lambda batch: batch, floats.astype(np.float16), tmp_path / "h.zarr/p", patch_in=(8, 16, 16),
                    pad="constant", fill=1e5)
     for fill in (float("nan"), np.float32("nan"), float("inf"), -np.inf):  # a NaN run could never be resumed
-        with pytest.raises(ValueError, match=r"fill=\S*(nan|inf)\)? does not fit the input's dtype float32 .*a finite value"):
+        with pytest.raises(ValueError, match=r"fill=\S*(nan|inf)\)? must be a finite number"):
             ef.predict(lambda batch: batch, floats, tmp_path / "n.zarr/p", patch_in=(8, 16, 16), pad="constant",
                        fill=fill)
     from fractions import Fraction
     for fill in (np.array(3), 2 ** 64, Fraction(1, 2), np.float32(2.5)):  # numbers, recorded as floats (reviews)
         ef.predict(lambda batch: batch, floats, tmp_path / "z.zarr/p", patch_in=(8, 16, 16), pad="reflect",
                    fill=fill, overwrite=True)
+    for pad in ("constant", "reflect"):  # the same rule whatever the padding (a review: True passed as constant)
+        for fill in (True, 1 + 0j):
+            with pytest.raises(ValueError, match=r"must be a finite number"):
+                ef.predict(lambda batch: batch, floats, tmp_path / "n.zarr/p", patch_in=(8, 16, 16), pad=pad,
+                           fill=fill)
+    from fractions import Fraction
+    ef.predict(lambda batch: batch, floats, tmp_path / "q.zarr/p", patch_in=(8, 16, 16), pad="constant",
+               fill=Fraction(1, 2))  # as 0.5
     for fill in (float("nan"), float("inf"), 2 ** 1024, "zero", True):  # recorded whatever the padding: refused too
         with pytest.raises(ValueError, match=r"must be a finite number"):
             ef.predict(lambda batch: batch, floats, tmp_path / "n.zarr/p", patch_in=(8, 16, 16), pad="reflect",

@@ -28,9 +28,73 @@ def cores() -> int:
 
 
 def available_bytes() -> Optional[int]:
-    """Memory available to new allocations (MemAvailable), or None where unknown."""
+    """Memory available to new allocations: the least of the machine's (MemAvailable), what the process's cgroup
+    leaves of its limit (a container's, a batch job's) and what ``RLIMIT_AS`` (``ulimit -v``) leaves of the address
+    space; None where none is known. MemAvailable alone let a loader needing 5 GiB be built in a process limited to
+    1.3 GiB, which then failed with NumPy's MemoryError naming none of its settings."""
     value = read_proc_field("/proc/meminfo", "MemAvailable")
-    return int(value.split()[0]) * 1024 if value else None
+    known = [int(value.split()[0]) * 1024] if value else []
+    known += [left for left in (cgroup_memory_left(), address_space_left()) if left is not None]
+    return min(known) if known else None
+
+
+#: Limits above this are "none" (cgroup v1 writes 2**63 rounded down to a page for no limit).
+NO_LIMIT = 1 << 60
+
+
+def cgroup_memory_left(cgroups: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> Optional[int]:
+    """Bytes the process's memory cgroup leaves: its limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``) less
+    its usage (``memory.current``, ``memory.usage_in_bytes``) without the file cache, which the kernel reclaims
+    (``memory.stat``'s active and inactive file pages: a container that has read its data holds its limit in
+    cache); None without a limit."""
+    try:
+        with open(cgroups) as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    for fields in lines:
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
+        if controllers == "":  # v2: the unified hierarchy
+            folder, limit_file, usage_file = Path(root) / path.lstrip("/"), "memory.max", "memory.current"
+            cached = ("active_file", "inactive_file")
+        elif "memory" in controllers.split(","):  # v1
+            folder, limit_file, usage_file = Path(root) / "memory" / path.lstrip("/"), "memory.limit_in_bytes", \
+                "memory.usage_in_bytes"
+            cached = ("total_active_file", "total_inactive_file")
+        else:
+            continue
+        try:
+            limit = (folder / limit_file).read_text().strip()
+            usage = int((folder / usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < NO_LIMIT:
+            return max(0, int(limit) - usage + _file_cache(folder / "memory.stat", cached))
+    return None
+
+
+def _file_cache(stat: Path, keys) -> int:
+    """The bytes of file pages a cgroup's ``memory.stat`` lists under ``keys`` (0 where it cannot be read)."""
+    try:
+        fields = dict(line.split() for line in stat.read_text().splitlines() if len(line.split()) == 2)
+        return sum(int(fields.get(key, 0)) for key in keys)
+    except (OSError, ValueError):
+        return 0
+
+
+def address_space_left() -> Optional[int]:
+    """Bytes of address space ``RLIMIT_AS`` leaves this process (its soft limit less VmSize), or None without one."""
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    except (ImportError, OSError, ValueError):  # no resource module (Windows)
+        return None
+    if soft == resource.RLIM_INFINITY:
+        return None
+    size = read_proc_field("/proc/self/status", "VmSize")
+    return max(0, soft - int(size.split()[0]) * 1024) if size else None
 
 
 def cache_directory(cache_dir: str | os.PathLike[str] | None) -> Path:

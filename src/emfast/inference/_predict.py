@@ -162,18 +162,18 @@ def check_fill(fill, volume: Volume, pad: str) -> None:
     input, before normalisation): the gather kernel's refusal named its own buffer ("out's dtype uint8"). NaN and
     infinity are refused too: NaN made a run that could never be resumed (its record's NaN equals no NaN), both
     are no JSON, and either turns every prediction reaching the border into NaN."""
-    if pad != "constant":  # not read, but recorded: a NaN there made a record no resume matches, and no JSON
-        number = fill.item() if isinstance(fill, np.ndarray) and fill.shape == () else fill
-        try:
-            finite = is_real(number) and math.isfinite(number)
-        except OverflowError:  # an integer beyond float's range
-            finite = False
-        if not finite:
-            raise ValueError(f"fill={fill!r} must be a finite number")
+    number = fill.item() if isinstance(fill, np.ndarray) and fill.shape == () else fill
+    try:  # whatever the padding: recorded, where a NaN made a record no resume matches, and no JSON
+        finite = is_real(number) and math.isfinite(number)
+    except OverflowError:  # an integer beyond float's range
+        finite = False
+    if not finite:
+        raise ValueError(f"fill={fill!r} must be a finite number")
+    if pad != "constant":
         return
     floats = volume.dtype.kind == "f"
     try:
-        value = np.asarray(float(fill) if floats and type(fill) is int else fill)  # 2**64: no object array
+        value = np.asarray(float(number) if floats else number)  # 2**64 or a Fraction: no object array
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow to inf is this check's answer
             if floats:  # any finite number, rounded to the dtype (0.1 for float32) if it stays finite
                 fits = value.ndim == 0 and value.dtype.kind in "biuf" and \

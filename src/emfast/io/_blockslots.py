@@ -27,6 +27,7 @@ is recognised by its reference count and not reused.
 from __future__ import annotations
 
 import bisect
+import errno
 import mmap
 import os
 import sys
@@ -151,10 +152,15 @@ def _new_slab() -> memoryview:
         if _kept:
             return _kept.pop()
     size = SLAB_BYTES + HUGE_PAGE
-    if hasattr(mmap, "MAP_PRIVATE"):  # private like the heap: shared anonymous memory is not on huge pages by default
-        memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
-    else:  # Windows
-        memory = mmap.mmap(-1, size)
+    try:
+        if hasattr(mmap, "MAP_PRIVATE"):  # private like the heap: shared anonymous memory is not on huge pages
+            memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+        else:  # Windows
+            memory = mmap.mmap(-1, size)
+    except OSError as error:  # ENOMEM (ulimit -v): a MemoryError, as NumPy's allocations give, not an OSError
+        if error.errno != errno.ENOMEM:
+            raise
+        raise MemoryError(f"cannot map {size >> 20} MiB for chunk-cache blocks ({error.strerror})") from None
     start = -_address(memory) % HUGE_PAGE
     if hasattr(mmap, "MADV_HUGEPAGE"):
         try:

@@ -544,9 +544,13 @@ class ChunkCache:
         with self._lock:
             try:
                 slots.extend(self._slots.take() for shape in shapes if shape == whole)
-            except BaseException:  # no memory for a new slab: the slots taken serve the next blocks
+            except BaseException as error:  # no memory for a new slab: the slots taken serve the next blocks
                 for slot in slots:
                     self._slots.give(slot, SPARE_BUFFERS)
+                if isinstance(error, MemoryError):
+                    raise MemoryError(f"{self._name}: no memory for more of its chunk cache ({self._bytes_held} "
+                                      f"bytes held of cache_bytes={self.budget_bytes}): {error}; give it a smaller "
+                                      "cache_bytes") from None
                 raise
             self._slots.trim(SPARE_BUFFERS)  # those evicted for this batch beyond its needs are freed
         blocks = []

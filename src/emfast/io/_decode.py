@@ -111,8 +111,10 @@ class _Helpers:
         self._idle = 0
         self._started = 0
 
-    def submit(self, run: Callable[[], None]) -> _Task:
-        """Queue ``run`` for a helper: an idle one, else a new one."""
+    def submit(self, run: Callable[[], None]) -> Optional[_Task]:
+        """Queue ``run`` for a helper: an idle one, else a new one; None if no thread could be started (no memory,
+        a thread limit), and the caller runs it: left queued, a later helper ran it after its request had failed
+        and handed its buffers on, writing into another read's blocks."""
         task = _Task(run)
         with self._lock:
             self._tasks.append(task)
@@ -121,7 +123,15 @@ class _Helpers:
                 return task
             self._started += 1
             name = f"emfast-decode-{self._started}"
-        threading.Thread(target=self._serve, name=name, daemon=True).start()
+        try:
+            threading.Thread(target=self._serve, name=name, daemon=True).start()
+        except RuntimeError:  # "can't start new thread"
+            with self._lock:
+                try:
+                    self._tasks.remove(task)
+                except ValueError:  # an idle helper took it meanwhile: it runs
+                    return task
+            return None
         return task
 
     def finish(self, task: _Task) -> None:
@@ -179,7 +189,7 @@ def run_all(calls: Sequence[Callable[[], None]], helpers: Optional[int] = None) 
         helpers = min(_cores() - 1, (len(calls) - 1) // CALLS_PER_HELPER)
         helpers = min(helpers, _idle_cores()) if helpers > 0 else 0
     work = _Calls(calls)
-    tasks = [_HELPERS.submit(work.work) for _ in range(helpers)]
+    tasks = [task for task in (_HELPERS.submit(work.work) for _ in range(helpers)) if task is not None]
     try:
         work.work()
     finally:
