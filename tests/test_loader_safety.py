@@ -95,8 +95,20 @@ def test_a_cgroups_memory_limit_counts_without_its_file_cache(tmp_path, version)
     (folder / names[1]).write_text(f"{7 << 30}\n")  # of which 5 GiB file cache, which the kernel reclaims
     (folder / "memory.stat").write_text(f"anon {2 << 30}\n{names[2]} {3 << 30}\n{names[3]} {2 << 30}\n")
     assert cgroup_memory_left(str(tmp_path / "proc"), str(tmp_path / "root")) == 6 << 30
-    (folder / names[0]).write_text("max\n" if version == 2 else f"{(1 << 63) - 4096}\n")  # no limit
+    unlimited = "max\n" if version == 2 else f"{(1 << 63) - 4096}\n"
+    (folder / names[0]).write_text(unlimited)  # no limit here...
     assert cgroup_memory_left(str(tmp_path / "proc"), str(tmp_path / "root")) is None
+    (folder / "task").mkdir()  # ...but on the job above the process's own cgroup, as Slurm sets it (a review)
+    for file, text in ((names[0], unlimited), (names[1], f"{1 << 30}\n"), ("memory.stat", "")):
+        (folder / "task" / file).write_text(text)
+    (folder / names[0]).write_text(f"{8 << 30}\n")
+    (tmp_path / "proc").write_text(f"0::/job/task\n" if version == 2 else "12:memory:/job/task\n")
+    assert cgroup_memory_left(str(tmp_path / "proc"), str(tmp_path / "root")) == 6 << 30
+    (tmp_path / "proc").write_text(f"0::/elsewhere\n" if version == 2 else "12:memory:/docker/abc\n")
+    mount = tmp_path / "root" / ("" if version == 2 else "memory")  # a container mounts its own cgroup there
+    for file, text in ((names[0], f"{2 << 30}\n"), (names[1], f"{1 << 30}\n"), ("memory.stat", "")):
+        (mount / file).write_text(text)
+    assert cgroup_memory_left(str(tmp_path / "proc"), str(tmp_path / "root")) == 1 << 30
 
 
 def test_lazy_fields_count_each_threads_scratch(tmp_path, raw):

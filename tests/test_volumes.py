@@ -137,13 +137,18 @@ def test_read_box_refuses_boxes_outside_and_wrong_buffers(small_h5, in_memory):
             with pytest.raises(ValueError, match=r"out must be a uint8 array of shape \(1, 2, 2, 2\)"):
                 volume.read_box((0, 0, 0), (2, 2, 2), out)
         for corner, extent in (((1.9, 0, 0), (2, 2, 2)), (("1", True, 0), (2, 2, 2)), ((0, 0, 0), (2.9, 2, 2))):
-            with pytest.raises(TypeError, match=r"sample\.h5:volumes/raw: read_box takes integers"):  # int() cut them
+            with pytest.raises(TypeError, match=r"sample\.h5:volumes/raw: a box takes integers"):  # int() cut them
                 volume.read_box(corner, extent, good)
+            with pytest.raises(TypeError, match=r"sample\.h5:volumes/raw: a box takes integers"):
+                volume.read_padded(corner, extent, good, "reflect")
         volume.read_box(np.array([1, 2, 3]), (np.int64(2), 2, 2), good)  # NumPy integers are integers
+        volume.read_box(map(int, "123"), iter((2, 2, 2)), good)  # iterators too (a review: the check used them up)
         read_only = np.empty((1, 2, 2, 2), np.uint8)
         read_only.flags.writeable = False
         with pytest.raises(ValueError, match=r"sample\.h5:volumes/raw: out is read-only"):
             volume.read_box((0, 0, 0), (2, 2, 2), read_only)
+        with pytest.raises(ValueError, match=r"sample\.h5:volumes/raw: out is read-only"):
+            volume.read_padded((-1, 0, 0), (2, 2, 2), read_only, "reflect")
 
 
 @pytest.mark.parametrize("store", ["zarr", "hdf5"])
@@ -160,8 +165,13 @@ def test_a_closed_lazy_volume_refuses_every_read(tmp_path, rng, store):
             f.create_dataset("raw", data=data, chunks=(4, 4, 4))
         volume = ef.hdf5(tmp_path / "v.h5", "raw", in_memory=False)
     np.testing.assert_array_equal(np.asarray(volume)[0], data)
+    slabs = volume.slabs(max_bytes=data[0].nbytes)
+    next(slabs)
     volume.close()
-    for read in (lambda: np.asarray(volume), lambda: next(volume.slabs()), lambda: volume[0],
+    with pytest.raises(ValueError, match="the volume was closed"):  # closed between two slabs
+        next(slabs)
+    for read in (lambda: np.asarray(volume), lambda: volume.slabs(), lambda: volume[0],
+                 lambda: volume.read_padded((-9, 0, 0), (2, 2, 2), np.empty((1, 2, 2, 2), np.uint8), "constant"),
                  lambda: volume.read_box((0, 0, 0), (2, 2, 2), np.empty((1, 2, 2, 2), np.uint8))):
         with pytest.raises(ValueError, match="the volume was closed; open it again"):
             read()

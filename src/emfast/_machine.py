@@ -43,10 +43,11 @@ NO_LIMIT = 1 << 60
 
 
 def cgroup_memory_left(cgroups: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> Optional[int]:
-    """Bytes the process's memory cgroup leaves: its limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``) less
-    its usage (``memory.current``, ``memory.usage_in_bytes``) without the file cache, which the kernel reclaims
-    (``memory.stat``'s active and inactive file pages: a container that has read its data holds its limit in
-    cache); None without a limit."""
+    """Bytes the process's memory cgroups leave: the least, over its cgroup and those above it (Slurm and systemd
+    set the limit on a job or slice above the process's own), of the limit (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``) less the usage (``memory.current``, ``memory.usage_in_bytes``) without the file
+    cache, which the kernel reclaims (``memory.stat``'s file pages: a container that has read its data holds its
+    limit in cache); None without a limit. A container that mounts its own cgroup at the root is read there."""
     try:
         with open(cgroups) as f:
             lines = [line.rstrip("\n").split(":", 2) for line in f]
@@ -57,22 +58,29 @@ def cgroup_memory_left(cgroups: str = "/proc/self/cgroup", root: str = "/sys/fs/
             continue
         _, controllers, path = fields
         if controllers == "":  # v2: the unified hierarchy
-            folder, limit_file, usage_file = Path(root) / path.lstrip("/"), "memory.max", "memory.current"
-            cached = ("active_file", "inactive_file")
+            base, files = Path(root), ("memory.max", "memory.current", ("active_file", "inactive_file"))
         elif "memory" in controllers.split(","):  # v1
-            folder, limit_file, usage_file = Path(root) / "memory" / path.lstrip("/"), "memory.limit_in_bytes", \
-                "memory.usage_in_bytes"
-            cached = ("total_active_file", "total_inactive_file")
+            base, files = Path(root) / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                                                  ("total_active_file", "total_inactive_file"))
         else:
             continue
-        try:
-            limit = (folder / limit_file).read_text().strip()
-            usage = int((folder / usage_file).read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if limit.isdigit() and int(limit) < NO_LIMIT:
-            return max(0, int(limit) - usage + _file_cache(folder / "memory.stat", cached))
+        folder = base / path.strip("/")
+        folders = [folder, *folder.parents[:len(folder.parents) - len(base.parents)]] if folder.is_dir() else [base]
+        left = [n for n in (_cgroup_left(f, *files) for f in folders) if n is not None]
+        return min(left) if left else None
     return None
+
+
+def _cgroup_left(folder: Path, limit_file: str, usage_file: str, cached) -> Optional[int]:
+    """What one cgroup folder's limit leaves (see :func:`cgroup_memory_left`), None without a limit there."""
+    try:
+        limit = (folder / limit_file).read_text().strip()
+        usage = int((folder / usage_file).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if not limit.isdigit() or int(limit) >= NO_LIMIT:
+        return None
+    return max(0, int(limit) - usage + _file_cache(folder / "memory.stat", cached))
 
 
 def _file_cache(stat: Path, keys) -> int:

@@ -548,9 +548,7 @@ class ChunkCache:
                 for slot in slots:
                     self._slots.give(slot, SPARE_BUFFERS)
                 if isinstance(error, MemoryError):
-                    raise MemoryError(f"{self._name}: no memory for more of its chunk cache ({self._bytes_held} "
-                                      f"bytes held of cache_bytes={self.budget_bytes}): {error}; give it a smaller "
-                                      "cache_bytes") from None
+                    raise self._no_memory(error) from None
                 raise
             self._slots.trim(SPARE_BUFFERS)  # those evicted for this batch beyond its needs are freed
         blocks = []
@@ -559,10 +557,16 @@ class ChunkCache:
                 slot = slots.pop() if shape == whole else np.empty(math.prod(shape) * self._dtype.itemsize,
                                                                    np.uint8)
                 blocks.append((origin, block_on(slot, self._dtype, shape)))
-        except BaseException:  # out of memory for an edge block: the whole blocks' slots serve the next ones
+        except BaseException as error:  # out of memory for an edge block: the whole blocks' slots serve the next
             self._give_back([block.base for _, block in blocks] + slots)
+            if isinstance(error, MemoryError):
+                raise self._no_memory(error) from None
             raise
         return blocks
+
+    def _no_memory(self, error: MemoryError) -> MemoryError:
+        return MemoryError(f"{self._name}: no memory for more of its chunk cache ({self._bytes_held} bytes held of "
+                           f"cache_bytes={self.budget_bytes}): {error}; give it a smaller cache_bytes")
 
     def _finished(self, key: Key, block: np.ndarray) -> np.ndarray:
         """``block``, filled, made read-only, its NaN flag set."""

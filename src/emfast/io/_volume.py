@@ -278,11 +278,7 @@ class Volume:
         numpy.ndarray
             ``out``.
         """
-        if not all(is_integer(v) for v in (*corner, *extent)):  # int() cut 1.9 to 1 and read "1" and True
-            raise TypeError(f"{self.name}: read_box takes integers, got corner {tuple(corner)!r} and extent "
-                            f"{tuple(extent)!r}")
-        corner = tuple(int(c) for c in corner)
-        extent = tuple(int(e) for e in extent)
+        corner, extent = self._integers(corner, extent)
         if len(corner) != 3 or len(extent) != 3 or min(extent) < 1:
             raise ValueError(f"{self.name}: a box needs a corner and an extent of 3 values each (z, y, x), the "
                              f"extent at least 1 along each; got corner {corner} and extent {extent}")
@@ -293,15 +289,26 @@ class Volume:
             got = f"{out.shape} {out.dtype}" if isinstance(out, np.ndarray) else type(out).__name__
             raise ValueError(f"{self.name}: out must be a {self.dtype} array of shape "
                              f"{(self.channels,) + extent}, got {got}")
-        if not out.flags.writeable:
-            raise ValueError(f"{self.name}: out is read-only; pass a writeable array")
         self._refuse_if_closed()
+        self._refuse_read_only(out)
         box = tuple(slice(c, c + e) for c, e in zip(corner, extent))
         if self._array is not None:
             np.copyto(out, self._array[(slice(None),) + box])
         else:
             self._cache.read_box(corner, extent, out)
         return out
+
+    def _integers(self, corner, extent) -> tuple:
+        """``corner`` and ``extent`` as tuples of ints, or a TypeError naming the volume: int() cut a corner of
+        1.9 to 1 and read "1" and True as integers."""
+        corner, extent = tuple(corner), tuple(extent)
+        if not all(is_integer(v) for v in (*corner, *extent)):
+            raise TypeError(f"{self.name}: a box takes integers, got corner {corner!r} and extent {extent!r}")
+        return tuple(int(c) for c in corner), tuple(int(e) for e in extent)
+
+    def _refuse_read_only(self, out) -> None:
+        if isinstance(out, np.ndarray) and not out.flags.writeable:  # the kernels' refusal spoke of a 5-D shape
+            raise ValueError(f"{self.name}: out is read-only; pass a writeable array")
 
     def __getitem__(self, key) -> np.ndarray:
         """``volume[z0:z1, y0:y1, x0:x1]``: a new (c, z, y, x) array of the box, like :meth:`read_box`.
@@ -385,15 +392,16 @@ class Volume:
         """Read the box ``[corner, corner + extent)`` into ``out`` like :meth:`read_box`, but the box may reach
         past the volume: that part is read as ``np.pad(volume, mode=pad)`` would have it ("reflect", "edge", or
         "constant" with ``fill``). Reads only the voxels the padded box uses."""
-        corner = tuple(int(c) for c in corner)
-        extent = tuple(int(e) for e in extent)
+        corner, extent = self._integers(corner, extent)
         if len(corner) != 3 or len(extent) != 3 or min(extent) < 1:
             raise ValueError(f"{self.name}: a padded box needs a corner and an extent >= 1 (z, y, x), got "
                              f"{corner} and {extent}")
+        self._refuse_if_closed()
         if all(c >= 0 and c + e <= s for c, e, s in zip(corner, extent, self.shape)):
             return self.read_box(corner, extent, out)
         if not isinstance(out, np.ndarray) or out.shape != (self.channels,) + extent or out.dtype != self.dtype:
             raise ValueError(f"{self.name}: out must be a {self.dtype} array of shape {(self.channels,) + extent}")
+        self._refuse_read_only(out)
         target = out[np.newaxis] if out.flags.c_contiguous else np.empty((1,) + out.shape, self.dtype)
         used = [pad_indices(np.arange(c, c + e), s, pad) for c, e, s in zip(corner, extent, self.shape)]
         used = [u[u >= 0] for u in used]
@@ -424,7 +432,10 @@ class Volume:
         read each slab straight from the file into one reused buffer, bypassing (and not disturbing) the chunk
         cache: a slab is valid only until the next one is yielded. In-memory volumes yield views.
         """
-        self._refuse_if_closed()
+        self._refuse_if_closed()  # now, not at the first slab
+        return self._slabs(max_bytes)
+
+    def _slabs(self, max_bytes: int):
         section = self.channels * self.shape[1] * self.shape[2] * self.dtype.itemsize
         step = max(1, int(max_bytes) // section)
         if self.chunks is not None and step >= self.chunks[-3]:
@@ -438,6 +449,7 @@ class Volume:
             if buffer is None:
                 yield z, self._array[:, z:z + dz]
             else:  # a contiguous prefix of the buffer, as HDF5 needs
+                self._refuse_if_closed()  # closed between two slabs
                 slab = buffer[:self.channels * dz * int(np.prod(section_shape))].reshape(
                     (self.channels, dz) + section_shape)
                 self._reader.read((z, 0, 0), (dz,) + section_shape, slab)
