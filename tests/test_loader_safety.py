@@ -102,9 +102,9 @@ def test_a_cgroups_memory_limit_counts_without_its_file_cache(tmp_path, version)
     for file, text in ((names[0], unlimited), (names[1], f"{1 << 30}\n"), ("memory.stat", "")):
         (folder / "task" / file).write_text(text)
     (folder / names[0]).write_text(f"{8 << 30}\n")
-    (tmp_path / "proc").write_text(f"0::/job/task\n" if version == 2 else "12:memory:/job/task\n")
+    (tmp_path / "proc").write_text("0::/job/task\n" if version == 2 else "12:memory:/job/task\n")
     assert cgroup_memory_left(str(tmp_path / "proc"), str(tmp_path / "root")) == 6 << 30
-    (tmp_path / "proc").write_text(f"0::/elsewhere\n" if version == 2 else "12:memory:/docker/abc\n")
+    (tmp_path / "proc").write_text("0::/elsewhere\n" if version == 2 else "12:memory:/docker/abc\n")
     mount = tmp_path / "root" / ("" if version == 2 else "memory")  # a container mounts its own cgroup there
     for file, text in ((names[0], f"{2 << 30}\n"), (names[1], f"{1 << 30}\n"), ("memory.stat", "")):
         (mount / file).write_text(text)
