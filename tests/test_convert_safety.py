@@ -258,3 +258,44 @@ def test_convert_arguments_are_checked_before_anything_is_written(tmp_path):
     result = convert(tmp_path / "in.h5/raw", tmp_path / "n.zarr/raw", chunks=np.array([10, 20, 20]),
                      zarr_format=np.int64(2), tile_bytes=np.int64(1 << 20))
     assert result.written == result.tiles
+
+
+def test_attributes_standard_json_and_hdf5_cannot_hold_do_not_break_the_output(tmp_path):
+    """A helper's attribute zoo: a NaN attribute was copied as a bare NaN into zarr.json, which tensorstore and
+    neuroglancer refuse to read; a ragged list (or an embedded NUL) made convert to HDF5 fail after it had made
+    the dataset, which then blocked every rerun, --overwrite too."""
+    import json
+    zarr = pytest.importorskip("zarr")
+    data = np.arange(512, dtype=np.uint8).reshape(8, 8, 8)
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f["raw"] = data
+        f["raw"].attrs.update({"threshold": np.nan, "gain": np.inf, "note": "kept"})
+    convert(tmp_path / "in.h5/raw", tmp_path / "out.zarr/raw")
+    metadata = json.loads((tmp_path / "out.zarr/raw/zarr.json").read_text(),
+                          parse_constant=lambda name: pytest.fail(f"{name} in zarr.json"))
+    assert metadata["attributes"]["note"] == "kept" and "threshold" not in metadata["attributes"]
+    source = zarr.create_array(str(tmp_path / "src.zarr"), shape=data.shape, chunks=(4, 4, 4), dtype=data.dtype)
+    source[...] = data
+    source.attrs.update({"bboxes": [[0, 0], [1, 2, 3]], "label": "a\x00b"})
+    for _ in range(2):  # the second run finds the first one's output complete
+        convert(tmp_path / "src.zarr", tmp_path / "out.h5/raw")
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert json.loads(f["raw"].attrs["bboxes"]) == [[0, 0], [1, 2, 3]]
+        np.testing.assert_array_equal(f["raw"][...], data)
+
+
+def test_geometry_emfast_cannot_write_back_is_refused_when_read(tmp_path):
+    """An OME-NGFF scale of 0 was read, converted and predicted, and emfast then refused its own output; a
+    resolution given as a mapping was skipped, and the voxel size lost without a word."""
+    zarr = pytest.importorskip("zarr")
+    root = zarr.open_group(str(tmp_path / "ome.zarr"), mode="w")
+    root.create_array("s0", shape=(4, 4, 4), chunks=(4, 4, 4), dtype="uint8")
+    root.attrs["multiscales"] = [{"version": "0.4", "axes": [{"name": a, "type": "space"} for a in "zyx"],
+                                  "datasets": [{"path": "s0", "coordinateTransformations": [
+                                      {"type": "scale", "scale": [0, 4, 4]}]}]}]
+    with pytest.raises(ef.io.StoreMetadataError, match=r"the scale of s0 must hold 3 positive numbers"):
+        ef.open(tmp_path / "ome.zarr")
+    array = zarr.create_array(str(tmp_path / "d.zarr"), shape=(4, 4, 4), chunks=(4, 4, 4), dtype="uint8")
+    array.attrs["resolution"] = {"z": 40, "y": 4, "x": 4}
+    with pytest.raises(ef.io.StoreMetadataError, match=r"resolution = \{'z': 40.*expected a list of one number"):
+        ef.open(tmp_path / "d.zarr")

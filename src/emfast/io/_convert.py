@@ -427,9 +427,10 @@ def _carried_attributes(source: VolumeSource) -> dict:
             value = value.tolist()
         elif isinstance(value, np.generic):
             value = value.item()
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError):
+        try:  # standard JSON only: a bare NaN made zarr v3 outputs unreadable by tensorstore and neuroglancer
+            json.dumps(value, allow_nan=False).encode("utf-8")
+            str(key).encode("utf-8")
+        except (TypeError, ValueError, UnicodeEncodeError, RecursionError):  # lone surrogates, nesting
             continue
         carried[key] = value
     # the source's own, in its stored axis order; the output's are written anew

@@ -212,6 +212,9 @@ def array_geometry(attrs: Mapping, ndim: int, where: str, *, dimension_names: Op
     for key in ("resolution", "voxel_size", "pixelResolution"):
         value, key_units = stored(key), units
         if isinstance(attrs.get(key), Mapping):  # pixelResolution as {"dimensions": [...], "unit": "nm"}
+            if "dimensions" not in attrs[key]:  # {"z": 40, ...} was skipped, and the voxel size lost unsaid
+                raise bad_metadata(where, key, attrs[key], "a list of one number per spatial axis, or "
+                                   "{\"dimensions\": [...], \"unit\": ...} as N5's pixelResolution")
             key_units = [attrs[key].get("unit")] * 3
             value = attrs[key].get("dimensions")
             value = value[::-1] if reversed_order and isinstance(value, list) else value
@@ -432,6 +435,9 @@ def _transform(transforms, ndim: int, where: str, level: str) -> Tuple[np.ndarra
         if not np.isfinite(numbers).all():
             raise StoreMetadataError(f"{where}: the {kind} of {level} must hold {ndim} finite numbers, got {values!r}")
         if kind == "scale":
+            if not (numbers > 0).all():  # emfast's own output would then refuse them, after the work was done
+                raise StoreMetadataError(f"{where}: the scale of {level} must hold {ndim} positive numbers, got "
+                                         f"{values!r}")
             scale = scale * numbers
         else:
             shift = shift + numbers

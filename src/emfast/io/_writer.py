@@ -333,8 +333,12 @@ class OutputWriter:
             for key, value in dict(attributes, **geometry).items():
                 try:
                     self.array.attrs[key] = json.dumps(value) if isinstance(value, dict) else value
-                except TypeError:  # nested lists or mixed types HDF5 cannot hold: kept as JSON text
-                    self.array.attrs[key] = json.dumps(value)
+                except (TypeError, ValueError, RuntimeError):  # nested or ragged lists, mixed types, embedded NULs
+                    try:  # kept as JSON text
+                        self.array.attrs[key] = json.dumps(value)
+                    except (TypeError, ValueError, RuntimeError) as error:  # a name HDF5 takes none of ("")
+                        warnings.warn(f"{self.path}: the attribute {key!r} cannot be written to HDF5 ({error}); "
+                                      "it is left out", RuntimeWarning, stacklevel=2)
             self.root.flush()
             return
         from ._zarr import import_zarr
