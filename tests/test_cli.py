@@ -297,3 +297,27 @@ def test_a_closed_standard_stream_does_not_stop_the_work(small_h5, tmp_path, clo
     assert done.returncode == 0, (done.stdout, done.stderr)
     np.testing.assert_array_equal(ef.open(f"{out}/raw").array[0], raw)
     assert ("wrote" in done.stdout) == (closed == 2)
+
+
+def test_info_lists_every_array_beside_one_it_cannot_read_and_prints_any_attribute(tmp_path, capsys):
+    """One array's malformed geometry ended `emfast info` of a zarr store (exit 2, the other arrays never shown),
+    an HDF5 one was shown without saying why it is no volume, and a lone surrogate in an attribute (valid JSON)
+    stopped info after its first line."""
+    zarr = pytest.importorskip("zarr")
+    root = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
+    for name, attrs in (("a_bad", {"resolution": "4,4,4"}), ("b_good", {"comment": "\ud800"})):
+        root.create_array(name, shape=(8, 8, 8), chunks=(4, 4, 4), dtype=np.uint8).attrs.update(attrs)
+    with h5py_file(tmp_path / "s.h5") as f:
+        f["a_bad"] = np.zeros((8, 8, 8), np.uint8)
+        f["a_bad"].attrs["resolution"] = "4,4,4"
+    for store in ("s.zarr", "s.h5"):
+        assert main(["info", str(tmp_path / store)]) == 0
+        out = capsys.readouterr().out
+        assert "a_bad" in out and "not read as a volume" in out and "resolution = '4,4,4'" in out, out
+    assert main(["info", str(tmp_path / "s.zarr")]) == 0
+    assert "b_good: shape=(8, 8, 8)" in capsys.readouterr().out
+
+
+def h5py_file(path):
+    import h5py
+    return h5py.File(path, "w")

@@ -299,3 +299,20 @@ def test_geometry_emfast_cannot_write_back_is_refused_when_read(tmp_path):
     array.attrs["resolution"] = {"z": 40, "y": 4, "x": 4}
     with pytest.raises(ef.io.StoreMetadataError, match=r"resolution = \{'z': 40.*expected a list of one number"):
         ef.open(tmp_path / "d.zarr")
+
+
+def test_hdf5_byte_string_attributes_are_text_and_undecodable_geometry_is_named(tmp_path):
+    """Fixed-length string attributes (MATLAB's, older tools') were dropped by convert; a latin-1 unit in a
+    geometry attribute raised a bare UnicodeDecodeError naming no file or key."""
+    data = np.zeros((8, 8, 8), np.uint8)
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f["raw"] = data
+        f["raw"].attrs.update({"comment": np.bytes_(b"from MATLAB"), "channels": np.array([b"em", b"mask"])})
+        f["bad"] = data
+        f["bad"].attrs.update({"resolution": [4, 4, 4], "units": b"\xb5m"})
+    convert(tmp_path / "in.h5/raw", tmp_path / "out.zarr/raw")
+    import zarr
+    attributes = zarr.open_array(str(tmp_path / "out.zarr/raw"), mode="r").attrs
+    assert attributes["comment"] == "from MATLAB" and attributes["channels"] == ["em", "mask"]
+    with pytest.raises(ef.io.StoreMetadataError, match=r"in\.h5:bad \(attributes\): malformed metadata"):
+        ef.open(tmp_path / "in.h5/bad")

@@ -127,7 +127,8 @@ def _format_attrs(attrs: dict) -> str:
     for key, value in attrs.items():
         value = value.tolist() if isinstance(value, np.ndarray) else value
         items.append(f"{key}={value}")
-    return ", ".join(items)
+    # a lone surrogate (valid JSON: "\ud800") cannot be printed as UTF-8, and info stopped after its first line
+    return ", ".join(items).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def installation() -> List[str]:

@@ -419,6 +419,13 @@ def _tiles(shape, chunks, itemsize: int, tile_bytes: int):
 SOURCE_AXES_KEYS = ("_ARRAY_DIMENSIONS", "axes")
 
 
+def _text(value):
+    """``value`` with its byte strings as UTF-8 text, in lists too."""
+    if isinstance(value, list):
+        return [_text(v) for v in value]
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
 def _carried_attributes(source: VolumeSource) -> dict:
     """The source's own attributes (JSON-compatible ones), with its resolution and offset in (z, y, x)."""
     carried = {}
@@ -427,6 +434,10 @@ def _carried_attributes(source: VolumeSource) -> dict:
             value = value.tolist()
         elif isinstance(value, np.generic):
             value = value.item()
+        try:  # HDF5's fixed-length strings (MATLAB's, older tools') come as bytes: text, as the geometry reads them
+            value = _text(value)
+        except UnicodeDecodeError:
+            continue
         try:  # standard JSON only: a bare NaN made zarr v3 outputs unreadable by tensorstore and neuroglancer
             json.dumps(value, allow_nan=False).encode("utf-8")
             str(key).encode("utf-8")

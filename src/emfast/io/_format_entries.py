@@ -15,7 +15,7 @@ from ._hdf5 import Hdf5Source, dataset_summary, open_hdf5
 from ._n5 import N5Source, is_n5, list_n5_datasets
 from ._precomputed import PrecomputedSource, is_precomputed
 from ._remote import RemoteStore
-from ._source import DatasetNotFoundError, read_regular_file, unlistable
+from ._source import DatasetNotFoundError, StoreMetadataError, read_regular_file, unlistable
 from ._volume import Volume
 from ._zarr import (GROUP_MARKERS, ZarrSource, arrays_on_disk, import_zarr, local_store,
                     refuse_special_metadata)
@@ -36,9 +36,14 @@ def not_found(container, inner: str, members: Callable[[str], Optional[List[str]
 
 
 def _volumes(fmt, container: Path, names: List[str]) -> Iterator[Listed]:
-    """Each named array opened lazily as a volume, described by its source."""
+    """Each named array opened lazily as a volume, described by its source; one whose metadata emfast refuses is
+    listed with the reason (it ended the listing, the arrays after it never shown)."""
     for name in names:
-        source = fmt.open(container, name, None, None)
+        try:
+            source = fmt.open(container, name, None, None)
+        except StoreMetadataError as error:
+            yield Listed(name, f"not read as a volume: {error}", {}, None)
+            continue
         yield Listed(name, source.describe(), source.attributes(), Volume.open(source, in_memory=False))
 
 
@@ -88,11 +93,13 @@ def _hdf5_datasets(file: h5py.File, container: Path, names: List[str]) -> Iterat
     with file:
         for name in names:
             node = file[name]
+            summary = dataset_summary(node)
             try:
                 volume = Volume.open(Hdf5Source(container, name), in_memory=False)
-            except (TypeError, ValueError):  # not 3-D/4-D, or a dtype volumes do not hold
+            except (TypeError, ValueError) as error:  # not 3-D/4-D, a dtype volumes do not hold, bad geometry
                 volume = None
-            yield Listed(name, dataset_summary(node), dict(node.attrs), volume)
+                summary += f" (not read as a volume: {error})"
+            yield Listed(name, summary, dict(node.attrs), volume)
 
 
 def _hdf5_members(file: h5py.File, group: str):

@@ -108,8 +108,8 @@ class Hdf5Source(VolumeSource):
         self.dtype = np.dtype(node.dtype)
         self.chunks = tuple(int(c) for c in node.chunks[-3:]) if node.chunks is not None else None
         where = f"{self.name} (attributes)"
-        attrs = {key: _plain(node.attrs[key]) for key in GEOMETRY_KEYS if key in node.attrs}
-        with parsing(where):
+        with parsing(where):  # a byte string no UTF-8 (b"\xb5m") is malformed metadata, named
+            attrs = {key: _plain(node.attrs[key]) for key in GEOMETRY_KEYS if key in node.attrs}
             geometry = array_geometry(attrs, len(self.full_shape), where)
         geometry.require_canonical(where)
         self.resolution, self.offset = geometry.resolution, geometry.offset
