@@ -270,7 +270,11 @@ def test_attributes_standard_json_and_hdf5_cannot_hold_do_not_break_the_output(t
     with h5py.File(tmp_path / "in.h5", "w") as f:
         f["raw"] = data
         f["raw"].attrs.update({"threshold": np.nan, "gain": np.inf, "note": "kept"})
-    convert(tmp_path / "in.h5/raw", tmp_path / "out.zarr/raw")
+    with pytest.warns(RuntimeWarning, match=r"the attribute '(threshold|gain)' is not standard JSON"):
+        convert(tmp_path / "in.h5/raw", tmp_path / "out.zarr/raw")
+    convert(tmp_path / "in.h5/raw", tmp_path / "copy.h5/raw")  # HDF5 holds NaN itself (a review: it was dropped)
+    with h5py.File(tmp_path / "copy.h5") as f:
+        assert np.isnan(f["raw"].attrs["threshold"]) and f["raw"].attrs["gain"] == np.inf
     metadata = json.loads((tmp_path / "out.zarr/raw/zarr.json").read_text(),
                           parse_constant=lambda name: pytest.fail(f"{name} in zarr.json"))
     assert metadata["attributes"]["note"] == "kept" and "threshold" not in metadata["attributes"]
@@ -293,8 +297,14 @@ def test_geometry_emfast_cannot_write_back_is_refused_when_read(tmp_path):
     root.attrs["multiscales"] = [{"version": "0.4", "axes": [{"name": a, "type": "space"} for a in "zyx"],
                                   "datasets": [{"path": "s0", "coordinateTransformations": [
                                       {"type": "scale", "scale": [0, 4, 4]}]}]}]
-    with pytest.raises(ef.io.StoreMetadataError, match=r"the scale of s0 must hold 3 positive numbers"):
+    with pytest.raises(ef.io.StoreMetadataError, match=r"the scale of s0 must be positive along z, y and x"):
         ef.open(tmp_path / "ome.zarr")
+    attrs = dict(root.attrs)  # a time or channel axis of scale 0 never reaches emfast's outputs (a review)
+    attrs["multiscales"][0]["axes"].insert(0, {"name": "t", "type": "time"})
+    attrs["multiscales"][0]["datasets"][0]["coordinateTransformations"][0]["scale"] = [0, 40, 4, 4]
+    root.attrs.update(attrs)
+    root.create_array("s0", shape=(1, 4, 4, 4), chunks=(1, 4, 4, 4), dtype="uint8", overwrite=True)
+    assert ef.open(tmp_path / "ome.zarr", in_memory=False).resolution == (40.0, 4.0, 4.0)
     array = zarr.create_array(str(tmp_path / "d.zarr"), shape=(4, 4, 4), chunks=(4, 4, 4), dtype="uint8")
     array.attrs["resolution"] = {"z": 40, "y": 4, "x": 4}
     with pytest.raises(ef.io.StoreMetadataError, match=r"resolution = \{'z': 40.*expected a list of one number"):

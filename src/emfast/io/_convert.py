@@ -438,10 +438,9 @@ def _carried_attributes(source: VolumeSource) -> dict:
             value = _text(value)
         except UnicodeDecodeError:
             continue
-        try:  # standard JSON only: a bare NaN made zarr v3 outputs unreadable by tensorstore and neuroglancer
-            json.dumps(value, allow_nan=False).encode("utf-8")
-            str(key).encode("utf-8")
-        except (TypeError, ValueError, UnicodeEncodeError, RecursionError):  # lone surrogates, nesting
+        try:  # what JSON holds (NaN too: an HDF5 output keeps it; a zarr one's writer leaves it out, saying so)
+            json.dumps(value)
+        except (TypeError, ValueError, RecursionError):
             continue
         carried[key] = value
     # the source's own, in its stored axis order; the output's are written anew

@@ -42,6 +42,8 @@ def _volumes(fmt, container: Path, names: List[str]) -> Iterator[Listed]:
         try:
             source = fmt.open(container, name, None, None)
         except StoreMetadataError as error:
+            if len(names) == 1:  # the array named, or the store's one volume: an error, as before
+                raise
             yield Listed(name, f"not read as a volume: {error}", {}, None)
             continue
         yield Listed(name, source.describe(), source.attributes(), Volume.open(source, in_memory=False))
@@ -96,9 +98,12 @@ def _hdf5_datasets(file: h5py.File, container: Path, names: List[str]) -> Iterat
             summary = dataset_summary(node)
             try:
                 volume = Volume.open(Hdf5Source(container, name), in_memory=False)
-            except (TypeError, ValueError) as error:  # not 3-D/4-D, a dtype volumes do not hold, bad geometry
+            except StoreMetadataError as error:  # malformed geometry is said; a table's rank goes unsaid
                 volume = None
-                summary += f" (not read as a volume: {error})"
+                if node.ndim in (3, 4):
+                    summary += f" (not read as a volume: {error})"
+            except (TypeError, ValueError):  # not 3-D/4-D (a table, metadata), or a dtype volumes do not hold
+                volume = None
             yield Listed(name, summary, dict(node.attrs), volume)
 
 

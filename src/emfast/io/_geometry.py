@@ -212,7 +212,7 @@ def array_geometry(attrs: Mapping, ndim: int, where: str, *, dimension_names: Op
     for key in ("resolution", "voxel_size", "pixelResolution"):
         value, key_units = stored(key), units
         if isinstance(attrs.get(key), Mapping):  # pixelResolution as {"dimensions": [...], "unit": "nm"}
-            if "dimensions" not in attrs[key]:  # {"z": 40, ...} was skipped, and the voxel size lost unsaid
+            if attrs[key].get("dimensions") is None:  # {"z": 40, ...} was skipped, the voxel size lost unsaid
                 raise bad_metadata(where, key, attrs[key], "a list of one number per spatial axis, or "
                                    "{\"dimensions\": [...], \"unit\": ...} as N5's pixelResolution")
             key_units = [attrs[key].get("unit")] * 3
@@ -381,6 +381,9 @@ def multiscale_levels(attrs: Mapping, name: str) -> Optional[Sequence[Level]]:
         scale, shift = _transform(dataset.get("coordinateTransformations", ()), len(axes), where, dataset["path"])
         scale, shift = scale * outer_scale * factors, (shift * outer_scale + outer_shift) * factors
         resolution = tuple(float(scale[roles.index(a)]) for a in SPATIAL)
+        if not all(r > 0 for r in resolution):  # emfast's own output would refuse it, after the work was done
+            raise StoreMetadataError(f"{where}: the scale of {dataset['path']} must be positive along z, y and x, "
+                                     f"got {resolution} nm")
         translation = tuple(float(shift[roles.index(a)]) for a in SPATIAL)
         levels.append(Level(str(dataset["path"]), roles, resolution, translation, translation))
     if not levels:
@@ -435,9 +438,6 @@ def _transform(transforms, ndim: int, where: str, level: str) -> Tuple[np.ndarra
         if not np.isfinite(numbers).all():
             raise StoreMetadataError(f"{where}: the {kind} of {level} must hold {ndim} finite numbers, got {values!r}")
         if kind == "scale":
-            if not (numbers > 0).all():  # emfast's own output would then refuse them, after the work was done
-                raise StoreMetadataError(f"{where}: the scale of {level} must hold {ndim} positive numbers, got "
-                                         f"{values!r}")
             scale = scale * numbers
         else:
             shift = shift + numbers

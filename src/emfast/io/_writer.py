@@ -347,8 +347,22 @@ class OutputWriter:
         self.array = self.root.create_array(self.dataset, shape=shape, chunks=chunks, dtype=dtype,
                                             compressors=zarr_compressor(compression, self.zarr_format, zarr),
                                             dimension_names=dimension_names, fill_value=fill_value,
-                                            attributes=dict(attributes, **geometry))
+                                            attributes=dict(self._standard_json(attributes), **geometry))
         add_ome_multiscales(self.root, self.dataset, len(shape), resolution, offset)
+
+    def _standard_json(self, attributes: dict) -> dict:
+        """The attributes standard JSON holds, the others left out with a warning: zarr wrote a NaN as a bare
+        NaN, and tensorstore and neuroglancer refused to read the array's zarr.json (HDF5 holds NaN itself)."""
+        kept = {}
+        for key, value in attributes.items():
+            try:
+                json.dumps(value, allow_nan=False)
+            except (TypeError, ValueError) as error:
+                warnings.warn(f"{self.path}: the attribute {key!r} is not standard JSON ({error}); it is left out",
+                              RuntimeWarning, stacklevel=3)
+                continue
+            kept[key] = value
+        return kept
 
     def create_companion(self, name: str, shape, dtype, attributes: dict) -> object:
         """A small uncompressed array beside the output (one element per chunk in zarr, so that concurrent writers
