@@ -310,10 +310,15 @@ def test_info_lists_every_array_beside_one_it_cannot_read_and_prints_any_attribu
     with h5py_file(tmp_path / "s.h5") as f:
         f["a_bad"] = np.zeros((8, 8, 8), np.uint8)
         f["a_bad"].attrs["resolution"] = "4,4,4"
+        f["cplx"] = np.zeros((4, 4, 4), np.complex64)  # a dtype volumes do not hold: said too (a review)
     for store in ("s.zarr", "s.h5"):
         assert main(["info", str(tmp_path / store)]) == 0
         out = capsys.readouterr().out
         assert "a_bad" in out and "not read as a volume" in out and "resolution = '4,4,4'" in out, out
+        assert main(["info", str(tmp_path / store / "a_bad")]) == 2  # the array named: an error, in every format
+        assert "resolution = '4,4,4'" in capsys.readouterr().err
+    assert main(["info", str(tmp_path / "s.h5")]) == 0
+    assert "cplx: shape=(4, 4, 4) dtype=complex64 chunks=None (not read as a volume" in capsys.readouterr().out
     assert main(["info", str(tmp_path / "s.zarr")]) == 0
     assert "b_good: shape=(8, 8, 8)" in capsys.readouterr().out
 

@@ -275,6 +275,12 @@ def test_attributes_standard_json_and_hdf5_cannot_hold_do_not_break_the_output(t
     convert(tmp_path / "in.h5/raw", tmp_path / "copy.h5/raw")  # HDF5 holds NaN itself (a review: it was dropped)
     with h5py.File(tmp_path / "copy.h5") as f:
         assert np.isnan(f["raw"].attrs["threshold"]) and f["raw"].attrs["gain"] == np.inf
+    source = zarr.create_array(str(tmp_path / "s.zarr"), shape=data.shape, chunks=(8, 8, 8), dtype=data.dtype)
+    source[...] = data
+    source.attrs["comment"] = "\ud800"  # valid JSON to Python, no UTF-8: tensorstore refused the output (a review)
+    with pytest.warns(RuntimeWarning, match=r"the attribute 'comment' is not standard JSON"):
+        convert(tmp_path / "s.zarr", tmp_path / "s-copy.zarr/raw")
+    (tmp_path / "s-copy.zarr/raw/zarr.json").read_text(encoding="utf-8")
     metadata = json.loads((tmp_path / "out.zarr/raw/zarr.json").read_text(),
                           parse_constant=lambda name: pytest.fail(f"{name} in zarr.json"))
     assert metadata["attributes"]["note"] == "kept" and "threshold" not in metadata["attributes"]
@@ -305,6 +311,8 @@ def test_geometry_emfast_cannot_write_back_is_refused_when_read(tmp_path):
     root.attrs.update(attrs)
     root.create_array("s0", shape=(1, 4, 4, 4), chunks=(1, 4, 4, 4), dtype="uint8", overwrite=True)
     assert ef.open(tmp_path / "ome.zarr", in_memory=False).resolution == (40.0, 4.0, 4.0)
+    with pytest.raises(ValueError, match=r"resolution must be 3 finite numbers > 0"):  # predict wrote it, then
+        ef.Volume.from_array(np.zeros((4, 4, 4), np.uint8), resolution=(0, 4, 4))  # refused its own output
     array = zarr.create_array(str(tmp_path / "d.zarr"), shape=(4, 4, 4), chunks=(4, 4, 4), dtype="uint8")
     array.attrs["resolution"] = {"z": 40, "y": 4, "x": 4}
     with pytest.raises(ef.io.StoreMetadataError, match=r"resolution = \{'z': 40.*expected a list of one number"):

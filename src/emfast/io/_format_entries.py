@@ -35,14 +35,15 @@ def not_found(container, inner: str, members: Callable[[str], Optional[List[str]
     return DatasetNotFoundError(f"{container} has no dataset or group {inner!r}")
 
 
-def _volumes(fmt, container: Path, names: List[str]) -> Iterator[Listed]:
-    """Each named array opened lazily as a volume, described by its source; one whose metadata emfast refuses is
-    listed with the reason (it ended the listing, the arrays after it never shown)."""
+def _volumes(fmt, container: Path, names: List[str], named: Optional[str] = None) -> Iterator[Listed]:
+    """Each array of ``names`` opened lazily as a volume, described by its source; one whose metadata emfast
+    refuses is listed with the reason (it ended the listing of a group, the arrays after it never shown), unless
+    it is the array ``named`` itself (the path given names it): that is an error."""
     for name in names:
         try:
             source = fmt.open(container, name, None, None)
         except StoreMetadataError as error:
-            if len(names) == 1:  # the array named, or the store's one volume: an error, as before
+            if name == named:
                 raise
             yield Listed(name, f"not read as a volume: {error}", {}, None)
             continue
@@ -87,23 +88,25 @@ class Hdf5Format(VolumeFormat):
         except BaseException:
             file.close()
             raise
-        return Contents(attributes, _hdf5_datasets(file, container, names), "(no datasets)")
+        return Contents(attributes, _hdf5_datasets(file, container, names, inner), "(no datasets)")
 
 
-def _hdf5_datasets(file: h5py.File, container: Path, names: List[str]) -> Iterator[Listed]:
-    """Every dataset named, a volume where emfast reads it as one (3-D/4-D of a supported dtype)."""
+def _hdf5_datasets(file: h5py.File, container: Path, names: List[str], named: str) -> Iterator[Listed]:
+    """Every dataset of ``names``, a volume where emfast reads it as one (3-D/4-D of a supported dtype), else with
+    the reason where it is 3-D/4-D (a table's rank goes unsaid); the dataset ``named`` by the path, if it has
+    malformed geometry, is an error, as in the other formats."""
     with file:
         for name in names:
             node = file[name]
             summary = dataset_summary(node)
             try:
                 volume = Volume.open(Hdf5Source(container, name), in_memory=False)
-            except StoreMetadataError as error:  # malformed geometry is said; a table's rank goes unsaid
+            except (TypeError, ValueError) as error:  # malformed geometry, a dtype volumes do not hold, a table
+                if name == named and isinstance(error, StoreMetadataError):
+                    raise
                 volume = None
                 if node.ndim in (3, 4):
                     summary += f" (not read as a volume: {error})"
-            except (TypeError, ValueError):  # not 3-D/4-D (a table, metadata), or a dtype volumes do not hold
-                volume = None
             yield Listed(name, summary, dict(node.attrs), volume)
 
 
@@ -137,7 +140,7 @@ class N5Format(VolumeFormat):
             raise not_found(container, inner, lambda group: _n5_members(container, group))
         names = [f"{inner}/{name}".strip("/.") if name != "." else inner
                  for name in list_n5_datasets(container / inner)]
-        return Contents({}, _volumes(cls, container, names))
+        return Contents({}, _volumes(cls, container, names, inner))
 
 
 def _n5_members(container: Path, group: str):
@@ -187,7 +190,7 @@ class ZarrFormat(VolumeFormat):
 
     @classmethod
     def contents(cls, container: Path, inner: str) -> Contents:
-        return Contents({}, _volumes(cls, container, _zarr_arrays(container, inner)))
+        return Contents({}, _volumes(cls, container, _zarr_arrays(container, inner), inner))
 
 
 def _zarr_arrays(container: Path, inner: str) -> List[str]:
@@ -270,4 +273,4 @@ class PrecomputedFormat(VolumeFormat):
 
     @classmethod
     def contents(cls, container: Path, inner: str) -> Contents:
-        return Contents({}, _volumes(cls, container, [""]))
+        return Contents({}, _volumes(cls, container, [""], ""))

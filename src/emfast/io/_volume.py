@@ -125,7 +125,9 @@ class Volume:
         self.shape = full_shape[-3:]
         self.chunks = plain(data.chunks if lazy else chunks)
         resolution, offset = (data.resolution, data.offset) if lazy else (resolution, offset)
-        self.resolution = None if resolution is None else triple(resolution, f"{name}: resolution", integer=False)
+        # positive: predict wrote a resolution of 0, and emfast then refused its own output
+        self.resolution = None if resolution is None else triple(resolution, f"{name}: resolution", integer=False,
+                                                                 minimum=0, strict=True)
         self.offset = None if offset is None else triple(offset, f"{name}: offset", integer=False)
         self.stamp = data.stamp if lazy else stamp
         self._reader: Optional[VolumeSource] = data if lazy else None

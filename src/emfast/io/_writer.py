@@ -355,11 +355,11 @@ class OutputWriter:
         NaN, and tensorstore and neuroglancer refused to read the array's zarr.json (HDF5 holds NaN itself)."""
         kept = {}
         for key, value in attributes.items():
-            try:
-                json.dumps(value, allow_nan=False)
+            try:  # UTF-8 too: a lone surrogate ("\ud800", valid in Python's JSON) is no UTF-8, and no JSON file
+                json.dumps({key: value}, allow_nan=False, ensure_ascii=False).encode("utf-8")
             except (TypeError, ValueError) as error:
                 warnings.warn(f"{self.path}: the attribute {key!r} is not standard JSON ({error}); it is left out",
-                              RuntimeWarning, stacklevel=3)
+                              RuntimeWarning, stacklevel=2)
                 continue
             kept[key] = value
         return kept
