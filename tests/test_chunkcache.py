@@ -386,10 +386,8 @@ def test_slabs_are_read_and_written_where_the_kernel_refuses_huge_page_advice(tm
 
     monkeypatch.setattr(_blockslots, "_kept", [])
     monkeypatch.setattr(_blockslots.mmap, "mmap", NoAdvice)
-    data = random_volume(rng, (64, 256, 256), np.uint8)
-    with h5py.File(tmp_path / "v.h5", "w") as f:
-        f.create_dataset("data", data=data, chunks=(16, 64, 64))
-    with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False, cache_bytes=SLAB_BYTES) as volume:
+    data, volume = _slab_volume(tmp_path, rng, "v.h5")
+    with volume:
         out = np.empty((1, 64, 256, 256), np.uint8)
         volume.read_box((0, 0, 0), (64, 256, 256), out)
         assert volume.chunk_cache._slots.per_slab  # its blocks are cut from slabs: the advice was asked for
@@ -527,10 +525,8 @@ def test_no_memory_for_a_slab_is_a_memory_error_naming_the_volume_and_its_budget
 
     monkeypatch.setattr(_blockslots, "_kept", [])
     monkeypatch.setattr(_blockslots.mmap, "mmap", NoMemory)
-    data = random_volume(rng, (64, 256, 256), np.uint8)
-    with h5py.File(tmp_path / "v.h5", "w") as f:
-        f.create_dataset("data", data=data, chunks=(16, 64, 64))
-    with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False, cache_bytes=SLAB_BYTES) as volume:
+    _, volume = _slab_volume(tmp_path, rng, "v.h5")
+    with volume:
         with pytest.raises(MemoryError, match=r"v\.h5:data: no memory for more of its chunk cache .*cache_bytes="
                                               r"4194304\): cannot map 6 MiB .*give it a smaller cache_bytes"):
             volume.read_box((0, 0, 0), (16, 64, 64), np.empty((1, 16, 64, 64), np.uint8))
