@@ -26,6 +26,7 @@ import numpy as np
 
 from .._checks import flag, integer, is_integer, triple
 from ._geometry import GEOMETRY_KEYS
+from ._hdf5 import plain_attribute
 from ._open import open_source
 from ._outputs import (RECORDS, NotOwnOutputError, OutputLock, add_ome_pyramid, check_free_space,
                        check_output_location, fingerprint, image_paths, remove_zarr_output, zarr_store_format)
@@ -419,23 +420,14 @@ def _tiles(shape, chunks, itemsize: int, tile_bytes: int):
 SOURCE_AXES_KEYS = ("_ARRAY_DIMENSIONS", "axes")
 
 
-def _text(value):
-    """``value`` with its byte strings as UTF-8 text, in lists too."""
-    if isinstance(value, list):
-        return [_text(v) for v in value]
-    return value.decode("utf-8") if isinstance(value, bytes) else value
-
-
 def _carried_attributes(source: VolumeSource) -> dict:
     """The source's own attributes (JSON-compatible ones), with its resolution and offset in (z, y, x)."""
     carried = {}
     for key, value in source.attributes().items():
-        if isinstance(value, np.ndarray):
-            value = value.tolist()
-        elif isinstance(value, np.generic):
+        if isinstance(value, np.generic) and not isinstance(value, bytes):
             value = value.item()
         try:  # HDF5's fixed-length strings (MATLAB's, older tools') come as bytes: text, as the geometry reads them
-            value = _text(value)
+            value = plain_attribute(value)
         except UnicodeDecodeError:
             continue
         try:  # what JSON holds (NaN too: an HDF5 output keeps it; a zarr one's writer leaves it out, saying so)

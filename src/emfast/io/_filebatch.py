@@ -39,6 +39,17 @@ FILES_PER_CALL = 64
 DESCRIPTOR_SHARE = 4
 
 
+def descriptor_limit() -> Optional[int]:
+    """The process's soft limit of open files; None where it has none (RLIM_INFINITY: BSD, macOS can) or it is not
+    known (Windows, where the Python reader reads the files one by one)."""
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 class _OpenFiles:
     """The files the compiled reader's calls hold open, counted across threads: a call waits while the others
     hold so many that its own would pass the process's share of descriptors (a 16-core machine's 15 decode
@@ -50,14 +61,8 @@ class _OpenFiles:
 
     @staticmethod
     def _most() -> int:
-        try:
-            import resource  # not on Windows, where the Python reader reads the files one by one
-            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        except (ImportError, OSError, ValueError):
-            return FILES_PER_CALL
-        if soft == resource.RLIM_INFINITY:  # no limit (BSD, macOS can have it): none to share
-            return 1 << 40
-        return max(FILES_PER_CALL, soft // DESCRIPTOR_SHARE)
+        soft = descriptor_limit()
+        return 1 << 40 if soft is None else max(FILES_PER_CALL, soft // DESCRIPTOR_SHARE)
 
     @contextlib.contextmanager
     def held(self, count: int) -> Iterator[None]:
@@ -186,11 +191,8 @@ def _descriptor_hint(number: int) -> str:
     """For EMFILE, the process's descriptor limit and what to do: the chunk named is where it ran out, not why."""
     if number != errnos.EMFILE:
         return ""
-    try:
-        import resource
-        limit = f" of {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}"
-    except (ImportError, OSError, ValueError):  # no resource module (Windows)
-        limit = ""
+    soft = descriptor_limit()
+    limit = "" if soft is None else f" of {soft}"
     return (f"; the process has every file descriptor its limit{limit} allows open (ulimit -n): raise the limit, "
             "or open fewer files at once (lazy HDF5 volumes hold one each)")
 

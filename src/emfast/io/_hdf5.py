@@ -109,7 +109,7 @@ class Hdf5Source(VolumeSource):
         self.chunks = tuple(int(c) for c in node.chunks[-3:]) if node.chunks is not None else None
         where = f"{self.name} (attributes)"
         with parsing(where):  # a byte string no UTF-8 (b"\xb5m") is malformed metadata, named
-            attrs = {key: _plain(node.attrs[key]) for key in GEOMETRY_KEYS if key in node.attrs}
+            attrs = {key: plain_attribute(node.attrs[key]) for key in GEOMETRY_KEYS if key in node.attrs}
             geometry = array_geometry(attrs, len(self.full_shape), where)
         geometry.require_canonical(where)
         self.resolution, self.offset = geometry.resolution, geometry.offset
@@ -432,10 +432,11 @@ def hdf5(path: Union[str, os.PathLike], dataset: str, *, in_memory: bool = True,
     return Volume.open(Hdf5Source(path, dataset), in_memory=in_memory, cache_bytes=cache_bytes)
 
 
-def _plain(value):
-    """An HDF5 attribute as JSON would hold it: arrays as lists, byte strings as text."""
+def plain_attribute(value):
+    """An HDF5 attribute as JSON would hold it: arrays as lists, byte strings as UTF-8 text (UnicodeDecodeError
+    where they are none)."""
     if isinstance(value, np.ndarray):
         value = value.tolist()
     if isinstance(value, list):
-        return [_plain(v) for v in value]
+        return [plain_attribute(v) for v in value]
     return value.decode() if isinstance(value, bytes) else value

@@ -522,9 +522,10 @@ def refuse_hdf5_in_use(path: Path) -> None:
     HDF5, so that the refusal comes before the model's first call. A file this process has open is told apart
     (its own lock would be taken for another program's): open to write, HDF5 shares it, and it is left to that
     opening; open only to read, HDF5 refuses to open it to write, and so does this, naming this process."""
-    if _open_in_this_process(path) == "write":
+    here = _open_in_this_process(path)
+    if here == "write":
         return
-    if _open_in_this_process(path) == "read":
+    if here == "read":
         raise OutputBusyError(f"cannot write {path}: this process has it open to read only (an emfast volume read "
                               "lazily, or an h5py.File opened with 'r'); close it, then run again")
     if os.environ.get("HDF5_USE_FILE_LOCKING") in ("FALSE", "0"):  # as HDF5 reads it (not "false")
