@@ -5,10 +5,11 @@ predictions (every test-time variant, as the model returned them) are saved here
 instead of calling the model again. The folder lies beside the output's container, named
 ``.<container>+<dataset>.emfast-tiles`` ('%', '/' and '+' of the dataset percent-encoded, so that no two outputs
 share a name: with '/' written as '.', ``s.zarr/h5/p`` and ``s.zarr.h5/p``, under two locks, did; a dataset whose
-name would make it longer than a file name may be, by its digest), holds one ``.npy`` file per tile (written under a temporary name, then
-renamed, so a reader never sees half a file) and the prediction's record (``record.json``): tiles are used only by
-a run with the same record, so a folder left by another prediction is emptied, never read. The folder lives as
-long as the prediction is unfinished (a resume uses what it holds) and is removed when it completes.
+name would make it longer than a file name may be, by its digest), holds one ``.npy`` file per tile (written under a
+temporary name, then renamed, so a reader never sees half a file) and the prediction's record (``record.json``):
+tiles are used only by a run with the same record, so a folder left by another prediction is emptied, never read.
+The folder lives as long as the prediction is unfinished (a resume uses what it holds) and is removed when it
+completes.
 
 In the local engine the tiles are kept in memory first, up to a share of the budget (``memory_limit``), and
 only those beyond it go to the folder: most are blended again a block or a row of blocks later. A copy sent to

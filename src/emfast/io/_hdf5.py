@@ -3,10 +3,10 @@
 Chunked datasets whose filters are at most shuffle and deflate (gzip) are read chunk by chunk with
 ``Dataset.id.read_direct_chunk`` and decoded here: h5py's global lock is held only while the compressed bytes are
 read (taken here: h5py before 3.16 did not take it for its low-level calls, and threads reading chunks at once
-crashed HDF5, which is not thread-safe, see :data:`HDF5_LOCK`), and ``zlib`` decompresses with the GIL released, so several producer threads decode in parallel, and the
-chunks a box misses are decompressed side by side where that pays (``read_many``). Any other
-read (contiguous datasets, other filters, chunks never written, which read as the fill value, boxes that are not
-one chunk) goes through ``Dataset.read_direct``, which HDF5 serialises.
+crashed HDF5, which is not thread-safe, see :data:`HDF5_LOCK`), and ``zlib`` decompresses with the GIL released, so
+several producer threads decode in parallel, and the chunks a box misses are decompressed side by side where that
+pays (``read_many``). Any other read (contiguous datasets, other filters, chunks never written, which read as the
+fill value, boxes that are not one chunk) goes through ``Dataset.read_direct``, which HDF5 serialises.
 
 A virtual dataset (VDS) is read only if every source file exists and holds its dataset, checked when it is
 opened, and each source a lazy read touches is checked to still exist: HDF5 itself reads a missing source as

@@ -2,8 +2,9 @@
 
 On a terminal it redraws one line in place, at most every :data:`REDRAW_SECONDS`, cut to the terminal's width (a
 longer line wraps, and the carriage return then goes back to its last row only: a new row per redraw); on anything
-else (a log file, a pipe) it writes plain lines, one per :data:`LINE_FRACTION` of the work or per :data:`LINE_SECONDS`, so logs hold no
-carriage returns and stay short. The time left is "estimating" until the first unit is done.
+else (a log file, a pipe) it writes plain lines, one per :data:`LINE_FRACTION` of the work or per
+:data:`LINE_SECONDS`, so logs hold no carriage returns and stay short. The time left is "estimating" until the first
+unit is done.
 """
 from __future__ import annotations
 

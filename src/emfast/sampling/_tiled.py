@@ -43,10 +43,10 @@ class Tiled(Sampler):
     - ``last="drop"``: ``floor(T / W) // B`` batches (the smallest shard's full batches), all full; a shard's
       tiles beyond them are never delivered.
     - ``last="roll"``: ``ceil(m / B)`` batches, all full (so every shard needs a tile of its own): the sequence
-      wraps around, so place p of the epoch (``p = batch * B + example``) gets the shard's tile ``p % n``; with ``n >= B`` the first
-      ``ceil(m / B) * B - n`` tiles come twice, at the start and again at the end of the last batch, and with
-      fewer tiles than ``B`` the one batch cycles through them (3 tiles, B = 8: 0, 1, 2, 0, 1, 2, 0, 1). Every
-      epoch is the same.
+      wraps around, so place p of the epoch (``p = batch * B + example``) gets the shard's tile ``p % n``; with
+      ``n >= B`` the first ``ceil(m / B) * B - n`` tiles come twice, at the start and again at the end of the last
+      batch, and with fewer tiles than ``B`` the one batch cycles through them (3 tiles, B = 8: 0, 1, 2, 0, 1, 2, 0,
+      1). Every epoch is the same.
 
     Parameters
     ----------
