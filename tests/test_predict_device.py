@@ -54,10 +54,26 @@ def test_the_fake_device_writes_what_the_cpu_path_writes(tmp_path, volume, model
         seen.append((threading.current_thread().name, type(batch)))
         return model(batch)
 
-    result, written = _predict(on_device, volume, tmp_path / "dev.zarr/pred", device=device, **settings)
+    from emfast.inference import _block, _device
+    predictors, pooled_at_close = [], []
+    lend, close = _block.BlockPredictor.lend_batches, _device.DeviceRunner.close
+
+    def lending(predictor, slots):
+        predictors.append(predictor)
+        lend(predictor, slots)
+
+    def closing(runner, quiet=False):  # the predictor must hold none of the page-locked slots by now: pycuda
+        pooled_at_close.append(sum(len(free) for p in predictors for free in p._pool._free.values()))
+        close(runner, quiet)  # frees page-locked memory dying after its context is detached never
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_block.BlockPredictor, "lend_batches", lending)
+        patch.setattr(_device.DeviceRunner, "close", closing)
+        result, written = _predict(on_device, volume, tmp_path / "dev.zarr/pred", device=device, **settings)
     np.testing.assert_array_equal(written, cpu)
     assert device.violations == []
     assert device.closed and device.live == 0
+    assert predictors and pooled_at_close == [0]
     # every batch went over as a copy into device memory, and every prediction came back the same way
     assert device.copies == len(seen) and device.copies_back == len(seen)
     assert {name for name, _ in seen} == {"emfast-predict-device_0"}

@@ -147,9 +147,15 @@ class BlockPredictor:
 
     def lend_batches(self, slots: List[np.ndarray]) -> None:
         """Gather batches into ``slots`` (flat float32 arrays, page-locked host slots of a device) while one is
-        free."""
+        free, until :meth:`return_lent`."""
         for slot in slots:
             self._pool.give("batch", slot)
+
+    def return_lent(self) -> None:
+        """Let go of the pooled arrays, the lent slots among them, before their device closes: page-locked memory
+        that dies after its context is detached is never freed (pycuda skips it), and the predictor outlived the
+        device, holding them, every predict() on a GPU (a review of the fake device's rules)."""
+        self._pool = _Pool()
 
     def give_back_kept(self, kept: Optional[np.ndarray]) -> None:
         """Reuse the memory of a shared tile's predictions (from :meth:`TileCache.discard`) for the next one."""

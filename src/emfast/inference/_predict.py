@@ -410,6 +410,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         raise input_cache_refusal(error, budget) from None
     hasher, digest = _fingerprint_ahead(volume)
     failed = True
+    predictor: Optional[BlockPredictor] = None
     try:
         check_output_location(container, dataset, kind, volume.stamp, "input")
         patch_in = _triple_or_int(patch_in, "patch_in", 1)
@@ -519,6 +520,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
             if hasher is not None:
                 shutdown_pool(hasher)
             if caller.runner is not None:
+                if predictor is not None:
+                    predictor.return_lent()
                 caller.runner.close(quiet=failed)
             if opened:
                 volume.close()
