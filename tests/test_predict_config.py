@@ -106,6 +106,18 @@ def test_check_refuses_a_normalisation_float32_cannot_apply_as_predict_does(fold
     assert f"line {_line_of(text, 'normalize')}: predict.normalize: " in error and "beyond float32" in error
 
 
+def test_check_lays_the_blocks_predict_lays_within_the_memory_budget(folder, capsys):
+    """`emfast check` printed the blocks of no budget: a config with memory: 4MiB was checked as 1 block and ran
+    as 15 (a helper auditing the docs' promises)."""
+    import re
+    path = _config(folder, PREDICT + "  memory: 1MiB\n  chunks: [8, 16, 16]\n  channels: 1\n")
+    assert main(["check", str(path)]) == 0
+    checked = int(re.search(r"in (\d+) blocks of", capsys.readouterr().out).group(1))
+    assert main(["predict", str(path)]) == 0
+    ran = int(re.search(r"(\d+) of \1 blocks", capsys.readouterr().out).group(1))
+    assert checked == ran > 1
+
+
 def test_an_output_store_reached_through_a_link_keeps_the_name_that_says_its_format(folder, capsys):
     """``fast.zarr`` a link to a scratch folder without a suffix: the config resolved the whole path first and
     refused the output it led to ("must name a dataset in a .zarr or .h5 container ... got .../scratch/pred"),
@@ -265,13 +277,14 @@ def test_a_memory_too_small_for_the_inputs_chunk_cache_names_the_memory_key(fold
 
 
 def test_a_memory_too_small_for_a_block_names_the_memory_key_when_predict_finds_it(folder, capsys):
-    """What only the run finds (the model's channels decide a block's bytes) names its key too."""
+    """What the run finds names its key too; check finds it first where one output channel already needs more
+    (it lays the blocks as predict does, counting the channels it is told, else 1: the least)."""
     text = PREDICT + "  memory: 200KiB\n"
-    assert main(["check", str(_config(folder, text))]) == 0
-    capsys.readouterr()
-    assert main(["predict", str(folder / "predict.yaml")]) == 2
-    error = capsys.readouterr().err
-    assert f"predict.yaml, line {_line_of(text, 'memory:')}: predict.memory: memory=204800 bytes is too small" in error
+    for command in ("check", "predict"):
+        assert main([command, str(_config(folder, text))]) == 2
+        error = capsys.readouterr().err
+        assert f"predict.yaml, line {_line_of(text, 'memory:')}: predict.memory: memory=204800 bytes is too small" \
+            in error
 
 
 @pytest.mark.parametrize("old, new, key, words", [

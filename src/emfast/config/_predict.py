@@ -36,10 +36,10 @@ from typing import Any, Callable, List, Mapping, Optional, Union
 
 from .._checks import concerned_key
 from .._core.gather import PAD_MODES
-from ..inference import (BLENDS, CACHE_SHARE, CHUNK_EDGE, COMPRESSIONS, FLAGS_SUFFIX, PREDICT_OUTPUT_DTYPE_NAMES,
-                         TTA_COUNTS, InputDtypeError, Prediction, TilePlan, block_estimate, check_fill,
-                         check_input_dtype, check_torch_device, input_cache_refusal, parse_memory, predict,
-                         too_large_block, variants)
+from ..inference import (BLENDS, CACHE_SHARE, CHUNK_EDGE, COMPRESSIONS, DEFAULT_MEMORY, FLAGS_SUFFIX,
+                         PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS, InputDtypeError, Prediction, TilePlan, block_estimate,
+                         budget_block, check_fill, check_input_dtype, check_torch_device, input_cache_refusal,
+                         parse_memory, predict, too_large_block, variants)
 from ..io import CacheBudgetError, check_compression, open_volume, parse_output
 from ..transfer import cuda_ordinal
 from ._sections import _check_normalize, _file
@@ -247,19 +247,32 @@ class PredictSpec:
         except ValueError as error:  # the plan's refusals name their setting (patch_out given as patch_in here)
             key = concerned_key(error, self.options) or "patch_in"
             raise self.error((key,), f"{error} (input {self.input_path(cache_dir)}, shape {shape})") from None
-        if self.options.get("block") is not None and self.options.get("memory") is not None:
+        budget = self.options.get("memory") or DEFAULT_MEMORY
+        if self.options.get("block") is None:  # laid within the budget, as predict lays them
+            try:
+                block = budget_block(plan, self._estimate(plan, channels_in, itemsize_in), budget,
+                                     budget // CACHE_SHARE)
+            except ValueError as error:
+                raise self.error(("memory",), str(error)) from None
+            plan = TilePlan(shape, patch_in, patch_out, overlap, chunks, self.options.get("roi"), block,
+                            crop=blend == "none")
+        elif self.options.get("memory") is not None:
             self._check_block_fits(plan, channels_in, itemsize_in)
         return plan
 
-    def _check_block_fits(self, plan: TilePlan, channels_in: int, itemsize_in: int) -> None:
-        """Refuse a given block that memory cannot hold, as predict will, counting the model's output channels
-        as ``channels`` says, or as 1 (the least) where only the model knows them."""
+    def _estimate(self, plan: TilePlan, channels_in: int, itemsize_in: int):
+        """predict's estimate of a block's bytes, counting the model's output channels as ``channels`` says, or as
+        1 (the least) where only the model knows them."""
         options = self.options
-        estimate = block_estimate(plan, channels_in, itemsize_in, options.get("channels", 1),
-                                  options.get("dtype", "float32"), options.get("threads", 2),
-                                  options.get("batch_size", 1),
-                                  len(variants(options.get("tta", 0), plan.patch_in, plan.patch_out)))
-        error = too_large_block(plan.block, estimate, options["memory"], options["memory"] // CACHE_SHARE)
+        return block_estimate(plan, channels_in, itemsize_in, options.get("channels", 1),
+                              options.get("dtype", "float32"), options.get("threads", 2), options.get("batch_size", 1),
+                              len(variants(options.get("tta", 0), plan.patch_in, plan.patch_out)))
+
+    def _check_block_fits(self, plan: TilePlan, channels_in: int, itemsize_in: int) -> None:
+        """Refuse a given block that memory cannot hold, as predict will."""
+        options = self.options
+        error = too_large_block(plan.block, self._estimate(plan, channels_in, itemsize_in), options["memory"],
+                                options["memory"] // CACHE_SHARE)
         if error is not None:
             counted = "" if "channels" in options else " (counting 1 output channel: the model may have more)"
             raise self.error(("block",), f"{error}{counted}")
@@ -283,7 +296,9 @@ class PredictSpec:
                 + (f" with {', '.join(f'{k}={v!r}' for k, v in self.model_args.items())}" if self.model_args else ""),
                 f"  input {self.input_path(cache_dir)}, shape {plan.shape}; output {self.output}",
                 f"  {plan.tile_count} tiles of {plan.patch_out} (input {plan.patch_in}, overlap {plan.overlap}) "
-                f"in {len(plan.blocks())} blocks of {plan.block} over {plan.roi[0]}..{plan.roi[1]}",
+                f"in {len(plan.blocks())} blocks of {plan.block} over {plan.roi[0]}..{plan.roi[1]}"
+                + ("" if "channels" in self.options or "block" in self.options else
+                   " (for 1 output channel: the model's may make them smaller)"),
                 f"  device: {device or 'none (the model gets NumPy arrays)'}",
                 "  engine: " + ("local" if self.engine is None else f"dask {dict(self.engine)}")]
 

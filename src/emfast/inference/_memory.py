@@ -110,6 +110,13 @@ def choose_block(budget: int, chunks, roi, estimate, given: int) -> Tuple[int, i
             return tuple(block)
 
 
+def budget_block(plan, estimate, budget: int, reserved: int) -> Tuple[int, int, int]:
+    """The block :func:`choose_block` lays for ``plan`` within what ``budget`` leaves beside ``reserved`` bytes
+    (the input's chunk cache, device slots) and the shared tiles: predict's, and ``emfast check``'s, which
+    printed the blocks of no budget (1 block where predict ran 15)."""
+    return choose_block(budget - budget // TILES_SHARE - reserved, plan.chunks, plan.roi, estimate, budget)
+
+
 def too_large_block(block, estimate, budget: int, reserved: int) -> Optional[ValueError]:
     """The refusal (at ``block``) of a given block whose ``estimate(block)`` bytes exceed what ``budget`` leaves
     for blocks beside ``reserved`` bytes (the input's chunk cache, device slots) and the shared tiles; None if

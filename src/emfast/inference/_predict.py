@@ -27,7 +27,7 @@ from ._cache import TileCache
 from ._dask import check_model_pickles, dask_missing, run_dask
 from ._device import device_runner
 from ._local import run_local
-from ._memory import (CACHE_SHARE, DEFAULT_MEMORY, TILES_SHARE, block_estimate, choose_block, input_cache_refusal,
+from ._memory import (CACHE_SHARE, DEFAULT_MEMORY, TILES_SHARE, block_estimate, budget_block, input_cache_refusal,
                       parse_memory, too_large_block)
 from ._model import ModelCaller, check_torch_device, torch_device_name
 from ._store import (FLAGS_SUFFIX, PREDICT_OUTPUT_DTYPE_NAMES, PROVENANCE, OutputStore, check_compression,
@@ -456,10 +456,9 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
             reserved = (budget // CACHE_SHARE if opened else 0) + pinned  # the chunk cache and the device slots
             estimate = block_estimate(plan, volume.channels, volume.dtype.itemsize, channels, dtype, threads,
                                       batch_size, len(tile_variants))
-            left = budget - budget // TILES_SHARE - reserved  # what the blocks get beside those and the kept tiles
             if block is None:
                 plan = TilePlan(volume.shape, patch_in, patch_out, overlap, chunks, roi,
-                                choose_block(left, plan.chunks, plan.roi, estimate, budget), crop=blend == "none")
+                                budget_block(plan, estimate, budget, reserved), crop=blend == "none")
             elif memory is not None:
                 refused = too_large_block(plan.block, estimate, budget, reserved)
                 if refused is not None:
