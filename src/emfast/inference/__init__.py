@@ -22,11 +22,11 @@ from ._store import COMPRESSIONS, FLAGS_SUFFIX, PREDICT_OUTPUT_DTYPE_NAMES, Bloc
 from ._tiling import Block, TilePlan
 from ._tta import TTA_COUNTS, variants
 
-__all__ = ["BLENDS", "CACHE_SHARE", "COMPRESSIONS", "DEFAULT_MEMORY", "FLAGS_SUFFIX", "PREDICT_OUTPUT_DTYPE_NAMES", "TTA_COUNTS", "Block",
-           "BlockWriteError", "InputDtypeError", "ModelOutputError", "OutputExistsError", "Prediction",
-           "PredictProgress", "NonFiniteWarning", "SaturationWarning", "TilePlan", "block_estimate", "budget_block", "check_fill",
-           "check_input_dtype", "check_torch_device", "input_cache_refusal", "model_blamed", "predict",
-           "require_torch", "too_large_block", "variants"]
+__all__ = ["BLENDS", "CACHE_SHARE", "COMPRESSIONS", "DEFAULT_MEMORY", "FLAGS_SUFFIX", "PREDICT_OUTPUT_DTYPE_NAMES",
+           "TTA_COUNTS", "Block", "BlockWriteError", "InputDtypeError", "ModelOutputError", "OutputExistsError",
+           "Prediction", "PredictProgress", "NonFiniteWarning", "SaturationWarning", "TilePlan", "block_estimate",
+           "budget_block", "check_fill", "check_input_dtype", "check_torch_device", "input_cache_refusal",
+           "model_blamed", "predict", "require_torch", "too_large_block", "variants"]
 
 
 if not TYPE_CHECKING:  # for type checkers every other name stays an error, not Any

@@ -114,14 +114,19 @@ def budget_block(plan, estimate, budget: int, reserved: int) -> Tuple[int, int, 
     """The block :func:`choose_block` lays for ``plan`` within what ``budget`` leaves beside ``reserved`` bytes
     (the input's chunk cache, device slots) and the shared tiles: predict's, and ``emfast check``'s, which
     printed the blocks of no budget (1 block where predict ran 15)."""
-    return choose_block(budget - budget // TILES_SHARE - reserved, plan.chunks, plan.roi, estimate, budget)
+    return choose_block(_left_for_blocks(budget, reserved), plan.chunks, plan.roi, estimate, budget)
+
+
+def _left_for_blocks(budget: int, reserved: int) -> int:
+    """What ``budget`` leaves for blocks beside ``reserved`` bytes and the shared tiles' share."""
+    return budget - budget // TILES_SHARE - reserved
 
 
 def too_large_block(block, estimate, budget: int, reserved: int) -> Optional[ValueError]:
     """The refusal (at ``block``) of a given block whose ``estimate(block)`` bytes exceed what ``budget`` leaves
     for blocks beside ``reserved`` bytes (the input's chunk cache, device slots) and the shared tiles; None if
     it fits."""
-    left = budget - budget // TILES_SHARE - reserved
+    left = _left_for_blocks(budget, reserved)
     needed = estimate(block)
     if needed <= left:
         return None
