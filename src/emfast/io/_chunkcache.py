@@ -71,6 +71,18 @@ SPARE_BUFFERS = 4
 #: budget (``benchmarks/lazy_memory.py``: 64 blocks of 512 KiB against a 64 MiB budget).
 WAVES_PER_BUDGET = 32
 WAVE_BLOCKS = 8
+#: Of a budget of at least READING_SHARE_FROM bytes, the blocks get all but an eighth (READING_SHARE), at most
+#: READING_BYTES, in whole blocks: the rest is for what reading them needs beside them (file buffers kept for the
+#: next reads, decode helpers' threads and decoder contexts), about 12 MiB on 2 cores, which left a 64 MiB cache's
+#: process 19 % above its budget (``benchmarks/lazy_memory.py``, zarr zstd). Smaller budgets read small blocks and
+#: keep them all.
+READING_SHARE, READING_BYTES, READING_SHARE_FROM = 8, 16 << 20, 16 << 20
+
+
+def blocks_budget(budget: int, block_bytes: int) -> int:
+    """The bytes of blocks a cache of ``budget`` bytes holds (see :data:`READING_SHARE`), at least one block."""
+    reading = min(budget // READING_SHARE, READING_BYTES) if budget >= READING_SHARE_FROM else 0
+    return max(block_bytes, budget - reading // block_bytes * block_bytes)
 
 
 Key = Tuple[int, int, int]
@@ -100,11 +112,12 @@ class CacheStats:
     read_ahead : int
         Of the misses, blocks read ahead of need (:meth:`ChunkCache.prefetch`, a loader's read-ahead).
     bytes_held : int
-        Bytes of the blocks held now; more than ``budget_bytes`` only while windows being gathered pin more.
+        Bytes of the blocks held now: at most the budget less what reading needs beside them (an eighth of a
+        budget of 16 MiB or more, at most 16 MiB), more only while windows being gathered pin more.
     blocks_held : int
         Number of blocks held now.
     budget_bytes : int
-        The memory budget.
+        The memory budget (``cache_bytes``): the blocks held and what reading them takes.
     block_shape : tuple of int
         Block shape (z, y, x); each block holds every channel.
     """
@@ -138,7 +151,8 @@ class ChunkCache:
     dtype : numpy.dtype
         The native dtype blocks are held in.
     budget_bytes : int
-        Most bytes of blocks held at once (exceeded only while pinned blocks need more, see :meth:`pin`).
+        The memory of the blocks held and of reading them: blocks take at most :attr:`blocks_budget` of it
+        (exceeded only while pinned blocks need more, see :meth:`pin`).
     name : str
         The volume's name, for error messages.
 
@@ -173,6 +187,9 @@ class ChunkCache:
                 f"{name}: one cache block ({self._channels} channel(s) x {self.block_shape} {self._dtype}) is "
                 f"{block_bytes} bytes, more than cache_bytes={self.budget_bytes}; give a budget of at least "
                 f"{block_bytes} bytes (a few hundred blocks is typical)", name, block_bytes)
+        #: Bytes of blocks held at most (beyond it only while windows in flight pin more): the budget less what
+        #: reading takes beside them, see :func:`blocks_budget`.
+        self.blocks_budget = blocks_budget(self.budget_bytes, block_bytes)
         self._lock = threading.Lock()
         grid_shape = tuple(-(-s // b) for s, b in zip(self._shape, self.block_shape))
         try:  # zeroed pages: the operating system maps only those of the grid's regions that windows touch
@@ -201,7 +218,7 @@ class ChunkCache:
         # blocks reused. Reusing them instead of freeing and allocating also keeps the process at budget +
         # in-flight reads: with malloc, blocks freed into one producer thread's heap and allocated from
         # another's leave freed memory resident.
-        self._slots = BlockSlots(block_bytes, min(self.budget_bytes, self._channels * math.prod(self._shape)
+        self._slots = BlockSlots(block_bytes, min(self.blocks_budget, self._channels * math.prod(self._shape)
                                                   * self._dtype.itemsize))
         _CACHES.add(self)
 
@@ -275,8 +292,8 @@ class ChunkCache:
         """Let the blocks of ``boxes`` be evicted again (pinned once per :meth:`pin`)."""
         with self._lock:
             self.grid.unpin(boxes)
-            if self._bytes_held > self.budget_bytes:
-                self._evict_unpinned(self._bytes_held - self.budget_bytes)
+            if self._bytes_held > self.blocks_budget:
+                self._evict_unpinned(self._bytes_held - self.blocks_budget)
 
     def _read_missing(self, boxes: np.ndarray, timings, ahead: bool = False) -> None:
         """Read the blocks of ``boxes`` (from :meth:`boxes`) that are not held (``ahead``: for :meth:`prefetch`).
@@ -317,7 +334,7 @@ class ChunkCache:
         read_many = getattr(self._source, "read_many", None)
         if read_many is not None and len(keys) > 1:
             left = list(keys)
-            wave = max(WAVE_BLOCKS, self.budget_bytes // WAVES_PER_BUDGET // self.block_bytes)
+            wave = max(WAVE_BLOCKS, self.blocks_budget // WAVES_PER_BUDGET // self.block_bytes)
             while left:
                 left = self._read_together(left[:wave], read_many, timings, ahead) + left[wave:]
             return
@@ -341,7 +358,7 @@ class ChunkCache:
         """Copy the box ``[corner, corner + extent)`` (z, y, x, inside the volume) of every channel into ``out``."""
         boxes = self.boxes([corner], [extent])
         blocks = int(np.prod(boxes[0, 1] - boxes[0, 0] + 1))
-        if blocks * self.block_bytes > self.budget_bytes or not out.flags.c_contiguous:
+        if blocks * self.block_bytes > self.blocks_budget or not out.flags.c_contiguous:
             self._read_box_by_block(corner, extent, out)
             return
         self.pin(boxes)
@@ -403,7 +420,7 @@ class ChunkCache:
             pending = None  # else this frame, in the exception's traceback, holds it through its future: a cycle
             raise
         with self._lock:
-            self._evict_unpinned(self._bytes_held + block.nbytes - self.budget_bytes)
+            self._evict_unpinned(self._bytes_held + block.nbytes - self.blocks_budget)
             self._blocks[self._flat(key)] = block
             self._addresses[key] = block.ctypes.data
             self._clock += 1
@@ -438,8 +455,8 @@ class ChunkCache:
             self._shared += shared
             # the evicted blocks' buffers are the new blocks' (_empty_blocks)
             self._evict_unpinned(self._bytes_held + self._incoming + len(mine) * self.block_bytes
-                                 - self.budget_bytes, spares=SPARE_BUFFERS + len(mine))
-            over = self._bytes_held + self._incoming + len(mine) * self.block_bytes - self.budget_bytes
+                                 - self.blocks_budget, spares=SPARE_BUFFERS + len(mine))
+            over = self._bytes_held + self._incoming + len(mine) * self.block_bytes - self.blocks_budget
             later = mine[max(1, len(mine) - -(-over // self.block_bytes)):] if over > 0 else []
             for key in later:
                 del self._pending[key]
@@ -470,7 +487,7 @@ class ChunkCache:
         with self._lock:
             self._incoming -= incoming
             self._evict_unpinned(self._bytes_held + self._incoming + sum(b.nbytes for b in blocks)
-                                 - self.budget_bytes)
+                                 - self.blocks_budget)
             for key, block in zip(mine, blocks):
                 self._blocks[self._flat(key)] = block
                 self._addresses[key] = block.ctypes.data

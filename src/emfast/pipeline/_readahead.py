@@ -23,7 +23,7 @@ def read_ahead_depth(gatherer: Gatherer, first_plan, threads: int) -> int:
     depth: Optional[int] = None
     for cache, boxes in gatherer.chunk_boxes(first_plan):
         blocks = sum(int((box[1] - box[0] + 1).prod()) for box in boxes)
-        fits = cache.budget_bytes // max(1, blocks * cache.block_bytes) - threads
+        fits = cache.blocks_budget // max(1, blocks * cache.block_bytes) - threads
         depth = fits if depth is None else min(depth, fits)
     return max(0, min(depth or 0, threads + 1))
 
