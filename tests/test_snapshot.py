@@ -206,3 +206,31 @@ def test_progress_from_a_yaml_config(tmp_path, volumes):
                                        "loader: {patch: [4, 16, 16], progress: 3}\n")
     with pytest.raises(ValueError, match="progress"):
         load_config(tmp_path / "bad.yaml")
+
+
+def test_a_field_at_its_own_voxel_size_sits_at_its_world_box_with_its_voxel_size(tmp_path, volumes, rng):
+    """A mask delivered at its own voxel size (``own_resolution``) was written with raw's voxel size and a corner
+    computed from its shape in its own voxels (found by a helper reading snapshots with funlib and ome-zarr-py):
+    shown at half its size, shifted. It covers the labels' world box, at its own voxel size."""
+    raw_volume, label_volume, _, _ = volumes
+    mask_voxel = (40.0, 16.0, 8.0)  # twice raw's in y and x
+    mask = rng.integers(0, 2, (20, 30, 35), dtype=np.uint8)
+    mask_volume = ef.Volume.from_array(mask, name="mask", resolution=mask_voxel, offset=OFFSET)
+    sample = ef.Sample(raw_volume, labels=label_volume, mask=mask_volume, own_resolution=["mask"])
+    loader = ef.Loader(ef.Dataset([sample]), patch_in=PATCH_IN, patch_out=PATCH_OUT, batch_size=2, augment=(),
+                       seed=5)
+    with loader:
+        loader.snapshot(tmp_path / "snap.zarr")
+    for n in range(2):
+        group = zarr.open_group(str(tmp_path / f"snap.zarr/batch_0000/example_{n:02d}"), mode="r")
+        labels, stored = group["labels/s0"], group["mask/s0"]
+        assert stored.attrs["voxel_size"] == list(mask_voxel)
+        assert stored.attrs["offset"] == labels.attrs["offset"]  # the same world box (no margin here)
+        transforms = group["mask"].attrs["multiscales"][0]["datasets"][0]["coordinateTransformations"]
+        assert transforms[0]["scale"] == list(mask_voxel)
+        assert transforms[1]["translation"] == labels.attrs["offset"]
+        corner = (np.asarray(stored.attrs["offset"]) - OFFSET) / mask_voxel
+        assert np.array_equal(corner, corner.round())
+        box = tuple(slice(int(c), int(c) + s) for c, s in zip(corner, stored.shape))
+        np.testing.assert_array_equal(stored[...], mask[box])
+        assert np.asarray(stored.shape) @ np.asarray(mask_voxel) == np.asarray(labels.shape) @ np.asarray(VOXEL)

@@ -85,17 +85,30 @@ def _write_batch(root, name: str, loader, batch, arrays: Dict[str, np.ndarray]) 
             perm=[int(p) for p in batch.perms[n]], flips=[bool(f) for f in batch.flips[n]])
         for field, array in arrays.items():
             data = array[n]
-            grow = (np.asarray(data.shape[1:], dtype=np.int64) - patch_out) // 2  # context or margin, per side
+            ratio = _own_ratio(sample, field)
+            # the window's extent in raw voxels: a field at its own voxel size covers the box its window on raw's
+            # grid would (transposes swap only axes of equal ratio, so the ratio needs no permuting)
+            extent = np.asarray(data.shape[1:], dtype=np.int64) * ratio
+            grow = (extent.astype(np.int64) - patch_out) // 2  # context or margin, per side
             corner = batch.positions[n] - window_extents(grow, batch.perms[n:n + 1])[0]
             offset = origin + corner * resolution
             data = data[0] if data.shape[0] == 1 else data
             dataset = f"{group}/{field}/{LEVEL}"
-            attributes, names = zarr_geometry(data.ndim, resolution, offset, 2)
+            attributes, names = zarr_geometry(data.ndim, resolution * ratio, offset, 2)
             stored = root.create_array(dataset, shape=data.shape, dtype=data.dtype, chunks=data.shape,
                                        dimension_names=names)
             stored[...] = data
             stored.attrs.update(attributes)
-            add_ome_multiscales(root, dataset, data.ndim, resolution, offset)
+            add_ome_multiscales(root, dataset, data.ndim, resolution * ratio, offset)
+
+
+def _own_ratio(sample, field: str) -> np.ndarray:
+    """Per axis, the voxel size of ``field`` over raw's: 1 but for a field the sample delivers at its own voxel
+    size (``own_resolution``)."""
+    placed = sample.placed(field) if field in sample.own_resolution else None
+    if placed is None or placed.grid is None:
+        return np.ones(3)
+    return np.asarray([float(r) for r in placed.grid.ratio()])
 
 
 # -- the montage --------------------------------------------------------------------------------------------------
