@@ -142,6 +142,35 @@ def test_a_budget_of_megabytes_leaves_an_eighth_to_reading_beside_its_blocks(tmp
         assert volume.chunk_cache.blocks_budget == 200 * block
 
 
+def test_the_blocks_share_of_a_budget_never_falls_as_the_budget_grows():
+    from emfast.io._chunkcache import blocks_budget
+    MiB = 1 << 20
+    for block in (16 << 10, 3 * MiB, 8 * MiB, 40 * MiB):
+        budgets = [b for b in range(block, 300 * MiB, 64 << 10)]
+        shares = [blocks_budget(b, block) for b in budgets]
+        assert all(a <= b for a, b in zip(shares, shares[1:]))  # a review: 16 MiB held 14, 16 MiB - 16 KiB all
+        for budget, share in zip(budgets, shares):
+            assert block <= share <= budget and budget - share <= min(budget // 8, 16 * MiB)
+            assert share >= min(budget, 14 * MiB)
+    assert blocks_budget(64 * MiB, 512 << 10) == 56 * MiB and blocks_budget(1 << 30, 512 << 10) == (1 << 30) - 16 * MiB
+
+
+def test_read_ahead_counts_the_batches_the_blocks_share_holds():
+    """How many batches are read ahead depends on what the blocks may hold, not on the whole budget (a review:
+    no test told the two apart)."""
+    from emfast.pipeline._readahead import read_ahead_depth
+
+    class Cache:
+        block_bytes = 1 << 20
+        budget_bytes, blocks_budget = 64 << 20, 56 << 20
+
+    class Gatherer:
+        def chunk_boxes(self, plan):
+            return [(Cache(), [np.array([[0, 0, 0], [1, 1, 1]])] * 2)]  # 16 blocks a batch
+
+    assert read_ahead_depth(Gatherer(), None, threads=2) == 1  # 56 // 16 - 2 = 1; 64 // 16 - 2 would be 2
+
+
 def test_evicted_blocks_still_in_use_are_never_overwritten(tmp_path, rng):
     data = random_volume(rng, SHAPE, np.uint8)
     write(tmp_path / "v.h5", data, "chunked")

@@ -71,18 +71,19 @@ SPARE_BUFFERS = 4
 #: budget (``benchmarks/lazy_memory.py``: 64 blocks of 512 KiB against a 64 MiB budget).
 WAVES_PER_BUDGET = 32
 WAVE_BLOCKS = 8
-#: Of a budget of at least READING_SHARE_FROM bytes, the blocks get all but an eighth (READING_SHARE), at most
-#: READING_BYTES, in whole blocks: the rest is for what reading them needs beside them (file buffers kept for the
-#: next reads, decode helpers' threads and decoder contexts), about 12 MiB on 2 cores, which left a 64 MiB cache's
-#: process 19 % above its budget (``benchmarks/lazy_memory.py``, zarr zstd). Smaller budgets read small blocks and
-#: keep them all.
-READING_SHARE, READING_BYTES, READING_SHARE_FROM = 8, 16 << 20, 16 << 20
+#: Of a budget above READING_FREE bytes, the blocks get all but an eighth (READING_SHARE), at most READING_BYTES
+#: kept back, and never less than READING_FREE: the rest is for what reading them needs beside them (file buffers
+#: kept for the next reads, decode helpers' threads and decoder contexts), about 12 MiB on 2 cores, which left a
+#: 64 MiB cache's process 19 % above its budget (``benchmarks/lazy_memory.py``, zarr zstd). Smaller budgets keep
+#: every block (a cache of a few blocks, as tests make, would lose a large part of them).
+READING_SHARE, READING_BYTES, READING_FREE = 8, 16 << 20, 14 << 20
 
 
 def blocks_budget(budget: int, block_bytes: int) -> int:
-    """The bytes of blocks a cache of ``budget`` bytes holds (see :data:`READING_SHARE`), at least one block."""
-    reading = min(budget // READING_SHARE, READING_BYTES) if budget >= READING_SHARE_FROM else 0
-    return max(block_bytes, budget - reading // block_bytes * block_bytes)
+    """The bytes of blocks a cache of ``budget`` bytes holds (see :data:`READING_SHARE`), at least one block; it
+    never falls as the budget grows."""
+    reading = min(budget // READING_SHARE, READING_BYTES, max(0, budget - READING_FREE))
+    return max(block_bytes, budget - reading)
 
 
 Key = Tuple[int, int, int]
@@ -112,8 +113,9 @@ class CacheStats:
     read_ahead : int
         Of the misses, blocks read ahead of need (:meth:`ChunkCache.prefetch`, a loader's read-ahead).
     bytes_held : int
-        Bytes of the blocks held now: at most the budget less what reading needs beside them (an eighth of a
-        budget of 16 MiB or more, at most 16 MiB), more only while windows being gathered pin more.
+        Bytes of the blocks held now: at most the budget less what reading needs beside them (of a budget above
+        14 MiB an eighth, at most 16 MiB, leaving the blocks at least 14 MiB and one block), more only while
+        windows being gathered pin more.
     blocks_held : int
         Number of blocks held now.
     budget_bytes : int

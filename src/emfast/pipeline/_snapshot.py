@@ -10,7 +10,8 @@ each target and mask) to a zarr store laid out for viewers::
 Each field group is an OME-NGFF image of one level (0.4, zarr v2, which neuroglancer, napari and ome-zarr-py all
 read) whose translation is the world position (nm) of that field's window in its sample: raw and extra channels
 include the network's context, labels the targets' margin, so the layers of one example overlay voxel for voxel on
-each other and on the source. The arrays also carry the funlib/gunpowder attributes (``voxel_size``, ``offset``,
+each other and on the source (a field delivered at its own voxel size, ``own_resolution``, covers the world box of
+its window on raw's grid, at that voxel size). The arrays also carry the funlib/gunpowder attributes (``voxel_size``, ``offset``,
 ``axis_names``). An example whose window was mirrored, transposed or warped is shown as the network sees it, at
 its window's box. A single channel is written as a (z, y, x) array, several as (c, z, y, x).
 
