@@ -593,3 +593,30 @@ def test_a_resume_naming_the_input_otherwise_still_uses_the_tiles_kept(tmp_path,
     model = Counting()
     ef.predict(model, str(tmp_path / "in.zarr"), path, resume=True, **SETTINGS)
     assert len(set(first.seen) & set(model.seen)) <= 4 * SETTINGS["batch_size"] * 4
+
+
+def test_a_run_killed_while_making_its_tiles_folder_does_not_block_the_next(tmp_path, volume, monkeypatch):
+    """A kill between making the kept-tiles folder and writing its record left an empty folder that every later
+    run refused as "not made by emfast predict" (found by a helper killing runs at each step). The folder is now
+    made whole and renamed into place, and an empty one, as older versions left, is removed."""
+    from pathlib import Path
+    reference = ef.predict(lopsided, volume, tmp_path / "whole.zarr/pred", **SETTINGS)
+    expected = zarr.open_array(str(tmp_path / "whole.zarr"), path="pred", mode="r")[...]
+    path = tmp_path / "p.zarr/pred"
+    write_text = Path.write_text
+
+    def killed(self, *args, **kwargs):
+        if self.name == "record.json":
+            raise KeyboardInterrupt  # where a kill would stop the run
+        return write_text(self, *args, **kwargs)
+    monkeypatch.setattr(Path, "write_text", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ef.predict(lopsided, volume, path, **SETTINGS)
+    monkeypatch.undo()
+    result = ef.predict(lopsided, volume, path, resume=True, **SETTINGS)
+    assert result.blocks == reference.blocks
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "p.zarr"), path="pred", mode="r")[...], expected)
+    assert _scratch(path) == [] and not [p for p in tmp_path.iterdir() if "emfast-removing" in p.name]
+    (tmp_path / ".p.zarr+pred.emfast-tiles").mkdir()  # as a kill left it before
+    ef.predict(lopsided, volume, path, overwrite=True, **SETTINGS)
+    assert _scratch(path) == []

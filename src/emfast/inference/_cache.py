@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import threading
+import uuid
 import warnings
 from pathlib import Path
 from typing import Dict, Optional
@@ -87,8 +88,14 @@ class TileCache:
         if self.folder.exists():  # an earlier prediction's, which could not be removed: never taken for this one's
             raise FileExistsError(f"{self.folder} holds the kept tiles of an earlier prediction and could not be "
                                   "removed; delete it yourself")
-        self.folder.mkdir(parents=True)
-        (self.folder / RECORD_FILE).write_text(wanted)
+        # made whole under a name of its own, then renamed into place: a run killed before the rename leaves a
+        # folder the next run deletes as a removal's leftover (made in place, a kill between the folder and its
+        # record left one no run would touch, and every later run was refused)
+        self.folder.parent.mkdir(parents=True, exist_ok=True)
+        made = self.folder.parent / f"{self.folder.name}{REMOVING}-{uuid.uuid4().hex[:len(REMOVING_TAIL) - 1]}"
+        made.mkdir()
+        (made / RECORD_FILE).write_text(wanted)
+        os.rename(made, self.folder)
         self._files = set()
 
     def _record(self) -> Optional[str]:
@@ -173,7 +180,7 @@ class TileCache:
                 self._files.clear()
         if self.legacy is not None:
             _remove_kept(self.legacy)
-        if not _remove_kept(self.folder) and (self.folder.exists() or self.folder.is_symlink()):
+        if not _remove_kept(self.folder, empty_is_ours=True) and (self.folder.exists() or self.folder.is_symlink()):
             raise FileExistsError(f"{self.folder} exists and was not made by emfast predict; emfast keeps shared "
                                   "tiles there: move it away")
 
@@ -184,13 +191,21 @@ def _fits(name: str) -> bool:
     return len(os.fsencode(f"{name}{REMOVING}{REMOVING_TAIL}")) <= NAME_MAX
 
 
-def _remove_kept(folder: Path) -> bool:
-    """Delete ``folder`` if it is a folder of kept tiles (it holds the record file); whether it was one. A failure
-    is a warning: kept tiles are scratch, so what cannot be deleted loses nothing."""
+def _remove_kept(folder: Path, empty_is_ours: bool = False) -> bool:
+    """Delete ``folder`` if it is a folder of kept tiles (it holds the record file; ``empty_is_ours``: or nothing);
+    whether it was one. A failure is a warning: kept tiles are scratch, so what cannot be deleted loses nothing."""
     aside = folder.parent / f"{folder.name}{REMOVING}"
     remove_leftovers(aside)
-    if not (folder.is_dir() and not folder.is_symlink() and (folder / RECORD_FILE).is_file()):
+    if not (folder.is_dir() and not folder.is_symlink()):
         return False
+    if not (folder / RECORD_FILE).is_file():
+        if not empty_is_ours:
+            return False
+        try:  # not emfast's, unless empty: as a run killed between making it and its record left it before
+            folder.rmdir()
+        except OSError:
+            return False
+        return True
     try:
         remove_folder(folder, aside)  # whole or not at all: half of it would not be known for emfast's
     except OSError as error:
