@@ -452,6 +452,52 @@ def test_ctrl_c_twice_writes_nothing_after_predict_has_raised(tmp_path, volume, 
     assert written and max(written) < raised
 
 
+def test_sigterm_twice_stops_predict_as_ctrl_c_does(tmp_path, volume, monkeypatch):
+    """SIGTERM (Slurm, timeout, docker stop), taken as the CLI takes it: the run stops as on Ctrl-C, and a second
+    during the clean-up is held back as Ctrl-C is, so no writer writes after predict has raised. Before, SIGTERM
+    ended the process at once: no message, the kept tiles held in memory lost (a helper's resume computed 152
+    tiles where Ctrl-C's computed 130)."""
+    from emfast._threads import Terminated, sigterm_interrupts
+    from emfast.io import _chunkfiles
+
+    written, write = [], _chunkfiles.ChunkFiles.write
+
+    def slow_write(self, corner, data):
+        time.sleep(0.5)
+        write(self, corner, data)
+        written.append(time.monotonic())
+
+    monkeypatch.setattr(_chunkfiles.ChunkFiles, "write", slow_write)
+    calls, timers, late = [0], [], []
+
+    def model(batch):
+        calls[0] += 1
+        if calls[0] == 6:
+            timers.append(threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)))  # during the clean-up
+            timers[0].start()
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        return lopsided(batch)
+
+    def too_late(signum, frame):  # a loaded machine's timer after predict: this test's, never pytest's death
+        late.append(signum)
+
+    outside = signal.signal(signal.SIGTERM, too_late)
+    try:
+        with pytest.raises(Terminated), sigterm_interrupts():
+            ef.predict(model, volume, tmp_path / "p.zarr/pred", **dict(SETTINGS, tta=0))
+        raised = time.monotonic()
+        assert signal.getsignal(signal.SIGTERM) is too_late  # given back
+        timers[0].join()
+    finally:
+        signal.signal(signal.SIGTERM, outside)
+    assert not [t for t in threading.enumerate() if t.name.startswith("emfast-")]
+    time.sleep(0.6)
+    assert written and max(written) < raised
+    monkeypatch.undo()
+    assert ef.predict(lopsided, volume, tmp_path / "p.zarr/pred", resume=True, **dict(SETTINGS, tta=0)).computed
+
+
 def _failing_write(monkeypatch, nth: int, error: Exception) -> list:
     """Make the ``nth`` block write raise ``error`` (undo with ``monkeypatch.undo()``); returns the list the
     starts of the blocks written go to."""

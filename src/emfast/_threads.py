@@ -9,7 +9,8 @@ Ctrl-C raises KeyboardInterrupt in the main thread wherever it is, and two waits
   join says the thread has ended while it still runs, and whatever it uses gets freed or closed under it.
 
 So these run with Ctrl-C held back (:func:`ctrl_c_held`): a signal then runs a handler that only records it, the
-wait resumes, and the interrupt is delivered once the wait is over.
+wait resumes, and the interrupt is delivered once the wait is over. SIGTERM is held back too where the program
+handles it in Python: the CLI takes it as an interrupt (:func:`sigterm_interrupts`), with the same clean-up.
 """
 from __future__ import annotations
 
@@ -22,29 +23,60 @@ from typing import Optional, Sequence
 _MAIN = threading.main_thread()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (sent by Slurm, ``timeout``, ``docker stop`` and ``kill``), raised where the program asked for it
+    (:func:`sigterm_interrupts`): an interrupt, so every clean-up that Ctrl-C gets runs for it too."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+class sigterm_interrupts:  # noqa: N801 - used as a function: ``with sigterm_interrupts():``
+    """For the ``with`` block, SIGTERM raises :class:`Terminated` in the main thread (elsewhere nothing changes:
+    signals reach the main thread only)."""
+
+    __slots__ = ("_previous",)
+
+    def __enter__(self) -> None:
+        self._previous = signal.signal(signal.SIGTERM, _terminated) if threading.current_thread() is _MAIN else None
+
+    def __exit__(self, *exception) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
 class ctrl_c_held:  # noqa: N801 - used as a function: ``with ctrl_c_held():``
     """Hold Ctrl-C back in the main thread for the ``with`` block, then deliver it (to the program's own handler)
-    as if it arrived at the block's end. Elsewhere, or where a handler installed outside Python cannot be restored,
-    nothing is held (signals reach the main thread only). Its set-up is a few steps, since a Ctrl-C before the
-    handler is in place still interrupts: put it first in a clean-up."""
+    as if it arrived at the block's end; SIGTERM too while a Python handler takes it (:func:`sigterm_interrupts`).
+    Elsewhere, or where a handler installed outside Python cannot be restored, nothing is held (signals reach the
+    main thread only). Its set-up is a few steps, since a Ctrl-C before the handler is in place still interrupts:
+    put it first in a clean-up."""
 
     __slots__ = ("_previous", "_received")
 
     def __enter__(self) -> None:
-        self._received = False
-        self._previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is _MAIN else None
-        if self._previous is not None:
+        self._received: list = []
+        self._previous: dict = {}
+        if threading.current_thread() is not _MAIN:
+            return
+        interrupt, terminate = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+        if interrupt is not None:
+            self._previous[signal.SIGINT] = interrupt
             signal.signal(signal.SIGINT, self._record)
+        if callable(terminate):  # the default action (the process ends) is not an interrupt to hold
+            self._previous[signal.SIGTERM] = terminate
+            signal.signal(signal.SIGTERM, self._record)
 
     def _record(self, signum, frame) -> None:
-        self._received = True
+        if signum not in self._received:
+            self._received.append(signum)
 
     def __exit__(self, *exception) -> None:
-        if self._previous is None:
-            return
-        signal.signal(signal.SIGINT, self._previous)
-        if self._received:
-            signal.raise_signal(signal.SIGINT)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        for signum in self._received:
+            signal.raise_signal(signum)
 
 
 def join_all(threads: Sequence[threading.Thread]) -> None:

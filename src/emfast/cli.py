@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import traceback
 from importlib import metadata
 from typing import List, Optional
@@ -17,6 +19,7 @@ from . import __version__
 from . import bench as _bench
 from . import config as _config
 from ._machine import add_cache_dir_option, cores
+from ._threads import Terminated, sigterm_interrupts
 from .augment import Intensity, Mirror, Transpose
 from .io import (LABELS_DATASET, RAW_DATASET, Volume, contents, demo_volume_path, hdf5, volume_statistics,
                  world_box)
@@ -426,16 +429,32 @@ def _fill_closed_standard_streams() -> None:
             setattr(sys, name, open(descriptor, "r" if descriptor == 0 else "w", closefd=False))
 
 
+def _ignore_interrupts() -> None:
+    """The command has stopped and says so: another Ctrl-C or SIGTERM (a second press, a scheduler's repeat) until
+    the process exits must not turn the exit status into death by the signal, nor print a traceback from the
+    interpreter's shutdown. (A caller of :func:`main` with arguments keeps its handlers.)"""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the ``emfast`` console script; returns the exit status: 0 done, 2 a user error (told in one
-    line), 1 a bug (its traceback and a request to report it), 130 interrupted, 141 the reader of its output went
-    away (``emfast info ... | head``: quietly, as a command killed by SIGPIPE)."""
+    line), 1 a bug (its traceback and a request to report it), 130 interrupted (Ctrl-C), 143 terminated
+    (SIGTERM, as Slurm, ``timeout`` and ``docker stop`` send: the same clean-up as Ctrl-C, a resumable output), 141
+    the reader of its output went away (``emfast info ... | head``: quietly, as a command killed by SIGPIPE)."""
     _fill_closed_standard_streams()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.handler(args)
-    except KeyboardInterrupt:
+        with sigterm_interrupts():
+            return args.handler(args)
+    except KeyboardInterrupt as interrupt:
+        if argv is None:  # the command: the process ends next
+            _ignore_interrupts()
+        if isinstance(interrupt, Terminated):
+            print("\nemfast: terminated (SIGTERM)", file=sys.stderr)
+            return 143  # 128 + SIGTERM (15), as shells and schedulers report a command the signal ended
         print("\nemfast: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
