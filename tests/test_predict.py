@@ -498,6 +498,24 @@ def test_sigterm_twice_stops_predict_as_ctrl_c_does(tmp_path, volume, monkeypatc
     assert ef.predict(lopsided, volume, tmp_path / "p.zarr/pred", resume=True, **dict(SETTINGS, tta=0)).computed
 
 
+@pytest.mark.parametrize("container", ["p.zarr", "p.h5"])
+def test_opening_a_prediction_stopped_half_way_warns_until_it_is_resumed(tmp_path, volume, container):
+    """An output a stopped run left was read as any other (its unwritten blocks as zeros, without a word); its
+    record says it is not complete, and opening it says so and how to finish it."""
+    path = tmp_path / container / "pred"
+    with pytest.raises(RuntimeError):
+        ef.predict(_interrupting(lopsided, 40, RuntimeError("stop")), volume, path, **SETTINGS)
+    with pytest.warns(ef.UnfinishedOutputWarning, match="resume=True"):
+        ef.open(path).close()
+    if container == "p.h5":
+        with pytest.warns(ef.UnfinishedOutputWarning):
+            ef.hdf5(tmp_path / container, "pred").close()
+    ef.predict(lopsided, volume, path, resume=True, **SETTINGS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ef.open(path).close()
+
+
 def _failing_write(monkeypatch, nth: int, error: Exception) -> list:
     """Make the ``nth`` block write raise ``error`` (undo with ``monkeypatch.undo()``); returns the list the
     starts of the blocks written go to."""

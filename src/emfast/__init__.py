@@ -18,8 +18,8 @@ Quick start::
 from ._version import __version__ as __version__
 from .augment import (Artifacts, Augmentation, Blur, Contrast, Elastic, Gamma, Intensity, LowContrast, Mirror,
                       MissingSection, Noise, Rotate, Scale, Slip, Transpose)
-from .io import (CorruptChunkError, DatasetNotFoundError, RemoteReadError, StoreMetadataError, Volume,
-                 VolumeTooLargeError, hdf5)
+from .io import (CorruptChunkError, DatasetNotFoundError, RemoteReadError, StoreMetadataError,
+                 UnfinishedOutputWarning, Volume, VolumeTooLargeError, hdf5)
 from .io import open_volume as open
 from .inference import (BlockWriteError, InputDtypeError, ModelOutputError, NonFiniteWarning, OutputExistsError,
                         Prediction, PredictProgress, SaturationWarning, predict)
@@ -77,6 +77,7 @@ __all__ = [
     "StoreMetadataError",
     "Tiled",
     "Transpose",
+    "UnfinishedOutputWarning",
     "Uniform",
     "Volume",
     "VolumeTooLargeError",

@@ -21,7 +21,7 @@ from . import config as _config
 from ._machine import add_cache_dir_option, cores
 from ._threads import Terminated, sigterm_interrupts
 from .augment import Intensity, Mirror, Transpose
-from .io import (LABELS_DATASET, RAW_DATASET, Volume, contents, demo_volume_path, hdf5, volume_statistics,
+from .io import (LABELS_DATASET, RAW_DATASET, Volume, contents, demo_volume_path, hdf5, unfinished, volume_statistics,
                  world_box)
 from .io import COMPRESSIONS
 from .io import DOWNSAMPLING
@@ -220,6 +220,9 @@ def info(args: argparse.Namespace) -> int:
     for dataset in found.datasets:
         listed = True
         attrs = f"  [{_format_attrs(dataset.attributes)}]" if dataset.attributes else ""
+        finish = unfinished(dataset.attributes)
+        if finish is not None:
+            attrs = f"  (an unfinished emfast output: {finish}){attrs}"
         if dataset.volume is None:
             print(f"  {dataset.name}: {dataset.summary}{attrs}")
             continue

@@ -29,7 +29,8 @@ from ._geometry import GEOMETRY_KEYS
 from ._hdf5 import plain_attribute
 from ._open import open_source
 from ._outputs import (RECORDS, NotOwnOutputError, OutputLock, add_ome_pyramid, check_free_space,
-                       check_output_location, fingerprint, image_paths, remove_zarr_output, zarr_store_format)
+                       check_output_location, fingerprint, image_paths, remove_zarr_output, unfinished,
+                       zarr_store_format)
 from ._progress import plural, progress_bar
 from ._pyramid import DOWNSAMPLING, default_downsampling, downsample, level_factors, level_geometry
 from ._source import VolumeSource
@@ -171,6 +172,10 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
         zarr_format = zarr_store_format(container) or zarr_format
     source = open_source(source_path, level=level, resolution=resolution, storage_options=storage_options)
     try:
+        finish = unfinished(source.attributes())
+        if finish is not None:  # a copy carries no record: its unwritten voxels would pass for data
+            raise ConvertError(f"{source_path} is an emfast output not finished writing (its record says complete: "
+                               f"false); a copy would hold what was not written as data: {finish} first")
         try:
             check_output_location(container, dataset, kind, source.stamp, "source")
             factors = level_factors(source.full_shape[-3:], source.resolution, levels, str(destination))

@@ -28,6 +28,7 @@ from . import _deflate
 from ._decode import SideBySide
 from ._geometry import GEOMETRY_KEYS, array_geometry
 from ._metadata import parsing
+from ._outputs import warn_if_unfinished
 from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, VolumeSource, checked_chunk, local_path,
                       require_kind)
 from ._volume import Volume
@@ -429,7 +430,13 @@ def hdf5(path: Union[str, os.PathLike], dataset: str, *, in_memory: bool = True,
         Unsupported dtype, or not 3-D/4-D; a ``cache_bytes`` that is not a positive integer, is smaller than
         one cache block, or is given with ``in_memory=True``.
     """
-    return Volume.open(Hdf5Source(path, dataset), in_memory=in_memory, cache_bytes=cache_bytes)
+    source = Hdf5Source(path, dataset)
+    try:
+        warn_if_unfinished(source, f"{path}/{dataset}")
+    except BaseException:
+        source.close()
+        raise
+    return Volume.open(source, in_memory=in_memory, cache_bytes=cache_bytes)
 
 
 def plain_attribute(value):

@@ -8,6 +8,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 from . import _format_entries  # noqa: F401  (registers the built-in formats)
 from ._formats import Contents, Listed, detect, detect_remote, format_named, format_of_suffix, formats
+from ._outputs import warn_if_unfinished
 from ._remote import RemoteStore, is_url
 from ._source import LevelChoiceError, VolumeSource, local_path
 from ._volume import Volume
@@ -193,4 +194,9 @@ def open_volume(path: Union[str, os.PathLike], dataset: Optional[str] = None, *,
     """
     source = open_source(path, dataset, format=format, level=level, resolution=resolution,
                          storage_options=storage_options)
+    try:
+        warn_if_unfinished(source, str(path) if dataset is None else f"{path}/{dataset}")
+    except BaseException:
+        source.close()
+        raise
     return Volume.open(source, in_memory=in_memory, cache_bytes=cache_bytes)

@@ -67,6 +67,41 @@ class NotOwnOutputError(FileExistsError):
     """Overwriting was asked for something emfast did not write."""
 
 
+class UnfinishedOutputWarning(UserWarning):
+    """A volume opened is an output emfast has not finished writing: what was not written reads as the fill
+    value."""
+
+
+#: The record each command leaves on its output, and how to finish an output it left unfinished.
+FINISHED_BY = {"emfast_convert": "run the same emfast convert again (it resumes)",
+               "emfast_predict": "run the same prediction again with resume=True (emfast predict CONFIG --resume)"}
+
+
+def unfinished(attributes: dict) -> Optional[str]:
+    """How to finish the array whose attributes are ``attributes``, where its emfast record says it is not
+    complete (a run stopped or killed); None for a complete output and for any other array."""
+    for key, finish in FINISHED_BY.items():
+        record = attributes.get(key)
+        if isinstance(record, (str, bytes)):  # HDF5 attributes hold the record as JSON text
+            try:
+                record = json.loads(record)
+            except ValueError:
+                continue
+        if isinstance(record, dict) and record.get("complete") is False:
+            return finish
+    return None
+
+
+def warn_if_unfinished(source, name: str) -> None:
+    """Warn (:class:`UnfinishedOutputWarning`) that the volume ``name`` being opened from ``source`` is an output
+    emfast has not finished writing (a run stopped or killed, or one still running)."""
+    finish = unfinished(source.attributes())
+    if finish is not None:
+        warnings.warn(UnfinishedOutputWarning(
+            f"{name} is an emfast output not finished writing (its record says complete: false): what was not "
+            f"written reads as the fill value; to finish it, {finish}"), stacklevel=3)
+
+
 def option(name: str) -> str:
     """How messages name the option ``name``: ``name=True`` for Python callers, ``--name`` on the command line."""
     return f"--{name.replace('_', '-')}" if _command_line[0] else f"{name}=True"
