@@ -296,3 +296,25 @@ def test_in_memory_must_be_a_bool_not_a_string_that_is_true(tmp_path):
                    lambda: ef.hdf5(tmp_path / "v.h5", "raw", in_memory="no")):
         with pytest.raises(TypeError, match="in_memory must be True or False, got '(false|no)'"):
             opened()
+
+
+def test_an_hdf5_plugin_filter_this_library_lacks_is_named_when_opened(tmp_path, capsys):
+    """tests/data/blosc_plugin.h5 was written by hdf5plugin 7.1 (h5py 3.16): dataset ``raw`` with the blosc
+    filter (32001), ``plain`` with gzip. Without ``import hdf5plugin`` every read failed with "the file may be
+    truncated or corrupt", naming no filter, and ``emfast info`` stopped at the first such dataset (found by a
+    helper reading the field's stores in their less common encodings)."""
+    from pathlib import Path
+    from emfast.cli import main
+    path = Path(__file__).parent / "data" / "blosc_plugin.h5"
+    if h5py.h5z.filter_avail(32001):
+        pytest.skip("an HDF5 blosc filter is loaded in this process (hdf5plugin imported)")
+    for in_memory in (True, False):
+        with pytest.raises(ValueError, match=r"blosc_plugin.h5:raw is compressed with the HDF5 filter 32001 \(blosc\)"
+                                             r".*import hdf5plugin"):
+            ef.open(path, "raw", in_memory=in_memory)
+    expected = np.arange(4 * 8 * 8, dtype=np.uint16).reshape(4, 8, 8)
+    np.testing.assert_array_equal(ef.open(path, "plain").array[0], expected)
+    assert main(["info", str(path)]) == 0
+    listing = capsys.readouterr().out
+    assert "raw: " in listing and "not read as a volume" in listing and "filter 32001" in listing
+    assert "plain: " in listing  # the others still listed

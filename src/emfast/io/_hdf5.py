@@ -72,6 +72,33 @@ def dataset_summary(node: h5py.Dataset) -> str:
     return f"shape={node.shape} dtype={node.dtype} chunks={node.chunks}{compression}"
 
 
+def _missing_filter(node: h5py.Dataset) -> Optional[str]:
+    """The first filter of the dataset's pipeline that this HDF5 library cannot apply (a plugin's, such as blosc,
+    bitshuffle or zstd, not loaded) and its chunks need, as "N (its name in the file)"; None if it can read them.
+    hdf5plugin registers its filters as optional, which HDF5 skips for a chunk they fail on: such a filter is
+    needed unless the first chunk stored went without it."""
+    with HDF5_LOCK:  # low-level calls: h5py takes its lock in them only from 3.16
+        pipeline = node.id.get_create_plist()
+        for index in range(pipeline.get_nfilters()):
+            code, flags, _, name = pipeline.get_filter(index)
+            if h5py.h5z.filter_avail(code) or (flags & h5py.h5z.FLAG_OPTIONAL and not _applied(node, index)):
+                continue
+            text = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+            return f"{code} ({text or 'unnamed'})"
+    return None
+
+
+def _applied(node: h5py.Dataset, index: int) -> bool:
+    """Whether the first chunk stored went through the pipeline's filter ``index`` (its filter mask's bit is
+    clear); False with no chunk stored."""
+    try:
+        if node.chunks is None or node.id.get_num_chunks() == 0:
+            return False
+        return not node.id.get_chunk_info(0).filter_mask & (1 << index)
+    except (AttributeError, RuntimeError, ValueError):  # h5py or HDF5 without chunk queries: assume it did
+        return True
+
+
 class Hdf5Source(VolumeSource):
     """One dataset of an HDF5 file; resolution and offset from its ``resolution`` (or ``voxel_size``) and
     ``offset`` attributes, in (z, y, x) order as gunpowder and CREMI write them, with funlib's ``axis_names`` and
@@ -89,6 +116,11 @@ class Hdf5Source(VolumeSource):
             if not isinstance(node, h5py.Dataset):
                 raise ValueError(f"{self.name} is a group, not a dataset; datasets in the file: "
                                  f"{', '.join(list_datasets(file))}")
+            missing = _missing_filter(node)
+            if missing is not None:  # else every read failed, calling the file "truncated or corrupt"
+                raise ValueError(f"{self.name} is compressed with the HDF5 filter {missing}, which this HDF5 "
+                                 "library does not have: pip install hdf5plugin and import hdf5plugin before "
+                                 "opening it, or rewrite the file without it (h5repack -f NONE)")
             self._sources = _virtual_sources(Path(path), node, self.name) if node.is_virtual else []
             self.stamp = Stamp.of(path, dataset, data_files=_data_files(Path(path), node, self._sources))
         except BaseException:
