@@ -526,3 +526,35 @@ def test_emfast_info_names_a_missing_dataset_and_what_is_there(tmp_path, raw, ca
     assert main(["info", str(tmp_path / "a.h5/volumes/raw")]) == 0
     out = capsys.readouterr().out
     assert "volumes/raw: shape=(20, 40, 36)" in out and "labels" not in out
+
+
+def test_a_paintera_label_multiset_dataset_is_refused_by_name(tmp_path, capsys):
+    """Paintera stores label multisets in N5 with ``isLabelMultiset: true``: varlength blocks of serialised
+    (id, count) lists under ``dataType: uint8`` (imglib2-label-multisets). They were read as uint8 voxels: a
+    "corrupt" block, or zeros where no block was written (found by a helper). Refused by name now; ``info`` lists
+    the dataset with the reason and goes on."""
+    import gzip
+    import json
+    import struct
+    from emfast.cli import main
+    root = tmp_path / "paintera.n5"
+    dataset = root / "volumes/labels/data/s0"
+    dataset.mkdir(parents=True)
+    (root / "attributes.json").write_text(json.dumps({"n5": "2.1.0"}))
+    (dataset / "attributes.json").write_text(json.dumps({
+        "dimensions": [8, 8, 4], "blockSize": [8, 8, 4], "dataType": "uint8", "isLabelMultiset": True,
+        "maxId": 7, "compression": {"type": "gzip", "level": -1}}))
+    voxels = 8 * 8 * 4  # one list, (label 7, count 1), for every voxel
+    body = struct.pack(">iq", 1, 7) + struct.pack(f">{voxels}i", *[0] * voxels) + struct.pack(">iqi", 1, 7, 1)
+    (dataset / "0/0").mkdir(parents=True)
+    (dataset / "0/0/0").write_bytes(struct.pack(">HH3II", 1, 3, 8, 8, 4, len(body)) + gzip.compress(body))
+    plain = root / "volumes/raw"
+    plain.mkdir(parents=True)
+    (plain / "attributes.json").write_text(json.dumps({"dimensions": [8, 8, 4], "blockSize": [8, 8, 4],
+                                                       "dataType": "uint8", "compression": {"type": "raw"}}))
+    for in_memory in (True, False):
+        with pytest.raises(ValueError, match="s0 is a Paintera label-multiset dataset"):
+            ef.open(dataset, in_memory=in_memory)
+    assert main(["info", str(root)]) == 0
+    listing = capsys.readouterr().out
+    assert "not read as a volume" in listing and "label-multiset" in listing and "volumes/raw: " in listing

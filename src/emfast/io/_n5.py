@@ -117,6 +117,10 @@ class N5Source(VolumeSource):
             listed = "not listed remotely" if remote else ", ".join(list_n5_datasets(root / dataset)) or "none"
             raise DatasetNotFoundError(f"{self.name} is a group, not a dataset; datasets there: {listed}")
         where = f"{self.name} (attributes.json)"
+        if meta.get("isLabelMultiset") is True:  # its blocks are serialised label lists, not voxels of dataType
+            raise StoreMetadataError(f"{self.name} is a Paintera label-multiset dataset (isLabelMultiset: true), whose "
+                             "blocks emfast does not decode; export its labels as a plain N5 or zarr dataset "
+                             "first (Paintera's export, or paintera-conversion-helper)")
         dimensions = int_list(meta["dimensions"], "dimensions", where, minimum=0, lengths=(3, 4))
         block = int_list(metadata_key(meta, "blockSize", where), "blockSize", where, minimum=1,
                          length=len(dimensions))
