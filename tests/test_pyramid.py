@@ -379,3 +379,37 @@ def test_a_pyramid_rerun_with_nothing_to_do_rewrites_nothing(tmp_path, zarr_form
     time.sleep(0.01)  # a rewrite would show in the modification times
     assert convert(str(tmp_path / "in.h5/raw"), tmp_path / "out.zarr/raw", levels=3).written == 0
     assert {p: p.stat().st_mtime_ns for p in files} == files
+
+
+def _transforms(group_path, dataset):
+    """(scale, translation) the OME-NGFF multiscales on ``group_path`` give ``dataset``."""
+    attributes = dict(zarr.open_group(str(group_path), mode="r").attrs)
+    image = attributes.get("ome", attributes)["multiscales"][0]
+    transforms = next(d for d in image["datasets"] if d["path"] == dataset)["coordinateTransformations"]
+    return transforms[0]["scale"][-3:], transforms[1]["translation"][-3:]
+
+
+def test_a_coarser_level_converted_or_predicted_alone_keeps_its_ome_placement(tmp_path):
+    """A pyramid's level 1 converted alone got translation 0 where the image gives it 4 (half a level-0 voxel
+    off in OME readers: ome-zarr-py, napari), its own pyramid's next level 8 where it is 12, a prediction over it
+    0 (found by a helper comparing emfast's outputs with ome-zarr-py). The OME translation now follows the
+    level's; funlib's offset stays the corner, and emfast reads every output back where the level is."""
+    data = (np.indices((8, 16, 16)).sum(0) * 5 % 256).astype(np.uint8)
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("raw", data=data).attrs.update(resolution=(8.0, 8.0, 8.0), offset=(0.0, 0.0, 0.0))
+    convert(str(tmp_path / "in.h5/raw"), tmp_path / "pyr.zarr/raw", levels=3)
+    levels = [_transforms(tmp_path / "pyr.zarr/raw", f"s{n}") for n in range(3)]
+    assert levels[1] == ([16.0] * 3, [4.0] * 3) and levels[2] == ([32.0] * 3, [12.0] * 3)  # level-0 centres
+    level1 = ef.open(tmp_path / "pyr.zarr/raw", level=1)
+    convert(str(tmp_path / "pyr.zarr/raw"), tmp_path / "one.zarr/raw", level=1)
+    assert _transforms(tmp_path / "one.zarr", "raw") == levels[1]
+    convert(str(tmp_path / "pyr.zarr/raw"), tmp_path / "two.zarr/raw", level=1, levels=2)
+    assert [_transforms(tmp_path / "two.zarr/raw", f"s{n}") for n in range(2)] == levels[1:]
+    ef.predict(lambda batch: batch, level1, tmp_path / "pred.zarr/p", patch_in=(4, 4, 4), blend="none")
+    assert _transforms(tmp_path / "pred.zarr", "p") == levels[1]
+    for path in ("one.zarr/raw", "two.zarr/raw", "pred.zarr/p"):
+        opened = ef.open(tmp_path / path)
+        assert (opened.resolution, opened.offset) == (level1.resolution, level1.offset) == ((16.0,) * 3, (0.0,) * 3)
+        array = tmp_path / (path + "/s0" if path.startswith("two") else path)
+        assert zarr.open_array(str(array), mode="r").attrs["offset"] == [0.0] * 3  # funlib: the corner
+    np.testing.assert_array_equal(ef.open(tmp_path / "one.zarr/raw").array, level1.array)

@@ -486,6 +486,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                 attributes["resolution"] = list(volume.resolution)
             if volume.offset is not None:
                 attributes["offset"] = list(volume.offset)
+            if volume.translation is not None:  # a binned level of an OME-NGFF image: placed as the image does
+                attributes["translation"] = list(volume.translation)
             record = _record(volume, caller, plan, settings, digest)
             store, finished = OutputStore.prepare(out, shape, dtype, plan.chunks, compression, plan.grid, record,
                                                   attributes, resume, overwrite, lock, plan.block_box())

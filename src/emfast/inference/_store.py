@@ -65,7 +65,8 @@ class OutputStore:
         """Create the output, or open it to resume; returns the store and the blocks already finished among
         those of ``box``, the (first, end) grid positions of the blocks the prediction covers. The caller holds
         ``lock``, the output's :class:`~emfast.io._outputs.OutputLock`. ``attributes`` may hold the input's
-        ``resolution`` and ``offset`` (z, y, x nm), written in every convention the field reads.
+        ``resolution`` and ``offset`` (z, y, x nm), written in every convention the field reads, and the
+        OME-NGFF ``translation`` of a binned level (see :attr:`~emfast.io.Volume.translation`).
 
         Raises
         ------
@@ -86,7 +87,8 @@ class OutputStore:
                 create=lambda: store._create_flags(grid), check_resume=store._check_flags, shape=shape,
                 dtype=dtype, chunks=chunks,
                 compression=compression, resolution=attributes.pop("resolution", None),
-                offset=attributes.pop("offset", None), attributes=attributes)
+                offset=attributes.pop("offset", None), translation=attributes.pop("translation", None),
+                attributes=attributes)
             if previous is None:
                 return store, set()
             store.resumed = True

@@ -225,6 +225,7 @@ def _convert_level(source: VolumeSource, container: Path, dataset: str, kind: st
                                       input_key="source", what="conversion", unchecked=("done", "complete"),
                                       shape=full_shape, dtype=source.dtype, chunks=chunks,
                                       compression=settings["compression"], resolution=resolution, offset=offset,
+                                      translation=source.translation if geometry is None else None,
                                       attributes=_carried_attributes(source))
             done = 0 if previous is None else int(previous.get("done", 0))
             read = _reader(source, factor, rule)
@@ -275,7 +276,8 @@ def _write_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_for
     done = _convert_level(source, container, f"{dataset}/s0", "zarr", zarr_format, settings, overwrite,
                           progress_of(0), lock=lock)
     tiles, written = done.tiles, done.written
-    geometry = [(source.resolution, source.offset)]
+    # OME-NGFF translations, from the source's (a binned level's centre, where the source is one)
+    geometry = [(source.resolution, source.offset if source.translation is None else source.translation)]
     for level, factor in enumerate(factors, 1):
         geometry.append(level_geometry(*geometry[-1], factor))
         below = open_source(f"{container}/{dataset}/s{level - 1}")

@@ -392,6 +392,25 @@ def multiscale_levels(attrs: Mapping, name: str) -> Optional[Sequence[Level]]:
     return [dataclasses.replace(level, offset=_corner(level, first)) for level in levels]
 
 
+def binned_corner(offset: Sequence[float], translation: Sequence[float], resolution: Sequence[float]) -> bool:
+    """Whether ``offset`` is the corner of level 0 of an image whose level of voxel size ``resolution`` has the
+    OME-NGFF ``translation``: along each axis the translation is the offset, or lies (f - 1) / 2 voxels of level
+    0 (f = the binning factor, an integer from 2) past it, the centre of the binned voxel; with some axis
+    binned."""
+    binned = False
+    for o, t, v in zip(offset, translation, resolution):
+        shift = t - o
+        if math.isclose(shift, 0.0, abs_tol=1e-6 * v):
+            continue
+        if not 0 < shift < v / 2:
+            return False
+        factor = v / (v - 2 * shift)  # shift = (f - 1) / 2 * v / f
+        if round(factor) < 2 or not math.isclose(factor, round(factor), rel_tol=1e-6):
+            return False
+        binned = True
+    return binned
+
+
 def _corner(level: Level, first: Level) -> Triple:
     """``level``'s offset as a corner, per axis: level 0's where the translation moved by half the voxel size
     difference (a binned level's centre), else the translation."""

@@ -303,6 +303,9 @@ class VolumeSource:
         The store's chunk shape along (z, y, x), or None for unchunked data.
     resolution, offset : tuple of float or None
         Voxel size and world position of voxel (0, 0, 0), in (z, y, x) order, from the store's metadata.
+    translation : tuple of float or None
+        A binned level of an OME-NGFF image: its translation as the image states it (the centre of its first
+        voxel, half the voxel size difference past level 0's corner, which ``offset`` is); None otherwise.
     stamp : Stamp
         Location and state when opened (statistics cache key, pickling, change detection).
     parallel_reads : bool
@@ -331,6 +334,7 @@ class VolumeSource:
     chunks: Optional[Tuple[int, int, int]] = None
     resolution: Optional[Triple] = None
     offset: Optional[Triple] = None
+    translation: Optional[Triple] = None
     stamp: Stamp
 
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:

@@ -95,6 +95,9 @@ class Volume:
         The store's chunk shape (z, y, x), if chunked.
     resolution, offset : tuple of float or None
         Voxel size and world position of voxel (0, 0, 0), (z, y, x), from the store's metadata.
+    translation : tuple of float or None
+        A binned level of an OME-NGFF image: the translation the image gives it (its first voxel's centre), which
+        emfast's outputs of it carry in their OME-NGFF metadata beside ``offset``; None otherwise.
     in_memory : bool
         True when the kernels read :attr:`array` directly; False for lazy reads through the chunk cache.
     stamp : Stamp or None
@@ -106,7 +109,7 @@ class Volume:
     """
 
     def __init__(self, data, *, name: Optional[str], resolution=None, offset=None, chunks=None, stamp=None,
-                 cache_bytes: Optional[int] = None, source=None) -> None:
+                 cache_bytes: Optional[int] = None, source=None, translation=None) -> None:
         """``data``: a NumPy array (held as it is), or a :class:`VolumeSource` read lazily through a chunk cache of
         ``cache_bytes``; ``stamp`` is the :class:`Stamp` of an array read from a store (``source``: its deprecated
         name)."""
@@ -129,6 +132,8 @@ class Volume:
         self.resolution = None if resolution is None else triple(resolution, f"{name}: resolution", integer=False,
                                                                  minimum=0, strict=True)
         self.offset = None if offset is None else triple(offset, f"{name}: offset", integer=False)
+        translation = data.translation if lazy else translation
+        self.translation = None if translation is None else tuple(float(t) for t in translation)
         self.stamp = data.stamp if lazy else stamp
         self._reader: Optional[VolumeSource] = data if lazy else None
         self._closed = False  # a lazy volume, once closed (see close)
@@ -179,7 +184,7 @@ class Volume:
             raise
         source.close()
         volume = cls(data, name=name, resolution=source.resolution, offset=source.offset, chunks=source.chunks,
-                     stamp=source.stamp)
+                     stamp=source.stamp, translation=source.translation)
         volume.stored_dtype = np.dtype(source.dtype).newbyteorder("=")
         return volume
 
@@ -194,7 +199,8 @@ class Volume:
         """Pickle an in-memory volume with its data, a lazy one as its file and dataset (reopened read-only)."""
         if self._array is not None:
             array = self._array.view(bool) if self.stored_dtype == bool else self._array
-            return _rebuilt_volume, (array, self.name, self.resolution, self.offset, self.chunks, self.stamp)
+            return _rebuilt_volume, (array, self.name, self.resolution, self.offset, self.chunks, self.stamp,
+                                     self.translation)
         return _reopened_volume, (type(self._reader), self._reader.reopen_arguments(), self._cache.budget_bytes)
 
     @property
@@ -494,8 +500,9 @@ class Volume:
         return f"Volume({self.name!r}, shape={self.shape}, {channels}dtype={self.dtype}, {where})"
 
 
-def _rebuilt_volume(array, name, resolution, offset, chunks, stamp) -> Volume:
-    return Volume(array, name=name, resolution=resolution, offset=offset, chunks=chunks, stamp=stamp)
+def _rebuilt_volume(array, name, resolution, offset, chunks, stamp, translation=None) -> Volume:
+    return Volume(array, name=name, resolution=resolution, offset=offset, chunks=chunks, stamp=stamp,
+                  translation=translation)
 
 
 def _reopened_volume(source_type: type, arguments: tuple, cache_bytes: int) -> Volume:

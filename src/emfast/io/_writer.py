@@ -311,9 +311,10 @@ class OutputWriter:
                                            for k in differing)
                                + f"); pass {option('overwrite')} to replace it")
 
-    def create(self, *, shape, dtype, chunks, compression: str, resolution=None, offset=None,
+    def create(self, *, shape, dtype, chunks, compression: str, resolution=None, offset=None, translation=None,
                attributes: Optional[dict] = None, fill_value=0) -> None:
-        """Create the output array with its geometry (``resolution`` and ``offset`` in (z, y, x) nm, or None) and
+        """Create the output array with its geometry (``resolution`` and ``offset`` in (z, y, x) nm, or None;
+        ``translation``: the OME-NGFF translation of a binned level, where it differs from ``offset``) and
         ``attributes``; ``chunks`` cover the array's last three axes, its leading axes are whole in every chunk."""
         shape = tuple(int(s) for s in shape)
         chunks = shape[:-3] + tuple(int(c) for c in chunks)
@@ -348,7 +349,8 @@ class OutputWriter:
                                             compressors=zarr_compressor(compression, self.zarr_format, zarr),
                                             dimension_names=dimension_names, fill_value=fill_value,
                                             attributes=dict(self._standard_json(attributes), **geometry))
-        add_ome_multiscales(self.root, self.dataset, len(shape), resolution, offset)
+        add_ome_multiscales(self.root, self.dataset, len(shape), resolution, offset if translation is None else
+                            translation)
 
     def _standard_json(self, attributes: dict) -> dict:
         """The attributes standard JSON holds, the others left out with a warning: zarr wrote a NaN as a bare

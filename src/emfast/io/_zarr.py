@@ -45,7 +45,8 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ._geometry import Geometry, Level, array_geometry, choose_level, multiscale_levels, require_agreement
+from ._geometry import (Geometry, Level, array_geometry, binned_corner, choose_level, multiscale_levels,
+                        require_agreement)
 from ._decode import SideBySide, blosc_content_size, checked_blosc, zstd_content_size
 from ._filebatch import BATCH_BYTES, lent_buffer, read_regular_files
 from ._metadata import bad_metadata, int_list, metadata_key, parsing
@@ -189,12 +190,18 @@ class ZarrSource(VolumeSource):
         geometry = _geometry_of(array, self.name, chosen.axes)
         require_agreement(f"{self.name} (attributes)", "its voxel_size", geometry.resolution,
                           "the OME-NGFF scale", chosen.resolution)
-        if geometry.offset is None or not np.allclose(geometry.offset, chosen.translation, rtol=0, atol=1e-6):
+        offset = chosen.offset
+        if geometry.offset is not None and binned_corner(geometry.offset, chosen.translation, chosen.resolution):
+            # a binned level written alone (emfast's outputs of a pyramid's level): its offset is level 0's corner
+            offset = geometry.offset
+        elif geometry.offset is None or not np.allclose(geometry.offset, chosen.translation, rtol=0, atol=1e-6):
             # funlib's offset is the corner (emfast's earlier pyramids wrote a binned level's centre there too)
             require_agreement(f"{self.name} (attributes)", "its offset", geometry.offset,
                               "the OME-NGFF translation (its first voxel's corner)", chosen.offset)
         self._axes = chosen.axes
-        self.resolution, self.offset = chosen.resolution, chosen.offset
+        self.resolution, self.offset = chosen.resolution, offset
+        if not np.allclose(chosen.translation, offset, rtol=0, atol=1e-6):
+            self.translation = chosen.translation
 
     def _layout(self, array):
         """How to read (c, z, y, x) from the stored axes: index 0 of t, every axis moved to emfast's order."""
