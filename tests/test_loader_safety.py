@@ -319,3 +319,56 @@ def test_where_available_memory_is_unknown_sizes_beyond_the_address_space_are_st
     with pytest.raises(InsufficientMemoryError, match=r"GiB can be addressed: 3 batch slots"):
         ef.Loader(raw, patch=PATCH, batch_size=2**62, buffers=2)
     assert ef.Loader(raw, patch=PATCH, batch_size=2**20, buffers=2).slot_bytes == 2**20 * 4 * 16 * 16 * 4
+
+
+@pytest.fixture
+def own_signal_handlers():
+    """The test's SIGINT and SIGTERM handlers are given back whatever it does."""
+    import signal
+    kept = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for number, handler in kept.items():
+        signal.signal(number, handler)
+
+
+def test_a_held_sigterm_reaches_its_handler_before_a_held_ctrl_c(own_signal_handlers):
+    """Ctrl-C then SIGTERM during a held wait (a join): re-delivering Ctrl-C first raised, and the program's
+    SIGTERM handler never ran (a review: a scheduler's SIGTERM turned into exit 130)."""
+    import signal
+    from emfast._threads import ctrl_c_held
+    for order in ((signal.SIGINT, signal.SIGTERM), (signal.SIGTERM, signal.SIGINT)):
+        ran = []
+        signal.signal(signal.SIGTERM, lambda number, frame: ran.append("SIGTERM"))
+        with pytest.raises(KeyboardInterrupt):
+            with ctrl_c_held():
+                for number in order:
+                    os.kill(os.getpid(), number)
+                assert not ran  # held
+        assert ran == ["SIGTERM"]
+
+
+def test_a_signal_while_handlers_are_being_swapped_leaves_the_callers(own_signal_handlers, monkeypatch):
+    """A SIGTERM taken as an interrupt, arriving after ctrl_c_held swapped SIGINT's handler and before SIGTERM's,
+    left SIGINT bound to the hold's recorder for good (a review)."""
+    import signal
+    import types
+    import emfast._threads as threads_module
+    from emfast._threads import Terminated, ctrl_c_held, sigterm_interrupts
+    real, swaps = signal.signal, []
+
+    def swap(number, handler):
+        previous = real(number, handler)
+        swaps.append(number)
+        if number == signal.SIGINT and handler.__name__ == "_record":  # the hold's first swap: SIGTERM lands now
+            os.kill(os.getpid(), signal.SIGTERM)
+        return previous
+    patched = types.SimpleNamespace(**{k: getattr(signal, k) for k in dir(signal) if not k.startswith("__")})
+    patched.signal = swap
+    monkeypatch.setattr(threads_module, "signal", patched)
+    mine = lambda number, frame: None  # noqa: E731
+    real(signal.SIGINT, mine)
+    with pytest.raises(Terminated):
+        with sigterm_interrupts():
+            with ctrl_c_held():
+                pass
+    assert signal.getsignal(signal.SIGINT) is mine

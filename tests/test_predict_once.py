@@ -620,3 +620,20 @@ def test_a_run_killed_while_making_its_tiles_folder_does_not_block_the_next(tmp_
     (tmp_path / ".p.zarr+pred.emfast-tiles").mkdir()  # as a kill left it before
     ef.predict(lopsided, volume, path, overwrite=True, **SETTINGS)
     assert _scratch(path) == []
+
+
+def test_an_earlier_versions_tiles_name_that_is_another_outputs_folder_is_left_alone(tmp_path):
+    """The tiles folder of output (a.zarr, dataset s.zarr.x) is named as an earlier version named that of output
+    (a.zarr+s.zarr, x): opening the second output's cache deleted the first run's live folder (a review; the
+    two outputs have different locks, so both can run at once)."""
+    from emfast.inference._cache import TileCache
+    first = TileCache.beside(tmp_path / "a.zarr", "s.zarr.x")
+    first.open({"run": 1}, resume=False)
+    first.save((0, 0, 0), np.zeros((1, 1, 2, 2, 2), np.float32))
+    first.spill()
+    second = TileCache.beside(tmp_path / "a.zarr+s.zarr", "x")
+    assert second.legacy is None or second.legacy != first.folder
+    second.open({"run": 2}, resume=False)
+    assert first.folder.is_dir() and first.has((0, 0, 0))
+    second.remove()
+    first.remove()

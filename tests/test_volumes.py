@@ -318,3 +318,10 @@ def test_an_hdf5_plugin_filter_this_library_lacks_is_named_when_opened(tmp_path,
     listing = capsys.readouterr().out
     assert "raw: " in listing and "not read as a volume" in listing and "filter 32001" in listing
     assert "plain: " in listing  # the others still listed
+    layout = h5py.VirtualLayout(shape=(4, 8, 8), dtype=np.uint16)  # a virtual dataset over it: its source's filter
+    layout[...] = h5py.VirtualSource(str(path), "raw", shape=(4, 8, 8))
+    with h5py.File(tmp_path / "virtual.h5", "w") as f:
+        f.create_virtual_dataset("v", layout)
+    with pytest.raises(ValueError, match=r"virtual dataset's source .*blosc_plugin.h5:raw is compressed with the "
+                                         r"HDF5 filter 32001"):
+        ef.open(tmp_path / "virtual.h5", "v")

@@ -28,7 +28,8 @@ class Terminated(KeyboardInterrupt):
     (:func:`sigterm_interrupts`): an interrupt, so every clean-up that Ctrl-C gets runs for it too."""
 
 
-def _terminated(signum, frame) -> None:
+def raise_terminated(signum, frame) -> None:
+    """The SIGTERM handler of :func:`sigterm_interrupts`."""
     raise Terminated()
 
 
@@ -39,7 +40,7 @@ class sigterm_interrupts:  # noqa: N801 - used as a function: ``with sigterm_int
     __slots__ = ("_previous",)
 
     def __enter__(self) -> None:
-        self._previous = signal.signal(signal.SIGTERM, _terminated) if threading.current_thread() is _MAIN else None
+        self._previous = signal.signal(signal.SIGTERM, raise_terminated) if threading.current_thread() is _MAIN else None
 
     def __exit__(self, *exception) -> None:
         if self._previous is not None:
@@ -61,21 +62,29 @@ class ctrl_c_held:  # noqa: N801 - used as a function: ``with ctrl_c_held():``
         if threading.current_thread() is not _MAIN:
             return
         interrupt, terminate = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-        if interrupt is not None:
-            self._previous[signal.SIGINT] = interrupt
-            signal.signal(signal.SIGINT, self._record)
-        if callable(terminate):  # the default action (the process ends) is not an interrupt to hold
-            self._previous[signal.SIGTERM] = terminate
-            signal.signal(signal.SIGTERM, self._record)
+        try:
+            if interrupt is not None:
+                self._previous[signal.SIGINT] = interrupt
+                signal.signal(signal.SIGINT, self._record)
+            if callable(terminate):  # the default action (the process ends) is not an interrupt to hold
+                self._previous[signal.SIGTERM] = terminate
+                signal.signal(signal.SIGTERM, self._record)
+        except BaseException:  # a signal's handler raised before both were in place: the caller's are kept
+            self._restore()
+            raise
 
     def _record(self, signum, frame) -> None:
         if signum not in self._received:
             self._received.append(signum)
 
-    def __exit__(self, *exception) -> None:
+    def _restore(self) -> None:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
-        for signum in self._received:
+
+    def __exit__(self, *exception) -> None:
+        self._restore()
+        # SIGTERM first: the interrupt a handler raises ends the delivery, and SIGTERM's handler must run
+        for signum in sorted(self._received, key=lambda number: number != signal.SIGTERM):
             signal.raise_signal(signum)
 
 

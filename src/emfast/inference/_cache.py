@@ -74,7 +74,8 @@ class TileCache:
             name = f".{hashlib.sha256(f'{container.name}/{dataset}'.encode()).hexdigest()[:32]}.emfast-tiles"
         cache = cls(container.parent / name, memory_limit)
         legacy = f".{container.name}.{dataset.replace('/', '.')}.emfast-tiles"
-        cache.legacy = container.parent / legacy if _fits(legacy) else None  # none could be made
+        # none could be made; one with a '+' may be another output's folder now, in use by a run of its own
+        cache.legacy = container.parent / legacy if _fits(legacy) and "+" not in legacy else None
         return cache
 
     def open(self, record: dict, resume: bool) -> None:

@@ -25,6 +25,7 @@ from typing import Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from .._checks import flag, integer, is_integer, triple
+from .._threads import Terminated, raise_terminated
 from ._geometry import GEOMETRY_KEYS
 from ._hdf5 import plain_attribute
 from ._open import open_source
@@ -352,36 +353,49 @@ def _copy(read, source: VolumeSource, writer: OutputWriter, record: dict, tiles,
     with _interrupt_between_tiles() as interrupted:
         for number in range(done, len(tiles)):
             if interrupted:
-                raise KeyboardInterrupt
+                raise _interruption(interrupted)
             _copy_tile(read, writer, record, tiles, number, channels, dtype, lead)
             if progress is not None:
                 progress(number + 1, len(tiles))
         if interrupted:  # during the last tile: this array is complete, the next level is not begun
-            raise KeyboardInterrupt
+            raise _interruption(interrupted)
+
+
+def _interruption(signals) -> KeyboardInterrupt:
+    """What the signals noted stop the conversion with: SIGTERM's :class:`~emfast._threads.Terminated`, else
+    Ctrl-C's KeyboardInterrupt."""
+    return Terminated() if signal.SIGTERM in signals else KeyboardInterrupt()
 
 
 @contextmanager
 def _interrupt_between_tiles() -> Iterator[list]:
-    """Within the block, a first Ctrl-C (SIGINT) only appends to the list yielded, for the loop to stop after the
-    tile being written; a second one interrupts at once. zarr reads and writes on its own event-loop thread,
-    and an interruption in the middle leaves that loop running: its tasks' tracebacks flood the terminal at
-    exit. Outside the main thread, or under another SIGINT handler, nothing changes."""
+    """Within the block, a first Ctrl-C (SIGINT), or SIGTERM where the CLI takes it as an interrupt, only appends
+    to the list yielded, for the loop to stop after the tile being written; a second one interrupts at once. zarr
+    reads and writes on its own event-loop thread, and an interruption in the middle leaves that loop running: its
+    tasks' tracebacks flood the terminal at exit. Outside the main thread, or under other handlers, nothing
+    changes."""
     interrupted: list = []
-    if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    if threading.current_thread() is not threading.main_thread():
         yield interrupted
         return
+    noted = {signum: handler for signum, handler in ((signal.SIGINT, signal.getsignal(signal.SIGINT)),
+                                                     (signal.SIGTERM, signal.getsignal(signal.SIGTERM)))
+             if handler is (signal.default_int_handler if signum == signal.SIGINT else raise_terminated)}
 
     def note(signum, frame) -> None:
         if interrupted:
-            raise KeyboardInterrupt
+            raise _interruption(interrupted + [signum])
         interrupted.append(signum)
 
-    signal.signal(signal.SIGINT, note)
+    replaced = {}
     try:
+        for signum, handler in noted.items():
+            signal.signal(signum, note)
+            replaced[signum] = handler
         yield interrupted
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for signum, handler in replaced.items():
+            signal.signal(signum, handler)
 
 
 def _copy_tile(read, writer: OutputWriter, record: dict, tiles, number: int, channels: int, dtype, lead: int):

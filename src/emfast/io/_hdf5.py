@@ -72,6 +72,11 @@ def dataset_summary(node: h5py.Dataset) -> str:
     return f"shape={node.shape} dtype={node.dtype} chunks={node.chunks}{compression}"
 
 
+#: What a dataset whose filter is missing needs, for messages.
+_NO_FILTER = ("which this HDF5 library does not have: pip install hdf5plugin and import hdf5plugin before opening "
+              "it, or rewrite the file without it (h5repack -f NONE)")
+
+
 def _missing_filter(node: h5py.Dataset) -> Optional[str]:
     """The first filter of the dataset's pipeline that this HDF5 library cannot apply (a plugin's, such as blosc,
     bitshuffle or zstd, not loaded) and its chunks need, as "N (its name in the file)"; None if it can read them.
@@ -118,9 +123,7 @@ class Hdf5Source(VolumeSource):
                                  f"{', '.join(list_datasets(file))}")
             missing = _missing_filter(node)
             if missing is not None:  # else every read failed, calling the file "truncated or corrupt"
-                raise ValueError(f"{self.name} is compressed with the HDF5 filter {missing}, which this HDF5 "
-                                 "library does not have: pip install hdf5plugin and import hdf5plugin before "
-                                 "opening it, or rewrite the file without it (h5repack -f NONE)")
+                raise ValueError(f"{self.name} is compressed with the HDF5 filter {missing}, {_NO_FILTER}")
             self._sources = _virtual_sources(Path(path), node, self.name) if node.is_virtual else []
             self.stamp = Stamp.of(path, dataset, data_files=_data_files(Path(path), node, self._sources))
         except BaseException:
@@ -327,9 +330,14 @@ def _virtual_sources(path: Path, dataset: h5py.Dataset, name: str) -> List[_Virt
                                     f"{mapping.dset_name!r}) does not exist beside {path} or as given; HDF5 would "
                                     "read its part as fill values")
         with open_hdf5(file) as source:
-            if not isinstance(source.get(mapping.dset_name), h5py.Dataset):
+            node = source.get(mapping.dset_name)
+            if not isinstance(node, h5py.Dataset):
                 raise DatasetNotFoundError(f"{name}: the virtual dataset's source file {file} has no dataset "
                                            f"{mapping.dset_name!r}; HDF5 would read its part as fill values")
+            missing = _missing_filter(node)
+            if missing is not None:
+                raise ValueError(f"{name}: the virtual dataset's source {file}:{mapping.dset_name} is compressed "
+                                 f"with the HDF5 filter {missing}, {_NO_FILTER}")
         first, last = mapping.vspace.get_select_bounds()
         sources.append(_VirtualSource(file, mapping.dset_name, tuple(first[-3:]), tuple(last[-3:])))
     return sources
