@@ -1375,3 +1375,17 @@ def test_a_device_that_is_no_torch_device_or_no_gpu_here_is_named(tmp_path, volu
         with pytest.raises(ValueError, match=rf"device 'cuda:{wanted}': (no usable NVIDIA GPU here|this machine has)"):
             ef.predict(crop, volume, tmp_path / "c.zarr/p", device=device, **settings)
     assert not any(tmp_path.iterdir())  # refused before the output or its lock was made
+
+
+def test_a_torch_module_fed_numpy_batches_is_told_to_pass_a_device(tmp_path, volume):
+    """Without ``device``, a torch module got NumPy batches and torch's conv3d raised a TypeError naming neither
+    the model nor the setting (found by a helper)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    network = torch.nn.Conv3d(1, 1, 3)
+    with pytest.raises(TypeError, match=r"model .*Conv3d is a torch module fed NumPy batches: pass device='cpu'"):
+        ef.predict(network, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=(8, 18, 18))
+    from emfast.inference import model_blamed
+    try:
+        ef.predict(network, volume, tmp_path / "q.zarr/pred", patch_in=PATCH_IN, patch_out=(8, 18, 18))
+    except TypeError as error:
+        assert model_blamed(error) is not None  # the model's error, as the CLI reports it

@@ -2,6 +2,7 @@
 tensor on a device, and a checked NumPy prediction back."""
 from __future__ import annotations
 
+import sys
 import time
 from typing import Callable, Optional
 
@@ -150,7 +151,9 @@ class ModelCaller:
                 prediction = called(self.model, batch) if self.device is None else self._torch(batch)
                 wait = lambda: prediction  # noqa: E731
         except Exception as error:
-            self.failure = error
+            self.failure = self._numpy_to_torch_hint(error) or error
+            if self.failure is not error:
+                raise self.failure from error
             raise
         finally:
             self.seconds += time.perf_counter() - start
@@ -174,6 +177,18 @@ class ModelCaller:
                 raise
 
         return checked
+
+    def _numpy_to_torch_hint(self, error: Exception) -> Optional[Exception]:
+        """For a torch module fed NumPy batches (no ``device``) whose call raised TypeError (torch's own message
+        names neither the model nor the setting), the error saying what to pass; else None."""
+        torch = sys.modules.get("torch")  # a torch module exists only where torch was imported
+        if self.device is not None or not isinstance(error, TypeError) or torch is None \
+                or not isinstance(self.model, torch.nn.Module):
+            return None
+        hinted = TypeError(f"model {self.name} is a torch module fed NumPy batches: pass device='cpu' or 'cuda' "
+                           f"for predict to feed it torch tensors. It raised: {error}")
+        _blame(hinted, self.model)  # the model's error still: the CLI shows its traceback (chained)
+        return hinted
 
     def _torch(self, batch: np.ndarray):
         import torch

@@ -68,8 +68,8 @@ class Prediction:
         Tiles of the plan.
     tiles_computed : int
         Tiles (times test-time variants) the model computed in this call: each once, so with nothing finished
-        before, ``tiles`` times the variants (on Dask, a tile two blocks need at the same moment may be computed
-        by both).
+        before, ``tiles`` times the variants, less the tiles an interrupted run kept for its neighbours and this
+        one reused (on Dask, a tile two blocks need at the same moment may be computed by both).
     seconds : float
         Wall time of this call.
     profile : dict of str to float
