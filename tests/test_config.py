@@ -208,6 +208,11 @@ def _line_of(text: str, needle: str) -> int:
     ("    - name: A\n", "    - name: A\n      lazy: yes please\n", "data.samples[0].lazy", "lazy", ["true or false"]),
     ("loader:", "  hold_out: [C]\nloader:", "data.hold_out[0]", "hold_out", ["'C' matches no sample", "'A', 'B'"]),
     ("loader:", "  hold_out: [A, B]\nloader:", "data.hold_out", "hold_out", ["every sample"]),
+    # a review: two samples named A, one held out, was "a Dataset needs at least one Sample" at data.samples
+    ("    - name: B\n", "    - name: A\n", "data.samples", "samples:", ["names must be unique", "['A']"]),
+    ("    - name: B\n      raw: {file: b.h5, dataset: volumes/raw}\n      labels: {file: b.h5, dataset: volumes/labels}\n",
+     "    - name: A\n      raw: {file: b.h5, dataset: volumes/raw}\n      labels: {file: b.h5, dataset: volumes/labels}\n"
+     "  hold_out: [A]\n", "data.samples", "samples:", ["names must be unique"]),
     ("loader:", "validation: {sampler: tiled}\nloader:", "validation", "validation", ["hold_out"]),
     ("augment:", "targets: [affinity]\naugment:", "targets[0]", "affinity", ["did you mean 'affinities'"]),
     ("augment:", "targets: [boundaries, boundaries]\naugment:", "targets", "targets", ["two targets write the field 'boundaries'"]),

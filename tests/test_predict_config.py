@@ -533,3 +533,20 @@ def test_a_fill_the_inputs_dtype_cannot_hold_is_named_by_check_and_predict(folde
     for pad in ("reflect", "edge"):  # only constant padding reads fill (a review: the kernel refused it anyway)
         ef.predict(lambda batch: batch[:, :, 2:-2, 4:-4, 4:-4], np.zeros((8, 16, 16), np.uint8),
                    tmp_path / f"{pad}.zarr/p", patch_in=(8, 16, 16), patch_out=(4, 8, 8), pad=pad, fill=300)
+
+
+@pytest.mark.parametrize("output, words", [("in.h5/pred", "is in the input's HDF5 file"),
+                                           ("z.zarr/volumes/raw", "is the input itself"),
+                                           ("z.zarr/volumes/raw/inner", "is inside the input"),
+                                           ("z.zarr/volumes", "is a folder containing the input")])
+def test_an_output_where_the_input_is_is_refused_by_check_at_its_key(folder, capsys, output, words):
+    """emfast check said "valid" for a config whose output is the input, inside it, above it or in its HDF5
+    file, which predict always refuses, naming no line (found by a helper writing configs as users do)."""
+    import zarr
+    zarr.open_group(str(folder / "z.zarr"), mode="w").create_array(
+        "volumes/raw", data=np.zeros((24, 48, 48), np.uint8), chunks=(8, 16, 16))
+    text = PREDICT if output.startswith("in.h5") else PREDICT.replace("{file: in.h5, dataset: raw}",
+                                                                          "z.zarr/volumes/raw")
+    path = _config(folder, text.replace("output: out.zarr/pred", f"output: {output}"))
+    error = _check_and_predict_fail(path, capsys)
+    assert f"line {_line_of(path.read_text(), 'output:')}: predict.output: " in error and words in error

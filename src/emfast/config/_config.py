@@ -256,7 +256,8 @@ def close_volumes(samples) -> None:
 def dump_config(config: Config, path: Union[str, os.PathLike, None] = None) -> str:
     """Write ``config`` as YAML (to ``path`` if given) and return the text.
 
-    ``load_config(dump_config(config)) == config``; the objects built from both are equivalent.
+    ``load_config(dump_config(config)) == config``; the objects built from both are equivalent. A ``predict``
+    section beside the training sections is not part of a Config, and is not written.
     """
     text = yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None, width=120)
     if path is not None:
@@ -303,6 +304,9 @@ def _load(text: str, source: str, base: Path) -> Config:
     hold_out = data.get("hold_out") or []
     hold_out = [hold_out] if isinstance(hold_out, str) else reader.listing(hold_out, ("data", "hold_out"))
     names = [spec.name for spec in samples]
+    repeated = sorted({n for n in names if n is not None and names.count(n) > 1})
+    if repeated:  # before hold_out, which would hold out every sample of the name
+        raise reader.error(("data", "samples"), f"sample names must be unique; repeated: {repeated}")
     for index, name in enumerate(hold_out):
         reader.string(name, ("data", "hold_out", index))
         if name not in names:
@@ -310,7 +314,7 @@ def _load(text: str, source: str, base: Path) -> Config:
             raise reader.error(("data", "hold_out", index),
                                f"{name!r} matches no sample; sample names: {', '.join(map(repr, named)) or 'none'}"
                                + ("" if len(named) == len(names) else " (give every sample a name)"))
-    if hold_out and len(set(hold_out)) == len(samples):
+    if hold_out and all(name in hold_out for name in names):
         raise reader.error(("data", "hold_out"), "holds out every sample; leave at least one for training")
 
     loader_args = loader_section(reader, document["loader"], ("loader",), require_patch=True)

@@ -40,7 +40,7 @@ from ..inference import (BLENDS, CACHE_SHARE, CHUNK_EDGE, COMPRESSIONS, DEFAULT_
                          PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS, InputDtypeError, Prediction, TilePlan, block_estimate,
                          budget_block, check_fill, check_input_dtype, check_torch_device, input_cache_refusal,
                          parse_memory, predict, too_large_block, variants)
-from ..io import CacheBudgetError, check_compression, open_volume, parse_output
+from ..io import CacheBudgetError, check_compression, check_output_location, open_volume, parse_output
 from ..transfer import cuda_ordinal
 from ._sections import _check_normalize, _file
 from ._spec import Builtin, plain
@@ -226,6 +226,11 @@ class PredictSpec:
                 check_fill(self.options.get("fill", 0), volume, self.options.get("pad", "reflect"))
             except ValueError as error:
                 raise self.error(("fill",), str(error)) from None
+            container, dataset, kind = parse_output(self.output, companions=(FLAGS_SUFFIX,))
+            try:  # the input itself, inside it or above it: refused whatever ran before, so checked here too
+                check_output_location(container, dataset, kind, volume.stamp, "input")
+            except ValueError as error:
+                raise self.error(("output",), str(error)) from None
         except InputDtypeError as error:
             raise self.error(input_key, str(error)) from None
         finally:
