@@ -69,8 +69,12 @@ class BlockPredictor:
         self.__dict__.update(state, _pool=_Pool())
 
     def read(self, block: Block) -> np.ndarray:
-        """The block's input, context included, as the volume's dtype (channels, z, y, x)."""
+        """The block's input, context included, as the volume's dtype (channels, z, y, x): of an in-memory volume,
+        where no padding is needed, a view of it (the gather kernels read any strides; a copy cost a pass over
+        the input)."""
         corner, extent = self.plan.input_box(block)
+        if self.volume.in_memory and all(0 <= c and c + e <= s for c, e, s in zip(corner, extent, self.volume.shape)):
+            return self.volume.array[(slice(None),) + tuple(slice(c, c + e) for c, e in zip(corner, extent))]
         region = np.empty((self.volume.channels,) + extent, self.volume.dtype)
         return self.volume.read_padded(corner, extent, region, self.pad, self.fill)
 
