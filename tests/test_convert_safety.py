@@ -378,3 +378,30 @@ def test_an_unfinished_output_warns_when_opened_and_is_refused_as_a_source(tmp_p
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         np.testing.assert_array_equal(ef.open(half).array[0], data)
+
+
+def test_a_source_rewritten_while_converted_leaves_the_output_unfinished(tmp_path, monkeypatch):
+    """Chunks of the source rewritten by another process mid-conversion (metadata untouched): the output mixed
+    both versions and was recorded complete with the first one's fingerprint (found by a helper)."""
+    data = np.random.default_rng(5).integers(0, 200, (16, 64, 64), dtype=np.uint8)
+    source = zarr.open_group(str(tmp_path / "in.zarr"), mode="w").create_array("raw", data=data, chunks=(4, 16, 16))
+    copy_tile = _convert._copy_tile
+
+    def rewritten_after_the_first(read, writer, record, tiles, number, *args):
+        done = copy_tile(read, writer, record, tiles, number, *args)
+        if number == 0:
+            source[...] = 255 - data
+        return done
+
+    monkeypatch.setattr(_convert, "_copy_tile", rewritten_after_the_first)
+    monkeypatch.setattr(_convert, "TILE_BYTES", 4 * 64 * 64)
+    out = str(tmp_path / "out.zarr/raw")
+    with pytest.raises(ef.InputChangedError, match="in.zarr/raw changed while .*out.zarr/raw was written"):
+        convert(str(tmp_path / "in.zarr/raw"), out, tile_bytes=4 * 64 * 64)
+    with pytest.warns(ef.UnfinishedOutputWarning):
+        ef.open(out).close()
+    monkeypatch.setattr(_convert, "_copy_tile", copy_tile)
+    with pytest.raises(ConvertError, match="changed since this output was started"):
+        convert(str(tmp_path / "in.zarr/raw"), out, tile_bytes=4 * 64 * 64)
+    convert(str(tmp_path / "in.zarr/raw"), out, tile_bytes=4 * 64 * 64, overwrite=True)
+    np.testing.assert_array_equal(ef.open(out).array[0], 255 - data)

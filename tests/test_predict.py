@@ -1389,3 +1389,29 @@ def test_a_torch_module_fed_numpy_batches_is_told_to_pass_a_device(tmp_path, vol
         ef.predict(network, volume, tmp_path / "q.zarr/pred", patch_in=PATCH_IN, patch_out=(8, 18, 18))
     except TypeError as error:
         assert model_blamed(error) is not None  # the model's error, as the CLI reports it
+
+
+def test_an_input_rewritten_while_predict_reads_it_leaves_the_output_unfinished(tmp_path, volume):
+    """A lazy zarr input whose chunks another process rewrote mid-run (metadata untouched) gave an output that
+    mixed both versions, recorded complete with the first version's fingerprint (found by a helper changing
+    stores under running reads). The fingerprint is taken again before the output is recorded complete."""
+    zarr = pytest.importorskip("zarr")
+    data = volume
+    array = zarr.create_array(str(tmp_path / "in.zarr"), shape=data.shape, chunks=(8, 16, 16), dtype=data.dtype)
+    array[...] = data
+    calls = [0]
+
+    def rewriting(batch):
+        calls[0] += 1
+        if calls[0] == 3:  # as another process would: whole chunk files replaced
+            array[...] = 255 - data
+        return lopsided(batch)
+
+    path = tmp_path / "p.zarr/pred"
+    with pytest.raises(ef.InputChangedError, match=r"in.zarr.* changed while .*p.zarr/pred was written from it"):
+        ef.predict(rewriting, ef.open(tmp_path / "in.zarr", in_memory=False), path, **SETTINGS)
+    with pytest.warns(ef.UnfinishedOutputWarning):
+        ef.open(path).close()
+    with pytest.raises(OutputExistsError, match="changed"):  # a resume is refused: the input is another now
+        ef.predict(lopsided, ef.open(tmp_path / "in.zarr", in_memory=False), path, resume=True, **SETTINGS)
+    ef.predict(lopsided, ef.open(tmp_path / "in.zarr", in_memory=False), path, overwrite=True, **SETTINGS)

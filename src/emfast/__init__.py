@@ -18,7 +18,7 @@ Quick start::
 from ._version import __version__ as __version__
 from .augment import (Artifacts, Augmentation, Blur, Contrast, Elastic, Gamma, Intensity, LowContrast, Mirror,
                       MissingSection, Noise, Rotate, Scale, Slip, Transpose)
-from .io import (CorruptChunkError, DatasetNotFoundError, RemoteReadError, StoreMetadataError,
+from .io import (CorruptChunkError, DatasetNotFoundError, InputChangedError, RemoteReadError, StoreMetadataError,
                  UnfinishedOutputWarning, Volume, VolumeTooLargeError, hdf5)
 from .io import open_volume as open
 from .inference import (BlockWriteError, InputDtypeError, ModelOutputError, NonFiniteWarning, OutputExistsError,
@@ -50,6 +50,7 @@ __all__ = [
     "Elastic",
     "Foreground",
     "Gamma",
+    "InputChangedError",
     "InputDtypeError",
     "InsufficientMemoryError",
     "Intensity",

@@ -18,7 +18,8 @@ from .._core.gather import PAD_MODES
 from .._threads import ctrl_c_held, shutdown_pool
 from .._version import __version__
 from ..io import (WIDTH, CacheBudgetError, OutputLock, ProgressBar, Volume, array_fingerprint, check_free_space,
-                  check_output_location, compared_record, fingerprint, open_volume, option, plural)
+                  check_input_unchanged, check_output_location, compared_record, fingerprint, open_volume, option,
+                  plural)
 from ..pipeline import normalization
 from ..transfer import DeviceNotice, TransferBackend, cuda_ordinal, cuda_unavailable
 from ._block import BlockPredictor
@@ -507,6 +508,9 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                 except BaseException:
                     predictor.cache.spill()  # what a resume would otherwise compute again
                     raise
+                if not volume.in_memory:  # read while it ran: its blocks may come from two versions
+                    check_input_unchanged(volume.stamp, record["input"].get("fingerprint"), store.path,
+                                          f"run again with {option('overwrite')} once it no longer changes")
                 store.finish()
                 predictor.cache.remove()
             finally:

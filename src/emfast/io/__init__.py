@@ -16,9 +16,10 @@ from ._hdf5 import Hdf5Source, hdf5, list_datasets, open_hdf5
 from ._formats import Contents, Listed, VolumeFormat, formats
 from ._n5 import N5Source
 from ._open import contents, open_source, open_volume, resolved_above_container, split_path
-from ._outputs import (REMOVING_TAIL, OutputLock, UnfinishedOutputWarning, add_ome_multiscales, array_fingerprint,
-                       check_free_space, check_output_location, command_line_options, fingerprint, option,
-                       remove_folder, remove_leftovers, set_aside, unfinished, zarr_geometry)
+from ._outputs import (REMOVING_TAIL, InputChangedError, OutputLock, UnfinishedOutputWarning, add_ome_multiscales,
+                       array_fingerprint, check_free_space, check_input_unchanged, check_output_location,
+                       command_line_options, fingerprint, option, remove_folder, remove_leftovers, set_aside,
+                       unfinished, zarr_geometry)
 from ._precomputed import PrecomputedSource, tensorstore_missing
 from ._progress import WIDTH, ProgressBar, plural
 from ._pyramid import DOWNSAMPLING
@@ -98,4 +99,5 @@ __all__ = [
     "zarr_missing",
     "UnfinishedOutputWarning",
     "unfinished",
+    "InputChangedError",
 ]

@@ -29,9 +29,9 @@ from .._threads import Terminated, raise_terminated
 from ._geometry import GEOMETRY_KEYS
 from ._hdf5 import plain_attribute
 from ._open import open_source
-from ._outputs import (RECORDS, NotOwnOutputError, OutputLock, add_ome_pyramid, check_free_space,
-                       check_output_location, fingerprint, image_paths, remove_zarr_output, unfinished,
-                       zarr_store_format)
+from ._outputs import (RECORDS, InputChangedError, NotOwnOutputError, OutputLock, add_ome_pyramid, check_free_space,
+                       check_input_unchanged, check_output_location, fingerprint, image_paths,
+                       remove_zarr_output, unfinished, zarr_store_format)
 from ._progress import plural, progress_bar
 from ._pyramid import DOWNSAMPLING, default_downsampling, downsample, level_factors, level_geometry
 from ._source import VolumeSource
@@ -354,7 +354,9 @@ def _copy(read, source: VolumeSource, writer: OutputWriter, record: dict, tiles,
         for number in range(done, len(tiles)):
             if interrupted:
                 raise _interruption(interrupted)
-            _copy_tile(read, writer, record, tiles, number, channels, dtype, lead)
+            _copy_tile(read, writer, record, tiles, number, channels, dtype, lead,
+                       lambda: check_input_unchanged(source.stamp, record["source"]["fingerprint"], writer.path,
+                                                     "convert it again with --overwrite once it no longer changes"))
             if progress is not None:
                 progress(number + 1, len(tiles))
         if interrupted:  # during the last tile: this array is complete, the next level is not begun
@@ -398,16 +400,23 @@ def _interrupt_between_tiles() -> Iterator[list]:
             signal.signal(signum, handler)
 
 
-def _copy_tile(read, writer: OutputWriter, record: dict, tiles, number: int, channels: int, dtype, lead: int):
-    """Read tile ``number``, write it and record it done."""
+def _copy_tile(read, writer: OutputWriter, record: dict, tiles, number: int, channels: int, dtype, lead: int,
+               unchanged: Optional[Callable[[], None]] = None):
+    """Read tile ``number``, write it and record it done; before the last is recorded (the output complete),
+    ``unchanged()`` raises if the source changed meanwhile."""
     corner, extent = tiles[number]
     data = read(corner, extent, channels, dtype)
     # A tile never costs more than its raw bytes (and the margin): checked before the write, as HDF5 cannot
     # recover from a full disk (its file can no longer be closed, and the process crashes at exit).
     check_free_space(writer.container, data.nbytes, f"writing tile {number + 1} of {len(tiles)}", AGAIN)
+    last = number + 1 == len(tiles)
     try:
         writer.write(corner, data if lead else data[0])
-        writer.set_record(dict(record, done=number + 1, complete=number + 1 == len(tiles)))
+        if last and unchanged is not None:
+            unchanged()
+        writer.set_record(dict(record, done=number + 1, complete=last))
+    except InputChangedError:
+        raise
     except (OSError, RuntimeError) as error:
         end = tuple(c + e for c, e in zip(corner, extent))
         raise ConvertWriteError(f"writing tile {number + 1} of {len(tiles)} (voxels {corner}..{end}) to "

@@ -67,6 +67,24 @@ class NotOwnOutputError(FileExistsError):
     """Overwriting was asked for something emfast did not write."""
 
 
+class InputChangedError(OSError):
+    """The input's files changed while a run read them: its output may mix both versions, and is left
+    unfinished."""
+
+
+def check_input_unchanged(stamp, recorded: Optional[dict], output: str, again: str) -> None:
+    """Raise :class:`InputChangedError` if the input of ``stamp`` no longer has the fingerprint ``recorded`` when
+    the run that wrote ``output`` from it began (a chunk rewritten in place, a file replaced): checked before the
+    output is recorded complete, as a lazily read input's change is seen only by its metadata while it is read.
+    ``again`` says what to do (a resume is refused: the input is another now)."""
+    if stamp is None or recorded is None:
+        return
+    if fingerprint(stamp) != recorded:
+        raise InputChangedError(f"{stamp.path}/{stamp.dataset} changed while {output} was written from it (the "
+                                "sizes or modification times of its files differ from when the run began): the "
+                                f"output may mix both versions and is left unfinished; {again}")
+
+
 class UnfinishedOutputWarning(UserWarning):
     """A volume opened is an output emfast has not finished writing: what was not written reads as the fill
     value."""
