@@ -413,3 +413,10 @@ def test_a_coarser_level_converted_or_predicted_alone_keeps_its_ome_placement(tm
         array = tmp_path / (path + "/s0" if path.startswith("two") else path)
         assert zarr.open_array(str(array), mode="r").attrs["offset"] == [0.0] * 3  # funlib: the corner
     np.testing.assert_array_equal(ef.open(tmp_path / "one.zarr/raw").array, level1.array)
+    # a review: a binned-looking offset that the image's first level does not imply stays contradictory
+    zarr.open_array(str(tmp_path / "pyr.zarr/raw/s1"), mode="r+").attrs["offset"] = [-2.0] * 3  # "factor 4"
+    with pytest.raises(ef.io.StoreMetadataError, match="contradictory metadata"):
+        ef.open(tmp_path / "pyr.zarr/raw", level=1)
+    zarr.open_array(str(tmp_path / "one.zarr/raw"), mode="r+").attrs["offset"] = [4 - 3.9] * 3  # no binning
+    with pytest.raises(ef.io.StoreMetadataError, match="contradictory metadata"):
+        ef.open(tmp_path / "one.zarr/raw")

@@ -151,9 +151,8 @@ class ModelCaller:
                 prediction = called(self.model, batch) if self.device is None else self._torch(batch)
                 wait = lambda: prediction  # noqa: E731
         except Exception as error:
-            self.failure = self._numpy_to_torch_hint(error) or error
-            if self.failure is not error:
-                raise self.failure from error
+            self.failure = error
+            self._hint_device(error)
             raise
         finally:
             self.seconds += time.perf_counter() - start
@@ -178,17 +177,18 @@ class ModelCaller:
 
         return checked
 
-    def _numpy_to_torch_hint(self, error: Exception) -> Optional[Exception]:
-        """For a torch module fed NumPy batches (no ``device``) whose call raised TypeError (torch's own message
-        names neither the model nor the setting), the error saying what to pass; else None."""
+    def _hint_device(self, error: Exception) -> None:
+        """A torch module fed NumPy batches (no ``device``) that fails on one (torch's TypeError names neither the
+        model nor the setting): a note on ``error``, which stays the model's, saying to pass a device."""
         torch = sys.modules.get("torch")  # a torch module exists only where torch was imported
-        if self.device is not None or not isinstance(error, TypeError) or torch is None \
-                or not isinstance(self.model, torch.nn.Module):
-            return None
-        hinted = TypeError(f"model {self.name} is a torch module fed NumPy batches: pass device='cpu' or 'cuda' "
-                           f"for predict to feed it torch tensors. It raised: {error}")
-        _blame(hinted, self.model)  # the model's error still: the CLI shows its traceback (chained)
-        return hinted
+        if self.device is not None or torch is None or not isinstance(self.model, torch.nn.Module) \
+                or not isinstance(error, TypeError) or "ndarray" not in str(error):
+            return
+        try:
+            error.add_note(f"model {self.name} is a torch module fed NumPy batches: pass device='cpu' or 'cuda' "
+                           "for predict to feed it torch tensors")
+        except Exception:  # noqa: BLE001 - an exception that takes no note keeps its own message
+            pass
 
     def _torch(self, batch: np.ndarray):
         import torch

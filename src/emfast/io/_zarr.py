@@ -33,6 +33,7 @@ still refuses is reported as the same error, naming the metadata file.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -123,7 +124,7 @@ class ZarrSource(VolumeSource):
         node = _open_node(zarr, path, dataset, self.name)
         if isinstance(node, zarr.Group):
             with parsing(f"{self.name} (OME-NGFF multiscales)"):
-                levels = multiscale_levels(dict(node.attrs), self.name)
+                levels = _placed_levels(node, multiscale_levels(dict(node.attrs), self.name), self.name)
             if levels is None:
                 listed = "not listed remotely" if remote else ", ".join(arrays_on_disk(path, dataset)) or "none"
                 raise DatasetNotFoundError(f"{self.name} is a group, not an array; arrays there: {listed}")
@@ -190,17 +191,13 @@ class ZarrSource(VolumeSource):
         geometry = _geometry_of(array, self.name, chosen.axes)
         require_agreement(f"{self.name} (attributes)", "its voxel_size", geometry.resolution,
                           "the OME-NGFF scale", chosen.resolution)
-        offset = chosen.offset
-        if geometry.offset is not None and binned_corner(geometry.offset, chosen.translation, chosen.resolution):
-            # a binned level written alone (emfast's outputs of a pyramid's level): its offset is level 0's corner
-            offset = geometry.offset
-        elif geometry.offset is None or not np.allclose(geometry.offset, chosen.translation, rtol=0, atol=1e-6):
+        if geometry.offset is None or not np.allclose(geometry.offset, chosen.translation, rtol=0, atol=1e-6):
             # funlib's offset is the corner (emfast's earlier pyramids wrote a binned level's centre there too)
             require_agreement(f"{self.name} (attributes)", "its offset", geometry.offset,
                               "the OME-NGFF translation (its first voxel's corner)", chosen.offset)
         self._axes = chosen.axes
-        self.resolution, self.offset = chosen.resolution, offset
-        if not np.allclose(chosen.translation, offset, rtol=0, atol=1e-6):
+        self.resolution, self.offset = chosen.resolution, chosen.offset
+        if not np.allclose(chosen.translation, chosen.offset, rtol=0, atol=1e-6):
             self.translation = chosen.translation
 
     def _layout(self, array):
@@ -334,10 +331,29 @@ def _level_above(zarr, path, dataset: str) -> Optional[Level]:
     try:
         group = zarr.open(store=path.zarr_store() if isinstance(path, RemoteStore) else local_store(path),
                           path=parent, mode="r")
-        levels = multiscale_levels(dict(group.attrs), f"{path}:{parent}") if isinstance(group, zarr.Group) else None
+        levels = _placed_levels(group, multiscale_levels(dict(group.attrs), f"{path}:{parent}"), f"{path}:{parent}") \
+            if isinstance(group, zarr.Group) else None
     except (StoreMetadataError, ValueError, KeyError, TypeError, AttributeError, IndexError):
         return None  # malformed multiscales: the array's own attributes stand (a failed read is raised)
     return next((level for level in levels or () if level.path.strip("/") == leaf), None)
+
+
+def _placed_levels(group, levels: Optional[List[Level]], name: str) -> Optional[List[Level]]:
+    """``levels`` of the image ``group``, placed where its first level starts: where that level's funlib offset is
+    the corner of a binned level (a pyramid made from a coarser level of another image, as emfast writes one, or
+    a coarser level written alone, see :func:`~emfast.io._geometry.binned_corner`), every level binned from it
+    starts there, not at its translation."""
+    if not levels:
+        return levels
+    first = levels[0]
+    try:
+        offset = _geometry_of(group[first.path], name, first.axes).offset
+    except Exception:  # noqa: BLE001 - a first level that cannot be read is refused when it is opened
+        return levels
+    if offset is None or not binned_corner(offset, first.translation, first.resolution):
+        return levels
+    return [dataclasses.replace(level, offset=tuple(offset))
+            if np.allclose(level.offset, first.translation, rtol=0, atol=1e-6) else level for level in levels]
 
 
 def _geometry_of(array, name: str, known_axes: Optional[Sequence[str]] = None) -> Geometry:
