@@ -420,10 +420,8 @@ def test_a_killed_process_resumes_to_the_same_bytes(tmp_path, volume):
     np.testing.assert_array_equal(_read(tmp_path / "p.zarr/pred"), _read(tmp_path / "whole.zarr/pred"))
 
 
-def test_ctrl_c_twice_writes_nothing_after_predict_has_raised(tmp_path, volume, monkeypatch):
-    """One Ctrl-C stops the run; a second, while predict waits for the blocks being written (a slow disk), must
-    not leave writer threads behind that write after predict raised (and released the output's lock): Python
-    3.11 reports a thread whose join was interrupted as ended."""
+def _slow_writes(monkeypatch) -> list:
+    """Blocks written half a second late (a slow disk); returns the list of the times their writes ended."""
     from emfast.io import _chunkfiles
 
     written, write = [], _chunkfiles.ChunkFiles.write
@@ -434,6 +432,14 @@ def test_ctrl_c_twice_writes_nothing_after_predict_has_raised(tmp_path, volume, 
         written.append(time.monotonic())
 
     monkeypatch.setattr(_chunkfiles.ChunkFiles, "write", slow_write)
+    return written
+
+
+def test_ctrl_c_twice_writes_nothing_after_predict_has_raised(tmp_path, volume, monkeypatch):
+    """One Ctrl-C stops the run; a second, while predict waits for the blocks being written (a slow disk), must
+    not leave writer threads behind that write after predict raised (and released the output's lock): Python
+    3.11 reports a thread whose join was interrupted as ended."""
+    written = _slow_writes(monkeypatch)
     calls = [0]
 
     def model(batch):
@@ -458,16 +464,7 @@ def test_sigterm_twice_stops_predict_as_ctrl_c_does(tmp_path, volume, monkeypatc
     ended the process at once: no message, the kept tiles held in memory lost (a helper's resume computed 152
     tiles where Ctrl-C's computed 130)."""
     from emfast._threads import Terminated, sigterm_interrupts
-    from emfast.io import _chunkfiles
-
-    written, write = [], _chunkfiles.ChunkFiles.write
-
-    def slow_write(self, corner, data):
-        time.sleep(0.5)
-        write(self, corner, data)
-        written.append(time.monotonic())
-
-    monkeypatch.setattr(_chunkfiles.ChunkFiles, "write", slow_write)
+    written = _slow_writes(monkeypatch)
     calls, timers, late = [0], [], []
 
     def model(batch):
