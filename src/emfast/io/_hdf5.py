@@ -471,11 +471,7 @@ def hdf5(path: Union[str, os.PathLike], dataset: str, *, in_memory: bool = True,
         one cache block, or is given with ``in_memory=True``.
     """
     source = Hdf5Source(path, dataset)
-    try:
-        warn_if_unfinished(source, f"{path}/{dataset}")
-    except BaseException:
-        source.close()
-        raise
+    warn_if_unfinished(source, f"{path}/{dataset}")
     return Volume.open(source, in_memory=in_memory, cache_bytes=cache_bytes)
 
 

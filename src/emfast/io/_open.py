@@ -194,9 +194,5 @@ def open_volume(path: Union[str, os.PathLike], dataset: Optional[str] = None, *,
     """
     source = open_source(path, dataset, format=format, level=level, resolution=resolution,
                          storage_options=storage_options)
-    try:
-        warn_if_unfinished(source, str(path) if dataset is None else f"{path}/{dataset}")
-    except BaseException:
-        source.close()
-        raise
+    warn_if_unfinished(source, str(path) if dataset is None else f"{path}/{dataset}")
     return Volume.open(source, in_memory=in_memory, cache_bytes=cache_bytes)

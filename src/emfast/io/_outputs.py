@@ -112,12 +112,17 @@ def unfinished(attributes: dict) -> Optional[str]:
 
 def warn_if_unfinished(source, name: str) -> None:
     """Warn (:class:`UnfinishedOutputWarning`) that the volume ``name`` being opened from ``source`` is an output
-    emfast has not finished writing (a run stopped or killed, or one still running)."""
-    finish = unfinished(source.attributes())
-    if finish is not None:
-        warnings.warn(UnfinishedOutputWarning(
-            f"{name} is an emfast output not finished writing (its record says complete: false): what was not "
-            f"written reads as the fill value; to finish it, {finish}"), stacklevel=3)
+    emfast has not finished writing (a run stopped or killed, or one still running); ``source`` is closed if that
+    raises (warnings as errors)."""
+    try:
+        finish = unfinished(source.attributes())
+        if finish is not None:
+            warnings.warn(UnfinishedOutputWarning(
+                f"{name} is an emfast output not finished writing (its record says complete: false): what was not "
+                f"written reads as the fill value; to finish it, {finish}"), stacklevel=3)
+    except BaseException:
+        source.close()
+        raise
 
 
 def option(name: str) -> str:
