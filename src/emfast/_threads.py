@@ -40,7 +40,8 @@ class sigterm_interrupts:  # noqa: N801 - used as a function: ``with sigterm_int
     __slots__ = ("_previous",)
 
     def __enter__(self) -> None:
-        self._previous = signal.signal(signal.SIGTERM, raise_terminated) if threading.current_thread() is _MAIN else None
+        main = threading.current_thread() is _MAIN
+        self._previous = signal.signal(signal.SIGTERM, raise_terminated) if main else None
 
     def __exit__(self, *exception) -> None:
         if self._previous is not None:

@@ -30,7 +30,7 @@ from ._geometry import GEOMETRY_KEYS
 from ._hdf5 import plain_attribute
 from ._open import open_source
 from ._outputs import (RECORDS, InputChangedError, NotOwnOutputError, OutputLock, add_ome_pyramid, check_free_space,
-                       check_input_unchanged, check_output_location, fingerprint, image_paths,
+                       check_input_unchanged, check_output_location, fingerprint, image_paths, option,
                        remove_zarr_output, unfinished, zarr_store_format)
 from ._progress import plural, progress_bar
 from ._pyramid import DOWNSAMPLING, default_downsampling, downsample, level_factors, level_geometry
@@ -356,7 +356,7 @@ def _copy(read, source: VolumeSource, writer: OutputWriter, record: dict, tiles,
                 raise _interruption(interrupted)
             _copy_tile(read, writer, record, tiles, number, channels, dtype, lead,
                        lambda: check_input_unchanged(source.stamp, record["source"]["fingerprint"], writer.path,
-                                                     "convert it again with --overwrite once it no longer changes"))
+                                                     f"convert it again with {option('overwrite')} once it no longer changes"))
             if progress is not None:
                 progress(number + 1, len(tiles))
         if interrupted:  # during the last tile: this array is complete, the next level is not begun

@@ -12,8 +12,9 @@ read) whose translation is the world position (nm) of that field's window in its
 include the network's context, labels the targets' margin, so the layers of one example overlay voxel for voxel on
 each other and on the source (a field delivered at its own voxel size, ``own_resolution``, covers the world box of
 its window on raw's grid, at that voxel size). The arrays also carry the funlib/gunpowder attributes
-(``voxel_size``, ``offset``, ``axis_names``). An example whose window was mirrored, transposed or warped is shown as the network sees it, at
-its window's box. A single channel is written as a (z, y, x) array, several as (c, z, y, x).
+(``voxel_size``, ``offset``, ``axis_names``). An example whose window was mirrored, transposed or warped is shown
+as the network sees it, at its window's box. A single channel is written as a (z, y, x) array, several as (c, z,
+y, x).
 
 :func:`montage` renders the central z-section of every field of every example of one batch into one PNG: raw in
 grey, labels as one colour per id (0 black), three or more float channels (affinities, LSDs) as RGB, one float or
