@@ -7,7 +7,7 @@ import pytest
 
 import emfast as ef
 from emfast.transfer import DeviceArray, DeviceNotice, cuda_unavailable, resolve_device
-from emfast.transfer._fake import POISON, FakeDevice
+from emfast.transfer._fake import POISON, FakeDevice, RuleBroken
 from threads import emfast_threads
 
 PATCH = (4, 16, 12)
@@ -142,3 +142,35 @@ def test_cuda_ordinal_reads_cuda_names_only():
 
     assert [cuda_ordinal(name) for name in ("cuda", "cuda:0", "cuda:3")] == [0, 0, 3]
     assert [cuda_ordinal(name) for name in ("cpu", "auto", "cuda:", "cuda:x", "fake:0", None, 1)] == [None] * 7
+
+
+def test_the_fake_device_refuses_what_pycuda_would_punish_silently():
+    """Two of pycuda's rules the fake did not enforce (a review of the fake against pycuda): a host slot written
+    while its asynchronous copy reads it (on a GPU the device gets a mix of both), and a driver call from a
+    thread that neither opened the device nor pushed its context (pycuda raises, or works on another context)."""
+    import threading
+    device = FakeDevice(max_delay=0.05)
+    slots = device.open({"raw": ((4, 4), np.float32)}, host_slots=1)
+    memory = device.allocate()
+    slots[0]["raw"][...] = 1
+    device.copy(slots[0], memory)
+    slots[0]["raw"][...] = 2  # a producer refilling the slot before the copy is waited for
+    with pytest.raises(RuleBroken, match="written while its copy to the device was under way"):
+        device.wait(memory)
+    device.copy(slots[0], memory)
+    device.wait(memory)  # left alone while under way: no complaint
+    broken = []
+
+    def elsewhere():
+        try:
+            device.copy(slots[0], memory)
+        except RuleBroken as error:
+            broken.append(str(error))
+    thread = threading.Thread(target=elsewhere, name="not-the-device")
+    thread.start()
+    thread.join()
+    assert broken and "not-the-device, not the device's thread" in broken[0]
+    with device.activate():  # a context pushed: allowed
+        device.wait(memory)
+    device.free(memory)
+    device.close(0)

@@ -12,6 +12,9 @@ records every breach of the rules that make pycuda leak or corrupt memory on rea
 - a copy into a slot that any exported array (or view, or tensor of it) still reaches is an error;
 - results are copied back only into page-locked memory (a host slot or ``pinned()``), from a C-contiguous array
   of the destination's shape and dtype; until ``wait_back()`` of that copy the destination holds poison;
+- a host slot is not written while its copy to the device is under way (the DMA reads it until ``wait()``);
+- every driver call (allocation, copies, waits, frees) is made on the thread that opened the device, or inside
+  ``activate()``;
 - live allocations are counted, so a test can bound them.
 """
 import contextlib
@@ -41,6 +44,7 @@ class _Memory:
         self.done.set()
         self.freed = False
         self.released_on = None  # the stream current where the last view died
+        self.tampered = None  # how its host slot was written while a copy read it (raised by the next wait)
 
 
 class _Export:
@@ -77,8 +81,12 @@ class FakeDevice(TransferBackend):
         self._pinned = []  # page-locked host memory: the host slots and pinned() arrays
         self.copies_back = 0
 
-    def _called(self):
-        self.callers.add(threading.current_thread().name)
+    def _called(self, driver=True):
+        thread = threading.current_thread()
+        self.callers.add(thread.name)
+        if driver and self.owner is not None and thread is not self.owner and not getattr(self._local, "active",
+                                                                                        False):
+            self._broken(f"a driver call on {thread.name}, not the device's thread nor inside activate()")
 
     def _broken(self, message):
         self.violations.append(message)
@@ -169,10 +177,14 @@ class FakeDevice(TransferBackend):
         self.copies += 1
         delay = self.random.uniform(0, self.max_delay)
         memory.done.clear()
+        sent = {name: array.copy() for name, array in host.items()}  # what the DMA must find when it reads
 
         def transfer():
             time.sleep(delay)
             for name, array in host.items():
+                if not np.array_equal(array, sent[name], equal_nan=array.dtype.kind == "f"):
+                    memory.tampered = (f"host slot field {name!r} written while its copy to the device was under "
+                                       "way")
                 np.copyto(memory.arrays[name], array)
             memory.done.set()
 
@@ -184,6 +196,9 @@ class FakeDevice(TransferBackend):
         self._called()
         memory.done.wait()
         self._copiers = [t for t in self._copiers if t.is_alive()]
+        tampered, memory.tampered = memory.tampered, None
+        if tampered is not None:
+            self._broken(tampered)
 
     def pinned(self, shape, dtype):
         self._called()
