@@ -200,6 +200,19 @@ def test_a_pyramid_goes_to_zarr_and_not_over_an_array(tmp_path, raw_source, caps
     assert main(["convert", str(path) + "/raw", str(tmp_path / "out.zarr/raw"), "--levels", "2"]) == 2
     assert "out.zarr/raw is an array; a pyramid's levels go into a group of that name" in capsys.readouterr().err
     assert tree_digest(tmp_path / "out.zarr") == before
+    # an audit of convert's promises: with --overwrite emfast's own array is replaced by the pyramid (it was
+    # refused), and a single level over that pyramid was called "not written by emfast"
+    assert main(["convert", str(path) + "/raw", str(tmp_path / "out.zarr/raw"), "--levels", "2", "--overwrite"]) == 0
+    assert ef.open(tmp_path / "out.zarr/raw", level=1).shape == ef.open(tmp_path / "out.zarr/raw/s1").shape
+    capsys.readouterr()
+    assert main(["convert", str(path) + "/raw", str(tmp_path / "out.zarr/raw")]) == 2
+    assert "out.zarr/raw is a multiscale image (levels s0, s1), not an array" in capsys.readouterr().err
+    theirs = zarr.open_group(str(tmp_path / "theirs.zarr"), mode="w").create_array("raw", shape=(4, 4, 4),
+                                                                                 dtype=np.uint8)
+    theirs[...] = 7
+    assert main(["convert", str(path) + "/raw", str(tmp_path / "theirs.zarr/raw"), "--levels", "2",
+                 "--overwrite"]) == 2
+    assert "not written by emfast" in capsys.readouterr().err and (theirs[...] == 7).all()
 
 
 def test_an_ome_zarr_py_image_converts_with_its_geometry_and_the_pyramid_of_ome_zarr_py_itself(tmp_path):

@@ -255,8 +255,14 @@ def _write_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_for
     """:func:`_convert_pyramid`'s work, under its ``lock``."""
     node = container / dataset
     if _is_zarr_array(node):
-        raise ConvertError(f"{container}/{dataset} is an array; a pyramid's levels go into a group of that name: "
-                           "choose another output")
+        if not overwrite:
+            raise ConvertError(f"{container}/{dataset} is an array; a pyramid's levels go into a group of that name: "
+                               f"choose another output, or pass {option('overwrite')} to replace it (emfast's own "
+                               "only)")
+        try:  # an array emfast wrote, replaced by the pyramid; another program's is never touched
+            remove_zarr_output(container, dataset, lock)
+        except NotOwnOutputError as error:
+            raise ConvertError(str(error)) from None
     listed = image_paths(node) or []
     if any(not LEVEL_NAME.fullmatch(path) for path in listed):
         raise ConvertError(f"{container}/{dataset} is an OME-NGFF image of other datasets ({', '.join(listed)}): "

@@ -30,7 +30,7 @@ from ._chunkfiles import chunk_files
 from ._hdf5 import open_hdf5
 from ._open import split_path
 from ._outputs import (LOCK_SUFFIX, NotOwnOutputError, OutputLock, add_ome_multiscales, check_zarr_container,
-                       input_changed, open_hdf5_for_writing, option, refuse_hdf5_in_use, remove_folder,
+                       image_paths, input_changed, open_hdf5_for_writing, option, refuse_hdf5_in_use, remove_folder,
                        remove_hdf5_output, remove_leftovers, remove_partial_files, remove_zarr_output, set_aside,
                        zarr_geometry, zarr_store_format)
 
@@ -288,6 +288,10 @@ class OutputWriter:
                          unchecked: set) -> None:
         """``refused`` unless the existing output (its record ``previous``) may be continued with ``record``."""
         if previous is NOT_EMFAST:
+            levels = image_paths(self.container / self.dataset) if self.kind == "zarr" else None
+            if levels:  # a pyramid (emfast's, say): a group, which no command writing one array replaces
+                raise self.refused(f"{self.path} is a multiscale image (levels {', '.join(levels)}), not an array; "
+                                   f"choose another output, or write a pyramid there ({option('levels')})")
             raise self.refused(f"{self.path} exists and was not written by emfast; choose another output (emfast "
                                "never replaces what it did not write)")
         if not resume:
