@@ -1383,7 +1383,7 @@ def test_a_torch_module_fed_numpy_batches_is_told_to_pass_a_device(tmp_path, vol
     with pytest.raises(TypeError) as raised:
         ef.predict(torch.nn.Conv3d(1, 1, 3), volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN,
                    patch_out=(8, 18, 18))
-    assert any("Conv3d is a torch module fed NumPy batches: pass device='cpu'" in note
+    assert any("Conv3d is a torch module fed NumPy batches: give predict a device, 'cpu'" in note
                for note in raised.value.__notes__)
     assert model_blamed(raised.value) is not None  # the model's error, as the CLI reports it
 
@@ -1420,3 +1420,24 @@ def test_an_input_rewritten_while_predict_reads_it_leaves_the_output_unfinished(
     with pytest.raises(OutputExistsError, match="changed"):  # a resume is refused: the input is another now
         ef.predict(lopsided, ef.open(tmp_path / "in.zarr", in_memory=False), path, resume=True, **SETTINGS)
     ef.predict(lopsided, ef.open(tmp_path / "in.zarr", in_memory=False), path, overwrite=True, **SETTINGS)
+
+
+def test_an_input_whose_attributes_a_viewer_rewrites_meanwhile_is_not_called_changed(tmp_path, volume):
+    """A viewer writing a zarr v2 input's .zattrs back unchanged mid-run ended the run in InputChangedError, its
+    work lost (a review of the check taken again at the end): attributes are not the data."""
+    zarr = pytest.importorskip("zarr")
+    array = zarr.create_array(str(tmp_path / "in.zarr"), shape=volume.shape, chunks=(8, 16, 16),
+                              dtype=volume.dtype, zarr_format=2)
+    array[...] = volume
+    array.attrs["note"] = "by a viewer"
+    attributes = tmp_path / "in.zarr" / ".zattrs"
+    calls = [0]
+
+    def viewing(batch):
+        calls[0] += 1
+        if calls[0] == 3:
+            time.sleep(0.01)  # a modification time of its own
+            attributes.write_text(attributes.read_text())
+        return lopsided(batch)
+
+    ef.predict(viewing, ef.open(tmp_path / "in.zarr", in_memory=False), tmp_path / "p.zarr/pred", **SETTINGS)

@@ -468,7 +468,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         model = model_blamed(error)
         if model is not None:  # the user's code: its traceback is theirs to read, the error theirs to fix
             traceback.print_exc()
-            print(f"emfast: error: the model {model} raised {type(error).__name__}: {error}", file=sys.stderr)
+            hints = [note for note in getattr(error, "__notes__", ()) if isinstance(note, str)
+                     and not note.startswith("(raised by the model")]  # emfast's own notes: the cause's hints
+            print(f"emfast: error: the model {model} raised {type(error).__name__}: {error}"
+                  + "".join(f" ({hint})" for hint in hints), file=sys.stderr)
             return 2
         if user_error(error):
             print(f"emfast: error: {error}", file=sys.stderr)

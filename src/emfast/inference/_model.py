@@ -185,8 +185,8 @@ class ModelCaller:
                 or not isinstance(error, TypeError) or "ndarray" not in str(error):
             return
         try:
-            error.add_note(f"model {self.name} is a torch module fed NumPy batches: pass device='cpu' or 'cuda' "
-                           "for predict to feed it torch tensors")
+            error.add_note(f"model {self.name} is a torch module fed NumPy batches: give predict a device, 'cpu' "
+                           "or 'cuda' (device= in Python, device: in a config), to feed it torch tensors")
         except Exception:  # noqa: BLE001 - an exception that takes no note keeps its own message
             pass
 

@@ -490,6 +490,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
             if volume.translation is not None:  # a binned level of an OME-NGFF image: placed as the image does
                 attributes["translation"] = list(volume.translation)
             record = _record(volume, caller, plan, settings, digest)
+            # a lazily read input, checked again before the output is recorded complete (see below)
+            input_files = None if volume.in_memory else fingerprint(volume.stamp, data_only=True)
             store, finished = OutputStore.prepare(out, shape, dtype, plan.chunks, compression, plan.grid, record,
                                                   attributes, resume, overwrite, lock, plan.block_box())
             bar = _PredictBar(len(blocks)) if progress is True else None
@@ -508,9 +510,9 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                 except BaseException:
                     predictor.cache.spill()  # what a resume would otherwise compute again
                     raise
-                if not volume.in_memory:  # read while it ran: its blocks may come from two versions
-                    check_input_unchanged(volume.stamp, record["input"].get("fingerprint"), store.path,
-                                          f"run again with {option('overwrite')} once it no longer changes")
+                # read while it ran: its blocks may come from two versions
+                check_input_unchanged(volume.stamp, input_files, store.path,
+                                      f"run again with {option('overwrite')} once it no longer changes")
                 store.finish()
                 predictor.cache.remove()
             finally:

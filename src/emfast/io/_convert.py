@@ -356,13 +356,14 @@ def _copy(read, source: VolumeSource, writer: OutputWriter, record: dict, tiles,
         check_free_space(writer.container, left, f"writing the {count} {plural(count, 'tile')} left", AGAIN)
     if progress is not None and done < len(tiles):
         progress(done, len(tiles))
+    started = fingerprint(source.stamp, data_only=True)  # checked again before the output is recorded complete
     with _interrupt_between_tiles() as interrupted:
         for number in range(done, len(tiles)):
             if interrupted:
                 raise _interruption(interrupted)
             _copy_tile(read, writer, record, tiles, number, channels, dtype, lead,
-                       lambda: check_input_unchanged(source.stamp, record["source"]["fingerprint"], writer.path,
-                                                     f"convert it again with {option('overwrite')} once it no longer changes"))
+                       lambda: check_input_unchanged(source.stamp, started, writer.path, f"convert it again with "
+                                                     f"{option('overwrite')} once it no longer changes"))
             if progress is not None:
                 progress(number + 1, len(tiles))
         if interrupted:  # during the last tile: this array is complete, the next level is not begun

@@ -72,14 +72,15 @@ class InputChangedError(OSError):
     unfinished."""
 
 
-def check_input_unchanged(stamp, recorded: Optional[dict], output: str, again: str) -> None:
-    """Raise :class:`InputChangedError` if the input of ``stamp`` no longer has the fingerprint ``recorded`` when
-    the run that wrote ``output`` from it began (a chunk rewritten in place, a file replaced): checked before the
-    output is recorded complete, as a lazily read input's change is seen only by its metadata while it is read.
-    ``again`` says what to do (a resume is refused: the input is another now)."""
-    if stamp is None or recorded is None:
+def check_input_unchanged(stamp, started: Optional[dict], output: str, again: str) -> None:
+    """Raise :class:`InputChangedError` if the input of ``stamp`` no longer has the fingerprint ``started`` (its
+    ``data_only`` one) taken when the run that wrote ``output`` from it began (a chunk rewritten in place, a file
+    replaced; not its attributes rewritten): checked before the output is recorded complete, as a lazily read
+    input's change is seen only by its metadata while it is read. ``again`` says what to do (a resume is refused:
+    the input is another now)."""
+    if stamp is None or started is None:
         return
-    if fingerprint(stamp) != recorded:
+    if fingerprint(stamp, data_only=True) != started:
         raise InputChangedError(f"{stamp.path}/{stamp.dataset} changed while {output} was written from it (the "
                                 "sizes or modification times of its files differ from when the run began): the "
                                 f"output may mix both versions and is left unfinished; {again}")
@@ -185,11 +186,16 @@ def input_folder(stamp) -> Path:
     return folder if folder.is_dir() else stamp.path
 
 
-def fingerprint(stamp) -> Optional[dict]:
+#: Files of a store array that hold only its attributes (zarr v2), which viewers and annotation tools rewrite:
+#: left out of :func:`fingerprint` with ``data_only``.
+ATTRIBUTE_FILES = frozenset({".zattrs"})
+
+
+def fingerprint(stamp, data_only: bool = False) -> Optional[dict]:
     """What the input's data looks like on disk: the count, total size and a digest of the names, sizes and
     modification times of every file holding it (the HDF5 file and those its external links and virtual datasets
-    read; a store array's chunk files), or None for an in-memory input. Rewriting any chunk in place changes it.
-    Costs one ``stat`` per file.
+    read; a store array's chunk files; ``data_only``: not :data:`ATTRIBUTE_FILES`), or None for an in-memory
+    input. Rewriting any chunk in place changes it. Costs one ``stat`` per file.
 
     A remote input (a :class:`~emfast.io._remote.RemoteStamp`) is known by its array metadata: the size and
     digest of the document read when it was opened. Object stores offer no listing over HTTP and no modification
@@ -203,7 +209,8 @@ def fingerprint(stamp) -> Optional[dict]:
     else:
         folder = input_folder(stamp)
         entries = sorted(_entry(Path(root) / name, folder)
-                         for root, _, names in os.walk(folder, onerror=unlistable(_UNLISTED)) for name in names)
+                         for root, _, names in os.walk(folder, onerror=unlistable(_UNLISTED)) for name in names
+                         if not (data_only and name in ATTRIBUTE_FILES))
     # surrogateescape: a file name's bytes that are not UTF-8 (they decode so) hash as the bytes they are
     digest = hashlib.sha256("\n".join(f"{name} {size} {mtime}" for name, size, mtime in entries)
                             .encode("utf-8", "surrogateescape"))
