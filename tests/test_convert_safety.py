@@ -347,6 +347,21 @@ def test_hdf5_byte_string_attributes_are_text_and_undecodable_geometry_is_named(
         ef.open(tmp_path / "in.h5/bad")
 
 
+def test_compound_hdf5_attributes_keep_their_field_names(tmp_path):
+    """A compound attribute (a calibration table, as HDF5 tools write them) became lists without its field names
+    and with its byte strings left as bytes (found by a helper reading attributes as real files carry them)."""
+    record = np.dtype([("name", "S8"), ("value", "<f8")])
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f["raw"] = np.zeros((4, 4, 4), np.uint8)
+        f["raw"].attrs["calibration"] = np.array([(b"gain", 1.5), (b"bias", -2.0)], dtype=record)
+        f["raw"].attrs["detector"] = np.array((b"k2", 4.0), dtype=record)
+    convert(tmp_path / "in.h5/raw", tmp_path / "out.zarr/raw")
+    import zarr
+    attributes = zarr.open_array(str(tmp_path / "out.zarr/raw"), mode="r").attrs
+    assert attributes["calibration"] == [{"name": "gain", "value": 1.5}, {"name": "bias", "value": -2.0}]
+    assert attributes["detector"] == {"name": "k2", "value": 4.0}
+
+
 def test_an_unfinished_output_warns_when_opened_and_is_refused_as_a_source(tmp_path, monkeypatch, capsys):
     """A conversion killed half way was read without a word (5.2 M of 9.4 M voxels still 0), listed by info as
     a plain array, and copied by convert into a store that looks complete (found by a helper killing runs). Its

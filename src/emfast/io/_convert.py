@@ -461,8 +461,6 @@ def _carried_attributes(source: VolumeSource) -> dict:
     """The source's own attributes (JSON-compatible ones), with its resolution and offset in (z, y, x)."""
     carried = {}
     for key, value in source.attributes().items():
-        if isinstance(value, np.generic) and not isinstance(value, bytes):
-            value = value.item()
         try:  # HDF5's fixed-length strings (MATLAB's, older tools') come as bytes: text, as the geometry reads them
             value = plain_attribute(value)
         except UnicodeDecodeError:

@@ -476,10 +476,17 @@ def hdf5(path: Union[str, os.PathLike], dataset: str, *, in_memory: bool = True,
 
 
 def plain_attribute(value):
-    """An HDF5 attribute as JSON would hold it: arrays as lists, byte strings as UTF-8 text (UnicodeDecodeError
-    where they are none)."""
+    """An HDF5 attribute as JSON would hold it: arrays as lists, compound values as mappings of their fields (they
+    were lists, their field names lost), byte strings as UTF-8 text (UnicodeDecodeError where they are none)."""
+    if isinstance(value, (np.ndarray, np.void)) and value.dtype.names is not None:
+        if isinstance(value, np.void):
+            return {name: plain_attribute(value[name]) for name in value.dtype.names}
+        return [plain_attribute(element) for element in value.reshape(-1)] if value.ndim else \
+            plain_attribute(value[()])
     if isinstance(value, np.ndarray):
         value = value.tolist()
+    if isinstance(value, np.generic):  # NumPy scalars (np.bytes_ too) as Python's
+        value = value.item()
     if isinstance(value, list):
         return [plain_attribute(v) for v in value]
     return value.decode() if isinstance(value, bytes) else value
