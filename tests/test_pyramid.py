@@ -430,6 +430,25 @@ def test_a_coarser_level_converted_or_predicted_alone_keeps_its_ome_placement(tm
     zarr.open_array(str(tmp_path / "pyr.zarr/raw/s1"), mode="r+").attrs["offset"] = [-2.0] * 3  # "factor 4"
     with pytest.raises(ef.io.StoreMetadataError, match="contradictory metadata"):
         ef.open(tmp_path / "pyr.zarr/raw", level=1)
-    zarr.open_array(str(tmp_path / "one.zarr/raw"), mode="r+").attrs["offset"] = [4 - 3.9] * 3  # no binning
+    zarr.open_array(str(tmp_path / "one.zarr/raw"), mode="r+").attrs["offset"] = [4 + 0.5] * 3  # past it
     with pytest.raises(ef.io.StoreMetadataError, match="contradictory metadata"):
         ef.open(tmp_path / "one.zarr/raw")
+
+
+def test_a_level_binned_by_a_factor_that_is_not_whole_converts_to_an_output_emfast_reads(tmp_path):
+    """ome-zarr-py's scales follow the shapes (30 voxels to 7: a factor of 4.29): its level converted alone was
+    written, then refused by emfast as contradictory (found by a helper converting remote stores)."""
+    group = zarr.open_group(str(tmp_path / "img.zarr"), mode="w", zarr_format=2)
+    group.create_array("s0", data=np.arange(20 * 30 * 40, dtype=np.uint16).reshape(20, 30, 40) % 251)
+    group.create_array("s1", data=np.ones((20, 7, 10), np.uint16))
+    ratio_y, ratio_x = 30 / 7, 40 / 10
+    group.attrs["multiscales"] = [{"version": "0.4", "name": "img", "axes": [
+        {"name": a, "type": "space", "unit": "nanometer"} for a in "zyx"], "datasets": [
+        {"path": "s0", "coordinateTransformations": [{"type": "scale", "scale": [40.0, 4.0, 4.0]}]},
+        {"path": "s1", "coordinateTransformations": [
+            {"type": "scale", "scale": [40.0, 4.0 * ratio_y, 4.0 * ratio_x]},
+            {"type": "translation", "translation": [0.0, 2.0 * (ratio_y - 1), 2.0 * (ratio_x - 1)]}]}]}]
+    level = ef.open(tmp_path / "img.zarr", level=1)
+    convert(str(tmp_path / "img.zarr"), tmp_path / "out.zarr/raw", level=1)
+    again = ef.open(tmp_path / "out.zarr/raw")
+    assert (again.resolution, again.offset, again.translation) == (level.resolution, level.offset, level.translation)

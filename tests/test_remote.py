@@ -563,3 +563,21 @@ loader:
     config.write_text(text.replace(f"s3://{BUCKET}/v3.zarr", str(written[0] / "v3.zarr")))
     with pytest.raises(ConfigError, match="line 7: data.samples\\[0\\].storage_options: .*this sample reads none"):
         load_config(config)
+
+
+def test_a_url_as_output_or_with_a_query_is_refused_by_name(tmp_path, monkeypatch, capsys):
+    """Found by a helper converting remote stores: `convert ... s3://bkt/out.zarr/raw` said "wrote" and made a
+    local folder `s3:` (nothing reached the bucket); a URL with `?token=...` glued the query to every key and the
+    metadata was "malformed". Both are refused, naming what to do."""
+    from emfast.cli import main
+    monkeypatch.chdir(tmp_path)
+    zarr.create_array(str(tmp_path / "in.zarr"), shape=(4, 8, 8), dtype=np.uint8)[...] = 1
+    for destination in ("s3://bkt/out.zarr/raw", "https://example.org/out.h5/raw"):
+        assert main(["convert", str(tmp_path / "in.zarr"), destination]) == 2
+        assert f"destination={destination} is a URL" in capsys.readouterr().err
+        with pytest.raises(ValueError, match="is a URL"):
+            ef.predict(lambda batch: batch, np.zeros((4, 8, 8), np.uint8), destination, patch_in=(4, 8, 8))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.zarr"]  # no folder "s3:" or "https:"
+    for url in ("http://127.0.0.1:9/v2.zarr?token=abc", "s3://bkt/v2.zarr#frag"):
+        with pytest.raises(ValueError, match=r"'#' starts a fragment and '\?' a query, which name no object"):
+            ef.open(url)

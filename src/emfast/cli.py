@@ -5,11 +5,13 @@ compares emfast with NumPy, PyTorch and the memory-bandwidth floor (see :mod:`em
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
 import threading
 import traceback
+import warnings
 from importlib import metadata
 from typing import List, Optional
 
@@ -441,6 +443,17 @@ def _ignore_interrupts() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+def _quiet_abandoned_reads() -> None:
+    """After an error or an interruption the command has told in its one line, the reads and writes zarr-python's
+    event loop still had pending for the run (a remote store gone mid-conversion, a second Ctrl-C mid-write) are
+    destroyed at exit: asyncio would log "Task was destroyed but it is pending!" or "Task exception was never
+    retrieved" for each, Python warn of coroutines never awaited and report the errors of their finalisation
+    ("Exception ignored in"), a screen of noise after the one line. Only for the process's last moments."""
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
+    sys.unraisablehook = lambda unraisable: None
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the ``emfast`` console script; returns the exit status: 0 done, 2 a user error (told in one
     line), 1 a bug (its traceback and a request to report it), 130 interrupted (Ctrl-C), 143 terminated
@@ -453,8 +466,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         with sigterm_interrupts():
             return args.handler(args)
     except KeyboardInterrupt as interrupt:
-        if argv is None:  # the command: the process ends next
-            _ignore_interrupts()
+        while argv is None:  # the command: the process ends next
+            try:
+                _ignore_interrupts()
+                _quiet_abandoned_reads()
+                break
+            except KeyboardInterrupt as again:  # one more arrived before they were ignored (Ctrl-C held down)
+                interrupt = interrupt if isinstance(interrupt, Terminated) else again
         if isinstance(interrupt, Terminated):
             print("\nemfast: terminated (SIGTERM)", file=sys.stderr)
             return 143  # 128 + SIGTERM (15), as shells and schedulers report a command the signal ended
@@ -474,6 +492,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                   + "".join(f" ({hint})" for hint in hints), file=sys.stderr)
             return 2
         if user_error(error):
+            if argv is None:  # the command: the process ends next
+                _quiet_abandoned_reads()
             print(f"emfast: error: {error}", file=sys.stderr)
             return 2
         traceback.print_exc()

@@ -394,9 +394,10 @@ def multiscale_levels(attrs: Mapping, name: str) -> Optional[Sequence[Level]]:
 
 def binned_corner(offset: Sequence[float], translation: Sequence[float], resolution: Sequence[float]) -> bool:
     """Whether ``offset`` is the corner of level 0 of an image whose level of voxel size ``resolution`` has the
-    OME-NGFF ``translation``: along each axis the translation is the offset, or lies (f - 1) / 2 voxels of level
-    0 (f = the binning factor, one of :data:`BINNING_FACTORS`) past it, the centre of the binned voxel; with some
-    axis binned."""
+    OME-NGFF ``translation``: along each axis the translation is the offset, or lies less than half a voxel past
+    it ((f - 1) / 2 voxels of level 0 for a binning factor f, which need not be whole: ome-zarr-py's scales follow
+    the shapes, 30 voxels to 7 a factor of 4.29); with some axis binned. Only an image's first level is placed by
+    it (see ``_placed_levels`` in :mod:`emfast.io._zarr`): the levels binned from it must agree."""
     binned = False
     for o, t, v in zip(offset, translation, resolution):
         shift = t - o
@@ -404,17 +405,8 @@ def binned_corner(offset: Sequence[float], translation: Sequence[float], resolut
             continue
         if not 0 < shift < v / 2:
             return False
-        factor = v / (v - 2 * shift)  # shift = (f - 1) / 2 * v / f
-        if round(factor) not in BINNING_FACTORS or not math.isclose(factor, round(factor), rel_tol=1e-6):
-            return False
         binned = True
     return binned
-
-
-#: The binning factors a level of a pyramid may have to its level 0: products of powers of 2 and 3 (pyramids
-#: halve or third their axes at each level), up to 1024 (a shift of (f - 1) / 2 voxels of level 0 of some other
-#: factor is an offset that disagrees, not a binned level).
-BINNING_FACTORS = frozenset(2 ** a * 3 ** b for a in range(11) for b in range(7) if 1 < 2 ** a * 3 ** b <= 1024)
 
 
 def _corner(level: Level, first: Level) -> Triple:

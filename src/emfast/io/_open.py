@@ -60,6 +60,10 @@ def resolved_above_container(path: Path) -> Path:
 
 def split_url(url: str, dataset: Optional[str] = None) -> Tuple[str, str, Optional[str]]:
     """:func:`split_path` for a remote store's URL (``s3://bucket/sample.zarr/volumes/raw``)."""
+    if "#" in url or "?" in url:  # glued to every key read, they made the metadata "malformed"
+        raise ValueError(f"{url}: in a store's URL, '#' starts a fragment and '?' a query, which name no object; "
+                         "write them as %23 and %3F where they are part of a name (signed URLs are not taken: give "
+                         "credentials, see storage_options)")
     scheme, rest = url.split("://", 1)
     parts = rest.rstrip("/").split("/")
     for i, part in enumerate(parts[1:], start=1):  # parts[0] is the bucket or host

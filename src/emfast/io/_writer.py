@@ -33,6 +33,7 @@ from ._outputs import (LOCK_SUFFIX, NotOwnOutputError, OutputLock, add_ome_multi
                        image_paths, input_changed, open_hdf5_for_writing, option, refuse_hdf5_in_use, remove_folder,
                        remove_hdf5_output, remove_leftovers, remove_partial_files, remove_zarr_output, set_aside,
                        zarr_geometry, zarr_store_format)
+from ._remote import is_url
 
 #: Output codecs, for zarr; HDF5 takes gzip and none.
 COMPRESSIONS = ("zstd", "blosc", "gzip", "none")
@@ -52,6 +53,9 @@ def parse_output(out, name: str = "out", companions: Sequence[str] = ()) -> Tupl
     than a file system takes (its lock file beside the container; a zarr dataset's names, and its name with each
     of ``companions``' suffixes, such as predict's ``.blocks``): the lock's "File name too long" asked to move
     away a link that did not exist, and a dataset's companion failed once the output was made."""
+    if is_url(out):  # split as a path, "s3://b/o.zarr/x" was the local folder "s3:"
+        raise ValueError(f"{name}={out} is a URL: emfast writes outputs to local (or mounted) paths and reads remote "
+                         "stores only; write it locally, e.g. out.zarr/raw, then upload it")
     container, dataset, kind = split_path(out)
     if kind not in ("zarr", "hdf5") or not dataset:
         raise ValueError(f"{name} must name a dataset in a .zarr or .h5 container, e.g. out.zarr/raw; got {out}")
