@@ -430,9 +430,10 @@ def test_a_coarser_level_converted_or_predicted_alone_keeps_its_ome_placement(tm
     zarr.open_array(str(tmp_path / "pyr.zarr/raw/s1"), mode="r+").attrs["offset"] = [-2.0] * 3  # "factor 4"
     with pytest.raises(ef.io.StoreMetadataError, match="contradictory metadata"):
         ef.open(tmp_path / "pyr.zarr/raw", level=1)
-    zarr.open_array(str(tmp_path / "one.zarr/raw"), mode="r+").attrs["offset"] = [4 + 0.5] * 3  # past it
-    with pytest.raises(ef.io.StoreMetadataError, match="contradictory metadata"):
-        ef.open(tmp_path / "one.zarr/raw")
+    for wrong in (4 + 0.5, 4 - 2.0):  # past the translation; a shift no binning by 1.75 or more gives
+        zarr.open_array(str(tmp_path / "one.zarr/raw"), mode="r+").attrs["offset"] = [wrong] * 3
+        with pytest.raises(ef.io.StoreMetadataError, match="contradictory metadata"):
+            ef.open(tmp_path / "one.zarr/raw")
 
 
 def test_a_level_binned_by_a_factor_that_is_not_whole_converts_to_an_output_emfast_reads(tmp_path):

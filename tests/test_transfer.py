@@ -174,3 +174,15 @@ def test_the_fake_device_refuses_what_pycuda_would_punish_silently():
         device.wait(memory)
     device.free(memory)
     device.close(0)
+    opened_again, broken_before = [], len(device.violations)  # a device opened again, on another thread, is
+    # that thread's (a review: it was refused)
+
+    def reopen():
+        device.open({"raw": ((4, 4), np.float32)}, host_slots=1)
+        opened_again.append(device.allocate())
+        device.free(opened_again[0])
+        device.close(0)
+    thread = threading.Thread(target=reopen, name="next-run")
+    thread.start()
+    thread.join()
+    assert opened_again and len(device.violations) == broken_before

@@ -394,19 +394,25 @@ def multiscale_levels(attrs: Mapping, name: str) -> Optional[Sequence[Level]]:
 
 def binned_corner(offset: Sequence[float], translation: Sequence[float], resolution: Sequence[float]) -> bool:
     """Whether ``offset`` is the corner of level 0 of an image whose level of voxel size ``resolution`` has the
-    OME-NGFF ``translation``: along each axis the translation is the offset, or lies less than half a voxel past
-    it ((f - 1) / 2 voxels of level 0 for a binning factor f, which need not be whole: ome-zarr-py's scales follow
-    the shapes, 30 voxels to 7 a factor of 4.29); with some axis binned. Only an image's first level is placed by
-    it (see ``_placed_levels`` in :mod:`emfast.io._zarr`): the levels binned from it must agree."""
+    OME-NGFF ``translation``: along each axis the translation is the offset, or lies (f - 1) / 2 voxels of level 0
+    past it for a binning factor f of at least :data:`LEAST_BINNING` (it need not be whole: ome-zarr-py's scales
+    follow the shapes, 30 voxels to 7 a factor of 4.29, 30 to 16 of 1.875), which is less than half a voxel; with
+    some axis binned. Only an image's first level is placed by it (see ``_placed_levels`` in
+    :mod:`emfast.io._zarr`): the levels binned from it must agree."""
     binned = False
     for o, t, v in zip(offset, translation, resolution):
         shift = t - o
         if math.isclose(shift, 0.0, abs_tol=1e-6 * v):
             continue
-        if not 0 < shift < v / 2:
+        if not 0 < shift < v / 2 or v / (v - 2 * shift) < LEAST_BINNING:  # shift = (f - 1) / 2 * v / f
             return False
         binned = True
     return binned
+
+
+#: The least binning factor :func:`binned_corner` takes: halving an axis whose size is odd rounds up, 15 voxels to
+#: 8 a factor of 1.875; a smaller shift of the offset is a disagreement, not a binned level.
+LEAST_BINNING = 1.75
 
 
 def _corner(level: Level, first: Level) -> Triple:

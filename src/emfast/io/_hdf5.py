@@ -481,8 +481,7 @@ def plain_attribute(value):
     if isinstance(value, (np.ndarray, np.void)) and value.dtype.names is not None:
         if isinstance(value, np.void):
             return {name: plain_attribute(value[name]) for name in value.dtype.names}
-        return [plain_attribute(element) for element in value.reshape(-1)] if value.ndim else \
-            plain_attribute(value[()])
+        return [plain_attribute(element) for element in value] if value.ndim else plain_attribute(value[()])
     if isinstance(value, np.ndarray):
         value = value.tolist()
     if isinstance(value, np.generic):  # NumPy scalars (np.bytes_ too) as Python's

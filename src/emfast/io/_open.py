@@ -60,11 +60,12 @@ def resolved_above_container(path: Path) -> Path:
 
 def split_url(url: str, dataset: Optional[str] = None) -> Tuple[str, str, Optional[str]]:
     """:func:`split_path` for a remote store's URL (``s3://bucket/sample.zarr/volumes/raw``)."""
-    if "#" in url or "?" in url:  # glued to every key read, they made the metadata "malformed"
-        raise ValueError(f"{url}: in a store's URL, '#' starts a fragment and '?' a query, which name no object; "
-                         "write them as %23 and %3F where they are part of a name (signed URLs are not taken: give "
-                         "credentials, see storage_options)")
     scheme, rest = url.split("://", 1)
+    if scheme.lower() in ("http", "https") and ("#" in rest or "?" in rest):  # s3 and gs keys may hold both
+        raise ValueError(f"{url}: in an http(s) URL, '#' starts a fragment and '?' a query, which name no object "
+                         "(glued to every key read, the metadata read as malformed); write them as %23 and %3F "
+                         "where they are part of a name (signed URLs are not taken: give headers in "
+                         "storage_options)")
     parts = rest.rstrip("/").split("/")
     for i, part in enumerate(parts[1:], start=1):  # parts[0] is the bucket or host
         kind = format_of_suffix(part)

@@ -110,7 +110,7 @@ class FakeDevice(TransferBackend):
     # -- the backend -----------------------------------------------------------------------------------------
 
     def open(self, fields, host_slots):
-        self._called()
+        self._called(driver=False)  # it makes this thread the device's (again, after close())
         self.owner = threading.current_thread()
         if self.fail_open:
             raise MemoryError(f"fake device: cannot allocate {host_slots} page-locked host slots")
