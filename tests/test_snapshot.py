@@ -234,3 +234,20 @@ def test_a_field_at_its_own_voxel_size_sits_at_its_world_box_with_its_voxel_size
         box = tuple(slice(int(c), int(c) + s) for c, s in zip(corner, stored.shape))
         np.testing.assert_array_equal(stored[...], mask[box])
         assert np.asarray(stored.shape) @ np.asarray(mask_voxel) == np.asarray(labels.shape) @ np.asarray(VOXEL)
+
+
+def test_a_snapshot_taking_an_epochs_last_batch_ends_the_loop_at_the_epoch(tmp_path, volumes):
+    """`for batch in loader` stopped only at a batch it yielded itself: a snapshot inside the loop that took the
+    epoch's last batch made the loop run through the next epoch too (found by a helper checking reproducible
+    streams)."""
+    raw_volume, label_volume, _, _ = volumes
+    loader = ef.Loader(raw_volume, label_volume, patch_in=PATCH_IN, patch_out=PATCH_OUT, batch_size=2, augment=(),
+                       epoch_size=4, threads=1, seed=2)
+    with loader:
+        seen = []
+        for batch in loader:
+            seen.append((batch.epoch, batch.index))
+            if batch.index == 2:
+                loader.snapshot(tmp_path / "snap.zarr")  # takes (0, 3), the epoch's last
+        assert seen == [(0, 0), (0, 1), (0, 2)] and loader.epoch == 1
+        assert [(b.epoch, b.index) for b in loader] == [(1, 0), (1, 1), (1, 2), (1, 3)]

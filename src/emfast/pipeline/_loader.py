@@ -230,6 +230,8 @@ class Loader:
         self._finalizer: Optional[weakref.finalize] = None
         #: Thread id -> the batch that thread got last and has not released (its mapping is live).
         self._held: Dict[int, Batch] = {}
+        #: Per thread, the last epoch whose last batch it took (a ``for batch in loader`` there ends at it).
+        self._epoch_ended: Dict[int, int] = {}
         self._holding = threading.Lock()  # guards _held; never held while waiting
         self._consuming = threading.Lock()  # held while a thread takes the next batch
         self._lifecycle = threading.RLock()  # start() from two threads must not build two pipelines
@@ -430,8 +432,12 @@ class Loader:
         self.start()
         bar = ProgressBar(self.epoch_size) if self.progress and self.epoch_size is not None else None
         try:
+            epoch = None
             while True:
+                if epoch is not None and self._epoch_ended.get(threading.get_ident()) == epoch:
+                    return  # this thread took the epoch's last batch outside the loop (snapshot(), next_batch())
                 batch = self.next_batch()
+                epoch = batch.epoch if epoch is None else epoch
                 if bar is not None:
                     bar.update(batch.index + 1)
                 yield batch
@@ -491,6 +497,8 @@ class Loader:
         batch = Batch(self, number, pipeline.export(lease), plan)
         del lease
         self._held[threading.get_ident()], self._consumed = batch, number + 1
+        if self.epoch_size and (number + 1) % self.epoch_size == 0:
+            self._epoch_ended[threading.get_ident()] = number // self.epoch_size
         self._profile.count_batch()
         return batch
 
