@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Folders the tests read files from, besides the package and the tests themselves.
-READ_BY_TESTS = ("examples", "benchmarks/results", "tests/reference_lsds")
+READ_BY_TESTS = ("examples", "benchmarks/results", "tests/reference_lsds", "tests/data")
 
 
 def test_the_sdist_holds_the_files_the_tests_read(tmp_path):
