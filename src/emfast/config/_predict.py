@@ -30,6 +30,7 @@ import shutil
 import sys
 import tempfile
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, Union
@@ -40,7 +41,8 @@ from ..inference import (BLENDS, CACHE_SHARE, CHUNK_EDGE, COMPRESSIONS, DEFAULT_
                          PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS, InputDtypeError, Prediction, TilePlan, block_estimate,
                          budget_block, check_fill, check_input_dtype, check_torch_device, input_cache_refusal,
                          parse_memory, predict, too_large_block, variants)
-from ..io import CacheBudgetError, check_compression, check_output_location, open_volume, parse_output
+from ..io import (CacheBudgetError, UnfinishedOutputWarning, check_compression, check_output_location, open_volume,
+                  parse_output)
 from ..transfer import cuda_ordinal
 from ._sections import _check_normalize, _file
 from ._spec import Builtin, plain
@@ -213,7 +215,9 @@ class PredictSpec:
         """
         input_key = ("input",) if self.dataset is None or isinstance(self.input, Builtin) else ("input", "file")
         try:
-            volume = open_volume(self.input_path(cache_dir), in_memory=False)
+            with warnings.catch_warnings():  # predict's own opening of it says so, once
+                warnings.simplefilter("ignore", UnfinishedOutputWarning)
+                volume = open_volume(self.input_path(cache_dir), in_memory=False)
         except KeyError as error:
             raise self.error(("input", "dataset") if self.dataset else input_key, str(error).strip("'\"")) from None
         except (OSError, ValueError) as error:
@@ -237,8 +241,10 @@ class PredictSpec:
             volume.close()
         if self.options.get("memory") is not None:  # predict gives the input's chunk cache a share of it
             try:
-                open_volume(self.input_path(cache_dir), in_memory=False,
-                            cache_bytes=self.options["memory"] // CACHE_SHARE).close()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UnfinishedOutputWarning)
+                    open_volume(self.input_path(cache_dir), in_memory=False,
+                                cache_bytes=self.options["memory"] // CACHE_SHARE).close()
             except CacheBudgetError as error:
                 raise self.error(("memory",), str(input_cache_refusal(error, self.options["memory"]))) from None
         chunks = chunks or tuple(min(CHUNK_EDGE, s) for s in shape)  # predict's default

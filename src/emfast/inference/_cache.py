@@ -24,14 +24,13 @@ import hashlib
 import json
 import os
 import threading
-import uuid
 import warnings
 from pathlib import Path
 from typing import Dict, Optional
 
 import numpy as np
 
-from ..io import REMOVING_TAIL, remove_folder, remove_leftovers
+from ..io import REMOVING_TAIL, remove_folder, remove_leftovers, unique_beside
 
 #: The file in the folder holding the record of the prediction its tiles belong to.
 RECORD_FILE = "record.json"
@@ -93,7 +92,7 @@ class TileCache:
         # folder the next run deletes as a removal's leftover (made in place, a kill between the folder and its
         # record left one no run would touch, and every later run was refused)
         self.folder.parent.mkdir(parents=True, exist_ok=True)
-        made = self.folder.parent / f"{self.folder.name}{REMOVING}-{uuid.uuid4().hex[:len(REMOVING_TAIL) - 1]}"
+        made = unique_beside(self.folder.parent / f"{self.folder.name}{REMOVING}")
         made.mkdir()
         (made / RECORD_FILE).write_text(wanted)
         os.rename(made, self.folder)

@@ -18,7 +18,7 @@ from .._core.gather import PAD_MODES
 from .._threads import ctrl_c_held, shutdown_pool
 from .._version import __version__
 from ..io import (WIDTH, CacheBudgetError, OutputLock, ProgressBar, Volume, array_fingerprint, check_free_space,
-                  check_input_unchanged, check_output_location, compared_record, fingerprint, open_volume, option,
+                  check_input_unchanged, check_output_location, compared_record, fingerprints, open_volume, option,
                   plural)
 from ..pipeline import normalization
 from ..transfer import DeviceNotice, TransferBackend, cuda_ordinal, cuda_unavailable
@@ -220,13 +220,14 @@ def _fingerprint_ahead(volume: Volume) -> Tuple[Optional[ThreadPoolExecutor], Op
 
 
 def _record(volume: Volume, caller: ModelCaller, plan: TilePlan, settings: dict,
-            digest: Optional[Future] = None) -> dict:
+            digest: Optional[Future] = None, files: Optional[dict] = None) -> dict:
     """What decides the output's bytes, stored with it and compared when resuming; ``digest``: the in-memory
-    input's fingerprint from :func:`_fingerprint_ahead`."""
+    input's fingerprint from :func:`_fingerprint_ahead`; ``files``: a stored input's
+    (:func:`~emfast.io._outputs.fingerprint`)."""
     source = {"name": volume.name, "shape": [volume.channels, *volume.shape], "dtype": volume.dtype.str}
     if volume.stamp is not None:
         stamp = volume.stamp
-        source.update(path=str(stamp.path), dataset=stamp.dataset, fingerprint=fingerprint(stamp))
+        source.update(path=str(stamp.path), dataset=stamp.dataset, fingerprint=files)
     elif volume.in_memory:  # an array's content decides the bytes as much as a file's
         source.update(fingerprint=array_fingerprint(volume.array) if digest is None else digest.result())
     return dict(settings, input=source, model=caller.name, patch_in=list(plan.patch_in),
@@ -489,9 +490,10 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                 attributes["offset"] = list(volume.offset)
             if volume.translation is not None:  # a binned level of an OME-NGFF image: placed as the image does
                 attributes["translation"] = list(volume.translation)
-            record = _record(volume, caller, plan, settings, digest)
+            whole, data = fingerprints(volume.stamp)  # one listing of a stored input's files for both
+            record = _record(volume, caller, plan, settings, digest, whole)
             # a lazily read input, checked again before the output is recorded complete (see below)
-            input_files = None if volume.in_memory else fingerprint(volume.stamp, data_only=True)
+            input_files = None if volume.in_memory else data
             store, finished = OutputStore.prepare(out, shape, dtype, plan.chunks, compression, plan.grid, record,
                                                   attributes, resume, overwrite, lock, plan.block_box())
             bar = _PredictBar(len(blocks)) if progress is True else None

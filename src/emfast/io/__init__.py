@@ -18,8 +18,8 @@ from ._n5 import N5Source
 from ._open import contents, open_source, open_volume, resolved_above_container, split_path
 from ._outputs import (REMOVING_TAIL, InputChangedError, OutputLock, UnfinishedOutputWarning, add_ome_multiscales,
                        array_fingerprint, check_free_space, check_input_unchanged, check_output_location,
-                       command_line_options, fingerprint, option, remove_folder, remove_leftovers, set_aside,
-                       unfinished, zarr_geometry)
+                       command_line_options, fingerprint, fingerprints, option, remove_folder, remove_leftovers,
+                       set_aside, unfinished, unique_beside, zarr_geometry)
 from ._precomputed import PrecomputedSource, tensorstore_missing
 from ._progress import WIDTH, ProgressBar, plural
 from ._pyramid import DOWNSAMPLING
@@ -89,6 +89,8 @@ __all__ = [
     "REMOVING_TAIL",
     "remove_folder",
     "remove_leftovers",
+    "unique_beside",
+    "fingerprints",
     "set_aside",
     "resolved_above_container",
     "split_path",

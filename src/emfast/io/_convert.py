@@ -29,8 +29,8 @@ from .._threads import Terminated, raise_terminated
 from ._geometry import GEOMETRY_KEYS
 from ._hdf5 import plain_attribute
 from ._open import open_source
-from ._outputs import (RECORDS, InputChangedError, NotOwnOutputError, OutputLock, add_ome_pyramid, check_free_space,
-                       check_input_unchanged, check_output_location, fingerprint, image_paths, option,
+from ._outputs import (RECORDS, NotOwnOutputError, OutputLock, add_ome_pyramid, check_free_space,
+                       check_input_unchanged, check_output_location, fingerprints, image_paths, option,
                        remove_zarr_output, unfinished, zarr_store_format)
 from ._progress import plural, progress_bar
 from ._pyramid import DOWNSAMPLING, default_downsampling, downsample, level_factors, level_geometry
@@ -210,8 +210,8 @@ def _convert_level(source: VolumeSource, container: Path, dataset: str, kind: st
     """Write ``source`` (downsampled by ``factor`` with ``rule`` when given) to ``container/dataset``, under
     ``lock`` (a pyramid's, held for all its levels) or a lock of its own."""
     full_shape, chunks, tiles = _level_plan(source.full_shape, source.dtype, settings, factor, rule)
-    record = {"source": {"path": str(source.stamp.path), "dataset": source.stamp.dataset,
-                         "fingerprint": fingerprint(source.stamp)},
+    whole, data = fingerprints(source.stamp)  # data: checked again before the output is recorded complete
+    record = {"source": {"path": str(source.stamp.path), "dataset": source.stamp.dataset, "fingerprint": whole},
               "shape": list(full_shape), "dtype": np.dtype(source.dtype).newbyteorder("=").str,
               "chunks": list(chunks), "tile": list(tiles[0][1]), "tiles": len(tiles),
               "compression": settings["compression"], "format": settings["format"]}
@@ -230,7 +230,7 @@ def _convert_level(source: VolumeSource, container: Path, dataset: str, kind: st
                                       attributes=_carried_attributes(source))
             done = 0 if previous is None else int(previous.get("done", 0))
             read = _reader(source, factor, rule)
-            _copy(read, source, writer, record, tiles, done, progress)
+            _copy(read, source, writer, record, tiles, done, progress, data)
         finally:
             writer.close()
     return Conversion(container, len(tiles), len(tiles) - done)
@@ -259,10 +259,7 @@ def _write_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_for
             raise ConvertError(f"{container}/{dataset} is an array; a pyramid's levels go into a group of that name: "
                                f"choose another output, or pass {option('overwrite')} to replace it (emfast's own "
                                "only)")
-        try:  # an array emfast wrote, replaced by the pyramid; another program's is never touched
-            remove_zarr_output(container, dataset, lock)
-        except NotOwnOutputError as error:
-            raise ConvertError(str(error)) from None
+        _remove_own(container, dataset, lock)  # emfast's array, replaced by the pyramid; another's never
     listed = image_paths(node) or []
     if any(not LEVEL_NAME.fullmatch(path) for path in listed):
         raise ConvertError(f"{container}/{dataset} is an OME-NGFF image of other datasets ({', '.join(listed)}): "
@@ -309,10 +306,16 @@ def _remove_levels(container: Path, dataset: str, paths, lock: OutputLock, delet
     """Remove the pyramid levels ``paths`` of the image ``container/dataset`` (``delete`` False: only check that
     each is emfast's to remove); ConvertError naming one that is not."""
     for path in paths:
-        try:
-            remove_zarr_output(container, f"{dataset}/{path}", lock, delete=delete)
-        except NotOwnOutputError as error:
-            raise ConvertError(str(error)) from None
+        _remove_own(container, f"{dataset}/{path}", lock, delete)
+
+
+def _remove_own(container: Path, dataset: str, lock: OutputLock, delete: bool = True) -> None:
+    """Remove the zarr array ``container/dataset`` if emfast wrote it (``delete`` False: only check that it
+    did); ConvertError otherwise."""
+    try:
+        remove_zarr_output(container, dataset, lock, delete=delete)
+    except NotOwnOutputError as error:
+        raise ConvertError(str(error)) from None
 
 
 def _is_zarr_array(node: Path) -> bool:
@@ -345,8 +348,10 @@ def _output_chunks(chunks, source: VolumeSource) -> tuple:
     return tuple(min(c, s) for c, s in zip(chunks, source.full_shape[-3:]))
 
 
-def _copy(read, source: VolumeSource, writer: OutputWriter, record: dict, tiles, done: int, progress) -> None:
-    """Copy the tiles after the first ``done`` (each from ``read``), recording each once its data is written."""
+def _copy(read, source: VolumeSource, writer: OutputWriter, record: dict, tiles, done: int, progress,
+          started: Optional[dict]) -> None:
+    """Copy the tiles after the first ``done`` (each from ``read``), recording each once its data is written;
+    ``started``: the source's data-only fingerprint when the run began, taken again before the last tile."""
     lead = len(source.full_shape) - 3
     channels = source.full_shape[0] if lead else 1
     dtype = np.dtype(source.dtype).newbyteorder("=")
@@ -356,7 +361,6 @@ def _copy(read, source: VolumeSource, writer: OutputWriter, record: dict, tiles,
         check_free_space(writer.container, left, f"writing the {count} {plural(count, 'tile')} left", AGAIN)
     if progress is not None and done < len(tiles):
         progress(done, len(tiles))
-    started = fingerprint(source.stamp, data_only=True)  # checked again before the output is recorded complete
     with _interrupt_between_tiles() as interrupted:
         for number in range(done, len(tiles)):
             if interrupted:
@@ -413,17 +417,15 @@ def _copy_tile(read, writer: OutputWriter, record: dict, tiles, number: int, cha
     ``unchanged()`` raises if the source changed meanwhile."""
     corner, extent = tiles[number]
     data = read(corner, extent, channels, dtype)
+    last = number + 1 == len(tiles)
+    if last and unchanged is not None:  # every read of the source done
+        unchanged()
     # A tile never costs more than its raw bytes (and the margin): checked before the write, as HDF5 cannot
     # recover from a full disk (its file can no longer be closed, and the process crashes at exit).
     check_free_space(writer.container, data.nbytes, f"writing tile {number + 1} of {len(tiles)}", AGAIN)
-    last = number + 1 == len(tiles)
     try:
         writer.write(corner, data if lead else data[0])
-        if last and unchanged is not None:
-            unchanged()
         writer.set_record(dict(record, done=number + 1, complete=last))
-    except InputChangedError:
-        raise
     except (OSError, RuntimeError) as error:
         end = tuple(c + e for c, e in zip(corner, extent))
         raise ConvertWriteError(f"writing tile {number + 1} of {len(tiles)} (voxels {corner}..{end}) to "

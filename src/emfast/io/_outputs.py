@@ -200,17 +200,27 @@ def fingerprint(stamp, data_only: bool = False) -> Optional[dict]:
     A remote input (a :class:`~emfast.io._remote.RemoteStamp`) is known by its array metadata: the size and
     digest of the document read when it was opened. Object stores offer no listing over HTTP and no modification
     times emfast relies on, so a chunk rewritten under unchanged metadata is not seen."""
+    return fingerprints(stamp)[1 if data_only else 0]
+
+
+def fingerprints(stamp) -> Tuple[Optional[dict], Optional[dict]]:
+    """:func:`fingerprint` of ``stamp`` whole and ``data_only``, from one listing of its files."""
     if stamp is None:
-        return None
+        return None, None
     if isinstance(stamp, RemoteStamp):
-        return {"metadata": stamp.marker, "bytes": stamp.size, "digest": stamp.digest}
+        remote = {"metadata": stamp.marker, "bytes": stamp.size, "digest": stamp.digest}
+        return remote, remote
     if stamp.path.is_file():  # an HDF5 file, and the files its links and virtual datasets read
         entries = [_entry(stamp.path, stamp.path.parent)] + _now(stamp.data_files)
     else:
         folder = input_folder(stamp)
         entries = sorted(_entry(Path(root) / name, folder)
-                         for root, _, names in os.walk(folder, onerror=unlistable(_UNLISTED)) for name in names
-                         if not (data_only and name in ATTRIBUTE_FILES))
+                         for root, _, names in os.walk(folder, onerror=unlistable(_UNLISTED)) for name in names)
+    data = [entry for entry in entries if Path(entry[0]).name not in ATTRIBUTE_FILES]
+    return _digest_of(entries), _digest_of(data)
+
+
+def _digest_of(entries) -> dict:
     # surrogateescape: a file name's bytes that are not UTF-8 (they decode so) hash as the bytes they are
     digest = hashlib.sha256("\n".join(f"{name} {size} {mtime}" for name, size, mtime in entries)
                             .encode("utf-8", "surrogateescape"))
@@ -373,7 +383,7 @@ def remove_folder(folder: Path, aside: Path) -> None:
     next call, or :func:`remove_leftovers`. Where the rename cannot be made (``aside`` on another file system)
     the folder is deleted in place. An OSError names what is left."""
     remove_leftovers(aside)
-    moved = aside.with_name(f"{aside.name}-{uuid.uuid4().hex[:REMOVING_TAIL_DIGITS]}")
+    moved = unique_beside(aside)
     try:
         os.rename(folder, moved)
     except OSError as error:
@@ -384,6 +394,11 @@ def remove_folder(folder: Path, aside: Path) -> None:
         shutil.rmtree(moved)
     except OSError as error:
         raise OSError(error.errno, f"could not delete {moved}: {error.strerror or error}") from error
+
+
+def unique_beside(aside: Path) -> Path:
+    """``aside`` with a unique tail (:data:`REMOVING_TAIL`): what :func:`remove_leftovers` deletes, named so."""
+    return aside.with_name(f"{aside.name}-{uuid.uuid4().hex[:REMOVING_TAIL_DIGITS]}")
 
 
 def remove_leftovers(aside: Path) -> None:
