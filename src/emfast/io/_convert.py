@@ -391,24 +391,22 @@ def _interrupt_between_tiles() -> Iterator[list]:
     if threading.current_thread() is not threading.main_thread():
         yield interrupted
         return
-    noted = {signum: handler for signum, handler in ((signal.SIGINT, signal.getsignal(signal.SIGINT)),
-                                                     (signal.SIGTERM, signal.getsignal(signal.SIGTERM)))
-             if handler is (signal.default_int_handler if signum == signal.SIGINT else raise_terminated)}
+    ours = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: raise_terminated}  # Python's, the CLI's
 
     def note(signum, frame) -> None:
         if interrupted:
             raise _interruption(interrupted + [signum])
         interrupted.append(signum)
 
-    replaced = {}
+    replaced = []
     try:
-        for signum, handler in noted.items():
+        for signum in [signum for signum, handler in ours.items() if signal.getsignal(signum) is handler]:
             signal.signal(signum, note)
-            replaced[signum] = handler
+            replaced.append(signum)
         yield interrupted
     finally:
-        for signum, handler in replaced.items():
-            signal.signal(signum, handler)
+        for signum in replaced:
+            signal.signal(signum, ours[signum])
 
 
 def _copy_tile(read, writer: OutputWriter, record: dict, tiles, number: int, channels: int, dtype, lead: int,
