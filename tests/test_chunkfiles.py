@@ -150,3 +150,66 @@ def test_a_box_is_encoded_on_half_the_cores(tmp_path, monkeypatch):
     files.write((0, 0, 0, 0), data)
     assert len(encoded) == 27 and len(set(encoded)) == 8  # 3 x 3 x 3 chunks
     assert chunk_bytes(tmp_path / "ours.zarr/p") == chunk_bytes(tmp_path / "theirs.zarr/p")
+
+
+def test_boxes_written_at_once_share_the_encoding_pool_chunk_by_chunk(tmp_path, monkeypatch):
+    """Given a pool, each chunk is a task of its own: while one of the pool's threads is held on the first chunk
+    of one box, the other encodes every other chunk of both boxes (a box split in fixed shares would wait for the
+    held thread); the files are zarr's."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = np.random.default_rng(8).random(SHAPE).astype(np.float32)
+    theirs = new_array(tmp_path / "theirs.zarr", 3, "zstd")
+    theirs[...] = data
+    files = chunk_files(new_array(tmp_path / "ours.zarr", 3, "zstd"))
+    real_encode, lock, threads = files.compressor.encode, threading.Lock(), []
+    others_done, held = threading.Event(), []
+
+    def encode(chunk):
+        with lock:
+            threads.append(threading.current_thread().name)
+            first = not held
+            held.append(True)
+            if len(threads) == 2 * 9:
+                others_done.set()
+        if first:  # released once every other chunk is encoded
+            assert others_done.wait(10)
+        return real_encode(chunk)
+
+    monkeypatch.setattr(files.compressor, "encode", encode)
+    half = CHUNKS[1]  # z 0..8 and 8..16: 9 chunks each
+    with ThreadPoolExecutor(2, thread_name_prefix="encode") as pool, \
+            ThreadPoolExecutor(2, thread_name_prefix="writer") as writers:
+        boxes = [writers.submit(files.write, (0, z, 0, 0), data[:, z:z + half], pool) for z in (0, half)]
+        for box in boxes:
+            box.result(timeout=20)
+    files.write((0, 16, 0, 0), data[:, 16:])  # the rest, on threads of its own
+    assert len(threads) == 27 and all(name.startswith("encode") for name in threads[:18])
+    assert chunk_bytes(tmp_path / "ours.zarr/p") == chunk_bytes(tmp_path / "theirs.zarr/p")
+
+
+def test_a_failed_chunk_on_the_pool_raises_once_every_chunk_of_the_box_ended(tmp_path, monkeypatch):
+    """No chunk of a box is written after its write raised: its error waits for the box's other tasks."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    files = chunk_files(new_array(tmp_path / "out.zarr", 3, "zstd"))
+    data = np.ones(SHAPE, np.float32)
+    real_replace, written = os.replace, []
+
+    def full_disk(source, target):
+        if "c/0/0/0/0" in str(target).replace(os.sep, "/"):
+            raise OSError(28, "No space left on device")
+        time.sleep(0.01)  # the others still being written when the first fails
+        real_replace(source, target)
+        written.append(target)
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with ThreadPoolExecutor(2) as pool:
+        with pytest.raises(OSError, match="No space left"):
+            files.write((0, 0, 0, 0), data, pool)
+        count = len(written)
+    assert count == 26 == len(written)
+    assert not list((tmp_path / "out.zarr").rglob("*.partial"))

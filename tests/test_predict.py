@@ -426,9 +426,9 @@ def _slow_writes(monkeypatch) -> list:
 
     written, write = [], _chunkfiles.ChunkFiles.write
 
-    def slow_write(self, corner, data):
+    def slow_write(self, corner, data, *encoding):
         time.sleep(0.5)
-        write(self, corner, data)
+        write(self, corner, data, *encoding)
         written.append(time.monotonic())
 
     monkeypatch.setattr(_chunkfiles.ChunkFiles, "write", slow_write)
@@ -518,13 +518,13 @@ def _failing_write(monkeypatch, nth: int, error: Exception) -> list:
     starts of the blocks written go to."""
     original, lock, calls, written = OutputStore.write, threading.Lock(), [0], []
 
-    def failing(self, start, data):
+    def failing(self, start, data, *encoding):
         with lock:  # two writer threads
             calls[0] += 1
             fail = calls[0] == nth
         if fail:
             raise error
-        original(self, start, data)
+        original(self, start, data, *encoding)
         written.append(tuple(start))
 
     monkeypatch.setattr(OutputStore, "write", failing)

@@ -3,9 +3,9 @@ calling thread feeds a block (gathers and normalises batches of tiles); one mode
 device's thread) runs the network on them in order; one blender thread blends the predictions as they come back
 (every block's, in the plan's order; on a machine of 8 cores or more, with helpers blending rows of the block
 beside it, see :func:`blend_parts`); one finisher thread converts each block once blended; :data:`WRITERS` writer
-threads write finished blocks. Shared tiles are kept until the last block needing them is computed.
+threads write finished blocks, their zarr chunks encoded on a pool of one thread per core. Shared tiles are kept until the last block needing them is computed.
 
-The readers, the finisher and the writers run at a lower CPU priority (:data:`BACKGROUND_NICE`, on Linux) than the
+The readers, the finisher, the writers and the encoders run at a lower CPU priority (:data:`BACKGROUND_NICE`, on Linux) than the
 calling thread, the model's and the blender's: on a machine whose cores are all busy, the network is not the one
 kept waiting.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter, deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Callable, List, Optional
 
 import numpy as np
@@ -38,8 +38,8 @@ WRITES_IN_FLIGHT = 2
 #: How much lower the CPU priority of the readers, finisher and writers is (a nice increment: raising it needs no
 #: privilege, and it applies to each thread alone, and to the threads it starts).
 BACKGROUND_NICE = 5
-#: Writer threads: compression releases the GIL, and two blocks written at once keep both cores of a small machine
-#: busy while the network runs (each block writes its own chunks; HDF5 writes are serialised by h5py).
+#: Writer threads: two blocks written at once keep the encoders busy while the next block is finished (each block
+#: writes its own chunks; HDF5 writes, which compress on the writer's thread, are serialised by h5py).
 WRITERS = 2
 
 
@@ -49,15 +49,16 @@ def blend_parts() -> int:
     return max(1, min(4, cores() // 4))
 
 
-def write_block(store: OutputStore, block: Block, result, grid) -> int:
-    """Write a block's chunks, then flag it finished; a failure leaves it unflagged and raises BlockWriteError
-    (or OutputSpaceError, before writing, when the file system has less free space than the block's bytes)."""
+def write_block(store: OutputStore, block: Block, result, grid, encoding: Optional[Executor] = None) -> int:
+    """Write a block's chunks (encoded on ``encoding``, a pool the writers share, where given), then flag it
+    finished; a failure leaves it unflagged and raises BlockWriteError (or OutputSpaceError, before writing, when
+    the file system has less free space than the block's bytes)."""
     # Checked before the write: HDF5 cannot recover from a full disk (its file can no longer be closed, and the
     # process crashes at exit). A block never needs more than its raw bytes; the writers write WRITERS at once.
     check_free_space(store.container, result.nbytes * WRITERS, f"writing block {block.index}",
                      f"run again with {option('resume')} to continue")
     try:
-        store.write(block.start, result)
+        store.write(block.start, result, encoding)
         store.mark(block.index, grid)
     except Exception as error:
         raise BlockWriteError(f"writing block {block.index} (voxels {block.start}..{block.stop}) to {store.path} "
@@ -117,6 +118,10 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
                                   initargs=background)
     writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="emfast-predict-write", initializer=_at_nice,
                                  initargs=background)
+    # The writers' zarr chunks, encoded one per task on as many threads as cores: the blocks written at once share
+    # them, and no core idles at the end while one writer works through the rest of its block.
+    encoding = ThreadPoolExecutor(cores(), thread_name_prefix="emfast-predict-encode", initializer=_at_nice,
+                                  initargs=background)
     reads: deque = deque()
     writes: deque = deque()  # (future of the block's finishing, the output buffer it was given, the block)
     sharers = Counter(key for block in blocks for key in predictor.shared_keys(block))
@@ -151,7 +156,7 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
     def finish(run, buffer, block: Block):
         result = run.finish(buffer)
         _discard_blended(predictor, block, sharers)
-        return writers.submit(write_block, store, block, result, grid), result
+        return writers.submit(write_block, store, block, result, grid, encoding), result
 
     def finish_write() -> None:
         finishing, buffer, block = writes.popleft()
@@ -200,3 +205,4 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
                 shutdown_pool(helpers)
             shutdown_pool(finisher)
             shutdown_pool(writers)
+            shutdown_pool(encoding)  # after the writers, which wait for their chunks

@@ -9,6 +9,7 @@ that concurrent workers never write the same chunk. A block's flag is set only a
 """
 from __future__ import annotations
 
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Optional, Set, Tuple
 
@@ -137,10 +138,11 @@ class OutputStore:
             positions = positions[self._flags[tuple(slice(a, b) for a, b in zip(first, end))].astype(bool)]
         return set(np.ravel_multi_index(positions.reshape(-1, 3).T, tuple(grid)).tolist())
 
-    def write(self, start, data: np.ndarray) -> None:
+    def write(self, start, data: np.ndarray, encoding: Optional[Executor] = None) -> None:
         """Write ``data`` (channels, z, y, x) with its first voxel at ``start``; in HDF5, flushed to the file
-        before returning, so that a block is flagged only once its data is on disk."""
-        self._writer.write(start, data)
+        before returning, so that a block is flagged only once its data is on disk. ``encoding``: a pool the
+        zarr chunks are encoded on (see :meth:`~emfast.io.OutputWriter.write`)."""
+        self._writer.write(start, data, encoding)
 
     def mark(self, index: int, grid) -> None:
         """Record block ``index`` (numbered in C order of ``grid``) as finished."""

@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 import uuid
+from concurrent.futures import Executor, wait
 from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
 
@@ -98,12 +99,17 @@ class ChunkFiles:
         return all(c % k == 0 and ((c + e) % k == 0 or c + e == s)
                    for c, e, k, s in zip(corner, extent, self.chunks, self.shape))
 
-    def write(self, corner: Tuple[int, ...], data: np.ndarray) -> None:
+    def write(self, corner: Tuple[int, ...], data: np.ndarray, encoding: Optional[Executor] = None) -> None:
         """Write ``data`` (the array's dtype), whose box :meth:`covers`, chunk by chunk, on :func:`encoders`
         threads (encoding releases the GIL): a box written alone, as the last one of a run is, still keeps the
         cores busy, and a compressor slower than the network (zstd on near-constant float32 predictions runs at
-        about 150 MB/s a core) is spread over them."""
+        about 150 MB/s a core) is spread over them. With ``encoding``, a pool that several writers share, its
+        chunks are encoded there instead, each as a task of its own: whichever thread is free takes the next
+        chunk, of this box or another's, so no core idles while another works through a box's remaining share."""
         chunks = list(self._chunks(corner, data))
+        if encoding is not None and len(chunks) > 1:
+            self._write_on(encoding, chunks)
+            return
         parts = min(len(chunks), encoders())
         if parts < 2:
             self._write_chunks(chunks)
@@ -126,6 +132,14 @@ class ChunkFiles:
             join_all([h for h in helpers if h.ident is not None])  # through Ctrl-C: none writes after this returns
         if errors:
             raise errors[0]
+
+    def _write_on(self, encoding: Executor, chunks) -> None:
+        """Write ``chunks`` as tasks of ``encoding``; returns once every one has ended (none writes after it),
+        raising the first one's error."""
+        tasks = [encoding.submit(self._write_chunks, [chunk]) for chunk in chunks]
+        wait(tasks)
+        for task in tasks:
+            task.result()
 
     def _write_chunks(self, chunks) -> None:
         for position, part in chunks:

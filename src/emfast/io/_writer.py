@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence, Tuple, Type
 
@@ -391,9 +392,10 @@ class OutputWriter:
         return self.root.create_array(name, shape=tuple(shape), chunks=(1,) * len(shape), dtype=dtype,
                                       compressors=None, fill_value=0, attributes=attributes)
 
-    def write(self, corner, data: np.ndarray) -> None:
+    def write(self, corner, data: np.ndarray, encoding: Optional[Executor] = None) -> None:
         """Write ``data`` (its last three axes spatial) with its first voxel at ``corner`` (z, y, x); in HDF5,
-        flushed to the file before returning, so that a record saying it was written is never ahead of it."""
+        flushed to the file before returning, so that a record saying it was written is never ahead of it.
+        ``encoding``: a pool that encodes whole zarr chunks (see :meth:`~emfast.io._chunkfiles.ChunkFiles.write`)."""
         lead = data.ndim - 3
         if self.kind == "zarr":
             if self._chunk_files is False:
@@ -401,7 +403,7 @@ class OutputWriter:
             whole = (0,) * lead + tuple(corner)
             if self._chunk_files is not None and data.shape[:lead] == tuple(self.array.shape)[:lead] \
                     and data.ndim == len(self.array.shape) and self._chunk_files.covers(whole, data.shape):
-                self._chunk_files.write(whole, data)
+                self._chunk_files.write(whole, data, encoding)
                 return
         box = tuple(slice(c, c + e) for c, e in zip(corner, data.shape[-3:]))
         self.array[(slice(None),) * lead + box] = data
