@@ -137,3 +137,46 @@ def test_attributes_hdf5_cannot_hold_are_kept_as_json_text(tmp_path):
     with h5py.File(tmp_path / "out.h5", "r") as f:
         assert json.loads(f["raw"].attrs["history"]) == [{"step": "align", "version": 2}]
         assert f["raw"].attrs["note"] == "kept"
+
+
+def test_a_new_outputs_record_is_made_once_the_earlier_output_is_removed(tmp_path, source):
+    """predict hands its record over as a callable: an in-memory input's digest is computed while the earlier
+    output is removed. It is called once that output is gone, and the new output holds what it returned."""
+    from emfast.io import OutputLock
+    from emfast.io._writer import OutputWriter
+
+    path, data = source
+    predict(path, tmp_path / "p.zarr/pred")
+    chunk_file = next((tmp_path / "p.zarr/pred").rglob("0"))
+    seen = []
+
+    def record():
+        seen.append(chunk_file.exists())
+        return {"input": {"fingerprint": "ours"}, "settings": 1}
+
+    writer = OutputWriter(tmp_path / "p.zarr", "pred", "zarr", "emfast_predict")
+    writer.open_to_check()
+    with OutputLock(tmp_path / "p.zarr") as lock:
+        assert writer.prepare(lock, record, resume=False, overwrite=True, input_key="input", what="prediction",
+                              shape=(1, 16, 32, 32), dtype="float32", chunks=(8, 16, 16), compression="zstd") is None
+    writer.close()
+    assert seen == [False]
+    assert zarr.open_array(str(tmp_path / "p.zarr"), path="pred").attrs["emfast_predict"]["settings"] == 1
+
+
+def test_the_lock_file_is_flushed_to_disk_only_for_the_creation_mark(tmp_path, monkeypatch):
+    """The mark of a dataset being created must reach the disk before the dataset (a machine crash between them
+    would leave a half-made dataset no run may replace); the pid written on taking and releasing the lock need
+    not (each flush costs milliseconds on a network file system)."""
+    import os
+
+    from emfast.io import OutputLock
+
+    flushed = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (flushed.append(os.pread(fd, 200, 0)), real_fsync(fd)))
+    with OutputLock(tmp_path / "p.zarr") as lock:
+        assert flushed == []
+        with lock.creating("pred"):
+            assert len(flushed) == 1 and json.loads(flushed[0])["creating"] == "pred"
+    assert len(flushed) == 1

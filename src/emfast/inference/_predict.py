@@ -1,6 +1,7 @@
 """``emfast.predict`` (:func:`predict`): run a network over a whole volume, or a region of it, and write the result beside it."""
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import os
@@ -491,11 +492,13 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
             if volume.translation is not None:  # a binned level of an OME-NGFF image: placed as the image does
                 attributes["translation"] = list(volume.translation)
             whole, data = fingerprints(volume.stamp)  # one listing of a stored input's files for both
-            record = _record(volume, caller, plan, settings, digest, whole)
             # a lazily read input, checked again before the output is recorded complete (see below)
             input_files = None if volume.in_memory else data
-            store, finished = OutputStore.prepare(out, shape, dtype, plan.chunks, compression, plan.grid, record,
-                                                  attributes, resume, overwrite, lock, plan.block_box())
+            # made once it is needed: an in-memory input's digest is computed while an earlier output is removed
+            record_of = functools.cache(lambda: _record(volume, caller, plan, settings, digest, whole))
+            store, finished = OutputStore.prepare(out, shape, dtype, plan.chunks, compression, plan.grid,
+                                                  record_of, attributes, resume, overwrite, lock, plan.block_box())
+            record = record_of()
             bar = _PredictBar(len(blocks)) if progress is True else None
             try:
                 todo = [b for b in blocks if b.index not in finished]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Optional, Set, Tuple
+from typing import Callable, Optional, Set, Tuple
 
 import numpy as np
 
@@ -61,11 +61,14 @@ class OutputStore:
         return f"{self.container}/{self.dataset}"
 
     @classmethod
-    def prepare(cls, out, shape, dtype: str, chunks, compression: str, grid, record: dict, attributes: dict,
-                resume: bool, overwrite: bool, lock: OutputLock, box) -> Tuple["OutputStore", Set[int]]:
+    def prepare(cls, out, shape, dtype: str, chunks, compression: str, grid, record: Callable[[], dict],
+                attributes: dict, resume: bool, overwrite: bool, lock: OutputLock,
+                box) -> Tuple["OutputStore", Set[int]]:
         """Create the output, or open it to resume; returns the store and the blocks already finished among
-        those of ``box``, the (first, end) grid positions of the blocks the prediction covers. The caller holds
-        ``lock``, the output's :class:`~emfast.io._outputs.OutputLock`. ``attributes`` may hold the input's
+        those of ``box``, the (first, end) grid positions of the blocks the prediction covers. ``record()``
+        returns the run's record, called once it is needed (a new output's after an earlier one was removed: the
+        input's digest is computed meanwhile). The caller holds ``lock``, the output's
+        :class:`~emfast.io._outputs.OutputLock`. ``attributes`` may hold the input's
         ``resolution`` and ``offset`` (z, y, x nm), written in every convention the field reads, and the
         OME-NGFF ``translation`` of a binned level (see :attr:`~emfast.io.Volume.translation`).
 
@@ -83,7 +86,7 @@ class OutputStore:
         try:
             attributes = dict(attributes)
             previous = store._writer.prepare(
-                lock, dict(record, complete=False), resume=resume, overwrite=overwrite, input_key="input",
+                lock, lambda: dict(record(), complete=False), resume=resume, overwrite=overwrite, input_key="input",
                 what="prediction", unchecked=PROVENANCE, companions=(store.flags_name,),
                 create=lambda: store._create_flags(grid), check_resume=store._check_flags, shape=shape,
                 dtype=dtype, chunks=chunks,

@@ -725,19 +725,23 @@ class OutputLock:
     def creating(self, dataset: str) -> Iterator[None]:
         """Mark ``dataset`` as being created until its record is written. The mark outlives only a killed run:
         a creation that fails with an error clears it (what it left has no record, so it is never replaced)."""
-        self._write({"pid": os.getpid(), "creating": dataset})
+        self._write({"pid": os.getpid(), "creating": dataset}, durable=True)
         try:
             yield
         finally:
             self._write({"pid": os.getpid()})
             self._creating_before = None
 
-    def _write(self, state: dict) -> None:
+    def _write(self, state: dict, durable: bool = False) -> None:
+        """Replace the file's content; ``durable``: on disk before the dataset it names is (a machine that
+        crashes meanwhile still finds the mark). A pid needs no such care (a lock is released by its holder's
+        end, whatever the file says), and on network file systems each flush costs milliseconds."""
         data = json.dumps(state).encode()
         os.lseek(self._fd, 0, os.SEEK_SET)
         os.write(self._fd, data)
         os.ftruncate(self._fd, len(data))
-        os.fsync(self._fd)
+        if durable:
+            os.fsync(self._fd)
 
     def release(self) -> None:
         if self._fd is not None:

@@ -74,6 +74,11 @@ def parse_output(out, name: str = "out", companions: Sequence[str] = ()) -> Tupl
     return container, dataset, kind
 
 
+def _made(record) -> dict:
+    """``record``, or what it returns if it is a callable (see :meth:`OutputWriter.prepare`)."""
+    return record() if callable(record) else record
+
+
 def check_compression(compression: str, kind: str) -> str:
     """``compression`` (the format's default for None), ValueError unless it applies to a ``kind`` ("zarr" or
     "hdf5") output."""
@@ -201,7 +206,7 @@ class OutputWriter:
             record = json.loads(record)
         return record if isinstance(record, dict) else NOT_EMFAST
 
-    def prepare(self, lock: OutputLock, record: dict, *, resume: bool, overwrite: bool, input_key: str,
+    def prepare(self, lock: OutputLock, record, *, resume: bool, overwrite: bool, input_key: str,
                 what: str, unchecked: Iterable[str] = (), companions: Sequence[str] = (),
                 create: Optional[Callable[[], None]] = None, check_resume: Optional[Callable[[dict], None]] = None,
                 **layout) -> Optional[dict]:
@@ -210,9 +215,10 @@ class OutputWriter:
 
         Parameters
         ----------
-        record : dict
+        record : dict or callable
             This run's record (what decides the result); ``record[input_key]`` holds the input's ``path``,
-            ``dataset`` and ``fingerprint``.
+            ``dataset`` and ``fingerprint``. A callable returning it is called only once the record is needed: a
+            new output's after an earlier one was removed (an input's digest is computed meanwhile).
         resume : bool
             Whether an existing output with the same record may be continued (else it is refused).
         overwrite : bool
@@ -236,7 +242,7 @@ class OutputWriter:
         previous = self.record()
         half_made = lock.was_creating(self.dataset)  # a run killed while creating it: nothing was finished
         if previous is not None and not overwrite and not half_made:
-            self._check_resumable(previous, record, resume, input_key, what, set(unchecked))
+            self._check_resumable(previous, _made(record), resume, input_key, what, set(unchecked))
             if check_resume is not None:
                 check_resume(previous)
             if self.kind == "zarr":  # what a run killed while deleting a companion left aside (not the output)
@@ -265,7 +271,7 @@ class OutputWriter:
                 except NotOwnOutputError as error:
                     raise self.refused(str(error)) from None
         with lock.creating(self.dataset):  # the record is in the array's first metadata: never one without it
-            self.create(attributes={**layout.pop("attributes", {}), self.record_key: record}, **layout)
+            self.create(attributes={**layout.pop("attributes", {}), self.record_key: _made(record)}, **layout)
             if create is not None:
                 create()
         return None
