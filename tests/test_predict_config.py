@@ -177,6 +177,14 @@ def test_check_refuses_a_block_that_memory_cannot_hold_as_predict_does(folder, c
     assert main(["check", str(path)]) == 0
 
 
+@pytest.mark.parametrize("training", ["", "data: {samples: [{file: in.h5, raw: raw}]}\nloader: {patch: [8, 16, 16]}\n"])
+def test_an_empty_predict_section_is_refused_by_check_as_by_predict(folder, capsys, training):
+    """`emfast check` said "valid" of a config whose `predict:` held nothing, which `emfast predict` refuses."""
+    path = _config(folder, "predict:\n" + training)
+    error = _check_and_predict_fail(path, capsys)
+    assert error.startswith(f"emfast: error: {path}, line 1: predict: expected a mapping"), error
+
+
 def test_check_of_a_training_config_with_a_predict_section_checks_both(folder, capsys):
     text = PREDICT.replace("nets:load", "nets:lod") + "data: {samples: [{file: in.h5, raw: raw}]}\n" \
                                                       "loader: {patch: [8, 16, 16]}\n"
@@ -236,6 +244,16 @@ def test_a_factory_that_fails_names_the_model_key_and_the_line_that_raised(folde
     error = capsys.readouterr().err
     assert "predict.yaml, line 2: predict.model: nets:needs_checkpoint(**model_args) failed: FileNotFoundError" \
         in error and "unet.pt" in error and f"{folder / 'nets.py'}, line 14)" in error
+
+
+def test_a_factory_returning_no_network_is_the_users_error_at_the_model_key(folder, capsys):
+    """A factory returning its checkpoint's state dict (not callable) was reported as a bug in emfast, exit 1."""
+    (folder / "statedict.py").write_text("def load(gain=1.0):\n    return {'conv.weight': [gain]}\n")
+    path = _config(folder, PREDICT.replace("nets:load", "statedict:load"))
+    assert main(["predict", str(path)]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith(f"emfast: error: {path}, line 2: predict.model: statedict:load(**model_args) returned ")
+    assert "not a network" in error
 
 
 @pytest.mark.parametrize("old, new, key, words", [

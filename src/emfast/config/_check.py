@@ -33,7 +33,7 @@ def check_config(source: Union[str, os.PathLike], cache_dir=None) -> str:
         raise reader.error((), "neither a training config (data, loader, ...) nor a predict section: see "
                                "docs/CONFIG.md")
     lines = []
-    if document.get("predict") is not None:
+    if "predict" in document:  # an empty one too: `emfast predict` refuses it
         lines += predict_section(reader, document["predict"], ("predict",)).check(cache_dir)
     if set(document) & set(TRAINING_SECTIONS):
         summary = describe(load_config(source), cache_dir=cache_dir)

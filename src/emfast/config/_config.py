@@ -294,7 +294,7 @@ def _load(text: str, source: str, base: Path) -> Config:
     reader = Reader(marks, source, base)
     reader.mapping(document, (), ("data", "loader", "augment", "targets", "sampler", "validation", "predict"),
                    required=("data", "loader"))
-    if document.get("predict") is not None:  # checked here, run by emfast predict (see _predict)
+    if "predict" in document:  # checked here (an empty one too), run by emfast predict (see _predict)
         predict_section(reader, document["predict"], ("predict",))
     data = reader.mapping(document["data"], ("data",), ("samples", "hold_out"), required=("samples",))
     items = reader.listing(data["samples"], ("data", "samples"))

@@ -172,14 +172,19 @@ class PredictSpec:
         ------
         ConfigError
             As :meth:`factory` and :meth:`check_model_args`; and at ``predict.model`` when the factory raises,
-            naming the exception and where it was raised.
+            naming the exception and where it was raised, or returns something that cannot be called.
         """
         factory = self.factory()
         self.check_model_args(factory)
         try:
-            return factory(**self.model_args)
+            model = factory(**self.model_args)
         except Exception as error:  # the user's factory failing (a missing checkpoint...) is reported, not a bug
             raise self.error(("model",), f"{self.model}(**model_args) failed: {_what_failed(error)}") from error
+        if not callable(model):  # a factory returning its checkpoint's state dict, say: the user's slip, not ours
+            raise self.error(("model",), f"{self.model}(**model_args) returned {describe_value(model)}, not a "
+                                         "network: the factory must return a callable (a function or a torch "
+                                         "module)")
+        return model
 
     # -- the device, the input, the tiles ----------------------------------------------------------------------
 
