@@ -587,6 +587,18 @@ def test_a_missing_batch_field_names_the_fields_there_and_the_option_that_adds_i
         assert name not in batch and batch.get(name) is None
 
 
+@pytest.mark.parametrize("key", [0, None, b"raw", ("raw",)])
+def test_a_batch_indexed_by_a_number_says_its_fields_are_named(volumes, key):
+    """batch[0], as a torch user indexes a list of samples, crashed inside difflib with "'int' object is not
+    iterable"."""
+    raw, labels = volumes
+    with ef.Loader(raw, labels, patch=PATCH, batch_size=1) as loader:
+        with pytest.raises(ef.pipeline.MissingFieldError) as caught:
+            loader.next_batch()[key]
+    assert str(caught.value).startswith(f"a batch's fields are named by strings; got {key!r}: a batch is a "
+                                        "mapping of fields ('raw', 'labels')")
+
+
 def test_labels_missing_because_of_keep_labels_false_say_so(volumes):
     raw, labels = volumes
     with ef.Loader(raw, labels, patch=PATCH, batch_size=1, targets=["boundaries"], keep_labels=False) as loader:

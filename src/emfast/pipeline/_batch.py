@@ -27,6 +27,9 @@ class MissingFieldError(KeyError):
 
 
 def _missing_field_message(name: str, fields: Sequence[str], loader: Optional[object]) -> str:
+    if not isinstance(name, str):  # batch[0], as if it were a sequence of samples
+        return (f"a batch's fields are named by strings; got {name!r}: a batch is a mapping of fields "
+                f"({', '.join(map(repr, fields))}), each holding every sample, e.g. batch['raw'][0]")
     close = difflib.get_close_matches(name, fields, n=1)
     typo = f" Did you mean {close[0]!r}?" if close else ""
     return (f"the batch has no field {name!r}; it has {', '.join(map(repr, fields))}.{typo} "
