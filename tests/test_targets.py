@@ -426,3 +426,19 @@ def test_a_target_named_as_a_batch_field_is_refused_when_the_loader_is_built(tar
     with pytest.raises(ValueError, match="collides with the batch field of that name; give the target another "
                                          "name="):
         emfast.Loader(raw, labels, patch=(8, 16, 16), targets=[target])
+
+
+@pytest.mark.parametrize("given", ["affinities", ["affinities", "boundaries"], "one Affinities"])
+def test_compute_targets_takes_targets_as_the_loader_does(given):
+    """Names, and a single target, as Loader(targets=...) takes them: they failed deep inside ('str' object has
+    no attribute 'outputs'; 'Affinities' object is not iterable)."""
+    labels = np.random.default_rng(5).integers(0, 4, (2, 1, 6, 10, 10)).astype(np.uint64)
+    if given == "one Affinities":
+        given, objects = emfast.Affinities(), [emfast.Affinities()]
+    else:
+        objects = [emfast.Affinities() if name == "affinities" else emfast.Boundaries()
+                   for name in ([given] if isinstance(given, str) else given)]
+    ours, reference = emfast.compute_targets(labels, given), emfast.compute_targets(labels, objects)
+    assert ours.keys() == reference.keys() and all(np.array_equal(ours[k], reference[k]) for k in ours)
+    with pytest.raises(ValueError, match="affinitys"):
+        emfast.compute_targets(labels, "affinitys")

@@ -49,7 +49,8 @@ def required_margin(targets: Sequence[Target]) -> Margin:
     return tuple(max((m[axis] for m in margins), default=0) for axis in range(3))
 
 
-def compute_targets(labels: np.ndarray, targets: Sequence[Target], margin: Sequence[int] = (0, 0, 0),
+def compute_targets(labels: np.ndarray, targets: Union[TargetLike, Iterable[TargetLike]],
+                    margin: Sequence[int] = (0, 0, 0),
                     out: Optional[Dict[str, np.ndarray]] = None) -> Dict[str, np.ndarray]:
     """Compute ``targets`` for a label batch, each with one kernel call that releases the GIL.
 
@@ -57,8 +58,9 @@ def compute_targets(labels: np.ndarray, targets: Sequence[Target], margin: Seque
     ----------
     labels : ndarray
         (B, 1, Zi, Yi, Xi) uint32, uint64, int64 or int32, C-contiguous; the already cropped and augmented labels.
-    targets : sequence of Target
-        What to compute; field names must be distinct.
+    targets : Target, str, or a sequence of them
+        What to compute, as the Loader takes them (names with default parameters, see :func:`resolve`); field
+        names must be distinct.
     margin : (int, int, int)
         The margin the labels were cut with: output voxel (z, y, x) is label voxel (z + mz, y + my, x + mx).
         Each margin must leave at least one output voxel (2 * margin < label extent). A margin smaller than
@@ -73,6 +75,7 @@ def compute_targets(labels: np.ndarray, targets: Sequence[Target], margin: Seque
     dict of ndarray
         One array per field of :func:`outputs`.
     """
+    targets = resolve(targets)
     fields = outputs(targets)
     result = dict(out) if out is not None else {}
     for field, (channels, dtype) in fields.items():
