@@ -90,6 +90,16 @@ def test_demo_checks_its_options_before_building_the_volume(tmp_path, capsys):
     assert "--batches" in capsys.readouterr().err and not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("shape", [["-4", "96", "96"], ["4", "96", "96"]])
+@pytest.mark.parametrize("config", [[], ["--config"]])
+def test_demo_names_a_volume_shape_it_cannot_build(tmp_path, capsys, shape, config):
+    """A negative size gave numpy's "all elements of broadcast shape must be non-negative"; a size under 8 failed
+    later, saying the patch did not fit."""
+    assert main(["demo", *config, "--volume-shape", *shape, "--cache-dir", str(tmp_path)]) == 2
+    assert f"--volume-shape must be 3 integers >= 8 (z, y, x), got [{', '.join(shape)}]" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 def test_version_is_single_sourced_and_printed(capsys):
     import importlib.metadata
 

@@ -20,6 +20,7 @@ import numpy as np
 from . import __version__
 from . import bench as _bench
 from . import config as _config
+from ._checks import triple
 from ._machine import add_cache_dir_option, cores
 from ._threads import Terminated, sigterm_interrupts
 from .augment import Intensity, Mirror, Transpose
@@ -41,6 +42,11 @@ def _triple(text: List[int]) -> tuple:
     return tuple(int(v) for v in text)
 
 
+def _volume_shape(args: argparse.Namespace) -> tuple:
+    """``--volume-shape``, refused as ``emfast bench`` refuses it (the built-in volume is at least 8 a side)."""
+    return triple(args.volume_shape, "--volume-shape", minimum=8)
+
+
 def _stand_in(shape: tuple, dtype, name: str) -> Volume:
     """A volume of ``shape`` that allocates nothing (every voxel is one shared zero), for checking arguments."""
     return Volume.from_array(np.broadcast_to(np.zeros((), dtype), shape), name=name)
@@ -52,7 +58,7 @@ def demo(args: argparse.Namespace) -> int:
         raise ValueError(f"--batches must be at least 1, got {args.batches}")
     if args.config is not None:
         return _config_demo(args)
-    shape = _triple(args.volume_shape)
+    shape = _volume_shape(args)
     augment = [Mirror(), Transpose(), Intensity(scale=0.1, shift=0.1)]
     settings = dict(patch=_triple(args.patch), batch_size=args.batch_size, augment=augment, threads=args.threads,
                     seed=args.seed, dtype=args.dtype, epoch_size=args.batches)
@@ -87,7 +93,7 @@ def _config_demo(args: argparse.Namespace) -> int:
     source = args.config or _config.BUILTIN_CONFIG
     config = _config.load_config(source)
     print(f"emfast {__version__}: building the loader of {source} ...", file=sys.stderr)
-    loader = config.loader("train", cache_dir=args.cache_dir, demo_shape=_triple(args.volume_shape))
+    loader = config.loader("train", cache_dir=args.cache_dir, demo_shape=_volume_shape(args))
     print(f"samples: {', '.join(loader.dataset.names)}\n"
           f"batches of {loader.batch_size} x {loader.patch}, {loader.threads} producer thread(s), "
           f"augment: {', '.join(a.name for a in loader.augmentations) or 'none'}, "
