@@ -91,6 +91,16 @@ def test_snapshot_refuses_an_existing_path_and_bad_batches(tmp_path, volumes):
     assert (tmp_path / "there.zarr" / "keep.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("name", ["snap.h5", "snap.HDF5", "snap.n5"])
+def test_snapshot_refuses_a_path_named_as_another_format(tmp_path, volumes, name):
+    """snap.h5 was written as a zarr folder named .h5, which every reader then took for a missing HDF5 file."""
+    with ef.Loader(volumes[0], patch=(4, 16, 16), batch_size=1) as loader:
+        with pytest.raises(ValueError, match=rf"{name} ends as .* containers do .* give a path ending in \.zarr"):
+            loader.snapshot(tmp_path / name)
+        loader.snapshot(tmp_path / "snap")  # no suffix: a zarr store, as before
+    assert not (tmp_path / name).exists() and (tmp_path / "snap" / ".zgroup").is_file()
+
+
 def decode_png(path):
     """Width, height and RGB pixels of an 8-bit RGB PNG without interlacing, filters decoded (all five)."""
     data = path.read_bytes()

@@ -30,7 +30,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from ..io import add_ome_multiscales, import_zarr, local_store, zarr_geometry
+from ..io import add_ome_multiscales, format_of_suffix, import_zarr, local_store, zarr_geometry
 from ._windows import window_extents
 
 #: The level written in each field group (the OME-NGFF image's one dataset).
@@ -52,6 +52,10 @@ def write_snapshot(loader, path, batches: int = 1, png=None) -> Path:
         raise ValueError(f"snapshot: the loader delivers batches to {loader.device}; snapshots are written from a "
                          "loader with device='cpu' (build one with the same arguments)")
     path = Path(os.fspath(path))
+    named = format_of_suffix(path.name)
+    if named not in (None, "zarr"):  # written as zarr anyway, the store was taken for an HDF5 file by every reader
+        raise ValueError(f"snapshot: {path} ends as {named} containers do ({path.suffix}), but a snapshot is a "
+                         "zarr store; give a path ending in .zarr")
     png = None if png is None else Path(os.fspath(png))
     for target in (path, png):
         if target is not None and target.exists():
