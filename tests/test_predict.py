@@ -1001,10 +1001,32 @@ def test_float_outputs_with_nan_or_infinity_from_the_model_warn_once(tmp_path, v
     assert len([w for w in warned if w.category is NonFiniteWarning]) == 1  # once per run, not once per block
     assert 0 < expected < volume.size and str(warned[0].message) == (
         f"{expected} of the {volume.size} values written to {tmp_path / 'p.zarr/p'} are NaN or infinite: the model "
-        "returned them, and they were written as they are")
+        "returned them; they were written as they are")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # finite: no warning
         ef.predict(crop, volume, tmp_path / "p.zarr/fine", dtype=dtype, **settings)
+
+
+def test_nan_in_a_float_input_is_named_as_the_source_of_nan_in_the_output(tmp_path):
+    """An identity network passing on the input's NaN was said to have returned it; the Loader refuses the same
+    input, naming where the NaN is."""
+    import h5py
+    from emfast.inference import NonFiniteWarning
+
+    raw = np.random.default_rng(9).random((16, 32, 32)).astype(np.float32)
+    raw[10, 30, 7] = np.nan
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f["raw"] = raw
+    settings = dict(patch_in=(8, 16, 16), blend="none", normalize=(1.0, 0.0))
+    with pytest.warns(NonFiniteWarning) as held:
+        ef.predict(lambda batch: batch, raw, tmp_path / "p.zarr/memory", **settings)
+    assert str(held[0].message).endswith(
+        "are NaN or infinite: the input holds NaN or infinity, which the model passed on (input array: contains NaN "
+        "or infinity, first at (c, z, y, x) = (0, 10, 30, 7)); they were written as they are")
+    with pytest.warns(NonFiniteWarning) as lazy:
+        ef.predict(lambda batch: batch, str(tmp_path / "in.h5/raw"), tmp_path / "p.zarr/lazy", **settings)
+    assert "the model returned them, or the float input holds them (read lazily, it was not scanned)" in \
+        str(lazy[0].message)
 
 
 def test_resuming_with_an_array_input_that_changed_is_refused(tmp_path, volume):

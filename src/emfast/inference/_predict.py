@@ -47,7 +47,8 @@ class SaturationWarning(UserWarning):
 
 
 class NonFiniteWarning(UserWarning):
-    """A float32 or float16 prediction holds NaN or infinite values: the model returned them."""
+    """A float32 or float16 prediction holds NaN or infinite values: the model returned them, or the input held
+    them (the message says which, for an input held in memory)."""
 
 
 @dataclass(frozen=True)
@@ -348,7 +349,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     SaturationWarning
         ``dtype="uint8"`` clipped values outside [0, 1].
     NonFiniteWarning
-        A float output holds NaN or infinite values the model returned (counted in the blocks this run wrote).
+        A float output holds NaN or infinite values the model returned, or the input held (counted in the blocks
+        this run wrote; the message names the input where it holds them).
 
     Raises
     ------
@@ -525,7 +527,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                 if bar is not None:
                     bar.finish()  # an error's message starts on a line of its own
         _warn_if_clipped(predictor, out)
-        _warn_if_not_finite(predictor, out)
+        _warn_if_not_finite(predictor, volume, out)
         failed = False
     finally:
         with ctrl_c_held():  # no thread outlives predict, after an error or Ctrl-C too
@@ -563,12 +565,22 @@ def _warn_if_clipped(predictor: BlockPredictor, out) -> None:
             "sigmoid in the model, or predict with dtype='float32'"), stacklevel=3)
 
 
-def _warn_if_not_finite(predictor: BlockPredictor, out) -> None:
-    """One NonFiniteWarning for the run if its float output holds any NaN or infinity."""
-    if predictor.non_finite:
-        warnings.warn(NonFiniteWarning(
-            f"{predictor.non_finite} of the {predictor.values} values written to {out} are NaN or infinite: the "
-            "model returned them, and they were written as they are"), stacklevel=3)
+def _warn_if_not_finite(predictor: BlockPredictor, volume: Volume, out) -> None:
+    """One NonFiniteWarning for the run if its float output holds any NaN or infinity, naming the input as their
+    source where it holds some (a float input held in memory is looked at then; one read lazily is not read
+    again, only named as a possible source)."""
+    if not predictor.non_finite:
+        return
+    source = "the model returned them"
+    if volume.dtype.kind == "f":
+        try:
+            volume.check_finite()
+            if not volume.in_memory:
+                source = "the model returned them, or the float input holds them (read lazily, it was not scanned)"
+        except ValueError as error:
+            source = f"the input holds NaN or infinity, which the model passed on ({error})"
+    warnings.warn(NonFiniteWarning(f"{predictor.non_finite} of the {predictor.values} values written to {out} are "
+                                   f"NaN or infinite: {source}; they were written as they are"), stacklevel=3)
 
 
 def _check_room_for(blocks, bytes_per_voxel: int, container) -> None:
