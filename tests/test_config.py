@@ -346,6 +346,10 @@ def test_a_missing_config_file_is_a_config_error(tmp_path):
      ["does not fit"]),
     ("augment:", "targets: [{foreground: {background: -1}}]\naugment:", "targets", "targets:",
      ["cannot occur in uint64"]),
+    # a lazy sample's budget too small for one chunk: the budget's key, not the raw dataset's (as before)
+    ("      labels: volumes/labels\n    - name: B", "      labels: volumes/labels\n      lazy: true\n"
+     "      cache_bytes: 1000\n    - name: B", "data.samples[0].cache_bytes", "cache_bytes",
+     ["more than cache_bytes=1000"]),
 ])
 def test_errors_when_building_name_the_section_they_come_from(files, old, new, path, needle, words):
     assert old in BASE

@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 import yaml
 
 from .._checks import concerned_key
-from ..io import LevelChoiceError, Volume, is_url, open_volume
+from ..io import CacheBudgetError, LevelChoiceError, Volume, is_url, open_volume
 from ..pipeline import Loader
 from ..sampling import Dataset, Sample, Sampler
 from ..transfer import DeviceUnavailableError
@@ -112,6 +112,8 @@ class Config:
                 except OSError as error:
                     raise reader.error(path + (("file",) if volume.shared_file else key + ("file",)),
                                        str(error)) from error
+                except CacheBudgetError as error:  # the sample's budget, not the volume, is the culprit
+                    raise reader.error(path + ("cache_bytes",), str(error)) from error
                 except (KeyError, TypeError, ValueError) as error:
                     raise reader.error(path + key + (_culprit(volume, error),), str(error)) from error
                 volumes[key] = opened[-1]

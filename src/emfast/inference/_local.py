@@ -3,11 +3,12 @@ calling thread feeds a block (gathers and normalises batches of tiles); one mode
 device's thread) runs the network on them in order; one blender thread blends the predictions as they come back
 (every block's, in the plan's order; on a machine of 8 cores or more, with helpers blending rows of the block
 beside it, see :func:`blend_parts`); one finisher thread converts each block once blended; :data:`WRITERS` writer
-threads write finished blocks, their zarr chunks encoded on a pool of one thread per core. Shared tiles are kept until the last block needing them is computed.
+threads write finished blocks, their zarr chunks encoded on a pool of one thread per core. Shared tiles are kept
+until the last block needing them is computed.
 
-The readers, the finisher, the writers and the encoders run at a lower CPU priority (:data:`BACKGROUND_NICE`, on Linux) than the
-calling thread, the model's and the blender's: on a machine whose cores are all busy, the network is not the one
-kept waiting.
+The readers, the finisher, the writers and the encoders run at a lower CPU priority (:data:`BACKGROUND_NICE`, on
+Linux) than the calling thread, the model's and the blender's: on a machine whose cores are all busy, the network
+is not the one kept waiting.
 
 Memory stays bounded by the blocks in flight: ``threads`` inputs read ahead, one block being fed and one being
 blended or finished (their sums; the calling thread feeds no further ahead), a few batches, and at most
