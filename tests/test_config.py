@@ -323,6 +323,13 @@ def test_a_missing_config_file_is_a_config_error(tmp_path):
         load_config(tmp_path / "nope.yaml")
 
 
+@pytest.mark.parametrize("text", ["", "   "])
+def test_empty_text_is_an_empty_config_not_the_working_folder(text):
+    """load_config("") (an empty file's text) said "." is a folder, a zarr or N5 store."""
+    with pytest.raises(ConfigError, match=r"^<text>: expected a mapping with keys data, .*got nothing"):
+        load_config(text)
+
+
 @pytest.mark.parametrize("old, new, path, needle, words", [
     ("file: a.h5", "file: missing.h5", "data.samples[0].file", "missing.h5", ["not found", "missing.h5"]),
     ("{file: b.h5, dataset: volumes/raw}", "{file: nowhere.h5, dataset: volumes/raw}", "data.samples[1].raw.file",

@@ -95,8 +95,9 @@ def _marks(node: yaml.Node, path: Path_, marks: Dict[Path_, int], source: str, b
 
 def read_source(source: Union[str, os.PathLike], what: str) -> Tuple[str, str, Path]:
     """(text, name, base folder) of a config given as a path (a path-like, or a string without a newline) or as
-    YAML text (a string with a newline; its base is the working directory)."""
-    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source):
+    YAML text (a string with a newline, or only blanks: an empty file's text, not the path "."; its base is the
+    working directory)."""
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source and source.strip()):
         path = Path(source).expanduser()
         return _config_text(path), str(path), path.resolve().parent
     if not isinstance(source, str):
