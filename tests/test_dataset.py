@@ -158,6 +158,8 @@ def test_hold_out_splits_by_name(dataset):
         dataset.split(hold_out=["x"])
     with pytest.raises(ValueError, match="at most 2"):
         dataset.split(hold_out=["a", "b", "c"])
+    with pytest.raises(ValueError, match=r"hold_out=None holds out no sample: name at least one of \['a', 'b', 'c'\]"):
+        dataset.split(hold_out=None)  # was a bare "'NoneType' object is not iterable"
 
 
 def test_per_volume_normalisation(rng, tmp_path, monkeypatch):

@@ -366,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     change.add_argument("--downsampling", choices=DOWNSAMPLING, default=None,
                         help="mean (intensities) or mode (labels: most frequent id, ties to the lowest); default "
                              "mode for 32/64-bit integers, else mean")
-    change.add_argument("--zarr-format", type=int, choices=[2, 3], default=3, help="zarr format (default 3)")
+    change.add_argument("--zarr-format", type=int, choices=[2, 3], default=3, help="zarr format of a new store (default 3); an existing store keeps its own")
     which = change.add_mutually_exclusive_group()
     which.add_argument("--level", type=int, default=None,
                        help="an OME-Zarr image's level (a precomputed volume's scale) to convert, by index (default 0)")

@@ -407,6 +407,8 @@ class Dataset:
         """
         if isinstance(hold_out, str):
             hold_out = [hold_out]
+        if hold_out is None:
+            raise ValueError(f"hold_out=None holds out no sample: name at least one of {self.names}")
         held = list(hold_out)
         unknown = [name for name in held if name not in self.names]
         if unknown:
