@@ -368,6 +368,23 @@ def test_profile_reports_fetch_apart_from_decode(served):
     assert 0 < timings.seconds["decode"] < timings.seconds["fetch"]
 
 
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "precomputed sharded"])  # tensorstore reads its info
+def test_opening_a_remote_volume_requests_each_metadata_file_once(request, written, served, name):
+    """Opening an OME-Zarr image made 24 requests for 9 files (zarr.json 5 times), a zarr v2 array 10 for 3: each a
+    round trip, with emfast's checks and zarr-python's format probing reading the same files over again. Reads
+    after the open are not remembered: a store changing under a loader is still seen. (A sharded precomputed
+    volume's info is read by emfast and again by tensorstore, through a store of its own.)"""
+    url, args = remote_url(request, "http", name)
+    with ef.open(url, in_memory=False, **args) as lazy:
+        opened = list(served.requests)
+        assert opened and len(opened) == len(set(opened)), sorted(opened)
+        served.requests.clear()
+        lazy_box(lazy, extent=(2, 4, 4))
+        if name.startswith("zarr"):  # a stamp's metadata is requested again, not taken from the open's
+            assert lazy.stamp.unchanged()
+            assert any(key.endswith(f"/{lazy.stamp.marker}") for key in served.requests), served.requests
+
+
 @pytest.mark.parametrize("path", ["v3.zarr", "v2.zarr", "s.n5/raw"])
 def test_the_chunks_of_a_read_are_requested_together(written, served, path):
     with ef.open(f"{served.url}/{path}", in_memory=False) as lazy:

@@ -2,6 +2,7 @@
 the path, the URL or what the container holds."""
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Optional, Sequence, Tuple, Union
@@ -89,14 +90,16 @@ def open_source(path: Union[str, os.PathLike], dataset: Optional[str] = None, *,
     if format is not None:
         kind = format_named(format).name
     where = RemoteStore(container, storage_options) if remote else container
-    if kind is None:
-        kind = detect_remote(where, inner) if remote else detect(container)
-    chosen = format_named(kind)
-    if not chosen.multiscale and (level is not None or resolution is not None):
-        multiscale = " or ".join(f.name for f in formats() if f.multiscale)
-        raise LevelChoiceError(f"{container}: level and resolution choose a level of a multiscale image ({multiscale}), "
-                         f"not of {kind}")
-    return chosen.open(where, inner, level, resolution)
+    # remotely, each metadata file requested once: detection, emfast's checks and zarr-python read them over again
+    with where.remembering() if remote else contextlib.nullcontext():
+        if kind is None:
+            kind = detect_remote(where, inner) if remote else detect(container)
+        chosen = format_named(kind)
+        if not chosen.multiscale and (level is not None or resolution is not None):
+            multiscale = " or ".join(f.name for f in formats() if f.multiscale)
+            raise LevelChoiceError(f"{container}: level and resolution choose a level of a multiscale image "
+                                   f"({multiscale}), not of {kind}")
+        return chosen.open(where, inner, level, resolution)
 
 
 def contents(path: Union[str, os.PathLike], storage_options: Optional[dict] = None) -> Contents:

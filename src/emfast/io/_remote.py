@@ -234,6 +234,20 @@ class RemoteStore:
         self._fs = _filesystem(self._protocol, self._options, self.timeout, asynchronous=False)
         self._announced: "OrderedDict[str, concurrent.futures.Future]" = OrderedDict()
         self._lock = threading.Lock()
+        self._remembered = _Remembered()
+
+    @contextmanager
+    def remembering(self):
+        """Within this, each key is requested once, by this store, the stores below it and its
+        :meth:`zarr_store`: opening a volume reads its metadata files several times over (emfast's checks, then
+        zarr-python probing each format's files), one round trip each. What is read stays remembered only
+        until the block ends: metadata read later (a change of the store being looked for) is read again."""
+        self._here()
+        self._remembered.start()
+        try:
+            yield
+        finally:
+            self._remembered.stop()
 
     def _here(self) -> None:
         if self._pid != os.getpid():
@@ -278,15 +292,20 @@ class RemoteStore:
         """
         self._here()
         path = f"{self._root}/{key}" if key else self._root
+        known, data = self._remembered.get(path)
+        if known:
+            return data
         start = time.perf_counter()
         with self._lock:
             future = self._announced.pop(path, None)
         try:
             if future is None:
                 future = asyncio.run_coroutine_threadsafe(self._read(path, key), self._fs.loop)
-            return _wait(future)
+            data = _wait(future)
         finally:
             add_transfer_time(time.perf_counter() - start)
+        self._remembered.put(path, data)
+        return data
 
     def will_get(self, keys) -> None:
         """Start reading ``keys`` now, all at once; :meth:`get` then takes each one's bytes (or its error). A
@@ -320,12 +339,19 @@ class RemoteStore:
         """A read-only zarr-python store of the same URL whose reads retry as :meth:`get` does."""
         from zarr.storage import FsspecStore
 
-        store_retries, where = self.retries, self.where
+        store_retries, where, remembered, root = self.retries, self.where, self._remembered, self._root
 
         class RetryingStore(FsspecStore):
             async def get(self, key, prototype, byte_range=None):
-                return await retrying(lambda: FsspecStore.get(self, key, prototype, byte_range), store_retries,
-                                      where(key))
+                path = f"{root}/{key}"
+                known, data = remembered.get(path) if byte_range is None else (False, None)
+                if known:
+                    return None if data is None else prototype.buffer.from_bytes(data)
+                buffer = await retrying(lambda: FsspecStore.get(self, key, prototype, byte_range), store_retries,
+                                        where(key))
+                if byte_range is None:
+                    remembered.put(path, None if buffer is None else buffer.to_bytes())
+                return buffer
 
         fs = _filesystem(self._protocol, self._options, self.timeout, asynchronous=True)
         return RetryingStore(fs, read_only=True, path=self._root)
@@ -379,6 +405,40 @@ class RemoteStore:
         """The stamp of the volume ``dataset`` whose metadata file is ``marker`` (a key)."""
         data = self.get(marker) or b""
         return RemoteStamp(self.url, dataset, len(data), 0, hashlib.sha256(data).hexdigest(), self, marker)
+
+
+class _Remembered:
+    """The keys read while a store is :meth:`~RemoteStore.remembering`: one object shared by the store, the stores
+    below it and its zarr store; empty, and remembering nothing, outside."""
+
+    def __init__(self) -> None:
+        self._data: Optional[dict] = None
+        self._depth = 0  # opens within opens (an image's level opened by its path looks at the image)
+        self._lock = threading.Lock()  # zarr-python reads on its event loop's thread
+
+    def start(self) -> None:
+        with self._lock:
+            self._depth += 1
+            if self._data is None:
+                self._data = {}
+
+    def stop(self) -> None:
+        with self._lock:
+            self._depth -= 1
+            if not self._depth:
+                self._data = None
+
+    def get(self, path: str):
+        """(whether ``path`` was read, its bytes or None if the store has no such key)."""
+        with self._lock:
+            if self._data is None or path not in self._data:
+                return False, None
+            return True, self._data[path]
+
+    def put(self, path: str, data: Optional[bytes]) -> None:
+        with self._lock:
+            if self._data is not None:
+                self._data[path] = data
 
 
 async def retrying(request, retries: int, where: str):
