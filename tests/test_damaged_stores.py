@@ -664,3 +664,18 @@ def test_external_raw_storage_is_watched_where_hdf5_reads_it(tmp_path, monkeypat
     with ef.hdf5(tmp_path / "A" / "f.h5", "raw", in_memory=False) as volume:
         assert [file for file, _, _ in volume.stamp.data_files] == [tmp_path / "B" / "raw.bin"]
         assert (volume[:][0] == 2).all()
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+@pytest.mark.parametrize("shape", [(64, 64), (2, 2, 2, 2, 2, 2)])
+def test_a_zarr_array_that_is_no_volume_is_said_to_be_so_not_malformed(tmp_path, zarr_format, shape):
+    """A 2-D image (a section, a mask) written by zarr-python was refused as "malformed metadata: shape = [64, 64];
+    expected a list of 3 or 4 or 5 integers": its metadata is fine, its rank is not a volume's."""
+    zarr = pytest.importorskip("zarr")
+    zarr.open_array(str(tmp_path / "image.zarr"), mode="w", shape=shape, dtype="uint8", chunks=shape,
+                    zarr_format=zarr_format)[...] = 1
+    with pytest.raises(StoreMetadataError) as refused:
+        ef.open(str(tmp_path / "image.zarr"))
+    message = str(refused.value)
+    assert f"a {len(shape)}-D array (shape {list(shape)}); emfast reads volumes: 3-D (z, y, x)" in message
+    assert "image.zarr" in message and "malformed" not in message

@@ -459,10 +459,19 @@ def _read_metadata(node, marker: str) -> Optional[bytes]:
     return read_regular_file(node / marker, "zarr metadata")
 
 
+def _shape(meta, where: str, ranks: Sequence[int]) -> Tuple[int, ...]:
+    """The array's shape; an array of another rank than ``ranks`` is not malformed, only not a volume: said so."""
+    shape = int_list(metadata_key(meta, "shape", where), "shape", where, minimum=0)
+    if len(shape) not in ranks:
+        raise StoreMetadataError(f"{where}: a {len(shape)}-D array (shape {list(shape)}); emfast reads volumes: 3-D "
+                                 "(z, y, x), 4-D (c, z, y, x), or 5-D with a time axis named in their metadata")
+    return shape
+
+
 def _check_v2(meta, where: str, ranks: Sequence[int]) -> None:
     if metadata_key(meta, "zarr_format", where) != 2:
         raise bad_metadata(where, "zarr_format", meta["zarr_format"], "2 in a .zarray")
-    shape = int_list(metadata_key(meta, "shape", where), "shape", where, minimum=0, lengths=ranks)
+    shape = _shape(meta, where, ranks)
     int_list(metadata_key(meta, "chunks", where), "chunks", where, minimum=1, length=len(shape))
     _check_dtype(metadata_key(meta, "dtype", where), "dtype", where)
     compressor = metadata_key(meta, "compressor", where)
@@ -483,7 +492,7 @@ def _check_v3(meta, where: str, ranks: Sequence[int]) -> None:
         raise bad_metadata(where, "zarr_format", meta["zarr_format"], "3 in a zarr.json")
     if metadata_key(meta, "node_type", where) != "array":
         raise bad_metadata(where, "node_type", meta["node_type"], '"array" or "group"')
-    shape = int_list(metadata_key(meta, "shape", where), "shape", where, minimum=0, lengths=ranks)
+    shape = _shape(meta, where, ranks)
     _check_dtype(metadata_key(meta, "data_type", where), "data_type", where)
     grid = metadata_key(meta, "chunk_grid", where)
     if metadata_key(grid, "name", where, "chunk_grid") != "regular":
