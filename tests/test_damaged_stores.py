@@ -671,7 +671,6 @@ def test_external_raw_storage_is_watched_where_hdf5_reads_it(tmp_path, monkeypat
 def test_a_zarr_array_that_is_no_volume_is_said_to_be_so_not_malformed(tmp_path, zarr_format, shape):
     """A 2-D image (a section, a mask) written by zarr-python was refused as "malformed metadata: shape = [64, 64];
     expected a list of 3 or 4 or 5 integers": its metadata is fine, its rank is not a volume's."""
-    zarr = pytest.importorskip("zarr")
     zarr.open_array(str(tmp_path / "image.zarr"), mode="w", shape=shape, dtype="uint8", chunks=shape,
                     zarr_format=zarr_format)[...] = 1
     with pytest.raises(StoreMetadataError) as refused:
