@@ -1007,9 +1007,10 @@ def test_float_outputs_with_nan_or_infinity_from_the_model_warn_once(tmp_path, v
         ef.predict(crop, volume, tmp_path / "p.zarr/fine", dtype=dtype, **settings)
 
 
-def test_nan_in_a_float_input_is_named_as_the_source_of_nan_in_the_output(tmp_path):
+def test_nan_in_a_float_input_is_named_as_a_source_of_nan_in_the_output(tmp_path):
     """An identity network passing on the input's NaN was said to have returned it; the Loader refuses the same
-    input, naming where the NaN is."""
+    input, naming where the NaN is. The input is named only where the tiles read it: a NaN outside the roi and its
+    context is not where an output's NaN came from."""
     import h5py
     from emfast.inference import NonFiniteWarning
 
@@ -1021,12 +1022,21 @@ def test_nan_in_a_float_input_is_named_as_the_source_of_nan_in_the_output(tmp_pa
     with pytest.warns(NonFiniteWarning) as held:
         ef.predict(lambda batch: batch, raw, tmp_path / "p.zarr/memory", **settings)
     assert str(held[0].message).endswith(
-        "are NaN or infinite: the input holds NaN or infinity, which the model passed on (input array: contains NaN "
-        "or infinity, first at (c, z, y, x) = (0, 10, 30, 7)); they were written as they are")
+        "are NaN or infinite: the model returned them, or passed on the input's: the region the tiles read holds "
+        "NaN or infinity, first at (c, z, y, x) = (0, 10, 30, 7); they were written as they are")
     with pytest.warns(NonFiniteWarning) as lazy:
         ef.predict(lambda batch: batch, str(tmp_path / "in.h5/raw"), tmp_path / "p.zarr/lazy", **settings)
-    assert "the model returned them, or the float input holds them (read lazily, it was not scanned)" in \
+    assert "the model returned them, or passed on the float input's (read lazily, it was not scanned);" in \
         str(lazy[0].message)
+
+    def makes_nan(batch):
+        out = batch.copy()
+        out[:, :, 0, 0, 0] = np.nan
+        return out
+
+    with pytest.warns(NonFiniteWarning) as elsewhere:  # the input's NaN at z 10, the roi's tiles read z 0..8
+        ef.predict(makes_nan, raw, tmp_path / "p.zarr/roi", roi=((0, 0, 0), (8, 16, 16)), **settings)
+    assert str(elsewhere[0].message).endswith("NaN or infinite: the model returned them; they were written as they are")
 
 
 def test_resuming_with_an_array_input_that_changed_is_refused(tmp_path, volume):

@@ -42,13 +42,17 @@ from ._tta import IDENTITY, TTA_COUNTS, variants
 CHUNK_EDGE = 64
 
 
+#: Bytes of the input looked at at once for NaN (see :func:`_first_non_finite`): no copy of a large input.
+NON_FINITE_SLAB_BYTES = 64 * 2 ** 20
+
+
 class SaturationWarning(UserWarning):
     """A uint8 prediction clipped values outside [0, 1] (a model returning logits, say), or wrote NaN as 0."""
 
 
 class NonFiniteWarning(UserWarning):
-    """A float32 or float16 prediction holds NaN or infinite values: the model returned them, or the input held
-    them (the message says which, for an input held in memory)."""
+    """A float32 or float16 prediction holds NaN or infinite values: the model returned them, or passed on the
+    input's (the message says where, for an input held in memory)."""
 
 
 @dataclass(frozen=True)
@@ -349,8 +353,8 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     SaturationWarning
         ``dtype="uint8"`` clipped values outside [0, 1].
     NonFiniteWarning
-        A float output holds NaN or infinite values the model returned, or the input held (counted in the blocks
-        this run wrote; the message names the input where it holds them).
+        A float output holds NaN or infinite values the model returned, or passed on from the input (counted in
+        the blocks this run wrote; the message says where an input held in memory holds them).
 
     Raises
     ------
@@ -566,21 +570,36 @@ def _warn_if_clipped(predictor: BlockPredictor, out) -> None:
 
 
 def _warn_if_not_finite(predictor: BlockPredictor, volume: Volume, out) -> None:
-    """One NonFiniteWarning for the run if its float output holds any NaN or infinity, naming the input as their
-    source where it holds some (a float input held in memory is looked at then; one read lazily is not read
-    again, only named as a possible source)."""
+    """One NonFiniteWarning for the run if its float output holds any NaN or infinity, naming where the input the
+    tiles read holds some too (a float input held in memory is looked at then; one read lazily is not read again,
+    only named as a possible source)."""
     if not predictor.non_finite:
         return
     source = "the model returned them"
     if volume.dtype.kind == "f":
-        try:
-            volume.check_finite()
-            if not volume.in_memory:
-                source = "the model returned them, or the float input holds them (read lazily, it was not scanned)"
-        except ValueError as error:
-            source = f"the input holds NaN or infinity, which the model passed on ({error})"
+        if not volume.in_memory:
+            source += ", or passed on the float input's (read lazily, it was not scanned)"
+        else:
+            where = _first_non_finite(volume.array, predictor.plan)
+            if where is not None:
+                source += (", or passed on the input's: the region the tiles read holds NaN or infinity, first at "
+                           f"(c, z, y, x) = {where}")
     warnings.warn(NonFiniteWarning(f"{predictor.non_finite} of the {predictor.values} values written to {out} are "
                                    f"NaN or infinite: {source}; they were written as they are"), stacklevel=3)
+
+
+def _first_non_finite(array: np.ndarray, plan: TilePlan) -> Optional[Tuple[int, ...]]:
+    """The first (c, z, y, x) holding NaN or infinity in the part of ``array`` that the plan's tiles read (its roi
+    and the context around it), a few sections at a time; None if there is none."""
+    low = [max(0, r - c) for r, c in zip(plan.roi[0], plan.context)]
+    high = [min(s, r + c) for s, r, c in zip(array.shape[1:], plan.roi[1], plan.context)]
+    step = max(1, NON_FINITE_SLAB_BYTES // max(1, array[:, :1, low[1]:high[1], low[2]:high[2]].nbytes))
+    for z in range(low[0], high[0], step):
+        slab = array[:, z:min(z + step, high[0]), low[1]:high[1], low[2]:high[2]]
+        if not np.isfinite(slab).all():
+            c, dz, y, x = (int(i) for i in np.argwhere(~np.isfinite(slab))[0])
+            return c, z + dz, low[1] + y, low[2] + x
+    return None
 
 
 def _check_room_for(blocks, bytes_per_voxel: int, container) -> None:
