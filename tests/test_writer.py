@@ -164,19 +164,23 @@ def test_a_new_outputs_record_is_made_once_the_earlier_output_is_removed(tmp_pat
     assert zarr.open_array(str(tmp_path / "p.zarr"), path="pred").attrs["emfast_predict"]["settings"] == 1
 
 
-def test_the_lock_file_is_flushed_to_disk_only_for_the_creation_mark(tmp_path, monkeypatch):
-    """The mark of a dataset being created must reach the disk before the dataset (a machine crash between them
-    would leave a half-made dataset no run may replace); the pid written on taking and releasing the lock need
-    not (each flush costs milliseconds on a network file system)."""
+def test_the_lock_file_is_flushed_to_disk_only_where_a_creation_mark_is_set_or_cleared(tmp_path, monkeypatch):
+    """The mark of a dataset being created must reach the disk before the dataset, and its clearing before the
+    run goes on (a machine crash would otherwise leave a mark that has a finished output made again); the pid of
+    a lock taken where no mark was need not (each flush costs milliseconds on a network file system)."""
     import os
 
     from emfast.io import OutputLock
 
     flushed = []
     real_fsync = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (flushed.append(os.pread(fd, 200, 0)), real_fsync(fd)))
+    monkeypatch.setattr(os, "fsync", lambda fd: (flushed.append(json.loads(os.pread(fd, 200, 0))), real_fsync(fd)))
     with OutputLock(tmp_path / "p.zarr") as lock:
         assert flushed == []
         with lock.creating("pred"):
-            assert len(flushed) == 1 and json.loads(flushed[0])["creating"] == "pred"
-    assert len(flushed) == 1
+            assert flushed == [{"pid": os.getpid(), "creating": "pred"}]
+        assert flushed[1:] == [{"pid": os.getpid()}]
+    flushed.clear()
+    (tmp_path / ".p.zarr.emfast-lock").write_text(json.dumps({"pid": 1, "creating": "pred"}))  # a killed run's
+    with OutputLock(tmp_path / "p.zarr") as lock:
+        assert lock.was_creating("pred") and flushed == [{"pid": os.getpid()}]

@@ -714,7 +714,7 @@ class OutputLock:
         # Only this run may act on a killed run's half-made dataset: the mark is consumed here, so a dataset that
         # appears under that name later (the user's own) is never taken for emfast's.
         self._creating_before = _read_state(fd).get("creating")
-        self._write({"pid": os.getpid()})
+        self._write({"pid": os.getpid()}, durable=self._creating_before is not None)
         return self
 
     def was_creating(self, dataset: str) -> bool:
@@ -729,13 +729,15 @@ class OutputLock:
         try:
             yield
         finally:
-            self._write({"pid": os.getpid()})
+            self._write({"pid": os.getpid()}, durable=True)
             self._creating_before = None
 
     def _write(self, state: dict, durable: bool = False) -> None:
-        """Replace the file's content; ``durable``: on disk before the dataset it names is (a machine that
-        crashes meanwhile still finds the mark). A pid needs no such care (a lock is released by its holder's
-        end, whatever the file says), and on network file systems each flush costs milliseconds."""
+        """Replace the file's content; ``durable``: flushed to disk, for a write that sets or clears a creation
+        mark (a machine that crashes after the dataset was made still finds the mark; one that crashes after
+        its record was written does not find a mark that would have the finished output made again). A lock
+        taken where no mark was needs no flush (it is released by its holder's end, whatever the file says),
+        and on network file systems each flush costs milliseconds."""
         data = json.dumps(state).encode()
         os.lseek(self._fd, 0, os.SEEK_SET)
         os.write(self._fd, data)
