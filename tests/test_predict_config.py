@@ -254,6 +254,11 @@ def test_a_factory_returning_no_network_is_the_users_error_at_the_model_key(fold
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith(f"emfast: error: {path}, line 2: predict.model: statedict:load(**model_args) returned ")
     assert "not a network" in error
+    (folder / "pair.py").write_text("def load(gain=1.0):\n    return ('unet', {str(k): [gain] * 9 for k in range(200)})\n")
+    _config(folder, PREDICT.replace("nets:load", "pair:load"))
+    assert main(["predict", str(path)]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]  # (model, checkpoint): shortened, not 42,000 characters
+    assert "returned a tuple ('unet', {'0': [2.0, 2.0," in error and len(error) < 400, error
 
 
 @pytest.mark.parametrize("old, new, key, words", [

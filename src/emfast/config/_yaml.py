@@ -233,9 +233,10 @@ class Reader:
 
 
 def describe_value(value) -> str:
-    kind = {dict: "a mapping", list: "a list", str: "the string", bool: "the boolean", type(None): "nothing (null)",
+    kind = {dict: "a mapping", list: "a list", tuple: "a tuple", str: "the string", bool: "the boolean", type(None): "nothing (null)",
             int: "the integer", float: "the number"}.get(type(value), type(value).__name__)
-    if isinstance(value, (dict, list)):
-        text = repr(value)
-        return f"{kind} {text if len(text) < 60 else text[:57] + '...'}"
-    return kind if value is None else f"{kind} {value!r}"
+    if value is None:
+        return kind
+    text = repr(value)  # shortened: a factory's (model, state dict) would fill a screen; a path stays whole
+    limit = 240 if isinstance(value, str) else 60
+    return f"{kind} {text if len(text) < limit else text[:limit - 3] + '...'}"
