@@ -57,8 +57,8 @@ def _v3_compressor(codecs, itemsize: int):
 
 
 def encoders() -> int:
-    """Threads one box's chunks are encoded on: half the usable cores (a prediction writes two boxes at once), at
-    least two."""
+    """Threads one box's chunks are encoded on where no pool is given (convert's tiles, a Dask worker's blocks): half
+    the usable cores, leaving the others to the reads and workers running meanwhile, at least two."""
     return max(2, cores() // 2)
 
 

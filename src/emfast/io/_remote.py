@@ -413,20 +413,15 @@ class _Remembered:
 
     def __init__(self) -> None:
         self._data: Optional[dict] = None
-        self._depth = 0  # opens within opens (an image's level opened by its path looks at the image)
         self._lock = threading.Lock()  # zarr-python reads on its event loop's thread
 
     def start(self) -> None:
         with self._lock:
-            self._depth += 1
-            if self._data is None:
-                self._data = {}
+            self._data = {}
 
     def stop(self) -> None:
         with self._lock:
-            self._depth -= 1
-            if not self._depth:
-                self._data = None
+            self._data = None
 
     def get(self, path: str):
         """(whether ``path`` was read, its bytes or None if the store has no such key)."""
