@@ -484,8 +484,8 @@ def _wait(future, deadline: Optional[float] = None):
         try:
             return future.result(timeout=wait_s)
         except concurrent.futures.TimeoutError:  # TimeoutError itself, which tensorstore's futures raise too
-            if future.done():  # it failed with a TimeoutError of its own: that is its result
-                raise
+            if future.done():  # ended as the slice did (or failed with a TimeoutError of its own): its outcome
+                return future.result(timeout=0)
             if closed is not None and closed():
                 future.cancel()
                 raise ReadAbandoned("the loader closed while a remote read was in flight") from None
