@@ -4,6 +4,7 @@ lazily and through a Loader, and compared voxel by voxel with the local read; th
 import multiprocessing
 import os
 import pickle
+import shutil
 import sys
 import threading
 import time
@@ -630,3 +631,31 @@ def test_a_read_ending_as_its_wait_slice_times_out_gives_its_outcome(outcome):
         else:
             with pytest.raises(TimeoutError, match="the read's own"):
                 _wait(EndsAsTheSliceTimesOut(), time.monotonic() + 60)
+
+
+def test_a_remote_input_replaced_while_predict_reads_it_ends_the_run_unfinished(tmp_path):
+    """A remote input was known by the metadata read when it was opened, and compared with itself at the end: a
+    store replaced while predict read it (other data type, other values) gave an output mixing both versions,
+    recorded complete. Its metadata is now read again before the output is recorded complete."""
+    from emfast.io import InputChangedError
+
+    def write(value, dtype):
+        shutil.rmtree(tmp_path / "in.zarr", ignore_errors=True)
+        zarr.create_array(str(tmp_path / "in.zarr"), shape=(16, 32, 32), chunks=(8, 16, 16), dtype=dtype,
+                          zarr_format=3)[...] = value
+
+    write(10, np.uint8)
+    calls = []
+
+    def model(batch):
+        calls.append(1)
+        if len(calls) == 1:
+            write(100, np.int8)
+        return batch
+
+    with http_server(tmp_path) as server:
+        with pytest.raises(InputChangedError, match=r"in.zarr.* changed while .*p.zarr/p was written from it \(its "
+                                                    r"array metadata zarr.json differs"):
+            ef.predict(model, f"{server.url}/in.zarr", str(tmp_path / "p.zarr/p"), patch_in=(8, 16, 16),
+                       blend="none", block=(8, 16, 16), chunks=(8, 16, 16), threads=1, batch_size=1)
+    assert zarr.open_array(str(tmp_path / "p.zarr/p")).attrs["emfast_predict"]["complete"] is False

@@ -75,10 +75,17 @@ class InputChangedError(OSError):
 def check_input_unchanged(stamp, started: Optional[dict], output: str, again: str) -> None:
     """Raise :class:`InputChangedError` if the input of ``stamp`` no longer has the fingerprint ``started`` (its
     ``data_only`` one) taken when the run that wrote ``output`` from it began (a chunk rewritten in place, a file
-    replaced; not its attributes rewritten): checked before the output is recorded complete, as a lazily read
-    input's change is seen only by its metadata while it is read. ``again`` says what to do (a resume is refused:
-    the input is another now)."""
+    replaced; not its attributes rewritten; a remote input: its array metadata read again): checked before the
+    output is recorded complete, as a lazily read input's change is seen only by its metadata while it is read.
+    ``again`` says what to do (a resume is refused: the input is another now)."""
     if stamp is None or started is None:
+        return
+    if isinstance(stamp, RemoteStamp):  # its stamp holds the metadata as opened: read again (one request)
+        now = stamp.store.get(stamp.marker) or b""
+        if _remote_fingerprint(stamp.marker, len(now), hashlib.sha256(now).hexdigest()) != started:
+            raise InputChangedError(f"{stamp.path}/{stamp.dataset} changed while {output} was written from it (its "
+                                    f"array metadata {stamp.marker} differs from when the run began): the output "
+                                    f"may mix both versions and is left unfinished; {again}")
         return
     if fingerprint(stamp, data_only=True) != started:
         raise InputChangedError(f"{stamp.path}/{stamp.dataset} changed while {output} was written from it (the "
@@ -208,7 +215,7 @@ def fingerprints(stamp) -> Tuple[Optional[dict], Optional[dict]]:
     if stamp is None:
         return None, None
     if isinstance(stamp, RemoteStamp):
-        remote = {"metadata": stamp.marker, "bytes": stamp.size, "digest": stamp.digest}
+        remote = _remote_fingerprint(stamp.marker, stamp.size, stamp.digest)
         return remote, remote
     if stamp.path.is_file():  # an HDF5 file, and the files its links and virtual datasets read
         entries = [_entry(stamp.path, stamp.path.parent)] + _now(stamp.data_files)
@@ -218,6 +225,10 @@ def fingerprints(stamp) -> Tuple[Optional[dict], Optional[dict]]:
                          for root, _, names in os.walk(folder, onerror=unlistable(_UNLISTED)) for name in names)
     data = [entry for entry in entries if Path(entry[0]).name not in ATTRIBUTE_FILES]
     return _digest_of(entries), _digest_of(data)
+
+
+def _remote_fingerprint(marker: str, size: int, digest: str) -> dict:
+    return {"metadata": marker, "bytes": size, "digest": digest}
 
 
 def _digest_of(entries) -> dict:
