@@ -718,6 +718,37 @@ def test_progress_counts_blocks_tiles_and_voxels(tmp_path, volume):
     assert seen[0].seconds_left is None
 
 
+def test_the_progress_clock_counts_the_call_that_learns_the_channels(tmp_path, volume):
+    """That call (the first tile) was counted in tiles but made before the clock started: the first report said
+    0.000 s and 522,739 tiles/s, and the time left was short by the call's time."""
+    def slow(batch):
+        time.sleep(0.2)
+        return crop(batch)
+
+    seen = []
+    ef.predict(slow, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT, chunks=(8, 16, 16),
+               block=(24, 48, 48), batch_size=64, progress=seen.append)
+    assert seen[0].tiles == 1 and seen[0].seconds >= 0.2
+
+
+def test_every_call_of_the_model_is_on_emfasts_threads(tmp_path, volume):
+    """The call that learns the channels ran on the calling thread, every other on emfast's model thread: a mode
+    that is per thread (torch's autocast and no_grad) set around predict reached the first tile alone, and its
+    values depended on whether channels= was given."""
+    mode = threading.local()
+    mode.scale = 2.0  # set around predict, on this thread only
+    threads = []
+
+    def by_mode(batch):
+        threads.append(threading.current_thread())
+        return crop(batch) * np.float32(getattr(mode, "scale", 1.0))
+
+    learned = _read(ef.predict(by_mode, volume, tmp_path / "p.zarr/learned", **SETTINGS).path)
+    given = _read(ef.predict(by_mode, volume, tmp_path / "p.zarr/given", channels=1, **SETTINGS).path)
+    assert threading.current_thread() not in threads
+    np.testing.assert_array_equal(learned, given)
+
+
 def test_a_progress_callback_written_for_0_2_still_gets_done_and_total_with_a_deprecation_warning(tmp_path, volume):
     seen = []
     with pytest.warns(DeprecationWarning, match=r"f\(done, total\) is deprecated"):

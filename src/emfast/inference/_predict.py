@@ -267,7 +267,9 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         buffer every call (a prediction that is not a view of its batch is copied at once), but Dask workers of
         several threads call one model from each at once: such a model needs workers of one thread. predict runs
         it in inference mode and never calls ``.eval()`` or ``.train()``: put a torch module in eval mode first,
-        or its BatchNorm and Dropout act as in training (and BatchNorm's statistics change).
+        or its BatchNorm and Dropout act as in training (and BatchNorm's statistics change). Every call is made on
+        a thread of emfast's (the device's, with ``device="cuda"``): torch's modes, which hold per thread, do not
+        reach it from around ``predict`` (``torch.autocast``, ``torch.no_grad``); set them inside the model.
     volume : Volume, numpy.ndarray or path
         The input; a path is opened lazily (any format :func:`emfast.open` reads).
     out : str or path-like
@@ -457,6 +459,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                 # at its first call), so a complete output is not computed again, nor is the model called at all
                 channels = int(existing["channels"])
             probed = None
+            computing = time.monotonic()  # the progress' clock: the probe's call is one of the tiles it counts
             if channels is None:
                 probed = _probe(predictor_for(plan), plan)
                 channels = probed[1].shape[0]
@@ -512,7 +515,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                     _check_room_for(todo, shape[0] * np.dtype(dtype).itemsize, container)
                 # the kept tiles serve every resume the output accepts: keyed by what its check compares
                 predictor.cache.open(compared_record(record, PROVENANCE, "input"), store.resumed)
-                tick = _ticker(bar or progress, predictor, blocks, todo)
+                tick = _ticker(bar or progress, predictor, blocks, todo, computing)
                 try:
                     if client is not None:
                         run_dask(client, predictor, store, todo, tick)
@@ -550,12 +553,21 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
 
 def _probe(predictor: BlockPredictor, plan: TilePlan):
     """(tile, prediction) of the plan's first tile, identity variant: the model's output channels, learned from
-    one call whose result the block of that tile then uses."""
+    one call whose result the block of that tile then uses. The call is made on a thread of emfast's, as every
+    other is (on a device, the device's): torch's modes are per thread, and one set around predict (autocast,
+    no_grad) reached this tile alone, whose values then depended on whether ``channels`` was given."""
     tile = tuple(int(s[0]) for s in plan.starts)
     corner = tuple(t - c for t, c in zip(tile, plan.context))
     region = np.empty((predictor.volume.channels,) + plan.patch_in, predictor.volume.dtype)
     predictor.volume.read_padded(corner, plan.patch_in, region, predictor.pad, predictor.fill)
-    return tile, predictor.predict_batch(region, corner, [(tile, IDENTITY)])[0]
+    if predictor.model.runner is not None:  # its launch runs the model on the device's thread
+        return tile, predictor.predict_batch(region, corner, [(tile, IDENTITY)])[0]
+    caller = ThreadPoolExecutor(1, thread_name_prefix="emfast-predict-model")
+    try:
+        return tile, caller.submit(predictor.predict_batch, region, corner, [(tile, IDENTITY)]).result()[0]
+    finally:
+        with ctrl_c_held():  # the call ends before predict goes on or raises
+            shutdown_pool(caller)
 
 
 def _warn_if_clipped(predictor: BlockPredictor, out) -> None:
@@ -611,15 +623,15 @@ def _check_room_for(blocks, bytes_per_voxel: int, container) -> None:
                      f"run again with {option('resume')} to continue")
 
 
-def _ticker(report, predictor: BlockPredictor, blocks, todo) -> Optional[Callable[[Block], None]]:
-    """A callback counting each finished block into ``report(PredictProgress)`` (None: no callback)."""
+def _ticker(report, predictor: BlockPredictor, blocks, todo, started: float) -> Optional[Callable[[Block], None]]:
+    """A callback counting each finished block into ``report(PredictProgress)`` (None: no callback); ``started``:
+    when the model was first called (``time.monotonic()``)."""
     if report is False or report is None:
         return None
     report = _accepting_state(report)
     voxels_total = sum(int(np.prod(b.shape)) for b in blocks)
     started_voxels = voxels_total - sum(int(np.prod(b.shape)) for b in todo)
     state = {"blocks": len(blocks) - len(todo), "voxels": started_voxels}
-    started = time.monotonic()
 
     def tick(block: Optional[Block] = None) -> None:
         if block is not None:
