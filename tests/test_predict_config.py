@@ -573,3 +573,18 @@ def test_an_output_where_the_input_is_is_refused_by_check_at_its_key(folder, cap
     path = _config(folder, text.replace("output: out.zarr/pred", f"output: {output}"))
     error = _check_and_predict_fail(path, capsys)
     assert f"line {_line_of(path.read_text(), 'output:')}: predict.output: " in error and words in error
+
+
+def test_a_torchscript_model_is_named_by_the_class_it_was_made_from():
+    """Every scripted or traced network's class is torch's own (torch.jit._script:RecursiveScriptModule): an error
+    it raised named no network of the user's."""
+    torch = pytest.importorskip("torch")
+    from emfast.inference._model import model_name
+
+    class Net(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    assert model_name(torch.jit.script(Net())) == "torch.jit:Net"
+    assert model_name(torch.jit.trace(Net(), torch.zeros(1, 1, 2, 2, 2))) == "torch.jit:Net"
+    assert model_name(Net()).endswith(":test_a_torchscript_model_is_named_by_the_class_it_was_made_from.<locals>.Net")

@@ -25,7 +25,11 @@ class ModelOutputError(ValueError):
 
 
 def model_name(model) -> str:
-    """``module:qualname`` of the model (its class for callable objects), recorded with its output."""
+    """``module:qualname`` of the model (its class for callable objects), recorded with its output; a TorchScript
+    module, whose class is torch's own for every network, by the class it was made from (``torch.jit:UNet``)."""
+    original = getattr(model, "original_name", None)
+    if isinstance(original, str) and type(model).__module__.startswith("torch.jit"):
+        return f"torch.jit:{original}"
     target = model if hasattr(model, "__qualname__") else type(model)
     return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(target))}"
 
