@@ -103,6 +103,19 @@ def test_chunks_never_written_read_as_fill_value(tmp_path, rng):
         check_boxes(volume, data, rng, 20)
 
 
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_a_dataset_no_chunk_of_which_was_written_reads_as_its_fill_value(tmp_path, rng, compression, capsys):
+    """An empty mask or an output not written yet: HDF5 2.0's read of a chunk of a dataset with no storage at all
+    raises MemoryError, which made emfast info, lazy reads and convert fail as bugs in emfast."""
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        f.create_dataset("data", shape=SHAPE, dtype=np.uint16, chunks=(4, 8, 16), fillvalue=7,
+                         compression=compression)
+    with ef.hdf5(tmp_path / "v.h5", "data", in_memory=False) as volume:
+        check_boxes(volume, np.full(SHAPE, 7, np.uint16), rng, 5)
+    from emfast.cli import main
+    assert main(["info", str(tmp_path / "v.h5")]) == 0 and "data: shape=" in capsys.readouterr().out
+
+
 def test_budget_is_never_exceeded_and_old_blocks_are_evicted(tmp_path, rng):
     data = random_volume(rng, SHAPE, np.uint8)
     write(tmp_path / "v.h5", data, "chunked")

@@ -412,6 +412,11 @@ class _DirectChunkReader:
                     filter_mask, raw = dataset.id.read_direct_chunk(offset)
             except (RuntimeError, OSError):  # never written (OSError once HDF5 read it itself): the fill value
                 return False
+            except MemoryError:  # what HDF5 2.0 raises for a dataset of which no chunk was ever written
+                with HDF5_LOCK:
+                    if dataset.id.get_storage_size() == 0:
+                        return False
+                raise
             if filter_mask:
                 return False
             chunk = self._decoded(raw, offset, name).reshape((-1,) + self._chunks[-3:])
