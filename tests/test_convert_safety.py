@@ -420,3 +420,15 @@ def test_a_source_rewritten_while_converted_leaves_the_output_unfinished(tmp_pat
         convert(str(tmp_path / "in.zarr/raw"), out, tile_bytes=4 * 64 * 64)
     convert(str(tmp_path / "in.zarr/raw"), out, tile_bytes=4 * 64 * 64, overwrite=True)
     np.testing.assert_array_equal(ef.open(out).array[0], 255 - data)
+
+
+@pytest.mark.parametrize("source", ["e.zarr", "e.h5/v"])
+def test_an_empty_source_is_refused_naming_it(tmp_path, capsys, source):
+    """A source with a zero-length axis (as zarr-python and h5py write one) failed with ZeroDivisionError, reported
+    as a bug in emfast; emfast.open says the same volume is empty."""
+    zarr.open_array(str(tmp_path / "e.zarr"), mode="w", shape=(0, 32, 32), chunks=(8, 16, 16), dtype="u1")
+    with h5py.File(tmp_path / "e.h5", "w") as f:
+        f.create_dataset("v", shape=(0, 32, 32), dtype="u1")
+    assert main(["convert", str(tmp_path / source), str(tmp_path / "out.zarr/v")]) == 2
+    assert capsys.readouterr().err.strip().endswith("volume is empty (shape (0, 32, 32)); there is nothing to convert")
+    assert not (tmp_path / "out.zarr").exists()

@@ -177,6 +177,9 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
         if finish is not None:  # a copy carries no record: its unwritten voxels would pass for data
             raise ConvertError(f"{source_path} is an emfast output not finished writing (its record says complete: "
                                f"false); a copy would hold what was not written as data: {finish} first")
+        if 0 in tuple(source.full_shape):  # a volume never is (see emfast.open); its tiles would be none
+            raise ConvertError(f"{source_path}: volume is empty (shape {tuple(source.full_shape)}); there is nothing "
+                               "to convert")
         try:
             check_output_location(container, dataset, kind, source.stamp, "source")
             factors = level_factors(source.full_shape[-3:], source.resolution, levels, str(destination))
