@@ -333,6 +333,24 @@ def test_info_lists_every_array_beside_one_it_cannot_read_and_prints_any_attribu
     assert "b_good: shape=(8, 8, 8)" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_info_of_a_zarr_store_lists_arrays_that_are_no_volume_beside_the_others(tmp_path, capsys, zarr_format):
+    """An empty, complex or string array ended `emfast info` of the store (exit 2, or 1 as a bug in emfast), the
+    volume beside it never shown; the HDF5 listing said why such a dataset is no volume and went on."""
+    zarr = pytest.importorskip("zarr")
+    root = zarr.open_group(str(tmp_path / "s.zarr"), mode="w", zarr_format=zarr_format)
+    root.create_array("a_empty", shape=(0, 4, 5), dtype="u1")
+    root.create_array("b_complex", shape=(3, 4, 5), dtype="c8")
+    root.create_array("c_raw", shape=(4, 5, 6), dtype="u1")[...] = 1
+    assert main(["info", str(tmp_path / "s.zarr")]) == 0
+    out = capsys.readouterr().out
+    assert "a_empty: shape=(0, 4, 5)" in out and "(not read as a volume: " in out and "volume is empty" in out
+    assert "b_complex: shape=(3, 4, 5) dtype=complex64" in out and "unsupported dtype complex64" in out
+    assert "c_raw: shape=(4, 5, 6) dtype=uint8" in out and "min=1 max=1" in out
+    assert main(["info", str(tmp_path / "s.zarr/b_complex")]) == 0  # named: listed with its reason too
+    assert "unsupported dtype complex64" in capsys.readouterr().out
+
+
 def h5py_file(path):
     import h5py
     return h5py.File(path, "w")

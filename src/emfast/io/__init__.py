@@ -26,7 +26,7 @@ from ._pyramid import DOWNSAMPLING
 from ._remote import ReadAbandoned, RemoteReadError, RemoteStore, abandoned_when, is_url
 from ._source import (CorruptChunkError, DatasetNotFoundError, LevelChoiceError, Stamp, StoreMetadataError,
                       VolumeSource, local_path)
-from ._volume import ASARRAY_LIMIT_BYTES, Volume, VolumeTooLargeError, as_volume
+from ._volume import ASARRAY_LIMIT_BYTES, UnsupportedDtypeError, Volume, VolumeTooLargeError, as_volume
 from ._zarr import ZarrSource, import_zarr, local_store, zarr_missing
 from ._writer import COMPRESSIONS, OutputWriter, check_compression, compared_record, parse_output, zarr_compressor
 
@@ -66,6 +66,7 @@ __all__ = [
     "abandoned_when",
     "VolumeSource",
     "VolumeStatistics",
+    "UnsupportedDtypeError",
     "VolumeTooLargeError",
     "ZarrSource",
     "add_ome_multiscales",

@@ -16,7 +16,7 @@ from ._n5 import N5Source, is_n5, list_n5_datasets
 from ._precomputed import PrecomputedSource, is_precomputed
 from ._remote import RemoteStore
 from ._source import DatasetNotFoundError, StoreMetadataError, read_regular_file, unlistable
-from ._volume import Volume
+from ._volume import UnsupportedDtypeError, Volume
 from ._zarr import (GROUP_MARKERS, ZarrSource, arrays_on_disk, import_zarr, local_store,
                     refuse_special_metadata)
 
@@ -36,9 +36,10 @@ def not_found(container, inner: str, members: Callable[[str], Optional[List[str]
 
 
 def _volumes(fmt, container: Path, names: List[str], named: Optional[str] = None) -> Iterator[Listed]:
-    """Each array of ``names`` opened lazily as a volume, described by its source; one whose metadata emfast
-    refuses is listed with the reason (it ended the listing of a group, the arrays after it never shown), unless
-    it is the array ``named`` itself (the path given names it): that is an error."""
+    """Each array of ``names`` opened lazily as a volume, described by its source; one that is no volume (metadata
+    emfast refuses, an empty shape, a dtype volumes do not hold) is listed with the reason, as the HDF5 listing
+    does (it ended the listing of a group, the arrays after it never shown), unless it is the array ``named``
+    itself (the path given names it) whose metadata is refused: that is an error."""
     for name in names:
         try:
             source = fmt.open(container, name, None, None)
@@ -47,7 +48,14 @@ def _volumes(fmt, container: Path, names: List[str], named: Optional[str] = None
                 raise
             yield Listed(name, f"not read as a volume: {error}", {}, None)
             continue
-        yield Listed(name, source.describe(), source.attributes(), Volume.open(source, in_memory=False))
+        try:
+            volume = Volume.open(source, in_memory=False)
+        except (UnsupportedDtypeError, ValueError) as error:  # empty, or complex, strings...
+            listed = Listed(name, f"{source.describe()} (not read as a volume: {error})", source.attributes(), None)
+            source.close()
+            yield listed
+            continue
+        yield Listed(name, source.describe(), source.attributes(), volume)
 
 
 @register("format")

@@ -29,6 +29,10 @@ SLAB_BYTES = 32 << 20
 ASARRAY_LIMIT_BYTES = 1 << 30
 
 
+class UnsupportedDtypeError(TypeError):
+    """A stored array's dtype is none a volume holds (complex, strings, records): the user's data, not a bug."""
+
+
 class VolumeTooLargeError(ValueError, MemoryError):
     """A volume opened in memory needs more memory than is available; it is refused before any is allocated."""
 
@@ -69,8 +73,8 @@ def _checked_dtype(data, name: str) -> np.dtype:
     if dtype == np.dtype(bool):
         return np.dtype(np.uint8)  # a mask: bool is one byte of 0 or 1, read as uint8 without a copy
     if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name}: unsupported dtype {data.dtype}; supported: "
-                        f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
+        raise UnsupportedDtypeError(f"{name}: unsupported dtype {data.dtype}; supported: "
+                                    f"{', '.join(str(d) for d in SUPPORTED_DTYPES)}")
     if 0 in data.shape:
         raise ValueError(f"{name}: volume is empty (shape {tuple(data.shape)})")
     return dtype
