@@ -326,6 +326,22 @@ def test_a_pyramid_into_another_programs_image_is_refused_untouched(tmp_path):
         assert tree_digest(tmp_path / "img.zarr") == before
 
 
+def test_a_pyramid_into_another_programs_group_of_datasets_is_refused_untouched(tmp_path):
+    """A group another program made, holding its own arrays, got emfast's levels beside them and OME metadata over
+    its attributes (the same group listing an image was refused). A resumed pyramid's group holds levels alone."""
+    zarr = needs("zarr")
+    group = zarr.open_group(str(tmp_path / "f.zarr"), mode="w", path="grp")
+    group.attrs["mine"] = 1
+    group.create_array("their_labels", shape=(8, 32, 32), dtype=np.uint8)[...] = 7
+    before = tree_digest(tmp_path / "f.zarr")
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("raw", data=np.zeros((8, 32, 32), np.uint8))
+    for overwrite in (False, True):
+        with pytest.raises(ConvertError, match=r"f.zarr/grp is a group holding other datasets \(their_labels\)"):
+            convert(str(tmp_path / "in.h5/raw"), tmp_path / "f.zarr/grp", levels=2, overwrite=overwrite)
+        assert tree_digest(tmp_path / "f.zarr") == before
+
+
 @pytest.mark.parametrize("damage", ["image a string", "transforms a dict", "scale with null"])
 def test_a_level_by_its_path_under_malformed_multiscales_opens_with_its_own_attributes(tmp_path, damage):
     zarr = needs("zarr")

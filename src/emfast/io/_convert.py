@@ -267,6 +267,11 @@ def _write_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_for
     if any(not LEVEL_NAME.fullmatch(path) for path in listed):
         raise ConvertError(f"{container}/{dataset} is an OME-NGFF image of other datasets ({', '.join(listed)}): "
                            "emfast writes a pyramid into a new group or one of its own; choose another output")
+    others = sorted(entry.name for entry in (node.iterdir() if node.is_dir() else ())
+                    if entry.is_dir() and not entry.name.startswith(".") and not LEVEL_NAME.fullmatch(entry.name))
+    if not listed and others:  # another program's group: its image metadata would be written over its own
+        raise ConvertError(f"{container}/{dataset} is a group holding other datasets ({', '.join(others)}): emfast "
+                           "writes a pyramid into a new group or one of its own; choose another output")
     stale = [path for path in listed if int(path[1:]) > len(factors)]  # levels of the image this one replaces
     if overwrite:  # every level to replace or remove emfast's own, before anything is written
         _remove_levels(container, dataset, [f"s{level}" for level in range(len(factors) + 1)] + stale, lock,
