@@ -180,6 +180,22 @@ def test_a_lazy_volume_opened_by_a_relative_path_unpickles_in_another_folder(tmp
     assert pickle.loads(tiles).folder == tmp_path / ".out.zarr+p.emfast-tiles"
 
 
+@pytest.mark.parametrize("name", ["s.zarr/raw", "s.n5/raw", "s.h5/raw"])
+def test_a_lazy_volume_opened_by_a_relative_path_reads_its_data_after_a_chdir(tmp_path, raw, monkeypatch, name):
+    """A zarr or N5 volume read its chunks by the relative path it was opened with: after os.chdir every chunk was
+    missing, read as the fill value, and a loader or predict delivered zeros without a word."""
+    import z5py
+    write_zarr(tmp_path / "s.zarr", "raw", raw)
+    with h5py.File(tmp_path / "s.h5", "w") as f:
+        f.create_dataset("raw", data=raw, chunks=CHUNKS)
+    z5py.File(str(tmp_path / "s.n5"), mode="a").create_dataset("raw", data=raw, chunks=CHUNKS)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with ef.open(name, in_memory=False) as volume:
+        monkeypatch.chdir(tmp_path / "elsewhere")
+        np.testing.assert_array_equal(np.asarray(volume)[0], raw)
+
+
 def test_gunpowder_attributes_align_labels_without_arguments(tmp_path, rng, raw):
     """gunpowder/funlib write resolution and offset (world units, z, y, x); labels covering part of raw line up."""
     labels = rng.integers(1, 9, (10, 20, 16), dtype=np.uint64)

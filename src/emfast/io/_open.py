@@ -87,6 +87,8 @@ def open_source(path: Union[str, os.PathLike], dataset: Optional[str] = None, *,
         raise ValueError(f"{path}: storage_options apply to remote stores (s3://, gs://, http(s)://), not to a "
                          "local path")
     container, inner, kind = split_url(path, dataset) if remote else split_path(path, dataset)
+    if not remote:  # read lazily after the working folder changed, a relative path found no chunk: all fill value
+        container = container.absolute()
     if format is not None:
         kind = format_named(format).name
     where = RemoteStore(container, storage_options) if remote else container
