@@ -574,3 +574,25 @@ def test_a_paintera_label_multiset_dataset_is_refused_by_name(tmp_path, capsys):
     assert main(["info", str(root)]) == 0
     listing = capsys.readouterr().out
     assert "not read as a volume" in listing and "label-multiset" in listing and "volumes/raw: " in listing
+
+
+def test_objects_in_hand_get_advice_that_leads_somewhere(tmp_path, raw):
+    """Open objects passed where a path goes: the hints dropped the dataset given with an open h5py.File (the
+    command suggested failed), sent predict's out= to the input's APIs without naming out, and sent convert's
+    source to Volume.from_array, which convert refuses too."""
+    zarr = pytest.importorskip("zarr")
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f.create_dataset("vol/raw", data=raw)
+    with h5py.File(tmp_path / "a.h5", "r") as file:
+        for opener in (ef.hdf5, ef.open):
+            with pytest.raises(TypeError, match=re.escape(f"pass emfast.open({str(tmp_path / 'a.h5')!r}, 'vol/raw')")):
+                opener(file, "vol/raw")
+        for out in (file["vol/raw"], zarr.open_array(str(tmp_path / "o.zarr"), mode="w", shape=(1, 2, 2, 2))):
+            with pytest.raises(TypeError, match=r"^out must be the path of the output, a dataset in a \.zarr or \.h5 "
+                                                r"container \(e\.g\. pred\.zarr/p\), got a "):
+                ef.predict(lambda batch: batch, raw, out, patch_in=(4, 8, 8))
+    for source in (raw, ef.Volume.from_array(raw)):
+        with pytest.raises(ef.io.ConvertError, match=r"^source_path must be the path of a file or store .* write an "
+                                                     r"array in memory with zarr-python or h5py"):
+            ef.io.convert(source, tmp_path / "c.zarr/raw")
+    assert not (tmp_path / "c.zarr").exists()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import signal
 import threading
@@ -171,6 +172,10 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
         raise ConvertError(f"downsampling must be one of {', '.join(DOWNSAMPLING)}, got {downsampling!r}")
     if kind == "zarr":  # an existing store keeps its format: a root of the other one would hide its arrays
         zarr_format = zarr_store_format(container) or zarr_format
+    if not isinstance(source_path, (str, os.PathLike)):  # an array: Volume.from_array's hint would lead nowhere
+        raise ConvertError(f"source_path must be the path of a file or store (any form emfast.open takes), got a "
+                           f"{type(source_path).__module__}.{type(source_path).__name__}: convert copies stored "
+                           "volumes; write an array in memory with zarr-python or h5py")
     source = open_source(source_path, level=level, resolution=resolution, storage_options=storage_options)
     try:
         finish = unfinished(source.attributes())

@@ -110,7 +110,7 @@ class Hdf5Source(VolumeSource):
     ``units`` (see :mod:`emfast.io._geometry`; axes named in another order are refused)."""
 
     def __init__(self, path: Union[str, os.PathLike], dataset: str) -> None:
-        path = local_path(path)
+        path = local_path(path, dataset)
         self.name = f"{path}:{dataset}"
         file = open_hdf5(path)
         try:

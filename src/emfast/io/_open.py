@@ -19,7 +19,7 @@ def split_path(path: Union[str, os.PathLike], dataset: Optional[str] = None) -> 
     """(container, dataset inside it, format or None) of ``path``, which may name the dataset after the container
     (``sample.zarr/volumes/raw``, or after a file without a known suffix), with ``dataset`` appended. ``~`` is the
     home folder and a ``file://`` URL its local path, as configs, shells, cloud-volume and tensorstore read them."""
-    path = local_path(path)
+    path = local_path(path, dataset)
     parts = path.parts
     for i, part in enumerate(parts):
         kind = format_of_suffix(part)

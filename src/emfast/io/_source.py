@@ -114,12 +114,14 @@ def _kind(mode: int) -> str:
     return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
 
 
-def local_path(path: Union[str, os.PathLike]) -> Path:
+def local_path(path: Union[str, os.PathLike], dataset: Optional[str] = None) -> Path:
     """``path`` with ``~`` expanded; a ``file://`` URL as its local path (percent-escapes decoded; ValueError for
     one with an unescaped '#' or '?'). TypeError for an object that is no path (an open dataset or array), saying
-    what to pass instead."""
+    what to pass instead (an open HDF5 file given with ``dataset``: that dataset of its file)."""
     if not isinstance(path, (str, os.PathLike)):
         file, name = getattr(getattr(path, "file", None), "filename", None), getattr(path, "name", None)
+        if name == "/" and dataset:  # an open h5py.File, and the dataset inside it
+            name = dataset
         hint = (f"emfast.open({file!r}, {name!r})" if isinstance(file, str) and isinstance(name, str) else
                 "the path of its file or store (and its dataset), or an array in memory to "
                 "emfast.Volume.from_array")

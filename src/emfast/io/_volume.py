@@ -519,5 +519,5 @@ def as_volume(source, name: str) -> Volume:
         return source
     if isinstance(source, np.ndarray):
         return Volume.from_array(source, name=name)
-    raise TypeError(f"{name} must be an emfast Volume (emfast.hdf5(...)) or a NumPy array, "
-                    f"got {type(source).__name__}")
+    raise TypeError(f"{name} must be an emfast Volume (emfast.open(path), for any file or store) or a NumPy array, "
+                    f"got {type(source).__module__}.{type(source).__name__}")

@@ -54,6 +54,10 @@ def parse_output(out, name: str = "out", companions: Sequence[str] = ()) -> Tupl
     than a file system takes (its lock file beside the container; a zarr dataset's names, and its name with each
     of ``companions``' suffixes, such as predict's ``.blocks``): the lock's "File name too long" asked to move
     away a link that did not exist, and a dataset's companion failed once the output was made."""
+    if not isinstance(out, (str, os.PathLike)):  # an open array: the hints for an input's would mislead
+        raise TypeError(f"{name} must be the path of the output, a dataset in a .zarr or .h5 container (e.g. "
+                        f"pred.zarr/p), got a {type(out).__module__}.{type(out).__name__}: emfast creates the "
+                        "output itself")
     if is_url(out):  # split as a path, "s3://b/o.zarr/x" was the local folder "s3:"
         raise ValueError(f"{name}={out} is a URL: emfast writes outputs to local (or mounted) paths and reads remote "
                          "stores only; write it locally, e.g. out.zarr/raw, then upload it")
