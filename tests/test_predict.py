@@ -731,6 +731,24 @@ def test_the_progress_clock_counts_the_call_that_learns_the_channels(tmp_path, v
     assert seen[0].tiles == 1 and seen[0].seconds >= 0.2
 
 
+def test_the_progress_clock_leaves_out_the_outputs_preparation(tmp_path, volume, monkeypatch):
+    """Started before the probe, the clock counted what follows it too (an earlier output removed, a stored
+    input's files listed): rates understated, time left overstated (a reviewer's case)."""
+    from emfast.inference._store import OutputStore
+
+    prepare = OutputStore.prepare.__func__
+
+    def slow_prepare(cls, *args, **kwargs):
+        time.sleep(1.0)
+        return prepare(cls, *args, **kwargs)
+
+    monkeypatch.setattr(OutputStore, "prepare", classmethod(slow_prepare))
+    seen = []
+    ef.predict(crop, volume, tmp_path / "p.zarr/pred", patch_in=PATCH_IN, patch_out=PATCH_OUT, chunks=(8, 16, 16),
+               block=(24, 48, 48), channels=1, progress=seen.append)
+    assert seen[0].tiles == 0 and seen[0].seconds < 1.0
+
+
 def test_every_call_of_the_model_is_on_emfasts_threads(tmp_path, volume):
     """The call that learns the channels ran on the calling thread, every other on emfast's model thread: a mode
     that is per thread (torch's autocast and no_grad) set around predict reached the first tile alone, and its
@@ -1068,6 +1086,15 @@ def test_nan_in_a_float_input_is_named_as_a_source_of_nan_in_the_output(tmp_path
     with pytest.warns(NonFiniteWarning) as elsewhere:  # the input's NaN at z 10, the roi's tiles read z 0..8
         ef.predict(makes_nan, raw, tmp_path / "p.zarr/roi", roi=((0, 0, 0), (8, 16, 16)), **settings)
     assert str(elsewhere[0].message).endswith("NaN or infinite: the model returned them; they were written as they are")
+    with pytest.warns(NonFiniteWarning) as beyond:  # a roi smaller than the tile: its tile reads z 0..12, past it
+        ef.predict(makes_nan, raw, tmp_path / "p.zarr/small", roi=((0, 0, 0), (4, 16, 16)),
+                   **dict(settings, patch_in=(12, 16, 16)))
+    assert "first at (c, z, y, x) = (0, 10, 30, 7)" not in str(beyond[0].message)  # y 30 is past the tile's 16
+    with pytest.warns(NonFiniteWarning) as reached:
+        ef.predict(makes_nan, raw, tmp_path / "p.zarr/reached", roi=((0, 24, 0), (4, 32, 16)),
+                   **dict(settings, patch_in=(12, 8, 16)))
+    assert str(reached[0].message).endswith("holds NaN or infinity, first at (c, z, y, x) = (0, 10, 30, 7); they "
+                                            "were written as they are")
 
 
 def test_resuming_with_an_array_input_that_changed_is_refused(tmp_path, volume):

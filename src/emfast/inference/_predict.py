@@ -113,7 +113,8 @@ class PredictProgress:
     tiles : int
         Tiles (times test-time variants) the model computed in this call.
     seconds : float
-        Time since this call started computing.
+        Time this call has computed: since it started its first block, plus the one call of the model that
+        learned its output channels, if it made one.
     """
 
     blocks: int
@@ -458,10 +459,11 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                 # resumed: the record says what the model gave (a model that now gives other channels is refused
                 # at its first call), so a complete output is not computed again, nor is the model called at all
                 channels = int(existing["channels"])
-            probed = None
-            computing = time.monotonic()  # the progress' clock: the probe's call is one of the tiles it counts
+            probed, probing = None, 0.0
             if channels is None:
+                probing = time.monotonic()
                 probed = _probe(predictor_for(plan), plan)
+                probing = time.monotonic() - probing  # the progress counts its call among the tiles, and its time
                 channels = probed[1].shape[0]
             pinned = 0 if caller.runner is None else \
                 caller.runner.host_bytes(batch_size * channels * int(np.prod(plan.patch_out)))
@@ -515,7 +517,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
                     _check_room_for(todo, shape[0] * np.dtype(dtype).itemsize, container)
                 # the kept tiles serve every resume the output accepts: keyed by what its check compares
                 predictor.cache.open(compared_record(record, PROVENANCE, "input"), store.resumed)
-                tick = _ticker(bar or progress, predictor, blocks, todo, computing)
+                tick = _ticker(bar or progress, predictor, blocks, todo, probing)
                 try:
                     if client is not None:
                         run_dask(client, predictor, store, todo, tick)
@@ -566,8 +568,7 @@ def _probe(predictor: BlockPredictor, plan: TilePlan):
     try:
         return tile, caller.submit(predictor.predict_batch, region, corner, [(tile, IDENTITY)]).result()[0]
     finally:
-        with ctrl_c_held():  # the call ends before predict goes on or raises
-            shutdown_pool(caller)
+        shutdown_pool(caller)  # the call ends before predict goes on or raises (Ctrl-C held meanwhile)
 
 
 def _warn_if_clipped(predictor: BlockPredictor, out) -> None:
@@ -601,10 +602,12 @@ def _warn_if_not_finite(predictor: BlockPredictor, volume: Volume, out) -> None:
 
 
 def _first_non_finite(array: np.ndarray, plan: TilePlan) -> Optional[Tuple[int, ...]]:
-    """The first (c, z, y, x) holding NaN or infinity in the part of ``array`` that the plan's tiles read (its roi
-    and the context around it), a few sections at a time; None if there is none."""
-    low = [max(0, r - c) for r, c in zip(plan.roi[0], plan.context)]
-    high = [min(s, r + c) for s, r, c in zip(array.shape[1:], plan.roi[1], plan.context)]
+    """The first (c, z, y, x) holding NaN or infinity in the part of ``array`` that the plan's tiles read (from
+    the first tile's input to the last's: a tile may reach past the roi and its context, where the roi is
+    smaller than it), a few sections at a time; None if there is none."""
+    low = [max(0, int(starts[0]) - c) for starts, c in zip(plan.starts, plan.context)]
+    high = [min(s, int(starts[-1]) + p - c) for s, starts, p, c in zip(array.shape[1:], plan.starts,
+                                                                         plan.patch_in, plan.context)]
     step = max(1, NON_FINITE_SLAB_BYTES // max(1, array[:, :1, low[1]:high[1], low[2]:high[2]].nbytes))
     for z in range(low[0], high[0], step):
         slab = array[:, z:min(z + step, high[0]), low[1]:high[1], low[2]:high[2]]
@@ -623,15 +626,16 @@ def _check_room_for(blocks, bytes_per_voxel: int, container) -> None:
                      f"run again with {option('resume')} to continue")
 
 
-def _ticker(report, predictor: BlockPredictor, blocks, todo, started: float) -> Optional[Callable[[Block], None]]:
-    """A callback counting each finished block into ``report(PredictProgress)`` (None: no callback); ``started``:
-    when the model was first called (``time.monotonic()``)."""
+def _ticker(report, predictor: BlockPredictor, blocks, todo, probing: float) -> Optional[Callable[[Block], None]]:
+    """A callback counting each finished block into ``report(PredictProgress)`` (None: no callback); ``probing``:
+    the seconds of the call that learned the channels, counted as if just before the blocks."""
     if report is False or report is None:
         return None
     report = _accepting_state(report)
     voxels_total = sum(int(np.prod(b.shape)) for b in blocks)
     started_voxels = voxels_total - sum(int(np.prod(b.shape)) for b in todo)
     state = {"blocks": len(blocks) - len(todo), "voxels": started_voxels}
+    started = time.monotonic() - probing
 
     def tick(block: Optional[Block] = None) -> None:
         if block is not None:
