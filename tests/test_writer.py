@@ -164,10 +164,12 @@ def test_a_new_outputs_record_is_made_once_the_earlier_output_is_removed(tmp_pat
     assert zarr.open_array(str(tmp_path / "p.zarr"), path="pred").attrs["emfast_predict"]["settings"] == 1
 
 
-def test_the_lock_file_is_flushed_to_disk_only_where_a_creation_mark_is_set_or_cleared(tmp_path, monkeypatch):
-    """The mark of a dataset being created must reach the disk before the dataset, and its clearing before the
-    run goes on (a machine crash would otherwise leave a mark that has a finished output made again); the pid of
-    a lock taken where no mark was need not (each flush costs milliseconds on a network file system)."""
+def test_the_lock_file_is_flushed_to_disk_only_for_the_creation_mark(tmp_path, monkeypatch):
+    """The mark of a dataset being created must reach the disk before the dataset (a machine crash between them
+    would leave a half-made dataset no run may replace). Its clearing is not flushed: the record it stands for
+    is not either, and a cleared mark beside a lost record would be that same dataset (a reviewer's case); a mark
+    that outlives a crash only has the output made again. A pid needs no flush (milliseconds each on a network
+    file system)."""
     import os
 
     from emfast.io import OutputLock
@@ -179,8 +181,7 @@ def test_the_lock_file_is_flushed_to_disk_only_where_a_creation_mark_is_set_or_c
         assert flushed == []
         with lock.creating("pred"):
             assert flushed == [{"pid": os.getpid(), "creating": "pred"}]
-        assert flushed[1:] == [{"pid": os.getpid()}]
-    flushed.clear()
+    assert len(flushed) == 1
     (tmp_path / ".p.zarr.emfast-lock").write_text(json.dumps({"pid": 1, "creating": "pred"}))  # a killed run's
     with OutputLock(tmp_path / "p.zarr") as lock:
-        assert lock.was_creating("pred") and flushed == [{"pid": os.getpid()}]
+        assert lock.was_creating("pred") and len(flushed) == 1

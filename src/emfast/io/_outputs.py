@@ -81,8 +81,8 @@ def check_input_unchanged(stamp, started: Optional[dict], output: str, again: st
     if stamp is None or started is None:
         return
     if isinstance(stamp, RemoteStamp):  # its stamp holds the metadata as opened: read again (one request)
-        now = stamp.store.get(stamp.marker) or b""
-        if _remote_fingerprint(stamp.marker, len(now), hashlib.sha256(now).hexdigest()) != started:
+        now = stamp.store.stamp(stamp.dataset, stamp.marker)
+        if _remote_fingerprint(now.marker, now.size, now.digest) != started:
             raise InputChangedError(f"{stamp.path}/{stamp.dataset} changed while {output} was written from it (its "
                                     f"array metadata {stamp.marker} differs from when the run began): the output "
                                     f"may mix both versions and is left unfinished; {again}")
@@ -725,7 +725,7 @@ class OutputLock:
         # Only this run may act on a killed run's half-made dataset: the mark is consumed here, so a dataset that
         # appears under that name later (the user's own) is never taken for emfast's.
         self._creating_before = _read_state(fd).get("creating")
-        self._write({"pid": os.getpid()}, durable=self._creating_before is not None)
+        self._write({"pid": os.getpid()})
         return self
 
     def was_creating(self, dataset: str) -> bool:
@@ -740,15 +740,17 @@ class OutputLock:
         try:
             yield
         finally:
-            self._write({"pid": os.getpid()}, durable=True)
+            self._write({"pid": os.getpid()})
             self._creating_before = None
 
     def _write(self, state: dict, durable: bool = False) -> None:
-        """Replace the file's content; ``durable``: flushed to disk, for a write that sets or clears a creation
-        mark (a machine that crashes after the dataset was made still finds the mark; one that crashes after
-        its record was written does not find a mark that would have the finished output made again). A lock
-        taken where no mark was needs no flush (it is released by its holder's end, whatever the file says),
-        and on network file systems each flush costs milliseconds."""
+        """Replace the file's content; ``durable``: flushed to disk, for the mark of a dataset being created (a
+        machine that crashes after the dataset was made still finds the mark, and the next run replaces what it
+        left). The mark's clearing is not flushed: emfast does not flush the dataset's record either, and a
+        cleared mark on disk beside a record that is not would leave a dataset no run may replace; a mark that
+        outlives a crash costs its output made again, nothing else. A pid needs no flush (a lock is released
+        by its holder's end, whatever the file says), and on network file systems each flush costs
+        milliseconds."""
         data = json.dumps(state).encode()
         os.lseek(self._fd, 0, os.SEEK_SET)
         os.write(self._fd, data)
