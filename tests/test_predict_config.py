@@ -586,5 +586,11 @@ def test_a_torchscript_model_is_named_by_the_class_it_was_made_from():
             return x * 2
 
     assert model_name(torch.jit.script(Net())) == "torch.jit:Net"
+    assert model_name(torch.jit.script(double)) == "torch.jit:double"
     assert model_name(torch.jit.trace(Net(), torch.zeros(1, 1, 2, 2, 2))) == "torch.jit:Net"
     assert model_name(Net()).endswith(":test_a_torchscript_model_is_named_by_the_class_it_was_made_from.<locals>.Net")
+
+
+def double(x):
+    """A network written as a function, scripted in the test above (TorchScript reads its source)."""
+    return x * 2

@@ -237,6 +237,6 @@ def describe_value(value) -> str:
             int: "the integer", float: "the number"}.get(type(value), type(value).__name__)
     if value is None:
         return kind
-    text = repr(value)  # shortened: a factory's (model, state dict) would fill a screen; a path stays whole
+    text = repr(value)  # shortened: a factory's (model, state dict) would fill a screen; most paths stay whole
     limit = 240 if isinstance(value, str) else 60
     return f"{kind} {text if len(text) < limit else text[:limit - 3] + '...'}"

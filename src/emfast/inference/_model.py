@@ -24,12 +24,17 @@ class ModelOutputError(ValueError):
     """The model returned something of the wrong type, shape or dtype."""
 
 
+#: The classes torch gives every scripted or traced network and function.
+TORCHSCRIPT_TYPES = ("RecursiveScriptModule", "TopLevelTracedModule", "ScriptFunction")
+
+
 def model_name(model) -> str:
     """``module:qualname`` of the model (its class for callable objects), recorded with its output; a TorchScript
     module, whose class is torch's own for every network, by the class it was made from (``torch.jit:UNet``)."""
-    original = getattr(model, "original_name", None)
-    if isinstance(original, str) and type(model).__module__.startswith("torch.jit"):
-        return f"torch.jit:{original}"
+    if type(model).__module__.startswith("torch"):  # a scripted module keeps its class's name, a function its own
+        original = getattr(model, "original_name", None) or getattr(model, "name", None)
+        if isinstance(original, str) and type(model).__name__ in TORCHSCRIPT_TYPES:
+            return f"torch.jit:{original}"
     target = model if hasattr(model, "__qualname__") else type(model)
     return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(target))}"
 

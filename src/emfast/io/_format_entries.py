@@ -48,14 +48,13 @@ def _volumes(fmt, container: Path, names: List[str], named: Optional[str] = None
                 raise
             yield Listed(name, f"not read as a volume: {error}", {}, None)
             continue
+        summary, attributes = source.describe(), source.attributes()
         try:
-            volume = Volume.open(source, in_memory=False)
+            volume = Volume.open(source, in_memory=False)  # closes the source if it fails
         except (UnsupportedDtypeError, ValueError) as error:  # empty, or complex, strings...
-            listed = Listed(name, f"{source.describe()} (not read as a volume: {error})", source.attributes(), None)
-            source.close()
-            yield listed
+            yield Listed(name, f"{summary} (not read as a volume: {error})", attributes, None)
             continue
-        yield Listed(name, source.describe(), source.attributes(), volume)
+        yield Listed(name, summary, attributes, volume)
 
 
 @register("format")
