@@ -109,6 +109,8 @@ def cache_directory(cache_dir: str | os.PathLike[str] | None) -> Path:
     """Where emfast caches what it derives (the demo volume, statistics): ``cache_dir``, else ``$EMFAST_CACHE_DIR``,
     else ``$XDG_CACHE_HOME/emfast``, else ``~/.cache/emfast``."""
     if cache_dir is not None:
+        if not os.fspath(cache_dir):  # "" is the working folder to Path: the volume landed there unasked
+            raise ValueError("cache_dir (--cache-dir) is empty: give a folder, or leave it out for the default")
         return Path(cache_dir).expanduser()
     env = os.environ.get("EMFAST_CACHE_DIR")
     if env:

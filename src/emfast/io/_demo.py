@@ -37,6 +37,7 @@ import numpy as np
 
 from .._machine import cache_directory
 from ._demo_cells import voronoi_cells
+from ._outputs import check_free_space
 from ._demo_image import render_raw
 
 __all__ = [
@@ -182,11 +183,16 @@ def demo_volume_path(
     except OSError as err:
         raise OSError(
             f"cannot write the emfast demo volume to cache directory "
-            f"'{directory}' ({err.strerror or err}); set EMFAST_CACHE_DIR to a "
-            f"writable directory"
+            f"'{directory}' ({err.strerror or err}); "
+            + ("give cache_dir (--cache-dir) a writable directory" if cache_dir is not None
+               else "set EMFAST_CACHE_DIR to a writable directory")
         ) from err
 
     try:
+        # Checked first: HDF5 cannot recover from a full disk (h5py then crashes the process, exit 139). Raw is
+        # stored as it is, the labels compressed about 50 times: a byte per voxel covers them.
+        check_free_space(path, 2 * math.prod(shape), f"the built-in volume {shape}",
+                         "run again, or cache it elsewhere (--cache-dir, or $EMFAST_CACHE_DIR)")
         raw, labels = make_em_volume(shape, seed)
         _write_demo_file(tmp, raw, labels, seed)
         os.replace(tmp, path)
