@@ -1,7 +1,9 @@
 """The emfast command line."""
 import json
+import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +85,27 @@ def test_module_entry_point():
     result = subprocess.run([sys.executable, "-m", "emfast", "--version"], capture_output=True, text=True,
                             check=True)
     assert result.stdout.startswith("emfast ")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_standard_streams_on_a_full_device_lose_text_not_work(small_h5, tmp_path):
+    """Standard error on a full device stopped a conversion at its first progress line (exit 1, the output left
+    unfinished); standard output on one said "No space left on device" as if the output's disk were full."""
+    def emfast(*args, **streams):
+        return subprocess.run([sys.executable, "-m", "emfast", *args], timeout=120, **streams)
+
+    path = small_h5[0]
+    with open("/dev/full", "w") as full:
+        assert emfast("convert", f"{path}/volumes/raw", str(tmp_path / "c.zarr/raw"), stderr=full,
+                      stdout=subprocess.DEVNULL).returncode == 0
+        assert emfast("info", str(tmp_path / "nope.h5"), stderr=full).returncode == 2
+        stdout_full = emfast("info", str(path), stdout=full, stderr=subprocess.PIPE, text=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an unfinished output warns when opened
+        np.testing.assert_array_equal(ef.open(str(tmp_path / "c.zarr/raw")).array[0], small_h5[1])
+    assert stdout_full.returncode == 2 and stdout_full.stderr.strip().splitlines()[-1] == (
+        "emfast: error: [Errno 28] cannot write to standard output (No space left on device): what emfast printed "
+        "there is lost")
 
 
 def test_demo_checks_its_options_before_building_the_volume(tmp_path, capsys):

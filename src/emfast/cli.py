@@ -415,6 +415,56 @@ def user_error(error: BaseException) -> bool:
     return type(error).__module__.startswith("emfast.")
 
 
+class StandardOutputError(OSError):
+    """Standard output could not be written (a full device, a file system gone): what emfast printed is lost."""
+
+
+class _Diagnostics:
+    """Standard error as a command's diagnostics need it: a write that fails (``2>/dev/full``, a terminal gone)
+    loses the text, never the work. Everything else is the stream's."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except (OSError, ValueError):  # ValueError: the stream was closed under it
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+class _Output(_Diagnostics):
+    """Standard output, whose failure is said as such: a full device's ENOSPC read as if the output's disk were
+    full. A reader gone (BrokenPipeError) is left to :func:`main`."""
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as error:
+            raise StandardOutputError(error.errno, f"cannot write to standard output ({error.strerror}): what "
+                                                   "emfast printed there is lost") from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as error:
+            raise StandardOutputError(error.errno, f"cannot write to standard output ({error.strerror}): what "
+                                                   "emfast printed there is lost") from None
+
+
 def _fill_closed_standard_streams() -> None:
     """Give a closed standard input, output or error (``2>&-``) /dev/null, and standard output or error opened
     only to read (what a closed one is once the shell or a launcher opened a file there): the first diagnostic
@@ -466,6 +516,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     (SIGTERM, as Slurm, ``timeout`` and ``docker stop`` send: the same clean-up as Ctrl-C, a resumable output), 141
     the reader of its output went away (``emfast info ... | head``: quietly, as a command killed by SIGPIPE)."""
     _fill_closed_standard_streams()
+    if argv is None:  # the command's own streams (a caller's, in Python, are the caller's to look after)
+        sys.stdout, sys.stderr = _Output(sys.stdout), _Diagnostics(sys.stderr)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
