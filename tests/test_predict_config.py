@@ -594,3 +594,22 @@ def test_a_torchscript_model_is_named_by_the_class_it_was_made_from():
 def double(x):
     """A network written as a function, scripted in the test above (TorchScript reads its source)."""
     return x * 2
+
+
+def test_the_commands_warnings_are_one_line_each(folder):
+    """A warning of emfast's (here: a uint8 output clipped) printed its file, line and source line in the middle of
+    the command's messages; it is one line, as the command's errors are."""
+    import os
+    import pathlib
+    import subprocess
+
+    import emfast as ef
+
+    path = _config(folder, PREDICT + "  dtype: uint8\n")  # gain 2: values above 1, clipped
+    source = str(pathlib.Path(ef.__file__).resolve().parents[1])
+    result = subprocess.run([sys.executable, "-m", "emfast", "predict", str(path)], cwd=folder, text=True,
+                            capture_output=True, timeout=120, env=dict(os.environ, PYTHONPATH=source))
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "clipped" in line]
+    assert len(warned) == 1 and warned[0].startswith("emfast: warning: "), result.stderr
+    assert "warnings.warn" not in result.stderr and ".py:" not in result.stderr, result.stderr

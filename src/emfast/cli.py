@@ -415,6 +415,19 @@ def user_error(error: BaseException) -> bool:
     return type(error).__module__.startswith("emfast.")
 
 
+def _one_line_warnings() -> None:
+    """emfast's warnings told as the command's messages are, one line each (``emfast: warning: ...``), not with
+    the file, line and source line of the code that raised them; other packages' keep Python's form."""
+    default, package = warnings.formatwarning, os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+    def formatted(message, category, filename, lineno, line=None) -> str:
+        if os.path.abspath(str(filename)).startswith(package):
+            return f"emfast: warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    warnings.formatwarning = formatted
+
+
 class StandardOutputError(OSError):
     """Standard output could not be written (a full device, a file system gone): what emfast printed is lost."""
 
@@ -516,8 +529,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     (SIGTERM, as Slurm, ``timeout`` and ``docker stop`` send: the same clean-up as Ctrl-C, a resumable output), 141
     the reader of its output went away (``emfast info ... | head``: quietly, as a command killed by SIGPIPE)."""
     _fill_closed_standard_streams()
-    if argv is None:  # the command's own streams (a caller's, in Python, are the caller's to look after)
+    if argv is None:  # the command's own streams and warnings (a caller's, in Python, are the caller's)
         sys.stdout, sys.stderr = _Output(sys.stdout), _Diagnostics(sys.stderr)
+        _one_line_warnings()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
