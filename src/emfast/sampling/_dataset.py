@@ -44,7 +44,8 @@ def _origin_from_attributes(raw: Volume, other: Volume) -> Optional[np.ndarray]:
     unplaced = [volume for volume in (raw, other) if not _positioned(volume)]
     if unplaced:
         with_offset = other if other.offset is not None else raw
-        raise ValueError(f"{with_offset.name} has an 'offset' attribute {with_offset.offset} but "
+        raise ValueError(f"{with_offset.name} lies at offset {with_offset.offset} in the world (its metadata give "
+                         "a resolution, and an offset or none, read as 0) but "
                          f"{unplaced[0].name} has no 'resolution', so the offset cannot be converted to voxels; give "
                          "both datasets a 'resolution' attribute, or the offset in raw voxels explicitly")
     offsets = [np.asarray(v.offset or (0, 0, 0), dtype=np.float64) for v in (other, raw)]
