@@ -416,16 +416,11 @@ def user_error(error: BaseException) -> bool:
 
 
 def _one_line_warnings() -> None:
-    """emfast's warnings told as the command's messages are, one line each (``emfast: warning: ...``), not with
-    the file, line and source line of the code that raised them; other packages' keep Python's form."""
-    default, package = warnings.formatwarning, os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-    def formatted(message, category, filename, lineno, line=None) -> str:
-        if os.path.abspath(str(filename)).startswith(package):
-            return f"emfast: warning: {message}\n"
-        return default(message, category, filename, lineno, line)
-
-    warnings.formatwarning = formatted
+    """Warnings told in one line each, ``Category: message``, as the command's errors are, not with the file, line
+    and source line of the frame a warning names (emfast's, the console script's, or another package's: told by
+    its category, never passed off as emfast's own)."""
+    warnings.formatwarning = lambda message, category, filename, lineno, line=None: \
+        f"{category.__name__}: {message}\n"
 
 
 class StandardOutputError(OSError):
