@@ -585,8 +585,10 @@ def test_objects_in_hand_get_advice_that_leads_somewhere(tmp_path, raw):
         f.create_dataset("vol/raw", data=raw)
     with h5py.File(tmp_path / "a.h5", "r") as file:
         for opener in (ef.hdf5, ef.open):
-            with pytest.raises(TypeError, match=re.escape(f"pass emfast.open({str(tmp_path / 'a.h5')!r}, 'vol/raw')")):
-                opener(file, "vol/raw")
+            for node, dataset in ((file, "vol/raw"), (file["vol"], "raw")):  # a group and the dataset in it too
+                with pytest.raises(TypeError, match=re.escape(f"pass emfast.open({str(tmp_path / 'a.h5')!r}, "
+                                                              "'vol/raw')")):
+                    opener(node, dataset)
         for out in (file["vol/raw"], zarr.open_array(str(tmp_path / "o.zarr"), mode="w", shape=(1, 2, 2, 2))):
             with pytest.raises(TypeError, match=r"^out must be the path of the output, a dataset in a \.zarr or \.h5 "
                                                 r"container \(e\.g\. pred\.zarr/p\), got a "):

@@ -747,9 +747,10 @@ class OutputLock:
         """Replace the file's content; ``durable``: flushed to disk, for the mark of a dataset being created (a
         machine that crashes after the dataset was made still finds the mark, and the next run replaces what it
         left). The mark's clearing is not flushed: emfast does not flush the dataset's record either, and a
-        cleared mark on disk beside a record that is not would leave a dataset no run may replace; a mark that
-        outlives a crash costs its output made again, nothing else. A pid needs no flush (a lock is released
-        by its holder's end, whatever the file says), and on network file systems each flush costs
+        cleared mark on disk beside a record that is not would leave a dataset no run may replace. A mark that
+        outlives a crash has the next run take the dataset for half made: replaced, whatever that run's
+        settings, as a dataset a killed run left (work lost, never the input). A pid needs no flush (a lock is
+        released by its holder's end, whatever the file says), and on network file systems each flush costs
         milliseconds."""
         data = json.dumps(state).encode()
         os.lseek(self._fd, 0, os.SEEK_SET)

@@ -120,8 +120,8 @@ def local_path(path: Union[str, os.PathLike], dataset: Optional[str] = None) -> 
     what to pass instead (an open HDF5 file given with ``dataset``: that dataset of its file)."""
     if not isinstance(path, (str, os.PathLike)):
         file, name = getattr(getattr(path, "file", None), "filename", None), getattr(path, "name", None)
-        if name == "/" and dataset:  # an open h5py.File, and the dataset inside it
-            name = dataset
+        if isinstance(name, str) and dataset:  # an open h5py.File or Group, and the dataset inside it
+            name = f"{name.rstrip('/')}/{dataset.lstrip('/')}".lstrip("/")
         hint = (f"emfast.open({file!r}, {name!r})" if isinstance(file, str) and isinstance(name, str) else
                 "the path of its file or store (and its dataset), or an array in memory to "
                 "emfast.Volume.from_array")

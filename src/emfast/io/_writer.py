@@ -119,8 +119,9 @@ def zarr_compressor(name: str, zarr_format: int, zarr):
 
 
 def _compared(record: dict, key: str, input_key: str):
-    """``record[key]`` as a resume compares it: the input's ``name`` is the path as the user spelled it (relative,
-    through a link), not what it holds, which its resolved ``path``, ``dataset`` and fingerprint say."""
+    """``record[key]`` as a resume compares it: the input's ``name`` is how it was named (through a link, or, by
+    earlier versions, relative to a working folder), not what it holds, which its resolved ``path``, ``dataset``
+    and fingerprint say."""
     value = record.get(key)
     if key == input_key and isinstance(value, dict):
         return {k: v for k, v in value.items() if k != "name"}
