@@ -168,12 +168,16 @@ def test_demo_volume_failure_leaves_no_temp_file(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
-def test_unwritable_cache_dir_raises_oserror(tmp_path):
+def test_unwritable_cache_dir_raises_oserror_naming_the_setting_that_chose_it(tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     bad = blocker / "cache"
-    with pytest.raises(OSError, match="EMFAST_CACHE_DIR") as info:
+    with pytest.raises(OSError, match=r"give cache_dir \(--cache-dir\) a writable directory") as info:
         demo_volume_path(bad, shape=SHAPE)
+    assert str(bad) in str(info.value)
+    monkeypatch.setenv("EMFAST_CACHE_DIR", str(bad))
+    with pytest.raises(OSError, match="set EMFAST_CACHE_DIR to a writable directory") as info:
+        demo_volume_path(None, shape=SHAPE)
     assert str(bad) in str(info.value)
 
 
