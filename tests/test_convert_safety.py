@@ -387,6 +387,17 @@ def test_an_unfinished_output_warns_when_opened_and_is_refused_as_a_source(tmp_p
     assert (volume.array == 0).any()  # what was not written: read as the fill value, as the warning says
     assert main(["convert", half, str(tmp_path / "copy.h5/raw")]) == 2
     assert "not finished writing" in capsys.readouterr().err and not (tmp_path / "copy.h5").exists()
+    # predict too (a helper's: it predicted the unwritten zeros and recorded its output complete), and check
+    with pytest.raises(ef.inference.UnfinishedInputError, match="half.zarr/raw is an emfast output not finished "
+                                                                "writing .* run the same emfast convert again"):
+        ef.predict(lambda batch: batch, half, str(tmp_path / "p.zarr/p"), patch_in=(4, 16, 16))
+    assert not (tmp_path / "p.zarr").exists()
+    (tmp_path / "p.yaml").write_text(f"predict: {{model: numpy:negative, input: {half}, output: "
+                                     f"{tmp_path / 'q.zarr/p'}, patch_in: [4, 16, 16]}}\n")
+    for command in ("check", "predict"):
+        assert main([command, str(tmp_path / "p.yaml")]) == 2
+        assert "predict.input: " in capsys.readouterr().err
+    assert not (tmp_path / "q.zarr").exists()
     assert main(["info", str(tmp_path / "half.zarr")]) == 0
     assert "an unfinished emfast output" in capsys.readouterr().out
     assert main(["convert", str(tmp_path / "in.zarr/raw"), half]) == 0  # finished: it resumes

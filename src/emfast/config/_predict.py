@@ -220,9 +220,11 @@ class PredictSpec:
         """
         input_key = ("input",) if self.dataset is None or isinstance(self.input, Builtin) else ("input", "file")
         try:
-            with warnings.catch_warnings():  # predict's own opening of it says so, once
-                warnings.simplefilter("ignore", UnfinishedOutputWarning)
+            with warnings.catch_warnings():  # predict refuses it: so is it here, at the input's key
+                warnings.simplefilter("error", UnfinishedOutputWarning)
                 volume = open_volume(self.input_path(cache_dir), in_memory=False)
+        except UnfinishedOutputWarning as warning:
+            raise self.error(input_key, f"{warning}; predict does not read an unfinished output") from None
         except KeyError as error:
             raise self.error(("input", "dataset") if self.dataset else input_key, str(error).strip("'\"")) from None
         except (OSError, ValueError) as error:

@@ -19,8 +19,8 @@ from .._core.gather import PAD_MODES
 from .._threads import ctrl_c_held, shutdown_pool
 from .._version import __version__
 from ..io import (WIDTH, CacheBudgetError, OutputLock, ProgressBar, Volume, array_fingerprint, check_free_space,
-                  check_input_unchanged, check_output_location, compared_record, fingerprints, open_volume, option,
-                  plural)
+                  check_input_unchanged, check_output_location, compared_record, fingerprints, open_source, option,
+                  plural, unfinished)
 from ..pipeline import normalization
 from ..transfer import DeviceNotice, TransferBackend, cuda_ordinal, cuda_unavailable
 from ._block import BlockPredictor
@@ -149,7 +149,13 @@ def _as_volume(volume, cache_bytes: int) -> Tuple[Volume, bool]:
     elif isinstance(volume, np.ndarray):
         volume, opened = Volume.from_array(volume, name="input array"), False
     elif isinstance(volume, (str, os.PathLike)):
-        volume, opened = open_volume(volume, in_memory=False, cache_bytes=cache_bytes), True
+        source = open_source(volume)
+        finish = unfinished(source.attributes())
+        if finish is not None:  # its unwritten voxels would be predicted as data, and the output recorded complete
+            source.close()
+            raise UnfinishedInputError(f"{volume} is an emfast output not finished writing (its record says complete: "
+                                       f"false): what was not written would be predicted as zeros; {finish} first")
+        volume, opened = Volume.open(source, in_memory=False, cache_bytes=cache_bytes), True
     else:
         raise TypeError(f"volume must be an emfast Volume, a NumPy array or a path, got {type(volume).__name__}")
     try:
@@ -163,6 +169,10 @@ def _as_volume(volume, cache_bytes: int) -> Tuple[Volume, bool]:
 
 class InputDtypeError(TypeError):
     """The input's dtype is one that predict does not read as intensities."""
+
+
+class UnfinishedInputError(ValueError):
+    """The input is an output emfast has not finished writing (a conversion or prediction stopped or running)."""
 
 
 def check_fill(fill, volume: Volume, pad: str) -> None:
