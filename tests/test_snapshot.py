@@ -101,6 +101,32 @@ def test_snapshot_refuses_a_path_named_as_another_format(tmp_path, volumes, name
     assert not (tmp_path / name).exists() and (tmp_path / "snap" / ".zgroup").is_file()
 
 
+def test_a_snapshot_claims_its_path_so_a_second_writer_is_refused_untouched(tmp_path, volumes, monkeypatch):
+    """Two ranks snapshotting to one path both passed the check that it did not exist and mixed their batches
+    into one store, which one of them reported written (a helper's); the folder is now claimed at once. A
+    snapshot that fails half way is removed: half a snapshot is none."""
+    import pathlib
+
+    other = tmp_path / "snap.zarr"
+    other.mkdir()
+    (other / ".zgroup").write_text('{"zarr_format": 2}')  # the other rank's, made after this one looked
+    real_exists = pathlib.Path.exists
+    monkeypatch.setattr(pathlib.Path, "exists", lambda self: False if self == other else real_exists(self))
+    with ef.Loader(volumes[0], patch=(4, 16, 16), batch_size=1) as loader:
+        with pytest.raises(FileExistsError, match="snap.zarr exists; a snapshot never replaces"):
+            loader.snapshot(other)
+        assert sorted(p.name for p in other.iterdir()) == [".zgroup"]
+        monkeypatch.undo()
+
+        def broken(*args, **kwargs):
+            raise OSError("disk gone")
+
+        monkeypatch.setattr(type(loader), "next_batch", broken)
+        with pytest.raises(OSError, match="disk gone"):
+            loader.snapshot(tmp_path / "half.zarr")
+    assert not (tmp_path / "half.zarr").exists()
+
+
 def decode_png(path):
     """Width, height and RGB pixels of an 8-bit RGB PNG without interlacing, filters decoded (all five)."""
     data = path.read_bytes()

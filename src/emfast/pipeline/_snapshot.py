@@ -23,6 +23,7 @@ uint8 channel in grey.
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 import zlib
 from pathlib import Path
@@ -64,18 +65,28 @@ def write_snapshot(loader, path, batches: int = 1, png=None) -> Path:
     if png is not None and not png.absolute().parent.is_dir():  # checked before the store is written
         raise FileNotFoundError(f"snapshot: the folder of png={str(png)!r} does not exist")
     zarr = import_zarr("writing")
-    root = zarr.open_group(local_store(path, writable=True), mode="w-", zarr_format=2)
-    root.attrs.update(emfast_snapshot={"batches": int(batches), "patch_out": list(loader.patch_out)})
-    first = None
-    for k in range(int(batches)):
-        batch = loader.next_batch()
-        arrays = {name: np.array(batch[name]) for name in batch}
-        _write_batch(root, f"batch_{k:04d}", loader, batch, arrays)
-        if first is None:
-            first = arrays
-        batch.release()
-    if png is not None:
-        write_png(png, montage(first))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:  # the folder claimed at once: two processes writing one path mixed their batches into one store
+        path.mkdir()
+    except FileExistsError:
+        raise FileExistsError(f"snapshot: {path} exists; a snapshot never replaces a file or store, choose another "
+                              "path") from None
+    try:
+        root = zarr.open_group(local_store(path, writable=True), mode="w-", zarr_format=2)
+        root.attrs.update(emfast_snapshot={"batches": int(batches), "patch_out": list(loader.patch_out)})
+        first = None
+        for k in range(int(batches)):
+            batch = loader.next_batch()
+            arrays = {name: np.array(batch[name]) for name in batch}
+            _write_batch(root, f"batch_{k:04d}", loader, batch, arrays)
+            if first is None:
+                first = arrays
+            batch.release()
+        if png is not None:
+            write_png(png, montage(first))
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)  # this call made it: half a snapshot is none
+        raise
     return path
 
 
