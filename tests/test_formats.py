@@ -157,16 +157,21 @@ def test_dot_segments_inside_a_container_and_url_fragments_are_refused_by_name(t
     np.testing.assert_array_equal(ef.open(f"file://{tmp_path}/h%23sh/s.zarr/raw").array[0], raw)
 
 
+def _write_three_formats(folder, raw):
+    """``raw`` as s.zarr/raw, s.h5/raw and s.n5/raw (z5py's) in ``folder``, and an empty folder/elsewhere."""
+    import z5py
+    write_zarr(folder / "s.zarr", "raw", raw)
+    with h5py.File(folder / "s.h5", "w") as f:
+        f.create_dataset("raw", data=raw, chunks=CHUNKS)
+    z5py.File(str(folder / "s.n5"), mode="a").create_dataset("raw", data=raw, chunks=CHUNKS)
+    (folder / "elsewhere").mkdir()
+
+
 def test_a_lazy_volume_opened_by_a_relative_path_unpickles_in_another_folder(tmp_path, raw, monkeypatch):
     """Dask workers and spawned DataLoader workers may run in another working directory: a lazy volume pickled
     as its relative path was not found there ("zarr store not found: in.zarr"). So are predict's kept tiles."""
-    import z5py
     from emfast.inference._cache import TileCache
-    write_zarr(tmp_path / "s.zarr", "raw", raw)
-    with h5py.File(tmp_path / "s.h5", "w") as f:
-        f.create_dataset("raw", data=raw, chunks=CHUNKS)
-    z5py.File(str(tmp_path / "s.n5"), mode="a").create_dataset("raw", data=raw, chunks=CHUNKS)
-    (tmp_path / "elsewhere").mkdir()
+    _write_three_formats(tmp_path, raw)
     monkeypatch.chdir(tmp_path)
     pickles = [pickle.dumps(ef.open(name, in_memory=False)) for name in ("s.zarr/raw", "s.h5/raw", "s.n5/raw")]
     tiles = pickle.dumps(TileCache.beside(Path("out.zarr"), "p"))
@@ -184,12 +189,7 @@ def test_a_lazy_volume_opened_by_a_relative_path_unpickles_in_another_folder(tmp
 def test_a_lazy_volume_opened_by_a_relative_path_reads_its_data_after_a_chdir(tmp_path, raw, monkeypatch, name):
     """A zarr or N5 volume read its chunks by the relative path it was opened with: after os.chdir every chunk was
     missing, read as the fill value, and a loader or predict delivered zeros without a word."""
-    import z5py
-    write_zarr(tmp_path / "s.zarr", "raw", raw)
-    with h5py.File(tmp_path / "s.h5", "w") as f:
-        f.create_dataset("raw", data=raw, chunks=CHUNKS)
-    z5py.File(str(tmp_path / "s.n5"), mode="a").create_dataset("raw", data=raw, chunks=CHUNKS)
-    (tmp_path / "elsewhere").mkdir()
+    _write_three_formats(tmp_path, raw)
     monkeypatch.chdir(tmp_path)
     with ef.open(name, in_memory=False) as volume:
         monkeypatch.chdir(tmp_path / "elsewhere")

@@ -317,13 +317,20 @@ def test_a_pyramid_into_another_programs_image_is_refused_untouched(tmp_path):
     group.create_array("0", shape=(8, 32, 32), dtype=np.uint8)[...] = 7
     group.attrs["multiscales"] = [{"version": "0.4", "axes": ["z", "y", "x"], "datasets": [
         {"path": "0", "coordinateTransformations": [{"type": "scale", "scale": [40, 4, 4]}]}]}]
-    before = tree_digest(tmp_path / "img.zarr")
+    _pyramid_refused_untouched(tmp_path, "img.zarr", "raw",
+                               r"img.zarr/raw is an OME-NGFF image of other datasets \(0\)")
+
+
+def _pyramid_refused_untouched(tmp_path, container: str, dataset: str, message: str) -> None:
+    """A pyramid written into ``container/dataset`` is refused with ``message``, with or without overwrite, and the
+    container is left as it was."""
+    before = tree_digest(tmp_path / container)
     with h5py.File(tmp_path / "in.h5", "w") as f:
         f.create_dataset("raw", data=np.zeros((8, 32, 32), np.uint8))
     for overwrite in (False, True):
-        with pytest.raises(ConvertError, match=r"img.zarr/raw is an OME-NGFF image of other datasets \(0\)"):
-            convert(str(tmp_path / "in.h5/raw"), tmp_path / "img.zarr/raw", levels=2, overwrite=overwrite)
-        assert tree_digest(tmp_path / "img.zarr") == before
+        with pytest.raises(ConvertError, match=message):
+            convert(str(tmp_path / "in.h5/raw"), tmp_path / container / dataset, levels=2, overwrite=overwrite)
+        assert tree_digest(tmp_path / container) == before
 
 
 def test_a_pyramid_into_another_programs_group_of_datasets_is_refused_untouched(tmp_path):
@@ -333,13 +340,8 @@ def test_a_pyramid_into_another_programs_group_of_datasets_is_refused_untouched(
     group = zarr.open_group(str(tmp_path / "f.zarr"), mode="w", path="grp")
     group.attrs["mine"] = 1
     group.create_array("their_labels", shape=(8, 32, 32), dtype=np.uint8)[...] = 7
-    before = tree_digest(tmp_path / "f.zarr")
-    with h5py.File(tmp_path / "in.h5", "w") as f:
-        f.create_dataset("raw", data=np.zeros((8, 32, 32), np.uint8))
-    for overwrite in (False, True):
-        with pytest.raises(ConvertError, match=r"f.zarr/grp is a group holding other datasets \(their_labels\)"):
-            convert(str(tmp_path / "in.h5/raw"), tmp_path / "f.zarr/grp", levels=2, overwrite=overwrite)
-        assert tree_digest(tmp_path / "f.zarr") == before
+    _pyramid_refused_untouched(tmp_path, "f.zarr", "grp",
+                               r"f.zarr/grp is a group holding other datasets \(their_labels\)")
 
 
 @pytest.mark.parametrize("damage", ["image a string", "transforms a dict", "scale with null"])
