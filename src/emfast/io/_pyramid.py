@@ -62,9 +62,29 @@ def level_geometry(resolution: Optional[Sequence[float]], offset: Optional[Seque
     return ([s * f for s, f in zip(size, factor)], [o + (f - 1) / 2 * s for o, s, f in zip(start, size, factor)])
 
 
+#: Bytes of the source downsampled at once (see :func:`downsample`): its temporaries take about 7 times as many.
+DOWNSAMPLE_SLAB_BYTES = 4 * 2 ** 20
+
+
 def downsample(data: np.ndarray, factor, rule: str) -> np.ndarray:
-    """``data`` (its last three axes z, y, x) downsampled by ``factor`` with ``rule`` (``mean`` or ``mode``)."""
+    """``data`` (its last three axes z, y, x) downsampled by ``factor`` with ``rule`` (``mean`` or ``mode``), a few
+    output sections at a time: done whole, a 256 MiB tile's padded copy, masks and blocks took 1.8 GiB more (a
+    pyramid's conversion peaked at 8 times ``tile_bytes``). Each output voxel depends on its own block alone, so
+    the sections are what the whole would give."""
     factor = tuple(int(f) for f in factor)
+    out_shape = tuple(-(-s // f) for s, f in zip(data.shape[-3:], factor))
+    plane = max(1, data[..., :factor[0], :, :].nbytes)  # the source of one output section
+    step = max(1, DOWNSAMPLE_SLAB_BYTES // plane)
+    if step >= out_shape[0]:
+        return _downsampled(data, factor, rule)
+    out = np.empty(data.shape[:-3] + out_shape, data.dtype)
+    for z in range(0, out_shape[0], step):
+        out[..., z:z + step, :, :] = _downsampled(data[..., z * factor[0]:(z + step) * factor[0], :, :], factor, rule)
+    return out
+
+
+def _downsampled(data: np.ndarray, factor: Tuple[int, ...], rule: str) -> np.ndarray:
+    """:func:`downsample` of ``data`` whole."""
     lead = data.shape[:-3]
     out_shape = tuple(-(-s // f) for s, f in zip(data.shape[-3:], factor))
     padded = np.zeros(lead + tuple(o * f for o, f in zip(out_shape, factor)), data.dtype)
