@@ -166,6 +166,21 @@ def test_config_loader_gives_the_batches_of_the_same_loader_built_by_hand(files)
             np.testing.assert_array_equal(a[key], b[key])
 
 
+def test_a_default_cache_budget_too_small_for_a_chunk_is_reported_at_lazy(files, monkeypatch):
+    """A lazy sample without cache_bytes whose chunk exceeds the default budget was reported at
+    data.samples[0].cache_bytes, a key the config does not have (a reviewer's case): it is said at lazy, as the
+    default's, with what to set."""
+    from emfast.io import _chunkcache
+    monkeypatch.setattr(_chunkcache, "DEFAULT_BUDGET_CAP", 1000)
+    text = BASE.replace("      labels: volumes/labels\n    - name: B", "      labels: volumes/labels\n      lazy: true\n"
+                        "    - name: B")
+    config = load_config(_write(files, text))
+    with pytest.raises(ConfigError) as info:
+        config.loader()
+    assert info.value.path == "data.samples[0].lazy" and info.value.line == _line_of(text, "lazy")
+    assert str(info.value).endswith("(the default budget: set this sample's cache_bytes)")
+
+
 def test_relative_paths_resolve_against_the_config_folder(files, tmp_path, monkeypatch):
     path = _write(files, BASE)
     monkeypatch.chdir(tmp_path.parent)

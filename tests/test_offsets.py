@@ -133,14 +133,18 @@ def test_an_offset_that_cannot_be_converted_to_voxels_is_refused_not_ignored(tmp
     world = _world()
     path = _write_cremi(tmp_path / "a.hdf", world, (14, 40, 40), (2, 4, 6), (14, 40, 40))
     labels = ef.hdf5(path, "volumes/labels/neuron_ids")
-    with pytest.raises(ValueError, match=r"lies at offset \(80.0, 16.0, 24.0\) in the world .* but raw has no "
-                                         "'resolution'"):
+    with pytest.raises(ValueError, match=r"neuron_ids has offset \(80.0, 16.0, 24.0\) but raw has no 'resolution'"):
         ef.Sample(world[:14, :40, :40], labels)
-    with h5py.File(path, "a") as f:  # a resolution and no offset attribute: at 0, and said so, not "an attribute"
+    with h5py.File(path, "a") as f:  # a resolution and no offset attribute: at 0, said so, not "an attribute"
         del f["volumes/labels/neuron_ids"].attrs["offset"]
-    with pytest.raises(ValueError, match=r"lies at offset \(0.0, 0.0, 0.0\) in the world \(its metadata give a "
-                                         r"resolution, and an offset or none, read as 0\)"):
+    with pytest.raises(ValueError, match=r"neuron_ids has offset \(0.0, 0.0, 0.0\) but raw has no 'resolution'"):
         ef.Sample(world[:14, :40, :40], ef.hdf5(path, "volumes/labels/neuron_ids"))
+    with h5py.File(path, "a") as f:  # the labels' offset without a resolution (a CREMI-like slip): said so
+        f["volumes/labels/neuron_ids"].attrs["offset"] = (80.0, 16.0, 24.0)
+        del f["volumes/labels/neuron_ids"].attrs["resolution"]
+    with pytest.raises(ValueError, match=r"neuron_ids has offset \(80.0, 16.0, 24.0\) and no resolution but "
+                                         r".*neuron_ids has no 'resolution'"):
+        ef.Sample(ef.hdf5(path, "volumes/raw"), ef.hdf5(path, "volumes/labels/neuron_ids"))
     assert tuple(ef.Sample(world[:14, :40, :40], labels, label_offset=(2, 4, 6)).placed_labels.origin) == (2, 4, 6)
 
 

@@ -22,7 +22,7 @@ from .io import (CorruptChunkError, DatasetNotFoundError, InputChangedError, Rem
                  UnfinishedOutputWarning, Volume, VolumeTooLargeError, hdf5)
 from .io import open_volume as open
 from .inference import (BlockWriteError, InputDtypeError, ModelOutputError, NonFiniteWarning, OutputExistsError,
-                        Prediction, PredictProgress, SaturationWarning, predict)
+                        Prediction, PredictProgress, SaturationWarning, UnfinishedInputError, predict)
 from .pipeline import (BackPressureWarning, Batch, BatchReleasedError, InsufficientMemoryError, Loader,
                        MissingFieldError, ProfileReport, SlotsExhaustedError)
 from .sampling import Balanced, Dataset, Masked, Sample, Tiled, Uniform
@@ -78,6 +78,7 @@ __all__ = [
     "StoreMetadataError",
     "Tiled",
     "Transpose",
+    "UnfinishedInputError",
     "UnfinishedOutputWarning",
     "Uniform",
     "Volume",

@@ -366,7 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     change.add_argument("--downsampling", choices=DOWNSAMPLING, default=None,
                         help="mean (intensities) or mode (labels: most frequent id, ties to the lowest); default "
                              "mode for 32/64-bit integers, else mean")
-    change.add_argument("--zarr-format", type=int, choices=[2, 3], default=3, help="zarr format of a new store (default 3); an existing store keeps its own")
+    change.add_argument("--zarr-format", type=int, choices=[2, 3], default=3,
+                        help="zarr format of a new store (default 3); an existing store keeps its own")
     which = change.add_mutually_exclusive_group()
     which.add_argument("--level", type=int, default=None,
                        help="an OME-Zarr image's level (a precomputed volume's scale) to convert, by index (default 0)")
@@ -455,17 +456,15 @@ class _Output(_Diagnostics):
     full. A reader gone (BrokenPipeError) is left to :func:`main`."""
 
     def write(self, text: str) -> int:
-        try:
-            return self._stream.write(text)
-        except BrokenPipeError:
-            raise
-        except OSError as error:
-            raise StandardOutputError(error.errno, f"cannot write to standard output ({error.strerror}): what "
-                                                   "emfast printed there is lost") from None
+        return self._said(self._stream.write, text)
 
     def flush(self) -> None:
+        self._said(self._stream.flush)
+
+    @staticmethod
+    def _said(call, *args):
         try:
-            self._stream.flush()
+            return call(*args)
         except BrokenPipeError:
             raise
         except OSError as error:

@@ -113,6 +113,9 @@ class Config:
                     raise reader.error(path + (("file",) if volume.shared_file else key + ("file",)),
                                        str(error)) from error
                 except CacheBudgetError as error:  # the sample's budget, not the volume, is the culprit
+                    if spec.cache_bytes is None:  # the default's: said so, at the key that asked for it
+                        raise reader.error(path + ("lazy",), f"{error} (the default budget: set this sample's "
+                                                             "cache_bytes)") from error
                     raise reader.error(path + ("cache_bytes",), str(error)) from error
                 except (KeyError, TypeError, ValueError) as error:
                     raise reader.error(path + key + (_culprit(volume, error),), str(error)) from error

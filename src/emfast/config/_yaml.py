@@ -233,8 +233,8 @@ class Reader:
 
 
 def describe_value(value) -> str:
-    kind = {dict: "a mapping", list: "a list", tuple: "a tuple", str: "the string", bool: "the boolean", type(None): "nothing (null)",
-            int: "the integer", float: "the number"}.get(type(value), type(value).__name__)
+    kind = {dict: "a mapping", list: "a list", tuple: "a tuple", str: "the string", bool: "the boolean",
+            type(None): "nothing (null)", int: "the integer", float: "the number"}.get(type(value), type(value).__name__)
     if value is None:
         return kind
     text = repr(value)  # shortened: a factory's (model, state dict) would fill a screen; most paths stay whole

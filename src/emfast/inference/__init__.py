@@ -24,8 +24,8 @@ from ._tta import TTA_COUNTS, variants
 
 __all__ = ["BLENDS", "CACHE_SHARE", "COMPRESSIONS", "DEFAULT_MEMORY", "FLAGS_SUFFIX", "PREDICT_OUTPUT_DTYPE_NAMES",
            "TTA_COUNTS", "Block", "BlockWriteError", "InputDtypeError", "ModelOutputError", "OutputExistsError",
-           "Prediction", "PredictProgress", "NonFiniteWarning", "SaturationWarning", "TilePlan", "UnfinishedInputError",
-           "block_estimate",
+           "Prediction", "PredictProgress", "NonFiniteWarning", "SaturationWarning", "TilePlan",
+           "UnfinishedInputError", "block_estimate",
            "budget_block", "check_fill", "check_input_dtype", "check_torch_device", "input_cache_refusal",
            "model_blamed", "predict", "require_torch", "too_large_block", "variants"]
 

@@ -154,7 +154,8 @@ def _as_volume(volume, cache_bytes: int) -> Tuple[Volume, bool]:
         if finish is not None:  # its unwritten voxels would be predicted as data, and the output recorded complete
             source.close()
             raise UnfinishedInputError(f"{volume} is an emfast output not finished writing (its record says complete: "
-                                       f"false): what was not written would be predicted as zeros; {finish} first")
+                                       "false): what was not written would be predicted as its fill value; "
+                                       f"{finish} first")
         volume, opened = Volume.open(source, in_memory=False, cache_bytes=cache_bytes), True
     else:
         raise TypeError(f"volume must be an emfast Volume, a NumPy array or a path, got {type(volume).__name__}")
@@ -377,6 +378,10 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     ValueError
         ``out`` is the input, inside it or above it (:class:`~emfast.io._outputs.OutputLocationError`); or
         ``client`` with an HDF5 ``out`` (refused before anything there is replaced).
+    UnfinishedInputError
+        ``volume`` names an output emfast has not finished writing (a ValueError).
+    InputChangedError
+        A lazily read input changed while it was read; the output is left unfinished (an OSError).
     OSError
         Another emfast run (or program) is writing ``out`` (:class:`~emfast.io._outputs.OutputBusyError`, naming
         the run's pid); or too little free space for the next block, or for the whole output when uncompressed

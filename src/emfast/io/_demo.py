@@ -37,8 +37,8 @@ import numpy as np
 
 from .._machine import cache_directory
 from ._demo_cells import voronoi_cells
-from ._outputs import check_free_space
 from ._demo_image import render_raw
+from ._outputs import check_free_space
 
 __all__ = [
     "DEMO_FORMAT_VERSION",

@@ -349,7 +349,7 @@ class RemoteStore:
                     return None if data is None else prototype.buffer.from_bytes(data)
                 buffer = await retrying(lambda: FsspecStore.get(self, key, prototype, byte_range), store_retries,
                                         where(key))
-                if byte_range is None:
+                if byte_range is None and remembered.active:  # a copy of the bytes only for the open's memo
                     remembered.put(path, None if buffer is None else buffer.to_bytes())
                 return buffer
 
@@ -422,6 +422,10 @@ class _Remembered:
     def stop(self) -> None:
         with self._lock:
             self._data = None
+
+    @property
+    def active(self) -> bool:
+        return self._data is not None
 
     def get(self, path: str):
         """(whether ``path`` was read, its bytes or None if the store has no such key)."""

@@ -28,7 +28,10 @@ def _positioned(volume: Volume) -> bool:
 
 
 def _offset_text(volume: Volume) -> str:
-    return f"offset {volume.offset}" if volume.offset is not None else "no offset (read as 0)"
+    """The volume's offset as its metadata give it (a resolution without an offset places it at 0)."""
+    if volume.offset is None:
+        return "no offset (read as 0)"
+    return f"offset {volume.offset}" + ("" if _positioned(volume) else " and no resolution")
 
 
 def _origin_from_attributes(raw: Volume, other: Volume) -> Optional[np.ndarray]:
@@ -44,10 +47,9 @@ def _origin_from_attributes(raw: Volume, other: Volume) -> Optional[np.ndarray]:
     unplaced = [volume for volume in (raw, other) if not _positioned(volume)]
     if unplaced:
         with_offset = other if other.offset is not None else raw
-        raise ValueError(f"{with_offset.name} lies at offset {with_offset.offset} in the world (its metadata give "
-                         "a resolution, and an offset or none, read as 0) but "
-                         f"{unplaced[0].name} has no 'resolution', so the offset cannot be converted to voxels; give "
-                         "both datasets a 'resolution' attribute, or the offset in raw voxels explicitly")
+        raise ValueError(f"{with_offset.name} has {_offset_text(with_offset)} but {unplaced[0].name} has no "
+                         "'resolution', so the offset cannot be converted to voxels; give both datasets a "
+                         "'resolution' attribute, or the offset in raw voxels explicitly")
     offsets = [np.asarray(v.offset or (0, 0, 0), dtype=np.float64) for v in (other, raw)]
     resolution = np.asarray(raw.resolution, dtype=np.float64)
     voxels = (offsets[0] - offsets[1]) / resolution
