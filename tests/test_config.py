@@ -172,8 +172,8 @@ def test_a_default_cache_budget_too_small_for_a_chunk_is_reported_at_lazy(files,
     default's, with what to set."""
     from emfast.io import _chunkcache
     monkeypatch.setattr(_chunkcache, "DEFAULT_BUDGET_CAP", 1000)
-    text = BASE.replace("      labels: volumes/labels\n    - name: B", "      labels: volumes/labels\n      lazy: true\n"
-                        "    - name: B")
+    text = BASE.replace("      labels: volumes/labels\n    - name: B",
+                        "      labels: volumes/labels\n      lazy: true\n    - name: B")
     config = load_config(_write(files, text))
     with pytest.raises(ConfigError) as info:
         config.loader()
