@@ -292,8 +292,21 @@ def test_a_source_whose_path_is_not_utf8_converts(tmp_path):
     data = np.random.default_rng(2).integers(0, 255, (8, 16, 16), dtype=np.uint8)
     with h5py.File(tmp_path / name, "w") as f:
         f.create_dataset("raw", data=data, chunks=(4, 8, 8))
-    assert main(["convert", str(tmp_path / name / "raw"), str(tmp_path / "out.zarr/raw")]) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # its record left out (not standard JSON), a killed run passed for finished
+        assert main(["convert", str(tmp_path / name / "raw"), str(tmp_path / "out.zarr/raw")]) == 0
     np.testing.assert_array_equal(ef.open(tmp_path / "out.zarr/raw").array[0], data)
+    import zarr
+    record = zarr.open_array(str(tmp_path / "out.zarr/raw")).attrs["emfast_convert"]
+    assert record["complete"] is True and record["source"]["path"].endswith("bad\\xffname.h5")
+    assert main(["convert", str(tmp_path / name / "raw"), str(tmp_path / "out.zarr/raw")]) == 0  # done: resumes
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = ef.predict(lambda batch: batch, str(tmp_path / name / "raw"), tmp_path / "p.zarr/p",
+                            patch_in=(4, 8, 8), blend="none")
+    assert zarr.open_array(result.path).attrs["emfast_predict"]["input"]["path"].endswith("bad\\xffname.h5")
+    assert ef.predict(lambda batch: batch, str(tmp_path / name / "raw"), tmp_path / "p.zarr/p", patch_in=(4, 8, 8),
+                      blend="none", resume=True).computed == 0
 
 
 def test_info_names_an_array_it_cannot_read_instead_of_leaving_it_out(tmp_path, capsys, monkeypatch):

@@ -20,7 +20,7 @@ from .._threads import ctrl_c_held, shutdown_pool
 from .._version import __version__
 from ..io import (WIDTH, CacheBudgetError, OutputLock, ProgressBar, Volume, array_fingerprint, check_free_space,
                   check_input_unchanged, check_output_location, compared_record, fingerprints, open_source, option,
-                  plural, unfinished)
+                  plural, recordable, unfinished)
 from ..pipeline import normalization
 from ..transfer import DeviceNotice, TransferBackend, cuda_ordinal, cuda_unavailable
 from ._block import BlockPredictor
@@ -242,10 +242,10 @@ def _record(volume: Volume, caller: ModelCaller, plan: TilePlan, settings: dict,
     """What decides the output's bytes, stored with it and compared when resuming; ``digest``: the in-memory
     input's fingerprint from :func:`_fingerprint_ahead`; ``files``: a stored input's
     (:func:`~emfast.io._outputs.fingerprint`)."""
-    source = {"name": volume.name, "shape": [volume.channels, *volume.shape], "dtype": volume.dtype.str}
+    source = {"name": recordable(volume.name), "shape": [volume.channels, *volume.shape], "dtype": volume.dtype.str}
     if volume.stamp is not None:
         stamp = volume.stamp
-        source.update(path=str(stamp.path), dataset=stamp.dataset, fingerprint=files)
+        source.update(path=recordable(str(stamp.path)), dataset=recordable(stamp.dataset), fingerprint=files)
     elif volume.in_memory:  # an array's content decides the bytes as much as a file's
         source.update(fingerprint=array_fingerprint(volume.array) if digest is None else digest.result())
     return dict(settings, input=source, model=caller.name, patch_in=list(plan.patch_in),

@@ -31,7 +31,7 @@ from ._geometry import GEOMETRY_KEYS
 from ._hdf5 import plain_attribute
 from ._open import open_source
 from ._outputs import (RECORDS, NotOwnOutputError, OutputLock, add_ome_pyramid, check_free_space,
-                       check_input_unchanged, check_output_location, fingerprints, image_paths, option,
+                       check_input_unchanged, check_output_location, fingerprints, image_paths, option, recordable,
                        remove_zarr_output, unfinished, zarr_store_format)
 from ._progress import plural, progress_bar
 from ._pyramid import DOWNSAMPLING, default_downsampling, downsample, level_factors, level_geometry
@@ -219,7 +219,8 @@ def _convert_level(source: VolumeSource, container: Path, dataset: str, kind: st
     ``lock`` (a pyramid's, held for all its levels) or a lock of its own."""
     full_shape, chunks, tiles = _level_plan(source.full_shape, source.dtype, settings, factor, rule)
     whole, data = fingerprints(source.stamp)  # data: checked again before the output is recorded complete
-    record = {"source": {"path": str(source.stamp.path), "dataset": source.stamp.dataset, "fingerprint": whole},
+    record = {"source": {"path": recordable(str(source.stamp.path)), "dataset": recordable(source.stamp.dataset),
+                         "fingerprint": whole},
               "shape": list(full_shape), "dtype": np.dtype(source.dtype).newbyteorder("=").str,
               "chunks": list(chunks), "tile": list(tiles[0][1]), "tiles": len(tiles),
               "compression": settings["compression"], "format": settings["format"]}

@@ -198,6 +198,14 @@ def input_folder(stamp) -> Path:
 ATTRIBUTE_FILES = frozenset({".zattrs"})
 
 
+def recordable(text: str) -> str:
+    """``text`` (a path or dataset name) as an output's record can hold it: a file name's bytes that are not UTF-8
+    (an old file server's Latin-1, decoded by Python as lone surrogates) as backslash escapes. A record holding
+    them is no JSON file: zarr's metadata check left the whole record out, and a killed run's output passed for
+    a finished one. The same name always gives the same text, so a resume compares them still."""
+    return os.fsencode(text).decode("utf-8", "backslashreplace") if isinstance(text, str) else text
+
+
 def fingerprint(stamp, data_only: bool = False) -> Optional[dict]:
     """What the input's data looks like on disk: the count, total size and a digest of the names, sizes and
     modification times of every file holding it (the HDF5 file and those its external links and virtual datasets
