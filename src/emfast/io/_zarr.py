@@ -233,6 +233,19 @@ class ZarrSource(VolumeSource):
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
         if self._direct is not None and self._direct.read(corner, extent, out, self.name, self.stamp):
             return
+        # zarr-python returns a box as a new array, copied into out: a large box (a conversion's tile, a volume
+        # loaded whole) read in slabs of whole chunk rows along z takes one slab more, not twice the box
+        rows = int(self.chunks[0])
+        plane = max(1, out[:, :1].nbytes)
+        step = rows * max(1, READ_SLAB_BYTES // (plane * rows))
+        z, end = int(corner[0]), int(corner[0]) + int(extent[0])
+        while z < end:
+            stop = min(end, (z // rows) * rows + step)  # a slab's end on a chunk row's
+            first, last = z - int(corner[0]), stop - int(corner[0])
+            self._read_through_zarr((z,) + tuple(corner[1:]), (stop - z,) + tuple(extent[1:]), out[:, first:last])
+            z = stop
+
+    def _read_through_zarr(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
         start = time.perf_counter()
         try:
             data = self._stored(self._selection(corner, extent))
@@ -320,6 +333,10 @@ def _open_node(zarr, path: Path, dataset: str, name: str):
         return zarr.open(store=local_store(path), path=dataset, mode="r")
     except Exception as error:  # zarr raises various types for metadata it refuses
         raise _refused(name, node, error) from error
+
+
+#: The most bytes of a box read through zarr-python at once (see :meth:`ZarrSource.read`).
+READ_SLAB_BYTES = 32 * 2 ** 20
 
 
 def _level_above(zarr, path, dataset: str) -> Optional[Level]:
