@@ -100,6 +100,8 @@ def test_standard_streams_on_a_full_device_lose_text_not_work(small_h5, tmp_path
                       stdout=subprocess.DEVNULL).returncode == 0
         assert emfast("info", str(tmp_path / "nope.h5"), stderr=full).returncode == 2
         stdout_full = emfast("info", str(path), stdout=full, stderr=subprocess.PIPE, text=True)
+        for asked in ("--version", "--help"):  # argparse dropped its text without a word: exit 0
+            assert emfast(asked, stdout=full, stderr=subprocess.DEVNULL).returncode == 2
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an unfinished output warns when opened
         np.testing.assert_array_equal(ef.open(str(tmp_path / "c.zarr/raw")).array[0], small_h5[1])

@@ -282,8 +282,17 @@ def _model_share(result) -> str:
     return f", the model busy {min(1.0, result.profile['model'] / result.seconds):.0%} of it"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, except that help, usage and version text that cannot be written is an error: argparse
+    drops it without a word, and ``emfast --version >/dev/full`` said it was done (exit 0)."""
+
+    def _print_message(self, message, file=None) -> None:
+        if message:
+            (file or sys.stderr).write(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="emfast", description="Fast 3-D patch loading from EM volumes.")
+    parser = _Parser(prog="emfast", description="Fast 3-D patch loading from EM volumes.")
     parser.add_argument("--version", action="version", version=f"emfast {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -527,8 +536,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stdout, sys.stderr = _Output(sys.stdout), _Diagnostics(sys.stderr)
         _one_line_warnings()
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)  # here: its help written to a full standard output is an error too
         with sigterm_interrupts():
             return args.handler(args)
     except KeyboardInterrupt as interrupt:
