@@ -389,6 +389,32 @@ def test_info_of_a_zarr_store_lists_arrays_that_are_no_volume_beside_the_others(
     assert "unsupported dtype complex64" in capsys.readouterr().out
 
 
+def test_info_lists_datasets_behind_hdf5_links_and_a_groups_own_attributes(tmp_path, capsys):
+    """A file made of external links (to another file's dataset and group) was listed as holding nothing: h5py's
+    visititems follows neither soft nor external links. A group named by the path showed the file's attributes
+    as its own."""
+    import h5py
+    data = np.random.default_rng(4).integers(0, 255, (8, 16, 16), dtype=np.uint8)
+    with h5py.File(tmp_path / "data.h5", "w") as f:
+        f.create_dataset("volumes/raw", data=data)
+        f.create_dataset("volumes/labels/ids", data=data.astype(np.uint64))
+    with h5py.File(tmp_path / "links.h5", "w") as f:
+        f.attrs["of_the_file"] = 1
+        f["raw"] = h5py.ExternalLink("data.h5", "volumes/raw")
+        f["vols"] = h5py.ExternalLink("data.h5", "volumes")
+        f["soft"] = h5py.SoftLink("/raw")
+        f["gone"] = h5py.ExternalLink("missing.h5", "x")
+        f.create_group("group").attrs["of_the_group"] = 2
+        f["group/inside"] = data
+    assert main(["info", str(tmp_path / "links.h5")]) == 0
+    listed = [line.split(":")[0].strip() for line in capsys.readouterr().out.splitlines()[1:]
+              if not line.startswith("    ")]
+    assert listed == ["group/inside", "raw", "soft", "vols/labels/ids", "vols/raw"], listed
+    assert main(["info", str(tmp_path / "links.h5/group")]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert "of_the_group" in header and "of_the_file" not in header, header
+
+
 def h5py_file(path):
     import h5py
     return h5py.File(path, "w")

@@ -85,13 +85,9 @@ class Hdf5Format(VolumeFormat):
             top = file.get(inner) if inner else file
             if top is None:
                 raise not_found(container, inner, lambda group: _hdf5_members(file, group))
-            names = []
-            if isinstance(top, h5py.Dataset):
-                names.append(inner)
-            else:
-                top.visititems(lambda name, node: names.append(f"{inner}/{name}" if inner else name)
-                               if isinstance(node, h5py.Dataset) else None)
-            attributes = dict(file.attrs)
+            names = [inner] if isinstance(top, h5py.Dataset) else \
+                [f"{inner}/{name}" if inner else name for name in _hdf5_dataset_names(top)]
+            attributes = dict(top.attrs if isinstance(top, h5py.Group) else file.attrs)
         except BaseException:
             file.close()
             raise
@@ -115,6 +111,31 @@ def _hdf5_datasets(file: h5py.File, container: Path, names: List[str], named: st
                 if node.ndim in (3, 4):
                     summary += f" (not read as a volume: {error})"
             yield Listed(name, summary, dict(node.attrs), volume)
+
+
+def _hdf5_dataset_names(group: h5py.Group) -> List[str]:
+    """The datasets below ``group``, by path: each object once by its hard links (as ``visititems``), then those
+    reached through a soft or external link by the link's name (``visititems`` follows neither: a file of links
+    to another was listed as holding nothing). A link's group is walked through its hard links only (a soft link
+    may lead back up: no cycle); a dangling link is left out."""
+    names: List[str] = []
+    group.visititems(lambda name, node: names.append(name) if isinstance(node, h5py.Dataset) else None)
+    if not hasattr(group, "visititems_links"):  # h5py before 3.11: hard links only
+        return names
+    links: List[str] = []
+    group.visititems_links(lambda name, link: links.append(name)
+                           if isinstance(link, (h5py.SoftLink, h5py.ExternalLink)) else None)
+    for name in links:
+        try:
+            node = group[name]
+        except (KeyError, OSError):  # dangling: its target is gone
+            continue
+        if isinstance(node, h5py.Dataset):
+            names.append(name)
+        elif isinstance(node, h5py.Group) and node.file.filename != group.file.filename:
+            node.visititems(lambda inner, item: names.append(f"{name}/{inner}")
+                            if isinstance(item, h5py.Dataset) else None)
+    return names
 
 
 def _hdf5_members(file: h5py.File, group: str):
