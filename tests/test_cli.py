@@ -415,6 +415,21 @@ def test_info_lists_datasets_behind_hdf5_links_and_a_groups_own_attributes(tmp_p
     assert "of_the_group" in header and "of_the_file" not in header, header
 
 
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_info_of_a_missing_path_in_a_store_without_root_group_lists_its_arrays(tmp_path, capsys, zarr_format):
+    """tensorstore and funlib write arrays with no group metadata above them: a path naming nothing there gave
+    zarr-python's "No group found in store ... at path ''", naming the store's root, not the path."""
+    zarr = pytest.importorskip("zarr")
+    zarr.open_group(str(tmp_path / "s.zarr"), mode="w", zarr_format=zarr_format).create_array(
+        "raw", shape=(4, 8, 8), dtype="u1")
+    for marker in ("zarr.json", ".zgroup", ".zattrs"):
+        (tmp_path / "s.zarr" / marker).unlink(missing_ok=True)  # as tensorstore writes it: no root group
+    assert main(["info", str(tmp_path / "s.zarr/nope")]) == 2
+    assert capsys.readouterr().err.strip() == f"emfast: error: {tmp_path / 's.zarr'} has no array 'nope'; its " \
+                                              "arrays: raw"
+    assert main(["info", str(tmp_path / "s.zarr")]) == 0 and "raw: shape=(4, 8, 8)" in capsys.readouterr().out
+
+
 def h5py_file(path):
     import h5py
     return h5py.File(path, "w")

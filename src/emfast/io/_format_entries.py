@@ -226,8 +226,13 @@ def _zarr_arrays(container: Path, inner: str) -> List[str]:
     zarr = import_zarr()
     refuse_special_metadata(container, inner)
     names = arrays_on_disk(container, inner) if (container / inner).is_dir() else []
-    if names and not any((container / m).is_file() for m in GROUP_MARKERS):
-        return [f"{inner}/{name}".strip("/.") if name != "." else inner for name in names]  # no root group
+    if not any((container / m).is_file() for m in GROUP_MARKERS):  # no root group: tensorstore's, funlib's
+        if names:
+            return [f"{inner}/{name}".strip("/.") if name != "." else inner for name in names]
+        # zarr-python would say "No group found ... at path ''", naming the store's root, not the path given
+        found = arrays_on_disk(container)
+        raise DatasetNotFoundError(f"{container} has no array {inner!r}; its arrays: {', '.join(found) or 'none'}"
+                                   if inner else f"{container} holds no zarr array or group")
     root = zarr.open(store=local_store(container), mode="r")
     try:
         node = root[inner] if inner else root
