@@ -343,6 +343,11 @@ def test_a_model_dask_cannot_pickle_is_named_before_anything_is_written(tmp_path
                                             r"which need it pickled \(TypeError: cannot pickle '_thread.lock'"):
             ef.predict(Locked(), volume, tmp_path / "p.zarr/pred", client=client, patch_in=PATCH_IN,
                        patch_out=PATCH_OUT)
+        from emfast.cli import user_error
+        with pytest.raises(TypeError) as refused:
+            ef.predict(Locked(), volume, tmp_path / "p.zarr/pred", client=client, patch_in=PATCH_IN,
+                       patch_out=PATCH_OUT)
+        assert user_error(refused.value)  # the command: one line, exit 2 (it was "a bug in emfast", exit 1)
     assert not [p for p in tmp_path.iterdir() if "lock" not in p.name]
 
 

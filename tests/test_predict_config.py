@@ -134,11 +134,13 @@ def test_an_output_store_reached_through_a_link_keeps_the_name_that_says_its_for
     assert (folder / "scratch" / "pred").is_dir()
 
 
-@pytest.mark.parametrize("layout", ["module", "namespace package", "module named as one of the standard library"])
+@pytest.mark.parametrize("layout", ["module", "namespace package", "module named as one of the standard library",
+                                    "module importing one beside it"])
 def test_a_dask_engine_gets_the_model_beside_the_config_whatever_the_working_directory(folder, layout):
     """The model's module beside the config is imported with the config's folder on the path, but Dask worker
     processes could not import it by name ("No module named 'nets'", reported as an internal error) unless run
-    from that folder: it now travels with its code."""
+    from that folder: it now travels with its code, and so do the modules beside it that it imports (a helper's:
+    "No module named 'helpers'" on Dask, where the local engine ran)."""
     import os
     import subprocess
     from pathlib import Path
@@ -150,6 +152,11 @@ def test_a_dask_engine_gets_the_model_beside_the_config_whatever_the_working_dir
         "import numpy as np\n\n\nclass Crop:  # an instance of a class of this module: pickled by name\n"
         "    def __call__(self, batch):\n        return batch[:, :, 2:-2, 4:-4, 4:-4] * np.float32(2)\n\n\n"
         "def load():\n    return Crop()\n")
+    if layout == "module importing one beside it":
+        (folder / "cropping.py").write_text("import numpy as np\n\n\ndef crop_twice(batch):\n"
+                                            "    return batch[:, :, 2:-2, 4:-4, 4:-4] * np.float32(2)\n")
+        module.write_text("from cropping import crop_twice\n\n\nclass Crop:\n    def __call__(self, batch):\n"
+                          "        return crop_twice(batch)\n\n\ndef load():\n    return Crop()\n")
     name = {"module": "netclass", "namespace package": "nsnets.netclass"}.get(layout, "nntplib")
     text = PREDICT.replace("nets:load", f"{name}:load").replace("  model_args: {gain: 2.0}\n", "")
     path = _config(folder, text + "  engine: {dask: {workers: 1}}\n")

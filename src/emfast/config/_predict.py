@@ -372,6 +372,11 @@ class PredictSpec:
         base = Path(self.base).resolve()
         where = getattr(module, "__file__", None)
         if where is not None and Path(where).resolve().parent == base:  # nets.py
+            # and the modules beside it that it imported (from helpers import crop): sent first, not imported
+            # there until nets.py is (one may import another), as only nets.py went and "No module named
+            # 'helpers'" ended a run that works locally
+            for sibling in _modules_in(base, besides=module):
+                client.upload_file(sibling, load=False)
             client.upload_file(str(Path(where).resolve()))
             return
         folders = [Path(f).resolve() for f in getattr(module, "__path__", [])]  # a package, a namespace one too
@@ -524,6 +529,17 @@ def load_predict_config(source: Union[str, os.PathLike]) -> PredictSpec:
     if not isinstance(document, dict) or "predict" not in document:
         raise reader.error((), "no predict section: add predict: with model, input, output and patch_in")
     return predict_section(reader, document["predict"], ("predict",))
+
+
+def _modules_in(folder: Path, besides) -> List[str]:
+    """The files of the modules imported from ``folder`` (a config's) other than ``besides``, sorted."""
+    found = set()
+    for module in list(sys.modules.values()):
+        where = getattr(module, "__file__", None)
+        if module is not besides and isinstance(where, str) and where.endswith(".py") \
+                and Path(where).resolve().parent == folder:
+            found.add(str(Path(where).resolve()))
+    return sorted(found)
 
 
 def _module_location(name: str) -> Optional[str]:

@@ -29,20 +29,25 @@ def dask_missing() -> Optional[str]:
     return None
 
 
+class ModelNotSendableError(TypeError):
+    """The model cannot be pickled for the Dask workers: the user's model, not a bug of emfast's (the command
+    says it in one line)."""
+
+
 def check_model_pickles(model, client) -> None:
-    """TypeError naming the model if it cannot be sent to ``client``'s workers (as Dask pickles it: pickle, else
-    cloudpickle), before anything is written: otherwise the run failed at its first task with an error naming
-    emfast's BlockPredictor, and left the output begun. Workers in this process (``inproc://``) share objects
-    unpickled."""
+    """:class:`ModelNotSendableError` (a TypeError) naming the model if it cannot be sent to ``client``'s workers
+    (as Dask pickles it: pickle, else cloudpickle), before anything is written: otherwise the run failed at its
+    first task with an error naming emfast's BlockPredictor, and left the output begun. Workers in this process
+    (``inproc://``) share objects unpickled."""
     from distributed.protocol import pickle as dask_pickle
     if str(getattr(client.scheduler, "address", "")).startswith("inproc://"):
         return
     try:
         dask_pickle.dumps(model)
     except Exception as error:  # noqa: BLE001 - whatever pickling raises is the reason
-        raise TypeError(f"client=: the model {model_name(model)} cannot be sent to the Dask workers, which need "
-                        f"it pickled ({type(error).__name__}: {error}); make it picklable, or predict without "
-                        "client=") from None
+        raise ModelNotSendableError(f"client=: the model {model_name(model)} cannot be sent to the Dask workers, "
+                                    f"which need it pickled ({type(error).__name__}: {error}); make it picklable, or "
+                                    "predict without client=") from None
 
 
 def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset: str, kind: str,
