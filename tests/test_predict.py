@@ -351,6 +351,25 @@ def test_a_model_dask_cannot_pickle_is_named_before_anything_is_written(tmp_path
     assert not [p for p in tmp_path.iterdir() if "lock" not in p.name]
 
 
+def test_a_model_whose_module_the_dask_workers_cannot_import_is_named_before_anything_is_written(tmp_path, volume,
+                                                                                                   monkeypatch):
+    """Pickled by reference, a model of a module only the client can import failed at the first task with a bare
+    Exception ("No module named 'mynets'"), naming no model, the output and its kept tiles begun (a helper's)."""
+    import importlib
+    distributed = pytest.importorskip("distributed")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "mynets.py").write_text("def crop(batch):\n    return batch[:, :, 2:-2, 4:-4, 4:-4]\n")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=40) as cluster, distributed.Client(cluster) as client:
+        monkeypatch.syspath_prepend(str(tmp_path / "mine"))  # the client's path only, once the workers run
+        mynets = importlib.import_module("mynets")
+        with pytest.raises(TypeError, match=r"the model mynets:crop cannot be loaded by 1 of the Dask workers: they "
+                                            r"cannot import its module 'mynets'"):
+            ef.predict(mynets.crop, volume, tmp_path / "p.zarr/pred", client=client, patch_in=PATCH_IN,
+                       patch_out=PATCH_OUT)
+    assert not [p for p in tmp_path.iterdir() if p.name != "mine" and "lock" not in p.name]
+
+
 def _interrupting(model, calls, error):
     count = [0]
 

@@ -48,6 +48,25 @@ def check_model_pickles(model, client) -> None:
         raise ModelNotSendableError(f"client=: the model {model_name(model)} cannot be sent to the Dask workers, "
                                     f"which need it pickled ({type(error).__name__}: {error}); make it picklable, or "
                                     "predict without client=") from None
+    # pickled by reference, its module must import there: else the first task failed with a bare Exception
+    # ("No module named 'mynets'"), naming no model, the output begun
+    module = getattr(model, "__module__", None) or type(model).__module__
+    if isinstance(module, str) and module != "__main__":  # __main__'s travel by value
+        lacking = [worker for worker, found in client.run(_importable, module).items() if not found]
+        if lacking:
+            raise ModelNotSendableError(f"client=: the model {model_name(model)} cannot be loaded by {len(lacking)} "
+                                        f"of the Dask workers: they cannot import its module {module!r}; install "
+                                        "it where they run (or start them where it is importable), or predict "
+                                        "without client=")
+
+
+def _importable(module: str) -> bool:
+    """On a worker: whether ``module`` imports there (found, not executed)."""
+    import importlib.util
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a module without a spec
+        return False
 
 
 def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset: str, kind: str,
