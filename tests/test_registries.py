@@ -191,6 +191,14 @@ def test_info_of_precomputed_written_by_tensorstore(tmp_path, raw, capsys):
     assert_values_line(lines[2], raw)
 
 
+def test_info_of_precomputed_says_which_of_its_scales_it_shows(tmp_path, raw, capsys):
+    """Of a volume of several scales, info showed the finest alone, nothing saying there were others."""
+    write_precomputed(tmp_path / "pc", raw, scales=((4, 4, 40), (8, 8, 40)))
+    lines = info_lines(capsys, tmp_path / "pc")
+    assert lines[1].startswith("  .: shape=(16, 32, 48) dtype=uint8 chunks=(8, 16, 16) (precomputed: scale 0 of 2, "
+                               "key 4_4_40; the others by level= or resolution=) resolution=(40.0, 4.0, 4.0) ")
+
+
 def test_precomputed_level_is_level_and_scale_is_deprecated(tmp_path, raw):
     write_precomputed(tmp_path / "pc", raw, scales=((4, 4, 40), (8, 8, 40)))
     half = raw[:, ::2, ::2]

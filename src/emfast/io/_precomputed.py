@@ -152,6 +152,7 @@ class PrecomputedSource(VolumeSource):
         self.resolution = tuple(float(r) for r in chosen["resolution"][::-1])
         self.offset = tuple(float(o) * r for o, r in zip(chosen["voxel_offset"][::-1], self.resolution))
         self._path, self._scale = path, index
+        self._scales = [str(s.get("key", "")) for s in scales]
         self.stamp = path.stamp(f"scale {index}", "info") if remote else Stamp.of(path, f"scale {index}", path / "info")
         self._chunk_files = _ChunkFiles(path, chosen, self.name)
         if chosen["encoding"] == "raw" and not chosen.get("sharding"):
@@ -211,6 +212,14 @@ class PrecomputedSource(VolumeSource):
     def _in_store(self, corner) -> tuple:
         """The (x, y, z) store coordinates of the (z, y, x) voxel ``corner``."""
         return tuple(o + int(c) for o, c in zip(self._chunk_files.origin, corner[::-1]))
+
+    def describe(self) -> str:
+        """As every source's, and, of a volume of several scales, which this is: ``emfast info`` showed the finest
+        alone, with nothing saying there were others (an OME-Zarr image's levels are said)."""
+        if len(self._scales) < 2:
+            return super().describe()
+        return (f"{super().describe()} (precomputed: scale {self._scale} of {len(self._scales)}, key "
+                f"{self._scales[self._scale]}; the others by level= or resolution=)")
 
     def reopen_arguments(self) -> tuple:
         # a store pickles as its URL, a folder as its absolute path (a Dask worker may run elsewhere)
