@@ -19,8 +19,8 @@ from .._core.gather import PAD_MODES
 from .._threads import ctrl_c_held, shutdown_pool
 from .._version import __version__
 from ..io import (WIDTH, CacheBudgetError, OutputLock, ProgressBar, Volume, array_fingerprint, check_free_space,
-                  check_input_unchanged, check_output_location, compared_record, fingerprints, open_source, option,
-                  plural, recordable, unfinished)
+                  check_input_unchanged, check_output_location, compared_record, fingerprints, first_non_finite,
+                  open_source, option, plural, recordable, refuse_if_unfinished)
 from ..pipeline import normalization
 from ..transfer import DeviceNotice, TransferBackend, cuda_ordinal, cuda_unavailable
 from ._block import BlockPredictor
@@ -149,13 +149,9 @@ def _as_volume(volume, cache_bytes: int) -> Tuple[Volume, bool]:
     elif isinstance(volume, np.ndarray):
         volume, opened = Volume.from_array(volume, name="input array"), False
     elif isinstance(volume, (str, os.PathLike)):
-        source = open_source(volume)
-        finish = unfinished(source.attributes())
-        if finish is not None:  # its unwritten voxels would be predicted as data, and the output recorded complete
-            source.close()
-            raise UnfinishedInputError(f"{volume} is an emfast output not finished writing (its record says complete: "
-                                       "false): what was not written would be predicted as its fill value; "
-                                       f"{finish} first")
+        source = open_source(volume)  # its unwritten voxels would be predicted as data, the output recorded complete
+        refuse_if_unfinished(source, str(volume), "what was not written would be predicted as its fill value",
+                             UnfinishedInputError)
         volume, opened = Volume.open(source, in_memory=False, cache_bytes=cache_bytes), True
     else:
         raise TypeError(f"volume must be an emfast Volume, a NumPy array or a path, got {type(volume).__name__}")
@@ -623,13 +619,8 @@ def _first_non_finite(array: np.ndarray, plan: TilePlan) -> Optional[Tuple[int, 
     low = [max(0, int(starts[0]) - c) for starts, c in zip(plan.starts, plan.context)]
     high = [min(s, int(starts[-1]) + p - c) for s, starts, p, c in zip(array.shape[1:], plan.starts,
                                                                          plan.patch_in, plan.context)]
-    step = max(1, NON_FINITE_SLAB_BYTES // max(1, array[:, :1, low[1]:high[1], low[2]:high[2]].nbytes))
-    for z in range(low[0], high[0], step):
-        slab = array[:, z:min(z + step, high[0]), low[1]:high[1], low[2]:high[2]]
-        if not np.isfinite(slab).all():
-            c, dz, y, x = (int(i) for i in np.argwhere(~np.isfinite(slab))[0])
-            return c, z + dz, low[1] + y, low[2] + x
-    return None
+    section = max(1, array[:, :1, low[1]:high[1], low[2]:high[2]].nbytes)
+    return first_non_finite(array, low, high, max(1, NON_FINITE_SLAB_BYTES // section))
 
 
 def _check_room_for(blocks, bytes_per_voxel: int, container) -> None:

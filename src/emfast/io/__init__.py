@@ -18,7 +18,8 @@ from ._n5 import N5Source
 from ._open import contents, open_source, open_volume, resolved_above_container, split_path
 from ._outputs import (REMOVING_TAIL, InputChangedError, OutputLock, UnfinishedOutputWarning, add_ome_multiscales,
                        array_fingerprint, check_free_space, check_input_unchanged, check_output_location,
-                       command_line_options, fingerprint, fingerprints, option, recordable, remove_folder,
+                       command_line_options, fingerprint, fingerprints, option, recordable, refuse_if_unfinished,
+                       remove_folder,
                        remove_leftovers, set_aside, unfinished, unique_beside, zarr_geometry)
 from ._precomputed import PrecomputedSource, tensorstore_missing
 from ._progress import WIDTH, ProgressBar, plural
@@ -26,7 +27,8 @@ from ._pyramid import DOWNSAMPLING
 from ._remote import ReadAbandoned, RemoteReadError, RemoteStore, abandoned_when, is_url
 from ._source import (CorruptChunkError, DatasetNotFoundError, LevelChoiceError, Stamp, StoreMetadataError,
                       VolumeSource, local_path)
-from ._volume import ASARRAY_LIMIT_BYTES, UnsupportedDtypeError, Volume, VolumeTooLargeError, as_volume
+from ._volume import (ASARRAY_LIMIT_BYTES, UnsupportedDtypeError, Volume, VolumeTooLargeError, as_volume,
+                      first_non_finite)
 from ._zarr import ZarrSource, import_zarr, local_store, zarr_missing
 from ._writer import COMPRESSIONS, OutputWriter, check_compression, compared_record, parse_output, zarr_compressor
 
@@ -37,6 +39,7 @@ __all__ = [
     "VolumeFormat",
     "command_line_options",
     "contents",
+    "first_non_finite",
     "format_of_suffix",
     "formats",
     "plural",
@@ -90,6 +93,7 @@ __all__ = [
     "progress_bar",
     "REMOVING_TAIL",
     "recordable",
+    "refuse_if_unfinished",
     "remove_folder",
     "remove_leftovers",
     "unique_beside",

@@ -32,7 +32,7 @@ from ._hdf5 import plain_attribute
 from ._open import open_source
 from ._outputs import (RECORDS, NotOwnOutputError, OutputLock, add_ome_pyramid, check_free_space,
                        check_input_unchanged, check_output_location, fingerprints, image_paths, option, recordable,
-                       remove_zarr_output, unfinished, zarr_store_format)
+                       refuse_if_unfinished, remove_zarr_output, zarr_store_format)
 from ._progress import plural, progress_bar
 from ._pyramid import DOWNSAMPLING, default_downsampling, downsample, level_factors, level_geometry
 from ._source import VolumeSource
@@ -178,10 +178,9 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
                            "volumes; write an array in memory with zarr-python or h5py")
     source = open_source(source_path, level=level, resolution=resolution, storage_options=storage_options)
     try:
-        finish = unfinished(source.attributes())
-        if finish is not None:  # a copy carries no record: its unwritten voxels would pass for data
-            raise ConvertError(f"{source_path} is an emfast output not finished writing (its record says complete: "
-                               f"false); a copy would hold what was not written as data: {finish} first")
+        # a copy carries no record: its unwritten voxels would pass for data
+        refuse_if_unfinished(source, str(source_path), "a copy would hold what was not written as data",
+                             ConvertError)
         if 0 in tuple(source.full_shape):  # a volume never is (see emfast.open); its tiles would be none
             raise ConvertError(f"{source_path}: volume is empty (shape {tuple(source.full_shape)}); there is nothing "
                                "to convert")

@@ -133,6 +133,17 @@ def warn_if_unfinished(source, name: str) -> None:
         raise
 
 
+def refuse_if_unfinished(source, name: str, consequence: str, error: type) -> None:
+    """Raise ``error`` (``source`` closed first) if the volume ``name`` opened from ``source`` is an output emfast
+    has not finished writing, as :func:`warn_if_unfinished` warns: for a command that would make of it what looks
+    finished, ``consequence`` saying what."""
+    finish = unfinished(source.attributes())
+    if finish is not None:
+        source.close()
+        raise error(f"{name} is an emfast output not finished writing (its record says complete: false): "
+                    f"{consequence}; {finish} first")
+
+
 def option(name: str) -> str:
     """How messages name the option ``name``: ``name=True`` for Python callers, ``--name`` on the command line."""
     return f"--{name.replace('_', '-')}" if _command_line[0] else f"{name}=True"

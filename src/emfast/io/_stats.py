@@ -34,7 +34,7 @@ from .._core.common import RAW_DTYPES
 from .._machine import cache_directory
 from ._outputs import fingerprint
 from ._remote import RemoteStamp
-from ._volume import Volume, as_volume
+from ._volume import Volume, as_volume, first_non_finite
 
 #: Bumped whenever the statistics or the cache file layout change; part of every cache key.
 STATS_FORMAT_VERSION = 1
@@ -178,9 +178,9 @@ def _float_statistics(volume: Volume) -> VolumeStatistics:
 
 
 def _check_finite(volume: Volume, z: int, slab: np.ndarray) -> None:
-    finite = np.isfinite(slab)
-    if not finite.all():
-        c, dz, y, x = np.argwhere(~finite)[0]
+    bad = first_non_finite(slab, sections=max(1, slab.shape[1]))  # the slab read, at once
+    if bad is not None:
+        c, dz, y, x = bad
         raise ValueError(f"{volume.name}: contains NaN or infinity, first at (c, z, y, x) = "
                          f"({c}, {z + dz}, {y}, {x}); statistics need finite values")
 

@@ -471,12 +471,9 @@ class Volume:
         """Raise ValueError if a float volume held in memory contains NaN or infinity."""
         if self.dtype.kind != "f" or self._array is None:
             return
-        for z in range(0, self.shape[0], _FINITE_CHECK_SECTIONS):
-            section = self._array[:, z:z + _FINITE_CHECK_SECTIONS]
-            if not np.isfinite(section).all():
-                bad = np.argwhere(~np.isfinite(section))[0]
-                raise ValueError(f"{self.name}: contains NaN or infinity, first at (c, z, y, x) = "
-                                 f"({bad[0]}, {z + bad[1]}, {bad[2]}, {bad[3]})")
+        bad = first_non_finite(self._array)
+        if bad is not None:
+            raise ValueError(f"{self.name}: contains NaN or infinity, first at (c, z, y, x) = {bad}")
 
     def close(self) -> None:
         """Close the file or store of a lazy volume (in-memory volumes hold none); its reads fail after it."""
@@ -511,6 +508,20 @@ def _rebuilt_volume(array, name, resolution, offset, chunks, stamp, translation=
 
 def _reopened_volume(source_type: type, arguments: tuple, cache_bytes: int) -> Volume:
     return Volume(source_type(*arguments), name=None, cache_bytes=cache_bytes)
+
+
+def first_non_finite(array: np.ndarray, low: Sequence[int] = (0, 0, 0), high: Optional[Sequence[int]] = None,
+                     sections: int = _FINITE_CHECK_SECTIONS) -> Optional[Tuple[int, int, int, int]]:
+    """The first (c, z, y, x) of the 4-D float ``array`` holding NaN or infinity within the box ``low`` to ``high``
+    (z, y, x; default the whole), looked at ``sections`` sections at a time (no copy of a large array); None if
+    there is none."""
+    high = tuple(array.shape[1:]) if high is None else tuple(high)
+    for z in range(low[0], high[0], sections):
+        slab = array[:, z:min(z + sections, high[0]), low[1]:high[1], low[2]:high[2]]
+        if not np.isfinite(slab).all():
+            c, dz, y, x = (int(i) for i in np.argwhere(~np.isfinite(slab))[0])
+            return c, z + dz, low[1] + y, low[2] + x
+    return None
 
 
 def as_volume(source, name: str) -> Volume:
