@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import uuid
-from concurrent.futures import Executor, wait
+from concurrent.futures import Executor, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 import numpy as np
 
 from .._machine import cores
-from .._threads import join_all, start_thread
+from .._threads import shutdown_pool
 from ._metadata import zarr_text
 from ._source import fill_value
 
@@ -100,12 +99,12 @@ class ChunkFiles:
                    for c, e, k, s in zip(corner, extent, self.chunks, self.shape))
 
     def write(self, corner: Tuple[int, ...], data: np.ndarray, encoding: Optional[Executor] = None) -> None:
-        """Write ``data`` (the array's dtype), whose box :meth:`covers`, chunk by chunk, on :func:`encoders`
-        threads (encoding releases the GIL): a box written alone, as the last one of a run is, still keeps the
-        cores busy, and a compressor slower than the network (zstd on near-constant float32 predictions runs at
-        about 150 MB/s a core) is spread over them. With ``encoding``, a pool that several writers share, its
-        chunks are encoded there instead, each as a task of its own: whichever thread is free takes the next
-        chunk, of this box or another's, so no core idles while another works through a box's remaining share."""
+        """Write ``data`` (the array's dtype), whose box :meth:`covers`, chunk by chunk, each chunk a task of a
+        pool (encoding releases the GIL): a box written alone, as the last one of a run is, still keeps the cores
+        busy, and a compressor slower than the network (zstd on near-constant float32 predictions runs at about
+        150 MB/s a core) is spread over them. The pool is ``encoding``, shared by several writers (whichever
+        thread is free takes the next chunk, of this box or another's, so no core idles while another works
+        through a box's remaining share), or one of :func:`encoders` threads for this box alone."""
         chunks = list(self._chunks(corner, data))
         if encoding is not None and len(chunks) > 1:
             self._write_on(encoding, chunks)
@@ -114,24 +113,11 @@ class ChunkFiles:
         if parts < 2:
             self._write_chunks(chunks)
             return
-        errors: List[BaseException] = []
-
-        def part(index: int) -> None:
-            try:
-                self._write_chunks(chunks[index::parts])
-            except BaseException as error:  # raised on the calling thread below
-                errors.append(error)
-
-        helpers = [threading.Thread(target=part, args=(index,), name="emfast-chunk-write", daemon=True)
-                   for index in range(1, parts)]
+        encoding = ThreadPoolExecutor(parts, thread_name_prefix="emfast-chunk-write")
         try:
-            for helper in helpers:
-                start_thread(helper)
-            self._write_chunks(chunks[0::parts])
-        finally:
-            join_all([h for h in helpers if h.ident is not None])  # through Ctrl-C: none writes after this returns
-        if errors:
-            raise errors[0]
+            self._write_on(encoding, chunks)
+        finally:  # through Ctrl-C too: none writes after this returns (what was not begun is not)
+            shutdown_pool(encoding, cancel_futures=True)
 
     def _write_on(self, encoding: Executor, chunks) -> None:
         """Write ``chunks`` as tasks of ``encoding``; returns once every one has ended (none writes after it),
