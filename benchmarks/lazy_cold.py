@@ -356,19 +356,21 @@ def main(argv=None) -> int:
         lines.append(f"    whole volume     : emfast {1e3 * e:7.1f} ms (in-memory open), tensorstore {1e3 * t:7.1f} ms "
                      f"(whole read), ratio {t / e:.2f}")
     if "ablation zarr v3 zstd" in raw:
-        lines.append(f"  zarr v3 zstd boxes, ablation ({args.ablation} rounds alternating; ms for the {n_boxes} boxes):")
+        lines.append(f"  zarr v3 zstd boxes, ablation ({args.ablation} rounds alternating; ms for the {n_boxes} "
+                     "boxes):")
         for key, (wall, cpu) in raw["ablation zarr v3 zstd"].items():
             lines.append(f"    {key:45}: wall {1e3 * wall:6.1f}, CPU {1e3 * cpu:6.1f}")
     if "small cache" in raw:
-        lines.append(f"  small cache: {SMALL_CACHE_SHAPE} uint8 EM-like ({np.prod(SMALL_CACHE_SHAPE) >> 20} MiB), caches "
-                     f"of 1/{SMALL_CACHE_SHARE} of it, {small_batches} loader batches from start, tensorstore reading "
-                     "the same batches' boxes (medians over rounds):")
+        lines.append(f"  small cache: {SMALL_CACHE_SHAPE} uint8 EM-like ({np.prod(SMALL_CACHE_SHAPE) >> 20} MiB), "
+                     f"caches of 1/{SMALL_CACHE_SHARE} of it, {small_batches} loader batches from start, tensorstore "
+                     "reading the same batches' boxes (medians over rounds):")
         for key, row in raw["small cache"].items():
             e, t = median(row["emfast"]), median(row["tensorstore"])
+            cpu = {reader: 1e3 * median(row[f"{reader} CPU"]) / small_batches for reader in ("emfast", "tensorstore")}
             summary[f"small cache {key} emfast / tensorstore"] = t / e
-            lines.append(f"    {key:27}: emfast {small_batches / e:6.1f}, tensorstore {small_batches / t:6.1f} batches/s, "
-                         f"ratio {t / e:.2f}; CPU ms per batch emfast {1e3 * median(row['emfast CPU']) / small_batches:.2f}"
-                         f", tensorstore {1e3 * median(row['tensorstore CPU']) / small_batches:.2f}")
+            lines.append(f"    {key:27}: emfast {small_batches / e:6.1f}, tensorstore {small_batches / t:6.1f} "
+                         f"batches/s, ratio {t / e:.2f}; CPU ms per batch emfast {cpu['emfast']:.2f}, tensorstore "
+                         f"{cpu['tensorstore']:.2f}")
     passed = all(v >= TARGET for k, v in summary.items()
                  if "decoder" not in k and "CPU" not in k and "whole" not in k and not k.startswith(EXTRA_FORMATS))
     lines.append(f"  target (cold emfast / tensorstore >= {TARGET}): {'PASS' if passed else 'MISS'}")
