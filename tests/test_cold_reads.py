@@ -767,6 +767,29 @@ def test_a_box_s_missing_blocks_are_read_within_the_budget_and_in_steps_where_th
         cache.unpin(pinned)
 
 
+def test_a_box_s_missing_small_blocks_are_read_in_waves_of_wave_bytes(tmp_path, monkeypatch):
+    """Small blocks are read WAVE_BYTES at a time where the budget allows it, not 1/WAVES_PER_BUDGET of it: each
+    wave's bookkeeping holds the GIL whatever its size. A wave stays within 1/WAVE_SHARE_MAX of the budget."""
+    from emfast.io._chunkcache import WAVE_BYTES, WAVE_SHARE_MAX, WAVES_PER_BUDGET, ChunkCache
+    data = random_volume(np.uint8, (40, 160, 320))
+    zarr.create_array(str(tmp_path / "s.zarr"), shape=data.shape, chunks=(8, 32, 32), dtype=np.uint8,
+                      compressors=zarr.codecs.ZstdCodec())[...] = data
+    requests = []
+    allocate = ChunkCache._empty_blocks
+
+    def watched(self, keys):
+        requests.append(len(keys))
+        return allocate(self, keys)
+    monkeypatch.setattr(ChunkCache, "_empty_blocks", watched)
+    with ef.open(tmp_path / "s.zarr", in_memory=False, cache_bytes=24 << 20) as volume:
+        cache = volume.chunk_cache
+        wave = min(WAVE_BYTES, cache.blocks_budget // WAVE_SHARE_MAX) // cache.block_bytes
+        assert wave > cache.blocks_budget // WAVES_PER_BUDGET // cache.block_bytes  # the case this is about
+        out = volume.read_box((0, 0, 0), data.shape, np.empty((1,) + data.shape, np.uint8))  # 250 blocks
+        np.testing.assert_array_equal(out[0], data)
+    assert sum(requests) == 250 and requests == [wave] * (250 // wave) + ([250 % wave] if 250 % wave else [])
+
+
 def test_side_by_side_cuts_parts_of_at_most_the_items_asked(monkeypatch):
     """A reader's parts hold at most ``most`` items (its chunks' encoded bytes in one file read), alone or not."""
     monkeypatch.setattr(_decode, "_idle_cores", lambda: 0)

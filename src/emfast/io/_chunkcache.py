@@ -65,11 +65,17 @@ GRID_BYTES_PER_BLOCK = 8 + 4 + 8 + 1
 #: Most buffers of evicted blocks allocated alone (more than half a slab each, or every block of a cache smaller
 #: than a slab, see ``_blockslots``) kept for reuse, outside the budget; in steady state one or two are used.
 SPARE_BUFFERS = 4
-#: A box's missing blocks are read in waves of at most 1/WAVES_PER_BUDGET of the budget, or WAVE_BLOCKS blocks if
-#: that is more: a wave's encoded bytes and new blocks are in memory at once, and with several threads reading
-#: (producers, read-ahead, decode helpers) whole batches of large blocks left the process 10 to 25 % above its
-#: budget (``benchmarks/lazy_memory.py``: 64 blocks of 512 KiB against a 64 MiB budget).
+#: A box's missing blocks are read in waves of at most 1/WAVES_PER_BUDGET of the budget, or WAVE_BYTES where that
+#: is more and at most 1/WAVE_SHARE_MAX of the budget, or WAVE_BLOCKS blocks if that is more: a wave's encoded bytes
+#: and new blocks are in memory at once, and with several threads reading (producers, read-ahead, decode helpers)
+#: whole batches of large blocks left the process 10 to 25 % above its budget (``benchmarks/lazy_memory.py``: 64
+#: blocks of 512 KiB against a 64 MiB budget). Each wave costs bookkeeping under the GIL (eviction, pending reads,
+#: slots) whatever its size: waves of 2 MiB rather than of 12 blocks of 64 KiB make a loader over a volume 4x its
+#: cache 15-25 % faster at threads=1 (``benchmarks/lazy_cold.py``, small cache); its peak RSS did not change
+#: (``benchmarks/lazy_memory.py``). A wave's encoded bytes are read at most ``_filebatch.BATCH_BYTES`` per call.
 WAVES_PER_BUDGET = 32
+WAVE_BYTES = 2 << 20
+WAVE_SHARE_MAX = 8
 WAVE_BLOCKS = 8
 #: Of a budget above READING_FREE bytes, the blocks get all but an eighth (READING_SHARE), at most READING_BYTES
 #: kept back, and never less than READING_FREE: the rest is for what reading them needs beside them (file buffers
@@ -336,7 +342,7 @@ class ChunkCache:
         read_many = getattr(self._source, "read_many", None)
         if read_many is not None and len(keys) > 1:
             left = list(keys)
-            wave = max(WAVE_BLOCKS, self.blocks_budget // WAVES_PER_BUDGET // self.block_bytes)
+            wave = self._wave_blocks()
             while left:
                 left = self._read_together(left[:wave], read_many, timings, ahead) + left[wave:]
             return
@@ -431,6 +437,11 @@ class ChunkCache:
             del self._pending[key]
         pending.set_result(None)  # the block is in the cache: its waiters take it from there
         return block
+
+    def _wave_blocks(self) -> int:
+        """Blocks read in one wave (see :data:`WAVES_PER_BUDGET`)."""
+        wave_bytes = max(self.blocks_budget // WAVES_PER_BUDGET, min(WAVE_BYTES, self.blocks_budget // WAVE_SHARE_MAX))
+        return max(WAVE_BLOCKS, wave_bytes // self.block_bytes)
 
     def _read_together(self, keys, read_many, timings, ahead: bool) -> list:
         """Read the blocks ``keys`` not held by one call of the source's ``read_many`` (which reads them all at
