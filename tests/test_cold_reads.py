@@ -790,6 +790,20 @@ def test_a_box_s_missing_small_blocks_are_read_in_waves_of_wave_bytes(tmp_path, 
     assert sum(requests) == 250 and requests == [wave] * (250 // wave) + ([250 % wave] if 250 % wave else [])
 
 
+def test_data_addresses_are_those_numpy_gives():
+    """The compiled addresses of a wave's blocks are each array's ``ctypes.data``: views at offsets, every dtype
+    and strides; anything but an ndarray is refused."""
+    from emfast._core.files import data_addresses
+    rng = np.random.default_rng(3)
+    base = np.empty(1 << 16, np.uint8)
+    arrays = [base[int(start):].view(np.uint8)[::int(step)] for start, step in rng.integers(1, 100, (20, 2))]
+    arrays += [np.empty((3, 4, 5), dtype)[1:, ::2] for dtype in (np.uint16, np.float32, np.int64)]
+    assert data_addresses(arrays).tolist() == [array.ctypes.data for array in arrays]
+    assert data_addresses([]).shape == (0,)
+    with pytest.raises(TypeError):
+        data_addresses([bytearray(4)])
+
+
 def test_side_by_side_cuts_parts_of_at_most_the_items_asked(monkeypatch):
     """A reader's parts hold at most ``most`` items (its chunks' encoded bytes in one file read), alone or not."""
     monkeypatch.setattr(_decode, "_idle_cores", lambda: 0)

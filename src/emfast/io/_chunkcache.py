@@ -36,6 +36,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .._core.files import data_addresses
 from .._core.gather import ChunkGrid, gather_chunked_copy
 from ._blockslots import BlockSlots, block_on
 from ._decode import run_all
@@ -497,18 +498,19 @@ class ChunkCache:
             moved = transfer_time() - moved
             timings.add("fetch", moved)
             timings.add("decode", max(0.0, time.perf_counter() - start - moved))
+        arriving = sum(block.nbytes for block in blocks)
         with self._lock:
             self._incoming -= incoming
-            self._evict_unpinned(self._bytes_held + self._incoming + sum(b.nbytes for b in blocks)
-                                 - self.blocks_budget)
-            for key, block in zip(mine, blocks):
-                self._blocks[self._flat(key)] = block
-                self._addresses[key] = block.ctypes.data
-                self._bytes_held += block.nbytes
-                del self._pending[key]
+            self._evict_unpinned(self._bytes_held + self._incoming + arriving - self.blocks_budget)
             self._clock += 1
-            if mine:
-                self._stamps[tuple(np.array(mine).T)] = self._clock
+            if mine:  # a wave's blocks entered at once: no Python work per block beyond its pending entry
+                where = tuple(np.array(mine).T)
+                self._blocks.update(zip(np.ravel_multi_index(where, self._addresses.shape).tolist(), blocks))
+                self._addresses[where] = data_addresses(blocks)
+                self._stamps[where] = self._clock
+                self._bytes_held += arriving
+                for key in mine:
+                    del self._pending[key]
         ours.set_result(None)
         start = time.perf_counter()
         for waiting in theirs.values():
