@@ -193,9 +193,10 @@ def run_all(calls: Sequence[Callable[[], None]], helpers: Optional[int] = None) 
     try:
         work.work()
     finally:
-        with ctrl_c_held():  # the helpers write into the caller's buffers: all have ended before it goes on
-            for task in tasks:
-                _HELPERS.finish(task)
+        if tasks:  # (none: nothing to wait for, and the main thread's signal handlers are left alone)
+            with ctrl_c_held():  # the helpers write into the caller's buffers: all have ended before it goes on
+                for task in tasks:
+                    _HELPERS.finish(task)
     if work.errors:
         errors = work.errors
         try:
