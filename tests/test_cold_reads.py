@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import emfast as ef
-from emfast.io import _decode
+from emfast.io import _decode, _filebatch
 from emfast.io._shards import ShardedChunks
 from emfast.io._source import CorruptChunkError
 
@@ -892,12 +892,16 @@ def test_zstd_chunks_written_by_zarr_python_read_the_same_with_and_without_libzs
 
 def _assert_decoded_together_and_without(monkeypatch, module, library, store, data, **options):
     """``store`` reads as ``data`` (opened with ``options``) with a box's whole chunks decoded in one call of
-    ``module.decode_frames``, then the same where its library is missing (``library`` found none: numcodecs
+    ``module.decode_frames`` (or, for the files of a plain zarr array, read and decoded in one call of
+    ``read_decode_files``), then the same where its library is missing (``library`` found none: numcodecs
     decodes)."""
     frames = []
-    counted = module.decode_frames
+    counted, fused = module.decode_frames, _filebatch.read_decode_files
     monkeypatch.setattr(module, "decode_frames", lambda sources, outs: frames.append(len(sources)) or
                         counted(sources, outs))
+    monkeypatch.setattr(_filebatch, "read_decode_files", lambda codec, paths, outs, scratch:
+                        frames.append(len(paths) if codec == library.codec else 0) or
+                        fused(codec, paths, outs, scratch))
     assert_lazy_equal(store, data, cache_bytes=40 * 8 * 10 * 6 * 2, **options)
     assert max(frames) > 1  # a box's whole chunks in one call
     monkeypatch.setattr(library, "_library", False)  # as on a machine without the library

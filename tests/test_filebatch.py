@@ -199,3 +199,53 @@ def test_the_compiled_reader_checks_its_arguments(tmp_path):
     with pytest.raises(TypeError, match=r"scratch must be a writeable C-contiguous NumPy array"):
         (tmp_path / "a").write_bytes(b"x")
         compiled.read_files([tmp_path / "a"], scratch=np.zeros(8, np.uint8)[::2])
+
+
+@pytest.mark.parametrize("codec", ["raw", "zstd", "blosc", "deflate"])
+def test_files_read_and_decoded_in_one_call_equal_numcodecs_and_leave_the_rest_to_the_general_way(tmp_path, codec):
+    """read_decoded_files fills each whole chunk as numcodecs decodes its file, across calls of FILES_PER_CALL
+    files (their bytes in a lent buffer too small at first); a missing file is CHUNK_MISSING; a damaged frame, a
+    frame or raw file of another size, an empty file and a directory are CHUNK_AGAIN, their arrays left to the
+    general reader, which names what is wrong."""
+    numcodecs = pytest.importorskip("numcodecs")
+    from emfast.io import _blosc, _deflate, _zstd
+    found = {"raw": lambda: True, "zstd": _zstd.system_zstd, "blosc": _blosc.native_blosc,
+             "deflate": _deflate.system_deflate}[codec]
+    if not found():
+        pytest.skip(f"no {codec} library on this machine")
+    encoder = {"raw": None, "zstd": numcodecs.Zstd(level=3), "blosc": numcodecs.Blosc(cname="lz4"),
+               "deflate": numcodecs.GZip()}[codec]
+    rng = np.random.default_rng(5)
+    chunks = [rng.integers(0, 40, 3000, dtype=np.uint16) for _ in range(_filebatch.FILES_PER_CALL + 10)]
+    paths = []
+    for n, chunk in enumerate(chunks):
+        path = tmp_path / f"c{n}"
+        path.write_bytes(chunk.tobytes() if encoder is None else bytes(encoder.encode(chunk)))
+        paths.append(str(path))
+    damaged = {3: lambda data: data[:len(data) // 2], 7: lambda data: b"", 11: lambda data: data + b"\0" * 8}
+    for n, change in damaged.items():
+        path = tmp_path / f"c{n}"
+        path.write_bytes(change(path.read_bytes()))
+    os.remove(paths[5])
+    os.mkdir(paths[5] + "d")
+    paths[9] = paths[5] + "d"
+    outs = [np.zeros_like(chunk) for chunk in chunks]
+    buffer = FileBuffer()
+    buffer.array = np.empty(10, np.uint8)
+    results = _filebatch.read_decoded_files(paths, codec, outs, buffer)
+    expected = [compiled.CHUNK_MISSING if n == 5 else compiled.CHUNK_AGAIN if n in (3, 7, 9, 11) else
+                compiled.CHUNK_FILLED for n in range(len(chunks))]
+    assert results == expected
+    for n, (out, chunk) in enumerate(zip(outs, chunks)):
+        if results[n] == compiled.CHUNK_FILLED:
+            np.testing.assert_array_equal(out, chunk)
+    assert buffer.array.nbytes > 10 or codec == "raw"  # the first call's new memory, kept for the next reads
+
+
+def test_read_decode_files_checks_its_arguments(tmp_path):
+    with pytest.raises(ValueError, match="codec must be one of zstd, blosc, deflate, got 'lz4'"):
+        compiled.read_decode_files("lz4", [], [])
+    with pytest.raises(ValueError, match="1 paths but 0 destinations"):
+        compiled.read_decode_files("raw", [str(tmp_path / "x")], [])
+    with pytest.raises(TypeError, match=r"outs\[0\] must be a writeable C-contiguous NumPy array"):
+        compiled.read_decode_files("raw", [str(tmp_path / "x")], [np.zeros(8)[::2]])

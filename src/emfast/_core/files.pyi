@@ -18,6 +18,13 @@ def read_files(paths: List[Union[str, bytes, os.PathLike]], starts: Optional[Seq
 
 def data_addresses(arrays: List[np.ndarray]) -> np.ndarray: ...
 
+CHUNK_FILLED: int
+CHUNK_MISSING: int
+CHUNK_AGAIN: int
+
+def read_decode_files(codec: str, paths: List[Union[str, bytes, os.PathLike]], outs: List[np.ndarray],
+                      scratch: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray, float]: ...
+
 def bind_zstd(create: int, free_context: int, decompress: int, is_error: int) -> None: ...
 
 def bind_blosc(validate: int, decompress: int) -> None: ...

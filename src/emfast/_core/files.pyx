@@ -4,6 +4,7 @@ them, read in one call without the GIL; and around the zstd, blosc and deflate d
 csrc/blosc.cpp and csrc/deflate.cpp (their .h files): their frames decoded in one call without the GIL, by the
 libraries whose functions :func:`bind_zstd`, :func:`bind_blosc` and :func:`bind_deflate` were given."""
 import os
+import time
 
 from libc.stdint cimport int64_t, uint8_t
 from libc.stdlib cimport free, malloc
@@ -255,6 +256,26 @@ cdef enum _Codec:
 _CODECS = {"zstd": _ZSTD, "blosc": _BLOSC, "deflate": _DEFLATE}
 
 
+cdef _Codec _bound_codec(str codec, str who) except *:
+    """``codec``'s code, refusing a codec not known or whose library was not bound."""
+    if codec not in _CODECS:
+        raise ValueError(f"{who}: codec must be one of {', '.join(_CODECS)}, got {codec!r}")
+    if not {"zstd": _zstd_bound, "blosc": _blosc_bound, "deflate": _deflate_bound}[codec]:
+        raise RuntimeError(f"{who}: no {codec} library was bound (bind_{codec})")
+    return _CODECS[codec]
+
+
+cdef int _decode(_Codec kind, int64_t n, const char **sources, int64_t *sizes, char **destinations,
+                 int64_t *capacities, uint8_t *decoded) noexcept nogil:
+    """The frames decoded by ``kind``'s library (see :func:`decode_frames`); non-zero if it had no context."""
+    if kind == _ZSTD:
+        return emf_decode_zstd(&_zstd, n, sources, sizes, destinations, capacities, decoded)
+    if kind == _BLOSC:
+        emf_decode_blosc(&_blosc, n, sources, sizes, destinations, capacities, decoded)
+        return 0
+    return emf_decode_deflate(&_deflate, n, sources, sizes, destinations, capacities, decoded)
+
+
 def decode_frames(str codec, list sources, list outs):
     """Decode the frames ``sources[i]`` (bytes-like) of ``codec`` into ``outs[i]`` (writeable C-contiguous arrays),
     one after another without the GIL, with the library given to ``bind_<codec>``: "zstd" (frames back to back),
@@ -267,11 +288,7 @@ def decode_frames(str codec, list sources, list outs):
         uint8 per frame: 1 where it decoded to exactly ``outs[i].nbytes`` bytes, else 0 (damaged, or another
         size; ``outs[i]`` then holds undefined bytes).
     """
-    if codec not in _CODECS:
-        raise ValueError(f"decode_frames: codec must be one of {', '.join(_CODECS)}, got {codec!r}")
-    if not {"zstd": _zstd_bound, "blosc": _blosc_bound, "deflate": _deflate_bound}[codec]:
-        raise RuntimeError(f"decode_frames: no {codec} library was bound (bind_{codec})")
-    cdef _Codec kind = _CODECS[codec]
+    cdef _Codec kind = _bound_codec(codec, "decode_frames")
     who = f"decode_frames({codec!r})"
     cdef Py_ssize_t n = len(sources), i
     if len(outs) != n:
@@ -294,18 +311,140 @@ def decode_frames(str codec, list sources, list outs):
             c_sources[i] = <const char *>cnp.PyArray_DATA(<cnp.ndarray>frames[i])
             destinations[i] = <char *>cnp.PyArray_DATA(<cnp.ndarray>outs[i])
         with nogil:
-            if kind == _ZSTD:
-                status = emf_decode_zstd(&_zstd, n, c_sources, <int64_t *>sizes.data, destinations,
-                                         <int64_t *>capacities.data, <uint8_t *>decoded.data)
-            elif kind == _BLOSC:
-                emf_decode_blosc(&_blosc, n, c_sources, <int64_t *>sizes.data, destinations,
-                                 <int64_t *>capacities.data, <uint8_t *>decoded.data)
-            else:
-                status = emf_decode_deflate(&_deflate, n, c_sources, <int64_t *>sizes.data, destinations,
-                                            <int64_t *>capacities.data, <uint8_t *>decoded.data)
+            status = _decode(kind, n, c_sources, <int64_t *>sizes.data, destinations,
+                             <int64_t *>capacities.data, <uint8_t *>decoded.data)
     finally:
         free(c_sources)
         free(destinations)
     if status != 0:
         raise MemoryError(f"{who}: the library could not make a decoding context")
     return decoded
+
+
+#: What became of a chunk, as :func:`read_decode_files` reports it: decoded into its array (or, raw, read into it),
+#: no such file, or to be read again the general way (not a regular file, a failed read, a frame that does not
+#: decode to exactly the array's bytes, a raw file of another size, a build that reads no files).
+cdef enum _Chunk:
+    _CHUNK_FILLED = 0
+    _CHUNK_MISSING = 1
+    _CHUNK_AGAIN = 2
+
+
+CHUNK_FILLED, CHUNK_MISSING, CHUNK_AGAIN = _CHUNK_FILLED, _CHUNK_MISSING, _CHUNK_AGAIN
+
+
+def read_decode_files(str codec, list paths, list outs, scratch=None):
+    """Read the files ``paths`` whole and decode each into ``outs[i]`` (writeable C-contiguous arrays): the reads
+    and the decodes of all of them without the GIL, and no Python work per file beyond its path. ``codec`` is one
+    of :func:`decode_frames`'s, or "raw": a file of exactly ``outs[i].nbytes`` bytes is read straight into it.
+    Encoded bytes go to ``scratch`` (as :func:`read_files` takes it) where they fit, else to a new buffer.
+
+    Returns
+    -------
+    result : numpy.ndarray
+        uint8 per path: :data:`CHUNK_FILLED`, :data:`CHUNK_MISSING` or :data:`CHUNK_AGAIN` (for the caller to read
+        the general way, which names what is wrong).
+    data : numpy.ndarray
+        The buffer the encoded bytes were read into (``scratch``'s view where they fitted).
+    read_seconds : float
+        The seconds spent opening and reading the files (the rest of the call decoded them).
+    """
+    cdef bint raw = codec == "raw"
+    cdef _Codec kind = _ZSTD if raw else _bound_codec(codec, "read_decode_files")
+    cdef Py_ssize_t n = len(paths), i, frames = 0
+    if len(outs) != n:
+        raise ValueError(f"read_decode_files: {n} paths but {len(outs)} destinations")
+    encoded = [os.fsencode(path) for path in paths]
+    # per file: its descriptor, status, st_mode and errno (unused: the general way names what is wrong), size,
+    # modification time (unused), bytes to read and read, the array it fills, that array's bytes, its bytes' place
+    ints = np.zeros((4, n), np.int32)
+    longs = np.zeros((6, n), np.int64)
+    cdef int *descriptors = <int *>cnp.PyArray_DATA(ints[0])
+    cdef int *status = <int *>cnp.PyArray_DATA(ints[1])
+    cdef int *modes = <int *>cnp.PyArray_DATA(ints[2])
+    cdef int *errors = <int *>cnp.PyArray_DATA(ints[3])
+    cdef int64_t *sizes = <int64_t *>cnp.PyArray_DATA(longs[0])
+    cdef int64_t *mtimes = <int64_t *>cnp.PyArray_DATA(longs[1])
+    cdef int64_t *starts = <int64_t *>cnp.PyArray_DATA(longs[2])
+    cdef int64_t *lengths = <int64_t *>cnp.PyArray_DATA(longs[3])
+    cdef int64_t *capacities = <int64_t *>cnp.PyArray_DATA(longs[4])
+    cdef int64_t *offsets = <int64_t *>cnp.PyArray_DATA(longs[5])
+    result = np.full(n, CHUNK_AGAIN, np.uint8)
+    decoded = np.zeros(n, np.uint8)
+    cdef uint8_t *results = <uint8_t *>cnp.PyArray_DATA(result)
+    cdef uint8_t *done = <uint8_t *>cnp.PyArray_DATA(decoded)
+    cdef const char **c_paths = <const char **>malloc(max(n, 1) * sizeof(char *))
+    cdef char **destinations = <char **>malloc(max(n, 1) * sizeof(char *))
+    cdef char **targets = <char **>malloc(max(n, 1) * sizeof(char *))
+    cdef const char **sources = <const char **>malloc(max(n, 1) * sizeof(char *))
+    cdef int64_t *frame_sizes = <int64_t *>malloc(max(n, 1) * sizeof(int64_t))
+    cdef int64_t *frame_capacities = <int64_t *>malloc(max(n, 1) * sizeof(int64_t))
+    cdef Py_ssize_t *frame_files = <Py_ssize_t *>malloc(max(n, 1) * sizeof(Py_ssize_t))
+    cdef int64_t total = 0
+    cdef int failed = 0
+    cdef char *base
+    try:
+        if (c_paths == NULL or destinations == NULL or targets == NULL or sources == NULL or frame_sizes == NULL
+                or frame_capacities == NULL or frame_files == NULL):
+            raise MemoryError("read_decode_files: out of memory for the list of paths")
+        for i in range(n):
+            _writeable_contiguous(outs[i], "read_decode_files: outs", i)
+            c_paths[i] = encoded[i]
+            targets[i] = <char *>cnp.PyArray_DATA(<cnp.ndarray>outs[i])
+            capacities[i] = (<cnp.ndarray>outs[i]).nbytes
+            offsets[i] = -1
+        started = time.perf_counter()
+        with nogil:
+            emf_open_files(n, c_paths, descriptors, sizes, mtimes, status, modes, errors)
+            for i in range(n):  # what to read: a raw file of another size is left unread, and closed
+                if status[i] == EMF_FILE_OPEN and not (raw and sizes[i] != capacities[i]):
+                    lengths[i] = sizes[i]
+                    if not raw:
+                        offsets[i] = total
+                        total += sizes[i]
+        try:
+            if scratch is not None and _writeable_contiguous(scratch, "read_decode_files: scratch", -1) \
+                    and scratch.dtype == np.uint8 and scratch.shape[0] >= total:
+                data = scratch[:total]
+            else:
+                data = np.empty(total, np.uint8)
+        except BaseException:
+            emf_close_files(n, descriptors, status)
+            raise
+        base = <char *>cnp.PyArray_DATA(data)
+        with nogil:
+            for i in range(n):
+                destinations[i] = base + offsets[i] if offsets[i] >= 0 else (targets[i] if raw else base)
+            emf_read_files(n, descriptors, starts, lengths, destinations, status, errors)
+            for i in range(n):
+                if status[i] == EMF_FILE_MISSING:
+                    results[i] = _CHUNK_MISSING
+                elif status[i] != EMF_FILE_OPEN or lengths[i] != sizes[i] or (raw and sizes[i] != capacities[i]):
+                    continue  # not read, or not whole (the file changed meanwhile): the general way
+                elif raw:
+                    results[i] = _CHUNK_FILLED
+                else:  # listed for the decoder (frames <= i: the entries moved are those of files done)
+                    sources[frames] = destinations[i]
+                    frame_sizes[frames] = lengths[i]
+                    targets[frames] = targets[i]
+                    frame_capacities[frames] = capacities[i]
+                    frame_files[frames] = i
+                    frames += 1
+        read_seconds = time.perf_counter() - started
+        if frames:
+            with nogil:
+                failed = _decode(kind, frames, sources, frame_sizes, targets, frame_capacities, done)
+                for i in range(frames):
+                    if done[i]:
+                        results[frame_files[i]] = _CHUNK_FILLED
+    finally:
+        free(c_paths)
+        free(destinations)
+        free(targets)
+        free(sources)
+        free(frame_sizes)
+        free(frame_capacities)
+        free(frame_files)
+    if failed:
+        raise MemoryError("read_decode_files: the library could not make a decoding context")
+    return result, data, read_seconds

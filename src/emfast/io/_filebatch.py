@@ -18,7 +18,8 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .._core.files import FILE_FAILED, FILE_MISSING, FILE_NOT_REGULAR, FILE_READ, FILE_UNSUPPORTED, read_files
+from .._core.files import (FILE_FAILED, FILE_MISSING, FILE_NOT_REGULAR, FILE_READ, FILE_UNSUPPORTED, read_decode_files,
+                           read_files)
 from ._source import _kind, add_transfer_time, read_regular_file
 
 #: Most bytes of chunk files a reader reads in one call: a box's missing chunks beyond it (large chunks, or a
@@ -185,6 +186,24 @@ def read_regular_files(paths: Sequence[Path], what: str, starts: Optional[Sequen
             contents.append(_read_in_python(Path(path), what, None if starts is None else int(starts[i]),
                                             None if lengths is None else int(lengths[i])))
     return contents, list(zip(sizes.tolist(), mtimes.tolist()))
+
+
+def read_decoded_files(paths: Sequence[str], codec: str, outs: List[np.ndarray], buffer: FileBuffer) -> List[int]:
+    """Read the files ``paths`` whole and decode each into ``outs[i]`` (whole chunks; ``codec`` as
+    :func:`emfast._core.files.read_decode_files` takes it, its library bound), in calls of at most
+    :data:`FILES_PER_CALL` files, their encoded bytes into ``buffer``. Returns per path
+    ``emfast._core.files.CHUNK_FILLED``, ``CHUNK_MISSING`` (no file) or ``CHUNK_AGAIN``: to be read the general
+    way, which names what is wrong (not a regular file, a failed read, a damaged frame)."""
+    results: List[int] = []
+    for first in range(0, len(paths), FILES_PER_CALL):
+        part = slice(first, first + FILES_PER_CALL)
+        with _OPEN_FILES.held(len(paths[part])):
+            result, data, seconds = read_decode_files(codec, list(paths[part]), outs[part], buffer.array)
+        add_transfer_time(seconds)
+        if data.base is None and data.nbytes <= KEPT_BUFFER_BYTES:
+            buffer.array = data  # new memory, larger than the buffer's: kept for the next reads
+        results += result.tolist()
+    return results
 
 
 def _descriptor_hint(number: int) -> str:

@@ -46,10 +46,11 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .._core.files import CHUNK_AGAIN, CHUNK_MISSING
 from ._geometry import (Geometry, Level, array_geometry, binned_corner, choose_level, multiscale_levels,
                         require_agreement)
 from ._decode import SideBySide, blosc_content_size, checked_blosc, zstd_content_size
-from ._filebatch import BATCH_BYTES, lent_buffer, read_regular_files
+from ._filebatch import BATCH_BYTES, lent_buffer, read_decoded_files, read_regular_files
 from ._metadata import bad_metadata, int_list, metadata_key, parsing
 from ._remote import RemoteReadError, RemoteStore, ReadAbandoned, zarr_read
 from ._shards import ShardedChunks
@@ -649,7 +650,14 @@ class _DirectChunks:
         return rest
 
     def _read_part(self, requests, name: str, stamp: Stamp) -> None:
-        """Fill ``requests``, one chunk each: their files read in one call, then decoded one after another."""
+        """Fill ``requests``, one chunk each: whole chunks of a codec emfast decodes itself read and decoded in
+        one compiled call; the others (and those it could not fill) read in one call, then decoded one after
+        another."""
+        codec = "raw" if self._raw else None if self._decode_into is None else self._decode_into.compiled()
+        if codec is not None:
+            requests = self._read_decoded(requests, codec)
+        if not requests:
+            return
         keys = [self.key(corner) for corner, _, _ in requests]
         wholes = [self._whole(out) for _, _, out in requests]
         into = [out if whole and self._raw else None for (_, _, out), whole in zip(requests, wholes)]
@@ -662,6 +670,25 @@ class _DirectChunks:
             for data, key, (_, extent, out), whole, done in zip(contents, keys, requests, wholes, decoded):
                 if data is not True and not done:
                     self._fill_from(data, key, extent, out, whole, name, stamp)
+
+    def _read_decoded(self, requests, codec: str) -> list:
+        """Fill the whole chunks of ``requests`` by :func:`read_decoded_files`; returns the others, and those it
+        could not fill (read again the general way, which names what is wrong)."""
+        wholes = [self._whole(out) for _, _, out in requests]
+        mine = [request for request, whole in zip(requests, wholes) if whole]
+        left = [request for request, whole in zip(requests, wholes) if not whole]
+        if not mine:
+            return left
+        directory = os.path.join(str(self.directory), "")
+        with lent_buffer() as buffer:
+            results = read_decoded_files([directory + self.key(corner) for corner, _, _ in mine], codec,
+                                         [out for _, _, out in mine], buffer)
+        for request, result in zip(mine, results):
+            if result == CHUNK_MISSING:
+                request[2][...] = self._fill
+            elif result == CHUNK_AGAIN:
+                left.append(request)
+        return left
 
     def _fill_from(self, data, key: str, extent, out: np.ndarray, whole: bool, name: str, stamp: Stamp) -> None:
         """Fill ``out`` from chunk ``key``'s stored bytes ``data`` (None: no chunk, the fill value)."""
@@ -705,6 +732,12 @@ class _IntoDecoder:
         if kind != "deflate":
             self._decode = decoder.decode if kind == "zstd" else checked_blosc(decoder)
             self._size_of = zstd_content_size if kind == "zstd" else blosc_content_size
+
+    def compiled(self) -> Optional[str]:
+        """The codec as ``emfast._core.files`` decodes it, where its library is bound (looked for once), else
+        None."""
+        found = {"zstd": _zstd.system_zstd, "blosc": _blosc.native_blosc, "deflate": _deflate.system_deflate}
+        return self.kind if found[self.kind]() else None
 
     def __call__(self, data, out: np.ndarray) -> bool:
         if self.kind == "deflate":  # no size in a zlib header: the inflation stops at the block's size
