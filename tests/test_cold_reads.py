@@ -911,9 +911,8 @@ def _assert_decoded_together_and_without(monkeypatch, module, library, store, da
     counted, fused = module.decode_frames, _filebatch.read_decode_files
     monkeypatch.setattr(module, "decode_frames", lambda sources, outs: frames.append(len(sources)) or
                         counted(sources, outs))
-    monkeypatch.setattr(_filebatch, "read_decode_files", lambda codec, paths, outs, scratch:
-                        frames.append(len(paths) if codec == library.codec else 0) or
-                        fused(codec, paths, outs, scratch))
+    monkeypatch.setattr(_filebatch, "read_decode_files", lambda codec, paths, *rest:
+                        frames.append(len(paths) if codec == library.codec else 0) or fused(codec, paths, *rest))
     assert_lazy_equal(store, data, cache_bytes=40 * 8 * 10 * 6 * 2, **options)
     assert max(frames) > 1  # a box's whole chunks in one call
     monkeypatch.setattr(library, "_library", False)  # as on a machine without the library

@@ -232,7 +232,7 @@ def test_files_read_and_decoded_in_one_call_equal_numcodecs_and_leave_the_rest_t
     outs = [np.zeros_like(chunk) for chunk in chunks]
     buffer = FileBuffer()
     buffer.array = np.empty(10, np.uint8)
-    results = _filebatch.read_decoded_files(paths, codec, outs, buffer)
+    results, _ = _filebatch.read_decoded_files(paths, codec, outs, buffer)
     expected = [compiled.CHUNK_MISSING if n == 5 else compiled.CHUNK_AGAIN if n in (3, 7, 9, 11) else
                 compiled.CHUNK_FILLED for n in range(len(chunks))]
     assert results == expected
@@ -249,3 +249,36 @@ def test_read_decode_files_checks_its_arguments(tmp_path):
         compiled.read_decode_files("raw", [str(tmp_path / "x")], [])
     with pytest.raises(TypeError, match=r"outs\[0\] must be a writeable C-contiguous NumPy array"):
         compiled.read_decode_files("raw", [str(tmp_path / "x")], [np.zeros(8)[::2]])
+
+
+@pytest.mark.parametrize("codec", ["raw", "zstd"])
+def test_byte_ranges_read_and_decoded_in_one_call_and_the_files_versions(tmp_path, codec):
+    """read_decoded_files with ranges (inner chunks of shards) fills each chunk from its range of a shared file and
+    gives each file's (size, mtime) as it was read; a range reaching past the file's end, or a negative one, is
+    CHUNK_AGAIN; a missing file is CHUNK_MISSING with version (0, 0)."""
+    numcodecs = pytest.importorskip("numcodecs")
+    from emfast.io import _zstd
+    if codec == "zstd" and not _zstd.system_zstd():
+        pytest.skip("no libzstd on this machine")
+    rng = np.random.default_rng(8)
+    chunks = [rng.integers(0, 30, 2000, dtype=np.uint32) for _ in range(12)]
+    frames = [chunk.tobytes() if codec == "raw" else bytes(numcodecs.Zstd().encode(chunk)) for chunk in chunks]
+    shard = tmp_path / "shard"
+    shard.write_bytes(b"head" + b"".join(frames))
+    starts = np.cumsum([4] + [len(frame) for frame in frames[:-1]])
+    ranges = [(int(start), len(frame)) for start, frame in zip(starts, frames)]
+    ranges[4] = (ranges[4][0], shard.stat().st_size)  # past the end
+    ranges[6] = (-1, ranges[6][1])
+    paths = [str(shard)] * len(chunks)
+    paths[9] = str(tmp_path / "gone")
+    outs = [np.zeros_like(chunk) for chunk in chunks]
+    results, versions = _filebatch.read_decoded_files(paths, codec, outs, FileBuffer(), ranges)
+    assert results == [compiled.CHUNK_AGAIN if n in (4, 6) else compiled.CHUNK_MISSING if n == 9 else
+                       compiled.CHUNK_FILLED for n in range(len(chunks))]
+    status = os.stat(shard)
+    assert versions == [(0, 0) if n == 9 else (status.st_size, status.st_mtime_ns) for n in range(len(chunks))]
+    for n, (out, chunk) in enumerate(zip(outs, chunks)):
+        if results[n] == compiled.CHUNK_FILLED:
+            np.testing.assert_array_equal(out, chunk)
+    with pytest.raises(ValueError, match="2 paths but 1 ranges"):
+        compiled.read_decode_files("raw", paths[:2], outs[:2], None, [(0, 8)])

@@ -23,7 +23,8 @@ CHUNK_MISSING: int
 CHUNK_AGAIN: int
 
 def read_decode_files(codec: str, paths: List[Union[str, bytes, os.PathLike]], outs: List[np.ndarray],
-                      scratch: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray, float]: ...
+                      scratch: Optional[np.ndarray] = None, ranges: Optional[np.ndarray] = None
+                      ) -> Tuple[np.ndarray, np.ndarray, float, np.ndarray]: ...
 
 def bind_zstd(create: int, free_context: int, decompress: int, is_error: int) -> None: ...
 

@@ -333,11 +333,12 @@ cdef enum _Chunk:
 CHUNK_FILLED, CHUNK_MISSING, CHUNK_AGAIN = _CHUNK_FILLED, _CHUNK_MISSING, _CHUNK_AGAIN
 
 
-def read_decode_files(str codec, list paths, list outs, scratch=None):
-    """Read the files ``paths`` whole and decode each into ``outs[i]`` (writeable C-contiguous arrays): the reads
-    and the decodes of all of them without the GIL, and no Python work per file beyond its path. ``codec`` is one
-    of :func:`decode_frames`'s, or "raw": a file of exactly ``outs[i].nbytes`` bytes is read straight into it.
-    Encoded bytes go to ``scratch`` (as :func:`read_files` takes it) where they fit, else to a new buffer.
+def read_decode_files(str codec, list paths, list outs, scratch=None, ranges=None):
+    """Read the files ``paths`` (whole, or the byte range ``ranges[i]``: (start, length), int64) and decode each
+    into ``outs[i]`` (writeable C-contiguous arrays): the reads and the decodes of all of them without the GIL,
+    and no Python work per file beyond its path. ``codec`` is one of :func:`decode_frames`'s, or "raw": exactly
+    ``outs[i].nbytes`` bytes are read straight into it. Encoded bytes go to ``scratch`` (as :func:`read_files`
+    takes it) where they fit, else to a new buffer.
 
     Returns
     -------
@@ -348,17 +349,25 @@ def read_decode_files(str codec, list paths, list outs, scratch=None):
         The buffer the encoded bytes were read into (``scratch``'s view where they fitted).
     read_seconds : float
         The seconds spent opening and reading the files (the rest of the call decoded them).
+    versions : numpy.ndarray
+        int64 (size, modification time in ns) per path, of the file as it was opened; (0, 0) where it was not.
     """
     cdef bint raw = codec == "raw"
     cdef _Codec kind = _ZSTD if raw else _bound_codec(codec, "read_decode_files")
     cdef Py_ssize_t n = len(paths), i, frames = 0
     if len(outs) != n:
         raise ValueError(f"read_decode_files: {n} paths but {len(outs)} destinations")
+    cdef bint whole = ranges is None
+    cdef cnp.ndarray[cnp.int64_t, ndim=2] bounds = np.zeros((0, 2), np.int64) if whole else \
+        np.ascontiguousarray(ranges, np.int64).reshape(-1, 2)
+    if not whole and bounds.shape[0] != n:
+        raise ValueError(f"read_decode_files: {n} paths but {bounds.shape[0]} ranges")
     encoded = [os.fsencode(path) for path in paths]
     # per file: its descriptor, status, st_mode and errno (unused: the general way names what is wrong), size,
-    # modification time (unused), bytes to read and read, the array it fills, that array's bytes, its bytes' place
+    # modification time, where its bytes start, bytes to read and read, the array it fills and that array's bytes,
+    # its bytes' place in the buffer, the bytes it must have (-1: left unread)
     ints = np.zeros((4, n), np.int32)
-    longs = np.zeros((6, n), np.int64)
+    longs = np.zeros((7, n), np.int64)
     cdef int *descriptors = <int *>cnp.PyArray_DATA(ints[0])
     cdef int *status = <int *>cnp.PyArray_DATA(ints[1])
     cdef int *modes = <int *>cnp.PyArray_DATA(ints[2])
@@ -369,6 +378,8 @@ def read_decode_files(str codec, list paths, list outs, scratch=None):
     cdef int64_t *lengths = <int64_t *>cnp.PyArray_DATA(longs[3])
     cdef int64_t *capacities = <int64_t *>cnp.PyArray_DATA(longs[4])
     cdef int64_t *offsets = <int64_t *>cnp.PyArray_DATA(longs[5])
+    cdef int64_t *wanted = <int64_t *>cnp.PyArray_DATA(longs[6])
+    cdef int64_t *span = <int64_t *>bounds.data
     result = np.full(n, CHUNK_AGAIN, np.uint8)
     decoded = np.zeros(n, np.uint8)
     cdef uint8_t *results = <uint8_t *>cnp.PyArray_DATA(result)
@@ -392,16 +403,28 @@ def read_decode_files(str codec, list paths, list outs, scratch=None):
             c_paths[i] = encoded[i]
             targets[i] = <char *>cnp.PyArray_DATA(<cnp.ndarray>outs[i])
             capacities[i] = (<cnp.ndarray>outs[i]).nbytes
-            offsets[i] = -1
+            offsets[i] = wanted[i] = -1
         started = time.perf_counter()
         with nogil:
             emf_open_files(n, c_paths, descriptors, sizes, mtimes, status, modes, errors)
-            for i in range(n):  # what to read: a raw file of another size is left unread, and closed
-                if status[i] == EMF_FILE_OPEN and not (raw and sizes[i] != capacities[i]):
+            for i in range(n):  # what to read: a range past the end, or raw bytes of another size, left unread
+                if status[i] != EMF_FILE_OPEN:
+                    continue
+                if not whole:
+                    starts[i] = span[2 * i]
+                    lengths[i] = span[2 * i + 1]
+                    if starts[i] < 0 or lengths[i] < 0 or starts[i] + lengths[i] > sizes[i]:
+                        lengths[i] = 0
+                        continue
+                else:
                     lengths[i] = sizes[i]
-                    if not raw:
-                        offsets[i] = total
-                        total += sizes[i]
+                if raw and lengths[i] != capacities[i]:
+                    lengths[i] = 0
+                    continue
+                wanted[i] = lengths[i]
+                if not raw:
+                    offsets[i] = total
+                    total += lengths[i]
         try:
             if scratch is not None and _writeable_contiguous(scratch, "read_decode_files: scratch", -1) \
                     and scratch.dtype == np.uint8 and scratch.shape[0] >= total:
@@ -419,8 +442,8 @@ def read_decode_files(str codec, list paths, list outs, scratch=None):
             for i in range(n):
                 if status[i] == EMF_FILE_MISSING:
                     results[i] = _CHUNK_MISSING
-                elif status[i] != EMF_FILE_OPEN or lengths[i] != sizes[i] or (raw and sizes[i] != capacities[i]):
-                    continue  # not read, or not whole (the file changed meanwhile): the general way
+                elif status[i] != EMF_FILE_OPEN or wanted[i] < 0 or lengths[i] != wanted[i]:
+                    continue  # not read, or not all of it (the file changed meanwhile): the general way
                 elif raw:
                     results[i] = _CHUNK_FILLED
                 else:  # listed for the decoder (frames <= i: the entries moved are those of files done)
@@ -447,4 +470,4 @@ def read_decode_files(str codec, list paths, list outs, scratch=None):
         free(frame_files)
     if failed:
         raise MemoryError("read_decode_files: the library could not make a decoding context")
-    return result, data, read_seconds
+    return result, data, read_seconds, longs[:2].T

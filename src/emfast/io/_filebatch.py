@@ -188,22 +188,33 @@ def read_regular_files(paths: Sequence[Path], what: str, starts: Optional[Sequen
     return contents, list(zip(sizes.tolist(), mtimes.tolist()))
 
 
-def read_decoded_files(paths: Sequence[str], codec: str, outs: List[np.ndarray], buffer: FileBuffer) -> List[int]:
-    """Read the files ``paths`` whole and decode each into ``outs[i]`` (whole chunks; ``codec`` as
-    :func:`emfast._core.files.read_decode_files` takes it, its library bound), in calls of at most
-    :data:`FILES_PER_CALL` files, their encoded bytes into ``buffer``. Returns per path
-    ``emfast._core.files.CHUNK_FILLED``, ``CHUNK_MISSING`` (no file) or ``CHUNK_AGAIN``: to be read the general
-    way, which names what is wrong (not a regular file, a failed read, a damaged frame)."""
+def read_decoded_files(paths: Sequence[str], codec: str, outs: List[np.ndarray], buffer: FileBuffer,
+                       ranges: Optional[Sequence[Tuple[int, int]]] = None) -> Tuple[List[int], List[Tuple[int, int]]]:
+    """Read the files ``paths`` (whole, or their byte ranges ``ranges[i]``: (start, length)) and decode each into
+    ``outs[i]`` (whole chunks; ``codec`` as :func:`emfast._core.files.read_decode_files` takes it, its library
+    bound), in calls of at most :data:`FILES_PER_CALL` files, their encoded bytes into ``buffer``.
+
+    Returns
+    -------
+    results : list of int
+        Per path ``emfast._core.files.CHUNK_FILLED``, ``CHUNK_MISSING`` (no file) or ``CHUNK_AGAIN``: to be read
+        the general way, which names what is wrong (not a regular file, a failed read, a damaged frame).
+    versions : list of (int, int)
+        Per path: (size, modification time in ns) of the file as it was read, (0, 0) where it was not.
+    """
     results: List[int] = []
+    versions: List[Tuple[int, int]] = []
     for first in range(0, len(paths), FILES_PER_CALL):
         part = slice(first, first + FILES_PER_CALL)
         with _OPEN_FILES.held(len(paths[part])):
-            result, data, seconds = read_decode_files(codec, list(paths[part]), outs[part], buffer.array)
+            result, data, seconds, read = read_decode_files(codec, list(paths[part]), outs[part], buffer.array,
+                                                            None if ranges is None else ranges[part])
         add_transfer_time(seconds)
         if data.base is None and data.nbytes <= KEPT_BUFFER_BYTES:
             buffer.array = data  # new memory, larger than the buffer's: kept for the next reads
         results += result.tolist()
-    return results
+        versions += map(tuple, read.tolist())
+    return results, versions
 
 
 def _descriptor_hint(number: int) -> str:

@@ -25,8 +25,9 @@ from typing import Callable, Optional, Tuple
 
 import numpy as np
 
+from .._core.files import CHUNK_FILLED
 from ._decode import SideBySide
-from ._filebatch import BATCH_BYTES, lent_buffer, read_regular_files
+from ._filebatch import BATCH_BYTES, lent_buffer, read_decoded_files, read_regular_files
 from ._metadata import zarr_text
 from ._source import CorruptChunkError, Stamp, add_transfer_time, decoded_into, fill_value, require_kind
 
@@ -72,6 +73,7 @@ class ShardedChunks:
         if self._dtype.itemsize > 1 and array.serializer.endian is not None:
             self._dtype = self._dtype.newbyteorder("<" if zarr_text(array.serializer.endian) == "little" else ">")
         self._fill = fill_value(array.fill_value, self._dtype)
+        self._raw = len(array.metadata.codecs[0].codecs) == 1  # bytes alone: no compressor
         self._indexes: "OrderedDict[str, Tuple[Tuple[int, int], np.ndarray]]" = OrderedDict()
         self._lock = threading.Lock()
         # a box's chunks decoded side by side where that pays, as measured for shards of this codec and chunk size
@@ -159,8 +161,15 @@ class ShardedChunks:
 
     def _read_part(self, ranges, again: list, stamp: Stamp) -> None:
         """Read and decode inner chunks, ``ranges`` (shard key, (offset, length), the shard's version its index
-        was read at, words naming the chunk, corner, extent, out) each; a chunk whose shard is no longer at that
-        version is appended to ``again`` (its box as :meth:`read` takes it)."""
+        was read at, words naming the chunk, corner, extent, out) each: whole chunks of a codec emfast decodes
+        itself in one compiled call, the others (and those it could not fill) read in one call, then decoded one
+        after another. A chunk whose shard is no longer at that version is appended to ``again`` (its box as
+        :meth:`read` takes it)."""
+        codec = "raw" if self._raw else None if self._decode_into is None else self._decode_into.compiled()
+        if codec is not None:
+            ranges = self._read_decoded(ranges, codec, again)
+        if not ranges:
+            return
         directory = str(self._directory)
         with lent_buffer() as buffer:
             contents, versions = read_regular_files([os.path.join(directory, key) for key, *_ in ranges],
@@ -177,6 +186,29 @@ class ShardedChunks:
                     again.append((corner, extent, out))
                 elif not done:
                     self._fill_from(data, extent, out, where, stamp)
+
+    def _read_decoded(self, ranges, codec: str, again: list) -> list:
+        """Fill the whole inner chunks of ``ranges`` (as :meth:`_read_part` takes them) by
+        :func:`read_decoded_files`, a chunk whose shard changed since its index was read appended to ``again``;
+        returns the others, and those it could not fill (read again the general way, which names what is
+        wrong)."""
+        wholes = [self._whole(out) for *_, out in ranges]
+        mine = [entry for entry, whole in zip(ranges, wholes) if whole]
+        left = [entry for entry, whole in zip(ranges, wholes) if not whole]
+        if not mine:
+            return left
+        directory = os.path.join(str(self._directory), "")
+        with lent_buffer() as buffer:
+            results, versions = read_decoded_files([directory + key for key, *_ in mine], codec,
+                                                   [out for *_, out in mine], buffer,
+                                                   [entry for _, entry, *_ in mine])
+        for chunk, result, read in zip(mine, results, versions):
+            key, entry, version, where, corner, extent, out = chunk
+            if read != version:  # rewritten or removed since its index was read: its chunk read again alone
+                again.append((corner, extent, out))
+            elif result != CHUNK_FILLED:
+                left.append(chunk)
+        return left
 
     def _whole(self, out: np.ndarray) -> bool:
         """Whether ``out`` is a whole inner chunk's buffer, which a chunk is decoded straight into."""

@@ -681,8 +681,8 @@ class _DirectChunks:
             return left
         directory = os.path.join(str(self.directory), "")
         with lent_buffer() as buffer:
-            results = read_decoded_files([directory + self.key(corner) for corner, _, _ in mine], codec,
-                                         [out for _, _, out in mine], buffer)
+            results, _ = read_decoded_files([directory + self.key(corner) for corner, _, _ in mine], codec,
+                                            [out for _, _, out in mine], buffer)
         for request, result in zip(mine, results):
             if result == CHUNK_MISSING:
                 request[2][...] = self._fill
