@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -186,6 +186,14 @@ def read_regular_files(paths: Sequence[Path], what: str, starts: Optional[Sequen
             contents.append(_read_in_python(Path(path), what, None if starts is None else int(starts[i]),
                                             None if lengths is None else int(lengths[i])))
     return contents, list(zip(sizes.tolist(), mtimes.tolist()))
+
+
+def whole_and_rest(requests: Sequence, whole: Callable[[np.ndarray], bool]) -> Tuple[list, list]:
+    """(the requests whose array (their last item) ``whole`` says is a whole chunk's, the others): what
+    :func:`read_decoded_files` fills, and what is read the general way."""
+    wholes = [whole(request[-1]) for request in requests]
+    return ([request for request, one in zip(requests, wholes) if one],
+            [request for request, one in zip(requests, wholes) if not one])
 
 
 def read_decoded_files(paths: Sequence[str], codec: str, outs: List[np.ndarray], buffer: FileBuffer,

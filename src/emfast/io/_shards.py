@@ -27,7 +27,7 @@ import numpy as np
 
 from .._core.files import CHUNK_FILLED
 from ._decode import SideBySide
-from ._filebatch import BATCH_BYTES, lent_buffer, read_decoded_files, read_regular_files
+from ._filebatch import BATCH_BYTES, lent_buffer, read_decoded_files, read_regular_files, whole_and_rest
 from ._metadata import zarr_text
 from ._source import CorruptChunkError, Stamp, add_transfer_time, decoded_into, fill_value, require_kind
 
@@ -192,9 +192,7 @@ class ShardedChunks:
         :func:`read_decoded_files`, a chunk whose shard changed since its index was read appended to ``again``;
         returns the others, and those it could not fill (read again the general way, which names what is
         wrong)."""
-        wholes = [self._whole(out) for *_, out in ranges]
-        mine = [entry for entry, whole in zip(ranges, wholes) if whole]
-        left = [entry for entry, whole in zip(ranges, wholes) if not whole]
+        mine, left = whole_and_rest(ranges, self._whole)
         if not mine:
             return left
         directory = os.path.join(str(self._directory), "")

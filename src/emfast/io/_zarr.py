@@ -50,7 +50,7 @@ from .._core.files import CHUNK_AGAIN, CHUNK_MISSING
 from ._geometry import (Geometry, Level, array_geometry, binned_corner, choose_level, multiscale_levels,
                         require_agreement)
 from ._decode import SideBySide, blosc_content_size, checked_blosc, zstd_content_size
-from ._filebatch import BATCH_BYTES, lent_buffer, read_decoded_files, read_regular_files
+from ._filebatch import BATCH_BYTES, lent_buffer, read_decoded_files, read_regular_files, whole_and_rest
 from ._metadata import bad_metadata, int_list, metadata_key, parsing
 from ._remote import RemoteReadError, RemoteStore, ReadAbandoned, zarr_read
 from ._shards import ShardedChunks
@@ -674,9 +674,7 @@ class _DirectChunks:
     def _read_decoded(self, requests, codec: str) -> list:
         """Fill the whole chunks of ``requests`` by :func:`read_decoded_files`; returns the others, and those it
         could not fill (read again the general way, which names what is wrong)."""
-        wholes = [self._whole(out) for _, _, out in requests]
-        mine = [request for request, whole in zip(requests, wholes) if whole]
-        left = [request for request, whole in zip(requests, wholes) if not whole]
+        mine, left = whole_and_rest(requests, self._whole)
         if not mine:
             return left
         directory = os.path.join(str(self.directory), "")
