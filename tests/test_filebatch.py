@@ -254,8 +254,8 @@ def test_read_decode_files_checks_its_arguments(tmp_path):
 @pytest.mark.parametrize("codec", ["raw", "zstd"])
 def test_byte_ranges_read_and_decoded_in_one_call_and_the_files_versions(tmp_path, codec):
     """read_decoded_files with ranges (inner chunks of shards) fills each chunk from its range of a shared file and
-    gives each file's (size, mtime) as it was read; a range reaching past the file's end, or a negative one, is
-    CHUNK_AGAIN; a missing file is CHUNK_MISSING with version (0, 0)."""
+    gives each file's (size, mtime) as it was read; a range reaching past the file's end (however far), or a
+    negative one, is CHUNK_AGAIN; a missing file is CHUNK_MISSING with version (0, 0)."""
     numcodecs = pytest.importorskip("numcodecs")
     from emfast.io import _zstd
     if codec == "zstd" and not _zstd.system_zstd():
@@ -269,11 +269,12 @@ def test_byte_ranges_read_and_decoded_in_one_call_and_the_files_versions(tmp_pat
     ranges = [(int(start), len(frame)) for start, frame in zip(starts, frames)]
     ranges[4] = (ranges[4][0], shard.stat().st_size)  # past the end
     ranges[6] = (-1, ranges[6][1])
+    ranges[7] = (1, 2**63 - 1)  # past the end by more than int64 holds: no overflow in the check
     paths = [str(shard)] * len(chunks)
     paths[9] = str(tmp_path / "gone")
     outs = [np.zeros_like(chunk) for chunk in chunks]
     results, versions = _filebatch.read_decoded_files(paths, codec, outs, FileBuffer(), ranges)
-    assert results == [compiled.CHUNK_AGAIN if n in (4, 6) else compiled.CHUNK_MISSING if n == 9 else
+    assert results == [compiled.CHUNK_AGAIN if n in (4, 6, 7) else compiled.CHUNK_MISSING if n == 9 else
                        compiled.CHUNK_FILLED for n in range(len(chunks))]
     status = os.stat(shard)
     assert versions == [(0, 0) if n == 9 else (status.st_size, status.st_mtime_ns) for n in range(len(chunks))]

@@ -413,7 +413,7 @@ def read_decode_files(str codec, list paths, list outs, scratch=None, ranges=Non
                 if not whole:
                     starts[i] = span[2 * i]
                     lengths[i] = span[2 * i + 1]
-                    if starts[i] < 0 or lengths[i] < 0 or starts[i] + lengths[i] > sizes[i]:
+                    if starts[i] < 0 or lengths[i] < 0 or starts[i] > sizes[i] or lengths[i] > sizes[i] - starts[i]:
                         lengths[i] = 0
                         continue
                 else:
