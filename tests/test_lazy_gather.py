@@ -65,6 +65,31 @@ def test_chunked_convert_equals_in_memory_for_all_transforms(rng, chunk, dtype, 
         assert out.tobytes() == expected.tobytes(), (perm, flips)
 
 
+@pytest.mark.parametrize("chunk", [(5, 16, 7), (4, 8, 40), (3, 64, 64)])
+@pytest.mark.parametrize("dtype, out_dtype", [(np.uint8, np.float32), (np.uint16, np.float16), (np.uint8, None)])
+def test_chunked_batches_large_enough_to_stream_equal_in_memory(rng, chunk, dtype, out_dtype):
+    """Outputs of 2 MiB and more are written with streaming stores, a row that crosses chunks along x converted
+    from its pieces in turn (or, mirrored in x, from staging): bit-exact against the in-memory kernels."""
+    shape = (70, 150, 170)  # every transform of the patch fits
+    volume = random_volume(rng, (2,) + shape, dtype)
+    grid, blocks = held_blocks(volume, chunk)
+    patch, count = (8, 64, 64), 72  # 72 windows of 2 x 8 x 64 x 64: 2.25 MiB of uint8, more of floats
+    for transforms in ([((0, 1, 2), (False, False, False))] * count,
+                       [TRANSFORMS[i] for i in rng.integers(0, len(TRANSFORMS), count)]):
+        perms, flips = [t[0] for t in transforms], [t[1] for t in transforms]
+        corners = [random_corner(rng, shape, extent_of(patch, perm)) for perm in perms]
+        out = np.empty((count, 2) + patch, dtype if out_dtype is None else out_dtype)
+        expected = np.empty_like(out)
+        if out_dtype is None:
+            gather_chunked_copy([grid] * count, corners, perms, flips, out)
+            gather_copy([volume] * count, corners, perms, flips, expected)
+        else:
+            scale, shift = rng.random(count).astype(np.float32), rng.random(count).astype(np.float32)
+            gather_chunked_convert([grid] * count, corners, perms, flips, scale, shift, out)
+            gather_convert([volume] * count, corners, perms, flips, scale, shift, expected)
+        assert out.tobytes() == expected.tobytes()
+
+
 @pytest.mark.parametrize("chunk", CHUNKS)
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64, np.int32])
 def test_chunked_copy_equals_in_memory_for_all_transforms(rng, chunk, dtype):
