@@ -68,8 +68,8 @@ def test_chunked_convert_equals_in_memory_for_all_transforms(rng, chunk, dtype, 
 @pytest.mark.parametrize("chunk", [(5, 16, 7), (4, 8, 40), (3, 64, 64)])
 @pytest.mark.parametrize("dtype, out_dtype", [(np.uint8, np.float32), (np.uint16, np.float16), (np.uint8, None)])
 def test_chunked_batches_large_enough_to_stream_equal_in_memory(rng, chunk, dtype, out_dtype):
-    """Outputs of 2 MiB and more are written with streaming stores, a row that crosses chunks along x converted
-    from its pieces in turn (or, mirrored in x, from staging): bit-exact against the in-memory kernels."""
+    """Outputs of 2 MiB and more are written with streaming stores, a row that crosses chunks along x assembled
+    in staging first: bit-exact against the in-memory kernels."""
     shape = (70, 150, 170)  # every transform of the patch fits
     volume = random_volume(rng, (2,) + shape, dtype)
     grid, blocks = held_blocks(volume, chunk)
