@@ -253,6 +253,37 @@ def test_a_factory_that_fails_names_the_model_key_and_the_line_that_raised(folde
         in error and "unet.pt" in error and f"{folder / 'nets.py'}, line 14)" in error
 
 
+def test_a_rerun_of_a_finished_prediction_with_resume_never_loads_its_model(folder, capsys):
+    """emfast predict --resume of an output already complete leaves it as it is without calling the model's
+    factory (a checkpoint read, a device set up, for nothing); an unfinished one loads the model to go on."""
+    zarr = pytest.importorskip("zarr")
+    path = _config(folder, PREDICT)
+    assert main(["predict", str(path)]) == 0
+    written = zarr.open_array(str(folder / "out.zarr"), path="pred", mode="r")[...]
+    (folder / "factory-called").unlink()
+    assert main(["predict", str(path), "--resume"]) == 0
+    assert not (folder / "factory-called").exists()
+    np.testing.assert_array_equal(zarr.open_array(str(folder / "out.zarr"), path="pred", mode="r")[...], written)
+    (folder / "flaky.py").write_text(FLAKY)
+    unfinished = _config(folder, PREDICT.replace("nets:load", "flaky:load"), "unfinished.yaml")
+    assert main(["predict", str(unfinished), "--overwrite"]) == 2  # its network fails: the output is left unfinished
+    assert "out of memory, this once" in capsys.readouterr().err
+    (folder / "factory-called").unlink()
+    assert main(["predict", str(unfinished), "--resume"]) == 0
+    assert (folder / "factory-called").exists()
+    np.testing.assert_array_equal(zarr.open_array(str(folder / "out.zarr"), path="pred", mode="r")[...], written)
+    capsys.readouterr()
+
+
+FLAKY = NETS.replace("    def network(batch):\n", """    calls = []
+    def network(batch):
+        calls.append(1)
+        if len(calls) == 2 and not pathlib.Path("failed-once").exists():  # after the output was made
+            pathlib.Path("failed-once").touch()
+            raise RuntimeError("out of memory, this once")
+""")
+
+
 def test_a_factory_returning_no_network_is_the_users_error_at_the_model_key(folder, capsys):
     """A factory returning its checkpoint's state dict (not callable) was reported as a bug in emfast, exit 1."""
     (folder / "statedict.py").write_text("def load(gain=1.0):\n    return {'conv.weight': [gain]}\n")

@@ -40,7 +40,7 @@ from .._core.gather import PAD_MODES
 from ..inference import (BLENDS, CACHE_SHARE, CHUNK_EDGE, COMPRESSIONS, DEFAULT_MEMORY, FLAGS_SUFFIX,
                          PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS, InputDtypeError, Prediction, TilePlan, block_estimate,
                          budget_block, check_fill, check_input_dtype, check_torch_device, input_cache_refusal,
-                         parse_memory, predict, too_large_block, variants)
+                         parse_memory, predict, prediction_complete, too_large_block, variants)
 from ..io import (CacheBudgetError, UnfinishedOutputWarning, check_compression, check_output_location, open_volume,
                   parse_output)
 from ..transfer import cuda_ordinal
@@ -334,7 +334,9 @@ class PredictSpec:
         arguments = dict(self.options, resume=resume, overwrite=overwrite, progress=progress)
         self.check_device()
         self.plan(cache_dir)
-        model = self.load_model()
+        # a finished output is left as it is: its model is not loaded (a checkpoint read, a device set up) to be
+        # never called
+        model = _NotLoaded(self.model) if resume and prediction_complete(self.output) else self.load_model()
         try:
             return self._predict(model, arguments, cache_dir)
         except ValueError as error:  # what only the run finds (a memory too small for a block) names its key
@@ -552,3 +554,15 @@ def _module_location(name: str) -> Optional[str]:
     if spec.submodule_search_locations:
         return ",".join(sorted(str(Path(p).resolve()) for p in spec.submodule_search_locations))
     return str(Path(spec.origin).resolve()) if spec.origin else None
+
+
+class _NotLoaded:
+    """The model of a rerun with ``resume`` of a finished output, which predict leaves as it is, never calling its
+    model (picklable, as a Dask engine's model must be)."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+
+    def __call__(self, batch):
+        raise RuntimeError(f"{self.model} was not loaded: the output was complete when this run started, and "
+                           "another program changed it since; run again")

@@ -18,7 +18,8 @@ from ._memory import (CACHE_SHARE, DEFAULT_MEMORY, block_estimate, budget_block,
 from ._model import ModelOutputError, check_torch_device, model_blamed, require_torch
 from ._predict import (CHUNK_EDGE, InputDtypeError, NonFiniteWarning, Prediction, PredictProgress, SaturationWarning,
                        UnfinishedInputError, check_fill, check_input_dtype, predict)
-from ._store import COMPRESSIONS, FLAGS_SUFFIX, PREDICT_OUTPUT_DTYPE_NAMES, BlockWriteError, OutputExistsError
+from ._store import (COMPRESSIONS, FLAGS_SUFFIX, PREDICT_OUTPUT_DTYPE_NAMES, BlockWriteError, OutputExistsError,
+                     prediction_complete)
 from ._tiling import Block, TilePlan
 from ._tta import TTA_COUNTS, variants
 

@@ -177,3 +177,20 @@ class OutputStore:
     def close(self) -> None:
         self._writer.close()
         self._flags, self._flag_files = None, False
+
+
+def prediction_complete(out) -> bool:
+    """Whether ``out`` holds a prediction emfast finished (its record says complete): a rerun with ``resume``
+    leaves it as it is and never calls the model. Whether the rerun's settings and input are the record's is for
+    :func:`~emfast.predict` to check."""
+    container, dataset, kind = parse_output(out, companions=(FLAGS_SUFFIX,))
+    if not container.exists():
+        return False
+    store = OutputStore(container, dataset, kind)
+    with OutputLock(container) as lock:
+        try:
+            store._writer.open_to_check()
+            record = store._writer.record()
+        finally:
+            store.close()
+        return isinstance(record, dict) and record.get("complete") is True and not lock.was_creating(dataset)
