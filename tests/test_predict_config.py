@@ -275,6 +275,32 @@ def test_a_rerun_of_a_finished_prediction_with_resume_never_loads_its_model(fold
     capsys.readouterr()
 
 
+@pytest.mark.parametrize("complete", [False, True])
+def test_a_resume_after_a_run_killed_while_creating_the_output_replaces_what_it_left(folder, capsys, complete):
+    """The lock file's mark of an output being created (a run killed before its record and flags were both
+    written, or a crash after) has --resume replace it and compute it anew: the look for a finished output does
+    not consume the mark, which the run itself must find."""
+    import json
+    zarr = pytest.importorskip("zarr")
+    path = _config(folder, PREDICT)
+    assert main(["predict", str(path)]) == 0
+    written = zarr.open_array(str(folder / "out.zarr"), path="pred", mode="r")[...]
+    metadata = folder / "out.zarr" / "pred" / "zarr.json"
+    document = json.loads(metadata.read_text())
+    document["attributes"]["emfast_predict"]["complete"] = complete
+    metadata.write_text(json.dumps(document))
+    for chunk in (folder / "out.zarr" / "pred" / "c").rglob("*"):
+        if chunk.is_file():
+            chunk.write_bytes(b"")  # what the killed run wrote is not to be kept
+    (folder / ".out.zarr.emfast-lock").write_text(json.dumps({"pid": 999999, "creating": "pred"}))
+    (folder / "factory-called").unlink()
+    assert main(["predict", str(path), "--resume"]) == 0, capsys.readouterr().err
+    assert (folder / "factory-called").exists()
+    np.testing.assert_array_equal(zarr.open_array(str(folder / "out.zarr"), path="pred", mode="r")[...], written)
+    assert "creating" not in json.loads((folder / ".out.zarr.emfast-lock").read_text())
+    capsys.readouterr()
+
+
 FLAKY = NETS.replace("    def network(batch):\n", """    calls = []
     def network(batch):
         calls.append(1)

@@ -180,17 +180,17 @@ class OutputStore:
 
 
 def prediction_complete(out) -> bool:
-    """Whether ``out`` holds a prediction emfast finished (its record says complete): a rerun with ``resume``
-    leaves it as it is and never calls the model. Whether the rerun's settings and input are the record's is for
-    :func:`~emfast.predict` to check."""
+    """Whether ``out`` holds a prediction emfast finished (its record says complete, and no killed run's mark
+    says it was being made): a rerun with ``resume`` leaves it as it is and never calls the model. A look, without
+    the output's lock (taking it would consume a killed run's mark, which the run itself must find): the run
+    checks again under the lock, with the rerun's settings and input."""
     container, dataset, kind = parse_output(out, companions=(FLAGS_SUFFIX,))
-    if not container.exists():
+    if not container.exists() or OutputLock(container).marked_creating() == dataset:
         return False
     store = OutputStore(container, dataset, kind)
-    with OutputLock(container) as lock:
-        try:
-            store._writer.open_to_check()
-            record = store._writer.record()
-        finally:
-            store.close()
-        return isinstance(record, dict) and record.get("complete") is True and not lock.was_creating(dataset)
+    try:
+        store._writer.open_to_check()
+        record = store._writer.record()
+    finally:
+        store.close()
+    return isinstance(record, dict) and record.get("complete") is True

@@ -751,6 +751,18 @@ class OutputLock:
         """Whether a run killed before the output held its record was creating ``dataset``."""
         return self._creating_before == dataset
 
+    def marked_creating(self) -> Optional[str]:
+        """The dataset the lock file marks as being created, read without taking the lock and without consuming
+        the mark (which only the run that takes the lock may act on): None where there is no mark or no file."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return None
+        try:
+            return _read_state(fd).get("creating")
+        finally:
+            os.close(fd)
+
     @contextmanager
     def creating(self, dataset: str) -> Iterator[None]:
         """Mark ``dataset`` as being created until its record is written. The mark outlives only a killed run:
