@@ -21,7 +21,7 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Callable, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
@@ -111,13 +111,24 @@ class ShardedChunks:
         return len(self._shape) == 3 and all(int(c) % k == 0 and int(e) == min(k, s - int(c))
                                              for c, e, k, s in zip(corner, extent, self._inner, self._shape))
 
-    def _locate(self, corner, name: str) -> Tuple[str, int, str]:
+    def _locate(self, corner, name: str) -> Tuple[str, int, "_ChunkName"]:
         """(its shard's key, its position in the shard's index, words naming it) of the inner chunk at ``corner``."""
-        chunk = tuple(int(c) // k for c, k in zip(corner, self._inner))
-        shard = tuple(c // n for c, n in zip(chunk, self._per_shard))
-        position = int(np.ravel_multi_index(tuple(c % n for c, n in zip(chunk, self._per_shard)), self._per_shard))
-        key = self._metadata.encode_chunk_key(shard)
-        return key, position, f"{name}: chunk (z, y, x) = {chunk} (in shard {key})"
+        return self._locate_many([corner], name)[0]
+
+    def _locate_many(self, corners, name: str) -> List[Tuple[str, int, "_ChunkName"]]:
+        """:meth:`_locate` of each of ``corners``, at once (a box's chunks): their shards' keys made once each."""
+        chunks = np.asarray(corners, np.int64).reshape(-1, 3) // self._inner
+        per_shard = np.array(self._per_shard)
+        positions = np.ravel_multi_index(tuple((chunks % per_shard).T), self._per_shard).tolist()
+        keys: dict = {}
+        located = []
+        for chunk, shard, position in zip(map(tuple, chunks.tolist()), map(tuple, (chunks // per_shard).tolist()),
+                                          positions):
+            key = keys.get(shard)
+            if key is None:
+                key = keys[shard] = self._metadata.encode_chunk_key(shard)
+            located.append((key, position, _ChunkName(name, chunk, key)))
+        return located
 
     def read(self, corner, extent, out: np.ndarray, name: str, stamp: Stamp) -> bool:
         """Fill ``out`` (1, z, y, x) if the box is exactly one inner chunk of a 3-D array; False otherwise, and
@@ -142,7 +153,7 @@ class ShardedChunks:
         mine, rest = [], []
         for request in requests:
             (mine if self._one_chunk(request[0], request[1]) else rest).append(request)
-        located = [self._locate(corner, name) for corner, _, _ in mine]
+        located = self._locate_many([corner for corner, _, _ in mine], name)
         indexes = self._indexes_of(sorted({key for key, _, _ in located}), {key: w for key, _, w in located})
         ranges = []
         for (key, position, where), (corner, extent, out) in zip(located, mine):
@@ -308,3 +319,16 @@ class ShardedChunks:
             if len(self._indexes) > KEPT_INDEXES:
                 self._indexes.popitem(last=False)
         return index
+
+
+class _ChunkName:
+    """Words naming an inner chunk in errors (``f"{where}: ..."``), formatted only if one is raised: a box's
+    chunks are located by the dozen, their names needed by none where all goes well."""
+
+    __slots__ = ("_name", "_chunk", "_key")
+
+    def __init__(self, name: str, chunk: tuple, key: str) -> None:
+        self._name, self._chunk, self._key = name, chunk, key
+
+    def __str__(self) -> str:
+        return f"{self._name}: chunk (z, y, x) = {self._chunk} (in shard {self._key})"
