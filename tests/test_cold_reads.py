@@ -472,9 +472,7 @@ def volume_reader_codec(path):
     codec's library is missing: read, then decoded through numcodecs)."""
     with ef.open(path, in_memory=False) as volume:
         direct = volume.chunk_cache._source._direct
-        if direct._raw:
-            return "raw"
-        return None if direct._decode_into is None else direct._decode_into.compiled()
+        return _filebatch.compiled_codec(direct._raw, direct._decode_into)
 
 
 def test_a_4d_zarr_array_with_its_channels_in_one_chunk_is_read_in_batches(tmp_path):

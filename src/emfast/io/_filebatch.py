@@ -188,6 +188,13 @@ def read_regular_files(paths: Sequence[Path], what: str, starts: Optional[Sequen
     return contents, list(zip(sizes.tolist(), mtimes.tolist()))
 
 
+def compiled_codec(raw: bool, decode_into) -> Optional[str]:
+    """The codec in which :func:`read_decoded_files` reads an array's chunks: "raw" (no compressor), that of its
+    ``decode_into`` (``_zarr._IntoDecoder``) where its library is bound, else None (they are read the general
+    way)."""
+    return "raw" if raw else None if decode_into is None else decode_into.compiled()
+
+
 def whole_and_rest(requests: Sequence, whole: Callable[[np.ndarray], bool]) -> Tuple[list, list]:
     """(the requests whose array (their last item) ``whole`` says is a whole chunk's, the others): what
     :func:`read_decoded_files` fills, and what is read the general way."""

@@ -27,7 +27,8 @@ import numpy as np
 
 from .._core.files import CHUNK_FILLED
 from ._decode import SideBySide
-from ._filebatch import BATCH_BYTES, lent_buffer, read_decoded_files, read_regular_files, whole_and_rest
+from ._filebatch import (BATCH_BYTES, compiled_codec, lent_buffer, read_decoded_files, read_regular_files,
+                         whole_and_rest)
 from ._metadata import zarr_text
 from ._source import CorruptChunkError, Stamp, add_transfer_time, decoded_into, fill_value, require_kind
 
@@ -176,7 +177,7 @@ class ShardedChunks:
         itself in one compiled call, the others (and those it could not fill) read in one call, then decoded one
         after another. A chunk whose shard is no longer at that version is appended to ``again`` (its box as
         :meth:`read` takes it)."""
-        codec = "raw" if self._raw else None if self._decode_into is None else self._decode_into.compiled()
+        codec = compiled_codec(self._raw, self._decode_into)
         if codec is not None:
             ranges = self._read_decoded(ranges, codec, again)
         if not ranges:

@@ -50,7 +50,8 @@ from .._core.files import CHUNK_AGAIN, CHUNK_MISSING
 from ._geometry import (Geometry, Level, array_geometry, binned_corner, choose_level, multiscale_levels,
                         require_agreement)
 from ._decode import SideBySide, blosc_content_size, checked_blosc, zstd_content_size
-from ._filebatch import BATCH_BYTES, lent_buffer, read_decoded_files, read_regular_files, whole_and_rest
+from ._filebatch import (BATCH_BYTES, compiled_codec, lent_buffer, read_decoded_files, read_regular_files,
+                         whole_and_rest)
 from ._metadata import bad_metadata, int_list, metadata_key, parsing
 from ._remote import RemoteReadError, RemoteStore, ReadAbandoned, zarr_read
 from ._shards import ShardedChunks
@@ -653,7 +654,7 @@ class _DirectChunks:
         """Fill ``requests``, one chunk each: whole chunks of a codec emfast decodes itself read and decoded in
         one compiled call; the others (and those it could not fill) read in one call, then decoded one after
         another."""
-        codec = "raw" if self._raw else None if self._decode_into is None else self._decode_into.compiled()
+        codec = compiled_codec(self._raw, self._decode_into)
         if codec is not None:
             requests = self._read_decoded(requests, codec)
         if not requests:
