@@ -534,6 +534,43 @@ def test_the_memory_of_discarded_shared_tiles_is_reused_with_the_same_bytes(tmp_
     np.testing.assert_allclose(_read(tmp_path / "p.zarr/pred"), expected, rtol=2e-6, atol=1e-7)
 
 
+def _slab_of(array: np.ndarray) -> np.ndarray:
+    """The allocation under an array of a pool (through the memoryview its slab's arrays view it by)."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array.base.obj if isinstance(array.base, memoryview) else array
+
+
+def test_arrays_cut_from_one_slab_never_share_memory_and_free_it_together():
+    """Fresh arrays of a pool are cut from larger slabs (huge pages): whatever is taken and given back in any
+    order, two arrays held at once never overlap, an array given back is reused alone (not its whole slab), and
+    the slab is freed once none of its arrays is left."""
+    import gc
+    import weakref
+
+    from emfast.inference import _block
+
+    pool = _block._Pool()
+    shape = (1, 16, 64, 64)  # 256 KiB: a slab holds SLAB_ARRAYS of them
+    held = [pool.take(_block.KEPT, shape, np.float32) for _ in range(_block.SLAB_ARRAYS)]
+    slab = weakref.ref(_slab_of(held[0]))
+    assert all(_slab_of(array) is slab() for array in held)
+    for number, array in enumerate(held):
+        array[...] = number
+    for array in held[::2]:
+        pool.give(_block.KEPT, array)
+    again = [pool.take(_block.KEPT, (1, 8, 64, 64), np.float32) for _ in held[::2]]
+    assert all(_slab_of(array) is slab() for array in again)  # the arrays given back, not new ones
+    held = held[1::2] + again
+    for first in range(len(held)):
+        assert not any(np.shares_memory(held[first], other) for other in held[first + 1:])
+    assert [int(array.max()) for array in held[:len(again)]] == list(range(1, _block.SLAB_ARRAYS, 2))
+    del held, again, array
+    pool = None
+    gc.collect()
+    assert slab() is None
+
+
 def test_shared_tiles_stay_in_memory_while_the_blocks_leave_room(tmp_path, volume):
     """Kept tiles get the budget the blocks do not use, not only their eighth: here they need more than an eighth
     of 6 MiB and far less than the blocks leave, so none goes to disk (each disk write and read back is the

@@ -182,6 +182,14 @@ class BlockPredictor:
         self.nans += nans
 
 
+#: Fresh arrays of a pool smaller than half this are cut, several at once, from one allocation of about this
+#: size: NumPy asks the kernel for huge pages from 4 MiB on, and a shared tile copied into new memory costs a third
+#: as much when it has them (a 2 MiB array of its own is 512 page faults, each clearing a page).
+SLAB_BYTES = 16 << 20
+#: At most this many arrays are cut from one slab (free arrays are looked through one by one).
+SLAB_ARRAYS = 8
+
+
 class _Pool:
     """Arrays handed back for reuse (batches, sums): fresh memory would be page-faulted in on every block, a
     large share of the cost of blending. Thread-safe."""
@@ -197,12 +205,25 @@ class _Pool:
             index = next((i for i, f in enumerate(free) if f.size >= size), None)
             flat = None if index is None else free.pop(index)
         if flat is None:
-            flat = np.empty(size, dtype)
+            flat = self._fresh(name, size, np.dtype(dtype))
         return flat[:size].reshape(shape)
+
+    def _fresh(self, name: str, size: int, dtype: np.dtype) -> np.ndarray:
+        """A new flat array of ``size`` elements; the others cut from its slab go on the free list. They view the
+        slab through a memoryview, so each is the base of what :meth:`take` hands out of it, and the slab is
+        freed once none of them is left."""
+        count = min(SLAB_ARRAYS, SLAB_BYTES // max(1, size * dtype.itemsize))
+        if count < 2:
+            return np.empty(size, dtype)
+        slab = memoryview(np.empty(count * size, dtype))
+        arrays = [np.frombuffer(slab, dtype, size, i * size * dtype.itemsize) for i in range(count)]
+        with self._lock:
+            self._free.setdefault((name, dtype.str), []).extend(arrays[1:])
+        return arrays[0]
 
     def give(self, name: str, array: np.ndarray) -> None:
         flat = array
-        while isinstance(flat.base, np.ndarray):  # the whole allocation (take hands out views of it)
+        while isinstance(flat.base, np.ndarray):  # the array take cut its view from (a slab's own stops the walk)
             flat = flat.base
         with self._lock:
             self._free.setdefault((name, flat.dtype.str), []).append(flat)
