@@ -1,6 +1,7 @@
 /* Blending kernels; see blend.h for the contract. */
 #include "blend.h"
 #include "half.h"
+#include "vector.h"
 
 #include <cmath>
 #include <cstdint>
@@ -157,11 +158,7 @@ int64_t finish(const double *sums, const double *tz, const double *ty, const dou
     return non_finite;
 }
 
-}  // namespace
-
-extern "C" {
-
-int emf_blend_tiles(const emf_blend_tile *tiles, int64_t count, int64_t part, int64_t parts) {
+int blend_tiles(const emf_blend_tile *tiles, int64_t count, int64_t part, int64_t parts) {
     for (int64_t i = 0; i < count; ++i) {
         const emf_blend_tile &t = tiles[i];
         if (t.keep != nullptr) copy_rows(t, part, parts);
@@ -182,8 +179,8 @@ int emf_blend_tiles(const emf_blend_tile *tiles, int64_t count, int64_t part, in
     return EMF_OK;
 }
 
-int emf_blend_finish(const double *sums, const double *tz, const double *ty, const double *tx, double count,
-                     int64_t channels, const int64_t shape[3], emf_dtype out_dtype, void *out, int64_t *non_finite) {
+int blend_finish(const double *sums, const double *tz, const double *ty, const double *tx, double count,
+                 int64_t channels, const int64_t shape[3], emf_dtype out_dtype, void *out, int64_t *non_finite) {
     switch (out_dtype) {
         case EMF_FLOAT32:
             *non_finite = finish(sums, tz, ty, tx, count, channels, shape, static_cast<float *>(out),
@@ -202,6 +199,44 @@ int emf_blend_finish(const double *sums, const double *tz, const double *ty, con
         default:
             return EMF_BAD_DTYPE;
     }
+}
+
+emf_vector::Avx2Switch avx2_switch;
+
+#ifdef EMF_HAVE_AVX2
+EMF_AVX2_BUILD int blend_tiles_avx2(const emf_blend_tile *tiles, int64_t count, int64_t part, int64_t parts) {
+    return blend_tiles(tiles, count, part, parts);
+}
+
+EMF_AVX2_BUILD int blend_finish_avx2(const double *sums, const double *tz, const double *ty, const double *tx,
+                                     double count, int64_t channels, const int64_t shape[3], emf_dtype out_dtype,
+                                     void *out, int64_t *non_finite) {
+    return blend_finish(sums, tz, ty, tx, count, channels, shape, out_dtype, out, non_finite);
+}
+#endif
+
+}  // namespace
+
+extern "C" {
+
+void emf_blend_allow_avx2(int allowed) { avx2_switch.allow(allowed); }
+
+int emf_blend_uses_avx2(void) { return avx2_switch.used(); }
+
+int emf_blend_tiles(const emf_blend_tile *tiles, int64_t count, int64_t part, int64_t parts) {
+#ifdef EMF_HAVE_AVX2
+    if (avx2_switch.used()) return blend_tiles_avx2(tiles, count, part, parts);
+#endif
+    return blend_tiles(tiles, count, part, parts);
+}
+
+int emf_blend_finish(const double *sums, const double *tz, const double *ty, const double *tx, double count,
+                     int64_t channels, const int64_t shape[3], emf_dtype out_dtype, void *out, int64_t *non_finite) {
+#ifdef EMF_HAVE_AVX2
+    if (avx2_switch.used())
+        return blend_finish_avx2(sums, tz, ty, tx, count, channels, shape, out_dtype, out, non_finite);
+#endif
+    return blend_finish(sums, tz, ty, tx, count, channels, shape, out_dtype, out, non_finite);
 }
 
 }  // extern "C"

@@ -57,6 +57,10 @@ int emf_blend_tiles(const emf_blend_tile *tiles, int64_t count, int64_t part, in
  * conversion; 0 for uint8). */
 int emf_blend_finish(const double *sums, const double *tz, const double *ty, const double *tx, double count,
                      int64_t channels, const int64_t shape[3], emf_dtype out_dtype, void *out, int64_t *non_finite);
+/* Both kernels run their AVX2 build (the same bits, faster; see vector.h) where the CPU has AVX2, unless
+ * emf_blend_allow_avx2(0) was called; emf_blend_uses_avx2 says whether they do. */
+void emf_blend_allow_avx2(int allowed);
+int emf_blend_uses_avx2(void);
 
 #ifdef __cplusplus
 }

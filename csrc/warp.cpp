@@ -13,9 +13,9 @@
 #include "warp.h"
 #include "gather.h"
 #include "half.h"
+#include "vector.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -29,13 +29,6 @@
 #define EMF_HAVE_SSE2 1
 #endif
 
-/* The AVX2 samplers are compiled for AVX2 alone (function attributes; the rest of the file keeps the baseline
- * target) and chosen at run time by CPU. */
-#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-#include <immintrin.h>
-#define EMF_HAVE_AVX2 1
-#define EMF_AVX2 __attribute__((target("avx2")))
-#endif
 #if defined(__GNUC__) || defined(__clang__)
 #define EMF_INLINE inline __attribute__((always_inline))
 #else
@@ -1021,21 +1014,11 @@ extern "C" int emf_warp_copy(const emf_warp_example *examples, int64_t count, co
     }
 }
 
-/* Whether the AVX2 path may run; the caller decides once (the Python module reads EMFAST_NO_AVX2 at import), so the
- * kernels never read the environment. */
-static std::atomic<int> avx2_allowed{1};
+static emf_vector::Avx2Switch avx2_switch;
 
-extern "C" void emf_warp_allow_avx2(int allowed) {
-    avx2_allowed.store(allowed != 0, std::memory_order_relaxed);
-}
+extern "C" void emf_warp_allow_avx2(int allowed) { avx2_switch.allow(allowed); }
 
-extern "C" int emf_warp_uses_avx2(void) {
-#ifdef EMF_HAVE_AVX2
-    return avx2_allowed.load(std::memory_order_relaxed) && __builtin_cpu_supports("avx2");
-#else
-    return 0;
-#endif
-}
+extern "C" int emf_warp_uses_avx2(void) { return avx2_switch.used(); }
 
 extern "C" int emf_warp_coordinates(const emf_warp_example *examples, int64_t count, const int64_t shape[3],
                                     const emf_warp_grid *grid, double *out) {

@@ -182,3 +182,56 @@ def test_blend_finish_rounds_float16_once_as_numpy_does():
     with np.errstate(over="ignore"):  # beyond float16's range: infinity, as the kernel gives
         expected = values.astype(np.float16).reshape(sums.shape)
     np.testing.assert_array_equal(out.view(np.uint16), expected.view(np.uint16))
+
+
+def _through_every_path():
+    """Blends and conversions of random data through each path of the kernels (prediction and output dtypes, first
+    boxes, copies of kept tiles, rows in parts, strided predictions; NaN, infinities, values outside [0, 1] and
+    near float16's rounding ties), as a dict of arrays."""
+    rng = np.random.default_rng(17)
+    results = {}
+    for dtype in (np.float16, np.float32, np.float64):
+        for transposed in (False, True):
+            for parts in (1, 3):
+                group = _group(rng, dtype, transposed)
+                sums = rng.random((2, 8, 13, 12))
+                tiles, keeps = TileBlends(), []
+                for box, axes, prediction, first, whole in group:
+                    keeps.append(None if whole is None else np.zeros_like(whole))
+                    tiles.add(sums[(slice(None),) + box], axes, prediction, first, box[1].start, keeps[-1], whole)
+                for part in range(parts):
+                    tiles.run(part, parts)
+                name = f"{np.dtype(dtype).name} transposed={transposed} parts={parts}"
+                results[f"sums {name}"] = sums
+                results.update({f"kept {i} {name}": keep for i, keep in enumerate(keeps) if keep is not None})
+    values = np.concatenate([rng.uniform(-2, 3, 3000), rng.uniform(-70000, 70000, 3000), [np.nan, np.inf, -np.inf]])
+    sums = np.resize(values * rng.choice([1e-3, 1.0, 1e4], values.size), (2, 3, 41, 37))
+    totals = [rng.integers(1, 257, n) / 256 for n in sums.shape[1:]]
+    for dtype in (np.float32, np.float16, np.uint8):
+        out = np.empty(sums.shape, dtype)
+        results[f"finish {np.dtype(dtype).name}"] = out
+        results[f"non-finite {np.dtype(dtype).name}"] = np.array(blend_finish(sums, totals, 3, out))
+    return results
+
+
+def test_the_avx2_build_and_the_baseline_give_the_same_bits(tmp_path):
+    """The kernels run their AVX2 build where the CPU has it; EMFAST_NO_AVX2 (here in a process of its own, read
+    when the module is imported) keeps the baseline. Both must write the same bytes on every path."""
+    import os
+    import subprocess
+    import sys
+
+    from emfast._core import blend, warp
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = tmp_path / "baseline.npz"
+    script = (f"import sys; sys.path.insert(0, {here!r}); import numpy as np; from emfast._core import blend; "
+              f"from test_blend_kernel import _through_every_path; assert not blend.uses_avx2(); "
+              f"np.savez({str(path)!r}, **_through_every_path())")
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120, env=dict(os.environ, EMFAST_NO_AVX2="1"))
+    results = _through_every_path()
+    with np.load(path) as baseline:
+        assert sorted(baseline.files) == sorted(results)
+        for name, array in results.items():
+            assert array.tobytes() == baseline[name].tobytes(), name
+    assert blend.uses_avx2() == warp.uses_avx2()  # the same switch: the CPU, and EMFAST_NO_AVX2 at import

@@ -515,12 +515,14 @@ def test_emfast_no_avx2_is_read_once_at_import(monkeypatch):
     """The kernels never read the environment: EMFAST_NO_AVX2 counts when emfast is imported, not later."""
     from emfast._core import warp as _warp
 
-    before = _warp.uses_avx2()
+    from emfast._core import blend as _blend
+
+    before = _warp.uses_avx2(), _blend.uses_avx2()
     monkeypatch.setenv("EMFAST_NO_AVX2", "1")
-    assert _warp.uses_avx2() == before
-    code = "import emfast; from emfast._core import warp; print(warp.uses_avx2())"
+    assert (_warp.uses_avx2(), _blend.uses_avx2()) == before
+    code = "import emfast; from emfast._core import blend, warp; print(warp.uses_avx2(), blend.uses_avx2())"
     fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert fresh.stdout.strip() == "False"
+    assert fresh.stdout.strip() == "False False"
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int16"])

@@ -61,7 +61,7 @@ cd "$work/run"
 assert 'site-packages' in emfast.__file__, emfast.__file__; print('importing', emfast.__file__)"
 "$work/test/bin/python" -m pytest -q -p no:cacheprovider
 EMFAST_NO_AVX2=1 "$work/test/bin/python" -m pytest -q -p no:cacheprovider tests/test_warp.py tests/test_kernels.py \
-    tests/test_loader_warp.py
+    tests/test_loader_warp.py tests/test_blend_kernel.py
 
 step "release files"
 ls -l "$out"/emfast-*

@@ -150,8 +150,8 @@ def installation() -> List[str]:
     gpu = cuda_unavailable()
     h5py = metadata.version("h5py")
     return [f"emfast {__version__} (Python {sys.version.split()[0]}, NumPy {np.__version__}, h5py {h5py})",
-            "CPU: SSE2 kernels; AVX2 warp samplers " + ("in use" if _warp.uses_avx2() else
-                                                       "not used (CPU without AVX2, or EMFAST_NO_AVX2 set)"),
+            "CPU: SSE2 kernels; AVX2 warp samplers and blending " + (
+                "in use" if _warp.uses_avx2() else "not used (CPU without AVX2, or EMFAST_NO_AVX2 set)"),
             f"cores: {cores()} usable",
             "GPU: " + ("usable through pycuda (device='cuda')" if gpu is None else f"not available: {gpu}")]
 

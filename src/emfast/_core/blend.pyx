@@ -4,6 +4,8 @@ loops without the GIL there."""
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, realloc
 
+import os
+
 import numpy as np
 
 cimport numpy as cnp
@@ -43,6 +45,8 @@ cdef extern from "blend.h" nogil:
     int emf_blend_finish(const double *sums, const double *tz, const double *ty, const double *tx, double count,
                          int64_t channels, const int64_t *shape, emf_dtype out_dtype, void *out,
                          int64_t *non_finite)
+    void emf_blend_allow_avx2(int allowed)
+    int emf_blend_uses_avx2()
 
 
 cdef tuple _axis_weights(weights, tuple shape, str name):
@@ -197,3 +201,13 @@ def blend_finish(sums, totals, double count, out):
         status = emf_blend_finish(c_sums, c_tz, c_ty, c_tx, count, channels, shape, c_dtype, c_out, &non_finite)
     check_status(status, "blend_finish")
     return non_finite
+
+
+def uses_avx2():
+    """Whether the blending kernels run their AVX2 build here (the same bits; compiled in, supported by this CPU,
+    and the environment variable ``EMFAST_NO_AVX2`` unset when this module was imported)."""
+    return bool(emf_blend_uses_avx2())
+
+
+# Read once, here, as the warp module does: the kernels never look at the environment.
+emf_blend_allow_avx2(0 if "EMFAST_NO_AVX2" in os.environ else 1)
