@@ -224,7 +224,7 @@ class ShardedChunks:
         """Whether ``out`` is a whole inner chunk's buffer, which a chunk is decoded straight into."""
         return out.flags.c_contiguous and out.dtype == self._dtype and out.size == math.prod(self._inner)
 
-    def _fill_from(self, data, extent, out: np.ndarray, where: str, stamp: Stamp) -> None:
+    def _fill_from(self, data, extent, out: np.ndarray, where: "_ChunkName", stamp: Stamp) -> None:
         """Fill ``out`` from an inner chunk's stored bytes ``data`` (None: never written, the fill value)."""
         if data is None:
             out[...] = self._fill
@@ -258,13 +258,13 @@ class ShardedChunks:
                 found[key] = (version, self._keep_index(key, bytes(raw), version, where[key]))
         return found
 
-    def _check_size(self, size: int, where: str) -> None:
+    def _check_size(self, size: int, where: "_ChunkName") -> None:
         if size < self._index_bytes:
             raise CorruptChunkError(f"{where}: the shard file has {size} bytes, fewer than its index's "
                                     f"{self._index_bytes}; the store is corrupt or being written")
 
     @staticmethod
-    def _entry(index: np.ndarray, position: int, size: int, where: str) -> Optional[Tuple[int, int]]:
+    def _entry(index: np.ndarray, position: int, size: int, where: "_ChunkName") -> Optional[Tuple[int, int]]:
         """(offset, length) of inner chunk ``position`` in a shard of ``size`` bytes, or None if never written."""
         offset, length = index[position]
         if offset == _EMPTY and length == _EMPTY:
@@ -275,7 +275,7 @@ class ShardedChunks:
                                     "store is corrupt or being written")
         return int(offset), int(length)
 
-    def _chunk_bytes(self, key: str, position: int, where: str) -> Optional[bytes]:
+    def _chunk_bytes(self, key: str, position: int, where: "_ChunkName") -> Optional[bytes]:
         """The encoded bytes of inner chunk ``position`` of shard ``key``, or None if it was never written
         (``where`` names the chunk in errors)."""
         path = self._directory / key
@@ -294,7 +294,7 @@ class ShardedChunks:
         finally:
             os.close(descriptor)
 
-    def _index(self, key: str, descriptor: int, version: Tuple[int, int], where: str) -> np.ndarray:
+    def _index(self, key: str, descriptor: int, version: Tuple[int, int], where: "_ChunkName") -> np.ndarray:
         """Shard ``key``'s index, (n, 2) (offset, length), kept while the file's (size, mtime) is ``version``."""
         with self._lock:
             kept = self._indexes.get(key)
@@ -304,7 +304,7 @@ class ShardedChunks:
         start = version[0] - self._index_bytes if self._at_end else 0
         return self._keep_index(key, os.pread(descriptor, self._index_bytes, start), version, where)
 
-    def _keep_index(self, key: str, raw: bytes, version: Tuple[int, int], where: str) -> np.ndarray:
+    def _keep_index(self, key: str, raw: bytes, version: Tuple[int, int], where: "_ChunkName") -> np.ndarray:
         """Shard ``key``'s index from its stored bytes ``raw`` (checked against its checksum), kept for
         ``version``."""
         if self._checksum:

@@ -43,15 +43,15 @@ class CorruptChunkError(OSError):
     metadata promises. The message names the store, the array and the chunk."""
 
 
-def checked_chunk(data, dtype: np.dtype, shape: Sequence[int], where: str, stamp: Optional["Stamp"] = None
+def checked_chunk(data, dtype: np.dtype, shape: Sequence[int], where: object, stamp: Optional["Stamp"] = None
                   ) -> np.ndarray:
     """``data``, a chunk's decoded bytes, as an array of ``shape`` and ``dtype``, if it has exactly that many bytes.
 
     The chunks emfast decodes itself (zarr's common layouts, N5, HDF5 shuffle/gzip) and the boxes tensorstore
     returns pass through this one check, so a chunk that decodes to more or fewer bytes than the metadata promises
     (a damaged store, another writer's chunk, a store replaced after it was opened) is an error naming it
-    (``where``), never data read from the wrong place. zarr-python refuses such chunks itself, and the zarr
-    source names the chunk.
+    (``where``: words, or any object whose ``str`` gives them), never data read from the wrong place. zarr-python
+    refuses such chunks itself, and the zarr source names the chunk.
 
     Raises
     ------
@@ -78,7 +78,7 @@ def fill_value(value, dtype: np.dtype) -> np.ndarray:
 
 
 def decoded_into(data, out: np.ndarray, dtype: np.dtype, chunk_shape: Sequence[int], extent: Sequence[int],
-                 decode, where: str, undecodable: str, stamp: Optional["Stamp"] = None) -> None:
+                 decode, where: object, undecodable: str, stamp: Optional["Stamp"] = None) -> None:
     """Fill ``out`` (c, z, y, x) with the first ``extent`` voxels of a chunk from its stored bytes ``data``:
     ``decode`` them, check the size as a chunk of ``dtype`` (:func:`checked_chunk`, naming ``where``) and copy
     (converting to ``out``'s dtype). A codec's own exception
