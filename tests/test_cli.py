@@ -196,6 +196,20 @@ def test_the_users_errors_stay_one_line(tmp_path, small_h5, capsys, monkeypatch)
     assert err.startswith("emfast: error: writing zarr needs zarr-python 3") and "emfast[zarr]" in err, err
 
 
+def test_info_shows_the_shards_of_a_sharded_zarr_array_in_z_y_x_order(tmp_path, capsys):
+    """A shard is one file (one request, remotely), which decides what a read costs: info shows its shape beside
+    the inner chunks', both in (z, y, x) order for an array stored as (x, y, z); an unsharded array shows none."""
+    zarr = pytest.importorskip("zarr")
+    zarr.create_array(tmp_path / "s.zarr", shape=(64, 48, 32), chunks=(8, 8, 4), shards=(32, 16, 8), dtype="u1",
+                      dimension_names=["x", "y", "z"])[...] = 1
+    zarr.create_array(tmp_path / "u.zarr", shape=(8, 8, 8), chunks=(4, 4, 4), dtype="u1")[...] = 1
+    assert main(["info", str(tmp_path / "s.zarr")]) == 0
+    assert "  .: shape=(32, 48, 64) dtype=uint8 chunks=(4, 8, 8) shards=(8, 16, 32) sharded[zstd] " in \
+        capsys.readouterr().out
+    assert main(["info", str(tmp_path / "u.zarr")]) == 0
+    assert " shards=" not in capsys.readouterr().out
+
+
 def test_info_shows_the_world_box_of_hdf5_datasets_as_of_zarr_arrays(tmp_path, capsys):
     """HDF5 lines carry the same resolution, offset and world box (z, y, x nm) as emfast reads them as zarr's."""
     import h5py
