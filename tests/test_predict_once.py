@@ -551,7 +551,7 @@ def test_arrays_cut_from_one_slab_never_share_memory_and_free_it_together():
     from emfast.inference import _block
 
     pool = _block._Pool()
-    shape = (1, 16, 64, 64)  # 256 KiB: a slab holds SLAB_ARRAYS of them
+    shape = (1, 16, 128, 128)  # 1 MiB: a slab holds SLAB_ARRAYS of them
     held = [pool.take(_block.KEPT, shape, np.float32) for _ in range(_block.SLAB_ARRAYS)]
     slab = weakref.ref(_slab_of(held[0]))
     assert all(_slab_of(array) is slab() for array in held)
@@ -559,7 +559,7 @@ def test_arrays_cut_from_one_slab_never_share_memory_and_free_it_together():
         array[...] = number
     for array in held[::2]:
         pool.give(_block.KEPT, array)
-    again = [pool.take(_block.KEPT, (1, 8, 64, 64), np.float32) for _ in held[::2]]
+    again = [pool.take(_block.KEPT, (1, 8, 128, 128), np.float32) for _ in held[::2]]
     assert all(_slab_of(array) is slab() for array in again)  # the arrays given back, not new ones
     held = held[1::2] + again
     for first in range(len(held)):
@@ -569,6 +569,40 @@ def test_arrays_cut_from_one_slab_never_share_memory_and_free_it_together():
     pool = None
     gc.collect()
     assert slab() is None
+
+
+def test_a_shared_tile_written_to_disk_lends_its_memory_to_the_next_one(tmp_path, monkeypatch):
+    """A kept tile beyond the memory share goes to the folder, and its array back to the pool: the next tile kept
+    is copied into it. Dropped instead, a slab's array stayed resident beside its siblings, each never reused (a
+    helper measured 8x the kept tiles' share). The bytes equal a run that keeps every tile in memory."""
+    from emfast.inference import _block, _cache
+
+    taken, written = set(), []
+    take, write = _block._Pool.take, _cache.TileCache._write
+
+    def noting_take(self, name, shape, dtype):
+        array = take(self, name, shape, dtype)
+        if name == _block.KEPT:
+            taken.add(array.__array_interface__["data"][0])
+        return array
+
+    def noting_write(self, key, predictions):
+        written.append(key)
+        write(self, key, predictions)
+
+    def model(batch):  # two channels: kept tiles of 2 MiB (4 variants), cut from slabs
+        crop = batch[:, :, 2:-2, 4:-4, 4:-4]
+        return np.concatenate([crop, crop * crop], axis=1)
+
+    data = np.random.default_rng(0).integers(0, 256, (48, 192, 192), dtype=np.uint8)
+    settings = dict(patch_in=(20, 72, 72), patch_out=(16, 64, 64), overlap=(4, 16, 16), tta=4, chunks=(16, 64, 64),
+                    block=(16, 64, 64), batch_size=4)
+    ef.predict(model, data, tmp_path / "memory.zarr/p", memory="1GiB", **settings)
+    monkeypatch.setattr(_block._Pool, "take", noting_take)
+    monkeypatch.setattr(_cache.TileCache, "_write", noting_write)
+    ef.predict(model, data, tmp_path / "disk.zarr/p", memory="48MiB", **settings)
+    assert len(written) > 20 and len(taken) < len(written) / 2
+    np.testing.assert_array_equal(_read(tmp_path / "disk.zarr/p"), _read(tmp_path / "memory.zarr/p"))
 
 
 def test_shared_tiles_stay_in_memory_while_the_blocks_leave_room(tmp_path, volume):

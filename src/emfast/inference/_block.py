@@ -182,10 +182,12 @@ class BlockPredictor:
         self.nans += nans
 
 
-#: Fresh arrays of a pool smaller than half this are cut, several at once, from one allocation of about this
-#: size: NumPy asks the kernel for huge pages from 4 MiB on, and a shared tile copied into new memory costs a third
-#: as much when it has them (a 2 MiB array of its own is 512 page faults, each clearing a page).
+#: Fresh arrays of a pool are cut, several at once, from one allocation (a slab) of at most this size, where
+#: that makes one of at least :data:`HUGE_PAGES_FROM`: a shared tile copied into new memory costs a third as much
+#: when the kernel backs it with huge pages (a 2 MiB array of its own is 512 page faults, each clearing a page).
 SLAB_BYTES = 16 << 20
+#: The size from which NumPy asks the kernel for huge pages.
+HUGE_PAGES_FROM = 4 << 20
 #: At most this many arrays are cut from one slab (free arrays are looked through one by one).
 SLAB_ARRAYS = 8
 
@@ -213,7 +215,7 @@ class _Pool:
         slab through a memoryview, so each is the base of what :meth:`take` hands out of it, and the slab is
         freed once none of them is left."""
         count = min(SLAB_ARRAYS, SLAB_BYTES // max(1, size * dtype.itemsize))
-        if count < 2:
+        if count < 2 or count * size * dtype.itemsize < HUGE_PAGES_FROM:
             return np.empty(size, dtype)
         slab = memoryview(np.empty(count * size, dtype))
         arrays = [np.frombuffer(slab, dtype, size, i * size * dtype.itemsize) for i in range(count)]
@@ -492,7 +494,8 @@ class BlockRun:
         else:
             self.helpers.run(tiles.run)
         for key, kept in complete:
-            self.predictor.cache.save(key, kept)
+            if not self.predictor.cache.save(key, kept):  # written to the folder: its memory takes the next one
+                self.predictor.give_back_kept(kept)
         if group.batch is not None:  # the predictions may be views of it: reused only now
             self.predictor._pool.give("batch", group.batch)
 

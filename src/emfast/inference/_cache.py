@@ -123,15 +123,17 @@ class TileCache:
         except FileNotFoundError:
             return None
 
-    def save(self, key, predictions: np.ndarray) -> None:
+    def save(self, key, predictions: np.ndarray) -> bool:
         """Keep ``predictions`` for tile ``key``: in memory while within ``memory_limit``, else in the folder; a
-        failure to write (a full disk) only means it will be computed again."""
+        failure to write (a full disk) only means it will be computed again. Returns whether the array itself is
+        held (else its memory may be reused)."""
         with self._lock:
             if self._held_bytes + predictions.nbytes <= self.memory_limit:
                 self._held[key] = predictions
                 self._held_bytes += predictions.nbytes
-                return
+                return True
         self._write(key, predictions)
+        return False
 
     def spill(self) -> None:
         """Write the tiles held in memory to the folder (a run that stops early: its resume reads them)."""
