@@ -203,7 +203,7 @@ int blend_finish(const double *sums, const double *tz, const double *ty, const d
 
 emf_vector::Avx2Switch avx2_switch;
 
-#ifdef EMF_HAVE_AVX2
+#ifdef EMF_HAVE_AVX2_BUILD
 EMF_AVX2_BUILD int blend_tiles_avx2(const emf_blend_tile *tiles, int64_t count, int64_t part, int64_t parts) {
     return blend_tiles(tiles, count, part, parts);
 }
@@ -221,10 +221,16 @@ extern "C" {
 
 void emf_blend_allow_avx2(int allowed) { avx2_switch.allow(allowed); }
 
-int emf_blend_uses_avx2(void) { return avx2_switch.used(); }
+int emf_blend_uses_avx2(void) {
+#ifdef EMF_HAVE_AVX2_BUILD
+    return avx2_switch.used();
+#else
+    return 0;
+#endif
+}
 
 int emf_blend_tiles(const emf_blend_tile *tiles, int64_t count, int64_t part, int64_t parts) {
-#ifdef EMF_HAVE_AVX2
+#ifdef EMF_HAVE_AVX2_BUILD
     if (avx2_switch.used()) return blend_tiles_avx2(tiles, count, part, parts);
 #endif
     return blend_tiles(tiles, count, part, parts);
@@ -232,7 +238,7 @@ int emf_blend_tiles(const emf_blend_tile *tiles, int64_t count, int64_t part, in
 
 int emf_blend_finish(const double *sums, const double *tz, const double *ty, const double *tx, double count,
                      int64_t channels, const int64_t shape[3], emf_dtype out_dtype, void *out, int64_t *non_finite) {
-#ifdef EMF_HAVE_AVX2
+#ifdef EMF_HAVE_AVX2_BUILD
     if (avx2_switch.used())
         return blend_finish_avx2(sums, tz, ty, tx, count, channels, shape, out_dtype, out, non_finite);
 #endif
