@@ -447,6 +447,42 @@ inline Chunk chunk_at(const emf_chunked_window &w, const int64_t index[3], int64
     return c;
 }
 
+/* Copies n bytes of a row piece into staging. The pieces of rows that cross chunks are short (at most a chunk's
+ * row, often under 64 bytes) and many (one per row per chunk): a library call each, dispatched by size, cost more
+ * than the copy. Up to 128 bytes they are moved here with overlapping 16-, 8-, 4- and 2-byte moves, as memcpy
+ * does inside; longer ones by memcpy. */
+inline void copy_piece(void *to, const void *from, int64_t n) {
+    char *dst = static_cast<char *>(to);
+    const char *src = static_cast<const char *>(from);
+#ifdef EMF_HAVE_SSE2
+    if (n >= 16 && n <= 128) {
+        for (int64_t i = 0; i + 16 < n; i += 16)
+            _mm_storeu_si128(reinterpret_cast<__m128i *>(dst + i),
+                             _mm_loadu_si128(reinterpret_cast<const __m128i *>(src + i)));
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(dst + n - 16),
+                         _mm_loadu_si128(reinterpret_cast<const __m128i *>(src + n - 16)));
+        return;
+    }
+#endif
+    if (n >= 16) {
+        std::memcpy(dst, src, static_cast<size_t>(n));
+    } else if (n >= 8) {
+        uint64_t head, tail;
+        std::memcpy(&head, src, 8), std::memcpy(&tail, src + n - 8, 8);
+        std::memcpy(dst, &head, 8), std::memcpy(dst + n - 8, &tail, 8);
+    } else if (n >= 4) {
+        uint32_t head, tail;
+        std::memcpy(&head, src, 4), std::memcpy(&tail, src + n - 4, 4);
+        std::memcpy(dst, &head, 4), std::memcpy(dst + n - 4, &tail, 4);
+    } else if (n >= 2) {
+        uint16_t head, tail;
+        std::memcpy(&head, src, 2), std::memcpy(&tail, src + n - 2, 2);
+        std::memcpy(dst, &head, 2), std::memcpy(dst + n - 2, &tail, 2);
+    } else if (n == 1) {
+        *dst = *src;
+    }
+}
+
 /* A y<->x transposed window with z kept (the anisotropic transposes): chunk runs along output y are source x
  * runs, often shorter than a cache line, which the register transposer could not take whole. Each output plane's
  * source region is copied instead, row segment by row segment, into staging (its rows ey = shape[3] source rows of
@@ -478,7 +514,7 @@ void transposed_window(const emf_chunked_window &w, const int64_t shape[4], Out 
                         const char *row = chunk.data + c * chunk.channel_step + (rz.local + dz) * chunk.steps[0] +
                                           ry.local * chunk.steps[1] + rx.local * item;
                         for (int64_t r = 0; r < ry.count; ++r, row += chunk.steps[1])
-                            std::memcpy(staging + (ry.first + r) * ex + rx.first, row, rx.count * item);
+                            copy_piece(staging + (ry.first + r) * ex + rx.first, row, rx.count * item);
                     }
                 }
                 const int64_t z = w.flip[0] ? shape[1] - 1 - (rz.first + dz) : rz.first + dz;
@@ -521,7 +557,7 @@ void chunked_window(const emf_chunked_window &w, const int64_t shape[4], Out *ou
                         const int64_t step_x = w.flip[ax] ? -chunk.steps[ax] : chunk.steps[ax];
                         if (split_rows && step_x == item) /* a piece of each row, in one chunk's row: copied */
                             for (int64_t r = 0; r < ry.count; ++r)
-                                std::memcpy(staging + r * nx + rx.first, origin + r * step_y, rx.count * item);
+                                copy_piece(staging + r * nx + rx.first, origin + r * step_y, rx.count * item);
                         else if (split_rows) /* rows crossing chunks are assembled in staging, then converted whole */
                             gather_plane<Src>(origin, step_y, step_x, ry.count, rx.count, staging + rx.first, nx,
                                               Copy{}, tile, false);
