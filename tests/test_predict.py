@@ -351,6 +351,35 @@ def test_a_model_dask_cannot_pickle_is_named_before_anything_is_written(tmp_path
     assert not [p for p in tmp_path.iterdir() if "lock" not in p.name]
 
 
+class _HoldingALock(RuntimeError):
+    """An exception that cannot be pickled, as some libraries' are (a lock, a handle, a device context)."""
+
+    def __init__(self, message):
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+def failing_with_a_lock(batch):
+    raise _HoldingALock("out of memory in layer 3")
+
+
+def test_a_model_error_that_cannot_be_pickled_reaches_the_client_as_the_models(tmp_path, volume):
+    """Dask sent it back as a bare Exception of its repr, without the mark that says it is the model's, and the
+    command called it a bug in emfast (exit 1). Now it comes as a ModelError naming its type and message, marked
+    as the model's."""
+    distributed = pytest.importorskip("distributed")
+    from emfast.inference._model import ModelError, model_blamed
+
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp",
+                                  dashboard_address=None, silence_logs=50) as cluster, \
+            distributed.Client(cluster) as client:  # tcp: what comes back from a worker is pickled
+        with pytest.raises(ModelError, match=r"^_HoldingALock: out of memory in layer 3 \(sent from the Dask worker "
+                                             r"in words: TypeError: cannot pickle '_thread.lock' object\)") as raised:
+            ef.predict(failing_with_a_lock, volume, tmp_path / "p.zarr/pred", client=client, channels=1,
+                       patch_in=PATCH_IN, patch_out=PATCH_OUT)
+    assert model_blamed(raised.value) == "test_predict:failing_with_a_lock"
+
+
 def test_a_model_whose_module_the_dask_workers_cannot_import_is_named_before_anything_is_written(tmp_path, volume,
                                                                                                    monkeypatch):
     """Pickled by reference, a model of a module only the client can import failed at the first task with a bare

@@ -15,7 +15,7 @@ import numpy as np
 from .._threads import ctrl_c_held
 from ._block import BlockPredictor
 from ._local import write_block
-from ._model import model_name
+from ._model import model_name, sendable
 from ._store import OutputStore
 from ._tiling import Block
 
@@ -87,7 +87,15 @@ def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset:
     caller.seconds = 0.0
     task.__dict__.update(predictor.__dict__, model=caller, tiles_computed=0, values=0, clipped=0, nans=0,
                          non_finite=0)
-    result = task.compute(block, task.read(block))
+    stand_in = None
+    try:
+        result = task.compute(block, task.read(block))
+    except Exception as error:
+        stand_in = sendable(error)
+        if stand_in is error:
+            raise
+    if stand_in is not None:  # raised here, not while handling: Dask pickles an exception's context with it
+        raise stand_in
     if run_ended.is_set():  # set before this task's write began: the run waits only for writes begun before
         return None
     store = OutputStore.reopen(Path(container), dataset, kind)

@@ -115,6 +115,34 @@ def model_blamed(error: BaseException) -> Optional[str]:
 _BLAMED = "emfast_model"
 
 
+class ModelError(RuntimeError):
+    """What a Dask worker sends back for an exception of the model's that cannot travel as itself (an attribute
+    that does not pickle, say): its type and message in words, marked as the model's, with its notes."""
+
+
+def sendable(error: Exception) -> Exception:
+    """``error``, or a :class:`ModelError` in its place where it is the model's and would not reach Dask's client
+    as itself, its mark included (Dask sent such an exception as a bare ``Exception`` of its repr, and the
+    command called the model's error a bug in emfast)."""
+    from distributed.protocol import pickle as dask_pickle
+
+    name = model_blamed(error)
+    if name is None:
+        return error
+    try:
+        if model_blamed(dask_pickle.loads(dask_pickle.dumps(error))) == name:
+            return error
+        why = "its mark of the model's was lost"
+    except Exception as failure:  # noqa: BLE001 - whatever pickling raises is the reason
+        why = f"{type(failure).__name__}: {failure}"
+    stand_in = ModelError(f"{type(error).__name__}: {error} (sent from the Dask worker in words: {why})")
+    setattr(stand_in, _BLAMED, name)
+    for note in getattr(error, "__notes__", ()):
+        if isinstance(note, str):
+            stand_in.add_note(note)
+    return stand_in
+
+
 class ModelCaller:
     """Calls ``model`` on NumPy batches (``device=None``) or on torch tensors on ``device``, and checks that the
     prediction has shape (B, channels, *patch_out) (``channels`` None: any) and a float dtype.
