@@ -351,6 +351,16 @@ def test_a_model_dask_cannot_pickle_is_named_before_anything_is_written(tmp_path
     assert not [p for p in tmp_path.iterdir() if "lock" not in p.name]
 
 
+def test_a_level_is_chosen_for_a_path_only(tmp_path, volume):
+    """level and resolution choose a level of an image given as a path; an array or a Volume is read as it is, and
+    saying otherwise is refused before anything is written."""
+    for given in (volume, ef.Volume.from_array(volume)):
+        with pytest.raises(TypeError, match=r"level and resolution choose the level of an input given as a path, "
+                                            rf"not of a {type(given).__name__}"):
+            ef.predict(crop, given, tmp_path / "p.zarr/pred", level=1, patch_in=PATCH_IN, patch_out=PATCH_OUT)
+    assert not (tmp_path / "p.zarr").exists()
+
+
 class _HoldingALock(RuntimeError):
     """An exception that cannot be pickled, as some libraries' are (a lock, a handle, a device context)."""
 

@@ -678,3 +678,55 @@ def test_the_commands_warnings_are_one_line_each(folder):
     warned = [line for line in result.stderr.splitlines() if "clipped" in line]
     assert len(warned) == 1 and warned[0].startswith("SaturationWarning: "), result.stderr
     assert "warnings.warn" not in result.stderr and ".py:" not in result.stderr, result.stderr
+
+
+def _ome_zarr_image(folder):
+    """An OME-Zarr image of two levels as ome-zarr-py writes it: group raw, voxel sizes (40, 4, 4) and (40, 8, 8)
+    nm. Returns the coarser level's data."""
+    writer = pytest.importorskip("ome_zarr.writer")
+    from ome_zarr.format import FormatV04
+    zarr = pytest.importorskip("zarr")
+    full = np.random.default_rng(1).integers(0, 256, (16, 64, 64), dtype=np.uint8)
+    levels = [full, full[:, ::2, ::2].copy()]
+    group = zarr.open_group(str(folder / "img.zarr"), mode="w", zarr_format=2).create_group("raw")
+    writer.write_multiscale(levels, group, fmt=FormatV04(), storage_options={"chunks": (8, 16, 16)},
+                            axes=[{"name": axis, "type": "space", "unit": "nanometer"} for axis in "zyx"],
+                            scale={"z": 40.0, "y": 4.0, "x": 4.0})
+    return levels[1]
+
+
+@pytest.mark.parametrize("choice", ["level: 1", "resolution: [40, 8, 8]"])
+def test_the_input_may_be_a_coarser_level_of_an_ome_zarr_image(folder, capsys, choice):
+    """A config could name an image (its finest level) or a level's array (without the image's voxel size, so the
+    output had none): a coarser level is chosen as the data section chooses one, by index or voxel size."""
+    import emfast as ef
+    coarse = _ome_zarr_image(folder)
+    path = _config(folder, PREDICT.replace("{file: in.h5, dataset: raw}", f"{{file: img.zarr, dataset: raw, "
+                                                                          f"{choice}}}"))
+    assert main(["check", str(path)]) == 0
+    assert f"({choice.replace(':', '')})".replace("[40, 8, 8]", "(40.0, 8.0, 8.0)") in capsys.readouterr().out
+    assert main(["predict", str(path)]) == 0, capsys.readouterr().err
+    sys.path.insert(0, str(folder))
+    try:
+        import nets
+        expected = ef.predict(nets.load(gain=2.0), coarse, folder / "expected.zarr/pred", patch_in=(10, 20, 20),
+                              patch_out=(6, 12, 12), overlap=(2, 4, 4))
+    finally:
+        sys.path.remove(str(folder))
+    written = ef.open(folder / "out.zarr/pred")
+    assert written.shape == expected.shape[1:] == coarse.shape and written.resolution == (40.0, 8.0, 8.0)
+    np.testing.assert_array_equal(written.array, ef.open(folder / "expected.zarr/pred").array)
+
+
+@pytest.mark.parametrize("choice, key, words", [
+    ("level: 2", "level", r"level must be an index in \[0, 2\), got 2"),
+    ("resolution: [40, 2, 2]", "resolution", r"no level has resolution \(40.0, 2.0, 2.0\)"),
+    ("level: -1", "level", r"expected an integer >= 0"),
+    ("level: 1, resolution: [40, 8, 8]", "resolution", r"give level or resolution, not both")])
+def test_a_level_the_input_does_not_have_names_its_key(folder, capsys, choice, key, words):
+    _ome_zarr_image(folder)
+    path = _config(folder, PREDICT.replace("{file: in.h5, dataset: raw}", f"{{file: img.zarr, dataset: raw, "
+                                                                          f"{choice}}}"))
+    error = _check_and_predict_fail(path, capsys)
+    assert re.search(rf"predict\.input\.{key}: .*{words}", error), error
+    assert not (folder / "out.zarr").exists()

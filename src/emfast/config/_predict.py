@@ -33,7 +33,7 @@ import traceback
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, List, Mapping, Optional, Union
+from typing import Any, Callable, List, Mapping, Optional, Tuple, Union
 
 from .._checks import concerned_key
 from .._core.gather import PAD_MODES
@@ -41,18 +41,18 @@ from ..inference import (BLENDS, CACHE_SHARE, CHUNK_EDGE, COMPRESSIONS, DEFAULT_
                          PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS, InputDtypeError, Prediction, TilePlan, block_estimate,
                          budget_block, check_fill, check_input_dtype, check_torch_device, input_cache_refusal,
                          parse_memory, predict, prediction_complete, too_large_block, variants)
-from ..io import (CacheBudgetError, UnfinishedOutputWarning, check_compression, check_output_location, open_volume,
-                  parse_output)
+from ..io import (CacheBudgetError, LevelChoiceError, UnfinishedOutputWarning, check_compression,
+                  check_output_location, open_volume, parse_output)
 from ..transfer import cuda_ordinal
-from ._sections import _check_normalize, _file
+from ._sections import _check_normalize, _file, _resolution
 from ._spec import Builtin, plain
 from ._yaml import ConfigError, Path_, Reader, describe_value, parse_yaml, read_source
 
 #: Keys of the section that are not predict()'s keywords: the model's factory and arguments, the input and output
-#: (predict's volume and out), and the Dask engine (its client).
+#: (predict's volume, with its level or resolution, and out), and the Dask engine (its client).
 _SECTION_KEYS = ("model", "model_args", "input", "output", "engine")
 #: predict()'s parameters a section does not set: given above under other names, or by ``emfast predict``'s flags.
-_NOT_KEYS = {"model", "volume", "out", "client", "resume", "overwrite", "progress"}
+_NOT_KEYS = {"model", "volume", "out", "level", "resolution", "client", "resume", "overwrite", "progress"}
 #: Every key of the section: predict()'s own settings are its keywords, declared once in its signature.
 _KEYS = _SECTION_KEYS + tuple(name for name in inspect.signature(predict).parameters if name not in _NOT_KEYS)
 _CHOICES = {"blend": BLENDS, "tta": TTA_COUNTS, "pad": PAD_MODES, "dtype": PREDICT_OUTPUT_DTYPE_NAMES,
@@ -75,6 +75,8 @@ class PredictSpec:
         The input file or store (a path may name the dataset after the container).
     dataset : str or None
         The input dataset, when not part of ``input``.
+    level, resolution : int, (float, float, float) or None
+        The level of a multiscale input to read (by index, or by its voxel size); None: the finest.
     output : Path
         ``container/dataset`` of the output.
     options : mapping
@@ -93,6 +95,8 @@ class PredictSpec:
     options: Mapping[str, Any]
     model_args: Mapping[str, Any] = field(default_factory=dict)
     dataset: Optional[str] = None
+    level: Optional[int] = None
+    resolution: Optional[Tuple[float, float, float]] = None
     engine: Optional[Mapping[str, Any]] = None
     base: Path = Path(".")
     source: str = field(default="<text>", compare=False)
@@ -222,9 +226,12 @@ class PredictSpec:
         try:
             with warnings.catch_warnings():  # predict refuses it: so is it here, at the input's key
                 warnings.simplefilter("error", UnfinishedOutputWarning)
-                volume = open_volume(self.input_path(cache_dir), in_memory=False)
+                volume = open_volume(self.input_path(cache_dir), in_memory=False, **self._level())
         except UnfinishedOutputWarning as warning:
             raise self.error(input_key, f"{warning}; predict does not read an unfinished output") from None
+        except LevelChoiceError as error:
+            raise self.error(("input", "resolution" if self.resolution is not None else "level"), str(error)) \
+                from None
         except KeyError as error:
             raise self.error(("input", "dataset") if self.dataset else input_key, str(error).strip("'\"")) from None
         except (OSError, ValueError) as error:
@@ -251,7 +258,7 @@ class PredictSpec:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", UnfinishedOutputWarning)
                     open_volume(self.input_path(cache_dir), in_memory=False,
-                                cache_bytes=self.options["memory"] // CACHE_SHARE).close()
+                                cache_bytes=self.options["memory"] // CACHE_SHARE, **self._level()).close()
             except CacheBudgetError as error:
                 raise self.error(("memory",), str(input_cache_refusal(error, self.options["memory"]))) from None
         chunks = chunks or tuple(min(CHUNK_EDGE, s) for s in shape)  # predict's default
@@ -312,13 +319,19 @@ class PredictSpec:
         where = getattr(inspect.getmodule(factory), "__file__", None)
         return [f"predict: model {self.model}" + (f" ({where})" if where else "")
                 + (f" with {', '.join(f'{k}={v!r}' for k, v in self.model_args.items())}" if self.model_args else ""),
-                f"  input {self.input_path(cache_dir)}, shape {plan.shape}; output {self.output}",
+                f"  input {self.input_path(cache_dir)}{''.join(f' ({k} {v})' for k, v in self._level().items())}, "
+                f"shape {plan.shape}; output {self.output}",
                 f"  {plan.tile_count} tiles of {plan.patch_out} (input {plan.patch_in}, overlap {plan.overlap}) "
                 f"in {len(plan.blocks())} blocks of {plan.block} over {plan.roi[0]}..{plan.roi[1]}"
                 + ("" if "channels" in self.options or "block" in self.options else
                    " (for 1 output channel: the model's may make them smaller)"),
                 f"  device: {device or 'none (the model gets NumPy arrays)'}",
                 "  engine: " + ("local" if self.engine is None else f"dask {dict(self.engine)}")]
+
+    def _level(self) -> dict:
+        """The input's level or resolution, as :func:`emfast.open` and :func:`emfast.predict` take them."""
+        return {key: value for key, value in (("level", self.level), ("resolution", self.resolution))
+                if value is not None}
 
     def input_path(self, cache_dir=None) -> str:
         if isinstance(self.input, Builtin):
@@ -331,7 +344,7 @@ class PredictSpec:
 
     def run(self, *, resume: bool = False, overwrite: bool = False, progress=True, cache_dir=None) -> Prediction:
         """Run the prediction; a Dask engine gets a client for the run's duration."""
-        arguments = dict(self.options, resume=resume, overwrite=overwrite, progress=progress)
+        arguments = dict(self.options, resume=resume, overwrite=overwrite, progress=progress, **self._level())
         self.check_device()
         self.plan(cache_dir)
         # a finished output is left as it is: its model is not loaded (a checkpoint read, a device set up) to be
@@ -412,11 +425,18 @@ def predict_section(reader: Reader, value, path: Path_) -> PredictSpec:
                                               f"{model!r}")
     model_args = reader.mapping(section.get("model_args") or {}, path + ("model_args",),
                                 tuple(map(str, (section.get("model_args") or {}))))
-    dataset = None
+    dataset = level = resolution = None
     source = section["input"]
     if isinstance(source, dict) and "dataset" in source:
-        reader.mapping(source, path + ("input",), ("file", "dataset"), required=("file", "dataset"))
+        reader.mapping(source, path + ("input",), ("file", "dataset", "level", "resolution"),
+                       required=("file", "dataset"))
         dataset = reader.string(source["dataset"], path + ("input", "dataset"))
+        if "level" in source and "resolution" in source:
+            raise reader.error(path + ("input", "resolution"), "give level or resolution, not both")
+        if "level" in source:
+            level = reader.integer(source["level"], path + ("input", "level"), minimum=0)
+        if "resolution" in source:
+            resolution = _resolution(reader, source["resolution"], path + ("input", "resolution"))
         source = source["file"]
         where = path + ("input", "file")
     else:
@@ -460,7 +480,7 @@ def predict_section(reader: Reader, value, path: Path_) -> PredictSpec:
         except ValueError as error:
             raise reader.error(path + ("memory",), str(error)) from None
     _check_output(reader, output, options.get("compression"), path)
-    return PredictSpec(model, input_file, output, options, dict(model_args), dataset,
+    return PredictSpec(model, input_file, output, options, dict(model_args), dataset, level, resolution,
                        _engine(reader, section.get("engine"), path + ("engine",)), reader.base, reader.source,
                        reader.marks)
 

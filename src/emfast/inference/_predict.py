@@ -9,7 +9,7 @@ import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional, Tuple, Union
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -141,15 +141,20 @@ class PredictProgress:
         return (self.voxels_total - self.voxels) / rate if rate > 0 else None
 
 
-def _as_volume(volume, cache_bytes: int) -> Tuple[Volume, bool]:
-    """The input as a Volume, and whether this call opened it (and must close it, and its chunk cache of
-    ``cache_bytes`` counts in the budget)."""
+def _as_volume(volume, cache_bytes: int, level: Optional[int] = None,
+               resolution: Optional[Sequence[float]] = None) -> Tuple[Volume, bool]:
+    """The input as a Volume (of a path: its ``level``, or the level of ``resolution``, where given), and whether
+    this call opened it (and must close it, and its chunk cache of ``cache_bytes`` counts in the budget)."""
+    if (level is not None or resolution is not None) and not isinstance(volume, (str, os.PathLike)):
+        raise TypeError(f"level and resolution choose the level of an input given as a path, not of a "
+                        f"{type(volume).__name__} (open another level with emfast.open(path, level=...))")
     if isinstance(volume, Volume):
         opened = False
     elif isinstance(volume, np.ndarray):
         volume, opened = Volume.from_array(volume, name="input array"), False
     elif isinstance(volume, (str, os.PathLike)):
-        source = open_source(volume)  # its unwritten voxels would be predicted as data, the output recorded complete
+        # its unwritten voxels would be predicted as data, the output recorded complete
+        source = open_source(volume, level=level, resolution=resolution)
         refuse_if_unfinished(source, str(volume), "what was not written would be predicted as its fill value",
                              UnfinishedInputError)
         volume, opened = Volume.open(source, in_memory=False, cache_bytes=cache_bytes), True
@@ -249,7 +254,8 @@ def _record(volume: Volume, caller: ModelCaller, plan: TilePlan, settings: dict,
                 chunks=list(plan.chunks), block=list(plan.block), emfast=__version__)
 
 
-def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=None, roi=None,
+def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolution=None, patch_in,
+            patch_out=None, overlap=None, roi=None,
             blend: str = "gaussian", tta: int = 0, pad: str = "reflect", fill=0, normalize=None,
             channels: Optional[int] = None, dtype: str = "float32", chunks=None, block=None,
             compression: Optional[str] = None, batch_size: int = 1,
@@ -280,6 +286,10 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         reach it from around ``predict`` (``torch.autocast``, ``torch.no_grad``); set them inside the model.
     volume : Volume, numpy.ndarray or path
         The input; a path is opened lazily (any format :func:`emfast.open` reads).
+    level, resolution : optional
+        For a path to a multiscale image (OME-Zarr, precomputed): the level to read, by index or by its (z, y, x)
+        voxel size in nm, as :func:`emfast.open` takes them; default the finest. The output has that level's
+        shape, voxel size and offset.
     out : str or path-like
         ``container/dataset`` of a .zarr or .h5 output; it gets shape (C_out, z, y, x) over the whole volume
         (voxels outside ``roi`` stay 0), the input's resolution and offset, and the record ``emfast_predict``.
@@ -376,6 +386,9 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
         ``client`` with an HDF5 ``out`` (refused before anything there is replaced).
     UnfinishedInputError
         ``volume`` names an output emfast has not finished writing (a ValueError).
+    LevelChoiceError
+        ``level`` or ``resolution`` names no level of the image (a ValueError); a TypeError where ``volume`` is
+        no path.
     InputChangedError
         A lazily read input changed while it was read; the output is left unfinished (an OSError).
     OSError
@@ -428,7 +441,7 @@ def predict(model: Callable, volume, out, *, patch_in, patch_out=None, overlap=N
     if client is not None:
         check_model_pickles(model, client)
     try:
-        volume, opened = _as_volume(volume, budget // CACHE_SHARE)
+        volume, opened = _as_volume(volume, budget // CACHE_SHARE, level, resolution)
     except CacheBudgetError as error:
         raise input_cache_refusal(error, budget) from None
     hasher, digest = _fingerprint_ahead(volume)
