@@ -115,6 +115,17 @@ def model_blamed(error: BaseException) -> Optional[str]:
 _BLAMED = "emfast_model"
 
 
+def _chained(error: BaseException) -> list:
+    """The causes and contexts of ``error``, and theirs."""
+    found, pending = [], [error.__cause__, error.__context__]
+    while pending:
+        linked = pending.pop()
+        if linked is not None and all(linked is not known for known in found) and linked is not error:
+            found.append(linked)
+            pending += [linked.__cause__, linked.__context__]
+    return found
+
+
 class ModelError(RuntimeError):
     """What a Dask worker sends back for an exception of the model's that cannot travel as itself (an attribute
     that does not pickle, say): its type and message in words, marked as the model's, with its notes."""
@@ -124,11 +135,15 @@ def sendable(error: Exception) -> Exception:
     """``error``, or a :class:`ModelError` in its place where it is the model's and would not reach Dask's client
     as itself, its mark included (Dask sent such an exception as a bare ``Exception`` of its repr, and the
     command called the model's error a bug in emfast)."""
+    import tblib.pickling_support
     from distributed.protocol import pickle as dask_pickle
 
     name = model_blamed(error)
     if name is None:
         return error
+    # as Dask sends it: its class and those of its causes and contexts registered with tblib, so that the chain
+    # goes along (a context that does not pickle fails it) and classes that need several arguments rebuild
+    tblib.pickling_support.install(error, *_chained(error))
     try:
         if model_blamed(dask_pickle.loads(dask_pickle.dumps(error))) == name:
             return error
