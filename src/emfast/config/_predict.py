@@ -222,7 +222,8 @@ class PredictSpec:
             At ``predict.input`` (or its ``file``/``dataset``) when the input cannot be opened, else at the key
             whose value does not fit the input or the other values.
         """
-        input_key = ("input",) if self.dataset is None or isinstance(self.input, Builtin) else ("input", "file")
+        mapped = self.dataset is not None or self.level is not None or self.resolution is not None
+        input_key = ("input", "file") if mapped and not isinstance(self.input, Builtin) else ("input",)
         try:
             with warnings.catch_warnings():  # predict refuses it: so is it here, at the input's key
                 warnings.simplefilter("error", UnfinishedOutputWarning)
@@ -427,10 +428,12 @@ def predict_section(reader: Reader, value, path: Path_) -> PredictSpec:
                                 tuple(map(str, (section.get("model_args") or {}))))
     dataset = level = resolution = None
     source = section["input"]
-    if isinstance(source, dict) and "dataset" in source:
-        reader.mapping(source, path + ("input",), ("file", "dataset", "level", "resolution"),
-                       required=("file", "dataset"))
-        dataset = reader.string(source["dataset"], path + ("input", "dataset"))
+    if isinstance(source, dict) and "file" in source:  # else a built-in volume ({builtin: demo})
+        reader.mapping(source, path + ("input",), ("file", "dataset", "level", "resolution"), required=("file",))
+        dataset = source.get("dataset")
+        if dataset is not None and not isinstance(dataset, str):  # "": the store's root, as the file alone
+            raise reader.error(path + ("input", "dataset"), f"expected a dataset path (\"\" for the store's root), "
+                                                            f"got {describe_value(dataset)}")
         if "level" in source and "resolution" in source:
             raise reader.error(path + ("input", "resolution"), "give level or resolution, not both")
         if "level" in source:
