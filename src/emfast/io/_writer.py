@@ -202,8 +202,9 @@ class OutputWriter:
 
     def record(self, name: Optional[str] = None) -> Optional[dict]:
         """The record of the node ``name`` (default the output): None if there is no node, :data:`NOT_EMFAST` if
-        the node carries no record of this command."""
-        node = self.node(name or self.dataset)
+        the node carries no record of this command. The output opened to write is not looked up again: its
+        record is what this run wrote (it holds the output's lock)."""
+        node = self.array if name is None and self.array is not None else self.node(name or self.dataset)
         if node is None:
             return None
         record = node.attrs.get(self.record_key)
