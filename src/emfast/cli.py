@@ -144,14 +144,17 @@ def _format_attrs(attrs: dict) -> str:
 
 def installation() -> List[str]:
     """What this installation of emfast is and can use: version, CPU features, GPU."""
+    from ._core import blend as _blend
     from ._core import warp as _warp
     from .transfer import cuda_unavailable
 
+    avx2 = [kernels for kernels, module in (("warp samplers", _warp), ("blending", _blend)) if module.uses_avx2()]
     gpu = cuda_unavailable()
     h5py = metadata.version("h5py")
     return [f"emfast {__version__} (Python {sys.version.split()[0]}, NumPy {np.__version__}, h5py {h5py})",
-            "CPU: SSE2 kernels; AVX2 warp samplers and blending " + (
-                "in use" if _warp.uses_avx2() else "not used (CPU without AVX2, or EMFAST_NO_AVX2 set)"),
+            "CPU: SSE2 kernels; AVX2 " + (" and ".join(avx2) + " in use" if avx2 else
+                                          "warp samplers and blending not used (CPU without AVX2, or EMFAST_NO_AVX2 "
+                                          "set)"),
             f"cores: {cores()} usable",
             "GPU: " + ("usable through pycuda (device='cuda')" if gpu is None else f"not available: {gpu}")]
 

@@ -44,7 +44,7 @@ from ..inference import (BLENDS, CACHE_SHARE, CHUNK_EDGE, COMPRESSIONS, DEFAULT_
 from ..io import (CacheBudgetError, LevelChoiceError, UnfinishedOutputWarning, check_compression,
                   check_output_location, open_volume, parse_output)
 from ..transfer import cuda_ordinal
-from ._sections import _check_normalize, _file, _resolution
+from ._sections import _check_normalize, _dataset, _file, _level_choice
 from ._spec import Builtin, plain
 from ._yaml import ConfigError, Path_, Reader, describe_value, parse_yaml, read_source
 
@@ -430,16 +430,9 @@ def predict_section(reader: Reader, value, path: Path_) -> PredictSpec:
     source = section["input"]
     if isinstance(source, dict) and "file" in source:  # else a built-in volume ({builtin: demo})
         reader.mapping(source, path + ("input",), ("file", "dataset", "level", "resolution"), required=("file",))
-        dataset = source.get("dataset")
-        if dataset is not None and not isinstance(dataset, str):  # "": the store's root, as the file alone
-            raise reader.error(path + ("input", "dataset"), f"expected a dataset path (\"\" for the store's root), "
-                                                            f"got {describe_value(dataset)}")
-        if "level" in source and "resolution" in source:
-            raise reader.error(path + ("input", "resolution"), "give level or resolution, not both")
-        if "level" in source:
-            level = reader.integer(source["level"], path + ("input", "level"), minimum=0)
-        if "resolution" in source:
-            resolution = _resolution(reader, source["resolution"], path + ("input", "resolution"))
+        if "dataset" in source:  # "": the store's root, as the file alone
+            dataset = _dataset(reader, source["dataset"], path + ("input", "dataset"))
+        level, resolution = _level_choice(reader, source, path + ("input",))
         source = source["file"]
         where = path + ("input", "file")
     else:

@@ -66,17 +66,29 @@ def _volume(reader: Reader, value, path: Path_, sample_file) -> VolumeSpec:
         return VolumeSpec(sample_file, value, shared_file=True)
     reader.mapping(value, path, ("file", "dataset", "level", "resolution"),
                    required=("dataset",) if sample_file else ("file", "dataset"))
-    dataset = value["dataset"]
-    if not isinstance(dataset, str):  # "" is an array at the store's root, as in the short form
-        raise reader.error(path + ("dataset",), f"expected a dataset path (\"\" for an array at the store's root), "
-                                                f"got {describe_value(dataset)}")
+    dataset = _dataset(reader, value["dataset"], path + ("dataset",))
+    level, resolution = _level_choice(reader, value, path)
+    if "file" in value:
+        return VolumeSpec(_file(reader, value["file"], path + ("file",)), dataset, level=level, resolution=resolution)
+    return VolumeSpec(sample_file, dataset, shared_file=True, level=level, resolution=resolution)
+
+
+def _dataset(reader: Reader, value, path: Path_) -> str:
+    """A volume's dataset path: "" is an array (or image) at the store's root, as in the short form."""
+    if not isinstance(value, str):
+        raise reader.error(path, f"expected a dataset path (\"\" for an array at the store's root), got "
+                                 f"{describe_value(value)}")
+    return value
+
+
+def _level_choice(reader: Reader, value: dict, path: Path_) -> tuple:
+    """(level, resolution) of a volume's mapping ``value``: which level of a multiscale image it reads, by index or
+    by voxel size (at most one given; None where not)."""
     if "level" in value and "resolution" in value:
         raise reader.error(path + ("resolution",), "give level or resolution, not both")
     level = reader.integer(value["level"], path + ("level",), minimum=0) if "level" in value else None
     resolution = _resolution(reader, value["resolution"], path + ("resolution",)) if "resolution" in value else None
-    if "file" in value:
-        return VolumeSpec(_file(reader, value["file"], path + ("file",)), dataset, level=level, resolution=resolution)
-    return VolumeSpec(sample_file, dataset, shared_file=True, level=level, resolution=resolution)
+    return level, resolution
 
 
 def _resolution(reader: Reader, value, path: Path_) -> Tuple[float, float, float]:

@@ -300,9 +300,8 @@ class ZarrSource(VolumeSource):
 
     def describe(self) -> str:
         shards = getattr(self._array, "shards", None)  # each shard one file (or object): what one read fetches
-        if shards is not None:
-            shards = f" shards={tuple(int(shards[self._axes.index(a)]) for a in ('z', 'y', 'x'))}"
-        text = f"{super().describe()}{shards or ''} {codec_names(self._array.metadata)}".rstrip()
+        shown = "" if shards is None else f" shards={tuple(int(shards[self._axes.index(a)]) for a in 'zyx')}"
+        text = f"{super().describe()}{shown} {codec_names(self._array.metadata)}".rstrip()
         if self._image_level is not None:
             index, count, level_path = self._image_level
             text += f" (OME-Zarr image: level {index} of {count}, array {level_path})"
