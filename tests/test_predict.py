@@ -433,6 +433,27 @@ def test_a_model_error_that_cannot_be_pickled_reaches_the_client_as_the_models(t
     assert model_blamed(raised.value) == f"failing_{model}:{model}"
 
 
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), SystemExit(3)])
+def test_a_models_keyboard_interrupt_on_a_dask_worker_ends_the_run_with_its_name(tmp_path, volume, error):
+    """Raised by the model's own code on a task's thread (a worker's signals reach its main thread), it is no
+    Exception, which a Dask task ends with: an in-process worker waited for the task forever, a worker process
+    died and the client's error, "FutureCancelledError", named nothing (a helper's). It comes as a ModelError
+    marked as the model's."""
+    distributed = pytest.importorskip("distributed")
+    from emfast.inference._model import ModelError, model_blamed
+
+    def stopping(batch):
+        raise error
+
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=50) as cluster, distributed.Client(cluster) as client:
+        with pytest.raises(ModelError, match=rf"^{type(error).__name__}\b.* \(sent from the Dask worker in words: "
+                                             r"it is no Exception, which a Dask task ends with\)") as raised:
+            ef.predict(stopping, volume, tmp_path / "p.zarr/pred", client=client, channels=1, patch_in=PATCH_IN,
+                       patch_out=PATCH_OUT)
+    assert model_blamed(raised.value).endswith("stopping")
+
+
 def test_a_model_whose_module_the_dask_workers_cannot_import_is_named_before_anything_is_written(tmp_path, volume,
                                                                                                    monkeypatch):
     """Pickled by reference, a model of a module only the client can import failed at the first task with a bare

@@ -90,8 +90,8 @@ def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset:
     stand_in = None
     try:
         result = task.compute(block, task.read(block))
-    except Exception as error:
-        stand_in = sendable(error)
+    except BaseException as error:
+        stand_in = sendable(error, caller.name)
         if stand_in is error:
             raise
     if stand_in is not None:  # raised here, not while handling: Dask pickles an exception's context with it

@@ -131,13 +131,18 @@ class ModelError(RuntimeError):
     that does not pickle, say): its type and message in words, marked as the model's, with its notes."""
 
 
-def sendable(error: Exception) -> Exception:
-    """``error``, or a :class:`ModelError` in its place where it is the model's and would not reach Dask's client
-    as itself, its mark included (Dask sent such an exception as a bare ``Exception`` of its repr, and the
-    command called the model's error a bug in emfast)."""
+def sendable(error: BaseException, model: str) -> BaseException:
+    """What a Dask task of ``model`` (its name) raises for ``error``: ``error`` itself, or a :class:`ModelError`
+    in its place where it is the model's and would not reach Dask's client as itself, its mark included (Dask
+    sent such an exception as a bare ``Exception`` of its repr, and the command called the model's error a bug in
+    emfast). A KeyboardInterrupt or SystemExit on a task's thread is the model's own (a worker's signals reach its
+    main thread): Dask ends a task on an Exception only, and an in-process worker waited for it forever, a worker
+    process died (the client's error, "FutureCancelledError", named nothing)."""
     import tblib.pickling_support
     from distributed.protocol import pickle as dask_pickle
 
+    if not isinstance(error, Exception):
+        return _stand_in(error, model, "it is no Exception, which a Dask task ends with")
     name = model_blamed(error)
     if name is None:
         return error
@@ -150,8 +155,15 @@ def sendable(error: Exception) -> Exception:
         why = "its mark of the model's was lost"
     except Exception as failure:  # noqa: BLE001 - whatever pickling raises is the reason
         why = f"{type(failure).__name__}: {failure}"
-    stand_in = ModelError(f"{type(error).__name__}: {error} (sent from the Dask worker in words: {why})")
-    setattr(stand_in, _BLAMED, name)
+    return _stand_in(error, name, why)
+
+
+def _stand_in(error: BaseException, model: str, why: str) -> ModelError:
+    """A :class:`ModelError` saying ``error``'s type and message, and ``why`` it is sent in words, marked as
+    ``model``'s, with ``error``'s notes."""
+    words = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    stand_in = ModelError(f"{words} (sent from the Dask worker in words: {why})")
+    setattr(stand_in, _BLAMED, model)
     for note in getattr(error, "__notes__", ()):
         if isinstance(note, str):
             stand_in.add_note(note)
