@@ -313,8 +313,14 @@ def test_ome_zarr_levels_axes_and_transforms(tmp_path, rng, zarr_format):
         ef.open(tmp_path / "img.zarr", resolution=(40, 2, 2))
     with pytest.raises(ValueError, match="level must be an index in"):
         ef.open(tmp_path / "img.zarr", level=2)
+    for not_an_index in (True, 1.0, "1"):
+        with pytest.raises(ValueError, match=rf"level must be an index in \[0, 2\), got {not_an_index!r}"):
+            ef.open(tmp_path / "img.zarr", level=not_an_index)
     volume = pickle.loads(pickle.dumps(ef.open(tmp_path / "img.zarr", level=1, in_memory=False)))
     assert volume.name.endswith("img.zarr:1") and not volume.in_memory
+    # NumPy's integers are indexes too (an argmin over the levels' voxel sizes, say): it was refused
+    numpy_level = ef.open(tmp_path / "img.zarr", level=np.int64(1), in_memory=False)
+    assert numpy_level.name == volume.name and numpy_level.shape == half.shape[2:]
 
 
 def test_lazy_zarr_stream_equals_in_memory_and_any_thread_count(tmp_path, rng):

@@ -214,6 +214,9 @@ def test_precomputed_level_is_level_and_scale_is_deprecated(tmp_path, raw):
         PrecomputedSource(tmp_path / "pc", level=1, scale=1)
     with pytest.raises(ValueError, match=r"level must be an index in \[0, 2\), got 2"):
         ef.open(tmp_path / "pc", level=2)
+    with pytest.raises(ValueError, match=r"level must be an index in \[0, 2\), got True"):
+        ef.open(tmp_path / "pc", level=True)
+    np.testing.assert_array_equal(ef.open(tmp_path / "pc", level=np.int64(1)).array[0], half)  # it was refused
 
 
 class NpyFormat(VolumeFormat):

@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._checks import triple
+from .._checks import is_integer, triple
 from ._metadata import bad_metadata
 from ._source import LevelChoiceError, StoreMetadataError
 
@@ -436,10 +436,16 @@ def choose_level(levels: Sequence[Level], level, resolution, name: str) -> Level
                 return candidate
         raise LevelChoiceError(f"{name}: no level has resolution {wanted}; levels: "
                                + ", ".join(f"{i}: {c.resolution}" for i, c in enumerate(levels)))
+    return levels[level_index(level, len(levels), name)]
+
+
+def level_index(level, count: int, name: str) -> int:
+    """``level`` (None: 0) as an index into ``count`` levels, NumPy's integers too (an argmin over the levels' voxel
+    sizes, say), or a :class:`LevelChoiceError` naming ``name``."""
     index = 0 if level is None else level
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(levels):
-        raise LevelChoiceError(f"{name}: level must be an index in [0, {len(levels)}), got {level!r}")
-    return levels[index]
+    if not is_integer(index) or not 0 <= index < count:
+        raise LevelChoiceError(f"{name}: level must be an index in [0, {count}), got {level!r}")
+    return int(index)
 
 
 def _transform(transforms, ndim: int, where: str, level: str) -> Tuple[np.ndarray, np.ndarray]:

@@ -39,6 +39,7 @@ import numpy as np
 from . import _deflate
 from ._decode import SideBySide
 from ._filebatch import lent_buffer, read_regular_files
+from ._geometry import level_index
 from ._metadata import bad_metadata, deprecated_level, int_list, metadata_key, number_list
 from ._remote import ReadAbandoned, RemoteReadError, RemoteStore
 from ._source import (CorruptChunkError, LevelChoiceError, Stamp, StoreMetadataError, VolumeSource, add_transfer_time,
@@ -144,9 +145,7 @@ class PrecomputedSource(VolumeSource):
                 raise LevelChoiceError(f"{self.name}: no scale has resolution {tuple(resolution)}; scales (z, y, x): "
                                  + ", ".join(str(tuple(s["resolution"][::-1])) for s in scales))
             scale = matches[0]
-        index = 0 if scale is None else scale
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(scales):
-            raise LevelChoiceError(f"{self.name}: level must be an index in [0, {len(scales)}), got {scale!r}")
+        index = level_index(scale, len(scales), self.name)
         chosen = scales[index]
         self.chunks = tuple(int(n) for n in chosen["chunk_sizes"][0][::-1])
         self.resolution = tuple(float(r) for r in chosen["resolution"][::-1])
