@@ -88,10 +88,12 @@ def test_check_accepts_the_predict_only_config_that_predict_runs(folder, capsys)
 
 
 @pytest.mark.parametrize("input_", ["{file: FOLDER/in.h5, dataset: /raw}", "'file://FOLDER/in.h5/raw'",
-                                    "{file: 'file://localhost/FOLDER/in.h5', dataset: raw}", "~/in.h5/raw"])
+                                    "{file: 'file://localhost/FOLDER/in.h5', dataset: raw}", "~/in.h5/raw",
+                                    "{file: FOLDER/in.h5/raw, dataset: null}"])
 def test_the_input_as_users_write_paths_elsewhere(folder, capsys, monkeypatch, input_):
     """An HDF5 dataset named with its leading "/" (as h5py names it; it replaced the file's path), cloud-volume's
-    and tensorstore's file:// URLs (read as a path relative to the config), and ~."""
+    and tensorstore's file:// URLs (read as a path relative to the config), ~, and a dataset left empty (null: not
+    given, as it always was; refused for a while, a helper found)."""
     monkeypatch.setenv("HOME", str(folder))
     path = _config(folder, PREDICT.replace("{file: in.h5, dataset: raw}", input_.replace("FOLDER", str(folder))))
     assert main(["predict", str(path)]) == 0, capsys.readouterr().err

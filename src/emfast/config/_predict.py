@@ -430,7 +430,7 @@ def predict_section(reader: Reader, value, path: Path_) -> PredictSpec:
     source = section["input"]
     if isinstance(source, dict) and "file" in source:  # else a built-in volume ({builtin: demo})
         reader.mapping(source, path + ("input",), ("file", "dataset", "level", "resolution"), required=("file",))
-        if "dataset" in source:  # "": the store's root, as the file alone
+        if source.get("dataset") is not None:  # "": the store's root, as the file alone (and null: not given)
             dataset = _dataset(reader, source["dataset"], path + ("input", "dataset"))
         level, resolution = _level_choice(reader, source, path + ("input",))
         source = source["file"]

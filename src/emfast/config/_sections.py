@@ -74,9 +74,9 @@ def _volume(reader: Reader, value, path: Path_, sample_file) -> VolumeSpec:
 
 
 def _dataset(reader: Reader, value, path: Path_) -> str:
-    """A volume's dataset path: "" is an array (or image) at the store's root, as in the short form."""
+    """A volume's dataset path: "" is the array (or image) at the store's root, as in the short form."""
     if not isinstance(value, str):
-        raise reader.error(path, f"expected a dataset path (\"\" for an array at the store's root), got "
+        raise reader.error(path, f"expected a dataset path (\"\" for the array or image at the store's root), got "
                                  f"{describe_value(value)}")
     return value
 
