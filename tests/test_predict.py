@@ -433,11 +433,12 @@ def test_a_model_error_that_cannot_be_pickled_reaches_the_client_as_the_models(t
     assert model_blamed(raised.value) == f"failing_{model}:{model}"
 
 
-@pytest.mark.parametrize("error", [KeyboardInterrupt(), SystemExit(3)])
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), SystemExit(3), StopIteration()])
 def test_a_models_keyboard_interrupt_on_a_dask_worker_ends_the_run_with_its_name(tmp_path, volume, error):
     """Raised by the model's own code on a task's thread (a worker's signals reach its main thread), it is no
     Exception, which a Dask task ends with: an in-process worker waited for the task forever, a worker process
-    died and the client's error, "FutureCancelledError", named nothing (a helper's). It comes as a ModelError
+    died and the client's error, "FutureCancelledError", named nothing (a helper's). A StopIteration ends no task
+    either: the client got "RuntimeError: coroutine raised StopIteration", unmarked. Each comes as a ModelError
     marked as the model's."""
     distributed = pytest.importorskip("distributed")
     from emfast.inference._model import ModelError, model_blamed
@@ -448,10 +449,45 @@ def test_a_models_keyboard_interrupt_on_a_dask_worker_ends_the_run_with_its_name
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
                                   silence_logs=50) as cluster, distributed.Client(cluster) as client:
         with pytest.raises(ModelError, match=rf"^{type(error).__name__}\b.* \(sent from the Dask worker in words: "
-                                             r"it is no Exception, which a Dask task ends with\)") as raised:
+                                             r"a Dask task cannot end with it\)") as raised:
             ef.predict(stopping, volume, tmp_path / "p.zarr/pred", client=client, channels=1, patch_in=PATCH_IN,
                        patch_out=PATCH_OUT)
     assert model_blamed(raised.value).endswith("stopping")
+
+
+CTRL_C_TO_THE_GROUP = """
+import os, signal, sys, threading, time
+import numpy as np, distributed
+import emfast as ef
+
+def slow(batch):
+    time.sleep(0.2)
+    return batch[:, :, 2:-2, 4:-4, 4:-4]
+
+if __name__ == "__main__":
+    volume = np.random.default_rng(0).integers(0, 256, (48, 80, 80), np.uint8)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=50) as cluster, distributed.Client(cluster) as client:
+        client.wait_for_workers(2)
+        threading.Timer(2.0, os.killpg, (os.getpgrp(), signal.SIGINT)).start()  # as a terminal's Ctrl-C
+        try:
+            ef.predict(slow, volume, sys.argv[1], client=client, patch_in=(10, 20, 20), patch_out=(6, 12, 12),
+                       chunks=(8, 16, 16), block=(8, 16, 16), channels=1)
+        except BaseException as error:
+            print("raised", type(error).__name__)
+"""
+
+
+def test_ctrl_c_in_a_terminal_during_a_dask_prediction_is_an_interruption(tmp_path):
+    """A terminal's Ctrl-C reaches its whole process group, the Dask worker processes too: their running tasks'
+    futures were cancelled, and waiting for them after the interruption raised FuturesCancelledError in its place
+    (4 runs in 5 of a helper's)."""
+    pytest.importorskip("distributed")
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(CTRL_C_TO_THE_GROUP)
+    run = subprocess.run([sys.executable, str(script), str(tmp_path / "p.zarr/pred")], capture_output=True,
+                         text=True, timeout=120, start_new_session=True)  # a group of its own, as a terminal's
+    assert "raised KeyboardInterrupt" in run.stdout, run.stdout + run.stderr[-3000:]
 
 
 def test_a_model_whose_module_the_dask_workers_cannot_import_is_named_before_anything_is_written(tmp_path, volume,

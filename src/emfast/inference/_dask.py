@@ -152,6 +152,7 @@ def _end_tasks(client, futures, ended, address: str) -> None:
     before. With the user's client closed, ``ended`` is set through a client of the run's own (at the
     scheduler's ``address``): the tasks not yet writing write nothing, and a write begun cannot be waited for."""
     from distributed import Client, Event, wait
+    from distributed.client import FuturesCancelledError
     try:
         ended.set()
         running = set(client.run_on_scheduler(_running, keys=[future.key for future in futures]))
@@ -163,7 +164,10 @@ def _end_tasks(client, futures, ended, address: str) -> None:
             pass
         return
     client.cancel([future for future in futures if future.key not in running])
-    wait([future for future in futures if future.key in running])
+    try:
+        wait([future for future in futures if future.key in running])
+    except FuturesCancelledError:  # their workers ended too (a terminal's Ctrl-C reaches its whole process group)
+        pass
 
 
 def _running(keys, dask_scheduler=None) -> list:

@@ -137,12 +137,13 @@ def sendable(error: BaseException, model: str) -> BaseException:
     sent such an exception as a bare ``Exception`` of its repr, and the command called the model's error a bug in
     emfast). A KeyboardInterrupt or SystemExit on a task's thread is the model's own (a worker's signals reach its
     main thread): Dask ends a task on an Exception only, and an in-process worker waited for it forever, a worker
-    process died (the client's error, "FutureCancelledError", named nothing)."""
+    process died (the client's error, "FutureCancelledError", named nothing). A StopIteration ends no task either
+    (the client got "RuntimeError: coroutine raised StopIteration")."""
     import tblib.pickling_support
     from distributed.protocol import pickle as dask_pickle
 
-    if not isinstance(error, Exception):
-        return _stand_in(error, model, "it is no Exception, which a Dask task ends with")
+    if not isinstance(error, Exception) or isinstance(error, StopIteration):
+        return _stand_in(error, model, "a Dask task cannot end with it")
     name = model_blamed(error)
     if name is None:
         return error
