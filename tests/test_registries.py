@@ -217,6 +217,15 @@ def test_precomputed_level_is_level_and_scale_is_deprecated(tmp_path, raw):
     with pytest.raises(ValueError, match=r"level must be an index in \[0, 2\), got True"):
         ef.open(tmp_path / "pc", level=True)
     np.testing.assert_array_equal(ef.open(tmp_path / "pc", level=np.int64(1)).array[0], half)  # it was refused
+    # as OME-Zarr's levels are chosen (one check for both): both given opened level 1, a resolution of the wrong
+    # length raised NumPy's broadcasting error (a helper's)
+    with pytest.raises(ValueError, match="give level or resolution, not both"):
+        ef.open(tmp_path / "pc", level=0, resolution=(40, 8, 8))
+    with pytest.raises(ValueError, match=r"resolution must be 3"):
+        ef.open(tmp_path / "pc", resolution=(8, 8))
+    with pytest.raises(ValueError, match=r"no level has resolution \(40.0, 2.0, 2.0\); levels: 0: \(40.0, 4.0, 4.0\)"):
+        ef.open(tmp_path / "pc", resolution=(40, 2, 2))
+    np.testing.assert_array_equal(ef.open(tmp_path / "pc", resolution=(40, 8, 8)).array[0], half)
 
 
 class NpyFormat(VolumeFormat):

@@ -425,26 +425,22 @@ def _corner(level: Level, first: Level) -> Triple:
     return tuple(corner)
 
 
-def choose_level(levels: Sequence[Level], level, resolution, name: str) -> Level:
-    """The level at index ``level``, or the one whose (z, y, x) voxel size is ``resolution``; level 0 by default."""
+def choose_level(resolutions: Sequence[Sequence[float]], level, resolution, name: str) -> int:
+    """The index of the level at index ``level``, or of the one whose (z, y, x) voxel size is ``resolution``
+    (``resolutions``: the levels' voxel sizes); level 0 by default. NumPy's integers are indexes too (an argmin over
+    the voxel sizes, say); anything else is a :class:`LevelChoiceError` naming ``name``."""
     if level is not None and resolution is not None:
         raise LevelChoiceError(f"{name}: give level or resolution, not both")
     if resolution is not None:
         wanted = triple(resolution, "resolution", integer=False)
-        for candidate in levels:
-            if np.allclose(candidate.resolution, wanted, rtol=1e-6):
-                return candidate
+        for index, candidate in enumerate(resolutions):
+            if np.allclose(candidate, wanted, rtol=1e-6):
+                return index
         raise LevelChoiceError(f"{name}: no level has resolution {wanted}; levels: "
-                               + ", ".join(f"{i}: {c.resolution}" for i, c in enumerate(levels)))
-    return levels[level_index(level, len(levels), name)]
-
-
-def level_index(level, count: int, name: str) -> int:
-    """``level`` (None: 0) as an index into ``count`` levels, NumPy's integers too (an argmin over the levels' voxel
-    sizes, say), or a :class:`LevelChoiceError` naming ``name``."""
+                               + ", ".join(f"{i}: {tuple(r)}" for i, r in enumerate(resolutions)))
     index = 0 if level is None else level
-    if not is_integer(index) or not 0 <= index < count:
-        raise LevelChoiceError(f"{name}: level must be an index in [0, {count}), got {level!r}")
+    if not is_integer(index) or not 0 <= index < len(resolutions):
+        raise LevelChoiceError(f"{name}: level must be an index in [0, {len(resolutions)}), got {level!r}")
     return int(index)
 
 

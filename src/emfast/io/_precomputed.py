@@ -39,10 +39,10 @@ import numpy as np
 from . import _deflate
 from ._decode import SideBySide
 from ._filebatch import lent_buffer, read_regular_files
-from ._geometry import level_index
+from ._geometry import choose_level
 from ._metadata import bad_metadata, deprecated_level, int_list, metadata_key, number_list
 from ._remote import ReadAbandoned, RemoteReadError, RemoteStore
-from ._source import (CorruptChunkError, LevelChoiceError, Stamp, StoreMetadataError, VolumeSource, add_transfer_time,
+from ._source import (CorruptChunkError, Stamp, StoreMetadataError, VolumeSource, add_transfer_time,
                       checked_chunk, read_regular_file, read_regular_file_into, require_kind)
 
 
@@ -138,14 +138,8 @@ class PrecomputedSource(VolumeSource):
             require_kind(path, "directory", "a precomputed volume")
         info = read_info(path, self.name)
         scales = info["scales"]
-        if resolution is not None:
-            wanted = [float(r) for r in resolution][::-1]
-            matches = [i for i, s in enumerate(scales) if np.allclose(s["resolution"], wanted)]
-            if not matches:
-                raise LevelChoiceError(f"{self.name}: no scale has resolution {tuple(resolution)}; scales (z, y, x): "
-                                 + ", ".join(str(tuple(s["resolution"][::-1])) for s in scales))
-            scale = matches[0]
-        index = level_index(scale, len(scales), self.name)
+        index = choose_level([tuple(float(r) for r in s["resolution"][::-1]) for s in scales], scale, resolution,
+                             self.name)
         chosen = scales[index]
         self.chunks = tuple(int(n) for n in chosen["chunk_sizes"][0][::-1])
         self.resolution = tuple(float(r) for r in chosen["resolution"][::-1])

@@ -130,7 +130,7 @@ class ZarrSource(VolumeSource):
             if levels is None:
                 listed = "not listed remotely" if remote else ", ".join(arrays_on_disk(path, dataset)) or "none"
                 raise DatasetNotFoundError(f"{self.name} is a group, not an array; arrays there: {listed}")
-            chosen = choose_level(levels, level, resolution, self.name)
+            chosen = levels[choose_level([candidate.resolution for candidate in levels], level, resolution, self.name)]
             level_path = (Path(dataset) / chosen.path).as_posix() if dataset else chosen.path
             if not remote:
                 refuse_special_metadata(path, level_path)
