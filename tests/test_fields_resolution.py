@@ -555,7 +555,7 @@ data:
     - {{file: {tmp_path / 'in.h5'}, raw: raw, mask: {{file: {tmp_path / 's.zarr'}, dataset: mask, CHOICE}}}}
 loader: {{patch: [4, 8, 8], batch_size: 2, epoch_size: 1}}
 """
-    for choice in ("level: 1", "resolution: [40, 8, 8]"):
+    for choice in ("level: 1", "resolution: [40, 8, 8]", "level: 1, resolution: null"):  # null: not given
         loaded = load_config(text.replace("CHOICE", choice))
         assert load_config(dump_config(loaded)) == loaded
         dataset = loaded.dataset()

@@ -83,11 +83,12 @@ def _dataset(reader: Reader, value, path: Path_) -> str:
 
 def _level_choice(reader: Reader, value: dict, path: Path_) -> tuple:
     """(level, resolution) of a volume's mapping ``value``: which level of a multiscale image it reads, by index or
-    by voxel size (at most one given; None where not)."""
-    if "level" in value and "resolution" in value:
+    by voxel size (at most one given; None where not, null included, as for the other optional keys)."""
+    level, resolution = value.get("level"), value.get("resolution")
+    if level is not None and resolution is not None:
         raise reader.error(path + ("resolution",), "give level or resolution, not both")
-    level = reader.integer(value["level"], path + ("level",), minimum=0) if "level" in value else None
-    resolution = _resolution(reader, value["resolution"], path + ("resolution",)) if "resolution" in value else None
+    level = None if level is None else reader.integer(level, path + ("level",), minimum=0)
+    resolution = None if resolution is None else _resolution(reader, resolution, path + ("resolution",))
     return level, resolution
 
 
