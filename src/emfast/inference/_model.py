@@ -139,14 +139,14 @@ def sendable(error: BaseException, model: str) -> BaseException:
     main thread): Dask ends a task on an Exception only, and an in-process worker waited for it forever, a worker
     process died (the client's error, "FutureCancelledError", named nothing). A StopIteration ends no task either
     (the client got "RuntimeError: coroutine raised StopIteration")."""
-    import tblib.pickling_support
-    from distributed.protocol import pickle as dask_pickle
-
     if not isinstance(error, Exception) or isinstance(error, StopIteration):
         return _stand_in(error, model, "a Dask task cannot end with it")
     name = model_blamed(error)
     if name is None:
         return error
+    import tblib.pickling_support
+    from distributed.protocol import pickle as dask_pickle
+
     # as Dask sends it: its class and those of its causes and contexts registered with tblib, so that the chain
     # goes along (a context that does not pickle fails it) and classes that need several arguments rebuild
     tblib.pickling_support.install(error, *_chained(error))

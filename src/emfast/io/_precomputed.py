@@ -138,11 +138,11 @@ class PrecomputedSource(VolumeSource):
             require_kind(path, "directory", "a precomputed volume")
         info = read_info(path, self.name)
         scales = info["scales"]
-        index = choose_level([tuple(float(r) for r in s["resolution"][::-1]) for s in scales], scale, resolution,
-                             self.name)
+        resolutions = [tuple(float(r) for r in s["resolution"][::-1]) for s in scales]  # (z, y, x)
+        index = choose_level(resolutions, scale, resolution, self.name)
         chosen = scales[index]
         self.chunks = tuple(int(n) for n in chosen["chunk_sizes"][0][::-1])
-        self.resolution = tuple(float(r) for r in chosen["resolution"][::-1])
+        self.resolution = resolutions[index]
         self.offset = tuple(float(o) * r for o, r in zip(chosen["voxel_offset"][::-1], self.resolution))
         self._path, self._scale = path, index
         self._scales = [str(s.get("key", "")) for s in scales]
