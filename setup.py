@@ -54,8 +54,8 @@ EXTENSIONS = [
     extension("sampling", ["sampling.cpp"], ["sampling.h"]),
     extension("blend", ["blend.cpp"], ["blend.h", "half.h", "vector.h"]),
     extension("rescale", ["rescale.cpp"], ["rescale.h", "half.h"]),
-    extension("files", ["files.cpp", "zstd.cpp", "blosc.cpp", "deflate.cpp"],
-              ["files.h", "zstd.h", "blosc.h", "deflate.h", "kept_context.h"]),
+    extension("files", ["files.cpp", "zstd.cpp", "blosc.cpp", "deflate.cpp", "cseg.cpp"],
+              ["files.h", "zstd.h", "blosc.h", "deflate.h", "kept_context.h", "cseg.h"]),
 ]
 
 # The modules are independent: Cython translates them and the compiler builds them on every core at once

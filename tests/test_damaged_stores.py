@@ -428,6 +428,79 @@ def test_precomputed_info_is_checked_without_tensorstore(tmp_path, monkeypatch):
             ef.open(tmp_path / "pc", format="precomputed")
 
 
+def write_compressed_segmentation(path, labels, block=(3, 2, 2)):
+    """A compressed_segmentation precomputed volume, written by tensorstore (uncompressed chunk files)."""
+    import tensorstore as ts
+    store = ts.open({"driver": "neuroglancer_precomputed", "kvstore": {"driver": "file", "path": str(path)},
+                     "multiscale_metadata": {"type": "segmentation", "data_type": "uint64", "num_channels": 1},
+                     "scale_metadata": {"resolution": [4, 4, 40], "voxel_offset": [0, 0, 0], "size":
+                                        list(labels.shape[::-1]), "chunk_size": list(CHUNKS[::-1]),
+                                        "encoding": "compressed_segmentation",
+                                        "compressed_segmentation_block_size": list(block)},
+                     "create": True}).result()
+    store[...] = labels.T[..., np.newaxis]
+
+
+@needs_tensorstore
+@pytest.mark.parametrize("damage, message", [
+    (lambda data: data[:len(data) // 2], r"channel 0, block \d+: an offset or table index beyond the chunk's \d+ "),
+    (lambda data: data[:-2], r"\d+ bytes are not whole 32-bit words"),
+    (lambda data: struct.pack("<I", 2 ** 30) + data[4:], r"channel 0: an offset or table index beyond"),
+    (lambda data: data[:8] + struct.pack("<I", 2 ** 30) + data[12:], r"channel 0, block 0: an offset or table index"),
+    (lambda data: data[:7] + bytes([3]) + data[8:], r"channel 0, block 0: encoded bits not 0, 1, 2, 4, 8, 16 or 32"),
+])
+def test_a_damaged_compressed_segmentation_chunk_names_it(tmp_path, rng, damage, message):
+    labels = rng.integers(0, 5, SHAPE).astype(np.uint64)
+    write_compressed_segmentation(tmp_path / "seg", labels)
+    chunk = tmp_path / "seg/4_4_40/0-4_0-4_0-4"
+    chunk.write_bytes(damage(chunk.read_bytes()))
+    for in_memory in (True, False):
+        with pytest.raises(CorruptChunkError, match=r"seg: chunk 4_4_40/0-4_0-4_0-4 is corrupt: "
+                                                    r"compressed_segmentation: " + message):
+            ef.open(tmp_path / "seg", format="precomputed", in_memory=in_memory).read_box(
+                (0, 0, 0), SHAPE, np.empty((1,) + SHAPE, np.uint64))
+
+
+@needs_tensorstore
+def test_compressed_segmentation_decoding_of_any_damage_fails_cleanly_or_decodes(tmp_path, rng):
+    """Every offset, count of bits and table index is checked before it is read: words changed at random,
+    bytes cut off, never a crash (a read outside the chunk would be one, or garbage)."""
+    from emfast._core.files import decode_compressed_segmentation
+    labels = rng.integers(0, 300, SHAPE).astype(np.uint64)
+    write_compressed_segmentation(tmp_path / "seg", labels, block=(2, 2, 2))
+    data = (tmp_path / "seg/4_4_40/0-4_0-4_0-4").read_bytes()
+    size, block = CHUNKS[::-1], (2, 2, 2)
+    assert np.array_equal(decode_compressed_segmentation(data, size, block, 1, np.uint64)[0], labels[:4, :4, :4])
+    words = np.frombuffer(data, np.uint32)
+    for trial in range(3000):
+        damaged = words.copy()
+        spots = rng.integers(0, len(words), rng.integers(1, 4))
+        damaged[spots] = rng.choice([0, 1, 2 ** 24 - 1, 2 ** 31, 2 ** 32 - 1, int(rng.integers(0, 2 ** 32))],
+                                    len(spots))
+        damaged = damaged[:rng.integers(1, len(words) + 1)] if trial % 3 == 0 else damaged
+        try:
+            decode_compressed_segmentation(damaged.tobytes(), size, block, 1, np.uint64)
+        except ValueError as error:
+            assert str(error).startswith("compressed_segmentation: "), error
+
+
+@needs_tensorstore
+@pytest.mark.parametrize("change, message", [
+    (lambda info: info["scales"][0].pop("compressed_segmentation_block_size"),
+     r"scales\[0\].compressed_segmentation_block_size is missing"),
+    (lambda info: info["scales"][0].update(compressed_segmentation_block_size=[8, 0, 8]),
+     r"scales\[0\].compressed_segmentation_block_size"),
+    (lambda info: info.update(data_type="uint16"), r"data_type = 'uint16'; expected uint32 or uint64"),
+])
+def test_a_compressed_segmentation_info_is_checked(tmp_path, rng, change, message):
+    write_compressed_segmentation(tmp_path / "seg", rng.integers(0, 5, SHAPE).astype(np.uint64))
+    info = json.loads((tmp_path / "seg/info").read_text())
+    change(info)
+    (tmp_path / "seg/info").write_text(json.dumps(info))
+    with pytest.raises(StoreMetadataError, match=r"seg \(info\): malformed metadata: " + message):
+        ef.open(tmp_path / "seg", format="precomputed")
+
+
 def test_a_volume_larger_than_memory_is_refused_up_front(tmp_path):
     """10^12 voxels in memory: refused before any allocation, with the size, the memory available and the
     remedy; lazily it opens and reads (the chunks were never written: the fill value)."""

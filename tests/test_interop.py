@@ -351,11 +351,12 @@ def test_z5py_zarr_v2(tmp_path):
 
 # cloud-volume ---------------------------------------------------------------------------------------------------
 
-def write_cloudvolume(path, data, compress, encoding="raw", layer_type="image"):
+def write_cloudvolume(path, data, compress, encoding="raw", layer_type="image", **info):
     cloudvolume = needs("cloudvolume")
     info = cloudvolume.CloudVolume.create_new_info(
         num_channels=1, layer_type=layer_type, data_type=np.dtype(data.dtype).name, encoding=encoding,
-        resolution=[4, 4, 40], voxel_offset=[3, 5, 7], chunk_size=[4, 5, 3], volume_size=list(data.shape[::-1]))
+        resolution=[4, 4, 40], voxel_offset=[3, 5, 7], chunk_size=[4, 5, 3], volume_size=list(data.shape[::-1]),
+        **info)
     volume = cloudvolume.CloudVolume(f"file://{path}", info=info, compress=compress, progress=False)
     volume.commit_info()
     volume[3:3 + data.shape[2], 5:5 + data.shape[1], 7:7 + data.shape[0]] = data.T
@@ -388,15 +389,63 @@ def test_cloudvolume_labels_beside_raw_align(tmp_path):
     assert_aligned(tmp_path / "raw", tmp_path / "labels")
 
 
+@pytest.mark.parametrize("compress", [None, False])
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint64])
+@pytest.mark.parametrize("block", [(8, 8, 8), (3, 2, 2)])
+def test_cloudvolume_compressed_segmentation(tmp_path, compress, dtype, block):
+    """Labels as cloud-volume writes them by default: compressed_segmentation chunks in ``.gz`` files (tensorstore
+    reads no such file), blocks larger than the chunks or not dividing them; every value kept (64-bit ones too)."""
+    labels = random_volume(np.uint16) % 7 * np.dtype(dtype).type(1000003)
+    labels[3, 4, 5] = np.iinfo(dtype).max
+    write_cloudvolume(tmp_path / "seg", labels, compress, encoding="compressed_segmentation",
+                      layer_type="segmentation", compressed_segmentation_block_size=list(block))
+    suffix = ".gz" if compress is None else ""
+    assert all(name.endswith(suffix) for name in os.listdir(tmp_path / "seg/4_4_40"))
+    assert_reads(tmp_path / "seg", labels, (40, 4, 4), (280, 20, 12), format="precomputed")
+
+
+def test_tensorstore_compressed_segmentation_channels(tmp_path):
+    """Several channels of compressed_segmentation (cloud-volume writes one): each channel's data where the chunk's
+    header of channel offsets says, as tensorstore writes it."""
+    ts = needs("tensorstore")
+    labels = random_volume(np.uint16, (3,) + SHAPE).astype(np.uint64) % 5 * 77
+    store = ts.open({"driver": "neuroglancer_precomputed", "kvstore": {"driver": "file", "path": str(tmp_path / "seg")},
+                     "multiscale_metadata": {"type": "segmentation", "data_type": "uint64", "num_channels": 3},
+                     "scale_metadata": {"resolution": [4, 4, 40], "encoding": "compressed_segmentation",
+                                        "chunk_size": [8, 6, 4], "compressed_segmentation_block_size": [4, 4, 2],
+                                        "size": list(SHAPE[::-1]), "voxel_offset": [3, 5, 7]}},
+                    create=True).result()
+    store[...] = labels.transpose(3, 2, 1, 0)
+    assert_reads(tmp_path / "seg", labels, (40, 4, 4), (280, 20, 12), format="precomputed")
+
+
+def test_compressed_segmentation_decoder_against_the_codec(tmp_path):
+    """The decoder against neuroglancer's codec as the compressed_segmentation package (cloud-volume's) encodes:
+    random sizes, block sizes and numbers of distinct values (0 to 32 encoded bits)."""
+    codec = needs("compressed_segmentation")
+    from emfast._core.files import decode_compressed_segmentation
+    rng = np.random.default_rng(0)
+    for trial in range(120):
+        dtype = (np.uint32, np.uint64)[trial % 2]
+        size = tuple(int(n) for n in rng.integers(1, 30, 3))  # x, y, z
+        block = tuple(int(n) for n in rng.choice([1, 2, 3, 4, 8, 16], 3))
+        distinct = int(rng.choice([1, 2, 3, 5, 17, 300, 70000]))
+        values = rng.integers(0, np.iinfo(dtype).max, distinct, dtype=dtype, endpoint=True)
+        labels = values[rng.integers(0, distinct, size[::-1])]  # z, y, x
+        encoded = codec.compress(np.asfortranarray(labels.T), block_size=block, order="F")
+        decoded = decode_compressed_segmentation(encoded, size, block, 1, dtype)
+        assert decoded.dtype == dtype and np.array_equal(decoded[0], labels), (size, block, distinct)
+
+
 def test_cloudvolume_compressed_chunks_of_an_encoding_emfast_does_not_decode_are_refused(tmp_path):
-    """compressed_segmentation chunks exist only as ``.gz``: tensorstore would read zeros; emfast refuses."""
-    labels = random_volume(np.uint32) % 5
-    write_cloudvolume(tmp_path / "seg", labels, None, encoding="compressed_segmentation", layer_type="segmentation")
+    """jpeg chunks gzipped (compress="gzip") exist only as ``.gz``: tensorstore would read zeros; emfast refuses."""
+    raw = random_volume(np.uint8)
+    write_cloudvolume(tmp_path / "jpeg", raw, "gzip", encoding="jpeg")
     needs("tensorstore")
-    volume = ef.open(tmp_path / "seg", format="precomputed", in_memory=False)
-    with pytest.raises(StoreMetadataError, match=r"seg: chunk 4_4_40/3-7_5-10_7-10 exists only as "
+    volume = ef.open(tmp_path / "jpeg", format="precomputed", in_memory=False)
+    with pytest.raises(StoreMetadataError, match=r"jpeg: chunk 4_4_40/3-7_5-10_7-10 exists only as "
                                                  r"3-7_5-10_7-10.gz \(.gz compression"):
-        volume.read_box((0, 0, 0), (2, 2, 2), np.empty((1, 2, 2, 2), np.uint32))
+        volume.read_box((0, 0, 0), (2, 2, 2), np.empty((1, 2, 2, 2), np.uint8))
 
 
 # funlib.persistence ---------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 # Stub of the compiled module emfast._core.files (files.pyx): many files read, and their zstd, blosc or deflate
-# frames decoded, in one call without the GIL.
+# frames decoded, in one call without the GIL; compressed_segmentation chunks decoded.
 import os
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -34,3 +34,6 @@ def bind_deflate(alloc: int, free_decompressor: int, gzip: int, zlib: int) -> No
 
 def decode_frames(codec: str, sources: List[Union[bytes, memoryview, np.ndarray]],
                   outs: List[np.ndarray]) -> np.ndarray: ...
+
+def decode_compressed_segmentation(data: Union[bytes, memoryview, np.ndarray], size: Sequence[int],
+                                   block: Sequence[int], channels: int, dtype: np.dtype) -> np.ndarray: ...

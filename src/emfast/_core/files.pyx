@@ -2,7 +2,8 @@
 """Thin wrappers around the file reader in csrc/files.cpp (contract in csrc/files.h): many files, or byte ranges of
 them, read in one call without the GIL; and around the zstd, blosc and deflate decoders in csrc/zstd.cpp,
 csrc/blosc.cpp and csrc/deflate.cpp (their .h files): their frames decoded in one call without the GIL, by the
-libraries whose functions :func:`bind_zstd`, :func:`bind_blosc` and :func:`bind_deflate` were given."""
+libraries whose functions :func:`bind_zstd`, :func:`bind_blosc` and :func:`bind_deflate` were given; and around
+the compressed_segmentation decoder in csrc/cseg.cpp (:func:`decode_compressed_segmentation`)."""
 import os
 import time
 
@@ -69,6 +70,15 @@ cdef extern from "deflate.h" nogil:
     int emf_decode_deflate(const emf_deflate_library *library, int64_t n, const char *const *sources,
                            const int64_t *sizes, char *const *destinations, const int64_t *capacities,
                            uint8_t *decoded)
+
+cdef extern from "cseg.h" nogil:
+    ctypedef enum emf_cseg_status:
+        EMF_CSEG_OK
+        EMF_CSEG_OUTSIDE
+        EMF_CSEG_BITS
+    emf_cseg_status emf_decode_cseg(const void *data, int64_t words, const int64_t *size, const int64_t *block,
+                                    int64_t channels, int value_words, void *out, int64_t *channel,
+                                    int64_t *block_index)
 
 
 #: What became of a file, as :func:`read_files` reports it: read (its bytes where ``offsets`` says), no such file,
@@ -471,3 +481,55 @@ def read_decode_files(str codec, list paths, list outs, scratch=None, ranges=Non
     if failed:
         raise MemoryError("read_decode_files: the library could not make a decoding context")
     return result, data, read_seconds, longs[:2].T
+
+
+def decode_compressed_segmentation(data, size, block, Py_ssize_t channels, dtype):
+    """Decode one chunk of neuroglancer's compressed_segmentation encoding without the GIL (format in csrc/cseg.h).
+
+    Parameters
+    ----------
+    data : bytes-like
+        The chunk's bytes, decompressed.
+    size, block : sequence of 3 int
+        The chunk's size and the encoding's block size, (x, y, z) as the precomputed ``info`` gives them.
+    channels : int
+        Channels in the chunk.
+    dtype : numpy dtype
+        uint32 or uint64.
+
+    Returns
+    -------
+    numpy.ndarray
+        (channels, z, y, x), little-endian ``dtype``.
+
+    Raises
+    ------
+    ValueError
+        Data that is not whole 32-bit words, or whose offsets, encoded bits or table indices are not those of a
+        chunk of this size (the message says which channel and block).
+    """
+    cdef cnp.ndarray[cnp.int64_t] c_size = np.array([int(n) for n in size], np.int64)
+    cdef cnp.ndarray[cnp.int64_t] c_block = np.array([int(n) for n in block], np.int64)
+    kind = np.dtype(dtype)
+    if kind not in (np.dtype(np.uint32), np.dtype(np.uint64)):
+        raise ValueError(f"compressed_segmentation holds uint32 or uint64 values, not {kind}")
+    if len(c_size) != 3 or len(c_block) != 3 or min(c_size) < 1 or min(c_block) < 1 or channels < 1:
+        raise ValueError(f"compressed_segmentation: size {tuple(size)}, block {tuple(block)} and channels "
+                         f"{channels} must be 3 positive sizes, 3 positive sizes and a positive count")
+    frame = np.frombuffer(data, np.uint8)
+    if frame.nbytes % 4:
+        raise ValueError(f"compressed_segmentation: {frame.nbytes} bytes are not whole 32-bit words")
+    cdef cnp.ndarray out = np.empty((channels, c_size[2], c_size[1], c_size[0]), kind.newbyteorder("<"))
+    cdef const void *source = cnp.PyArray_DATA(frame)
+    cdef int64_t words = frame.nbytes // 4, channel = 0, block_index = 0
+    cdef int value_words = kind.itemsize // 4
+    cdef emf_cseg_status status
+    with nogil:
+        status = emf_decode_cseg(source, words, <int64_t *>c_size.data, <int64_t *>c_block.data, channels,
+                                 value_words, cnp.PyArray_DATA(out), &channel, &block_index)
+    if status == EMF_CSEG_OK:
+        return out
+    where = f"channel {channel}" + ("" if block_index < 0 else f", block {block_index}")
+    if status == EMF_CSEG_BITS:
+        raise ValueError(f"compressed_segmentation: {where}: encoded bits not 0, 1, 2, 4, 8, 16 or 32")
+    raise ValueError(f"compressed_segmentation: {where}: an offset or table index beyond the chunk's {words} words")

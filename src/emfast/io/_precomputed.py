@@ -4,16 +4,17 @@ The ``info`` file lists scales; each has a ``resolution`` and a ``voxel_offset``
 (c, z, y, x) with voxel (0, 0, 0) at the scale's voxel offset, whose world position (nm) becomes the volume's
 ``offset``.
 
-An unsharded scale with the ``raw`` encoding (cloud-volume's default for images and segmentations) is read here,
-chunk file by chunk file: ``<key>/<x0>-<x1>_<y0>-<y1>_<z0>-<z1>`` holds the chunk's little-endian elements,
-x fastest, then channels. cloud-volume writes these files compressed by default, with the compression as a
-suffix (``.gz``, ``.br``, ``.zstd``, ``.bz2``, ``.xz``), which neuroglancer's HTTP servers turn into a
-``Content-Encoding``; emfast decompresses them (brotli needs the ``brotli`` package; a box's whole ``.gz`` chunks
-are inflated in one call by the system's libdeflate where there is one, :mod:`emfast.io._deflate`). A chunk with
-no file in any form is 0, as neuroglancer and tensorstore read it. Every other scale (sharded, or another
-encoding) is read through tensorstore (the optional extra ``emfast[tensorstore]``), which decodes with its own
-thread pool and reads only files without a suffix: a chunk that exists only compressed there is refused, never
-read as zeros.
+An unsharded scale with the ``raw`` encoding (cloud-volume's default for images and segmentations) or the
+``compressed_segmentation`` one (labels: uint32 or uint64) is read here, chunk file by chunk file:
+``<key>/<x0>-<x1>_<y0>-<y1>_<z0>-<z1>`` holds the chunk's little-endian elements, x fastest, then channels, or
+their compressed_segmentation encoding (decoded by the compiled core, csrc/cseg.h). cloud-volume writes these
+files compressed by default, with the compression as a suffix (``.gz``, ``.br``, ``.zstd``, ``.bz2``, ``.xz``),
+which neuroglancer's HTTP servers turn into a ``Content-Encoding``; emfast decompresses them (brotli needs the
+``brotli`` package; a box's whole raw ``.gz`` chunks are inflated in one call by the system's libdeflate where
+there is one, :mod:`emfast.io._deflate`). A chunk with no file in any form is 0, as neuroglancer and tensorstore
+read it. Every other scale (sharded, or another encoding) is read through tensorstore (the optional extra
+``emfast[tensorstore]``), which decodes with its own thread pool and reads only files without a suffix: a chunk
+that exists only compressed there is refused, never read as zeros.
 
 The ``info`` is checked here before any chunk is read (a non-empty ``scales``, each with its ``key``, ``size``,
 ``resolution``, ``voxel_offset``, ``chunk_sizes`` and ``encoding``), so malformed metadata is a
@@ -36,6 +37,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
+from .._core.files import decode_compressed_segmentation
 from . import _deflate
 from ._decode import SideBySide
 from ._filebatch import lent_buffer, read_regular_files
@@ -68,6 +70,9 @@ def is_precomputed(path: Path) -> bool:
 #: The ``data_type`` and ``encoding`` names of the precomputed format.
 _DATA_TYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32")
 _ENCODINGS = ("raw", "jpeg", "png", "compressed_segmentation", "compresso", "jxl")
+#: The encodings of unsharded scales decoded here (with the compressed files cloud-volume writes); tensorstore
+#: reads the others.
+_OWN_ENCODINGS = ("raw", "compressed_segmentation")
 
 
 def _read(location: Union[Path, RemoteStore], key: str, what: str) -> Optional[bytes]:
@@ -106,6 +111,9 @@ def read_info(path: Union[Path, RemoteStore], name: str) -> dict:
         raise bad_metadata(where, "scales", scales, "a non-empty list of scales")
     for n, scale in enumerate(scales):
         _check_scale(scale, f"scales[{n}]", where)
+    if any(scale["encoding"] == "compressed_segmentation" for scale in scales) \
+            and info["data_type"] not in ("uint32", "uint64"):
+        raise bad_metadata(where, "data_type", info["data_type"], "uint32 or uint64 (a compressed_segmentation scale)")
     return info
 
 
@@ -122,6 +130,9 @@ def _check_scale(scale, key: str, where: str) -> None:
         int_list(size, f"{key}.chunk_sizes[{m}]", where, minimum=1, length=3)
     if metadata_key(scale, "encoding", where, key) not in _ENCODINGS:
         raise bad_metadata(where, f"{key}.encoding", scale["encoding"], f"one of {', '.join(_ENCODINGS)}")
+    if scale["encoding"] == "compressed_segmentation":
+        int_list(metadata_key(scale, "compressed_segmentation_block_size", where, key),
+                 f"{key}.compressed_segmentation_block_size", where, minimum=1, length=3)
 
 
 class PrecomputedSource(VolumeSource):
@@ -148,14 +159,14 @@ class PrecomputedSource(VolumeSource):
         self._scales = [str(s.get("key", "")) for s in scales]
         self.stamp = path.stamp(f"scale {index}", "info") if remote else Stamp.of(path, f"scale {index}", path / "info")
         self._chunk_files = _ChunkFiles(path, chosen, self.name)
-        if chosen["encoding"] == "raw" and not chosen.get("sharding"):
+        if chosen["encoding"] in _OWN_ENCODINGS and not chosen.get("sharding"):
             self._store = None
             channels = int(info["num_channels"])
             x, y, z = (int(n) for n in chosen["size"])
             self.dtype = np.dtype(info["data_type"]).newbyteorder("<")
             # whole chunks read straight into buffers (and .gz ones inflated a wave at a time) beat one read chunk by
             # chunk: 17 against 26 ms for (96, 512, 512) uint8, 56 against 205 ms gzipped
-            self.whole_by_chunks = not remote
+            self.whole_by_chunks = not remote and chosen["encoding"] == "raw"
         else:
             self._store = _open_tensorstore(path, index, self.name)
             self._opened_in = os.getpid()
@@ -255,11 +266,14 @@ SUFFIXES = {".gz": gzip.decompress, ".br": _brotli, ".zstd": _zstd, ".bz2": bz2.
 
 class _ChunkFiles:
     """The chunk files of one unsharded scale: their names, the compressed forms cloud-volume writes, and the
-    decoding of the raw encoding."""
+    decoding of the raw and compressed_segmentation encodings."""
 
     def __init__(self, path: Union[Path, RemoteStore], scale: dict, name: str) -> None:
         self._directory = path / scale["key"]
         self._name = name
+        # (x, y, z) blocks of a compressed_segmentation scale; None for raw
+        self._block = scale.get("compressed_segmentation_block_size") \
+            if scale["encoding"] == "compressed_segmentation" else None
         self.origin = [int(o) for o in scale["voxel_offset"]]  # x, y, z
         self._size = [int(n) for n in scale["size"]]
         self._chunk = [int(n) for n in scale["chunk_sizes"][0]]
@@ -295,8 +309,8 @@ class _ChunkFiles:
                     raise StoreMetadataError(
                         f"{self._name}: chunk {self._directory.name}/{stem} exists only as {stem + suffix} "
                         f"({suffix} compression, as cloud-volume writes it); emfast decompresses such files only for "
-                        "the raw encoding, and tensorstore reads only uncompressed files: rewrite the volume with "
-                        "cloud-volume's compress=False, or as raw")
+                        "the raw and compressed_segmentation encodings of unsharded scales, and tensorstore reads only "
+                        "uncompressed files: rewrite the volume with cloud-volume's compress=False, or as raw")
 
     def read_raw(self, corner, extent, out: np.ndarray, dtype: np.dtype, stamp: Stamp) -> None:
         """Fill ``out`` (c, z, y, x) with the box, chunk file by chunk file."""
@@ -356,8 +370,10 @@ class _ChunkFiles:
     def _whole_chunk_stem(self, corner, extent, out: np.ndarray, dtype: np.dtype) -> Optional[str]:
         """The file name of the chunk if the box is exactly one chunk (as the chunk cache asks) of a local scale and
         ``out`` its C-contiguous buffer: the raw encoding is the chunk's little-endian (c, z, y, x) elements,
-        ``out``'s own layout. None otherwise (a remote store's chunk is read through the store)."""
-        if isinstance(self._directory, RemoteStore) or not out.flags.c_contiguous or out.dtype != dtype:
+        ``out``'s own layout. None otherwise (a remote store's chunk is read through the store; a
+        compressed_segmentation chunk is decoded)."""
+        if isinstance(self._directory, RemoteStore) or self._block is not None or not out.flags.c_contiguous \
+                or out.dtype != dtype:
             return None
         chunk = self._chunk[::-1]
         if not all(int(c) % k == 0 and int(e) == min(k, s - int(c))
@@ -380,5 +396,14 @@ class _ChunkFiles:
                     raise
                 except Exception as error:  # each codec raises its own types for corrupt input
                     raise CorruptChunkError(f"{where} is corrupt: cannot decompress it ({error})") from error
-            return checked_chunk(data, dtype, (channels, *shape), where, stamp)
+            if self._block is None:
+                return checked_chunk(data, dtype, (channels, *shape), where, stamp)
+            try:
+                return decode_compressed_segmentation(data, shape[::-1], self._block, channels, dtype)
+            except ValueError as error:
+                changed = stamp is not None and not stamp.unchanged()
+                raise CorruptChunkError(
+                    f"{where} is corrupt: {error}; " + ("the store's metadata changed since it was opened: open it "
+                                                        "again" if changed else "the store is damaged, or another "
+                                                        "tool wrote this chunk with other metadata")) from error
         return None
