@@ -542,6 +542,30 @@ def test_a_resumed_run_equals_an_uninterrupted_one_byte_for_byte(tmp_path, volum
     assert again.computed == 0
 
 
+def test_a_resume_keeps_the_blocks_its_output_was_begun_in_whatever_the_memory(tmp_path):
+    """The default block follows memory=: resumed with more memory (after running out, say), a run was refused as
+    one with "other settings" (its block), and overwrite=True, the only advice, threw the finished blocks away."""
+    volume = np.random.default_rng(3).integers(0, 256, (16, 140, 140), dtype=np.uint8)
+    settings = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT)
+    ef.predict(lopsided, volume, tmp_path / "whole.zarr/pred", memory="64MiB", **settings)
+    path = tmp_path / "p.zarr/pred"
+    with pytest.raises(RuntimeError, match="model failed"):
+        ef.predict(_interrupting(lopsided, 600, RuntimeError("model failed")), volume, path, memory="6MiB",
+                   **settings)
+    resumed = ef.predict(lopsided, volume, path, memory="64MiB", resume=True, **settings)
+    assert 0 < resumed.computed < resumed.blocks == 9  # the (16, 64, 64) blocks of 6 MiB, not 4 of (16, 128, 128)
+    np.testing.assert_array_equal(_read(path), _read(tmp_path / "whole.zarr/pred"))
+    begun = tmp_path / "q.zarr/pred"
+    with pytest.raises(RuntimeError, match="model failed"):
+        ef.predict(_interrupting(lopsided, 600, RuntimeError("model failed")), volume, begun, memory="64MiB",
+                   **settings)
+    with pytest.raises(ValueError, match=r"q.zarr/pred was begun in blocks of \(16, 128, 128\) \(the default block of "
+                                         r"that run's memory and settings\), which a resume keeps; such a block needs "
+                                         r"about \d+ bytes .* resume with more memory, or pass overwrite=True") as error:
+        ef.predict(lopsided, volume, begun, memory="6MiB", resume=True, **settings)
+    assert error.value.emfast_setting == "memory"
+
+
 def _wait_for_a_finished_block(container, seconds=30.0):
     """The block flags once at least one block is recorded (the writer thread trails the model)."""
     deadline = time.monotonic() + seconds

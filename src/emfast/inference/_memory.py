@@ -122,14 +122,20 @@ def _left_for_blocks(budget: int, reserved: int) -> int:
     return budget - budget // TILES_SHARE - reserved
 
 
-def too_large_block(block, estimate, budget: int, reserved: int) -> Optional[ValueError]:
+def too_large_block(block, estimate, budget: int, reserved: int, resumed: Optional[str] = None
+                    ) -> Optional[ValueError]:
     """The refusal (at ``block``) of a given block whose ``estimate(block)`` bytes exceed what ``budget`` leaves
     for blocks beside ``reserved`` bytes (the input's chunk cache, device slots) and the shared tiles; None if
-    it fits."""
+    it fits. ``resumed``: the output whose unfinished run's blocks these are (the refusal is then at ``memory``)."""
     left = _left_for_blocks(budget, reserved)
     needed = estimate(block)
     if needed <= left:
         return None
-    return refusal(f"block={tuple(block)} needs about {needed} bytes with its inputs, sums and outputs, more than "
-                   f"the {left} of memory={budget} left beside the input's chunk cache and the shared tiles; give a "
-                   "smaller block or more memory, or leave block out to have one chosen within memory", "block")
+    needs = (f"needs about {needed} bytes with its inputs, sums and outputs, more than the {left} of memory={budget} "
+             "left beside the input's chunk cache and the shared tiles")
+    if resumed is not None:
+        return refusal(f"{resumed} was begun in blocks of {tuple(block)} (the default block of that run's memory and "
+                       f"settings), which a resume keeps; such a block {needs}: resume with more memory, or pass "
+                       "overwrite=True to start again in blocks that fit", "memory")
+    return refusal(f"block={tuple(block)} {needs}; give a smaller block or more memory, or leave block out to have "
+                   "one chosen within memory", "block")

@@ -325,7 +325,7 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
         Output chunks; default 64 per axis (clipped to the volume), whatever the input's chunks.
     block : (int, int, int), optional
         Voxels per block, a multiple of ``chunks``; default the largest that ``memory`` allows, up to about 128
-        per axis.
+        per axis, or, resuming, the block the output was begun in.
     compression : {"zstd", "blosc", "gzip", "none"}, optional
         Output codec; default "zstd" for zarr, "gzip" for HDF5 (which takes only "gzip" or "none").
     batch_size : int
@@ -494,7 +494,15 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
             reserved = (budget // CACHE_SHARE if opened else 0) + pinned  # the chunk cache and the device slots
             estimate = block_estimate(plan, volume.channels, volume.dtype.itemsize, channels, dtype, threads,
                                       batch_size, len(tile_variants))
-            if block is None:
+            begun = _begun_block(existing, plan) if block is None else None
+            if begun is not None:
+                # a resume keeps the blocks its output was begun in (their flags say which are finished), whichever
+                # default block this run's memory and settings would choose
+                plan = TilePlan(volume.shape, patch_in, patch_out, overlap, chunks, roi, begun, crop=blend == "none")
+                refused = too_large_block(plan.block, estimate, budget, reserved, resumed=f"{container}/{dataset}")
+                if refused is not None:
+                    raise refused
+            elif block is None:
                 plan = TilePlan(volume.shape, patch_in, patch_out, overlap, chunks, roi,
                                 budget_block(plan, estimate, budget, reserved), crop=blend == "none")
             elif memory is not None:
@@ -634,6 +642,17 @@ def _first_non_finite(array: np.ndarray, plan: TilePlan) -> Optional[Tuple[int, 
                                                                          plan.patch_in, plan.context)]
     section = max(1, array[:, :1, low[1]:high[1], low[2]:high[2]].nbytes)
     return first_non_finite(array, low, high, max(1, NON_FINITE_SLAB_BYTES // section))
+
+
+def _begun_block(existing: Optional[dict], plan: TilePlan) -> Optional[Tuple[int, int, int]]:
+    """The block of the output a resume continues (``existing``, its record), where it is whole chunks of this
+    plan; None for a new output (or a record without one, which the resume's comparison refuses)."""
+    begun = None if existing is None else existing.get("block")
+    if not (isinstance(begun, list) and len(begun) == 3 and all(is_integer(n) and n > 0 for n in begun)):
+        return None
+    if any(int(n) % int(c) for n, c in zip(begun, plan.chunks)):
+        return None
+    return tuple(int(n) for n in begun)
 
 
 def _check_room_for(blocks, bytes_per_voxel: int, container) -> None:
