@@ -566,6 +566,45 @@ def test_a_resume_keeps_the_blocks_its_output_was_begun_in_whatever_the_memory(t
     assert error.value.emfast_setting == "memory"
 
 
+def test_a_resume_with_other_weights_of_a_torch_network_is_refused(tmp_path, volume):
+    """A retrained checkpoint keeps the class's name, which a resume did not compare either: an output begun with
+    one network was finished by another and recorded complete, a mix of both. A torch module's state is recorded
+    as a digest; the same weights in another instance, or the module wrapped in a function, resume."""
+    torch = pytest.importorskip("torch")
+
+    def network(gain):
+        net = torch.nn.Conv3d(1, 2, kernel_size=(5, 9, 9), bias=False)  # (10, 20, 20) -> (6, 12, 12)
+        with torch.no_grad():
+            net.weight.copy_(torch.from_numpy(np.random.default_rng(0).random(net.weight.shape, np.float32)) * gain)
+        return net
+
+    def failing(net, calls):  # the module itself fails (a hook is no part of its state)
+        count = [0]
+
+        def hook(module, inputs):
+            count[0] += 1
+            if count[0] == calls:
+                raise RuntimeError("model failed")
+
+        net.register_forward_pre_hook(hook)
+        return net
+
+    settings = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT, chunks=(8, 16, 16), block=(8, 16, 16), device="cpu")
+    whole = ef.predict(network(1.0), volume, tmp_path / "whole.zarr/pred", **settings)
+    path = tmp_path / "p.zarr/pred"
+    with pytest.raises(RuntimeError, match="model failed"):
+        ef.predict(failing(network(1.0), 20), volume, path, **settings)
+    with pytest.raises(OutputExistsError, match=r"another input or other settings \(network: '[0-9a-f]{64}' there, "
+                                                r"'[0-9a-f]{64}' now\)"):
+        ef.predict(network(2.0), volume, path, resume=True, **settings)
+    with pytest.raises(RuntimeError, match="model failed"):
+        ef.predict(failing(network(1.0), 10), volume, path, resume=True, **settings)
+    same = network(1.0)
+    resumed = ef.predict(lambda batch: same(batch), volume, path, resume=True, **settings)
+    assert 0 < resumed.computed < whole.blocks
+    np.testing.assert_array_equal(_read(path), _read(tmp_path / "whole.zarr/pred"))
+
+
 def _wait_for_a_finished_block(container, seconds=30.0):
     """The block flags once at least one block is recorded (the writer thread trails the model)."""
     deadline = time.monotonic() + seconds

@@ -2,6 +2,7 @@
 tensor on a device, and a checked NumPy prediction back."""
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from typing import Callable, Optional
@@ -37,6 +38,27 @@ def model_name(model) -> str:
             return f"torch.jit:{original}"
     target = model if hasattr(model, "__qualname__") else type(model)
     return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(target))}"
+
+
+def weights_digest(model) -> Optional[str]:
+    """SHA-256 of a torch module's state (each parameter's and buffer's name, dtype, shape and bytes), recorded with
+    its output and compared when resuming: a retrained or another checkpoint keeps the class's name, and an output
+    must not mix two networks' predictions. None for any other model, whose weights emfast cannot see, and for a
+    state it cannot read as bytes (quantized, sparse)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(model, torch.nn.Module):
+        return None
+    digest = hashlib.sha256()
+    try:
+        for name, tensor in model.state_dict().items():
+            if not isinstance(tensor, torch.Tensor):  # a module's extra state: whatever it is, not weights
+                continue
+            data = tensor.detach().to("cpu").contiguous()
+            digest.update(f"{name} {data.dtype} {tuple(data.shape)}\n".encode())
+            digest.update(data.reshape(-1).view(torch.uint8).numpy())
+    except (RuntimeError, TypeError):
+        return None
+    return digest.hexdigest()
 
 
 def check_torch_device(device: str, here: bool = True) -> str:

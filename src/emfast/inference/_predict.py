@@ -31,7 +31,7 @@ from ._device import device_runner
 from ._local import run_local
 from ._memory import (CACHE_SHARE, DEFAULT_MEMORY, TILES_SHARE, block_estimate, budget_block, input_cache_refusal,
                       parse_memory, too_large_block)
-from ._model import ModelCaller, check_torch_device, torch_device_name
+from ._model import ModelCaller, check_torch_device, torch_device_name, weights_digest
 from ._store import (FLAGS_SUFFIX, PREDICT_OUTPUT_DTYPE_NAMES, PROVENANCE, OutputStore, check_compression,
                      parse_output)
 from ._tiling import Block, TilePlan
@@ -354,10 +354,11 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
         ValueError if one output chunk does not fit.
     resume, overwrite : bool
         Continue an unfinished prediction with the same settings and the same input (its files' sizes and
-        modification times are recorded), or replace an existing output. Without either, an existing output is
-        refused. Overwriting replaces only an output emfast wrote, never another program's array or a group.
-        ``out`` may never be the input, inside it, contain it, or lie in the input's HDF5 file. One run at a
-        time writes a container: the lock file ``.NAME.emfast-lock`` beside it is held while it runs.
+        modification times are recorded) and, for a torch module, the same weights (a digest of its state is
+        recorded; other models are not compared), or replace an existing output. Without either, an existing
+        output is refused. Overwriting replaces only an output emfast wrote, never another program's array or a
+        group. ``out`` may never be the input, inside it, contain it, or lie in the input's HDF5 file. One run at
+        a time writes a container: the lock file ``.NAME.emfast-lock`` beside it is held while it runs.
     client : dask.distributed.Client, optional
         Run the blocks as tasks on this cluster (zarr outputs); the model, volume and plan must pickle.
     progress : bool or callable
@@ -521,7 +522,11 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
             blocks = plan.blocks()
             # fill: with constant padding, as the input's dtype holds it (the padding's value); device: a GPU's
             # arithmetic may differ from the CPU's in the last bits
-            settings = dict(blend=blend, weights=WEIGHTS, tta=tta, pad=pad,
+            # compared where both runs can tell (an output begun with a torch module, resumed with one)
+            network = weights_digest(model)
+            if existing is not None and (network is None or existing.get("network") is None):
+                network = existing.get("network")
+            settings = dict(blend=blend, weights=WEIGHTS, network=network, tta=tta, pad=pad,
                             fill=float(predictor.fill) if pad == "constant" else float(fill),
                             normalize=[float(scale), float(shift)],
                             channels=predictor.channels, dtype=dtype, compression=compression, batch_size=batch_size,
