@@ -17,7 +17,8 @@ HANG_S = 20.0
 
 class FaultyHandler(http.server.SimpleHTTPRequestHandler):
     """Serves the server's directory; waits ``server.latency`` first, and applies the first fault queued for the
-    request's path: an HTTP status, "truncate" (half the body, then the connection closes), or "hang"."""
+    request's path: an HTTP status, "truncate" (half the body, then the connection closes), "hang", or "whole" (a
+    byte-range request answered with the whole file, 200, as a server that ignores Range may)."""
 
     protocol_version = "HTTP/1.1"  # keep-alive, as web servers and object stores answer
     # Headers and body go out as two small writes: with Nagle's algorithm the body waited for the client's delayed
@@ -64,7 +65,7 @@ class FaultyHandler(http.server.SimpleHTTPRequestHandler):
             self.wfile.write(data[:len(data) // 2])
             self.close_connection = True
             return
-        if not head and self.headers.get("Range"):
+        if not head and self.headers.get("Range") and fault != "whole":
             self._serve_range(self.headers["Range"])
             return
         super().do_HEAD() if head else super().do_GET()

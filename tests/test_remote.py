@@ -236,6 +236,17 @@ def test_a_denied_request_names_url_and_key(served):
             lazy_box(lazy)
 
 
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_a_server_ignoring_range_requests_is_named_not_taken_for_a_corrupt_store(served, in_memory):
+    """A server may answer a byte-range request with the whole object (200): zarr took its first bytes for the
+    shard's chunk, and the error said the store was corrupt (a checksum mismatch)."""
+    served.faults["/sharded.zarr/c/"] = ["whole"] * 1000
+    with pytest.raises(RemoteReadError, match=rf"{served.url}/sharded.zarr/c/\d/\d/\d: \d+ bytes came for a request "
+                                              r"of \d+ \(a byte range\): the server ignores HTTP Range requests"):
+        volume = ef.open(f"{served.url}/sharded.zarr", in_memory=in_memory, storage_options=QUICK)
+        lazy_box(volume)
+
+
 def test_transient_failures_are_retried_with_backoff(written, served):
     served.faults["/v3.zarr/c/0/1/1"] = [503, 503, "truncate"]
     with ef.open(f"{served.url}/v3.zarr", in_memory=False, storage_options={"retries": 3}) as lazy:

@@ -349,6 +349,8 @@ class RemoteStore:
                     return None if data is None else prototype.buffer.from_bytes(data)
                 buffer = await retrying(lambda: FsspecStore.get(self, key, prototype, byte_range), store_retries,
                                         where(key))
+                if buffer is not None and byte_range is not None:
+                    _check_range(byte_range, len(buffer), where(key))
                 if byte_range is None and remembered.active:  # a copy of the bytes only for the open's memo
                     remembered.put(path, None if buffer is None else buffer.to_bytes())
                 return buffer
@@ -438,6 +440,17 @@ class _Remembered:
         with self._lock:
             if self._data is not None:
                 self._data[path] = data
+
+
+def _check_range(byte_range, size: int, where: str) -> None:
+    """RemoteReadError where a byte-range request (zarr's inner chunk or shard index) got more bytes than it asked
+    for: the server ignored the Range header (HTTP allows that) and sent the whole object, whose first bytes zarr
+    would take for the chunk and report as a corrupt store."""
+    asked = byte_range.end - byte_range.start if hasattr(byte_range, "end") else getattr(byte_range, "suffix", None)
+    if asked is not None and size > asked:
+        raise RemoteReadError(f"{where}: {size} bytes came for a request of {asked} (a byte range): the server "
+                              "ignores HTTP Range requests, which reading a sharded array needs; serve the store "
+                              "from one that honours them (object stores and common web servers do)")
 
 
 async def retrying(request, retries: int, where: str):
