@@ -56,6 +56,9 @@ class FaultyHandler(http.server.SimpleHTTPRequestHandler):
         if isinstance(fault, int):
             self.send_error(fault)
             return
+        if self.server.missing != 404 and not Path(self.translate_path(self.path)).exists():
+            self.send_error(self.server.missing)  # S3 denies a missing key to a reader who may not list the bucket
+            return
         if fault == "truncate":
             path = Path(self.translate_path(self.path))
             data = path.read_bytes() if path.is_file() else b""
@@ -113,11 +116,11 @@ class FaultyServer(http.server.ThreadingHTTPServer):
 @contextlib.contextmanager
 def http_server(directory, latency: float = 0.0):
     """An HTTP server of ``directory`` on 127.0.0.1; yields it (``.url``, ``.faults``: path part -> list of faults
-    applied one per request, ``.requests``, ``.latency``, ``.most_in_flight``: the most requests served at once),
-    stopped on exit."""
+    applied one per request, ``.requests``, ``.latency``, ``.most_in_flight``: the most requests served at once,
+    ``.missing``: the status of a missing file, 404), stopped on exit."""
     handler = functools.partial(FaultyHandler, directory=str(directory))
     server = FaultyServer(("127.0.0.1", 0), handler)
-    server.latency, server.faults, server.requests = latency, {}, []
+    server.latency, server.faults, server.requests, server.missing = latency, {}, [], 404
     server.in_flight = server.most_in_flight = 0
     server.lock, server.stopping = threading.Lock(), threading.Event()
     server.url = f"http://127.0.0.1:{server.server_address[1]}"

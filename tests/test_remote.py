@@ -97,6 +97,7 @@ def served(http):
     http.requests.clear()
     yield http
     http.faults.clear()
+    http.missing = 404
 
 
 @pytest.fixture(scope="module")
@@ -245,6 +246,27 @@ def test_a_server_ignoring_range_requests_is_named_not_taken_for_a_corrupt_store
                                               r"of \d+ \(a byte range\): the server ignores HTTP Range requests"):
         volume = ef.open(f"{served.url}/sharded.zarr", in_memory=in_memory, storage_options=QUICK)
         lazy_box(volume)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_server_denying_missing_keys_still_opens_every_format(request, written, served, name):
+    """S3 answers a missing key with 403 to a reader without s3:ListBucket: opening asks for other formats'
+    metadata (zarr v2's .zarray beside a v3 store, N5's attributes.json), and every format but N5 failed with
+    "access denied". A denied metadata file is taken as missing; a denied chunk stays an error."""
+    url, args = remote_url(request, "http", name)
+    served.missing = 403
+    np.testing.assert_array_equal(ef.open(url, storage_options=QUICK, **args).array[0], written[1])
+
+
+def test_metadata_denied_where_no_volume_is_found_is_access_denied(served):
+    """Wrong credentials deny every key: that is said, not "no volume here" or "cannot tell its format"."""
+    served.missing = 403
+    served.faults["/v3.zarr/zarr.json"] = [403]
+    with pytest.raises(RemoteReadError, match=rf"{served.url}/v3.zarr/[.a-z]+: access denied .*\(no volume found "
+                                              r"where the server denied its metadata; \d+ denied\)"):
+        ef.open(f"{served.url}/v3.zarr", storage_options=QUICK)
+    with pytest.raises(RemoteReadError, match=r"access denied .*no volume found"):
+        ef.open(f"{served.url}/nothere.zarr", storage_options=QUICK)
 
 
 def test_transient_failures_are_retried_with_backoff(written, served):

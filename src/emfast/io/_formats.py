@@ -116,9 +116,13 @@ def suffixes() -> List[str]:
     return sorted(s for f in formats() for s in f.suffixes)
 
 
-def _cannot_tell(where) -> ValueError:
+class UnknownFormatError(ValueError):
+    """A container without a telling suffix that no format recognises."""
+
+
+def _cannot_tell(where) -> UnknownFormatError:
     names = ", ".join(f.name for f in formats())
-    return ValueError(f"{where}: cannot tell its format (none of {names} recognises it, or the server refuses "
+    return UnknownFormatError(f"{where}: cannot tell its format (none of {names} recognises it, or the server refuses "
                       f"their metadata files); name the container with a suffix {suffixes()} (or, in Python, "
                       "pass format= to emfast.open)")
 

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Optional, Sequence, Tuple, Union
 
 from . import _format_entries  # noqa: F401  (registers the built-in formats)
-from ._formats import Contents, Listed, detect, detect_remote, format_named, format_of_suffix, formats
+from ._formats import (Contents, Listed, UnknownFormatError, detect, detect_remote, format_named, format_of_suffix,
+                       formats)
 from ._outputs import warn_if_unfinished
 from ._remote import RemoteStore, is_url
-from ._source import LevelChoiceError, VolumeSource, local_path
+from ._source import DatasetNotFoundError, LevelChoiceError, VolumeSource, local_path
 from ._volume import Volume
 
 
@@ -94,14 +95,19 @@ def open_source(path: Union[str, os.PathLike], dataset: Optional[str] = None, *,
     where = RemoteStore(container, storage_options) if remote else container
     # remotely, each metadata file requested once: detection, emfast's checks and zarr-python read them over again
     with where.remembering() if remote else contextlib.nullcontext():
-        if kind is None:
-            kind = detect_remote(where, inner) if remote else detect(container)
-        chosen = format_named(kind)
-        if not chosen.multiscale and (level is not None or resolution is not None):
-            multiscale = " or ".join(f.name for f in formats() if f.multiscale)
-            raise LevelChoiceError(f"{container}: level and resolution choose a level of a multiscale image "
-                                   f"({multiscale}), not of {kind}")
-        return chosen.open(where, inner, level, resolution)
+        try:
+            if kind is None:
+                kind = detect_remote(where, inner) if remote else detect(container)
+            chosen = format_named(kind)
+            if not chosen.multiscale and (level is not None or resolution is not None):
+                multiscale = " or ".join(f.name for f in formats() if f.multiscale)
+                raise LevelChoiceError(f"{container}: level and resolution choose a level of a multiscale image "
+                                       f"({multiscale}), not of {kind}")
+            return chosen.open(where, inner, level, resolution)
+        except (FileNotFoundError, DatasetNotFoundError, UnknownFormatError) as error:
+            if remote:  # metadata denied rather than missing: credentials, most likely
+                where.refuse_denied(error)
+            raise
 
 
 def contents(path: Union[str, os.PathLike], storage_options: Optional[dict] = None) -> Contents:

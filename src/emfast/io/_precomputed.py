@@ -43,7 +43,7 @@ from ._decode import SideBySide
 from ._filebatch import lent_buffer, read_regular_files
 from ._geometry import choose_level
 from ._metadata import bad_metadata, deprecated_level, int_list, metadata_key, number_list
-from ._remote import ReadAbandoned, RemoteReadError, RemoteStore
+from ._remote import ReadAbandoned, RemoteAccessDenied, RemoteReadError, RemoteStore
 from ._source import (CorruptChunkError, Stamp, StoreMetadataError, VolumeSource, add_transfer_time,
                       checked_chunk, read_regular_file, read_regular_file_into, require_kind)
 
@@ -383,9 +383,16 @@ class _ChunkFiles:
                         for o, c, e in zip(self.origin, corner[::-1], extent[::-1]))
 
     def _chunk_data(self, stem: str, shape, channels: int, dtype: np.dtype, stamp: Stamp):
-        """One chunk as (c, z, y, x), from its file in whichever form it exists, or None if in none."""
+        """One chunk as (c, z, y, x), from its file in whichever form it exists, or None if in none. A form the
+        server denies is looked past (S3 denies a missing key to a reader who may not list the bucket): denied
+        where no form exists, the chunk is an error."""
+        denied = None
         for suffix, decode in (("", None),) + tuple(SUFFIXES.items()):
-            data = _read(self._directory, stem + suffix, "a precomputed chunk")
+            try:
+                data = _read(self._directory, stem + suffix, "a precomputed chunk")
+            except RemoteAccessDenied as error:
+                denied = denied or error
+                continue
             if data is None:
                 continue
             where = f"{self._name}: chunk {self._directory.name}/{stem + suffix}"
@@ -406,4 +413,6 @@ class _ChunkFiles:
                     f"{where} is corrupt: {error}; " + ("the store's metadata changed since it was opened: open it "
                                                         "again" if changed else "the store is damaged, or another "
                                                         "tool wrote this chunk with other metadata")) from error
+        if denied is not None:
+            raise denied
         return None

@@ -28,6 +28,7 @@ import concurrent.futures
 import hashlib
 import itertools
 import os
+import posixpath
 import random
 import threading
 import time
@@ -64,6 +65,16 @@ _TENSORSTORE_TRANSFER_STATUSES = ("PERMISSION_DENIED", "UNAUTHENTICATED", "UNAVA
 class RemoteReadError(OSError):
     """A key of a remote store could not be read (after retries, where the failure was transient); the message
     names the URL and the key."""
+
+
+class RemoteAccessDenied(RemoteReadError):
+    """The server refused a key to these credentials (401, 403)."""
+
+
+#: The metadata files of the formats read remotely. S3 answers a missing key with 403, not 404, to a reader without
+#: the s3:ListBucket permission: opening a store asks for the metadata of formats it is not, and a denied one is
+#: taken as missing (and named if no format is found). A denied chunk stays an error.
+METADATA_NAMES = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata", "attributes.json", "info"})
 
 
 class ReadAbandoned(RuntimeError):
@@ -235,6 +246,8 @@ class RemoteStore:
         self._announced: "OrderedDict[str, concurrent.futures.Future]" = OrderedDict()
         self._lock = threading.Lock()
         self._remembered = _Remembered()
+        #: The RemoteAccessDenied of metadata files taken as missing (:meth:`denied_metadata`).
+        self.denied: list = []
 
     @contextmanager
     def remembering(self):
@@ -331,6 +344,23 @@ class RemoteStore:
             return await self._attempts(key, lambda: self._fs._cat_file(path))
         except FileNotFoundError:
             return None
+        except RemoteAccessDenied as error:
+            return self.denied_metadata(key, error)
+
+    def denied_metadata(self, key: str, error: RemoteAccessDenied) -> None:
+        """None (missing) for a metadata file the server denies (see :data:`METADATA_NAMES`), noted for
+        :meth:`refuse_denied`; ``error`` raised again for any other key."""
+        if posixpath.basename(key) not in METADATA_NAMES:
+            raise error
+        self.denied.append(error)
+        return None
+
+    def refuse_denied(self, error: BaseException) -> None:
+        """Raise a RemoteAccessDenied, from ``error`` (no volume found), if metadata files were denied meanwhile:
+        wrong credentials, rather than no such volume."""
+        if self.denied:
+            raise RemoteAccessDenied(f"{self.denied[0]} (no volume found where the server denied its metadata; "
+                                     f"{len(self.denied)} denied)") from error
 
     async def _attempts(self, key: str, request):
         return await retrying(request, self.retries, self.where(key))
@@ -339,7 +369,7 @@ class RemoteStore:
         """A read-only zarr-python store of the same URL whose reads retry as :meth:`get` does."""
         from zarr.storage import FsspecStore
 
-        store_retries, where, remembered, root = self.retries, self.where, self._remembered, self._root
+        store_retries, where, remembered, root, outer = self.retries, self.where, self._remembered, self._root, self
 
         class RetryingStore(FsspecStore):
             async def get(self, key, prototype, byte_range=None):
@@ -347,8 +377,11 @@ class RemoteStore:
                 known, data = remembered.get(path) if byte_range is None else (False, None)
                 if known:
                     return None if data is None else prototype.buffer.from_bytes(data)
-                buffer = await retrying(lambda: FsspecStore.get(self, key, prototype, byte_range), store_retries,
-                                        where(key))
+                try:
+                    buffer = await retrying(lambda: FsspecStore.get(self, key, prototype, byte_range),
+                                            store_retries, where(key))
+                except RemoteAccessDenied as error:
+                    buffer = outer.denied_metadata(key, error)
                 if buffer is not None and byte_range is not None:
                     _check_range(byte_range, len(buffer), where(key))
                 if byte_range is None and remembered.active:  # a copy of the bytes only for the open's memo
@@ -473,8 +506,8 @@ async def retrying(request, retries: int, where: str):
             raise
         except Exception as error:  # noqa: BLE001 - every library raises its own types; classified here
             if _denied(error):
-                raise RemoteReadError(f"{where}: access denied ({_describe(error)}); check the credentials "
-                                      "(AWS_* environment variables, ~/.aws) or pass storage_options") from error
+                raise RemoteAccessDenied(f"{where}: access denied ({_describe(error)}); check the credentials "
+                                         "(AWS_* environment variables, ~/.aws) or pass storage_options") from error
             if not _transient(error):
                 raise RemoteReadError(f"{where}: cannot read it ({_describe(error)})") from error
             if attempt == retries:
