@@ -60,16 +60,24 @@ emf_cseg_status decode_block(const unsigned char *data, int64_t words, int64_t b
 template <typename Value>
 emf_cseg_status decode(const unsigned char *data, int64_t words, const int64_t size[3], const int64_t block[3],
                        int64_t channels, Value *out, int64_t *channel, int64_t *block_index) {
+    *channel = 0;
+    *block_index = -1;
+    /* hostile sizes would overflow the positions and bit offsets below: refused first */
+    for (int a = 0; a < 3; ++a)
+        if (size[a] < 1 || block[a] < 1 || size[a] > EMF_CSEG_MAX_EDGE || block[a] > EMF_CSEG_MAX_EDGE)
+            return EMF_CSEG_SIZE;
+    if (block[0] * block[1] > (int64_t{1} << 32) / block[2])
+        return EMF_CSEG_SIZE;
     int64_t grid[3];
     for (int a = 0; a < 3; ++a) grid[a] = (size[a] + block[a] - 1) / block[a];
     const int64_t blocks = grid[0] * grid[1] * grid[2], voxels = size[0] * size[1] * size[2];
-    if (channels > words)
+    if (channels < 1 || channels > words)
         return EMF_CSEG_OUTSIDE;
     for (int64_t c = 0; c < channels; ++c) {
         *channel = c;
         *block_index = -1;
         const int64_t base = word_at(data, c);
-        if (base + 2 * blocks > words)
+        if (base > words || blocks > (words - base) / 2)
             return EMF_CSEG_OUTSIDE;
         int64_t origin[3], extent[3];
         for (int64_t gz = 0; gz < grid[2]; ++gz) {

@@ -482,6 +482,11 @@ def test_compressed_segmentation_decoding_of_any_damage_fails_cleanly_or_decodes
             decode_compressed_segmentation(damaged.tobytes(), size, block, 1, np.uint64)
         except ValueError as error:
             assert str(error).startswith("compressed_segmentation: "), error
+    # sizes whose positions, bit offsets or block grid would overflow 64 bits (a read far outside the chunk)
+    for hostile_size, hostile_block in [((1, 2, 1), (2 ** 58, 2, 1)), ((2, 2, 2), (2 ** 63 - 1, 1, 1)),
+                                        ((4, 4, 4), (2 ** 21, 2 ** 21, 2))]:
+        with pytest.raises(ValueError, match=r"compressed_segmentation: size .* out of range"):
+            decode_compressed_segmentation(data, hostile_size, hostile_block, 1, np.uint64)
 
 
 @needs_tensorstore
@@ -491,6 +496,8 @@ def test_compressed_segmentation_decoding_of_any_damage_fails_cleanly_or_decodes
     (lambda info: info["scales"][0].update(compressed_segmentation_block_size=[8, 0, 8]),
      r"scales\[0\].compressed_segmentation_block_size"),
     (lambda info: info.update(data_type="uint16"), r"data_type = 'uint16'; expected uint32 or uint64"),
+    (lambda info: info["scales"][0].update(compressed_segmentation_block_size=[2 ** 58, 2, 1]),
+     r"scales\[0\].compressed_segmentation_block_size = \[288230376151711744, 2, 1\]; expected 3 edges of at most"),
 ])
 def test_a_compressed_segmentation_info_is_checked(tmp_path, rng, change, message):
     write_compressed_segmentation(tmp_path / "seg", rng.integers(0, 5, SHAPE).astype(np.uint64))

@@ -76,6 +76,7 @@ cdef extern from "cseg.h" nogil:
         EMF_CSEG_OK
         EMF_CSEG_OUTSIDE
         EMF_CSEG_BITS
+        EMF_CSEG_SIZE
     emf_cseg_status emf_decode_cseg(const void *data, int64_t words, const int64_t *size, const int64_t *block,
                                     int64_t channels, int value_words, void *out, int64_t *channel,
                                     int64_t *block_index)
@@ -513,9 +514,9 @@ def decode_compressed_segmentation(data, size, block, Py_ssize_t channels, dtype
     kind = np.dtype(dtype)
     if kind not in (np.dtype(np.uint32), np.dtype(np.uint64)):
         raise ValueError(f"compressed_segmentation holds uint32 or uint64 values, not {kind}")
-    if len(c_size) != 3 or len(c_block) != 3 or min(c_size) < 1 or min(c_block) < 1 or channels < 1:
+    if len(c_size) != 3 or len(c_block) != 3 or channels < 1:
         raise ValueError(f"compressed_segmentation: size {tuple(size)}, block {tuple(block)} and channels "
-                         f"{channels} must be 3 positive sizes, 3 positive sizes and a positive count")
+                         f"{channels} must be 3 sizes, 3 sizes and a positive count")
     frame = np.frombuffer(data, np.uint8)
     if frame.nbytes % 4:
         raise ValueError(f"compressed_segmentation: {frame.nbytes} bytes are not whole 32-bit words")
@@ -532,4 +533,7 @@ def decode_compressed_segmentation(data, size, block, Py_ssize_t channels, dtype
     where = f"channel {channel}" + ("" if block_index < 0 else f", block {block_index}")
     if status == EMF_CSEG_BITS:
         raise ValueError(f"compressed_segmentation: {where}: encoded bits not 0, 1, 2, 4, 8, 16 or 32")
+    if status == EMF_CSEG_SIZE:
+        raise ValueError(f"compressed_segmentation: size {tuple(size)} or block {tuple(block)} out of range (edges "
+                         "up to 2097152, blocks up to 2^32 voxels)")
     raise ValueError(f"compressed_segmentation: {where}: an offset or table index beyond the chunk's {words} words")

@@ -30,6 +30,7 @@ import gzip
 import itertools
 import json
 import lzma
+import math
 import os
 import time
 from pathlib import Path
@@ -70,6 +71,8 @@ def is_precomputed(path: Path) -> bool:
 #: The ``data_type`` and ``encoding`` names of the precomputed format.
 _DATA_TYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32")
 _ENCODINGS = ("raw", "jpeg", "png", "compressed_segmentation", "compresso", "jxl")
+#: The longest block edge of compressed_segmentation decoded (csrc/cseg.h: EMF_CSEG_MAX_EDGE).
+CSEG_MAX_EDGE = 1 << 21
 #: The encodings of unsharded scales decoded here (with the compressed files cloud-volume writes); tensorstore
 #: reads the others.
 _OWN_ENCODINGS = ("raw", "compressed_segmentation")
@@ -131,8 +134,11 @@ def _check_scale(scale, key: str, where: str) -> None:
     if metadata_key(scale, "encoding", where, key) not in _ENCODINGS:
         raise bad_metadata(where, f"{key}.encoding", scale["encoding"], f"one of {', '.join(_ENCODINGS)}")
     if scale["encoding"] == "compressed_segmentation":
-        int_list(metadata_key(scale, "compressed_segmentation_block_size", where, key),
-                 f"{key}.compressed_segmentation_block_size", where, minimum=1, length=3)
+        block = metadata_key(scale, "compressed_segmentation_block_size", where, key)
+        int_list(block, f"{key}.compressed_segmentation_block_size", where, minimum=1, length=3)
+        if max(block) > CSEG_MAX_EDGE or math.prod(block) > 1 << 32:
+            raise bad_metadata(where, f"{key}.compressed_segmentation_block_size", block,
+                               f"3 edges of at most {CSEG_MAX_EDGE} voxels, a block of at most 2^32")
 
 
 class PrecomputedSource(VolumeSource):
