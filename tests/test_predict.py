@@ -599,6 +599,8 @@ def test_a_resume_with_other_weights_of_a_torch_network_is_refused(tmp_path, vol
         ef.predict(network(2.0), volume, path, resume=True, **settings)
     with pytest.raises(RuntimeError, match="model failed"):
         ef.predict(failing(network(1.0), 10), volume, path, resume=True, **settings)
+    with pytest.raises(RuntimeError, match="model failed"):  # torch's wrappers hold the same network
+        ef.predict(torch.nn.DataParallel(failing(network(1.0), 10)), volume, path, resume=True, **settings)
     same = network(1.0)
     resumed = ef.predict(lambda batch: same(batch), volume, path, resume=True, **settings)
     assert 0 < resumed.computed < whole.blocks

@@ -48,6 +48,11 @@ def weights_digest(model) -> Optional[str]:
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(model, torch.nn.Module):
         return None
+    # the network inside torch's wrappers, whose state names carry a prefix ("module.", "_orig_mod."): a resume
+    # through DataParallel or torch.compile is the same network
+    parallel = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
+    while isinstance(getattr(model, "_orig_mod", None), torch.nn.Module) or isinstance(model, parallel):
+        model = model.module if isinstance(model, parallel) else model._orig_mod
     digest = hashlib.sha256()
     try:
         for name, tensor in model.state_dict().items():
