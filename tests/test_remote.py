@@ -269,6 +269,17 @@ def test_metadata_denied_where_no_volume_is_found_is_access_denied(served):
         ef.open(f"{served.url}/nothere.zarr", storage_options=QUICK)
 
 
+@pytest.mark.parametrize("missing", [404, 403])
+def test_a_denied_zattrs_is_never_read_as_absent_attributes(written, served, missing):
+    """A zarr v2 array's .zattrs holds what places it (resolution, offset): denied, it was taken as missing and the
+    array opened without them, silently (a review of the 403 handling)."""
+    served.missing = missing
+    served.faults["/v2.zarr/.zattrs"] = [403] * 10
+    with pytest.raises(RemoteReadError, match=rf"{served.url}/v2.zarr/.zattrs: access denied .*the attributes that "
+                                              r"place the volume \(resolution, offset\) may be there"):
+        ef.open(f"{served.url}/v2.zarr", storage_options=QUICK)
+
+
 def test_transient_failures_are_retried_with_backoff(written, served):
     served.faults["/v3.zarr/c/0/1/1"] = [503, 503, "truncate"]
     with ef.open(f"{served.url}/v3.zarr", in_memory=False, storage_options={"retries": 3}) as lazy:

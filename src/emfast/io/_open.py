@@ -103,11 +103,18 @@ def open_source(path: Union[str, os.PathLike], dataset: Optional[str] = None, *,
                 multiscale = " or ".join(f.name for f in formats() if f.multiscale)
                 raise LevelChoiceError(f"{container}: level and resolution choose a level of a multiscale image "
                                        f"({multiscale}), not of {kind}")
-            return chosen.open(where, inner, level, resolution)
+            source = chosen.open(where, inner, level, resolution)
         except (FileNotFoundError, DatasetNotFoundError, UnknownFormatError) as error:
             if remote:  # metadata denied rather than missing: credentials, most likely
                 where.refuse_denied(error)
             raise
+        if remote:
+            try:
+                where.refuse_denied_attributes(source.attribute_keys())
+            except BaseException:
+                source.close()
+                raise
+        return source
 
 
 def contents(path: Union[str, os.PathLike], storage_options: Optional[dict] = None) -> Contents:

@@ -246,7 +246,7 @@ class RemoteStore:
         self._announced: "OrderedDict[str, concurrent.futures.Future]" = OrderedDict()
         self._lock = threading.Lock()
         self._remembered = _Remembered()
-        #: The RemoteAccessDenied of metadata files taken as missing (:meth:`denied_metadata`).
+        #: (path, RemoteAccessDenied) of the metadata files taken as missing (:meth:`denied_metadata`).
         self.denied: list = []
 
     @contextmanager
@@ -352,15 +352,26 @@ class RemoteStore:
         :meth:`refuse_denied`; ``error`` raised again for any other key."""
         if posixpath.basename(key) not in METADATA_NAMES:
             raise error
-        self.denied.append(error)
+        self.denied.append((f"{self._root}/{key}", error))
         return None
 
     def refuse_denied(self, error: BaseException) -> None:
         """Raise a RemoteAccessDenied, from ``error`` (no volume found), if metadata files were denied meanwhile:
         wrong credentials, rather than no such volume."""
         if self.denied:
-            raise RemoteAccessDenied(f"{self.denied[0]} (no volume found where the server denied its metadata; "
+            raise RemoteAccessDenied(f"{self.denied[0][1]} (no volume found where the server denied its metadata; "
                                      f"{len(self.denied)} denied)") from error
+
+    def refuse_denied_attributes(self, keys) -> None:
+        """Raise the RemoteAccessDenied of a metadata file among ``keys`` (below this store) taken as missing: the
+        attributes that place a volume (a zarr v2 array's .zattrs) cannot be told missing from denied, and read as
+        absent they would silently drop its resolution and offset."""
+        wanted = {f"{self._root}/{key}" for key in keys}
+        for path, error in self.denied:
+            if path in wanted:
+                raise RemoteAccessDenied(f"{error}: the attributes that place the volume (resolution, offset) may be "
+                                         "there; S3 denies a missing key to a reader without s3:ListBucket, so "
+                                         "grant it to read a volume without them") from error
 
     async def _attempts(self, key: str, request):
         return await retrying(request, self.retries, self.where(key))

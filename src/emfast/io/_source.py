@@ -355,6 +355,12 @@ class VolumeSource:
         """The dataset's own metadata attributes (what ``emfast convert`` carries over)."""
         return {}
 
+    def attribute_keys(self) -> tuple:
+        """The optional metadata files (below the store's root) whose attributes place this volume: read as absent
+        where a remote store denies them, they would drop its resolution and offset (see
+        :meth:`~emfast.io._remote.RemoteStore.refuse_denied_attributes`)."""
+        return ()
+
     def describe(self) -> str:
         """Shape, dtype and chunks as ``emfast info`` shows them: by default as a Volume reads them (spatial
         shape, channels if more than one, native dtype, bool as uint8)."""

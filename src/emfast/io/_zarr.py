@@ -298,6 +298,14 @@ class ZarrSource(VolumeSource):
     def attributes(self) -> dict:
         return dict(self._array.attrs)
 
+    def attribute_keys(self) -> tuple:
+        """A zarr v2 array's .zattrs and its groups' (an OME-NGFF image's, which places its levels); zarr v3 keeps
+        attributes in the required zarr.json."""
+        if self._array.metadata.zarr_format != 2:
+            return ()
+        parts = [part for part in self._dataset.split("/") if part]
+        return tuple("/".join(parts[:n] + [".zattrs"]) for n in range(len(parts) + 1))
+
     def describe(self) -> str:
         shards = getattr(self._array, "shards", None)  # each shard one file (or object): what one read fetches
         shown = "" if shards is None else f" shards={tuple(int(shards[self._axes.index(a)]) for a in 'zyx')}"
