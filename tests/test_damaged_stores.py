@@ -484,9 +484,12 @@ def test_compressed_segmentation_decoding_of_any_damage_fails_cleanly_or_decodes
             assert str(error).startswith("compressed_segmentation: "), error
     # sizes whose positions, bit offsets or block grid would overflow 64 bits (a read far outside the chunk)
     for hostile_size, hostile_block in [((1, 2, 1), (2 ** 58, 2, 1)), ((2, 2, 2), (2 ** 63 - 1, 1, 1)),
-                                        ((4, 4, 4), (2 ** 21, 2 ** 21, 2))]:
+                                        ((4, 4, 4), (2 ** 21, 2 ** 21, 2)), ((2, 2, 2), (2 ** 64, 1, 1)),
+                                        ((2 ** 22,) * 3, (8, 8, 8))]:
         with pytest.raises(ValueError, match=r"compressed_segmentation: size .* out of range"):
             decode_compressed_segmentation(data, hostile_size, hostile_block, 1, np.uint64)
+    with pytest.raises(ValueError, match=r"compressed_segmentation: size \(-1, 4, 4\), .* must be 3 positive"):
+        decode_compressed_segmentation(data, (-1, 4, 4), block, 1, np.uint64)
 
 
 @needs_tensorstore

@@ -607,6 +607,27 @@ def test_a_resume_with_other_weights_of_a_torch_network_is_refused(tmp_path, vol
     np.testing.assert_array_equal(_read(path), _read(tmp_path / "whole.zarr/pred"))
 
 
+def test_the_weights_digest_sees_through_torchs_wrappers_only(tmp_path):
+    """DataParallel and torch.compile hold the same network; a module of the user's with a child named _orig_mod is
+    no wrapper (a second review: its other weights were left out of the digest)."""
+    torch = pytest.importorskip("torch")
+    from emfast.inference._model import weights_digest
+    net = torch.nn.Conv3d(1, 2, 3)
+    assert weights_digest(torch.nn.DataParallel(net)) == weights_digest(torch.compile(net)) == weights_digest(net)
+
+    class Holder(torch.nn.Module):
+        def __init__(self, gain):
+            super().__init__()
+            self._orig_mod = torch.nn.Conv3d(1, 2, 3)
+            self.head = torch.nn.Conv3d(2, 2, 1)
+            torch.nn.init.constant_(self.head.weight, gain)
+
+    torch.manual_seed(0)
+    first = Holder(1.0)
+    torch.manual_seed(0)
+    assert weights_digest(first) != weights_digest(Holder(2.0))
+
+
 def _wait_for_a_finished_block(container, seconds=30.0):
     """The block flags once at least one block is recorded (the writer thread trails the model)."""
     deadline = time.monotonic() + seconds

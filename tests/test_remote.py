@@ -1,6 +1,7 @@
 """Remote stores: zarr (v2, v3, sharded), OME-Zarr, N5 and precomputed written by the field's own tools, served by
 real servers on 127.0.0.1 (an HTTP server adding latency and failing on demand, moto's S3 server), read in memory,
 lazily and through a Loader, and compared voxel by voxel with the local read; then every way a server can fail."""
+import json
 import multiprocessing
 import os
 import pickle
@@ -267,6 +268,33 @@ def test_metadata_denied_where_no_volume_is_found_is_access_denied(served):
         ef.open(f"{served.url}/v3.zarr", storage_options=QUICK)
     with pytest.raises(RemoteReadError, match=r"access denied .*no volume found"):
         ef.open(f"{served.url}/nothere.zarr", storage_options=QUICK)
+
+
+def test_zarr_v2_stores_without_empty_zattrs_open_where_missing_keys_are_denied(tmp_path):
+    """zarr-python 2, tensorstore and ome-zarr-py over zarr 2 write no .zattrs where there are no attributes: an
+    OME-NGFF image's levels, groups above an array. Denied (S3 without s3:ListBucket), only an array's own .zattrs
+    may place it; a second review found all three stores refused."""
+    writer = needs("ome_zarr.writer")
+    from ome_zarr.format import FormatV04
+    data = np.random.default_rng(1).integers(0, 256, (16, 16, 16), dtype=np.uint8)
+    writer.write_image(data, zarr.open_group(str(tmp_path / "ome.zarr"), mode="w", zarr_format=2), axes="zyx",
+                       scale_factors=[2], fmt=FormatV04())
+    nested = zarr.open_group(str(tmp_path / "nested.zarr"), mode="w", zarr_format=2).create_group("raw")
+    writer.write_image(data, nested, axes="zyx", scale_factors=[2], fmt=FormatV04())
+    array = zarr.open_group(str(tmp_path / "plain.zarr"), mode="w", zarr_format=2).create_group("a").create_array(
+        "raw", shape=data.shape, chunks=(8, 8, 8), dtype=np.uint8)
+    array[...] = data
+    array.attrs["resolution"] = [40, 4, 4]
+    for attributes in tmp_path.rglob(".zattrs"):
+        if json.loads(attributes.read_text()) == {}:
+            attributes.unlink()
+    with http_server(tmp_path) as server:
+        server.missing = 403
+        for path, dataset, resolution in [("ome.zarr", None, (1, 1, 1)), ("nested.zarr", "raw", (1, 1, 1)),
+                                          ("plain.zarr", "a/raw", (40, 4, 4))]:
+            with ef.open(f"{server.url}/{path}", dataset, in_memory=False, storage_options=QUICK) as volume:
+                assert tuple(volume.resolution) == resolution, path
+                np.testing.assert_array_equal(lazy_box(volume, extent=(16, 16, 16)), data)
 
 
 @pytest.mark.parametrize("missing", [404, 403])

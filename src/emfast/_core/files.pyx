@@ -484,6 +484,15 @@ def read_decode_files(str codec, list paths, list outs, scratch=None, ranges=Non
     return result, data, read_seconds, longs[:2].T
 
 
+#: The longest chunk or block edge the decoder takes (EMF_CSEG_MAX_EDGE in csrc/cseg.h).
+_CSEG_MAX_EDGE = 1 << 21
+
+
+def _cseg_out_of_range(size, block) -> str:
+    return (f"compressed_segmentation: size {tuple(size)} or block {tuple(block)} out of range (edges up to "
+            f"{_CSEG_MAX_EDGE}, blocks up to 2^32 voxels)")
+
+
 def decode_compressed_segmentation(data, size, block, Py_ssize_t channels, dtype):
     """Decode one chunk of neuroglancer's compressed_segmentation encoding without the GIL (format in csrc/cseg.h).
 
@@ -509,14 +518,17 @@ def decode_compressed_segmentation(data, size, block, Py_ssize_t channels, dtype
         Data that is not whole 32-bit words, or whose offsets, encoded bits or table indices are not those of a
         chunk of this size (the message says which channel and block).
     """
-    cdef cnp.ndarray[cnp.int64_t] c_size = np.array([int(n) for n in size], np.int64)
-    cdef cnp.ndarray[cnp.int64_t] c_block = np.array([int(n) for n in block], np.int64)
     kind = np.dtype(dtype)
     if kind not in (np.dtype(np.uint32), np.dtype(np.uint64)):
         raise ValueError(f"compressed_segmentation holds uint32 or uint64 values, not {kind}")
-    if len(c_size) != 3 or len(c_block) != 3 or channels < 1:
+    edges = [int(n) for n in size] + [int(n) for n in block]
+    if len(edges) != 6 or len(size) != 3 or min(edges) < 1 or channels < 1:
         raise ValueError(f"compressed_segmentation: size {tuple(size)}, block {tuple(block)} and channels "
-                         f"{channels} must be 3 sizes, 3 sizes and a positive count")
+                         f"{channels} must be 3 positive sizes, 3 positive sizes and a positive count")
+    if max(edges) > _CSEG_MAX_EDGE:  # before the output is allocated (the decoder refuses it too)
+        raise ValueError(_cseg_out_of_range(size, block))
+    cdef cnp.ndarray[cnp.int64_t] c_size = np.array(edges[:3], np.int64)
+    cdef cnp.ndarray[cnp.int64_t] c_block = np.array(edges[3:], np.int64)
     frame = np.frombuffer(data, np.uint8)
     if frame.nbytes % 4:
         raise ValueError(f"compressed_segmentation: {frame.nbytes} bytes are not whole 32-bit words")
@@ -534,6 +546,5 @@ def decode_compressed_segmentation(data, size, block, Py_ssize_t channels, dtype
     if status == EMF_CSEG_BITS:
         raise ValueError(f"compressed_segmentation: {where}: encoded bits not 0, 1, 2, 4, 8, 16 or 32")
     if status == EMF_CSEG_SIZE:
-        raise ValueError(f"compressed_segmentation: size {tuple(size)} or block {tuple(block)} out of range (edges "
-                         "up to 2097152, blocks up to 2^32 voxels)")
+        raise ValueError(_cseg_out_of_range(size, block))
     raise ValueError(f"compressed_segmentation: {where}: an offset or table index beyond the chunk's {words} words")

@@ -51,7 +51,7 @@ def weights_digest(model) -> Optional[str]:
     # the network inside torch's wrappers, whose state names carry a prefix ("module.", "_orig_mod."): a resume
     # through DataParallel or torch.compile is the same network
     parallel = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
-    while isinstance(getattr(model, "_orig_mod", None), torch.nn.Module) or isinstance(model, parallel):
+    while isinstance(model, parallel) or type(model).__name__ == "OptimizedModule":  # torch.compile's wrapper
         model = model.module if isinstance(model, parallel) else model._orig_mod
     digest = hashlib.sha256()
     try:

@@ -116,6 +116,7 @@ class ZarrSource(VolumeSource):
         dataset = dataset.strip("/")
         self._given = dataset
         self._image_level: Optional[tuple] = None  # (index, levels, array path) where a multiscale image was named
+        self._own_geometry = False  # placed by its own attributes, not by an OME-NGFF image's
         self.name = f"{path}:{dataset}" if dataset else str(path)
         if not remote:
             require_kind(path, "directory", "a zarr store")
@@ -153,6 +154,7 @@ class ZarrSource(VolumeSource):
             array = node
             # a level of an image opened by its own path is placed as the image places it
             chosen = _level_above(zarr, path, dataset)
+            self._own_geometry = chosen is None
             if chosen is not None:
                 self._take_level(array, chosen)
             else:
@@ -299,12 +301,11 @@ class ZarrSource(VolumeSource):
         return dict(self._array.attrs)
 
     def attribute_keys(self) -> tuple:
-        """A zarr v2 array's .zattrs and its groups' (an OME-NGFF image's, which places its levels); zarr v3 keeps
-        attributes in the required zarr.json."""
-        if self._array.metadata.zarr_format != 2:
+        """A zarr v2 array's own .zattrs where they place it (resolution, offset); an OME-NGFF level is placed by
+        its image's, read already (a denied one is no image), and zarr v3 keeps attributes in zarr.json."""
+        if self._array.metadata.zarr_format != 2 or not self._own_geometry:
             return ()
-        parts = [part for part in self._dataset.split("/") if part]
-        return tuple("/".join(parts[:n] + [".zattrs"]) for n in range(len(parts) + 1))
+        return (f"{self._dataset.strip('/')}/.zattrs".lstrip("/"),)
 
     def describe(self) -> str:
         shards = getattr(self._array, "shards", None)  # each shard one file (or object): what one read fetches
