@@ -3,6 +3,7 @@ never deletes or overlaps its input, overwriting removes only what emfast wrote,
 and a resume equal to an uninterrupted run, a resume refuses an input whose chunks were rewritten, one run at a
 time writes an output, and a run killed at any moment resumes."""
 import hashlib
+import json
 import os
 import random
 import signal
@@ -229,6 +230,36 @@ def test_a_resume_after_the_inputs_chunks_were_rewritten_is_refused(tmp_path, za
     assert (store / "volumes/raw/zarr.json").stat().st_mtime_ns == metadata.st_mtime_ns  # metadata untouched
     with pytest.raises((ValueError, FileExistsError), match=r"cannot resume .*out.zarr/raw: the input .*in.zarr/"
                                                             r"volumes/raw changed since this output was started"):
+        if writer == "convert":
+            convert(source, out, tile_bytes=8 * 16 * 16)
+        else:
+            predict(source, out, resume=True)
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_a_resume_after_an_ome_images_voxel_size_or_origin_changed_is_refused(tmp_path, writer):
+    """A level of an OME-NGFF image is placed by the image group's metadata, outside the level's folder, which was
+    all the record fingerprinted: a conversion resumed after the scale and translation were corrected finished,
+    recorded complete with the old ones (a review of convert)."""
+    ome_writer = pytest.importorskip("ome_zarr.writer", reason="ome-zarr-py writes this test's image")
+    data = np.random.default_rng(0).integers(0, 256, (16, 40, 48), dtype=np.uint8)
+    group = zarr.open_group(str(tmp_path / "img.zarr"), mode="w", zarr_format=2)
+    axes = [{"name": name, "type": "space", "unit": "nanometer"} for name in "zyx"]
+    ome_writer.write_multiscale([data], group, axes=axes, storage_options={"chunks": (8, 16, 16)},
+                                coordinate_transformations=[[{"type": "scale", "scale": [40, 4, 4]},
+                                                             {"type": "translation", "translation": [100, 8, 12]}]])
+    source, out = str(tmp_path / "img.zarr"), tmp_path / "out.zarr/raw"
+    with pytest.raises(KeyboardInterrupt):
+        if writer == "convert":
+            convert(source, out, progress=StopAfter(2), tile_bytes=8 * 16 * 16)
+        else:
+            predict(source, out, progress=StopAfter(2))
+    attributes = json.loads((tmp_path / "img.zarr/.zattrs").read_text())
+    attributes["multiscales"][0]["datasets"][0]["coordinateTransformations"] = [
+        {"type": "scale", "scale": [30, 4, 4]}, {"type": "translation", "translation": [100, 1008, 12]}]
+    (tmp_path / "img.zarr/.zattrs").write_text(json.dumps(attributes))
+    with pytest.raises((ValueError, FileExistsError), match=r"cannot resume .*out.zarr/raw: the input .*img.zarr/"
+                                                            r"\w+ changed since this output was started"):
         if writer == "convert":
             convert(source, out, tile_bytes=8 * 16 * 16)
         else:

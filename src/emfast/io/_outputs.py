@@ -243,7 +243,10 @@ def fingerprints(stamp) -> Tuple[Optional[dict], Optional[dict]]:
         entries = sorted(_entry(Path(root) / name, folder)
                          for root, _, names in os.walk(folder, onerror=unlistable(_UNLISTED)) for name in names)
     data = [entry for entry in entries if Path(entry[0]).name not in ATTRIBUTE_FILES]
-    return _digest_of(entries), _digest_of(data)
+    # an OME-NGFF level is placed by its image's metadata, outside its folder: a changed voxel size or origin is
+    # another input (that file's time alone would change as a pyramid written there gains levels)
+    placed = [(f"placement {stamp.placement}", 0, 0)] if getattr(stamp, "placement", "") else []
+    return _digest_of(entries + placed), _digest_of(data)
 
 
 def _remote_fingerprint(marker: str, size: int, digest: str) -> dict:

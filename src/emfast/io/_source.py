@@ -251,6 +251,10 @@ class Stamp:
     data_files : tuple of (pathlib.Path, int, int)
         Other files holding the data, with their size and modification time then: the file an HDF5 external link
         leads to, a virtual dataset's source files. Rewriting one changes the data, not ``marker``.
+    placement : str
+        The voxel size and offset the volume was opened with, where metadata outside its files may give them (a
+        zarr array: an OME-NGFF level's come from its image's), else "": part of an output's record of its input
+        (:func:`~emfast.io._outputs.fingerprint`), not of its data.
     """
 
     path: Path
@@ -259,9 +263,10 @@ class Stamp:
     mtime_ns: int
     marker: Optional[Path] = None
     data_files: tuple = ()
+    placement: str = ""
 
     @classmethod
-    def of(cls, path, dataset: str, marker=None, data_files=()) -> "Stamp":
+    def of(cls, path, dataset: str, marker=None, data_files=(), placement: str = "") -> "Stamp":
         marker = Path(path if marker is None else marker)
         stat = os.stat(marker)
         others = []
@@ -269,7 +274,8 @@ class Stamp:
             if file != marker.resolve():
                 state = os.stat(file)
                 others.append((file, state.st_size, state.st_mtime_ns))
-        return cls(Path(path).resolve(), dataset, stat.st_size, stat.st_mtime_ns, marker.resolve(), tuple(others))
+        return cls(Path(path).resolve(), dataset, stat.st_size, stat.st_mtime_ns, marker.resolve(), tuple(others),
+                   placement)
 
     def unchanged(self) -> bool:
         """True if the marker file and the other data files still have the size and modification time they had

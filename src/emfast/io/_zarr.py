@@ -184,7 +184,9 @@ class ZarrSource(VolumeSource):
                                                   if _read_metadata(path / dataset, m) is not None))
         else:
             marker = next((path / dataset / m for m in ARRAY_MARKERS if (path / dataset / m).is_file()), path)
-            self.stamp = Stamp.of(path, dataset, marker)
+            # an OME-NGFF level's voxel size and offset are its image's, outside its folder (given for every
+            # array: a level of a pyramid being written is placed by its own attributes until the image lists it)
+            self.stamp = Stamp.of(path, dataset, marker, placement=f"{self.resolution} {self.offset}")
 
     def _take_level(self, array, chosen: Level) -> None:
         """Axes, voxel size and offset of ``array``, the level ``chosen`` of an OME-NGFF image, checked against the
