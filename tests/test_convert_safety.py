@@ -1,6 +1,7 @@
 """``emfast convert`` as met on real work: resumes only with the settings that decide its tiles, picks a codec and
 chunks the output format takes, says when there is nothing to do, and stops on Ctrl-C with one line."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -199,6 +200,37 @@ def test_a_refused_output_is_left_exactly_as_it_was(tmp_path, source):
                            patch_in=(4, 8, 8), overwrite=overwrite)
             assert _tree(output) == before
     assert not (tmp_path / "ts.zarr/zarr.json").exists()
+
+
+def test_an_output_below_an_array_is_refused_before_anything_is_written(tmp_path, source, capsys):
+    """Only groups hold arrays: into HDF5, h5py failed with a TypeError (reported as a bug in emfast), after opening
+    the file to write had rewritten part of its superblock (a review of convert)."""
+    with h5py.File(tmp_path / "u.h5", "w") as f:
+        f.create_dataset("v", data=np.ones((4, 4, 4), np.uint8))
+    zarr.open_group(str(tmp_path / "z.zarr"), mode="w").create_array("v", data=np.ones((4, 4, 4), np.uint8))
+    for output in (tmp_path / "u.h5", tmp_path / "z.zarr"):
+        before = _tree(output)
+        for flags in ([], ["--overwrite"]):
+            assert main(["convert", str(source[0]), f"{output}/v/w", *flags]) == 2
+            assert f"{output.name}/v/w: v in {output} is an array (a dataset), and only groups hold arrays" in \
+                capsys.readouterr().err
+        with pytest.raises(ef.inference.OutputExistsError, match="v in .* is an array"):
+            ef.predict(lambda batch: batch.astype(np.float32), str(source[0]), f"{output}/v/w", patch_in=(4, 8, 8))
+        assert _tree(output) == before
+
+
+@pytest.mark.parametrize("levels", [[], ["--levels", "2"]])
+def test_damaged_metadata_at_the_output_is_named(tmp_path, source, capsys, levels):
+    """An empty or non-object zarr.json where the output goes: "Expecting value" naming no file, or an
+    AttributeError reported as a bug in emfast."""
+    (tmp_path / "o.zarr/img").mkdir(parents=True)
+    (tmp_path / "o.zarr/zarr.json").write_text('{"zarr_format": 3, "node_type": "group", "attributes": {}}')
+    for text, message in (("", "not JSON"), ("[1, 2]", r"the metadata = \[1, 2\]; expected a JSON object")):
+        (tmp_path / "o.zarr/img/zarr.json").write_text(text)
+        assert main(["convert", str(source[0]), str(tmp_path / "o.zarr/img"), *levels]) == 2
+        err = capsys.readouterr().err
+        assert re.search(r"o.zarr.img \(zarr.json\): malformed metadata: " + message, err), err
+        assert (tmp_path / "o.zarr/img/zarr.json").read_text() == text
 
 
 def test_a_rerun_on_a_complete_output_leaves_it_exactly_as_it_was(tmp_path, source):

@@ -332,9 +332,10 @@ def _remove_own(container: Path, dataset: str, lock: OutputLock, delete: bool = 
 
 
 def _is_zarr_array(node: Path) -> bool:
-    metadata = node / "zarr.json"
-    return (node / ".zarray").is_file() or (metadata.is_file()
-                                            and json.loads(metadata.read_text()).get("node_type") == "array")
+    """Whether ``node`` is a zarr array; damaged metadata there is a StoreMetadataError naming the file."""
+    from ._zarr import check_array_metadata, is_zarr_array
+    check_array_metadata(node, str(node), ranks=range(1, 33))
+    return is_zarr_array(node)
 
 
 def _reader(source: VolumeSource, factor, rule):

@@ -170,7 +170,23 @@ class OutputWriter:
         if self.kind == "hdf5" and self.container.is_file():
             refuse_hdf5_in_use(self.container)  # another program's reader: known now, not only once writing
             self.root = open_hdf5(self.container)
+        self._refuse_array_above()
         return self
+
+    def _refuse_array_above(self) -> None:
+        """Refuse an output below an array (only groups hold arrays), before anything is opened to write: h5py
+        failed creating it with a TypeError, after opening the file to write had rewritten its superblock."""
+        parts = [part for part in self.dataset.split("/") if part][:-1]
+        for n in range(1, len(parts) + 1):
+            parent = "/".join(parts[:n])
+            if self.kind == "hdf5":
+                above = self.root is not None and getattr(self.root.get(parent), "shape", None) is not None
+            else:
+                from ._zarr import is_zarr_array
+                above = is_zarr_array(self.container / parent)
+            if above:
+                raise self.refused(f"{self.path}: {parent} in {self.container} is an array (a dataset), and only "
+                                   "groups hold arrays; choose another output")
 
     def open(self) -> "OutputWriter":
         """Open the container to write (created if absent); a zarr store keeps its existing format."""
@@ -191,9 +207,11 @@ class OutputWriter:
         if self.kind == "hdf5":
             return None if self.root is None else self.root.get(name)
         if self.root is None:  # opened to check: read-only, and no root group made where the store has none
-            from ._zarr import ARRAY_MARKERS, GROUP_MARKERS, import_zarr, local_store
+            from ._zarr import ARRAY_MARKERS, GROUP_MARKERS, check_array_metadata, import_zarr, local_store
             if not any((self.container / name / marker).is_file() for marker in ARRAY_MARKERS + GROUP_MARKERS):
                 return None
+            # damaged metadata is named (zarr-python's JSON or attribute errors named no file)
+            check_array_metadata(self.container / name, f"{self.container}:{name}", ranks=range(1, 33))
             return import_zarr().open(store=local_store(self.container), path=name, mode="r")
         try:
             return self.root[name]

@@ -429,6 +429,11 @@ def arrays_on_disk(store: Path, below: str = "") -> List[str]:
     return sorted(found)
 
 
+def is_zarr_array(node: Path) -> bool:
+    """Whether the folder ``node`` holds a zarr array (v2 ``.zarray``, or v3 ``zarr.json`` of an array)."""
+    return (node / ".zarray").is_file() or ((node / "zarr.json").is_file() and _is_v3_array(node / "zarr.json"))
+
+
 def _is_v3_array(metadata: Path) -> bool:
     """Whether ``metadata`` describes an array; one that cannot be read for want of permission is an error, not
     left out of a listing that says nothing of it."""
