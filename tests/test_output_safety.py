@@ -218,22 +218,14 @@ def test_an_uncompressed_output_that_cannot_fit_is_refused_before_writing(tmp_pa
 def test_a_resume_after_the_inputs_chunks_were_rewritten_is_refused(tmp_path, zarr_input, writer):
     store, data = zarr_input
     source, out = str(store / "volumes/raw"), tmp_path / "out.zarr/raw"
-    stop = StopAfter(2)
-    with pytest.raises(KeyboardInterrupt):
-        if writer == "convert":
-            convert(source, out, progress=stop, tile_bytes=8 * 16 * 16)
-        else:
-            predict(source, out, progress=stop)
+    _write_part_then_stop(writer, source, out)
     metadata = (store / "volumes/raw/zarr.json").stat()
     array = zarr.open_array(str(store), path="volumes/raw", mode="r+")
     array[8:16, 16:32, 16:32] = 255 - array[8:16, 16:32, 16:32]  # one chunk rewritten in place
     assert (store / "volumes/raw/zarr.json").stat().st_mtime_ns == metadata.st_mtime_ns  # metadata untouched
     with pytest.raises((ValueError, FileExistsError), match=r"cannot resume .*out.zarr/raw: the input .*in.zarr/"
                                                             r"volumes/raw changed since this output was started"):
-        if writer == "convert":
-            convert(source, out, tile_bytes=8 * 16 * 16)
-        else:
-            predict(source, out, resume=True)
+        _resume(writer, source, out)
 
 
 @pytest.mark.parametrize("writer", sorted(WRITERS))
@@ -249,21 +241,27 @@ def test_a_resume_after_an_ome_images_voxel_size_or_origin_changed_is_refused(tm
                                 coordinate_transformations=[[{"type": "scale", "scale": [40, 4, 4]},
                                                              {"type": "translation", "translation": [100, 8, 12]}]])
     source, out = str(tmp_path / "img.zarr"), tmp_path / "out.zarr/raw"
-    with pytest.raises(KeyboardInterrupt):
-        if writer == "convert":
-            convert(source, out, progress=StopAfter(2), tile_bytes=8 * 16 * 16)
-        else:
-            predict(source, out, progress=StopAfter(2))
+    _write_part_then_stop(writer, source, out)
     attributes = json.loads((tmp_path / "img.zarr/.zattrs").read_text())
     attributes["multiscales"][0]["datasets"][0]["coordinateTransformations"] = [
         {"type": "scale", "scale": [30, 4, 4]}, {"type": "translation", "translation": [100, 1008, 12]}]
     (tmp_path / "img.zarr/.zattrs").write_text(json.dumps(attributes))
     with pytest.raises((ValueError, FileExistsError), match=r"cannot resume .*out.zarr/raw: the input .*img.zarr/"
                                                             r"\w+ changed since this output was started"):
+        _resume(writer, source, out)
+
+
+def _write_part_then_stop(writer, source, out):
+    """Begin ``out`` from ``source`` with ``writer`` and interrupt it (as Ctrl-C would) after two units."""
+    with pytest.raises(KeyboardInterrupt):
         if writer == "convert":
-            convert(source, out, tile_bytes=8 * 16 * 16)
+            convert(source, out, progress=StopAfter(2), tile_bytes=8 * 16 * 16)
         else:
-            predict(source, out, resume=True)
+            predict(source, out, progress=StopAfter(2))
+
+
+def _resume(writer, source, out):
+    return convert(source, out, tile_bytes=8 * 16 * 16) if writer == "convert" else predict(source, out, resume=True)
 
 
 class StopAfter:
