@@ -33,7 +33,8 @@ class Affinities(Target):
     offsets : sequence of (int, int, int)
         One (dz, dy, dx) per channel, any sign, not all zero, e.g. ``((-1, 0, 0), (0, -1, 0), (0, 0, -1))`` for
         the nearest neighbours and ``(0, 0, -9)`` for a long-range one. An offset as long as the patch along an axis is
-        legal: its channel is then entirely masked.
+        legal: where the labels carry no margin beyond the patch (:func:`compute_targets` on a bare patch), its
+        channel is then entirely masked; a loader's labels carry the offsets' margin, which it is computed from.
     background : int or None
         Label id that never has affinity, not even to itself; None for no background.
     ignore : int or None
