@@ -207,30 +207,46 @@ def test_an_output_below_an_array_is_refused_before_anything_is_written(tmp_path
     the file to write had rewritten part of its superblock (a review of convert)."""
     with h5py.File(tmp_path / "u.h5", "w") as f:
         f.create_dataset("v", data=np.ones((4, 4, 4), np.uint8))
+        f["gone"] = h5py.SoftLink("/nothing")  # below it, h5py failed with a KeyError
+        f["T"] = np.dtype("<i4")  # a named datatype: a TypeError
     zarr.open_group(str(tmp_path / "z.zarr"), mode="w").create_array("v", data=np.ones((4, 4, 4), np.uint8))
-    for output in (tmp_path / "u.h5", tmp_path / "z.zarr"):
+    cases = [(tmp_path / "u.h5", "v", "a dataset"), (tmp_path / "u.h5", "gone", "a link to nothing"),
+             (tmp_path / "u.h5", "T", "no group"), (tmp_path / "z.zarr", "v", "an array")]
+    for output, above, what in cases:
         before = _tree(output)
         for flags in ([], ["--overwrite"]):
-            assert main(["convert", str(source[0]), f"{output}/v/w", *flags]) == 2
-            assert f"{output.name}/v/w: v in {output} is an array (a dataset), and only groups hold arrays" in \
+            assert main(["convert", str(source[0]), f"{output}/{above}/w", *flags]) == 2
+            assert f"{output.name}/{above}/w: {above} in {output} is {what}, and only groups hold arrays" in \
                 capsys.readouterr().err
-        with pytest.raises(ef.inference.OutputExistsError, match="v in .* is an array"):
-            ef.predict(lambda batch: batch.astype(np.float32), str(source[0]), f"{output}/v/w", patch_in=(4, 8, 8))
+        with pytest.raises(ef.inference.OutputExistsError, match=f"{above} in .* is {what}"):
+            ef.predict(lambda batch: batch.astype(np.float32), str(source[0]), f"{output}/{above}/w",
+                       patch_in=(4, 8, 8))
         assert _tree(output) == before
 
 
 @pytest.mark.parametrize("levels", [[], ["--levels", "2"]])
-def test_damaged_metadata_at_the_output_is_named(tmp_path, source, capsys, levels):
-    """An empty or non-object zarr.json where the output goes: "Expecting value" naming no file, or an
-    AttributeError reported as a bug in emfast."""
+@pytest.mark.parametrize("below", [False, True])
+def test_damaged_metadata_at_the_output_is_named(tmp_path, source, capsys, levels, below):
+    """An empty or non-object zarr.json where the output goes, or in a group above it: "Expecting value" naming no
+    file, or an AttributeError or TypeError reported as a bug in emfast."""
     (tmp_path / "o.zarr/img").mkdir(parents=True)
     (tmp_path / "o.zarr/zarr.json").write_text('{"zarr_format": 3, "node_type": "group", "attributes": {}}')
-    for text, message in (("", "not JSON"), ("[1, 2]", r"the metadata = \[1, 2\]; expected a JSON object")):
+    output = tmp_path / "o.zarr/img/w" if below else tmp_path / "o.zarr/img"
+    for text, message in (("", "not JSON"), ("[1, 2]", r"\[1, 2\]; expected a JSON object")):
         (tmp_path / "o.zarr/img/zarr.json").write_text(text)
-        assert main(["convert", str(source[0]), str(tmp_path / "o.zarr/img"), *levels]) == 2
+        assert main(["convert", str(source[0]), str(output), *levels]) == 2
         err = capsys.readouterr().err
         assert re.search(r"o.zarr.img \(zarr.json\): malformed metadata: " + message, err), err
         assert (tmp_path / "o.zarr/img/zarr.json").read_text() == text
+        assert sorted(p.name for p in (tmp_path / "o.zarr/img").iterdir()) == ["zarr.json"]
+
+
+def test_an_array_emfast_would_not_read_where_the_output_goes_is_anothers(tmp_path, source, capsys):
+    """A valid array emfast reads no volume from (strings, 0-D) was called malformed where an output would go."""
+    group = zarr.open_group(str(tmp_path / "z.zarr"), mode="w")
+    group.create_array("v", shape=(), dtype=np.int32)
+    assert main(["convert", str(source[0]), str(tmp_path / "z.zarr/v"), "--overwrite"]) == 2
+    assert "z.zarr/v exists and was not written by emfast" in capsys.readouterr().err
 
 
 def test_a_rerun_on_a_complete_output_leaves_it_exactly_as_it_was(tmp_path, source):

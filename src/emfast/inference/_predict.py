@@ -20,7 +20,7 @@ from .._threads import ctrl_c_held, shutdown_pool
 from .._version import __version__
 from ..io import (WIDTH, CacheBudgetError, OutputLock, ProgressBar, Volume, array_fingerprint, check_free_space,
                   check_input_unchanged, check_output_location, compared_record, fingerprints, first_non_finite,
-                  open_source, option, plural, recordable, refuse_if_unfinished)
+                  open_source, option, placement, plural, recordable, refuse_if_unfinished)
 from ..pipeline import normalization
 from ..transfer import DeviceNotice, TransferBackend, cuda_ordinal, cuda_unavailable
 from ._block import BlockPredictor
@@ -246,7 +246,8 @@ def _record(volume: Volume, caller: ModelCaller, plan: TilePlan, settings: dict,
     source = {"name": recordable(volume.name), "shape": [volume.channels, *volume.shape], "dtype": volume.dtype.str}
     if volume.stamp is not None:
         stamp = volume.stamp
-        source.update(path=recordable(str(stamp.path)), dataset=recordable(stamp.dataset), fingerprint=files)
+        source.update(path=recordable(str(stamp.path)), dataset=recordable(stamp.dataset), fingerprint=files,
+                      **placement(stamp))
     elif volume.in_memory:  # an array's content decides the bytes as much as a file's
         source.update(fingerprint=array_fingerprint(volume.array) if digest is None else digest.result())
     return dict(settings, input=source, model=caller.name, patch_in=list(plan.patch_in),

@@ -18,8 +18,8 @@ from ._n5 import N5Source
 from ._open import contents, open_source, open_volume, resolved_above_container, split_path
 from ._outputs import (REMOVING_TAIL, InputChangedError, OutputLock, UnfinishedOutputWarning, add_ome_multiscales,
                        array_fingerprint, check_free_space, check_input_unchanged, check_output_location,
-                       command_line_options, fingerprint, fingerprints, option, recordable, refuse_if_unfinished,
-                       remove_folder,
+                       command_line_options, fingerprint, fingerprints, option, placement, recordable,
+                       refuse_if_unfinished, remove_folder,
                        remove_leftovers, set_aside, unfinished, unique_beside, zarr_geometry)
 from ._precomputed import PrecomputedSource, tensorstore_missing
 from ._progress import WIDTH, ProgressBar, plural
@@ -98,6 +98,7 @@ __all__ = [
     "remove_leftovers",
     "unique_beside",
     "fingerprints",
+    "placement",
     "set_aside",
     "resolved_above_container",
     "split_path",

@@ -31,8 +31,8 @@ from ._geometry import GEOMETRY_KEYS
 from ._hdf5 import plain_attribute
 from ._open import open_source
 from ._outputs import (RECORDS, NotOwnOutputError, OutputLock, add_ome_pyramid, check_free_space,
-                       check_input_unchanged, check_output_location, fingerprints, image_paths, option, recordable,
-                       refuse_if_unfinished, remove_zarr_output, zarr_store_format)
+                       check_input_unchanged, check_output_location, fingerprints, image_paths, option, placement,
+                       recordable, refuse_if_unfinished, remove_zarr_output, zarr_store_format)
 from ._progress import plural, progress_bar
 from ._pyramid import DOWNSAMPLING, default_downsampling, downsample, level_factors, level_geometry
 from ._source import VolumeSource
@@ -219,7 +219,7 @@ def _convert_level(source: VolumeSource, container: Path, dataset: str, kind: st
     full_shape, chunks, tiles = _level_plan(source.full_shape, source.dtype, settings, factor, rule)
     whole, data = fingerprints(source.stamp)  # data: checked again before the output is recorded complete
     record = {"source": {"path": recordable(str(source.stamp.path)), "dataset": recordable(source.stamp.dataset),
-                         "fingerprint": whole},
+                         "fingerprint": whole, **placement(source.stamp)},
               "shape": list(full_shape), "dtype": np.dtype(source.dtype).newbyteorder("=").str,
               "chunks": list(chunks), "tile": list(tiles[0][1]), "tiles": len(tiles),
               "compression": settings["compression"], "format": settings["format"]}
@@ -333,8 +333,8 @@ def _remove_own(container: Path, dataset: str, lock: OutputLock, delete: bool = 
 
 def _is_zarr_array(node: Path) -> bool:
     """Whether ``node`` is a zarr array; damaged metadata there is a StoreMetadataError naming the file."""
-    from ._zarr import check_array_metadata, is_zarr_array
-    check_array_metadata(node, str(node), ranks=range(1, 33))
+    from ._zarr import check_metadata_json, is_zarr_array
+    check_metadata_json(node, str(node))
     return is_zarr_array(node)
 
 

@@ -243,10 +243,15 @@ def fingerprints(stamp) -> Tuple[Optional[dict], Optional[dict]]:
         entries = sorted(_entry(Path(root) / name, folder)
                          for root, _, names in os.walk(folder, onerror=unlistable(_UNLISTED)) for name in names)
     data = [entry for entry in entries if Path(entry[0]).name not in ATTRIBUTE_FILES]
-    # an OME-NGFF level is placed by its image's metadata, outside its folder: a changed voxel size or origin is
-    # another input (that file's time alone would change as a pyramid written there gains levels)
-    placed = [(f"placement {stamp.placement}", 0, 0)] if getattr(stamp, "placement", "") else []
-    return _digest_of(entries + placed), _digest_of(data)
+    return _digest_of(entries), _digest_of(data)
+
+
+def placement(stamp) -> dict:
+    """``{"placement": ...}`` for an input's record where its stamp says where it was placed (a zarr array: an
+    OME-NGFF level's voxel size and offset come from its image's metadata, outside the files fingerprinted; that
+    file's time alone would change as a pyramid written there gains levels), else ``{}``."""
+    text = getattr(stamp, "placement", "")
+    return {"placement": text} if text else {}
 
 
 def _remote_fingerprint(marker: str, size: int, digest: str) -> dict:

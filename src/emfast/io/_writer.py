@@ -25,6 +25,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence, Tuple, Type
 
+import h5py
 import numpy as np
 
 from ._chunkfiles import chunk_files
@@ -174,19 +175,26 @@ class OutputWriter:
         return self
 
     def _refuse_array_above(self) -> None:
-        """Refuse an output below an array (only groups hold arrays), before anything is opened to write: h5py
-        failed creating it with a TypeError, after opening the file to write had rewritten its superblock."""
+        """Refuse an output below anything but a group (only groups hold arrays), before anything is opened to
+        write: h5py failed creating it with a TypeError (below a dataset or a named datatype) or a KeyError (below
+        a link to nothing), after opening the file to write had rewritten part of it. Damaged zarr metadata above
+        is named."""
         parts = [part for part in self.dataset.split("/") if part][:-1]
         for n in range(1, len(parts) + 1):
             parent = "/".join(parts[:n])
             if self.kind == "hdf5":
-                above = self.root is not None and getattr(self.root.get(parent), "shape", None) is not None
+                if self.root is None or self.root.get(parent, getlink=True) is None:
+                    return  # created with the output
+                node = self.root.get(parent)
+                what = None if isinstance(node, h5py.Group) else "a link to nothing" if node is None else \
+                    "a dataset" if isinstance(node, h5py.Dataset) else "no group"
             else:
-                from ._zarr import is_zarr_array
-                above = is_zarr_array(self.container / parent)
-            if above:
-                raise self.refused(f"{self.path}: {parent} in {self.container} is an array (a dataset), and only "
-                                   "groups hold arrays; choose another output")
+                from ._zarr import check_metadata_json, is_zarr_array
+                check_metadata_json(self.container / parent, f"{self.container}:{parent}")
+                what = "an array" if is_zarr_array(self.container / parent) else None
+            if what is not None:
+                raise self.refused(f"{self.path}: {parent} in {self.container} is {what}, and only groups hold "
+                                   "arrays; choose another output")
 
     def open(self) -> "OutputWriter":
         """Open the container to write (created if absent); a zarr store keeps its existing format."""
@@ -207,11 +215,11 @@ class OutputWriter:
         if self.kind == "hdf5":
             return None if self.root is None else self.root.get(name)
         if self.root is None:  # opened to check: read-only, and no root group made where the store has none
-            from ._zarr import ARRAY_MARKERS, GROUP_MARKERS, check_array_metadata, import_zarr, local_store
+            from ._zarr import ARRAY_MARKERS, GROUP_MARKERS, check_metadata_json, import_zarr, local_store
             if not any((self.container / name / marker).is_file() for marker in ARRAY_MARKERS + GROUP_MARKERS):
                 return None
             # damaged metadata is named (zarr-python's JSON or attribute errors named no file)
-            check_array_metadata(self.container / name, f"{self.container}:{name}", ranks=range(1, 33))
+            check_metadata_json(self.container / name, f"{self.container}:{name}")
             return import_zarr().open(store=local_store(self.container), path=name, mode="r")
         try:
             return self.root[name]
@@ -335,9 +343,16 @@ class OutputWriter:
         if "compressor" in previous and "compression" not in previous:  # recorded by emfast before 0.x renamed it
             previous = {("compression" if k == "compressor" else k): v for k, v in previous.items()}
         old, new = previous.get(input_key) or {}, record.get(input_key) or {}
+        if "placement" in new and "placement" not in old:  # recorded by an emfast that recorded none
+            new = {key: value for key, value in new.items() if key != "placement"}
+            record = dict(record, **{input_key: new})
         if (old.get("path"), old.get("dataset")) == (new.get("path"), new.get("dataset")):
             name = "the input array" if new.get("path") is None else f"the input {new['path']}/{new['dataset']}"
             changed = input_changed(old.get("fingerprint"), new.get("fingerprint"), name)
+            if changed is None and old.get("placement") != new.get("placement"):
+                changed = (f"{name} is placed otherwise than when this output was started (voxel size and offset "
+                           f"{new.get('placement')} now, {old.get('placement')} then: the metadata placing it "
+                           "changed)")
             if changed:
                 raise self.refused(f"cannot resume {self.path}: {changed}; pass {option('overwrite')} to start "
                                    "again")

@@ -429,6 +429,22 @@ def arrays_on_disk(store: Path, below: str = "") -> List[str]:
     return sorted(found)
 
 
+def check_metadata_json(node: Path, name: str) -> None:
+    """StoreMetadataError naming the file where a zarr node's metadata file at ``node`` is no JSON object (what
+    zarr-python needs to read it at all; an array emfast would not read as a volume is no error here)."""
+    for marker in METADATA_FILES:
+        text = read_regular_file(node / marker, "zarr metadata")
+        if text is None:
+            continue
+        where = f"{name} ({marker})"
+        try:
+            meta = json.loads(text)
+        except ValueError as error:
+            raise StoreMetadataError(f"{where}: malformed metadata: not JSON ({error})") from error
+        if not isinstance(meta, dict):
+            raise StoreMetadataError(f"{where}: malformed metadata: {meta!r}; expected a JSON object")
+
+
 def is_zarr_array(node: Path) -> bool:
     """Whether the folder ``node`` holds a zarr array (v2 ``.zarray``, or v3 ``zarr.json`` of an array)."""
     return (node / ".zarray").is_file() or ((node / "zarr.json").is_file() and _is_v3_array(node / "zarr.json"))
