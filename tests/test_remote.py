@@ -308,6 +308,15 @@ def test_a_denied_zattrs_is_never_read_as_absent_attributes(written, served, mis
         ef.open(f"{served.url}/v2.zarr", storage_options=QUICK)
 
 
+def test_a_scale_tensorstore_is_denied_is_access_denied_naming_the_url(served):
+    """emfast reads a precomputed info itself, then tensorstore opens the scale: its 403 was a StoreMetadataError,
+    "tensorstore cannot open scale 0", as if the info were malformed (credentials that only fsspec had, a review
+    found: S3 keys in ~/.aws)."""
+    served.faults["/pcs/info"] = ["served", 403, 403, 403, 403]  # emfast's read, then tensorstore's
+    with pytest.raises(RemoteReadError, match=rf"{served.url}/pcs \(scale 0\): access denied \(.*403"):
+        ef.open(f"{served.url}/pcs", format="precomputed", storage_options=QUICK)
+
+
 def test_transient_failures_are_retried_with_backoff(written, served):
     served.faults["/v3.zarr/c/0/1/1"] = [503, 503, "truncate"]
     with ef.open(f"{served.url}/v3.zarr", in_memory=False, storage_options={"retries": 3}) as lazy:

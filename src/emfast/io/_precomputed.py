@@ -248,6 +248,9 @@ def _open_tensorstore(path: Path, index: int, name: str):
         return ts.open({"driver": "neuroglancer_precomputed", "kvstore": kvstore, "scale_index": index},
                        read=True, write=False).result()
     except Exception as error:  # what tensorstore refuses beyond the checks of read_info
+        failed = path.tensorstore_failure(error, f"{name} (scale {index})") if remote else None
+        if failed is not None:  # a transfer, not the metadata: denied (credentials), or out of reach
+            raise failed from error
         raise StoreMetadataError(f"{name} (info): tensorstore cannot open scale {index}: {error}") from error
 
 

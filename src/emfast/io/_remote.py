@@ -443,9 +443,23 @@ class RemoteStore:
                                   f"requests in a row, each with {self.retries} retries of {self.timeout:g} s)") \
                 from None
         except Exception as error:
-            if any(status in str(error) for status in _TENSORSTORE_TRANSFER_STATUSES):
-                raise RemoteReadError(f"{where}: cannot read it ({_describe(error)})") from error
+            failed = self.tensorstore_failure(error, where)
+            if failed is not None:
+                raise failed from error
             raise
+
+    def tensorstore_failure(self, error: BaseException, where: str) -> Optional[RemoteReadError]:
+        """The RemoteReadError naming ``where`` of a tensorstore error that is a failed transfer (denied, not
+        reachable, out of time), None for any other. A denial says where tensorstore takes S3 credentials from:
+        not from storage_options, and ~/.aws only through its own reading of the profile."""
+        text = str(error)
+        if not any(status in text for status in _TENSORSTORE_TRANSFER_STATUSES):
+            return None
+        if "PERMISSION_DENIED" in text or "UNAUTHENTICATED" in text:
+            hint = (" (tensorstore reads it: it takes S3 credentials from the AWS_* environment variables or an "
+                    "instance role, not from storage_options)" if self._protocol == "s3" else "")
+            return RemoteAccessDenied(f"{where}: access denied{hint} ({_describe(error)})")
+        return RemoteReadError(f"{where}: cannot read it ({_describe(error)})")
 
     def stamp(self, dataset: str, marker: str) -> RemoteStamp:
         """The stamp of the volume ``dataset`` whose metadata file is ``marker`` (a key)."""
