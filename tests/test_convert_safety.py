@@ -241,6 +241,23 @@ def test_damaged_metadata_at_the_output_is_named(tmp_path, source, capsys, level
         assert sorted(p.name for p in (tmp_path / "o.zarr/img").iterdir()) == ["zarr.json"]
 
 
+def test_a_damaged_root_group_or_a_file_above_the_output_is_named(tmp_path, source, capsys):
+    """The root group is above every output: its damaged metadata was an AttributeError or a bare "Expecting
+    value"; a file where a group of the output's path belongs was "[Errno 20] Not a directory"."""
+    (tmp_path / "o.zarr").mkdir()
+    for name, text in (("zarr.json", "[1, 2]"), ("zarr.json", ""), (".zattrs", "[]")):
+        for stale in tmp_path.joinpath("o.zarr").iterdir():
+            stale.unlink()
+        (tmp_path / "o.zarr" / name).write_text(text)
+        assert main(["convert", str(source[0]), str(tmp_path / "o.zarr/a/w")]) == 2
+        assert f"o.zarr ({name}): malformed metadata" in capsys.readouterr().err
+        assert [p.name for p in (tmp_path / "o.zarr").iterdir()] == [name]
+    (tmp_path / "f.zarr").mkdir()
+    (tmp_path / "f.zarr/a").write_text("a file")
+    assert main(["convert", str(source[0]), str(tmp_path / "f.zarr/a/w")]) == 2
+    assert "is a file, no group, and only groups hold arrays" in capsys.readouterr().err
+
+
 def test_an_array_emfast_would_not_read_where_the_output_goes_is_anothers(tmp_path, source, capsys):
     """A valid array emfast reads no volume from (strings, 0-D) was called malformed where an output would go."""
     group = zarr.open_group(str(tmp_path / "z.zarr"), mode="w")

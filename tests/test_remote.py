@@ -315,6 +315,10 @@ def test_a_scale_tensorstore_is_denied_is_access_denied_naming_the_url(served):
     served.faults["/pcs/info"] = ["served", 403, 403, 403, 403]  # emfast's read, then tensorstore's
     with pytest.raises(RemoteReadError, match=rf"{served.url}/pcs \(scale 0\): access denied \(.*403"):
         ef.open(f"{served.url}/pcs", format="precomputed", storage_options=QUICK)
+    served.faults["/pcs/info"] = ["served", 404, 404, 404, 404]
+    with pytest.raises(RemoteReadError, match=rf"{served.url}/pcs \(scale 0\): tensorstore found no info where "
+                                              r"emfast has just read one: the store changed"):
+        ef.open(f"{served.url}/pcs", format="precomputed", storage_options=QUICK)
 
 
 def test_transient_failures_are_retried_with_backoff(written, served):

@@ -251,6 +251,9 @@ def _open_tensorstore(path: Path, index: int, name: str):
         failed = path.tensorstore_failure(error, f"{name} (scale {index})") if remote else None
         if failed is not None:  # a transfer, not the metadata: denied (credentials), or out of reach
             raise failed from error
+        if remote and "NOT_FOUND" in str(error):  # the info emfast has just read
+            raise RemoteReadError(f"{name} (scale {index}): tensorstore found no info where emfast has just read one: "
+                                  f"the store changed, or the server answers inconsistently ({error})") from error
         raise StoreMetadataError(f"{name} (info): tensorstore cannot open scale {index}: {error}") from error
 
 

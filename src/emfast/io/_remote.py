@@ -456,8 +456,12 @@ class RemoteStore:
         if not any(status in text for status in _TENSORSTORE_TRANSFER_STATUSES):
             return None
         if "PERMISSION_DENIED" in text or "UNAUTHENTICATED" in text:
-            hint = (" (tensorstore reads it: it takes S3 credentials from the AWS_* environment variables or an "
-                    "instance role, not from storage_options)" if self._protocol == "s3" else "")
+            hint = ""
+            if self._protocol == "s3" and self._options.get("anon"):
+                hint = " (anonymously, as storage_options asked: the bucket allows no public reads)"
+            elif self._protocol == "s3":
+                hint = (" (tensorstore reads it: it takes S3 credentials from the AWS_* environment variables or an "
+                        "instance role, not from storage_options)")
             return RemoteAccessDenied(f"{where}: access denied{hint} ({_describe(error)})")
         return RemoteReadError(f"{where}: cannot read it ({_describe(error)})")
 

@@ -180,6 +180,9 @@ class OutputWriter:
         a link to nothing), after opening the file to write had rewritten part of it. Damaged zarr metadata above
         is named."""
         parts = [part for part in self.dataset.split("/") if part][:-1]
+        if self.kind == "zarr" and self.container.is_dir():  # the root group is above every output
+            from ._zarr import check_metadata_json
+            check_metadata_json(self.container, str(self.container))
         for n in range(1, len(parts) + 1):
             parent = "/".join(parts[:n])
             if self.kind == "hdf5":
@@ -190,8 +193,12 @@ class OutputWriter:
                     "a dataset" if isinstance(node, h5py.Dataset) else "no group"
             else:
                 from ._zarr import check_metadata_json, is_zarr_array
-                check_metadata_json(self.container / parent, f"{self.container}:{parent}")
-                what = "an array" if is_zarr_array(self.container / parent) else None
+                folder = self.container / parent
+                if folder.exists() and not folder.is_dir():
+                    what = "a file, no group"
+                else:
+                    check_metadata_json(folder, f"{self.container}:{parent}")
+                    what = "an array" if is_zarr_array(folder) else None
             if what is not None:
                 raise self.refused(f"{self.path}: {parent} in {self.container} is {what}, and only groups hold "
                                    "arrays; choose another output")
