@@ -433,16 +433,21 @@ def check_metadata_json(node: Path, name: str) -> None:
     """StoreMetadataError naming the file where a zarr node's metadata file at ``node`` is no JSON object (what
     zarr-python needs to read it at all; an array emfast would not read as a volume is no error here)."""
     for marker in METADATA_FILES:
-        text = read_regular_file(node / marker, "zarr metadata")
-        if text is None:
-            continue
-        where = f"{name} ({marker})"
-        try:
-            meta = json.loads(text)
-        except ValueError as error:
-            raise StoreMetadataError(f"{where}: malformed metadata: not JSON ({error})") from error
-        if not isinstance(meta, dict):
-            raise StoreMetadataError(f"{where}: malformed metadata: {meta!r}; expected a JSON object")
+        meta = _parsed_metadata(node, marker, name)
+        if meta is not None and not isinstance(meta, dict):
+            raise StoreMetadataError(f"{name} ({marker}): malformed metadata: {meta!r}; expected a JSON object")
+
+
+def _parsed_metadata(node, marker: str, name: str):
+    """The JSON value of the metadata file ``marker`` of ``node`` (a local path or a remote store), None if there
+    is no such file; StoreMetadataError naming it where it is no JSON."""
+    text = _read_metadata(node, marker)
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise StoreMetadataError(f"{name} ({marker}): malformed metadata: not JSON ({error})") from error
 
 
 def is_zarr_array(node: Path) -> bool:
@@ -491,17 +496,12 @@ def check_array_metadata(node: Path, name: str, ranks: Sequence[int]) -> None:
         Naming the store and array, the file, the key and the value.
     """
     for marker, check in (("zarr.json", _check_v3), (".zarray", _check_v2)):
-        text = _read_metadata(node, marker)
-        if text is None:
+        meta = _parsed_metadata(node, marker, name)
+        if meta is None:
             continue
-        where = f"{name} ({marker})"
-        try:
-            meta = json.loads(text)
-        except ValueError as error:
-            raise StoreMetadataError(f"{where}: malformed metadata: not JSON ({error})") from error
         if marker == "zarr.json" and isinstance(meta, dict) and meta.get("node_type") == "group":
             return
-        check(meta, where, ranks)
+        check(meta, f"{name} ({marker})", ranks)
         return
 
 
