@@ -46,7 +46,7 @@ from ._geometry import choose_level
 from ._metadata import bad_metadata, deprecated_level, int_list, metadata_key, number_list
 from ._remote import ReadAbandoned, RemoteAccessDenied, RemoteReadError, RemoteStore
 from ._source import (CorruptChunkError, Stamp, StoreMetadataError, VolumeSource, add_transfer_time,
-                      checked_chunk, read_regular_file, read_regular_file_into, require_kind)
+                      checked_chunk, corruption_cause, read_regular_file, read_regular_file_into, require_kind)
 
 
 def tensorstore_missing() -> Optional[str]:
@@ -420,11 +420,7 @@ class _ChunkFiles:
             try:
                 return decode_compressed_segmentation(data, shape[::-1], self._block, channels, dtype)
             except ValueError as error:
-                changed = stamp is not None and not stamp.unchanged()
-                raise CorruptChunkError(
-                    f"{where} is corrupt: {error}; " + ("the store's metadata changed since it was opened: open it "
-                                                        "again" if changed else "the store is damaged, or another "
-                                                        "tool wrote this chunk with other metadata")) from error
+                raise CorruptChunkError(f"{where} is corrupt: {error}; {corruption_cause(stamp)}") from error
         if denied is not None:
             raise denied
         return None

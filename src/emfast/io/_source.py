@@ -61,13 +61,18 @@ def checked_chunk(data, dtype: np.dtype, shape: Sequence[int], where: object, st
     expected = math.prod(int(s) for s in shape) * np.dtype(dtype).itemsize
     got = memoryview(data).nbytes
     if got != expected:
-        changed = stamp is not None and not stamp.unchanged()
-        raise CorruptChunkError(
-            f"{where} decodes to {got} bytes, but the metadata promise {tuple(int(s) for s in shape)} "
-            f"{np.dtype(dtype).name} = {expected} bytes; "
-            + ("the store's metadata changed since it was opened (it was replaced or rewritten): open it again"
-               if changed else "the store is corrupt, or another tool wrote this chunk with other metadata"))
+        raise CorruptChunkError(f"{where} decodes to {got} bytes, but the metadata promise "
+                                f"{tuple(int(s) for s in shape)} {np.dtype(dtype).name} = {expected} bytes; "
+                                + corruption_cause(stamp))
     return np.frombuffer(data, dtype).reshape(tuple(int(s) for s in shape))
+
+
+def corruption_cause(stamp: Optional["Stamp"]) -> str:
+    """Why a chunk does not decode as its metadata says: the store changed since it was opened (``stamp`` says),
+    or it is corrupt."""
+    if stamp is not None and not stamp.unchanged():
+        return "the store's metadata changed since it was opened (it was replaced or rewritten): open it again"
+    return "the store is corrupt, or another tool wrote this chunk with other metadata"
 
 
 def fill_value(value, dtype: np.dtype) -> np.ndarray:

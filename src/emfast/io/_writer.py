@@ -179,9 +179,9 @@ class OutputWriter:
         write: h5py failed creating it with a TypeError (below a dataset or a named datatype) or a KeyError (below
         a link to nothing), after opening the file to write had rewritten part of it. Damaged zarr metadata above
         is named."""
+        from ._zarr import check_metadata_json, is_zarr_array
         parts = [part for part in self.dataset.split("/") if part][:-1]
         if self.kind == "zarr" and self.container.is_dir():  # the root group is above every output
-            from ._zarr import check_metadata_json
             check_metadata_json(self.container, str(self.container))
         for n in range(1, len(parts) + 1):
             parent = "/".join(parts[:n])
@@ -192,7 +192,6 @@ class OutputWriter:
                 what = None if isinstance(node, h5py.Group) else "a link to nothing" if node is None else \
                     "a dataset" if isinstance(node, h5py.Dataset) else "no group"
             else:
-                from ._zarr import check_metadata_json, is_zarr_array
                 folder = self.container / parent
                 if folder.exists() and not folder.is_dir():
                     what = "a file, no group"
