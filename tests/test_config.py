@@ -280,6 +280,28 @@ def test_numbers_in_scientific_notation_are_numbers():
     assert error.path == "augment[1].intensity.scale"
 
 
+def test_integers_are_read_as_yaml_1_2_and_json_read_them():
+    """YAML 1.1 made "seed: 010" the octal 8 and "epoch_size: 1:30" the base-60 90, silently (a review)."""
+    config = load_config(textwrap.dedent(BASE.replace("seed: 3", "seed: 010")))
+    assert config.loader_kwargs()["seed"] == 10
+    assert load_config(textwrap.dedent(BASE.replace("seed: 3", "seed: 0x1f"))).loader_kwargs()["seed"] == 31
+    error = _error(BASE.replace("seed: 3", "seed: 3\n  epoch_size: 1:30"))
+    assert error.path == "loader.epoch_size" and "'1:30'" in str(error)
+
+
+def test_a_sample_whose_raw_is_left_empty_is_named(files):
+    """An empty "raw:" (its dataset commented out) was an internal TypeError, reported as a bug in emfast."""
+    text = BASE.replace("raw: volumes/raw", "raw:")
+    error = _error(text)
+    assert error.path == "data.samples[0].raw" and error.line == _line_of(text, "raw:") and "is empty" in str(error)
+
+
+def test_dump_quotes_every_string_the_loader_would_read_as_a_number(files):
+    """A sample named "1e5" was dumped plain and read back as the number 100000.0, which the name refused."""
+    config = load_config(_write(files, BASE.replace("name: A", "name: '1e5'").replace("name: B", "name: '010'")))
+    assert load_config(dump_config(config)) == config
+
+
 def test_the_loader_keys_are_the_loaders_arguments():
     error = _error(BASE.replace("  seed: 3", "  label_offset: [0, 0, 0]"))
     assert error.path == "loader.label_offset" and "device" in error.reason and "patch_in" in error.reason

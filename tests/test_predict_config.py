@@ -401,6 +401,24 @@ def test_a_device_without_pytorch_names_the_device_key(folder, capsys, monkeypat
            "tensors, but PyTorch is not installed" in error
 
 
+def test_model_args_that_are_no_mapping_are_named(folder, capsys):
+    """model_args: 5 was an internal TypeError ("a bug in emfast"); 0 and [] were read as no arguments."""
+    for value, words in (("5", "the integer 5"), ("[]", "a list []"), ("0", "the integer 0")):
+        text = PREDICT.replace("model_args: {gain: 2.0}", f"model_args: {value}")
+        error = _check_and_predict_fail(_config(folder, text), capsys)
+        assert f"line {_line_of(text, 'model_args')}: predict.model_args: expected a mapping of the factory's " \
+               f"keyword arguments, got {words}" in error
+
+
+def test_a_key_of_the_section_written_outside_it_is_refused(folder, capsys):
+    """tta: 8 one level too far out was ignored by check and predict, which ran without it."""
+    text = PREDICT + "tta: 8\n"
+    error = _check_and_predict_fail(_config(folder, text), capsys)
+    assert f"line {_line_of(text, 'tta: 8')}: tta: unknown key 'tta'" in error
+    with pytest.raises(ConfigError, match="unknown key 'tta'"):
+        load_predict_config(textwrap.dedent(text))
+
+
 def test_cuda_without_a_gpu_names_the_device_key(folder, capsys):
     torch = pytest.importorskip("torch", reason="torch not installed (the test extra does not carry it)")
     if torch.cuda.is_available():

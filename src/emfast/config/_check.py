@@ -8,10 +8,11 @@ from typing import Union
 from ._config import load_config
 from ._predict import predict_section
 from ._report import describe
+from ._sections import SECTIONS
 from ._yaml import Reader, parse_yaml, read_source
 
 #: The sections of a training config; a config without any of them is a predict-only config.
-TRAINING_SECTIONS = ("data", "loader", "augment", "targets", "sampler", "validation")
+TRAINING_SECTIONS = tuple(section for section in SECTIONS if section != "predict")
 
 
 def check_config(source: Union[str, os.PathLike], cache_dir=None) -> str:
@@ -32,6 +33,7 @@ def check_config(source: Union[str, os.PathLike], cache_dir=None) -> str:
     if not isinstance(document, dict) or not (set(document) & {*TRAINING_SECTIONS, "predict"}):
         raise reader.error((), "neither a training config (data, loader, ...) nor a predict section: see "
                                "docs/CONFIG.md")
+    reader.mapping(document, (), SECTIONS)  # a predict-only config's stray keys too (tta: 8 one level too far out)
     lines = []
     if "predict" in document:  # an empty one too: `emfast predict` refuses it
         lines += predict_section(reader, document["predict"], ("predict",)).check(cache_dir)

@@ -30,17 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-import yaml
-
 from .._checks import concerned_key
 from ..io import CacheBudgetError, LevelChoiceError, Volume, is_url, open_volume
 from ..pipeline import Loader
 from ..sampling import Dataset, Sample, Sampler
 from ..transfer import DeviceUnavailableError
-from ._yaml import Path_, Reader, parse_yaml, read_source
+from ._yaml import Path_, Reader, dump_yaml, parse_yaml, read_source
 from ._predict import predict_section
 from ._spec import Builtin, ComponentSpec, SampleSpec, Validation, VolumeSpec, components_yaml, plain
-from ._sections import (check_augment, component, components, construct, loader_default, loader_section,
+from ._sections import (SECTIONS, check_augment, component, components, construct, loader_default, loader_section,
                         sample_spec)
 
 
@@ -264,7 +262,7 @@ def dump_config(config: Config, path: Union[str, os.PathLike, None] = None) -> s
     ``load_config(dump_config(config)) == config``; the objects built from both are equivalent. A ``predict``
     section beside the training sections is not part of a Config, and is not written.
     """
-    text = yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None, width=120)
+    text = dump_yaml(config.to_dict())
     if path is not None:
         Path(path).write_text(text)
     return text
@@ -297,8 +295,7 @@ def load_config(source: Union[str, os.PathLike]) -> Config:
 def _load(text: str, source: str, base: Path) -> Config:
     document, marks = parse_yaml(text, source)
     reader = Reader(marks, source, base)
-    reader.mapping(document, (), ("data", "loader", "augment", "targets", "sampler", "validation", "predict"),
-                   required=("data", "loader"))
+    reader.mapping(document, (), SECTIONS, required=("data", "loader"))
     if "predict" in document:  # checked here (an empty one too), run by emfast predict (see _predict)
         predict_section(reader, document["predict"], ("predict",))
     data = reader.mapping(document["data"], ("data",), ("samples", "hold_out"), required=("samples",))

@@ -44,7 +44,7 @@ from ..inference import (BLENDS, CACHE_SHARE, CHUNK_EDGE, COMPRESSIONS, DEFAULT_
 from ..io import (CacheBudgetError, LevelChoiceError, UnfinishedOutputWarning, check_compression,
                   check_output_location, open_volume, parse_output)
 from ..transfer import cuda_ordinal
-from ._sections import _check_normalize, _dataset, _file, _level_choice
+from ._sections import SECTIONS, _check_normalize, _dataset, _file, _level_choice
 from ._spec import Builtin, plain
 from ._yaml import ConfigError, Path_, Reader, describe_value, parse_yaml, read_source
 
@@ -424,8 +424,11 @@ def predict_section(reader: Reader, value, path: Path_) -> PredictSpec:
     if not module or not function.isidentifier():
         raise reader.error(path + ("model",), f"expected module:function (a factory returning the network), got "
                                               f"{model!r}")
-    model_args = reader.mapping(section.get("model_args") or {}, path + ("model_args",),
-                                tuple(map(str, (section.get("model_args") or {}))))
+    given = section.get("model_args")
+    if given is not None and not isinstance(given, dict):  # 5, [] or 0 was read as no arguments, or crashed
+        raise reader.error(path + ("model_args",), f"expected a mapping of the factory's keyword arguments, got "
+                                                   f"{describe_value(given)}")
+    model_args = reader.mapping(given or {}, path + ("model_args",), tuple(map(str, given or {})))
     dataset = level = resolution = None
     source = section["input"]
     if isinstance(source, dict) and "file" in source:  # else a built-in volume ({builtin: demo})
@@ -546,6 +549,8 @@ def load_predict_config(source: Union[str, os.PathLike]) -> PredictSpec:
     reader = Reader(marks, name, base)
     if not isinstance(document, dict) or "predict" not in document:
         raise reader.error((), "no predict section: add predict: with model, input, output and patch_in")
+    # a key of the section indented one level too little (tta: 8) was ignored, and the run went without it
+    reader.mapping(document, (), SECTIONS)
     return predict_section(reader, document["predict"], ("predict",))
 
 

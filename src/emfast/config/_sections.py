@@ -34,6 +34,8 @@ def loader_default(name: str):
 
 # -- parsing the sections -----------------------------------------------------------------------------------------
 
+#: The sections a config file may have (one with only ``predict`` is a prediction's config).
+SECTIONS = ("data", "loader", "augment", "targets", "sampler", "validation", "predict")
 _SAMPLE_KEYS = ("name", "file", "raw", "labels", "mask", "extra", "weight", "label_offset", "mask_offset", "lazy",
                 "cache_bytes", "own_resolution", "storage_options")
 
@@ -101,6 +103,9 @@ def _resolution(reader: Reader, value, path: Path_) -> Tuple[float, float, float
 
 def sample_spec(reader: Reader, value, path: Path_) -> SampleSpec:
     reader.mapping(value, path, _SAMPLE_KEYS, required=("raw",))
+    if value["raw"] is None:  # "raw:" left empty (its dataset commented out, say)
+        raise reader.error(path + ("raw",), "is empty; give the raw volume: a dataset path in the sample's file, "
+                                            "or a mapping with file and dataset")
     file = _file(reader, value["file"], path + ("file",)) if "file" in value else None
     volumes = {key: _volume(reader, value[key], path + (key,), file) for key in ("raw", "labels", "mask")
                if value.get(key) is not None}

@@ -143,6 +143,37 @@ _ConfigLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
     list("-+.0123456789"))
 
+# Integers as YAML 1.2 and JSON read them: YAML 1.1's made "seed: 010" the octal 8 and "epoch_size: 1:30" the
+# base-60 90, silently. Decimal (leading zeros too), 0o octal and 0x hex are integers; anything else is a string.
+_INT = "tag:yaml.org,2002:int"
+_ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != _INT]
+    for first, resolvers in _ConfigLoader.yaml_implicit_resolvers.items()}
+_ConfigLoader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+                                    list("-+0123456789"))
+
+
+def _integer(loader: yaml.SafeLoader, node) -> int:
+    text = loader.construct_scalar(node).replace("_", "")
+    return int(text, 0) if text.startswith(("0o", "0x")) else int(text, 10)
+
+
+_ConfigLoader.add_constructor(_INT, _integer)
+
+
+class _ConfigDumper(yaml.SafeDumper):
+    """``yaml.SafeDumper`` that quotes every string the config loader would read as another type: a sample named
+    "1e5" was written plain and read back as the number 100000.0."""
+
+
+_ConfigDumper.yaml_implicit_resolvers = {first: list(resolvers)
+                                         for first, resolvers in _ConfigLoader.yaml_implicit_resolvers.items()}
+
+
+def dump_yaml(data) -> str:
+    """``data`` as YAML text that :func:`parse_yaml` reads back as ``data``."""
+    return yaml.dump(data, Dumper=_ConfigDumper, sort_keys=False, default_flow_style=None, width=120)
+
 
 def parse_yaml(text: str, source: str) -> Tuple[Any, Dict[Path_, int]]:
     loader = _ConfigLoader(text)
