@@ -134,28 +134,33 @@ def _config_text(path: Path) -> str:
 
 
 class _ConfigLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` reading ``1e-3`` and ``1.5e3`` as the numbers YAML 1.2 and JSON make them: YAML 1.1's
-    pattern for floats wants a dot and a signed exponent, so PyYAML read them as strings, which were refused as
-    'must be in [0, 1), got '1e-3''."""
+    """``yaml.SafeLoader`` reading numbers as YAML 1.2 and JSON do (the resolvers below): ``1e-3`` and ``1.5e3``
+    are numbers (YAML 1.1's float pattern wants a dot and a signed exponent, so PyYAML read them as strings, refused
+    as "must be in [0, 1), got '1e-3'")."""
 
 
-_ConfigLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
-    list("-+.0123456789"))
-
-# Integers as YAML 1.2 and JSON read them: YAML 1.1's made "seed: 010" the octal 8 and "epoch_size: 1:30" the
-# base-60 90, silently. Decimal (leading zeros too), 0o octal and 0x hex are integers; anything else is a string.
-_INT = "tag:yaml.org,2002:int"
+# Numbers without YAML 1.1's surprises: it made "seed: 010" the octal 8, "epoch_size: 1:30" the base-60 90 and
+# "1:30.5" the float 90.5, silently. Integers are decimal without a leading zero, 0o octal or 0x hex; a leading
+# zero ("010", "08") is neither octal nor decimal, so it stays a string (a name "08" as before; "seed: 010" is
+# refused as no integer); base-60 forms are strings.
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
 _ConfigLoader.yaml_implicit_resolvers = {
-    first: [(tag, pattern) for tag, pattern in resolvers if tag != _INT]
+    first: [(tag, pattern) for tag, pattern in resolvers if tag not in (_INT, _FLOAT)]
     for first, resolvers in _ConfigLoader.yaml_implicit_resolvers.items()}
-_ConfigLoader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+_ConfigLoader.add_implicit_resolver(_INT, re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*)|0o[0-7]+|0x[0-9a-fA-F]+)$"),
                                     list("-+0123456789"))
+_ConfigLoader.add_implicit_resolver(_FLOAT, re.compile(
+    r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?"
+    r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+.0123456789"))
 
 
 def _integer(loader: yaml.SafeLoader, node) -> int:
     text = loader.construct_scalar(node).replace("_", "")
-    return int(text, 0) if text.startswith(("0o", "0x")) else int(text, 10)
+    try:
+        return int(text, 0) if text.startswith(("0o", "0x")) else int(text, 10)
+    except ValueError:  # an explicit !!int of another form (0b11, 1:30)
+        raise yaml.constructor.ConstructorError(None, None, f"{text!r} is no integer (decimal, 0o octal or 0x hex)",
+                                                node.start_mark) from None
 
 
 _ConfigLoader.add_constructor(_INT, _integer)
