@@ -487,6 +487,33 @@ def test_a_4d_zarr_array_with_its_channels_in_one_chunk_is_read_in_batches(tmp_p
                                                                            for c, e in zip(corner, extent))])
 
 
+@pytest.mark.parametrize("zarr_format, encoding", [(2, None), (2, {"name": "v2", "separator": "/"}), (3, None),
+                                                   (3, {"name": "v2", "separator": "."}),
+                                                   (3, {"name": "default", "separator": "."})])
+@pytest.mark.parametrize("channels", [0, 2])
+def test_chunk_files_are_found_under_every_key_encoding_zarr_python_writes(tmp_path, zarr_format, encoding,
+                                                                          channels):
+    """emfast names a chunk's file itself (in the form of the array's own key encoding, checked on probes): each
+    encoding and separator zarr-python writes, with and without a channel axis, reads the written data, with
+    chunk indices of several digits (a key of the wrong form would read as the fill value)."""
+    shape = ((channels,) if channels else ()) + (24, 3 * 11, 2 * 10)
+    chunks = ((channels,) if channels else ()) + (2, 3, 2)
+    data = random_volume(np.uint16, shape, seed=channels)
+    options = {} if encoding is None else {"chunk_key_encoding": encoding}
+    zarr.create_array(str(tmp_path / "k.zarr"), shape=shape, chunks=chunks, dtype=np.uint16, fill_value=0,
+                      zarr_format=zarr_format, compressors=None, **options)[...] = data
+    with ef.open(tmp_path / "k.zarr", in_memory=False) as volume:
+        out = volume.read_box((0, 0, 0), shape[-3:], np.empty((channels or 1,) + shape[-3:], np.uint16))
+    np.testing.assert_array_equal(out, data.reshape(out.shape))
+
+
+def test_keys_of_a_form_other_than_prefix_and_separator_are_asked_of_the_encoder():
+    from emfast.io._zarr import _key_form
+    assert _key_form(lambda grid: "c/" + "/".join(map(str, grid)), 1) == ("c/0/", "/")
+    assert _key_form(lambda grid: "/".join(map(str, grid[::-1])), 0) is None  # another order
+    assert _key_form(lambda grid: "-".join(f"{i:04d}" for i in grid), 0) is None  # padded
+
+
 def test_a_shard_rewritten_between_its_index_and_its_chunks_is_read_again_from_its_new_index(tmp_path):
     """The batch path keeps a shard's index and reads the chunks' byte ranges later: a shard rewritten in between
     (another size or time) has its chunks read again through its new index, never at the old offsets."""
