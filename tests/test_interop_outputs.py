@@ -169,3 +169,41 @@ def test_an_image_described_on_the_parent_group_is_kept(tmp_path, source):
     group.attrs["multiscales"] = theirs
     convert(source[0], tmp_path / "out.zarr/result")
     assert zarr.open_group(str(tmp_path / "out.zarr"), mode="r").attrs["multiscales"] == theirs
+
+
+@pytest.mark.parametrize("how", ["predict", "convert"])
+def test_an_output_overwritten_beside_others_takes_its_new_geometry_into_its_ome_description(tmp_path, source, how):
+    """An output described as its group's image while alone, then joined by another, then overwritten from an input
+    placed elsewhere: its description kept the old voxel size and offset (a review), so OME readers placed the new
+    data where the old was, and emfast refused to open it ("contradictory metadata")."""
+    needs("ome_zarr")
+    from ome_zarr.io import parse_url
+    from ome_zarr.reader import Multiscales, Reader
+
+    moved = zarr.open_array(str(source[0]), mode="r+")
+    write(how, source[0], tmp_path / "out.zarr/result", 3)
+    write(how, source[0], tmp_path / "out.zarr/other", 3)
+    moved.attrs.update(resolution=[8.0, 8.0, 8.0], offset=[0.0, 16.0, 8.0])
+    if how == "predict":
+        ef.predict(crop, str(source[0]), str(tmp_path / "out.zarr/result"), patch_in=(10, 20, 20),
+                   patch_out=(6, 12, 12), overwrite=True)
+    else:
+        emfast_convert(str(source[0]), str(tmp_path / "out.zarr/result"), overwrite=True)
+    with ef.open(str(tmp_path / "out.zarr/result")) as volume:
+        assert volume.resolution == pytest.approx((8, 8, 8)) and volume.offset == pytest.approx((0, 16, 8))
+    images = [node for node in Reader(parse_url(str(tmp_path / "out.zarr")))() if node.load(Multiscales)]
+    scale, translation = images[0].metadata["coordinateTransformations"][0]
+    lead = [1.0] if how == "predict" else []
+    assert scale["scale"] == lead + [8.0] * 3
+    assert translation["translation"] == [0.0] * len(lead) + [0.0, 16.0, 8.0]
+    with ef.open(str(tmp_path / "out.zarr/other")) as volume:  # the other output, beside it, as it was written
+        assert volume.resolution == pytest.approx(VOXEL) and volume.offset == pytest.approx(OFFSET)
+
+
+def test_a_malformed_description_on_the_parent_is_left_as_it_is(tmp_path, source):
+    group = zarr.open_group(str(tmp_path / "out.zarr"), mode="w", zarr_format=2)
+    group.create_array("theirs", shape=SHAPE, dtype=np.uint8)
+    group.attrs["multiscales"] = "not a list"
+    convert(source[0], tmp_path / "out.zarr/result", zarr_format=2)
+    assert zarr.open_group(str(tmp_path / "out.zarr"), mode="r").attrs["multiscales"] == "not a list"
+    assert_emfast_geometry(tmp_path / "out.zarr/result", 1)

@@ -507,8 +507,10 @@ def add_ome_multiscales(root, dataset: str, ndim: int, resolution: Optional[Sequ
     """Describe the zarr output ``dataset`` of the open group ``root`` as an OME-NGFF image of one level on its
     parent group (0.4 in zarr v2, 0.5 in v3), so that OME readers (ome-zarr-py, napari-ome-zarr) find it with its
     axes, voxel size and offset in nm. Only with a known voxel size, and only where the output is the parent's
-    one member (OME readers would take a group holding other arrays for that one image, and hide the others);
-    never over another image's metadata: a parent that already describes an image of other datasets keeps it.
+    one member (OME readers would take a group holding other arrays for that one image, and hide the others), or
+    where the parent describes this one dataset already (an earlier output of this name, described while it was
+    alone: left as it was, it would place the new data where the old was); never over another image's metadata:
+    a parent that already describes an image of other datasets keeps it.
     """
     if ndim not in OUTPUT_AXES:
         return
@@ -520,19 +522,31 @@ def add_ome_multiscales(root, dataset: str, ndim: int, resolution: Optional[Sequ
     with warnings.catch_warnings():  # zarr-python warns of folders that are no node (tensorstore's implicit ones)
         warnings.simplefilter("ignore")
         members = set(group.keys())
-    if members - {name, f"{name}.blocks"}:  # described as an image, the group's others would be hidden
-        return
+    if members - {name, f"{name}.blocks"} and _described_paths(group) != [name]:
+        return  # described as an image, the group's others would be hidden
     _describe_image(group, name, ndim, [(name, resolution, offset)])
+
+
+def _described_paths(group) -> Optional[list]:
+    """The dataset paths of the OME-NGFF image ``group`` describes (0.4 or 0.5), [] if none, None if its
+    description is malformed (another program's, left as it is)."""
+    attributes = dict(group.attrs)
+    ome = attributes.get("ome")
+    holder = ome if isinstance(ome, dict) and "multiscales" in ome else attributes
+    try:
+        return _listed_paths(holder.get("multiscales"))
+    except (AttributeError, TypeError):  # not a list of images, each a mapping listing mappings
+        return None
 
 
 def _forget_image(group, name: str) -> None:
     """Remove ``group``'s OME-NGFF multiscales where they describe the one dataset ``name`` (emfast's own
     description of an earlier output there); another image's stays."""
+    if _described_paths(group) != [name]:
+        return
     attributes = dict(group.attrs)
     ome = attributes.get("ome")
     holder = ome if isinstance(ome, dict) and "multiscales" in ome else attributes
-    if _listed_paths(holder.get("multiscales")) != [name]:
-        return
     if holder is attributes:
         del group.attrs["multiscales"]
     elif set(ome) <= {"multiscales", "version"}:  # nothing but the image was described
