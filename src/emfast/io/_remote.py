@@ -54,6 +54,17 @@ _POLL_S = 0.05
 MAX_ANNOUNCED = 1024
 #: HTTP statuses worth trying again.
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+#: Held while a store starts its filesystem in a process it was not started in (:meth:`RemoteStore._here`); a new
+#: one in a forked child, where a parent's thread may have held it at the fork.
+_STARTING = threading.Lock()
+
+
+def _new_starting_lock() -> None:
+    global _STARTING
+    _STARTING = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_starting_lock)
 #: Requests a tensorstore box read may make one after another: a sharded volume's shard index, minishard index,
 #: then the chunks (tensorstore has no timeout of its own: see :meth:`RemoteStore.wait_tensorstore`).
 REQUESTS_IN_A_ROW = 3
@@ -240,14 +251,15 @@ class RemoteStore:
 
     def _start_here(self) -> None:
         """The filesystem, its event loop and the announced reads of this process: after a fork (a PyTorch worker),
-        the parent's are unusable (fsspec refuses them, their requests never complete here)."""
-        self._pid = os.getpid()
+        the parent's are unusable (fsspec refuses them, their requests never complete here). The process is
+        recorded last: :meth:`_here` takes a store recorded as this process's as ready."""
         self._fs = _filesystem(self._protocol, self._options, self.timeout, asynchronous=False)
         self._announced: "OrderedDict[str, concurrent.futures.Future]" = OrderedDict()
         self._lock = threading.Lock()
         self._remembered = _Remembered()
         #: (path, RemoteAccessDenied) of the metadata files taken as missing (:meth:`denied_metadata`).
         self.denied: list = []
+        self._pid = os.getpid()
 
     @contextmanager
     def remembering(self):
@@ -264,7 +276,12 @@ class RemoteStore:
 
     def _here(self) -> None:
         if self._pid != os.getpid():
-            self._start_here()
+            # one thread starts the store in this process, the others wait: a worker's producers read at once,
+            # and one that took the store for started while another was replacing the parent's filesystem read
+            # through the parent's ("This class is not fork-safe")
+            with _STARTING:
+                if self._pid != os.getpid():
+                    self._start_here()
 
     def child(self, key: str) -> "RemoteStore":
         """The store below ``key`` (same options and connections)."""
