@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno as errnos
+import mmap
 import os
 import threading
 import time
@@ -88,18 +89,24 @@ class _OpenFiles:
 _OPEN_FILES = _OpenFiles()
 os.register_at_fork(after_in_child=_OPEN_FILES.forget)
 
-#: Most bytes of a lent buffer kept for the next reads (a box's chunks take about a MiB), and most buffers kept.
+#: Bytes of a lent buffer (a box's chunks take about a MiB, a call's at most BATCH_BYTES decoded), and most
+#: buffers kept for the next reads.
 KEPT_BUFFER_BYTES = 4 << 20
 KEPT_BUFFERS = 4
 
 
 class FileBuffer:
-    """Where :func:`read_regular_files` puts the bytes of the files it reads: the buffer of an earlier read where
-    they fit, else a new one, kept for the next (if at most :data:`KEPT_BUFFER_BYTES`). Reused memory spares the
-    page faults of fresh memory, which cost more than the reads themselves."""
+    """Where :func:`read_regular_files` puts the bytes of the files it reads, reused by the next reads (files that
+    do not fit go to new memory of their own). Reused memory spares the page faults of fresh memory, which cost
+    more than the reads themselves.
+
+    The buffer is a memory map of its own (of :data:`KEPT_BUFFER_BYTES`; only the pages reads touch are
+    resident), not memory from malloc: buffers allocated by whichever reader thread needed one stayed in that
+    thread's malloc arena once freed, each of five reader threads holding its largest read's bytes (a lazy loader
+    over 64 KiB zstd chunks grew 14-22 MiB beside its 32 MiB cache, ``benchmarks/lazy_memory.py``)."""
 
     def __init__(self) -> None:
-        self.array: Optional[np.ndarray] = None
+        self.array = np.frombuffer(mmap.mmap(-1, KEPT_BUFFER_BYTES), np.uint8)
 
 
 _kept: List[FileBuffer] = []
@@ -165,8 +172,6 @@ def read_regular_files(paths: Sequence[Path], what: str, starts: Optional[Sequen
         data, offsets, count, status, modes, errors, sizes, mtimes = read_files(list(paths), starts, lengths, into,
                                                                                 scratch)
     add_transfer_time(time.perf_counter() - start)
-    if buffer is not None and data.base is None and data.nbytes <= KEPT_BUFFER_BYTES:
-        buffer.array = data  # new memory, larger than the buffer's: kept for its next reads
     view = memoryview(data).toreadonly()
     for i, (path, code, offset, read) in enumerate(zip(paths, status.tolist(), offsets.tolist(), count.tolist())):
         if code == FILE_READ:
@@ -225,8 +230,6 @@ def read_decoded_files(paths: Sequence[str], codec: str, outs: List[np.ndarray],
             result, data, seconds, read = read_decode_files(codec, list(paths[part]), outs[part], buffer.array,
                                                             None if ranges is None else ranges[part])
         add_transfer_time(seconds)
-        if data.base is None and data.nbytes <= KEPT_BUFFER_BYTES:
-            buffer.array = data  # new memory, larger than the buffer's: kept for the next reads
         results += result.tolist()
         versions += map(tuple, read.tolist())
     return results, versions
