@@ -313,6 +313,59 @@ def test_z5py_n5_every_compression(tmp_path, compression, dtype):
     assert_reads(tmp_path / "s.n5/volumes/raw", data, (40, 4, 4), (80, 8, 12))
 
 
+def n5_pyramid(path, z5py, level_attributes, group_attributes):
+    """raw (8, 20, 16) at s0 and its labels at s0 and s1 (y and x halved: each s1 voxel one 2 x 2 block of s0),
+    written by z5py in the n5-viewer layout; labels s0 == raw + 1."""
+    raw = random_volume(np.uint8, (8, 20, 16))
+    coarse = (raw[:, ::2, ::2].astype(np.uint64) + 1)
+    container = z5py.File(str(path), mode="a")
+    full = {"pixelResolution": {"dimensions": [4.0, 4.0, 40.0], "unit": "nm"}}
+    for name, data, attributes in [("raw/s0", raw, full),
+                                   ("labels/s0", coarse.repeat(2, 1).repeat(2, 2), full),
+                                   ("labels/s1", coarse, level_attributes)]:
+        dataset = container.create_dataset(name, data=data, chunks=(4, 8, 8), compression="gzip")
+        for key, value in attributes.items():
+            dataset.attrs[key] = value
+    for key, value in group_attributes.items():
+        container["labels"].attrs[key] = value
+    return raw
+
+
+@pytest.mark.parametrize("layout", ["level", "group"])
+def test_n5_scale_levels_take_their_downsampling_factors(tmp_path, layout):
+    """n5-viewer and N5 Spark state a level's downsamplingFactors beside s0's pixelResolution (on the level, or on
+    the group for every level): s1 was read at s0's voxel size, and labels at s1 beside raw at s0 were placed
+    wrongly without an error (a review: 12 of 12 examples wrong)."""
+    z5py = needs("z5py")
+    pixel = {"dimensions": [4.0, 4.0, 40.0], "unit": "nm"}
+    if layout == "level":  # N5 Spark: every level states both
+        raw = n5_pyramid(tmp_path / "p.n5", z5py, {"pixelResolution": pixel, "downsamplingFactors": [2, 2, 1]}, {})
+    else:  # n5-viewer's group defaults: the levels state nothing
+        raw = n5_pyramid(tmp_path / "p.n5", z5py, {}, {"scales": [[1, 1, 1], [2, 2, 1]], "pixelResolution": pixel})
+    with ef.open(tmp_path / "p.n5/labels/s1") as level:
+        assert level.resolution == (40.0, 8.0, 8.0) and level.offset == (0.0, 0.0, 0.0)
+    sample = ef.Sample(ef.open(tmp_path / "p.n5/raw/s0", in_memory=False),
+                       ef.open(tmp_path / "p.n5/labels/s1", in_memory=False))
+    with ef.Loader(sample, patch=(3, 6, 6), batch_size=4, epoch_size=3, seed=1, augment=(), normalize=(1.0, 0.0),
+                   threads=1) as loader:
+        for batch in loader:
+            for n in range(batch.valid):
+                # each raw voxel's label: that of the s1 voxel holding it, the first voxel of its 2 x 2 block + 1
+                z, y, x = np.meshgrid(*[np.arange(c, c + e) for c, e in zip(batch.positions[n], (3, 6, 6))],
+                                      indexing="ij")
+                expected = raw[z, y // 2 * 2, x // 2 * 2].astype(np.uint64) + 1
+                np.testing.assert_array_equal(batch["labels"][n, 0], expected)
+
+
+def test_n5_downsampling_factors_that_do_not_fit_the_pixel_resolution_are_refused(tmp_path):
+    z5py = needs("z5py")
+    n5_pyramid(tmp_path / "p.n5", z5py, {"pixelResolution": {"dimensions": [4, 4, 40], "unit": "nm"},
+                                         "downsamplingFactors": [2, 2]}, {})
+    with pytest.raises(StoreMetadataError, match=r"p.n5:labels/s1 \(attributes.json\): malformed metadata: "
+                                                 r"downsamplingFactors = \[2, 2\]"):
+        ef.open(tmp_path / "p.n5/labels/s1")
+
+
 def test_n5_java_lz4_block_stream_is_read(tmp_path):
     """n5-java's lz4 blocks are lz4-java ``LZ4BlockOutputStream`` streams (magic "LZ4Block", token, compressed and
     original lengths, checksum, data; an empty block ends it), written here byte for byte as lz4-java frames them

@@ -25,6 +25,13 @@ funlib's ``axis_names`` or by ``axes`` (tensorstore's N5 driver writes its dimen
 ``dimensions``, and neuroglancer reads them); datasets whose axes are named in another order than (c, z, y, x) (a
 tensorstore array labelled ``["z", "y", "x"]`` is stored z first) are refused, naming the axes. A remote container
 (:mod:`emfast.io._remote`) is read the same way, its blocks' bytes coming over the network.
+
+Scale pyramids as n5-viewer, N5 Spark and BigDataViewer lay them out (n5-viewer's README): levels ``s0``, ``s1``,
+... of full resolution first, each level below s0 stating its ``downsamplingFactors`` (or its group stating
+them for every level, as ``scales`` or ``downsamplingFactors``), and ``pixelResolution`` stating s0's voxel size,
+on the level or on a group above it (the defaults of every level below). A level's voxel size is then
+``pixelResolution`` times its factors (saalfeldlab's N5 metadata parsers place a level's voxel i at
+``pixelResolution * (f * i + (f - 1) / 2)``, the centre of the s0 voxels it covers), and its corner is s0's.
 """
 from __future__ import annotations
 
@@ -34,6 +41,7 @@ import json
 import lzma
 import math
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Sequence, Union
@@ -95,6 +103,58 @@ def _read_attributes(path: Union[Path, RemoteStore], where: str):
     return meta
 
 
+#: A scale level's name in the n5-viewer layout.
+_LEVEL = re.compile(r"s(\d+)")
+#: The keys that state a dataset's own voxel size.
+_VOXEL_SIZE_KEYS = ("resolution", "voxel_size", "pixelResolution")
+
+
+def _scale_level(meta: dict, groups, dataset: str, where: str) -> dict:
+    """``meta`` with a scale level's voxel size made explicit (see the module's notes): its ``pixelResolution``
+    (its own, or where it states no voxel size, the nearest group's in ``groups``, an iterable of the attributes
+    of the groups above it, nearest first) times its downsampling factors. Unchanged where it has no factors, or
+    no ``pixelResolution`` to scale (a voxel size of its own, ``resolution``, is the level's)."""
+    level = _LEVEL.fullmatch(dataset.rpartition("/")[2])
+    factors, pixel, key = meta.get("downsamplingFactors"), meta.get("pixelResolution"), "downsamplingFactors"
+    inherits = not any(k in meta for k in _VOXEL_SIZE_KEYS)  # a level stating no voxel size takes its groups'
+    if (factors is None and level is not None) or (factors is not None and inherits):
+        for group in groups:
+            if factors is None and level is not None:
+                for listed in ("scales", "downsamplingFactors"):
+                    levels = group.get(listed)
+                    if isinstance(levels, list) and int(level.group(1)) < len(levels):
+                        factors, key = levels[int(level.group(1))], f"{listed} of the group above it"
+                        break
+            if pixel is None and inherits:
+                pixel = group.get("pixelResolution")
+            if factors is not None and (pixel is not None or not inherits):
+                break
+    if factors is None or pixel is None:
+        return meta
+    sizes = pixel.get("dimensions") if isinstance(pixel, dict) else pixel
+    if not (isinstance(factors, list) and isinstance(sizes, list) and len(factors) == len(sizes)
+            and all(isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 for f in factors)):
+        raise bad_metadata(where, key, factors, f"one positive factor per entry of pixelResolution {pixel}")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in sizes):
+        return dict(meta, pixelResolution=pixel)  # malformed: the geometry's checks name it
+    scaled = [v * f for v, f in zip(sizes, factors)]
+    return dict(meta, pixelResolution=dict(pixel, dimensions=scaled) if isinstance(pixel, dict) else scaled)
+
+
+def _groups_above(root: Union[Path, RemoteStore], dataset: str, name: str):
+    """The attributes of the groups above ``dataset``, nearest first, up to the container's root (read as they are
+    asked for)."""
+    parts = dataset.split("/")[:-1]
+    for end in range(len(parts), -1, -1):
+        path = "/".join(parts[:end])
+        where = f"{name} (the attributes.json of {path or 'the container'})"
+        if isinstance(root, RemoteStore):
+            attributes = _read_attributes(root / path if path else root, where)
+        else:
+            attributes = _read_attributes(root / path / "attributes.json", where)
+        yield attributes or {}
+
+
 class N5Source(VolumeSource):
     """One dataset of an N5 container. Resolution and offset come from funlib's ``resolution``/``offset`` (stored
     in (x, y, z) order in N5) or from ``pixelResolution``."""
@@ -149,6 +209,7 @@ class N5Source(VolumeSource):
         if axes is not None and (not isinstance(axes, list) or len(axes) != len(dimensions)):
             raise bad_metadata(where, "axes", axes, f"a list of {len(dimensions)} axis names, x first")
         with parsing(where):
+            meta = _scale_level(meta, _groups_above(root, dataset, self.name), dataset, where)
             geometry = array_geometry(meta, len(dimensions), where, reversed_order=True, names_key="N5 axes",
                                       dimension_names=axes)
         geometry.require_canonical(where)
