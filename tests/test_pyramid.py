@@ -498,3 +498,63 @@ def test_a_level_binned_by_a_factor_that_is_not_whole_converts_to_an_output_emfa
     convert(str(tmp_path / "img.zarr"), tmp_path / "out.zarr/raw", level=1)
     again = ef.open(tmp_path / "out.zarr/raw")
     assert (again.resolution, again.offset, again.translation) == (level.resolution, level.offset, level.translation)
+
+
+def pyramid_levels(path, count):
+    """Each level's (voxel size, offset, data) as emfast opens it, and the image's OME-NGFF description."""
+    zarr = needs("zarr")
+    levels = []
+    for level in range(count):
+        with ef.open(path / f"s{level}") as volume:
+            levels.append((volume.resolution, volume.offset, np.asarray(volume)))
+    attributes = dict(zarr.open_group(str(path), mode="r").attrs)
+    return levels, attributes.get("ome", attributes)["multiscales"]
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+@pytest.mark.parametrize("placed", [((80, 8, 8), (160, 16, 16)), ((40, 4, 4), (40, 40, 40))],
+                         ids=["voxel size", "offset"])
+def test_a_pyramid_overwritten_from_an_input_placed_elsewhere_equals_one_written_afresh(tmp_path, zarr_format,
+                                                                                       placed):
+    """convert --levels --overwrite from an input of another voxel size or offset read its new s0 against the
+    replaced image's description to make s1, and failed ("contradictory metadata"): s0 new, the other levels and
+    the description old, and every rerun failed the same way (a review)."""
+    rng = np.random.default_rng(0)
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("a", data=rng.integers(0, 255, (8, 32, 32), np.uint8)).attrs["resolution"] = VOXEL
+        b = f.create_dataset("b", data=rng.integers(0, 255, (8, 32, 32), np.uint8))
+        b.attrs["resolution"], b.attrs["offset"] = placed
+    convert(str(tmp_path / "in.h5/a"), tmp_path / "out.zarr/img", levels=3, zarr_format=zarr_format)
+    convert(str(tmp_path / "in.h5/b"), tmp_path / "out.zarr/img", levels=3, overwrite=True)
+    convert(str(tmp_path / "in.h5/b"), tmp_path / "fresh.zarr/img", levels=3, zarr_format=zarr_format)
+    (levels, image), (fresh_levels, fresh_image) = (pyramid_levels(tmp_path / f"{name}.zarr/img", 3)
+                                                    for name in ("out", "fresh"))
+    assert image == fresh_image
+    for (resolution, offset, data), (fresh_resolution, fresh_offset, fresh_data) in zip(levels, fresh_levels):
+        assert resolution == fresh_resolution and offset == fresh_offset
+        np.testing.assert_array_equal(data, fresh_data)
+    assert levels[0][:2] == (tuple(map(float, placed[0])), tuple(map(float, placed[1])))
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_one_level_overwritten_from_an_input_placed_elsewhere_is_refused_and_the_pyramid_kept(tmp_path, zarr_format):
+    """A pyramid's s0 overwritten alone from an input at another offset: the image kept its old translation for
+    it, and emfast.open refused the new level as contradictory metadata (a review); its coarser levels are placed
+    from s0, so moving s0 alone cannot be described either. Refused before anything is written; one placed as the
+    image places it is still replaced."""
+    rng = np.random.default_rng(1)
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        for name, offset in [("a", (0, 0, 0)), ("b", (40, 40, 40)), ("c", (0, 0, 0))]:
+            data = f.create_dataset(name, data=rng.integers(0, 255, (8, 32, 32), np.uint8))
+            data.attrs["resolution"], data.attrs["offset"] = VOXEL, offset
+    convert(str(tmp_path / "in.h5/a"), tmp_path / "out.zarr/img", levels=2, zarr_format=zarr_format)
+    before = tree_digest(tmp_path / "out.zarr")
+    with pytest.raises(ConvertError, match=r"img/s0 is level s0 of the OME-NGFF image .*out.zarr/img, which places "
+                                           r"it at voxel size \(40.0, 4.0, 4.0\) nm, offset \(0.0, 0.0, 0.0\) nm; "
+                                           r"the input is at .* offset \(40.0, 40.0, 40.0\) nm"):
+        convert(str(tmp_path / "in.h5/b"), tmp_path / "out.zarr/img/s0", overwrite=True)
+    assert tree_digest(tmp_path / "out.zarr") == before
+    convert(str(tmp_path / "in.h5/c"), tmp_path / "out.zarr/img/s0", overwrite=True)
+    levels, _ = pyramid_levels(tmp_path / "out.zarr/img", 2)
+    with h5py.File(tmp_path / "in.h5") as f:
+        np.testing.assert_array_equal(levels[0][2][0], f["c"][...])

@@ -31,8 +31,8 @@ from ._geometry import GEOMETRY_KEYS
 from ._hdf5 import plain_attribute
 from ._open import open_source
 from ._outputs import (RECORDS, NotOwnOutputError, OutputLock, add_ome_pyramid, check_free_space,
-                       check_input_unchanged, check_output_location, fingerprints, image_paths, option, placement,
-                       recordable, refuse_if_unfinished, remove_zarr_output, zarr_store_format)
+                       check_input_unchanged, check_output_location, fingerprints, forget_ome_pyramid, image_paths,
+                       option, placement, recordable, refuse_if_unfinished, remove_zarr_output, zarr_store_format)
 from ._progress import plural, progress_bar
 from ._pyramid import DOWNSAMPLING, default_downsampling, downsample, level_factors, level_geometry
 from ._source import VolumeSource
@@ -281,6 +281,8 @@ def _write_pyramid(source: VolumeSource, container: Path, dataset: str, zarr_for
     if overwrite:  # every level to replace or remove emfast's own, before anything is written
         _remove_levels(container, dataset, [f"s{level}" for level in range(len(factors) + 1)] + stale, lock,
                        delete=False)
+        if listed:  # the image replaced: described until the new one is, at the end
+            forget_ome_pyramid(container, dataset, listed)
     shape, counts = source.full_shape, []
     for factor in [None] + list(factors):  # one progress count over every level's tiles
         shape, _, level_tiles = _level_plan(shape, source.dtype, settings, factor, rule)

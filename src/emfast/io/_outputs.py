@@ -517,14 +517,23 @@ def add_ome_multiscales(root, dataset: str, ndim: int, resolution: Optional[Sequ
     parent, _, name = dataset.rpartition("/")
     group = root[parent] if parent else root
     if resolution is None:  # an earlier output of that name may have left its description: it would place this one
-        _forget_image(group, name)
+        _forget_image(group, [name])
         return
     with warnings.catch_warnings():  # zarr-python warns of folders that are no node (tensorstore's implicit ones)
         warnings.simplefilter("ignore")
         members = set(group.keys())
     if members - {name, f"{name}.blocks"} and _described_paths(group) != [name]:
-        return  # described as an image, the group's others would be hidden
+        return  # described as an image, the group's others would be hidden (a level of one is placed as it is)
     _describe_image(group, name, ndim, [(name, resolution, offset)])
+
+
+def _transforms(ndim: int, resolution, offset) -> list:
+    """A level's OME-NGFF coordinateTransformations: its voxel size, then its offset (0 where it has none), with
+    1 and 0 on the channel axis of a 4-D output."""
+    lead = ndim - 3
+    return [{"type": "scale", "scale": [1.0] * lead + [float(r) for r in resolution]},
+            {"type": "translation",
+             "translation": [0.0] * lead + [float(o) for o in ((0.0,) * 3 if offset is None else offset)]}]
 
 
 def _described_paths(group) -> Optional[list]:
@@ -539,10 +548,10 @@ def _described_paths(group) -> Optional[list]:
         return None
 
 
-def _forget_image(group, name: str) -> None:
-    """Remove ``group``'s OME-NGFF multiscales where they describe the one dataset ``name`` (emfast's own
+def _forget_image(group, paths: list) -> None:
+    """Remove ``group``'s OME-NGFF multiscales where they describe exactly the datasets ``paths`` (emfast's own
     description of an earlier output there); another image's stays."""
-    if _described_paths(group) != [name]:
+    if _described_paths(group) != paths:
         return
     attributes = dict(group.attrs)
     ome = attributes.get("ome")
@@ -566,6 +575,16 @@ def add_ome_pyramid(container: Path, dataset: str, ndim: int, levels: Sequence[t
         return
     group = import_zarr("writing").open_group(local_store(container, writable=True), path=dataset, mode="r+")
     _describe_image(group, dataset.rpartition("/")[2], ndim, levels, replace)
+
+
+def forget_ome_pyramid(container: Path, dataset: str, levels: List[str]) -> None:
+    """Remove the OME-NGFF description of the zarr group ``container/dataset`` where it describes exactly the
+    pyramid ``levels`` (emfast's, about to be replaced: left, its voxel size and offset contradict the new levels
+    as they are written, and reading one to make the next failed)."""
+    from ._zarr import import_zarr, local_store
+
+    _forget_image(import_zarr("writing").open_group(local_store(container, writable=True), path=dataset, mode="r+"),
+                  levels)
 
 
 def image_paths(folder: Path) -> Optional[List[str]]:
@@ -595,11 +614,8 @@ def _describe_image(group, name: str, ndim: int, levels: Sequence[tuple], replac
     lead = ndim - 3
     axes = [{"name": "c", "type": "channel"}] * lead + [{"name": a, "type": "space", "unit": "nanometer"}
                                                         for a in ("z", "y", "x")]
-    datasets = [{"path": path, "coordinateTransformations": [
-        {"type": "scale", "scale": [1.0] * lead + [float(r) for r in resolution]},
-        {"type": "translation",
-         "translation": [0.0] * lead + [float(o) for o in ((0.0,) * 3 if offset is None else offset)]}]}
-        for path, resolution, offset in levels]
+    datasets = [{"path": path, "coordinateTransformations": _transforms(ndim, resolution, offset)}
+                for path, resolution, offset in levels]
     image = {"axes": axes, "datasets": datasets, "name": name}
     if version == "0.4":
         wanted = {"multiscales": [dict(image, version="0.4")]}

@@ -296,6 +296,8 @@ class OutputWriter:
             self.array = self.node(self.dataset)
             self._chunk_files = False
             return previous
+        if self.kind == "zarr":
+            self._refuse_misplaced_level(layout.get("resolution"), layout.get("offset"))
         for delete in (False, True):  # every output checked before anything is written
             if delete:
                 self._writable()
@@ -313,6 +315,26 @@ class OutputWriter:
             if create is not None:
                 create()
         return None
+
+    def _refuse_misplaced_level(self, resolution, offset) -> None:
+        """Refuse to write a level of an OME-NGFF image of several levels (emfast's pyramid) placed elsewhere
+        than the image places it: its coarser levels are placed from its first one, so a level moved alone was
+        unreadable, or made the others so (a review)."""
+        from ._zarr import level_above
+        parent = self.dataset.rpartition("/")[0]
+        if resolution is None or not parent or len(image_paths(self.container / parent) or ()) < 2:
+            return  # no image of several levels above it (one of this output alone follows it, see _outputs)
+        level = level_above(self.container, self.dataset)
+        if level is None:
+            return
+        placed = (tuple(float(r) for r in resolution), tuple(float(o) for o in (offset or (0.0, 0.0, 0.0))))
+        if not (np.allclose(placed[0], level.resolution, rtol=1e-6) and
+                np.allclose(placed[1], level.offset, rtol=0, atol=1e-6 * min(level.resolution))):
+            raise self.refused(
+                f"{self.path} is level {level.path} of the OME-NGFF image {self.container}/{parent}, which places it "
+                f"at voxel size {level.resolution} nm, offset {level.offset} nm; the input is at voxel size "
+                f"{placed[0]} nm, offset {placed[1]} nm: write the whole pyramid again into "
+                f"{self.container}/{parent} (convert with levels and {option('overwrite')}), or choose another output")
 
     def _writable(self) -> None:
         """Open the container to write, if it was opened to check."""

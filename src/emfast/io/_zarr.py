@@ -354,6 +354,12 @@ def _open_node(zarr, path: Path, dataset: str, name: str):
 READ_SLAB_BYTES = 32 * 2 ** 20
 
 
+def level_above(container: Path, dataset: str) -> Optional[Level]:
+    """The level the array ``container/dataset`` is of the OME-NGFF image in the group right above it, as that
+    image places it; None if that group is no image listing it, or its multiscales cannot be read."""
+    return _level_above(import_zarr("reading"), container, dataset)
+
+
 def _level_above(zarr, path, dataset: str) -> Optional[Level]:
     """The level an array is of the OME-NGFF image in the group right above it, None if that group is no image
     listing it (or its multiscales cannot be read: the array's own attributes stand then)."""
