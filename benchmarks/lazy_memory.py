@@ -3,6 +3,7 @@
 
     python benchmarks/lazy_memory.py [--budget-mib 64] [--volume-mib 256] [--format hdf5|zarr]
                                      [--compression none|gzip|zstd] [--boxes 300] [--batches 50] [--json [PATH]]
+                                     [--chunks Z Y X] [--patch Z Y X] [--batch-size 8]
 
 Writes a chunked uint8 HDF5 volume (or a zarr v3 array, ``--format zarr``) four times larger than the cache
 budget (default 256 MiB, (256, 1024, 1024), chunks (32, 128, 128), random data) into a temporary folder. Then,
@@ -16,6 +17,9 @@ each in a fresh subprocess so that its peak RSS (VmHWM) is its own:
   the cache), or zarr-python's ``Array[box]``.
 * ``loader``: streams ``--batches`` batches from ``emfast.Loader(volume, patch=(32, 128, 128), batch_size=8,
   threads=2)`` over the lazy volume.
+
+``--chunks``, ``--patch`` and ``--batch-size`` change the chunks written and the boxes and windows read (small chunks
+mean many blocks, reader threads and waves per batch: ``--chunks 16 64 64 --patch 16 64 64 --batch-size 4``).
 
 Each reports its baseline RSS (after imports and opening the volume), its peak RSS, and the allowance
 ``budget + slots`` (slots = ``loader.slot_bytes * loader.buffers``; none for ``boxes``). Target: peak - baseline
@@ -59,7 +63,7 @@ def kib_field(key: str) -> int:
     return int(value.split()[0]) * 1024
 
 
-def write_volume(path: Path, volume_mib: int, compression: str) -> tuple:
+def write_volume(path: Path, volume_mib: int, compression: str, chunks=CHUNKS) -> tuple:
     """The volume at ``path`` (``.h5``: HDF5 dataset ``raw``; ``.zarr``: a zarr v3 array); its shape."""
     sections = volume_mib * MiB // (SECTION[0] * SECTION[1])
     shape = (sections,) + SECTION
@@ -67,16 +71,16 @@ def write_volume(path: Path, volume_mib: int, compression: str) -> tuple:
     if path.suffix == ".zarr":
         import zarr
         codecs = {"none": None, "gzip": zarr.codecs.GzipCodec(level=1), "zstd": zarr.codecs.ZstdCodec(level=3)}
-        dataset = zarr.create_array(str(path), shape=shape, dtype=np.uint8, chunks=CHUNKS,
+        dataset = zarr.create_array(str(path), shape=shape, dtype=np.uint8, chunks=chunks,
                                     compressors=codecs[compression])
     else:
         import h5py
         options = dict(compression="gzip", compression_opts=1, shuffle=True) if compression == "gzip" else {}
-        dataset = h5py.File(path, "w").create_dataset("raw", shape=shape, dtype=np.uint8, chunks=CHUNKS,
+        dataset = h5py.File(path, "w").create_dataset("raw", shape=shape, dtype=np.uint8, chunks=chunks,
                                                       **options)
-    for z in range(0, sections, CHUNKS[0]):  # a slab at a time: the parent stays small too
+    for z in range(0, sections, chunks[0]):  # a slab at a time: the parent stays small too
         # noisy grey levels around 128, like EM: barely compressible, as raw EM is
-        slab = rng.normal(128, 30, (min(CHUNKS[0], sections - z),) + SECTION).clip(0, 255)
+        slab = rng.normal(128, 30, (min(chunks[0], sections - z),) + SECTION).clip(0, 255)
         dataset[z:z + slab.shape[0]] = slab.astype(np.uint8)
     if path.suffix != ".zarr":
         dataset.file.close()
@@ -90,14 +94,14 @@ def open_lazy(path: str, budget: int):
 
 # -- children: one measurement each, in a fresh process ----------------------------------------------------------
 
-def child_boxes(path: str, budget: int, boxes: int) -> dict:
+def child_boxes(path: str, budget: int, boxes: int, patch=BOX, batch_size: int = 8) -> dict:
     volume = open_lazy(path, budget)
-    out = np.empty((1,) + BOX, np.uint8)
+    out = np.empty((1,) + tuple(patch), np.uint8)
     out.fill(0)
     rng = np.random.default_rng(1)
-    hot_sections = max(BOX[0] + 1, budget // 2 // (volume.shape[1] * volume.shape[2]))
+    hot_sections = max(patch[0] + 1, budget // 2 // (volume.shape[1] * volume.shape[2]))
     workloads = {"random": volume.shape, "hot": (min(hot_sections, volume.shape[0]),) + volume.shape[1:]}
-    corners = {name: [[int(rng.integers(0, s - b + 1)) for s, b in zip(region, BOX)] for _ in range(boxes)]
+    corners = {name: [[int(rng.integers(0, s - b + 1)) for s, b in zip(region, patch)] for _ in range(boxes)]
                for name, region in workloads.items()}
     baseline = kib_field("VmRSS")
     result = {"baseline_rss": baseline, "slots": 0, "boxes": boxes}
@@ -105,7 +109,7 @@ def child_boxes(path: str, budget: int, boxes: int) -> dict:
         before = volume.cache_stats
         started = time.perf_counter()
         for corner in corners[name]:
-            volume.read_box(corner, BOX, out)
+            volume.read_box(corner, patch, out)
         result[f"{name}_boxes_per_s"] = boxes / (time.perf_counter() - started)
         after = volume.cache_stats
         hits, misses = after.hits + after.shared - before.hits - before.shared, after.misses - before.misses
@@ -117,7 +121,7 @@ def child_boxes(path: str, budget: int, boxes: int) -> dict:
         with uncached_reader(path) as read:
             started = time.perf_counter()
             for corner in corners[name]:
-                read(tuple(slice(c, c + b) for c, b in zip(corner, BOX)), out[0])
+                read(tuple(slice(c, c + b) for c, b in zip(corner, patch)), out[0])
             result[f"{name}_uncached_boxes_per_s"] = boxes / (time.perf_counter() - started)
     return result
 
@@ -138,10 +142,10 @@ def uncached_reader(path: str):
         yield lambda box, out: dataset.read_direct(out, source_sel=box)
 
 
-def child_loader(path: str, budget: int, batches: int) -> dict:
+def child_loader(path: str, budget: int, batches: int, patch=BOX, batch_size: int = 8) -> dict:
     import emfast
     volume = open_lazy(path, budget)
-    loader = emfast.Loader(volume, patch=BOX, batch_size=8, threads=2, epoch_size=batches)
+    loader = emfast.Loader(volume, patch=tuple(patch), batch_size=batch_size, threads=2, epoch_size=batches)
     baseline = kib_field("VmRSS")
     started = time.perf_counter()
     with loader:
@@ -156,8 +160,9 @@ def child_loader(path: str, budget: int, batches: int) -> dict:
             "hit_rate": (stats.hits + stats.shared) / max(1, stats.hits + stats.misses + stats.shared)}
 
 
-def run_child(phase: str, path: Path, budget: int, count: int) -> dict:
-    command = [sys.executable, os.path.abspath(__file__), "--child", phase, str(path), str(budget), str(count)]
+def run_child(phase: str, path: Path, budget: int, count: int, patch=BOX, batch_size: int = 8) -> dict:
+    command = [sys.executable, os.path.abspath(__file__), "--child", phase, str(path), str(budget), str(count),
+               ",".join(map(str, patch)), str(batch_size)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"the {phase} subprocess failed:\n{done.stderr}")
@@ -170,8 +175,8 @@ def run_child(phase: str, path: Path, budget: int, count: int) -> dict:
 
 
 def report(results: dict, args, shape) -> str:
-    lines = [f"lazy {args.format} volume {shape} uint8 ({args.volume_mib} MiB, chunks {CHUNKS}, compression "
-             f"{args.compression})"
+    lines = [f"lazy {args.format} volume {shape} uint8 ({args.volume_mib} MiB, chunks {tuple(args.chunks)}, "
+             f"compression {args.compression})"
              f", cache budget {args.budget_mib} MiB; machine: {results['machine']['cpu']}, "
              f"{results['machine']['usable_cores']} cores"]
     for phase, r in results["phases"].items():
@@ -186,7 +191,8 @@ def report(results: dict, args, shape) -> str:
                      f"{boxes[f'{name}_hit_rate']:.0%}) vs {uncached:.0f} uncached ({UNCACHED[args.format]}): "
                      f"ratio {cached / uncached:.2f}")
     loader = results["phases"]["loader"]
-    lines.append(f"loader: {loader['batches']} batches of 8 x {BOX} at {loader['batches_per_s']:.1f} batches/s "
+    lines.append(f"loader: {loader['batches']} batches of {args.batch_size} x {tuple(args.patch)} at "
+                 f"{loader['batches_per_s']:.1f} batches/s "
                  f"(threads={loader['threads']}, buffers={loader['buffers']}, hit rate {loader['hit_rate']:.0%})")
     lines.append("verdict: " + ("peak RSS within budget + slots + 10%" if results["ok"] else
                                 "peak RSS EXCEEDS budget + slots + 10%"))
@@ -196,7 +202,9 @@ def report(results: dict, args, shape) -> str:
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         phase, path, budget, count = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-        print(json.dumps((child_boxes if phase == "boxes" else child_loader)(path, budget, count)))
+        patch, batch_size = tuple(int(n) for n in sys.argv[6].split(",")), int(sys.argv[7])
+        print(json.dumps((child_boxes if phase == "boxes" else child_loader)(path, budget, count, patch,
+                                                                             batch_size)))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget-mib", type=int, default=64, help="chunk cache budget (default 64)")
@@ -207,6 +215,11 @@ def main() -> int:
                         help="zstd: zarr only")
     parser.add_argument("--boxes", type=int, default=300, help="random boxes read in the boxes phase")
     parser.add_argument("--batches", type=int, default=50, help="batches streamed in the loader phase")
+    parser.add_argument("--chunks", type=int, nargs=3, default=list(CHUNKS), metavar=("Z", "Y", "X"),
+                        help=f"chunks written (default {CHUNKS})")
+    parser.add_argument("--patch", type=int, nargs=3, default=list(BOX), metavar=("Z", "Y", "X"),
+                        help=f"boxes read and loader windows (default {BOX})")
+    parser.add_argument("--batch-size", type=int, default=8, help="loader batch size (default 8)")
     parser.add_argument("--json", nargs="?", const="-", metavar="PATH",
                         help="print the results as JSON (to PATH if given, else instead of the text report)")
     args = parser.parse_args()
@@ -217,10 +230,11 @@ def main() -> int:
     budget = args.budget_mib * MiB
     with tempfile.TemporaryDirectory(prefix="emfast-lazy-") as folder:
         path = Path(folder) / ("volume.zarr" if args.format == "zarr" else "volume.h5")
-        shape = write_volume(path, args.volume_mib, args.compression)
-        phases = {"boxes": run_child("boxes", path, budget, args.boxes),
-                  "loader": run_child("loader", path, budget, args.batches)}
-    results = {"machine": machine_info(), "volume_shape": shape, "chunks": CHUNKS, "format": args.format,
+        shape = write_volume(path, args.volume_mib, args.compression, tuple(args.chunks))
+        phases = {phase: run_child(phase, path, budget, count, args.patch, args.batch_size)
+                  for phase, count in (("boxes", args.boxes), ("loader", args.batches))}
+    results = {"machine": machine_info(), "volume_shape": shape, "chunks": args.chunks, "patch": args.patch,
+               "batch_size": args.batch_size, "format": args.format,
                "compression": args.compression,
                "budget_bytes": budget, "tolerance": TOLERANCE, "phases": phases,
                "ok": all(p["ok"] for p in phases.values())}
