@@ -144,6 +144,26 @@ def _address(buffer) -> int:
     return np.frombuffer(buffer, np.uint8, count=1).ctypes.data
 
 
+def private_map(size: int, what: str) -> mmap.mmap:
+    """``size`` bytes of anonymous memory mapped privately, as the heap is: a forked child (a DataLoader worker)
+    gets its own copy on write (Python maps anonymous memory shared by default: parent and children read chunk
+    files into the same pages, a review), and shared anonymous memory is never on huge pages.
+
+    Raises
+    ------
+    MemoryError
+        No memory (ENOMEM, ``ulimit -v``), as NumPy's allocations say it, naming ``what`` the memory is for.
+    """
+    try:
+        if hasattr(mmap, "MAP_PRIVATE"):
+            return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+        return mmap.mmap(-1, size)  # Windows: private to the process, which is never forked
+    except OSError as error:
+        if error.errno != errno.ENOMEM:
+            raise
+        raise MemoryError(f"cannot map {size >> 20} MiB for {what} ({error.strerror})") from None
+
+
 def _new_slab() -> memoryview:
     """A slab another cache freed, else :data:`SLAB_BYTES` of fresh memory starting on a huge page's boundary,
     advised as huge pages where the system has them. It is unmapped once nothing uses it (the map object lives as
@@ -152,15 +172,7 @@ def _new_slab() -> memoryview:
         if _kept:
             return _kept.pop()
     size = SLAB_BYTES + HUGE_PAGE
-    try:
-        if hasattr(mmap, "MAP_PRIVATE"):  # private like the heap: shared anonymous memory is not on huge pages
-            memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
-        else:  # Windows
-            memory = mmap.mmap(-1, size)
-    except OSError as error:  # ENOMEM (ulimit -v): a MemoryError, as NumPy's allocations give, not an OSError
-        if error.errno != errno.ENOMEM:
-            raise
-        raise MemoryError(f"cannot map {size >> 20} MiB for chunk-cache blocks ({error.strerror})") from None
+    memory = private_map(size, "chunk-cache blocks")
     start = -_address(memory) % HUGE_PAGE
     if hasattr(mmap, "MADV_HUGEPAGE"):
         try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import errno as errnos
-import mmap
 import os
 import threading
 import time
@@ -21,6 +20,7 @@ import numpy as np
 
 from .._core.files import (FILE_FAILED, FILE_MISSING, FILE_NOT_REGULAR, FILE_READ, FILE_UNSUPPORTED, read_decode_files,
                            read_files)
+from ._blockslots import private_map
 from ._source import _kind, add_transfer_time, read_regular_file
 
 #: Most bytes of chunk files a reader reads in one call: a box's missing chunks beyond it (large chunks, or a
@@ -106,7 +106,7 @@ class FileBuffer:
     over 64 KiB zstd chunks grew 14-22 MiB beside its 32 MiB cache, ``benchmarks/lazy_memory.py``)."""
 
     def __init__(self) -> None:
-        self.array = np.frombuffer(mmap.mmap(-1, KEPT_BUFFER_BYTES), np.uint8)
+        self.array = np.frombuffer(private_map(KEPT_BUFFER_BYTES, "reading chunk files"), np.uint8)
 
 
 _kept: List[FileBuffer] = []
