@@ -331,7 +331,7 @@ def n5_pyramid(path, z5py, level_attributes, group_attributes):
     return raw
 
 
-@pytest.mark.parametrize("layout", ["level", "group"])
+@pytest.mark.parametrize("layout", ["level", "group", "group resolution"])
 def test_n5_scale_levels_take_their_downsampling_factors(tmp_path, layout):
     """n5-viewer and N5 Spark state a level's downsamplingFactors beside s0's pixelResolution (on the level, or on
     the group for every level): s1 was read at s0's voxel size, and labels at s1 beside raw at s0 were placed
@@ -340,8 +340,16 @@ def test_n5_scale_levels_take_their_downsampling_factors(tmp_path, layout):
     pixel = {"dimensions": [4.0, 4.0, 40.0], "unit": "nm"}
     if layout == "level":  # N5 Spark: every level states both
         raw = n5_pyramid(tmp_path / "p.n5", z5py, {"pixelResolution": pixel, "downsamplingFactors": [2, 2, 1]}, {})
-    else:  # n5-viewer's group defaults: the levels state nothing
+    elif layout == "group":  # n5-viewer's group defaults: the levels state nothing
         raw = n5_pyramid(tmp_path / "p.n5", z5py, {}, {"scales": [[1, 1, 1], [2, 2, 1]], "pixelResolution": pixel})
+    else:  # the group states the voxel size, each level below s0 its factors; s0 nothing (a review)
+        raw = n5_pyramid(tmp_path / "p.n5", z5py, {"downsamplingFactors": [2, 2, 1]}, {"pixelResolution": pixel})
+        import json
+        (tmp_path / "p.n5/labels/s0/attributes.json").write_text(json.dumps(
+            {k: v for k, v in json.loads((tmp_path / "p.n5/labels/s0/attributes.json").read_text()).items()
+             if k != "pixelResolution"}))
+        with ef.open(tmp_path / "p.n5/labels/s0") as level:
+            assert level.resolution == (40.0, 4.0, 4.0)
     with ef.open(tmp_path / "p.n5/labels/s1") as level:
         assert level.resolution == (40.0, 8.0, 8.0) and level.offset == (0.0, 0.0, 0.0)
     sample = ef.Sample(ef.open(tmp_path / "p.n5/raw/s0", in_memory=False),

@@ -112,8 +112,9 @@ _VOXEL_SIZE_KEYS = ("resolution", "voxel_size", "pixelResolution")
 def _scale_level(meta: dict, groups, dataset: str, where: str) -> dict:
     """``meta`` with a scale level's voxel size made explicit (see the module's notes): its ``pixelResolution``
     (its own, or where it states no voxel size, the nearest group's in ``groups``, an iterable of the attributes
-    of the groups above it, nearest first) times its downsampling factors. Unchanged where it has no factors, or
-    no ``pixelResolution`` to scale (a voxel size of its own, ``resolution``, is the level's)."""
+    of the groups above it, nearest first) times its downsampling factors (none for s0). Unchanged where a level
+    below s0 has no factors, or there is no ``pixelResolution`` to scale (a voxel size of its own, ``resolution``,
+    is the level's)."""
     level = _LEVEL.fullmatch(dataset.rpartition("/")[2])
     factors, pixel, key = meta.get("downsamplingFactors"), meta.get("pixelResolution"), "downsamplingFactors"
     inherits = not any(k in meta for k in _VOXEL_SIZE_KEYS)  # a level stating no voxel size takes its groups'
@@ -129,6 +130,8 @@ def _scale_level(meta: dict, groups, dataset: str, where: str) -> dict:
                 pixel = group.get("pixelResolution")
             if factors is not None and (pixel is not None or not inherits):
                 break
+    if factors is None and level is not None and level.group(1) == "0" and inherits and pixel is not None:
+        return dict(meta, pixelResolution=pixel)  # full resolution: its groups' voxel size, no factors needed
     if factors is None or pixel is None:
         return meta
     sizes = pixel.get("dimensions") if isinstance(pixel, dict) else pixel
