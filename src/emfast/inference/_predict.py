@@ -330,7 +330,9 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
     compression : {"zstd", "blosc", "gzip", "none"}, optional
         Output codec; default "zstd" for zarr, "gzip" for HDF5 (which takes only "gzip" or "none").
     batch_size : int
-        Tiles (or variants) per model call.
+        Tiles (or variants) per model call. Above 1, the blocks and a resume decide which tiles share a call, and
+        a model whose values depend on the batch's length (torch's CPU convolutions, in the last bits) can give
+        outputs that differ by about 1e-7 between block sizes or across a resume; 1 (the default) is exact.
     device : str or TransferBackend, optional
         Feed the model torch tensors on this device ("cuda", "cuda:1", "cpu"), in inference mode; None (the
         default) feeds it NumPy arrays. Note that ``device="cpu"`` here means torch CPU tensors, whereas the
