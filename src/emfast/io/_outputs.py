@@ -536,14 +536,17 @@ def _transforms(ndim: int, resolution, offset) -> list:
              "translation": [0.0] * lead + [float(o) for o in ((0.0,) * 3 if offset is None else offset)]}]
 
 
+def _multiscales_holder(attributes: dict) -> dict:
+    """Where a group's ``attributes`` hold OME-NGFF multiscales: under ``ome`` (0.5), else at the top (0.4)."""
+    ome = attributes.get("ome")
+    return ome if isinstance(ome, dict) and "multiscales" in ome else attributes
+
+
 def _described_paths(group) -> Optional[list]:
     """The dataset paths of the OME-NGFF image ``group`` describes (0.4 or 0.5), [] if none, None if its
     description is malformed (another program's, left as it is)."""
-    attributes = dict(group.attrs)
-    ome = attributes.get("ome")
-    holder = ome if isinstance(ome, dict) and "multiscales" in ome else attributes
     try:
-        return _listed_paths(holder.get("multiscales"))
+        return _listed_paths(_multiscales_holder(dict(group.attrs)).get("multiscales"))
     except (AttributeError, TypeError):  # not a list of images, each a mapping listing mappings
         return None
 
@@ -554,14 +557,13 @@ def _forget_image(group, paths: list) -> None:
     if _described_paths(group) != paths:
         return
     attributes = dict(group.attrs)
-    ome = attributes.get("ome")
-    holder = ome if isinstance(ome, dict) and "multiscales" in ome else attributes
+    holder = _multiscales_holder(attributes)
     if holder is attributes:
         del group.attrs["multiscales"]
-    elif set(ome) <= {"multiscales", "version"}:  # nothing but the image was described
+    elif set(holder) <= {"multiscales", "version"}:  # nothing but the image was described
         del group.attrs["ome"]
     else:
-        group.attrs["ome"] = {key: value for key, value in ome.items() if key != "multiscales"}
+        group.attrs["ome"] = {key: value for key, value in holder.items() if key != "multiscales"}
 
 
 def add_ome_pyramid(container: Path, dataset: str, ndim: int, levels: Sequence[tuple], replace: bool = False
