@@ -558,3 +558,37 @@ def test_one_level_overwritten_from_an_input_placed_elsewhere_is_refused_and_the
     levels, _ = pyramid_levels(tmp_path / "out.zarr/img", 2)
     with h5py.File(tmp_path / "in.h5") as f:
         np.testing.assert_array_equal(levels[0][2][0], f["c"][...])
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_prediction_into_a_level_of_a_3d_pyramid_is_refused_before_anything_is_written(tmp_path, zarr_format):
+    """predict writes (c, z, y, x): into s0 of a 3-D pyramid, placed as the image places it, it was accepted and
+    left that level unreadable ("4-D array but 3 axes", a review)."""
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("a", data=np.zeros((8, 32, 32), np.uint8)).attrs["resolution"] = VOXEL
+    convert(str(tmp_path / "in.h5/a"), tmp_path / "out.zarr/img", levels=2, zarr_format=zarr_format)
+    before = tree_digest(tmp_path / "out.zarr")
+    with pytest.raises(FileExistsError, match=r"img/s0 is level s0 of the OME-NGFF image .*, whose levels have the "
+                                              r"axes \(z, y, x\); this output has 4 axes"):
+        ef.predict(lambda batch: batch, str(tmp_path / "in.h5/a"), str(tmp_path / "out.zarr/img/s0"),
+                   patch_in=(8, 16, 16), overwrite=True)
+    assert tree_digest(tmp_path / "out.zarr") == before
+
+
+def test_a_level_of_another_programs_pyramid_is_refused_as_not_emfasts(tmp_path):
+    """Written over from an input placed elsewhere, a level of an ome-zarr-py pyramid was refused with advice to
+    rewrite the whole pyramid, which is refused too: it is not emfast's (a review)."""
+    needs("ome_zarr")
+    from ome_zarr.io import parse_url
+    from ome_zarr.writer import write_image
+    zarr = needs("zarr")
+    group = zarr.open_group(parse_url(str(tmp_path / "omz.zarr"), mode="w").store, path="img", mode="a")
+    write_image(np.zeros((8, 32, 32), np.uint8), group, axes="zyx")
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("a", data=np.zeros((8, 32, 32), np.uint8)).attrs["resolution"] = VOXEL
+    before = tree_digest(tmp_path / "omz.zarr")
+    attributes = dict(zarr.open_group(str(tmp_path / "omz.zarr/img"), mode="r").attrs)
+    first = attributes.get("ome", attributes)["multiscales"][0]["datasets"][0]["path"]
+    with pytest.raises(ConvertError, match=rf"img/{first} exists and was not written by emfast"):
+        convert(str(tmp_path / "in.h5/a"), tmp_path / f"omz.zarr/img/{first}", overwrite=True)
+    assert tree_digest(tmp_path / "omz.zarr") == before

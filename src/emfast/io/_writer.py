@@ -296,10 +296,10 @@ class OutputWriter:
             self.array = self.node(self.dataset)
             self._chunk_files = False
             return previous
-        if self.kind == "zarr":
-            self._refuse_misplaced_level(layout.get("resolution"), layout.get("offset"))
         for delete in (False, True):  # every output checked before anything is written
             if delete:
+                if self.kind == "zarr":  # after the checks of whose it is: another program's level is refused so
+                    self._refuse_misplaced_level(len(layout["shape"]), layout.get("resolution"), layout.get("offset"))
                 self._writable()
             for name in (self.dataset, *companions):
                 try:
@@ -316,24 +316,30 @@ class OutputWriter:
                 create()
         return None
 
-    def _refuse_misplaced_level(self, resolution, offset) -> None:
-        """Refuse to write a level of an OME-NGFF image of several levels (emfast's pyramid) placed elsewhere
-        than the image places it: its coarser levels are placed from its first one, so a level moved alone was
-        unreadable, or made the others so (a review)."""
+    def _refuse_misplaced_level(self, ndim: int, resolution, offset) -> None:
+        """Refuse to write a level of an OME-NGFF image of several levels (emfast's pyramid) with other axes, or
+        placed elsewhere, than the image gives it: the image's axes are every level's (a prediction's 4-D output
+        at a level of a 3-D pyramid made it unreadable), and its coarser levels are placed from its first one, so a
+        level moved alone was unreadable, or made the others so (reviews)."""
         from ._zarr import level_above
         parent = self.dataset.rpartition("/")[0]
-        if resolution is None or not parent or len(image_paths(self.container / parent) or ()) < 2:
+        if not parent or len(image_paths(self.container / parent) or ()) < 2:
             return  # no image of several levels above it (one of this output alone follows it, see _outputs)
         level = level_above(self.container, self.dataset)
         if level is None:
             return
+        where = f"{self.path} is level {level.path} of the OME-NGFF image {self.container}/{parent}"
+        if ndim != len(level.axes):
+            raise self.refused(f"{where}, whose levels have the axes ({', '.join(level.axes)}); this output has "
+                               f"{ndim} axes: choose another output")
+        if resolution is None:
+            return  # placed by the image
         placed = (tuple(float(r) for r in resolution), tuple(float(o) for o in (offset or (0.0, 0.0, 0.0))))
         if not (np.allclose(placed[0], level.resolution, rtol=1e-6) and
                 np.allclose(placed[1], level.offset, rtol=0, atol=1e-6 * min(level.resolution))):
             raise self.refused(
-                f"{self.path} is level {level.path} of the OME-NGFF image {self.container}/{parent}, which places it "
-                f"at voxel size {level.resolution} nm, offset {level.offset} nm; the input is at voxel size "
-                f"{placed[0]} nm, offset {placed[1]} nm: write the whole pyramid again into "
+                f"{where}, which places it at voxel size {level.resolution} nm, offset {level.offset} nm; the input "
+                f"is at voxel size {placed[0]} nm, offset {placed[1]} nm: write the whole pyramid again into "
                 f"{self.container}/{parent} (convert with levels and {option('overwrite')}), or choose another output")
 
     def _writable(self) -> None:
