@@ -365,6 +365,26 @@ def test_n5_scale_levels_take_their_downsampling_factors(tmp_path, layout):
                 np.testing.assert_array_equal(batch["labels"][n, 0], expected)
 
 
+def test_n5_datasets_named_like_levels_outside_a_pyramid_keep_their_own_voxel_size(tmp_path):
+    """A root that is an n5-viewer pyramid (scales, pixelResolution, s0 and s1), and a volumes/s1 and other/s1
+    beside it in plain groups: they took the root's scales[1] and were read at twice their voxel size (a review).
+    Only a level's own group, or the root for a channel group right below it, and only beside an s0, lends it
+    defaults."""
+    z5py = needs("z5py")
+    pixel = {"dimensions": [4.0, 4.0, 40.0], "unit": "nm"}
+    container = z5py.File(str(tmp_path / "c.n5"), mode="a")
+    container.attrs["scales"], container.attrs["pixelResolution"] = [[1, 1, 1], [2, 2, 1]], pixel
+    for name, shape in [("s0", (8, 32, 32)), ("s1", (8, 16, 16)), ("volumes/s1", (8, 32, 32)),
+                        ("other/s1", (8, 32, 32)), ("c0/s0", (8, 32, 32)), ("c0/s1", (8, 16, 16))]:
+        container.create_dataset(name, data=np.ones(shape, np.uint8), chunks=(8, 8, 8), compression="gzip")
+    container["volumes/s1"].attrs["pixelResolution"] = pixel
+    expected = {"s0": (40, 4, 4), "s1": (40, 8, 8), "volumes/s1": (40, 4, 4), "other/s1": None,
+                "c0/s0": (40, 4, 4), "c0/s1": (40, 8, 8)}  # c0: a channel group, the root's defaults
+    for name, resolution in expected.items():
+        with ef.open(tmp_path / "c.n5" / name) as volume:
+            assert volume.resolution == resolution, name
+
+
 def test_n5_downsampling_factors_that_do_not_fit_the_pixel_resolution_are_refused(tmp_path):
     z5py = needs("z5py")
     n5_pyramid(tmp_path / "p.n5", z5py, {"pixelResolution": {"dimensions": [4, 4, 40], "unit": "nm"},

@@ -29,7 +29,7 @@ tensorstore array labelled ``["z", "y", "x"]`` is stored z first) are refused, n
 Scale pyramids as n5-viewer, N5 Spark and BigDataViewer lay them out (n5-viewer's README): levels ``s0``, ``s1``,
 ... of full resolution first, each level below s0 stating its ``downsamplingFactors`` (or its group stating
 them for every level, as ``scales`` or ``downsamplingFactors``), and ``pixelResolution`` stating s0's voxel size,
-on the level or on a group above it (the defaults of every level below). A level's voxel size is then
+on the level or on its group (the container's root holds the defaults of the channel groups directly below it). A level's voxel size is then
 ``pixelResolution`` times its factors (saalfeldlab's N5 metadata parsers place a level's voxel i at
 ``pixelResolution * (f * i + (f - 1) / 2)``, the centre of the s0 voxels it covers), and its corner is s0's.
 """
@@ -111,8 +111,8 @@ _VOXEL_SIZE_KEYS = ("resolution", "voxel_size", "pixelResolution")
 
 def _scale_level(meta: dict, groups, dataset: str, where: str) -> dict:
     """``meta`` with a scale level's voxel size made explicit (see the module's notes): its ``pixelResolution``
-    (its own, or where it states no voxel size, the nearest group's in ``groups``, an iterable of the attributes
-    of the groups above it, nearest first) times its downsampling factors (none for s0). Unchanged where a level
+    (its own, or where it states no voxel size, the nearest group's in ``groups``, the attributes of the groups
+    it takes defaults from, nearest first) times its downsampling factors (none for s0). Unchanged where a level
     below s0 has no factors, or there is no ``pixelResolution`` to scale (a voxel size of its own, ``resolution``,
     is the level's)."""
     level = _LEVEL.fullmatch(dataset.rpartition("/")[2])
@@ -144,18 +144,25 @@ def _scale_level(meta: dict, groups, dataset: str, where: str) -> dict:
     return dict(meta, pixelResolution=dict(pixel, dimensions=scaled) if isinstance(pixel, dict) else scaled)
 
 
-def _groups_above(root: Union[Path, RemoteStore], dataset: str, name: str):
-    """The attributes of the groups above ``dataset``, nearest first, up to the container's root (read as they are
-    asked for)."""
-    parts = dataset.split("/")[:-1]
-    for end in range(len(parts), -1, -1):
-        path = "/".join(parts[:end])
+def _layout_groups(root: Union[Path, RemoteStore], dataset: str, name: str):
+    """The attributes of the groups a scale level takes defaults from in the n5-viewer layout, nearest first (read
+    as they are asked for): its own group, then the container's root where that group is directly below it (a
+    channel group). None for a dataset that is no level of a pyramid (no ``s0`` beside it): a ``volumes/s1`` took
+    the root pyramid's ``scales`` (a review)."""
+    parts = dataset.split("/")
+    parent = "/".join(parts[:-1])
+
+    def attributes(path: str):
         where = f"{name} (the attributes.json of {path or 'the container'})"
         if isinstance(root, RemoteStore):
-            attributes = _read_attributes(root / path if path else root, where)
-        else:
-            attributes = _read_attributes(root / path / "attributes.json", where)
-        yield attributes or {}
+            return _read_attributes(root / path if path else root, where)
+        return _read_attributes(root / path / "attributes.json", where)
+
+    if not _LEVEL.fullmatch(parts[-1]) or attributes(f"{parent}/s0".lstrip("/")) is None:
+        return
+    yield attributes(parent) or {}
+    if len(parts) == 2:
+        yield attributes("") or {}
 
 
 class N5Source(VolumeSource):
@@ -212,7 +219,7 @@ class N5Source(VolumeSource):
         if axes is not None and (not isinstance(axes, list) or len(axes) != len(dimensions)):
             raise bad_metadata(where, "axes", axes, f"a list of {len(dimensions)} axis names, x first")
         with parsing(where):
-            meta = _scale_level(meta, _groups_above(root, dataset, self.name), dataset, where)
+            meta = _scale_level(meta, _layout_groups(root, dataset, self.name), dataset, where)
             geometry = array_geometry(meta, len(dimensions), where, reversed_order=True, names_key="N5 axes",
                                       dimension_names=axes)
         geometry.require_canonical(where)
