@@ -592,3 +592,28 @@ def test_a_level_of_another_programs_pyramid_is_refused_as_not_emfasts(tmp_path)
     with pytest.raises(ConvertError, match=rf"img/{first} exists and was not written by emfast"):
         convert(str(tmp_path / "in.h5/a"), tmp_path / f"omz.zarr/img/{first}", overwrite=True)
     assert tree_digest(tmp_path / "omz.zarr") == before
+
+
+@pytest.mark.parametrize("where", ["img", ""], ids=["in a group", "at the root"])
+def test_a_prediction_into_a_missing_level_of_a_3d_image_is_refused_wherever_the_image_is(tmp_path, where):
+    """ome-zarr-py writes its images at the store's root: the level checks gave up there, and a 4-D prediction
+    into a level the root image lists (deleted) was accepted and made the image unreadable (a review)."""
+    needs("ome_zarr")
+    import shutil
+    from ome_zarr.io import parse_url
+    from ome_zarr.writer import write_image
+    zarr = needs("zarr")
+    store = parse_url(str(tmp_path / "omz.zarr"), mode="w").store
+    write_image(np.zeros((8, 64, 64), np.uint8), zarr.open_group(store, path=where, mode="a"), axes="zyx",
+                scale_factors=[2])
+    image = tmp_path / "omz.zarr" / where if where else tmp_path / "omz.zarr"
+    attributes = dict(zarr.open_group(str(image), mode="r").attrs)
+    first = attributes.get("ome", attributes)["multiscales"][0]["datasets"][0]["path"]
+    shutil.rmtree(image / first)
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("a", data=np.zeros((8, 64, 64), np.uint8))
+    before = tree_digest(tmp_path / "omz.zarr")
+    with pytest.raises(FileExistsError, match=rf"{first} is level {first} of the OME-NGFF image .*omz.zarr"
+                                              rf"{'/img' if where else ''}, whose levels have the axes"):
+        ef.predict(lambda batch: batch, str(tmp_path / "in.h5/a"), str(image / first), patch_in=(8, 16, 16))
+    assert tree_digest(tmp_path / "omz.zarr") == before

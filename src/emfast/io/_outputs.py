@@ -590,13 +590,16 @@ def forget_ome_pyramid(container: Path, dataset: str, levels: List[str]) -> None
 
 
 def image_paths(folder: Path) -> Optional[List[str]]:
-    """The dataset paths of the OME-NGFF image the zarr group ``folder`` describes, None if it describes none."""
+    """The dataset paths of the OME-NGFF image the zarr group ``folder`` describes, None if it describes none (or
+    its description is malformed: another program's)."""
     metadata = _zarr_metadata(folder)
     if metadata is None or metadata.get("node_type") != "group":
         return None
-    attributes = metadata.get("attributes", {})
-    images = attributes.get("ome", attributes).get("multiscales")
-    return [str(path) for path in _listed_paths(images)] if images else None
+    try:
+        images = _multiscales_holder(metadata.get("attributes", {})).get("multiscales")
+        return [str(path) for path in _listed_paths(images)] if images else None
+    except (AttributeError, TypeError):  # not a list of images, each a mapping listing mappings
+        return None
 
 
 def _listed_paths(images) -> list:

@@ -322,13 +322,14 @@ class OutputWriter:
         at a level of a 3-D pyramid made it unreadable), and its coarser levels are placed from its first one, so a
         level moved alone was unreadable, or made the others so (reviews)."""
         from ._zarr import level_above
-        parent = self.dataset.rpartition("/")[0]
-        if not parent or len(image_paths(self.container / parent) or ()) < 2:
+        parent = self.dataset.rpartition("/")[0]  # "": the store's root group (ome-zarr-py's images are there)
+        image = self.container / parent if parent else self.container
+        if len(image_paths(image) or ()) < 2:
             return  # no image of several levels above it (one of this output alone follows it, see _outputs)
         level = level_above(self.container, self.dataset)
         if level is None:
             return
-        where = f"{self.path} is level {level.path} of the OME-NGFF image {self.container}/{parent}"
+        where = f"{self.path} is level {level.path} of the OME-NGFF image {image}"
         if ndim != len(level.axes):
             raise self.refused(f"{where}, whose levels have the axes ({', '.join(level.axes)}); this output has "
                                f"{ndim} axes: choose another output")
@@ -340,7 +341,7 @@ class OutputWriter:
             raise self.refused(
                 f"{where}, which places it at voxel size {level.resolution} nm, offset {level.offset} nm; the input "
                 f"is at voxel size {placed[0]} nm, offset {placed[1]} nm: write the whole pyramid again into "
-                f"{self.container}/{parent} (convert with levels and {option('overwrite')}), or choose another output")
+                f"{image} (convert with levels and {option('overwrite')}), or choose another output")
 
     def _writable(self) -> None:
         """Open the container to write, if it was opened to check."""
