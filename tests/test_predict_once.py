@@ -18,11 +18,11 @@ zarr = pytest.importorskip("zarr", reason="prediction outputs in these tests are
 
 
 class Counting:
-    """``lopsided``, counting the tiles it is given and which (by their bytes) it saw twice; it fails on call
-    ``fail_at``, if given."""
+    """``lopsided``, counting the tiles it is given, those all zero (the filling of a short batch: the volumes here
+    have no zero tile) and which others (by their bytes) it saw twice; it fails on call ``fail_at``, if given."""
 
     def __init__(self, fail_at=None):
-        self.tiles = self.calls = 0
+        self.tiles = self.calls = self.zero_tiles = 0
         self.seen = {}
         self.fail_at = fail_at
 
@@ -32,6 +32,9 @@ class Counting:
             raise RuntimeError("model failed")
         self.tiles += len(batch)
         for tile in batch:
+            if not tile.any():
+                self.zero_tiles += 1
+                continue
             key = tile.tobytes()
             self.seen[key] = self.seen.get(key, 0) + 1
         return lopsided(batch)
@@ -62,7 +65,8 @@ def test_each_tile_is_computed_once_and_matches_the_reference(tmp_path, volume, 
                         overlap=overlap, blend=blend, tta=tta, chunks=chunks, block=block, batch_size=3)
     count = len(variants(tta, PATCH_IN, PATCH_OUT))
     assert result.blocks > 1
-    assert model.tiles == _plan_tiles(volume, overlap, blend) * count == result.tiles_computed
+    assert model.tiles - model.zero_tiles == _plan_tiles(volume, overlap, blend) * count == result.tiles_computed
+    assert model.zero_tiles == result.tiles_padded
     assert model.repeats == 0
     expected = _reference(lopsided, volume, None, overlap, blend, tta, "reflect")
     np.testing.assert_allclose(_read(tmp_path / "p.zarr/pred"), expected, rtol=2e-6, atol=1e-7)
@@ -83,16 +87,17 @@ class Sizes(Counting):
 @pytest.mark.parametrize("tta, chunks, block, batch_size", [(0, (6, 12, 12), (12, 24, 24), 3),
                                                            (4, (6, 12, 12), (6, 24, 24), 5)])
 def test_batches_span_blocks_so_only_the_last_is_partial(tmp_path, volume, tta, chunks, block, batch_size):
-    """A device computes a whole batch whatever it holds: a block's last tiles fill their batch with the next
-    block's first ones, so every batch but the last is full (the probe's single tile aside; blocks whose tile
-    counts are not multiples of the batch size), and the bytes are those of one block."""
+    """A device computes a whole batch whatever it holds, and every call holds batch_size tiles: a block's last
+    tiles fill their batch with the next block's first ones, so only the probe's batch and the last are filled
+    with zero tiles (blocks whose tile counts are not multiples of the batch size), and the bytes are those of one
+    block."""
     model = Sizes()
     settings = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT, blend="none", overlap=(0, 0, 0), tta=tta, chunks=chunks,
                     batch_size=batch_size)
     result = ef.predict(model, volume, tmp_path / "p.zarr/pred", block=block, **settings)
     assert result.blocks > 4 and model.repeats == 0
-    batches = model.sizes[1:]  # after the probe
-    assert batches[:-1] == [batch_size] * (len(batches) - 1) and 1 <= batches[-1] <= batch_size
+    assert model.sizes == [batch_size] * len(model.sizes)
+    assert model.zero_tiles == result.tiles_padded == batch_size - 1 + (-result.tiles_computed + 1) % batch_size
     ef.predict(lopsided, volume, tmp_path / "one.zarr/pred", block=(24, 48, 48), **settings)
     np.testing.assert_array_equal(_read(tmp_path / "p.zarr/pred"), _read(tmp_path / "one.zarr/pred"))
 
@@ -708,3 +713,18 @@ def test_an_earlier_versions_tiles_name_that_is_another_outputs_folder_is_left_a
     assert first.folder.is_dir() and first.has((0, 0, 0))
     second.remove()
     first.remove()
+
+
+def test_a_model_with_a_fixed_batch_size_gets_it_on_every_call(tmp_path, volume):
+    """Networks exported with a fixed batch dimension (ONNX, TensorRT engines) refuse a batch of another length:
+    the probe's call and the run's last used to hold fewer tiles."""
+    def fixed(batch):
+        if len(batch) != 4:
+            raise ValueError(f"this network takes 4 tiles, got {len(batch)}")
+        return lopsided(batch)
+
+    settings = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT, tta=4, chunks=(8, 16, 16))
+    result = ef.predict(fixed, volume, tmp_path / "fixed.zarr/pred", batch_size=4, **settings)
+    ef.predict(lopsided, volume, tmp_path / "one.zarr/pred", **settings)
+    assert result.tiles_padded > 0
+    np.testing.assert_array_equal(_read(tmp_path / "fixed.zarr/pred"), _read(tmp_path / "one.zarr/pred"))

@@ -292,7 +292,8 @@ class Carry:
     missing tiles fill it before it is submitted. A device computes a whole batch whatever it holds (a CUDA
     graph replays its whole slot), so each block's partial batch would cost a whole one. A batch spans at most
     two blocks: the next block submits it at its end, filled or not, and :meth:`flush` submits what is left.
-    The predictions do not depend on the batch a tile is in, so neither do the bytes written."""
+    Every call holds ``batch_size`` tiles (:class:`~emfast.inference._model.ModelCaller` fills a short one with
+    zero tiles), so a tile's predictions do not depend on the batch it is in, and neither do the bytes written."""
 
     def __init__(self) -> None:
         self.pending: Optional[_SharedBatch] = None  # the last block's, for the next block to fill

@@ -71,7 +71,8 @@ def _importable(module: str) -> bool:
 
 def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset: str, kind: str,
                ended: str) -> Optional[tuple]:
-    """One Dask task: compute, write and flag ``block``; returns the tiles it computed, the values it computed,
+    """One Dask task: compute, write and flag ``block``; returns the tiles it computed, the zero tiles that filled
+    its short batches, the values it computed,
     those it clipped and the NaN among them, those NaN or infinite in a float output, and the seconds spent in
     the model's calls; None, having written nothing, once the run has ended (the Dask event named ``ended`` is
     set).
@@ -84,7 +85,7 @@ def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset:
         return None
     task = object.__new__(BlockPredictor)  # not copy.copy: that would pickle its way to a new, empty _Pool
     caller = copy.copy(predictor.model)
-    caller.seconds = 0.0
+    caller.seconds, caller.tiles_padded = 0.0, 0
     task.__dict__.update(predictor.__dict__, model=caller, tiles_computed=0, values=0, clipped=0, nans=0,
                          non_finite=0)
     stand_in = None
@@ -103,7 +104,7 @@ def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset:
         write_block(store, block, result, task.plan.grid)
     finally:
         store.close()
-    return task.tiles_computed, task.values, task.clipped, task.nans, task.non_finite, caller.seconds
+    return task.tiles_computed, caller.tiles_padded, task.values, task.clipped, task.nans, task.non_finite, caller.seconds
 
 
 def _phase(block: Block, grid) -> tuple:
@@ -131,8 +132,9 @@ def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List
     by_key = {future.key: block for future, block in zip(futures, blocks)}
     try:
         for future in as_completed(futures):
-            tiles, values, clipped, nans, non_finite, seconds = future.result()
+            tiles, padded, values, clipped, nans, non_finite, seconds = future.result()
             predictor.model.seconds += seconds  # the workers' calls, as Prediction.profile["model"] reports them
+            predictor.model.tiles_padded += padded
             predictor.tiles_computed += tiles
             predictor.values += values
             predictor.clipped += clipped

@@ -205,10 +205,14 @@ class ModelCaller:
     With a :class:`~emfast.inference._device.DeviceRunner` (``runner``), batches go to the device through its
     transfer backend (page-locked slots, asynchronous copies both ways) instead.
 
+    Every call holds ``batch_size`` tiles: a shorter batch (the run's last, the probe's) is filled with zero tiles,
+    whose predictions are dropped. A framework may compute a tile's last bits differently for another batch length
+    (torch's CPU convolutions do), and which tiles end up in a short batch depends on the blocks and on a resume.
+
     Picklable when the model is, so Dask workers get their own (never with a runner: its thread stays here).
     """
 
-    def __init__(self, model: Callable, device: Optional[str] = None) -> None:
+    def __init__(self, model: Callable, device: Optional[str] = None, batch_size: int = 1) -> None:
         if not callable(model):
             raise TypeError(f"model must be callable (a function or a torch module), got {type(model).__name__}")
         require_torch(device)  # here, not at the first call on a thread of its own
@@ -216,6 +220,9 @@ class ModelCaller:
         self.device = device
         self.runner = None  # set by predict for a device with a transfer backend
         self.name = model_name(model)
+        self.batch_size = batch_size
+        #: Zero tiles added to short batches (the model computed them too).
+        self.tiles_padded = 0
         #: Seconds spent in calls of the model here (device copies included); calls come one at a time.
         self.seconds = 0.0
         #: The first error of a call (the model's, or its prediction's check): later calls raise it unrun.
@@ -235,6 +242,9 @@ class ModelCaller:
         # the first error is the one that names the cause.
         if self.failure is not None:
             raise self.failure
+        count = batch.shape[0]
+        if count < self.batch_size:
+            batch = self._filled(batch)
         start = time.perf_counter()
         try:
             if self.runner is not None:
@@ -262,12 +272,31 @@ class ModelCaller:
                     # array, a compiled graph's static output) would have overwritten it. A view of the batch is
                     # emfast's own until blended.
                     prediction = np.array(prediction, copy=True, order="K")
-                return prediction
+                return prediction[:count]
             except Exception as error:
                 self.failure = self.failure or error
                 raise
 
         return checked
+
+    def _filled(self, batch: np.ndarray) -> np.ndarray:
+        """``batch`` followed by zero tiles up to ``batch_size``: in place where the array ``batch`` was cut from
+        holds a whole batch (a pooled batch, a device's page-locked slot, which is then not staged)."""
+        count = batch.shape[0]
+        shape = (self.batch_size,) + batch.shape[1:]
+        size = int(np.prod(shape))
+        root = batch
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        if root.ndim == 1 and root.dtype == batch.dtype and root.size >= size and batch.flags.c_contiguous \
+                and batch.ctypes.data == root.ctypes.data:
+            filled = root[:size].reshape(shape)
+        else:
+            filled = np.empty(shape, batch.dtype)
+            filled[:count] = batch
+        filled[count:] = 0
+        self.tiles_padded += self.batch_size - count
+        return filled
 
     def _hint_device(self, error: Exception) -> None:
         """A torch module fed NumPy batches (no ``device``) that fails on one (torch's TypeError names neither the

@@ -87,6 +87,10 @@ class Prediction:
         network set the pace; well below 1, the model waited for emfast (or the disk). On Dask, ``"model"``
         adds up the calls on every worker (workers calling it at once count each: up to their number times
         ``seconds``).
+    tiles_padded : int
+        Zero tiles that filled this call's short batches up to ``batch_size`` (the run's last, the one that learned
+        the output channels, a block's last on Dask): the model computed them too, and their predictions were
+        dropped.
     """
 
     path: str
@@ -98,6 +102,7 @@ class Prediction:
     tiles_computed: int
     seconds: float
     profile: Dict[str, float] = field(default_factory=dict)
+    tiles_padded: int = 0
 
 
 @dataclass(frozen=True)
@@ -330,9 +335,9 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
     compression : {"zstd", "blosc", "gzip", "none"}, optional
         Output codec; default "zstd" for zarr, "gzip" for HDF5 (which takes only "gzip" or "none").
     batch_size : int
-        Tiles (or variants) per model call. Above 1, the blocks and a resume decide which tiles share a call, and
-        a model whose values depend on the batch's length (torch's CPU convolutions, in the last bits) can give
-        outputs that differ by about 1e-7 between block sizes or across a resume; 1 (the default) is exact.
+        Tiles (or variants) per model call. Every call holds this many: a shorter batch is filled with zero tiles
+        (see ``Prediction.tiles_padded``), since a framework may give a tile other last bits in a batch of another
+        length (torch's CPU convolutions do) and the blocks and a resume decide which tiles end up in a short one.
     device : str or TransferBackend, optional
         Feed the model torch tensors on this device ("cuda", "cuda:1", "cpu"), in inference mode; None (the
         default) feeds it NumPy arrays. Note that ``device="cpu"`` here means torch CPU tensors, whereas the
@@ -441,7 +446,7 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
         device = torch_device_name(device)
     if isinstance(device, str):  # torch's own errors ("Expected one of cpu, cuda, ...") named no setting
         check_torch_device(device, here=client is None)
-    caller = ModelCaller(model, device)
+    caller = ModelCaller(model, device, batch_size)
     if client is not None:
         check_model_pickles(model, client)
     try:
@@ -590,7 +595,7 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
                 volume.close()
     profile = {"model": caller.seconds, **({} if caller.runner is None else caller.runner.stages)}
     return Prediction(f"{container}/{dataset}", shape, np.dtype(dtype), len(blocks), len(todo), plan.tile_count,
-                      predictor.tiles_computed, time.monotonic() - started, profile)
+                      predictor.tiles_computed, time.monotonic() - started, profile, caller.tiles_padded)
 
 
 def _probe(predictor: BlockPredictor, plan: TilePlan):
