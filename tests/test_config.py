@@ -644,3 +644,22 @@ def test_a_tiled_validation_sets_its_epoch_and_a_different_epoch_size_is_refused
     config = load_config(_write(files, base + f"validation: {{sampler: tiled, loader: {{epoch_size: {tiled + 1}}}}}\n"))
     with pytest.raises(ConfigError, match=rf"validation.loader.epoch_size: epoch_size={tiled + 1}, but Tiled"):
         config.loader("validation")
+
+
+@pytest.mark.parametrize("where, key", [("", "augment"), ("", "targets"), ("", "sampler"),
+                                        ("validation", "augment"), ("validation", "targets")])
+def test_an_empty_augment_targets_or_sampler_key_is_refused_not_read_as_the_default(files, where, key):
+    """``augment:`` with nothing after it is YAML's null, which read as an absent key: the default augmentation,
+    or under validation the training one, where the user most likely meant none."""
+    lines = FULL.replace("  augment: []\n", "").splitlines()
+    if where:
+        lines.append(f"  {key}:")
+    else:  # the key's own lines go, the key stays
+        start = lines.index(f"{key}:")
+        end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith(" "))
+        del lines[start + 1:end]
+    line = len(lines) if where else lines.index(f"{key}:") + 1
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(files, "\n".join(lines) + "\n"))
+    assert f"{where + '.' if where else ''}{key}: is empty" in str(info.value)
+    assert f"line {line}" in str(info.value)

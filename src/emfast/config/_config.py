@@ -321,6 +321,7 @@ def _load(text: str, source: str, base: Path) -> Config:
 
     loader_args = loader_section(reader, document["loader"], ("loader",), require_patch=True)
     isotropic = loader_args.get("isotropic", loader_default("isotropic"))
+    _refuse_empty(reader, document, ())
     parts: Dict[str, Any] = {}
     for key in ("augment", "targets"):
         if document.get(key) is not None:
@@ -335,6 +336,7 @@ def _load(text: str, source: str, base: Path) -> Config:
             raise reader.error(("validation",), "validation settings need held-out samples: add data.hold_out")
         section = reader.mapping(document["validation"], ("validation",), ("loader", "augment", "targets",
                                                                            "sampler"))
+        _refuse_empty(reader, section, ("validation",))
         overrides: Dict[str, Any] = {}
         if section.get("loader") is not None:
             overrides["loader"] = loader_section(reader, section["loader"], ("validation", "loader"), False)
@@ -348,3 +350,14 @@ def _load(text: str, source: str, base: Path) -> Config:
         validation = Validation(**overrides)
     return Config(samples=samples, loader_args=loader_args, hold_out=tuple(hold_out), validation=validation,
                   source=source, marks=marks, **parts)
+
+
+def _refuse_empty(reader, section: dict, path: tuple) -> None:
+    """An ``augment:``, ``targets:`` or ``sampler:`` key left empty (YAML's null) read as absent: the defaults, or
+    under ``validation`` the training settings, where whoever wrote it most likely meant none."""
+    for key in ("augment", "targets", "sampler"):
+        if key in section and section[key] is None:
+            instead = "the training loader's" if path else "the default"
+            none = "" if key == "sampler" else f", [] for no {'augmentation' if key == 'augment' else 'targets'}"
+            raise reader.error(path + (key,), f"is empty: give {'a sampler' if key == 'sampler' else 'a list'}"
+                               f"{none}, or leave the key out for {instead}")
