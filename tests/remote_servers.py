@@ -141,10 +141,28 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _moto_server(port: int, delay: list):
-    """moto's threaded S3 server, waiting ``delay[0]`` seconds before answering each request."""
+#: S3's error responses for the statuses a fault may give: (reason, S3 error code, message), as S3 documents them.
+S3_ERRORS = {500: ("Internal Server Error", "InternalError", "We encountered an internal error. Please try again."),
+             503: ("Slow Down", "SlowDown", "Please reduce your request rate."),
+             403: ("Forbidden", "AccessDenied", "Access Denied")}
+
+
+def _moto_server(port: int, delay: list, faults: dict):
+    """moto's threaded S3 server, waiting ``delay[0]`` seconds before answering each request, and answering a
+    GET or HEAD whose path holds a key of ``faults`` with the first status queued there (an S3 error response)."""
     from moto.server import DomainDispatcherApplication, ThreadedMotoServer, create_backend_app
     from werkzeug.serving import make_server
+
+    lock = threading.Lock()
+
+    def fault(environ):
+        if environ["REQUEST_METHOD"] not in ("GET", "HEAD"):
+            return None
+        with lock:
+            for pattern, queue in faults.items():
+                if pattern in environ.get("PATH_INFO", "") and queue:
+                    return queue.pop(0)
+        return None
 
     class Delayed(ThreadedMotoServer):
         def _server_entry(self) -> None:
@@ -152,7 +170,15 @@ def _moto_server(port: int, delay: list):
 
             def delayed(environ, start_response):
                 time.sleep(delay[0])
-                return app(environ, start_response)
+                status = fault(environ)
+                if status is None:
+                    return app(environ, start_response)
+                reason, code, message = S3_ERRORS[status]
+                body = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>{message}'
+                        f'</Message><RequestId>emfast-test</RequestId></Error>').encode()
+                start_response(f"{status} {reason}", [("Content-Type", "application/xml"),
+                                                      ("Content-Length", str(len(body)))])
+                return [b"" if environ["REQUEST_METHOD"] == "HEAD" else body]
 
             self._server = make_server(self._ip_address, self._port, delayed, True)
             self._server_ready_event.set()
@@ -162,12 +188,13 @@ def _moto_server(port: int, delay: list):
 
 
 @contextlib.contextmanager
-def s3_server(delay: list = None):
+def s3_server(delay: list = None, faults: dict = None):
     """moto's S3 server on 127.0.0.1 with fake credentials in the environment; yields its endpoint URL. ``delay``:
-    a one-element list, the seconds each request waits (changeable while it runs)."""
+    a one-element list, the seconds each request waits (changeable while it runs); ``faults``: path part -> list
+    of statuses (500, 503, 403) applied one per GET or HEAD (changeable while it runs)."""
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
     port = free_port()
-    server = _moto_server(port, [0.0] if delay is None else delay)
+    server = _moto_server(port, [0.0] if delay is None else delay, {} if faults is None else faults)
     saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
     os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
     server.start()

@@ -101,9 +101,13 @@ def served(http):
     http.missing = 404
 
 
+#: Faults of the S3 server (see ``s3_server``), cleared by each test that queues some.
+S3_FAULTS: dict = {}
+
+
 @pytest.fixture(scope="module")
 def s3(written):
-    with s3_server() as endpoint:
+    with s3_server(faults=S3_FAULTS) as endpoint:
         upload(endpoint, BUCKET, written[0])
         yield endpoint
 
@@ -783,3 +787,55 @@ def test_a_remote_input_replaced_while_predict_reads_it_ends_the_run_unfinished(
             ef.predict(model, f"{server.url}/in.zarr", str(tmp_path / "p.zarr/p"), patch_in=(8, 16, 16),
                        blend="none", block=(8, 16, 16), chunks=(8, 16, 16), threads=1, batch_size=1)
     assert zarr.open_array(str(tmp_path / "p.zarr/p")).attrs["emfast_predict"]["complete"] is False
+
+
+@pytest.mark.parametrize("status", [500, 503])
+def test_s3_internal_errors_and_slow_downs_are_retried(written, s3, status):
+    """s3fs turns S3's 500 InternalError and 503 SlowDown into OSErrors that carry only S3's message: they were
+    taken as permanent, and the read failed after s3fs's single retry whatever ``retries`` said."""
+    chunk = "/v3.zarr/c/1/0/2"
+    S3_FAULTS.clear()
+    S3_FAULTS[chunk] = [status] * 3
+    try:
+        with ef.open(f"s3://{BUCKET}/v3.zarr", in_memory=False,
+                     storage_options={"endpoint_url": s3, "retries": 5}) as lazy:
+            np.testing.assert_array_equal(lazy_box(lazy), written[1])
+        assert S3_FAULTS[chunk] == []  # every fault was met, and the read went on
+    finally:
+        S3_FAULTS.clear()
+
+
+@pytest.mark.parametrize("name", ["zarr v3", "N5"])
+def test_closing_a_volume_ends_the_reads_its_cache_announced(written, served, name):
+    """A closed loader and volume left the chunk reads announced for read-ahead running, each retried against a
+    server that did not answer (about six times the timeout per chunk)."""
+    path, args = written[2][name]
+    lazy = ef.open(f"{served.url}/{path}", in_memory=False, storage_options={"timeout": 0.5, "retries": 5}, **args)
+    served.faults[f"/{path}/"] = ["hang"] * 1000  # every chunk request hangs (the metadata was read)
+    before = len(served.requests)
+    loader = ef.Loader(lazy, patch=(6, 12, 14), batch_size=2, threads=2).start()
+    deadline = time.monotonic() + 10
+    while len(served.requests) < before + 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    loader.close()
+    lazy.close()
+    closed = len(served.requests)
+    time.sleep(2.0)  # each announced read would have timed out and asked again, at least once
+    assert len(served.requests) == closed
+    assert threads_end()
+
+
+def test_an_s3_request_is_made_as_many_times_as_the_retries_say(written, s3):
+    """botocore's ``max_attempts`` counts retries, not attempts: each of emfast's attempts was two requests, and a
+    hung chunk took twice the time its ``timeout`` and ``retries`` promised."""
+    chunk = "/v3.zarr/c/1/0/2"
+    S3_FAULTS.clear()
+    S3_FAULTS[chunk] = [500] * 10
+    try:
+        with ef.open(f"s3://{BUCKET}/v3.zarr", in_memory=False,
+                     storage_options={"endpoint_url": s3, "retries": 1}) as lazy:
+            with pytest.raises(RemoteReadError, match=f"{chunk}: cannot read it after 2 attempts"):
+                lazy_box(lazy)
+        assert len(S3_FAULTS[chunk]) == 10 - 2
+    finally:
+        S3_FAULTS.clear()

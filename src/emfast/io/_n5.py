@@ -332,6 +332,11 @@ class N5Source(VolumeSource):
             done[i] = ok
         return done
 
+    def close(self) -> None:
+        """Cancel the remote reads announced and not taken."""
+        if isinstance(self._directory, RemoteStore):
+            self._directory.abandon_announced()
+
     def will_read(self, blocks) -> None:
         """Announce the blocks ((corner, extent) each) about to be read: a remote store requests them together."""
         if not isinstance(self._directory, RemoteStore):

@@ -19,7 +19,8 @@ Failures: a missing key is None (each format says what a missing chunk means); a
 429 or 408, a reset or refused connection, a timeout, a truncated response) is tried again after an exponential
 backoff; what still fails, and every other failure (403, a bad request), is a :class:`RemoteReadError` naming the
 URL and the key. A read waits in short slices, so a thread whose loader closes (:func:`abandoned_when`) stops
-waiting at once and its request is cancelled: closing never waits for the network.
+waiting at once and its request is cancelled: closing never waits for the network. Closing a volume cancels the
+reads its cache announced and did not take (:meth:`RemoteStore.abandon_announced`).
 """
 from __future__ import annotations
 
@@ -154,7 +155,7 @@ def _filesystem(protocol: str, options: dict, timeout: float, asynchronous: bool
             import s3fs  # noqa: F401
         except ImportError:
             raise ImportError("reading s3:// needs s3fs; pip install 'emfast[remote]'") from None
-        config = {"connect_timeout": min(timeout, 10.0), "read_timeout": timeout, "retries": {"max_attempts": 1},
+        config = {"connect_timeout": min(timeout, 10.0), "read_timeout": timeout, "retries": {"total_max_attempts": 1},
                   "max_pool_connections": 64,  # announced chunks are requested together
                   **options.pop("config_kwargs", {})}
         # max_concurrency 1: one GET per key, no HEAD first to split large objects into parallel ranges
@@ -188,10 +189,29 @@ def _transient(error: BaseException) -> bool:
         return False
     if isinstance(error, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)):
         return True
+    response = _s3_response(error)
+    if response is not None:  # s3fs turns botocore's errors into OSErrors carrying only S3's message
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return status in _TRANSIENT_STATUS or response.get("Error", {}).get("Code") in _TRANSIENT_S3_CODES
     text = str(error)
-    # s3fs turns botocore's errors into OSErrors whose message carries the S3 error code
-    return any(code in text for code in ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout",
-                                         "Connection reset", "Could not connect", "Read timeout"))
+    return any(code in text for code in _TRANSIENT_S3_CODES + ("Connection reset", "Could not connect",
+                                                               "Read timeout"))
+
+
+#: S3's error codes worth trying again (whatever the HTTP status that came with them).
+_TRANSIENT_S3_CODES = ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout")
+
+
+def _s3_response(error: BaseException) -> Optional[dict]:
+    """The S3 response (botocore's ``ClientError.response``) behind ``error`` or one of its causes: s3fs raises an
+    OSError (errno EREMOTEIO for a 500 InternalError, EBUSY for a 503 SlowDown) whose cause is botocore's error."""
+    seen = 0
+    while error is not None and seen < 4:
+        response = getattr(error, "response", None)
+        if isinstance(response, dict):
+            return response
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
 
 
 def _denied(error: BaseException) -> bool:
@@ -348,6 +368,15 @@ class RemoteStore:
                     self._announced[path] = asyncio.run_coroutine_threadsafe(self._read(path, key), self._fs.loop)
             while len(self._announced) > MAX_ANNOUNCED:  # announced and never taken (another thread read them)
                 self._announced.popitem(last=False)[1].cancel()
+
+    def abandon_announced(self) -> None:
+        """Cancel the reads announced and not yet taken (the volume closed): their requests and retries end now,
+        not minutes later against a server that does not answer."""
+        with self._lock:  # cleared in place: the stores below this one share it (their reads are asked again)
+            announced = list(self._announced.values())
+            self._announced.clear()
+        for future in announced:
+            future.cancel()
 
     def exists(self, key: str) -> bool:
         """Whether the store has ``key`` (a HEAD request, no transfer of its bytes)."""

@@ -299,6 +299,11 @@ class ZarrSource(VolumeSource):
         if isinstance(self._direct, _DirectChunks) and isinstance(self._direct.directory, RemoteStore):
             self._direct.directory.will_get(self._direct.key(corner) for corner, _ in blocks)
 
+    def close(self) -> None:
+        """Cancel the remote reads announced and not taken."""
+        if isinstance(self._direct, _DirectChunks) and isinstance(self._direct.directory, RemoteStore):
+            self._direct.directory.abandon_announced()
+
     def attributes(self) -> dict:
         return dict(self._array.attrs)
 
