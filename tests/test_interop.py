@@ -365,6 +365,52 @@ def test_n5_scale_levels_take_their_downsampling_factors(tmp_path, layout):
                 np.testing.assert_array_equal(batch["labels"][n, 0], expected)
 
 
+@pytest.mark.parametrize("layout", ["paintera", "cluster_tools", "bigdataviewer"])
+def test_n5_multiscale_groups_as_paintera_and_bigdataviewer_write_them_place_their_levels(tmp_path, layout):
+    """Paintera's data group (``painteraData`` above a ``data`` group holding ``multiScale``, ``resolution`` and
+    ``offset``), cluster_tools' plain multiscale group (the same on the levels' group) and BigDataViewer's N5
+    export (``multiScale`` and ``resolution`` on the timepoint group, factors on every level) state the voxel size
+    on the levels' group, as Paintera and BigDataViewer read it: their levels were read without a voxel size,
+    and labels at s1 could not be paired with raw at s0."""
+    z5py = needs("z5py")
+    raw = random_volume(np.uint8, (8, 20, 16))
+    coarse = raw[:, ::2, ::2].astype(np.uint64) + 1
+    offset = [8.0, 16.0, 80.0] if layout != "bigdataviewer" else None  # x, y, z; BigDataViewer's is in its XML
+    container = z5py.File(str(tmp_path / "p.n5"), mode="a")
+    placed = container.create_dataset("raw", data=raw, chunks=(4, 8, 8), compression="gzip")
+    placed.attrs["resolution"] = [4.0, 4.0, 40.0]
+    placed.attrs["offset"] = offset or [0.0, 0.0, 0.0]
+    group = {"paintera": "labels/data", "cluster_tools": "labels", "bigdataviewer": "setup0/timepoint0"}[layout]
+    container.create_group(group)
+    if layout == "paintera":
+        container["labels"].attrs["painteraData"] = {"type": "label"}
+    if layout == "bigdataviewer":
+        container["setup0"].attrs["downsamplingFactors"] = [[1, 1, 1], [2, 2, 1]]
+        container["setup0"].attrs["dataType"] = "uint64"
+    container[group].attrs["multiScale"] = True
+    container[group].attrs["resolution"] = [4.0, 4.0, 40.0]
+    if offset is not None:
+        container[group].attrs["offset"] = offset
+    for name, data, factors in [("s0", coarse.repeat(2, 1).repeat(2, 2), [1, 1, 1]), ("s1", coarse, [2, 2, 1])]:
+        level = container.create_dataset(f"{group}/{name}", data=data, chunks=(4, 8, 8), compression="gzip")
+        if name == "s1" or layout == "bigdataviewer":  # Paintera and cluster_tools give s0 no factors
+            level.attrs["downsamplingFactors"] = factors
+    expected_offset = tuple(reversed(offset or [0.0, 0.0, 0.0]))
+    for name, resolution in [("s0", (40.0, 4.0, 4.0)), ("s1", (40.0, 8.0, 8.0))]:
+        with ef.open(tmp_path / "p.n5" / group / name) as level:
+            assert (level.resolution, level.offset) == (resolution, expected_offset), name
+    sample = ef.Sample(ef.open(tmp_path / "p.n5/raw", in_memory=False),
+                       ef.open(tmp_path / "p.n5" / group / "s1", in_memory=False))
+    with ef.Loader(sample, patch=(3, 6, 6), batch_size=4, epoch_size=3, seed=1, augment=(), normalize=(1.0, 0.0),
+                   threads=1) as loader:
+        for batch in loader:
+            for n in range(batch.valid):
+                z, y, x = np.meshgrid(*[np.arange(c, c + e) for c, e in zip(batch.positions[n], (3, 6, 6))],
+                                      indexing="ij")
+                expected = raw[z, y // 2 * 2, x // 2 * 2].astype(np.uint64) + 1
+                np.testing.assert_array_equal(batch["labels"][n, 0], expected)
+
+
 def test_n5_datasets_named_like_levels_outside_a_pyramid_keep_their_own_voxel_size(tmp_path):
     """A root that is an n5-viewer pyramid (scales, pixelResolution, s0 and s1), and a volumes/s1 and other/s1
     beside it in plain groups: they took the root's scales[1] and were read at twice their voxel size (a review).

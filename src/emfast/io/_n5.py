@@ -32,6 +32,9 @@ them for every level, as ``scales`` or ``downsamplingFactors``), and ``pixelReso
 on the level or on its group (the container's root holds the defaults of the channel groups directly below it). A level's voxel size is then
 ``pixelResolution`` times its factors (saalfeldlab's N5 metadata parsers place a level's voxel i at
 ``pixelResolution * (f * i + (f - 1) / 2)``, the centre of the s0 voxels it covers), and its corner is s0's.
+Paintera's data groups, cluster_tools' multiscale groups and BigDataViewer's N5 export state s0's voxel size
+instead as ``resolution`` (and Paintera an ``offset``) on the levels' group, beside ``"multiScale": true``,
+which is where Paintera and BigDataViewer read it: a level stating no voxel size is placed by it the same way.
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ import os
 import re
 import struct
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -118,8 +121,10 @@ def _scale_level(meta: dict, groups, dataset: str, where: str) -> dict:
     level = _LEVEL.fullmatch(dataset.rpartition("/")[2])
     factors, pixel, key = meta.get("downsamplingFactors"), meta.get("pixelResolution"), "downsamplingFactors"
     inherits = not any(k in meta for k in _VOXEL_SIZE_KEYS)  # a level stating no voxel size takes its groups'
+    groups, own = iter(groups), None
     if (factors is None and level is not None) or (factors is not None and inherits):
         for group in groups:
+            own = group if own is None else own
             if factors is None and level is not None:
                 for listed in ("scales", "downsamplingFactors"):
                     levels = group.get(listed)
@@ -132,6 +137,8 @@ def _scale_level(meta: dict, groups, dataset: str, where: str) -> dict:
                 break
     if factors is None and level is not None and level.group(1) == "0" and inherits and pixel is not None:
         return dict(meta, pixelResolution=pixel)  # full resolution: its groups' voxel size, no factors needed
+    if pixel is None and inherits:
+        return _multiscale_group_level(meta, factors, own or next(groups, None), level, where, key)
     if factors is None or pixel is None:
         return meta
     sizes = pixel.get("dimensions") if isinstance(pixel, dict) else pixel
@@ -142,6 +149,30 @@ def _scale_level(meta: dict, groups, dataset: str, where: str) -> dict:
         return dict(meta, pixelResolution=pixel)  # malformed: the geometry's checks name it
     scaled = [v * f for v, f in zip(sizes, factors)]
     return dict(meta, pixelResolution=dict(pixel, dimensions=scaled) if isinstance(pixel, dict) else scaled)
+
+
+def _multiscale_group_level(meta: dict, factors, group: Optional[dict], level, where: str, key: str) -> dict:
+    """``meta`` of a level stating no voxel size, placed by its own group where that group is a multiscale group
+    as Paintera and BigDataViewer's N5 export write them (``"multiScale": true`` with ``resolution``, and in
+    Paintera's ``offset``, x first, for s0): the level's voxel size is ``resolution`` times its factors (none or
+    ones for s0), its corner s0's (as n5-viewer's levels are placed; Paintera 1.x shows a coarser level shifted by
+    half its voxel less half of s0's). ``group``: the level's own group's attributes. Unchanged otherwise."""
+    if group is None or group.get("multiScale") is not True or "resolution" not in group:
+        return meta
+    sizes, offset = group["resolution"], group.get("offset")
+    if factors is None:
+        if level is None or level.group(1) != "0":
+            return meta  # a coarser level without factors: not placed by guesswork
+        factors = [1] * len(sizes) if isinstance(sizes, list) else None
+    if not (isinstance(sizes, list) and isinstance(factors, list) and len(factors) == len(sizes)
+            and all(isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 for f in factors)):
+        raise bad_metadata(where, key, factors, f"one positive factor per entry of its group's resolution {sizes}")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in sizes):
+        return dict(meta, resolution=sizes)  # malformed: the geometry's checks name it
+    placed = dict(meta, resolution=[v * f for v, f in zip(sizes, factors)])
+    if offset is not None and "offset" not in meta:
+        placed["offset"] = offset
+    return placed
 
 
 def _layout_groups(root: Union[Path, RemoteStore], dataset: str, name: str):
