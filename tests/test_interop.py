@@ -365,40 +365,38 @@ def test_n5_scale_levels_take_their_downsampling_factors(tmp_path, layout):
                 np.testing.assert_array_equal(batch["labels"][n, 0], expected)
 
 
-@pytest.mark.parametrize("layout", ["paintera", "cluster_tools", "bigdataviewer"])
-def test_n5_multiscale_groups_as_paintera_and_bigdataviewer_write_them_place_their_levels(tmp_path, layout):
+@pytest.mark.parametrize("layout", ["paintera", "cluster_tools", "micrometres"])
+def test_n5_multiscale_groups_as_paintera_and_cluster_tools_write_them_place_their_levels(tmp_path, layout):
     """Paintera's data group (``painteraData`` above a ``data`` group holding ``multiScale``, ``resolution`` and
-    ``offset``), cluster_tools' plain multiscale group (the same on the levels' group) and BigDataViewer's N5
-    export (``multiScale`` and ``resolution`` on the timepoint group, factors on every level) state the voxel size
-    on the levels' group, as Paintera and BigDataViewer read it: their levels were read without a voxel size,
-    and labels at s1 could not be paired with raw at s0."""
+    ``offset``) and cluster_tools' multiscale group (the same on the levels' group) state the voxel size on the
+    levels' group, as Paintera reads it: their levels were read without a voxel size, and labels at s1 could not be
+    paired with raw at s0. A group that states ``units`` is read in them."""
     z5py = needs("z5py")
     raw = random_volume(np.uint8, (8, 20, 16))
     coarse = raw[:, ::2, ::2].astype(np.uint64) + 1
-    offset = [8.0, 16.0, 80.0] if layout != "bigdataviewer" else None  # x, y, z; BigDataViewer's is in its XML
+    offset = [8.0, 16.0, 80.0]  # x, y, z
     container = z5py.File(str(tmp_path / "p.n5"), mode="a")
     placed = container.create_dataset("raw", data=raw, chunks=(4, 8, 8), compression="gzip")
-    placed.attrs["resolution"] = [4.0, 4.0, 40.0]
-    placed.attrs["offset"] = offset or [0.0, 0.0, 0.0]
-    group = {"paintera": "labels/data", "cluster_tools": "labels", "bigdataviewer": "setup0/timepoint0"}[layout]
+    placed.attrs["resolution"], placed.attrs["offset"] = [4.0, 4.0, 40.0], offset
+    group = "labels/data" if layout == "paintera" else "labels"
     container.create_group(group)
     if layout == "paintera":
         container["labels"].attrs["painteraData"] = {"type": "label"}
-    if layout == "bigdataviewer":
-        container["setup0"].attrs["downsamplingFactors"] = [[1, 1, 1], [2, 2, 1]]
-        container["setup0"].attrs["dataType"] = "uint64"
     container[group].attrs["multiScale"] = True
-    container[group].attrs["resolution"] = [4.0, 4.0, 40.0]
-    if offset is not None:
-        container[group].attrs["offset"] = offset
-    for name, data, factors in [("s0", coarse.repeat(2, 1).repeat(2, 2), [1, 1, 1]), ("s1", coarse, [2, 2, 1])]:
-        level = container.create_dataset(f"{group}/{name}", data=data, chunks=(4, 8, 8), compression="gzip")
-        if name == "s1" or layout == "bigdataviewer":  # Paintera and cluster_tools give s0 no factors
-            level.attrs["downsamplingFactors"] = factors
-    expected_offset = tuple(reversed(offset or [0.0, 0.0, 0.0]))
+    if layout == "micrometres":
+        container[group].attrs["resolution"] = [0.004, 0.004, 0.04]
+        container[group].attrs["offset"] = [o / 1000 for o in offset]
+        container[group].attrs["units"] = ["um", "um", "um"]
+    else:
+        container[group].attrs["resolution"], container[group].attrs["offset"] = [4.0, 4.0, 40.0], offset
+    container.create_dataset(f"{group}/s0", data=coarse.repeat(2, 1).repeat(2, 2), chunks=(4, 8, 8),
+                             compression="gzip")
+    container.create_dataset(f"{group}/s1", data=coarse, chunks=(4, 8, 8), compression="gzip").attrs[
+        "downsamplingFactors"] = [2, 2, 1]  # Paintera and cluster_tools give s0 no factors
     for name, resolution in [("s0", (40.0, 4.0, 4.0)), ("s1", (40.0, 8.0, 8.0))]:
         with ef.open(tmp_path / "p.n5" / group / name) as level:
-            assert (level.resolution, level.offset) == (resolution, expected_offset), name
+            np.testing.assert_allclose(level.resolution + level.offset, resolution + (80.0, 16.0, 8.0),
+                                       err_msg=name)
     sample = ef.Sample(ef.open(tmp_path / "p.n5/raw", in_memory=False),
                        ef.open(tmp_path / "p.n5" / group / "s1", in_memory=False))
     with ef.Loader(sample, patch=(3, 6, 6), batch_size=4, epoch_size=3, seed=1, augment=(), normalize=(1.0, 0.0),
@@ -409,6 +407,33 @@ def test_n5_multiscale_groups_as_paintera_and_bigdataviewer_write_them_place_the
                                       indexing="ij")
                 expected = raw[z, y // 2 * 2, x // 2 * 2].astype(np.uint64) + 1
                 np.testing.assert_array_equal(batch["labels"][n, 0], expected)
+
+
+def test_n5_bigdataviewer_levels_are_not_given_a_voxel_size_of_unknown_unit(tmp_path):
+    """BigDataViewer's N5 export writes ``multiScale`` and ``resolution`` on the timepoint group, in the unit of its
+    XML (micrometres, often, as MoBIE's): read as nm, a level would be placed 1000 times too small (a review). A
+    multichannel level whose factors name the channel axis too is placed by its group (a review: refused)."""
+    z5py = needs("z5py")
+    container = z5py.File(str(tmp_path / "b.n5"), mode="a")
+    container.create_group("setup0/timepoint0")
+    container["setup0"].attrs["downsamplingFactors"] = [[1, 1, 1], [2, 2, 2]]
+    container["setup0"].attrs["dataType"] = "uint8"
+    container["setup0/timepoint0"].attrs["multiScale"] = True
+    container["setup0/timepoint0"].attrs["resolution"] = [0.008, 0.008, 0.008]
+    for name, shape, factors in [("s0", (16, 16, 16), [1, 1, 1]), ("s1", (8, 8, 8), [2, 2, 2])]:
+        container.create_dataset(f"setup0/timepoint0/{name}", data=np.ones(shape, np.uint8), chunks=(8, 8, 8),
+                                 compression="gzip").attrs["downsamplingFactors"] = factors
+        with ef.open(tmp_path / "b.n5/setup0/timepoint0" / name) as level:
+            assert level.resolution is None, name
+    container.create_group("multi")
+    container["multi"].attrs["multiScale"], container["multi"].attrs["resolution"] = True, [4, 4, 40]
+    for name, shape, factors in [("s0", (2, 8, 16, 16), None), ("s1", (2, 8, 8, 8), [2, 2, 1, 1])]:
+        level = container.create_dataset(f"multi/{name}", data=np.ones(shape, np.uint8), chunks=(1, 8, 8, 8),
+                                         compression="gzip")
+        if factors is not None:
+            level.attrs["downsamplingFactors"] = factors
+    with ef.open(tmp_path / "b.n5/multi/s1") as level:
+        assert level.resolution == (40.0, 8.0, 8.0)
 
 
 def test_n5_datasets_named_like_levels_outside_a_pyramid_keep_their_own_voxel_size(tmp_path):

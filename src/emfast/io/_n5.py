@@ -32,9 +32,10 @@ them for every level, as ``scales`` or ``downsamplingFactors``), and ``pixelReso
 on the level or on its group (the container's root holds the defaults of the channel groups directly below it). A level's voxel size is then
 ``pixelResolution`` times its factors (saalfeldlab's N5 metadata parsers place a level's voxel i at
 ``pixelResolution * (f * i + (f - 1) / 2)``, the centre of the s0 voxels it covers), and its corner is s0's.
-Paintera's data groups, cluster_tools' multiscale groups and BigDataViewer's N5 export state s0's voxel size
-instead as ``resolution`` (and Paintera an ``offset``) on the levels' group, beside ``"multiScale": true``,
-which is where Paintera and BigDataViewer read it: a level stating no voxel size is placed by it the same way.
+Paintera's data groups and cluster_tools' multiscale groups state s0's voxel size instead as ``resolution`` and
+``offset`` on the levels' group, beside ``"multiScale": true``, which is where Paintera reads it: a level stating no
+voxel size is placed by it the same way. BigDataViewer's N5 export writes the same keys, but in the unit of its
+XML (micrometres, often): its levels are left without a voxel size, as before.
 """
 from __future__ import annotations
 
@@ -138,7 +139,7 @@ def _scale_level(meta: dict, groups, dataset: str, where: str) -> dict:
     if factors is None and level is not None and level.group(1) == "0" and inherits and pixel is not None:
         return dict(meta, pixelResolution=pixel)  # full resolution: its groups' voxel size, no factors needed
     if pixel is None and inherits:
-        return _multiscale_group_level(meta, factors, own or next(groups, None), level, where, key)
+        return _multiscale_group_level(meta, factors, own or next(groups, None), level, dataset)
     if factors is None or pixel is None:
         return meta
     sizes = pixel.get("dimensions") if isinstance(pixel, dict) else pixel
@@ -151,27 +152,42 @@ def _scale_level(meta: dict, groups, dataset: str, where: str) -> dict:
     return dict(meta, pixelResolution=dict(pixel, dimensions=scaled) if isinstance(pixel, dict) else scaled)
 
 
-def _multiscale_group_level(meta: dict, factors, group: Optional[dict], level, where: str, key: str) -> dict:
-    """``meta`` of a level stating no voxel size, placed by its own group where that group is a multiscale group
-    as Paintera and BigDataViewer's N5 export write them (``"multiScale": true`` with ``resolution``, and in
-    Paintera's ``offset``, x first, for s0): the level's voxel size is ``resolution`` times its factors (none or
-    ones for s0), its corner s0's (as n5-viewer's levels are placed; Paintera 1.x shows a coarser level shifted by
-    half its voxel less half of s0's). ``group``: the level's own group's attributes. Unchanged otherwise."""
-    if group is None or group.get("multiScale") is not True or "resolution" not in group:
+#: A level of BigDataViewer's N5 layout (``setupNN/timepointNNNNN/sN``), whose group's ``resolution`` is in the unit
+#: of the BigDataViewer XML beside it (micrometres, often), not in the N5.
+_BDV_LEVEL = re.compile(r"(.+/)?setup\d+/timepoint\d+/s\d+")
+
+
+def _real_numbers(values) -> bool:
+    return isinstance(values, list) and bool(values) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def _multiscale_group_level(meta: dict, factors, group: Optional[dict], level, dataset: str) -> dict:
+    """``meta`` of a level stating no voxel size, placed by its own group (``group``, its attributes) where that
+    group is a multiscale group as Paintera and cluster_tools write them (``"multiScale": true`` with s0's
+    ``resolution`` and ``offset``, x first, in nm unless the group states ``units``): the level's voxel size is
+    ``resolution`` times its factors (none or ones for s0; a trailing channel factor of 1 left out), its corner
+    s0's (as n5-viewer's levels are placed; Paintera 1.x shows a coarser level shifted by half its voxel less half
+    of s0's). Unchanged where the group's values do not fit (a default, as before it was read), and for
+    BigDataViewer's layout without ``units``: its ``resolution`` is in the unit of its XML."""
+    if group is None or group.get("multiScale") is not True:
         return meta
-    sizes, offset = group["resolution"], group.get("offset")
+    sizes, offset, units = group.get("resolution"), group.get("offset"), group.get("units")
+    if not _real_numbers(sizes) or (units is None and _BDV_LEVEL.fullmatch(dataset)):
+        return meta
     if factors is None:
         if level is None or level.group(1) != "0":
             return meta  # a coarser level without factors: not placed by guesswork
-        factors = [1] * len(sizes) if isinstance(sizes, list) else None
-    if not (isinstance(sizes, list) and isinstance(factors, list) and len(factors) == len(sizes)
-            and all(isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 for f in factors)):
-        raise bad_metadata(where, key, factors, f"one positive factor per entry of its group's resolution {sizes}")
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in sizes):
-        return dict(meta, resolution=sizes)  # malformed: the geometry's checks name it
+        factors = [1] * len(sizes)
+    if _real_numbers(factors) and len(factors) > len(sizes) and all(f == 1 for f in factors[len(sizes):]):
+        factors = factors[:len(sizes)]  # a channel axis, last in N5's order, not downsampled
+    if not (_real_numbers(factors) and len(factors) == len(sizes) and all(f > 0 for f in factors)):
+        return meta
     placed = dict(meta, resolution=[v * f for v, f in zip(sizes, factors)])
     if offset is not None and "offset" not in meta:
         placed["offset"] = offset
+    if units is not None and "units" not in meta:
+        placed["units"] = units
     return placed
 
 
