@@ -728,3 +728,19 @@ def test_a_model_with_a_fixed_batch_size_gets_it_on_every_call(tmp_path, volume)
     ef.predict(lopsided, volume, tmp_path / "one.zarr/pred", **settings)
     assert result.tiles_padded > 0
     np.testing.assert_array_equal(_read(tmp_path / "fixed.zarr/pred"), _read(tmp_path / "one.zarr/pred"))
+
+
+def test_kept_tiles_that_cannot_be_loaded_are_computed_again_in_whole_batches(tmp_path, volume, monkeypatch):
+    """A kept tile missing from its folder (a full disk) is computed again, every variant: one call per variant
+    filled each call with zero tiles (a review: 15119 zero tiles against 5376 real ones at batch_size 5, tta 16)."""
+    from emfast.inference._cache import TileCache
+
+    settings = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT, overlap=(2, 4, 4), tta=4, chunks=(4, 8, 8),
+                    block=(8, 8, 8), batch_size=4)
+    ef.predict(lopsided, volume, tmp_path / "whole.zarr/pred", **settings)
+    monkeypatch.setattr(TileCache, "load", lambda self, key: None)
+    model = Sizes()
+    result = ef.predict(model, volume, tmp_path / "lost.zarr/pred", **settings)
+    assert result.tiles_computed > _plan_tiles(volume, (2, 4, 4), "gaussian") * 4  # kept tiles computed again
+    assert model.sizes == [4] * len(model.sizes) and result.tiles_padded == model.zero_tiles < 2 * 4
+    np.testing.assert_array_equal(_read(tmp_path / "lost.zarr/pred"), _read(tmp_path / "whole.zarr/pred"))

@@ -525,11 +525,20 @@ class BlockRun:
             kept = self.predictor.cache.load(job.key)
             self.loaded = (job.key, kept)
         if kept is None:  # not saved (a full disk) or removed meanwhile: compute it again (the same values)
-            predictor = self.predictor
-            part = [(job.tile, job.variant)]
-            batch = np.empty(predictor.batch_shape(part, self.region.shape[0]), np.float32)
-            return self.run_model(batch, predictor.gather(self.region, self.corner, part, batch)).result()[0]
+            kept = self._computed_again(job.tile)
+            self.loaded = (job.key, kept)
         return kept[job.index]
+
+    def _computed_again(self, tile) -> List[np.ndarray]:
+        """The predictions of every variant of a kept tile that could not be loaded (the block blends them all),
+        computed in batches of ``batch_size``: one call per variant would fill each with zero tiles."""
+        predictor, predictions = self.predictor, []
+        jobs = [(tile, variant) for variant in predictor.variants]
+        for start in range(0, len(jobs), predictor.batch_size):
+            part = jobs[start:start + predictor.batch_size]
+            batch = np.empty(predictor.batch_shape(part, self.region.shape[0]), np.float32)
+            predictions.extend(self.run_model(batch, predictor.gather(self.region, self.corner, part, batch)).result())
+        return predictions
 
     def _add_tile(self, tiles: TileBlends, job: _Job, prediction: np.ndarray, keep: Optional[np.ndarray]) -> None:
         """Add the job's tile, where it reaches into the block, to the group's ``tiles``, and its copy into
