@@ -1772,6 +1772,28 @@ def test_a_torch_module_fed_numpy_batches_is_told_to_pass_a_device(tmp_path, vol
     assert not any("device=" in note for note in getattr(raised.value, "__notes__", []))
 
 
+def test_an_input_deleted_while_predict_reads_it_ends_in_input_changed_error(tmp_path, volume):
+    """An HDF5 input deleted mid-run is still read through its open file, and the final check of its fingerprint
+    raised FileNotFoundError ("cannot list ...: give the folder read permission") where callers catch
+    InputChangedError (a helper's review)."""
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f["raw"] = volume
+    calls = [0]
+
+    def deleting(batch):
+        calls[0] += 1
+        if calls[0] == 2:
+            os.remove(tmp_path / "in.h5")
+        return lopsided(batch)
+
+    path = tmp_path / "p.zarr/pred"
+    with pytest.raises(ef.InputChangedError, match=r"in.h5/raw changed while .*p.zarr/pred was written from it "
+                                                   r"\(.*in.h5 no longer exists\)"):
+        ef.predict(deleting, ef.open(tmp_path / "in.h5/raw", in_memory=False), path, **SETTINGS)
+    with pytest.warns(ef.UnfinishedOutputWarning):
+        ef.open(path).close()
+
+
 def test_an_input_rewritten_while_predict_reads_it_leaves_the_output_unfinished(tmp_path, volume):
     """A lazy zarr input whose chunks another process rewrote mid-run (metadata untouched) gave an output that
     mixed both versions, recorded complete with the first version's fingerprint (found by a helper changing

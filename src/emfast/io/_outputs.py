@@ -87,7 +87,13 @@ def check_input_unchanged(stamp, started: Optional[dict], output: str, again: st
                                     f"array metadata {stamp.marker} differs from when the run began): the output "
                                     f"may mix both versions and is left unfinished; {again}")
         return
-    if fingerprint(stamp, data_only=True) != started:
+    try:
+        now = fingerprint(stamp, data_only=True)
+    except FileNotFoundError as error:  # the input, or a file of it, deleted or moved meanwhile
+        raise InputChangedError(f"{stamp.path}/{stamp.dataset} changed while {output} was written from it "
+                                f"({error.filename or stamp.path} no longer exists): the output may mix both "
+                                f"versions and is left unfinished; {again}") from None
+    if now != started:
         raise InputChangedError(f"{stamp.path}/{stamp.dataset} changed while {output} was written from it (the "
                                 "sizes or modification times of its files differ from when the run began): the "
                                 f"output may mix both versions and is left unfinished; {again}")
