@@ -331,6 +331,20 @@ def n5_pyramid(path, z5py, level_attributes, group_attributes):
     return raw
 
 
+def assert_labels_of_s1_follow_raw(raw, raw_path, labels_path):
+    """A loader pairing raw at s0 with labels at s1 (y and x halved; each s1 voxel the label of the first voxel of
+    its 2 x 2 block of ``raw``, + 1) gives every raw voxel the label of the s1 voxel holding it."""
+    sample = ef.Sample(ef.open(raw_path, in_memory=False), ef.open(labels_path, in_memory=False))
+    with ef.Loader(sample, patch=(3, 6, 6), batch_size=4, epoch_size=3, seed=1, augment=(), normalize=(1.0, 0.0),
+                   threads=1) as loader:
+        for batch in loader:
+            for n in range(batch.valid):
+                z, y, x = np.meshgrid(*[np.arange(c, c + e) for c, e in zip(batch.positions[n], (3, 6, 6))],
+                                      indexing="ij")
+                expected = raw[z, y // 2 * 2, x // 2 * 2].astype(np.uint64) + 1
+                np.testing.assert_array_equal(batch["labels"][n, 0], expected)
+
+
 @pytest.mark.parametrize("layout", ["level", "group", "group resolution"])
 def test_n5_scale_levels_take_their_downsampling_factors(tmp_path, layout):
     """n5-viewer and N5 Spark state a level's downsamplingFactors beside s0's pixelResolution (on the level, or on
@@ -352,17 +366,7 @@ def test_n5_scale_levels_take_their_downsampling_factors(tmp_path, layout):
             assert level.resolution == (40.0, 4.0, 4.0)
     with ef.open(tmp_path / "p.n5/labels/s1") as level:
         assert level.resolution == (40.0, 8.0, 8.0) and level.offset == (0.0, 0.0, 0.0)
-    sample = ef.Sample(ef.open(tmp_path / "p.n5/raw/s0", in_memory=False),
-                       ef.open(tmp_path / "p.n5/labels/s1", in_memory=False))
-    with ef.Loader(sample, patch=(3, 6, 6), batch_size=4, epoch_size=3, seed=1, augment=(), normalize=(1.0, 0.0),
-                   threads=1) as loader:
-        for batch in loader:
-            for n in range(batch.valid):
-                # each raw voxel's label: that of the s1 voxel holding it, the first voxel of its 2 x 2 block + 1
-                z, y, x = np.meshgrid(*[np.arange(c, c + e) for c, e in zip(batch.positions[n], (3, 6, 6))],
-                                      indexing="ij")
-                expected = raw[z, y // 2 * 2, x // 2 * 2].astype(np.uint64) + 1
-                np.testing.assert_array_equal(batch["labels"][n, 0], expected)
+    assert_labels_of_s1_follow_raw(raw, tmp_path / "p.n5/raw/s0", tmp_path / "p.n5/labels/s1")
 
 
 @pytest.mark.parametrize("layout", ["paintera", "cluster_tools", "micrometres"])
@@ -397,16 +401,7 @@ def test_n5_multiscale_groups_as_paintera_and_cluster_tools_write_them_place_the
         with ef.open(tmp_path / "p.n5" / group / name) as level:
             np.testing.assert_allclose(level.resolution + level.offset, resolution + (80.0, 16.0, 8.0),
                                        err_msg=name)
-    sample = ef.Sample(ef.open(tmp_path / "p.n5/raw", in_memory=False),
-                       ef.open(tmp_path / "p.n5" / group / "s1", in_memory=False))
-    with ef.Loader(sample, patch=(3, 6, 6), batch_size=4, epoch_size=3, seed=1, augment=(), normalize=(1.0, 0.0),
-                   threads=1) as loader:
-        for batch in loader:
-            for n in range(batch.valid):
-                z, y, x = np.meshgrid(*[np.arange(c, c + e) for c, e in zip(batch.positions[n], (3, 6, 6))],
-                                      indexing="ij")
-                expected = raw[z, y // 2 * 2, x // 2 * 2].astype(np.uint64) + 1
-                np.testing.assert_array_equal(batch["labels"][n, 0], expected)
+    assert_labels_of_s1_follow_raw(raw, tmp_path / "p.n5/raw", tmp_path / "p.n5" / group / "s1")
 
 
 def test_n5_bigdataviewer_levels_are_not_given_a_voxel_size_of_unknown_unit(tmp_path):
