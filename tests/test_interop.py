@@ -429,6 +429,10 @@ def test_n5_bigdataviewer_levels_are_not_given_a_voxel_size_of_unknown_unit(tmp_
             level.attrs["downsamplingFactors"] = factors
     with ef.open(tmp_path / "b.n5/multi/s1") as level:
         assert level.resolution == (40.0, 8.0, 8.0)
+    for units in (["nm", "nm"], 5, "pixel"):  # not lengths emfast reads: the group is not taken (a review: refused)
+        container["multi"].attrs["units"] = units
+        with ef.open(tmp_path / "b.n5/multi/s1") as level:
+            assert level.resolution is None, units
 
 
 def test_n5_datasets_named_like_levels_outside_a_pyramid_keep_their_own_voxel_size(tmp_path):

@@ -55,7 +55,7 @@ import numpy as np
 from . import _deflate
 from ._decode import SideBySide, checked_blosc
 from ._filebatch import BATCH_BYTES, lent_buffer, read_regular_files
-from ._geometry import array_geometry
+from ._geometry import NANOMETRES, array_geometry
 from ._metadata import bad_metadata, int_list, metadata_key, parsing
 from ._remote import RemoteStore
 from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource,
@@ -162,6 +162,14 @@ def _real_numbers(values) -> bool:
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
+def _lengths(units, sizes: list) -> bool:
+    """Whether a group's ``units`` are absent, or one length unit, or one per entry of ``sizes``."""
+    listed = [units] if units is None or isinstance(units, str) else units
+    return isinstance(listed, list) and (listed is not units or len(listed) == len(sizes)) and all(
+        unit is None or isinstance(unit, str) and (not unit.strip() or unit.strip().lower() in NANOMETRES)
+        for unit in listed)
+
+
 def _multiscale_group_level(meta: dict, factors, group: Optional[dict], level, dataset: str) -> dict:
     """``meta`` of a level stating no voxel size, placed by its own group (``group``, its attributes) where that
     group is a multiscale group as Paintera and cluster_tools write them (``"multiScale": true`` with s0's
@@ -173,7 +181,7 @@ def _multiscale_group_level(meta: dict, factors, group: Optional[dict], level, d
     if group is None or group.get("multiScale") is not True:
         return meta
     sizes, offset, units = group.get("resolution"), group.get("offset"), group.get("units")
-    if not _real_numbers(sizes) or (units is None and _BDV_LEVEL.fullmatch(dataset)):
+    if not _real_numbers(sizes) or (units is None and _BDV_LEVEL.fullmatch(dataset)) or not _lengths(units, sizes):
         return meta
     if factors is None:
         if level is None or level.group(1) != "0":
