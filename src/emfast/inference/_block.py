@@ -26,7 +26,7 @@ from ..io import Volume
 from ..pipeline import kernel_shift
 from ._blend import Weights
 from ._cache import TileCache
-from ._model import ModelCaller
+from ._model import ModelCaller, root_array
 from ._tiling import Block, TilePlan
 from ._tta import Variant, undo
 
@@ -224,9 +224,7 @@ class _Pool:
         return arrays[0]
 
     def give(self, name: str, array: np.ndarray) -> None:
-        flat = array
-        while isinstance(flat.base, np.ndarray):  # the array take cut its view from (a slab's own stops the walk)
-            flat = flat.base
+        flat = root_array(array)  # the array take cut its view from
         with self._lock:
             self._free.setdefault((name, flat.dtype.str), []).append(flat)
 

@@ -72,10 +72,9 @@ def _importable(module: str) -> bool:
 def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset: str, kind: str,
                ended: str) -> Optional[tuple]:
     """One Dask task: compute, write and flag ``block``; returns the tiles it computed, the zero tiles that filled
-    its short batches, the values it computed,
-    those it clipped and the NaN among them, those NaN or infinite in a float output, and the seconds spent in
-    the model's calls; None, having written nothing, once the run has ended (the Dask event named ``ended`` is
-    set).
+    its short batches, the values it computed, those it clipped and the NaN among them, those NaN or infinite in
+    a float output, and the seconds spent in the model's calls; None, having written nothing, once the run has
+    ended (the Dask event named ``ended`` is set).
 
     The task counts on its own copy of the worker's predictor (which shares its kept tiles, model and volume)
     and of its model caller: tasks running at once on one worker's threads each counted the others' too."""
@@ -104,7 +103,8 @@ def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset:
         write_block(store, block, result, task.plan.grid)
     finally:
         store.close()
-    return task.tiles_computed, caller.tiles_padded, task.values, task.clipped, task.nans, task.non_finite, caller.seconds
+    return (task.tiles_computed, caller.tiles_padded, task.values, task.clipped, task.nans, task.non_finite,
+            caller.seconds)
 
 
 def _phase(block: Block, grid) -> tuple:

@@ -31,7 +31,7 @@ from .._threads import shutdown_pool
 from ..transfer import DeviceArray, TransferBackend, cuda_ordinal, cuda_unavailable, resolve_device
 from ._block import BATCHES_AHEAD
 from ._graphs import CapturedNetwork
-from ._model import ModelOutputError, called, widened
+from ._model import ModelOutputError, called, root_array, widened
 
 #: The stages of a call on the device: starting the copy of the batch there (waiting for it only where the device
 #: cannot order the network after it), calling the network (which, on an asynchronous device, only launches its
@@ -159,9 +159,7 @@ class DeviceRunner:
             raise errors[0]
 
     def _slot_of(self, batch: np.ndarray) -> Optional[int]:
-        root = batch
-        while isinstance(root.base, np.ndarray):
-            root = root.base
+        root = root_array(batch)
         return next((i for i, slot in enumerate(self._slots[:-1]) if root is slot), None)
 
     def _launch(self, model, batch: np.ndarray) -> "_Launched":

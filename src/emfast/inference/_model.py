@@ -198,6 +198,14 @@ def _stand_in(error: BaseException, model: str, why: str) -> ModelError:
     return stand_in
 
 
+def root_array(array: np.ndarray) -> np.ndarray:
+    """The array ``array`` was cut from: its bases followed to one that owns its memory, or that views memory no
+    array owns (a slab's memoryview, so that each array cut from a slab stays its own root)."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
 class ModelCaller:
     """Calls ``model`` on NumPy batches (``device=None``) or on torch tensors on ``device``, and checks that the
     prediction has shape (B, channels, *patch_out) (``channels`` None: any) and a float dtype.
@@ -285,9 +293,7 @@ class ModelCaller:
         count = batch.shape[0]
         shape = (self.batch_size,) + batch.shape[1:]
         size = int(np.prod(shape))
-        root = batch
-        while isinstance(root.base, np.ndarray):
-            root = root.base
+        root = root_array(batch)
         if root.ndim == 1 and root.dtype == batch.dtype and root.size >= size and batch.flags.c_contiguous \
                 and batch.ctypes.data == root.ctypes.data:
             filled = root[:size].reshape(shape)
