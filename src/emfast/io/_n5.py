@@ -52,6 +52,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
+from .._checks import is_real
 from . import _deflate
 from ._decode import SideBySide, checked_blosc
 from ._filebatch import BATCH_BYTES, lent_buffer, read_regular_files
@@ -144,9 +145,9 @@ def _scale_level(meta: dict, groups, dataset: str, where: str) -> dict:
         return meta
     sizes = pixel.get("dimensions") if isinstance(pixel, dict) else pixel
     if not (isinstance(factors, list) and isinstance(sizes, list) and len(factors) == len(sizes)
-            and all(isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 for f in factors)):
+            and all(is_real(f) and f > 0 for f in factors)):
         raise bad_metadata(where, key, factors, f"one positive factor per entry of pixelResolution {pixel}")
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in sizes):
+    if not all(is_real(v) for v in sizes):
         return dict(meta, pixelResolution=pixel)  # malformed: the geometry's checks name it
     scaled = [v * f for v, f in zip(sizes, factors)]
     return dict(meta, pixelResolution=dict(pixel, dimensions=scaled) if isinstance(pixel, dict) else scaled)
@@ -158,8 +159,7 @@ _BDV_LEVEL = re.compile(r"(.+/)?setup\d+/timepoint\d+/s\d+")
 
 
 def _real_numbers(values) -> bool:
-    return isinstance(values, list) and bool(values) and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    return isinstance(values, list) and bool(values) and all(is_real(v) for v in values)
 
 
 def _lengths(units, sizes: list) -> bool:

@@ -55,6 +55,8 @@ _POLL_S = 0.05
 MAX_ANNOUNCED = 1024
 #: HTTP statuses worth trying again.
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+#: S3's error codes worth trying again (whatever the HTTP status that came with them).
+_TRANSIENT_S3_CODES = ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout")
 #: Held while a store starts its filesystem in a process it was not started in (:meth:`RemoteStore._here`); a new
 #: one in a forked child, where a parent's thread may have held it at the fork.
 _STARTING = threading.Lock()
@@ -196,10 +198,6 @@ def _transient(error: BaseException) -> bool:
     text = str(error)
     return any(code in text for code in _TRANSIENT_S3_CODES + ("Connection reset", "Could not connect",
                                                                "Read timeout"))
-
-
-#: S3's error codes worth trying again (whatever the HTTP status that came with them).
-_TRANSIENT_S3_CODES = ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout")
 
 
 def _s3_response(error: BaseException) -> Optional[dict]:
