@@ -839,3 +839,55 @@ def test_an_s3_request_is_made_as_many_times_as_the_retries_say(written, s3):
         assert len(S3_FAULTS[chunk]) == 10 - 2
     finally:
         S3_FAULTS.clear()
+
+
+CHUNK_FILES = {"zarr v3": ("c/0/0/0", "c/0/0/1"), "zarr v3 sharded": ("c/0/0/0", "c/0/0/1"),
+               "N5": ("0/0/0", "1/0/0"), "precomputed": ("3-11_5-13_7-15.gz", "11-19_5-13_7-15.gz")}
+
+
+@pytest.mark.parametrize("name", list(CHUNK_FILES))
+@pytest.mark.parametrize("change", ["rewritten", "deleted"])
+def test_a_chunk_that_changes_between_two_reads_is_an_error_naming_it(written, served, name, change):
+    """A lazy volume reads a chunk again once its cache dropped it; a store written meanwhile gave batches mixing
+    its old and new contents, with no error (the metadata stays the same)."""
+    root, data, stores = written
+    path, args = stores[name]
+    container, _, dataset = path.partition("/")
+    copy = f"changing-{name.replace(' ', '-')}{os.path.splitext(container)[1]}"
+    shutil.copytree(root / container, root / copy)
+    volume = root / copy / dataset
+    chunk, other = CHUNK_FILES[name]
+    if name == "precomputed":
+        chunk, other = (f"{json.loads((volume / 'info').read_text())['scales'][0]['key']}/{c}" for c in (chunk, other))
+    url = f"{served.url}/{copy}/{dataset}".rstrip("/")
+    try:
+        with ef.open(url, in_memory=False, cache_bytes=2 * 8 ** 3, **args) as lazy:
+            np.testing.assert_array_equal(lazy_box(lazy), data)  # each chunk read once, most dropped after
+            if change == "rewritten":
+                shutil.copyfile(volume / other, volume / chunk)  # another chunk's bytes
+            else:
+                os.remove(volume / chunk)
+            now = "other bytes, as many" if change == "rewritten" else "absent"
+            with pytest.raises(RemoteReadError, match=rf"{url}/{chunk}: changed while emfast read the store "
+                                                      rf"\(\d+ bytes when read before, {now} now\)"):
+                lazy_box(lazy)
+    finally:
+        shutil.rmtree(root / copy)
+
+
+def test_chunks_read_again_unchanged_are_no_error(written, served):
+    path, args = written[2]["zarr v3"]
+    with ef.open(f"{served.url}/{path}", in_memory=False, cache_bytes=2 * 8 ** 3, **args) as lazy:
+        for _ in range(3):
+            np.testing.assert_array_equal(lazy_box(lazy), written[1])
+
+
+def test_chunk_digests_forget_a_chunk_whose_slot_another_took_and_never_mix_two():
+    from emfast.io._rereads import ChunkDigests
+    digests = ChunkDigests(slots=1)
+    assert digests.changed("a", b"x") is None
+    assert digests.changed("b", b"y") is None  # takes the only slot
+    assert digests.changed("a", b"z") is None  # forgotten: remembered anew, unchecked
+    assert digests.changed("a", b"w") == "1 bytes when read before, other bytes, as many now"
+    assert digests.changed("a", None) == "1 bytes when read before, absent now"
+    assert digests.changed("a", b"z") is None  # the first bytes are kept

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 from urllib.parse import urlsplit
 
+from ._rereads import ChunkDigests
 from ._source import add_transfer_time
 
 #: URL schemes read remotely, and the fsspec protocol of each.
@@ -83,6 +84,11 @@ class RemoteReadError(OSError):
 
 class RemoteAccessDenied(RemoteReadError):
     """The server refused a key to these credentials (401, 403)."""
+
+
+class ChunkChangedError(RemoteReadError):
+    """A chunk read again (after the cache dropped it) came with other bytes than before: the store was written
+    while it was read (see :mod:`emfast.io._rereads`)."""
 
 
 #: The metadata files of the formats read remotely. S3 answers a missing key with 403, not 404, to a reader without
@@ -275,6 +281,7 @@ class RemoteStore:
         self._announced: "OrderedDict[str, concurrent.futures.Future]" = OrderedDict()
         self._lock = threading.Lock()
         self._remembered = _Remembered()
+        self._chunks_read = ChunkDigests()
         #: (path, RemoteAccessDenied) of the metadata files taken as missing (:meth:`denied_metadata`).
         self.denied: list = []
         self._pid = os.getpid()
@@ -353,7 +360,20 @@ class RemoteStore:
         finally:
             add_transfer_time(time.perf_counter() - start)
         self._remembered.put(path, data)
+        self.check_unchanged(key, path, data)
         return data
+
+    def check_unchanged(self, key: str, path: str, data) -> None:
+        """Raise ChunkChangedError if the chunk ``key`` (at ``path``, which names a byte range too where only
+        that was read) was read before with other bytes than ``data`` (None: the store had no such key).
+        Metadata files are read again on purpose (to see whether the store changed) and not checked here."""
+        if posixpath.basename(key) in METADATA_NAMES:
+            return
+        change = self._chunks_read.changed(path, data)
+        if change is not None:
+            raise ChunkChangedError(f"{self.where(key)}: changed while emfast read the store ({change}): it is being "
+                                    "written, and batches would mix its old and new contents; read a copy that "
+                                    "nothing writes to meanwhile")
 
     def will_get(self, keys) -> None:
         """Start reading ``keys`` now, all at once; :meth:`get` then takes each one's bytes (or its error). A
@@ -441,6 +461,8 @@ class RemoteStore:
                     _check_range(byte_range, len(buffer), where(key))
                 if byte_range is None and remembered.active:  # a copy of the bytes only for the open's memo
                     remembered.put(path, None if buffer is None else buffer.to_bytes())
+                outer.check_unchanged(key, path if byte_range is None else f"{path} {byte_range}",
+                                      None if buffer is None else buffer.as_numpy_array())
                 return buffer
 
         fs = _filesystem(self._protocol, self._options, self.timeout, asynchronous=True)
