@@ -52,7 +52,7 @@ def rate(path: str, latency: float, batches: int, read_ahead: bool) -> tuple:
     cache._source = Latency(cache._source, latency)
     depth = _producers.read_ahead_depth
     if not read_ahead:
-        _producers.read_ahead_depth = lambda *args: 0
+        _producers.read_ahead_depth = lambda *args: (0, None)
     try:
         with ef.Loader(volume, patch=PATCH, batch_size=8, threads=2, augment=()) as loader:
             loader.next_batch()

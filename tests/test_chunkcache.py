@@ -181,7 +181,29 @@ def test_read_ahead_counts_the_batches_the_blocks_share_holds():
         def chunk_boxes(self, plan):
             return [(Cache(), [np.array([[0, 0, 0], [1, 1, 1]])] * 2)]  # 16 blocks a batch
 
-    assert read_ahead_depth(Gatherer(), None, threads=2) == 1  # 56 // 16 - 2 = 1; 64 // 16 - 2 would be 2
+    assert read_ahead_depth(Gatherer(), None, threads=2) == (1, None)  # 56 // 16 - 2 = 1; 64 // 16 - 2 would be 2
+
+
+def test_a_cache_holding_less_than_one_more_batch_reads_part_of_the_next():
+    """A cache holding the batches in flight and part of another read nothing ahead: a lone producer decoded every
+    chunk itself while the other core idled (tensorstore reads a batch's boxes on all cores)."""
+    from emfast.pipeline._readahead import _first_within, read_ahead_depth
+
+    class Cache:
+        block_bytes = 1 << 20
+        budget_bytes, blocks_budget = 32 << 20, 24 << 20
+
+    cache = Cache()
+
+    class Gatherer:
+        def chunk_boxes(self, plan):
+            return [(cache, [np.array([[0, 0, 0], [1, 1, 1]])] * 2)]  # 16 blocks a batch
+
+    assert read_ahead_depth(Gatherer(), None, threads=1) == (1, {cache: 8})  # 24 - 16 blocks
+    assert read_ahead_depth(Gatherer(), None, threads=2) == (0, None)  # 24 - 32: only the batches in flight
+    boxes = np.array([[[0, 0, 0], [1, 1, 0]], [[0, 0, 0], [0, 0, 2]], [[0, 0, 0], [1, 1, 1]]])  # 4, 3, 8 blocks
+    assert [(len(first), blocks) for first, blocks in (_first_within(boxes, room) for room in (0, 3, 4, 7, 14, 15))] \
+        == [(0, 0), (0, 0), (1, 4), (2, 7), (2, 7), (3, 15)]
 
 
 def test_evicted_blocks_still_in_use_are_never_overwritten(tmp_path, rng):

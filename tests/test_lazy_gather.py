@@ -266,6 +266,30 @@ def test_read_ahead_reads_the_next_batches_chunks_within_the_budget(tmp_path, rn
         np.testing.assert_array_equal(got_batch["raw"], expected_batch["raw"])
 
 
+#: Blocks of (4, 8, 8) a cache holds: the first batch of ``batches`` needs 81 (its windows counted apart).
+BATCH_AND_A_HALF = 120
+
+
+def test_a_lone_producer_has_part_of_the_next_batch_read_ahead_where_the_cache_holds_no_whole_one(tmp_path, rng):
+    raw = random_volume(rng, SHAPE, np.uint8)
+    write_zarr(tmp_path / "raw.zarr", raw, (4, 8, 8))
+    expected = batches(raw, None, 1, 8)
+    with ef.open(tmp_path / "raw.zarr", in_memory=False, cache_bytes=BATCH_AND_A_HALF * 4 * 8 * 8) as lazy:
+        slow = SlowReads(lazy, 0.002)
+        loader = ef.Loader(lazy, patch=(6, 12, 14), batch_size=4, threads=1, seed=7,
+                           augment=[ef.Mirror(), ef.Transpose("zyx")], isotropic=True)
+        with loader:
+            room = loader._pipeline.producers.read_ahead._room
+            assert room is not None and 0 < room[lazy.chunk_cache] < 81  # part of a batch
+            got = [batch.copy() for _, batch in zip(range(8), loader)]
+        assert threads_end()
+        stats = lazy.cache_stats
+        assert stats.read_ahead > 0 and any(name.startswith("emfast-read-ahead-") for name in slow.threads)
+        assert stats.bytes_held <= stats.budget_bytes and not lazy.chunk_cache._pins.any()
+    for expected_batch, got_batch in zip(expected, got):
+        np.testing.assert_array_equal(got_batch["raw"], expected_batch["raw"])
+
+
 def test_producers_take_the_plans_read_ahead_computed_and_none_pile_up(tmp_path, rng):
     raw = random_volume(rng, SHAPE, np.uint8)
     write_zarr(tmp_path / "raw.zarr", raw, (4, 8, 8))

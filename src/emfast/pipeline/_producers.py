@@ -57,18 +57,19 @@ class Producers:
         self.epoch_size = epoch_size
         self.threads = [threading.Thread(target=self._run_abandoning_reads, name=f"emfast-producer-{i}", daemon=True)
                         for i in range(threads)]
-        depth = self._read_ahead_depth(threads)
+        depth, room = self._read_ahead_depth(threads)
         self.read_ahead = ReadAhead(ring, functools.partial(_plan_of, planner, epoch_size), gatherer, depth,
-                                    profile) if depth else None
+                                    profile, room) if depth else None
 
-    def _read_ahead_depth(self, threads: int) -> int:
-        """Batches to read ahead (0 without lazy windows, or when the first plan fails: its producer reports it)."""
+    def _read_ahead_depth(self, threads: int) -> tuple:
+        """Batches to read ahead and the blocks of each read (see :func:`read_ahead_depth`); none without lazy
+        windows, or when the first plan fails (its producer reports it)."""
         if not any(f.chunked for f in self.gatherer.fields):
-            return 0
+            return 0, None
         try:
             first = self.planner.plan(*self.position(self.ring.next_claim))
         except Exception:  # noqa: BLE001 - raised again, in order, by the producer of that batch
-            return 0
+            return 0, None
         return read_ahead_depth(self.gatherer, first, threads)
 
     def start(self) -> None:

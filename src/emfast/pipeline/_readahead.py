@@ -2,7 +2,8 @@
 
 A batch's plan is a pure function of its number, so the blocks its lazy windows need are known before a producer
 claims it. The readers stay at most ``depth`` batches ahead of the newest claimed batch, where ``depth`` is what
-the chunk caches' budgets hold besides the batches in flight; they read only missing blocks (a producer that needs
+the chunk caches' budgets hold besides the batches in flight (where they hold part of one more, one reader
+reads the blocks of the next batch's first windows that fit); they read only missing blocks (a producer that needs
 a block being read waits for that read instead of starting another) and pin nothing, so they never hold memory
 beyond the budgets. A block they fail to read is left to the producer that needs it, which reads it again and
 reports the error in batch order.
@@ -10,7 +11,9 @@ reports the error in batch order.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
+
+import numpy as np
 
 from ..io import abandoned_when
 from ._gather import Gatherer
@@ -18,14 +21,29 @@ from ._profile import Profile
 from ._ring import Ring, RingClosed
 
 
-def read_ahead_depth(gatherer: Gatherer, first_plan, threads: int) -> int:
-    """Batches to read ahead: as many as every cache holds besides ``threads`` batches in flight (0: none)."""
-    depth: Optional[int] = None
+def read_ahead_depth(gatherer: Gatherer, first_plan, threads: int) -> Tuple[int, Optional[Dict[object, int]]]:
+    """(batches to read ahead, None) where every cache holds whole batches besides ``threads`` batches in flight
+    (0: none). Where one holds less than one more batch but more than those in flight: (1, the blocks each cache
+    may read of that batch), so that a cold cache too small to read a batch ahead still decodes its next chunks
+    beside a lone producer."""
+    blocks: Dict[object, int] = {}
     for cache, boxes in gatherer.chunk_boxes(first_plan):
-        blocks = sum(int((box[1] - box[0] + 1).prod()) for box in boxes)
-        fits = cache.blocks_budget // max(1, blocks * cache.block_bytes) - threads
-        depth = fits if depth is None else min(depth, fits)
-    return max(0, min(depth or 0, threads + 1))
+        blocks[cache] = blocks.get(cache, 0) + sum(int((box[1] - box[0] + 1).prod()) for box in boxes)
+    if not blocks:
+        return 0, None
+    spare = {cache: cache.blocks_budget // max(1, cache.block_bytes) - threads * needed
+             for cache, needed in blocks.items()}
+    depth = min(spare[cache] // max(1, needed) for cache, needed in blocks.items())
+    if depth > 0:
+        return min(depth, threads + 1), None
+    return (1, spare) if any(room > 0 for room in spare.values()) else (0, None)
+
+
+def _first_within(boxes: np.ndarray, room: int) -> Tuple[np.ndarray, int]:
+    """The first of ``boxes`` whose blocks (counted once per box) number ``room`` at most, and that number."""
+    counts = np.cumsum([int((box[1] - box[0] + 1).prod()) for box in boxes])
+    taken = int(np.searchsorted(counts, room, side="right"))
+    return boxes[:taken], int(counts[taken - 1]) if taken else 0
 
 
 #: While the chunks of the batches looked at are all cached, read-ahead looks at no fewer than one batch in this many.
@@ -51,15 +69,18 @@ class ReadAhead:
         Batches read ahead of the newest claimed one.
     profile : Profile
         Where the threads' reads are timed ("ahead").
+    room : dict, optional
+        Per cache, the most blocks of a batch read ahead (its first windows'); None: every block.
     """
 
     def __init__(self, ring: Ring, plan: Callable[[int], object], gatherer: Gatherer, depth: int,
-                 profile: Profile) -> None:
+                 profile: Profile, room: Optional[Dict[object, int]] = None) -> None:
         self._ring = ring
         self._plan = plan
         self._gatherer = gatherer
         self._depth = depth
         self._profile = profile
+        self._room = room
         self._lock = threading.Lock()
         self._next = ring.next_claim
         self._plans: Dict[int, object] = {}  # batch number -> its plan, for the producer that claims it
@@ -106,10 +127,14 @@ class ReadAhead:
                 work = self._gatherer.chunk_boxes(plan)
                 self._keep(number, plan)
                 missed = 0
+                left = None if self._room is None else dict(self._room)
                 for cache, boxes in work:
                     if self._ring.closed:
                         break
-                    missed += cache.prefetch(boxes)
+                    if left is not None:  # part of the batch: its first windows whose blocks fit
+                        boxes, blocks = _first_within(boxes, max(0, left.get(cache, 0)))
+                        left[cache] = left.get(cache, 0) - blocks
+                    missed += cache.prefetch(boxes) if len(boxes) else 0
                 return missed > 0
             except Exception:  # noqa: BLE001 - the producer that needs the block reads it again and reports it
                 return True
