@@ -284,8 +284,10 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
         Takes a float32 batch ``(B, C_in, *patch_in)`` and returns ``(B, C_out, *patch_out)`` as float16/32/64:
         NumPy in and out, or, with ``device``, torch tensors on that device (the input is a tensor there; the
         output may be a tensor anywhere, in bfloat16 too, widened to float32 exactly). It may return the same
-        buffer every call (a prediction that is not a view of its batch is copied at once), but Dask workers of
-        several threads call one model from each at once: such a model needs workers of one thread. predict runs
+        buffer every call (a prediction that is not a view of its batch is copied at once), but threads calling
+        one model at once share that buffer: those of a Dask worker, and every worker of an in-process cluster
+        (``LocalCluster(processes=False)``), whose workers share one model. Such a model needs worker processes
+        of one thread each. predict runs
         it in inference mode and never calls ``.eval()`` or ``.train()``: put a torch module in eval mode first,
         or its BatchNorm and Dropout act as in training (and BatchNorm's statistics change). Every call is made on
         a thread of emfast's (the device's, with ``device="cuda"``): torch's modes, which hold per thread, do not
