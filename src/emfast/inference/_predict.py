@@ -89,8 +89,9 @@ class Prediction:
         ``seconds``).
     tiles_padded : int
         Zero tiles that filled this call's short batches up to ``batch_size`` (the run's last, the one that learned
-        the output channels, a block's last on Dask): the model computed them too, and their predictions were
-        dropped.
+        the output channels, a block's last on Dask, a block's last carried into a next block that misses fewer
+        tiles than it lacks, and kept tiles lost from memory or disk, computed again per tile): the model computed
+        them too, and their predictions were dropped.
     """
 
     path: str
