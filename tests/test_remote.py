@@ -891,3 +891,15 @@ def test_chunk_digests_forget_a_chunk_whose_slot_another_took_and_never_mix_two(
     assert digests.changed("a", b"w") == "1 bytes when read before, other bytes, as many now"
     assert digests.changed("a", None) == "1 bytes when read before, absent now"
     assert digests.changed("a", b"z") is None  # the first bytes are kept
+
+
+def test_chunk_digests_grow_with_the_chunks_read_and_keep_them():
+    from emfast.io._rereads import FIRST_SLOTS, ChunkDigests
+    digests = ChunkDigests()
+    paths = [f"c/{i}" for i in range(3 * FIRST_SLOTS)]
+    assert all(digests.changed(path, path.encode()) is None for path in paths)
+    assert FIRST_SLOTS < len(digests._paths) <= 16 * FIRST_SLOTS  # grown, and sized by the chunks read
+    table = digests._paths
+    remembered = [path for path in paths if table[(hash(path) or 1) % len(table)] == (hash(path) or 1)]
+    assert len(remembered) > 0.6 * len(paths)  # most survive the doublings (two landing in one slot keep one)
+    assert digests.changed(remembered[0], b"other") == f"{len(remembered[0])} bytes when read before, 5 bytes now"
