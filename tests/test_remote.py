@@ -884,7 +884,7 @@ def test_chunks_read_again_unchanged_are_no_error(written, served):
 
 def test_chunk_digests_forget_a_chunk_whose_slot_another_took_and_never_mix_two():
     from emfast.io._rereads import ChunkDigests
-    digests = ChunkDigests(slots=1)
+    digests = ChunkDigests(most_slots=1)
     assert digests.changed("a", b"x") is None
     assert digests.changed("b", b"y") is None  # takes the only slot
     assert digests.changed("a", b"z") is None  # forgotten: remembered anew, unchecked

@@ -288,11 +288,11 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
         buffer every call (a prediction that is not a view of its batch is copied at once), but threads calling
         one model at once share that buffer: those of a Dask worker, and every worker of an in-process cluster
         (``LocalCluster(processes=False)``), whose workers share one model. Such a model needs worker processes
-        of one thread each. predict runs
-        it in inference mode and never calls ``.eval()`` or ``.train()``: put a torch module in eval mode first,
-        or its BatchNorm and Dropout act as in training (and BatchNorm's statistics change). Every call is made on
-        a thread of emfast's (the device's, with ``device="cuda"``): torch's modes, which hold per thread, do not
-        reach it from around ``predict`` (``torch.autocast``, ``torch.no_grad``); set them inside the model.
+        of one thread each. predict runs it in inference mode and never calls ``.eval()`` or ``.train()``: put a
+        torch module in eval mode first, or its BatchNorm and Dropout act as in training (and BatchNorm's
+        statistics change). Every call is made on a thread of emfast's (the device's, with ``device="cuda"``):
+        torch's modes, which hold per thread, do not reach it from around ``predict`` (``torch.autocast``,
+        ``torch.no_grad``); set them inside the model.
     volume : Volume, numpy.ndarray or path
         The input; a path is opened lazily (any format :func:`emfast.open` reads).
     level, resolution : optional

@@ -35,9 +35,9 @@ def _described(size: int) -> str:
 class ChunkDigests:
     """The digests of the chunks a remote store read (thread-safe), see the module's notes."""
 
-    def __init__(self, slots: int = SLOTS) -> None:
-        self._most = slots
-        self._paths, self._sizes, self._digests = self._table(min(FIRST_SLOTS, slots))
+    def __init__(self, most_slots: int = SLOTS) -> None:
+        self._most = most_slots
+        self._paths, self._sizes, self._digests = self._table(min(FIRST_SLOTS, most_slots))
         self._taken = 0
         self._lock = threading.Lock()
 

@@ -28,7 +28,7 @@ def read_ahead_depth(gatherer: Gatherer, first_plan, threads: int) -> Tuple[int,
     beside a lone producer."""
     blocks: Dict[object, int] = {}
     for cache, boxes in gatherer.chunk_boxes(first_plan):
-        blocks[cache] = blocks.get(cache, 0) + sum(int((box[1] - box[0] + 1).prod()) for box in boxes)
+        blocks[cache] = blocks.get(cache, 0) + sum(_blocks_of(boxes))
     if not blocks:
         return 0, None
     spare = {cache: cache.blocks_budget // max(1, cache.block_bytes) - threads * needed
@@ -39,9 +39,14 @@ def read_ahead_depth(gatherer: Gatherer, first_plan, threads: int) -> Tuple[int,
     return (1, spare) if any(room > 0 for room in spare.values()) else (0, None)
 
 
+def _blocks_of(boxes) -> list:
+    """The number of blocks of each box (first and last block indices, from ``ChunkCache.boxes``)."""
+    return [int((box[1] - box[0] + 1).prod()) for box in boxes]
+
+
 def _first_within(boxes: np.ndarray, room: int) -> Tuple[np.ndarray, int]:
     """The first of ``boxes`` whose blocks (counted once per box) number ``room`` at most, and that number."""
-    counts = np.cumsum([int((box[1] - box[0] + 1).prod()) for box in boxes])
+    counts = np.cumsum(_blocks_of(boxes))
     taken = int(np.searchsorted(counts, room, side="right"))
     return boxes[:taken], int(counts[taken - 1]) if taken else 0
 
