@@ -287,3 +287,37 @@ def test_a_snapshot_taking_an_epochs_last_batch_ends_the_loop_at_the_epoch(tmp_p
                 loader.snapshot(tmp_path / "snap.zarr")  # takes (0, 3), the epoch's last
         assert seen == [(0, 0), (0, 1), (0, 2)] and loader.epoch == 1
         assert [(b.epoch, b.index) for b in loader] == [(1, 0), (1, 1), (1, 2), (1, 3)]
+
+
+@pytest.mark.parametrize("patch_in,patch_out", [((6, 20, 28), (4, 16, 16)), ((6, 20, 30), (4, 16, 18))])
+def test_transposed_examples_are_centred_on_their_windows_like_the_other_layers(tmp_path, rng, patch_in, patch_out):
+    """With context differing between y and x, raw's layer of an example whose y and x were swapped was shifted off
+    the other layers (by the difference of the two contexts): the context was placed along the source axes while
+    the data, as the network sees it, lies along the output axes."""
+    from emfast.pipeline._windows import window_extents
+
+    voxel = (40.0, 4.0, 4.0)
+    raw = rng.integers(0, 256, (20, 60, 70), dtype=np.uint8)
+    labels = rng.integers(0, 5, (20, 60, 70)).astype(np.uint32)
+    loader = ef.Loader(ef.Volume.from_array(raw, resolution=voxel, offset=OFFSET),
+                       ef.Volume.from_array(labels, resolution=voxel, offset=OFFSET), patch_in=patch_in,
+                       patch_out=patch_out, batch_size=4, augment=[ef.Mirror(), ef.Transpose()],
+                       targets=[ef.Affinities()], seed=5)
+    with loader:
+        loader.snapshot(tmp_path / "snap.zarr", batches=2)
+    found, root = images(tmp_path / "snap.zarr"), zarr.open_group(str(tmp_path / "snap.zarr"), mode="r")
+    perms = []
+    for group in (f"batch_{b:04d}/example_{n:02d}" for b in range(2) for n in range(4)):
+        attrs = root[group].attrs
+        perm, flips, position = np.asarray([attrs["perm"]]), attrs["flips"], np.asarray(attrs["corner"])
+        perms.append(tuple(attrs["perm"]))
+        centre = np.asarray(OFFSET) + (position + window_extents(patch_out, perm)[0] / 2) * voxel
+        for field in ("raw", "labels", "affinities", "affinities_mask"):
+            metadata, data = found[f"{group}/{field}"]
+            translation = np.asarray(metadata["coordinateTransformations"][0][1]["translation"])[-3:]
+            np.testing.assert_allclose(translation + np.asarray(data.shape[-3:]) * voxel / 2, centre)
+        grow = window_extents((np.asarray(patch_in) - patch_out) // 2, perm)[0]
+        box = tuple(slice(c, c + e) for c, e in zip(position - grow, window_extents(patch_in, perm)[0]))
+        seen = np.transpose(np.flip(raw[box], [a for a in range(3) if flips[a]]), perm[0])
+        np.testing.assert_array_equal(found[f"{group}/raw"][1], seen.astype(np.float32) * np.float32(1 / 255))
+    assert (0, 2, 1) in perms and (0, 1, 2) in perms

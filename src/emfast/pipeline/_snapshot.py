@@ -13,8 +13,8 @@ include the network's context, labels the targets' margin, so the layers of one 
 each other and on the source (a field delivered at its own voxel size, ``own_resolution``, covers the world box of
 its window on raw's grid, at that voxel size). The arrays also carry the funlib/gunpowder attributes
 (``voxel_size``, ``offset``, ``axis_names``). An example whose window was mirrored, transposed or warped is shown
-as the network sees it, at its window's box. A single channel is written as a (z, y, x) array, several as (c, z,
-y, x).
+as the network sees it, at its window's box (a transposed window whose output extents differ, centred on it). A
+single channel is written as a (z, y, x) array, several as (c, z, y, x).
 
 :func:`montage` renders the central z-section of every field of every example of one batch into one PNG: raw in
 grey, labels as one colour per id (0 black), three or more float channels (affinities, LSDs) as RGB, one float or
@@ -106,8 +106,11 @@ def _write_batch(root, name: str, loader, batch, arrays: Dict[str, np.ndarray]) 
             # the window's extent in raw voxels: a field at its own voxel size covers the box its window on raw's
             # grid would (transposes swap only axes of equal ratio, so the ratio needs no permuting)
             extent = np.asarray(data.shape[1:], dtype=np.int64) * ratio
-            grow = (extent.astype(np.int64) - patch_out) // 2  # context or margin, per side
-            corner = batch.positions[n] - window_extents(grow, batch.perms[n:n + 1])[0]
+            grow = (extent.astype(np.int64) - patch_out) // 2  # context or margin, per side, along output axes
+            # the data lies along the output axes: its output window is centred on the window's box in the source
+            # (the box itself where a transpose swapped axes of equal extent), its context around it
+            window = window_extents(patch_out, batch.perms[n:n + 1])[0]
+            corner = batch.positions[n] + (window - patch_out) // 2 - grow
             offset = origin + corner * resolution
             data = data[0] if data.shape[0] == 1 else data
             dataset = f"{group}/{field}/{LEVEL}"
