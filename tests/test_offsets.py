@@ -142,10 +142,18 @@ def test_an_offset_that_cannot_be_converted_to_voxels_is_refused_not_ignored(tmp
     with h5py.File(path, "a") as f:  # the labels' offset without a resolution (a CREMI-like slip): said so
         f["volumes/labels/neuron_ids"].attrs["offset"] = (80.0, 16.0, 24.0)
         del f["volumes/labels/neuron_ids"].attrs["resolution"]
-    with pytest.raises(ValueError, match=r"neuron_ids has offset \(80.0, 16.0, 24.0\) and no resolution but "
-                                         r".*neuron_ids has no 'resolution'"):
-        ef.Sample(ef.hdf5(path, "volumes/raw"), ef.hdf5(path, "volumes/labels/neuron_ids"))
+    unplaced = ef.hdf5(path, "volumes/labels/neuron_ids")
+    with pytest.raises(ValueError, match=r"neuron_ids has offset \(80.0, 16.0, 24.0\) and no resolution, so the "
+                                         r"offset cannot be converted"):  # named once (it was twice)
+        ef.Sample(ef.hdf5(path, "volumes/raw"), unplaced)
     assert tuple(ef.Sample(world[:14, :40, :40], labels, label_offset=(2, 4, 6)).placed_labels.origin) == (2, 4, 6)
+    # an explicit offset fills in what the attributes leave open, but may not contradict every reading of them
+    assert tuple(ef.Sample(ef.hdf5(path, "volumes/raw"), unplaced, label_offset=(2, 4, 6)).placed_labels.origin) \
+        == (2, 4, 6)  # the labels' offset read in nm at raw's resolution
+    with pytest.raises(ValueError, match=r"label_offset=\(0, 0, 0\) contradicts the datasets' attributes: .*"
+                                         r"neuron_ids has offset \(80.0, 16.0, 24.0\) and no resolution .*place it "
+                                         r"at \(2.0, 4.0, 6.0\) or \(80.0, 16.0, 24.0\) in raw voxels"):
+        ef.Sample(ef.hdf5(path, "volumes/raw"), unplaced, label_offset=(0, 0, 0))
 
 
 def test_an_extra_channel_offset_from_raw_is_refused(tmp_path):

@@ -47,9 +47,11 @@ def _origin_from_attributes(raw: Volume, other: Volume) -> Optional[np.ndarray]:
     unplaced = [volume for volume in (raw, other) if not _positioned(volume)]
     if unplaced:
         with_offset = other if other.offset is not None else raw
-        raise ValueError(f"{with_offset.name} has {_offset_text(with_offset)} but {unplaced[0].name} has no "
-                         "'resolution', so the offset cannot be converted to voxels; give both datasets a "
-                         "'resolution' attribute, or the offset in raw voxels explicitly")
+        lacking = "" if unplaced[0] is with_offset else f"{unplaced[0].name} has no 'resolution'"
+        raise ValueError(f"{with_offset.name} has {_offset_text(with_offset)}"
+                         + (f" but {lacking}" if lacking else "")
+                         + ", so the offset cannot be converted to voxels; give both datasets a 'resolution' "
+                         "attribute, or the offset in raw voxels explicitly")
     offsets = [np.asarray(v.offset or (0, 0, 0), dtype=np.float64) for v in (other, raw)]
     resolution = np.asarray(raw.resolution, dtype=np.float64)
     voxels = (offsets[0] - offsets[1]) / resolution
@@ -98,9 +100,11 @@ def origin_in(raw: Volume, other: Volume, offset, offset_name: str = "offset") -
                          f"{other.resolution}")
     explicit = None if offset is None else np.asarray(triple(offset, f"{offset_name} of {other.name}"),
                                                       dtype=np.int64)
-    if explicit is not None and (raw.offset is None and other.offset is None or
-                                 not (_positioned(raw) and _positioned(other))):
+    if explicit is not None and raw.offset is None and other.offset is None:
         return explicit  # nothing in the files to contradict it
+    if explicit is not None and not (_positioned(raw) and _positioned(other)):
+        _refuse_unreadable_contradiction(raw, other, explicit, offset_name)
+        return explicit
     derived = _origin_from_attributes(raw, other)
     if explicit is not None:
         if not np.array_equal(explicit, derived):
@@ -117,6 +121,22 @@ def origin_in(raw: Volume, other: Volume, offset, offset_name: str = "offset") -
                          f"{offset_name}=(z, y, x) (its first voxel in raw voxels), or give the datasets 'offset' "
                          "and 'resolution' attributes")
     return np.zeros(3, dtype=np.int64)
+
+
+def _refuse_unreadable_contradiction(raw: Volume, other: Volume, explicit: np.ndarray, offset_name: str) -> None:
+    """Refuse an explicit offset that no reading of the attributes allows, where a volume has an offset but one
+    lacks a resolution (the attributes alone are refused then): its unit unknown, an offset is read in nm at the
+    resolution one of them states (they must share it), or in raw voxels."""
+    known = raw.resolution if _positioned(raw) else other.resolution
+    apart = np.asarray(other.offset or (0, 0, 0), np.float64) - np.asarray(raw.offset or (0, 0, 0), np.float64)
+    readings = [apart] + ([apart / np.asarray(known, np.float64)] if known is not None else [])
+    if any(np.allclose(explicit, reading, rtol=0, atol=1e-3) for reading in readings):
+        return
+    raise ValueError(f"{offset_name}={_ints(explicit)} contradicts the datasets' attributes: {other.name} has "
+                     f"{_offset_text(other)} and {raw.name} has {_offset_text(raw)}, which place it at "
+                     + " or ".join(f"{tuple(float(v) for v in r)}" for r in readings[::-1])
+                     + " in raw voxels (read in nm at the resolution given, or in voxels); leave "
+                     f"{offset_name} out and give both datasets a 'resolution', or correct the 'offset' attribute")
 
 
 def _ints(values) -> tuple:
