@@ -406,6 +406,30 @@ def test_set_epoch_travels_with_a_pickled_loader_to_its_workers_shard(volumes, m
     assert worker.epoch_size < loader.epoch_size and got == expected[len(got):]
 
 
+@pytest.mark.parametrize("pickled", [False, True])
+def test_a_tiled_loader_given_its_own_epoch_size_starts_in_a_worker_with_the_workers_share(volumes, monkeypatch,
+                                                                                            pickled):
+    """epoch_size equal to a Tiled sampler's epoch was accepted when the loader was built, then refused in every
+    DataLoader worker: the worker's shard has fewer tiles, and the check ran again against them."""
+    from emfast.pipeline import _loader
+
+    def tiled(**kwargs):
+        return make_loader(volumes, "cpu", sampler=ef.Tiled(), augment=(), **kwargs)[0]
+
+    whole = tiled().epoch_size
+    loader = tiled(epoch_size=whole)
+    worker = pickle.loads(pickle.dumps(loader)) if pickled else loader  # spawned, or forked, worker
+    monkeypatch.setattr(_loader, "torch_worker", lambda: (1, 2))
+    with worker:
+        got = [(batch.index, digest(batch["raw"])) for batch in worker]
+    monkeypatch.setattr(_loader, "torch_worker", lambda: None)
+    with tiled(rank=1, world_size=2) as reference:
+        expected = [(batch.index, digest(batch["raw"])) for batch in reference]
+    assert worker.epoch_size == reference.epoch_size < whole and got == expected
+    with pytest.raises(ValueError, match=rf"epoch_size={whole + 1}, but Tiled.* has {whole} batches per epoch"):
+        tiled(epoch_size=whole + 1)  # still checked when the loader is built
+
+
 def test_a_loader_started_before_fork_fails_clearly_in_the_child(volumes):
     loader, _ = make_loader(volumes, "cpu")
     with loader:

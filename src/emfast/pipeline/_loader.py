@@ -301,10 +301,14 @@ class Loader:
         return (self.rank, self.world_size) if worker is None else \
             (self.rank * worker[1] + worker[0], self.world_size * worker[1])
 
-    def _bind_stream(self) -> None:
-        """Bind the sampler to this loader's shard, and plan batches from it."""
+    def _bind_stream(self, worker: bool = False) -> None:
+        """Bind the sampler to this loader's shard, and plan batches from it (``worker``: a DataLoader worker's
+        shard, drawn at start: a sampler with epochs of its own, such as Tiled, has that shard's; the
+        ``epoch_size`` given, checked against the whole when the loader was built, is not theirs)."""
         self.sampler.bind(self.regions, self._extents, self.batch_size, *self.shard)
-        self.epoch_size = checked_epoch_size(self._arguments["epoch_size"], self.sampler)
+        given = self._arguments["epoch_size"]
+        self.epoch_size = checked_epoch_size(None if worker and self.sampler.batches_per_epoch() is not None
+                                             else given, self.sampler)
         self._planner = Planner(patch=self.patch_out, batch_size=self.batch_size, sampler=self.sampler,
                                 augmentations=self.augmentations, seed=self.seed, rank=self.shard[0],
                                 world_size=self.shard[1], common_grid=self._common_grid)
@@ -334,7 +338,7 @@ class Loader:
             if self._pipeline is None and self._current_shard() != self.shard:
                 # built in the main process, started in a torch DataLoader worker: draw this worker's shard
                 self.shard = self._current_shard()
-                self._bind_stream()
+                self._bind_stream(worker=True)
             if self._pipeline is None and self._start_epoch is not None:
                 self._consumed = self._start_epoch * self.epoch_size  # this shard's epochs
             if self._pipeline is None:
