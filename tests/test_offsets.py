@@ -154,6 +154,8 @@ def test_an_offset_that_cannot_be_converted_to_voxels_is_refused_not_ignored(tmp
                                          r"neuron_ids has offset \(80.0, 16.0, 24.0\) and no resolution .*place it "
                                          r"at \(2.0, 4.0, 6.0\) or \(80.0, 16.0, 24.0\) in raw voxels"):
         ef.Sample(ef.hdf5(path, "volumes/raw"), unplaced, label_offset=(0, 0, 0))
+    # with no voxel size anywhere the offset's unit is unknown: the explicit one is taken
+    assert tuple(ef.Sample(world[:14, :40, :40], unplaced, label_offset=(0, 1, 2)).placed_labels.origin) == (0, 1, 2)
 
 
 def test_an_extra_channel_offset_from_raw_is_refused(tmp_path):

@@ -128,8 +128,10 @@ def _refuse_unreadable_contradiction(raw: Volume, other: Volume, explicit: np.nd
     lacks a resolution (the attributes alone are refused then): its unit unknown, an offset is read in nm at the
     resolution one of them states (they must share it), or in raw voxels."""
     known = raw.resolution if _positioned(raw) else other.resolution
+    if known is None:
+        return  # no voxel size states the offset's unit: any offset in voxels may be what it means
     apart = np.asarray(other.offset or (0, 0, 0), np.float64) - np.asarray(raw.offset or (0, 0, 0), np.float64)
-    readings = [apart] + ([apart / np.asarray(known, np.float64)] if known is not None else [])
+    readings = [apart, apart / np.asarray(known, np.float64)]
     if any(np.allclose(explicit, reading, rtol=0, atol=1e-3) for reading in readings):
         return
     raise ValueError(f"{offset_name}={_ints(explicit)} contradicts the datasets' attributes: {other.name} has "
