@@ -1004,6 +1004,25 @@ def test_progress_counts_blocks_tiles_and_voxels(tmp_path, volume):
     assert seen[0].seconds_left is None
 
 
+def test_a_block_written_is_reported_before_the_run_has_fed_its_last_blocks(tmp_path):
+    """Blocks were reported only once WRITES_IN_FLIGHT more were out: a run of four blocks showed "0/4" until
+    its last block was fed (a review: 38 of 39 s), then every block at once."""
+    calls, reported = [], []
+
+    def slow(batch):  # a network that takes its time, so that a block is written while the next ones are fed
+        time.sleep(0.01)
+        calls.append(len(reported))
+        return batch
+
+    raw = np.random.default_rng(0).integers(0, 255, (48, 160, 160), dtype=np.uint8)
+    ef.predict(slow, raw, tmp_path / "p.zarr/pred", patch_in=(16, 64, 64), chunks=(16, 80, 80), block=(48, 80, 80),
+               tta=4, progress=lambda p: reported.append(p.blocks))
+    assert reported[-1] == 4
+    # block 1 was reported when block 3 was fed (it was written meanwhile), not when block 4 was: 67 against 89 %
+    first = next(index for index, done in enumerate(calls) if done >= 2)  # reports: the start (0 blocks), block 1
+    assert first < 0.8 * len(calls), (first, len(calls))
+
+
 def test_the_progress_clock_counts_the_call_that_learns_the_channels(tmp_path, volume):
     """That call (the first tile) was counted in tiles but made before the clock started: the first report said
     0.000 s and 522,739 tiles/s, and the time left was short by the call's time."""

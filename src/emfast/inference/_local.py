@@ -68,6 +68,12 @@ def write_block(store: OutputStore, block: Block, result, grid, encoding: Option
     return block.index
 
 
+def _written(finishing) -> bool:
+    """Whether a block's finishing (a future of (its write's future, its result)) and its write have ended,
+    failed included: :func:`run_local`'s ``finish_write`` then takes it without waiting."""
+    return finishing.done() and (finishing.exception() is not None or finishing.result()[0].done())
+
+
 def _caller_nice() -> Optional[int]:
     """The calling thread's nice value (Linux: each thread has its own), or None where there is none."""
     try:
@@ -182,6 +188,8 @@ def run_local(predictor: BlockPredictor, store: OutputStore, blocks: List[Block]
                 reads.append((following, readers.submit(read, following)))
                 break
             while len(writes) > WRITES_IN_FLIGHT:  # one block being finished, WRITES_IN_FLIGHT written
+                finish_write()
+            while writes and _written(writes[0][0]):  # reported now, not when WRITES_IN_FLIGHT more are out
                 finish_write()
             buffer = spare.pop() if spare else None
             # Fed here while the blender blends what the model returned and the finisher converts the previous

@@ -374,7 +374,8 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
         Run the blocks as tasks on this cluster (zarr outputs); the model, volume and plan must pickle.
     progress : bool or callable
         Draw a progress bar (blocks, tiles/s, voxels/s and the time left), or call ``progress(state)`` with a
-        :class:`PredictProgress` once at the start and after each block.
+        :class:`PredictProgress` once at the start and after each block, on the calling thread: a block written
+        is reported before the next block is fed (locally; on Dask as its task returns).
 
     Returns
     -------
