@@ -579,6 +579,28 @@ def test_a_resumed_run_equals_an_uninterrupted_one_byte_for_byte(tmp_path, volum
     assert again.computed == 0
 
 
+@pytest.mark.parametrize("error", [RuntimeError("model failed"), KeyboardInterrupt()])
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_no_batch_is_run_after_the_model_raised(tmp_path, volume, error, device):
+    """The batches queued behind a failed call are not run: but a KeyboardInterrupt a torch module raised itself
+    (not an Exception) left them queued, and the module was called twice or three times more (a review)."""
+    calls = [0]
+
+    def failing_at_40(batch):
+        calls[0] += 1
+        if calls[0] >= 40:
+            raise error
+        return crop(batch)
+
+    model = failing_at_40
+    if device is not None:
+        torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
+        model = type("Failing", (torch.nn.Module,), {"forward": lambda self, batch: failing_at_40(batch)})()
+    with pytest.raises(type(error)):
+        ef.predict(model, volume, tmp_path / "p.zarr/pred", device=device, **SETTINGS)
+    assert calls[0] == 40
+
+
 def test_a_resume_keeps_the_blocks_its_output_was_begun_in_whatever_the_memory(tmp_path):
     """The default block follows memory=: resumed with more memory (after running out, say), a run was refused as
     one with "other settings" (its block), and overwrite=True, the only advice, threw the finished blocks away."""

@@ -233,8 +233,9 @@ class ModelCaller:
         self.tiles_padded = 0
         #: Seconds spent in calls of the model here (device copies included); calls come one at a time.
         self.seconds = 0.0
-        #: The first error of a call (the model's, or its prediction's check): later calls raise it unrun.
-        self.failure: Optional[Exception] = None
+        #: The first error of a call (the model's, or its prediction's check; a KeyboardInterrupt the model raised
+        #: too): later calls raise it unrun.
+        self.failure: Optional[BaseException] = None
 
     def __getstate__(self) -> dict:
         return dict(self.__dict__, runner=None)
@@ -260,7 +261,7 @@ class ModelCaller:
             else:
                 prediction = called(self.model, batch) if self.device is None else self._torch(batch)
                 wait = lambda: prediction  # noqa: E731
-        except Exception as error:
+        except BaseException as error:
             self.failure = error
             self._hint_device(error)
             raise
@@ -281,7 +282,7 @@ class ModelCaller:
                     # emfast's own until blended.
                     prediction = np.array(prediction, copy=True, order="K")
                 return prediction[:count]
-            except Exception as error:
+            except BaseException as error:
                 self.failure = self.failure or error
                 raise
 
@@ -304,7 +305,7 @@ class ModelCaller:
         self.tiles_padded += self.batch_size - count
         return filled
 
-    def _hint_device(self, error: Exception) -> None:
+    def _hint_device(self, error: BaseException) -> None:
         """A torch module fed NumPy batches (no ``device``) that fails on one (torch's TypeError names neither the
         model nor the setting): a note on ``error``, which stays the model's, saying to pass a device."""
         torch = sys.modules.get("torch")  # a torch module exists only where torch was imported
