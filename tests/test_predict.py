@@ -296,6 +296,35 @@ def test_no_dask_task_writes_after_predict_has_raised(tmp_path, volume):
         assert not [p for p in flags.rglob("*") if p.is_file() and p.name != "zarr.json"]
 
 
+def test_a_running_dask_task_stops_at_its_next_model_call_once_the_run_ended(tmp_path, volume, monkeypatch):
+    """An error (or Ctrl-C) on Dask waited for every running task to compute its whole block, to throw it away:
+    12 s against 0.5 s locally in a review's run. A task now asks, before each model call, whether the run has
+    ended (here at every call)."""
+    import threading as threads
+    distributed = pytest.importorskip("distributed")
+    from emfast.inference import _dask
+    monkeypatch.setattr(_dask, "ENDED_POLL_S", 0.0)
+    slow, failed, calls_after = [], [], []
+
+    def model(batch):
+        if not slow:
+            slow.append(threads.get_ident())
+        if threads.get_ident() != slow[0]:
+            failed.append(True)
+            raise RuntimeError("model failed")
+        calls_after.append(bool(failed))
+        time.sleep(0.05)  # this task's block takes many calls: most come after the other task failed
+        return crop(batch)
+
+    settings = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT, chunks=(8, 16, 16), block=(8, 16, 16), channels=1,
+                    tta=4)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None,
+                                  silence_logs=40) as cluster, distributed.Client(cluster) as client:
+        with pytest.raises(RuntimeError, match="model failed"):
+            ef.predict(model, volume, tmp_path / "p.zarr/pred", client=client, **settings)
+    assert failed and calls_after.count(True) <= 1, calls_after  # at most the call under way
+
+
 def test_no_dask_task_writes_its_block_after_the_user_closed_the_client(tmp_path, volume):
     """The user's client closed mid-run: the run could no longer reach its tasks, and those computing went on
     to write and flag their blocks after predict had raised. The run's event is set through its own client."""

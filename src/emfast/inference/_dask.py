@@ -6,6 +6,7 @@ plan) is sent to each worker once.
 from __future__ import annotations
 
 import copy
+import time
 import uuid
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -60,6 +61,31 @@ def check_model_pickles(model, client) -> None:
                                         "without client=")
 
 
+#: How often (seconds) a running task asks the scheduler whether the run has ended, before a model call: an error
+#: or Ctrl-C ends a long block within a call or so, not after its last one (the answer is thrown away then).
+ENDED_POLL_S = 1.0
+
+
+class _Ended(Exception):
+    """The run ended while this task computed its block: it stops before its next model call."""
+
+
+def _stopping(call_now: Callable, run_ended) -> Callable:
+    """``call_now``, which first raises _Ended once ``run_ended`` (a Dask event) is set, asked at most every
+    :data:`ENDED_POLL_S` (one request to the scheduler each)."""
+    asked = [time.monotonic()]
+
+    def call(batch, out_shape):
+        now = time.monotonic()
+        if now - asked[0] >= ENDED_POLL_S:
+            asked[0] = now
+            if run_ended.is_set():
+                raise _Ended
+        return call_now(batch, out_shape)
+
+    return call
+
+
 def _importable(module: str) -> bool:
     """On a worker: whether ``module`` imports there (found, not executed)."""
     import importlib.util
@@ -87,9 +113,12 @@ def _run_block(block: Block, predictor: BlockPredictor, container: str, dataset:
     caller.seconds, caller.tiles_padded = 0.0, 0
     task.__dict__.update(predictor.__dict__, model=caller, tiles_computed=0, values=0, clipped=0, nans=0,
                          non_finite=0)
+    task.call_now = _stopping(task.call_now, run_ended)
     stand_in = None
     try:
         result = task.compute(block, task.read(block))
+    except _Ended:
+        return None
     except BaseException as error:
         stand_in = sendable(error, caller.name)
         if stand_in is error:
@@ -150,8 +179,8 @@ def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List
 def _end_tasks(client, futures, ended, address: str) -> None:
     """After the run (an error or Ctrl-C included): no task writes once this returns. The tasks not yet running
     are cancelled; the ones running (a cancelled task runs on, and would write after predict has raised and
-    let go of the output's lock) are waited for: they write nothing once ``ended`` is set, except a write begun
-    before. With the user's client closed, ``ended`` is set through a client of the run's own (at the
+    let go of the output's lock) are waited for: once ``ended`` is set they stop before their next model call
+    (within :data:`ENDED_POLL_S`) and write nothing, except a write begun before. With the user's client closed, ``ended`` is set through a client of the run's own (at the
     scheduler's ``address``): the tasks not yet writing write nothing, and a write begun cannot be waited for."""
     from distributed import Client, Event, wait
     from distributed.client import FuturesCancelledError
