@@ -180,8 +180,9 @@ def _end_tasks(client, futures, ended, address: str) -> None:
     """After the run (an error or Ctrl-C included): no task writes once this returns. The tasks not yet running
     are cancelled; the ones running (a cancelled task runs on, and would write after predict has raised and
     let go of the output's lock) are waited for: once ``ended`` is set they stop before their next model call
-    (within :data:`ENDED_POLL_S`) and write nothing, except a write begun before. With the user's client closed, ``ended`` is set through a client of the run's own (at the
-    scheduler's ``address``): the tasks not yet writing write nothing, and a write begun cannot be waited for."""
+    (within :data:`ENDED_POLL_S`) and write nothing, except a write begun before. With the user's client closed,
+    ``ended`` is set through a client of the run's own (at the scheduler's ``address``): the tasks not yet writing
+    write nothing, and a write begun cannot be waited for."""
     from distributed import Client, Event, wait
     from distributed.client import FuturesCancelledError
     try:

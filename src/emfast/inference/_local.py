@@ -71,7 +71,8 @@ def write_block(store: OutputStore, block: Block, result, grid, encoding: Option
 def _written(finishing) -> bool:
     """Whether a block's finishing (a future of (its write's future, its result)) and its write have ended,
     failed included: :func:`run_local`'s ``finish_write`` then takes it without waiting."""
-    return finishing.done() and (finishing.exception() is not None or finishing.result()[0].done())
+    return finishing.done() and (finishing.cancelled() or finishing.exception() is not None
+                                 or finishing.result()[0].done())
 
 
 def _caller_nice() -> Optional[int]:
