@@ -471,6 +471,16 @@ def test_a_coarser_level_converted_or_predicted_alone_keeps_its_ome_placement(tm
         array = tmp_path / (path + "/s0" if path.startswith("two") else path)
         assert zarr.open_array(str(array), mode="r").attrs["offset"] == [0.0] * 3  # funlib: the corner
     np.testing.assert_array_equal(ef.open(tmp_path / "one.zarr/raw").array, level1.array)
+    # HDF5 has no OME metadata: an HDF5 output keeps the translation beside its offset, and a zarr output made
+    # from it is placed as the level was (it was placed as a level 0, half a voxel off: a review)
+    convert(str(tmp_path / "pyr.zarr/raw"), tmp_path / "one.h5/raw", level=1)
+    ef.predict(lambda batch: batch, level1, tmp_path / "pred.h5/p", patch_in=(4, 4, 4), blend="none")
+    for path in ("one.h5/raw", "pred.h5/p"):
+        opened = ef.open(tmp_path / path)
+        assert (opened.resolution, opened.offset, opened.translation) == (level1.resolution, level1.offset,
+                                                                          level1.translation)
+        convert(str(tmp_path / path), tmp_path / f"via-{path[:3]}.zarr/raw")
+        assert _transforms(tmp_path / f"via-{path[:3]}.zarr", "raw") == levels[1]
     # a review: a binned-looking offset that the image's first level does not imply stays contradictory
     zarr.open_array(str(tmp_path / "pyr.zarr/raw/s1"), mode="r+").attrs["offset"] = [-2.0] * 3  # "factor 4"
     with pytest.raises(ef.io.StoreMetadataError, match="contradictory metadata"):

@@ -149,6 +149,7 @@ class Hdf5Source(VolumeSource):
             geometry = array_geometry(attrs, len(self.full_shape), where)
         geometry.require_canonical(where)
         self.resolution, self.offset = geometry.resolution, geometry.offset
+        self.translation = _binned_translation(node.attrs.get(TRANSLATION_ATTRIBUTE), self.offset)
         self._direct = _DirectChunkReader.for_dataset(node)
         # HDF5 reads a whole dataset without filters faster itself; deflate goes faster through libdeflate
         self.whole_by_chunks = self._direct is not None and self._direct.inflates
@@ -478,6 +479,25 @@ def hdf5(path: Union[str, os.PathLike], dataset: str, *, in_memory: bool = True,
     source = Hdf5Source(path, dataset)
     warn_if_unfinished(source, f"{path}/{dataset}")
     return Volume.open(source, in_memory=in_memory, cache_bytes=cache_bytes)
+
+
+#: The attribute emfast writes beside ``offset`` on an HDF5 output of a binned OME-NGFF level: the translation the
+#: image gave it (:attr:`~emfast.io.Volume.translation`), which HDF5 has no convention for, read back as such so that
+#: a zarr output made from it later is placed as the level was.
+TRANSLATION_ATTRIBUTE = "translation"
+
+
+def _binned_translation(value, offset) -> Optional[Tuple[float, float, float]]:
+    """The translation ``value`` (an attribute) states for a binned level: 3 finite numbers other than ``offset``;
+    None for anything else (an attribute of that name another program wrote for its own use is left alone)."""
+    try:
+        translation = tuple(float(t) for t in np.asarray(plain_attribute(value), dtype=np.float64).reshape(-1))
+    except (TypeError, ValueError):
+        return None
+    if len(translation) != 3 or not all(np.isfinite(translation)) or offset is None \
+            or np.allclose(translation, offset, rtol=0, atol=1e-9):
+        return None
+    return translation
 
 
 def plain_attribute(value):

@@ -29,7 +29,7 @@ import h5py
 import numpy as np
 
 from ._chunkfiles import chunk_files
-from ._hdf5 import open_hdf5
+from ._hdf5 import TRANSLATION_ATTRIBUTE, open_hdf5
 from ._open import split_path
 from ._outputs import (LOCK_SUFFIX, NotOwnOutputError, OutputLock, add_ome_multiscales, check_zarr_container,
                        image_paths, input_changed, open_hdf5_for_writing, option, refuse_hdf5_in_use, remove_folder,
@@ -420,6 +420,8 @@ class OutputWriter:
                 geometry["resolution"] = [float(r) for r in resolution]
             if offset is not None:
                 geometry["offset"] = [float(o) for o in offset]
+            if translation is not None:  # a binned level's, which no HDF5 convention holds (see _hdf5)
+                geometry[TRANSLATION_ATTRIBUTE] = [float(t) for t in translation]
             for key, value in dict(attributes, **geometry).items():
                 try:
                     self.array.attrs[key] = json.dumps(value) if isinstance(value, dict) else value
