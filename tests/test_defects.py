@@ -1,4 +1,6 @@
 """Section defects: only the claimed sections change, labels follow slips exactly, draws are reproducible."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -352,3 +354,31 @@ def test_artifact_sections_as_large_as_the_window_serve_transposed_batches_too()
     with pytest.raises(ValueError, match=r"sections of \(16, 39\), smaller than the raw window's sections of "
                                          r"\(16, 40\)"):
         ef.Loader(raw, patch=(8, 16, 40), augment=[Artifacts(artifacts[:, :, :39])])
+
+
+def test_artifacts_defaults_follow_the_volume(rng):
+    """scale and shift of None take the volume's defaults (uint8: 1/255, float32: 1; shift 0), and a copy with
+    another volume takes that volume's: the defaults are not written back into the fields."""
+    uint8 = ef.Volume.from_array(rng.integers(0, 256, (3, 20, 30)).astype(np.uint8))
+    floats = ef.Volume.from_array(rng.random((3, 20, 30), dtype=np.float32))
+    given = Artifacts(uint8, p=1.0, shift=None)
+    copy = dataclasses.replace(given, volume=floats)
+    assert given.scale is None and given.shift is None and copy.scale is None
+    raw = random_raw(rng, np.float32)
+    for artifacts, source, scale in ((given, uint8.array[0], np.float32(1 / 255)), (copy, floats.array[0], 1.0)):
+        record = draw(artifacts, rng, len(raw))
+        out = raw.copy()
+        artifacts.process(record, Patches(raw=out, valid=len(raw)))
+        events = artifacts.events(record, raw.shape, len(raw))
+        h, w = raw.shape[3:]
+        n, z, (alpha, az, ay, ax) = events.example[0], events.section[0], events.values[0]
+        box = source[int(az), int(ay):int(ay) + h, int(ax):int(ax) + w].astype(np.float32) * np.float32(scale)
+        a = np.float32(alpha)
+        np.testing.assert_array_equal(out[n, 0, z], raw[n, 0, z] * (np.float32(1) - a) + box * a)
+
+
+@pytest.mark.parametrize("setting, value", [("scale", float("nan")), ("shift", "0.1")])
+def test_artifacts_refusals_name_their_setting(setting, value):
+    with pytest.raises(ValueError, match=f"Artifacts: {setting} must be a finite number") as caught:
+        Artifacts(np.zeros((2, 30, 30), np.uint8), **{setting: value})
+    assert caught.value.emfast_setting == setting

@@ -364,7 +364,7 @@ class Artifacts(_SectionDefect):
     p: float = 0.05
     alpha: Sequence[float] = (0.5, 1.0)
     scale: Optional[float] = None
-    shift: float = 0.0
+    shift: Optional[float] = 0.0
     name: ClassVar[str] = "artifacts"
     _DRAWS: ClassVar[int] = 5
     _TAG: ClassVar[int] = _tag("artifact")
@@ -388,9 +388,11 @@ class Artifacts(_SectionDefect):
         for what, value in (("scale", self.scale), ("shift", self.shift)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
                                       or not np.isfinite(value)):
-                raise ValueError(f"Artifacts: {what} must be a finite number, got {value!r}")
-        if self.scale is None:
-            self.scale = 1.0 / 255.0 if volume.dtype == np.uint8 else 1.0
+                raise refusal(f"Artifacts: {what} must be a finite number or None, got {value!r}", what)
+        # Defaults resolved here, not written back: a copy with another volume (dataclasses.replace) keeps None
+        # and gets that volume's default.
+        self._scale = (1.0 / 255.0 if volume.dtype == np.uint8 else 1.0) if self.scale is None else self.scale
+        self._shift = 0.0 if self.shift is None else self.shift
 
     def bind_windows(self, windows: Windows) -> None:
         """Refuse artifact sections smaller than a raw section can be."""
@@ -416,4 +418,4 @@ class Artifacts(_SectionDefect):
         channels = raw.shape[1]
         corners = np.repeat(hits.values[:, 1:4].astype(np.int64), channels, axis=0)
         _intensity.blend(raw, planes, raw.shape[3:], self._source, corners, np.repeat(hits.values[:, 0], channels),
-                         self.scale, self.shift)
+                         self._scale, self._shift)

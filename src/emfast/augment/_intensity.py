@@ -148,7 +148,7 @@ class _PerExample(Augmentation):
         owner, interval = type(self).__name__, getattr(self, self._PARAMETER)
         self._range = check_range(interval, self._PARAMETER, owner, 0.0)
         if self._POSITIVE and self._range[0] <= 0:
-            raise ValueError(f"{owner}: {self._PARAMETER} must be > 0, got {interval!r}")
+            raise refusal(f"{owner}: {self._PARAMETER} must be > 0, got {interval!r}", self._PARAMETER)
         self.p = _check_probability(self.p, owner)
 
     def apply(self, uniforms: np.ndarray, params: Params) -> Draws:
