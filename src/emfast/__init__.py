@@ -22,7 +22,8 @@ from .io import (CorruptChunkError, DatasetNotFoundError, InputChangedError, Rem
                  UnfinishedOutputWarning, Volume, VolumeTooLargeError, hdf5)
 from .io import open_volume as open
 from .inference import (BlockWriteError, InputDtypeError, ModelOutputError, NonFiniteWarning, OutputExistsError,
-                        Prediction, PredictProgress, SaturationWarning, UnfinishedInputError, predict)
+                        Prediction, PredictProgress, SaturationWarning, TrainingModeWarning, UnfinishedInputError,
+                        predict)
 from .pipeline import (BackPressureWarning, Batch, BatchReleasedError, InsufficientMemoryError, Loader,
                        MissingFieldError, ProfileReport, SlotsExhaustedError)
 from .sampling import Balanced, Dataset, Masked, Sample, Tiled, Uniform
@@ -77,6 +78,7 @@ __all__ = [
     "SlotsExhaustedError",
     "StoreMetadataError",
     "Tiled",
+    "TrainingModeWarning",
     "Transpose",
     "UnfinishedInputError",
     "UnfinishedOutputWarning",

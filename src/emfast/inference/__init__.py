@@ -17,7 +17,7 @@ from ._memory import (CACHE_SHARE, DEFAULT_MEMORY, block_estimate, budget_block,
                       too_large_block)
 from ._model import ModelOutputError, check_torch_device, model_blamed, require_torch
 from ._predict import (CHUNK_EDGE, InputDtypeError, NonFiniteWarning, Prediction, PredictProgress, SaturationWarning,
-                       UnfinishedInputError, check_fill, check_input_dtype, predict)
+                       TrainingModeWarning, UnfinishedInputError, check_fill, check_input_dtype, predict)
 from ._store import (COMPRESSIONS, FLAGS_SUFFIX, PREDICT_OUTPUT_DTYPE_NAMES, BlockWriteError, OutputExistsError,
                      prediction_complete)
 from ._tiling import Block, TilePlan
@@ -25,7 +25,7 @@ from ._tta import TTA_COUNTS, variants
 
 __all__ = ["BLENDS", "CACHE_SHARE", "COMPRESSIONS", "DEFAULT_MEMORY", "FLAGS_SUFFIX", "PREDICT_OUTPUT_DTYPE_NAMES",
            "TTA_COUNTS", "Block", "BlockWriteError", "InputDtypeError", "ModelOutputError", "OutputExistsError",
-           "Prediction", "PredictProgress", "NonFiniteWarning", "SaturationWarning", "TilePlan",
+           "Prediction", "PredictProgress", "NonFiniteWarning", "SaturationWarning", "TilePlan", "TrainingModeWarning",
            "UnfinishedInputError", "block_estimate",
            "budget_block", "check_fill", "check_input_dtype", "check_torch_device", "input_cache_refusal",
            "model_blamed", "predict", "require_torch", "too_large_block", "variants"]

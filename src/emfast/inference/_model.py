@@ -3,9 +3,10 @@ tensor on a device, and a checked NumPy prediction back."""
 from __future__ import annotations
 
 import hashlib
+import re
 import sys
 import time
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import numpy as np
 
@@ -38,6 +39,25 @@ def model_name(model) -> str:
             return f"torch.jit:{original}"
     target = model if hasattr(model, "__qualname__") else type(model)
     return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(target))}"
+
+
+#: Kinds of torch modules that act otherwise in training mode: Dropout drops, BatchNorm normalises by the batch's
+#: statistics and updates its running ones (the user's model changes as it predicts).
+TRAINING_MODE_KINDS = re.compile(r"BatchNorm|Dropout")
+
+
+def modules_in_training(model) -> List[str]:
+    """The submodules of a torch module (scripted too) in training mode whose output depends on it, as
+    "name (Kind)"; empty for any other model."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(model, torch.nn.Module):
+        return []
+    found = []
+    for name, module in model.named_modules():
+        kind = getattr(module, "original_name", None) or type(module).__name__  # a scripted module's class
+        if module.training and isinstance(kind, str) and TRAINING_MODE_KINDS.search(kind):
+            found.append(f"{name or 'the model'} ({kind})")
+    return found
 
 
 def weights_digest(model) -> Optional[str]:

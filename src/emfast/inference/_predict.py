@@ -31,7 +31,7 @@ from ._device import device_runner
 from ._local import run_local
 from ._memory import (CACHE_SHARE, DEFAULT_MEMORY, TILES_SHARE, block_estimate, budget_block, input_cache_refusal,
                       parse_memory, too_large_block)
-from ._model import ModelCaller, check_torch_device, torch_device_name, weights_digest
+from ._model import ModelCaller, check_torch_device, modules_in_training, torch_device_name, weights_digest
 from ._store import (FLAGS_SUFFIX, PREDICT_OUTPUT_DTYPE_NAMES, PROVENANCE, OutputStore, check_compression,
                      parse_output)
 from ._tiling import Block, TilePlan
@@ -48,6 +48,10 @@ NON_FINITE_SLAB_BYTES = 64 * 2 ** 20
 
 class SaturationWarning(UserWarning):
     """A uint8 prediction clipped values outside [0, 1] (a model returning logits, say), or wrote NaN as 0."""
+
+
+class TrainingModeWarning(UserWarning):
+    """A torch model given to :func:`predict` has Dropout or BatchNorm modules in training mode."""
 
 
 class NonFiniteWarning(UserWarning):
@@ -290,9 +294,9 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
         (``LocalCluster(processes=False)``), whose workers share one model. Such a model needs worker processes
         of one thread each. predict runs it in inference mode and never calls ``.eval()`` or ``.train()``: put a
         torch module in eval mode first, or its BatchNorm and Dropout act as in training (and BatchNorm's
-        statistics change). Every call is made on a thread of emfast's (the device's, with ``device="cuda"``):
-        torch's modes, which hold per thread, do not reach it from around ``predict`` (``torch.autocast``,
-        ``torch.no_grad``); set them inside the model.
+        statistics change; a :class:`TrainingModeWarning` names them). Every call is made on a thread of
+        emfast's (the device's, with ``device="cuda"``): torch's modes, which hold per thread, do not reach it
+        from around ``predict`` (``torch.autocast``, ``torch.no_grad``); set them inside the model.
     volume : Volume, numpy.ndarray or path
         The input; a path is opened lazily (any format :func:`emfast.open` reads).
     level, resolution : optional
@@ -383,6 +387,8 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
 
     Warns
     -----
+    TrainingModeWarning
+        A torch model has Dropout or BatchNorm modules in training mode (call ``model.eval()`` first).
     SaturationWarning
         ``dtype="uint8"`` clipped values outside [0, 1].
     NonFiniteWarning
@@ -451,6 +457,13 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
     if isinstance(device, str):  # torch's own errors ("Expected one of cpu, cuda, ...") named no setting
         check_torch_device(device, here=client is None)
     caller = ModelCaller(model, device, batch_size)
+    in_training = modules_in_training(model)
+    if in_training:  # predict never sets the mode (docstring): the usual mistake is a module fresh from training
+        warnings.warn(TrainingModeWarning(
+            f"the model has {len(in_training)} module(s) in training mode, such as {', '.join(in_training[:3])}: "
+            "Dropout drops values at random and BatchNorm normalises each batch by its own statistics and updates "
+            "its running ones, so the predictions depend on the batches and the model changes; call model.eval() "
+            "before predict"), stacklevel=2)
     if client is not None:
         check_model_pickles(model, client)
     try:
@@ -461,6 +474,9 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
     failed = True
     predictor: Optional[BlockPredictor] = None
     try:
+        # Before anything reads the input (a normalisation's statistics, the probe of the model's channels): a
+        # change while the first call ran went unseen, and the output was recorded complete from both versions.
+        whole, data = fingerprints(volume.stamp)  # one listing of a stored input's files for both
         check_output_location(container, dataset, kind, volume.stamp, "input")
         patch_in = _triple_or_int(patch_in, "patch_in", 1)
         patch_out = patch_in if patch_out is None else _triple_or_int(patch_out, "patch_out", 1)
@@ -551,7 +567,6 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
                 attributes["offset"] = list(volume.offset)
             if volume.translation is not None:  # a binned level of an OME-NGFF image: placed as the image does
                 attributes["translation"] = list(volume.translation)
-            whole, data = fingerprints(volume.stamp)  # one listing of a stored input's files for both
             # a lazily read input, checked again before the output is recorded complete (see below)
             input_files = None if volume.in_memory else data
             # made once it is needed: an in-memory input's digest is computed while an earlier output is removed
