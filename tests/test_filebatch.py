@@ -4,6 +4,7 @@ import errno
 import os
 import threading
 
+import h5py
 import numpy as np
 import pytest
 
@@ -171,6 +172,42 @@ def test_a_store_of_many_small_chunks_reads_within_a_low_descriptor_limit(tmp_pa
     refused = run(3)
     assert refused.startswith("error:") and "small-chunks.zarr" in refused, refused
     assert "ulimit -n" in refused and "limit of" in refused, refused
+
+
+_MANY_HDF5 = """
+import os, resource, sys
+import emfast as ef
+folder, count = sys.argv[1], int(sys.argv[2])
+open_now = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + 20, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+volumes = []
+try:
+    for i in range(count):
+        volumes.append(ef.open(os.path.join(folder, f"{i}.h5"), "raw", in_memory=False))
+    print("opened")
+except OSError as error:
+    print(f"error after {len(volumes)}:", error)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open descriptors in /proc/self/fd (Linux)")
+def test_lazy_hdf5_volumes_beyond_the_descriptor_limit_say_so(tmp_path):
+    """A lazily read HDF5 volume holds its file open while it lives: a training set of more cutouts than the
+    descriptor limit failed in h5py's words alone ("Too many open files", a review of 1500 cutouts under
+    ``ulimit -n 256``); the error names the limit and what to do."""
+    import subprocess
+    import sys
+    for i in range(40):
+        with h5py.File(tmp_path / f"{i}.h5", "w") as f:
+            f["raw"] = np.zeros((2, 4, 4), np.uint8)
+    script = tmp_path / "many.py"
+    script.write_text(_MANY_HDF5)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), "40"], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert done.returncode == 0, done.stderr
+    refused = done.stdout.strip()
+    assert refused.startswith("error after") and ".h5 as an HDF5 file" in refused, refused
+    assert "ulimit -n" in refused and "limit of" in refused and "in memory" in refused, refused
 
 
 def test_no_descriptor_limit_bounds_nothing(monkeypatch):

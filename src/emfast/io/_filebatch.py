@@ -185,7 +185,7 @@ def read_regular_files(paths: Sequence[Path], what: str, starts: Optional[Sequen
         elif code == FILE_FAILED:
             number = int(errors[i])
             raise OSError(number, f"cannot read {what}: {os.strerror(number)} ({errnos.errorcode.get(number, '')})"
-                                  f"{_descriptor_hint(number)}", str(path))
+                                  f"{descriptor_hint(number)}", str(path))
         else:
             assert code == FILE_UNSUPPORTED, code
             contents.append(_read_in_python(Path(path), what, None if starts is None else int(starts[i]),
@@ -235,14 +235,15 @@ def read_decoded_files(paths: Sequence[str], codec: str, outs: List[np.ndarray],
     return results, versions
 
 
-def _descriptor_hint(number: int) -> str:
-    """For EMFILE, the process's descriptor limit and what to do: the chunk named is where it ran out, not why."""
+def descriptor_hint(number: Optional[int]) -> str:
+    """For EMFILE, the process's descriptor limit and what to do: the file named is where it ran out, not why."""
     if number != errnos.EMFILE:
         return ""
     soft = descriptor_limit()
     limit = "" if soft is None else f" of {soft}"
     return (f"; the process has every file descriptor its limit{limit} allows open (ulimit -n): raise the limit, "
-            "or open fewer files at once (lazy HDF5 volumes hold one each)")
+            "or open fewer files at once (a lazily read HDF5 volume holds its file open while it lives; read small "
+            "ones in memory)")
 
 
 def _read_in_python(path: Path, what: str, start: Optional[int], length: Optional[int]) -> Optional[memoryview]:

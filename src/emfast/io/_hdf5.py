@@ -26,6 +26,7 @@ import numpy as np
 
 from . import _deflate
 from ._decode import SideBySide
+from ._filebatch import descriptor_hint
 from ._geometry import GEOMETRY_KEYS, array_geometry
 from ._metadata import parsing
 from ._outputs import warn_if_unfinished
@@ -56,7 +57,7 @@ def open_hdf5(path: Union[str, os.PathLike]) -> h5py.File:
     try:
         return h5py.File(path, "r")
     except OSError as exc:
-        raise OSError(f"cannot open {path} as an HDF5 file: {exc}") from exc
+        raise OSError(f"cannot open {path} as an HDF5 file: {exc}{descriptor_hint(exc.errno)}") from exc
 
 
 def list_datasets(file: h5py.File) -> list[str]:
