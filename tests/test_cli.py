@@ -447,3 +447,13 @@ def test_info_of_a_missing_path_in_a_store_without_root_group_lists_its_arrays(t
 def h5py_file(path):
     import h5py
     return h5py.File(path, "w")
+
+
+@pytest.mark.parametrize("command", [["check"], ["predict"], ["snapshot", "--out", "s.zarr"]])
+def test_an_empty_config_argument_is_called_empty(command, capsys):
+    """emfast predict "$CFG" with CFG unset read '' as the text of an empty config: "<text>: no predict section"
+    (a review). argparse refuses it, naming the argument."""
+    with pytest.raises(SystemExit) as exited:
+        main(command[:1] + [""] + command[1:])
+    assert exited.value.code == 2
+    assert "the config path is empty (an unset shell variable?)" in capsys.readouterr().err

@@ -313,7 +313,10 @@ def test_the_loader_keys_are_the_loaders_arguments():
 
 @pytest.mark.parametrize("text, line, words", [
     ("data: !!python/object/apply:os.system [echo hi]\nloader: {}\n", 1, ["not allowed", "python/object"]),
-    ("data:\n  samples: [a\nloader: {}\n", 3, ["invalid YAML"]),
+    ("data:\n  samples: [a\nloader: {}\n", 3, ["invalid YAML", "flow sequence that starts on line 2"]),
+    # a quote or bracket left open: its own line, not the line past the end where the parser gave up (a review)
+    ('data: {}\nloader:\n  seed: "abc\n', 3, ["quoted scalar", "line 3 opens it and the text ends"]),
+    ("data: {}\nloader:\n  batch_size: [1\n\n\n", 3, ["flow sequence", "line 3 opens it"]),
     ("data: {}\ndata: {}\n", 2, ["appears twice"]),
     ("- a\n- b\n", 1, ["expected a mapping", "got a list"]),
 ])
@@ -373,6 +376,8 @@ def test_empty_text_is_an_empty_config_not_the_working_folder(text):
 
 @pytest.mark.parametrize("old, new, path, needle, words", [
     ("file: a.h5", "file: missing.h5", "data.samples[0].file", "missing.h5", ["not found", "missing.h5"]),
+    # a folder no format recognises: the file's key, not the dataset's (a review found "raw.dataset")
+    ("file: a.h5", "file: .", "data.samples[0].file", "file: .", ["cannot tell its format"]),
     ("{file: b.h5, dataset: volumes/raw}", "{file: nowhere.h5, dataset: volumes/raw}", "data.samples[1].raw.file",
      "nowhere.h5", ["nowhere.h5"]),
     ("      labels: volumes/labels\n", "      labels: volumes/lables\n", "data.samples[0].labels.dataset",

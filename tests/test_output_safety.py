@@ -89,6 +89,17 @@ def test_an_output_is_never_written_into_the_inputs_hdf5_file(tmp_path, writer):
 
 
 @pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_an_output_container_that_is_a_dangling_link_is_named_so(tmp_path, zarr_input, writer):
+    """A zarr output whose container is a link to nothing failed with "[Errno 17] File exists" (a review)."""
+    store, _ = zarr_input
+    (tmp_path / "dangling.zarr").symlink_to(tmp_path / "nowhere.zarr")
+    with pytest.raises(FileNotFoundError, match=r"dangling.zarr is a symbolic link to .*nowhere.zarr, which does not "
+                                                r"exist: create what it points to, or choose another output"):
+        WRITERS[writer](str(store / "volumes/raw"), tmp_path / "dangling.zarr/out")
+    assert not (tmp_path / "nowhere.zarr").exists()
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
 def test_overwrite_replaces_only_an_array_emfast_wrote(tmp_path, zarr_input, writer):
     store, data = zarr_input
     source = str(store / "volumes/raw")

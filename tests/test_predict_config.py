@@ -468,6 +468,15 @@ def test_a_data_file_or_store_given_as_the_config_is_named_as_such(folder, capsy
     assert (folder / "in.h5").stat().st_size > 0 and h5py.is_hdf5(folder / "in.h5")  # never written
 
 
+def test_the_info_hint_quotes_a_path_with_spaces(folder):
+    """'emfast info with space/a b.zarr lists its arrays' failed when pasted into a shell (a review)."""
+    import zarr
+
+    zarr.create_array(folder / "a b.zarr", shape=(4, 4, 4), dtype="uint8", chunks=(2, 2, 2))
+    with pytest.raises(ConfigError, match=re.escape(f"emfast info '{folder / 'a b.zarr'}' lists its arrays")):
+        load_config(folder / "a b.zarr")
+
+
 def test_an_hdf5_file_with_a_user_block_is_recognised(folder):
     with h5py.File(folder / "block.h5", "w", userblock_size=1024) as f:
         f.create_dataset("raw", data=np.zeros((2, 2, 2), np.uint8))

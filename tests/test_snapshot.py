@@ -187,6 +187,19 @@ def test_render_shows_masks_white_where_valid_even_when_all_are():
         assert render(half)[0].tolist() == [[0, 0, 0], [255, 255, 255]]
 
 
+def test_a_snapshot_path_starting_with_a_tilde_is_in_the_home_folder(tmp_path, volumes, monkeypatch):
+    """'~/s.zarr' made a folder named '~' in the working folder (every other path emfast takes expands it), one
+    that ``rm -rf ~`` would be typed to clean up (a review)."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    with ef.Loader(volumes[0], patch=(4, 16, 16), batch_size=1) as loader:
+        assert loader.snapshot("~/s.zarr") == home / "s.zarr"
+    assert (home / "s.zarr" / ".zgroup").is_file() and not (work / "~").exists()
+
+
 def test_emfast_snapshot_command_writes_the_store_and_png(tmp_path, volumes, capsys):
     raw, labels = volumes[2], volumes[3]
     import h5py

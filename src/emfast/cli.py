@@ -112,6 +112,14 @@ def _config_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def config_path(value: str) -> str:
+    """A config argument: an empty one is refused here (an unset shell variable, ``emfast predict "$CFG"``), not
+    read as the text of an empty config."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("the config path is empty (an unset shell variable?)")
+    return value
+
+
 def check(args: argparse.Namespace) -> int:
     """Validate a config (training sections, a predict section, or both) without streaming or calling the model;
     print what it would read."""
@@ -328,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                "the model factory without calling it, match model_args to it, check "
                                                "the device, open the input and lay the tiles. Exit status 0 if "
                                                "valid, 2 with the error (file, line, key) if not.")
-    validate.add_argument("config", help="a YAML config (see docs/CONFIG.md)")
+    validate.add_argument("config", help="a YAML config (see docs/CONFIG.md)", type=config_path)
     add_cache_dir_option(validate)
     validate.set_defaults(handler=check)
 
@@ -349,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
                                            "an OME-NGFF image at its window's world position, so that neuroglancer, "
                                            "napari or ome-zarr-py show the fields as aligned layers; --png also "
                                            "renders the central sections of the first batch.")
-    look.add_argument("config", help="a YAML config (see docs/CONFIG.md)")
+    look.add_argument("config", help="a YAML config (see docs/CONFIG.md)", type=config_path)
     look.add_argument("--out", required=True, help="the zarr store to create (must not exist)")
     look.add_argument("--batches", type=int, default=1, help="batches to write (default: %(default)s)")
     look.add_argument("--png", default=None, metavar="FILE", help="also write a montage of the first batch here")
@@ -395,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
                                             "bar. Interrupted? Run it again with --resume: finished blocks are "
                                             "skipped and the result is the same, byte for byte. An existing "
                                             "output is refused without --resume or --overwrite.")
-    infer.add_argument("config", help="a YAML config with a predict section")
+    infer.add_argument("config", help="a YAML config with a predict section", type=config_path)
     infer.add_argument("--resume", action="store_true", help="continue an unfinished prediction")
     infer.add_argument("--overwrite", action="store_true", help="replace an existing output")
     add_cache_dir_option(infer)

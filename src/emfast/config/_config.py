@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from .._checks import concerned_key
-from ..io import CacheBudgetError, LevelChoiceError, Volume, is_url, open_volume
+from ..io import CacheBudgetError, LevelChoiceError, UnknownFormatError, Volume, is_url, open_volume
 from ..pipeline import Loader
 from ..sampling import Dataset, Sample, Sampler
 from ..transfer import DeviceUnavailableError
@@ -107,7 +107,7 @@ class Config:
                     opened.append(open_volume(file, volume.dataset, in_memory=not spec.lazy,
                                                cache_bytes=spec.cache_bytes, level=volume.level,
                                                resolution=volume.resolution, **remote))
-                except OSError as error:
+                except (OSError, UnknownFormatError) as error:  # the file, not its dataset
                     raise reader.error(path + (("file",) if volume.shared_file else key + ("file",)),
                                        str(error)) from error
                 except CacheBudgetError as error:  # the sample's budget, not the volume, is the culprit

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import difflib
-import os
 import math
+import os
 import re
+import shlex
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -113,7 +114,7 @@ def _config_text(path: Path) -> str:
     """The text of a config file; a data file or store given by mistake is named as such, not as a decode error."""
     if path.is_dir():
         raise ConfigError("is a folder (a zarr or N5 store?), not a YAML config file; give the config that names "
-                          f"it (see docs/CONFIG.md); emfast info {path} lists its arrays", source=str(path))
+                          f"it (see docs/CONFIG.md); emfast info {shlex.quote(str(path))} lists its arrays", source=str(path))
     try:
         data = path.read_bytes()
     except OSError as error:
@@ -121,7 +122,7 @@ def _config_text(path: Path) -> str:
     offsets = [0] + [512 * 2**k for k in range(12) if 512 * 2**k < len(data)]
     if any(data[offset:offset + len(HDF5_SIGNATURE)] == HDF5_SIGNATURE for offset in offsets):
         raise ConfigError("is an HDF5 file, not a YAML config file; give the config that names it (see "
-                          f"docs/CONFIG.md); emfast info {path} lists its datasets", source=str(path))
+                          f"docs/CONFIG.md); emfast info {shlex.quote(str(path))} lists its datasets", source=str(path))
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -190,8 +191,19 @@ def parse_yaml(text: str, source: str) -> Tuple[Any, Dict[Path_, int]]:
         _marks(node, (), marks, source, [MAX_NODES])
         return loader.construct_document(node), marks
     except yaml.MarkedYAMLError as error:
-        mark = error.problem_mark or error.context_mark
-        reason = " ".join(part for part in (error.context, error.problem) if part)
+        problem, context = error.problem_mark, error.context_mark
+        # A quote or bracket left open is found where the text ends, past the last line: the line it was opened
+        # on is the one to name. Elsewhere the problem's line is (an indentation mistake inside a mapping begun
+        # far above); where both are known, the message gives the other too.
+        at_end = problem is not None and problem.index >= len(text.rstrip())
+        mark = context if context is not None and (problem is None or at_end) else problem
+        reason = error.problem or ""
+        if error.context and context is not None and mark is not None and context.line != mark.line:
+            reason += f", {error.context} that starts on line {context.line + 1}"
+        elif error.context:
+            reason = f"{error.context}: {reason}"
+        if at_end and mark is context:
+            reason += f" (line {context.line + 1} opens it and the text ends before it is closed)"
         raise ConfigError(f"invalid YAML: {reason}", "", None if mark is None else mark.line + 1,
                           source) from None
     except yaml.YAMLError as error:

@@ -13,7 +13,7 @@ from ._geometry import Geometry, world_box
 from ._demo import LABELS_DATASET, RAW_DATASET, demo_volume_path, make_em_volume
 from ._stats import VolumeStatistics, volume_statistics
 from ._hdf5 import Hdf5Source, hdf5, list_datasets, open_hdf5
-from ._formats import Contents, Listed, VolumeFormat, format_of_suffix, formats
+from ._formats import Contents, Listed, UnknownFormatError, VolumeFormat, format_of_suffix, formats
 from ._n5 import N5Source
 from ._open import contents, open_source, open_volume, resolved_above_container, split_path
 from ._outputs import (REMOVING_TAIL, InputChangedError, OutputLock, UnfinishedOutputWarning, add_ome_multiscales,
@@ -108,6 +108,7 @@ __all__ = [
     "zarr_geometry",
     "zarr_missing",
     "UnfinishedOutputWarning",
+    "UnknownFormatError",
     "unfinished",
     "InputChangedError",
 ]

@@ -209,6 +209,9 @@ class OutputWriter:
             self.root = open_hdf5_for_writing(self.container)
         else:
             from ._zarr import import_zarr, local_store
+            if self.container.is_symlink() and not self.container.exists():  # zarr's mkdir said "File exists"
+                raise FileNotFoundError(f"{self.container} is a symbolic link to {os.readlink(self.container)}, "
+                                        "which does not exist: create what it points to, or choose another output")
             check_zarr_container(self.container)
             # a root of the other format over an existing store would hide the store's arrays
             self.zarr_format = zarr_store_format(self.container) or self.zarr_format

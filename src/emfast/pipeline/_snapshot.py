@@ -52,12 +52,12 @@ def write_snapshot(loader, path, batches: int = 1, png=None) -> Path:
     if loader.device != "cpu":
         raise ValueError(f"snapshot: the loader delivers batches to {loader.device}; snapshots are written from a "
                          "loader with device='cpu' (build one with the same arguments)")
-    path = Path(os.fspath(path))
+    path = Path(os.fspath(path)).expanduser()  # as every other path emfast takes (a review found a folder '~')
     named = format_of_suffix(path.name)
     if named not in (None, "zarr"):  # written as zarr anyway, the store was taken for an HDF5 file by every reader
         raise ValueError(f"snapshot: {path} ends as {named} containers do ({path.suffix}), but a snapshot is a "
                          "zarr store; give a path ending in .zarr")
-    png = None if png is None else Path(os.fspath(png))
+    png = None if png is None else Path(os.fspath(png)).expanduser()
     for target in (path, png):
         if target is not None and target.exists():
             raise FileExistsError(f"snapshot: {target} exists; a snapshot never replaces a file or store, choose "
