@@ -102,7 +102,7 @@ def numpy_reference(name, augmentation, record, x):
         h, w = x.shape[3:]
         for n, z, (alpha, az, ay, ax) in zip(events.example, events.section, events.values):
             box = augmentation._source[int(az), int(ay):int(ay) + h, int(ax):int(ax) + w]
-            a, scale = np.float32(alpha), np.float32(augmentation.scale)
+            a, scale = np.float32(alpha), np.float32(1 / 255)  # the documented default for uint8 sections
             x[n, 0, z] = x[n, 0, z] * (np.float32(1) - a) + (box.astype(np.float32) * scale) * a
 
 
