@@ -1,5 +1,6 @@
 """Augmentation specs: names, checks and the distribution of the transforms they draw."""
 import collections
+import re
 
 import numpy as np
 import pytest
@@ -66,6 +67,29 @@ def test_transpose_across_z_needs_isotropic_opt_in():
     with pytest.raises(ValueError, match="isotropic=True"):
         resolve([ef.Transpose(axes="zyx")], isotropic=False)
     assert reachable_permutations(resolve([ef.Transpose(axes="zx")], isotropic=True)) == {(0, 1, 2), (2, 1, 0)}
+
+
+@pytest.mark.parametrize("resolution, augment, isotropic, refused", [
+    ((40, 4, 8), [ef.Transpose()], False, "Transpose(axes='yx') moves y and x voxels onto each other"),
+    ((40, 8, 4), [ef.Rotate(angle=10)], False, "Rotate(axes='yx') moves y and x voxels onto each other"),
+    ((4, 4, 8), [ef.Transpose(axes="zyx")], True, "(4.0, 4.0, 8.0) nm, 4 nm along y and 8 along x"),
+    ((40, 4, 4), [ef.Transpose(axes="zyx")], True, None),  # z with y/x: the isotropic flag's to allow
+    ((40, 4, 4), list(ef.augment.FULL), False, None),  # the anisotropic default: y and x alike
+    ((40, 4, 4.02), [ef.Transpose(), ef.Rotate()], False, None),  # within metadata's rounding
+    ((8, 8, 8), [ef.Transpose(axes="zyx"), ef.Rotate(axes="zyx")], True, None),
+    (None, [ef.Transpose(axes="zyx")], True, None),  # no voxel size known: the flag is the user's word
+])
+def test_augmentations_exchanging_axes_of_unequal_voxels_are_refused(resolution, augment, isotropic, refused):
+    """Transposing or rotating y with x where their voxels differ in size distorted every window, silently: the
+    kernels work in voxels (a review). Mixing z with them stays the isotropic flag's to allow."""
+    raw = ef.Volume.from_array(np.zeros((20, 64, 64), np.uint8), name="raw", resolution=resolution)
+    if refused is None:
+        ef.Loader(raw, patch=(4, 16, 16), augment=augment, isotropic=isotropic).close()
+        return
+    with pytest.raises(ValueError, match=re.escape(refused)) as caught:
+        ef.Loader(raw, patch=(4, 16, 16), augment=augment, isotropic=isotropic)
+    assert "sample 'raw' has voxel size" in str(caught.value) and caught.value.emfast_setting == "axes"
+    assert caught.value.emfast_section == "augment"
 
 
 @pytest.mark.parametrize("make", [lambda: ef.Mirror(axes="w"), lambda: ef.Mirror(axes="xx"),

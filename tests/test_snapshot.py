@@ -12,6 +12,8 @@ from emfast.config import load_config
 from emfast.pipeline._snapshot import montage, render
 
 VOXEL = (40.0, 8.0, 4.0)
+#: Transposes and rotations of y with x are refused on voxels of two sizes there; mirrors are not.
+MIRRORS = ("mirror",)
 OFFSET = (400.0, 80.0, 120.0)
 PATCH_IN, PATCH_OUT = (6, 20, 24), (4, 16, 16)
 
@@ -78,7 +80,7 @@ def test_snapshot_refuses_an_existing_path_and_bad_batches(tmp_path, volumes):
     raw_volume = volumes[0]
     (tmp_path / "there.zarr").mkdir()
     (tmp_path / "there.zarr" / "keep.txt").write_text("mine")
-    with ef.Loader(raw_volume, patch=(4, 16, 16), batch_size=1) as loader:
+    with ef.Loader(raw_volume, patch=(4, 16, 16), batch_size=1, augment=MIRRORS) as loader:
         with pytest.raises(FileExistsError, match="there.zarr"):
             loader.snapshot(tmp_path / "there.zarr")
         with pytest.raises(ValueError, match="batches must be an integer >= 1"):
@@ -94,7 +96,7 @@ def test_snapshot_refuses_an_existing_path_and_bad_batches(tmp_path, volumes):
 @pytest.mark.parametrize("name", ["snap.h5", "snap.HDF5", "snap.n5"])
 def test_snapshot_refuses_a_path_named_as_another_format(tmp_path, volumes, name):
     """snap.h5 was written as a zarr folder named .h5, which every reader then took for a missing HDF5 file."""
-    with ef.Loader(volumes[0], patch=(4, 16, 16), batch_size=1) as loader:
+    with ef.Loader(volumes[0], patch=(4, 16, 16), batch_size=1, augment=MIRRORS) as loader:
         with pytest.raises(ValueError, match=rf"{name} ends as .* containers do .* give a path ending in \.zarr"):
             loader.snapshot(tmp_path / name)
         loader.snapshot(tmp_path / "snap")  # no suffix: a zarr store, as before
@@ -112,7 +114,7 @@ def test_a_snapshot_claims_its_path_so_a_second_writer_is_refused_untouched(tmp_
     (other / ".zgroup").write_text('{"zarr_format": 2}')  # the other rank's, made after this one looked
     real_exists = pathlib.Path.exists
     monkeypatch.setattr(pathlib.Path, "exists", lambda self: False if self == other else real_exists(self))
-    with ef.Loader(volumes[0], patch=(4, 16, 16), batch_size=1) as loader:
+    with ef.Loader(volumes[0], patch=(4, 16, 16), batch_size=1, augment=MIRRORS) as loader:
         with pytest.raises(FileExistsError, match="snap.zarr exists; a snapshot never replaces"):
             loader.snapshot(other)
         assert sorted(p.name for p in other.iterdir()) == [".zgroup"]
@@ -195,7 +197,7 @@ def test_a_snapshot_path_starting_with_a_tilde_is_in_the_home_folder(tmp_path, v
     work.mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(work)
-    with ef.Loader(volumes[0], patch=(4, 16, 16), batch_size=1) as loader:
+    with ef.Loader(volumes[0], patch=(4, 16, 16), batch_size=1, augment=MIRRORS) as loader:
         assert loader.snapshot("~/s.zarr") == home / "s.zarr"
     assert (home / "s.zarr" / ".zgroup").is_file() and not (work / "~").exists()
 
@@ -223,7 +225,7 @@ def test_emfast_snapshot_command_writes_the_store_and_png(tmp_path, volumes, cap
 # -- the epoch progress bar ---------------------------------------------------------------------------------------
 
 def test_progress_draws_one_bar_per_epoch_when_the_epoch_has_a_size(capsys, volumes):
-    with ef.Loader(volumes[0], patch=(4, 16, 16), batch_size=1, epoch_size=5, progress=True) as loader:
+    with ef.Loader(volumes[0], patch=(4, 16, 16), batch_size=1, augment=MIRRORS, epoch_size=5, progress=True) as loader:
         assert len(list(loader)) == 5
         first = capsys.readouterr().err
         assert len(list(loader)) == 5
@@ -234,13 +236,13 @@ def test_progress_draws_one_bar_per_epoch_when_the_epoch_has_a_size(capsys, volu
 
 
 def test_no_bar_without_progress_or_for_an_endless_stream(capsys, volumes):
-    with ef.Loader(volumes[0], patch=(4, 16, 16), batch_size=1, progress=True) as loader:
+    with ef.Loader(volumes[0], patch=(4, 16, 16), batch_size=1, augment=MIRRORS, progress=True) as loader:
         assert len(list(itertools.islice(loader, 4))) == 4
-    with ef.Loader(volumes[0], patch=(4, 16, 16), batch_size=1, epoch_size=3) as loader:
+    with ef.Loader(volumes[0], patch=(4, 16, 16), batch_size=1, augment=MIRRORS, epoch_size=3) as loader:
         assert len(list(loader)) == 3
     assert capsys.readouterr().err == ""
     with pytest.raises(TypeError, match="progress must be True or False"):
-        ef.Loader(volumes[0], patch=(4, 16, 16), progress="yes")
+        ef.Loader(volumes[0], patch=(4, 16, 16), augment=MIRRORS, progress="yes")
 
 
 def test_progress_from_a_yaml_config(tmp_path, volumes):

@@ -6,7 +6,8 @@ Every augmentation registers its name (``emfast._registry``), so the loader and 
 
 May import: ``emfast._core``, ``emfast._registry``, ``emfast._checks``, ``emfast.io``.
 """
-from ._base import Augmentation, AugmentationLike, Params, Patches, Windows, reachable_permutations, resolve
+from ._base import (Augmentation, AugmentationLike, Params, Patches, Windows, check_voxel_sizes,
+                    reachable_permutations, resolve)
 from ._defects import Artifacts, LowContrast, MissingSection, Slip
 from ._dihedral import Mirror, Transpose
 from ._geometry import WarpPlan
@@ -40,6 +41,7 @@ __all__ = [
     "Slip",
     "Transpose",
     "Windows",
+    "check_voxel_sizes",
     "reachable_permutations",
     "resolve",
 ]

@@ -158,6 +158,11 @@ class Augmentation:
     def check(self, isotropic: bool) -> None:
         """Raise if this augmentation is not allowed for the data (anisotropic unless ``isotropic``)."""
 
+    def exchanged_axes(self) -> str:
+        """The axes whose voxels this augmentation moves onto each other (permutes, rotates among), which must be
+        of one size in the world (default: none)."""
+        return ""
+
     def bind_windows(self, windows: Windows) -> None:
         """Size what depends on the windows, or raise if the windows do not suit it (default: nothing)."""
 
@@ -192,6 +197,28 @@ def resolve(items: Iterable[AugmentationLike], isotropic: bool) -> list[Augmenta
     for augmentation in resolved:
         augmentation.check(isotropic)
     return resolved
+
+
+#: How much voxel sizes along exchanged axes may differ, relatively (metadata rounded to a few digits).
+VOXEL_SIZE_TOLERANCE = 0.01
+
+
+def check_voxel_sizes(augmentations: Sequence[Augmentation], resolution, where: str) -> None:
+    """Refuse an augmentation that moves y and x voxels onto each other where the voxels of ``where`` (a sample
+    whose raw has voxel size ``resolution``, z, y, x; None: not known, nothing checked) differ in size along y
+    and x: the kernels work in voxels, so swapping or rotating voxels 4 nm and 8 nm wide distorts every window
+    in the world. Mixing z with them is the ``isotropic`` flag's to allow (the user's word, not checked here)."""
+    if resolution is None:
+        return
+    y, x = (float(v) for v in resolution[1:])
+    for augmentation in augmentations:
+        axes = augmentation.exchanged_axes()
+        if "y" in axes and "x" in axes and max(y, x) > min(y, x) * (1 + VOXEL_SIZE_TOLERANCE):
+            raise refusal(f"{type(augmentation).__name__}(axes={axes!r}) moves y and x voxels onto each other, but "
+                          f"{where} has voxel size {tuple(resolution)} nm, {y:g} nm along y and {x:g} along x: its "
+                          "windows would be distorted; leave it out of augment (the Loader's default holds "
+                          "'transpose': augment=['mirror'] keeps the mirrors), or resample the data to square "
+                          "sections", "axes")
 
 
 def reachable_permutations(augmentations: Sequence[Augmentation]) -> set[tuple[int, ...]]:

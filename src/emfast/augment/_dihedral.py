@@ -72,6 +72,9 @@ class Transpose(Augmentation):
     def check(self, isotropic: bool) -> None:
         _require_isotropic("Transpose", self.axes, isotropic, "swaps z with y/x, which distorts anisotropic EM data")
 
+    def exchanged_axes(self) -> str:
+        return self.axes
+
     def apply(self, uniforms: np.ndarray, params: Params) -> None:
         orders = np.asarray(self._orders, dtype=np.int64)
         choice = np.minimum((uniforms[:, 0] * len(orders)).astype(np.int64), len(orders) - 1)

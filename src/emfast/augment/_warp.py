@@ -66,6 +66,9 @@ class Rotate(_Warp):
     def check(self, isotropic: bool) -> None:
         _require_isotropic("Rotate", self.axes, isotropic, "mixes z with y/x, which distorts anisotropic EM data")
 
+    def exchanged_axes(self) -> str:
+        return self.axes
+
     def apply(self, uniforms: np.ndarray, params: Params) -> None:
         angle = np.deg2rad(self.angle) * (2.0 * uniforms[:, 1] - 1.0)
         if len(self._axes) == 3:

@@ -101,7 +101,8 @@ class Loader:
         ``~/.cache/emfast`` (``EMFAST_CACHE_DIR``, ``XDG_CACHE_HOME``), never in the data's files. None: integers
         to [0, 1], float unchanged.
     isotropic : bool, default False
-        Allow transforms that swap z with y/x (only for data of equal resolution along all axes).
+        Allow transforms that swap z with y/x (only for data of equal resolution along all axes). A transpose
+        or rotation of y with x is refused where the data's resolution gives their voxels different sizes.
     label_offset : (int, int, int), default None
         With a single raw volume: position of the labels' first voxel in raw voxels, when labels cover only part
         of raw. Otherwise taken from the datasets' ``offset``/``resolution`` attributes (a dataset with a
@@ -186,6 +187,9 @@ class Loader:
         with concerning(section="sampler"):
             self.sampler = loader_sampler(sampler)
         self.dataset = as_dataset(data, labels, label_offset)
+        with concerning(section="augment"):
+            for sample in self.dataset.samples:
+                _augment.check_voxel_sizes(self.augmentations, sample.raw.resolution, f"sample {sample.name!r}")
         with concerning(section="targets"):
             if self.targets and not self.dataset.has_labels:
                 raise ValueError(f"targets {[t.name for t in self.targets]} need labels, but the data has none")
