@@ -319,3 +319,23 @@ def test_a_store_folder_that_cannot_be_listed_is_never_fingerprinted_as_empty(tm
         ef.predict(lambda batch: batch, path / "raw", tmp_path / "p.zarr/p", patch_in=(6, 8, 8))
     assert main(["info", str(path)]) == 2
     assert "cannot list" in capsys.readouterr().err
+
+
+def test_an_in_memory_volume_read_from_a_file_cannot_be_changed_in_place(tmp_path, rng, monkeypatch):
+    """Its statistics are cached under the file's key: clipped in place (np.asarray(volume) was a writeable view),
+    its statistics went to the cache as the file's, and a later unchanged open of the file got them (a minmax batch
+    reaching 3.98; a review). The array is read-only; a copy may be changed, and is no longer the file."""
+    import pickle
+
+    monkeypatch.setenv("EMFAST_CACHE_DIR", str(tmp_path / "cache"))
+    data = rng.integers(0, 200, (8, 16, 16)).astype(np.uint8)
+    with h5py.File(tmp_path / "raw.h5", "w") as f:
+        f["raw"] = data
+    volume = ef.hdf5(tmp_path / "raw.h5", "raw")
+    with pytest.raises(ValueError, match="read-only"):
+        np.asarray(volume)[...] = np.minimum(np.asarray(volume), 50)
+    assert not pickle.loads(pickle.dumps(volume)).array.flags.writeable
+    assert volume_statistics(volume).max == data.max()
+    clipped = np.minimum(np.array(volume), 50)  # a copy: an array of its own, no file behind it
+    assert ef.Volume.from_array(clipped).stamp is None and volume_statistics(ef.Volume.from_array(clipped)).max == 50
+    assert volume_statistics(ef.hdf5(tmp_path / "raw.h5", "raw")).max == data.max()

@@ -152,11 +152,17 @@ class Volume:
         else:
             if data.dtype == bool:
                 data = data.view(np.uint8)  # a bool mask, as the uint8 it is byte for byte
+            if self.stamp is not None:
+                # It stands for its file: statistics are cached under the file's key and predict records the file's
+                # fingerprint, so an array changed in place gave the file's key to other data (a review).
+                data.flags.writeable = False
             self._array = data if data.ndim == 4 else data[np.newaxis]
 
     @classmethod
     def open(cls, source: VolumeSource, *, in_memory: bool = True, cache_bytes: Optional[int] = None) -> "Volume":
-        """A volume of ``source``: read whole into memory (the source is closed after), or lazily.
+        """A volume of ``source``: read whole into memory (the source is closed after), or lazily. An array read
+        into memory is read-only: it stands for the file (statistics are cached under the file's key, predict
+        records the file's fingerprint); change a copy (``np.array(volume)``).
 
         Raises
         ------
