@@ -78,16 +78,18 @@ _NO_FILTER = ("which this HDF5 library does not have: pip install hdf5plugin and
               "it, or rewrite the file without it (h5repack -f NONE)")
 
 
-def _missing_filter(node: h5py.Dataset) -> Optional[str]:
+def _missing_filter(node: h5py.Dataset, optional: bool = False) -> Optional[str]:
     """The first filter of the dataset's pipeline that this HDF5 library cannot apply (a plugin's, such as blosc,
     bitshuffle or zstd, not loaded) and its chunks need, as "N (its name in the file)"; None if it can read them.
     hdf5plugin registers its filters as optional, which HDF5 skips for a chunk they fail on: such a filter is
-    needed unless the first chunk stored went without it."""
+    taken as needed where the first chunk stored went through it, or, with ``optional`` (a chunk failed to
+    read), always."""
     with HDF5_LOCK:  # low-level calls: h5py takes its lock in them only from 3.16
         pipeline = node.id.get_create_plist()
         for index in range(pipeline.get_nfilters()):
             code, flags, _, name = pipeline.get_filter(index)
-            if h5py.h5z.filter_avail(code) or (flags & h5py.h5z.FLAG_OPTIONAL and not _applied(node, index)):
+            if h5py.h5z.filter_avail(code) or (flags & h5py.h5z.FLAG_OPTIONAL and not optional
+                                               and not _applied(node, index)):
                 continue
             text = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
             return f"{code} ({text or 'unnamed'})"
@@ -187,6 +189,10 @@ class Hdf5Source(VolumeSource):
             else:
                 self._dataset.read_direct(out[0], source_sel=box)
         except OSError as error:  # h5py names neither file nor dataset (e.g. a corrupt compressed chunk)
+            missing = _missing_filter(self._dataset, optional=True)
+            if missing is not None:  # an optional one the first chunk went without (a review): not corruption
+                raise ValueError(f"{self.name}: a chunk in the box at {corner} of {extent} is compressed with the "
+                                 f"HDF5 filter {missing}, {_NO_FILTER}") from error
             raise OSError(f"{self.name}: cannot read the dataset ({error}); the file may be truncated or "
                           "corrupt") from error
 
