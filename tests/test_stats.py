@@ -245,6 +245,16 @@ def test_a_cache_entry_with_impossible_values_is_recomputed(tmp_path, rng, cache
     assert volume_statistics(ef.hdf5(tmp_path / "v.h5", "raw")) == first
 
 
+def test_a_cache_entry_nested_too_deep_for_json_is_recomputed(tmp_path, rng, cache_dir):
+    """json.load raised RecursionError, which the damaged-entry check did not catch: the Loader failed (a review)."""
+    data = random_volume(rng, (6, 8, 8), np.uint8)
+    write(tmp_path / "v.h5", data)
+    first = volume_statistics(ef.hdf5(tmp_path / "v.h5", "raw"))
+    (entry,) = (cache_dir / "stats").iterdir()
+    entry.write_text("[" * 100000)
+    assert volume_statistics(ef.hdf5(tmp_path / "v.h5", "raw")) == first
+
+
 def test_a_store_opened_in_memory_then_rewritten_caches_nothing(tmp_path, rng, cache_dir):
     """Its statistics describe the data read when it was opened, but a key taken from the chunk files now
     described the new data: later runs normalised the new data with the old statistics (batches with mean 1.9

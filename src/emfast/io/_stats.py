@@ -228,7 +228,7 @@ class _CacheEntry:
             if content.get("key") != self.key:
                 return None
             statistics = VolumeStatistics(**content["statistics"])
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):  # nested too deep
             return None
         return statistics if _plausible(statistics) else None  # a damaged entry is recomputed, never believed
 
