@@ -1227,6 +1227,34 @@ def test_dask_tasks_on_one_workers_threads_count_their_own_tiles_and_values(tmp_
     assert counts.findall(str(local[0].message)) == [(clipped, values, nans)]  # the blocks' values, as written
 
 
+def test_dask_with_its_client_closed_midway_says_so_and_resumes(tmp_path, volume):
+    """The client closed while tasks ran (or the workers holding the run's data lost) ended predict in Dask's
+    "FutureCancelledError: _run_block-...-24 cancelled for reason: unknown.", naming emfast's task key and no cause
+    (a review). It names the block, the cause and resume=True, and the resume completes the output."""
+    distributed = pytest.importorskip("distributed", reason="dask.distributed is not installed "
+                                                            "(pip install 'emfast[dask]')")
+    from emfast.inference._dask import DaskRunLostError
+
+    ef.predict(lopsided, volume, tmp_path / "local.zarr/pred", **SETTINGS)
+    path = tmp_path / "dask.zarr/pred"
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None,
+                                  silence_logs=40) as cluster:
+        client = distributed.Client(cluster)
+
+        def closing(state):
+            if state.blocks == 2:
+                client.close()
+
+        with pytest.raises(DaskRunLostError, match=r"predict on Dask: block \d+ \(voxels .*\) was cancelled \(.*\): "
+                                                   r"the client was closed while it ran; the blocks written are "
+                                                   r"recorded: run again with resume=True"):
+            ef.predict(lopsided, volume, path, client=client, progress=closing, **SETTINGS)
+    with pytest.warns(ef.UnfinishedOutputWarning):
+        ef.open(path).close()
+    ef.predict(lopsided, volume, path, resume=True, **SETTINGS)
+    np.testing.assert_array_equal(_read(path), _read(tmp_path / "local.zarr/pred"))
+
+
 def test_dask_refuses_an_hdf5_output_before_replacing_the_one_there(tmp_path, volume):
     distributed = pytest.importorskip("distributed", reason="dask.distributed is not installed "
                                                             "(pip install 'emfast[dask]')")

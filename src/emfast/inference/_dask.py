@@ -61,6 +61,28 @@ def check_model_pickles(model, client) -> None:
                                         "without client=")
 
 
+class DaskRunLostError(OSError):
+    """A block's task on Dask was cancelled or killed its workers: the client closed, the workers holding the run's
+    data or the scheduler lost, or a model that ends its worker's process. The blocks written are recorded."""
+
+
+def _lost(error: BaseException, block: Block, client) -> DaskRunLostError:
+    """The error telling why ``block``'s task ended in ``error`` (Dask's cancellation or KilledWorker, which named
+    only emfast's task key) and that a resume continues."""
+    where = f"predict on Dask: block {block.index} (voxels {block.start}..{block.stop})"
+    resume = "the blocks written are recorded: run again with resume=True"
+    if type(error).__name__ == "KilledWorker":
+        return DaskRunLostError(f"{where} ended the process of every worker that ran it ({error}): the model may "
+                                f"need more memory than a worker has, or crash its process; {resume} (with more "
+                                "memory per worker, or fewer threads)")
+    if getattr(client, "status", "running") != "running":
+        cause = "the client was closed while it ran"
+    else:  # sent once to each worker (scattered), the run's data cannot be made again by Dask once they are gone
+        cause = ("the workers holding the run's model, volume and plan (sent to each once, which Dask cannot make "
+                 "again) were lost, or the scheduler was")
+    return DaskRunLostError(f"{where} was cancelled ({error}): {cause}; {resume}")
+
+
 #: How often (seconds) a running task asks the scheduler whether the run has ended, before a model call: an error
 #: or Ctrl-C ends a long block within a call or so, not after its last one (the answer is thrown away then).
 ENDED_POLL_S = 1.0
@@ -150,7 +172,10 @@ def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List
     The tasks' counts of tiles computed and of clipped or non-finite values, and their seconds in the model, are
     added to ``predictor``'s. Kept tiles stay until the prediction completes (a tile two blocks need at the same
     moment is computed by both, which the order of the tasks makes rare)."""
+    from concurrent.futures import CancelledError
+
     from distributed import Event, as_completed
+    from distributed.scheduler import KilledWorker
 
     shared = client.scatter(predictor, broadcast=True)
     blocks = sorted(blocks, key=lambda block: _phase(block, predictor.plan.grid))
@@ -161,7 +186,11 @@ def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List
     by_key = {future.key: block for future, block in zip(futures, blocks)}
     try:
         for future in as_completed(futures):
-            tiles, padded, values, clipped, nans, non_finite, seconds = future.result()
+            try:
+                outcome = future.result()
+            except (CancelledError, KilledWorker) as error:  # Dask's words name only emfast's task
+                raise _lost(error, by_key[future.key], client) from error
+            tiles, padded, values, clipped, nans, non_finite, seconds = outcome
             predictor.model.seconds += seconds  # the workers' calls, as Prediction.profile["model"] reports them
             predictor.model.tiles_padded += padded
             predictor.tiles_computed += tiles

@@ -418,6 +418,9 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
         The model returned the wrong type, shape or dtype (the message names both).
     BlockWriteError
         Writing failed; the blocks written before are recorded, and ``resume=True`` continues.
+    DaskRunLostError
+        With ``client``: a block's task was cancelled (the client closed, the workers holding the run's data or
+        the scheduler lost) or ended every worker that ran it (an OSError); ``resume=True`` continues.
     """
     started = time.monotonic()
     if blend not in BLENDS:
