@@ -7,6 +7,7 @@ data, and the built-in demo volume.
 
 May import: ``emfast._core``, ``emfast._registry``, ``emfast._checks``, ``emfast._machine``.
 """
+from ._blockslots import mapped_empty
 from ._chunkcache import CacheBudgetError, CacheStats, default_budget
 from ._convert import COMPRESSORS, ConvertError, convert, progress_bar
 from ._geometry import Geometry, world_box
@@ -86,6 +87,7 @@ __all__ = [
     "list_datasets",
     "local_path",
     "make_em_volume",
+    "mapped_empty",
     "open_hdf5",
     "open_source",
     "open_volume",

@@ -27,6 +27,7 @@ is recognised by its reference count and not reused.
 from __future__ import annotations
 
 import bisect
+import math
 import errno
 import mmap
 import os
@@ -162,6 +163,30 @@ def private_map(size: int, what: str) -> mmap.mmap:
         if error.errno != errno.ENOMEM:
             raise
         raise MemoryError(f"cannot map {size >> 20} MiB for {what} ({error.strerror})") from None
+
+
+#: The size from which NumPy asks the kernel for huge pages for an array.
+HUGE_PAGES_FROM = 4 << 20
+
+
+def mapped_empty(shape, dtype, what: str) -> np.ndarray:
+    """An array of ``shape`` and ``dtype`` in memory of its own mapping (see :func:`private_map`), given back to the
+    system once the array and its views are gone. Large arrays made and freed over and over through malloc (a
+    loader's batch slots, loader after loader) raise glibc's threshold for mapping them, after which they come from
+    a heap that keeps what is freed: a process building a loader per epoch held half as much again as one loader's
+    budget (a review). Zero-filled, as anonymous memory is; no page is touched yet. Advised as huge pages from
+    :data:`HUGE_PAGES_FROM` bytes, as NumPy advises its own allocations."""
+    dtype = np.dtype(dtype)
+    size = math.prod(int(n) for n in shape) * dtype.itemsize
+    if size == 0:
+        return np.empty(shape, dtype)
+    memory = private_map(size, what)
+    if size >= HUGE_PAGES_FROM and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            memory.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # a kernel without transparent huge pages: small pages
+            pass
+    return np.frombuffer(memory, dtype).reshape(shape)
 
 
 def _new_slab() -> memoryview:

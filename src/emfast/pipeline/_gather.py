@@ -26,6 +26,7 @@ import numpy as np
 
 from .._core import gather as _gather
 from ..augment import Patches, WarpPlan, warp_labels, warp_raw
+from ..io import mapped_empty
 from ..sampling import OnRawGrid, Placed
 from ..targets import Target, compute_targets
 from ._normalize import kernel_shift
@@ -166,8 +167,11 @@ class Gatherer:
         return shapes
 
     def allocate(self) -> Dict[str, np.ndarray]:
-        """New output arrays for one slot, with their pages already mapped (no first-touch cost mid-stream)."""
-        arrays = {name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in self.output_fields().items()}
+        """New output arrays for one slot, with their pages already mapped (no first-touch cost mid-stream), each
+        in a mapping of its own, given back to the system when the slot is freed (see
+        :func:`~emfast.io.mapped_empty`)."""
+        arrays = {name: mapped_empty(shape, dtype, f"a batch slot's {name!r}")
+                  for name, (shape, dtype) in self.output_fields().items()}
         for array in arrays.values():
             array.fill(0)
         return arrays
