@@ -363,25 +363,27 @@ class ChunkCache:
         """Per box (pinned), whether one of its blocks holds NaN or infinity (always False for integer dtypes)."""
         return np.array([self._nonfinite[_box_slices(box)].any() for box in boxes], bool)
 
-    def read_box(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
-        """Copy the box ``[corner, corner + extent)`` (z, y, x, inside the volume) of every channel into ``out``."""
+    def read_box(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray, timings=None) -> None:
+        """Copy the box ``[corner, corner + extent)`` (z, y, x, inside the volume) of every channel into ``out``;
+        ``timings`` (as :meth:`pin` takes it) is told the seconds of the blocks' reads."""
         boxes = self.boxes([corner], [extent])
         blocks = int(np.prod(boxes[0, 1] - boxes[0, 0] + 1))
         if blocks * self.block_bytes > self.blocks_budget or not out.flags.c_contiguous:
-            self._read_box_by_block(corner, extent, out)
+            self._read_box_by_block(corner, extent, out, timings)
             return
-        self.pin(boxes)
+        self.pin(boxes, timings)
         try:
             gather_chunked_copy([self.grid], [corner], [(0, 1, 2)], [(False, False, False)], out[np.newaxis])
         finally:
             self.unpin(boxes)
 
-    def _read_box_by_block(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
+    def _read_box_by_block(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray,
+                           timings=None) -> None:
         """read_box one block at a time: for boxes whose blocks exceed the budget, or a strided ``out``."""
         stop = [c + e for c, e in zip(corner, extent)]
         ranges = [range(c // b, (s - 1) // b + 1) for c, s, b in zip(corner, stop, self.block_shape)]
         for key in itertools.product(*ranges):
-            block = self._get(key)
+            block = self._get(key, timings)
             origin = [k * b for k, b in zip(key, self.block_shape)]
             lo = [max(c, o) for c, o in zip(corner, origin)]
             hi = [min(s, o + n) for s, o, n in zip(stop, origin, block.shape[1:])]

@@ -279,7 +279,8 @@ class Volume:
         """Counters of the chunk cache of a lazy volume (hits, misses, bytes held, ...); None in memory."""
         return None if self._cache is None else self._cache.stats
 
-    def read_box(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> np.ndarray:
+    def read_box(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray, *,
+                 timings=None) -> np.ndarray:
         """Read the box ``[corner, corner + extent)`` (z, y, x) of every channel into ``out``.
 
         Safe to call from several threads at once. Lazy volumes assemble the box from the chunk cache.
@@ -290,6 +291,10 @@ class Volume:
             First voxel and size (z, y, x) of the box; it must lie inside the volume.
         out : numpy.ndarray
             Writable array of shape ``(channels, *extent)`` and the volume's dtype.
+        timings : optional
+            Told, as ``timings.add(stage, seconds)``, the seconds a lazy volume's chunk reads spent moving bytes
+            ("fetch"), decoding ("decode") and waiting for another thread's read ("pending"), as a loader's
+            profile counts them.
 
         Returns
         -------
@@ -313,7 +318,7 @@ class Volume:
         if self._array is not None:
             np.copyto(out, self._array[(slice(None),) + box])
         else:
-            self._cache.read_box(corner, extent, out)
+            self._cache.read_box(corner, extent, out, timings)
         return out
 
     def _integers(self, corner, extent) -> tuple:

@@ -265,8 +265,8 @@ class Gatherer:
         origins = np.stack([f.sources[v].origin for v in plan.volumes])
         centres = plan.corners + (plan.extents - 1) / 2.0 - origins
         if f.lazy:
-            with profile.timer("read"):
-                sources, centres = self._read_boxes(f, plan.volumes, centres, warp)
+            with _StageTimer(profile, "read") as timings:
+                sources, centres = self._read_boxes(f, plan.volumes, centres, warp, timings)
         else:
             sources = [f.sources[v].volume.array for v in plan.volumes]
         geometry = dict(grid=warp.grid, grid_spacing=warp.grid_spacing, grid_origin=warp.grid_origin)
@@ -277,8 +277,9 @@ class Gatherer:
             else:
                 warp_labels(sources, centres, warp.matrices, out, valid=valid, **geometry)
 
-    def _read_boxes(self, f: Field, volumes: np.ndarray, centres: np.ndarray, warp: WarpPlan):
-        """Read, per example, the part of the volume its warp can reach; centres move into the read boxes."""
+    def _read_boxes(self, f: Field, volumes: np.ndarray, centres: np.ndarray, warp: WarpPlan, timings):
+        """Read, per example, the part of the volume its warp can reach; centres move into the read boxes. The
+        chunk reads' seconds go to ``timings``."""
         lo, hi = warp.source_boxes(f.patch, centres)
         sources, starts = [], []
         for v, box_lo, box_hi in zip(volumes, lo, hi):
@@ -287,7 +288,7 @@ class Gatherer:
             stop = np.maximum(np.clip(box_hi, 0, volume.shape), start)
             window = np.empty((volume.channels,) + tuple(int(e) for e in stop - start), dtype=volume.dtype)
             if window.size:
-                volume.read_box(start, stop - start, window)
+                volume.read_box(start, stop - start, window, timings=timings)
             sources.append(window)
             starts.append(start)
         return sources, centres - np.asarray(starts)
@@ -341,8 +342,8 @@ class Gatherer:
         if read_buffers is None:
             sources = [f.sources[v].volume.array for v in plan.volumes]
         else:
-            with profile.timer("read"):
-                sources = self._read(f, plan.volumes, corners, extents, read_buffers)
+            with _StageTimer(profile, "read") as timings:
+                sources = self._read(f, plan.volumes, corners, extents, read_buffers, timings)
             corners = np.zeros_like(corners)
         with profile.timer("kernel"):
             if f.convert:
@@ -352,12 +353,13 @@ class Gatherer:
                 _gather.gather_copy(sources, corners, params.perms, params.flips, out)
 
     @staticmethod
-    def _read(f: Field, volumes: np.ndarray, corners: np.ndarray, extents: np.ndarray, buffers: List[np.ndarray]):
+    def _read(f: Field, volumes: np.ndarray, corners: np.ndarray, extents: np.ndarray, buffers: List[np.ndarray],
+              timings):
         sources = []
         for v, corner, extent, buffer in zip(volumes, corners, extents, buffers):
             volume = f.sources[v].volume
             window = buffer.reshape((volume.channels,) + tuple(int(e) for e in extent))
-            volume.read_box(corner, extent, window)
+            volume.read_box(corner, extent, window, timings=timings)
             if f.convert and volume.dtype.kind == "f":
                 _refuse_nonfinite_window(volume, corner, window)
             sources.append(window)
@@ -370,7 +372,7 @@ class Gatherer:
         volumes = [f.sources[v].volume for v in plan.volumes]
         pinned = []
         try:
-            with _CacheTimer(profile) as timings:
+            with _StageTimer(profile, "cache") as timings:
                 for cache, examples in _by_cache(volumes).items():
                     boxes = cache.boxes(corners[examples], extents[examples])
                     cache.pin(boxes, timings)
@@ -389,24 +391,25 @@ class Gatherer:
                 cache.unpin(boxes)
 
 
-class _CacheTimer:
-    """Times the "cache" stage: the time inside it less what the caches reported through it (``add``) as "fetch",
-    "decode" or "pending", so that the profile's stages stay disjoint and add up to the producers' time."""
+class _StageTimer:
+    """Times ``stage`` ("cache", or "read" for windows copied out of lazy volumes): the time inside it less what
+    the caches reported through it (``add``) as "fetch", "decode" or "pending", so that the profile's stages stay
+    disjoint and add up to the producers' time."""
 
-    def __init__(self, profile: Profile) -> None:
-        self._profile = profile
+    def __init__(self, profile: Profile, stage: str) -> None:
+        self._profile, self._stage = profile, stage
         self._reported = 0.0
 
     def add(self, stage: str, seconds: float) -> None:
         self._reported += seconds
         self._profile.add(stage, seconds)
 
-    def __enter__(self) -> "_CacheTimer":
+    def __enter__(self) -> "_StageTimer":
         self._start = time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._profile.add("cache", max(0.0, time.perf_counter() - self._start - self._reported))
+        self._profile.add(self._stage, max(0.0, time.perf_counter() - self._start - self._reported))
 
 
 def _stored_boxes(f: Field, plan: BatchPlan, corners: np.ndarray, extents: np.ndarray) -> list:

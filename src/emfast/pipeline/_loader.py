@@ -378,6 +378,7 @@ class Loader:
             self._pipeline = pipeline
             STARTED.add(self)
             close_at_exit()
+            self._profile.start()
             producers.start()
             if copier is not None:
                 copier.run(producers.alive)
@@ -413,6 +414,7 @@ class Loader:
             for batch in held:
                 batch._detach()
             self._closed = True
+            self._profile.stop()
             if self._pipeline is not None:
                 self._pipeline.stop()  # idempotent: a close() after an interrupted one (Ctrl-C twice) stops again
                 self._finalizer.detach()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Dict, Optional
 
 from ..io import plural
 
@@ -37,7 +37,7 @@ class ProfileReport:
     batches : int
         Batches handed to the consumer.
     elapsed : float
-        Wall-clock seconds since the loader started.
+        Wall-clock seconds from the loader's start to now, or to its close (0 before it starts).
     """
 
     seconds: Dict[str, float]
@@ -72,7 +72,21 @@ class Profile:
         self._seconds = {stage: 0.0 for stage in STAGES}
         self._batches = 0
         self._threads = threads
-        self._start = time.perf_counter()
+        self._start: Optional[float] = None
+        self._stop: Optional[float] = None
+
+    def start(self) -> None:
+        """The loader started: the wall clock runs from here (a loader is often built long before its first
+        batch, as a model is set up meanwhile)."""
+        with self._lock:
+            if self._start is None:
+                self._start = time.perf_counter()
+
+    def stop(self) -> None:
+        """The loader closed: the wall clock stops (the rate of a closed loader fell as time went by)."""
+        with self._lock:
+            if self._start is not None and self._stop is None:
+                self._stop = time.perf_counter()
 
     def add(self, stage: str, seconds: float) -> None:
         with self._lock:
@@ -88,8 +102,10 @@ class Profile:
 
     def report(self) -> ProfileReport:
         with self._lock:
-            return ProfileReport(seconds=dict(self._seconds), batches=self._batches,
-                                 elapsed=time.perf_counter() - self._start, threads=self._threads)
+            end = time.perf_counter() if self._stop is None else self._stop
+            elapsed = 0.0 if self._start is None else end - self._start
+            return ProfileReport(seconds=dict(self._seconds), batches=self._batches, elapsed=elapsed,
+                                 threads=self._threads)
 
 
 class _Timer:

@@ -181,16 +181,16 @@ class OnRawGrid:
         self.origin = first
         self.shape = tuple(int(n) for n in np.maximum(end - first, 0))
 
-    def read_box(self, corner, extent, out: np.ndarray) -> np.ndarray:
+    def read_box(self, corner, extent, out: np.ndarray, *, timings=None) -> np.ndarray:
         """Read the box ``[corner, corner + extent)`` of this view (raw voxels from :attr:`origin`) into ``out``
-        (``(channels, *extent)`` of :attr:`dtype`)."""
+        (``(channels, *extent)`` of :attr:`dtype`); ``timings`` as :meth:`emfast.Volume.read_box` takes it."""
         corner = tuple(int(c) for c in corner)
         extent = tuple(int(e) for e in extent)
         if min(corner) < 0 or min(extent) < 1 or any(c + e > s for c, e, s in zip(corner, extent, self.shape)):
             raise ValueError(f"{self.name}: box at {corner} of extent {extent} is not inside its footprint on raw's "
                              f"grid, of shape {self.shape}")
         tables, start, stop = self._tables(corner, extent)
-        source = self._read(start, stop)
+        source = self._read(start, stop, timings)
         if self.linear:
             _rescale.rescale_linear(source, [(lo - s, hi - s, w) for (lo, hi, w), s in zip(tables, start)], out)
         else:
@@ -229,12 +229,12 @@ class OnRawGrid:
         tables = [self.grid.nearest(a, raw_voxels[a]) for a in range(3)]
         return tables, np.asarray([t[0] for t in tables]), np.asarray([t[-1] + 1 for t in tables])
 
-    def _read(self, start: np.ndarray, stop: np.ndarray) -> np.ndarray:
+    def _read(self, start: np.ndarray, stop: np.ndarray, timings=None) -> np.ndarray:
         """The stored field's box [start, stop): a view in memory, else read through its chunk cache."""
         if self.volume.in_memory:
             return self.volume.array[(slice(None),) + tuple(slice(int(a), int(b)) for a, b in zip(start, stop))]
         window = np.empty((self.channels,) + tuple(int(n) for n in stop - start), dtype=self.volume.dtype)
-        return self.volume.read_box(start, stop - start, window)
+        return self.volume.read_box(start, stop - start, window, timings=timings)
 
     def __repr__(self) -> str:
         how = "linearly" if self.linear else "by nearest neighbour"
