@@ -137,8 +137,13 @@ def test_an_offset_that_cannot_be_converted_to_voxels_is_refused_not_ignored(tmp
         ef.Sample(world[:14, :40, :40], labels)
     with h5py.File(path, "a") as f:  # a resolution and no offset attribute: at 0, said so, not "an attribute"
         del f["volumes/labels/neuron_ids"].attrs["offset"]
-    with pytest.raises(ValueError, match=r"neuron_ids has offset \(0.0, 0.0, 0.0\) but raw has no 'resolution'"):
+    # (said as such, and what to pass: the offset of 0 read there was taken for an attribute, a review)
+    with pytest.raises(ValueError, match=r"neuron_ids has offset \(0.0, 0.0, 0.0\) \(an 'offset' attribute of 0, or "
+                                         r"none beside its 'resolution'\) but raw has no 'resolution'.*"
+                                         r"\(0, 0, 0\) where the two start at the same voxel"):
         ef.Sample(world[:14, :40, :40], ef.hdf5(path, "volumes/labels/neuron_ids"))
+    assert tuple(ef.Sample(world[:14, :40, :40], ef.hdf5(path, "volumes/labels/neuron_ids"),
+                           label_offset=(0, 0, 0)).placed_labels.origin) == (0, 0, 0)
     with h5py.File(path, "a") as f:  # the labels' offset without a resolution (a CREMI-like slip): said so
         f["volumes/labels/neuron_ids"].attrs["offset"] = (80.0, 16.0, 24.0)
         del f["volumes/labels/neuron_ids"].attrs["resolution"]

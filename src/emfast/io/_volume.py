@@ -200,7 +200,18 @@ class Volume:
 
     @classmethod
     def from_array(cls, array: np.ndarray, *, name: str = "array", resolution=None, offset=None) -> "Volume":
-        """Wrap a NumPy array or memmap of shape (z, y, x) or (c, z, y, x) without copying it."""
+        """Wrap a NumPy array or memmap of shape (z, y, x) or (c, z, y, x) without copying it.
+
+        Parameters
+        ----------
+        array : numpy.ndarray
+            The data (a supported dtype; bool is read as uint8).
+        name : str
+            Named in messages and in a batch's ``names``.
+        resolution, offset : (float, float, float), optional
+            Voxel size and position of voxel (0, 0, 0) in nm (z, y, x), as a file's attributes would give them:
+            they place the volume beside others (see :class:`~emfast.Sample`).
+        """
         if not isinstance(array, np.ndarray):
             raise TypeError(f"{name}: expected a NumPy array, got {type(array).__name__}")
         return cls(array, name=name, resolution=resolution, offset=offset)

@@ -107,8 +107,9 @@ class Loader:
         With a single raw volume: position of the labels' first voxel in raw voxels, when labels cover only part
         of raw. Otherwise taken from the datasets' ``offset``/``resolution`` attributes (a dataset with a
         resolution but no offset lies at 0, as in gunpowder, funlib and CREMI files), or, where neither has an
-        offset, the shapes must be equal. An offset contradicting the attributes is refused (see
-        :class:`~emfast.Sample`).
+        offset or a resolution, the shapes must be equal. Labels without attributes (an array) beside raw that
+        has a resolution need it given (``(0, 0, 0)`` where they start together). An offset contradicting the
+        attributes is refused (see :class:`~emfast.Sample`).
     keep_labels : bool, default True
         Deliver ``batch["labels"]``. With targets you may not need them: False saves their copy (and, on a GPU,
         their transfer).
@@ -600,7 +601,21 @@ class Loader:
     def snapshot(self, path, batches: int = 1, png=None):
         """Write the next ``batches`` batches (every field, at the windows' world positions) to a new zarr store
         that neuroglancer, napari and ome-zarr-py open as aligned layers; with ``png``, a montage of the first
-        batch's central sections too. See :mod:`emfast.pipeline._snapshot` for the layout. Returns the store's path.
+        batch's central sections too. See :mod:`emfast.pipeline._snapshot` for the layout.
+
+        Parameters
+        ----------
+        path : str or path-like
+            The zarr store to create (``~`` expanded); it must not exist.
+        batches : int
+            Batches to take from the loader's stream and write.
+        png : str or path-like, optional
+            Where to write the montage of the first batch (must not exist; its folder must).
+
+        Returns
+        -------
+        pathlib.Path
+            The store's path.
         """
         return write_snapshot(self, path, batches, png)
 

@@ -31,6 +31,8 @@ def _offset_text(volume: Volume) -> str:
     """The volume's offset as its metadata give it (a resolution without an offset places it at 0)."""
     if volume.offset is None:
         return "no offset (read as 0)"
+    if _positioned(volume) and not any(volume.offset):  # a resolution without an offset reads as this too
+        return f"offset {volume.offset} (an 'offset' attribute of 0, or none beside its 'resolution')"
     return f"offset {volume.offset}" + ("" if _positioned(volume) else " and no resolution")
 
 
@@ -51,7 +53,8 @@ def _origin_from_attributes(raw: Volume, other: Volume) -> Optional[np.ndarray]:
         raise ValueError(f"{with_offset.name} has {_offset_text(with_offset)}"
                          + (f" but {lacking}" if lacking else "")
                          + ", so the offset cannot be converted to voxels; give both datasets a 'resolution' "
-                         "attribute, or the offset in raw voxels explicitly")
+                         "attribute, or the offset in raw voxels explicitly (label_offset= or mask_offset=; "
+                         "(0, 0, 0) where the two start at the same voxel)")
     offsets = [np.asarray(v.offset or (0, 0, 0), dtype=np.float64) for v in (other, raw)]
     resolution = np.asarray(raw.resolution, dtype=np.float64)
     voxels = (offsets[0] - offsets[1]) / resolution
@@ -86,7 +89,7 @@ def origin_in(raw: Volume, other: Volume, offset, offset_name: str = "offset") -
 
     From the explicit ``offset`` (voxels) if given, else from the volumes' ``offset``/``resolution`` attributes
     (physical units; a volume with a resolution but no offset lies at 0, as gunpowder, funlib and CREMI read it),
-    else, where neither has an offset, the shapes must be equal and the origin is 0.
+    else, where neither has an offset or a resolution, the shapes must be equal and the origin is 0.
 
     Raises
     ------
@@ -233,9 +236,11 @@ class Sample:
         Relative probability of drawing an example from this sample (> 0).
     label_offset, mask_offset : (int, int, int), optional
         Position of the labels' / mask's first voxel in raw voxels. Otherwise taken from the datasets'
-        ``offset``/``resolution`` attributes, or, where neither dataset has an ``offset``, the shapes must be
-        equal. An explicit offset that contradicts the attributes is refused, naming both. Not for volumes at
-        another voxel size than raw: those are placed by their offset attributes.
+        ``offset``/``resolution`` attributes (a resolution without an offset lies at 0), or, where neither
+        dataset has an ``offset`` or a ``resolution``, the shapes must be equal; an array without attributes
+        beside a dataset with a resolution needs it given (``(0, 0, 0)`` where they start together). An explicit
+        offset that contradicts the attributes is refused, naming both. Not for volumes at another voxel size
+        than raw: those are placed by their offset attributes.
     own_resolution : sequence of str
         Fields (``"labels"``, ``"mask"``, extra channel names) delivered at their own voxel size: the same world
         box as the output window (or raw's, for extra channels), with the shape that box has at that voxel size.
@@ -424,6 +429,16 @@ class Dataset:
 
     def split(self, hold_out: Iterable[str]) -> Tuple["Dataset", "Dataset"]:
         """Split into (training, held-out) datasets by sample name, for cross-validation.
+
+        Parameters
+        ----------
+        hold_out : str or iterable of str
+            Names of the samples to hold out (see :class:`~emfast.Sample`'s ``name``).
+
+        Returns
+        -------
+        (Dataset, Dataset)
+            The other samples, then the held-out ones, each in this dataset's order.
 
         Raises
         ------
