@@ -21,9 +21,9 @@ from .augment import (Artifacts, Augmentation, Blur, Contrast, Elastic, Gamma, I
 from .io import (CorruptChunkError, DatasetNotFoundError, InputChangedError, RemoteReadError, StoreMetadataError,
                  UnfinishedOutputWarning, Volume, VolumeTooLargeError, hdf5)
 from .io import open_volume as open
-from .inference import (BlockWriteError, InputDtypeError, ModelOutputError, NonFiniteWarning, OutputExistsError,
-                        Prediction, PredictProgress, SaturationWarning, TrainingModeWarning, UnfinishedInputError,
-                        predict)
+from .inference import (BlockWriteError, DaskRunLostError, InputDtypeError, ModelOutputError, NonFiniteWarning,
+                        OutputExistsError, Prediction, PredictProgress, SaturationWarning, TrainingModeWarning,
+                        UnfinishedInputError, predict)
 from .pipeline import (BackPressureWarning, Batch, BatchReleasedError, InsufficientMemoryError, Loader,
                        MissingFieldError, ProfileReport, SlotsExhaustedError)
 from .sampling import Balanced, Dataset, Masked, Sample, Tiled, Uniform
@@ -44,6 +44,7 @@ __all__ = [
     "Classes",
     "Contrast",
     "CorruptChunkError",
+    "DaskRunLostError",
     "Dataset",
     "DatasetNotFoundError",
     "DeviceArray",

@@ -13,6 +13,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 from ._blend import BLENDS
+from ._dask import DaskRunLostError
 from ._memory import (CACHE_SHARE, DEFAULT_MEMORY, block_estimate, budget_block, input_cache_refusal, parse_memory,
                       too_large_block)
 from ._model import ModelOutputError, check_torch_device, model_blamed, require_torch
@@ -24,7 +25,8 @@ from ._tiling import Block, TilePlan
 from ._tta import TTA_COUNTS, variants
 
 __all__ = ["BLENDS", "CACHE_SHARE", "COMPRESSIONS", "DEFAULT_MEMORY", "FLAGS_SUFFIX", "PREDICT_OUTPUT_DTYPE_NAMES",
-           "TTA_COUNTS", "Block", "BlockWriteError", "InputDtypeError", "ModelOutputError", "OutputExistsError",
+           "TTA_COUNTS", "Block", "BlockWriteError", "DaskRunLostError", "InputDtypeError", "ModelOutputError",
+           "OutputExistsError",
            "Prediction", "PredictProgress", "NonFiniteWarning", "SaturationWarning", "TilePlan", "TrainingModeWarning",
            "UnfinishedInputError", "block_estimate",
            "budget_block", "check_fill", "check_input_dtype", "check_torch_device", "input_cache_refusal",

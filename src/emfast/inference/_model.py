@@ -55,7 +55,8 @@ def modules_in_training(model) -> List[str]:
     found = []
     for name, module in model.named_modules():
         kind = getattr(module, "original_name", None) or type(module).__name__  # a scripted module's class
-        if module.training and isinstance(kind, str) and TRAINING_MODE_KINDS.search(kind):
+        if module.training and isinstance(kind, str) and TRAINING_MODE_KINDS.search(kind) \
+                and getattr(module, "p", None) != 0:  # a Dropout that drops nothing acts alike in both modes
             found.append(f"{name or 'the model'} ({kind})")
     return found
 
