@@ -27,8 +27,8 @@ is recognised by its reference count and not reused.
 from __future__ import annotations
 
 import bisect
-import math
 import errno
+import math
 import mmap
 import os
 import sys
