@@ -112,9 +112,10 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 def _config_text(path: Path) -> str:
     """The text of a config file; a data file or store given by mistake is named as such, not as a decode error."""
+    shown = shlex.quote(str(path))  # as it would be pasted into a shell
     if path.is_dir():
         raise ConfigError("is a folder (a zarr or N5 store?), not a YAML config file; give the config that names "
-                          f"it (see docs/CONFIG.md); emfast info {shlex.quote(str(path))} lists its arrays", source=str(path))
+                          f"it (see docs/CONFIG.md); emfast info {shown} lists its arrays", source=str(path))
     try:
         data = path.read_bytes()
     except OSError as error:
@@ -122,7 +123,7 @@ def _config_text(path: Path) -> str:
     offsets = [0] + [512 * 2**k for k in range(12) if 512 * 2**k < len(data)]
     if any(data[offset:offset + len(HDF5_SIGNATURE)] == HDF5_SIGNATURE for offset in offsets):
         raise ConfigError("is an HDF5 file, not a YAML config file; give the config that names it (see "
-                          f"docs/CONFIG.md); emfast info {shlex.quote(str(path))} lists its datasets", source=str(path))
+                          f"docs/CONFIG.md); emfast info {shown} lists its datasets", source=str(path))
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:

@@ -66,12 +66,12 @@ class DaskRunLostError(OSError):
     data or the scheduler lost, or a model that ends its worker's process. The blocks written are recorded."""
 
 
-def _lost(error: BaseException, block: Block, client) -> DaskRunLostError:
-    """The error telling why ``block``'s task ended in ``error`` (Dask's cancellation or KilledWorker, which named
-    only emfast's task key) and that a resume continues."""
+def _lost(error: BaseException, killed: bool, block: Block, client) -> DaskRunLostError:
+    """The error telling why ``block``'s task ended in ``error`` (Dask's cancellation, or its KilledWorker where
+    ``killed``, which named only emfast's task key) and that a resume continues."""
     where = f"predict on Dask: block {block.index} (voxels {block.start}..{block.stop})"
     resume = "the blocks written are recorded: run again with resume=True"
-    if type(error).__name__ == "KilledWorker":
+    if killed:
         return DaskRunLostError(f"{where} ended the process of every worker that ran it ({error}): the model may "
                                 f"need more memory than a worker has, or crash its process; {resume} (with more "
                                 "memory per worker, or fewer threads)")
@@ -189,7 +189,7 @@ def run_dask(client, predictor: BlockPredictor, store: OutputStore, blocks: List
             try:
                 outcome = future.result()
             except (CancelledError, KilledWorker) as error:  # Dask's words name only emfast's task
-                raise _lost(error, by_key[future.key], client) from error
+                raise _lost(error, isinstance(error, KilledWorker), by_key[future.key], client) from error
             tiles, padded, values, clipped, nans, non_finite, seconds = outcome
             predictor.model.seconds += seconds  # the workers' calls, as Prediction.profile["model"] reports them
             predictor.model.tiles_padded += padded
