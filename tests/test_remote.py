@@ -528,6 +528,19 @@ def test_gs_without_gcsfs_says_what_to_install(monkeypatch):
         ef.open("gs://bucket/sample.zarr")
 
 
+@pytest.mark.parametrize("url", ["abfs://container/x.zarr", "s3a://bucket/x.zarr", "ftp://host/x.zarr"])
+def test_a_url_of_a_scheme_emfast_does_not_read_is_named_so(tmp_path, monkeypatch, url):
+    """abfs://c/x.zarr was joined onto the working folder: "zarr store not found: /tmp/abfs:/c/x.zarr", and with
+    storage_options "not to a local path" (a review of remote reads)."""
+    monkeypatch.chdir(tmp_path)
+    scheme = url.split("://")[0]
+    message = f"{url}: emfast reads no {scheme}:// URL; it reads s3://, gs://, http\\(s\\)://"
+    for options in (None, {"anon": True}):
+        with pytest.raises(ValueError, match=message):
+            ef.open(url, storage_options=options)
+    assert list(tmp_path.iterdir()) == []
+
+
 def read_in_child(volume, queue):
     queue.put(lazy_box(volume).tobytes())
 

@@ -85,6 +85,8 @@ def open_source(path: Union[str, os.PathLike], dataset: Optional[str] = None, *,
     """The :class:`~emfast.io._source.VolumeSource` for ``path`` and ``dataset`` (see :func:`open_volume`)."""
     remote = is_url(path)
     if not remote and storage_options is not None:
+        if isinstance(path, str):
+            local_path(path)  # a URL of a scheme emfast does not read is named as such, not as a local path
         raise ValueError(f"{path}: storage_options apply to remote stores (s3://, gs://, http(s)://), not to a "
                          "local path")
     container, inner, kind = split_url(path, dataset) if remote else split_path(path, dataset)

@@ -40,10 +40,8 @@ from typing import Callable, Optional
 from urllib.parse import urlsplit
 
 from ._rereads import ChunkDigests
-from ._source import add_transfer_time
+from ._source import SCHEMES, add_transfer_time
 
-#: URL schemes read remotely, and the fsspec protocol of each.
-SCHEMES = {"s3": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "https"}
 #: Attempts after the first for a transient failure, and the first backoff (doubled each time, with jitter).
 RETRIES = 5
 BACKOFF_S = 0.1

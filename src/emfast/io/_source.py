@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import stat
 import threading
 import time
@@ -119,6 +120,12 @@ def _kind(mode: int) -> str:
     return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
 
 
+#: URL schemes read remotely, and the fsspec protocol of each.
+SCHEMES = {"s3": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "https"}
+#: A URL's scheme and its "://": a path starting so names no local file.
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+)://")
+
+
 def local_path(path: Union[str, os.PathLike], dataset: Optional[str] = None) -> Path:
     """``path`` with ``~`` expanded; a ``file://`` URL as its local path (percent-escapes decoded; ValueError for
     one with an unescaped '#' or '?'). TypeError for an object that is no path (an open dataset or array), saying
@@ -142,6 +149,11 @@ def local_path(path: Union[str, os.PathLike], dataset: Optional[str] = None) -> 
             raise ValueError(f"{text}: a file:// URL names a local path (file:///path or file://localhost/path), "
                              f"not one on host {url.netloc!r}")
         text = unquote(url.path)
+    else:
+        scheme = _URL.match(text) if isinstance(text, str) else None
+        if scheme is not None and scheme.group(1).lower() not in SCHEMES:  # else joined onto the working folder
+            raise ValueError(f"{text}: emfast reads no {scheme.group(1)}:// URL; it reads s3://, gs://, http(s):// "
+                             "and local paths (file:// too)")
     try:
         return Path(text).expanduser()
     except RuntimeError:  # ~user of no such user: the path as written, which is then not found
