@@ -12,7 +12,7 @@ from ._formats import (Contents, Listed, UnknownFormatError, detect, detect_remo
                        formats)
 from ._outputs import warn_if_unfinished
 from ._remote import RemoteStore, is_url
-from ._source import DatasetNotFoundError, LevelChoiceError, VolumeSource, local_path
+from ._source import DatasetNotFoundError, LevelChoiceError, VolumeSource, local_path, refuse_unread_scheme
 from ._volume import Volume
 
 
@@ -85,8 +85,7 @@ def open_source(path: Union[str, os.PathLike], dataset: Optional[str] = None, *,
     """The :class:`~emfast.io._source.VolumeSource` for ``path`` and ``dataset`` (see :func:`open_volume`)."""
     remote = is_url(path)
     if not remote and storage_options is not None:
-        if isinstance(path, str):
-            local_path(path)  # a URL of a scheme emfast does not read is named as such, not as a local path
+        refuse_unread_scheme(path)  # named as such, not as a local path
         raise ValueError(f"{path}: storage_options apply to remote stores (s3://, gs://, http(s)://), not to a "
                          "local path")
     container, inner, kind = split_url(path, dataset) if remote else split_path(path, dataset)

@@ -126,6 +126,15 @@ SCHEMES = {"s3": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+)://")
 
 
+def refuse_unread_scheme(text) -> None:
+    """ValueError for a URL (``scheme://``) of a scheme emfast reads neither remotely nor as file://: it was
+    taken for a relative path and joined onto the working folder."""
+    scheme = _URL.match(text) if isinstance(text, str) else None
+    if scheme is not None and scheme.group(1).lower() not in SCHEMES and scheme.group(1).lower() != "file":
+        raise ValueError(f"{text}: emfast reads no {scheme.group(1)}:// URL; it reads s3://, gs://, http(s):// "
+                         "and local paths (file:// too)")
+
+
 def local_path(path: Union[str, os.PathLike], dataset: Optional[str] = None) -> Path:
     """``path`` with ``~`` expanded; a ``file://`` URL as its local path (percent-escapes decoded; ValueError for
     one with an unescaped '#' or '?'). TypeError for an object that is no path (an open dataset or array), saying
@@ -150,10 +159,7 @@ def local_path(path: Union[str, os.PathLike], dataset: Optional[str] = None) -> 
                              f"not one on host {url.netloc!r}")
         text = unquote(url.path)
     else:
-        scheme = _URL.match(text) if isinstance(text, str) else None
-        if scheme is not None and scheme.group(1).lower() not in SCHEMES:  # else joined onto the working folder
-            raise ValueError(f"{text}: emfast reads no {scheme.group(1)}:// URL; it reads s3://, gs://, http(s):// "
-                             "and local paths (file:// too)")
+        refuse_unread_scheme(text)
     try:
         return Path(text).expanduser()
     except RuntimeError:  # ~user of no such user: the path as written, which is then not found
