@@ -242,8 +242,8 @@ def descriptor_hint(number: Optional[int]) -> str:
     soft = descriptor_limit()
     limit = "" if soft is None else f" of {soft}"
     return (f"; the process has every file descriptor its limit{limit} allows open (ulimit -n): raise the limit, "
-            "or open fewer files at once (a lazily read HDF5 volume holds its file open while it lives; read small "
-            "ones in memory)")
+            "or open fewer files at once (lazily read HDF5 volumes hold up to a quarter of the limit open, 16 at "
+            "least; read small ones in memory)")
 
 
 def _read_in_python(path: Path, what: str, start: Optional[int], length: Optional[int]) -> Optional[memoryview]:

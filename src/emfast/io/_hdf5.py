@@ -11,15 +11,20 @@ fill value, boxes that are not one chunk) goes through ``Dataset.read_direct``, 
 A virtual dataset (VDS) is read only if every source file exists and holds its dataset, checked when it is
 opened, and each source a lazy read touches is checked to still exist: HDF5 itself reads a missing source as
 the fill value. Only regular files are opened: a FIFO named ``*.h5`` is refused, never opened (it would block).
+
+A lazily read volume reads through its open file; beyond a bound on the files open at once (a quarter of the
+descriptor limit, :mod:`emfast.io._hdf5files`) those of the volumes read least recently are closed and opened again
+when read, checked to be the file first opened.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import threading
 import zlib
 from pathlib import Path
-from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import h5py
 import numpy as np
@@ -27,6 +32,7 @@ import numpy as np
 from . import _deflate
 from ._decode import SideBySide
 from ._filebatch import descriptor_hint
+from ._hdf5files import OPEN_FILES, most_open, open_identity
 from ._geometry import GEOMETRY_KEYS, array_geometry
 from ._metadata import parsing
 from ._outputs import warn_if_unfinished
@@ -158,17 +164,68 @@ class Hdf5Source(VolumeSource):
         self.whole_by_chunks = self._direct is not None and self._direct.inflates
         # a box's chunks decompressed side by side where that pays, as measured for this filter and chunk size
         self._decodes = SideBySide.of("hdf5", str(node.compression), self.chunks, str(node.dtype))
-        self._opened = self._file_state()  # (size, modification time) when opened, None where it cannot be told
+        # the file is parked (closed, to be opened again) while other lazily read HDF5 files are used, see
+        # _hdf5files; reopened, it must be the one opened now
+        self._path = Path(path).absolute()
+        status = self._data_status()
+        self._identity = None if status is None else open_identity(status)
+        self._opened = None if status is None else self._identity[2:]  # (size, modification time) when opened
+        self._users, self._parkable, self._user_closed = 0, status is not None, False
+        self._reopen_lock = threading.Lock()
+        OPEN_FILES.opened(self)
 
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
-        if not self._file.id.valid:  # h5py would say "identifier is not of specified type", naming nothing
-            raise self._closed()
-        try:
+        with self._held():
             self._read(corner, extent, out)
+
+    @contextlib.contextmanager
+    def _held(self) -> Iterator[None]:
+        """The file open meanwhile (see :meth:`_open_again`), the volume closed meanwhile named as such."""
+        OPEN_FILES.use(self)  # refuses a closed volume: h5py would say "identifier is not of specified type"
+        try:
+            yield
         except Exception:
-            if not self._file.id.valid:  # closed by another thread during the read
+            if self._user_closed:  # closed by another thread during the read
                 raise self._closed() from None
             raise
+        finally:
+            OPEN_FILES.done(self)
+
+    def _open_again(self) -> None:
+        """Open the file again if it was parked (:mod:`emfast.io._hdf5files`), refusing one that is not the file
+        opened first; refuse a closed volume."""
+        if self._file is not None and not self._user_closed:
+            return
+        with self._reopen_lock:
+            if self._user_closed:
+                raise self._closed()
+            if self._file is not None:
+                return
+            try:
+                file = open_hdf5(self._path)
+            except FileNotFoundError as error:
+                raise FileNotFoundError(f"{self.name}: the file is gone since the volume was opened (removed or "
+                                        f"renamed); emfast had closed it to hold at most {most_open()} lazily read "
+                                        "HDF5 files open, and cannot open it again") from error
+            node, data_file = file.get(self.stamp.dataset), file
+            try:
+                if isinstance(node, h5py.Dataset):
+                    data_file = node.file
+                status = self._status_of(data_file)
+                if not isinstance(node, h5py.Dataset) or status is None or open_identity(status) != self._identity:
+                    raise CorruptChunkError(f"{self.name}: its file changed since the volume was opened (replaced "
+                                            "or written to while emfast had closed it to hold fewer HDF5 files "
+                                            "open): open it again")
+            except BaseException:
+                _close_both(file, data_file)
+                raise
+            self._dataset, self._data_file, self._file = node, data_file, file  # the file last: the fast path's test
+
+    def _park(self) -> list:
+        """Hand over the open files (to be closed) and forget them, until :meth:`_open_again`."""
+        files = [self._file] if self._data_file is self._file else [self._file, self._data_file]
+        self._file = self._dataset = self._data_file = None
+        return files
 
     def _closed(self) -> ValueError:
         return ValueError(f"{self.name}: the volume was closed; open it again to read it")
@@ -205,27 +262,32 @@ class Hdf5Source(VolumeSource):
         return None if self._direct is None else self._read_many
 
     def _read_many(self, requests) -> None:
-        self._decodes.run(requests, self._read_part)
+        with self._held():  # for the parts too: they end before run returns
+            self._decodes.run(requests, self._read_part)
 
     def _read_part(self, requests) -> None:
         """Read ``requests`` one after another: each chunk's bytes fetched under HDF5's lock, then decompressed
         while another thread may fetch, so that no more than one chunk's compressed bytes wait per thread."""
         for corner, extent, out in requests:
-            self.read(corner, extent, out)
+            self._read(corner, extent, out)
 
     def attributes(self) -> dict:
-        return dict(self._dataset.attrs)
+        with self._held():
+            return dict(self._dataset.attrs)
 
     def describe(self) -> str:
-        return dataset_summary(self._dataset)
+        with self._held():
+            return dataset_summary(self._dataset)
 
     def reopen_arguments(self) -> tuple:
         return str(Path(self.stamp.path).absolute()), self.stamp.dataset
 
     def close(self) -> None:
-        self._file.close()
-        if self._data_file.id.valid:  # an external link's file, which closing the linking one leaves open
-            self._data_file.close()
+        self._user_closed = True
+        OPEN_FILES.forget(self)
+        with self._reopen_lock:
+            if self._file is not None:
+                _close_both(self._file, self._data_file)
 
     def _check_sources(self, corner: Tuple[int, ...], extent: Tuple[int, ...]) -> None:
         """Refuse a box of a virtual dataset that maps onto a source file removed since the volume was opened
@@ -248,32 +310,37 @@ class Hdf5Source(VolumeSource):
                                         f"source file {source.file} for the box at (z, y, x) = {corner} was "
                                         "rewritten): its part may hold another array now; open it again")
 
-    def _file_state(self) -> Optional[tuple]:
-        """The (size, modification time in ns) now of the file holding the dataset (the one an external link leads
-        to, if any; None where it cannot be told: another HDF5 driver, or a removed path)."""
-        file = self._data_file
+    def _data_status(self) -> Optional[os.stat_result]:
+        """The status now of the file holding the dataset (the one an external link leads to, if any): through
+        its open descriptor, right even if the path was removed or replaced; of its path where it is parked or read
+        by another HDF5 driver; None where it cannot be told (a removed path, a file parked meanwhile)."""
+        return self._status_of(self._data_file)
+
+    def _status_of(self, file: Optional[h5py.File]) -> Optional[os.stat_result]:
+        """As :meth:`_data_status`, of ``file`` (None: parked)."""
         try:
-            if file.driver == "sec2":  # the open descriptor: right even if the path was removed or replaced
+            if file is None:
+                return os.stat(self._data_path)
+            if file.driver == "sec2":
                 with HDF5_LOCK:
                     handle = file.id.get_vfd_handle()
-                status = os.fstat(handle)
-            else:
-                status = os.stat(file.filename)
+                return os.fstat(handle)
+            return os.stat(file.filename)
         except (OSError, ValueError):
             return None
-        return status.st_size, status.st_mtime_ns
 
     def _file_size(self) -> Optional[int]:
-        state = self._file_state()
-        return None if state is None else state[0]
+        status = self._data_status()
+        return None if status is None else status.st_size
 
     def changed_since_opened(self) -> bool:
         """Whether the open file was written since it was opened (``cp new.h5 v.h5`` rewrites it in place: the
         chunks' offsets then point into other bytes), or another file holding the data (a virtual dataset's source,
         external raw storage) was. The open file is told through its descriptor, so a file removed or renamed
-        away, whose data the descriptor keeps, has not changed."""
-        now = self._file_state()
-        if now is not None and self._opened is not None and now != self._opened:
+        away, whose data the descriptor keeps, has not changed; a parked one through its path (another file there
+        has changed; none there is said by the next read)."""
+        now = self._data_status()
+        if now is not None and self._identity is not None and open_identity(now) != self._identity:
             return True
         return bool(self.stamp.data_files) and not self.stamp.data_files_unchanged(skip=self._watched_elsewhere)
 
@@ -304,6 +371,14 @@ class Hdf5Source(VolumeSource):
                 raise OSError(f"{self.name}: the block at {where} is stored at bytes "
                               f"{offset}-{offset + length} but the file now has {size} bytes: it was truncated "
                               "or is being rewritten")
+
+
+def _close_both(file: h5py.File, data_file: h5py.File) -> None:
+    """Close a volume's file and the one holding its data (an external link's, which closing the linking one
+    leaves open)."""
+    file.close()
+    if data_file.id.valid:
+        data_file.close()
 
 
 class _VirtualSource(NamedTuple):
@@ -468,6 +543,14 @@ def hdf5(path: Union[str, os.PathLike], dataset: str, *, in_memory: bool = True,
         datasets); the budget must hold at least one, and should hold several windows' worth for good hit
         rates. Threads that need the same missing chunk read it once; shuffle/gzip chunks are decompressed
         outside h5py's global lock, so several loader threads decode in parallel.
+
+    Notes
+    -----
+    A lazily read volume holds its file open, read-only. Of many such volumes (a training set of cutouts), the
+    process keeps at most a quarter of its descriptor limit's files open (16 to 256): the others are closed and
+    opened again at their next read, which refuses a file no longer the one first opened (replaced or rewritten:
+    :class:`~emfast.io.CorruptChunkError`) or gone (FileNotFoundError). A file kept open reads on through its
+    descriptor even if its path is removed or reused meanwhile.
 
     Raises
     ------
