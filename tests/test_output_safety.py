@@ -199,6 +199,40 @@ def test_a_full_disk_ends_in_a_clear_error_and_the_resume_equals_an_uninterrupte
     np.testing.assert_array_equal(ef.open(out).array, ef.open(whole).array)
 
 
+FILE_SIZE_LIMIT = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv.pop()), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+"""
+
+
+@pytest.mark.parametrize("tool", ["convert", "predict"])
+def test_a_file_size_limit_ends_an_hdf5_output_in_a_clear_error_and_keeps_the_file(tmp_path, tool, monkeypatch):
+    """Under ``ulimit -f`` (a batch scheduler's h_fsize; quotas act alike) statvfs shows room, the write failed
+    with EFBIG, the close's HDF5 error hid it, and the process crashed (SIGSEGV): the file was left cut at the
+    limit, unreadable, with the user's own dataset in it, and no resume could open it (a review). The limit is
+    now checked before each write, as free space is."""
+    data = np.random.default_rng(5).integers(0, 256, FULL_SHAPE, dtype=np.uint8)
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("raw", data=data, chunks=FULL_CHUNKS)
+    kept = np.arange(10000, dtype=np.int32).reshape(100, 100)
+    with h5py.File(tmp_path / "out.h5", "w") as f:
+        f["user/keep"] = kept
+    script = FILE_SIZE_LIMIT + (RUN_CONVERT if tool == "convert" else RUN_PREDICT)
+    out = tmp_path / "out.h5/raw"
+    failed = run_script(script, tmp_path / "in.h5/raw", out, 5 << 19)  # 2.5 MiB: some tiles fit
+    assert failed.returncode in (1, 2), failed.stderr[-2000:]  # an error, not SIGSEGV
+    assert f"not enough room for {tmp_path / 'out.h5'}" in failed.stderr, failed.stderr[-2000:]
+    assert "file-size limit of 2.5 MiB (ulimit -f" in failed.stderr
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        np.testing.assert_array_equal(f["user/keep"][...], kept)
+        assert np.count_nonzero(f["raw"][...]) > 0  # it had started: some tiles were written
+    resumed = run_script(script, tmp_path / "in.h5/raw", out, *(["resume"] if tool == "predict" else []), 1 << 30)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    np.testing.assert_array_equal(ef.open(out).array.reshape(data.shape), data)
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        np.testing.assert_array_equal(f["user/keep"][...], kept)
+
+
 def test_overwriting_an_uncompressed_prediction_counts_the_space_the_old_one_frees(small_disk):
     """The room an uncompressed output needs is checked once the output it replaces is removed: on a disk that
     holds one copy and its margin, not two, overwriting succeeds."""

@@ -1,6 +1,7 @@
 """``emfast.predict`` (:func:`predict`): run a network over a whole volume, or a region of it, and write the result beside it."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
@@ -598,8 +599,15 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
                                       f"run again with {option('overwrite')} once it no longer changes")
                 store.finish()
                 predictor.cache.remove()
-            finally:
+            except BaseException:
+                # the error that stopped the run, not the close's: after a failed write an HDF5 file cannot be
+                # closed, and HDF5 says only "Driver write request failed" (a review, under ulimit -f)
+                with contextlib.suppress(Exception):
+                    store.close()
+                raise
+            else:
                 store.close()
+            finally:
                 if bar is not None:
                     bar.finish()  # an error's message starts on a line of its own
         _warn_if_clipped(predictor, out)

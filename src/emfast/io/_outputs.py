@@ -60,7 +60,8 @@ class OutputBusyError(OSError):
 
 
 class OutputSpaceError(OSError):
-    """The output's file system has too little free space for what remains to be written."""
+    """The output's file system has too little free space for what remains to be written, or the process's
+    file-size limit lets its HDF5 file grow by too little (``errno`` ENOSPC or EFBIG)."""
 
 
 class NotOwnOutputError(FileExistsError):
@@ -341,7 +342,10 @@ def input_changed(previous: Optional[dict], now: Optional[dict], name: str) -> O
 
 def check_free_space(container: Path, needed: int, what: str, then: str) -> None:
     """OutputSpaceError naming the output unless the file system of ``container`` has ``needed`` bytes free
-    (plus a margin). ``what`` says what the bytes are for, ``then`` how to continue once there is room."""
+    (plus a margin), and, where ``container`` is a file (HDF5) or will be one, the process's file-size limit lets
+    it grow by as much. ``what`` says what the bytes are for, ``then`` how to continue once there is room."""
+    if not container.is_dir():
+        _check_file_size_limit(container, needed, what, then)
     folder = container if container.is_dir() else container.parent
     while not folder.exists():
         folder = folder.parent
@@ -351,6 +355,30 @@ def check_free_space(container: Path, needed: int, what: str, then: str) -> None
         raise OutputSpaceError(errno.ENOSPC, f"not enough space for {container}: {what} needs {_mib(needed)} "
                                              f"(and {_mib(SPACE_MARGIN)} to spare), {_mib(free)} is free on its "
                                              f"file system; free some space, then {then}", str(container))
+
+
+def _check_file_size_limit(path: Path, needed: int, what: str, then: str) -> None:
+    """OutputSpaceError unless the file ``path`` may grow by ``needed`` bytes (plus the margin) within the
+    process's file-size limit (``ulimit -f``; a batch scheduler's ``h_fsize``), which ``statvfs`` does not show:
+    a write past it fails with EFBIG, and HDF5 cannot recover from a failed write (a review: the file, the user's
+    other datasets in it too, was left cut at the limit, unreadable)."""
+    try:
+        import resource
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (ImportError, OSError, ValueError):  # Windows: no such limit
+        return
+    if limit == resource.RLIM_INFINITY:
+        return
+    try:
+        size = path.stat().st_size
+    except OSError:  # not written yet
+        size = 0
+    if size + needed + SPACE_MARGIN > limit:
+        raise OutputSpaceError(errno.EFBIG, f"not enough room for {path}: {what} would grow it from {_mib(size)} "
+                                            f"by up to {_mib(needed)} (and {_mib(SPACE_MARGIN)} to spare), past "
+                                            f"the process's file-size limit of {_mib(limit)} (ulimit -f, or a "
+                                            f"batch scheduler's file-size limit); raise the limit, then {then}",
+                               str(path))
 
 
 def _mib(count: int) -> str:
