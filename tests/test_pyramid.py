@@ -233,7 +233,9 @@ def test_a_pyramid_goes_to_zarr_and_not_over_an_array(tmp_path, raw_source, caps
     assert ef.open(tmp_path / "out.zarr/raw", level=1).shape == ef.open(tmp_path / "out.zarr/raw/s1").shape
     capsys.readouterr()
     assert main(["convert", str(path) + "/raw", str(tmp_path / "out.zarr/raw")]) == 2
-    assert "out.zarr/raw is a multiscale image (levels s0, s1), not an array" in capsys.readouterr().err
+    refused = capsys.readouterr().err
+    assert "out.zarr/raw is a multiscale image (levels s0, s1), not an array; choose another output" in refused
+    assert "--levels)" not in refused  # a flag without its number (and levels=True from Python, a review)
     theirs = zarr.open_group(str(tmp_path / "theirs.zarr"), mode="w").create_array("raw", shape=(4, 4, 4),
                                                                                  dtype=np.uint8)
     theirs[...] = 7

@@ -372,7 +372,7 @@ class OutputWriter:
             levels = image_paths(self.container / self.dataset) if self.kind == "zarr" else None
             if levels:  # a pyramid (emfast's, say): a group, which no command writing one array replaces
                 raise self.refused(f"{self.path} is a multiscale image (levels {', '.join(levels)}), not an array; "
-                                   f"choose another output, or write a pyramid there ({option('levels')})")
+                                   "choose another output (a command writing one array never replaces a group)")
             raise self.refused(f"{self.path} exists and was not written by emfast; choose another output (emfast "
                                "never replaces what it did not write)")
         if not resume:
