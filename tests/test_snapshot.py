@@ -167,6 +167,44 @@ def test_png_montage_has_a_cell_per_example_and_field_and_a_colour_per_label(tmp
     assert np.array_equal(render(labels)[0, 2], render(np.array([[[[2]]]], np.int32))[0, 0])  # stable per id
 
 
+FULL = """
+import resource, sys
+import numpy as np
+import emfast as ef
+import emfast.pipeline._snapshot as snapshot
+where, png, size, limit = sys.argv[1:]
+raw = ef.Volume.from_array(np.random.default_rng(0).integers(0, 256, (20, 60, 70), dtype=np.uint8))
+if size == "big":  # a PNG of about 3 MiB that no zlib shrinks, beyond the limit; the store's files within it
+    snapshot.montage = lambda arrays: np.random.default_rng(1).integers(0, 256, (1024, 1024, 3), dtype=np.uint8)
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(limit), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+with ef.Loader(raw, patch=(4, 32, 32), batch_size=2, augment=()) as loader:
+    try:
+        loader.snapshot(where, png=png)
+    except OSError as error:
+        print(type(error).__name__, error)
+"""
+
+
+@pytest.mark.parametrize("what", ["png", "store"])
+def test_a_snapshot_that_cannot_be_written_names_the_file_and_leaves_nothing(tmp_path, what):
+    """A full disk (here a file-size limit, EFBIG) raised "[Errno 28] No space left on device", naming nothing,
+    and left the PNG cut short, which refused every retry as existing (a review)."""
+    import os
+    import subprocess
+    import sys
+    store, png = tmp_path / "s.zarr", tmp_path / "m.png"
+    script = tmp_path / "full.py"
+    script.write_text(FULL)
+    limit = 1 << 20 if what == "png" else 256
+    done = subprocess.run([sys.executable, str(script), str(store), str(png), "big" if what == "png" else "small",
+                           str(limit)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    culprit = f"cannot write png={str(png)!r}" if what == "png" else f"cannot write {store}"
+    assert done.stdout.startswith("OSError [Errno 27] snapshot: " + culprit), done.stdout
+    assert not store.exists() and not png.exists()
+
+
 def test_render_shows_affinities_as_rgb_and_raw_in_grey():
     affinities = np.zeros((3, 1, 2, 2), np.float32)
     affinities[0, 0, 0, 0] = affinities[1, 0, 0, 1] = affinities[2, 0, 1, 0] = 1

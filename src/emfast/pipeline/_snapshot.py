@@ -84,8 +84,14 @@ def write_snapshot(loader, path, batches: int = 1, png=None) -> Path:
             batch.release()
         if png is not None:
             write_png(png, montage(first))
-    except BaseException:
+    except OSError as error:
         shutil.rmtree(path, ignore_errors=True)  # this call made it: half a snapshot is none
+        if png is not None and error.filename == str(png):
+            raise
+        raise OSError(error.errno, f"snapshot: cannot write {path}: {error.strerror or error}", str(path)) \
+            from error  # zarr's own errors of a full disk name no file
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
         raise
     return path
 
@@ -193,5 +199,17 @@ def write_png(path, image: np.ndarray) -> None:
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     data = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows.tobytes(), 6))
             + chunk(b"IEND", b""))
-    Path(os.fspath(path)).write_bytes(data)
+    target, created = Path(os.fspath(path)), False
+    try:
+        with open(target, "xb") as file:  # never over a file another process made meanwhile
+            created = True
+            file.write(data)
+    except FileExistsError:
+        raise FileExistsError(f"snapshot: {target} exists; a snapshot never replaces a file or store, choose "
+                              "another path") from None
+    except OSError as error:  # a full disk: a PNG cut short would block every retry, named by nothing
+        if created:
+            target.unlink(missing_ok=True)
+        raise OSError(error.errno, f"snapshot: cannot write png={str(target)!r}: {error.strerror or error}",
+                      str(target)) from error
 
