@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import h5py
@@ -122,6 +123,39 @@ def test_overwrite_replaces_only_an_array_emfast_wrote(tmp_path, zarr_input, wri
         WRITERS[writer](source, tmp_path / name)
         WRITERS[writer](source, tmp_path / name, overwrite=True)
         assert ef.open(tmp_path / name).shape[-3:] == data.shape
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_an_output_beside_consolidated_metadata_is_listed_there(tmp_path, writer, zarr_format):
+    """xarray and pipelines consolidate a store's metadata, and zarr-python reads a group through it by default:
+    an output written beside it was invisible there ("not found in consolidated metadata"), and one overwritten
+    with another dtype was read with the old one and failed (a review). The consolidated metadata is made again
+    once the output is written; a store without any gets none."""
+    zarr = pytest.importorskip("zarr")
+    data = np.random.default_rng(4).integers(0, 256, (16, 32, 32), dtype=np.uint8)
+    plain, consolidated = tmp_path / "plain.zarr", tmp_path / "consolidated.zarr"
+    for store in (plain, consolidated):
+        zarr.open_group(str(store), mode="w", zarr_format=zarr_format).create_group("volumes").create_array(
+            "raw", data=data, chunks=(8, 16, 16))
+    with warnings.catch_warnings():  # v3: "not part of the specification", as emfast's refresh does not warn
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(str(consolidated), zarr_format=zarr_format)
+    for store in (plain, consolidated):
+        WRITERS[writer](str(store / "volumes/raw"), store / "volumes/out")
+    group = zarr.open_group(str(consolidated), mode="r")  # through the consolidated metadata
+    assert sorted(name for name, _ in group.members(max_depth=None)) == ["volumes", "volumes/out", "volumes/raw"]
+    np.testing.assert_array_equal(np.asarray(group["volumes/out"][...]).reshape(data.shape),
+                                  ef.open(plain / "volumes/out").array.reshape(data.shape))
+    if writer == "predict":  # replaced by an output of another dtype: read as it is now
+        ef.predict(lambda batch: batch * 0.5, str(consolidated / "volumes/raw"), consolidated / "volumes/out",
+                   patch_in=PATCH, blend="none", chunks=PATCH, block=(8, 32, 32), dtype="float16", overwrite=True)
+        out = zarr.open_group(str(consolidated), mode="r")["volumes/out"]
+        assert out.dtype == np.float16
+        np.testing.assert_allclose(np.asarray(out[...]).reshape(data.shape), data / 255.0 * 0.5, atol=1e-3)
+    assert not (plain / ".zmetadata").exists()
+    if zarr_format == 3:
+        assert json.loads((plain / "zarr.json").read_text()).get("consolidated_metadata") is None
 
 
 # 2: a full disk

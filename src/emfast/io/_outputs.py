@@ -609,8 +609,39 @@ def add_ome_pyramid(container: Path, dataset: str, ndim: int, levels: Sequence[t
 
     if ndim not in OUTPUT_AXES:
         return
-    group = import_zarr("writing").open_group(local_store(container, writable=True), path=dataset, mode="r+")
+    group = import_zarr("writing").open_group(local_store(container, writable=True), path=dataset, mode="r+",
+                                              use_consolidated=False)
     _describe_image(group, dataset.rpartition("/")[2], ndim, levels, replace)
+    refresh_consolidated(container, dataset)
+
+
+def refresh_consolidated(container: Path, group: str) -> None:
+    """Consolidate again the metadata of ``group`` and the groups above it in the zarr store ``container`` that hold
+    consolidated metadata (v2: ``.zmetadata``; v3: a group's ``consolidated_metadata``), deepest first: written by
+    xarray or a pipeline, it lists the hierarchy as it was, and zarr-python reads a group through it by default,
+    so an output written into such a store was invisible there, and one overwritten with another shape
+    unreadable (a review). Groups without consolidated metadata get none."""
+    from ._zarr import import_zarr, local_store
+
+    parts = [part for part in group.split("/") if part]
+    for depth in range(len(parts), -1, -1):
+        path = "/".join(parts[:depth])
+        version = _consolidated_format(container / path if path else container)
+        if version is not None:
+            with warnings.catch_warnings():  # v3's (not in the specification): the store's owner chose it
+                warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
+                import_zarr("writing").consolidate_metadata(local_store(container, writable=True),
+                                                            path=path or None, zarr_format=version)
+
+
+def _consolidated_format(folder: Path) -> Optional[int]:
+    """The zarr format of the group ``folder`` if it holds consolidated metadata, else None."""
+    if (folder / ".zmetadata").is_file():
+        return 2
+    metadata = _zarr_metadata(folder)
+    if metadata is not None and metadata.get("node_type") == "group" and metadata.get("consolidated_metadata"):
+        return 3
+    return None
 
 
 def forget_ome_pyramid(container: Path, dataset: str, levels: List[str]) -> None:
@@ -619,8 +650,8 @@ def forget_ome_pyramid(container: Path, dataset: str, levels: List[str]) -> None
     as they are written, and reading one to make the next failed)."""
     from ._zarr import import_zarr, local_store
 
-    _forget_image(import_zarr("writing").open_group(local_store(container, writable=True), path=dataset, mode="r+"),
-                  levels)
+    _forget_image(import_zarr("writing").open_group(local_store(container, writable=True), path=dataset, mode="r+",
+                                                    use_consolidated=False), levels)
 
 
 def image_paths(folder: Path) -> Optional[List[str]]:

@@ -33,8 +33,8 @@ from ._hdf5 import TRANSLATION_ATTRIBUTE, open_hdf5
 from ._open import split_path
 from ._outputs import (LOCK_SUFFIX, NotOwnOutputError, OutputLock, add_ome_multiscales, check_zarr_container,
                        image_paths, input_changed, open_hdf5_for_writing, option, refuse_hdf5_in_use, remove_folder,
-                       remove_hdf5_output, remove_leftovers, remove_partial_files, remove_zarr_output, set_aside,
-                       zarr_geometry, zarr_store_format)
+                       refresh_consolidated, remove_hdf5_output, remove_leftovers, remove_partial_files,
+                       remove_zarr_output, set_aside, zarr_geometry, zarr_store_format)
 from ._remote import is_url
 
 #: Output codecs, for zarr; HDF5 takes gzip and none.
@@ -215,8 +215,9 @@ class OutputWriter:
             check_zarr_container(self.container)
             # a root of the other format over an existing store would hide the store's arrays
             self.zarr_format = zarr_store_format(self.container) or self.zarr_format
+            # not through consolidated metadata, which shows the store as it was when consolidated
             self.root = import_zarr("writing").open_group(local_store(self.container, writable=True), mode="a",
-                                                          zarr_format=self.zarr_format)
+                                                          zarr_format=self.zarr_format, use_consolidated=False)
         return self
 
     def node(self, name: str):
@@ -512,7 +513,11 @@ class OutputWriter:
         self.root.flush()
 
     def close(self) -> None:
+        """Close the container; a zarr store opened to write has its consolidated metadata, if any, made again
+        (:func:`refresh_consolidated`)."""
         if self.kind == "hdf5" and self.root is not None:
             self.root.close()
+        elif self.root is not None:
+            refresh_consolidated(self.container, self.dataset.rpartition("/")[0])
         self.root = self.array = None
         self._chunk_files = False
