@@ -6,7 +6,7 @@ Every augmentation registers its name (``emfast._registry``), so the loader and 
 
 May import: ``emfast._core``, ``emfast._registry``, ``emfast._checks``, ``emfast.io``.
 """
-from ._base import (Augmentation, AugmentationLike, Params, Patches, Windows, check_voxel_sizes,
+from ._base import (Augmentation, AugmentationLike, Params, Patches, Windows, check_fills, check_voxel_sizes,
                     reachable_permutations, resolve)
 from ._defects import Artifacts, LowContrast, MissingSection, Slip
 from ._dihedral import Mirror, Transpose
@@ -41,6 +41,7 @@ __all__ = [
     "Slip",
     "Transpose",
     "Windows",
+    "check_fills",
     "check_voxel_sizes",
     "reachable_permutations",
     "resolve",

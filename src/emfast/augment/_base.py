@@ -221,6 +221,20 @@ def check_voxel_sizes(augmentations: Sequence[Augmentation], resolution, where: 
                           "sections", "axes")
 
 
+def check_fills(augmentations: Sequence[Augmentation], dtype) -> None:
+    """Refuse a section defect's ``fill`` that the batches' ``dtype`` holds only as infinity: 1e300 in float32
+    batches became inf, silently (a review)."""
+    for augmentation in augmentations:
+        fill = getattr(augmentation, "fill", None)
+        if fill is None:
+            continue
+        with np.errstate(over="ignore"):
+            stored = np.dtype(dtype).type(fill)
+        if not np.isfinite(stored):
+            raise refusal(f"{type(augmentation).__name__}: fill {fill!r} is beyond the range of the batches' dtype "
+                          f"{np.dtype(dtype).name} (at most {float(np.finfo(dtype).max):g} in magnitude)", "fill")
+
+
 def reachable_permutations(augmentations: Sequence[Augmentation]) -> set[tuple[int, ...]]:
     """All axis orders the augmentations can produce together."""
     perms = {(0, 1, 2)}

@@ -29,6 +29,9 @@ from ..io import as_volume
 from ._base import Augmentation, Params, Patches, Windows, _check_probability
 from ._intensity import check_range, check_record, checked_raw, keys_from_uniforms
 
+#: The largest move of ``Slip`` along y or x, in voxels (far beyond any section).
+MAX_SHIFT = 1 << 20
+
 
 def _tag(text: str) -> int:
     """A Philox key word from a short ASCII name, so that each defect reads its own stream of a key."""
@@ -217,7 +220,7 @@ class Slip(_SectionDefect):
     p : float
         Probability of each section being hit.
     max_shift : (int, int)
-        Largest move along y and x in voxels: dy, dx are drawn uniformly from [-max, max].
+        Largest move along y and x in voxels, each in [0, 2**20]: dy, dx are drawn uniformly from [-max, max].
     mode : str
         ``"slip"`` or ``"step"``.
     labels : str
@@ -243,9 +246,10 @@ class Slip(_SectionDefect):
             shift = tuple(self.max_shift)
         except TypeError:
             shift = ()
-        if len(shift) != 2 or any(isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 0
-                                  for s in shift):
-            raise refusal(f"Slip: max_shift must be two integers >= 0 (y, x), got {self.max_shift!r}", "max_shift")
+        if len(shift) != 2 or any(isinstance(s, bool) or not isinstance(s, numbers.Integral) or not 0 <= s <= MAX_SHIFT
+                                  for s in shift):  # beyond, the draws' float64 arithmetic loses whole voxels
+            raise refusal(f"Slip: max_shift must be two integers in [0, {MAX_SHIFT}] (y, x), got {self.max_shift!r}",
+                          "max_shift")
         self._max_shift = tuple(int(s) for s in shift)
         if self.mode not in SLIP_MODES:
             raise refusal(f"Slip: mode must be one of {SLIP_MODES}, got {self.mode!r}", "mode")

@@ -14,6 +14,12 @@ from .._registry import register
 from ._base import Augmentation, Params, Windows, _check_probability, _parse_axes, _require_isotropic
 from ._geometry import grid_shape
 
+#: The largest zoom ``Scale`` draws (and its inverse the smallest): beyond, a window is no augmented example, and the
+#: warp kernel's matrices (at most 1024 in magnitude) would overflow.
+MAX_ZOOM = 64.0
+#: The largest control-point jitter of ``Elastic``, in voxels: beyond, the warp kernel's coordinates would overflow.
+MAX_SIGMA = 4096.0
+
 
 def _rotation(axis: np.ndarray, angle: np.ndarray) -> np.ndarray:
     """(B, 3, 3) rotations by ``angle`` (radians) about unit vectors ``axis`` (B, 3), Rodrigues' formula."""
@@ -97,7 +103,7 @@ class Scale(_Warp):
     Parameters
     ----------
     range : two floats
-        ``(low, high)`` with ``0 < low <= high``.
+        ``(low, high)`` with ``1/64 <= low <= high <= 64``.
     p : float
         Probability of scaling an example.
     isotropic_xy : bool
@@ -118,6 +124,8 @@ class Scale(_Warp):
         if isinstance(self.range, str) or not isinstance(self.range, Sequence) or len(self.range) != 2:
             raise refusal(f"Scale: range must be two numbers (low, high), got {self.range!r}", "range")
         low, high = (real(v, "Scale: range", 0.0, strict=True) for v in self.range)
+        if low < 1 / MAX_ZOOM or high > MAX_ZOOM:  # else the warp kernel refused its matrix, naming neither
+            raise refusal(f"Scale: range must lie within [1/{MAX_ZOOM:g}, {MAX_ZOOM:g}], got {self.range!r}", "range")
         if low > high:
             raise refusal(f"Scale: range must have low <= high, got {self.range!r}", "range")
         self.range = (low, high)
@@ -154,9 +162,9 @@ class Elastic(_Warp):
     Parameters
     ----------
     spacing : three floats
-        Output voxels between control points (z, y, x), each > 0.
+        Output voxels between control points (z, y, x), each >= 1.
     sigma : three floats
-        Standard deviation of the control-point jitter in source voxels (z, y, x), each >= 0. The default moves
+        Standard deviation of the control-point jitter in source voxels (z, y, x), each in [0, 4096]. The default moves
         nothing along z, which suits anisotropic EM. The interpolated displacement is a weighted mean of control
         values, so its spread is smaller than ``sigma`` and never exceeds the largest control value.
     p : float
@@ -171,8 +179,13 @@ class Elastic(_Warp):
     grid: Optional[tuple] = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.spacing = triple(self.spacing, "Elastic: spacing", integer=False, minimum=0.0, strict=True)
+        # more than one control point per voxel deforms nothing more finely, and its draws grow without bound: a
+        # spacing of 0.01 drew 20 GiB per batch of small windows (a review; the process was killed)
+        self.spacing = triple(self.spacing, "Elastic: spacing", integer=False, minimum=1.0)
         self.sigma = triple(self.sigma, "Elastic: sigma", integer=False, minimum=0.0, strict=False)
+        if max(self.sigma) > MAX_SIGMA:  # else the warp kernel refused the coordinates, naming neither
+            raise refusal(f"Elastic: sigma must be at most {MAX_SIGMA:g} voxels along each axis (a jitter beyond "
+                          f"leaves any window), got {tuple(self.sigma)}", "sigma")
         self.p = _check_probability(self.p, "Elastic")
         self._draws = None
 

@@ -428,6 +428,9 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
         raise ValueError(f"blend must be one of {', '.join(BLENDS)}, got {blend!r}")
     if pad not in PAD_MODES:
         raise ValueError(f"pad must be one of {', '.join(PAD_MODES)}, got {pad!r}")
+    if isinstance(dtype, (type, np.dtype)) and not isinstance(dtype, str):  # np.float32, as the Loader takes it
+        with contextlib.suppress(TypeError):
+            dtype = np.dtype(dtype).name
     if dtype not in PREDICT_OUTPUT_DTYPE_NAMES:
         raise ValueError(f"dtype must be one of {', '.join(PREDICT_OUTPUT_DTYPE_NAMES)}, got {dtype!r}")
     resume, overwrite = flag(resume, "resume"), flag(overwrite, "overwrite")  # overwrite="no" replaced the output

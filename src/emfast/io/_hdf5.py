@@ -119,6 +119,8 @@ class Hdf5Source(VolumeSource):
     ``units`` (see :mod:`emfast.io._geometry`; axes named in another order are refused)."""
 
     def __init__(self, path: Union[str, os.PathLike], dataset: str) -> None:
+        if not isinstance(dataset, str):  # h5py's own TypeError named neither
+            raise TypeError(f"{path}: dataset must be a string (its path inside the file), got {dataset!r}")
         path = local_path(path, dataset)
         self.name = f"{path}:{dataset}"
         file = open_hdf5(path)

@@ -41,6 +41,8 @@ def _dataset_of(path, inner: str, dataset: Optional[str]) -> str:
     """The dataset ``inner`` (from the path) then ``dataset``, its '.' names dropped (as a path's are); ValueError
     for '..' among them, which the formats take differently (zarr refuses it once the output's container is made,
     HDF5 makes a group named '..'): a dataset is named from its container down."""
+    if dataset is not None and not isinstance(dataset, str):
+        raise TypeError(f"{path}: dataset must be a string (its path inside the container), got {dataset!r}")
     names = [name for part in (inner, dataset or "") for name in part.split("/") if name not in ("", ".")]
     if ".." in names:
         raise ValueError(f"{path}{'' if dataset is None else f' (dataset {dataset!r})'}: '..' cannot name a dataset "

@@ -214,6 +214,8 @@ class Volume:
         """
         if not isinstance(array, np.ndarray):
             raise TypeError(f"{name}: expected a NumPy array, got {type(array).__name__}")
+        if not isinstance(name, str):  # messages and batches' names would carry None or 5 (a review)
+            raise TypeError(f"Volume.from_array: name must be a string, got {name!r}")
         return cls(array, name=name, resolution=resolution, offset=offset)
 
     def __reduce__(self):

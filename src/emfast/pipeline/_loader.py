@@ -189,6 +189,7 @@ class Loader:
             self.sampler = loader_sampler(sampler)
         self.dataset = as_dataset(data, labels, label_offset)
         with concerning(section="augment"):
+            _augment.check_fills(self.augmentations, self.dtype)
             for sample in self.dataset.samples:
                 _augment.check_voxel_sizes(self.augmentations, sample.raw.resolution, f"sample {sample.name!r}")
         with concerning(section="targets"):

@@ -290,6 +290,10 @@ class Sample:
             raise TypeError(f"sample {self.name}: extra must be a dict of name to volume, got "
                             f"{type(self.extra).__name__}")
         extra, self.placed_extra = {}, {}
+        for key in self.extra:  # str(key) merged 1 and "1" into one field, silently (a review)
+            if not isinstance(key, str) or not key:
+                raise TypeError(f"sample {self.name}: extra names must be non-empty strings (the batch's field "
+                                f"names), got {key!r}")
         for key, source in self.extra.items():
             volume = _as_role_volume(source, f"extra {key!r}", RAW_DTYPES, role="extra channels")
             grid = _grid(self.raw, volume, f"extra {key!r}", None, "")
@@ -300,8 +304,8 @@ class Sample:
                 placed = Placed(volume, OnRawGrid(volume, grid, linear=True).origin, grid, linear=True)
                 _check_overlap(self.raw, placed)
             volume.check_finite()
-            extra[str(key)] = volume
-            self.placed_extra[str(key)] = placed
+            extra[key] = volume
+            self.placed_extra[key] = placed
         self.extra = extra
         self.own_resolution = self._own_resolution()
 
@@ -380,6 +384,8 @@ class Dataset:
     def __init__(self, samples: Iterable[Sample]) -> None:
         if isinstance(samples, Sample):
             samples = [samples]
+        if isinstance(samples, (str, bytes)) or not isinstance(samples, Iterable):
+            raise TypeError(f"a Dataset takes a Sample or a list of them, got {type(samples).__name__}")
         self.samples: List[Sample] = list(samples)
         if not self.samples:
             raise ValueError("a Dataset needs at least one Sample")
@@ -449,6 +455,8 @@ class Dataset:
             hold_out = [hold_out]
         if hold_out is None:
             raise ValueError(f"hold_out=None holds out no sample: name at least one of {self.names}")
+        if not isinstance(hold_out, Iterable):
+            raise TypeError(f"hold_out must be a sample's name or a list of names, got {hold_out!r}")
         held = list(hold_out)
         unknown = [name for name in held if name not in self.names]
         if unknown:

@@ -77,6 +77,12 @@ def compute_targets(labels: np.ndarray, targets: Union[TargetLike, Iterable[Targ
     """
     targets = resolve(targets)
     fields = outputs(targets)
+    if out is not None and not isinstance(out, dict):
+        raise TypeError(f"compute_targets: out must be a dict of field name to array, got {type(out).__name__}")
+    unknown = sorted(map(str, set(out or ()) - set(fields)))
+    if unknown:  # they were returned as given, as if computed (a review)
+        raise ValueError(f"compute_targets: out holds {unknown}, which no target writes; the fields are "
+                         f"{list(fields)}")
     result = dict(out) if out is not None else {}
     for field, (channels, dtype) in fields.items():
         if field not in result:

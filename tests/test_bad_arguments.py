@@ -1,0 +1,59 @@
+"""Bad arguments a review of the public API found accepted silently or refused in another library's words: each is
+now refused, naming the setting, before anything runs."""
+import h5py
+import numpy as np
+import pytest
+
+import emfast as ef
+
+RAW = np.zeros((8, 32, 32), np.float32)
+
+
+def _first_batch(augment, dtype="float32"):
+    with ef.Loader(RAW, patch=(4, 16, 16), batch_size=1, epoch_size=1, augment=augment, dtype=dtype) as loader:
+        return np.array(loader.next_batch()["raw"])
+
+
+@pytest.fixture
+def h5(tmp_path):
+    with h5py.File(tmp_path / "s.h5", "w") as f:
+        f["raw"] = np.zeros((4, 8, 8), np.uint8)
+    return tmp_path / "s.h5"
+
+
+@pytest.mark.parametrize("make, error, message", [
+    # a fill that float32 (or float16) batches hold only as infinity: the batch was inf, with a cast warning
+    (lambda: _first_batch([ef.MissingSection(fill=1e300, p=1.0)]), ValueError,
+     r"MissingSection: fill 1e\+300 is beyond the range of the batches' dtype float32"),
+    (lambda: _first_batch([ef.Slip(fill=1e5, p=1.0)], dtype="float16"), ValueError,
+     r"Slip: fill 100000.0 is beyond the range of the batches' dtype float16 \(at most 65504"),
+    (lambda: ef.Slip(max_shift=(2**62, 2**62)), ValueError, r"Slip: max_shift must be two integers in \[0, 1048576\]"),
+    # extra names: str(key) merged 1 and "1" into one field
+    (lambda: ef.Sample(RAW, extra={1: RAW, "1": RAW}), TypeError, r"extra names must be non-empty strings .* got 1"),
+    (lambda: ef.Dataset(None), TypeError, "a Dataset takes a Sample or a list of them, got NoneType"),
+    (lambda: ef.Dataset([ef.Sample(RAW, name="a"), ef.Sample(RAW, name="b")]).split(5), TypeError,
+     "hold_out must be a sample's name or a list of names, got 5"),
+    (lambda: ef.Volume.from_array(RAW, name=None), TypeError, "Volume.from_array: name must be a string, got None"),
+    # compute_targets returned fields of ``out`` that no target writes, as if computed
+    (lambda: ef.compute_targets(np.zeros((1, 1, 4, 4, 4), np.uint64), "affinities", out={"foo": None}), ValueError,
+     r"out holds \['foo'\], which no target writes"),
+    (lambda: ef.compute_targets(np.zeros((1, 1, 4, 4, 4), np.uint64), "affinities", out=[1]), TypeError,
+     "out must be a dict of field name to array, got list"),
+])
+def test_a_bad_argument_is_refused_naming_it(make, error, message):
+    with pytest.raises(error, match=message):
+        make()
+
+
+def test_a_dataset_name_that_is_no_string_is_refused_naming_it(h5):
+    """h5py's "Accessing a group is done with bytes or str" and "'int' object has no attribute 'split'"."""
+    with pytest.raises(TypeError, match=r"s\.h5: dataset must be a string .*got 5"):
+        ef.open(h5, 5)
+    with pytest.raises(TypeError, match=r"s\.h5: dataset must be a string .*got None"):
+        ef.hdf5(h5, None)
+
+
+def test_predict_takes_numpy_dtypes_as_the_loader_does(tmp_path):
+    data = np.random.default_rng(0).random((8, 32, 32), dtype=np.float32)
+    ef.predict(lambda batch: batch, data, tmp_path / "p.zarr/out", patch_in=(4, 16, 16), dtype=np.float16)
+    assert ef.open(tmp_path / "p.zarr/out").dtype == np.float16
