@@ -2,6 +2,7 @@
 (``emfast.io._hdf5files``): the same windows as when every file stays open, and a parked file that is no longer
 the one opened is refused, named."""
 import os
+import signal
 
 import h5py
 import numpy as np
@@ -74,6 +75,11 @@ def test_a_parked_file_replaced_or_removed_is_named(tmp_path, bound):
     with pytest.raises(CorruptChunkError, match=r"0\.h5:raw: its file changed since the volume was opened"):
         first.read_box((0, 0, 0), (8, 16, 16), out)
 
+    os.remove(tmp_path / "0.h5")  # no HDF5 file there any more: changed too, not h5py's "file signature not found"
+    (tmp_path / "0.h5").write_bytes(bytes(1000))
+    with pytest.raises(CorruptChunkError, match=r"0\.h5:raw: its file changed since the volume was opened"):
+        first.read_box((0, 0, 0), (8, 16, 16), out)
+
     os.remove(tmp_path / "2.h5")
     assert not third.chunk_cache._source.changed_since_opened()  # nothing there: the read says what
     with pytest.raises(FileNotFoundError, match=r"2\.h5:raw: the file is gone since the volume was opened"):
@@ -93,3 +99,53 @@ def test_a_parked_file_reopened_unchanged_reads_on_and_a_closed_volume_stays_clo
     second.close()
     with pytest.raises(ValueError, match=r"1\.h5:raw: the volume was closed"):
         np.asarray(second)
+
+
+def test_a_file_parked_while_its_status_is_read_is_not_taken_for_another(tmp_path, bound, monkeypatch):
+    """A review: another thread parked the file between its descriptor's lookup and its fstat, and reopened
+    another file on that descriptor number: the untouched file was called changed, and its Loader failed."""
+    bound.most = 1
+    _files(tmp_path, 2)
+    first, second = (ef.open(tmp_path / f"{i}.h5", "raw", in_memory=False) for i in range(2))
+    out = np.empty((1, 8, 16, 16), np.uint8)
+    first.read_box((0, 0, 0), (8, 16, 16), out)  # the first open, the second parked
+    real = os.fstat
+
+    def racing(descriptor):  # what another thread may do at this moment
+        monkeypatch.setattr(os, "fstat", real)
+        with _hdf5files.OPEN_FILES._lock:
+            files = _hdf5files.OPEN_FILES._park_beyond(0)
+        _hdf5files._close(files)
+        second.read_box((0, 0, 0), (8, 16, 16), out)  # reopened on the lowest free descriptor
+        return real(descriptor)
+
+    monkeypatch.setattr(os, "fstat", racing)
+    assert not first.chunk_cache._source.changed_since_opened()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() (POSIX)")
+def test_a_forked_child_reopens_a_file_another_thread_was_reopening(tmp_path, bound):
+    """A DataLoader worker forked while a thread of the parent reopened a parked file inherited that file's lock
+    held, and hung at its first read of it (a review: 14 of 40 children)."""
+    bound.most = 1
+    arrays = _files(tmp_path, 2)
+    first, _ = (ef.open(tmp_path / f"{i}.h5", "raw", in_memory=False) for i in range(2))
+    source = first.chunk_cache._source
+    assert source._file is None  # parked
+    with source._reopen_lock:  # as a thread reopening it holds it
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child's outcome is its exit status
+            signal.alarm(20)  # a hang ends the child with SIGALRM
+            ok = np.array_equal(np.asarray(first)[0], arrays[0])
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_volume_closed_while_another_thread_reopened_it_is_not_listed_again(tmp_path, bound):
+    _files(tmp_path, 1)
+    volume = ef.open(tmp_path / "0.h5", "raw", in_memory=False)
+    source = volume.chunk_cache._source
+    volume.close()
+    _hdf5files.OPEN_FILES.opened(source)  # a reader that got past its reopen just before close()
+    assert _hdf5files.OPEN_FILES.count == 0

@@ -174,7 +174,7 @@ class Hdf5Source(VolumeSource):
         self._opened = None if status is None else self._identity[2:]  # (size, modification time) when opened
         self._users, self._parkable, self._user_closed = 0, status is not None, False
         self._reopen_lock = threading.Lock()
-        OPEN_FILES.opened(self)
+        OPEN_FILES.add(self)
 
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
         with self._held():
@@ -209,19 +209,26 @@ class Hdf5Source(VolumeSource):
                 raise FileNotFoundError(f"{self.name}: the file is gone since the volume was opened (removed or "
                                         f"renamed); emfast had closed it to hold at most {most_open()} lazily read "
                                         "HDF5 files open, and cannot open it again") from error
+            except OSError as error:  # truncated, or another kind of file there now: the file changed
+                now = self._status_of(None)
+                if now is not None and open_identity(now) == self._identity:
+                    raise  # the same file, not opened for another reason (the descriptor limit)
+                raise self._changed_while_parked() from error
             node, data_file = file.get(self.stamp.dataset), file
             try:
                 if isinstance(node, h5py.Dataset):
                     data_file = node.file
                 status = self._status_of(data_file)
                 if not isinstance(node, h5py.Dataset) or status is None or open_identity(status) != self._identity:
-                    raise CorruptChunkError(f"{self.name}: its file changed since the volume was opened (replaced "
-                                            "or written to while emfast had closed it to hold fewer HDF5 files "
-                                            "open): open it again")
+                    raise self._changed_while_parked()
             except BaseException:
                 _close_both(file, data_file)
                 raise
             self._dataset, self._data_file, self._file = node, data_file, file  # the file last: the fast path's test
+
+    def _changed_while_parked(self) -> CorruptChunkError:
+        return CorruptChunkError(f"{self.name}: its file changed since the volume was opened (replaced, truncated or "
+                                 "written to while emfast had closed it to hold fewer HDF5 files open): open it again")
 
     def _park(self) -> list:
         """Hand over the open files (to be closed) and forget them, until :meth:`_open_again`."""
@@ -341,7 +348,11 @@ class Hdf5Source(VolumeSource):
         external raw storage) was. The open file is told through its descriptor, so a file removed or renamed
         away, whose data the descriptor keeps, has not changed; a parked one through its path (another file there
         has changed; none there is said by the next read)."""
-        now = self._data_status()
+        OPEN_FILES.hold(self)  # not parked meanwhile: its descriptor could be another file's by the fstat
+        try:
+            now = self._data_status()
+        finally:
+            OPEN_FILES.done(self)
         if now is not None and self._identity is not None and open_identity(now) != self._identity:
             return True
         return bool(self.stamp.data_files) and not self.stamp.data_files_unchanged(skip=self._watched_elsewhere)

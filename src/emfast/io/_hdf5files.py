@@ -32,21 +32,29 @@ def most_open() -> int:
 class OpenFiles:
     """The open files of lazily read HDF5 sources, least recently used first, parked beyond :func:`most_open`.
 
-    A source takes part through ``_users`` (an int, changed only under this object's lock), ``_parkable`` (a bool),
-    ``_open_again()`` (reopen a parked file, under the source's own lock) and ``_park()`` (hand over its open
-    files, which the caller closes, and forget them). Sources are held weakly: one dropped unclosed is forgotten.
+    A source takes part through ``_users`` (an int, changed only under this object's lock), ``_parkable`` and
+    ``_user_closed`` (bools), ``_reopen_lock`` (made anew in a forked child), ``_open_again()`` (reopen a parked
+    file, under that lock) and ``_park()`` (hand over its open files, which the caller closes, and forget them).
+    Sources are held weakly: one dropped unclosed is forgotten (its entry purged when found dead; no callback, which
+    a garbage collection could run while this thread holds the lock).
     """
 
     def __init__(self, most: Callable[[], int] = most_open) -> None:
         self._most = most
         self._lock = threading.Lock()
         self._open: "OrderedDict[int, weakref.ref]" = OrderedDict()
+        self._sources: "weakref.WeakSet" = weakref.WeakSet()  # every source, parked or not (for fork)
+
+    def add(self, source) -> None:
+        """A new source, its file open."""
+        with self._lock:
+            self._sources.add(source)
+        self.opened(source)
 
     def use(self, source) -> None:
         """Before a read of ``source``: its file open (reopened if parked), kept open until :meth:`done`, and the
         files of others parked beyond the bound. Raises what reopening raises."""
-        with self._lock:
-            source._users += 1
+        self.hold(source)
         try:
             source._open_again()
         except BaseException:
@@ -54,22 +62,30 @@ class OpenFiles:
             raise
         self.opened(source)
 
+    def hold(self, source) -> None:
+        """Keep ``source``'s file as it is (open, or parked) until :meth:`done`: not parked meanwhile, so that its
+        descriptor is not closed and given to another file while it is looked at."""
+        with self._lock:
+            source._users += 1
+
     def done(self, source) -> None:
-        """After a read of ``source`` (one per :meth:`use`)."""
+        """After a read of ``source`` (one per :meth:`use` or :meth:`hold`)."""
         with self._lock:
             source._users -= 1
 
     def opened(self, source) -> None:
         """Mark ``source`` (its file open) as the one used last, and park the least recently used idle files
         beyond the bound (closed outside the lock). A source whose file cannot be told again when reopened
-        (``_parkable`` false) keeps its file open."""
+        (``_parkable`` false) keeps its file open; a closed one is not listed again."""
         if not source._parkable:
             return
         key = id(source)
         with self._lock:
+            if source._user_closed:  # closed by another thread since this one reopened it
+                return
             ref = self._open.get(key)
             if ref is None or ref() is not source:
-                self._open[key] = weakref.ref(source, lambda dead, key=key: self._forget(key, dead))
+                self._open[key] = weakref.ref(source)
             self._open.move_to_end(key)
             # the bound is never below FEWEST_OPEN: below it, no need to ask for the descriptor limit
             files = self._park_beyond(self._most()) if len(self._open) > FEWEST_OPEN else []
@@ -97,25 +113,18 @@ class OpenFiles:
             if ref is not None and ref() is source:
                 del self._open[id(source)]
 
-    def _forget(self, key: int, dead: weakref.ref) -> None:
-        """A source was dropped unclosed (its files close with it)."""
-        with self._lock:
-            if self._open.get(key) is dead:
-                del self._open[key]
-
     @property
     def count(self) -> int:
         """Files of lazily read HDF5 sources open now."""
         with self._lock:
-            return len(self._open)
+            return sum(ref() is not None for ref in self._open.values())
 
     def after_fork(self) -> None:
-        """In a child process: a read in flight in the parent at fork() never ends here."""
+        """In a child process: a read or a reopen in flight in the parent at fork() never ends here."""
         self._lock = threading.Lock()
-        for ref in list(self._open.values()):
-            source = ref()
-            if source is not None:
-                source._users = 0
+        for source in list(self._sources):
+            source._users = 0
+            source._reopen_lock = threading.Lock()
 
 
 def _close(files: List) -> None:
