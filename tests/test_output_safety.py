@@ -158,6 +158,38 @@ def test_an_output_beside_consolidated_metadata_is_listed_there(tmp_path, writer
         assert json.loads((plain / "zarr.json").read_text()).get("consolidated_metadata") is None
 
 
+def _stop_after(calls: int):
+    """A model returning its input that raises at its ``calls``-th call."""
+    count = [0]
+
+    def model(batch):
+        count[0] += 1
+        if count[0] == calls:
+            raise RuntimeError("stopped")
+        return batch
+    return model
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_stopped_overwrite_leaves_consolidated_metadata_of_the_new_output(tmp_path, zarr_format):
+    """A run stopped after it replaced an output (killed, or its model failing) left the consolidated metadata
+    listing the old dtype (every read through it failed), or listing the run's block flags without the dimension
+    names xarray needs of every array (xr.open_zarr failed): a second review."""
+    zarr = pytest.importorskip("zarr")
+    xarray = pytest.importorskip("xarray")
+    data = np.random.default_rng(4).integers(0, 256, (16, 32, 32), dtype=np.uint8)
+    store = tmp_path / "c.zarr"
+    xarray.Dataset({"raw": (("z", "y", "x"), data)}).to_zarr(store, consolidated=True, zarr_format=zarr_format)
+    ef.predict(identity, str(store / "raw"), store / "out", patch_in=PATCH, blend="none", chunks=PATCH,
+               block=(8, 32, 32), dtype="float32")
+    with pytest.raises(RuntimeError, match="stopped"):
+        ef.predict(_stop_after(3), str(store / "raw"), store / "out", patch_in=PATCH, blend="none", chunks=PATCH,
+                   block=(8, 32, 32), dtype="uint8", overwrite=True, threads=1)
+    assert zarr.open_group(str(store), mode="r")["out"].dtype == np.uint8  # through the consolidated metadata
+    opened = xarray.open_zarr(store)  # the unfinished run's flags array included
+    assert opened["raw"].shape == data.shape
+
+
 # 2: a full disk
 
 @pytest.fixture
@@ -265,6 +297,25 @@ def test_a_file_size_limit_ends_an_hdf5_output_in_a_clear_error_and_keeps_the_fi
     np.testing.assert_array_equal(ef.open(out).array.reshape(data.shape), data)
     with h5py.File(tmp_path / "out.h5", "r") as f:
         np.testing.assert_array_equal(f["user/keep"][...], kept)
+
+
+def test_an_hdf5_file_already_beyond_the_file_size_limit_is_left_as_it_was(tmp_path):
+    """Opening a file to write and creating a dataset write metadata at its end: a file already past the limit got
+    a broken entry (HDF5's "File write failed"), which every later run, resume and overwrite failed to open (a
+    second review)."""
+    data = np.random.default_rng(5).integers(0, 256, (8, 64, 64), dtype=np.uint8)
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f["raw"] = data
+    with h5py.File(tmp_path / "out.h5", "w") as f:
+        f["user/keep"] = np.arange(400000, dtype=np.int32)  # 1.6 MB
+    before = digest(tmp_path / "out.h5")
+    failed = run_script(FILE_SIZE_LIMIT + RUN_PREDICT, tmp_path / "in.h5/raw", tmp_path / "out.h5/raw", 800000)
+    assert failed.returncode == 1, failed.stderr[-2000:]
+    assert "OutputSpaceError" in failed.stderr and "opening it to write" in failed.stderr, failed.stderr[-2000:]
+    assert digest(tmp_path / "out.h5") == before
+    done = run_script(RUN_PREDICT, tmp_path / "in.h5/raw", tmp_path / "out.h5/raw")
+    assert done.returncode == 0, done.stderr[-2000:]
+    np.testing.assert_array_equal(ef.open(tmp_path / "out.h5/raw").array.reshape(data.shape), data)
 
 
 def test_overwriting_an_uncompressed_prediction_counts_the_space_the_old_one_frees(small_disk):

@@ -205,6 +205,15 @@ def test_a_snapshot_that_cannot_be_written_names_the_file_and_leaves_nothing(tmp
     assert not store.exists() and not png.exists()
 
 
+def test_a_png_path_that_is_a_dangling_link_is_refused_as_existing(tmp_path, volumes):
+    """open(..., "xb") refuses a dangling link: the error was wrapped again as the store's, errno None."""
+    (tmp_path / "m.png").symlink_to(tmp_path / "nowhere.png")
+    with ef.Loader(volumes[0], patch=(4, 16, 16), batch_size=1, augment=()) as loader:
+        with pytest.raises(FileExistsError, match=r"m\.png exists; a snapshot never replaces"):
+            loader.snapshot(tmp_path / "s.zarr", png=tmp_path / "m.png")
+    assert not (tmp_path / "s.zarr").exists() and not (tmp_path / "nowhere.png").exists()
+
+
 def test_render_shows_affinities_as_rgb_and_raw_in_grey():
     affinities = np.zeros((3, 1, 2, 2), np.float32)
     affinities[0, 0, 0, 0] = affinities[1, 0, 0, 1] = affinities[2, 0, 1, 0] = 1

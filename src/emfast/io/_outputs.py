@@ -345,7 +345,7 @@ def check_free_space(container: Path, needed: int, what: str, then: str) -> None
     (plus a margin), and, where ``container`` is a file (HDF5) or will be one, the process's file-size limit lets
     it grow by as much. ``what`` says what the bytes are for, ``then`` how to continue once there is room."""
     if not container.is_dir():
-        _check_file_size_limit(container, needed, what, then)
+        check_file_size_limit(container, needed, what, then)
     folder = container if container.is_dir() else container.parent
     while not folder.exists():
         folder = folder.parent
@@ -357,7 +357,7 @@ def check_free_space(container: Path, needed: int, what: str, then: str) -> None
                                              f"file system; free some space, then {then}", str(container))
 
 
-def _check_file_size_limit(path: Path, needed: int, what: str, then: str) -> None:
+def check_file_size_limit(path: Path, needed: int, what: str, then: str) -> None:
     """OutputSpaceError unless the file ``path`` may grow by ``needed`` bytes (plus the margin) within the
     process's file-size limit (``ulimit -f``; a batch scheduler's ``h_fsize``), which ``statvfs`` does not show:
     a write past it fails with EFBIG, and HDF5 cannot recover from a failed write (a review: the file, the user's

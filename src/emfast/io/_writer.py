@@ -31,7 +31,8 @@ import numpy as np
 from ._chunkfiles import chunk_files
 from ._hdf5 import TRANSLATION_ATTRIBUTE, open_hdf5
 from ._open import split_path
-from ._outputs import (LOCK_SUFFIX, NotOwnOutputError, OutputLock, add_ome_multiscales, check_zarr_container,
+from ._outputs import (LOCK_SUFFIX, NotOwnOutputError, OutputLock, add_ome_multiscales, check_file_size_limit,
+                       check_zarr_container,
                        image_paths, input_changed, open_hdf5_for_writing, option, refuse_hdf5_in_use, remove_folder,
                        refresh_consolidated, remove_hdf5_output, remove_leftovers, remove_partial_files,
                        remove_zarr_output, set_aside, zarr_geometry, zarr_store_format)
@@ -206,6 +207,9 @@ class OutputWriter:
         """Open the container to write (created if absent); a zarr store keeps its existing format."""
         self.close()
         if self.kind == "hdf5":
+            # opening to write and creating datasets write metadata at the file's end: a file at or near the
+            # file-size limit (ulimit -f) was left with a broken entry no later run could open (a review)
+            check_file_size_limit(self.container, 0, "opening it to write", "run again")
             self.root = open_hdf5_for_writing(self.container)
         else:
             from ._zarr import import_zarr, local_store
@@ -446,6 +450,7 @@ class OutputWriter:
                                             attributes=dict(self._standard_json(attributes), **geometry))
         add_ome_multiscales(self.root, self.dataset, len(shape), resolution, offset if translation is None else
                             translation)
+        self._refresh_consolidated()  # a run killed from now on leaves the new array listed, not the one replaced
 
     def _standard_json(self, attributes: dict) -> dict:
         """The attributes standard JSON holds, the others left out with a warning: zarr wrote a NaN as a bare
@@ -475,8 +480,18 @@ class OutputWriter:
                 node.attrs[key] = value
             self.root.flush()
             return node
-        return self.root.create_array(name, shape=tuple(shape), chunks=(1,) * len(shape), dtype=dtype,
-                                      compressors=None, fill_value=0, attributes=attributes)
+        # dimensions named as its own, as xarray needs of every array of a group it opens (v2 _ARRAY_DIMENSIONS,
+        # v3 dimension_names): listed in consolidated metadata while a run is unfinished, it failed xr.open_zarr
+        base = name.rpartition("/")[2]
+        dimensions = [f"{base}_{axis}" for axis in ("z", "y", "x")] if len(shape) == 3 else \
+            [f"{base}_{axis}" for axis in range(len(shape))]
+        if self.zarr_format == 2:
+            attributes = dict(attributes, _ARRAY_DIMENSIONS=dimensions)
+        array = self.root.create_array(name, shape=tuple(shape), chunks=(1,) * len(shape), dtype=dtype,
+                                       compressors=None, fill_value=0, attributes=attributes,
+                                       dimension_names=None if self.zarr_format == 2 else dimensions)
+        self._refresh_consolidated()
+        return array
 
     def write(self, corner, data: np.ndarray, encoding: Optional[Executor] = None) -> None:
         """Write ``data`` (its last three axes spatial) with its first voxel at ``corner`` (z, y, x); in HDF5,
@@ -507,6 +522,7 @@ class OutputWriter:
         container to write if it was opened to check."""
         if self.kind == "zarr":
             remove_folder(self.container / name, set_aside(self.container, name))
+            self._refresh_consolidated()
             return
         self._writable()
         del self.root[name]
@@ -518,6 +534,11 @@ class OutputWriter:
         if self.kind == "hdf5" and self.root is not None:
             self.root.close()
         elif self.root is not None:
-            refresh_consolidated(self.container, self.dataset.rpartition("/")[0])
+            self._refresh_consolidated()
         self.root = self.array = None
         self._chunk_files = False
+
+    def _refresh_consolidated(self) -> None:
+        """Consolidate again the groups above the output that hold consolidated metadata (zarr)."""
+        if self.kind == "zarr":
+            refresh_consolidated(self.container, self.dataset.rpartition("/")[0])

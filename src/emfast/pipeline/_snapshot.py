@@ -22,6 +22,7 @@ uint8 channel in grey.
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import struct
@@ -59,7 +60,7 @@ def write_snapshot(loader, path, batches: int = 1, png=None) -> Path:
                          "zarr store; give a path ending in .zarr")
     png = None if png is None else Path(os.fspath(png)).expanduser()
     for target in (path, png):
-        if target is not None and target.exists():
+        if target is not None and (target.exists() or target.is_symlink()):  # a dangling link too
             raise FileExistsError(f"snapshot: {target} exists; a snapshot never replaces a file or store, choose "
                                   "another path")
     if png is not None and not png.absolute().parent.is_dir():  # checked before the store is written
@@ -204,9 +205,9 @@ def write_png(path, image: np.ndarray) -> None:
         with open(target, "xb") as file:  # never over a file another process made meanwhile
             created = True
             file.write(data)
-    except FileExistsError:
-        raise FileExistsError(f"snapshot: {target} exists; a snapshot never replaces a file or store, choose "
-                              "another path") from None
+    except FileExistsError:  # made meanwhile by another process
+        raise FileExistsError(errno.EEXIST, f"snapshot: {target} exists; a snapshot never replaces a file or store, "
+                              "choose another path", str(target)) from None
     except OSError as error:  # a full disk: a PNG cut short would block every retry, named by nothing
         if created:
             target.unlink(missing_ok=True)
