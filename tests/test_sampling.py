@@ -191,7 +191,7 @@ def test_masked_draws_only_and_all_valid_windows(rng):
 
 
 def test_masked_by_labels_lazy_equals_in_memory(rng, tmp_path, monkeypatch):
-    monkeypatch.setattr(_base, "SLAB_VOXELS", 3 * 20 * 30)  # slabs of one corner plane: slab seams tested
+    monkeypatch.setattr(_base, "TILE_BYTES", 9 * 3 * 8 * 30)  # tiles of corner planes and rows: seams tested
     labels = blocky_labels(rng, (10, 20, 30), ids=(0, 0, 3, 4), size=(2, 3, 3), dtype=np.int64)
     extents = np.array([[2, 6, 6]])
     memory = Masked(0.7, source="labels", unlabelled=0)
@@ -205,6 +205,30 @@ def test_masked_by_labels_lazy_equals_in_memory(rng, tmp_path, monkeypatch):
     np.testing.assert_array_equal(a.corners, b.corners)
     expected = valid_corners(labels != 0, np.zeros(3, int), np.array(labels.shape), extents[0], 0.7)
     assert set(map(tuple, a.corners.tolist())) <= expected
+
+
+@pytest.mark.parametrize("tile_bytes", [2 * 40 * 50, 2 * 5 * 40 * 50, 2 * 9 * 12 * 50, 2 * 30 * 20 * 50])
+def test_a_masked_index_built_in_tiles_equals_one_built_whole(rng, tmp_path, monkeypatch, tile_bytes):
+    """Planes too wide for the tile bytes were read one corner plane at a time: each plane extent z times, and each
+    slab as large as extent z whole planes (1.2 G voxels for planes of 6144 x 6144, a review). Tiles now span
+    several corner planes and part of the rows; the index is the same, from a lazy volume too."""
+    mask = (rng.random((12, 40, 50)) < 0.8).astype(np.uint8)
+    extent = np.array([3, 5, 4])
+    whole = Masked(0.7)._index(region(mask=mask), extent)
+    monkeypatch.setattr(_base, "TILE_BYTES", tile_bytes)
+    reads = []
+    volume = lazy(tmp_path, mask)
+    read_box = volume.read_box
+    monkeypatch.setattr(volume, "read_box", lambda corner, shape, out: (reads.append(np.prod(shape)),
+                                                                        read_box(corner, shape, out)))
+    for mask_region in (region(mask=mask), Region("a", 1.0, np.zeros(3, np.int64), np.array(mask.shape),
+                                                  mask=volume, mask_origin=np.zeros(3, np.int64))):
+        tiled = Masked(0.7)._index(mask_region, extent)
+        np.testing.assert_array_equal(tiled.bits, whole.bits)
+        np.testing.assert_array_equal(tiled.cumulative, whole.cumulative)
+        assert (tiled.rows_y, tiled.best) == (whole.rows_y, whole.best)
+    assert max(reads) * 2 <= max(tile_bytes, 2 * (extent[0]) * (extent[1]) * 50)  # within the bytes, or one row
+    assert sum(reads) < 5 * mask.size  # each voxel read a few times at most, not extent z times per tile row
 
 
 def test_masked_skips_regions_without_valid_windows_and_errors_when_none_has_one(rng):
@@ -276,13 +300,20 @@ def test_balanced_reaches_every_voxel_of_a_class_uniformly(rng):
     assert counts.std() / counts.mean() < 0.5  # uniform: Poisson(12) spread is 0.29
 
 
+@pytest.mark.parametrize("tile_bytes", [4 * 44 * 44 * 12, 4 * 12 * 44 * 20])  # a block row; part of one
 @pytest.mark.parametrize("in_plane", [False, True])
-def test_balanced_lazy_equals_in_memory(rng, tmp_path, monkeypatch, in_plane):
-    monkeypatch.setattr(_base, "SLAB_VOXELS", 40 * 40 * 8)  # one block row per slab: halos at slab seams
+def test_balanced_lazy_equals_in_memory(rng, tmp_path, monkeypatch, in_plane, tile_bytes):
+    """Read in tiles of one block row (halos at the seams along z), or of part of one (along y too: whole planes
+    of 6144 x 6144 labels took 2 GB a tile, a review)."""
+    monkeypatch.setattr(_base, "TILE_BYTES", tile_bytes)
     labels = blocky_labels(rng, (30, 40, 40), size=(3, 2, 7), dtype=np.uint32)
     extents = np.array([[4, 9, 9]])
-    samplers = []
-    for volume in (Volume.from_array(labels), lazy(tmp_path, labels)):
+    samplers, reads = [], []
+    on_disk = lazy(tmp_path, labels)
+    read_box = on_disk.read_box
+    monkeypatch.setattr(on_disk, "read_box", lambda corner, shape, out: (reads.append(4 * np.prod(shape)),
+                                                                         read_box(corner, shape, out)))
+    for volume in (Volume.from_array(labels), on_disk):
         sampler = Balanced(thickness=2, in_plane=in_plane)
         sampler.bind([Region("a", 1.0, np.array([0, 2, 1]), np.array([28, 40, 40]), labels=volume,
                              labels_origin=np.zeros(3, np.int64))], extents, 8)
@@ -291,6 +322,7 @@ def test_balanced_lazy_equals_in_memory(rng, tmp_path, monkeypatch, in_plane):
     box = boundary[1:26, 6:36, 5:36]  # centres of 4 x 9 x 9 windows in [lo, hi)
     expected = {"a": {"boundary": int(box.sum()), "interior": int((1 - box).sum())}}
     assert samplers[0].class_counts() == samplers[1].class_counts() == expected
+    assert max(reads) <= tile_bytes  # the tiles as read, halos included
     uniforms = rng.random((300, 3))
     a, b = (s.sample(uniforms, np.repeat(extents, 300, 0), 0, 0) for s in samplers)
     np.testing.assert_array_equal(a.corners, b.corners)

@@ -62,8 +62,9 @@ class Balanced(Sampler):
 
     Notes
     -----
-    The index is built at :meth:`bind` in one pass over each label volume (slab by slab for lazy volumes) by a
-    compiled kernel that runs without the GIL: the voxels of each class in every block of :attr:`block` voxels,
+    The index is built at :meth:`bind` in one pass over each label volume (in tiles of at most 256 MiB for lazy
+    volumes, part of a plane where planes are wide) by a compiled kernel that runs without the GIL: the voxels
+    of each class in every block of :attr:`block` voxels,
     kept as running counts (int64, a few hundredths of a byte per voxel). A draw finds the block by binary
     search and recomputes that block's classes to find its voxel.
     """
@@ -145,6 +146,19 @@ class Balanced(Sampler):
         t = self.thickness
         return np.asarray([0 if self.in_plane else t, t, t], dtype=np.int64)
 
+    def _tile(self, grid, shape: np.ndarray, itemsize: int) -> Tuple[int, int]:
+        """(block rows along z, block rows along y) of a tile of labels read at once, whole along x, within
+        :data:`~emfast.sampling._base.TILE_BYTES` with its halo where one block row allows: whole planes of
+        6144 x 6144 uint32 labels took 2 GB a slab (a review)."""
+        halo = 2 * self._halo()
+        width = int(shape[2] + halo[2]) * itemsize
+        plane = int(shape[1] + halo[1]) * width
+        rows = _base.TILE_BYTES // (plane * self.block[0] + plane * int(halo[0]))
+        if rows >= 1:
+            return min(rows, grid[0]), grid[1]
+        lines = _base.TILE_BYTES // ((self.block[0] + int(halo[0])) * width * self.block[1])
+        return 1, max(1, min(lines, grid[1]))
+
     def _view(self, labels: Volume, lo: np.ndarray, hi: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         """(labels around the box [lo, hi), position of that array's voxel 0): the whole array of an in-memory
         volume, else the box plus its halo read from the file."""
@@ -166,13 +180,19 @@ class Balanced(Sampler):
         block = np.asarray(self.block, dtype=np.int64)
         grid = _sampling.grid_shape(lo, hi, block)
         counts = np.empty(grid + (classes,), dtype=np.uint32)
-        plane = int(hi[1] - lo[1]) * int(hi[2] - lo[2])
-        rows = grid[0] if labels.in_memory else max(1, _base.SLAB_VOXELS // (plane * self.block[0]))
+        rows, lines = (grid[0], grid[1]) if labels.in_memory else \
+            self._tile(grid, hi - lo, labels.dtype.itemsize)
         for row in range(0, grid[0], rows):
-            box_lo = lo + [row * self.block[0], 0, 0]
-            box_hi = np.minimum(hi, lo + [(row + rows) * self.block[0], hi[1], hi[2]])
-            data, start = self._view(labels, box_lo, box_hi)
-            _sampling.count_classes(data, rule, box_lo - start, box_hi - start, block, counts[row:row + rows])
+            for line in range(0, grid[1], lines):
+                box_lo = lo + [row * self.block[0], line * self.block[1], 0]
+                box_hi = np.minimum(hi, lo + [(row + rows) * self.block[0], (line + lines) * self.block[1], hi[2]])
+                data, start = self._view(labels, box_lo, box_hi)
+                if lines >= grid[1]:  # whole planes: the counts' rows are consecutive
+                    _sampling.count_classes(data, rule, box_lo - start, box_hi - start, block, counts[row:row + rows])
+                    continue
+                part = np.empty(_sampling.grid_shape(box_lo, box_hi, block) + (classes,), dtype=np.uint32)
+                _sampling.count_classes(data, rule, box_lo - start, box_hi - start, block, part)
+                counts[row:row + part.shape[0], line:line + part.shape[1]] = part
         cumulative = np.cumsum(counts.reshape(-1, classes), axis=0, dtype=np.int64).T.copy()
         return _Classes(cumulative, lo + origin, hi + origin, grid)
 

@@ -9,7 +9,8 @@ the batch position, called from several producer threads at once.
 
 One module per sampler family: ``_uniform`` (:class:`Uniform`), ``_masked`` (:class:`Masked`), ``_balanced``
 (:class:`Balanced`), ``_tiled`` (:class:`Tiled`). Their indexes are built by the kernels of
-:mod:`emfast._core.sampling`, slab by slab for lazy volumes, so their transient memory stays bounded.
+:mod:`emfast._core.sampling`, tile by tile for lazy volumes (:data:`TILE_BYTES`), so their transient memory stays
+bounded.
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ import numpy as np
 
 from ..io import Volume
 
-#: Voxels per slab when an index is built from a volume slab by slab (bounds transient memory).
-SLAB_VOXELS = 1 << 25
+#: Bytes of a tile of a lazy mask or labels (and, for the masked sampler, its coverage) read at once while an index
+#: is built tile by tile: the transient memory of an index's building.
+TILE_BYTES = 1 << 28
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,27 @@ from ._base import (Draw, Region, Sampler, as_triple, cumulative_shares, one_cha
                     read_box, redistributed, uniform_offsets)
 
 
+def _tile(corners, extent, width: int, voxel_bytes: int) -> Tuple[int, int]:
+    """(corner planes, corner rows) of a tile of the index, whole along x: the tile and its coverage (``voxel_bytes``
+    a voxel) within :data:`~emfast.sampling._base.TILE_BYTES`, reading the fewest voxels per corner. Each tile is
+    read with the window's extent less one beyond its corners along z and y: tiles one plane deep read each plane
+    ``extent[0]`` times (planes of 6144 x 6144 voxels were, and each slab took 1.2 G voxels, a review)."""
+    rows = max(1, _base.TILE_BYTES // (voxel_bytes * width))  # (z, y) rows of the tile
+    ez, ey = int(extent[0]), int(extent[1])
+    best, choice = math.inf, (1, 1)
+    planes = 1
+    while True:
+        planes = min(planes, int(corners[0]))
+        lines = min(rows // (planes + ez - 1) - ey + 1, int(corners[1]))
+        if lines >= 1:
+            cost = (planes + ez - 1) / planes * (lines + ey - 1) / lines
+            if cost < best:
+                best, choice = cost, (planes, lines)
+        if planes == int(corners[0]):
+            return choice
+        planes *= 2
+
+
 @dataclass(frozen=True)
 class _Corners:
     """The qualifying window corners of one region for one extent: a bitmap with a row per (z, y) corner row.
@@ -51,9 +72,10 @@ class Masked(Sampler):
     its weight, then one of its qualifying corners uniformly: the draw picks the k-th qualifying corner of a
     compact index (one bit per window position plus a running count per row of positions), never by rejection.
 
-    The index is built at :meth:`bind` for each region and each window extent, slab by slab along z with
-    separable running window sums (compiled, without the GIL), so its transient memory stays bounded; it holds
-    about 1 bit per window position.
+    The index is built at :meth:`bind` for each region and each window extent, in tiles of at most 256 MiB of
+    the field and its coverage (several corner planes, and part of each where planes are wide), with separable
+    running window sums (compiled, without the GIL), so its transient memory stays bounded; it holds about 1 bit
+    per window position.
 
     Parameters
     ----------
@@ -135,15 +157,26 @@ class Masked(Sampler):
         bits = np.empty((int(corners[0]) * rows_y, words), dtype=np.uint64)
         counts = np.empty(len(bits), dtype=np.int64)
         threshold = self.threshold(math.prod(int(e) for e in extent))
-        plane = int(hi[1] - lo[1]) * int(hi[2] - lo[2])
-        step = max(1, _base.SLAB_VOXELS // plane - int(extent[0]) + 1)  # corner planes per slab
+        width = int(hi[2] - lo[2])
+        step_z, step_y = _tile(corners[:2], extent, width, 1 + volume.dtype.itemsize)
         best = 0
-        for z in range(0, int(corners[0]), step):
-            planes = min(step, int(corners[0]) - z)
-            slab = np.array([planes + extent[0] - 1, hi[1] - lo[1], hi[2] - lo[2]], dtype=np.int64)
-            coverage = self._coverage(volume, origin, lo + [z, 0, 0], slab)
-            rows = slice(z * rows_y, (z + planes) * rows_y)
-            best = max(best, _sampling.window_bits(coverage, extent, threshold, bits[rows], counts[rows]))
+        for z in range(0, int(corners[0]), step_z):
+            planes = min(step_z, int(corners[0]) - z)
+            for y in range(0, rows_y, step_y):
+                ys = min(step_y, rows_y - y)
+                tile = np.array([planes + extent[0] - 1, ys + extent[1] - 1, width], dtype=np.int64)
+                coverage = self._coverage(volume, origin, lo + [z, y, 0], tile)
+                if ys == rows_y:  # whole planes: their rows are consecutive
+                    rows = slice(z * rows_y, (z + planes) * rows_y)
+                    best = max(best, _sampling.window_bits(coverage, extent, threshold, bits[rows], counts[rows]))
+                    continue
+                tile_bits = np.empty((planes * ys, words), dtype=np.uint64)
+                tile_counts = np.empty(planes * ys, dtype=np.int64)
+                best = max(best, _sampling.window_bits(coverage, extent, threshold, tile_bits, tile_counts))
+                for k in range(planes):
+                    rows = slice((z + k) * rows_y + y, (z + k) * rows_y + y + ys)
+                    bits[rows] = tile_bits[k * ys:(k + 1) * ys]
+                    counts[rows] = tile_counts[k * ys:(k + 1) * ys]
         return _Corners(bits, np.cumsum(counts), rows_y, best)
 
     def bind(self, regions, extents, batch_size, rank=0, world_size=1) -> None:
