@@ -24,7 +24,10 @@ def _tile(corners, extent, width: int, voxel_bytes: int) -> Tuple[int, int]:
     ``extent[0]`` times (planes of 6144 x 6144 voxels were, and each slab took 1.2 G voxels, a review)."""
     rows = max(1, _base.TILE_BYTES // (voxel_bytes * width))  # (z, y) rows of the tile
     ez, ey = int(extent[0]), int(extent[1])
-    best, choice = math.inf, (1, 1)
+    # where no tile fits (a window's rows across the whole width are more than the bytes): one corner plane and
+    # at least four windows' rows, reading each voxel at most 1.25 extent z times (tiles of one corner each read
+    # it extent z x extent y times: 50 times slower than whole planes, a second review)
+    best, choice = math.inf, (1, min(int(corners[1]), max(4 * ey, rows // ez - ey + 1)))
     planes = 1
     while True:
         planes = min(planes, int(corners[0]))
