@@ -115,7 +115,7 @@ def test_a_file_parked_while_its_status_is_read_is_not_taken_for_another(tmp_pat
         monkeypatch.setattr(os, "fstat", real)
         with _hdf5files.OPEN_FILES._lock:
             files = _hdf5files.OPEN_FILES._park_beyond(0)
-        _hdf5files._close(files)
+        _hdf5files.close_files(files)
         second.read_box((0, 0, 0), (8, 16, 16), out)  # reopened on the lowest free descriptor
         return real(descriptor)
 

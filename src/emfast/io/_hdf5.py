@@ -32,7 +32,7 @@ import numpy as np
 from . import _deflate
 from ._decode import SideBySide
 from ._filebatch import descriptor_hint
-from ._hdf5files import OPEN_FILES, most_open, open_identity
+from ._hdf5files import OPEN_FILES, close_files, most_open, open_identity
 from ._geometry import GEOMETRY_KEYS, array_geometry
 from ._metadata import parsing
 from ._outputs import warn_if_unfinished
@@ -222,7 +222,7 @@ class Hdf5Source(VolumeSource):
                 if not isinstance(node, h5py.Dataset) or status is None or open_identity(status) != self._identity:
                     raise self._changed_while_parked()
             except BaseException:
-                _close_both(file, data_file)
+                close_files([file, data_file])
                 raise
             self._dataset, self._data_file, self._file = node, data_file, file  # the file last: the fast path's test
 
@@ -296,7 +296,7 @@ class Hdf5Source(VolumeSource):
         OPEN_FILES.forget(self)
         with self._reopen_lock:
             if self._file is not None:
-                _close_both(self._file, self._data_file)
+                close_files([self._file, self._data_file])
 
     def _check_sources(self, corner: Tuple[int, ...], extent: Tuple[int, ...]) -> None:
         """Refuse a box of a virtual dataset that maps onto a source file removed since the volume was opened
@@ -384,14 +384,6 @@ class Hdf5Source(VolumeSource):
                 raise OSError(f"{self.name}: the block at {where} is stored at bytes "
                               f"{offset}-{offset + length} but the file now has {size} bytes: it was truncated "
                               "or is being rewritten")
-
-
-def _close_both(file: h5py.File, data_file: h5py.File) -> None:
-    """Close a volume's file and the one holding its data (an external link's, which closing the linking one
-    leaves open)."""
-    file.close()
-    if data_file.id.valid:
-        data_file.close()
 
 
 class _VirtualSource(NamedTuple):

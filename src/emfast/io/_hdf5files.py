@@ -89,7 +89,7 @@ class OpenFiles:
             self._open.move_to_end(key)
             # the bound is never below FEWEST_OPEN: below it, no need to ask for the descriptor limit
             files = self._park_beyond(self._most()) if len(self._open) > FEWEST_OPEN else []
-        _close(files)
+        close_files(files)
 
     def _park_beyond(self, most: int) -> List:
         """Under the lock: park idle sources, least recently used first, until at most ``most`` files are open;
@@ -127,8 +127,9 @@ class OpenFiles:
             source._reopen_lock = threading.Lock()
 
 
-def _close(files: List) -> None:
-    """Close the h5py files of parked sources (each once: an external link's file may be another's too)."""
+def close_files(files: List) -> None:
+    """Close h5py files, each still open: a volume's file, then the one holding its data (an external link's, which
+    closing the linking one leaves open, and which may be another volume's too)."""
     for file in files:
         if file.id.valid:
             file.close()
