@@ -373,8 +373,9 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
         modification times are recorded) and, for a torch module, the same weights (a digest of its state is
         recorded; other models are not compared), or replace an existing output. Without either, an existing
         output is refused. Overwriting replaces only an output emfast wrote, never another program's array or a
-        group; the old output is removed before the new one is written. ``out`` may never be the input, inside it, contain it, or lie in the input's HDF5 file. One run at
-        a time writes a container: the lock file ``.NAME.emfast-lock`` beside it is held while it runs.
+        group; the old output is removed before the new one is written. ``out`` may never be the input, inside
+        it, contain it, or lie in the input's HDF5 file. One run at a time writes a container: the lock file
+        ``.NAME.emfast-lock`` beside it is held while it runs.
     client : dask.distributed.Client, optional
         Run the blocks as tasks on this cluster (zarr outputs); the model, volume and plan must pickle.
     progress : bool or callable
