@@ -321,12 +321,13 @@ def _load(text: str, source: str, base: Path) -> Config:
 
     loader_args = loader_section(reader, document["loader"], ("loader",), require_patch=True)
     isotropic = loader_args.get("isotropic", loader_default("isotropic"))
+    dtype = loader_args.get("dtype", loader_default("dtype"))
     _refuse_empty(reader, document, ())
     parts: Dict[str, Any] = {}
     for key in ("augment", "targets"):
         if document.get(key) is not None:
             parts[key] = components(reader, document[key], (key,), key)
-    check_augment(reader, parts.get("augment"), isotropic, ("augment",))
+    check_augment(reader, parts.get("augment"), isotropic, dtype, ("augment",))
     if document.get("sampler") is not None:
         parts["sampler"] = component(reader, document["sampler"], ("sampler",), "sampler")
 
@@ -343,8 +344,9 @@ def _load(text: str, source: str, base: Path) -> Config:
         for key in ("augment", "targets"):
             if section.get(key) is not None:
                 overrides[key] = components(reader, section[key], ("validation", key), key)
-        check_augment(reader, overrides.get("augment"), {**loader_args, **overrides.get("loader", {})}.get(
-            "isotropic", isotropic), ("validation", "augment"))
+        validation_loader = {**loader_args, **overrides.get("loader", {})}
+        check_augment(reader, overrides.get("augment"), validation_loader.get("isotropic", isotropic),
+                      validation_loader.get("dtype", dtype), ("validation", "augment"))
         if section.get("sampler") is not None:
             overrides["sampler"] = component(reader, section["sampler"], ("validation", "sampler"), "sampler")
         validation = Validation(**overrides)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 
+from ..augment import check_fills
 from ..io import is_url, local_path, resolved_above_container
 from ..pipeline import LOADER_SETTINGS, NORMALIZE_MODES, PATCH_KEYS, Loader, fixed_normalization
 from .._checks import concerned_key
@@ -286,10 +287,16 @@ def components(reader: Reader, value, path: Path_, section: str) -> Tuple[Compon
     return items
 
 
-def check_augment(reader: Reader, items: Optional[Tuple[ComponentSpec, ...]], isotropic: bool,
+def check_augment(reader: Reader, items: Optional[Tuple[ComponentSpec, ...]], isotropic: bool, dtype,
                    path: Path_) -> None:
+    """Refuse an augmentation the Loader would: one that needs ``isotropic``, or a fill beyond the batches'
+    ``dtype`` (named at its item and key, which the Loader, refusing it later, cannot name)."""
     for index, item in enumerate(items or ()):
         try:
-            construct(reader, item, "augment", path + (index,)).check(isotropic)
+            augmentation = construct(reader, item, "augment", path + (index,))
+            augmentation.check(isotropic)
+            check_fills([augmentation], dtype)
         except ValueError as error:
-            raise reader.error(path + (index,), str(error)) from error
+            key = concerned_key(error, item.params)
+            raise reader.error(path + (index,) + ((item.name, key) if key is not None else ()), str(error)) \
+                from error
