@@ -68,6 +68,7 @@ def test_a_fill_beyond_a_config_dtype_is_named_at_its_item_by_load_config(tmp_pa
     (tmp_path / "c.yaml").write_text(
         "data:\n  samples:\n    - {name: A, file: a.h5, raw: raw}\n"
         "loader: {patch: [4, 16, 16], batch_size: 1, dtype: float16}\n"
-        "augment:\n  - mirror\n  - {missing_section: {p: 0.5, fill: 1.0}}\n  - {missing_section: {p: 0.5, fill: 70000}}\n")
+        "augment:\n  - mirror\n  - {missing_section: {p: 0.5, fill: 1.0}}\n"
+        "  - {missing_section: {p: 0.5, fill: 70000}}\n")
     with pytest.raises(ConfigError, match=r"line 8: augment\[2\]\.missing_section\.fill: MissingSection: fill 70000"):
         load_config(tmp_path / "c.yaml")
