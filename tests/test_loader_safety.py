@@ -83,6 +83,48 @@ def test_a_loader_beyond_the_address_space_limit_is_refused_when_built(tmp_path)
     assert "the loader needs" in done.stdout and "batch_size=48 x patch_in (32, 256, 256)" in done.stdout, done.stdout
 
 
+_LIMITED_LAZY = """
+import resource, sys
+import h5py, numpy as np
+import emfast as ef
+from emfast._machine import read_proc_field
+with h5py.File(sys.argv[1], "w") as f:  # 1 GiB that HDF5 stores as nothing: no chunk is written
+    f.create_dataset("raw", shape=(64, 4096, 4096), dtype=np.uint8, chunks=(16, 256, 256))
+volume = ef.open(sys.argv[1], "raw", in_memory=False, cache_bytes=1 << 30)
+size = int(read_proc_field("/proc/self/status", "VmSize").split()[0]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (size + (512 << 20), resource.RLIM_INFINITY))
+try:
+    ef.Loader(volume, patch=(16, 128, 128), batch_size=2)
+    print("built")
+except ef.pipeline.InsufficientMemoryError as error:
+    print(error)
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmSize from /proc/self/status")
+def test_a_lazy_loader_whose_caches_exceed_the_address_space_limit_is_refused_when_built(tmp_path):
+    """The memory check counted slots and scratch only: a lazy loader whose chunk cache would outgrow ``ulimit -v``
+    was built, and failed reading its first batches (a review). Its cache's budget (or its volume's bytes, where
+    fewer) is counted now, and the refusal names cache_bytes."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", _LIMITED_LAZY, str(tmp_path / "v.h5")], capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert done.returncode == 0, done.stderr
+    assert "the loader needs" in done.stdout and "1.00 GiB of the lazy volumes' chunk caches" in done.stdout, \
+        done.stdout
+    assert "smaller cache_bytes" in done.stdout
+
+
+def test_a_cache_budget_beyond_its_volume_counts_the_volume_once(tmp_path):
+    """A cutout's 1 GiB default budget is never filled, and a volume in two samples shares one cache."""
+    from emfast.pipeline import chunk_cache_bytes
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        f.create_dataset("raw", data=np.zeros((8, 64, 64), np.uint16), chunks=(8, 32, 32))
+    volume = ef.open(tmp_path / "v.h5", "raw", in_memory=False, cache_bytes=1 << 30)
+    assert chunk_cache_bytes([volume, volume, ef.Volume.from_array(np.zeros((4, 4, 4), np.uint8))]) == 8 * 64 * 64 * 2
+
+
 @pytest.mark.parametrize("version", [1, 2])
 def test_a_cgroups_memory_limit_counts_without_its_file_cache(tmp_path, version):
     from emfast._machine import cgroup_memory_left

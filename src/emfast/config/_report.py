@@ -9,7 +9,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from ..io import Volume, world_box
-from ..pipeline import Loader
+from ..pipeline import Loader, chunk_cache_bytes
 from ..io import plural
 from ._config import Config
 
@@ -180,20 +180,22 @@ def describe(config: Config, *, cache_dir=None, demo_shape=None) -> str:
     """
     loaders, caught = _loaders(config, cache_dir, demo_shape)
     lines = [f"config {config.source}"]
-    in_memory = slots = caches = indexes = 0
+    in_memory = slots = caches = indexes = scratch = 0
     try:
         for split, loader in loaders.items():
             for index in range(len(loader.dataset.samples)):
                 sample_lines, volumes = _sample_lines(loader, split, index)
                 lines += sample_lines
                 in_memory += sum(v.nbytes for v in volumes if v.in_memory)
-                caches += sum(v.cache_stats.budget_bytes for v in volumes if not v.in_memory)
+                caches += chunk_cache_bytes(volumes)  # a budget beyond its volume's bytes is never filled
             lines += _loader_lines(loader, split)
             slots += _host_slot_bytes(loader)
             indexes += loader.sampler.index_nbytes
-        total = in_memory + slots + caches + indexes
+            scratch += loader.threads * loader.scratch_bytes  # counted by the Loader's own check, omitted here
+        total = in_memory + slots + caches + indexes + scratch
         lines.append(f"memory: volumes in memory {_size(in_memory)}, batch slots {_size(slots)}, chunk-cache "
-                     f"budgets {_size(caches)}, sampler indexes {_size(indexes)}; total at most {_size(total)}")
+                     f"budgets {_size(caches)}, sampler indexes {_size(indexes)}, producers' scratch "
+                     f"{_size(scratch)}; total at most {_size(total)}")
         lines += [f"warning: {w.message}" for w in caught]
         lines.append("valid")
         return "\n".join(lines)

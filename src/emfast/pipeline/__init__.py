@@ -12,11 +12,11 @@ May import: every stage below it (``emfast.io``, ``emfast.sampling``, ``emfast.a
 from ._batch import Batch, BatchReleasedError, MissingFieldError
 from ._loader import Loader
 from ._normalize import NORMALIZE_MODES, fixed_normalization, kernel_shift, normalization
-from ._options import LOADER_SETTINGS, InsufficientMemoryError
+from ._options import LOADER_SETTINGS, InsufficientMemoryError, chunk_cache_bytes
 from ._pool import BackPressureWarning, SlotsExhaustedError
 from ._profile import STAGES, ProfileReport
 from ._windows import PATCH_KEYS
 
 __all__ = ["LOADER_SETTINGS", "NORMALIZE_MODES", "PATCH_KEYS", "STAGES", "BackPressureWarning", "Batch", "BatchReleasedError",
            "InsufficientMemoryError", "Loader", "MissingFieldError", "ProfileReport", "SlotsExhaustedError",
-           "fixed_normalization", "kernel_shift", "normalization"]
+           "chunk_cache_bytes", "fixed_normalization", "kernel_shift", "normalization"]

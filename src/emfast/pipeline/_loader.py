@@ -30,8 +30,8 @@ from ._copier import Copier
 from ._fields import check_own, common_grid, own_field, raw_grid_sources
 from ._gather import Field, Gatherer
 from ._normalize import normalization
-from ._options import (buffer_counts, check_memory, check_threads, checked_epoch_size, loader_sampler,
-                       rank_and_world, setting, torch_worker)
+from ._options import (buffer_counts, check_memory, check_threads, checked_epoch_size, chunk_cache_bytes,
+                       loader_sampler, rank_and_world, setting, torch_worker)
 from ._plan import Planner
 from ._pool import SlotPool
 from ._producers import STARTED, ExhaustionCheck, Pipeline, Producers, close_at_exit, stop_abandoned
@@ -323,7 +323,8 @@ class Loader:
         """Refuse thread counts far beyond the cores, and slots that do not fit in memory, before allocating."""
         check_threads(self.threads)
         check_memory(buffers=self.buffers, threads=self.threads, slot_bytes=self.slot_bytes,
-                     scratch_bytes=self._gatherer.scratch_bytes(), batch_size=self.batch_size, patch_in=self.patch_in)
+                     scratch_bytes=self._gatherer.scratch_bytes(), batch_size=self.batch_size, patch_in=self.patch_in,
+                     cache_bytes=chunk_cache_bytes(_volumes(self.dataset)))
 
     # -- life cycle -------------------------------------------------------------------------------------------
 
@@ -641,6 +642,11 @@ class Loader:
         return self._gatherer.slot_bytes()
 
     @property
+    def scratch_bytes(self) -> int:
+        """Bytes of one producer thread's scratch buffers (read buffers of staged fields, intermediate fields)."""
+        return self._gatherer.scratch_bytes()
+
+    @property
     def slots_allocated(self) -> int:
         """Batch slots allocated so far (0 before start): ``buffers``, plus one per batch the program kept
         alive beyond them at the busiest moment, at most ``max_buffers``."""
@@ -665,3 +671,12 @@ def _unpickled_loader(arguments: Dict[str, object], state: Dict[str, object],
 def _plain(value):
     """Tuples as lists, so that a state that went through JSON compares equal."""
     return list(value) if isinstance(value, tuple) else value
+
+
+def _volumes(dataset):
+    """Every volume of ``dataset``'s samples: raw, labels, mask and extra channels."""
+    for sample in dataset.samples:
+        yield sample.raw
+        for placed in (sample.placed_labels, sample.placed_mask, *sample.placed_extra.values()):
+            if placed is not None:
+                yield placed.volume

@@ -126,18 +126,34 @@ def check_threads(threads: int) -> None:
 
 
 def check_memory(*, buffers: int, threads: int, slot_bytes: int, scratch_bytes: int, batch_size: int,
-                 patch_in: tuple) -> None:
-    """Refuse batch slots and scratch beyond the memory available (or, where unknown, the address space)."""
+                 patch_in: tuple, cache_bytes: int = 0) -> None:
+    """Refuse batch slots, scratch and the lazy volumes' chunk caches (``cache_bytes``, see
+    :func:`chunk_cache_bytes`) beyond the memory available (or, where unknown, the address space)."""
     available = available_bytes()
     limit, where = (available, "of memory is available") if available is not None else \
         (sys.maxsize, "can be addressed")
     # slots at start plus one growth per producer, and each producer's scratch buffers; Python ints throughout
     count = buffers + threads
     scratch = threads * scratch_bytes
-    needed = count * slot_bytes + scratch
+    needed = count * slot_bytes + scratch + cache_bytes
     if needed > limit:
+        caches = f", plus {_gib(cache_bytes)} of the lazy volumes' chunk caches (cache_bytes)" if cache_bytes else ""
         raise InsufficientMemoryError(
             f"the loader needs {_gib(needed)} but only {_gib(limit)} {where}: {count} batch "
             f"slots (buffers={buffers}, plus one per producer thread) of {_gib(slot_bytes)} each "
             f"(batch_size={batch_size} x patch_in {patch_in}), plus {_gib(scratch)} of per-thread "
-            "scratch; use a smaller batch_size or patch, or fewer buffers or threads")
+            f"scratch{caches}; use a smaller batch_size or patch, or fewer buffers or threads"
+            + (", or smaller cache_bytes" if cache_bytes else ""))
+
+
+def chunk_cache_bytes(volumes) -> int:
+    """Bytes the chunk caches of the lazy ones of ``volumes`` fill up to as they are read: each cache's budget,
+    or its volume's bytes where that is less (a small cutout never holds its 1 GiB default), each cache once
+    (a volume in several samples shares its cache). Counted up front, as a lazy loader under ``ulimit -v`` was
+    built and then failed reading its first batch (a review)."""
+    seen = {}
+    for volume in volumes:
+        cache = volume.chunk_cache
+        if cache is not None:
+            seen[id(cache)] = min(cache.budget_bytes, volume.nbytes)
+    return sum(seen.values())
