@@ -105,11 +105,9 @@ def _sample_lines(loader: Loader, split: str, index: int) -> Tuple[List[str], Li
     """The summary of sample ``index`` of ``loader``, and its volumes (for the memory estimate)."""
     sample = loader.dataset.samples[index]
     lines = [f"sample {sample.name!r} ({split}, weight {sample.weight:g})", _volume_line("raw", sample.raw)]
-    volumes = [sample.raw, *sample.extra.values()]
     for role, placed in (("labels", sample.placed_labels), ("mask", sample.placed_mask)):
         if placed is not None:
             lines += [_volume_line(role, placed.volume), _placement(sample.raw, placed)]
-            volumes.append(placed.volume)
     for key, volume in sample.extra.items():
         lines.append(_volume_line(key, volume))
     classes = _class_line(loader, index)
@@ -118,7 +116,7 @@ def _sample_lines(loader: Loader, split: str, index: int) -> Tuple[List[str], Li
     elif sample.placed_labels is not None:
         lines.append("  labels   " + _label_census(sample.placed_labels.volume))
     lines.append("  windows  " + _windows(loader, index))
-    return lines, volumes
+    return lines, sample.volumes
 
 
 def _loader_lines(loader: Loader, split: str) -> List[str]:

@@ -323,8 +323,8 @@ class Loader:
         """Refuse thread counts far beyond the cores, and slots that do not fit in memory, before allocating."""
         check_threads(self.threads)
         check_memory(buffers=self.buffers, threads=self.threads, slot_bytes=self.slot_bytes,
-                     scratch_bytes=self._gatherer.scratch_bytes(), batch_size=self.batch_size, patch_in=self.patch_in,
-                     cache_bytes=chunk_cache_bytes(_volumes(self.dataset)))
+                     scratch_bytes=self.scratch_bytes, batch_size=self.batch_size, patch_in=self.patch_in,
+                     cache_bytes=chunk_cache_bytes(v for sample in self.dataset.samples for v in sample.volumes))
 
     # -- life cycle -------------------------------------------------------------------------------------------
 
@@ -671,12 +671,3 @@ def _unpickled_loader(arguments: Dict[str, object], state: Dict[str, object],
 def _plain(value):
     """Tuples as lists, so that a state that went through JSON compares equal."""
     return list(value) if isinstance(value, tuple) else value
-
-
-def _volumes(dataset):
-    """Every volume of ``dataset``'s samples: raw, labels, mask and extra channels."""
-    for sample in dataset.samples:
-        yield sample.raw
-        for placed in (sample.placed_labels, sample.placed_mask, *sample.placed_extra.values()):
-            if placed is not None:
-                yield placed.volume

@@ -358,11 +358,15 @@ class Sample:
         parts += [f"{key}={volume.shape}" for key, volume in self.extra.items()]
         return f"Sample({self.name!r}, {', '.join(parts)}, weight={self.weight})"
 
+    @property
+    def volumes(self) -> List[Volume]:
+        """The sample's volumes: raw, extra channels, labels and mask (those it has)."""
+        return [self.raw, *self.extra.values()] + [placed.volume for placed in (self.placed_labels, self.placed_mask)
+                                                   if placed is not None]
+
     def close(self) -> None:
         """Close the files of the sample's lazy volumes (raw, labels, mask, extra channels); idempotent."""
-        volumes = [self.raw, *self.extra.values()]
-        volumes += [placed.volume for placed in (self.placed_labels, self.placed_mask) if placed is not None]
-        for volume in volumes:
+        for volume in self.volumes:
             volume.close()
 
 
