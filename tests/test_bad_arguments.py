@@ -59,6 +59,13 @@ def test_predict_takes_numpy_dtypes_as_the_loader_does(tmp_path):
     assert ef.open(tmp_path / "p.zarr/out").dtype == np.float16
 
 
+def test_predict_refuses_threads_far_beyond_the_cores_before_writing(tmp_path):
+    """Each reader thread reads a block ahead with its context: threads=1000 ran out of memory instead (a review)."""
+    with pytest.raises(ValueError, match="threads=1000 is far beyond this machine's"):
+        ef.predict(lambda batch: batch, RAW, tmp_path / "p.zarr/out", patch_in=(4, 16, 16), threads=1000)
+    assert not (tmp_path / "p.zarr").exists()
+
+
 def test_a_fill_beyond_a_config_dtype_is_named_at_its_item_by_load_config(tmp_path):
     """The Loader refused it, at the config's whole ``augment`` section: which of two missing_section items was
     meant stayed unsaid, and load_config accepted it (a review)."""

@@ -24,6 +24,8 @@ from typing import Iterator, Optional, Tuple, Union
 
 import numpy as np
 
+from ._machine import cores
+
 #: Largest coordinate magnitude accepted: products and sums of a few of them cannot overflow int64.
 _INTEGER_LIMIT = 1 << 62
 #: The range of ids a label setting may name: anything an int64 or a uint64 label volume can hold.
@@ -72,6 +74,22 @@ def integer(value, what: str, minimum: int = 1) -> int:
     if not is_integer(value) or value < minimum:
         raise refusal(f"{what} must be an integer >= {minimum}, got {value!r}", what)
     return int(value)
+
+
+#: Threads (a loader's producers, predict's readers) beyond this many per usable core, or beyond MIN_THREAD_LIMIT on
+#: small machines, are refused.
+THREADS_PER_CORE = 4
+MIN_THREAD_LIMIT = 16
+
+
+def check_threads(threads: int) -> None:
+    """Refuse thread counts far beyond the cores: the kernels release the GIL, so about one per core is fastest,
+    and each thread holds buffers of its own."""
+    usable = cores()
+    limit = max(MIN_THREAD_LIMIT, THREADS_PER_CORE * usable)
+    if threads > limit:
+        raise refusal(f"threads={threads} is far beyond this machine's {usable} usable cores (at most "
+                      f"{limit}): the kernels release the GIL, so about one thread per core is fastest", "threads")
 
 
 def flag(value, name: str) -> bool:

@@ -14,7 +14,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .._checks import flag, integer, is_integer, is_real, triple
+from .._checks import check_threads, flag, integer, is_integer, is_real, triple
 from .._core.common import RAW_DTYPES
 from .._core.gather import PAD_MODES
 from .._threads import ctrl_c_held, shutdown_pool
@@ -443,6 +443,7 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
     tta = int(tta) if tta in TTA_COUNTS else tta  # np.int64(8) or 4.0 as given; the record needs a JSON int
     batch_size = integer(batch_size, "batch_size")
     threads = integer(threads, "threads")
+    check_threads(threads)
     if channels is not None:
         channels = integer(channels, "channels")
     if client is not None and dask_missing():

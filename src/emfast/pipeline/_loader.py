@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import augment as _augment
 from .. import targets as _targets
-from .._checks import concerning
+from .._checks import check_threads, concerning
 from .._threads import ctrl_c_held, run_every
 from ..augment import Windows
 from ..io import ProgressBar, Volume
@@ -30,7 +30,7 @@ from ._copier import Copier
 from ._fields import check_own, common_grid, own_field, raw_grid_sources
 from ._gather import Field, Gatherer
 from ._normalize import normalization
-from ._options import (buffer_counts, check_memory, check_threads, checked_epoch_size, chunk_cache_bytes,
+from ._options import (buffer_counts, check_memory, checked_epoch_size, chunk_cache_bytes,
                        loader_sampler, rank_and_world, setting, torch_worker)
 from ._plan import Planner
 from ._pool import SlotPool

@@ -12,16 +12,12 @@ from typing import Any, Callable, Dict, Optional
 import numpy as np
 
 from .._checks import check_seed, flag, integer, refusal, triple
-from .._machine import available_bytes, cores
+from .._machine import available_bytes
 from .._registry import instantiate
 from ..io import plural
 from ..sampling import Sampler, Uniform
 
 OUTPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
-
-#: Producer threads beyond this many per usable core (or beyond MIN_THREAD_LIMIT on small machines) are refused.
-THREADS_PER_CORE = 4
-MIN_THREAD_LIMIT = 16
 
 
 class InsufficientMemoryError(MemoryError, ValueError):
@@ -114,15 +110,6 @@ def torch_worker() -> Optional[tuple]:
         return None
     info = torch.utils.data.get_worker_info()
     return None if info is None else (int(info.id), int(info.num_workers))
-
-
-def check_threads(threads: int) -> None:
-    """Refuse thread counts far beyond the cores."""
-    usable = cores()
-    limit = max(MIN_THREAD_LIMIT, THREADS_PER_CORE * usable)
-    if threads > limit:
-        raise refusal(f"threads={threads} is far beyond this machine's {usable} usable cores (at most "
-                      f"{limit}): the kernels release the GIL, so about one thread per core is fastest", "threads")
 
 
 def check_memory(*, buffers: int, threads: int, slot_bytes: int, scratch_bytes: int, batch_size: int,
