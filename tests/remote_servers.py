@@ -17,8 +17,10 @@ HANG_S = 20.0
 
 class FaultyHandler(http.server.SimpleHTTPRequestHandler):
     """Serves the server's directory; waits ``server.latency`` first, and applies the first fault queued for the
-    request's path: an HTTP status, "truncate" (half the body, then the connection closes), "hang", or "whole" (a
-    byte-range request answered with the whole file, 200, as a server that ignores Range may)."""
+    request's path: an HTTP status, "truncate" (half the body, then the connection closes), "hang", "whole" (a
+    byte-range request answered with the whole file, 200, as a server that ignores Range may), or "garbled" (the
+    file's bytes where the status line belongs, as a kept-alive connection holds after a response whose body ran
+    past its Content-Length)."""
 
     protocol_version = "HTTP/1.1"  # keep-alive, as web servers and object stores answer
     # Headers and body go out as two small writes: with Nagle's algorithm the body waited for the client's delayed
@@ -58,6 +60,11 @@ class FaultyHandler(http.server.SimpleHTTPRequestHandler):
             return
         if self.server.missing != 404 and not Path(self.translate_path(self.path)).exists():
             self.send_error(self.server.missing)  # S3 denies a missing key to a reader who may not list the bucket
+            return
+        if fault == "garbled":
+            path = Path(self.translate_path(self.path))
+            self.wfile.write(b"\x28\xb5\x2f\xfd" + (path.read_bytes() if path.is_file() else b"") + b"\r\n\r\n")
+            self.close_connection = True
             return
         if fault == "truncate":
             path = Path(self.translate_path(self.path))

@@ -334,6 +334,22 @@ def test_transient_failures_are_retried_with_backoff(written, served):
     np.testing.assert_array_equal(ef.open(f"{served.url}/s.n5/raw").array[0], written[1])
 
 
+def test_a_malformed_response_is_retried_and_described_briefly(written, served):
+    """aiohttp reports a response it cannot parse as status 400: it was taken as the server's refusal, never
+    retried, and its message quoted kilobytes of the bytes it could not parse (a review: a server whose body ran
+    past its Content-Length left them on the kept-alive connection, and the next request read them)."""
+    served.faults["/v3.zarr/c/0/1/1"] = ["garbled"]
+    with ef.open(f"{served.url}/v3.zarr", in_memory=False, storage_options={"retries": 3}) as lazy:
+        np.testing.assert_array_equal(lazy_box(lazy), written[1])
+    assert sum(r.endswith("/v3.zarr/c/0/1/1") for r in served.requests) == 2
+    with ef.open(f"{served.url}/v3.zarr", in_memory=False, storage_options=QUICK) as lazy:
+        served.faults["/v3.zarr/c/2/3/4"] = ["garbled"] * 3
+        with pytest.raises(RemoteReadError, match=rf"{served.url}/v3.zarr/c/2/3/4: cannot read it after 3 attempts "
+                                                  r"\(a malformed response") as raised:
+            lazy_box(lazy)
+    assert len(str(raised.value)) < 600
+
+
 @pytest.mark.parametrize("fault,why", [(503, "503"), ("truncate", "Payload|payload|not completed|Content"),
                                        ("hang", "Timeout|timeout")])
 def test_a_failure_that_lasts_names_url_and_chunk_after_the_retries(served, fault, why):

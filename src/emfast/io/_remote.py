@@ -54,6 +54,8 @@ _POLL_S = 0.05
 MAX_ANNOUNCED = 1024
 #: HTTP statuses worth trying again.
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+#: Most characters of a library's error message quoted in emfast's.
+DESCRIBED_CHARS = 300
 #: S3's error codes worth trying again (whatever the HTTP status that came with them).
 _TRANSIENT_S3_CODES = ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout")
 #: Held while a store starts its filesystem in a process it was not started in (:meth:`RemoteStore._here`); a new
@@ -183,8 +185,9 @@ def _filesystem(protocol: str, options: dict, timeout: float, asynchronous: bool
 
 
 def _transient(error: BaseException) -> bool:
-    """Whether ``error`` is worth another attempt: a 5xx/429/408, a connection or payload failure, a timeout."""
-    if isinstance(error, (asyncio.TimeoutError, TimeoutError, ConnectionError)):
+    """Whether ``error`` is worth another attempt: a 5xx/429/408, a connection or payload failure, a timeout, a
+    response that could not be parsed."""
+    if isinstance(error, (asyncio.TimeoutError, TimeoutError, ConnectionError)) or _malformed(error):
         return True
     status = getattr(error, "status", None)
     if isinstance(status, int):
@@ -202,6 +205,17 @@ def _transient(error: BaseException) -> bool:
     text = str(error)
     return any(code in text for code in _TRANSIENT_S3_CODES + ("Connection reset", "Could not connect",
                                                                "Read timeout"))
+
+
+def _malformed(error: BaseException) -> bool:
+    """Whether ``error`` is aiohttp's for a response it could not parse (a bad status line or header): it reports
+    one as status 400, which the server never sent; the connection is dropped, so another attempt may succeed (a
+    server whose body ran past its Content-Length left the rest where the next response's status line belongs)."""
+    try:
+        from aiohttp.http_exceptions import HttpProcessingError
+    except ImportError:
+        return False
+    return isinstance(error.__cause__, HttpProcessingError)
 
 
 def _s3_response(error: BaseException) -> Optional[dict]:
@@ -611,8 +625,13 @@ async def retrying(request, retries: int, where: str):
 
 
 def _describe(error: BaseException) -> str:
+    """``error`` in a few words: its type and message, at most :data:`DESCRIBED_CHARS` of it (a parser's message
+    quotes the bytes it could not parse)."""
+    if _malformed(error):
+        return f"a malformed response: {type(error.__cause__).__name__}"
     text = str(error) or type(error).__name__
-    return text if type(error).__name__ in text else f"{type(error).__name__}: {text}"
+    text = text if type(error).__name__ in text else f"{type(error).__name__}: {text}"
+    return text if len(text) <= DESCRIBED_CHARS else text[:DESCRIBED_CHARS] + " ..."
 
 
 def _wait(future, deadline: Optional[float] = None):
