@@ -226,6 +226,26 @@ def test_close_with_producers_blocked_on_a_full_ring(volumes):
         loader.next_batch()
 
 
+def test_closing_from_another_thread_ends_a_wait_for_a_batch(volumes, monkeypatch):
+    from emfast.pipeline._gather import Gatherer
+    fill = Gatherer.fill
+
+    def slow_fill(self, *args, **kwargs):
+        time.sleep(0.5)
+        return fill(self, *args, **kwargs)
+
+    monkeypatch.setattr(Gatherer, "fill", slow_fill)
+    raw, _ = volumes
+    loader = ef.Loader(raw, patch=PATCH, threads=1).start()
+    closer = threading.Timer(0.1, loader.close)
+    closer.start()
+    with pytest.raises(RuntimeError, match="the loader was closed"):
+        loader.next_batch()
+    closer.join()
+    with pytest.raises(RuntimeError, match="this loader is closed"):
+        loader.next_batch()
+
+
 def test_abandoned_loader_stops_its_threads(volumes):
     raw, _ = volumes
     loader = ef.Loader(raw, patch=PATCH, threads=2)

@@ -405,7 +405,9 @@ class Loader:
                 pool.close()
 
     def close(self) -> None:
-        """Stop and join every producer thread (idempotent; also after errors and Ctrl-C)."""
+        """Stop and join every producer thread (idempotent; also after errors and Ctrl-C). Called from another
+        thread, the one waiting for a batch meanwhile gets a RuntimeError, "the loader was closed"; later calls,
+        "this loader is closed"."""
         if self._forked_from is not None:  # the threads are the parent's; its locks may be held forever here
             self._closed = True
             return
