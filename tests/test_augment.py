@@ -73,7 +73,11 @@ def test_transpose_across_z_needs_isotropic_opt_in():
     ((40, 4, 8), [ef.Transpose()], False, "Transpose(axes='yx') moves y and x voxels onto each other"),
     ((40, 8, 4), [ef.Rotate(angle=10)], False, "Rotate(axes='yx') moves y and x voxels onto each other"),
     ((4, 4, 8), [ef.Transpose(axes="zyx")], True, "(4.0, 4.0, 8.0) nm, 4 nm along y and 8 along x"),
-    ((40, 4, 4), [ef.Transpose(axes="zyx")], True, None),  # z with y/x: the isotropic flag's to allow
+    # isotropic=True where the data's voxel size says z differs: 13 of 32 windows carried z along y or x (a review)
+    ((40, 4, 4), [ef.Transpose(axes="zyx")], True, "Transpose(axes='zyx') mixes z with y/x, which isotropic=True"),
+    ((40, 4, 4), [ef.Rotate(axes="zyx")], True, "Rotate(axes='zyx') mixes z with y/x"),
+    ((40, 4, 4), [ef.Scale(axes="zyx")], True, "Scale(axes='zyx') mixes z with y/x"),
+    ((40, 4, 8), [ef.Scale(axes="yx", isotropic_xy=False)], False, None),  # zoomed, never moved onto each other
     ((40, 4, 4), list(ef.augment.FULL), False, None),  # the anisotropic default: y and x alike
     ((40, 4, 4.02), [ef.Transpose(), ef.Rotate()], False, None),  # within metadata's rounding
     ((8, 8, 8), [ef.Transpose(axes="zyx"), ef.Rotate(axes="zyx")], True, None),
@@ -81,7 +85,8 @@ def test_transpose_across_z_needs_isotropic_opt_in():
 ])
 def test_augmentations_exchanging_axes_of_unequal_voxels_are_refused(resolution, augment, isotropic, refused):
     """Transposing or rotating y with x where their voxels differ in size distorted every window, silently: the
-    kernels work in voxels (a review). Mixing z with them stays the isotropic flag's to allow."""
+    kernels work in voxels (a review). Mixing z with them is the isotropic flag's to allow, where the data's voxel
+    size is unknown or agrees."""
     raw = ef.Volume.from_array(np.zeros((20, 64, 64), np.uint8), name="raw", resolution=resolution)
     if refused is None:
         ef.Loader(raw, patch=(4, 16, 16), augment=augment, isotropic=isotropic).close()

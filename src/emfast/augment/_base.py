@@ -163,6 +163,11 @@ class Augmentation:
         of one size in the world (default: none)."""
         return ""
 
+    def isotropic_axes(self) -> str:
+        """The axes whose voxels must be of one size in the world for this augmentation (default: those it
+        exchanges, :meth:`exchanged_axes`)."""
+        return self.exchanged_axes()
+
     def bind_windows(self, windows: Windows) -> None:
         """Size what depends on the windows, or raise if the windows do not suit it (default: nothing)."""
 
@@ -204,21 +209,30 @@ VOXEL_SIZE_TOLERANCE = 0.01
 
 
 def check_voxel_sizes(augmentations: Sequence[Augmentation], resolution, where: str) -> None:
-    """Refuse an augmentation that moves y and x voxels onto each other where the voxels of ``where`` (a sample
-    whose raw has voxel size ``resolution``, z, y, x; None: not known, nothing checked) differ in size along y
-    and x: the kernels work in voxels, so swapping or rotating voxels 4 nm and 8 nm wide distorts every window
-    in the world. Mixing z with them is the ``isotropic`` flag's to allow (the user's word, not checked here)."""
+    """Refuse an augmentation that moves voxels of different sizes onto each other (:meth:`Augmentation.
+    isotropic_axes`) where ``where`` is a sample whose raw has voxel size ``resolution`` (z, y, x; None: not
+    known, nothing checked): the kernels work in voxels, so swapping or rotating voxels 4 nm and 8 nm wide
+    distorts every window in the world. The Loader's ``isotropic=True`` allows mixing z with y and x, but not
+    where the data's own voxel size says z differs (a review: (40, 4, 4) nm windows were transposed)."""
     if resolution is None:
         return
-    y, x = (float(v) for v in resolution[1:])
+    sizes = dict(zip(AXES, (float(v) for v in resolution)))
     for augmentation in augmentations:
-        axes = augmentation.exchanged_axes()
-        if "y" in axes and "x" in axes and max(y, x) > min(y, x) * (1 + VOXEL_SIZE_TOLERANCE):
-            raise refusal(f"{type(augmentation).__name__}(axes={axes!r}) moves y and x voxels onto each other, but "
-                          f"{where} has voxel size {tuple(resolution)} nm, {y:g} nm along y and {x:g} along x: its "
+        axes = augmentation.isotropic_axes()
+        unequal = [(a, b) for a in axes for b in axes
+                   if sizes[a] > sizes[b] * (1 + VOXEL_SIZE_TOLERANCE)]
+        if not unequal:
+            continue
+        owner = f"{type(augmentation).__name__}(axes={axes!r})"
+        if any("z" not in pair for pair in unequal):
+            raise refusal(f"{owner} moves y and x voxels onto each other, but {where} has voxel size "
+                          f"{tuple(resolution)} nm, {sizes['y']:g} nm along y and {sizes['x']:g} along x: its "
                           "windows would be distorted; leave it out of augment (the Loader's default holds "
                           "'transpose': augment=['mirror'] keeps the mirrors), or resample the data to square "
                           "sections", "axes")
+        raise refusal(f"{owner} mixes z with y/x, which isotropic=True allows for data of one voxel size along "
+                      f"every axis, but {where} has voxel size {tuple(resolution)} nm: its windows would be "
+                      "distorted; leave z out of the augmentation's axes", "axes")
 
 
 def check_fills(augmentations: Sequence[Augmentation], dtype) -> None:

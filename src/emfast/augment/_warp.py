@@ -139,6 +139,11 @@ class Scale(_Warp):
         _require_isotropic("Scale", self.axes, isotropic,
                            "resamples z, which blends sections of anisotropic EM data")
 
+    def isotropic_axes(self) -> str:
+        # y and x alone may differ in size: they are zoomed, never moved onto each other; z zoomed with them
+        # blends the sections of data whose z voxels are larger
+        return self.axes if "z" in self.axes else ""
+
     def apply(self, uniforms: np.ndarray, params: Params) -> None:
         low, high = self.range
         factors = low + (high - low) * uniforms[:, 1:4]

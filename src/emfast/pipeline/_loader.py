@@ -101,8 +101,9 @@ class Loader:
         ``~/.cache/emfast`` (``EMFAST_CACHE_DIR``, ``XDG_CACHE_HOME``), never in the data's files. None: integers
         to [0, 1], float unchanged.
     isotropic : bool, default False
-        Allow transforms that swap z with y/x (only for data of equal resolution along all axes). A transpose
-        or rotation of y with x is refused where the data's resolution gives their voxels different sizes.
+        Allow transforms that swap z with y/x (only for data of equal resolution along all axes). A transform
+        mixing axes whose voxels the data's resolution gives different sizes is refused: y with x, and z with
+        them whatever this flag says.
     label_offset : (int, int, int), default None
         With a single raw volume: position of the labels' first voxel in raw voxels, when labels cover only part
         of raw. Otherwise taken from the datasets' ``offset``/``resolution`` attributes (a dataset with a
