@@ -146,3 +146,10 @@ def assert_releases_gil(kernel, *args):
         if most > 1000:
             break
     assert most > 1000, f"only {most} Python iterations ran during a {one_call * 1e3:.0f} ms kernel call, best of 3"
+
+
+def lift_voxel_size_check(monkeypatch) -> None:
+    """Let augmentations mix z with y and x of anisotropic voxels (the Loader refuses isotropic=True where the
+    voxel size says z differs), to test the kernels' geometry on data that has a voxel size."""
+    from emfast.augment import _base
+    monkeypatch.setattr(_base, "VOXEL_SIZE_TOLERANCE", 10.0)

@@ -52,7 +52,9 @@ class FaultyHandler(http.server.SimpleHTTPRequestHandler):
         time.sleep(self.server.latency)
         fault = self._fault()
         if fault == "hang":
-            self.server.stopping.wait(HANG_S)
+            with self.server.lock:
+                released = self.server.released
+            released.wait(HANG_S)
             self.close_connection = True
             return
         if isinstance(fault, int):
@@ -114,6 +116,12 @@ class FaultyServer(http.server.ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 256  # a chunk cache requests many chunks at once; the default 5 refuses connections
 
+    def release_hangs(self) -> None:
+        """End the requests "hang" faults hold now (their connections close unanswered); later ones hold again."""
+        with self.lock:
+            released, self.released = self.released, threading.Event()
+        released.set()
+
     def handle_error(self, request, client_address) -> None:
         """Quiet about clients that hang up mid-request (a loader closing cancels its requests)."""
         if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
@@ -129,14 +137,14 @@ def http_server(directory, latency: float = 0.0):
     server = FaultyServer(("127.0.0.1", 0), handler)
     server.latency, server.faults, server.requests, server.missing = latency, {}, [], 404
     server.in_flight = server.most_in_flight = 0
-    server.lock, server.stopping = threading.Lock(), threading.Event()
+    server.lock, server.released = threading.Lock(), threading.Event()
     server.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield server
     finally:
-        server.stopping.set()
+        server.release_hangs()
         server.shutdown()
         server.server_close()
         thread.join(10)

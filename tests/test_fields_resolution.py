@@ -18,6 +18,7 @@ import emfast as ef
 from emfast._core import rescale as _rescale
 from emfast.sampling import OnRawGrid
 from emfast.config import ConfigError, close_volumes, dump_config, load_config
+from reference import lift_voxel_size_check
 
 persistence = pytest.importorskip("funlib.persistence")
 
@@ -134,13 +135,6 @@ WARPS = {"rotate": lambda: [ef.Rotate(axes="yx")], "elastic": lambda: [ef.Elasti
          "rotate3d+dihedral": lambda: [ef.Rotate(axes="zyx"), ef.Mirror(), ef.Transpose(axes="zyx")]}
 
 
-def _lift_voxel_size_check(monkeypatch) -> None:
-    """Let augmentations mix z with y and x of raw's anisotropic voxels (isotropic=True alone is refused where
-    the voxel size says otherwise), to test the kernels' geometry with fields of every ratio."""
-    from emfast.augment import _base
-    monkeypatch.setattr(_base, "VOXEL_SIZE_TOLERANCE", 10.0)
-
-
 def test_coarse_labels_on_raw_grid_feed_targets_with_a_margin(stores):
     """Labels cut with the targets' margin (an intermediate, not delivered as cut) resample like delivered ones;
     the affinities are computed from them."""
@@ -225,8 +219,8 @@ def test_warped_fields_stay_aligned_with_raw(stores, warp, mask_name, monkeypatc
     """Under rotation and elastic deformation, labels at raw's voxel size hold each voxel's index, so they say
     which raw voxel every output voxel was sampled from (nearest); a mask at another voxel size sampled through
     the same warp must show its value at that voxel's centre. The kernels' geometry: rotations out of plane of
-    raw's (8, 4, 4) nm voxels, which the Loader refuses, are let through (``_lift_voxel_size_check``)."""
-    _lift_voxel_size_check(monkeypatch)
+    raw's (8, 4, 4) nm voxels, which the Loader refuses, are let through (``lift_voxel_size_check``)."""
+    lift_voxel_size_check(monkeypatch)
     volumes, data = stores
     index_labels = ef.Volume.from_array(np.arange(1, np.prod(RAW_SHAPE) + 1, dtype=np.uint32).reshape(RAW_SHAPE),
                                         name="index", resolution=RAW_VOXEL, offset=RAW_OFFSET)
@@ -496,7 +490,7 @@ def test_own_voxel_size_refuses_warps_targets_and_ragged_patches(stores):
 
 
 def test_own_voxel_size_refuses_transposes_between_axes_of_different_ratio(monkeypatch):
-    _lift_voxel_size_check(monkeypatch)  # else raw's own (8, 4, 4) nm voxels refuse the z transpose first
+    lift_voxel_size_check(monkeypatch)  # else raw's own (8, 4, 4) nm voxels refuse the z transpose first
     raw = _raw()
     mask = _volume((12, 12, 12), (16, 16, 16), RAW_OFFSET, np.uint8, name="m")  # ratio (2, 4, 4)
     with pytest.raises(ValueError, match=r"a transpose augmentation swaps axes of different ratio"):
