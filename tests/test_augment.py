@@ -76,7 +76,8 @@ def test_transpose_across_z_needs_isotropic_opt_in():
     # isotropic=True where the data's voxel size says z differs: 13 of 32 windows carried z along y or x (a review)
     ((40, 4, 4), [ef.Transpose(axes="zyx")], True, "Transpose(axes='zyx') mixes z with y/x, which isotropic=True"),
     ((40, 4, 4), [ef.Rotate(axes="zyx")], True, "Rotate(axes='zyx') mixes z with y/x"),
-    ((40, 4, 4), [ef.Scale(axes="zyx")], True, "Scale(axes='zyx') mixes z with y/x"),
+    ((40, 4, 4), [ef.Scale(axes="zyx")], True, "Scale(axes='zyx') resamples z with y/x"),
+    ((4, 4, 8), [ef.Scale(axes="zyx")], True, "Scale(axes='zyx') resamples z with y/x, which isotropic=True"),
     ((40, 4, 8), [ef.Scale(axes="yx", isotropic_xy=False)], False, None),  # zoomed, never moved onto each other
     ((40, 4, 4), list(ef.augment.FULL), False, None),  # the anisotropic default: y and x alike
     ((40, 4, 4.02), [ef.Transpose(), ef.Rotate()], False, None),  # within metadata's rounding

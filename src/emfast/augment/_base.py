@@ -224,15 +224,17 @@ def check_voxel_sizes(augmentations: Sequence[Augmentation], resolution, where: 
         if not unequal:
             continue
         owner = f"{type(augmentation).__name__}(axes={axes!r})"
-        if any("z" not in pair for pair in unequal):
+        exchanged = augmentation.exchanged_axes()
+        if "y" in exchanged and "x" in exchanged and (("y", "x") in unequal or ("x", "y") in unequal):
             raise refusal(f"{owner} moves y and x voxels onto each other, but {where} has voxel size "
                           f"{tuple(resolution)} nm, {sizes['y']:g} nm along y and {sizes['x']:g} along x: its "
                           "windows would be distorted; leave it out of augment (the Loader's default holds "
                           "'transpose': augment=['mirror'] keeps the mirrors), or resample the data to square "
                           "sections", "axes")
-        raise refusal(f"{owner} mixes z with y/x, which isotropic=True allows for data of one voxel size along "
-                      f"every axis, but {where} has voxel size {tuple(resolution)} nm: its windows would be "
-                      "distorted; leave z out of the augmentation's axes", "axes")
+        effect = "mixes z with y/x" if "z" in exchanged else "resamples z with y/x"
+        raise refusal(f"{owner} {effect}, which isotropic=True allows for data of one voxel size along every axis, "
+                      f"but {where} has voxel size {tuple(resolution)} nm: its windows would be distorted; leave z "
+                      "out of the augmentation's axes", "axes")
 
 
 def check_fills(augmentations: Sequence[Augmentation], dtype) -> None:
