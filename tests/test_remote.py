@@ -1,11 +1,13 @@
 """Remote stores: zarr (v2, v3, sharded), OME-Zarr, N5 and precomputed written by the field's own tools, served by
 real servers on 127.0.0.1 (an HTTP server adding latency and failing on demand, moto's S3 server), read in memory,
 lazily and through a Loader, and compared voxel by voxel with the local read; then every way a server can fail."""
+import contextlib
 import json
 import multiprocessing
 import os
 import pickle
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -351,6 +353,62 @@ def test_a_malformed_response_is_retried_and_described_briefly(written, served):
                                                   r"\(a malformed response") as raised:
             lazy_box(lazy)
     assert len(str(raised.value)) < 600
+
+
+@contextlib.contextmanager
+def garbling_server():
+    """A server on 127.0.0.1 that answers every request with bytes where the status line belongs; yields (its URL,
+    a one-element list counting the connections)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    connections, stop = [0], threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except OSError:  # the timeout: look at stop again
+                continue
+            connections[0] += 1
+            with connection:
+                connection.settimeout(2)
+                connection.recv(65536)
+                connection.sendall(b"\x28\xb5\x2f\xfd" + bytes(range(256)) + b"\r\n\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}", connections
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
+@pytest.mark.parametrize("protocol", ["http", "s3"])
+def test_a_malformed_response_is_retried_on_s3_too(protocol, monkeypatch):
+    """botocore carries aiohttp's error as its context, not its cause: on S3 a response that could not be parsed
+    was still not retried (a second review)."""
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(key, "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with garbling_server() as (endpoint, connections):
+        url = f"{endpoint}/v3.zarr" if protocol == "http" else "s3://bucket/v3.zarr"
+        options = dict(QUICK, **({"endpoint_url": endpoint} if protocol == "s3" else {}))
+        with pytest.raises(RemoteReadError, match=r"v3.zarr/zarr.json: cannot read it after 3 attempts \(a malformed "
+                                                  r"response: "):
+            ef.open(url, storage_options=options)
+    assert connections[0] == 3
+
+
+def test_a_long_library_message_keeps_its_start_and_its_end():
+    """tensorstore names the URL twice before the status: cut after 300 characters, a 503 lost its status."""
+    from emfast.io._remote import DESCRIBED_CHARS, _describe
+    url = "http://127.0.0.1:1/" + "neuroglancer-janelia-flyem-hemibrain/emdata/clahe_yz/jpeg/" * 4
+    text = _describe(ValueError(f"Error reading {url}: Error retrieving {url}: All 3 retry attempts failed: "
+                                "Service Unavailable [HTTP code 503]"))
+    assert text.startswith("ValueError: Error reading http://127.0.0.1:1/") and text.endswith("[HTTP code 503]")
+    assert len(text) <= DESCRIBED_CHARS + 5
 
 
 @pytest.mark.parametrize("fault,why", [(503, "503"), ("truncate", "Payload|payload|not completed|Content"),

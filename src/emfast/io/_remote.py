@@ -211,11 +211,23 @@ def _malformed(error: BaseException) -> bool:
     """Whether ``error`` is aiohttp's for a response it could not parse (a bad status line or header): it reports
     one as status 400, which the server never sent; the connection is dropped, so another attempt may succeed (a
     server whose body ran past its Content-Length left the rest where the next response's status line belongs)."""
+    return _parse_failure(error) is not None
+
+
+def _parse_failure(error: BaseException) -> Optional[BaseException]:
+    """aiohttp's parse error behind ``error``, among its causes and contexts (botocore's ``HTTPClientError``
+    carries aiohttp's error as its context, aiohttp's own as its cause), or None."""
     try:
-        from aiohttp.http_exceptions import HttpProcessingError
+        from aiohttp.http_exceptions import HttpProcessingError, PayloadEncodingError
     except ImportError:
-        return False
-    return isinstance(error.__cause__, HttpProcessingError)
+        return None
+    for _ in range(4):
+        error = error.__cause__ or error.__context__
+        if error is None or isinstance(error, PayloadEncodingError):  # a body cut short: described as such
+            return None
+        if isinstance(error, HttpProcessingError):
+            return error
+    return None
 
 
 def _s3_response(error: BaseException) -> Optional[dict]:
@@ -625,13 +637,19 @@ async def retrying(request, retries: int, where: str):
 
 
 def _describe(error: BaseException) -> str:
-    """``error`` in a few words: its type and message, at most :data:`DESCRIBED_CHARS` of it (a parser's message
-    quotes the bytes it could not parse)."""
-    if _malformed(error):
-        return f"a malformed response: {type(error.__cause__).__name__}"
-    text = str(error) or type(error).__name__
-    text = text if type(error).__name__ in text else f"{type(error).__name__}: {text}"
-    return text if len(text) <= DESCRIBED_CHARS else text[:DESCRIBED_CHARS] + " ..."
+    """``error`` in a few words: its type and message, at most :data:`DESCRIBED_CHARS` of it, its start and its
+    end (a parser's message quotes the bytes it could not parse; tensorstore's names the URL twice before the
+    status)."""
+    parse = _parse_failure(error)
+    if parse is not None:
+        text = "a malformed response: " + (getattr(parse, "message", "") or str(parse) or type(parse).__name__)
+    else:
+        text = str(error) or type(error).__name__
+        text = text if type(error).__name__ in text else f"{type(error).__name__}: {text}"
+    if len(text) <= DESCRIBED_CHARS:
+        return text
+    half = DESCRIBED_CHARS // 2
+    return f"{text[:half]} ... {text[-half:]}"
 
 
 def _wait(future, deadline: Optional[float] = None):
