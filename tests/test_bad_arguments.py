@@ -64,6 +64,11 @@ def test_predict_refuses_threads_far_beyond_the_cores_before_writing(tmp_path):
     with pytest.raises(ValueError, match="threads=1000 is far beyond this machine's"):
         ef.predict(lambda batch: batch, RAW, tmp_path / "p.zarr/out", patch_in=(4, 16, 16), threads=1000)
     assert not (tmp_path / "p.zarr").exists()
+    pytest.importorskip("dask.distributed")
+    from dask.distributed import Client
+    with Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None) as client:
+        ef.predict(lambda batch: batch, RAW, tmp_path / "d.zarr/out", patch_in=(4, 16, 16), threads=1000,
+                   client=client)  # the workers' reading is theirs: no reader threads here
 
 
 def test_a_fill_beyond_a_config_dtype_is_named_at_its_item_by_load_config(tmp_path):

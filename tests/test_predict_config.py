@@ -347,6 +347,16 @@ def test_values_that_do_not_fit_the_input_name_their_key_and_line(folder, capsys
     assert not (folder / "out.zarr").exists()
 
 
+def test_threads_far_beyond_the_cores_are_refused_by_check_as_by_predict_except_on_dask(folder, capsys):
+    """emfast check said valid, emfast predict refused it (a second review); a Dask engine starts no reader
+    threads here, so the cores of the machine that submits do not limit it."""
+    text = PREDICT + "  threads: 1000\n"
+    error = _check_and_predict_fail(_config(folder, text), capsys)
+    assert f"predict.yaml, line {_line_of(text, 'threads:')}: predict.threads: threads=1000 is far beyond" in error
+    from emfast.config import load_predict_config
+    assert load_predict_config(_config(folder, text + "  engine: {dask: {workers: 1}}\n")).options["threads"] == 1000
+
+
 def test_a_memory_in_scientific_notation_is_a_number_of_bytes(folder, capsys):
     """memory: 1e9 is a number in YAML 1.2 (PyYAML read the string '1e9', refused as not a number of bytes)."""
     assert main(["check", str(_config(folder, PREDICT + "  memory: 1e9\n"))]) == 0

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, Tuple, Union
 
-from .._checks import concerned_key
+from .._checks import check_threads, concerned_key
 from .._core.gather import PAD_MODES
 from ..inference import (BLENDS, CACHE_SHARE, CHUNK_EDGE, COMPRESSIONS, DEFAULT_MEMORY, FLAGS_SUFFIX,
                          PREDICT_OUTPUT_DTYPE_NAMES, TTA_COUNTS, InputDtypeError, Prediction, TilePlan, block_estimate,
@@ -479,9 +479,14 @@ def predict_section(reader: Reader, value, path: Path_) -> PredictSpec:
         except ValueError as error:
             raise reader.error(path + ("memory",), str(error)) from None
     _check_output(reader, output, options.get("compression"), path)
-    return PredictSpec(model, input_file, output, options, dict(model_args), dataset, level, resolution,
-                       _engine(reader, section.get("engine"), path + ("engine",)), reader.base, reader.source,
-                       reader.marks)
+    engine = _engine(reader, section.get("engine"), path + ("engine",))
+    if engine is None and "threads" in options:  # predict's reader threads; a Dask engine starts none here
+        try:
+            check_threads(options["threads"])
+        except ValueError as error:
+            raise reader.error(path + ("threads",), str(error)) from None
+    return PredictSpec(model, input_file, output, options, dict(model_args), dataset, level, resolution, engine,
+                       reader.base, reader.source, reader.marks)
 
 
 def _check_output(reader: Reader, output: Path, compression: Optional[str], path: Path_) -> None:

@@ -443,7 +443,8 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
     tta = int(tta) if tta in TTA_COUNTS else tta  # np.int64(8) or 4.0 as given; the record needs a JSON int
     batch_size = integer(batch_size, "batch_size")
     threads = integer(threads, "threads")
-    check_threads(threads)
+    if client is None:  # the local engine's reader threads; Dask's workers read with threads of their own
+        check_threads(threads)
     if channels is not None:
         channels = integer(channels, "channels")
     if client is not None and dask_missing():

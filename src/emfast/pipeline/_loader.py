@@ -407,8 +407,7 @@ class Loader:
 
     def close(self) -> None:
         """Stop and join every producer thread (idempotent; also after errors and Ctrl-C). Called from another
-        thread, the one waiting for a batch meanwhile gets a RuntimeError, "the loader was closed"; later calls,
-        "this loader is closed"."""
+        thread, the one waiting for a batch meanwhile gets a RuntimeError saying the loader is closed."""
         if self._forked_from is not None:  # the threads are the parent's; its locks may be held forever here
             self._closed = True
             return
