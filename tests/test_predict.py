@@ -542,6 +542,8 @@ def test_a_models_keyboard_interrupt_on_a_dask_worker_ends_the_run_with_its_name
             ef.predict(stopping, volume, tmp_path / "p.zarr/pred", client=client, channels=1, patch_in=PATCH_IN,
                        patch_out=PATCH_OUT)
     assert model_blamed(raised.value).endswith("stopping")
+    # the note a user sees, as every other error of the model's has (a review: no name in sight)
+    assert any("stopping, called by emfast.predict)" in note for note in raised.value.__notes__)
 
 
 CTRL_C_TO_THE_GROUP = """

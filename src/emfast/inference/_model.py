@@ -145,7 +145,11 @@ def _blame(error: BaseException, model: Callable) -> None:
     attribute or note (frozen, or notes that are not a list) stays unmarked rather than replaced."""
     if model_blamed(error) is not None:
         return
-    name = model_name(model)
+    _mark(error, model_name(model))
+
+
+def _mark(error: BaseException, name: str) -> None:
+    """:func:`_blame`'s mark and note, for the model called ``name``."""
     try:
         setattr(error, _BLAMED, name)
         error.add_note(f"(raised by the model {name}, called by emfast.predict)")
@@ -212,10 +216,13 @@ def _stand_in(error: BaseException, model: str, why: str) -> ModelError:
     ``model``'s, with ``error``'s notes."""
     words = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
     stand_in = ModelError(f"{words} (sent from the Dask worker in words: {why})")
-    setattr(stand_in, _BLAMED, model)
     for note in getattr(error, "__notes__", ()):
         if isinstance(note, str):
             stand_in.add_note(note)
+    if model_blamed(error) is None:  # a KeyboardInterrupt or SystemExit, which called() lets pass unmarked
+        _mark(stand_in, model)
+    else:
+        setattr(stand_in, _BLAMED, model)
     return stand_in
 
 
