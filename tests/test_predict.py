@@ -546,6 +546,23 @@ def test_a_models_keyboard_interrupt_on_a_dask_worker_ends_the_run_with_its_name
     assert any("stopping, called by emfast.predict)" in note for note in raised.value.__notes__)
 
 
+def test_a_model_ending_its_dask_workers_process_is_named_among_the_causes(tmp_path, volume):
+    """Every worker that ran the block died, losing the run's data sent to it once: the error blamed lost workers
+    or scheduler only, though the model had ended them (a review)."""
+    distributed = pytest.importorskip("distributed")
+
+    def crashing(batch):
+        os._exit(3)
+
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=50) as cluster, distributed.Client(cluster) as client:
+        # Dask's KilledWorker (the other branch) needs more retries than the two workers' data outlives
+        with pytest.raises(ef.DaskRunLostError, match="a model that ends its worker's process .* loses them too|"
+                                                      "ended the process of every worker that ran it"):
+            ef.predict(crashing, volume, tmp_path / "p.zarr/pred", client=client, channels=1, patch_in=PATCH_IN,
+                       patch_out=PATCH_OUT)
+
+
 CTRL_C_TO_THE_GROUP = """
 import os, signal, sys, threading, time
 import numpy as np, distributed

@@ -79,7 +79,8 @@ def _lost(error: BaseException, killed: bool, block: Block, client) -> DaskRunLo
         cause = "the client was closed while it ran"
     else:  # sent once to each worker (scattered), the run's data cannot be made again by Dask once they are gone
         cause = ("the workers holding the run's model, volume and plan (sent to each once, which Dask cannot make "
-                 "again) were lost, or the scheduler was")
+                 "again) were lost, or the scheduler was: a model that ends its worker's process (out of memory, a "
+                 "crash in native code) loses them too, each worker that retries the block")
     return DaskRunLostError(f"{where} was cancelled ({error}): {cause}; {resume}")
 
 
