@@ -402,13 +402,17 @@ def test_a_malformed_response_is_retried_on_s3_too(protocol, monkeypatch):
 
 
 def test_a_long_library_message_keeps_its_start_and_its_end():
-    """tensorstore names the URL twice before the status: cut after 300 characters, a 503 lost its status."""
+    """tensorstore names the URL twice before the status, and puts payloads after it (the server's error page,
+    source locations, its spec): cut after 300 characters, a 503 lost its status."""
     from emfast.io._remote import DESCRIBED_CHARS, _describe
     url = "http://127.0.0.1:1/" + "neuroglancer-janelia-flyem-hemibrain/emdata/clahe_yz/jpeg/" * 4
-    text = _describe(ValueError(f"Error reading {url}: Error retrieving {url}: All 3 retry attempts failed: "
-                                "Service Unavailable [HTTP code 503]"))
-    assert text.startswith("ValueError: Error reading http://127.0.0.1:1/") and text.endswith("[HTTP code 503]")
-    assert len(text) <= DESCRIBED_CHARS + 5
+    message = (f"Error reading {url}: Error retrieving {url}: All 3 retry attempts failed: Service Unavailable "
+               "[HTTP code 503]")
+    payloads = (" [http_response_body='<!DOCTYPE HTML>\\n<html lang=\"en\">'] [source locations='x.cc:1'] "
+                "[tensorstore_spec='{\"driver\":\"neuroglancer_precomputed\"}']")
+    for text in (_describe(ValueError(message)), _describe(ValueError(message + payloads))):
+        assert text.startswith("ValueError: Error reading http://127.0.0.1:1/") and text.endswith("[HTTP code 503]")
+        assert len(text) <= DESCRIBED_CHARS + 5
 
 
 @pytest.mark.parametrize("fault,why", [(503, "503"), ("truncate", "Payload|payload|not completed|Content"),

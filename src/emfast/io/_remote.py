@@ -31,6 +31,7 @@ import itertools
 import os
 import posixpath
 import random
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -56,6 +57,9 @@ MAX_ANNOUNCED = 1024
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 #: Most characters of a library's error message quoted in emfast's.
 DESCRIBED_CHARS = 300
+#: Where tensorstore's payloads begin, which it puts after its message: `` [http_response_body='...']`` (a server's
+#: error page), `` [source locations='...']``, `` [tensorstore_spec='...']``; they are left out of emfast's.
+_TENSORSTORE_PAYLOADS = re.compile(r" \[[a-z_ ]+='")
 #: S3's error codes worth trying again (whatever the HTTP status that came with them).
 _TRANSIENT_S3_CODES = ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout")
 #: Held while a store starts its filesystem in a process it was not started in (:meth:`RemoteStore._here`); a new
@@ -644,7 +648,7 @@ def _describe(error: BaseException) -> str:
     if parse is not None:
         text = "a malformed response: " + (getattr(parse, "message", "") or str(parse) or type(parse).__name__)
     else:
-        text = str(error) or type(error).__name__
+        text = _TENSORSTORE_PAYLOADS.split(str(error), maxsplit=1)[0] or type(error).__name__
         text = text if type(error).__name__ in text else f"{type(error).__name__}: {text}"
     if len(text) <= DESCRIBED_CHARS:
         return text
