@@ -191,7 +191,7 @@ def _filesystem(protocol: str, options: dict, timeout: float, asynchronous: bool
 def _transient(error: BaseException) -> bool:
     """Whether ``error`` is worth another attempt: a 5xx/429/408, a connection or payload failure, a timeout, a
     response that could not be parsed."""
-    if isinstance(error, (asyncio.TimeoutError, TimeoutError, ConnectionError)) or _malformed(error):
+    if isinstance(error, (asyncio.TimeoutError, TimeoutError, ConnectionError)) or _parse_failure(error) is not None:
         return True
     status = getattr(error, "status", None)
     if isinstance(status, int):
@@ -211,16 +211,12 @@ def _transient(error: BaseException) -> bool:
                                                                "Read timeout"))
 
 
-def _malformed(error: BaseException) -> bool:
-    """Whether ``error`` is aiohttp's for a response it could not parse (a bad status line or header): it reports
-    one as status 400, which the server never sent; the connection is dropped, so another attempt may succeed (a
-    server whose body ran past its Content-Length left the rest where the next response's status line belongs)."""
-    return _parse_failure(error) is not None
-
-
 def _parse_failure(error: BaseException) -> Optional[BaseException]:
-    """aiohttp's parse error behind ``error``, among its causes and contexts (botocore's ``HTTPClientError``
-    carries aiohttp's error as its context, aiohttp's own as its cause), or None."""
+    """aiohttp's error for a response it could not parse (a bad status line or header) behind ``error``, among
+    its causes and contexts (botocore's ``HTTPClientError`` carries aiohttp's error as its context, aiohttp's own
+    as its cause), or None. aiohttp reports one as status 400, which the server never sent; the connection is
+    dropped, so another attempt may succeed (a server whose body ran past its Content-Length left the rest where
+    the next response's status line belongs)."""
     try:
         from aiohttp.http_exceptions import HttpProcessingError, PayloadEncodingError
     except ImportError:
