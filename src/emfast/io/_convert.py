@@ -109,7 +109,8 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
         each level halves and where its voxels lie.
     downsampling : {"mean", "mode"}, optional
         How a level is made from the one below: ``mean`` for intensities, ``mode`` (most frequent value, ties to
-        the lowest) for labels. Default ``mode`` for 32- and 64-bit integers, else ``mean``.
+        the lowest) for labels. Default ``mode`` for 32- and 64-bit integers, else ``mean``. Only with
+        ``levels`` > 1.
     compressor : str, optional
         Deprecated name of ``compression``.
     storage_options : dict, optional
@@ -170,6 +171,9 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
                            f"the HDF5 file {container}")
     if downsampling is not None and downsampling not in DOWNSAMPLING:
         raise ConvertError(f"downsampling must be one of {', '.join(DOWNSAMPLING)}, got {downsampling!r}")
+    if downsampling is not None and levels == 1:  # else silently unused: the copy has no level to make
+        raise ConvertError(f"downsampling={downsampling!r} makes the coarser levels of a pyramid; with levels=1 there "
+                           "are none: give levels > 1, or leave downsampling out")
     if kind == "zarr":  # an existing store keeps its format: a root of the other one would hide its arrays
         zarr_format = zarr_store_format(container) or zarr_format
     if not isinstance(source_path, (str, os.PathLike)):  # an array: Volume.from_array's hint would lead nowhere
