@@ -1,8 +1,11 @@
 """What a second review found emfast could still change or delete without owning it: a user's dataset at the
 name a failed run was creating, a zarr array used as an output's container, a lock file that is a link, and an
 HDF5 output that is the input file under another name."""
+import errno
 import os
+import pwd
 import signal
+import stat
 import subprocess
 import sys
 
@@ -267,3 +270,35 @@ def test_an_hdf5_output_this_process_has_open_to_read_is_refused_before_the_mode
             with pytest.raises(ef.io._outputs.OutputBusyError, match="this process has it open to read only"):
                 ef.predict(lambda batch: calls.append(1) or crop(batch), volume, tmp_path / "out.h5/new", **ARGS)
     assert calls == []
+
+
+def test_the_lock_file_is_shared_as_the_umask_shares_the_output(tmp_path):
+    """The lock file was made 0o644 whatever the umask: in a group's shared folder (umask 002), a member's first
+    run locked every other member out of writing that container (a review)."""
+    previous = os.umask(0o002)
+    try:
+        ef.predict(crop, np.zeros((8, 32, 32), np.uint8), tmp_path / "shared.zarr/pred", **ARGS)
+    finally:
+        os.umask(previous)
+    lock = tmp_path / ".shared.zarr.emfast-lock"
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o664
+    assert stat.S_IMODE((tmp_path / "shared.zarr/pred/zarr.json").stat().st_mode) == 0o664
+
+
+def test_a_lock_file_another_user_keeps_is_named_with_its_owner(tmp_path, monkeypatch):
+    from emfast.io._outputs import OutputLock
+
+    OutputLock(tmp_path / "out.zarr").acquire().release()
+    real_open = os.open
+
+    def theirs(path, flags, *args):  # as root, no mode makes a file unwritable: the refusal another user gets
+        if str(path).endswith(".emfast-lock") and flags & os.O_RDWR:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", theirs)
+    owner = pwd.getpwuid(os.getuid()).pw_name
+    with pytest.raises(PermissionError, match=rf"cannot write .*out.zarr: its lock file .*\.out\.zarr\.emfast-lock is "
+                                              rf"not writable by this user \(Permission denied; it belongs to user "
+                                              rf"{owner}, mode -rw-.*\). .*chmod g\+w"):
+        ef.predict(crop, np.zeros((8, 32, 32), np.uint8), tmp_path / "out.zarr/pred", **ARGS)

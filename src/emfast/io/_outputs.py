@@ -803,6 +803,15 @@ def remove_hdf5_output(file, dataset: str, lock: "OutputLock", delete: bool = Tr
         del file[dataset]
 
 
+def _user_name(uid: int) -> str:
+    """The login name of ``uid``, else ``uid N`` (a container's user may have none)."""
+    import pwd
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name}"
+    except KeyError:
+        return f"uid {uid}"
+
+
 #: The end of a lock file's name: ``.NAME.emfast-lock`` beside the container NAME.
 LOCK_SUFFIX = ".emfast-lock"
 
@@ -828,9 +837,12 @@ class OutputLock:
         except OSError as error:
             raise OSError(error.errno, f"cannot create the folder {self.path.parent} of the output "
                                        f"{self.container}: {error.strerror}") from None
-        try:  # never through a link: the file is truncated and rewritten
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:  # never through a link: the file is truncated and rewritten. The umask decides its mode, as for the
+            # output's files: 0o644 locked a shared group folder's members out of each other's containers (a review)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
         except OSError as error:
+            if error.errno in (errno.EACCES, errno.EPERM) and self.path.is_file():
+                raise OSError(error.errno, self._unwritable(error)) from None
             if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
                 raise OSError(error.errno, f"cannot write beside the output {self.container}: {error.strerror} "
                                            f"(emfast keeps its lock file {self.path.name} there); write the output "
@@ -854,6 +866,19 @@ class OutputLock:
         self._creating_before = _read_state(fd).get("creating")
         self._write({"pid": os.getpid()})
         return self
+
+    def _unwritable(self, error: OSError) -> str:
+        """Why the existing lock file cannot be opened to write, naming its owner and what to ask of them."""
+        try:
+            info = self.path.stat()
+        except OSError:  # gone meanwhile: its owner is unknown
+            owner, mode = "another user", "unknown"
+        else:
+            owner, mode = _user_name(info.st_uid), stat.filemode(info.st_mode)
+        return (f"cannot write {self.container}: its lock file {self.path} is not writable by this user "
+                f"({error.strerror}; it belongs to {owner}, mode {mode}). Every run that writes the output takes "
+                "that lock: ask its owner to make it writable to you (chmod g+w for a shared group folder), or "
+                "remove it while no emfast run writes the output")
 
     def was_creating(self, dataset: str) -> bool:
         """Whether a run killed before the output held its record was creating ``dataset``."""
