@@ -302,3 +302,38 @@ def test_a_lock_file_another_user_keeps_is_named_with_its_owner(tmp_path, monkey
                                               rf"not writable by this user \(Permission denied; it belongs to user "
                                               rf"{owner}, mode -rw-.*\). .*chmod g\+w"):
         ef.predict(crop, np.zeros((8, 32, 32), np.uint8), tmp_path / "out.zarr/pred", **ARGS)
+
+
+_WRITING = """
+import sys, time, h5py
+from emfast.io import OutputLock
+if sys.argv[2] == "emfast":
+    OutputLock(sys.argv[1]).acquire()
+file = h5py.File(sys.argv[1], "a")
+print("writing", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("writer", ["emfast", "other"])
+def test_reading_an_hdf5_file_another_process_writes_names_the_writer(tmp_path, writer):
+    """HDF5 refuses readers while another process writes the file: its "unable to lock file" came as "cannot open
+    ... as an HDF5 file", read as a damaged file, naming no writer and no way out (a review)."""
+    with h5py.File(tmp_path / "shared.h5", "w") as f:
+        f["raw"] = np.zeros((4, 8, 8), np.uint8)
+    process = subprocess.Popen([sys.executable, "-c", _WRITING, str(tmp_path / "shared.h5"), writer],
+                               stdout=subprocess.PIPE, text=True,
+                               env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    try:
+        assert process.stdout.readline().strip() == "writing"
+        who = rf"an emfast run \(pid {process.pid}\) is writing a prediction or conversion into it" \
+            if writer == "emfast" else "another program is writing it"
+        for in_memory in (True, False):
+            with pytest.raises(BlockingIOError, match=rf"cannot read .*shared.h5: {who}, and HDF5 locks a file it "
+                                                      r"writes against readers .*; wait for it to finish, or write "
+                                                      r"outputs to a file of their own. HDF5_USE_FILE_LOCKING=FALSE"):
+                ef.open(tmp_path / "shared.h5", "raw", in_memory=in_memory)
+    finally:
+        process.kill()
+        process.wait()
+    assert ef.open(tmp_path / "shared.h5", "raw").shape == (4, 8, 8)

@@ -35,7 +35,7 @@ from ._filebatch import descriptor_hint
 from ._hdf5files import OPEN_FILES, close_files, most_open, open_identity
 from ._geometry import GEOMETRY_KEYS, array_geometry
 from ._metadata import parsing
-from ._outputs import warn_if_unfinished
+from ._outputs import OutputLock, warn_if_unfinished
 from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, VolumeSource, checked_chunk, local_path,
                       require_kind)
 from ._volume import Volume
@@ -62,8 +62,20 @@ def open_hdf5(path: Union[str, os.PathLike]) -> h5py.File:
         raise FileNotFoundError(f"HDF5 file not found: {path}")
     try:
         return h5py.File(path, "r")
+    except BlockingIOError as exc:  # HDF5's lock: "as an HDF5 file" read as a damaged file (a review)
+        raise BlockingIOError(exc.errno, _being_written(path, exc)) from exc
     except OSError as exc:
         raise OSError(f"cannot open {path} as an HDF5 file: {exc}{descriptor_hint(exc.errno)}") from exc
+
+
+def _being_written(path: Path, error: OSError) -> str:
+    """Why the HDF5 file ``path`` cannot be opened to read while a program holds HDF5's lock to write it."""
+    pid = OutputLock(path).holder()
+    writer = "another program is writing it" if pid is None else \
+        f"an emfast run (pid {pid}) is writing a prediction or conversion into it"
+    return (f"cannot read {path}: {writer}, and HDF5 locks a file it writes against readers ({error}); wait for "
+            "it to finish, or write outputs to a file of their own. HDF5_USE_FILE_LOCKING=FALSE lets readers in, "
+            "at the risk of reading what is half written")
 
 
 def list_datasets(file: h5py.File) -> list[str]:

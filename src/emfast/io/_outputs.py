@@ -896,6 +896,23 @@ class OutputLock:
         finally:
             os.close(fd)
 
+    def holder(self) -> Optional[str]:
+        """The pid of the emfast run holding this lock now (``"unknown"`` where its file does not say), None where
+        none does; asked without taking it (a shared lock is refused while a run holds its exclusive one)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return str(_read_state(fd).get("pid", "unknown"))
+        except OSError:  # a file system without locks: no run is known to hold it
+            return None
+        finally:
+            os.close(fd)
+        return None
+
     @contextmanager
     def creating(self, dataset: str) -> Iterator[None]:
         """Mark ``dataset`` as being created until its record is written. The mark outlives only a killed run:
