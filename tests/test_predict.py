@@ -737,6 +737,22 @@ def test_a_resume_with_other_weights_of_a_torch_network_is_refused(tmp_path, vol
     np.testing.assert_array_equal(_read(path), _read(tmp_path / "whole.zarr/pred"))
 
 
+def test_a_run_over_another_roi_is_told_how_to_split_a_prediction_and_what_overwrite_deletes(tmp_path, volume):
+    """Jobs splitting one prediction by roi into one output were told to pass overwrite, which deleted each
+    earlier job's part: the refusal says where the parts go instead (a review)."""
+    settings = dict(patch_in=PATCH_IN, patch_out=PATCH_OUT)
+    path = tmp_path / "p.zarr/pred"
+    ef.predict(crop, volume, path, roi=((0, 0, 0), (12, 41, 37)), **settings)
+    with pytest.raises(OutputExistsError, match=r"other settings \(roi: \[\[0, 0, 0\], \[12, 41, 37\]\] there, "
+                                                r"\[\[12, 0, 0\], \[23, 41, 37\]\] now\); pass overwrite=True to "
+                                                r"replace it \(which deletes that run's roi\). An output holds one "
+                                                r"run's roi: .* give each roi an output of its own"):
+        ef.predict(crop, volume, path, roi=((12, 0, 0), (23, 41, 37)), resume=True, **settings)
+    with pytest.raises(OutputExistsError) as other:  # another setting alone: no word of rois
+        ef.predict(crop, volume, path, roi=((0, 0, 0), (12, 41, 37)), resume=True, dtype="float16", **settings)
+    assert str(other.value).endswith("(dtype: 'float32' there, 'float16' now); pass overwrite=True to replace it")
+
+
 def test_the_weights_digest_sees_through_torchs_wrappers_only(tmp_path):
     """DataParallel and torch.compile hold the same network; a module of the user's with a child named _orig_mod is
     no wrapper (a second review: its other weights were left out of the digest)."""

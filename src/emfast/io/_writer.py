@@ -136,6 +136,14 @@ def compared_record(record: dict, unchecked: Iterable[str], input_key: str) -> d
     return {key: _compared(record, key, input_key) for key in record if key not in set(unchecked)}
 
 
+
+#: Said where a run's roi differs from the output's: jobs splitting one prediction by roi each replaced the last
+#: one's work with overwrite, as the refusal offered (a review).
+_OTHER_ROI = (" (which deletes that run's roi). An output holds one run's roi: to split a prediction into jobs, give "
+              "each roi an output of its own (another container; jobs writing other containers run at once), or "
+              "predict the whole roi in one run, spread over a Dask cluster (client=, or a config's engine: dask)")
+
+
 class OutputWriter:
     """One output dataset (``container/dataset``) and its container, opened for writing.
 
@@ -406,7 +414,8 @@ class OutputWriter:
             raise self.refused(f"{self.path} exists and it is a {what} with another {role} or other settings ("
                                + "; ".join(f"{k}: {previous.get(k)!r} there, {record.get(k)!r} now"
                                            for k in differing)
-                               + f"); pass {option('overwrite')} to replace it")
+                               + f"); pass {option('overwrite')} to replace it"
+                               + (_OTHER_ROI if "roi" in differing else ""))
 
     def create(self, *, shape, dtype, chunks, compression: str, resolution=None, offset=None, translation=None,
                attributes: Optional[dict] = None, fill_value=0) -> None:
