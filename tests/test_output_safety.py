@@ -359,6 +359,25 @@ def test_a_resume_after_the_inputs_chunks_were_rewritten_is_refused(tmp_path, za
 
 
 @pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_a_resume_after_a_dataset_was_added_beside_an_hdf5_input_says_the_file_changed(tmp_path, writer):
+    """HDF5 inputs are known by their file: labels added beside the raw refuse a resume, which said the raw had
+    changed (a review); it names the file, and why a write to another dataset counts."""
+    data = np.random.default_rng(3).integers(0, 256, FULL_SHAPE, dtype=np.uint8)
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f.create_dataset("raw", data=data, chunks=FULL_CHUNKS)
+    source, out = str(tmp_path / "in.h5/raw"), tmp_path / "out.zarr/raw"
+    _write_part_then_stop(writer, source, out)
+    with h5py.File(tmp_path / "in.h5", "a") as f:
+        f["labels"] = np.zeros(FULL_SHAPE, np.uint64)
+    with pytest.raises((ValueError, FileExistsError), match=r"cannot resume .*out.zarr/raw: the file holding the "
+                                                            r"input .*in.h5/raw changed since this output was started: "
+                                                            r"1 file of \d+ bytes now, .*; emfast knows an HDF5 input "
+                                                            r"by its files' sizes and modification times, so a write "
+                                                            r"to any dataset of the file counts"):
+        _resume(writer, source, out)
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
 def test_a_resume_after_an_ome_images_voxel_size_or_origin_changed_is_refused(tmp_path, writer):
     """A level of an OME-NGFF image is placed by the image group's metadata, outside the level's folder, which was
     all the record fingerprinted: a conversion resumed after the scale and translation were corrected finished,

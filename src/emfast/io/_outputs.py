@@ -320,9 +320,10 @@ def _entry(path: Path, root: Path):
     return str(path.relative_to(root)), status.st_size, status.st_mtime_ns
 
 
-def input_changed(previous: Optional[dict], now: Optional[dict], name: str) -> Optional[str]:
+def input_changed(previous: Optional[dict], now: Optional[dict], name: str, hdf5: bool = False) -> Optional[str]:
     """Why the input (``name``: "the input PATH") is not what it was when the output was started (fingerprints
-    ``previous`` and ``now``), or None if it is the same."""
+    ``previous`` and ``now``), or None if it is the same; ``hdf5``: a dataset of an HDF5 file, whose other
+    datasets' writes change the file too."""
     if previous == now:
         return None
     if previous is None or now is None:
@@ -337,6 +338,10 @@ def input_changed(previous: Optional[dict], now: Optional[dict], name: str) -> O
     then, now = (f"{f['files']} {plural(f['files'], 'file')} of {f['bytes']} bytes" for f in (previous, now))
     how = (f"{now} now, {then} then" if now != then else
            f"{now} now and then, but {'it was' if files == 1 else 'some were'} rewritten (modification times differ)")
+    if hdf5:  # the file, not the dataset: "changed" alone was untrue of a raw beside which labels were added
+        return (f"the file holding {name} changed since this output was started: {how}; emfast knows an HDF5 "
+                "input by its files' sizes and modification times, so a write to any dataset of the file counts (it "
+                "may have rewritten this one too), and resuming could mix old and new data")
     return f"{name} changed since this output was started: {how}; resuming would mix old and new data"
 
 

@@ -399,7 +399,8 @@ class OutputWriter:
             record = dict(record, **{input_key: new})
         if (old.get("path"), old.get("dataset")) == (new.get("path"), new.get("dataset")):
             name = "the input array" if new.get("path") is None else f"the input {new['path']}/{new['dataset']}"
-            changed = input_changed(old.get("fingerprint"), new.get("fingerprint"), name)
+            changed = input_changed(old.get("fingerprint"), new.get("fingerprint"), name,
+                                    hdf5=new.get("path") is not None and os.path.isfile(new["path"]))
             if changed is None and old.get("placement") != new.get("placement"):
                 changed = (f"{name} is placed otherwise than when this output was started (voxel size and offset "
                            f"{new.get('placement')} now, {old.get('placement')} then: the metadata placing it "
