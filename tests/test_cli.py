@@ -6,6 +6,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
@@ -56,6 +57,15 @@ def test_converting_a_missing_hdf5_file_says_it_is_missing(tmp_path, capsys, dat
     """Without a dataset the message asked to name one, e.g. missing.h5/volumes/raw, for a file that is not there."""
     assert main(["convert", str(tmp_path / "missing.h5") + dataset, str(tmp_path / "out.zarr/raw")]) == 2
     assert f"emfast: error: HDF5 file not found: {tmp_path / 'missing.h5'}\n" == capsys.readouterr().err
+
+
+def test_downsampling_without_levels_is_refused_in_the_command_lines_words(tmp_path, capsys):
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f["raw"] = np.zeros((4, 8, 8), np.uint8)
+    assert main(["convert", str(tmp_path / "in.h5/raw"), str(tmp_path / "out.zarr/raw"), "--downsampling", "mode"]) == 2
+    assert capsys.readouterr().err == ("emfast: error: --downsampling mode makes the coarser levels of a pyramid; with "
+                                       "--levels 1 there are none: give more levels, or leave downsampling out\n")
+    assert not (tmp_path / "out.zarr").exists()
 
 
 def test_a_folder_of_no_format_is_told_the_remedy_the_command_line_has(tmp_path, capsys):

@@ -337,3 +337,76 @@ def test_reading_an_hdf5_file_another_process_writes_names_the_writer(tmp_path, 
         process.kill()
         process.wait()
     assert ef.open(tmp_path / "shared.h5", "raw").shape == (4, 8, 8)
+
+
+def test_an_external_link_whose_target_cannot_be_opened_says_why(tmp_path):
+    """h5py's get() hides why a link's target cannot be opened: a link to a file another process wrote, to a
+    missing file or to a missing dataset was "not found; datasets there: none" (a second review)."""
+    with h5py.File(tmp_path / "target.h5", "w") as f:
+        f["raw"] = np.zeros((4, 8, 8), np.uint8)
+    with h5py.File(tmp_path / "link.h5", "w") as f:
+        f["raw"] = h5py.ExternalLink("target.h5", "/raw")
+        f["missing"] = h5py.ExternalLink("target.h5", "/labels")
+        f["gone"] = h5py.ExternalLink("gone.h5", "/raw")
+    assert ef.open(tmp_path / "link.h5", "raw").shape == (4, 8, 8)
+    with pytest.raises(ef.io.DatasetNotFoundError, match=r"link.h5:missing is an external link to /labels in "
+                                                         r"target.h5, which has no dataset /labels; datasets there: "
+                                                         r"raw"):
+        ef.open(tmp_path / "link.h5", "missing")
+    with pytest.raises(FileNotFoundError, match=r"link.h5:gone is an external link to /raw in gone.h5, a file not "
+                                                r"found \(looked for .*gone.h5"):
+        ef.open(tmp_path / "link.h5", "gone")
+    process = subprocess.Popen([sys.executable, "-c", _WRITING, str(tmp_path / "target.h5"), "emfast"],
+                               stdout=subprocess.PIPE, text=True,
+                               env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    try:
+        assert process.stdout.readline().strip() == "writing"
+        with pytest.raises(BlockingIOError, match=rf"link.h5:raw is an external link to /raw in target.h5: cannot "
+                                                  rf"read .*target.h5: an emfast run \(pid {process.pid}\) is writing"):
+            ef.open(tmp_path / "link.h5", "raw", in_memory=False)
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_this_processs_own_lock_is_not_taken_for_the_writer_of_an_hdf5_file(tmp_path, monkeypatch):
+    """holder() asked a lock this process held: flock refused its own, and a run that found another program
+    writing its HDF5 output between its two checks blamed itself ("an emfast run (pid <its own>)"), as a reader
+    (a second review)."""
+    from emfast.io import _writer
+    from emfast.io._outputs import OutputBusyError, OutputLock
+
+    with h5py.File(tmp_path / "out.h5", "w") as f:
+        f["raw"] = np.zeros((4, 8, 8), np.uint8)
+    process = subprocess.Popen([sys.executable, "-c", _WRITING, str(tmp_path / "out.h5"), "other"],
+                               stdout=subprocess.PIPE, text=True,
+                               env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    try:
+        assert process.stdout.readline().strip() == "writing"
+        with OutputLock(tmp_path / "out.h5") as lock:
+            assert lock.holder() is None
+            with pytest.raises(BlockingIOError, match=r"another program is writing it"):
+                ef.open(tmp_path / "out.h5", "raw")
+        monkeypatch.setattr(_writer, "refuse_hdf5_in_use", lambda path: None)  # the writer comes after this check
+        with pytest.raises(OutputBusyError, match=r"cannot write .*out.h5: another program has it open to write"):
+            ef.predict(crop, np.zeros((8, 32, 32), np.uint8), tmp_path / "out.h5/pred", **ARGS)
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_an_unreadable_lock_file_says_an_emfast_run_may_be_writing(tmp_path, monkeypatch):
+    from emfast.io._outputs import OutputLock
+
+    OutputLock(tmp_path / "out.h5").acquire().release()
+    real_open = os.open
+
+    def unreadable(path, flags, *args):  # another user's lock file, made under umask 077
+        if str(path).endswith(".emfast-lock"):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", unreadable)
+    assert OutputLock(tmp_path / "out.h5").holder() == "unknown"
+    monkeypatch.setattr(os, "open", real_open)
+    assert OutputLock(tmp_path / "out.h5").holder() is None

@@ -748,6 +748,13 @@ def test_a_run_over_another_roi_is_told_how_to_split_a_prediction_and_what_overw
                                                 r"replace it \(which deletes that run's roi\). An output holds one "
                                                 r"run's roi: .* give each roi an output of its own"):
         ef.predict(crop, volume, path, roi=((12, 0, 0), (23, 41, 37)), resume=True, **settings)
+    with pytest.raises(OutputExistsError, match=r"p.zarr/pred exists and holds a prediction over another roi "
+                                                r"\(\[\[0, 0, 0\], \[12, 41, 37\]\] there, \[\[12, 0, 0\], "
+                                                r"\[23, 41, 37\]\] now\); pass overwrite=True to replace it \(which "
+                                                r"deletes that run's roi\)"):  # a job's plain call, before the model
+        ef.predict(crop, volume, path, roi=((12, 0, 0), (23, 41, 37)), **settings)
+    with pytest.raises(OutputExistsError, match=r"p.zarr/pred exists; pass resume=True"):  # the same roi
+        ef.predict(crop, volume, path, roi=((0, 0, 0), (12, 41, 37)), **settings)
     with pytest.raises(OutputExistsError) as other:  # another setting alone: no word of rois
         ef.predict(crop, volume, path, roi=((0, 0, 0), (12, 41, 37)), resume=True, dtype="float16", **settings)
     assert str(other.value).endswith("(dtype: 'float32' there, 'float16' now); pass overwrite=True to replace it")
@@ -1397,9 +1404,9 @@ def test_resuming_after_the_input_changed_is_refused(tmp_path, volume):
     with h5py.File(tmp_path / "in.h5", "a") as f:  # the input is rewritten between the runs
         f["raw"][0] = 255 - f["raw"][0]
     os.utime(tmp_path / "in.h5", ns=(time.time_ns(), time.time_ns() + 10**9))
-    with pytest.raises(OutputExistsError, match=r"cannot resume .*: the input .*in.h5/raw changed since this output "
-                                                 r"was started: 1 file of \d+ bytes now and then, but it was "
-                                                 r"rewritten"):
+    with pytest.raises(OutputExistsError, match=r"cannot resume .*: a file holding the input .*in.h5/raw changed "
+                                                 r"since this output was started \(.*\): 1 file of \d+ bytes now and "
+                                                 r"then, but it was rewritten"):
         ef.predict(lopsided, str(tmp_path / "in.h5/raw"), path, resume=True, **SETTINGS)
 
 

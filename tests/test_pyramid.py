@@ -211,7 +211,7 @@ def test_an_interrupted_pyramid_resumes_and_a_rerun_adds_levels(tmp_path, raw_so
     (dict(levels=2.5), r"levels must be an integer >= 1, got 2.5"),
     (dict(levels=2, downsampling="median"), r"downsampling must be one of mean, mode, got 'median'"),
     (dict(downsampling="mode"), r"downsampling='mode' makes the coarser levels of a pyramid; with levels=1 there are "
-                                r"none: give levels > 1, or leave downsampling out"),
+                                r"none: give more levels, or leave downsampling out"),
 ])
 def test_bad_pyramid_settings_are_refused_naming_the_value(tmp_path, raw_source, options, message):
     path, _ = raw_source

@@ -21,7 +21,7 @@ from .._threads import ctrl_c_held, shutdown_pool
 from .._version import __version__
 from ..io import (WIDTH, CacheBudgetError, OutputLock, ProgressBar, Volume, array_fingerprint, check_free_space,
                   check_input_unchanged, check_output_location, compared_record, fingerprints, first_non_finite,
-                  open_source, option, placement, plural, recordable, refuse_if_unfinished)
+                  open_source, option, placement, plural, recordable, refuse_if_unfinished, stored_in_file)
 from ..pipeline import normalization
 from ..transfer import DeviceNotice, TransferBackend, cuda_ordinal, cuda_unavailable
 from ._block import BlockPredictor
@@ -517,7 +517,7 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
         # Taken before the model is first called: an output beside which nothing can be written, one another run
         # writes, or one that exists and may not be touched, is refused before any work.
         with OutputLock(container) as lock:
-            existing = OutputStore.refuse_early(out, resume, overwrite, lock)
+            existing = OutputStore.refuse_early(out, resume, overwrite, lock, plan.roi)
             if channels is None and existing is not None and is_integer(existing.get("channels")):
                 # resumed: the record says what the model gave (a model that now gives other channels is refused
                 # at its first call), so a complete output is not computed again, nor is the model called at all
@@ -582,7 +582,8 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
             # made once it is needed: an in-memory input's digest is computed while an earlier output is removed
             record_of = functools.cache(lambda: _record(volume, caller, plan, settings, digest, whole))
             store, finished = OutputStore.prepare(out, shape, dtype, plan.chunks, compression, plan.grid,
-                                                  record_of, attributes, resume, overwrite, lock, plan.block_box())
+                                                  record_of, attributes, resume, overwrite, lock, plan.block_box(),
+                                                  stored_in_file(volume.stamp))
             record = record_of()
             bar = _PredictBar(len(blocks)) if progress is True else None
             try:

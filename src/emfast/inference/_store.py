@@ -63,14 +63,15 @@ class OutputStore:
     @classmethod
     def prepare(cls, out, shape, dtype: str, chunks, compression: str, grid, record: Callable[[], dict],
                 attributes: dict, resume: bool, overwrite: bool, lock: OutputLock,
-                box) -> Tuple["OutputStore", Set[int]]:
+                box, input_in_file: bool = False) -> Tuple["OutputStore", Set[int]]:
         """Create the output, or open it to resume; returns the store and the blocks already finished among
         those of ``box``, the (first, end) grid positions of the blocks the prediction covers. ``record()``
         returns the run's record, called once it is needed (a new output's after an earlier one was removed: the
         input's digest is computed meanwhile). The caller holds ``lock``, the output's
         :class:`~emfast.io._outputs.OutputLock`. ``attributes`` may hold the input's
         ``resolution`` and ``offset`` (z, y, x nm), written in every convention the field reads, and the
-        OME-NGFF ``translation`` of a binned level (see :attr:`~emfast.io.Volume.translation`).
+        OME-NGFF ``translation`` of a binned level (see :attr:`~emfast.io.Volume.translation`);
+        ``input_in_file``: the input is a dataset stored in a file (HDF5), for messages.
 
         Raises
         ------
@@ -88,7 +89,8 @@ class OutputStore:
             previous = store._writer.prepare(
                 lock, lambda: dict(record(), complete=False), resume=resume, overwrite=overwrite, input_key="input",
                 what="prediction", unchecked=PROVENANCE, companions=(store.flags_name,),
-                create=lambda: store._create_flags(grid), check_resume=store._check_flags, shape=shape,
+                create=lambda: store._create_flags(grid), check_resume=store._check_flags,
+                input_in_file=input_in_file, shape=shape,
                 dtype=dtype, chunks=chunks,
                 compression=compression, resolution=attributes.pop("resolution", None),
                 offset=attributes.pop("offset", None), translation=attributes.pop("translation", None),
@@ -102,15 +104,17 @@ class OutputStore:
             raise
 
     @classmethod
-    def refuse_early(cls, out, resume: bool, overwrite: bool, lock: OutputLock) -> Optional[dict]:
+    def refuse_early(cls, out, resume: bool, overwrite: bool, lock: OutputLock, roi) -> Optional[dict]:
         """Raise the OutputExistsError that :meth:`prepare` would for an output that neither ``resume`` nor
         ``overwrite`` lets this run touch, before the model is first called (:meth:`prepare` needs the model's
-        channels). The caller holds ``lock``. Returns the record of an output ``resume`` may continue."""
+        channels); ``roi``, this run's, for its words. The caller holds ``lock``. Returns the record of an output
+        ``resume`` may continue."""
         container, dataset, kind = parse_output(out, companions=(FLAGS_SUFFIX,))
         store = cls(container, dataset, kind)
         try:
             store._writer.open_to_check()
-            return store._writer.refuse_untouchable(lock, resume, overwrite, "prediction")
+            return store._writer.refuse_untouchable(lock, resume, overwrite, "prediction",
+                                                    {"roi": [list(corner) for corner in roi]})
         finally:
             store.close()
 

@@ -20,7 +20,7 @@ from ._open import contents, open_source, open_volume, resolved_above_container,
 from ._outputs import (REMOVING_TAIL, InputChangedError, OutputLock, UnfinishedOutputWarning, add_ome_multiscales,
                        array_fingerprint, check_free_space, check_input_unchanged, check_output_location,
                        command_line_options, fingerprint, fingerprints, option, placement, recordable,
-                       refuse_if_unfinished, remove_folder,
+                       refuse_if_unfinished, remove_folder, stored_in_file,
                        remove_leftovers, set_aside, unfinished, unique_beside, zarr_geometry)
 from ._precomputed import PrecomputedSource, tensorstore_missing
 from ._progress import WIDTH, ProgressBar, plural
@@ -102,6 +102,7 @@ __all__ = [
     "fingerprints",
     "placement",
     "set_aside",
+    "stored_in_file",
     "resolved_above_container",
     "split_path",
     "tensorstore_missing",

@@ -31,8 +31,9 @@ from ._geometry import GEOMETRY_KEYS
 from ._hdf5 import plain_attribute
 from ._open import open_source
 from ._outputs import (RECORDS, NotOwnOutputError, OutputLock, add_ome_pyramid, check_free_space,
-                       check_input_unchanged, check_output_location, fingerprints, forget_ome_pyramid, image_paths,
-                       option, placement, recordable, refuse_if_unfinished, remove_zarr_output, zarr_store_format)
+                       check_input_unchanged, check_output_location, fingerprints, forget_ome_pyramid, given, image_paths,
+                       option, placement, recordable, refuse_if_unfinished, remove_zarr_output, stored_in_file,
+                       zarr_store_format)
 from ._progress import plural, progress_bar
 from ._pyramid import DOWNSAMPLING, default_downsampling, downsample, level_factors, level_geometry
 from ._source import VolumeSource
@@ -172,8 +173,8 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
     if downsampling is not None and downsampling not in DOWNSAMPLING:
         raise ConvertError(f"downsampling must be one of {', '.join(DOWNSAMPLING)}, got {downsampling!r}")
     if downsampling is not None and levels == 1:  # else silently unused: the copy has no level to make
-        raise ConvertError(f"downsampling={downsampling!r} makes the coarser levels of a pyramid; with levels=1 there "
-                           "are none: give levels > 1, or leave downsampling out")
+        raise ConvertError(f"{given('downsampling', downsampling)} makes the coarser levels of a pyramid; with "
+                           f"{given('levels', 1)} there are none: give more levels, or leave downsampling out")
     if kind == "zarr":  # an existing store keeps its format: a root of the other one would hide its arrays
         zarr_format = zarr_store_format(container) or zarr_format
     if not isinstance(source_path, (str, os.PathLike)):  # an array: Volume.from_array's hint would lead nowhere
@@ -236,6 +237,7 @@ def _convert_level(source: VolumeSource, container: Path, dataset: str, kind: st
             writer.open_to_check()
             previous = writer.prepare(lock, dict(record, done=0, complete=False), resume=True, overwrite=overwrite,
                                       input_key="source", what="conversion", unchecked=("done", "complete"),
+                                      input_in_file=stored_in_file(source.stamp),
                                       shape=full_shape, dtype=source.dtype, chunks=chunks,
                                       compression=settings["compression"], resolution=resolution, offset=offset,
                                       translation=source.translation if geometry is None else None,

@@ -19,6 +19,7 @@ when read, checked to be the file first opened.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import threading
@@ -71,11 +72,40 @@ def open_hdf5(path: Union[str, os.PathLike]) -> h5py.File:
 def _being_written(path: Path, error: OSError) -> str:
     """Why the HDF5 file ``path`` cannot be opened to read while a program holds HDF5's lock to write it."""
     pid = OutputLock(path).holder()
-    writer = "another program is writing it" if pid is None else \
-        f"an emfast run (pid {pid}) is writing a prediction or conversion into it"
-    return (f"cannot read {path}: {writer}, and HDF5 locks a file it writes against readers ({error}); wait for "
+    if pid is None:
+        writer = "another program is writing it"
+    elif pid == "unknown":  # its lock file unreadable, or without a pid
+        writer = "an emfast run may be writing a prediction or conversion into it (its lock file does not say which)"
+    else:
+        writer = f"an emfast run (pid {pid}) is writing a prediction or conversion into it"
+    return (f"cannot read {path}: {writer}, and HDF5 locks a file it writes against readers ({error.strerror or error}); wait for "
             "it to finish, or write outputs to a file of their own. HDF5_USE_FILE_LOCKING=FALSE lets readers in, "
             "at the risk of reading what is half written")
+
+
+def _unopenable_link(path: Path, dataset: str, link: h5py.ExternalLink) -> OSError:
+    """Why the external link ``dataset`` of ``path`` leads nowhere: its target file missing, being written by
+    another process, or without the dataset (looked for where HDF5 looks: ``$HDF5_EXT_PREFIX``, the linking
+    file's folder, the working directory). It was "not found; datasets there: none" (a review)."""
+    name = Path(os.fsdecode(link.filename))
+    prefix = os.environ.get("HDF5_EXT_PREFIX")
+    candidates = [name] if name.is_absolute() else \
+        ([Path(prefix) / name] if prefix else []) + [path.parent / name, name]
+    where = f"{path}:{dataset} is an external link to {link.path} in {link.filename}"
+    for candidate in candidates:
+        if not candidate.is_file():
+            continue
+        try:
+            target = open_hdf5(candidate)
+        except OSError as error:  # BlockingIOError: the target is being written; its message says by whom
+            if error.errno is None:
+                return OSError(f"{where}: {error}")
+            return type(error)(error.errno, f"{where}: {error.strerror}")
+        with target:
+            return DatasetNotFoundError(f"{where}, which has no dataset {link.path}; datasets there: "
+                                        f"{', '.join(list_datasets(target)) or 'none'}")
+    return FileNotFoundError(errno.ENOENT, f"{where}, a file not found (looked for "
+                                           f"{', '.join(str(c) for c in candidates)})")
 
 
 def list_datasets(file: h5py.File) -> list[str]:
@@ -139,6 +169,9 @@ class Hdf5Source(VolumeSource):
         try:
             node = file.get(dataset)
             if node is None:
+                link = file.get(dataset, getlink=True)
+                if isinstance(link, h5py.ExternalLink):  # h5py's get() hides why its target cannot be opened
+                    raise _unopenable_link(path, dataset, link)
                 available = ", ".join(list_datasets(file)) or "none"
                 raise DatasetNotFoundError(f"dataset {dataset!r} not found in {path}; datasets there: {available}")
             if not isinstance(node, h5py.Dataset):

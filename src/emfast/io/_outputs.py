@@ -156,6 +156,12 @@ def option(name: str) -> str:
     return f"--{name.replace('_', '-')}" if _command_line[0] else f"{name}=True"
 
 
+def given(name: str, value) -> str:
+    """How messages show the setting ``name`` given as ``value``: ``name='value'`` for Python callers, ``--name
+    value`` on the command line."""
+    return f"--{name.replace('_', '-')} {value}" if _command_line[0] else f"{name}={value!r}"
+
+
 @contextmanager
 def command_line_options() -> Iterator[None]:
     """Within this block, messages name options as command-line flags (``--resume``, ``--overwrite``)."""
@@ -243,7 +249,7 @@ def fingerprints(stamp) -> Tuple[Optional[dict], Optional[dict]]:
     if isinstance(stamp, RemoteStamp):
         remote = _remote_fingerprint(stamp.marker, stamp.size, stamp.digest)
         return remote, remote
-    if stamp.path.is_file():  # an HDF5 file, and the files its links and virtual datasets read
+    if stored_in_file(stamp):  # an HDF5 file, and the files its links and virtual datasets read
         entries = [_entry(stamp.path, stamp.path.parent)] + _now(stamp.data_files)
     else:
         folder = input_folder(stamp)
@@ -251,6 +257,12 @@ def fingerprints(stamp) -> Tuple[Optional[dict], Optional[dict]]:
                          for root, _, names in os.walk(folder, onerror=unlistable(_UNLISTED)) for name in names)
     data = [entry for entry in entries if Path(entry[0]).name not in ATTRIBUTE_FILES]
     return _digest_of(entries), _digest_of(data)
+
+
+def stored_in_file(stamp) -> bool:
+    """Whether the input of ``stamp`` is a dataset stored in a file (HDF5), fingerprinted by that file and those
+    its external links and virtual datasets read, rather than a store's folder (or an array, or a remote store)."""
+    return stamp is not None and not isinstance(stamp, RemoteStamp) and stamp.path.is_file()
 
 
 def placement(stamp) -> dict:
@@ -320,10 +332,10 @@ def _entry(path: Path, root: Path):
     return str(path.relative_to(root)), status.st_size, status.st_mtime_ns
 
 
-def input_changed(previous: Optional[dict], now: Optional[dict], name: str, hdf5: bool = False) -> Optional[str]:
+def input_changed(previous: Optional[dict], now: Optional[dict], name: str, in_file: bool = False) -> Optional[str]:
     """Why the input (``name``: "the input PATH") is not what it was when the output was started (fingerprints
-    ``previous`` and ``now``), or None if it is the same; ``hdf5``: a dataset of an HDF5 file, whose other
-    datasets' writes change the file too."""
+    ``previous`` and ``now``), or None if it is the same; ``in_file``: a dataset stored in a file (HDF5), known by
+    that file and those its external links and virtual datasets read, whose other datasets' writes change them."""
     if previous == now:
         return None
     if previous is None or now is None:
@@ -338,10 +350,11 @@ def input_changed(previous: Optional[dict], now: Optional[dict], name: str, hdf5
     then, now = (f"{f['files']} {plural(f['files'], 'file')} of {f['bytes']} bytes" for f in (previous, now))
     how = (f"{now} now, {then} then" if now != then else
            f"{now} now and then, but {'it was' if files == 1 else 'some were'} rewritten (modification times differ)")
-    if hdf5:  # the file, not the dataset: "changed" alone was untrue of a raw beside which labels were added
-        return (f"the file holding {name} changed since this output was started: {how}; emfast knows an HDF5 "
-                "input by its files' sizes and modification times, so a write to any dataset of the file counts (it "
-                "may have rewritten this one too), and resuming could mix old and new data")
+    if in_file:  # the files, not the dataset: "changed" alone was untrue of a raw beside which labels were added
+        return (f"a file holding {name} changed since this output was started (its file, or one its external "
+                f"links or virtual datasets read): {how}; emfast knows an input stored in a file by the sizes and "
+                "modification times of those files, so a write to any dataset of them counts (it may have rewritten "
+                "this one too), and resuming could mix old and new data")
     return f"{name} changed since this output was started: {how}; resuming would mix old and new data"
 
 
@@ -902,12 +915,18 @@ class OutputLock:
             os.close(fd)
 
     def holder(self) -> Optional[str]:
-        """The pid of the emfast run holding this lock now (``"unknown"`` where its file does not say), None where
-        none does; asked without taking it (a shared lock is refused while a run holds its exclusive one)."""
+        """The pid of another emfast run holding this lock now (``"unknown"`` where its file does not say, or
+        cannot be read), None where none does or this process holds it; asked without taking it (a shared lock is
+        refused while a run holds its exclusive one). Not asked of a lock this process holds: flock would refuse
+        its own, and on file systems emulating flock with POSIX locks closing the probe would release it."""
+        if any(lock.path == self.path and lock._fd is not None for lock in list(_HELD)):
+            return None
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
+        except FileNotFoundError:
             return None
+        except OSError:  # there, but unreadable (another user's, made under umask 077): a run may hold it
+            return "unknown"
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -31,8 +31,8 @@ import numpy as np
 from ._chunkfiles import chunk_files
 from ._hdf5 import TRANSLATION_ATTRIBUTE, open_hdf5
 from ._open import split_path
-from ._outputs import (LOCK_SUFFIX, NotOwnOutputError, OutputLock, add_ome_multiscales, check_file_size_limit,
-                       check_zarr_container,
+from ._outputs import (LOCK_SUFFIX, NotOwnOutputError, OutputBusyError, OutputLock, add_ome_multiscales,
+                       check_file_size_limit, check_zarr_container,
                        image_paths, input_changed, open_hdf5_for_writing, option, refuse_hdf5_in_use, remove_folder,
                        refresh_consolidated, remove_hdf5_output, remove_leftovers, remove_partial_files,
                        remove_zarr_output, set_aside, zarr_geometry, zarr_store_format)
@@ -179,7 +179,11 @@ class OutputWriter:
         self.close()
         if self.kind == "hdf5" and self.container.is_file():
             refuse_hdf5_in_use(self.container)  # another program's reader: known now, not only once writing
-            self.root = open_hdf5(self.container)
+            try:
+                self.root = open_hdf5(self.container)
+            except BlockingIOError as error:  # a writer came meanwhile: this run's own lock is not the cause
+                raise OutputBusyError(f"cannot write {self.container}: another program has it open to write "
+                                      f"({error.__cause__ or error}); close it there, then run again") from None
         self._refuse_array_above()
         return self
 
@@ -263,7 +267,7 @@ class OutputWriter:
     def prepare(self, lock: OutputLock, record, *, resume: bool, overwrite: bool, input_key: str,
                 what: str, unchecked: Iterable[str] = (), companions: Sequence[str] = (),
                 create: Optional[Callable[[], None]] = None, check_resume: Optional[Callable[[dict], None]] = None,
-                **layout) -> Optional[dict]:
+                input_in_file: bool = False, **layout) -> Optional[dict]:
         """Reopen the output to resume it (returns its record) or create it (returns None). The caller holds
         ``lock``, the container's :class:`~emfast.io._outputs.OutputLock`.
 
@@ -290,13 +294,15 @@ class OutputWriter:
         check_resume : callable, optional
             Called with the existing record before a resume opens the output to write; raises to refuse it. A
             complete output is not opened to write at all: a rerun leaves it as it is.
+        input_in_file : bool
+            The input is a dataset stored in a file (HDF5): known by that file, for messages.
         **layout
             :meth:`create`'s arguments.
         """
         previous = self.record()
         half_made = lock.was_creating(self.dataset)  # a run killed while creating it: nothing was finished
         if previous is not None and not overwrite and not half_made:
-            self._check_resumable(previous, _made(record), resume, input_key, what, set(unchecked))
+            self._check_resumable(previous, _made(record), resume, input_key, what, set(unchecked), input_in_file)
             if check_resume is not None:
                 check_resume(previous)
             if self.kind == "zarr":  # what a run killed while deleting a companion left aside (not the output)
@@ -365,21 +371,23 @@ class OutputWriter:
                 self.root is None or self.root.mode == "r"):
             self.open()
 
-    def refuse_untouchable(self, lock: OutputLock, resume: bool, overwrite: bool, what: str) -> Optional[dict]:
+    def refuse_untouchable(self, lock: OutputLock, resume: bool, overwrite: bool, what: str,
+                           known: Optional[dict] = None) -> Optional[dict]:
         """Refuse an existing output that :meth:`prepare` would refuse whatever this run's record (another
-        program's, or emfast's without ``resume`` or ``overwrite``); the caller holds ``lock``. Returns the record
-        of an output ``resume`` may continue (:meth:`prepare` compares it with this run's), else None."""
+        program's, or emfast's without ``resume`` or ``overwrite``); the caller holds ``lock``. ``known``: the
+        entries of this run's record known now (its roi), for the refusal's words. Returns the record of an
+        output ``resume`` may continue (:meth:`prepare` compares it with this run's), else None."""
         if overwrite:  # whether what is there is emfast's is checked when it is replaced
             return None
         previous = self.record()
         if previous is None or lock.was_creating(self.dataset):
             return None
         if previous is NOT_EMFAST or not resume:
-            self._check_resumable(previous, {}, resume, "input", what, set())
+            self._check_resumable(previous, dict(known or {}), resume, "input", what, set())
         return previous
 
     def _check_resumable(self, previous: dict, record: dict, resume: bool, input_key: str, what: str,
-                         unchecked: set) -> None:
+                         unchecked: set, in_file: bool = False) -> None:
         """``refused`` unless the existing output (its record ``previous``) may be continued with ``record``."""
         if previous is NOT_EMFAST:
             levels = image_paths(self.container / self.dataset) if self.kind == "zarr" else None
@@ -389,6 +397,10 @@ class OutputWriter:
             raise self.refused(f"{self.path} exists and was not written by emfast; choose another output (emfast "
                                "never replaces what it did not write)")
         if not resume:
+            if "roi" in record and previous.get("roi") not in (None, record["roi"]):  # a job splitting a prediction
+                raise self.refused(f"{self.path} exists and holds a {what} over another roi ({previous['roi']} "
+                                   f"there, {record['roi']} now); pass {option('overwrite')} to replace it"
+                                   + _OTHER_ROI)
             raise self.refused(f"{self.path} exists; pass {option('resume')} to continue an unfinished {what} "
                                f"with the same settings, or {option('overwrite')} to replace it")
         if "compressor" in previous and "compression" not in previous:  # recorded by emfast before 0.x renamed it
@@ -399,8 +411,7 @@ class OutputWriter:
             record = dict(record, **{input_key: new})
         if (old.get("path"), old.get("dataset")) == (new.get("path"), new.get("dataset")):
             name = "the input array" if new.get("path") is None else f"the input {new['path']}/{new['dataset']}"
-            changed = input_changed(old.get("fingerprint"), new.get("fingerprint"), name,
-                                    hdf5=new.get("path") is not None and os.path.isfile(new["path"]))
+            changed = input_changed(old.get("fingerprint"), new.get("fingerprint"), name, in_file)
             if changed is None and old.get("placement") != new.get("placement"):
                 changed = (f"{name} is placed otherwise than when this output was started (voxel size and offset "
                            f"{new.get('placement')} now, {old.get('placement')} then: the metadata placing it "
