@@ -291,10 +291,10 @@ def test_a_lock_file_another_user_keeps_is_named_with_its_owner(tmp_path, monkey
     OutputLock(tmp_path / "out.zarr").acquire().release()
     real_open = os.open
 
-    def theirs(path, flags, *args):  # as root, no mode makes a file unwritable: the refusal another user gets
+    def theirs(path, flags, *args, **kwargs):  # as root, no mode makes a file unwritable: another user's refusal
         if str(path).endswith(".emfast-lock") and flags & os.O_RDWR:
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
-        return real_open(path, flags, *args)
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", theirs)
     owner = pwd.getpwuid(os.getuid()).pw_name
@@ -401,12 +401,30 @@ def test_an_unreadable_lock_file_says_an_emfast_run_may_be_writing(tmp_path, mon
     OutputLock(tmp_path / "out.h5").acquire().release()
     real_open = os.open
 
-    def unreadable(path, flags, *args):  # another user's lock file, made under umask 077
+    def unreadable(path, flags, *args, **kwargs):  # another user's lock file, made under umask 077
         if str(path).endswith(".emfast-lock"):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
-        return real_open(path, flags, *args)
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", unreadable)
     assert OutputLock(tmp_path / "out.h5").holder() == "unknown"
     monkeypatch.setattr(os, "open", real_open)
     assert OutputLock(tmp_path / "out.h5").holder() is None
+
+
+def test_an_existing_lock_file_is_opened_without_creating_it(tmp_path, monkeypatch):
+    """Linux's protected_regular (on by default in most distributions) refuses O_CREAT on another user's file in a
+    sticky world-writable folder (/tmp, a scratch space), whatever its mode: the lock must be opened as it is."""
+    from emfast.io._outputs import OutputLock
+
+    OutputLock(tmp_path / "out.zarr").acquire().release()
+    real_open = os.open
+
+    def protected(path, flags, *args, **kwargs):
+        if str(path).endswith(".emfast-lock") and flags & os.O_CREAT and os.path.exists(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", protected)
+    ef.predict(crop, np.zeros((8, 32, 32), np.uint8), tmp_path / "out.zarr/pred", **ARGS)
+    assert (tmp_path / "out.zarr/pred").is_dir()

@@ -821,6 +821,21 @@ def remove_hdf5_output(file, dataset: str, lock: "OutputLock", delete: bool = Tr
         del file[dataset]
 
 
+def _open_lock_file(path: Path) -> int:
+    """The lock file ``path`` opened to read and write, made if missing; never through a link (it is truncated and
+    rewritten). The umask decides a new file's mode, as for the output's files: 0o644 locked a shared group
+    folder's members out of each other's containers (a review). An existing file is opened without O_CREAT: in a
+    sticky world-writable folder, Linux's protected_regular refuses O_CREAT on another user's file even at 0o666."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        pass
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    except FileExistsError:  # made meanwhile by another run (or a link there: refused by the next open)
+        return os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+
+
 def _user_name(uid: int) -> str:
     """The login name of ``uid``, else ``uid N`` (a container's user may have none)."""
     import pwd
@@ -855,9 +870,8 @@ class OutputLock:
         except OSError as error:
             raise OSError(error.errno, f"cannot create the folder {self.path.parent} of the output "
                                        f"{self.container}: {error.strerror}") from None
-        try:  # never through a link: the file is truncated and rewritten. The umask decides its mode, as for the
-            # output's files: 0o644 locked a shared group folder's members out of each other's containers (a review)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        try:
+            fd = _open_lock_file(self.path)
         except OSError as error:
             if error.errno in (errno.EACCES, errno.EPERM) and self.path.is_file():
                 raise OSError(error.errno, self._unwritable(error)) from None
