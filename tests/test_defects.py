@@ -356,6 +356,27 @@ def test_artifact_sections_as_large_as_the_window_serve_transposed_batches_too()
         ef.Loader(raw, patch=(8, 16, 40), augment=[Artifacts(artifacts[:, :, :39])])
 
 
+def test_defects_between_sections_are_refused_for_2d_patches_and_the_others_run():
+    """On 1-section patches a missing section blanked whole inputs beside their full targets, and slips moved
+    whole patches (or never happened, as steps): accepted silently, also through FULL (a review of 2-D use)."""
+    raw = np.random.default_rng(3).integers(0, 256, (6, 48, 48), dtype=np.uint8)
+    labels = np.ones(raw.shape, np.uint32)
+    for augmentation, name in ((MissingSection(p=0.5), "missing_section"), (Slip(p=0.5), "slip"),
+                               ("missing_section", "missing_section")):
+        with pytest.raises(ValueError, match=rf"the raw window is 1 section deep, .* Leave {name} out for 2-D "
+                                             r"patches \(ef.augment.FULL lists the defects between sections "
+                                             r"missing_section, slip: pass its other names\)"):
+            ef.Loader(ef.Sample(raw=raw, labels=labels), patch=(1, 32, 32), augment=[augmentation])
+    others = [name for name in ef.augment.FULL if name not in ("missing_section", "slip")]
+    artifacts = Artifacts(raw[:2], p=1.0)
+    with ef.Loader(ef.Sample(raw=raw, labels=labels), patch=(1, 32, 32), batch_size=4, seed=0,
+                   augment=others + [artifacts]) as loader:
+        assert loader.next_batch()["raw"].shape == (4, 1, 1, 32, 32)
+    with ef.Loader(ef.Sample(raw=raw, labels=labels), patch=(2, 32, 32), batch_size=4, seed=0,
+                   augment=list(ef.augment.FULL)) as loader:  # two sections: every defect applies
+        assert loader.next_batch()["raw"].shape == (4, 1, 2, 32, 32)
+
+
 def test_artifacts_defaults_follow_the_volume(rng):
     """scale and shift of None take the volume's defaults (uint8: 1/255, float32: 1; shift 0), and a copy with
     another volume takes that volume's: the defaults are not written back into the fields."""

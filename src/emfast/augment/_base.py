@@ -121,10 +121,13 @@ class Windows:
     raw_section : (int, int)
         The (y, x) extent of a raw window's section as the batch holds it (a transpose changes what is read into
         it, not its shape).
+    raw_sections : int
+        The sections (z extent) of a raw window as the batch holds it.
     """
 
     largest: Tuple[int, int, int]
     raw_section: Tuple[int, int]
+    raw_sections: int = 1
 
 
 class Augmentation:

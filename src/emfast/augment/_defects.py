@@ -78,8 +78,19 @@ class _SectionDefect(Augmentation):
 
     draws: ClassVar[int] = 2
     pixelwise: ClassVar[bool] = True
+    #: Why the defect means nothing in a raw window of one section (None: it means as much there).
+    _ALONE: ClassVar[Optional[str]] = None
     _DRAWS: ClassVar[int]
     _TAG: ClassVar[int]
+
+    def bind_windows(self, windows: Windows) -> None:
+        """Refuse a defect between sections where a raw window has one section (2-D patches): accepted, a missing
+        section blanked whole inputs beside their full targets, and slips moved whole patches (a review)."""
+        if self._ALONE is not None and windows.raw_sections == 1:
+            between = tuple(kind.name for kind in _SectionDefect.__subclasses__() if kind._ALONE is not None)
+            raise ValueError(f"{type(self).__name__}: the raw window is 1 section deep, and {self._ALONE}. Leave "
+                             f"{self.name} out for 2-D patches (ef.augment.FULL lists the defects between sections "
+                             f"{', '.join(between)}: pass its other names)")
 
     def apply(self, uniforms: np.ndarray, params: Params) -> SectionKeys:
         return SectionKeys(keys=keys_from_uniforms(uniforms[:, 0], uniforms[:, 1]))
@@ -135,6 +146,9 @@ class MissingSection(_SectionDefect):
     p: float = 0.05
     fill: float = 0.0
     name: ClassVar[str] = "missing_section"
+    _ALONE: ClassVar[Optional[str]] = ("a missing section would blank the whole input beside its full targets: "
+                                       "the network learns to fill a gap from neighbouring sections, and there are "
+                                       "none")
     _DRAWS: ClassVar[int] = 1
     _TAG: ClassVar[int] = _tag("missing")
 
@@ -235,6 +249,8 @@ class Slip(_SectionDefect):
     labels: str = "shift"
     fill: float = 0.0
     name: ClassVar[str] = "slip"
+    _ALONE: ClassVar[Optional[str]] = ("a slip moves a section against its neighbours, of which it has none (the "
+                                       "whole patch would move, and a step never happens)")
     unknown_voxels: ClassVar[bool] = True  # a slipped section shifts in voxels from beside the window
     moves_sections: ClassVar[bool] = True
     _DRAWS: ClassVar[int] = 3

@@ -299,7 +299,7 @@ class Loader:
         """Let each augmentation fit the windows (an elastic grid covers the largest; artifact sections must cover a
         raw section of the batch)."""
         largest = tuple(int(n) for n in np.max([f.patch for f in fields if f.grids is None], axis=0))
-        windows = Windows(largest, (self.patch_in[1], self.patch_in[2]))
+        windows = Windows(largest, (self.patch_in[1], self.patch_in[2]), self.patch_in[0])
         for augmentation in self.augmentations:
             augmentation.bind_windows(windows)
 
