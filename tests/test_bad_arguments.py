@@ -84,3 +84,28 @@ def test_a_fill_beyond_a_config_dtype_is_named_at_its_item_by_load_config(tmp_pa
         "  - {missing_section: {p: 0.5, fill: 70000}}\n")
     with pytest.raises(ConfigError, match=r"line 8: augment\[2\]\.missing_section\.fill: MissingSection: fill 70000"):
         load_config(tmp_path / "c.yaml")
+
+
+def test_a_2d_image_and_a_2d_patch_are_told_how_to_be_one_section(tmp_path):
+    """2-D images and (y, x) patches were refused as "expected 3-D" alone, an HDF5 dataset's shape blamed on its
+    attributes (a review of 2-D use)."""
+    import zarr
+    image = np.zeros((64, 64), np.uint8)
+    with h5py.File(tmp_path / "two.h5", "w") as f:
+        f["image"] = image
+    zarr.open_group(str(tmp_path / "two.zarr"), mode="w").create_array("image", data=image)
+    with pytest.raises(ValueError, match=r"got 2-D shape \(64, 64\); a 2-D image is one section: give it as "
+                                         r"image\[np.newaxis\], \(1, y, x\)"):
+        ef.Volume.from_array(image)
+    with pytest.raises(ef.io.StoreMetadataError, match=r"two.h5:image: expected a 3-D .* got 2-D; a 2-D image is one "
+                                                       r"section: store it with a z axis of 1, \(1, y, x\)$"):
+        ef.open(tmp_path / "two.h5", "image")
+    with pytest.raises(ef.io.StoreMetadataError, match=r"a 2-D array \(shape \[64, 64\]\); .*; a 2-D image is one "
+                                                       r"section: store it with a z axis of 1"):
+        ef.open(tmp_path / "two.zarr/image")
+    for setting in ("patch", "patch_in"):
+        with pytest.raises(ValueError, match=rf"{setting} must be 3 integers >= 1 \(z, y, x\), got \(32, 32\): a 2-D "
+                                             r"patch is one section deep, \(1, 32, 32\)"):
+            ef.Loader(image[np.newaxis], **{setting: (32, 32)})
+    with ef.Loader(image[np.newaxis], patch=(1, 32, 32), batch_size=2, seed=0) as loader:
+        assert loader.next_batch()["raw"].shape == (2, 1, 1, 32, 32)

@@ -125,8 +125,7 @@ def axis_roles(names: Optional[Sequence[Any]], ndim: int, where: str, key: str,
         Names of another length, repeated, or that leave z, y or x unknown, naming ``where``, ``key`` and them.
     """
     if names is None:
-        if ndim not in (3, 4):
-            raise StoreMetadataError(f"{where}: expected a 3-D (z, y, x) or 4-D (c, z, y, x) array, got {ndim}-D")
+        check_dimensions(ndim, where)
         return ("c",) * (ndim - 3) + SPATIAL
     if not isinstance(names, (list, tuple)) or len(names) != ndim:
         raise bad_metadata(where, key, names, f"a list of {ndim} axis names")
@@ -155,6 +154,17 @@ def _named_role(name: Any, kind: Any) -> Optional[str]:
     if text in ("t", "time") or kind == "time":
         return "t"
     return None
+
+
+#: Told to a stored 2-D array: how it becomes a volume.
+ONE_SECTION = "; a 2-D image is one section: store it with a z axis of 1, (1, y, x)"
+
+def check_dimensions(ndim: int, where: str) -> None:
+    """StoreMetadataError naming ``where`` unless a stored array of ``ndim`` axes is 3-D (z, y, x) or 4-D (c, z,
+    y, x); a 2-D image is told how to be one section."""
+    if ndim not in (3, 4):
+        raise StoreMetadataError(f"{where}: expected a 3-D (z, y, x) or 4-D (c, z, y, x) array, got {ndim}-D"
+                                 + (ONE_SECTION if ndim == 2 else ""))
 
 
 def array_geometry(attrs: Mapping, ndim: int, where: str, *, dimension_names: Optional[Sequence[Any]] = None,

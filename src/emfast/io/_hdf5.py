@@ -34,7 +34,7 @@ from . import _deflate
 from ._decode import SideBySide
 from ._filebatch import descriptor_hint
 from ._hdf5files import OPEN_FILES, close_files, most_open, open_identity
-from ._geometry import GEOMETRY_KEYS, array_geometry
+from ._geometry import GEOMETRY_KEYS, array_geometry, check_dimensions
 from ._metadata import parsing
 from ._outputs import OutputLock, warn_if_unfinished
 from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, VolumeSource, checked_chunk, local_path,
@@ -78,8 +78,9 @@ def _being_written(path: Path, error: OSError) -> str:
         writer = "an emfast run may be writing a prediction or conversion into it (its lock file does not say which)"
     else:
         writer = f"an emfast run (pid {pid}) is writing a prediction or conversion into it"
-    return (f"cannot read {path}: {writer}, and HDF5 locks a file it writes against readers ({error.strerror or error}); wait for "
-            "it to finish, or write outputs to a file of their own. HDF5_USE_FILE_LOCKING=FALSE lets readers in, "
+    return (f"cannot read {path}: {writer}, and HDF5 locks a file it writes against readers "
+            f"({error.strerror or error}); wait for it to finish, or write outputs to a file of their own. "
+            "HDF5_USE_FILE_LOCKING=FALSE lets readers in, "
             "at the risk of reading what is half written")
 
 
@@ -199,6 +200,7 @@ class Hdf5Source(VolumeSource):
         self.channels = self.full_shape[0] if len(self.full_shape) == 4 else 1
         self.dtype = np.dtype(node.dtype)
         self.chunks = tuple(int(c) for c in node.chunks[-3:]) if node.chunks is not None else None
+        check_dimensions(len(self.full_shape), self.name)  # the shape's fault, not the attributes'
         where = f"{self.name} (attributes)"
         with parsing(where):  # a byte string no UTF-8 (b"\xb5m") is malformed metadata, named
             attrs = {key: plain_attribute(node.attrs[key]) for key in GEOMETRY_KEYS if key in node.attrs}

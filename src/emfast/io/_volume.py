@@ -63,8 +63,9 @@ class _Described:
 def _checked_dtype(data, name: str) -> np.dtype:
     """The native dtype of a 3-D/4-D array or dataset; TypeError/ValueError for anything a Volume cannot hold."""
     if data.ndim not in (3, 4):
+        one_section = "; a 2-D image is one section: give it as image[np.newaxis], (1, y, x)" if data.ndim == 2 else ""
         raise ValueError(f"{name}: expected a 3-D (z, y, x) or 4-D (c, z, y, x) volume, "
-                         f"got {data.ndim}-D shape {tuple(data.shape)}")
+                         f"got {data.ndim}-D shape {tuple(data.shape)}{one_section}")
     dtype = np.dtype(data.dtype)
     if isinstance(data, np.ndarray) and not dtype.isnative:
         raise TypeError(f"{name}: byte-swapped dtype {dtype}; convert it with "

@@ -47,7 +47,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .._core.files import CHUNK_AGAIN, CHUNK_MISSING
-from ._geometry import (Geometry, Level, array_geometry, binned_corner, choose_level, multiscale_levels,
+from ._geometry import (ONE_SECTION, Geometry, Level, array_geometry, binned_corner, choose_level, multiscale_levels,
                         require_agreement)
 from ._decode import SideBySide, blosc_content_size, checked_blosc, zstd_content_size
 from ._filebatch import (BATCH_BYTES, compiled_codec, lent_buffer, read_decoded_files, read_regular_files,
@@ -528,7 +528,8 @@ def _shape(meta, where: str, ranks: Sequence[int]) -> Tuple[int, ...]:
     shape = int_list(metadata_key(meta, "shape", where), "shape", where, minimum=0)
     if len(shape) not in ranks:
         raise StoreMetadataError(f"{where}: a {len(shape)}-D array (shape {list(shape)}); emfast reads volumes: 3-D "
-                                 "(z, y, x), 4-D (c, z, y, x), or 5-D with a time axis named in their metadata")
+                                 "(z, y, x), 4-D (c, z, y, x), or 5-D with a time axis named in their metadata"
+                                 + (ONE_SECTION if len(shape) == 2 else ""))
     return shape
 
 
