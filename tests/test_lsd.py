@@ -265,3 +265,14 @@ def test_required_margin_and_unknown_labels():
     expected = np.ones((2, 2, 4), np.uint8)
     expected[0, 0, 3:] = 0
     np.testing.assert_array_equal(out["lsd_mask"][0, 0], expected)
+
+
+def test_a_sample_too_thin_for_the_lsd_margin_names_the_lsd():
+    """On one section, an LSD's margin along z (its sigma is at least a voxel) was refused as "the targets' label
+    margin (3, 30, 30)", naming no target (a review of 2-D use)."""
+    volume = ef.Volume.from_array(np.zeros((1, 200, 200), np.uint8), resolution=(40, 4, 4))
+    labels = ef.Volume.from_array(np.ones((1, 200, 200), np.uint32), resolution=(40, 4, 4))
+    with pytest.raises(ValueError, match=r"grown by the targets' label margin \(3, 30, 30\) \(LSD \(3, 30, 30\), "
+                                         r"Affinities \(0, 1, 1\)\) does not fit"):
+        ef.Loader(ef.Sample(raw=volume, labels=labels), patch=(1, 64, 64),
+                  targets=[ef.LSD(sigma=(40, 40, 40)), ef.Affinities(offsets=((0, -1, 0), (0, 0, -1)))])

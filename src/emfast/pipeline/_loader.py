@@ -220,8 +220,9 @@ class Loader:
         with concerning(section="augment"):
             self._bind_augmentations(fields)
         with concerning(setting=PATCH_KEYS):
+            margins = [(type(t).__name__, tuple(int(m) for m in t.margin())) for t in self.targets if any(t.margin())]
             self.regions = fitting_regions(self.dataset.samples, self.patch_in, self.patch_out, self.margin,
-                                           np.asarray(self._perms), self._own_fields, self._common_grid)
+                                           np.asarray(self._perms), self._own_fields, self._common_grid, margins)
         self._extents = np.unique(window_extents(self.patch_out, np.asarray(self._perms)), axis=0)
         with concerning(section="sampler"):
             self._bind_stream()

@@ -78,11 +78,12 @@ def field_bounds(sample, index: int, lo: np.ndarray, hi: np.ndarray, context: np
 
 
 def fitting_regions(samples: Sequence, patch_in: tuple, patch_out: tuple, margin: tuple, perms: np.ndarray,
-                    own: Sequence, grid) -> List[Region]:
+                    own: Sequence, grid, margins: Sequence[Tuple[str, tuple]] = ()) -> List[Region]:
     """Per sample, the box where output windows fit with every field's window inside its volume.
 
     ``margin`` is the targets' label margin, ``own`` the fields at their own voxel size and ``grid`` the common
-    grid output windows snap to (see :func:`field_bounds`).
+    grid output windows snap to (see :func:`field_bounds`); ``margins``, (name, margin) of each target needing one,
+    for the refusal of a sample too small.
     """
     context = window_extents([(i - o) // 2 for i, o in zip(patch_in, patch_out)], perms).max(axis=0)
     label_margin = window_extents(margin, perms).max(axis=0)
@@ -98,7 +99,7 @@ def fitting_regions(samples: Sequence, patch_in: tuple, patch_out: tuple, margin
         lo, hi = field_bounds(sample, index, lo, hi, context, own, patch_out, perms, grid)
         for perm, extent in zip(perms, extents):
             if np.any(hi - lo < extent):
-                raise ValueError(_not_fitting(sample, perm, extent, patch_in, patch_out, margin))
+                raise ValueError(_not_fitting(sample, perm, extent, patch_in, patch_out, margin, margins))
         regions.append(Region(sample.name, sample.weight, lo, hi,
                               labels=None if labels is None else labels.on_raw,
                               labels_origin=None if labels is None else labels.origin,
@@ -107,14 +108,19 @@ def fitting_regions(samples: Sequence, patch_in: tuple, patch_out: tuple, margin
     return regions
 
 
-def _not_fitting(sample, perm, extent, patch_in: tuple, patch_out: tuple, margin: tuple) -> str:
+def _not_fitting(sample, perm, extent, patch_in: tuple, patch_out: tuple, margin: tuple,
+                 margins: Sequence[Tuple[str, tuple]]) -> str:
     """Why the output window of ``perm`` (``extent`` in source axes) does not fit in ``sample``."""
     labels = sample.placed_labels
     patch_name = "patch" if patch_in == patch_out else "patch_out"
     transposed = "" if tuple(perm) == (0, 1, 2) else \
         f" (window {tuple(int(e) for e in extent)} in source axes for transposed examples)"
     grown = f", grown to patch_in {patch_in} by the network's context" if patch_in != patch_out else ""
-    margin_note = (f"{' and' if grown else ', grown'} by the targets' label margin {margin}") if any(margin) else ""
+    # named: an LSD's sigma along z was an unexplained margin on 2-D data
+    owners = f" of {margins[0][0]}" if len(margins) == 1 else \
+        f" ({', '.join(f'{name} {need}' for name, need in margins)})" if margins else ""
+    margin_note = (f"{' and' if grown else ', grown'} by the targets' label margin {margin}{owners}") \
+        if any(margin) else ""
     return (f"sample {sample.name!r}: {patch_name} {patch_out}{transposed}{grown}{margin_note} does "
             f"not fit in its data (raw {sample.raw.shape}" +
             (f", labels {labels.volume.shape} at {tuple(int(v) for v in labels.origin)}"
