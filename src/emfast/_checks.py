@@ -168,6 +168,15 @@ def triple(value, what: str, *, integer: bool = True, minimum: Optional[float] =
     return tuple(float(v) for v in items)
 
 
+def patch_window(value, what: str) -> Tuple[int, int, int]:
+    """A window (z, y, x) of voxels, each >= 1, as :func:`triple` checks it; a (y, x) pair is told how to be one
+    section (a 2-D patch was refused as "must be 3 integers" alone)."""
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        raise refusal(f"{what} must be 3 integers >= 1 (z, y, x), got {value!r}: a 2-D patch is one section deep, "
+                      f"(1, {value[0]!r}, {value[1]!r})", what)
+    return triple(value, what, minimum=1)
+
+
 def _accepted(item, integer: bool) -> bool:
     if integer:
         return is_integer(item) and abs(int(item)) < _INTEGER_LIMIT

@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
-from .._checks import check_seed, flag, integer, refusal, triple
+from .._checks import check_seed, flag, integer, patch_window, refusal
 from .._machine import available_bytes
 from .._registry import instantiate
 from ..io import plural
@@ -47,7 +47,7 @@ def output_dtype(dtype) -> np.dtype:
 #: wording. (Settings that depend on others or on the data are checked where those meet: rank < world_size,
 #: buffers <= max_buffers, the windows against the volumes, the device on this machine.)
 LOADER_SETTINGS: Dict[str, Callable[[Any], Any]] = {
-    **{name: functools.partial(triple, what=name, minimum=1) for name in ("patch", "patch_in", "patch_out")},
+    **{name: functools.partial(patch_window, what=name) for name in ("patch", "patch_in", "patch_out")},
     **{name: functools.partial(integer, what=name) for name in ("batch_size", "threads", "world_size")},
     "rank": functools.partial(integer, what="rank", minimum=0),
     **{name: (lambda value, name=name: None if value is None else integer(value, name, 2))

@@ -12,7 +12,7 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
-from .._checks import refusal, triple
+from .._checks import patch_window
 from ..sampling import Region
 
 #: The loader arguments the windows may be given by, in the order an error about them names the first one given.
@@ -29,25 +29,17 @@ def window_extents(patch: Sequence[int], perms: np.ndarray) -> np.ndarray:
     return extents
 
 
-def _window(value, what: str) -> Tuple[int, int, int]:
-    """The window ``value`` (z, y, x) as ``triple`` checks it; a (y, x) pair is told how to be one section."""
-    if isinstance(value, (tuple, list)) and len(value) == 2:
-        raise refusal(f"{what} must be 3 integers >= 1 (z, y, x), got {value!r}: a 2-D patch is one section deep, "
-                      f"(1, {value[0]!r}, {value[1]!r})", what)
-    return triple(value, what, minimum=1)
-
-
 def patch_windows(patch, patch_in, patch_out) -> tuple:
     """(patch_in, patch_out) from the loader's arguments."""
     if patch is not None:
         if patch_in is not None or patch_out is not None:
             raise ValueError("give either patch, or patch_in and/or patch_out, not both")
-        patch_in = patch_out = _window(patch, "patch")
+        patch_in = patch_out = patch_window(patch, "patch")
     elif patch_in is None and patch_out is None:
         raise ValueError("patch (or patch_in and patch_out) is required")
     else:
-        patch_in = _window(patch_in if patch_in is not None else patch_out, "patch_in")
-        patch_out = _window(patch_out if patch_out is not None else patch_in, "patch_out")
+        patch_in = patch_window(patch_in if patch_in is not None else patch_out, "patch_in")
+        patch_out = patch_window(patch_out if patch_out is not None else patch_in, "patch_out")
     difference = np.subtract(patch_in, patch_out)
     if np.any(difference < 0) or np.any(difference % 2):
         raise ValueError(f"patch_in {patch_in} must exceed patch_out {patch_out} by an even number of voxels along "
