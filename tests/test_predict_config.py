@@ -8,6 +8,7 @@ import textwrap
 import h5py
 import numpy as np
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -772,3 +773,16 @@ def test_a_level_the_input_does_not_have_names_its_key(folder, capsys, choice, k
     error = _check_and_predict_fail(path, capsys)
     assert re.search(rf"predict\.input\.{key}: .*{words}", error), error
     assert not (folder / "out.zarr").exists()
+
+
+@pytest.mark.parametrize("input_", ["{file: img.zarr, level: 1}", "{file: img.zarr, resolution: [40, 8, 8]}",
+                                   "{file: a.h5, dataset: raw}", "img.zarr/s0"])
+def test_a_predict_section_written_back_reads_as_the_same(tmp_path, input_):
+    """to_yaml wrote the input's dataset alone: a level or resolution chosen was written as the finest's."""
+    config = tmp_path / "predict.yaml"
+    config.write_text(f"predict:\n  model: nets:load\n  input: {input_}\n  output: out.zarr/p\n"
+                      "  patch_in: [8, 16, 16]\n")
+    spec = load_predict_config(config)
+    again = tmp_path / "again.yaml"
+    again.write_text(yaml.safe_dump({"predict": spec.to_yaml()}))
+    assert load_predict_config(again) == spec

@@ -18,7 +18,7 @@ import pytest
 import zarr
 
 import emfast as ef
-from emfast.config import load_config, load_predict_config
+from emfast.config import ConfigError, load_config, load_predict_config
 from emfast.io import RemoteReadError, RemoteStore
 from reference import lift_voxel_size_check
 from remote_servers import free_port, http_server, s3_server, upload
@@ -209,6 +209,41 @@ predict:
     assert spec.input_path() == f"{served.url}/ome.zarr/s0"
     spec.run(progress=False)
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "out.zarr/p"))[0], written[1] * np.float32(1 / 255))
+
+
+def test_predict_and_its_config_take_storage_options_for_a_remote_input(written, s3, tmp_path, monkeypatch):
+    """An S3-compatible server named only in storage_options: predict had no such setting, and a predict config's
+    input no such key, as a sample has (a Python user could open the volume first; a config could not)."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    url, options = f"s3://{BUCKET}/v3.zarr", {"endpoint_url": s3}
+    expected = written[1] * np.float32(1 / 255)
+    ef.predict(lambda batch: batch, url, tmp_path / "py.zarr/p", patch_in=(8, 16, 16), storage_options=options)
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "py.zarr/p"))[0], expected)
+    with pytest.raises(ValueError, match=r"storage_options apply to remote stores .*, not to a local path"):
+        ef.predict(lambda batch: batch, written[0] / "v3.zarr", tmp_path / "local.zarr/p", patch_in=(8, 16, 16),
+                   storage_options=options)
+    with pytest.raises(TypeError, match=r"storage_options are for an input given as a URL, not a ndarray"):
+        ef.predict(lambda batch: batch, written[1], tmp_path / "array.zarr/p", patch_in=(8, 16, 16),
+                   storage_options=options)
+    (tmp_path / "nets.py").write_text("def load():\n    return lambda batch: batch\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = tmp_path / "predict.yaml"
+    config.write_text(f"""
+predict:
+  model: nets:load
+  input: {{file: {url}, storage_options: {{endpoint_url: '{s3}'}}}}
+  output: {tmp_path}/yaml.zarr/p
+  patch_in: [8, 16, 16]
+""")
+    spec = load_predict_config(config)
+    assert load_predict_config(config) == spec and spec.to_yaml()["input"] == {"file": url,
+                                                                              "storage_options": options}
+    spec.run(progress=False)
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "yaml.zarr/p"))[0], expected)
+    config.write_text(config.read_text().replace(url, str(written[0] / "v3.zarr")))
+    with pytest.raises(ConfigError, match=r"line 4: predict.input.storage_options: storage_options applies to remote "
+                                          r"files .*; this input reads none"):
+        load_predict_config(config)
 
 
 def test_a_missing_chunk_is_the_fill_value_where_the_format_says_so(written, served, tmp_path):
@@ -795,7 +830,7 @@ def test_info_shows_a_remote_volume(written, served, name, capsys):
 
 
 def test_a_config_gives_storage_options_for_a_samples_remote_files(written, s3, tmp_path):
-    from emfast.config import ConfigError, dump_config
+    from emfast.config import dump_config
     config = tmp_path / "train.yaml"
     text = f"""
 data:

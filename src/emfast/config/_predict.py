@@ -44,7 +44,7 @@ from ..inference import (BLENDS, CACHE_SHARE, CHUNK_EDGE, COMPRESSIONS, DEFAULT_
 from ..io import (CacheBudgetError, LevelChoiceError, UnfinishedOutputWarning, check_compression,
                   check_output_location, open_volume, parse_output)
 from ..transfer import cuda_ordinal
-from ._sections import SECTIONS, _check_normalize, _dataset, _file, _level_choice
+from ._sections import SECTIONS, _check_normalize, _dataset, _file, _level_choice, storage_options_of
 from ._spec import Builtin, plain
 from ._yaml import ConfigError, Path_, Reader, describe_value, parse_yaml, read_source
 
@@ -52,7 +52,8 @@ from ._yaml import ConfigError, Path_, Reader, describe_value, parse_yaml, read_
 #: (predict's volume, with its level or resolution, and out), and the Dask engine (its client).
 _SECTION_KEYS = ("model", "model_args", "input", "output", "engine")
 #: predict()'s parameters a section does not set: given above under other names, or by ``emfast predict``'s flags.
-_NOT_KEYS = {"model", "volume", "out", "level", "resolution", "client", "resume", "overwrite", "progress"}
+_NOT_KEYS = {"model", "volume", "out", "level", "resolution", "storage_options", "client", "resume", "overwrite",
+             "progress"}
 #: Every key of the section: predict()'s own settings are its keywords, declared once in its signature.
 _KEYS = _SECTION_KEYS + tuple(name for name in inspect.signature(predict).parameters if name not in _NOT_KEYS)
 _CHOICES = {"blend": BLENDS, "tta": TTA_COUNTS, "pad": PAD_MODES, "dtype": PREDICT_OUTPUT_DTYPE_NAMES,
@@ -77,6 +78,9 @@ class PredictSpec:
         The input dataset, when not part of ``input``.
     level, resolution : int, (float, float, float) or None
         The level of a multiscale input to read (by index, or by its voxel size); None: the finest.
+    storage_options : tuple of (str, value)
+        fsspec's options for a remote input (e.g. ``endpoint_url``), as sorted pairs; never printed or written
+        out by :meth:`describe`.
     output : Path
         ``container/dataset`` of the output.
     options : mapping
@@ -97,6 +101,7 @@ class PredictSpec:
     dataset: Optional[str] = None
     level: Optional[int] = None
     resolution: Optional[Tuple[float, float, float]] = None
+    storage_options: Tuple[Tuple[str, Any], ...] = ()
     engine: Optional[Mapping[str, Any]] = None
     base: Path = Path(".")
     source: str = field(default="<text>", compare=False)
@@ -227,7 +232,7 @@ class PredictSpec:
         try:
             with warnings.catch_warnings():  # predict refuses it: so is it here, at the input's key
                 warnings.simplefilter("error", UnfinishedOutputWarning)
-                volume = open_volume(self.input_path(cache_dir), in_memory=False, **self._level())
+                volume = open_volume(self.input_path(cache_dir), in_memory=False, **self._opening())
         except UnfinishedOutputWarning as warning:
             raise self.error(input_key, f"{warning}; predict does not read an unfinished output") from None
         except LevelChoiceError as error:
@@ -259,7 +264,7 @@ class PredictSpec:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", UnfinishedOutputWarning)
                     open_volume(self.input_path(cache_dir), in_memory=False,
-                                cache_bytes=self.options["memory"] // CACHE_SHARE, **self._level()).close()
+                                cache_bytes=self.options["memory"] // CACHE_SHARE, **self._opening()).close()
             except CacheBudgetError as error:
                 raise self.error(("memory",), str(input_cache_refusal(error, self.options["memory"]))) from None
         chunks = chunks or tuple(min(CHUNK_EDGE, s) for s in shape)  # predict's default
@@ -334,6 +339,11 @@ class PredictSpec:
         return {key: value for key, value in (("level", self.level), ("resolution", self.resolution))
                 if value is not None}
 
+    def _opening(self) -> dict:
+        """How the input is opened: :meth:`_level`, and a remote input's ``storage_options``."""
+        remote = {"storage_options": dict(self.storage_options)} if self.storage_options else {}
+        return dict(self._level(), **remote)
+
     def input_path(self, cache_dir=None) -> str:
         if isinstance(self.input, Builtin):
             return str(self.input.path(cache_dir) / (self.dataset or _DEMO_DATASET))
@@ -345,7 +355,7 @@ class PredictSpec:
 
     def run(self, *, resume: bool = False, overwrite: bool = False, progress=True, cache_dir=None) -> Prediction:
         """Run the prediction; a Dask engine gets a client for the run's duration."""
-        arguments = dict(self.options, resume=resume, overwrite=overwrite, progress=progress, **self._level())
+        arguments = dict(self.options, resume=resume, overwrite=overwrite, progress=progress, **self._opening())
         self.check_device()
         self.plan(cache_dir)
         # a finished output is left as it is: its model is not loaded (a checkpoint read, a device set up) to be
@@ -408,8 +418,11 @@ class PredictSpec:
         if self.model_args:
             out["model_args"] = plain(self.model_args)
         out["input"] = self.input.to_yaml() if isinstance(self.input, Builtin) else str(self.input)
-        if self.dataset:
-            out["input"] = {"file": out["input"], "dataset": self.dataset}
+        mapped = {"dataset": self.dataset, "level": self.level,
+                  "resolution": None if self.resolution is None else list(self.resolution),
+                  "storage_options": plain(dict(self.storage_options)) if self.storage_options else None}
+        if any(value is not None for value in mapped.values()):  # the level was lost: written as the finest's
+            out["input"] = dict({"file": out["input"]}, **{k: v for k, v in mapped.items() if v is not None})
         out["output"] = str(self.output)
         out.update(plain(self.options))
         if self.engine is not None:
@@ -430,12 +443,17 @@ def predict_section(reader: Reader, value, path: Path_) -> PredictSpec:
                                                    f"{describe_value(given)}")
     model_args = reader.mapping(given or {}, path + ("model_args",), tuple(map(str, given or {})))
     dataset = level = resolution = None
+    storage_options: tuple = ()
     source = section["input"]
     if isinstance(source, dict) and "file" in source:  # else a built-in volume ({builtin: demo})
-        reader.mapping(source, path + ("input",), ("file", "dataset", "level", "resolution"), required=("file",))
+        reader.mapping(source, path + ("input",), ("file", "dataset", "level", "resolution", "storage_options"),
+                       required=("file",))
         if source.get("dataset") is not None:  # "": the store's root, as the file alone (and null: not given)
             dataset = _dataset(reader, source["dataset"], path + ("input", "dataset"))
         level, resolution = _level_choice(reader, source, path + ("input",))
+        if source.get("storage_options") is not None:
+            storage_options = storage_options_of(reader, source["storage_options"],
+                                                 path + ("input", "storage_options"), [source["file"]], "input")
         source = source["file"]
         where = path + ("input", "file")
     else:
@@ -485,8 +503,8 @@ def predict_section(reader: Reader, value, path: Path_) -> PredictSpec:
             check_threads(options["threads"])
         except ValueError as error:
             raise reader.error(path + ("threads",), str(error)) from None
-    return PredictSpec(model, input_file, output, options, dict(model_args), dataset, level, resolution, engine,
-                       reader.base, reader.source, reader.marks)
+    return PredictSpec(model, input_file, output, options, dict(model_args), dataset, level, resolution,
+                       storage_options, engine, reader.base, reader.source, reader.marks)
 
 
 def _check_output(reader: Reader, output: Path, compression: Optional[str], path: Path_) -> None:

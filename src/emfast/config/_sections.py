@@ -133,7 +133,7 @@ def sample_spec(reader: Reader, value, path: Path_) -> SampleSpec:
         if key in optional and offset not in volumes:
             raise reader.error(path + (key,), f"{key} was given but the sample has no {offset}")
     if value.get("storage_options") is not None:
-        optional["storage_options"] = _storage_options(reader, value["storage_options"], path + ("storage_options",),
+        optional["storage_options"] = storage_options_of(reader, value["storage_options"], path + ("storage_options",),
                                                        [volume.file for volume in volumes.values()] +
                                                        [volume.file for _, volume in extra])
     if value.get("own_resolution") is not None:
@@ -142,13 +142,14 @@ def sample_spec(reader: Reader, value, path: Path_) -> SampleSpec:
     return SampleSpec(extra=extra, **volumes, **optional)
 
 
-def _storage_options(reader: Reader, value, path: Path_, files) -> tuple:
-    """fsspec's options for the sample's remote files (e.g. ``endpoint_url``), as sorted (key, value) pairs."""
+def storage_options_of(reader: Reader, value, path: Path_, files, owner: str = "sample") -> tuple:
+    """fsspec's options for the remote ones of ``files`` (e.g. ``endpoint_url``), as sorted (key, value) pairs;
+    ``owner`` reads the files, for the refusal where none is remote."""
     if not isinstance(value, dict):
         raise reader.error(path, f"expected a mapping of fsspec options, got {describe_value(value)}")
     if not any(isinstance(file, str) and is_url(file) for file in files):
         raise reader.error(path, "storage_options applies to remote files (s3://, gs://, http(s)://); this "
-                                 "sample reads none")
+                                 f"{owner} reads none")
     return tuple(sorted((str(key), item) for key, item in value.items()))
 
 

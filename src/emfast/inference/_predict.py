@@ -153,19 +153,24 @@ class PredictProgress:
 
 
 def _as_volume(volume, cache_bytes: int, level: Optional[int] = None,
-               resolution: Optional[Sequence[float]] = None) -> Tuple[Volume, bool]:
-    """The input as a Volume (of a path: its ``level``, or the level of ``resolution``, where given), and whether
-    this call opened it (and must close it, and its chunk cache of ``cache_bytes`` counts in the budget)."""
+               resolution: Optional[Sequence[float]] = None,
+               storage_options: Optional[dict] = None) -> Tuple[Volume, bool]:
+    """The input as a Volume (of a path: its ``level``, or the level of ``resolution``, where given, read with
+    ``storage_options`` where remote), and whether this call opened it (and must close it, and its chunk cache of
+    ``cache_bytes`` counts in the budget)."""
     if (level is not None or resolution is not None) and not isinstance(volume, (str, os.PathLike)):
         raise TypeError(f"level and resolution choose the level of an input given as a path, not of a "
                         f"{type(volume).__name__} (open another level with emfast.open(path, level=...))")
+    if storage_options is not None and not isinstance(volume, (str, os.PathLike)):
+        raise TypeError(f"storage_options are for an input given as a URL, not a {type(volume).__name__} (a "
+                        "volume opened with emfast.open(url, storage_options=...) carries its own)")
     if isinstance(volume, Volume):
         opened = False
     elif isinstance(volume, np.ndarray):
         volume, opened = Volume.from_array(volume, name="input array"), False
     elif isinstance(volume, (str, os.PathLike)):
         # its unwritten voxels would be predicted as data, the output recorded complete
-        source = open_source(volume, level=level, resolution=resolution)
+        source = open_source(volume, level=level, resolution=resolution, storage_options=storage_options)
         refuse_if_unfinished(source, str(volume), "what was not written would be predicted as its fill value",
                              UnfinishedInputError)
         volume, opened = Volume.open(source, in_memory=False, cache_bytes=cache_bytes), True
@@ -266,7 +271,8 @@ def _record(volume: Volume, caller: ModelCaller, plan: TilePlan, settings: dict,
                 chunks=list(plan.chunks), block=list(plan.block), emfast=__version__)
 
 
-def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolution=None, patch_in,
+def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolution=None,
+            storage_options: Optional[dict] = None, patch_in,
             patch_out=None, overlap=None, roi=None,
             blend: str = "gaussian", tta: int = 0, pad: str = "reflect", fill=0, normalize=None,
             channels: Optional[int] = None, dtype: str = "float32", chunks=None, block=None,
@@ -304,6 +310,10 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
         For a path to a multiscale image (OME-Zarr, precomputed): the level to read, by index or by its (z, y, x)
         voxel size in nm, as :func:`emfast.open` takes them; default the finest. The output has that level's
         shape, voxel size and offset.
+    storage_options : dict, optional
+        For an input given as a URL (``s3://``, ``gs://``, ``http(s)://``): fsspec's options, as
+        :func:`emfast.open` takes them (e.g. ``{"endpoint_url": ...}`` for an S3-compatible server). Not recorded
+        (they may hold credentials): a resume may give others.
     out : str or path-like
         ``container/dataset`` of a .zarr or .h5 output; it gets shape (C_out, z, y, x) over the whole volume
         (voxels outside ``roi`` stay 0), the input's resolution and offset, and the record ``emfast_predict``.
@@ -477,7 +487,7 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
     if client is not None:
         check_model_pickles(model, client)
     try:
-        volume, opened = _as_volume(volume, budget // CACHE_SHARE, level, resolution)
+        volume, opened = _as_volume(volume, budget // CACHE_SHARE, level, resolution, storage_options)
     except CacheBudgetError as error:
         raise input_cache_refusal(error, budget) from None
     hasher, digest = _fingerprint_ahead(volume)
