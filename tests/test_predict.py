@@ -1629,6 +1629,26 @@ def test_overwriting_with_an_input_without_geometry_drops_the_earlier_ome_descri
     assert "resolution" not in zarr.open_array(str(tmp_path / "p.zarr/p"), mode="r").attrs
 
 
+def test_a_new_output_store_is_written_in_the_zarr_format_asked_for(tmp_path, volume):
+    """Every new store was zarr 3: readers on zarr-python 2 (gunpowder 1.4, funlib.persistence 0.6 pin it) found
+    nothing at the path (a review of porting from gunpowder). An existing store keeps its own format."""
+    placed = ef.Volume.from_array(volume, resolution=(40, 4, 4), offset=(400, 40, 80))
+    ef.predict(crop, placed, tmp_path / "v2.zarr/p", patch_in=PATCH_IN, patch_out=PATCH_OUT, zarr_format=2)
+    assert (tmp_path / "v2.zarr/.zgroup").is_file() and (tmp_path / "v2.zarr/p/.zarray").is_file()
+    assert not list(tmp_path.glob("v2.zarr/**/zarr.json"))
+    array = zarr.open_array(str(tmp_path / "v2.zarr"), path="p", mode="r", zarr_format=2)
+    np.testing.assert_array_equal(array[0], normalized(volume))
+    assert list(array.attrs["voxel_size"]) == [40, 4, 4] and list(array.attrs["offset"]) == [400, 40, 80]
+    ef.predict(crop, placed, tmp_path / "v2.zarr/q", patch_in=PATCH_IN, patch_out=PATCH_OUT)  # the store's own
+    assert (tmp_path / "v2.zarr/q/.zarray").is_file()
+    ef.predict(crop, placed, tmp_path / "v3.zarr/p", patch_in=PATCH_IN, patch_out=PATCH_OUT)
+    assert (tmp_path / "v3.zarr/p/zarr.json").is_file()
+    for bad in (4, True, "2"):
+        with pytest.raises(ValueError, match=rf"zarr_format must be 2 or 3, got {bad!r}"):
+            ef.predict(crop, placed, tmp_path / "bad.zarr/p", patch_in=PATCH_IN, patch_out=PATCH_OUT, zarr_format=bad)
+    assert not (tmp_path / "bad.zarr").exists()
+
+
 def test_a_memory_too_small_for_the_inputs_chunk_cache_says_how_much_memory_it_needs(tmp_path, volume):
     """The message was the chunk cache's: "give a budget of at least B bytes", B below the memory given."""
     zarr = pytest.importorskip("zarr")

@@ -786,3 +786,14 @@ def test_a_predict_section_written_back_reads_as_the_same(tmp_path, input_):
     again = tmp_path / "again.yaml"
     again.write_text(yaml.safe_dump({"predict": spec.to_yaml()}))
     assert load_predict_config(again) == spec
+
+
+def test_a_predict_config_writes_the_zarr_format_it_names(folder, capsys):
+    path = _config(folder, PREDICT + "  zarr_format: 2\n")
+    assert main(["predict", str(path)]) == 0
+    assert (folder / "out.zarr/pred/.zarray").is_file() and not (folder / "out.zarr/pred/zarr.json").exists()
+    capsys.readouterr()
+    bad = _config(folder, PREDICT.replace("out.zarr", "other.zarr") + "  zarr_format: 4\n", "bad.yaml")
+    error = _check_and_predict_fail(bad, capsys)
+    line = _line_of(bad.read_text(), "zarr_format")
+    assert f"line {line}: predict.zarr_format: expected one of 2, 3, got the integer 4" in error

@@ -210,7 +210,7 @@ SLIP_LABELS = ("shift", "mask")
 class Slip(_SectionDefect):
     """Misaligned z-sections: a section's content moved by a random whole-voxel (dy, dx).
 
-    Two kinds, as in gunpowder's ``DefectAugment`` (``prob_slip`` / ``prob_shift``) and pytorch-connectomics'
+    Two kinds, as in gunpowder's ``ElasticAugment`` (``prob_slip`` / ``prob_shift``) and pytorch-connectomics'
     ``MisAlignment`` (``"slip"`` / ``"translation"``):
 
     * ``mode="slip"``: only the hit section moves (a section slipped during imaging); any section may be hit.

@@ -57,7 +57,7 @@ _NOT_KEYS = {"model", "volume", "out", "level", "resolution", "storage_options",
 #: Every key of the section: predict()'s own settings are its keywords, declared once in its signature.
 _KEYS = _SECTION_KEYS + tuple(name for name in inspect.signature(predict).parameters if name not in _NOT_KEYS)
 _CHOICES = {"blend": BLENDS, "tta": TTA_COUNTS, "pad": PAD_MODES, "dtype": PREDICT_OUTPUT_DTYPE_NAMES,
-            "compression": COMPRESSIONS}
+            "compression": COMPRESSIONS, "zarr_format": (2, 3)}
 #: The input dataset when ``input`` is the built-in volume.
 _DEMO_DATASET = "volumes/raw"
 

@@ -14,7 +14,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .._checks import check_threads, flag, integer, is_integer, is_real, triple
+from .._checks import check_threads, flag, integer, is_integer, is_real, refusal, triple
 from .._core.common import RAW_DTYPES
 from .._core.gather import PAD_MODES
 from .._threads import ctrl_c_held, shutdown_pool
@@ -276,7 +276,7 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
             patch_out=None, overlap=None, roi=None,
             blend: str = "gaussian", tta: int = 0, pad: str = "reflect", fill=0, normalize=None,
             channels: Optional[int] = None, dtype: str = "float32", chunks=None, block=None,
-            compression: Optional[str] = None, batch_size: int = 1,
+            compression: Optional[str] = None, zarr_format: int = 3, batch_size: int = 1,
             device: Optional[Union[str, TransferBackend]] = None, cuda_graphs: bool = False, threads: int = 2,
             memory=None, resume: bool = False, overwrite: bool = False, client=None,
             progress: Union[bool, Callable[["PredictProgress"], None]] = False) -> Prediction:
@@ -352,6 +352,9 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
         per axis, or, resuming, the block the output was begun in.
     compression : {"zstd", "blosc", "gzip", "none"}, optional
         Output codec; default "zstd" for zarr, "gzip" for HDF5 (which takes only "gzip" or "none").
+    zarr_format : {2, 3}
+        Format of a new zarr output store; an existing store keeps its own. Zarr 2 for readers still on
+        zarr-python 2 (gunpowder 1.4 and funlib.persistence 0.6 pin it), which cannot open zarr 3.
     batch_size : int
         Tiles (or variants) per model call. Every call holds this many: a shorter batch is filled with zero tiles
         (see ``Prediction.tiles_padded``), since a framework may give a tile other last bits in a batch of another
@@ -465,6 +468,9 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
                          f"{container}/{dataset} as a .zarr output (emfast convert can make an HDF5 copy "
                          "afterwards)")
     compression = check_compression(compression, kind)  # the format's default for None
+    if isinstance(zarr_format, bool) or zarr_format not in (2, 3):
+        raise refusal(f"zarr_format must be 2 or 3, got {zarr_format!r}", "zarr_format")
+    zarr_format = int(zarr_format)
     budget = DEFAULT_MEMORY if memory is None else parse_memory(memory)
     if cuda_graphs and (cuda_ordinal(device) is None or client is not None):
         raise ValueError(f"cuda_graphs=True needs device='cuda' or 'cuda:N' and no client=, got device={device!r}"
@@ -593,7 +599,7 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
             record_of = functools.cache(lambda: _record(volume, caller, plan, settings, digest, whole))
             store, finished = OutputStore.prepare(out, shape, dtype, plan.chunks, compression, plan.grid,
                                                   record_of, attributes, resume, overwrite, lock, plan.block_box(),
-                                                  stored_in_file(volume.stamp))
+                                                  stored_in_file(volume.stamp), zarr_format)
             record = record_of()
             bar = _PredictBar(len(blocks)) if progress is True else None
             try:

@@ -47,10 +47,11 @@ class OutputStore:
     :class:`~emfast.io.OutputWriter`) and its finished-block flags. Build one with :meth:`prepare`; reopen it in
     another process with :meth:`reopen` (what Dask workers do)."""
 
-    def __init__(self, container: Path, dataset: str, kind: str) -> None:
+    def __init__(self, container: Path, dataset: str, kind: str, zarr_format: int = 3) -> None:
         self.container, self.dataset, self.kind = container, dataset, kind
         self.flags_name = dataset + FLAGS_SUFFIX
-        self._writer = OutputWriter(container, dataset, kind, RECORD, refused=OutputExistsError)
+        self._writer = OutputWriter(container, dataset, kind, RECORD, refused=OutputExistsError,
+                                    zarr_format=zarr_format)
         self._flags = None
         self._flag_files = False  # zarr: the ChunkFiles writing the flags' chunks (None: zarr-python); unknown yet
         #: Whether :meth:`prepare` opened an existing output to resume it (rather than creating it).
@@ -63,7 +64,7 @@ class OutputStore:
     @classmethod
     def prepare(cls, out, shape, dtype: str, chunks, compression: str, grid, record: Callable[[], dict],
                 attributes: dict, resume: bool, overwrite: bool, lock: OutputLock,
-                box, input_in_file: bool = False) -> Tuple["OutputStore", Set[int]]:
+                box, input_in_file: bool = False, zarr_format: int = 3) -> Tuple["OutputStore", Set[int]]:
         """Create the output, or open it to resume; returns the store and the blocks already finished among
         those of ``box``, the (first, end) grid positions of the blocks the prediction covers. ``record()``
         returns the run's record, called once it is needed (a new output's after an earlier one was removed: the
@@ -71,7 +72,8 @@ class OutputStore:
         :class:`~emfast.io._outputs.OutputLock`. ``attributes`` may hold the input's
         ``resolution`` and ``offset`` (z, y, x nm), written in every convention the field reads, and the
         OME-NGFF ``translation`` of a binned level (see :attr:`~emfast.io.Volume.translation`);
-        ``input_in_file``: the input is a dataset stored in a file (HDF5), for messages.
+        ``input_in_file``: the input is a dataset stored in a file (HDF5), for messages; ``zarr_format``: of a
+        new zarr store (an existing one keeps its own).
 
         Raises
         ------
@@ -82,7 +84,7 @@ class OutputStore:
         """
         container, dataset, kind = parse_output(out, companions=(FLAGS_SUFFIX,))
         compression = check_compression(compression, kind)
-        store = cls(container, dataset, kind)
+        store = cls(container, dataset, kind, zarr_format)
         store._writer.open_to_check()
         try:
             attributes = dict(attributes)

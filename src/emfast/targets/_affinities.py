@@ -25,7 +25,9 @@ class Affinities(Target):
     (0, 0, -1)`` (the default), and neighbourhoods copied from gunpowder or lsd configs mean the same here. It is
     1 where both have the same label and that label is not ``background``, else 0. Only ``background`` is
     background: gunpowder also treats negative ids (int32, int64 labels) as background, emfast treats them as ordinary
-    objects; map them to ``background`` first if you rely on that. The mask (field ``name + "_mask"``) is 0 where the neighbour lies outside the label patch (unknown;
+    objects; map them to ``background`` first if you rely on that. gunpowder's ``AddAffinities`` also casts labels
+    to int32, so there uint32/uint64 ids from 2**31 up wrap to negative ids (background) and ids equal modulo 2**32
+    merge; emfast compares the ids as stored. The mask (field ``name + "_mask"``) is 0 where the neighbour lies outside the label patch (unknown;
     the affinity is 0 there too) or where either voxel is labelled ``ignore``, else 1.
 
     Parameters
