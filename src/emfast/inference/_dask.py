@@ -213,8 +213,9 @@ def _end_tasks(client, futures, ended, address: str) -> None:
     (within :data:`ENDED_POLL_S`) and write nothing, except a write begun before. With the user's client closed,
     ``ended`` is set through a client of the run's own (at the scheduler's ``address``): the tasks not yet writing
     write nothing, and a write begun cannot be waited for."""
+    from concurrent.futures import CancelledError  # distributed's FuturesCancelledError (2024.7 on) is one
+
     from distributed import Client, Event, wait
-    from distributed.client import FuturesCancelledError
     try:
         ended.set()
         running = set(client.run_on_scheduler(_running, keys=[future.key for future in futures]))
@@ -228,7 +229,7 @@ def _end_tasks(client, futures, ended, address: str) -> None:
     client.cancel([future for future in futures if future.key not in running])
     try:
         wait([future for future in futures if future.key in running])
-    except FuturesCancelledError:  # their workers ended too (a terminal's Ctrl-C reaches its whole process group)
+    except CancelledError:  # their workers ended too (a terminal's Ctrl-C reaches its whole process group)
         pass
 
 

@@ -119,12 +119,23 @@ def _hdf5_dataset_names(group: h5py.Group) -> List[str]:
     to another was listed as holding nothing). A link's group is walked through its hard links only (a soft link
     may lead back up: no cycle); a dangling link is left out."""
     names: List[str] = []
-    group.visititems(lambda name, node: names.append(name) if isinstance(node, h5py.Dataset) else None)
-    if not hasattr(group, "visititems_links"):  # h5py before 3.11: hard links only
-        return names
+    groups: List[str] = [""]
+
+    def visit(name, node):
+        if isinstance(node, h5py.Dataset):
+            names.append(name)
+        elif isinstance(node, h5py.Group):
+            groups.append(name)
+
+    group.visititems(visit)
+    # the links of each group reached by hard links, read one by one: visititems_links is h5py 3.11's, and 3.8 is
+    # supported (there a file of links was listed as holding nothing)
     links: List[str] = []
-    group.visititems_links(lambda name, link: links.append(name)
-                           if isinstance(link, (h5py.SoftLink, h5py.ExternalLink)) else None)
+    for parent in groups:
+        holder = group[parent] if parent else group
+        links += [f"{parent}/{key}" if parent else key for key in holder
+                  if isinstance(holder.get(key, getlink=True), (h5py.SoftLink, h5py.ExternalLink))]
+    links.sort(key=lambda name: name.split("/"))  # depth first by name, as HDF5 visits them
     for name in links:
         try:
             node = group[name]

@@ -495,7 +495,9 @@ class OutputWriter:
             # datasets again (a file that keeps its free space, see open_hdf5_for_writing) without clearing it,
             # and stale flags would mark blocks finished that never were. Unwritten chunks take no space (a small
             # roi of a huge grid flags a few).
-            node = self.root.create_dataset(name, shape=tuple(shape), dtype=dtype, fillvalue=0, fill_time="alloc",
+            allocated = h5py.h5p.create(h5py.h5p.DATASET_CREATE)  # fill_time= is h5py 3.12's: 3.8 is supported
+            allocated.set_fill_time(h5py.h5d.FILL_TIME_ALLOC)
+            node = self.root.create_dataset(name, shape=tuple(shape), dtype=dtype, fillvalue=0, dcpl=allocated,
                                             chunks=tuple(min(int(s), 64) for s in shape))
             for key, value in attributes.items():
                 node.attrs[key] = value
