@@ -95,6 +95,27 @@ def local_store(path, writable: bool = False):
     return import_zarr("writing" if writable else "reading").storage.LocalStore(str(path), read_only=not writable)
 
 
+#: Most seconds :func:`settle_writes` waits for zarr-python's writes in flight.
+SETTLE_S = 10.0
+
+
+def settle_writes() -> None:
+    """Wait (at most :data:`SETTLE_S`) for the tasks on zarr-python's event loop to end. Where one write of a
+    group (an ``asyncio.gather``) fails, zarr raises at once and the others run on: files they write land after
+    the caller has removed what failed (a snapshot's store, deleted after a full disk, reappeared in part: a CI
+    run under load)."""
+    import asyncio
+
+    from zarr.core.sync import _get_loop  # zarr-python names no public getter of its loop
+
+    async def the_others():  # asyncio.wait, not gather: a task still running then (a remote read) is left alone
+        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        if others:
+            await asyncio.wait(others, timeout=SETTLE_S)
+
+    asyncio.run_coroutine_threadsafe(the_others(), _get_loop()).result()
+
+
 class ZarrSource(VolumeSource):
     """An array of a zarr store, or a level of an OME-NGFF multiscale image.
 

@@ -32,7 +32,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from ..io import add_ome_multiscales, format_of_suffix, import_zarr, local_store, zarr_geometry
+from ..io import add_ome_multiscales, format_of_suffix, import_zarr, local_store, settle_writes, zarr_geometry
 from ._windows import window_extents
 
 #: The level written in each field group (the OME-NGFF image's one dataset).
@@ -86,12 +86,14 @@ def write_snapshot(loader, path, batches: int = 1, png=None) -> Path:
         if png is not None:
             write_png(png, montage(first))
     except OSError as error:
+        settle_writes()  # zarr's other writes of the failed one run on, and would write after the removal
         shutil.rmtree(path, ignore_errors=True)  # this call made it: half a snapshot is none
         if png is not None and error.filename == str(png):
             raise
         raise OSError(error.errno, f"snapshot: cannot write {path}: {error.strerror or error}", str(path)) \
             from error  # zarr's own errors of a full disk name no file
     except BaseException:
+        settle_writes()
         shutil.rmtree(path, ignore_errors=True)
         raise
     return path
