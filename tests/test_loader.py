@@ -645,3 +645,32 @@ def test_the_loader_docstring_gives_every_parameters_default():
         if name not in entries or "default" not in entries[name] or default not in entries[name]:
             missing.append(f"{name} (default {default}): {entries.get(name)!r}")
     assert not missing, "\n".join(missing)
+
+
+@pytest.mark.parametrize("epoch_size", [None, 6])
+def test_an_iterator_goes_on_after_an_exception_in_next(volumes, epoch_size, monkeypatch):
+    """iter(loader) was a generator, finished for good once an exception left it: after a Ctrl-C in a notebook
+    cell (or a SlotsExhaustedError), next(it) raised a bare StopIteration on an endless loader (a review)."""
+    raw, _ = volumes
+    settings = dict(patch=(4, 16, 16), batch_size=2, seed=3, epoch_size=epoch_size, augment=["mirror"])
+    with ef.Loader(raw, **settings) as reference:
+        expected = [reference.next_batch()["raw"].copy() for _ in range(6)]
+    with ef.Loader(raw, **settings) as loader:
+        it = iter(loader)
+        taken = [next(it)["raw"].copy()]
+        real = loader.next_batch
+        interrupted = [False]
+
+        def interrupt_once():
+            if not interrupted[0]:
+                interrupted[0] = True
+                raise KeyboardInterrupt
+            return real()
+
+        monkeypatch.setattr(loader, "next_batch", interrupt_once)
+        with pytest.raises(KeyboardInterrupt):
+            next(it)
+        taken += [batch["raw"].copy() for batch in it] if epoch_size else [next(it)["raw"].copy() for _ in range(5)]
+    assert len(taken) == 6
+    for got, want in zip(taken, expected):
+        np.testing.assert_array_equal(got, want)

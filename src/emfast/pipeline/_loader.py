@@ -22,13 +22,14 @@ from .. import targets as _targets
 from .._checks import check_threads, concerning
 from .._threads import ctrl_c_held, run_every
 from ..augment import Windows
-from ..io import ProgressBar, Volume
+from ..io import Volume
 from ..sampling import Placed, Sampler, as_dataset
 from ..transfer import resolve_device
 from ._batch import Batch, host_arrays
 from ._copier import Copier
 from ._fields import check_own, common_grid, own_field, raw_grid_sources
 from ._gather import Field, Gatherer
+from ._iteration import EpochIterator
 from ._normalize import normalization
 from ._options import (buffer_counts, check_memory, checked_epoch_size, chunk_cache_bytes,
                        loader_sampler, rank_and_world, setting, torch_worker)
@@ -444,24 +445,10 @@ class Loader:
     # -- consuming --------------------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Batch]:
-        """Yield batches to the end of the current epoch (forever without ``epoch_size``)."""
-        self.start()
-        bar = ProgressBar(self.epoch_size) if self.progress and self.epoch_size is not None else None
-        try:
-            epoch = None
-            while True:
-                if epoch is not None and self._epoch_ended.get(threading.get_ident()) == epoch:
-                    return  # this thread took the epoch's last batch outside the loop (snapshot(), next_batch())
-                batch = self.next_batch()
-                epoch = batch.epoch if epoch is None else epoch
-                if bar is not None:
-                    bar.update(batch.index + 1)
-                yield batch
-                if self.epoch_size is not None and batch.index == self.epoch_size - 1:
-                    return
-        finally:
-            if bar is not None:
-                bar.finish()
+        """Batches to the end of the current epoch (forever without ``epoch_size``). The iterator stays usable
+        after an exception raised by one ``next`` (Ctrl-C, :class:`~emfast.SlotsExhaustedError`): the next call
+        takes the stream's next batch."""
+        return EpochIterator(self)
 
     def __len__(self) -> int:
         """Batches per epoch, ``len(loader)``: ``epoch_size``, or the epoch of a tiled sampler (this shard's share).
