@@ -107,5 +107,38 @@ def test_a_2d_image_and_a_2d_patch_are_told_how_to_be_one_section(tmp_path):
         with pytest.raises(ValueError, match=rf"{setting} must be 3 integers >= 1 \(z, y, x\), got \(32, 32\): a 2-D "
                                              r"patch is one section deep, \(1, 32, 32\)"):
             ef.Loader(image[np.newaxis], **{setting: (32, 32)})
+    with pytest.raises(ValueError, match=r"got array\(\[32, 32\]\): a 2-D patch is one section deep, \(1, 32, 32\)"):
+        ef.Loader(image[np.newaxis], patch=np.array([32, 32]))
+    for pair in ((0, 64), (-3, 5), ("a", "b"), (64.5, 64), (True, 64)):  # no window in one section either
+        with pytest.raises(ValueError) as refused:
+            ef.Loader(image[np.newaxis], patch=pair)
+        assert "one section" not in str(refused.value)
+    for setting in ("patch_in", "patch_out"):
+        with pytest.raises(ValueError, match=rf"{setting} must be 3 integers >= 1 \(z, y, x\), got \(16, 16\): a 2-D "
+                                             r"patch is one section deep, \(1, 16, 16\)"):
+            ef.predict(lambda batch: batch, image[np.newaxis], tmp_path / "p.zarr/p",
+                       **dict(dict(patch_in=(1, 32, 32)), **{setting: (16, 16)}))
     with ef.Loader(image[np.newaxis], patch=(1, 32, 32), batch_size=2, seed=0) as loader:
         assert loader.next_batch()["raw"].shape == (2, 1, 1, 32, 32)
+
+
+def test_2d_images_in_ome_zarr_and_n5_are_told_how_to_be_one_section(tmp_path):
+    """Valid 2-D images were "malformed metadata" (axes ['y', 'x']; dimensions [64, 64]) (a second review)."""
+    import json
+    import zarr
+    group = zarr.open_group(str(tmp_path / "ome.zarr"), mode="w", zarr_format=2)
+    group.create_array("0", data=np.zeros((64, 64), np.uint8))
+    group.attrs["multiscales"] = [{"version": "0.4", "axes": [{"name": "y", "type": "space"},
+                                                              {"name": "x", "type": "space"}],
+                                   "datasets": [{"path": "0", "coordinateTransformations": [
+                                       {"type": "scale", "scale": [4.0, 4.0]}]}]}]
+    with pytest.raises(ef.io.StoreMetadataError, match=r"axes = \['y', 'x'\], an image without a z axis; emfast "
+                                                       r"reads volumes \(z, y, x\); a 2-D image is one section"):
+        ef.open(tmp_path / "ome.zarr")
+    (tmp_path / "img.n5/img").mkdir(parents=True)
+    (tmp_path / "img.n5/attributes.json").write_text(json.dumps({"n5": "2.0.0"}))
+    (tmp_path / "img.n5/img/attributes.json").write_text(json.dumps(
+        {"dimensions": [64, 64], "blockSize": [32, 32], "dataType": "uint8", "compression": {"type": "raw"}}))
+    with pytest.raises(ef.io.StoreMetadataError, match=r"a 2-D dataset \(dimensions \[64, 64\]\); emfast reads "
+                                                       r"volumes: .*; a 2-D image is one section"):
+        ef.open(tmp_path / "img.n5/img")

@@ -428,3 +428,22 @@ def test_an_existing_lock_file_is_opened_without_creating_it(tmp_path, monkeypat
     monkeypatch.setattr(os, "open", protected)
     ef.predict(crop, np.zeros((8, 32, 32), np.uint8), tmp_path / "out.zarr/pred", **ARGS)
     assert (tmp_path / "out.zarr/pred").is_dir()
+
+
+def test_a_lock_file_removed_between_two_opens_is_made_again(tmp_path, monkeypatch):
+    """Opened without O_CREAT first, then made with O_EXCL: a file removed between the two (a user told to remove
+    a stale one) was "a link or folder of that name must be moved away" (a second review)."""
+    from emfast.io._outputs import OutputLock
+
+    real_open = os.open
+    raced = []
+
+    def removed_meanwhile(path, flags, *args, **kwargs):
+        if str(path).endswith(".emfast-lock") and flags & os.O_EXCL and not raced:
+            raced.append(path)
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))  # made, then removed
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", removed_meanwhile)
+    with OutputLock(tmp_path / "out.zarr"):
+        assert raced and (tmp_path / ".out.zarr.emfast-lock").is_file()

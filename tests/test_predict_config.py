@@ -797,3 +797,10 @@ def test_a_predict_config_writes_the_zarr_format_it_names(folder, capsys):
     error = _check_and_predict_fail(bad, capsys)
     line = _line_of(bad.read_text(), "zarr_format")
     assert f"line {line}: predict.zarr_format: expected one of 2, 3, got the integer 4" in error
+
+
+def test_a_2d_patch_in_a_predict_config_is_told_how_to_be_one_section(folder, capsys):
+    path = _config(folder, PREDICT.replace("patch_in: [10, 20, 20]", "patch_in: [20, 20]"))
+    error = _check_and_predict_fail(path, capsys)
+    assert ("predict.patch_in: expected a list of 3 integers >= 1 [z, y, x], got a list [20, 20]: a 2-D patch is "
+            "one section deep, (1, 20, 20)") in error

@@ -240,7 +240,10 @@ predict:
                                                                               "storage_options": options}
     spec.run(progress=False)
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "yaml.zarr/p"))[0], expected)
-    config.write_text(config.read_text().replace(url, str(written[0] / "v3.zarr")))
+    config.write_text(config.read_text().replace(url, f"s3://{BUCKET}/nothere.zarr"))
+    with pytest.raises(ConfigError, match=r"line 4: predict.input.file: .*nothere.zarr"):  # the file's key, not input's
+        load_predict_config(config).plan()
+    config.write_text(config.read_text().replace(f"s3://{BUCKET}/nothere.zarr", str(written[0] / "v3.zarr")))
     with pytest.raises(ConfigError, match=r"line 4: predict.input.storage_options: storage_options applies to remote "
                                           r"files .*; this input reads none"):
         load_predict_config(config)

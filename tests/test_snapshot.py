@@ -205,6 +205,62 @@ def test_a_snapshot_that_cannot_be_written_names_the_file_and_leaves_nothing(tmp
     assert not store.exists() and not png.exists()
 
 
+def test_a_failed_snapshot_waits_for_its_own_writes_in_flight_and_for_no_others(tmp_path, monkeypatch):
+    """zarr writes an array's metadata files together and raised at the first failure while the others ran on:
+    they landed after the snapshot had removed its store (a CI run under load). Waiting for every task on zarr's
+    event loop instead waited for other volumes' remote reads too (10 s, a second review)."""
+    import asyncio
+    import errno
+    import time
+
+    from zarr.core.sync import _get_loop
+    from zarr.storage import _local
+
+    real_put = _local._put
+    failed = []
+
+    def slow_or_full(path, value, exclusive=False):
+        if path.name == ".zattrs" and "example_00" in str(path):
+            time.sleep(0.3)  # the sibling still running when the first write fails
+        elif path.name == ".zarray" and not failed:
+            failed.append(path)
+            raise OSError(errno.EFBIG, "File too large")
+        return real_put(path, value, exclusive=exclusive)
+
+    monkeypatch.setattr(_local, "_put", slow_or_full)
+    unrelated = asyncio.run_coroutine_threadsafe(asyncio.sleep(60), _get_loop())  # another volume's remote read
+    raw = np.random.default_rng(0).integers(0, 256, (8, 40, 40), dtype=np.uint8)
+    try:
+        with ef.Loader(raw, patch=(4, 16, 16), batch_size=2, augment=()) as loader:
+            with pytest.raises(OSError, match=r"snapshot: cannot write .*s.zarr: File too large"):
+                loader.snapshot(tmp_path / "s.zarr")
+        assert failed and not unrelated.done()
+        time.sleep(0.5)  # a write the snapshot had not waited for lands by now
+        assert not (tmp_path / "s.zarr").exists()
+    finally:
+        unrelated.cancel()
+
+
+def test_an_interrupted_wait_still_removes_the_failed_snapshot(tmp_path, monkeypatch):
+    from emfast.pipeline import _snapshot
+
+    def interrupted(store, path):
+        real_remove(_Interrupting(), path)
+
+    class _Interrupting:
+        def settle(self):
+            raise KeyboardInterrupt  # a second Ctrl-C while the writes in flight are waited for
+
+    real_remove = _snapshot._remove
+    monkeypatch.setattr(_snapshot, "_remove", interrupted)
+    raw = np.random.default_rng(0).integers(0, 256, (8, 40, 40), dtype=np.uint8)
+    with ef.Loader(raw, patch=(4, 16, 16), batch_size=2, augment=()) as loader:
+        monkeypatch.setattr(loader, "next_batch", lambda: (_ for _ in ()).throw(KeyboardInterrupt()))
+        with pytest.raises(KeyboardInterrupt):
+            loader.snapshot(tmp_path / "s.zarr")
+    assert not (tmp_path / "s.zarr").exists()
+
+
 def test_a_png_path_that_is_a_dangling_link_is_refused_as_existing(tmp_path, volumes):
     """open(..., "xb") refuses a dangling link: the error was wrapped again as the store's, errno None."""
     (tmp_path / "m.png").symlink_to(tmp_path / "nowhere.png")

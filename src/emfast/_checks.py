@@ -171,10 +171,22 @@ def triple(value, what: str, *, integer: bool = True, minimum: Optional[float] =
 def patch_window(value, what: str) -> Tuple[int, int, int]:
     """A window (z, y, x) of voxels, each >= 1, as :func:`triple` checks it; a (y, x) pair is told how to be one
     section (a 2-D patch was refused as "must be 3 integers" alone)."""
-    if isinstance(value, (tuple, list)) and len(value) == 2:
-        raise refusal(f"{what} must be 3 integers >= 1 (z, y, x), got {value!r}: a 2-D patch is one section deep, "
-                      f"(1, {value[0]!r}, {value[1]!r})", what)
+    hint = one_section(value)
+    if hint:
+        raise refusal(f"{what} must be 3 integers >= 1 (z, y, x), got {value!r}{hint}", what)
     return triple(value, what, minimum=1)
+
+
+def one_section(value) -> str:
+    """For a window given as a valid (y, x) pair (a tuple, list or array of two integers >= 1): how it is written
+    as one section; else ""."""
+    try:
+        items = () if isinstance(value, (str, bytes)) else tuple(value)
+    except TypeError:
+        return ""
+    if len(items) != 2 or not all(is_integer(item) and item >= 1 for item in items):
+        return ""
+    return f": a 2-D patch is one section deep, (1, {int(items[0])}, {int(items[1])})"
 
 
 def _accepted(item, integer: bool) -> bool:

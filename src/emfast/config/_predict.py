@@ -79,8 +79,8 @@ class PredictSpec:
     level, resolution : int, (float, float, float) or None
         The level of a multiscale input to read (by index, or by its voxel size); None: the finest.
     storage_options : tuple of (str, value)
-        fsspec's options for a remote input (e.g. ``endpoint_url``), as sorted pairs; never printed or written
-        out by :meth:`describe`.
+        fsspec's options for a remote input (e.g. ``endpoint_url``), as sorted pairs; never printed (they may
+        hold credentials), and not recorded with the output.
     output : Path
         ``container/dataset`` of the output.
     options : mapping
@@ -227,7 +227,8 @@ class PredictSpec:
             At ``predict.input`` (or its ``file``/``dataset``) when the input cannot be opened, else at the key
             whose value does not fit the input or the other values.
         """
-        mapped = self.dataset is not None or self.level is not None or self.resolution is not None
+        mapped = self.dataset is not None or self.level is not None or self.resolution is not None \
+            or bool(self.storage_options)
         input_key = ("input", "file") if mapped and not isinstance(self.input, Builtin) else ("input",)
         try:
             with warnings.catch_warnings():  # predict refuses it: so is it here, at the input's key
@@ -462,10 +463,11 @@ def predict_section(reader: Reader, value, path: Path_) -> PredictSpec:
         dataset = dataset or _DEMO_DATASET
     input_file = _file(reader, source, where)
     output = _file(reader, reader.string(section["output"], path + ("output",)), path + ("output",))
-    options = {"patch_in": reader.triple(section["patch_in"], path + ("patch_in",), minimum=1)}
+    options = {"patch_in": reader.triple(section["patch_in"], path + ("patch_in",), minimum=1, window=True)}
     for key in ("patch_out", "overlap", "chunks", "block"):
         if section.get(key) is not None:
-            options[key] = reader.triple(section[key], path + (key,), minimum=0 if key == "overlap" else 1)
+            options[key] = reader.triple(section[key], path + (key,), minimum=0 if key == "overlap" else 1,
+                                         window=key == "patch_out")
     if section.get("roi") is not None:
         roi = reader.mapping(section["roi"], path + ("roi",), ("start", "stop"), required=("start", "stop"))
         options["roi"] = (reader.triple(roi["start"], path + ("roi", "start"), minimum=0),

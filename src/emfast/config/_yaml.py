@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import yaml
 
-from .._checks import triple
+from .._checks import one_section, triple
 
 
 
@@ -266,14 +266,18 @@ class Reader:
             raise self.error(path, f"expected a non-empty string, got {describe_value(value)}")
         return value
 
-    def triple(self, value, path: Path_, minimum: Optional[int] = None) -> Tuple[int, int, int]:
+    def triple(self, value, path: Path_, minimum: Optional[int] = None, window: bool = False) -> Tuple[int, int, int]:
+        """A list of 3 integers (>= ``minimum``); ``window``: a patch, whose (y, x) pair is told how to be one
+        section."""
         try:
             if not isinstance(value, list):
                 raise ValueError("not a list")
             return triple(value, _format_path(path), minimum=minimum)
         except ValueError:
             kind = "integers" if minimum is None else f"integers >= {minimum}"
-            raise self.error(path, f"expected a list of 3 {kind} [z, y, x], got {describe_value(value)}") from None
+            hint = one_section(value) if window else ""
+            raise self.error(path, f"expected a list of 3 {kind} [z, y, x], got {describe_value(value)}{hint}") \
+                from None
 
     def listing(self, value, path: Path_) -> list:
         if not isinstance(value, list):

@@ -14,7 +14,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .._checks import check_threads, flag, integer, is_integer, is_real, refusal, triple
+from .._checks import check_threads, flag, integer, is_integer, is_real, patch_window, refusal, triple
 from .._core.common import RAW_DTYPES
 from .._core.gather import PAD_MODES
 from .._threads import ctrl_c_held, shutdown_pool
@@ -504,8 +504,9 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
         # change while the first call ran went unseen, and the output was recorded complete from both versions.
         whole, data = fingerprints(volume.stamp)  # one listing of a stored input's files for both
         check_output_location(container, dataset, kind, volume.stamp, "input")
-        patch_in = _triple_or_int(patch_in, "patch_in", 1)
-        patch_out = patch_in if patch_out is None else _triple_or_int(patch_out, "patch_out", 1)
+        patch_in = patch_window((patch_in,) * 3 if is_integer(patch_in) else patch_in, "patch_in")
+        patch_out = patch_in if patch_out is None else \
+            patch_window((patch_out,) * 3 if is_integer(patch_out) else patch_out, "patch_out")
         if overlap is None:
             overlap = (0, 0, 0) if blend == "none" else tuple(p // 4 for p in patch_out)
         overlap = _triple_or_int(overlap, "overlap", 0)

@@ -30,7 +30,7 @@ from ._source import (CorruptChunkError, DatasetNotFoundError, LevelChoiceError,
                       VolumeSource, local_path)
 from ._volume import (ASARRAY_LIMIT_BYTES, UnsupportedDtypeError, Volume, VolumeTooLargeError, as_volume,
                       first_non_finite)
-from ._zarr import ZarrSource, import_zarr, local_store, settle_writes, zarr_missing
+from ._zarr import ZarrSource, import_zarr, local_store, settling_store, zarr_missing
 from ._writer import COMPRESSIONS, OutputWriter, check_compression, compared_record, parse_output, zarr_compressor
 
 __all__ = [
@@ -83,7 +83,7 @@ __all__ = [
     "hdf5",
     "import_zarr",
     "local_store",
-    "settle_writes",
+    "settling_store",
     "is_url",
     "list_datasets",
     "local_path",

@@ -826,14 +826,20 @@ def _open_lock_file(path: Path) -> int:
     rewritten). The umask decides a new file's mode, as for the output's files: 0o644 locked a shared group
     folder's members out of each other's containers (a review). An existing file is opened without O_CREAT: in a
     sticky world-writable folder, Linux's protected_regular refuses O_CREAT on another user's file even at 0o666."""
-    try:
-        return os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        pass
-    try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
-    except FileExistsError:  # made meanwhile by another run (or a link there: refused by the next open)
-        return os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    for _ in range(LOCK_OPEN_TRIES):  # a file made or removed between two opens: asked again
+        try:
+            return os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            pass
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+        except FileExistsError:  # made meanwhile by another run (or a link there: refused by the next open)
+            continue
+    return os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+
+
+#: Rounds of :func:`_open_lock_file` before a lock file made and removed as fast as it is opened is given up on.
+LOCK_OPEN_TRIES = 8
 
 
 def _user_name(uid: int) -> str:

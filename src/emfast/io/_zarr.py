@@ -39,6 +39,7 @@ import itertools
 import json
 import math
 import os
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -95,25 +96,56 @@ def local_store(path, writable: bool = False):
     return import_zarr("writing" if writable else "reading").storage.LocalStore(str(path), read_only=not writable)
 
 
-#: Most seconds :func:`settle_writes` waits for zarr-python's writes in flight.
+#: Most seconds a :func:`settling_store` waits for its writes in flight.
 SETTLE_S = 10.0
 
 
-def settle_writes() -> None:
-    """Wait (at most :data:`SETTLE_S`) for the tasks on zarr-python's event loop to end. Where one write of a
-    group (an ``asyncio.gather``) fails, zarr raises at once and the others run on: files they write land after
-    the caller has removed what failed (a snapshot's store, deleted after a full disk, reappeared in part: a CI
-    run under load)."""
-    import asyncio
+def settling_store(path):
+    """A writable zarr-python store of the local folder ``path`` whose ``settle()`` waits (at most
+    :data:`SETTLE_S`) for its writes in flight. Where one write of a group (an ``asyncio.gather``) fails, zarr
+    raises at once and the others run on: files they write landed after the caller had removed what failed (a
+    snapshot's store, deleted after a full disk, reappeared in part: a CI run under load). Only this store's
+    writes are waited for: a wait for every task on zarr's loop also waited for other volumes' remote reads."""
+    return _settling_store_class()(str(path))
 
-    from zarr.core.sync import _get_loop  # zarr-python names no public getter of its loop
 
-    async def the_others():  # asyncio.wait, not gather: a task still running then (a remote read) is left alone
-        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        if others:
-            await asyncio.wait(others, timeout=SETTLE_S)
+@functools.lru_cache(maxsize=None)
+def _settling_store_class():
+    zarr = import_zarr("writing")
 
-    asyncio.run_coroutine_threadsafe(the_others(), _get_loop()).result()
+    class SettlingStore(zarr.storage.LocalStore):
+        def __init__(self, root, read_only: bool = False) -> None:
+            super().__init__(root, read_only=read_only)
+            self._writing = 0
+            self._counting = threading.Lock()
+
+        # not async: a write is counted when zarr asks for it, before its task first runs (a sibling not yet
+        # started when the first write failed would pass for none)
+        def set(self, key, value):
+            return self._counted(super().set(key, value))
+
+        def set_if_not_exists(self, key, value):
+            return self._counted(super().set_if_not_exists(key, value))
+
+        def _counted(self, write):
+            with self._counting:
+                self._writing += 1
+
+            async def counted():
+                try:
+                    return await write
+                finally:
+                    with self._counting:
+                        self._writing -= 1
+
+            return counted()
+
+        def settle(self) -> None:
+            deadline = time.monotonic() + SETTLE_S
+            while self._writing and time.monotonic() < deadline:
+                time.sleep(0.002)
+
+    return SettlingStore
 
 
 class ZarrSource(VolumeSource):

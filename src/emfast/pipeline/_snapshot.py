@@ -32,7 +32,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from ..io import add_ome_multiscales, format_of_suffix, import_zarr, local_store, settle_writes, zarr_geometry
+from ..io import add_ome_multiscales, format_of_suffix, import_zarr, settling_store, zarr_geometry
 from ._windows import window_extents
 
 #: The level written in each field group (the OME-NGFF image's one dataset).
@@ -72,8 +72,9 @@ def write_snapshot(loader, path, batches: int = 1, png=None) -> Path:
     except FileExistsError:
         raise FileExistsError(f"snapshot: {path} exists; a snapshot never replaces a file or store, choose another "
                               "path") from None
+    store = settling_store(path)
     try:
-        root = zarr.open_group(local_store(path, writable=True), mode="w-", zarr_format=2)
+        root = zarr.open_group(store, mode="w-", zarr_format=2)
         root.attrs.update(emfast_snapshot={"batches": int(batches), "patch_out": list(loader.patch_out)})
         first = None
         for k in range(int(batches)):
@@ -86,17 +87,24 @@ def write_snapshot(loader, path, batches: int = 1, png=None) -> Path:
         if png is not None:
             write_png(png, montage(first))
     except OSError as error:
-        settle_writes()  # zarr's other writes of the failed one run on, and would write after the removal
-        shutil.rmtree(path, ignore_errors=True)  # this call made it: half a snapshot is none
+        _remove(store, path)
         if png is not None and error.filename == str(png):
             raise
         raise OSError(error.errno, f"snapshot: cannot write {path}: {error.strerror or error}", str(path)) \
             from error  # zarr's own errors of a full disk name no file
     except BaseException:
-        settle_writes()
-        shutil.rmtree(path, ignore_errors=True)
+        _remove(store, path)
         raise
     return path
+
+
+def _remove(store, path: Path) -> None:
+    """Remove the snapshot ``path`` this call made (half a snapshot is none), once the writes of ``store`` still
+    in flight have ended (zarr's other writes of a failed one run on); removed even if that wait is interrupted."""
+    try:
+        store.settle()
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _write_batch(root, name: str, loader, batch, arrays: Dict[str, np.ndarray]) -> None:
