@@ -192,19 +192,20 @@ loader:
     assert any("v3.zarr/c/" in request for request in served.requests)
 
 
+def identity_config(folder, monkeypatch, input_, output):
+    """A predict config of the identity network beside its module in ``folder``: ``input:`` as given (YAML)."""
+    (folder / "nets.py").write_text("def load():\n    return lambda batch: batch\n")
+    monkeypatch.syspath_prepend(str(folder))
+    config = folder / "predict.yaml"
+    config.write_text(f"predict:\n  model: nets:load\n  input: {input_}\n  output: {folder / output}\n"
+                      "  patch_in: [8, 16, 16]\n")
+    return config
+
+
 def test_a_predict_config_takes_a_remote_file_and_its_dataset(written, served, tmp_path, monkeypatch):
     """``input: {file: URL, dataset: ...}``, as CONFIG.md writes it for any file: the URL and the dataset are one
     path (a URL is a string, not a path: joining them raised a TypeError, an "internal error")."""
-    (tmp_path / "nets.py").write_text("def load():\n    return lambda batch: batch\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    config = tmp_path / "predict.yaml"
-    config.write_text(f"""
-predict:
-  model: nets:load
-  input: {{file: {served.url}/ome.zarr/, dataset: /s0}}
-  output: {tmp_path}/out.zarr/p
-  patch_in: [8, 16, 16]
-""")
+    config = identity_config(tmp_path, monkeypatch, f"{{file: {served.url}/ome.zarr/, dataset: /s0}}", "out.zarr/p")
     spec = load_predict_config(config)
     assert spec.input_path() == f"{served.url}/ome.zarr/s0"
     spec.run(progress=False)
@@ -225,26 +226,18 @@ def test_predict_and_its_config_take_storage_options_for_a_remote_input(written,
     with pytest.raises(TypeError, match=r"storage_options are for an input given as a URL, not a ndarray"):
         ef.predict(lambda batch: batch, written[1], tmp_path / "array.zarr/p", patch_in=(8, 16, 16),
                    storage_options=options)
-    (tmp_path / "nets.py").write_text("def load():\n    return lambda batch: batch\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    config = tmp_path / "predict.yaml"
-    config.write_text(f"""
-predict:
-  model: nets:load
-  input: {{file: {url}, storage_options: {{endpoint_url: '{s3}'}}}}
-  output: {tmp_path}/yaml.zarr/p
-  patch_in: [8, 16, 16]
-""")
+    config = identity_config(tmp_path, monkeypatch, f"{{file: {url}, storage_options: {{endpoint_url: '{s3}'}}}}",
+                             "yaml.zarr/p")
     spec = load_predict_config(config)
     assert load_predict_config(config) == spec and spec.to_yaml()["input"] == {"file": url,
                                                                               "storage_options": options}
     spec.run(progress=False)
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "yaml.zarr/p"))[0], expected)
     config.write_text(config.read_text().replace(url, f"s3://{BUCKET}/nothere.zarr"))
-    with pytest.raises(ConfigError, match=r"line 4: predict.input.file: .*nothere.zarr"):  # the file's key, not input's
+    with pytest.raises(ConfigError, match=r"line 3: predict.input.file: .*nothere.zarr"):  # the file's key, not input's
         load_predict_config(config).plan()
     config.write_text(config.read_text().replace(f"s3://{BUCKET}/nothere.zarr", str(written[0] / "v3.zarr")))
-    with pytest.raises(ConfigError, match=r"line 4: predict.input.storage_options: storage_options applies to remote "
+    with pytest.raises(ConfigError, match=r"line 3: predict.input.storage_options: storage_options applies to remote "
                                           r"files .*; this input reads none"):
         load_predict_config(config)
 

@@ -8,20 +8,17 @@ next batch of the stream (the loader loses and repeats none).
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from ..io import ProgressBar
-
-if TYPE_CHECKING:  # the loader imports this module
-    from ._batch import Batch
-    from ._loader import Loader
+from ._batch import Batch
 
 
 class EpochIterator:
     """Batches of ``loader`` to the end of the epoch the first one belongs to (forever without ``epoch_size``),
     with the loader's progress bar of that epoch."""
 
-    def __init__(self, loader: "Loader") -> None:
+    def __init__(self, loader) -> None:  # the Loader, whose module imports this one
         self._loader = loader
         self._epoch: Optional[int] = None
         self._ended = False
@@ -31,7 +28,7 @@ class EpochIterator:
     def __iter__(self) -> "EpochIterator":
         return self
 
-    def __next__(self) -> "Batch":
+    def __next__(self) -> Batch:
         loader = self._loader
         if self._ended:
             self._end()
