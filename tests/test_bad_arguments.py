@@ -118,7 +118,7 @@ def test_a_2d_image_and_a_2d_patch_are_told_how_to_be_one_section(tmp_path):
                                              r"patch is one section deep, \(1, 16, 16\)"):
             ef.predict(lambda batch: batch, image[np.newaxis], tmp_path / "p.zarr/p",
                        **dict(dict(patch_in=(1, 32, 32)), **{setting: (16, 16)}))
-    with ef.Loader(image[np.newaxis], patch=(1, 32, 32), batch_size=2, seed=0) as loader:
+    with ef.Loader(image[np.newaxis], patch=iter((1, 32, 32)), batch_size=2, seed=0) as loader:  # any iterable
         assert loader.next_batch()["raw"].shape == (2, 1, 1, 32, 32)
 
 
@@ -139,6 +139,6 @@ def test_2d_images_in_ome_zarr_and_n5_are_told_how_to_be_one_section(tmp_path):
     (tmp_path / "img.n5/attributes.json").write_text(json.dumps({"n5": "2.0.0"}))
     (tmp_path / "img.n5/img/attributes.json").write_text(json.dumps(
         {"dimensions": [64, 64], "blockSize": [32, 32], "dataType": "uint8", "compression": {"type": "raw"}}))
-    with pytest.raises(ef.io.StoreMetadataError, match=r"a 2-D dataset \(dimensions \[64, 64\]\); emfast reads "
-                                                       r"volumes: .*; a 2-D image is one section"):
+    with pytest.raises(ef.io.StoreMetadataError, match=r"img \(attributes.json\): expected a 3-D \(z, y, x\) or 4-D "
+                                                       r"\(c, z, y, x\) array, got 2-D; a 2-D image is one section"):
         ef.open(tmp_path / "img.n5/img")

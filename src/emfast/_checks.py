@@ -171,10 +171,13 @@ def triple(value, what: str, *, integer: bool = True, minimum: Optional[float] =
 def patch_window(value, what: str) -> Tuple[int, int, int]:
     """A window (z, y, x) of voxels, each >= 1, as :func:`triple` checks it; a (y, x) pair is told how to be one
     section (a 2-D patch was refused as "must be 3 integers" alone)."""
-    hint = one_section(value)
-    if hint:
-        raise refusal(f"{what} must be 3 integers >= 1 (z, y, x), got {value!r}{hint}", what)
-    return triple(value, what, minimum=1)
+    try:
+        return triple(value, what, minimum=1)
+    except ValueError:
+        hint = one_section(value)
+        if not hint:
+            raise
+    raise refusal(f"{what} must be 3 integers >= 1 (z, y, x), got {value!r}{hint}", what)
 
 
 def one_section(value) -> str:

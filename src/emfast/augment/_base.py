@@ -127,7 +127,7 @@ class Windows:
 
     largest: Tuple[int, int, int]
     raw_section: Tuple[int, int]
-    raw_sections: int = 1
+    raw_sections: int
 
 
 class Augmentation:

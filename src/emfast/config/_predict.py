@@ -79,8 +79,8 @@ class PredictSpec:
     level, resolution : int, (float, float, float) or None
         The level of a multiscale input to read (by index, or by its voxel size); None: the finest.
     storage_options : tuple of (str, value)
-        fsspec's options for a remote input (e.g. ``endpoint_url``), as sorted pairs; never printed (they may
-        hold credentials), and not recorded with the output.
+        fsspec's options for a remote input (e.g. ``endpoint_url``), as sorted pairs; left out of the spec's
+        repr (they may hold credentials) and of the output's record; :meth:`to_yaml` writes them back.
     output : Path
         ``container/dataset`` of the output.
     options : mapping
@@ -101,7 +101,7 @@ class PredictSpec:
     dataset: Optional[str] = None
     level: Optional[int] = None
     resolution: Optional[Tuple[float, float, float]] = None
-    storage_options: Tuple[Tuple[str, Any], ...] = ()
+    storage_options: Tuple[Tuple[str, Any], ...] = field(default=(), repr=False)
     engine: Optional[Mapping[str, Any]] = None
     base: Path = Path(".")
     source: str = field(default="<text>", compare=False)

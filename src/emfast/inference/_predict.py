@@ -236,8 +236,11 @@ def check_input_dtype(volume: Volume) -> None:
                               "it (array.astype(np.float32)) if the network takes them")
 
 
-def _triple_or_int(value, what: str, minimum: int) -> Tuple[int, int, int]:
-    return triple((value,) * 3 if is_integer(value) else value, what, minimum=minimum)
+def _triple_or_int(value, what: str, minimum: int, window: bool = False) -> Tuple[int, int, int]:
+    """``value`` (z, y, x), or one int for all three; ``window``: a patch (>= 1), whose (y, x) pair is told how to
+    be one section."""
+    value = (value,) * 3 if is_integer(value) else value
+    return patch_window(value, what) if window else triple(value, what, minimum=minimum)
 
 
 def _fingerprint_ahead(volume: Volume) -> Tuple[Optional[ThreadPoolExecutor], Optional[Future]]:
@@ -504,9 +507,8 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
         # change while the first call ran went unseen, and the output was recorded complete from both versions.
         whole, data = fingerprints(volume.stamp)  # one listing of a stored input's files for both
         check_output_location(container, dataset, kind, volume.stamp, "input")
-        patch_in = patch_window((patch_in,) * 3 if is_integer(patch_in) else patch_in, "patch_in")
-        patch_out = patch_in if patch_out is None else \
-            patch_window((patch_out,) * 3 if is_integer(patch_out) else patch_out, "patch_out")
+        patch_in = _triple_or_int(patch_in, "patch_in", 1, window=True)
+        patch_out = patch_in if patch_out is None else _triple_or_int(patch_out, "patch_out", 1, window=True)
         if overlap is None:
             overlap = (0, 0, 0) if blend == "none" else tuple(p // 4 for p in patch_out)
         overlap = _triple_or_int(overlap, "overlap", 0)

@@ -132,7 +132,7 @@ def axis_roles(names: Optional[Sequence[Any]], ndim: int, where: str, key: str,
     kinds = list(types) if isinstance(types, (list, tuple)) and len(types) == ndim else [None] * ndim
     roles: List[Optional[str]] = [_named_role(name, kind) for name, kind in zip(names, kinds)]
     unnamed = [i for i, role in enumerate(roles) if role is None]
-    if not unnamed and "z" not in roles and roles.count("y") == 1 and roles.count("x") == 1:  # a valid 2-D image
+    if not unnamed and "z" not in roles and roles.count("y") == 1 and roles.count("x") == 1:  # y and x, no z: 2-D
         raise StoreMetadataError(f"{where}: {key} = {list(names)}, an image without a z axis; emfast reads "
                                  f"volumes (z, y, x){ONE_SECTION}")
     if not any(role in SPATIAL for role in roles) and len(unnamed) >= 3:

@@ -56,7 +56,7 @@ from .._checks import is_real
 from . import _deflate
 from ._decode import SideBySide, checked_blosc
 from ._filebatch import BATCH_BYTES, lent_buffer, read_regular_files
-from ._geometry import NANOMETRES, ONE_SECTION, array_geometry
+from ._geometry import NANOMETRES, array_geometry, check_dimensions
 from ._metadata import bad_metadata, int_list, metadata_key, parsing
 from ._remote import RemoteStore
 from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource,
@@ -246,11 +246,8 @@ class N5Source(VolumeSource):
             raise StoreMetadataError(f"{self.name} is a Paintera label-multiset dataset (isLabelMultiset: true), whose "
                              "blocks emfast does not decode; export its labels as a plain N5 or zarr dataset "
                              "first (Paintera's export, or paintera-conversion-helper)")
-        given = meta["dimensions"]
-        if isinstance(given, list) and len(given) == 2:  # a valid 2-D image: not "malformed"
-            raise StoreMetadataError(f"{where}: a 2-D dataset (dimensions {given}); emfast reads volumes: 3-D "
-                                     f"(z, y, x) or 4-D (c, z, y, x){ONE_SECTION}")
-        dimensions = int_list(given, "dimensions", where, minimum=0, lengths=(3, 4))
+        dimensions = int_list(meta["dimensions"], "dimensions", where, minimum=0, lengths=(2, 3, 4))
+        check_dimensions(len(dimensions), where)  # a 2-D image is told how to be one section, not "malformed"
         block = int_list(metadata_key(meta, "blockSize", where), "blockSize", where, minimum=1,
                          length=len(dimensions))
         data_type = metadata_key(meta, "dataType", where)
