@@ -246,8 +246,9 @@ class N5Source(VolumeSource):
             raise StoreMetadataError(f"{self.name} is a Paintera label-multiset dataset (isLabelMultiset: true), whose "
                              "blocks emfast does not decode; export its labels as a plain N5 or zarr dataset "
                              "first (Paintera's export, or paintera-conversion-helper)")
-        dimensions = int_list(meta["dimensions"], "dimensions", where, minimum=0, lengths=(2, 3, 4))
-        check_dimensions(len(dimensions), where)  # a 2-D image is told how to be one section, not "malformed"
+        if isinstance(meta["dimensions"], list) and len(meta["dimensions"]) == 2:
+            check_dimensions(2, where)  # a 2-D image is told how to be one section, not "malformed"
+        dimensions = int_list(meta["dimensions"], "dimensions", where, minimum=0, lengths=(3, 4))
         block = int_list(metadata_key(meta, "blockSize", where), "blockSize", where, minimum=1,
                          length=len(dimensions))
         data_type = metadata_key(meta, "dataType", where)
