@@ -471,7 +471,7 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
                          f"{container}/{dataset} as a .zarr output (emfast convert can make an HDF5 copy "
                          "afterwards)")
     compression = check_compression(compression, kind)  # the format's default for None
-    if isinstance(zarr_format, bool) or zarr_format not in (2, 3):
+    if zarr_format not in (2, 3):  # True and False are not: they equal 1 and 0
         raise refusal(f"zarr_format must be 2 or 3, got {zarr_format!r}", "zarr_format")
     zarr_format = int(zarr_format)
     budget = DEFAULT_MEMORY if memory is None else parse_memory(memory)

@@ -117,7 +117,7 @@ def _settling_store_class():
         def __init__(self, root, read_only: bool = False) -> None:
             super().__init__(root, read_only=read_only)
             self._writing = 0
-            self._counting = threading.Lock()
+            self._settled = threading.Condition()  # notified as the count of writes in flight falls to 0
 
         # not async: a write is counted when zarr asks for it, before its task first runs (a sibling not yet
         # started when the first write failed would pass for none)
@@ -128,22 +128,23 @@ def _settling_store_class():
             return self._counted(super().set_if_not_exists(key, value))
 
         def _counted(self, write):
-            with self._counting:
+            with self._settled:
                 self._writing += 1
 
             async def counted():
                 try:
                     return await write
                 finally:
-                    with self._counting:
+                    with self._settled:
                         self._writing -= 1
+                        if not self._writing:
+                            self._settled.notify_all()
 
             return counted()
 
         def settle(self) -> None:
-            deadline = time.monotonic() + SETTLE_S
-            while self._writing and time.monotonic() < deadline:
-                time.sleep(0.002)
+            with self._settled:
+                self._settled.wait_for(lambda: not self._writing, SETTLE_S)
 
     return SettlingStore
 
