@@ -289,6 +289,19 @@ def test_closing_a_volume_behind_an_external_link_closes_both_files(tmp_path):
     assert open_files() == []
 
 
+def test_a_dataset_not_found_in_a_file_of_links_lists_the_linked_datasets(tmp_path):
+    """A misspelt dataset in a file of links (soft and external) listed "datasets there: none"."""
+    with h5py.File(tmp_path / "data.h5", "w") as f:
+        f["volumes/raw"] = np.zeros((4, 8, 8), np.uint8)
+    with h5py.File(tmp_path / "links.h5", "w") as f:
+        f["raw"] = h5py.ExternalLink("data.h5", "volumes/raw")
+        f.create_group("inner")["soft"] = h5py.SoftLink("/raw")
+    for opened in (lambda: ef.hdf5(tmp_path / "links.h5", "volumes/raw"),
+                   lambda: ef.open(tmp_path / "links.h5/nothing")):
+        with pytest.raises(ef.DatasetNotFoundError, match="datasets there: inner/soft, raw$"):
+            opened()
+
+
 def test_in_memory_must_be_a_bool_not_a_string_that_is_true(tmp_path):
     """``ef.open(path, in_memory="false")`` loaded the whole volume: a non-empty string is true."""
     with h5py.File(tmp_path / "v.h5", "w") as file:

@@ -11,7 +11,7 @@ import h5py
 
 from .._registry import register
 from ._formats import Contents, Listed, VolumeFormat
-from ._hdf5 import Hdf5Source, dataset_summary, open_hdf5
+from ._hdf5 import Hdf5Source, dataset_summary, list_datasets, open_hdf5
 from ._n5 import N5Source, is_n5, list_n5_datasets
 from ._precomputed import PrecomputedSource, is_precomputed
 from ._remote import RemoteStore
@@ -86,7 +86,7 @@ class Hdf5Format(VolumeFormat):
             if top is None:
                 raise not_found(container, inner, lambda group: _hdf5_members(file, group))
             names = [inner] if isinstance(top, h5py.Dataset) else \
-                [f"{inner}/{name}" if inner else name for name in _hdf5_dataset_names(top)]
+                [f"{inner}/{name}" if inner else name for name in list_datasets(top)]
             attributes = dict(top.attrs if isinstance(top, h5py.Group) else file.attrs)
         except BaseException:
             file.close()
@@ -112,41 +112,6 @@ def _hdf5_datasets(file: h5py.File, container: Path, names: List[str], named: st
                     summary += f" (not read as a volume: {error})"
             yield Listed(name, summary, dict(node.attrs), volume)
 
-
-def _hdf5_dataset_names(group: h5py.Group) -> List[str]:
-    """The datasets below ``group``, by path: each object once by its hard links (as ``visititems``), then those
-    reached through a soft or external link by the link's name (``visititems`` follows neither: a file of links
-    to another was listed as holding nothing). A link's group is walked through its hard links only (a soft link
-    may lead back up: no cycle); a dangling link is left out."""
-    names: List[str] = []
-    groups: List[str] = [""]
-
-    def visit(name, node):
-        if isinstance(node, h5py.Dataset):
-            names.append(name)
-        elif isinstance(node, h5py.Group):
-            groups.append(name)
-
-    group.visititems(visit)
-    # the links of each group reached by hard links, read one by one: visititems_links is h5py 3.11's, and 3.8 is
-    # supported (there a file of links was listed as holding nothing)
-    links: List[str] = []
-    for parent in groups:
-        holder = group[parent] if parent else group
-        links += [f"{parent}/{key}" if parent else key for key in holder
-                  if isinstance(holder.get(key, getlink=True), (h5py.SoftLink, h5py.ExternalLink))]
-    links.sort(key=lambda name: name.split("/"))  # depth first by name, as HDF5 visits them
-    for name in links:
-        try:
-            node = group[name]
-        except (KeyError, OSError):  # dangling: its target is gone
-            continue
-        if isinstance(node, h5py.Dataset):
-            names.append(name)
-        elif isinstance(node, h5py.Group) and node.file.filename != group.file.filename:
-            node.visititems(lambda inner, item: names.append(f"{name}/{inner}")
-                            if isinstance(item, h5py.Dataset) else None)
-    return names
 
 
 def _hdf5_members(file: h5py.File, group: str):

@@ -109,10 +109,39 @@ def _unopenable_link(path: Path, dataset: str, link: h5py.ExternalLink) -> OSErr
                                            f"{', '.join(str(c) for c in candidates)})")
 
 
-def list_datasets(file: h5py.File) -> list[str]:
-    """Names of all datasets in an open HDF5 file, depth first."""
-    names: list[str] = []
-    file.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
+def list_datasets(group: h5py.Group) -> List[str]:
+    """The datasets below ``group``, by path: each object once by its hard links (as ``visititems``), then those
+    reached through a soft or external link by the link's name (``visititems`` follows neither: a file of links
+    to another was listed as holding nothing). A link's group is walked through its hard links only (a soft link
+    may lead back up: no cycle); a dangling link is left out."""
+    names: List[str] = []
+    groups: List[str] = [""]
+
+    def visit(name, node):
+        if isinstance(node, h5py.Dataset):
+            names.append(name)
+        elif isinstance(node, h5py.Group):
+            groups.append(name)
+
+    group.visititems(visit)
+    # the links of each group reached by hard links, read one by one: visititems_links is h5py 3.11's, and 3.8 is
+    # supported (there a file of links was listed as holding nothing)
+    links: List[str] = []
+    for parent in groups:
+        holder = group[parent] if parent else group
+        links += [f"{parent}/{key}" if parent else key for key in holder
+                  if isinstance(holder.get(key, getlink=True), (h5py.SoftLink, h5py.ExternalLink))]
+    links.sort(key=lambda name: name.split("/"))  # depth first by name, as HDF5 visits them
+    for name in links:
+        try:
+            node = group[name]
+        except (KeyError, OSError):  # dangling: its target is gone
+            continue
+        if isinstance(node, h5py.Dataset):
+            names.append(name)
+        elif isinstance(node, h5py.Group) and node.file.filename != group.file.filename:
+            node.visititems(lambda inner, item: names.append(f"{name}/{inner}")
+                            if isinstance(item, h5py.Dataset) else None)
     return names
 
 
