@@ -64,7 +64,9 @@ void classify_row(const emf_label_view &view, const emf_class_rule &rule, int64_
         }
     };
     const int64_t width = view.shape[2];
-    for (int64_t t = 1; t <= rule.thickness; ++t) {
+    /* a step of the view's longest extent or more reaches no voxel in it: a huge thickness must not loop */
+    const int64_t reach = std::min(rule.thickness, std::max({view.shape[0], view.shape[1], width}));
+    for (int64_t t = 1; t <= reach; ++t) {
         if (y - t >= 0) compare(row - t * view.strides[1], x0, x1, 0);
         if (y + t < view.shape[1]) compare(row + t * view.strides[1], x0, x1, 0);
         if (!rule.in_plane) {

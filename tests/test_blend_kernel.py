@@ -117,8 +117,12 @@ def test_tile_blends_refuse_bad_input():
         tiles.add(sums, ones, prediction[:, :1])
     with pytest.raises(TypeError, match="sums must be a writeable 4-D float64 array"):
         tiles.add(sums.astype(np.float32), ones, prediction)
-    with pytest.raises(ValueError, match=r"part must be in \[0, parts\), got part 3 of 3"):
+    with pytest.raises(ValueError, match=r"part must be in \[0, parts\), parts at most 65536, got part 3 of 3"):
         tiles.run(3, 3)
+    with pytest.raises(ValueError, match=r"parts at most 65536, got part 0 of 9223372036854775807"):
+        tiles.run(0, 2**63 - 1)  # the kernel's row steps overflowed: reads and writes outside the tile
+    with pytest.raises(ValueError, match=r"row must be in \[0, 2\*\*62\), got -1"):
+        tiles.add(sums, ones, prediction, row=-1)
     assert len(tiles) == 0
 
 

@@ -265,6 +265,11 @@ def test_the_compiled_reader_checks_its_arguments(tmp_path):
     with pytest.raises(TypeError, match=r"scratch must be a writeable C-contiguous NumPy array"):
         (tmp_path / "a").write_bytes(b"x")
         compiled.read_files([tmp_path / "a"], scratch=np.zeros(8, np.uint8)[::2])
+    # a 2-D scratch of the right first extent but no bytes: the reader wrote past it (AddressSanitizer)
+    (tmp_path / "b").write_bytes(bytes(range(64)))
+    flat = np.zeros((1000, 0), np.uint8)
+    data, *_ = compiled.read_files([tmp_path / "b"], scratch=flat)
+    assert bytes(data) == bytes(range(64)) and not np.shares_memory(data, flat)
 
 
 @pytest.mark.parametrize("codec", ["raw", "zstd", "blosc", "deflate"])

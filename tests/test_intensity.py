@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 from scipy import ndimage, stats
 
+import emfast as ef
 import emfast.augment as ei
 from emfast._core import intensity as _intensity
 from emfast.augment import Params, Patches, resolve
@@ -147,6 +148,23 @@ def test_blur_reflects_short_lines_like_scipy(rng, shape):
         _intensity.blur(out, [0], shape, [sigma], False, 3.0)
         expected = ndimage.gaussian_filter(raw[0, 0], sigma, mode="reflect", truncate=3.0)
         np.testing.assert_allclose(out[0, 0], expected, rtol=0, atol=1e-5)
+
+
+def test_a_blur_wider_than_the_window_is_refused_and_the_kernel_bounds_its_reach():
+    """Blur(sigma=(1e18, 1e18)) was accepted and aborted the process (std::length_error out of the kernel)."""
+    raw = np.zeros((16, 64, 64), np.uint8)
+    with pytest.raises(ValueError, match=r"Blur: sigma up to 1e\+18 voxels .* beyond the raw section \(32, 32\).* "
+                                         r"up to 10\.7"):
+        ef.Loader(raw, patch=(8, 32, 32), batch_size=1, threads=1, augment=[ei.Blur(sigma=(1e18, 1e18))])
+    with pytest.raises(ValueError, match=r"beyond the raw window \(8, 32, 32\)"):
+        ef.Loader(raw, patch=(8, 32, 32), batch_size=1, threads=1, augment=[ei.Blur(sigma=(0, 11), per_section=False)])
+    ef.Loader(raw, patch=(8, 32, 32), batch_size=1, threads=1, augment=[ei.Blur(sigma=(0, 10.6))]).close()
+    out = np.zeros((1, 1, 2, 4, 4), np.float32)
+    for sigma in (1e7, 1e18, 1e300):
+        with pytest.raises(ValueError, match="blur: a sigma of .* voxels reaches"):
+            _intensity.blur(out, [0], (2, 4, 4), [sigma], False, 3.0)
+    with pytest.raises(ValueError, match="finite"):
+        _intensity.blur(out, [0], (2, 4, 4), [float("inf")], False, 3.0)
 
 
 def test_same_uniforms_same_output(rng):

@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+import emfast as ef
+
 from emfast._core import gather as _kernels
 from emfast._core import random as _random
 from reference import ANISOTROPIC, assert_releases_gil, ISOTROPIC, converted, extent_of, random_corner, random_volume, window
@@ -169,7 +171,7 @@ def test_uniform_batch_is_keyed_and_uniform():
 def test_huge_corner_does_not_overflow_the_bounds_check(rng):
     source = random_volume(rng, (1, 4, 4, 4), np.uint8)
     out = np.empty((1, 1, 4, 4, 4), np.float32)
-    with pytest.raises(IndexError, match="axis x"):
+    with pytest.raises(IndexError, match=r"spans \[9223372036854775806, 9223372036854775810\) along axis x"):
         _kernels.gather_convert([source], [[0, 0, 2**63 - 2]], [[0, 1, 2]], [[0, 0, 0]], [1], [0], out)
 
 
@@ -180,6 +182,20 @@ def test_object_and_byte_swapped_arrays_are_refused():
     swapped = np.zeros((1, 2, 2, 2), dtype=">u2")
     with pytest.raises(TypeError, match="native-endian"):
         _kernels.gather_copy([swapped], [[0, 0, 0]], [[0, 1, 2]], [[0, 0, 0]], np.empty((1, 1, 2, 2, 2), ">u2"))
+
+
+def test_arrays_not_aligned_to_their_elements_are_refused():
+    """A float32 view at an odd byte offset reached the kernels, which load whole elements (undefined behaviour,
+    reported by UBSan)."""
+    odd = np.frombuffer(np.zeros(4 * 64 + 1, np.uint8).data, np.float32, count=64, offset=1).reshape(1, 4, 4, 4)
+    assert not odd.flags.aligned
+    with pytest.raises(ValueError, match="not aligned to its 4-byte elements"):
+        _kernels.gather_convert([odd], [[0, 0, 0]], [[0, 1, 2]], [[0, 0, 0]], [1], [0],
+                                np.empty((1, 1, 4, 4, 4), np.float32))
+    with pytest.raises(TypeError, match="not aligned to its 4-byte elements.*np.array"):
+        ef.Volume.from_array(odd[0], name="odd")
+    with pytest.raises(TypeError, match="not aligned to its 4-byte elements"):
+        ef.Loader(odd[0], patch=(2, 2, 2), batch_size=1, threads=1)
 
 
 class Liar(np.ndarray):

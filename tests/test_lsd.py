@@ -63,6 +63,15 @@ def test_lsd_depends_on_ids_only_through_equality(dtype):
     np.testing.assert_array_equal(mask, reference_mask)
 
 
+def test_a_gaussian_reaching_beyond_any_volume_is_refused_not_aborted():
+    """compute_targets(labels, [LSD(sigma=1e18)]) aborted the process (std::length_error out of the kernel)."""
+    labels = np.ones((1, 1, 8, 32, 32), np.uint32)
+    for sigma in (1e7, 1e18):
+        with pytest.raises(ValueError, match="lsd: a sigma of .* voxels reaches .* beyond the"):
+            compute_targets(labels, [LSD(sigma=sigma, voxel_size=(1, 1, 1))])
+    assert compute_targets(labels, [LSD(sigma=3, voxel_size=(1, 1, 1))])["lsd"].shape == (1, 10, 8, 32, 32)
+
+
 def test_labels_cut_with_the_margin_give_the_whole_volumes_descriptors():
     case = load_fixture(FIXTURES[0].with_name("neurites_sigma120.npz"))
     segmentation, sigma, voxel_size = case["segmentation"], case["sigma"], case["voxel_size"]

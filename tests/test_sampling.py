@@ -105,6 +105,26 @@ def test_count_and_select_boundary_classes_match_numpy(rng, dtype, thickness, in
         assert _sampling.select_class(view, rule, lo, hi, cls, len(voxels)) is None
 
 
+def test_a_boundary_thickness_beyond_the_labels_counts_as_their_longest_extent(rng):
+    """Balanced(thickness=2**62) was accepted and never finished building its index: the kernel stepped through
+    every thickness, though steps beyond the labels reach no voxel."""
+    labels = blocky_labels(rng, (9, 14, 23), ids=(0, 5, 7), size=(2, 3, 5), dtype=np.uint32)
+    grid = _sampling.grid_shape((0, 0, 0), labels.shape, (4, 5, 6))
+    counts = {}
+    for thickness in (23, 2**62):
+        counts[thickness] = np.empty(grid + (2,), np.uint32)
+        _sampling.count_classes(labels, _sampling.ClassRule(2, thickness=thickness), (0, 0, 0), labels.shape,
+                                (4, 5, 6), counts[thickness])
+    np.testing.assert_array_equal(counts[2**62], counts[23])
+    assert _sampling.select_class(labels, _sampling.ClassRule(2, thickness=2**62), (0, 0, 0), labels.shape, 0, 0) \
+        == _sampling.select_class(labels, _sampling.ClassRule(2, thickness=23), (0, 0, 0), labels.shape, 0, 0)
+    with pytest.warns(UserWarning, match="class 'interior' is absent"):  # every voxel is near another label
+        loader = ef.Loader(np.zeros(labels.shape, np.uint8), labels=labels, patch=(4, 8, 8), batch_size=2,
+                           threads=1, sampler=Balanced("boundary", thickness=2**62))
+    with loader:
+        assert next(iter(loader))["raw"].shape == (2, 1, 4, 8, 8)
+
+
 @pytest.mark.parametrize("dtype", LABEL_DTYPES)
 def test_count_map_classes_match_numpy(rng, dtype):
     ids = [0, 3, int(np.iinfo(dtype).max), 9]

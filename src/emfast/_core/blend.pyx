@@ -18,6 +18,9 @@ cnp.import_array()
 PREDICTION_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 #: Dtypes a blended output may have.
 BLEND_OUTPUT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.uint8))
+#: The most parts a group of tiles is run in (threads); with rows below 2**62, the kernel's row arithmetic
+#: cannot overflow.
+MAX_PARTS = 1 << 16
 
 
 cdef extern from "blend.h" nogil:
@@ -102,6 +105,8 @@ cdef class TileBlends:
         """Blend ``prediction`` into ``sums`` as :func:`blend_add` does (the same arguments), ``row`` being the
         block row of the view's first row (parts split the block's rows); first copy ``kept_from`` (a whole tile)
         to ``keep``, of the same shape and dtype, if given."""
+        if not 0 <= row < (1 << 62):
+            raise ValueError(f"row must be in [0, 2**62), got {row}")
         sums = plain_array(sums, "sums")
         if sums.dtype != np.float64 or sums.ndim != 4 or not sums.flags.writeable:
             raise TypeError(f"sums must be a writeable 4-D float64 array, got {sums.ndim}-D {sums.dtype}")
@@ -165,8 +170,8 @@ cdef class TileBlends:
         """Blend every tile, in the order added, on the rows of ``part`` (of ``parts``): those whose block row
         ``r`` has ``r % parts == part``, and copy the kept tiles' rows ``y % parts == part``. The parts of one
         group write disjoint rows, so threads may run them at once."""
-        if not 0 <= part < parts:
-            raise ValueError(f"part must be in [0, parts), got part {part} of {parts}")
+        if not 0 <= part < parts <= MAX_PARTS:  # parts far beyond any row count would overflow the row steps
+            raise ValueError(f"part must be in [0, parts), parts at most {MAX_PARTS}, got part {part} of {parts}")
         cdef int status
         with nogil:
             status = emf_blend_tiles(self.tiles, self.count, part, parts)

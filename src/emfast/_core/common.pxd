@@ -26,3 +26,4 @@ cdef emf_dtype dtype_code(dtype, str name, tuple allowed) except *
 cdef object check_status(int status, str name)
 cdef object plain_array(array, str name)
 cdef object writeable_array(array, str name)
+cdef object check_reach(reach, sigma, str name)

@@ -54,7 +54,23 @@ cdef object plain_array(array, str name):
         raise TypeError(f"{name} is a {type(array).__name__}, not a NumPy array")
     if array.dtype.hasobject or not array.dtype.isnative:
         raise TypeError(f"{name} has dtype {array.dtype}; the kernels read and write native-endian numbers only")
+    if not array.flags.aligned:  # the kernels load whole elements: undefined behaviour at an odd address
+        raise ValueError(f"{name} is not aligned to its {array.dtype.itemsize}-byte elements (a view at an odd "
+                         "offset into a buffer or file); copy it with np.array(...)")
     return np.asarray(array)
+
+
+#: The longest reach (voxels) of a gaussian kernel (blur, LSD): its taps are allocated and computed once per call, so a
+#: sigma of 1e18 aborted the process (a length_error from the vector) and one of 1e7 took seconds.
+MAX_KERNEL_REACH = 1 << 20
+
+
+cdef object check_reach(reach, sigma, str name):
+    """Raise if a gaussian of ``sigma`` voxels truncated at ``reach`` voxels reaches beyond
+    :data:`MAX_KERNEL_REACH`."""
+    if reach > MAX_KERNEL_REACH:
+        raise ValueError(f"{name}: a sigma of {sigma:g} voxels reaches {reach} voxels, beyond the {MAX_KERNEL_REACH} "
+                         "a kernel may reach")
 
 
 cdef object writeable_array(array, str name):

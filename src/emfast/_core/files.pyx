@@ -165,7 +165,7 @@ def read_files(list paths, starts=None, lengths=None, list into=None, scratch=No
                     offsets[i] = total
                     total += read[i]
             if scratch is not None and _writeable_contiguous(scratch, "read_files: scratch", -1) \
-                    and scratch.dtype == np.uint8 and scratch.shape[0] >= total:
+                    and scratch.dtype == np.uint8 and scratch.ndim == 1 and scratch.shape[0] >= total:
                 data = scratch[:total]
             else:
                 data = np.empty(total, np.uint8)
@@ -438,7 +438,7 @@ def read_decode_files(str codec, list paths, list outs, scratch=None, ranges=Non
                     total += lengths[i]
         try:
             if scratch is not None and _writeable_contiguous(scratch, "read_decode_files: scratch", -1) \
-                    and scratch.dtype == np.uint8 and scratch.shape[0] >= total:
+                    and scratch.dtype == np.uint8 and scratch.ndim == 1 and scratch.shape[0] >= total:
                 data = scratch[:total]
             else:
                 data = np.empty(total, np.uint8)

@@ -181,7 +181,7 @@ cdef emf_window *_windows(tuple sources, corners, perms, flips, tuple out_shape)
                 corner = corners[n, axis]
                 if corner < 0 or corner > src.shape[1 + axis] - extent[axis]:  # no overflow for huge corners
                     raise IndexError(
-                        f"window {n} spans [{corner}, {corner + extent[axis]}) along axis {'zyx'[axis]}, "
+                        f"window {n} spans [{corner}, {int(corner) + int(extent[axis])}) along axis {'zyx'[axis]}, "
                         f"outside the source extent {src.shape[1 + axis]}")
                 origin += corner * src.strides[1 + axis]
             for j in range(3):

@@ -13,7 +13,7 @@ from libc.stdint cimport int64_t, uint64_t
 import numpy as np
 
 cimport numpy as cnp
-from emfast._core.common cimport check_status, dtype_code, emf_dtype, writeable_array
+from emfast._core.common cimport check_reach, check_status, dtype_code, emf_dtype, writeable_array
 
 from emfast._core.common import FLOAT_DTYPES
 
@@ -156,13 +156,15 @@ def blur(raw, blocks, shape, sigmas, bint per_section, double truncate=3.0):
     dims = tuple(int(s) for s in shape)
     if len(dims) != 3 or min(dims) < 1:
         raise ValueError(f"shape must be three positive extents (z, y, x), got {shape!r}")
-    if not truncate > 0:
-        raise ValueError(f"truncate must be > 0, got {truncate}")
+    if not 0 < truncate < float("inf"):
+        raise ValueError(f"truncate must be finite and > 0, got {truncate}")
     cdef emf_blocks desc
     index = _blocks(raw, blocks, dims[0] * dims[1] * dims[2], &desc)
     values = _values(sigmas, np.float64, index.size, "sigmas")
-    if (values < 0).any():
-        raise ValueError("sigmas must be >= 0")
+    if not ((values >= 0) & (values < float("inf"))).all():
+        raise ValueError("sigmas must be finite and >= 0")
+    if values.size:
+        check_reach(int(truncate * float(values.max()) + 0.5), float(values.max()), "blur")
     cdef int64_t c_shape[3]
     for axis in range(3):
         c_shape[axis] = dims[axis]

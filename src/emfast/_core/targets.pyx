@@ -16,7 +16,7 @@ from libc.stdint cimport int64_t, uint8_t, uint64_t
 import numpy as np
 
 cimport numpy as cnp
-from emfast._core.common cimport check_status, dtype_code, emf_dtype, writeable_array
+from emfast._core.common cimport check_reach, check_status, dtype_code, emf_dtype, writeable_array
 
 from emfast._checks import refusal as _refusal
 from emfast._core.common import LABEL_DTYPES
@@ -376,6 +376,7 @@ def lsd(labels, margin, sigma, variance_floor, background, ignore, out, mask):
     cdef double c_floor[3]
     cdef int64_t c_radius[3]
     for axis, reach in enumerate(lsd_radius(sigma)):
+        check_reach(reach, sigma[axis], "lsd")
         c_sigma[axis] = sigma[axis]
         c_radius[axis] = reach
         c_floor[axis] = variance_floor[axis]

@@ -24,7 +24,7 @@ from .._core import intensity as _intensity
 from .._checks import refusal
 from .._core.common import FLOAT_DTYPES
 from .._registry import register
-from ._base import Augmentation, Params, Patches, _check_probability
+from ._base import Augmentation, Params, Patches, Windows, _check_probability
 
 Range = Tuple[float, float]
 
@@ -255,7 +255,8 @@ class Blur(_PerExample):
     Parameters
     ----------
     sigma : (float, float)
-        Interval of the standard deviation in voxels, >= 0.
+        Interval of the standard deviation in voxels, >= 0; a loader refuses one whose kernel (3 sigma) reaches
+        beyond the raw window's longest blurred side.
     p : float
         Probability of augmenting an example.
     per_section : bool
@@ -276,6 +277,18 @@ class Blur(_PerExample):
         super().__post_init__()
         if not isinstance(self.per_section, (bool, np.bool_)):
             raise refusal(f"Blur: per_section must be True or False, got {self.per_section!r}", "per_section")
+
+    def bind_windows(self, windows: Windows) -> None:
+        """Refuse a sigma whose kernel is longer than the raw window along every blurred axis: it would leave each
+        window near its mean, at a cost that grows with sigma (a sigma of 1e18 aborted the process)."""
+        extents = windows.raw_section if self.per_section else (windows.raw_sections, *windows.raw_section)
+        longest = max(extents)
+        high = float(self.sigma[1])
+        if int(self.TRUNCATE * high + 0.5) > longest:
+            plane = "section" if self.per_section else "window"
+            raise refusal(f"Blur: sigma up to {high:g} voxels reaches {int(self.TRUNCATE * high + 0.5)} voxels "
+                          f"(3 sigma), beyond the raw {plane} {tuple(extents)}: the blur would leave it near its "
+                          f"mean; give a sigma up to {longest / self.TRUNCATE:.3g}", "sigma")
 
     def _run(self, raw, examples, record):
         channels = raw.shape[1]

@@ -70,6 +70,11 @@ def _checked_dtype(data, name: str) -> np.dtype:
     if isinstance(data, np.ndarray) and not dtype.isnative:
         raise TypeError(f"{name}: byte-swapped dtype {dtype}; convert it with "
                         f"array.astype(array.dtype.newbyteorder('='))")
+    if isinstance(data, np.ndarray) and not data.flags.aligned:  # the kernels load whole elements
+        raise TypeError(f"{name}: the array's data is not aligned to its {dtype.itemsize}-byte elements (a view at "
+                        "an odd offset into a buffer or file, as np.memmap(offset=...) or np.frombuffer(offset=...) "
+                        f"give); copy it with np.array(array), or map it at an offset that is a multiple of "
+                        f"{dtype.itemsize}")
     dtype = dtype.newbyteorder("=")  # sources convert stored byte orders when they read into native buffers
     if dtype == np.dtype(bool):
         return np.dtype(np.uint8)  # a mask: bool is one byte of 0 or 1, read as uint8 without a copy
