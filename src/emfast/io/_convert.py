@@ -89,6 +89,11 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
 
     Parameters
     ----------
+    source_path : str or pathlib.Path
+        The volume to convert: ``file.h5/dataset``, a zarr or N5 array, an OME-Zarr image, a precomputed volume, or
+        a URL (with ``storage_options``).
+    destination : str or pathlib.Path
+        ``out.zarr/raw`` (zarr) or ``out.h5/raw`` (HDF5): the container and the array's path inside it.
     chunks : (int, int, int), optional
         Output chunks (z, y, x); default the source's, else 64 per axis; clipped to the volume's shape.
     compression : {"zstd", "blosc", "gzip", "none"}, optional

@@ -273,6 +273,8 @@ class OutputWriter:
 
         Parameters
         ----------
+        lock : OutputLock
+            The container's lock, held by the caller; it marks the output as being created while it is made.
         record : dict or callable
             This run's record (what decides the result); ``record[input_key]`` holds the input's ``path``,
             ``dataset`` and ``fingerprint``. A callable returning it is called only once the record is needed: a
@@ -281,6 +283,8 @@ class OutputWriter:
             Whether an existing output with the same record may be continued (else it is refused).
         overwrite : bool
             Replace an existing output that emfast wrote.
+        input_key : str
+            The entry of ``record`` that describes the input ("input" for predictions, "source" for conversions).
         what : str
             What the command makes ("conversion", "prediction"), for messages.
         unchecked : iterable of str
