@@ -150,15 +150,20 @@ def test_blur_reflects_short_lines_like_scipy(rng, shape):
         np.testing.assert_allclose(out[0, 0], expected, rtol=0, atol=1e-5)
 
 
-def test_a_blur_wider_than_the_window_is_refused_and_the_kernel_bounds_its_reach():
-    """Blur(sigma=(1e18, 1e18)) was accepted and aborted the process (std::length_error out of the kernel)."""
+def test_a_blur_far_wider_than_the_window_is_refused_and_the_kernel_bounds_its_reach():
+    """Blur(sigma=(1e18, 1e18)) was accepted and aborted the process (std::length_error out of the kernel); a
+    kernel longer than a small window is fine (FULL's blur on (4, 4) sections)."""
     raw = np.zeros((16, 64, 64), np.uint8)
-    with pytest.raises(ValueError, match=r"Blur: sigma up to 1e\+18 voxels .* beyond the raw section \(32, 32\).* "
-                                         r"up to 10\.7"):
+    with pytest.raises(ValueError, match=r"Blur: sigma up to 1e\+18 voxels reaches .* more than 4 times the longest "
+                                         r"side of the raw section \(32, 32\).* below 42\.8333"):
         ef.Loader(raw, patch=(8, 32, 32), batch_size=1, threads=1, augment=[ei.Blur(sigma=(1e18, 1e18))])
-    with pytest.raises(ValueError, match=r"beyond the raw window \(8, 32, 32\)"):
-        ef.Loader(raw, patch=(8, 32, 32), batch_size=1, threads=1, augment=[ei.Blur(sigma=(0, 11), per_section=False)])
-    ef.Loader(raw, patch=(8, 32, 32), batch_size=1, threads=1, augment=[ei.Blur(sigma=(0, 10.6))]).close()
+    with pytest.raises(ValueError, match=r"raw window \(8, 32, 32\)"):
+        ef.Loader(raw, patch=(8, 32, 32), batch_size=1, threads=1,
+                  augment=[ei.Blur(sigma=(0, 42.84), per_section=False)])
+    for sigma in (42.83, 1.5):  # the largest accepted (reach 128 = 4 * 32), and the default on a small window
+        ef.Loader(raw, patch=(8, 32, 32) if sigma > 2 else (8, 4, 4), batch_size=1, threads=1,
+                  augment=[ei.Blur(sigma=(0, sigma))]).close()
+    ef.Loader(raw, patch=(8, 4, 4), batch_size=1, threads=1, augment=list(ei.FULL)).close()
     out = np.zeros((1, 1, 2, 4, 4), np.float32)
     for sigma in (1e7, 1e18, 1e300):
         with pytest.raises(ValueError, match="blur: a sigma of .* voxels reaches"):

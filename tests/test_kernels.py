@@ -189,13 +189,17 @@ def test_arrays_not_aligned_to_their_elements_are_refused():
     reported by UBSan)."""
     odd = np.frombuffer(np.zeros(4 * 64 + 1, np.uint8).data, np.float32, count=64, offset=1).reshape(1, 4, 4, 4)
     assert not odd.flags.aligned
-    with pytest.raises(ValueError, match="not aligned to its 4-byte elements"):
+    with pytest.raises(TypeError, match="not aligned to its 4-byte elements"):
         _kernels.gather_convert([odd], [[0, 0, 0]], [[0, 1, 2]], [[0, 0, 0]], [1], [0],
                                 np.empty((1, 1, 4, 4, 4), np.float32))
     with pytest.raises(TypeError, match="not aligned to its 4-byte elements.*np.array"):
         ef.Volume.from_array(odd[0], name="odd")
     with pytest.raises(TypeError, match="not aligned to its 4-byte elements"):
         ef.Loader(odd[0], patch=(2, 2, 2), batch_size=1, threads=1)
+    labels = np.frombuffer(np.zeros(8 * 64 + 1, np.uint8).data, np.uint64, count=64, offset=1).reshape(1, 1, 4, 4, 4)
+    for target in (ef.targets.Affinities(), ef.targets.Boundaries(), ef.targets.Foreground()):
+        with pytest.raises(TypeError, match="labels is not aligned to its 8-byte elements"):
+            ef.targets.compute_targets(labels, [target])
 
 
 class Liar(np.ndarray):

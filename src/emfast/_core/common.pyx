@@ -54,10 +54,16 @@ cdef object plain_array(array, str name):
         raise TypeError(f"{name} is a {type(array).__name__}, not a NumPy array")
     if array.dtype.hasobject or not array.dtype.isnative:
         raise TypeError(f"{name} has dtype {array.dtype}; the kernels read and write native-endian numbers only")
-    if not array.flags.aligned:  # the kernels load whole elements: undefined behaviour at an odd address
-        raise ValueError(f"{name} is not aligned to its {array.dtype.itemsize}-byte elements (a view at an odd "
-                         "offset into a buffer or file); copy it with np.array(...)")
+    check_aligned(array, name)
     return np.asarray(array)
+
+
+cdef object check_aligned(array, str name):
+    """Raise TypeError if ``array``'s data is not aligned to its elements: the kernels load whole elements, which
+    is undefined behaviour at an odd address."""
+    if not array.flags.aligned:
+        raise TypeError(f"{name} is not aligned to its {array.dtype.itemsize}-byte elements (a view at an odd "
+                        "offset into a buffer or file); copy it with np.array(...)")
 
 
 #: The longest reach (voxels) of a gaussian kernel (blur, LSD): its taps are allocated and computed once per call, so a

@@ -13,7 +13,7 @@ from libc.stdint cimport int64_t, uint64_t
 import numpy as np
 
 cimport numpy as cnp
-from emfast._core.common cimport check_reach, check_status, dtype_code, emf_dtype, writeable_array
+from emfast._core.common cimport check_aligned, check_reach, check_status, dtype_code, emf_dtype, writeable_array
 
 from emfast._core.common import FLOAT_DTYPES
 
@@ -190,6 +190,7 @@ def blend(raw, blocks, shape, source, origins, alphas, double scale, double shif
         raise TypeError("source must be a 3-D NumPy array")
     if source.dtype not in (np.dtype(np.uint8), np.dtype(np.float32)) or not source.dtype.isnative:
         raise TypeError(f"source has dtype {source.dtype}; supported: uint8, float32")
+    check_aligned(source, "source")
     corners = np.ascontiguousarray(origins, dtype=np.int64)
     if corners.shape != (index.size, 3):
         raise ValueError(f"origins must be one (z, y, x) per block, shape ({index.size}, 3), got {corners.shape}")

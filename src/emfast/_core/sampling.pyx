@@ -9,7 +9,7 @@ from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 import numpy as np
 
 cimport numpy as cnp
-from emfast._core.common cimport check_status
+from emfast._core.common cimport check_aligned, check_status
 
 from emfast._core.common import LABEL_DTYPES
 
@@ -119,6 +119,7 @@ cdef object _view(labels, emf_label_view *view):
     labels = np.asarray(labels)
     if labels.dtype not in LABEL_DTYPES or not labels.dtype.isnative:
         raise TypeError(f"labels have dtype {labels.dtype}; supported: uint32, uint64, int64, int32 (native-endian)")
+    check_aligned(labels, "labels")
     if labels.ndim != 3:
         raise ValueError(f"labels must be 3-D (z, y, x), got shape {labels.shape}")
     view.data = <const char *> cnp.PyArray_DATA(<cnp.ndarray> labels)

@@ -16,7 +16,7 @@ from libc.stdint cimport int64_t, uint8_t, uint64_t
 import numpy as np
 
 cimport numpy as cnp
-from emfast._core.common cimport check_reach, check_status, dtype_code, emf_dtype, writeable_array
+from emfast._core.common cimport check_aligned, check_reach, check_status, dtype_code, emf_dtype, writeable_array
 
 from emfast._checks import refusal as _refusal
 from emfast._core.common import LABEL_DTYPES
@@ -65,6 +65,7 @@ cdef object _plain_labels(labels):
     labels = np.asarray(labels)
     if labels.dtype not in LABEL_DTYPES or not labels.dtype.isnative:
         raise TypeError(f"labels have dtype {labels.dtype}; supported: uint32, uint64, int64, int32 (native-endian)")
+    check_aligned(labels, "labels")
     if labels.ndim != 5 or labels.shape[1] != 1:
         raise ValueError(f"labels must have shape (B, 1, Z, Y, X), got {labels.shape}")
     if not labels.flags.c_contiguous:

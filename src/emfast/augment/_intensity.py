@@ -256,7 +256,7 @@ class Blur(_PerExample):
     ----------
     sigma : (float, float)
         Interval of the standard deviation in voxels, >= 0; a loader refuses one whose kernel (3 sigma) reaches
-        beyond the raw window's longest blurred side.
+        beyond four times the raw window's longest blurred side.
     p : float
         Probability of augmenting an example.
     per_section : bool
@@ -272,6 +272,8 @@ class Blur(_PerExample):
 
     #: Kernel radius in standard deviations.
     TRUNCATE: ClassVar[float] = 3.0
+    #: The longest kernel radius a loader accepts, in longest sides of the raw window.
+    REACH_PER_SIDE: ClassVar[int] = 4
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -279,16 +281,19 @@ class Blur(_PerExample):
             raise refusal(f"Blur: per_section must be True or False, got {self.per_section!r}", "per_section")
 
     def bind_windows(self, windows: Windows) -> None:
-        """Refuse a sigma whose kernel is longer than the raw window along every blurred axis: it would leave each
-        window near its mean, at a cost that grows with sigma (a sigma of 1e18 aborted the process)."""
+        """Refuse a sigma whose kernel reaches beyond :data:`REACH_PER_SIDE` times the raw window's longest blurred
+        side: it would average the window's mirror images over and over, at a cost that grows with sigma (a sigma
+        of 1e18 aborted the process)."""
         extents = windows.raw_section if self.per_section else (windows.raw_sections, *windows.raw_section)
-        longest = max(extents)
+        most = self.REACH_PER_SIDE * max(extents)
         high = float(self.sigma[1])
-        if int(self.TRUNCATE * high + 0.5) > longest:
+        reach = int(self.TRUNCATE * high + 0.5)
+        if reach > most:
             plane = "section" if self.per_section else "window"
-            raise refusal(f"Blur: sigma up to {high:g} voxels reaches {int(self.TRUNCATE * high + 0.5)} voxels "
-                          f"(3 sigma), beyond the raw {plane} {tuple(extents)}: the blur would leave it near its "
-                          f"mean; give a sigma up to {longest / self.TRUNCATE:.3g}", "sigma")
+            raise refusal(f"Blur: sigma up to {high:g} voxels reaches {reach} voxels (3 sigma), more than "
+                          f"{self.REACH_PER_SIDE} times the longest side of the raw {plane} {tuple(extents)}: it "
+                          f"would average the {plane}'s mirror images over and over; give a sigma below "
+                          f"{(most + 0.5) / self.TRUNCATE:.6g}", "sigma")
 
     def _run(self, raw, examples, record):
         channels = raw.shape[1]
