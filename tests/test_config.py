@@ -397,8 +397,11 @@ def test_empty_text_is_an_empty_config_not_the_working_folder(text):
     # the windows given as patch_in/patch_out: the key the loader was given
     ("  patch: [4, 16, 16]", "  patch_in: [4, 64, 16]\n  patch_out: [4, 64, 16]", "loader.patch_in", "patch_in",
      ["does not fit"]),
-    ("augment:", "targets: [{foreground: {background: -1}}]\naugment:", "targets", "targets:",
-     ["cannot occur in uint64"]),
+    # an entry of augment or targets refused once the windows or the labels are known: that entry and parameter
+    ("augment:", "targets: [boundaries, {foreground: {background: -1}}]\naugment:",
+     "targets[1].foreground.background", "foreground:", ["cannot occur in uint64"]),
+    ("shift: 0.1}\n", "shift: 0.1}\n  - blur: {p: 0.5, sigma: [0, 30]}\n", "augment[2].blur.sigma", "blur:",
+     ["more than 4 times the longest side of the raw section (16, 16)", "below 21.5"]),
     # a lazy sample's budget too small for one chunk: the budget's key, not the raw dataset's (as before)
     ("      labels: volumes/labels\n    - name: B", "      labels: volumes/labels\n      lazy: true\n"
      "      cache_bytes: 1000\n    - name: B", "data.samples[0].cache_bytes", "cache_bytes",

@@ -43,17 +43,18 @@ def refusal(message: str, setting: str, section: Optional[str] = None) -> ValueE
 
 
 @contextmanager
-def concerning(section: Optional[str] = None, setting: Union[str, Tuple[str, ...], None] = None) -> Iterator[None]:
+def concerning(section: Optional[str] = None, setting: Union[str, Tuple[str, ...], None] = None,
+               item: Optional[Tuple[int, str]] = None) -> Iterator[None]:
     """Mark an error raised inside as concerning ``section`` of the settings ("sampler", "targets", "augment") or
-    ``setting`` (a name, or the names it may have been given under, first match wins). The innermost mark wins:
-    a refusal naming its own setting keeps it."""
+    ``setting`` (a name, or the names it may have been given under, first match wins), and ``item``, (position,
+    name) of the list entry it comes from (an augmentation or target). The innermost mark wins: a refusal naming
+    its own setting keeps it."""
     try:
         yield
     except Exception as error:
-        if section is not None and getattr(error, "emfast_section", None) is None:
-            error.emfast_section = section
-        if setting is not None and getattr(error, "emfast_setting", None) is None:
-            error.emfast_setting = setting
+        for attribute, value in (("emfast_section", section), ("emfast_setting", setting), ("emfast_item", item)):
+            if value is not None and getattr(error, attribute, None) is None:
+                setattr(error, attribute, value)
         raise
 
 

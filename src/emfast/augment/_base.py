@@ -14,7 +14,7 @@ from typing import ClassVar, Iterable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .._checks import refusal
+from .._checks import concerning, refusal
 from .._registry import instantiate
 
 AXES = "zyx"
@@ -220,38 +220,48 @@ def check_voxel_sizes(augmentations: Sequence[Augmentation], resolution, where: 
     if resolution is None:
         return
     sizes = dict(zip(AXES, (float(v) for v in resolution)))
-    for augmentation in augmentations:
-        axes = augmentation.isotropic_axes()
-        unequal = [(a, b) for a in axes for b in axes
-                   if sizes[a] > sizes[b] * (1 + VOXEL_SIZE_TOLERANCE)]
-        if not unequal:
-            continue
-        owner = f"{type(augmentation).__name__}(axes={axes!r})"
-        exchanged = augmentation.exchanged_axes()
-        if "y" in exchanged and "x" in exchanged and (("y", "x") in unequal or ("x", "y") in unequal):
-            raise refusal(f"{owner} moves y and x voxels onto each other, but {where} has voxel size "
-                          f"{tuple(resolution)} nm, {sizes['y']:g} nm along y and {sizes['x']:g} along x: its "
-                          "windows would be distorted; leave it out of augment (the Loader's default holds "
-                          "'transpose': augment=['mirror'] keeps the mirrors), or resample the data to square "
-                          "sections", "axes")
-        effect = "mixes z with y/x" if "z" in exchanged else "resamples z with y/x"
-        raise refusal(f"{owner} {effect}, which isotropic=True allows for data of one voxel size along every axis, "
-                      f"but {where} has voxel size {tuple(resolution)} nm: its windows would be distorted; leave z "
-                      "out of the augmentation's axes", "axes")
+    for index, augmentation in enumerate(augmentations):
+        with concerning(item=(index, augmentation.name)):
+            _check_voxel_sizes(augmentation, sizes, resolution, where)
+
+
+def _check_voxel_sizes(augmentation: Augmentation, sizes: dict, resolution, where: str) -> None:
+    axes = augmentation.isotropic_axes()
+    unequal = [(a, b) for a in axes for b in axes
+               if sizes[a] > sizes[b] * (1 + VOXEL_SIZE_TOLERANCE)]
+    if not unequal:
+        return
+    owner = f"{type(augmentation).__name__}(axes={axes!r})"
+    exchanged = augmentation.exchanged_axes()
+    if "y" in exchanged and "x" in exchanged and (("y", "x") in unequal or ("x", "y") in unequal):
+        raise refusal(f"{owner} moves y and x voxels onto each other, but {where} has voxel size "
+                      f"{tuple(resolution)} nm, {sizes['y']:g} nm along y and {sizes['x']:g} along x: its "
+                      "windows would be distorted; leave it out of augment (the Loader's default holds "
+                      "'transpose': augment=['mirror'] keeps the mirrors), or resample the data to square "
+                      "sections", "axes")
+    effect = "mixes z with y/x" if "z" in exchanged else "resamples z with y/x"
+    raise refusal(f"{owner} {effect}, which isotropic=True allows for data of one voxel size along every axis, "
+                  f"but {where} has voxel size {tuple(resolution)} nm: its windows would be distorted; leave z "
+                  "out of the augmentation's axes", "axes")
 
 
 def check_fills(augmentations: Sequence[Augmentation], dtype) -> None:
     """Refuse a section defect's ``fill`` that the batches' ``dtype`` holds only as infinity: 1e300 in float32
     batches became inf, silently (a review)."""
-    for augmentation in augmentations:
-        fill = getattr(augmentation, "fill", None)
-        if fill is None:
-            continue
-        with np.errstate(over="ignore"):
-            stored = np.dtype(dtype).type(fill)
-        if not np.isfinite(stored):
-            raise refusal(f"{type(augmentation).__name__}: fill {fill!r} is beyond the range of the batches' dtype "
-                          f"{np.dtype(dtype).name} (at most {float(np.finfo(dtype).max):g} in magnitude)", "fill")
+    for index, augmentation in enumerate(augmentations):
+        with concerning(item=(index, augmentation.name)):
+            _check_fill(augmentation, np.dtype(dtype))
+
+
+def _check_fill(augmentation: Augmentation, dtype: np.dtype) -> None:
+    fill = getattr(augmentation, "fill", None)
+    if fill is None:
+        return
+    with np.errstate(over="ignore"):
+        stored = dtype.type(fill)
+    if not np.isfinite(stored):
+        raise refusal(f"{type(augmentation).__name__}: fill {fill!r} is beyond the range of the batches' dtype "
+                      f"{dtype.name} (at most {float(np.finfo(dtype).max):g} in magnitude)", "fill")
 
 
 def reachable_permutations(augmentations: Sequence[Augmentation]) -> set[tuple[int, ...]]:

@@ -220,7 +220,8 @@ class Config:
             if culprit == "loader":
                 key = concerned_key(error, self.validation.loader if len(section) == 2 else self.loader_args)
                 section += (key,) if key is not None else ()
-            raise self._reader().error(section, str(error)) from error
+            reader = self._reader()
+            raise reader.error(_entry(reader, section, error), str(error)) from error
         except BaseException:
             close_volumes(dataset.samples)
             raise
@@ -239,6 +240,26 @@ class Config:
         if validation:
             out["validation"] = validation
         return out
+
+
+def _entry(reader, section: tuple, error: BaseException) -> tuple:
+    """``section``, narrowed to the entry of its list (an augmentation, a target) and the parameter of it that
+    ``error`` concerns, as far as the YAML spells them out (a bare name has no parameters)."""
+    item = getattr(error, "emfast_item", None)
+    if item is None or section[-1] not in ("augment", "targets"):
+        return section
+    index, name = item
+    path = section + (index,)
+    if reader.has(path + (name,)):
+        path += (name,)
+        key = concerned_key(error, _keys(reader, path))
+        path += (key,) if key is not None else ()
+    return path
+
+
+def _keys(reader, path: tuple) -> list:
+    """The keys the YAML gives below ``path``."""
+    return [mark[-1] for mark in reader.marks if len(mark) == len(path) + 1 and mark[:-1] == path]
 
 
 def _culprit(volume: VolumeSpec, error: BaseException) -> str:

@@ -227,6 +227,10 @@ class Reader:
                 return self.marks[path[:end]]
         return None
 
+    def has(self, path: Path_) -> bool:
+        """Whether the YAML spells out ``path`` (a key, or a list entry)."""
+        return path in self.marks
+
     def error(self, path: Path_, reason: str) -> ConfigError:
         return ConfigError(reason, _format_path(path), self.line(path), self.source)
 

@@ -13,7 +13,7 @@ import os
 import threading
 import weakref
 from collections.abc import Mapping
-from typing import Dict, Iterator, List, Optional, Sequence, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -198,10 +198,10 @@ class Loader:
             if self.targets and not self.dataset.has_labels:
                 raise ValueError(f"targets {[t.name for t in self.targets]} need labels, but the data has none")
             for sample in self.dataset.samples:  # targets in world units (LSD) take each raw's voxel size
-                self.targets = [t.with_voxel_size(sample.raw.resolution, f"sample {sample.name!r}")
-                                for t in self.targets]
-            for target in self.targets:
-                target.check(self.dataset.samples[0].placed_labels.volume.dtype)
+                self.targets = [_of_item(index, t.kind, t.with_voxel_size, sample.raw.resolution,
+                                         f"sample {sample.name!r}") for index, t in enumerate(self.targets)]
+            for index, target in enumerate(self.targets):
+                _of_item(index, target.kind, target.check, self.dataset.samples[0].placed_labels.volume.dtype)
             for name in _targets.outputs(self.targets):  # Foreground(name="mask") replaced the training mask
                 if name in BUILT_IN_FIELDS:
                     raise ValueError(f"target field {name!r} collides with the batch field of that name; give the "
@@ -302,8 +302,9 @@ class Loader:
         raw section of the batch)."""
         largest = tuple(int(n) for n in np.max([f.patch for f in fields if f.grids is None], axis=0))
         windows = Windows(largest, (self.patch_in[1], self.patch_in[2]), self.patch_in[0])
-        for augmentation in self.augmentations:
-            augmentation.bind_windows(windows)
+        for index, augmentation in enumerate(self.augmentations):
+            with concerning(item=(index, augmentation.name)):
+                augmentation.bind_windows(windows)
 
     def _current_shard(self) -> tuple:
         worker = torch_worker() if self.worker_sharding else None
@@ -647,6 +648,13 @@ class Loader:
         return (f"Loader(patch={self.patch}, batch_size={self.batch_size}, threads={self.threads}, "
                 f"buffers={self.buffers}, max_buffers={self.max_buffers}, fields={list(self.fields)}, "
                 f"device={self.device!r}, {state})")
+
+
+def _of_item(index: int, name: str, call: Callable, *args):
+    """``call(*args)``, an error it raises marked as coming from entry ``index`` (named ``name``) of a list of
+    augmentations or targets, which a config names by its line."""
+    with concerning(item=(index, name)):
+        return call(*args)
 
 
 def _unpickled_loader(arguments: Dict[str, object], state: Dict[str, object],
