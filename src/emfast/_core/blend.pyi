@@ -7,6 +7,7 @@ Box = Tuple[Sequence[int], Sequence[int]]
 
 PREDICTION_DTYPES: Tuple[np.dtype, ...]
 BLEND_OUTPUT_DTYPES: Tuple[np.dtype, ...]
+MAX_PARTS: int
 
 def blend_add(sums: np.ndarray, weights: Sequence[np.ndarray], prediction: np.ndarray,
               first: Box = ((0, 0, 0), (0, 0, 0))) -> None: ...

@@ -6,3 +6,4 @@ import numpy as np
 RAW_DTYPES: Tuple[np.dtype, ...]
 FLOAT_DTYPES: Tuple[np.dtype, ...]
 LABEL_DTYPES: Tuple[np.dtype, ...]
+MAX_KERNEL_REACH: int
