@@ -8,6 +8,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 
 import h5py
 import numpy as np
@@ -142,6 +143,32 @@ def test_one_lock_for_an_output_reached_through_a_link(tmp_path):
     with OutputLock(tmp_path / "real/x.zarr"):
         with pytest.raises(OutputBusyError, match="another emfast run"):
             OutputLock(tmp_path / "out.zarr").acquire()
+
+
+def test_two_predictions_from_two_threads_into_one_container_name_this_process(tmp_path):
+    """The second of two threads predicting into one container was told that "another emfast run (pid N)" was
+    writing it, N being its own pid."""
+    from emfast.io._outputs import OutputBusyError
+
+    volume = np.zeros((8, 32, 32), np.float32)
+    started, release = threading.Event(), threading.Event()
+
+    def slow(batch):
+        started.set()
+        release.wait(30)
+        return batch
+
+    first = threading.Thread(target=ef.predict, args=(slow, volume, tmp_path / "out.zarr/a"),
+                             kwargs=dict(patch_in=(8, 32, 32)))
+    first.start()
+    try:
+        assert started.wait(30)
+        with pytest.raises(OutputBusyError, match=r"^another emfast run in this process \(another thread\) "
+                                                        r"is writing .*out\.zarr"):
+            ef.predict(lambda b: b, volume, tmp_path / "out.zarr/b", patch_in=(8, 32, 32))
+    finally:
+        release.set()
+        first.join(60)
 
 
 def test_partial_files_are_never_removed_through_a_link(tmp_path):

@@ -895,8 +895,11 @@ class OutputLock:
         except BlockingIOError:
             holder = _read_state(fd).get("pid", "unknown")
             os.close(fd)
-            raise OutputBusyError(f"another emfast run (pid {holder}) is writing {self.container}; wait for it "
-                                  "to finish, or stop it, then run again") from None
+            # flock locks belong to open files: a run in another thread of this process holds its own
+            who = "another emfast run in this process (another thread)" if holder == os.getpid() else \
+                f"another emfast run (pid {holder})"
+            raise OutputBusyError(f"{who} is writing {self.container}; wait for it to finish, or stop it, then run "
+                                  "again") from None
         self._fd = fd
         _HELD.add(self)
         # Only this run may act on a killed run's half-made dataset: the mark is consumed here, so a dataset that

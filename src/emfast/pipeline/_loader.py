@@ -448,7 +448,12 @@ class Loader:
     def __iter__(self) -> Iterator[Batch]:
         """Batches to the end of the current epoch (forever without ``epoch_size``). The iterator stays usable
         after an exception raised by one ``next`` (Ctrl-C, :class:`~emfast.SlotsExhaustedError`): the next call
-        takes the stream's next batch."""
+        takes the stream's next batch.
+
+        Iterators share the loader's one stream: each batch goes to one of them. Two threads calling ``next`` on
+        one iterator split the epoch between them; two threads each running ``for batch in loader`` end their
+        loops at the end of the epoch each of them is in, so the one still going when the other took the epoch's
+        last batch runs through the next epoch (two epochs in all)."""
         return EpochIterator(self)
 
     def __len__(self) -> int:
