@@ -330,6 +330,47 @@ def test_torch_dataloader_workers_draw_disjoint_shards(volumes, monkeypatch):
     assert started_in_worker == workers[1] and built_in_parent.shard == (1, 2)
 
 
+@pytest.mark.parametrize("sampler", ["balanced", "masked"])
+def test_dataloader_workers_reuse_the_index_their_loader_was_built_with(volumes, tmp_path, monkeypatch, sampler):
+    """Each torch DataLoader worker binds its copy of the loader again to draw its shard, and rebuilt the
+    sampler's index there: every worker, every epoch, read the labels and recounted them (15 s per worker and
+    epoch before the first batch, for one CREMI-sized sample). The workers' batches are their shards'."""
+    torch = pytest.importorskip("torch")
+    from emfast.sampling import _balanced, _masked
+
+    builds = tmp_path / "builds"
+    owner, method = (_balanced.Balanced, "_count") if sampler == "balanced" else (_masked.Masked, "_index")
+    build = getattr(owner, method)
+
+    def recorded(self, *args):
+        with open(builds, "a") as out:  # from whichever process builds it (the workers are forked)
+            out.write(f"{os.getpid()}\n")
+        return build(self, *args)
+
+    monkeypatch.setattr(owner, method, recorded)
+    chosen = ef.sampling.Balanced("boundary") if sampler == "balanced" else \
+        ef.sampling.Masked(0.5, source="labels", unlabelled=0)
+
+    class Digests(torch.utils.data.IterableDataset):
+        def __init__(self, loader):
+            self.loader = loader
+
+        def __iter__(self):
+            for batch in self.loader:
+                yield tuple(self.loader.shard), batch.index, digest(batch["raw"])
+
+    loader, _ = make_loader(volumes, "cpu", epoch_size=2, sampler=chosen)
+    built = builds.read_text().split()
+    assert built and set(built) == {str(os.getpid())}  # one index per window extent, here
+    rows = sorted(torch.utils.data.DataLoader(Digests(loader), batch_size=None, num_workers=2))
+    assert builds.read_text().split() == built
+    for worker in range(2):
+        reference, _ = make_loader(volumes, "cpu", epoch_size=2, sampler=chosen, rank=worker, world_size=2)
+        with reference:
+            assert [tuple(row[1:]) for row in rows if tuple(row[0]) == (worker, 2)] == \
+                [(batch.index, digest(batch["raw"])) for batch in reference]
+
+
 def test_set_epoch_moves_fresh_dataloader_workers_to_that_epoch(volumes):
     """A torch DataLoader without persistent workers hands each epoch's new workers fresh copies of the loader,
     which all began at epoch 0: every epoch delivered the same batches. set_epoch(e), called in the main process

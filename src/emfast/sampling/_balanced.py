@@ -212,7 +212,8 @@ class Balanced(Sampler):
             centre_hi = (np.asarray(region.hi, np.int64) - extents + half + 1).min(axis=0)
             rule = self._rule(region.labels.dtype)
             self._rules.append(rule)
-            self._classes.append(self._count(region, rule, centre_lo, centre_hi))
+            self._classes.append(self._indexed(region, (centre_lo.tobytes(), centre_hi.tobytes()),
+                                               lambda: self._count(region, rule, centre_lo, centre_hi)))
         priors = np.asarray([self.priors[name] for name in self.class_names])
         totals = np.stack([c.totals for c in self._classes])  # (regions, classes)
         present = totals > 0

@@ -14,8 +14,8 @@ bounded.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar, Dict, Optional, Sequence, Tuple
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Callable, ClassVar, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -111,6 +111,20 @@ class Sampler:
         self.regions = list(regions)
         weights = np.asarray([region.weight for region in self.regions], dtype=np.float64)
         self._cumulative_weights = np.cumsum(weights) / weights.sum()
+        # the indexes of the previous bind, for _indexed; a new dict each bind (a copy of the sampler shares it)
+        self._previous_indexes = getattr(self, "_indexes", {})
+        self._indexes: Dict[tuple, tuple] = {}
+
+    def _indexed(self, region: Region, key: tuple, build: Callable[[], object]) -> object:
+        """``build()``, an index of ``region`` (``key``: what else it depends on), or the same index from this
+        sampler's previous bind: a loader binds again in each torch DataLoader worker to draw that worker's
+        shard, which had every worker, every epoch, read the labels again and recount them (seconds per sample)."""
+        settings = repr([getattr(self, f.name) for f in fields(self)]) if is_dataclass(self) else repr(self)
+        full = (id(region), settings, key)
+        kept = self._previous_indexes.get(full)
+        index = kept[1] if kept is not None and kept[0] is region else build()
+        self._indexes[full] = (region, index)  # the region held: its id is not reused while the index is kept
+        return index
 
     def sample(self, uniforms: np.ndarray, extents: np.ndarray, epoch: int, index: int) -> Draw:
         """Windows for one batch from ``uniforms`` (B, draws) in [0, 1), for output windows of ``extents`` (B, 3).

@@ -190,7 +190,8 @@ class Masked(Sampler):
         self._corners: List[List[_Corners]] = []
         self._weights: List[np.ndarray] = []
         for k, extent in enumerate(unique):
-            index = [self._index(region, extent) for region in self.regions]
+            index = [self._indexed(region, (extent.tobytes(),), lambda: self._index(region, extent))
+                     for region in self.regions]
             volume = math.prod(int(e) for e in extent)
             usable = np.asarray([c.total > 0 for c in index])
             if not usable.any():
