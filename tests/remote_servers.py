@@ -5,6 +5,7 @@ import functools
 import http.server
 import sys
 import logging
+import math
 import os
 import socket
 import threading
@@ -18,9 +19,12 @@ HANG_S = 20.0
 class FaultyHandler(http.server.SimpleHTTPRequestHandler):
     """Serves the server's directory; waits ``server.latency`` first, and applies the first fault queued for the
     request's path: an HTTP status, "truncate" (half the body, then the connection closes), "hang", "whole" (a
-    byte-range request answered with the whole file, 200, as a server that ignores Range may), or "garbled" (the
+    byte-range request answered with the whole file, 200, as a server that ignores Range may), "garbled" (the
     file's bytes where the status line belongs, as a kept-alive connection holds after a response whose body ran
-    past its Content-Length)."""
+    past its Content-Length), or ("redirect", url) (a 302 to ``url`` + the path). Requests whose path holds a
+    pattern of ``server.throttled`` before its time are answered 429 with ``Retry-After`` (seconds left, rounded
+    up); with ``server.missing`` "page", a missing file is a web page with status 200 (as some static hosts
+    answer)."""
 
     protocol_version = "HTTP/1.1"  # keep-alive, as web servers and object stores answer
     # Headers and body go out as two small writes: with Nagle's algorithm the body waited for the client's delayed
@@ -50,7 +54,31 @@ class FaultyHandler(http.server.SimpleHTTPRequestHandler):
 
     def _respond(self, head: bool) -> None:
         time.sleep(self.server.latency)
+        left = max([until - time.monotonic() for pattern, until in self.server.throttled.items()
+                    if pattern in self.path] + [0.0])
+        if left > 0:
+            with self.server.lock:
+                self.server.requests.append(self.path)
+            self.send_response(429)
+            self.send_header("Retry-After", str(math.ceil(left)))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         fault = self._fault()
+        if isinstance(fault, tuple) and fault[0] == "redirect":
+            self.send_response(302)
+            self.send_header("Location", fault[1] + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if self.server.missing == "page" and not Path(self.translate_path(self.path)).exists():
+            page = b"<!DOCTYPE html><html><body>Not here, but welcome</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+            return
         if fault == "hang":
             with self.server.lock:
                 released = self.server.released
@@ -131,11 +159,13 @@ class FaultyServer(http.server.ThreadingHTTPServer):
 @contextlib.contextmanager
 def http_server(directory, latency: float = 0.0):
     """An HTTP server of ``directory`` on 127.0.0.1; yields it (``.url``, ``.faults``: path part -> list of faults
-    applied one per request, ``.requests``, ``.latency``, ``.most_in_flight``: the most requests served at once,
-    ``.missing``: the status of a missing file, 404), stopped on exit."""
+    applied one per request, ``.throttled``: path part -> ``time.monotonic()`` until which its requests are
+    throttled, ``.requests``, ``.latency``, ``.most_in_flight``: the most requests served at once, ``.missing``: the
+    status of a missing file, 404, or "page"), stopped on exit."""
     handler = functools.partial(FaultyHandler, directory=str(directory))
     server = FaultyServer(("127.0.0.1", 0), handler)
     server.latency, server.faults, server.requests, server.missing = latency, {}, [], 404
+    server.throttled = {}
     server.in_flight = server.most_in_flight = 0
     server.lock, server.released = threading.Lock(), threading.Event()
     server.url = f"http://127.0.0.1:{server.server_address[1]}"

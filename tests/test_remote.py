@@ -101,6 +101,7 @@ def served(http):
     http.requests.clear()
     yield http
     http.faults.clear()
+    http.throttled.clear()
     http.release_hangs()  # else their clients' retries, once the server lets go, reach the next tests
     http.missing = 404
 
@@ -436,19 +437,19 @@ def test_a_malformed_response_is_retried_on_s3_too(protocol, monkeypatch):
 def test_a_long_library_message_keeps_its_start_and_its_end():
     """tensorstore names the URL twice before the status, and puts payloads after it (the server's error page,
     source locations, its spec): cut after 300 characters, a 503 lost its status."""
-    from emfast.io._remote import DESCRIBED_CHARS, _describe
+    from emfast.io._remote import DESCRIBED_CHARS, describe_error
     url = "http://127.0.0.1:1/" + "neuroglancer-janelia-flyem-hemibrain/emdata/clahe_yz/jpeg/" * 4
     message = (f"Error reading {url}: Error retrieving {url}: All 3 retry attempts failed: Service Unavailable "
                "[HTTP code 503]")
     payloads = (" [http_response_body='<!DOCTYPE HTML>\\n<html lang=\"en\">'] [source locations='x.cc:1'] "
                 "[tensorstore_spec='{\"driver\":\"neuroglancer_precomputed\"}']")
-    for text in (_describe(ValueError(message)), _describe(ValueError(message + payloads))):
+    for text in (describe_error(ValueError(message)), describe_error(ValueError(message + payloads))):
         assert text.startswith("ValueError: Error reading http://127.0.0.1:1/") and text.endswith("[HTTP code 503]")
         assert len(text) <= DESCRIBED_CHARS + 5
 
 
 @pytest.mark.parametrize("fault,why", [(503, "503"), ("truncate", "Payload|payload|not completed|Content"),
-                                       ("hang", "Timeout|timeout")])
+                                       ("hang", r"no answer within 1 s each \(storage_options timeout\)")])
 def test_a_failure_that_lasts_names_url_and_chunk_after_the_retries(served, fault, why):
     with ef.open(f"{served.url}/v3.zarr", in_memory=False, storage_options=QUICK) as lazy:
         served.faults["/v3.zarr/c/2/3/4"] = [fault] * 3
@@ -458,6 +459,32 @@ def test_a_failure_that_lasts_names_url_and_chunk_after_the_retries(served, faul
             lazy_box(lazy)
         assert time.perf_counter() - start < 3 * QUICK["timeout"] + 5
     assert sum(r.endswith("/v3.zarr/c/2/3/4") for r in served.requests) == 3
+
+
+def test_a_throttling_server_is_given_the_wait_its_retry_after_asks(written, served):
+    """A 429 with Retry-After: 2 was tried again after emfast's own backoffs alone (0.1 s doubling): the attempts
+    ran out within a second, and a short throttle failed the read. The last error says what the server asked."""
+    served.throttled["/v3.zarr/c/1/2/3"] = time.monotonic() + 2
+    with ef.open(f"{served.url}/v3.zarr", in_memory=False, storage_options={"retries": 3}) as lazy:
+        np.testing.assert_array_equal(lazy_box(lazy), written[1])
+    assert 2 <= sum(r.endswith("/v3.zarr/c/1/2/3") for r in served.requests) <= 4
+    served.throttled["/v3.zarr/c/1/2/3"] = time.monotonic() + 60
+    with ef.open(f"{served.url}/v3.zarr", in_memory=False, storage_options={"retries": 0}) as lazy:
+        with pytest.raises(RemoteReadError, match=r"c/1/2/3: cannot read it after 1 attempts .*429.*the server last "
+                                                  r"asked to wait (59|60) s \(Retry-After\)"):
+            lazy_box(lazy)
+
+
+@pytest.mark.parametrize("name", ["zarr v2", "N5", "precomputed sharded"])
+def test_a_static_host_answering_missing_files_with_a_page_opens_every_format(request, written, served, name):
+    """Some static hosts answer a missing file with a web page and status 200: emfast's probe for zarr.json of a
+    zarr v2 store, an N5 or a precomputed volume failed as "malformed metadata: not JSON". A page where a JSON
+    metadata file belongs counts as missing. (A page for a missing chunk stays a corrupt chunk, named: a chunk's
+    bytes may begin as a page does.)"""
+    served.missing = "page"
+    url, args = remote_url(request, "http", name)
+    with ef.open(url, in_memory=False, storage_options=QUICK, **args) as lazy:
+        np.testing.assert_array_equal(lazy_box(lazy), written[1])
 
 
 def test_an_unreachable_server_is_an_error_naming_the_url():
@@ -743,6 +770,20 @@ def test_a_tensorstore_volume_is_refused_in_a_forked_child_not_aborted(written):
     assert "'spawn'" in message
 
 
+@pytest.mark.parametrize("fault", ["whole", "redirect"])
+def test_tensorstore_behind_a_redirect_or_a_server_ignoring_ranges_says_so(served, fault):
+    """tensorstore reads the sharded precomputed scale and follows no redirect (a CDN, a signed URL): the error
+    called the volume's metadata malformed, or the box corrupt, quoting tensorstore's whole spec; a server that
+    ignores Range requests made the box "corrupt" too."""
+    with ef.open(f"{served.url}/pcs", in_memory=False, format="precomputed", storage_options=QUICK) as lazy:
+        served.faults["/pcs/"] = [("redirect", served.url) if fault == "redirect" else fault] * 1000
+        message = (r"the server redirected the request \(HTTP 302\), and tensorstore, which reads this volume, does "
+                   r"not follow redirects" if fault == "redirect" else r"the server ignores HTTP Range requests")
+        with pytest.raises(RemoteReadError, match=rf"{served.url}/pcs: the box at .*: {message}") as raised:
+            lazy_box(lazy)
+        assert "tensorstore_spec" not in str(raised.value)
+
+
 @pytest.mark.parametrize("fault, message", [(403, "PERMISSION_DENIED"), ("hang", r"no answer within \d+ s \(3 requests in a row, each with 1 retries of 1 s\)")])
 def test_tensorstore_reads_retry_time_out_and_fail_as_remote_reads(served, fault, message):
     """tensorstore reads the sharded precomputed scale: the storage options' retries and timeout bound its wait
@@ -824,6 +865,29 @@ def test_info_shows_a_remote_volume(written, served, name, capsys):
     out = capsys.readouterr().out
     assert out.startswith(url) and "shape=(20, 30, 40) dtype=uint8 chunks=(8, 8, 8)" in out, out
     assert "resolution=(40.0, 4.0, 4.0)" in out and "values from 16 of 60 chunks" in out, out
+
+
+def test_info_and_convert_take_storage_options_on_the_command_line(written, served, tmp_path, capsys):
+    """emfast info on a server that never answered waited 6 attempts of 30 s (187 s), and could not be told a
+    timeout: the CLI took no storage options (nor could convert reach an S3-compatible endpoint by option)."""
+    from emfast.cli import main
+    url = f"{served.url}/{written[2]['zarr v2'][0]}"
+    quick = json.dumps({"timeout": 1, "retries": 1})
+    served.faults["/.zarray"] = ["hang"] * 10
+    start = time.perf_counter()
+    assert main(["info", url, "--storage-options", quick]) == 2
+    assert time.perf_counter() - start < 30
+    assert "cannot read it after 2 attempts (no answer within 1 s each" in capsys.readouterr().err
+    served.faults.clear()
+    served.release_hangs()
+    assert main(["convert", url, str(tmp_path / "copy.zarr/raw"), "--storage-options", quick]) == 0
+    np.testing.assert_array_equal(ef.open(tmp_path / "copy.zarr/raw").array[0], written[1])
+    for bad, words in (("{anon: true}", "not JSON"), ("[1, 2]", "expected a JSON object")):
+        with pytest.raises(SystemExit):
+            main(["info", url, "--storage-options", bad])
+        assert words in capsys.readouterr().err
+    assert main(["info", str(written[0] / written[2]["zarr v2"][0]), "--storage-options", quick]) == 2
+    assert "storage_options apply to remote stores" in capsys.readouterr().err
 
 
 def test_a_config_gives_storage_options_for_a_samples_remote_files(written, s3, tmp_path):

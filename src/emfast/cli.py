@@ -5,6 +5,7 @@ compares emfast with NumPy, PyTorch and the memory-bandwidth floor (see :mod:`em
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -120,6 +121,26 @@ def config_path(value: str) -> str:
     return value
 
 
+def storage_options(value: str) -> dict:
+    """A ``--storage-options`` argument: a JSON object (fsspec's options of a URL, and emfast's ``timeout`` and
+    ``retries``)."""
+    try:
+        options = json.loads(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not JSON ({error}); e.g. '{{\"anon\": true, \"timeout\": 10}}'") \
+            from None
+    if not isinstance(options, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object of options, e.g. '{{\"anon\": true}}', got {value}")
+    return options
+
+
+def add_storage_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--storage-options", type=storage_options, default=None, metavar="JSON",
+                        help="for a URL (s3://, gs://, http(s)://): its options as a JSON object, e.g. "
+                             "'{\"endpoint_url\": \"http://127.0.0.1:9000\", \"anon\": true}', and emfast's "
+                             "\"timeout\" (seconds per request) and \"retries\"")
+
+
 def check(args: argparse.Namespace) -> int:
     """Validate a config (training sections, a predict section, or both) without streaming or calling the model;
     print what it would read."""
@@ -233,7 +254,7 @@ def info(args: argparse.Namespace) -> int:
     if args.file is None:
         print("\n".join(installation()))
         return 0
-    found = contents(args.file)
+    found = contents(args.file, args.storage_options)
     print(f"{args.file}" + (f"  [{_format_attrs(found.attributes)}]" if found.attributes else ""))
     listed = False
     for dataset in found.datasets:
@@ -263,7 +284,8 @@ def convert(args: argparse.Namespace) -> int:
             result = convert_volume(args.source, args.destination, chunks=args.chunks, compression=args.compression,
                                     zarr_format=args.zarr_format, overwrite=args.overwrite, progress=bar,
                                     levels=args.levels, downsampling=args.downsampling, compressor=args.compressor,
-                                    level=args.level, resolution=args.resolution)
+                                    level=args.level, resolution=args.resolution,
+                                    storage_options=args.storage_options)
     finally:
         bar.finish()  # an error's message starts on a line of its own
     if result.written == 0:
@@ -349,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
                                            "max, mean and std of raw data, the number of ids and the highest ids "
                                            "of labels; a path inside a store names one array or group.")
     show.add_argument("file", nargs="?", help="an HDF5 file, a zarr/N5 store or a precomputed volume")
+    add_storage_options(show)
     show.set_defaults(handler=info)
 
     look = commands.add_parser("snapshot", help="write batches of a config's loader to zarr (and PNG) to look at",
@@ -394,6 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--resolution", type=float, nargs=3, metavar=("Z", "Y", "X"), default=None,
                        help="the level to convert by its voxel size in nm")
     change.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    add_storage_options(change)
     change.set_defaults(handler=convert)
 
     infer = commands.add_parser("predict", help="run a network over a whole volume and write the result",

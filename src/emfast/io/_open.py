@@ -86,10 +86,8 @@ def open_source(path: Union[str, os.PathLike], dataset: Optional[str] = None, *,
                 storage_options: Optional[dict] = None) -> VolumeSource:
     """The :class:`~emfast.io._source.VolumeSource` for ``path`` and ``dataset`` (see :func:`open_volume`)."""
     remote = is_url(path)
-    if not remote and storage_options is not None:
-        refuse_unread_scheme(path)  # named as such, not as a local path
-        raise ValueError(f"{path}: storage_options apply to remote stores (s3://, gs://, http(s)://), not to a "
-                         "local path")
+    if not remote:
+        _refuse_options_of(path, storage_options)
     container, inner, kind = split_url(path, dataset) if remote else split_path(path, dataset)
     if not remote:  # read lazily after the working folder changed, a relative path found no chunk: all fill value
         container = container.absolute()
@@ -120,6 +118,14 @@ def open_source(path: Union[str, os.PathLike], dataset: Optional[str] = None, *,
         return source
 
 
+def _refuse_options_of(path, storage_options: Optional[dict]) -> None:
+    """Refuse ``storage_options`` given with ``path``, which is not a URL."""
+    if storage_options is not None:
+        refuse_unread_scheme(path)  # named as such, not as a local path
+        raise ValueError(f"{path}: storage_options apply to remote stores (s3://, gs://, http(s)://), not to a "
+                         "local path")
+
+
 def contents(path: Union[str, os.PathLike], storage_options: Optional[dict] = None) -> Contents:
     """What ``emfast info`` lists of a local file or store: its attributes and its datasets (or the one that
     ``path`` names inside it), each opened lazily as a volume where emfast reads it as one. A URL names one
@@ -140,6 +146,7 @@ def contents(path: Union[str, os.PathLike], storage_options: Optional[dict] = No
         source = open_source(str(path), None, storage_options=storage_options)
         listed = Listed("", source.describe(), source.attributes(), Volume.open(source, in_memory=False))
         return Contents({}, iter([listed]))
+    _refuse_options_of(path, storage_options)
     container, inner, kind = split_path(path)
     return format_named(kind or detect(container)).contents(container, inner)
 

@@ -44,7 +44,7 @@ from ._decode import SideBySide
 from ._filebatch import lent_buffer, read_regular_files
 from ._geometry import choose_level
 from ._metadata import bad_metadata, deprecated_level, int_list, metadata_key, number_list
-from ._remote import ReadAbandoned, RemoteAccessDenied, RemoteReadError, RemoteStore
+from ._remote import ReadAbandoned, RemoteAccessDenied, RemoteReadError, RemoteStore, describe_error
 from ._source import (CorruptChunkError, Stamp, StoreMetadataError, VolumeSource, add_transfer_time,
                       checked_chunk, corruption_cause, read_regular_file, read_regular_file_into, require_kind)
 
@@ -254,7 +254,8 @@ def _open_tensorstore(path: Path, index: int, name: str):
         if remote and "NOT_FOUND" in str(error):  # the info emfast has just read
             raise RemoteReadError(f"{name} (scale {index}): tensorstore found no info where emfast has just read one: "
                                   f"the store changed, or the server answers inconsistently ({error})") from error
-        raise StoreMetadataError(f"{name} (info): tensorstore cannot open scale {index}: {error}") from error
+        raise StoreMetadataError(f"{name} (info): tensorstore cannot open scale {index}: "
+                                 f"{describe_error(error)}") from error
 
 
 def _brotli(data: bytes) -> bytes:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import email.utils
 import hashlib
 import itertools
 import os
@@ -47,6 +48,8 @@ from ._source import SCHEMES, add_transfer_time
 RETRIES = 5
 BACKOFF_S = 0.1
 MAX_BACKOFF_S = 5.0
+#: The longest wait a server's ``Retry-After`` (a 429 or 503 that throttles) is granted before the next attempt.
+MAX_RETRY_AFTER_S = 60.0
 #: Seconds one request may take (connect, send, receive) before it counts as a transient failure.
 TIMEOUT_S = 30.0
 #: How often a waiting thread checks whether its loader closed.
@@ -383,6 +386,7 @@ class RemoteStore:
             data = _wait(future)
         finally:
             add_transfer_time(time.perf_counter() - start)
+        data = None if served_page(key, data) else data
         self._remembered.put(path, data)
         self.check_unchanged(key, path, data)
         return data
@@ -462,7 +466,7 @@ class RemoteStore:
                                          "grant it to read a volume without them") from error
 
     async def _attempts(self, key: str, request):
-        return await retrying(request, self.retries, self.where(key))
+        return await retrying(request, self.retries, self.where(key), self.timeout)
 
     def zarr_store(self):
         """A read-only zarr-python store of the same URL whose reads retry as :meth:`get` does."""
@@ -478,9 +482,11 @@ class RemoteStore:
                     return None if data is None else prototype.buffer.from_bytes(data)
                 try:
                     buffer = await retrying(lambda: FsspecStore.get(self, key, prototype, byte_range),
-                                            store_retries, where(key))
+                                            store_retries, where(key), outer.timeout)
                 except RemoteAccessDenied as error:
                     buffer = outer.denied_metadata(key, error)
+                if buffer is not None and byte_range is None and served_page(key, buffer.to_bytes()[:64]):
+                    buffer = None
                 if buffer is not None and byte_range is not None:
                     _check_range(byte_range, len(buffer), where(key))
                 if byte_range is None and remembered.active:  # a copy of the bytes only for the open's memo
@@ -543,6 +549,15 @@ class RemoteStore:
         reachable, out of time), None for any other. A denial says where tensorstore takes S3 credentials from:
         not from storage_options, and ~/.aws only through its own reading of the profile."""
         text = str(error)
+        redirected = re.search(r"HTTP code (30[1-8])\b", text)
+        if redirected:  # tensorstore's http kvstore does not follow them (fsspec's readers do)
+            return RemoteReadError(f"{where}: the server redirected the request (HTTP {redirected.group(1)}), and "
+                                   "tensorstore, which reads this volume, does not follow redirects: open the URL "
+                                   f"it redirects to ({describe_error(error)})")
+        if "was ignored by server" in text:  # a byte range answered with the whole object
+            return RemoteReadError(f"{where}: the server ignores HTTP Range requests, which reading a sharded "
+                                   "volume needs; serve the store from one that honours them (object stores and "
+                                   f"common web servers do) ({describe_error(error)})")
         if not any(status in text for status in _TENSORSTORE_TRANSFER_STATUSES):
             return None
         if "PERMISSION_DENIED" in text or "UNAUTHENTICATED" in text:
@@ -552,8 +567,8 @@ class RemoteStore:
             elif self._protocol == "s3":
                 hint = (" (tensorstore reads it: it takes S3 credentials from the AWS_* environment variables or an "
                         "instance role, not from storage_options)")
-            return RemoteAccessDenied(f"{where}: access denied{hint} ({_describe(error)})")
-        return RemoteReadError(f"{where}: cannot read it ({_describe(error)})")
+            return RemoteAccessDenied(f"{where}: access denied{hint} ({describe_error(error)})")
+        return RemoteReadError(f"{where}: cannot read it ({describe_error(error)})")
 
     def stamp(self, dataset: str, marker: str) -> RemoteStamp:
         """The stamp of the volume ``dataset`` whose metadata file is ``marker`` (a key)."""
@@ -594,6 +609,17 @@ class _Remembered:
                 self._data[path] = data
 
 
+#: The metadata files of the formats, all JSON documents (never starting with "<").
+_JSON_METADATA = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata", "attributes.json", "info"})
+
+
+def served_page(key: str, data) -> bool:
+    """Whether ``data``, the bytes that came for the metadata file ``key``, is a web page: a static host that
+    answers a missing file with a page and status 200 made emfast's probe for ``zarr.json`` fail as malformed
+    metadata on a zarr v2 or precomputed store. Such a file counts as missing."""
+    return data is not None and posixpath.basename(key) in _JSON_METADATA and bytes(data[:64]).lstrip()[:1] == b"<"
+
+
 def _check_range(byte_range, size: int, where: str) -> None:
     """RemoteReadError where a byte-range request (zarr's inner chunk or shard index) got more bytes than it asked
     for: the server ignored the Range header (HTTP allows that) and sent the whole object, whose first bytes zarr
@@ -605,8 +631,10 @@ def _check_range(byte_range, size: int, where: str) -> None:
                               "from one that honours them (object stores and common web servers do)")
 
 
-async def retrying(request, retries: int, where: str):
-    """``await request()``, again after a backoff while it fails transiently, at most ``retries`` times more.
+async def retrying(request, retries: int, where: str, timeout: Optional[float] = None):
+    """``await request()``, again after a backoff while it fails transiently, at most ``retries`` times more;
+    after a throttling answer's ``Retry-After`` (up to :data:`MAX_RETRY_AFTER_S`) where it asks for longer.
+    ``timeout``: the seconds a request may take, named in the message of one that took longer.
 
     Raises
     ------
@@ -625,23 +653,53 @@ async def retrying(request, retries: int, where: str):
             raise
         except Exception as error:  # noqa: BLE001 - every library raises its own types; classified here
             if _denied(error):
-                raise RemoteAccessDenied(f"{where}: access denied ({_describe(error)}); check the credentials "
+                raise RemoteAccessDenied(f"{where}: access denied ({describe_error(error)}); check the credentials "
                                          "(AWS_* environment variables, ~/.aws) or pass storage_options") from error
             if not _transient(error):
-                raise RemoteReadError(f"{where}: cannot read it ({_describe(error)})") from error
+                raise RemoteReadError(f"{where}: cannot read it ({describe_error(error)})") from error
+            asked = _retry_after(error)
             if attempt == retries:
+                throttled = "" if asked is None else f"; the server last asked to wait {asked:g} s (Retry-After)"
                 raise RemoteReadError(f"{where}: cannot read it after {retries + 1} attempts "
-                                      f"({_describe(error)})") from error
-        await asyncio.sleep(delay * (0.5 + random.random()))
+                                      f"({describe_error(error, timeout)}){throttled}") from error
+        # a throttling server says how long to wait: backing off less only spends the attempts sooner
+        await asyncio.sleep(max(delay * (0.5 + random.random()), min(asked or 0.0, MAX_RETRY_AFTER_S)))
         delay = min(MAX_BACKOFF_S, 2 * delay)
 
 
-def _describe(error: BaseException) -> str:
+def _retry_after(error: BaseException) -> Optional[float]:
+    """The seconds a ``Retry-After`` header of the response behind ``error`` asks for (a number, or an HTTP date),
+    or None."""
+    headers = getattr(error, "headers", None)
+    if headers is None:
+        response = _s3_response(error)
+        headers = (response or {}).get("ResponseMetadata", {}).get("HTTPHeaders")
+    value = None
+    if headers is not None:
+        try:
+            value = headers.get("Retry-After") or headers.get("retry-after")
+        except AttributeError:
+            return None
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(str(value))
+        except (TypeError, ValueError):
+            return None
+        return max(0.0, when.timestamp() - time.time())
+
+
+def describe_error(error: BaseException, timeout: Optional[float] = None) -> str:
     """``error`` in a few words: its type and message, at most :data:`DESCRIBED_CHARS` of it, its start and its
     end (a parser's message quotes the bytes it could not parse; tensorstore's names the URL twice before the
-    status)."""
+    status); a request that took longer than ``timeout`` seconds says so."""
     parse = _parse_failure(error)
-    if parse is not None:
+    if timeout is not None and isinstance(error, (asyncio.TimeoutError, TimeoutError)):
+        text = f"no answer within {timeout:g} s each (storage_options timeout)"
+    elif parse is not None:
         text = "a malformed response: " + (getattr(parse, "message", "") or str(parse) or type(parse).__name__)
     else:
         text = _TENSORSTORE_PAYLOADS.split(str(error), maxsplit=1)[0] or type(error).__name__
