@@ -111,8 +111,8 @@ class Sampler:
         self.regions = list(regions)
         weights = np.asarray([region.weight for region in self.regions], dtype=np.float64)
         self._cumulative_weights = np.cumsum(weights) / weights.sum()
-        # the indexes of the previous bind, for _indexed; a new dict each bind (a copy of the sampler shares it)
-        self._previous_indexes = getattr(self, "_indexes", {})
+        # the indexes of the previous bind, for _indexed: copied, as a copy of the sampler shares the dict
+        self._previous_indexes = dict(getattr(self, "_indexes", {}))
         self._indexes: Dict[tuple, tuple] = {}
 
     def _indexed(self, region: Region, key: tuple, build: Callable[[], object]) -> object:
@@ -121,7 +121,7 @@ class Sampler:
         shard, which had every worker, every epoch, read the labels again and recount them (seconds per sample)."""
         settings = repr([getattr(self, f.name) for f in fields(self)]) if is_dataclass(self) else repr(self)
         full = (id(region), settings, key)
-        kept = self._previous_indexes.get(full)
+        kept = self._previous_indexes.pop(full, None)  # taken: what is left over is not kept long
         index = kept[1] if kept is not None and kept[0] is region else build()
         self._indexes[full] = (region, index)  # the region held: its id is not reused while the index is kept
         return index
