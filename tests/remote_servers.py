@@ -189,7 +189,8 @@ def free_port() -> int:
 #: S3's error responses for the statuses a fault may give: (reason, S3 error code, message), as S3 documents them.
 S3_ERRORS = {500: ("Internal Server Error", "InternalError", "We encountered an internal error. Please try again."),
              503: ("Slow Down", "SlowDown", "Please reduce your request rate."),
-             403: ("Forbidden", "AccessDenied", "Access Denied")}
+             403: ("Forbidden", "AccessDenied", "Access Denied"),
+             404: ("Not Found", "NoSuchBucket", "The specified bucket does not exist")}
 
 
 def _moto_server(port: int, delay: list, faults: dict):

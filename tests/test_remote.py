@@ -6,8 +6,10 @@ import json
 import multiprocessing
 import os
 import pickle
+import re
 import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -991,6 +993,46 @@ def test_a_remote_input_replaced_while_predict_reads_it_ends_the_run_unfinished(
             ef.predict(model, f"{server.url}/in.zarr", str(tmp_path / "p.zarr/p"), patch_in=(8, 16, 16),
                        blend="none", block=(8, 16, 16), chunks=(8, 16, 16), threads=1, batch_size=1)
     assert zarr.open_array(str(tmp_path / "p.zarr/p")).attrs["emfast_predict"]["complete"] is False
+
+
+def test_a_bucket_that_does_not_exist_is_named_not_read_as_missing_chunks(written, s3, tmp_path):
+    """S3 answers a key of a bucket that does not exist (deleted, or asked at the wrong endpoint) with 404
+    NoSuchBucket: read as a missing chunk, a lazy volume gave fill values, silently, and opening said "no zarr
+    array or group" as for a wrong path. Without any credentials, the error said NoCredentialsError alone."""
+    options = {"endpoint_url": s3, "retries": 1}
+    with pytest.raises(RemoteReadError, match=r"s3://nobucket/v3.zarr/zarr.json: the bucket does not exist "
+                                              r"\(NoSuchBucket\)"):
+        ef.open("s3://nobucket/v3.zarr", storage_options=options)
+    chunk = "/v3.zarr/c/1/0/2"
+    S3_FAULTS.clear()
+    try:
+        with ef.open(f"s3://{BUCKET}/v3.zarr", in_memory=False, storage_options=options) as lazy:
+            S3_FAULTS[chunk] = [404] * 3
+            with pytest.raises(RemoteReadError, match=r"v3.zarr/c/1/0/2: the bucket does not exist"):
+                lazy_box(lazy)
+    finally:
+        S3_FAULTS.clear()
+    # a process of its own: this one's filesystems (fsspec caches them) hold credentials
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    environment.update(HOME=str(tmp_path), AWS_CONFIG_FILE=str(tmp_path / "none"), PYTHONPATH=os.pathsep.join(sys.path),
+                       AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"))
+    script = (f"import emfast as ef\ntry:\n    ef.open('s3://{BUCKET}/v3.zarr', storage_options={options!r})\n"
+              "except Exception as error:\n    print(type(error).__name__, error)")
+    done = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=120)
+    assert re.search(r"^RemoteAccessDenied .*zarr.json: no S3 credentials were found: .*storage_options="
+                     r"\{'anon': True\}", done.stdout), done.stdout + done.stderr
+
+
+def test_tensorstore_s3_reads_pay_as_requested_and_name_an_unused_profile(monkeypatch):
+    """The scales tensorstore reads dropped ``requester_pays`` (their reads of a requester-pays bucket would be
+    refused and blamed on the credentials), and a denial told a user with AWS_PROFILE set that credentials come
+    from the AWS_* variables, which they had set."""
+    monkeypatch.setenv("AWS_PROFILE", "lab")
+    store = RemoteStore("s3://bucket-x/pcs", {"requester_pays": True, "endpoint_url": "http://127.0.0.1:1"})
+    assert store.kvstore_spec()["requester_pays"] is True
+    denied = store.tensorstore_failure(ValueError("Error reading: PERMISSION_DENIED: AccessDenied"), "pcs")
+    assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in str(denied)
+    assert "may not use the profile 'lab'" in str(denied)
 
 
 @pytest.mark.parametrize("status", [500, 503])

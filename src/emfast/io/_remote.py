@@ -245,6 +245,22 @@ def _s3_response(error: BaseException) -> Optional[dict]:
     return None
 
 
+def _no_credentials(error: BaseException) -> Optional[str]:
+    """What to do where botocore found no usable credentials behind ``error`` (no request was sent), or None."""
+    seen = 0
+    while error is not None and seen < 4:
+        kind = type(error).__name__
+        if kind == "ProfileNotFound":
+            return ("the AWS profile named by AWS_PROFILE or storage_options 'profile' is not in ~/.aws/config or "
+                    "~/.aws/credentials")
+        if kind in ("NoCredentialsError", "PartialCredentialsError"):
+            return ("no S3 credentials were found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile in "
+                    "~/.aws/credentials (AWS_PROFILE), or storage_options 'key' and 'secret'; for a public bucket "
+                    "pass storage_options={'anon': True}")
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
+
+
 def _denied(error: BaseException) -> bool:
     return isinstance(error, PermissionError) or getattr(error, "status", None) in (401, 403)
 
@@ -517,6 +533,8 @@ class RemoteStore:
             spec["endpoint"] = endpoint
         if self._options.get("anon"):
             spec["aws_credentials"] = {"type": "anonymous"}
+        if self._options.get("requester_pays"):  # s3fs's option; its reads carry the header, tensorstore's did not
+            spec["requester_pays"] = True
         region = self._options.get("client_kwargs", {}).get("region_name")
         if region:
             spec["aws_region"] = region
@@ -565,8 +583,12 @@ class RemoteStore:
             if self._protocol == "s3" and self._options.get("anon"):
                 hint = " (anonymously, as storage_options asked: the bucket allows no public reads)"
             elif self._protocol == "s3":
-                hint = (" (tensorstore reads it: it takes S3 credentials from the AWS_* environment variables or an "
-                        "instance role, not from storage_options)")
+                profile = self._options.get("profile") or os.environ.get("AWS_PROFILE")
+                unused = f", and may not use the profile {profile!r}: export its keys as those variables" if profile \
+                    else ""
+                hint = (" (tensorstore reads it: it takes S3 credentials from the AWS_ACCESS_KEY_ID and "
+                        "AWS_SECRET_ACCESS_KEY environment variables or an instance role, not from storage_options"
+                        f"{unused})")
             return RemoteAccessDenied(f"{where}: access denied{hint} ({describe_error(error)})")
         return RemoteReadError(f"{where}: cannot read it ({describe_error(error)})")
 
@@ -647,11 +669,18 @@ async def retrying(request, retries: int, where: str, timeout: Optional[float] =
     for attempt in range(retries + 1):
         try:
             return await request()
-        except FileNotFoundError:
+        except FileNotFoundError as error:
+            code = (_s3_response(error) or {}).get("Error", {}).get("Code")
+            if code == "NoSuchBucket":  # a 404 too, but no missing key: read as one, it gave fill values
+                raise RemoteReadError(f"{where}: the bucket does not exist (NoSuchBucket); check the URL's bucket, "
+                                      "and the endpoint or region it is asked at") from error
             raise
         except asyncio.CancelledError:
             raise
         except Exception as error:  # noqa: BLE001 - every library raises its own types; classified here
+            unsigned = _no_credentials(error)
+            if unsigned is not None:
+                raise RemoteAccessDenied(f"{where}: {unsigned} ({describe_error(error)})") from error
             if _denied(error):
                 raise RemoteAccessDenied(f"{where}: access denied ({describe_error(error)}); check the credentials "
                                          "(AWS_* environment variables, ~/.aws) or pass storage_options") from error
