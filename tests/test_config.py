@@ -402,6 +402,11 @@ def test_empty_text_is_an_empty_config_not_the_working_folder(text):
      "targets[1].foreground.background", "foreground:", ["cannot occur in uint64"]),
     ("shift: 0.1}\n", "shift: 0.1}\n  - blur: {p: 0.5, sigma: [0, 30]}\n", "augment[2].blur.sigma", "blur:",
      ["more than 4 times the longest side of the raw section (16, 16)", "below 21.5"]),
+    ("augment:", "targets: [boundaries, {foreground: {name: raw}}]\naugment:", "targets[1].foreground.name",
+     "foreground:", ["collides with the batch field"]),
+    # one entry written as a mapping, not a list: no entry to name but the section
+    ("augment:\n  - mirror\n  - intensity: {scale: 0.2, shift: 0.1}\n", "augment:\n  blur: {sigma: [0, 30]}\n",
+     "augment", "augment:", ["more than 4 times"]),
     # a lazy sample's budget too small for one chunk: the budget's key, not the raw dataset's (as before)
     ("      labels: volumes/labels\n    - name: B", "      labels: volumes/labels\n      lazy: true\n"
      "      cache_bytes: 1000\n    - name: B", "data.samples[0].cache_bytes", "cache_bytes",

@@ -145,6 +145,25 @@ def test_one_lock_for_an_output_reached_through_a_link(tmp_path):
             OutputLock(tmp_path / "out.zarr").acquire()
 
 
+def test_a_run_elsewhere_with_this_processs_pid_is_not_taken_for_this_process(tmp_path):
+    """Two containers sharing a folder both run as pid 1: the refusal said "another emfast run in this process"
+    when the lock file's pid equalled this process's, though another process held it."""
+    from emfast.io._outputs import OutputBusyError, OutputLock
+
+    script = (f"import time\nfrom emfast.io._outputs import OutputLock\n"
+              f"lock = OutputLock({str(tmp_path / 'out.zarr')!r})\nlock.acquire()\n"
+              f"lock._write({{'pid': {os.getpid()}}})\nprint('held', flush=True)\ntime.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    try:
+        assert child.stdout.readline().strip() == "held"
+        with pytest.raises(OutputBusyError, match=rf"^another emfast run \(pid {os.getpid()}\) is writing"):
+            OutputLock(tmp_path / "out.zarr").acquire()
+    finally:
+        child.kill()
+        child.wait(30)
+
+
 def test_two_predictions_from_two_threads_into_one_container_name_this_process(tmp_path):
     """The second of two threads predicting into one container was told that "another emfast run (pid N)" was
     writing it, N being its own pid."""

@@ -125,6 +125,36 @@ def test_a_boundary_thickness_beyond_the_labels_counts_as_their_longest_extent(r
         assert next(iter(loader))["raw"].shape == (2, 1, 4, 8, 8)
 
 
+@pytest.mark.parametrize("kind", ["balanced", "masked"])
+def test_a_sampler_bound_again_keeps_no_earlier_region_and_follows_its_settings(rng, kind):
+    """A sampler keeps its index for a later bind to the same regions (a DataLoader worker's); bound to other
+    regions it kept the earlier ones' volumes alive (256 MiB of labels in a review) until its next bind, and a
+    class setting changed between binds (Balanced.block) reused an index built for the old one."""
+    import gc
+    import weakref
+
+    def region(shape):
+        labels = Volume(blocky_labels(rng, shape, ids=(1, 2, 3), size=(2, 3, 5), dtype=np.uint32), name="labels")
+        return Region(name="r", lo=(0, 0, 0), hi=shape, labels=labels, mask=None, weight=1.0), labels
+
+    sampler = Balanced("boundary") if kind == "balanced" else Masked(0.5, source="labels", unlabelled=0)
+    big, labels = region((16, 48, 48))
+    sampler.bind([big], np.asarray([(4, 8, 8)]), 2)
+    gone = weakref.ref(labels)
+    del big, labels
+    small, _ = region((8, 24, 24))
+    sampler.bind([small], np.asarray([(4, 8, 8)]), 2)
+    gc.collect()
+    assert gone() is None
+    if kind == "balanced":
+        before = sampler._classes[0]
+        sampler.block = (4, 8, 8)
+        sampler.bind([small], np.asarray([(4, 8, 8)]), 2)
+        assert sampler._classes[0] is not before and sampler._classes[0].grid == (2, 3, 3)
+        draw = sampler.sample(rng.random((2, sampler.draws)), np.asarray([(4, 8, 8)] * 2), 0, 0)
+        assert draw.corners.shape == (2, 3)
+
+
 @pytest.mark.parametrize("dtype", LABEL_DTYPES)
 def test_count_map_classes_match_numpy(rng, dtype):
     ids = [0, 3, int(np.iinfo(dtype).max), 9]

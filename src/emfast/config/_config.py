@@ -250,6 +250,8 @@ def _entry(reader, section: tuple, error: BaseException) -> tuple:
         return section
     index, name = item
     path = section + (index,)
+    if not reader.has(path):  # not written as a list entry (one mapping; the loader's default augmentations)
+        return section
     if reader.has(path + (name,)):
         path += (name,)
         key = concerned_key(error, _keys(reader, path))

@@ -895,8 +895,9 @@ class OutputLock:
         except BlockingIOError:
             holder = _read_state(fd).get("pid", "unknown")
             os.close(fd)
-            # flock locks belong to open files: a run in another thread of this process holds its own
-            who = "another emfast run in this process (another thread)" if holder == os.getpid() else \
+            # flock locks belong to open files: a run in another thread of this process holds its own (asked of
+            # the locks this process holds, not by pid: two containers sharing a folder may both run as pid 1)
+            who = "another emfast run in this process (another thread)" if self._held_here() else \
                 f"another emfast run (pid {holder})"
             raise OutputBusyError(f"{who} is writing {self.container}; wait for it to finish, or stop it, then run "
                                   "again") from None
@@ -937,12 +938,16 @@ class OutputLock:
         finally:
             os.close(fd)
 
+    def _held_here(self) -> bool:
+        """Whether a lock of this process holds this lock's file."""
+        return any(lock.path == self.path and lock._fd is not None for lock in list(_HELD))
+
     def holder(self) -> Optional[str]:
         """The pid of another emfast run holding this lock now (``"unknown"`` where its file does not say, or
         cannot be read), None where none does or this process holds it; asked without taking it (a shared lock is
         refused while a run holds its exclusive one). Not asked of a lock this process holds: flock would refuse
         its own, and on file systems emulating flock with POSIX locks closing the probe would release it."""
-        if any(lock.path == self.path and lock._fd is not None for lock in list(_HELD)):
+        if self._held_here():
             return None
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)

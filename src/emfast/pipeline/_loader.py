@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import augment as _augment
 from .. import targets as _targets
-from .._checks import check_threads, concerning
+from .._checks import check_threads, concerning, refusal
 from .._threads import ctrl_c_held, run_every
 from ..augment import Windows
 from ..io import Volume
@@ -202,10 +202,8 @@ class Loader:
                                          f"sample {sample.name!r}") for index, t in enumerate(self.targets)]
             for index, target in enumerate(self.targets):
                 _of_item(index, target.kind, target.check, self.dataset.samples[0].placed_labels.volume.dtype)
-            for name in _targets.outputs(self.targets):  # Foreground(name="mask") replaced the training mask
-                if name in BUILT_IN_FIELDS:
-                    raise ValueError(f"target field {name!r} collides with the batch field of that name; give the "
-                                     "target another name=")
+            for index, target in enumerate(self.targets):  # Foreground(name="mask") replaced the training mask
+                _of_item(index, target.kind, _check_target_fields, target)
             self.margin = _targets.required_margin(self.targets) if self.targets else (0, 0, 0)
         self.keep_labels = setting("keep_labels", keep_labels)
         self.progress = setting("progress", progress)
@@ -653,6 +651,14 @@ class Loader:
         return (f"Loader(patch={self.patch}, batch_size={self.batch_size}, threads={self.threads}, "
                 f"buffers={self.buffers}, max_buffers={self.max_buffers}, fields={list(self.fields)}, "
                 f"device={self.device!r}, {state})")
+
+
+def _check_target_fields(target) -> None:
+    """Refuse a target whose field takes the name of a batch field emfast delivers."""
+    for name in _targets.outputs([target]):
+        if name in BUILT_IN_FIELDS:
+            raise refusal(f"target field {name!r} collides with the batch field of that name; give the target "
+                          "another name=", "name")
 
 
 def _of_item(index: int, name: str, call: Callable, *args):

@@ -214,6 +214,7 @@ class Balanced(Sampler):
             self._rules.append(rule)
             self._classes.append(self._indexed(region, (centre_lo.tobytes(), centre_hi.tobytes()),
                                                lambda: self._count(region, rule, centre_lo, centre_hi)))
+        self._forget_previous_indexes()
         priors = np.asarray([self.priors[name] for name in self.class_names])
         totals = np.stack([c.totals for c in self._classes])  # (regions, classes)
         present = totals > 0

@@ -14,6 +14,7 @@ bounded.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Callable, ClassVar, Dict, Optional, Sequence, Tuple
 
@@ -116,15 +117,27 @@ class Sampler:
         self._indexes: Dict[tuple, tuple] = {}
 
     def _indexed(self, region: Region, key: tuple, build: Callable[[], object]) -> object:
-        """``build()``, an index of ``region`` (``key``: what else it depends on), or the same index from this
-        sampler's previous bind: a loader binds again in each torch DataLoader worker to draw that worker's
-        shard, which had every worker, every epoch, read the labels again and recount them (seconds per sample)."""
-        settings = repr([getattr(self, f.name) for f in fields(self)]) if is_dataclass(self) else repr(self)
-        full = (id(region), settings, key)
+        """``build()``, an index of ``region`` (``key``: what else it depends on besides the sampler's settings),
+        or the same index from this sampler's previous bind: a loader binds again in each torch DataLoader worker
+        to draw that worker's shard, which had every worker, every epoch, read the labels again and recount them
+        (seconds per sample). Call :meth:`_forget_previous_indexes` once the bind has its indexes."""
+        full = (id(region), self._settings(), key)
         kept = self._previous_indexes.pop(full, None)  # taken: what is left over is not kept long
         index = kept[1] if kept is not None and kept[0] is region else build()
         self._indexes[full] = (region, index)  # the region held: its id is not reused while the index is kept
         return index
+
+    def _forget_previous_indexes(self) -> None:
+        """Drop the previous bind's indexes not reused, and the regions (volumes) they hold."""
+        self._previous_indexes = {}
+
+    def _settings(self) -> str:
+        """What an index may depend on besides its region: the sampler's fields and class settings (a
+        ``Balanced.block`` set on the object)."""
+        names = [f.name for f in fields(self)] if is_dataclass(self) else []
+        settings = {name: value for name, value in inspect.getmembers(type(self))
+                    if not name.startswith("_") and isinstance(value, (int, float, str, tuple))}
+        return repr(([getattr(self, name) for name in names], {name: getattr(self, name) for name in settings}))
 
     def sample(self, uniforms: np.ndarray, extents: np.ndarray, epoch: int, index: int) -> Draw:
         """Windows for one batch from ``uniforms`` (B, draws) in [0, 1), for output windows of ``extents`` (B, 3).

@@ -189,9 +189,10 @@ class Masked(Sampler):
         self._extents: Dict[Tuple[int, int, int], int] = {}
         self._corners: List[List[_Corners]] = []
         self._weights: List[np.ndarray] = []
-        for k, extent in enumerate(unique):
-            index = [self._indexed(region, (extent.tobytes(),), lambda: self._index(region, extent))
-                     for region in self.regions]
+        indexes = [[self._indexed(region, (extent.tobytes(),), lambda: self._index(region, extent))
+                    for region in self.regions] for extent in unique]
+        self._forget_previous_indexes()
+        for k, (extent, index) in enumerate(zip(unique, indexes)):
             volume = math.prod(int(e) for e in extent)
             usable = np.asarray([c.total > 0 for c in index])
             if not usable.any():
