@@ -884,6 +884,8 @@ def test_info_and_convert_take_storage_options_on_the_command_line(written, serv
     served.release_hangs()
     assert main(["convert", url, str(tmp_path / "copy.zarr/raw"), "--storage-options", quick]) == 0
     np.testing.assert_array_equal(ef.open(tmp_path / "copy.zarr/raw").array[0], written[1])
+    assert main(["info", url, "--storage-options", '{"anon": true}']) == 2  # an option of s3's, not of https'
+    assert "storage_options hold an option this URL's filesystem does not take" in capsys.readouterr().err
     for bad, words in (("{anon: true}", "not JSON"), ("[1, 2]", "expected a JSON object")):
         with pytest.raises(SystemExit):
             main(["info", url, "--storage-options", bad])
@@ -1003,13 +1005,14 @@ def test_a_bucket_that_does_not_exist_is_named_not_read_as_missing_chunks(writte
     with pytest.raises(RemoteReadError, match=r"s3://nobucket/v3.zarr/zarr.json: the bucket does not exist "
                                               r"\(NoSuchBucket\)"):
         ef.open("s3://nobucket/v3.zarr", storage_options=options)
-    chunk = "/v3.zarr/c/1/0/2"
     S3_FAULTS.clear()
     try:
-        with ef.open(f"s3://{BUCKET}/v3.zarr", in_memory=False, storage_options=options) as lazy:
-            S3_FAULTS[chunk] = [404] * 3
-            with pytest.raises(RemoteReadError, match=r"v3.zarr/c/1/0/2: the bucket does not exist"):
-                lazy_box(lazy)
+        for store in ("v3.zarr", "sharded.zarr"):  # the sharded one read through zarr-python's store
+            with ef.open(f"s3://{BUCKET}/{store}", in_memory=False, storage_options=options) as lazy:
+                S3_FAULTS[f"/{store}/c/"] = [404] * 100
+                with pytest.raises(RemoteReadError, match=rf"{store}/c/[\d/]+: the bucket does not exist"):
+                    lazy_box(lazy)
+            S3_FAULTS.clear()
     finally:
         S3_FAULTS.clear()
     # a process of its own: this one's filesystems (fsspec caches them) hold credentials
@@ -1017,22 +1020,36 @@ def test_a_bucket_that_does_not_exist_is_named_not_read_as_missing_chunks(writte
     environment.update(HOME=str(tmp_path), AWS_CONFIG_FILE=str(tmp_path / "none"), PYTHONPATH=os.pathsep.join(sys.path),
                        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"))
     script = (f"import emfast as ef\ntry:\n    ef.open('s3://{BUCKET}/v3.zarr', storage_options={options!r})\n"
-              "except Exception as error:\n    print(type(error).__name__, error)")
+              "except ef.io.RemoteReadError as error:\n"
+              "    print('denied' if isinstance(error, ef.io._remote.RemoteAccessDenied) else 'other', error)")
     done = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=120)
-    assert re.search(r"^RemoteAccessDenied .*zarr.json: no S3 credentials were found: .*storage_options="
+    assert re.search(r"^denied .*zarr.json: no S3 credentials were found: .*storage_options="
                      r"\{'anon': True\}", done.stdout), done.stdout + done.stderr
 
 
 def test_tensorstore_s3_reads_pay_as_requested_and_name_an_unused_profile(monkeypatch):
-    """The scales tensorstore reads dropped ``requester_pays`` (their reads of a requester-pays bucket would be
-    refused and blamed on the credentials), and a denial told a user with AWS_PROFILE set that credentials come
-    from the AWS_* variables, which they had set."""
+    """The scales tensorstore reads dropped ``requester_pays``, and a denial blamed the credentials; tensorstore
+    sends it as x-amz-requester-payer, which S3 does not read, so a denial says that. A denial told a user with
+    AWS_PROFILE set that credentials come from the AWS_* variables, which they had set."""
     monkeypatch.setenv("AWS_PROFILE", "lab")
+    refused = ValueError("Error reading: PERMISSION_DENIED: AccessDenied")
     store = RemoteStore("s3://bucket-x/pcs", {"requester_pays": True, "endpoint_url": "http://127.0.0.1:1"})
     assert store.kvstore_spec()["requester_pays"] is True
-    denied = store.tensorstore_failure(ValueError("Error reading: PERMISSION_DENIED: AccessDenied"), "pcs")
-    assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in str(denied)
-    assert "may not use the profile 'lab'" in str(denied)
+    assert "sends the requester-pays header as x-amz-requester-payer" in str(store.tensorstore_failure(refused, "pcs"))
+    denied = str(RemoteStore("s3://bucket-x/pcs", {"endpoint_url": "http://127.0.0.1:1"}).tensorstore_failure(
+        refused, "pcs"))
+    assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in denied and "may not use the profile 'lab'" in denied
+
+
+def test_credentials_botocore_could_not_obtain_and_timeouts_are_named():
+    """An SSO login expired or a failing credential_process was "cannot read it (SSOTokenLoadError ...)", and an
+    S3 request with no answer was botocore's ReadTimeoutError, not the timeout emfast set."""
+    from emfast.io._remote import _no_credentials, describe_error
+    for name in ("SSOTokenLoadError", "CredentialRetrievalError", "InvalidConfigError"):
+        error = type(name, (Exception,), {})("botocore's words")
+        assert "could not be obtained" in _no_credentials(error)
+    timed_out = type("ReadTimeoutError", (Exception,), {})("Read timeout on endpoint URL")
+    assert describe_error(timed_out, 2.0) == "no answer within 2 s each (storage_options timeout)"
 
 
 @pytest.mark.parametrize("status", [500, 503])

@@ -127,18 +127,17 @@ def storage_options(value: str) -> dict:
     try:
         options = json.loads(value)
     except ValueError as error:
-        raise argparse.ArgumentTypeError(f"not JSON ({error}); e.g. '{{\"anon\": true, \"timeout\": 10}}'") \
-            from None
+        raise argparse.ArgumentTypeError(f"not JSON ({error}); e.g. '{{\"timeout\": 10}}'") from None
     if not isinstance(options, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object of options, e.g. '{{\"anon\": true}}', got {value}")
+        raise argparse.ArgumentTypeError(f"expected a JSON object of options, e.g. '{{\"timeout\": 10}}', got {value}")
     return options
 
 
 def add_storage_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage-options", type=storage_options, default=None, metavar="JSON",
-                        help="for a URL (s3://, gs://, http(s)://): its options as a JSON object, e.g. "
-                             "'{\"endpoint_url\": \"http://127.0.0.1:9000\", \"anon\": true}', and emfast's "
-                             "\"timeout\" (seconds per request) and \"retries\"")
+                        help="for a URL (s3://, gs://, http(s)://): fsspec's options of its protocol as a JSON "
+                             "object, e.g. for s3:// '{\"endpoint_url\": \"http://127.0.0.1:9000\", \"anon\": true}', "
+                             "and emfast's \"timeout\" (seconds per request) and \"retries\"")
 
 
 def check(args: argparse.Namespace) -> int:

@@ -93,6 +93,10 @@ class RemoteAccessDenied(RemoteReadError):
     """The server refused a key to these credentials (401, 403)."""
 
 
+class CredentialsUnavailable(RemoteAccessDenied):
+    """No usable credentials were found (none, an unknown profile, an SSO login expired): no request was sent."""
+
+
 class ChunkChangedError(RemoteReadError):
     """A chunk read again (after the cache dropped it) came with other bytes than before: the store was written
     while it was read (see :mod:`emfast.io._rereads`)."""
@@ -245,6 +249,12 @@ def _s3_response(error: BaseException) -> Optional[dict]:
     return None
 
 
+#: botocore's errors for credentials it could not obtain (a failing credential_process, an SSO login expired, a
+#: profile's source_profile missing): no request was sent.
+_CREDENTIAL_FAILURES = ("CredentialRetrievalError", "SSOTokenLoadError", "UnauthorizedSSOTokenError",
+                        "TokenRetrievalError", "SSOError", "InvalidConfigError", "RefreshWithMFAUnsupportedError")
+
+
 def _no_credentials(error: BaseException) -> Optional[str]:
     """What to do where botocore found no usable credentials behind ``error`` (no request was sent), or None."""
     seen = 0
@@ -257,8 +267,17 @@ def _no_credentials(error: BaseException) -> Optional[str]:
             return ("no S3 credentials were found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile in "
                     "~/.aws/credentials (AWS_PROFILE), or storage_options 'key' and 'secret'; for a public bucket "
                     "pass storage_options={'anon': True}")
+        if kind in _CREDENTIAL_FAILURES:
+            return ("the S3 credentials of the profile in use could not be obtained (for an SSO profile, log in "
+                    "again with aws sso login; check its credential_process or source_profile in ~/.aws/config)")
         error, seen = error.__cause__ or error.__context__, seen + 1
     return None
+
+
+def _timed_out(error: BaseException) -> bool:
+    """Whether ``error`` is a request that got no answer in time (asyncio's, or botocore's read/connect timeout)."""
+    return isinstance(error, (asyncio.TimeoutError, TimeoutError)) or \
+        type(error).__name__ in ("ReadTimeoutError", "ConnectTimeoutError")
 
 
 def _denied(error: BaseException) -> bool:
@@ -458,7 +477,7 @@ class RemoteStore:
     def denied_metadata(self, key: str, error: RemoteAccessDenied) -> None:
         """None (missing) for a metadata file the server denies (see :data:`METADATA_NAMES`), noted for
         :meth:`refuse_denied`; ``error`` raised again for any other key."""
-        if posixpath.basename(key) not in METADATA_NAMES:
+        if posixpath.basename(key) not in METADATA_NAMES or isinstance(error, CredentialsUnavailable):
             raise error
         self.denied.append((f"{self._root}/{key}", error))
         return None
@@ -499,6 +518,8 @@ class RemoteStore:
                 try:
                     buffer = await retrying(lambda: FsspecStore.get(self, key, prototype, byte_range),
                                             store_retries, where(key), outer.timeout)
+                except FileNotFoundError:  # a missing key (no allowed exception: a NoSuchBucket is raised)
+                    buffer = None
                 except RemoteAccessDenied as error:
                     buffer = outer.denied_metadata(key, error)
                 if buffer is not None and byte_range is None and served_page(key, buffer.to_bytes()[:64]):
@@ -512,7 +533,8 @@ class RemoteStore:
                 return buffer
 
         fs = _filesystem(self._protocol, self._options, self.timeout, asynchronous=True)
-        return RetryingStore(fs, read_only=True, path=self._root)
+        return RetryingStore(fs, read_only=True, path=self._root,
+                             allowed_exceptions=(IsADirectoryError, NotADirectoryError))
 
     def kvstore_spec(self) -> dict:
         """The tensorstore kvstore of this URL, retrying as :meth:`get` does (tensorstore has no timeout per
@@ -533,7 +555,7 @@ class RemoteStore:
             spec["endpoint"] = endpoint
         if self._options.get("anon"):
             spec["aws_credentials"] = {"type": "anonymous"}
-        if self._options.get("requester_pays"):  # s3fs's option; its reads carry the header, tensorstore's did not
+        if self._options.get("requester_pays"):  # s3fs's option (tensorstore sends it under another header name)
             spec["requester_pays"] = True
         region = self._options.get("client_kwargs", {}).get("region_name")
         if region:
@@ -580,7 +602,11 @@ class RemoteStore:
             return None
         if "PERMISSION_DENIED" in text or "UNAUTHENTICATED" in text:
             hint = ""
-            if self._protocol == "s3" and self._options.get("anon"):
+            if self._protocol == "s3" and self._options.get("requester_pays"):
+                hint = (" (tensorstore, which reads it, sends the requester-pays header as x-amz-requester-payer, "
+                        "which S3 does not read: a requester-pays bucket's scales cannot be read through it; copy "
+                        "the volume to a bucket of your own)")
+            elif self._protocol == "s3" and self._options.get("anon"):
                 hint = " (anonymously, as storage_options asked: the bucket allows no public reads)"
             elif self._protocol == "s3":
                 profile = self._options.get("profile") or os.environ.get("AWS_PROFILE")
@@ -680,7 +706,12 @@ async def retrying(request, retries: int, where: str, timeout: Optional[float] =
         except Exception as error:  # noqa: BLE001 - every library raises its own types; classified here
             unsigned = _no_credentials(error)
             if unsigned is not None:
-                raise RemoteAccessDenied(f"{where}: {unsigned} ({describe_error(error)})") from error
+                raise CredentialsUnavailable(f"{where}: {unsigned} ({describe_error(error)})") from error
+            if isinstance(error, TypeError) and "unexpected keyword argument" in str(error):
+                raise ValueError(f"{where}: storage_options hold an option this URL's filesystem does not take "
+                                 f"({describe_error(error)}); they are fsspec's options of its protocol (e.g. "
+                                 "'anon' and 'endpoint_url' are s3's), plus emfast's 'timeout' and 'retries'") \
+                    from error
             if _denied(error):
                 raise RemoteAccessDenied(f"{where}: access denied ({describe_error(error)}); check the credentials "
                                          "(AWS_* environment variables, ~/.aws) or pass storage_options") from error
@@ -726,7 +757,7 @@ def describe_error(error: BaseException, timeout: Optional[float] = None) -> str
     end (a parser's message quotes the bytes it could not parse; tensorstore's names the URL twice before the
     status); a request that took longer than ``timeout`` seconds says so."""
     parse = _parse_failure(error)
-    if timeout is not None and isinstance(error, (asyncio.TimeoutError, TimeoutError)):
+    if timeout is not None and _timed_out(error):
         text = f"no answer within {timeout:g} s each (storage_options timeout)"
     elif parse is not None:
         text = "a malformed response: " + (getattr(parse, "message", "") or str(parse) or type(parse).__name__)
