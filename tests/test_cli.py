@@ -439,6 +439,13 @@ def test_info_lists_datasets_behind_hdf5_links_and_a_groups_own_attributes(tmp_p
     assert "of_the_group" in header and "of_the_file" not in header, header
 
 
+@pytest.mark.parametrize("name", ["gone.n5", "gone.zarr", "gone.h5"])
+def test_info_of_a_container_that_is_not_there_is_an_error(tmp_path, capsys, name):
+    """A path named .n5 that was not there listed "(no arrays)" with exit status 0 (.zarr and .h5 said so)."""
+    assert main(["info", str(tmp_path / name)]) == 2
+    assert str(tmp_path / name) in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("zarr_format", [2, 3])
 def test_info_of_a_missing_path_in_a_store_without_root_group_lists_its_arrays(tmp_path, capsys, zarr_format):
     """tensorstore and funlib write arrays with no group metadata above them: a path naming nothing there gave

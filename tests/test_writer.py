@@ -2,6 +2,7 @@
 former ``compressor`` still works with a DeprecationWarning naming the new one), one resume rule and the same
 metadata."""
 import json
+import warnings
 
 import h5py
 import numpy as np
@@ -45,8 +46,9 @@ def codecs(array_folder):
 
 def test_convert_takes_compressor_as_a_deprecated_name_of_compression(tmp_path, source):
     path, data = source
-    with pytest.warns(DeprecationWarning, match="compressor is deprecated; use compression"):
+    with pytest.warns(DeprecationWarning, match="compressor is deprecated; use compression") as caught:
         convert(str(path), tmp_path / "old.zarr/raw", compressor="gzip")
+    assert caught[0].filename == __file__  # the caller's line: a frame beyond it, Python hid the warning
     assert "gzip" in codecs(tmp_path / "old.zarr/raw")
     convert(str(path), tmp_path / "new.zarr/raw", compression="gzip")
     assert codecs(tmp_path / "new.zarr/raw") == codecs(tmp_path / "old.zarr/raw")
@@ -58,19 +60,21 @@ def test_convert_takes_compressor_as_a_deprecated_name_of_compression(tmp_path, 
 
 
 def test_the_command_line_says_compressor_is_deprecated_and_refuses_a_conflict(tmp_path, source, capsys):
+    """The command printed its warning, then the Python one too: under -W error (PYTHONWARNINGS=error) that was an
+    "internal error", exit 1, nothing converted."""
     path, _ = source
-    with pytest.warns(DeprecationWarning, match="--compressor is deprecated; use --compression"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         assert main(["convert", str(path), str(tmp_path / "old.zarr/raw"), "--compressor", "gzip"]) == 0
-    assert "--compressor is deprecated; use --compression" in capsys.readouterr().err
+    assert capsys.readouterr().err.count("--compressor is deprecated; use --compression") == 1
     assert "gzip" in codecs(tmp_path / "old.zarr/raw")
     assert main(["convert", str(path), str(tmp_path / "new.h5/raw"), "--compression", "none"]) == 0
     with h5py.File(tmp_path / "new.h5", "r") as f:
         assert f["raw"].compression is None
     capsys.readouterr()
-    with pytest.warns(DeprecationWarning):
-        assert main(["convert", str(path), str(tmp_path / "both.zarr/raw"), "--compression", "zstd", "--compressor",
-                     "gzip"]) == 2
-    assert "compression='zstd' and its deprecated name compressor='gzip' disagree" in capsys.readouterr().err
+    assert main(["convert", str(path), str(tmp_path / "both.zarr/raw"), "--compression", "zstd", "--compressor",
+                 "gzip"]) == 2
+    assert "--compression zstd and its deprecated name --compressor gzip disagree" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse names the choices
         main(["convert", str(path), str(tmp_path / "bad.zarr/raw"), "--compression", "lz4"])
     assert "invalid choice: 'lz4'" in capsys.readouterr().err

@@ -275,14 +275,20 @@ def info(args: argparse.Namespace) -> int:
 
 def convert(args: argparse.Namespace) -> int:
     """Convert a volume between formats, resumably (run the same command again after an interruption)."""
-    if args.compressor is not None:
+    compression = args.compression
+    if args.compressor is not None:  # said here, once, as the command's warning: not a Python warning, which
+        # -W error (or PYTHONWARNINGS=error) turned into an "internal error"
         print("emfast: warning: --compressor is deprecated; use --compression (the same values)", file=sys.stderr)
+        if compression is not None and compression != args.compressor:
+            raise ValueError(f"--compression {compression} and its deprecated name --compressor {args.compressor} "
+                             "disagree; give only --compression")
+        compression = args.compressor
     bar = progress_bar()
     try:
         with command_line_options():
-            result = convert_volume(args.source, args.destination, chunks=args.chunks, compression=args.compression,
+            result = convert_volume(args.source, args.destination, chunks=args.chunks, compression=compression,
                                     zarr_format=args.zarr_format, overwrite=args.overwrite, progress=bar,
-                                    levels=args.levels, downsampling=args.downsampling, compressor=args.compressor,
+                                    levels=args.levels, downsampling=args.downsampling,
                                     level=args.level, resolution=args.resolution,
                                     storage_options=args.storage_options)
     finally:

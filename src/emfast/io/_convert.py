@@ -157,7 +157,7 @@ def convert(source_path, destination, *, chunks: Optional[Sequence[int]] = None,
     """
     try:
         container, dataset, kind = parse_output(destination, "destination")
-        compression = check_compression(compression_option(compression, compressor, stacklevel=4), kind)
+        compression = check_compression(compression_option(compression, compressor), kind)
         overwrite = flag(overwrite, "overwrite")  # overwrite="no" (a str, so true) replaced the output
         if chunks is not None:
             chunks = triple(chunks, "chunks", minimum=1)

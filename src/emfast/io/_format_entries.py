@@ -2,6 +2,7 @@
 OME-Zarr, N5 and neuroglancer precomputed; each says how it is detected, opened and listed by ``emfast info``."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -140,6 +141,8 @@ class N5Format(VolumeFormat):
 
     @classmethod
     def contents(cls, container: Path, inner: str) -> Contents:
+        if not container.is_dir():  # a path named .n5 that is not there listed "(no arrays)", with status 0
+            raise FileNotFoundError(errno.ENOENT, f"cannot list {container}: no N5 container there")
         if inner and not _holds_n5(container / inner):
             raise not_found(container, inner, lambda group: _n5_members(container, group))
         names = [f"{inner}/{name}".strip("/.") if name != "." else inner
