@@ -201,7 +201,8 @@ def test_tensorstore_n5_labels_are_its_axes(tmp_path):
     (tmp_path / "s.n5/attributes.json").write_text(json.dumps({"n5": "2.5.1"}))
     assert_reads(tmp_path / "s.n5/xyz", data[0])
     assert_reads(tmp_path / "s.n5/xyzc", data)
-    with pytest.raises(StoreMetadataError, match=r"s.n5:zyx \(attributes.json\): its axes are \['x', 'y', 'z'\]"):
+    with pytest.raises(StoreMetadataError, match=r"s.n5:zyx \(attributes.json\): its axes are listed as "
+                                                 r"\['z', 'y', 'x'\]; .*N5 lists axes x first"):
         ef.open(tmp_path / "s.n5/zyx")
 
 
@@ -814,14 +815,16 @@ def test_hdf5_and_n5_with_axes_in_another_order_are_refused_naming_them(tmp_path
     silently."""
     with h5py.File(tmp_path / "s.h5", "w") as f:
         f.create_dataset("raw", data=random_volume(np.uint8)).attrs["axis_names"] = ["x", "y", "z"]
-    with pytest.raises(StoreMetadataError, match=r"s.h5:raw \(attributes\): its axes are \['x', 'y', 'z'\]; this "
-                                                 r"format is read only with its axes in the order \(c, z, y, x\)"):
+    with pytest.raises(StoreMetadataError, match=r"s.h5:raw \(attributes\): its axes are in the order it stores "
+                                                 r"them, \(x, y, z\); this format is read only with its axes in the "
+                                                 r"order \(c, z, y, x\)"):
         ef.open(tmp_path / "s.h5/raw")
     z5py = needs("z5py")
     dataset = z5py.File(str(tmp_path / "s.n5"), mode="a").create_dataset("raw", data=random_volume(np.uint8),
                                                                         chunks=(4, 5, 3))
     dataset.attrs["axis_names"] = ["z", "y", "x"]  # N5 lists axes x first: this names them reversed
-    with pytest.raises(StoreMetadataError, match=r"s.n5:raw \(attributes.json\): its axes are \['x', 'y', 'z'\]"):
+    with pytest.raises(StoreMetadataError, match=r"s.n5:raw \(attributes.json\): its axes are in the order it "
+                                                 r"stores them, \(x, y, z\)"):
         ef.open(tmp_path / "s.n5/raw")
 
 
@@ -848,3 +851,50 @@ def test_cloudvolume_channels(tmp_path):
     volume.commit_info()
     volume[:, :, :] = np.transpose(data, (3, 2, 1, 0))
     assert_reads(tmp_path / "pc", data, (40, 4, 4), (0, 0, 0), format="precomputed")
+
+
+def _positional(shape):
+    """Values that say where they are: c * 1000 + z * 100 + y * 10 + x, per the axes named in ``shape``'s keys."""
+    grids = np.meshgrid(*[np.arange(n) for n in shape.values()], indexing="ij")
+    weights = {"c": 1000, "z": 100, "y": 10, "x": 1}
+    return sum(weights[axis] * grid for axis, grid in zip(shape, grids)).astype(np.uint16)
+
+
+def test_an_ilastik_export_is_refused_by_its_axistags_not_read_transposed(tmp_path):
+    """ilastik exports channel-last with the axis order in an ``axistags`` JSON attribute: a (z, y, x, c) export
+    was read as (c, z, y, x), z taken for channels and channels for x, silently; a 2-D (y, x, c) one as a volume
+    of z = y."""
+    def export(name, axes):
+        shape = {axis: {"c": 2, "z": 4, "y": 5, "x": 6}[axis] for axis in axes}
+        tags = {"axes": [{"key": key, "typeFlags": 1 if key == "c" else 2, "resolution": 0, "description": ""}
+                         for key in axes]}
+        with h5py.File(tmp_path / name, "w") as f:
+            f["exported_data"] = _positional(shape)
+            f["exported_data"].attrs["axistags"] = json.dumps(tags, indent=2)
+        return tmp_path / name
+
+    for in_memory in (True, False):
+        with pytest.raises(StoreMetadataError, match=r"its axes are in the order it stores them, \(z, y, x, c\); "
+                                                     r".*np\.moveaxis\(data, -1, 0\) for a channel-last export"):
+            ef.hdf5(export("probabilities.h5", "zyxc"), "exported_data", in_memory=in_memory)
+    with pytest.raises(StoreMetadataError, match="an image without a z axis"):
+        ef.hdf5(export("image.h5", "yxc"), "exported_data")
+    volume = ef.hdf5(export("ordered.h5", "czyx"), "exported_data")  # the order emfast reads: as it is
+    assert volume.array[1, 2, 3, 4] == 1234
+
+
+@pytest.mark.parametrize("names", [["z", "y", "x", "c"], ["x", "y", "z"], ["c", "z", "y", "x"]])
+def test_xarray_dimension_names_of_a_zarr_v2_array_place_its_axes(tmp_path, names):
+    """xarray names a zarr v2 array's dimensions in ``_ARRAY_DIMENSIONS`` (v3 has ``dimension_names``, which
+    emfast read): ignored, a (z, y, x, c) array was read as (c, z, y, x) and an (x, y, z) one transposed."""
+    zarr = pytest.importorskip("zarr")
+    sizes = {"c": 2, "z": 4, "y": 5, "x": 6}
+    array = zarr.create_array(str(tmp_path / "xr.zarr"), shape=tuple(sizes[a] for a in names), dtype=np.uint16,
+                              zarr_format=2)
+    array[...] = _positional({axis: sizes[axis] for axis in names})
+    array.attrs["_ARRAY_DIMENSIONS"] = names
+    for in_memory in (True, False):
+        volume = ef.open(tmp_path / "xr.zarr", in_memory=in_memory)
+        assert volume.shape == (4, 5, 6) and volume.channels == (2 if "c" in names else 1)
+        box = volume[2:3, 3:4, 4:5]
+        assert box[-1, 0, 0, 0] == (1234 if "c" in names else 234)

@@ -32,6 +32,7 @@ and the level's own ``voxel_size``), an unknown unit, or axes that cannot be tol
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -103,11 +104,13 @@ class Geometry:
         """True if the stored axes are already in emfast's order (t, c, z, y, x), so no axis is permuted."""
         return list(self.axes) == [a for a in CANONICAL if a in self.axes]
 
-    def require_canonical(self, where: str) -> None:
-        """Refuse a permuted store, for readers that read only in stored order."""
+    def require_canonical(self, where: str, how: str = "", listed: Optional[str] = None) -> None:
+        """Refuse a permuted store, for readers that read only in stored order; ``how``: how to store it so;
+        ``listed``: the axes as the metadata lists them, where that order is not the stored one (N5's)."""
         if not self.canonical:
-            raise StoreMetadataError(f"{where}: its axes are {list(self.axes)}; this format is read only with its "
-                                     "axes in the order (c, z, y, x)")
+            axes = listed or f"in the order it stores them, ({', '.join(self.axes)})"
+            raise StoreMetadataError(f"{where}: its axes are {axes}; this format is read only with its axes in the "
+                                     f"order (c, z, y, x){how}")
 
 
 def axis_roles(names: Optional[Sequence[Any]], ndim: int, where: str, key: str,
@@ -168,6 +171,19 @@ def check_dimensions(ndim: int, where: str) -> None:
     if ndim not in (3, 4):
         raise StoreMetadataError(f"{where}: expected a 3-D (z, y, x) or 4-D (c, z, y, x) array, got {ndim}-D"
                                  + (ONE_SECTION if ndim == 2 else ""))
+
+
+def ilastik_axes(axistags: Any) -> Optional[List[str]]:
+    """The axis keys of ilastik's ``axistags`` attribute (a JSON document ``{"axes": [{"key": "z", ...}, ...]}``,
+    in stored order: its exports are channel-last, (z, y, x, c)), or None where it is absent or not such."""
+    if isinstance(axistags, bytes):
+        axistags = axistags.decode("utf-8", "replace")
+    try:
+        axes = json.loads(axistags)["axes"] if isinstance(axistags, str) else None
+        keys = [axis["key"] for axis in axes] if isinstance(axes, list) else None
+    except (ValueError, KeyError, TypeError):
+        return None
+    return keys if keys and all(isinstance(key, str) for key in keys) else None
 
 
 def array_geometry(attrs: Mapping, ndim: int, where: str, *, dimension_names: Optional[Sequence[Any]] = None,

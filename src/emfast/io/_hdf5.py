@@ -34,7 +34,7 @@ from . import _deflate
 from ._decode import SideBySide
 from ._filebatch import descriptor_hint
 from ._hdf5files import OPEN_FILES, close_files, most_open, open_identity
-from ._geometry import GEOMETRY_KEYS, array_geometry, check_dimensions
+from ._geometry import GEOMETRY_KEYS, array_geometry, check_dimensions, ilastik_axes
 from ._metadata import parsing
 from ._outputs import OutputLock, warn_if_unfinished
 from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, VolumeSource, checked_chunk, local_path,
@@ -233,8 +233,13 @@ class Hdf5Source(VolumeSource):
         where = f"{self.name} (attributes)"
         with parsing(where):  # a byte string no UTF-8 (b"\xb5m") is malformed metadata, named
             attrs = {key: plain_attribute(node.attrs[key]) for key in GEOMETRY_KEYS if key in node.attrs}
-            geometry = array_geometry(attrs, len(self.full_shape), where)
-        geometry.require_canonical(where)
+            # ilastik's exports are channel-last, their axes named only there: read as (c, z, y, x), silently
+            # transposed (z taken for channels, channels for x)
+            tags = ilastik_axes(node.attrs.get("axistags"))
+            geometry = array_geometry(attrs, len(self.full_shape), where, dimension_names=tags,
+                                      names_key="ilastik axistags")
+        geometry.require_canonical(where, "; write it in that order (e.g. np.moveaxis(data, -1, 0) for a channel-last "
+                                          "export), or pass the reordered array (ef.Volume.from_array)")
         self.resolution, self.offset = geometry.resolution, geometry.offset
         self.translation = _binned_translation(node.attrs.get(TRANSLATION_ATTRIBUTE), self.offset)
         self._direct = _DirectChunkReader.for_dataset(node)

@@ -279,7 +279,8 @@ class N5Source(VolumeSource):
             meta = _scale_level(meta, _layout_groups(root, dataset, self.name), dataset, where)
             geometry = array_geometry(meta, len(dimensions), where, reversed_order=True, names_key="N5 axes",
                                       dimension_names=axes)
-        geometry.require_canonical(where)
+        geometry.require_canonical(where, "; N5 lists axes x first: those of a (c, z, y, x) volume are [\"x\", "
+                                          "\"y\", \"z\", \"c\"]", listed=None if axes is None else f"listed as {axes}")
         self.resolution, self.offset = geometry.resolution, geometry.offset
         if remote:
             self.stamp = root.stamp(dataset, f"{dataset}/attributes.json".lstrip("/"))

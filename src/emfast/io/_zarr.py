@@ -459,7 +459,11 @@ def _geometry_of(array, name: str, known_axes: Optional[Sequence[str]] = None) -
     where = f"{name} (attributes)"
     with parsing(where):
         names = getattr(array.metadata, "dimension_names", None)
-        return array_geometry(dict(array.attrs), array.ndim, where, dimension_names=names, known_axes=known_axes)
+        attrs = dict(array.attrs)
+        key = "zarr dimension_names"
+        if names is None and attrs.get("_ARRAY_DIMENSIONS") is not None:  # zarr v2's, as xarray writes them
+            names, key = attrs["_ARRAY_DIMENSIONS"], "xarray _ARRAY_DIMENSIONS"
+        return array_geometry(attrs, array.ndim, where, dimension_names=names, names_key=key, known_axes=known_axes)
 
 
 def codec_names(metadata) -> str:
