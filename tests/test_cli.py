@@ -444,6 +444,11 @@ def test_info_of_a_container_that_is_not_there_is_an_error(tmp_path, capsys, nam
     """A path named .n5 that was not there listed "(no arrays)" with exit status 0 (.zarr and .h5 said so)."""
     assert main(["info", str(tmp_path / name)]) == 2
     assert str(tmp_path / name) in capsys.readouterr().err
+    (tmp_path / "file.n5").write_bytes(b"")
+    assert main(["info", str(tmp_path / "file.n5")]) == 2
+    assert "file.n5 is a file, not an N5 container" in capsys.readouterr().err
+    assert main(["info", "--storage-options", "{}"]) == 2  # without a URL they were dropped unsaid
+    assert "--storage-options apply to a URL" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("zarr_format", [2, 3])

@@ -164,8 +164,10 @@ def test_a_blur_far_wider_than_the_window_is_refused_and_the_kernel_bounds_its_r
         ef.Loader(raw, patch=(8, 32, 32) if sigma > 2 else (8, 4, 4), batch_size=1, threads=1,
                   augment=[ei.Blur(sigma=(0, sigma))]).close()
     ef.Loader(raw, patch=(8, 4, 4), batch_size=1, threads=1, augment=list(ei.FULL)).close()
+    with pytest.raises(ValueError, match=r"sigma up to 1e\+308 voxels reaches inf voxels"):  # 3 x 1e308: not an int
+        ef.Loader(raw, patch=(8, 32, 32), batch_size=1, threads=1, augment=[ei.Blur(sigma=(0, 1e308))])
     out = np.zeros((1, 1, 2, 4, 4), np.float32)
-    for sigma in (1e7, 1e18, 1e300):
+    for sigma in (1e7, 1e18, 1e300, 1e308):
         with pytest.raises(ValueError, match="blur: a sigma of .* voxels reaches"):
             _intensity.blur(out, [0], (2, 4, 4), [sigma], False, 3.0)
     with pytest.raises(ValueError, match="finite"):

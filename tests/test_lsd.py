@@ -66,7 +66,7 @@ def test_lsd_depends_on_ids_only_through_equality(dtype):
 def test_a_gaussian_reaching_beyond_any_volume_is_refused_not_aborted():
     """compute_targets(labels, [LSD(sigma=1e18)]) aborted the process (std::length_error out of the kernel)."""
     labels = np.ones((1, 1, 8, 32, 32), np.uint32)
-    for sigma in (1e7, 1e18):
+    for sigma in (1e7, 1e18, 1e200, 1e308):  # beyond 1e154, sigma ** 2 and 3 * sigma overflowed (OverflowError)
         with pytest.raises(ValueError, match="lsd: a sigma of .* voxels reaches .* beyond the"):
             compute_targets(labels, [LSD(sigma=sigma, voxel_size=(1, 1, 1))])
     assert compute_targets(labels, [LSD(sigma=3, voxel_size=(1, 1, 1))])["lsd"].shape == (1, 10, 8, 32, 32)

@@ -1045,7 +1045,7 @@ def test_credentials_botocore_could_not_obtain_and_timeouts_are_named():
     """An SSO login expired or a failing credential_process was "cannot read it (SSOTokenLoadError ...)", and an
     S3 request with no answer was botocore's ReadTimeoutError, not the timeout emfast set."""
     from emfast.io._remote import _no_credentials, describe_error
-    for name in ("SSOTokenLoadError", "CredentialRetrievalError", "InvalidConfigError"):
+    for name in ("SSOTokenLoadError", "CredentialRetrievalError", "TokenRetrievalError"):
         error = type(name, (Exception,), {})("botocore's words")
         assert "could not be obtained" in _no_credentials(error)
     timed_out = type("ReadTimeoutError", (Exception,), {})("Read timeout on endpoint URL")

@@ -31,6 +31,7 @@ from .io import COMPRESSIONS
 from .io import DOWNSAMPLING
 from .io import convert as convert_volume
 from .io import command_line_options
+from .io._writer import compression_option
 from .io import ProgressBar, plural, progress_bar
 from .inference import model_blamed
 from .pipeline import Loader
@@ -251,6 +252,8 @@ def info(args: argparse.Namespace) -> int:
     """Without a file: the installation. With one: its datasets with shape, dtype, chunks and attributes, and
     their values summarised from a bounded sample of chunks (see :func:`_values_line`)."""
     if args.file is None:
+        if args.storage_options is not None:
+            raise ValueError("--storage-options apply to a URL; name one (emfast info URL --storage-options ...)")
         print("\n".join(installation()))
         return 0
     found = contents(args.file, args.storage_options)
@@ -275,14 +278,12 @@ def info(args: argparse.Namespace) -> int:
 
 def convert(args: argparse.Namespace) -> int:
     """Convert a volume between formats, resumably (run the same command again after an interruption)."""
-    compression = args.compression
     if args.compressor is not None:  # said here, once, as the command's warning: not a Python warning, which
         # -W error (or PYTHONWARNINGS=error) turned into an "internal error"
         print("emfast: warning: --compressor is deprecated; use --compression (the same values)", file=sys.stderr)
-        if compression is not None and compression != args.compressor:
-            raise ValueError(f"--compression {compression} and its deprecated name --compressor {args.compressor} "
-                             "disagree; give only --compression")
-        compression = args.compressor
+    with warnings.catch_warnings(), command_line_options():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        compression = compression_option(args.compression, args.compressor)
     bar = progress_bar()
     try:
         with command_line_options():

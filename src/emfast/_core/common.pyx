@@ -72,11 +72,11 @@ MAX_KERNEL_REACH = 1 << 20
 
 
 cdef object check_reach(reach, sigma, str name):
-    """Raise if a gaussian of ``sigma`` voxels truncated at ``reach`` voxels reaches beyond
-    :data:`MAX_KERNEL_REACH`."""
-    if reach > MAX_KERNEL_REACH:
-        raise ValueError(f"{name}: a sigma of {sigma:g} voxels reaches {reach} voxels, beyond the {MAX_KERNEL_REACH} "
-                         "a kernel may reach")
+    """Raise if a gaussian of ``sigma`` voxels truncated at ``reach`` voxels (a float: 3 x 1e308 is infinite)
+    reaches beyond :data:`MAX_KERNEL_REACH`."""
+    if not reach <= MAX_KERNEL_REACH:
+        raise ValueError(f"{name}: a sigma of {sigma:g} voxels reaches {reach:.4g} voxels, beyond the "
+                         f"{MAX_KERNEL_REACH} a kernel may reach")
 
 
 cdef object writeable_array(array, str name):

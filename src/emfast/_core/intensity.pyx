@@ -164,7 +164,7 @@ def blur(raw, blocks, shape, sigmas, bint per_section, double truncate=3.0):
     if not ((values >= 0) & (values < float("inf"))).all():
         raise ValueError("sigmas must be finite and >= 0")
     if values.size:
-        check_reach(int(truncate * float(values.max()) + 0.5), float(values.max()), "blur")
+        check_reach(truncate * float(values.max()) + 0.5, float(values.max()), "blur")
     cdef int64_t c_shape[3]
     for axis in range(3):
         c_shape[axis] = dims[axis]

@@ -330,7 +330,9 @@ def _three_numbers(values, what):
 
 def lsd_radius(sigma):
     """The reach (voxels, per axis) of the truncated gaussians of ``sigma`` (voxels): scipy.ndimage's
-    ``int(3 * sigma + 0.5)``, as lsds uses."""
+    ``int(3 * sigma + 0.5)``, as lsds uses; ValueError beyond :data:`~emfast._core.common.MAX_KERNEL_REACH`."""
+    for s in sigma:
+        check_reach(3.0 * float(s) + 0.5, float(s), "lsd")
     return tuple(int(3.0 * float(s) + 0.5) for s in sigma)
 
 
@@ -377,7 +379,6 @@ def lsd(labels, margin, sigma, variance_floor, background, ignore, out, mask):
     cdef double c_floor[3]
     cdef int64_t c_radius[3]
     for axis, reach in enumerate(lsd_radius(sigma)):
-        check_reach(reach, sigma[axis], "lsd")
         c_sigma[axis] = sigma[axis]
         c_radius[axis] = reach
         c_floor[axis] = variance_floor[axis]

@@ -287,10 +287,11 @@ class Blur(_PerExample):
         extents = windows.raw_section if self.per_section else (windows.raw_sections, *windows.raw_section)
         most = self.REACH_PER_SIDE * max(extents)
         high = float(self.sigma[1])
-        reach = int(self.TRUNCATE * high + 0.5)
-        if reach > most:
+        reach = self.TRUNCATE * high + 0.5  # a float: 3 x 1e308 is infinite, and int() of it raised OverflowError
+        if reach >= most + 1:  # int(reach) > most
             plane = "section" if self.per_section else "window"
-            raise refusal(f"Blur: sigma up to {high:g} voxels reaches {reach} voxels (3 sigma), more than "
+            raise refusal(f"Blur: sigma up to {high:g} voxels reaches {int(reach) if reach < 1e15 else reach:g} "
+                          f"voxels (3 sigma), more than "
                           f"{self.REACH_PER_SIDE} times the longest side of the raw {plane} {tuple(extents)}: it "
                           f"would average the {plane}'s mirror images over and over; give a sigma below "
                           f"{(most + 0.5) / self.TRUNCATE:.6g}", "sigma")

@@ -114,7 +114,6 @@ def _hdf5_datasets(file: h5py.File, container: Path, names: List[str], named: st
             yield Listed(name, summary, dict(node.attrs), volume)
 
 
-
 def _hdf5_members(file: h5py.File, group: str):
     node = file.get(group) if group else file
     return sorted(node.keys()) if isinstance(node, h5py.Group) else None
@@ -142,6 +141,8 @@ class N5Format(VolumeFormat):
     @classmethod
     def contents(cls, container: Path, inner: str) -> Contents:
         if not container.is_dir():  # a path named .n5 that is not there listed "(no arrays)", with status 0
+            if container.exists():
+                raise NotADirectoryError(errno.ENOTDIR, f"{container} is a file, not an N5 container (a folder)")
             raise FileNotFoundError(errno.ENOENT, f"cannot list {container}: no N5 container there")
         if inner and not _holds_n5(container / inner):
             raise not_found(container, inner, lambda group: _n5_members(container, group))

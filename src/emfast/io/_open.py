@@ -129,7 +129,8 @@ def _refuse_options_of(path, storage_options: Optional[dict]) -> None:
 def contents(path: Union[str, os.PathLike], storage_options: Optional[dict] = None) -> Contents:
     """What ``emfast info`` lists of a local file or store: its attributes and its datasets (or the one that
     ``path`` names inside it), each opened lazily as a volume where emfast reads it as one. A URL names one
-    remote volume (object stores are not listed): that volume alone, opened lazily.
+    remote volume (object stores are not listed): that volume alone, opened lazily, with ``storage_options`` (see
+    :func:`open_volume`; refused for a local path).
 
     Returns
     -------
@@ -140,7 +141,8 @@ def contents(path: Union[str, os.PathLike], storage_options: Optional[dict] = No
     Raises
     ------
     FileNotFoundError, DatasetNotFoundError, ValueError
-        No such container, no such dataset or group (the message lists what is there), or no known format.
+        No such container, no such dataset or group (the message lists what is there), no known format, or
+        ``storage_options`` with a local path.
     """
     if is_url(path):
         source = open_source(str(path), None, storage_options=storage_options)

@@ -252,7 +252,7 @@ def _s3_response(error: BaseException) -> Optional[dict]:
 #: botocore's errors for credentials it could not obtain (a failing credential_process, an SSO login expired, a
 #: profile's source_profile missing): no request was sent.
 _CREDENTIAL_FAILURES = ("CredentialRetrievalError", "SSOTokenLoadError", "UnauthorizedSSOTokenError",
-                        "TokenRetrievalError", "SSOError", "InvalidConfigError", "RefreshWithMFAUnsupportedError")
+                        "TokenRetrievalError", "SSOError", "RefreshWithMFAUnsupportedError")
 
 
 def _no_credentials(error: BaseException) -> Optional[str]:
@@ -269,7 +269,7 @@ def _no_credentials(error: BaseException) -> Optional[str]:
                     "pass storage_options={'anon': True}")
         if kind in _CREDENTIAL_FAILURES:
             return ("the S3 credentials of the profile in use could not be obtained (for an SSO profile, log in "
-                    "again with aws sso login; check its credential_process or source_profile in ~/.aws/config)")
+                    "again with aws sso login; check its credential_process in ~/.aws/config)")
         error, seen = error.__cause__ or error.__context__, seen + 1
     return None
 
@@ -501,7 +501,7 @@ class RemoteStore:
                                          "grant it to read a volume without them") from error
 
     async def _attempts(self, key: str, request):
-        return await retrying(request, self.retries, self.where(key), self.timeout)
+        return await retrying(request, self.retries, self.where(key), self.timeout, bool(self._options))
 
     def zarr_store(self):
         """A read-only zarr-python store of the same URL whose reads retry as :meth:`get` does."""
@@ -517,12 +517,12 @@ class RemoteStore:
                     return None if data is None else prototype.buffer.from_bytes(data)
                 try:
                     buffer = await retrying(lambda: FsspecStore.get(self, key, prototype, byte_range),
-                                            store_retries, where(key), outer.timeout)
+                                            store_retries, where(key), outer.timeout, bool(outer._options))
                 except FileNotFoundError:  # a missing key (no allowed exception: a NoSuchBucket is raised)
                     buffer = None
                 except RemoteAccessDenied as error:
                     buffer = outer.denied_metadata(key, error)
-                if buffer is not None and byte_range is None and served_page(key, buffer.to_bytes()[:64]):
+                if buffer is not None and byte_range is None and served_page(key, buffer.as_numpy_array()[:64]):
                     buffer = None
                 if buffer is not None and byte_range is not None:
                     _check_range(byte_range, len(buffer), where(key))
@@ -657,15 +657,11 @@ class _Remembered:
                 self._data[path] = data
 
 
-#: The metadata files of the formats, all JSON documents (never starting with "<").
-_JSON_METADATA = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata", "attributes.json", "info"})
-
-
 def served_page(key: str, data) -> bool:
     """Whether ``data``, the bytes that came for the metadata file ``key``, is a web page: a static host that
     answers a missing file with a page and status 200 made emfast's probe for ``zarr.json`` fail as malformed
     metadata on a zarr v2 or precomputed store. Such a file counts as missing."""
-    return data is not None and posixpath.basename(key) in _JSON_METADATA and bytes(data[:64]).lstrip()[:1] == b"<"
+    return data is not None and posixpath.basename(key) in METADATA_NAMES and bytes(data[:64]).lstrip()[:1] == b"<"
 
 
 def _check_range(byte_range, size: int, where: str) -> None:
@@ -679,10 +675,11 @@ def _check_range(byte_range, size: int, where: str) -> None:
                               "from one that honours them (object stores and common web servers do)")
 
 
-async def retrying(request, retries: int, where: str, timeout: Optional[float] = None):
+async def retrying(request, retries: int, where: str, timeout: Optional[float] = None, options: bool = False):
     """``await request()``, again after a backoff while it fails transiently, at most ``retries`` times more;
     after a throttling answer's ``Retry-After`` (up to :data:`MAX_RETRY_AFTER_S`) where it asks for longer.
-    ``timeout``: the seconds a request may take, named in the message of one that took longer.
+    ``timeout``: the seconds a request may take, named in the message of one that took longer; ``options``:
+    whether the user gave the filesystem options of their own (which a TypeError of an unexpected keyword blames).
 
     Raises
     ------
@@ -707,7 +704,7 @@ async def retrying(request, retries: int, where: str, timeout: Optional[float] =
             unsigned = _no_credentials(error)
             if unsigned is not None:
                 raise CredentialsUnavailable(f"{where}: {unsigned} ({describe_error(error)})") from error
-            if isinstance(error, TypeError) and "unexpected keyword argument" in str(error):
+            if options and isinstance(error, TypeError) and "unexpected keyword argument" in str(error):
                 raise ValueError(f"{where}: storage_options hold an option this URL's filesystem does not take "
                                  f"({describe_error(error)}); they are fsspec's options of its protocol (e.g. "
                                  "'anon' and 'endpoint_url' are s3's), plus emfast's 'timeout' and 'retries'") \

@@ -32,7 +32,7 @@ from ._chunkfiles import chunk_files
 from ._hdf5 import TRANSLATION_ATTRIBUTE, open_hdf5
 from ._open import split_path
 from ._outputs import (LOCK_SUFFIX, NotOwnOutputError, OutputBusyError, OutputLock, add_ome_multiscales,
-                       check_file_size_limit, check_zarr_container,
+                       check_file_size_limit, check_zarr_container, given,
                        image_paths, input_changed, open_hdf5_for_writing, option, refuse_hdf5_in_use, remove_folder,
                        refresh_consolidated, remove_hdf5_output, remove_leftovers, remove_partial_files,
                        remove_zarr_output, set_aside, zarr_geometry, zarr_store_format)
@@ -104,8 +104,8 @@ def compression_option(compression: Optional[str], compressor: Optional[str], st
     warnings.warn(f"{option('compressor').split('=')[0]} is deprecated; use {option('compression').split('=')[0]}"
                   " (the same values)", DeprecationWarning, stacklevel=stacklevel)
     if compression is not None and compression != compressor:
-        raise ValueError(f"compression={compression!r} and its deprecated name compressor={compressor!r} disagree; "
-                         "give only compression")
+        raise ValueError(f"{given('compression', compression)} and its deprecated name "
+                         f"{given('compressor', compressor)} disagree; give only {option('compression').split('=')[0]}")
     return compressor
 
 

@@ -146,7 +146,7 @@ class LSD(Target):
     def compute(self, labels, margin, out) -> None:
         descriptors, mask = self._arrays(out)
         # lsds floors variances at 1e-3 world units squared; the kernel works in units of sigma.
-        floor = tuple(1e-3 / s ** 2 for s in self.sigma)
+        floor = tuple(1e-3 / (s * s) for s in self.sigma)  # s ** 2 of a sigma of 1e200 raised OverflowError
         _targets.lsd(labels, margin, self.sigma_voxels(), floor, self.background, self.ignore, descriptors, mask)
         reach = self.margin()
         for axis in range(3):  # voxels whose gaussian leaves the patch: their descriptor is not fully known
