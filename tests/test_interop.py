@@ -898,3 +898,27 @@ def test_xarray_dimension_names_of_a_zarr_v2_array_place_its_axes(tmp_path, name
         assert volume.shape == (4, 5, 6) and volume.channels == (2 if "c" in names else 1)
         box = volume[2:3, 3:4, 4:5]
         assert box[-1, 0, 0, 0] == (1234 if "c" in names else 234)
+
+
+@pytest.mark.parametrize("names", [["dim_0", "dim_1", "dim_2", "dim_3"], ["band", "z", "y", "x"],
+                                   ["band", "y", "x", "q"]])
+def test_xarray_names_that_only_number_the_axes_leave_them_to_the_other_metadata(tmp_path, names):
+    """xarray's default names (dim_0, ...) or names of its own (band) do not place the axes: read as they were
+    before _ARRAY_DIMENSIONS were read, they must not refuse an array, nor override funlib's axis_names or an
+    OME-NGFF image's axes (a (t, c, z, y, x) image of one time point was refused)."""
+    zarr = pytest.importorskip("zarr")
+    array = zarr.create_array(str(tmp_path / "xr.zarr"), shape=(2, 4, 5, 6), dtype=np.uint16, zarr_format=2)
+    array[...] = _positional({"c": 2, "z": 4, "y": 5, "x": 6})
+    array.attrs.update({"_ARRAY_DIMENSIONS": names, "axis_names": ["c^", "z", "y", "x"]})
+    assert ef.open(tmp_path / "xr.zarr")[2:3, 3:4, 4:5][1, 0, 0, 0] == 1234
+    image = zarr.open_group(str(tmp_path / "image.zarr"), mode="w", zarr_format=2)
+    level = image.create_array("0", shape=(1, 2, 4, 5, 6), dtype=np.uint16)
+    level[0] = _positional({"c": 2, "z": 4, "y": 5, "x": 6})
+    level.attrs["_ARRAY_DIMENSIONS"] = [f"dim_{i}" for i in range(5)]
+    image.attrs["multiscales"] = [{"version": "0.4", "axes": [{"name": "t", "type": "time"},
+                                                             {"name": "c", "type": "channel"}] +
+                                   [{"name": axis, "type": "space", "unit": "nanometer"} for axis in "zyx"],
+                                   "datasets": [{"path": "0", "coordinateTransformations": [
+                                       {"type": "scale", "scale": [1, 1, 40, 4, 4]}]}]}]
+    volume = ef.open(tmp_path / "image.zarr")
+    assert volume.channels == 2 and volume[2:3, 3:4, 4:5][1, 0, 0, 0] == 1234

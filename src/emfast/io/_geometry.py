@@ -186,6 +186,19 @@ def ilastik_axes(axistags: Any) -> Optional[List[str]]:
     return keys if keys and all(isinstance(key, str) for key in keys) else None
 
 
+def xarray_axes(names: Any, ndim: int) -> Optional[List[Any]]:
+    """xarray's ``_ARRAY_DIMENSIONS`` of a zarr v2 array where they name its axes, each mapping to one role; None
+    where they only number them (xarray's ``dim_0``), use names of their own (``band``) or cannot be mapped: the
+    array's other metadata (funlib's ``axis_names``, an OME-NGFF image's axes) or the default order then place it."""
+    if not isinstance(names, list) or not any(_named_role(name, None) for name in names):
+        return None
+    try:
+        axis_roles(names, ndim, "", "")
+    except StoreMetadataError:
+        return None
+    return names
+
+
 def array_geometry(attrs: Mapping, ndim: int, where: str, *, dimension_names: Optional[Sequence[Any]] = None,
                    names_key: str = "zarr dimension_names", reversed_order: bool = False,
                    known_axes: Optional[Sequence[str]] = None) -> Geometry:

@@ -49,7 +49,7 @@ import numpy as np
 
 from .._core.files import CHUNK_AGAIN, CHUNK_MISSING
 from ._geometry import (ONE_SECTION, Geometry, Level, array_geometry, binned_corner, choose_level, multiscale_levels,
-                        require_agreement)
+                        require_agreement, xarray_axes)
 from ._decode import SideBySide, blosc_content_size, checked_blosc, zstd_content_size
 from ._filebatch import (BATCH_BYTES, compiled_codec, lent_buffer, read_decoded_files, read_regular_files,
                          whole_and_rest)
@@ -461,8 +461,9 @@ def _geometry_of(array, name: str, known_axes: Optional[Sequence[str]] = None) -
         names = getattr(array.metadata, "dimension_names", None)
         attrs = dict(array.attrs)
         key = "zarr dimension_names"
-        if names is None and attrs.get("_ARRAY_DIMENSIONS") is not None:  # zarr v2's, as xarray writes them
-            names, key = attrs["_ARRAY_DIMENSIONS"], "xarray _ARRAY_DIMENSIONS"
+        if names is None and known_axes is None and "axis_names" not in attrs:  # zarr v2's, as xarray writes them
+            names = xarray_axes(attrs.get("_ARRAY_DIMENSIONS"), array.ndim)
+            key = "xarray _ARRAY_DIMENSIONS"
         return array_geometry(attrs, array.ndim, where, dimension_names=names, names_key=key, known_axes=known_axes)
 
 
