@@ -30,8 +30,7 @@ from .io import (LABELS_DATASET, RAW_DATASET, Volume, contents, demo_volume_path
 from .io import COMPRESSIONS
 from .io import DOWNSAMPLING
 from .io import convert as convert_volume
-from .io import command_line_options
-from .io._writer import compression_option
+from .io import command_line_options, compression_option
 from .io import ProgressBar, plural, progress_bar
 from .inference import model_blamed
 from .pipeline import Loader

@@ -31,7 +31,8 @@ from ._source import (CorruptChunkError, DatasetNotFoundError, LevelChoiceError,
 from ._volume import (ASARRAY_LIMIT_BYTES, UnsupportedDtypeError, Volume, VolumeTooLargeError, as_volume,
                       first_non_finite)
 from ._zarr import ZarrSource, import_zarr, local_store, settling_store, zarr_missing
-from ._writer import COMPRESSIONS, OutputWriter, check_compression, compared_record, parse_output, zarr_compressor
+from ._writer import (COMPRESSIONS, OutputWriter, check_compression, compared_record, compression_option, parse_output,
+                      zarr_compressor)
 
 __all__ = [
     "Contents",
@@ -39,6 +40,7 @@ __all__ = [
     "Listed",
     "VolumeFormat",
     "command_line_options",
+    "compression_option",
     "contents",
     "first_non_finite",
     "format_of_suffix",
