@@ -200,9 +200,8 @@ class Loader:
             for sample in self.dataset.samples:  # targets in world units (LSD) take each raw's voxel size
                 self.targets = [_of_item(index, t.kind, t.with_voxel_size, sample.raw.resolution,
                                          f"sample {sample.name!r}") for index, t in enumerate(self.targets)]
-            for index, target in enumerate(self.targets):
-                _of_item(index, target.kind, target.check, self.dataset.samples[0].placed_labels.volume.dtype)
             for index, target in enumerate(self.targets):  # Foreground(name="mask") replaced the training mask
+                _of_item(index, target.kind, target.check, self.dataset.samples[0].placed_labels.volume.dtype)
                 _of_item(index, target.kind, _check_target_fields, target)
             self.margin = _targets.required_margin(self.targets) if self.targets else (0, 0, 0)
         self.keep_labels = setting("keep_labels", keep_labels)
