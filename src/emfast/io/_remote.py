@@ -38,7 +38,7 @@ import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 from urllib.parse import urlsplit
 
 from ._rereads import ChunkDigests
@@ -237,16 +237,21 @@ def _parse_failure(error: BaseException) -> Optional[BaseException]:
     return None
 
 
+def _chain(error: Optional[BaseException]) -> Iterator[BaseException]:
+    """``error`` and the first three errors behind it (its cause, else its context): the libraries wrap each
+    other's errors (s3fs botocore's, botocore aiohttp's)."""
+    for _ in range(4):
+        if error is None:
+            return
+        yield error
+        error = error.__cause__ or error.__context__
+
+
 def _s3_response(error: BaseException) -> Optional[dict]:
     """The S3 response (botocore's ``ClientError.response``) behind ``error`` or one of its causes: s3fs raises an
     OSError (errno EREMOTEIO for a 500 InternalError, EBUSY for a 503 SlowDown) whose cause is botocore's error."""
-    seen = 0
-    while error is not None and seen < 4:
-        response = getattr(error, "response", None)
-        if isinstance(response, dict):
-            return response
-        error, seen = error.__cause__ or error.__context__, seen + 1
-    return None
+    return next((link.response for link in _chain(error) if isinstance(getattr(link, "response", None), dict)),
+                None)
 
 
 #: botocore's errors for credentials it could not obtain (a failing credential_process, an SSO login expired, a
@@ -257,9 +262,8 @@ _CREDENTIAL_FAILURES = ("CredentialRetrievalError", "SSOTokenLoadError", "Unauth
 
 def _no_credentials(error: BaseException) -> Optional[str]:
     """What to do where botocore found no usable credentials behind ``error`` (no request was sent), or None."""
-    seen = 0
-    while error is not None and seen < 4:
-        kind = type(error).__name__
+    for link in _chain(error):
+        kind = type(link).__name__
         if kind == "ProfileNotFound":
             return ("the AWS profile named by AWS_PROFILE or storage_options 'profile' is not in ~/.aws/config or "
                     "~/.aws/credentials")
@@ -270,7 +274,6 @@ def _no_credentials(error: BaseException) -> Optional[str]:
         if kind in _CREDENTIAL_FAILURES:
             return ("the S3 credentials of the profile in use could not be obtained (for an SSO profile, log in "
                     "again with aws sso login; check its credential_process in ~/.aws/config)")
-        error, seen = error.__cause__ or error.__context__, seen + 1
     return None
 
 
