@@ -360,6 +360,70 @@ void foreground_typed(const emf_labels &labels, T background, uint8_t *out) {
                 foreground_row(data + n * g.patch_size + g.row(z, y), g.out[2], background, out);
 }
 
+/* ---------------------------------------------------------------------------------------------------------- */
+/* Balanced loss weights */
+
+/* The class of a value, or -1 if it is not an integer in [0, classes). */
+inline int64_t class_of(uint8_t v, int64_t classes) { return v < classes ? v : -1; }
+inline int64_t class_of(int64_t v, int64_t classes) { return v >= 0 && v < classes ? v : -1; }
+inline int64_t class_of(float v, int64_t classes) {
+    /* NaN fails both comparisons */
+    if (!(v >= 0.0f && v < static_cast<float>(classes))) return -1;
+    const int64_t c = static_cast<int64_t>(v);
+    return static_cast<float>(c) == v ? c : -1;
+}
+
+/* One slab: count the classes under the mask, then write the weights. Returns the index of the first value that is
+ * not a class, or -1. */
+template <typename T>
+int64_t balance_slab(const T *values, const uint8_t *mask, int64_t n, int64_t classes, double clip_min,
+                     double clip_max, std::vector<int64_t> &counts, std::vector<double> &weights, float *out) {
+    std::fill(counts.begin(), counts.end(), 0);
+    int64_t counted = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t c = class_of(values[i], classes);
+        if (c < 0) return i;
+        const int64_t in = mask == nullptr ? 1 : static_cast<int64_t>(mask[i] != 0);
+        counts[static_cast<size_t>(c)] += in;
+        counted += in;
+    }
+    for (int64_t c = 0; c < classes; ++c) {
+        double fraction = static_cast<double>(counts[static_cast<size_t>(c)]) / static_cast<double>(counted);
+        if (fraction < clip_min) fraction = clip_min; /* false for NaN bounds */
+        if (fraction > clip_max) fraction = clip_max;
+        /* a class absent from the mask weighs nothing: no voxel it weighs is counted */
+        weights[static_cast<size_t>(c)] = counts[static_cast<size_t>(c)] ? 1.0 / static_cast<double>(classes) / fraction
+                                                                          : 0.0;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+        const bool in = mask == nullptr || mask[i] != 0;
+        out[i] = in ? static_cast<float>(weights[static_cast<size_t>(class_of(values[i], classes))]) : 0.0f;
+    }
+    return -1;
+}
+
+template <typename T>
+int balance_typed(const T *values, const uint8_t *mask, int64_t slabs, int64_t slab_size, int64_t classes,
+                  double clip_min, double clip_max, float *out, int64_t *bad) {
+    *bad = -1;
+    try {
+        std::vector<int64_t> counts(static_cast<size_t>(classes));
+        std::vector<double> weights(static_cast<size_t>(classes));
+        for (int64_t s = 0; s < slabs; ++s) {
+            const int64_t at = s * slab_size;
+            const int64_t found = balance_slab(values + at, mask == nullptr ? nullptr : mask + at, slab_size, classes,
+                                               clip_min, clip_max, counts, weights, out + at);
+            if (found >= 0) {
+                *bad = at + found;
+                return EMF_OK;
+            }
+        }
+    } catch (const std::bad_alloc &) {
+        return EMF_NO_MEMORY;
+    }
+    return EMF_OK;
+}
+
 }  // namespace
 
 extern "C" {
@@ -403,6 +467,22 @@ int emf_foreground(const emf_labels *labels, uint64_t background, uint8_t *out) 
     switch (labels->itemsize) {
         case 4: foreground_typed<uint32_t>(*labels, static_cast<uint32_t>(background), out); return EMF_OK;
         case 8: foreground_typed<uint64_t>(*labels, static_cast<uint64_t>(background), out); return EMF_OK;
+        default: return EMF_BAD_DTYPE;
+    }
+}
+
+int emf_balance(const void *values, emf_dtype dtype, const uint8_t *mask, int64_t slabs, int64_t slab_size,
+                int64_t classes, double clip_min, double clip_max, float *out, int64_t *bad) {
+    switch (dtype) {
+        case EMF_UINT8:
+            return balance_typed(static_cast<const uint8_t *>(values), mask, slabs, slab_size, classes, clip_min,
+                                 clip_max, out, bad);
+        case EMF_INT64:
+            return balance_typed(static_cast<const int64_t *>(values), mask, slabs, slab_size, classes, clip_min,
+                                 clip_max, out, bad);
+        case EMF_FLOAT32:
+            return balance_typed(static_cast<const float *>(values), mask, slabs, slab_size, classes, clip_min,
+                                 clip_max, out, bad);
         default: return EMF_BAD_DTYPE;
     }
 }

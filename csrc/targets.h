@@ -50,6 +50,16 @@ int emf_classes(const emf_labels *labels, int64_t thickness, int in_plane, int h
 /* Foreground (one channel, uint8): out[n, 0, v] = label[u] != background. */
 int emf_foreground(const emf_labels *labels, uint64_t background, uint8_t *out);
 
+/* Loss weights balancing the classes of a target, after gunpowder's BalanceLabels. `values` holds `slabs`
+ * contiguous slabs of `slab_size` class ids (dtype uint8, int64 or float32 holding integers), `mask` as many
+ * uint8 (NULL: every voxel counts). Per slab, among its voxels whose mask is non-zero, the fraction f_c of each
+ * class c, clipped to [clip_min, clip_max] (NaN bounds: no clipping on that side), gives
+ *     out[i] = (mask[i] != 0) * (1 / classes) / f_{values[i]}    (float32; 0 where the mask is 0)
+ * computed in double from exact counts. Every value must be an integer in [0, classes): otherwise nothing is
+ * certain to be written, *bad is the index of the first one found and the return is EMF_OK; *bad = -1 if all are. */
+int emf_balance(const void *values, emf_dtype dtype, const uint8_t *mask, int64_t slabs, int64_t slab_size,
+                int64_t classes, double clip_min, double clip_max, float *out, int64_t *bad);
+
 #ifdef __cplusplus
 }
 #endif

@@ -110,6 +110,26 @@ def foreground_reference(labels, margin=(0, 0, 0), background=0):
     return (_inner(labels, margin) != background).astype(np.uint8)[:, np.newaxis]
 
 
+def class_weights_reference(values, mask=None, classes=2, clip=(0.05, 0.95), per_channel=False):
+    """gunpowder's ``BalanceLabels`` as its documentation defines it, per example (or per channel of each): the
+    voxels a mask of 0 leaves out weigh 0; among the others, each class's fraction, clipped to ``clip`` (None: not
+    on that side), gives each of its voxels the weight 1 / classes / fraction; a class absent weighs 0."""
+    values = np.asarray(values)
+    counted = np.ones(values.shape, bool) if mask is None else np.asarray(mask) != 0
+    low, high = clip if clip is not None else (None, None)
+    weights = np.zeros(values.shape, np.float32)
+    slabs = [(b, c) for b in range(values.shape[0]) for c in range(values.shape[1])] if per_channel \
+        else [(b, slice(None)) for b in range(values.shape[0])]
+    for where in slabs:
+        ids, inside = values[where].astype(np.int64), counted[where]
+        for c in np.unique(ids[inside]):
+            fraction = np.count_nonzero(ids[inside] == c) / np.count_nonzero(inside)
+            fraction = max(fraction, low) if low is not None else fraction
+            fraction = min(fraction, high) if high is not None else fraction
+            weights[where][(ids == c) & inside] = 1.0 / classes / fraction
+    return weights
+
+
 def assert_releases_gil(kernel, *args):
     """While one thread runs ``kernel(*args)``, this one keeps running Python code.
 

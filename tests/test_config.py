@@ -231,6 +231,11 @@ def _line_of(text: str, needle: str) -> int:
     ("loader:", "validation: {sampler: tiled}\nloader:", "validation", "validation", ["hold_out"]),
     ("augment:", "targets: [affinity]\naugment:", "targets[0]", "affinity", ["did you mean 'affinities'"]),
     ("augment:", "targets: [boundaries, boundaries]\naugment:", "targets", "targets", ["two targets write the field 'boundaries'"]),
+    # class weights reading a field no target before them writes, or one that is not class ids: that entry
+    ("augment:", "targets: [boundaries, {class_weights: {of: affinities}}]\naugment:", "targets[1].class_weights.of",
+     "class_weights", ["no target listed before it writes the field 'affinities'", "'boundaries'"]),
+    ("augment:", "targets:\n  - classes\n  - class_weights: {of: classes, classes: 2}\naugment:",
+     "targets[1].class_weights.classes", "class_weights", ["holds the classes [0, 1, 2]"]),
     ("augment:", "sampler: balance\naugment:", "sampler", "balance", ["unknown sampler", "did you mean 'balanced'"]),
     ("augment:", "sampler: {masked: {fraction: 0.5}}\naugment:", "sampler.masked.fraction", "fraction",
      ["did you mean 'min_fraction'", "parameters: min_fraction, source, unlabelled"]),

@@ -27,7 +27,7 @@ from .inference import (BlockWriteError, DaskRunLostError, InputDtypeError, Mode
 from .pipeline import (BackPressureWarning, Batch, BatchReleasedError, InsufficientMemoryError, Loader,
                        MissingFieldError, ProfileReport, SlotsExhaustedError)
 from .sampling import Balanced, Dataset, Masked, Sample, Tiled, Uniform
-from .targets import LSD, Affinities, Boundaries, Classes, Foreground, compute_targets
+from .targets import LSD, Affinities, Boundaries, ClassWeights, Classes, Foreground, compute_targets
 from .transfer import DeviceArray, DeviceNotice
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "BlockWriteError",
     "Blur",
     "Boundaries",
+    "ClassWeights",
     "Classes",
     "Contrast",
     "CorruptChunkError",

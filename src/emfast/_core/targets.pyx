@@ -16,7 +16,8 @@ from libc.stdint cimport int64_t, uint8_t, uint64_t
 import numpy as np
 
 cimport numpy as cnp
-from emfast._core.common cimport check_aligned, check_reach, check_status, dtype_code, emf_dtype, writeable_array
+from emfast._core.common cimport (check_aligned, check_reach, check_status, dtype_code, emf_dtype, plain_array,
+                                  writeable_array)
 
 from emfast._checks import refusal as _refusal
 from emfast._core.common import LABEL_DTYPES
@@ -39,6 +40,8 @@ cdef extern from "targets.h" nogil:
     int emf_classes(const emf_labels *labels, int64_t thickness, int in_plane, int has_background,
                     uint64_t background, const int64_t *values, emf_dtype out_dtype, void *out)
     int emf_foreground(const emf_labels *labels, uint64_t background, uint8_t *out)
+    int emf_balance(const void *values, emf_dtype dtype, const uint8_t *mask, int64_t slabs, int64_t slab_size,
+                    int64_t classes, double clip_min, double clip_max, float *out, int64_t *bad)
 
 cdef extern from "lsd.h" nogil:
     int emf_lsd(const emf_labels *labels, const double *sigma, const int64_t *radius,
@@ -312,6 +315,83 @@ def foreground(labels, margin, background, out):
     check_status(status, "foreground")
     return out
 
+
+
+#: Dtypes of the targets whose classes :func:`balance` weighs: binary maps, affinities and class maps.
+BALANCED_DTYPES = (np.dtype(np.uint8), np.dtype(np.int64), np.dtype(np.float32))
+#: The most classes :func:`balance` counts (a count and a weight per class, per call).
+MAX_BALANCED_CLASSES = 1 << 20
+
+
+def balance(values, mask, Py_ssize_t classes, clip_min, clip_max, bint per_channel, out):
+    """Loss weights that balance the classes of ``values`` into ``out``, without the GIL (gunpowder's
+    ``BalanceLabels``).
+
+    Per example (or per channel of each example with ``per_channel``), among the voxels where ``mask`` is non-zero,
+    the fraction f_c of each class c is clipped to [``clip_min``, ``clip_max``] (None: not clipped on that side),
+    and ``out`` is ``1 / classes / f_c`` at a voxel of class c inside the mask, 0 outside it. A class absent from
+    the mask weighs 0.
+
+    Parameters
+    ----------
+    values : ndarray
+        (B, C, Z, Y, X) uint8, int64 or float32, C-contiguous, integers in [0, ``classes``).
+    mask : ndarray or None
+        Like ``values``, uint8 (non-zero: counted and weighted); None: every voxel.
+    classes : int
+        In [1, :data:`MAX_BALANCED_CLASSES`].
+    clip_min, clip_max : float or None
+        Bounds of the class fractions, in [0, 1].
+    per_channel : bool
+        Balance each channel of each example on its own.
+    out : ndarray
+        Like ``values``, float32, written.
+
+    Returns
+    -------
+    out
+
+    Raises
+    ------
+    ValueError
+        If a value is not an integer in [0, ``classes``), naming it and its position.
+    """
+    values = plain_array(values, "values")
+    dtype_code(values.dtype, "values", BALANCED_DTYPES)
+    if values.ndim != 5 or not values.flags.c_contiguous:
+        raise ValueError(f"values must be a C-contiguous (B, C, Z, Y, X) array, got shape {values.shape}")
+    out = _plain_out(out, "out", values.shape, (np.dtype(np.float32),), values)
+    if mask is not None:
+        mask = plain_array(mask, "mask")
+        dtype_code(mask.dtype, "mask", (np.dtype(np.uint8),))
+        if mask.shape != values.shape or not mask.flags.c_contiguous:
+            raise ValueError(f"mask must be C-contiguous and shaped like the values {values.shape}, got {mask.shape}")
+        if np.may_share_memory(out, mask):
+            raise ValueError("out must not overlap the mask")
+    if not 1 <= classes <= MAX_BALANCED_CLASSES:
+        raise ValueError(f"classes must be in [1, {MAX_BALANCED_CLASSES}], got {classes}")
+    cdef double low = float("nan") if clip_min is None else float(clip_min)
+    cdef double high = float("nan") if clip_max is None else float(clip_max)
+    if values.size == 0:
+        return out
+    cdef int64_t slabs = values.shape[0] * (values.shape[1] if per_channel else 1)
+    cdef int64_t slab_size = values.size // slabs
+    cdef emf_dtype code = dtype_code(values.dtype, "values", BALANCED_DTYPES)
+    cdef void *c_values = cnp.PyArray_DATA(<cnp.ndarray> values)
+    cdef uint8_t *c_mask = NULL
+    if mask is not None:
+        c_mask = <uint8_t *> cnp.PyArray_DATA(<cnp.ndarray> mask)
+    cdef float *c_out = <float *> cnp.PyArray_DATA(<cnp.ndarray> out)
+    cdef int64_t bad = -1
+    cdef int status
+    with nogil:
+        status = emf_balance(c_values, code, c_mask, slabs, slab_size, classes, low, high, c_out, &bad)
+    check_status(status, "balance")
+    if bad >= 0:
+        where = tuple(int(i) for i in np.unravel_index(bad, values.shape))
+        raise ValueError(f"value {values[where].item()!r} at {where} is not a class in [0, {classes}): "
+                         "the weights balance integer class ids")
+    return out
 
 #: Channels of a local shape descriptor: mean offset (z, y, x), variance (z, y, x), pearson (zy, zx, yx), size.
 LSD_CHANNELS = 10

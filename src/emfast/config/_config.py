@@ -38,8 +38,8 @@ from ..transfer import DeviceUnavailableError
 from ._yaml import Path_, Reader, dump_yaml, parse_yaml, read_source
 from ._predict import predict_section
 from ._spec import Builtin, ComponentSpec, SampleSpec, Validation, VolumeSpec, components_yaml, plain
-from ._sections import (SECTIONS, check_augment, component, components, construct, loader_default, loader_section,
-                        sample_spec)
+from ._sections import (SECTIONS, check_augment, component, components, construct, entry_of, loader_default,
+                        loader_section, sample_spec)
 
 
 #: The default config of ``emfast demo --config``: the built-in volume, its raw and labels.
@@ -221,7 +221,7 @@ class Config:
                 key = concerned_key(error, self.validation.loader if len(section) == 2 else self.loader_args)
                 section += (key,) if key is not None else ()
             reader = self._reader()
-            raise reader.error(_entry(reader, section, error), str(error)) from error
+            raise reader.error(entry_of(reader, section, error), str(error)) from error
         except BaseException:
             close_volumes(dataset.samples)
             raise
@@ -240,28 +240,6 @@ class Config:
         if validation:
             out["validation"] = validation
         return out
-
-
-def _entry(reader, section: tuple, error: BaseException) -> tuple:
-    """``section``, narrowed to the entry of its list (an augmentation, a target) and the parameter of it that
-    ``error`` concerns, as far as the YAML spells them out (a bare name has no parameters)."""
-    item = getattr(error, "emfast_item", None)
-    if item is None or section[-1] not in ("augment", "targets"):
-        return section
-    index, name = item
-    path = section + (index,)
-    if not reader.has(path):  # not written as a list entry (one mapping; the loader's default augmentations)
-        return section
-    if reader.has(path + (name,)):
-        path += (name,)
-        key = concerned_key(error, _keys(reader, path))
-        path += (key,) if key is not None else ()
-    return path
-
-
-def _keys(reader, path: tuple) -> list:
-    """The keys the YAML gives below ``path``."""
-    return [mark[-1] for mark in reader.marks if len(mark) == len(path) + 1 and mark[:-1] == path]
 
 
 def _culprit(volume: VolumeSpec, error: BaseException) -> str:

@@ -284,8 +284,30 @@ def components(reader: Reader, value, path: Path_, section: str) -> Tuple[Compon
         try:
             outputs([construct(reader, item, section, path) for item in items])
         except ValueError as error:
-            raise reader.error(path, str(error)) from error
+            raise reader.error(entry_of(reader, path, error), str(error)) from error
     return items
+
+
+def entry_of(reader: Reader, section: tuple, error: BaseException) -> tuple:
+    """``section``, narrowed to the entry of its list (an augmentation, a target) and the parameter of it that
+    ``error`` concerns, as far as the YAML spells them out (a bare name has no parameters)."""
+    item = getattr(error, "emfast_item", None)
+    if item is None or section[-1] not in ("augment", "targets"):
+        return section
+    index, name = item
+    path = section + (index,)
+    if not reader.has(path):  # not written as a list entry (one mapping; the loader's default augmentations)
+        return section
+    if reader.has(path + (name,)):
+        path += (name,)
+        key = concerned_key(error, _keys(reader, path))
+        path += (key,) if key is not None else ()
+    return path
+
+
+def _keys(reader, path: tuple) -> list:
+    """The keys the YAML gives below ``path``."""
+    return [mark[-1] for mark in reader.marks if len(mark) == len(path) + 1 and mark[:-1] == path]
 
 
 def check_augment(reader: Reader, items: Optional[Tuple[ComponentSpec, ...]], isotropic: bool, dtype,

@@ -236,10 +236,7 @@ class Gatherer:
         if self.targets:
             with profile.timer("targets"):
                 compute_targets(labels, self.targets, self.margin,
-                                out={name: arrays[name] for name in self._target_fields})
-                if valid is not None:
-                    for target in self.targets:
-                        target.mask_unknown(valid, self.margin, arrays)
+                                out={name: arrays[name] for name in self._target_fields}, valid=valid)
         if valid is not None:
             np.copyto(arrays["labels_valid"], self._inner(valid))
 

@@ -200,6 +200,7 @@ class Loader:
             for sample in self.dataset.samples:  # targets in world units (LSD) take each raw's voxel size
                 self.targets = [_of_item(index, t.kind, t.with_voxel_size, sample.raw.resolution,
                                          f"sample {sample.name!r}") for index, t in enumerate(self.targets)]
+            _targets.outputs(self.targets)  # targets reading others' fields (ClassWeights) take the copies
             for index, target in enumerate(self.targets):  # Foreground(name="mask") replaced the training mask
                 _of_item(index, target.kind, target.check, self.dataset.samples[0].placed_labels.volume.dtype)
                 _of_item(index, target.kind, _check_target_fields, target)
@@ -654,7 +655,7 @@ class Loader:
 
 def _check_target_fields(target) -> None:
     """Refuse a target whose field takes the name of a batch field emfast delivers."""
-    for name in _targets.outputs([target]):
+    for name in target.outputs():
         if name in BUILT_IN_FIELDS:
             raise refusal(f"target field {name!r} collides with the batch field of that name; give the target "
                           "another name=", "name")

@@ -90,6 +90,12 @@ class Affinities(Target):
     def mask_name(self) -> str:
         return self.name + "_mask"
 
+    def class_ids(self) -> Tuple[int, ...]:
+        return (0, 1)
+
+    def mask_field(self) -> str:
+        return self.mask_name
+
     def margin(self) -> Margin:
         """The longest step along each axis: max |offset| per axis."""
         return tuple(max(abs(offset[axis]) for offset in self.offsets) for axis in range(3))

@@ -117,6 +117,19 @@ class Target:
         is known) cut like the labels. Default: nothing, the target has no mask; the output keeps the labels'
         value there."""
 
+    def bind_sources(self, writers: Dict[str, "Target"]) -> None:
+        """Take the targets listed before this one ({field: the target writing it}) whose fields :meth:`compute`
+        reads; raise if a field it needs is not among them or does not suit. Default: nothing, the target reads
+        the labels only."""
+
+    def class_ids(self) -> Optional[Tuple[int, ...]]:
+        """The values the main output can hold where they are class ids (a binary map's 0 and 1), else None."""
+        return None
+
+    def mask_field(self) -> Optional[str]:
+        """The field of the mask of where the main output is known, or None if it has none."""
+        return None
+
     def with_voxel_size(self, voxel_size: Optional[Sequence[float]], source: str) -> "Target":
         """This target for labels of ``voxel_size`` (world units per voxel, (z, y, x); None where ``source``, the
         volume it comes from, states none). The loader calls it with each sample's raw resolution before it asks

@@ -7,6 +7,7 @@ from typing import Dict, Iterable, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .._core import targets as _targets
+from .._checks import concerning
 from .._registry import instantiate
 from ._base import Margin, Target
 
@@ -15,9 +16,9 @@ TargetLike = Union[Target, str]
 
 
 def resolve(items: Union[TargetLike, Iterable[TargetLike]]) -> list:
-    """Turn targets or their names (``"affinities"``, ``"boundaries"``, ``"classes"``, ``"foreground"``, with
-    default parameters; ``"lsd"`` needs its ``sigma``) into a list of :class:`Target` objects with distinct field
-    names.
+    """Turn targets or their names (``"affinities"``, ``"boundaries"``, ``"classes"``, ``"foreground"``,
+    ``"class_weights"`` (of affinities), with default parameters; ``"lsd"`` needs its ``sigma``) into a list of
+    :class:`Target` objects with distinct field names.
 
     Raises
     ------
@@ -32,13 +33,19 @@ def resolve(items: Union[TargetLike, Iterable[TargetLike]]) -> list:
 
 
 def outputs(targets: Sequence[Target]) -> Dict[str, Tuple[int, np.dtype]]:
-    """All fields the targets write, {field name: (channels, dtype)}, in order; raises on a repeated name."""
+    """All fields the targets write, {field name: (channels, dtype)}, in order; raises on a repeated name. Each
+    target is bound to the targets listed before it (:meth:`Target.bind_sources`), which refuses a field to read
+    that none of them writes."""
     fields: Dict[str, Tuple[int, np.dtype]] = {}
-    for target in targets:
+    writers: Dict[str, Target] = {}
+    for index, target in enumerate(targets):
+        with concerning(item=(index, target.kind)):
+            target.bind_sources(dict(writers))
         for field, spec in target.outputs().items():
             if field in fields:
                 raise ValueError(f"two targets write the field {field!r}; give one of them another name=")
             fields[field] = spec
+            writers[field] = target
     return fields
 
 
@@ -51,7 +58,8 @@ def required_margin(targets: Sequence[Target]) -> Margin:
 
 def compute_targets(labels: np.ndarray, targets: Union[TargetLike, Iterable[TargetLike]],
                     margin: Sequence[int] = (0, 0, 0),
-                    out: Optional[Dict[str, np.ndarray]] = None) -> Dict[str, np.ndarray]:
+                    out: Optional[Dict[str, np.ndarray]] = None,
+                    valid: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
     """Compute ``targets`` for a label batch, each with one kernel call that releases the GIL.
 
     Parameters
@@ -69,6 +77,10 @@ def compute_targets(labels: np.ndarray, targets: Union[TargetLike, Iterable[Targ
     out : dict of ndarray, optional
         Pre-allocated C-contiguous arrays (B, channels, Zi - 2 mz, Yi - 2 my, Xi - 2 mx) of each field's dtype;
         missing fields are allocated.
+    valid : ndarray, optional
+        (B, 1, Zi, Yi, Xi) uint8 like the labels, 1 where the label is known and 0 where it is not (moved in from
+        outside the data): each target with a mask masks what depends on an unknown label, before the targets
+        listed after it (:class:`ClassWeights`) read it.
 
     Returns
     -------
@@ -89,4 +101,6 @@ def compute_targets(labels: np.ndarray, targets: Union[TargetLike, Iterable[Targ
             result[field] = np.empty(_targets.output_shape(labels, margin, channels), dtype=dtype)
     for target in targets:
         target.compute(labels, margin, result)
+        if valid is not None:
+            target.mask_unknown(valid, margin, result)
     return result

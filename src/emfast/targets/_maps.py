@@ -52,6 +52,9 @@ class Boundaries(Target):
     def outputs(self) -> Dict[str, Tuple[int, np.dtype]]:
         return {self.name: (1, np.dtype(np.uint8))}
 
+    def class_ids(self) -> Tuple[int, ...]:
+        return (0, 1)
+
     def compute(self, labels, margin, out) -> None:
         (boundaries,) = self._arrays(out)
         _targets.boundaries(labels, margin, self.thickness, self.in_plane, boundaries)
@@ -109,6 +112,9 @@ class Classes(Target):
     def outputs(self) -> Dict[str, Tuple[int, np.dtype]]:
         return {self.name: (1, np.dtype(self.dtype))}
 
+    def class_ids(self) -> Tuple[int, ...]:
+        return self.values
+
     def check(self, label_dtype) -> None:
         _check_label_dtype(label_dtype, {"background": self.background}, "Classes")
 
@@ -140,6 +146,9 @@ class Foreground(Target):
 
     def outputs(self) -> Dict[str, Tuple[int, np.dtype]]:
         return {self.name: (1, np.dtype(np.uint8))}
+
+    def class_ids(self) -> Tuple[int, ...]:
+        return (0, 1)
 
     def check(self, label_dtype) -> None:
         _check_label_dtype(label_dtype, {"background": self.background}, "Foreground")
