@@ -110,6 +110,18 @@ def foreground_reference(labels, margin=(0, 0, 0), background=0):
     return (_inner(labels, margin) != background).astype(np.uint8)[:, np.newaxis]
 
 
+def seg_to_affgraph(seg, nhood):
+    """gunpowder's documented definition (``gunpowder.nodes.add_affinities.seg_to_affgraph``), restated: for
+    edge e with offset d, the voxels v with v and v + d both inside get ``seg[v] == seg[v + d]`` and both > 0;
+    every other voxel gets 0."""
+    aff = np.zeros((len(nhood),) + seg.shape, dtype=np.int32)
+    for e, d in enumerate(nhood):
+        here = tuple(slice(max(0, -k), min(n, n - k)) for k, n in zip(d, seg.shape))
+        there = tuple(slice(max(0, k), min(n, n + k)) for k, n in zip(d, seg.shape))
+        aff[(e,) + here] = (seg[here] == seg[there]) & (seg[here] > 0) & (seg[there] > 0)
+    return aff
+
+
 def class_weights_reference(values, mask=None, classes=2, clip=(0.05, 0.95), per_channel=False):
     """gunpowder's ``BalanceLabels`` as its documentation defines it, per example (or per channel of each): the
     voxels a mask of 0 leaves out weigh 0; among the others, each class's fraction, clipped to ``clip`` (None: not

@@ -8,7 +8,7 @@ from emfast._core import targets as _targets
 from emfast.targets import (Affinities, Boundaries, Classes, Foreground, Target, compute_targets, outputs,
                             required_margin, resolve)
 from reference import (affinities_reference, assert_releases_gil, boundaries_reference, classes_reference,
-                       foreground_reference, random_volume)
+                       foreground_reference, random_volume, seg_to_affgraph)
 
 LABEL_DTYPES = [np.uint32, np.uint64, np.int64, np.int32]
 #: Four ids per dtype, including the extremes of its range (compared as bits, so signs and top bits matter).
@@ -95,18 +95,6 @@ def test_affinities_follow_gunpowder_convention():
     np.testing.assert_array_equal(mask[0, 0, 0, 0], [0, 1, 1, 1, 1, 1, 0])  # x - 1 outside; 3 is ignored
     np.testing.assert_array_equal(out[0, 1, 0, 0], [0, 0, 0, 0, 0, 0, 0])  # label[x] == label[x + 2]
     np.testing.assert_array_equal(mask[0, 1, 0, 0], [1, 1, 1, 1, 0, 0, 0])
-
-
-def seg_to_affgraph(seg, nhood):
-    """gunpowder's documented definition (``gunpowder.nodes.add_affinities.seg_to_affgraph``), restated: for
-    edge e with offset d, the voxels v with v and v + d both inside get ``seg[v] == seg[v + d]`` and both > 0;
-    every other voxel gets 0."""
-    aff = np.zeros((len(nhood),) + seg.shape, dtype=np.int32)
-    for e, d in enumerate(nhood):
-        here = tuple(slice(max(0, -k), min(n, n - k)) for k, n in zip(d, seg.shape))
-        there = tuple(slice(max(0, k), min(n, n + k)) for k, n in zip(d, seg.shape))
-        aff[(e,) + here] = (seg[here] == seg[there]) & (seg[here] > 0) & (seg[there] > 0)
-    return aff
 
 
 @pytest.mark.parametrize("nhood", [

@@ -4,7 +4,8 @@ only warped batches, and fields mixing lazy and in-memory volumes, read lazy win
 
 Geometry. A plan places each example's *output* window (``patch_out``) in its volume. Every field is a window
 of its own size centred on it: the raw input (``patch_in``, larger by the network's context), the labels (the
-output window grown by the targets' margin), the mask (the output window). A field's window starts at
+output window grown by the targets' margin), the mask (the output window; grown like the labels where a target
+masks itself with it). A field's window starts at
 ``offset`` from the output window's corner, per output axis; for transposed examples offsets and extents are
 permuted into source axes like the patch itself.
 
@@ -126,7 +127,8 @@ class Gatherer:
     targets : list of Target
         Targets computed from the (augmented) labels.
     margin : tuple of int
-        The targets' margin: the labels field is cut ``margin`` larger on each side than ``patch_out``.
+        The targets' margin: the labels field (and the mask, for targets with ``labels_mask``) is cut ``margin``
+        larger on each side than ``patch_out``.
     warps : bool
         Whether an augmentation moves voxels off the grid (rotation, scaling, elastic): batches with an example it
         moved are sampled by the warp kernels.
@@ -161,6 +163,8 @@ class Gatherer:
         shapes = {f.name: (f.shape(self.batch_size), np.dtype(f.dtype)) for f in self.fields if f.delivered}
         if self.keep_labels and "labels" in self._by_name and not self._by_name["labels"].delivered:
             shapes["labels"] = ((self.batch_size, 1) + self.patch_out, np.dtype(self._by_name["labels"].dtype))
+        if "mask" in self._by_name and not self._by_name["mask"].delivered:  # cut like the labels for targets
+            shapes["mask"] = ((self.batch_size, 1) + self.patch_out, np.dtype(self._by_name["mask"].dtype))
         if self.track_valid:
             shapes["labels_valid"] = ((self.batch_size, 1) + self.patch_out, np.dtype(np.uint8))
         shapes.update({name: (shape, np.dtype(dtype)) for name, (shape, dtype) in self._target_fields.items()})
@@ -233,10 +237,14 @@ class Gatherer:
                     augmentation.process(plan.records[position], patches)
         if labels is not None and self.keep_labels and not self._by_name["labels"].delivered:
             np.copyto(arrays["labels"], self._inner(labels))
+        mask = windows.get("mask")
+        if mask is not None and not self._by_name["mask"].delivered:
+            np.copyto(arrays["mask"], self._inner(mask))
         if self.targets:
             with profile.timer("targets"):
                 compute_targets(labels, self.targets, self.margin,
-                                out={name: arrays[name] for name in self._target_fields}, valid=valid)
+                                out={name: arrays[name] for name in self._target_fields}, valid=valid,
+                                mask=mask if any(t.labels_mask for t in self.targets) else None)
         if valid is not None:
             np.copyto(arrays["labels_valid"], self._inner(valid))
 

@@ -290,10 +290,31 @@ class Loader:
             fields.append(placed_field("labels", placed, placed[0].volume.dtype, label_patch,
                                        tuple(-m for m in self.margin),
                                        delivered=self.keep_labels and not any(self.margin)))
-        if self.dataset.has_mask:
+        if self._mask_masks_targets():  # cut like the labels, delivered on the output window
+            placed = [s.placed_mask for s in samples]
+            fields.append(placed_field("mask", placed, placed[0].volume.dtype, label_patch,
+                                       tuple(-m for m in self.margin), delivered=not any(self.margin)))
+        elif self.dataset.has_mask:
             placed = [s.placed_mask for s in samples]
             fields.append(placed_field("mask", placed, placed[0].volume.dtype, self.patch_out, (0, 0, 0)))
         return fields
+
+    def _mask_masks_targets(self) -> bool:
+        """Whether a target masks itself with the sample's mask (``labels_mask``); refused without a mask, or
+        with one delivered at its own voxel size."""
+        masking = [(index, t) for index, t in enumerate(self.targets) if t.labels_mask]
+        if not masking:
+            return False
+        index, target = masking[0]
+        with concerning(section="targets", item=(index, target.kind), setting="labels_mask"):
+            if not self.dataset.has_mask:
+                raise ValueError(f"{type(target).__name__}(labels_mask=True) masks with the sample's mask, but the "
+                                 "data has none: give the samples a mask (Sample(raw, labels, mask=...); in a "
+                                 "config, the sample's mask:)")
+            if "mask" in self.dataset.samples[0].own_resolution:
+                raise ValueError(f"{type(target).__name__}(labels_mask=True) needs the mask on raw's grid, but it is "
+                                 "delivered at its own voxel size (own_resolution): deliver it on raw's grid")
+        return True
 
     def _bind_augmentations(self, fields: List[Field]) -> None:
         """Let each augmentation fit the windows (an elastic grid covers the largest; artifact sections must cover a

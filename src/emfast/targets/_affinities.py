@@ -12,7 +12,7 @@ from .._checks import refusal
 from .._checks import is_integer as _is_integer
 from .._core import targets as _targets
 from .._registry import register
-from ._base import Margin, Target, _check_dtype, _check_id, _check_label_dtype, _check_name
+from ._base import Margin, Target, _check_dtype, _check_flag, _check_id, _check_label_dtype, _check_name
 
 
 @register("target")
@@ -45,6 +45,11 @@ class Affinities(Target):
         Affinity dtype (values 0 and 1). The mask is always uint8.
     name : str
         Field name of the affinities; the mask is ``name + "_mask"``.
+    labels_mask : bool
+        The sample's mask (``Sample(mask=...)``) says where the labels may be used, as gunpowder's
+        ``AddAffinities(labels_mask=...)``: every affinity touching a voxel where it is 0 is masked too. The loader
+        then cuts the mask with the offsets' margin, as it cuts the labels, and still delivers it on the output
+        window; :func:`compute_targets` takes it as ``mask=``.
     """
 
     offsets: Sequence[Sequence[int]] = ((-1, 0, 0), (0, -1, 0), (0, 0, -1))
@@ -52,6 +57,7 @@ class Affinities(Target):
     ignore: Optional[int] = None
     dtype: str = "float32"
     name: str = "affinities"
+    labels_mask: bool = False
     kind: ClassVar[str] = "affinities"
 
     def __post_init__(self) -> None:
@@ -81,6 +87,7 @@ class Affinities(Target):
         self.ignore = _check_id(self.ignore, "ignore", owner, optional=True)
         self.dtype = _check_dtype(self.dtype, ("float32", "uint8"), owner)
         self.name = _check_name(self.name, owner)
+        self.labels_mask = _check_flag(self.labels_mask, "labels_mask", owner)
 
     @property
     def channels(self) -> int:

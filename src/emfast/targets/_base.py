@@ -88,6 +88,8 @@ class Target:
 
     kind: ClassVar[str]
     name: str
+    #: Whether the sample's mask, cut like the labels, masks this target too (see :meth:`mask_unknown`).
+    labels_mask: bool = False
 
     @property
     def channels(self) -> int:
@@ -114,7 +116,7 @@ class Target:
 
     def mask_unknown(self, valid: np.ndarray, margin: Sequence[int], out: Dict[str, np.ndarray]) -> None:
         """Mark outputs that depend on unknown labels, given ``valid`` (B, 1, Zi, Yi, Xi) uint8 (1 where the label
-        is known) cut like the labels. Default: nothing, the target has no mask; the output keeps the labels'
+        is known) cut like the labels; with :attr:`labels_mask`, also called with the sample's mask as 0 and 1. Default: nothing, the target has no mask; the output keeps the labels'
         value there."""
 
     def bind_sources(self, writers: Dict[str, "Target"]) -> None:

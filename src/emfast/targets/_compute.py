@@ -59,7 +59,7 @@ def required_margin(targets: Sequence[Target]) -> Margin:
 def compute_targets(labels: np.ndarray, targets: Union[TargetLike, Iterable[TargetLike]],
                     margin: Sequence[int] = (0, 0, 0),
                     out: Optional[Dict[str, np.ndarray]] = None,
-                    valid: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
+                    valid: Optional[np.ndarray] = None, mask: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
     """Compute ``targets`` for a label batch, each with one kernel call that releases the GIL.
 
     Parameters
@@ -81,6 +81,9 @@ def compute_targets(labels: np.ndarray, targets: Union[TargetLike, Iterable[Targ
         (B, 1, Zi, Yi, Xi) uint8 like the labels, 1 where the label is known and 0 where it is not (moved in from
         outside the data): each target with a mask masks what depends on an unknown label, before the targets
         listed after it (:class:`ClassWeights`) read it.
+    mask : ndarray, optional
+        (B, 1, Zi, Yi, Xi) like the labels, any dtype, non-zero where the labels may be used (the sample's mask, cut
+        like them): the targets with ``labels_mask=True`` mask what touches a voxel where it is 0.
 
     Returns
     -------
@@ -95,6 +98,14 @@ def compute_targets(labels: np.ndarray, targets: Union[TargetLike, Iterable[Targ
     if unknown:  # they were returned as given, as if computed (a review)
         raise ValueError(f"compute_targets: out holds {unknown}, which no target writes; the fields are "
                          f"{list(fields)}")
+    masked = [target for target in targets if target.labels_mask]
+    if masked and mask is None:
+        raise ValueError(f"{type(masked[0]).__name__}(labels_mask=True) needs the labels' mask: pass mask=")
+    if masked:
+        if np.shape(mask) != np.shape(labels):
+            raise ValueError(f"compute_targets: mask must be shaped like the labels {np.shape(labels)}, got "
+                             f"{np.shape(mask)}")
+        mask = np.not_equal(mask, 0).view(np.uint8)
     result = dict(out) if out is not None else {}
     for field, (channels, dtype) in fields.items():
         if field not in result:
@@ -103,4 +114,6 @@ def compute_targets(labels: np.ndarray, targets: Union[TargetLike, Iterable[Targ
         target.compute(labels, margin, result)
         if valid is not None:
             target.mask_unknown(valid, margin, result)
+        if target.labels_mask:
+            target.mask_unknown(mask, margin, result)
     return result
