@@ -125,6 +125,54 @@ def test_class_weights_pickle_and_compute_the_same(rng):
     assert np.array_equal(first["affinities_weights"], second["affinities_weights"])
 
 
+def test_one_object_in_two_target_lists_serves_each_with_its_own_source(rng):
+    """A review: the object itself was bound, so two lists (a train and a validation loader) computing at once
+    weighed with each other's classes (4 of 100 batches), or failed on a value the other's source allows."""
+    import threading
+
+    labels = rng.integers(0, 3, (2, 1, 6, 40, 40)).astype(np.uint64)
+    shared = ef.ClassWeights("classes")
+    lists = {3: [ef.Classes(values=(0, 1, 2)), shared], 8: [ef.Classes(values=(0, 1, 7)), shared]}
+    wrong = []
+
+    def run(classes):
+        for _ in range(40):
+            out = ef.compute_targets(labels, lists[classes], (1, 1, 1))
+            if not np.allclose(out["classes_weights"], class_weights_reference(out["classes"], classes=classes),
+                               rtol=1e-6):
+                wrong.append(classes)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in lists]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not wrong
+    assert shared._source is None  # the caller's object is left as given: lists bind copies
+    with pytest.raises(ValueError, match="not yet bound to the target writing 'classes'"):
+        shared.outputs()
+
+
+@pytest.mark.parametrize("valid, match", [
+    (np.ones((2, 1, 5, 10, 10), np.uint8), r"valid must be shaped like the labels \(2, 1, 6, 10, 10\)"),
+    (np.ones((2, 2, 6, 10, 10), np.uint8), "valid must be shaped like the labels"),
+])
+def test_compute_targets_names_a_bad_valid(valid, match):
+    labels = np.ones((2, 1, 6, 10, 10), np.uint32)
+    with pytest.raises(ValueError, match=match):
+        ef.compute_targets(labels, [ef.Foreground(), ef.ClassWeights("foreground")], (1, 1, 1), valid=valid)
+
+
+def test_valid_of_any_dtype_counts_non_zero_as_known(rng):
+    labels = rng.integers(0, 2, (2, 1, 6, 10, 10)).astype(np.uint32)
+    known = rng.random(labels.shape) < 0.7
+    targets = [ef.Foreground(), ef.ClassWeights("foreground")]
+    as_uint8 = ef.compute_targets(labels, targets, (1, 1, 1), valid=known.astype(np.uint8))
+    for other in (known, known * np.float32(2.5), (known * 2).astype(np.uint8)):
+        out = ef.compute_targets(labels, targets, (1, 1, 1), valid=other)
+        np.testing.assert_array_equal(out["foreground_weights"], as_uint8["foreground_weights"])
+
+
 @pytest.mark.parametrize("targets, match", [
     (["class_weights"], r"no target listed before it writes the field 'affinities' it balances \(fields before it: "
                         r"none\)"),
@@ -132,7 +180,7 @@ def test_class_weights_pickle_and_compute_the_same(rng):
     ([ef.LSD(sigma=2.0), ef.ClassWeights("lsd")], "does not hold class ids"),
     ([ef.Affinities(), ef.ClassWeights("affinities_mask")], "does not hold class ids"),
     ([ef.Classes(), ef.ClassWeights("classes", classes=2)], r"classes \[0, 1, 2\], not all in \[0, 2\)"),
-    ([ef.Classes(values=(-1, 0, 1)), ef.ClassWeights("classes")], "not all in"),
+    ([ef.Classes(values=(-1, 0, 1)), ef.ClassWeights("classes")], r"negative class ids \[-1\]"),
 ])
 def test_bad_sources_are_refused_naming_them(targets, match):
     with pytest.raises(ValueError, match=match):
@@ -144,6 +192,7 @@ def test_bad_sources_are_refused_naming_them(targets, match):
     (dict(classes=2.5), "classes must be an integer in"),
     (dict(clip=(0.9, 0.1)), "low bound 0.9 exceeds its high bound 0.1"),
     (dict(clip=(0.1, 2.0)), "fractions in"),
+    (dict(clip=(None, 0)), "high bound must be above 0"),
     (dict(clip=0.1), r"clip must be \(low, high\)"),
     (dict(per="batch"), "per must be one of 'example', 'channel'"),
     (dict(mask="yes"), "mask must be True or False"),

@@ -590,6 +590,7 @@ def test_reprs_and_counts_read_as_plain_python(rng):
     ("affinities", r"Add it with targets=\[ef.Affinities\(...\)\] \(in a config: targets: \[affinities\]\)"),
     ("affinities_mask", r"targets=\[ef.Affinities\(...\)\]"),
     ("foreground", r"targets=\[ef.Foreground\(...\)\]"),
+    ("affinities_weights", r"targets=\[ef.ClassWeights\(...\)\], after the target it reads"),
     ("mask", r"Add it with a mask: Sample\(raw, labels, mask=...\)"),
     ("labels_valid", "augmentations that move voxels from outside the data"),
     ("raws", r"Did you mean 'raw'\?"),

@@ -40,12 +40,16 @@ def _field_source(name: str, loader: Optional[object]) -> str:
     """Which option makes a batch deliver the field ``name``."""
     for kind, target in registered("target").items():
         try:
-            defaults = target().outputs()
+            default = target()
         except (TypeError, ValueError):  # a target without defaults: nothing to suggest by default name
             continue
+        try:
+            defaults, where = default.outputs(), ""
+        except ValueError:  # it reads the field of a target listed before it (ClassWeights)
+            defaults, where = {default.name: None}, ", after the target it reads"
         if name in defaults:
-            return (f"Add it with targets=[ef.{target.__name__}(...)] (in a config: targets: [{kind}]); a target's "
-                    "name= renames its fields")
+            return (f"Add it with targets=[ef.{target.__name__}(...)]{where} (in a config: targets: [{kind}]); a "
+                    "target's name= renames its fields")
     if name == "mask":
         return "Add it with a mask: Sample(raw, labels, mask=...) (in a config: the sample's mask:)"
     if name == "labels":

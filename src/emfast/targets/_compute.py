@@ -2,6 +2,7 @@
 """
 from __future__ import annotations
 
+import copy
 from typing import Dict, Iterable, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -18,7 +19,8 @@ TargetLike = Union[Target, str]
 def resolve(items: Union[TargetLike, Iterable[TargetLike]]) -> list:
     """Turn targets or their names (``"affinities"``, ``"boundaries"``, ``"classes"``, ``"foreground"``,
     ``"class_weights"`` (of affinities), with default parameters; ``"lsd"`` needs its ``sigma``) into a list of
-    :class:`Target` objects with distinct field names.
+    :class:`Target` objects with distinct field names: copies, bound to the targets listed before them (so an
+    object given to two lists, or to two loaders, serves each with its own).
 
     Raises
     ------
@@ -27,8 +29,8 @@ def resolve(items: Union[TargetLike, Iterable[TargetLike]]) -> list:
     TypeError
         For an item that is neither a name nor a :class:`Target`.
     """
-    resolved = instantiate(items, "target", Target)
-    outputs(resolved)  # distinct field names
+    resolved = [copy.copy(target) for target in instantiate(items, "target", Target)]
+    outputs(resolved)  # distinct field names; binds the copies
     return resolved
 
 
@@ -98,14 +100,13 @@ def compute_targets(labels: np.ndarray, targets: Union[TargetLike, Iterable[Targ
     if unknown:  # they were returned as given, as if computed (a review)
         raise ValueError(f"compute_targets: out holds {unknown}, which no target writes; the fields are "
                          f"{list(fields)}")
+    if valid is not None:
+        valid = _like_labels(valid, labels, "valid")
     masked = [target for target in targets if target.labels_mask]
     if masked and mask is None:
         raise ValueError(f"{type(masked[0]).__name__}(labels_mask=True) needs the labels' mask: pass mask=")
     if masked:
-        if np.shape(mask) != np.shape(labels):
-            raise ValueError(f"compute_targets: mask must be shaped like the labels {np.shape(labels)}, got "
-                             f"{np.shape(mask)}")
-        mask = np.not_equal(mask, 0).view(np.uint8)
+        mask = _like_labels(mask, labels, "mask")
     result = dict(out) if out is not None else {}
     for field, (channels, dtype) in fields.items():
         if field not in result:
@@ -117,3 +118,12 @@ def compute_targets(labels: np.ndarray, targets: Union[TargetLike, Iterable[Targ
         if target.labels_mask:
             target.mask_unknown(mask, margin, result)
     return result
+
+
+def _like_labels(array, labels, name: str) -> np.ndarray:
+    """``array`` (``valid`` or ``mask``, shaped like the labels, non-zero where known) as uint8 0 and 1."""
+    array = np.asarray(array)
+    if array.shape != np.shape(labels):
+        raise ValueError(f"compute_targets: {name} must be shaped like the labels {np.shape(labels)} (B, 1, Zi, Yi, "
+                         f"Xi), non-zero where they are known; got {array.shape}")
+    return np.not_equal(array, 0).view(np.uint8)

@@ -78,12 +78,6 @@ class ClassWeights(Target):
         self.name = _check_name(self.of + "_weights" if self.name is None else self.name, owner)
         self._source: Optional[Target] = None
 
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_source"}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _source=None)
-
     def bind_sources(self, writers: Dict[str, Target]) -> None:
         if self.of not in writers:
             raise refusal(f"ClassWeights: no target listed before it writes the field {self.of!r} it balances "
@@ -93,7 +87,11 @@ class ClassWeights(Target):
         if values is None or self.of != source.name:
             raise refusal(f"ClassWeights: the field {self.of!r} (written by {type(source).__name__}) does not hold "
                           "class ids; balance affinities, boundaries, foreground or classes", "of")
-        if min(values) < 0 or max(values) >= self.count(source):
+        if min(values) < 0:
+            raise refusal(f"ClassWeights: {self.of!r} holds the negative class ids "
+                          f"{sorted(v for v in set(values) if v < 0)}; the weights balance ids from 0 (give "
+                          f"{type(source).__name__} values from 0)", "of")
+        if max(values) >= self.count(source):
             raise refusal(f"ClassWeights: {self.of!r} holds the classes {sorted(set(values))}, not all in [0, "
                           f"{self.count(source)}); classes= must exceed the largest", "classes")
         self._source = source
@@ -103,23 +101,27 @@ class ClassWeights(Target):
         return self.classes if self.classes is not None else max(source.class_ids()) + 1
 
     def outputs(self) -> Dict[str, Tuple[int, np.dtype]]:
-        channels = 1 if self._source is None else self._source.outputs()[self.of][0]
-        return {self.name: (channels, np.dtype(np.float32))}
+        return {self.name: (self._bound().outputs()[self.of][0], np.dtype(np.float32))}
+
+    def _bound(self) -> Target:
+        """The target balanced; raises before the targets were resolved (it has its channels and classes)."""
+        if self._source is None:
+            raise ValueError(f"ClassWeights: not yet bound to the target writing {self.of!r}; list it after that "
+                             "target in a Loader's or compute_targets' targets (or emfast.targets.resolve)")
+        return self._source
 
     @property
     def channels(self) -> int:
         return self.outputs()[self.name][0]
 
     def compute(self, labels, margin, out) -> None:
-        if self._source is None:
-            raise RuntimeError("ClassWeights: computed before its targets were resolved (use compute_targets)")
-        mask_field = self._source.mask_field() if self.mask else None
+        mask_field = self._bound().mask_field() if self.mask else None
         self._weigh(out, None if mask_field is None else out[mask_field])
 
     def mask_unknown(self, valid: np.ndarray, margin: Sequence[int], out: Dict[str, np.ndarray]) -> None:
         """Weigh again without the unknown voxels where the balanced target has no mask of its own (boundaries,
         classes, foreground): they are not counted and weigh 0. A target's own mask already leaves them out."""
-        if not self.mask or self._source.mask_field() is not None:
+        if not self.mask or self._bound().mask_field() is not None:
             return
         m = margin
         known = valid[:, :, m[0]:valid.shape[2] - m[0], m[1]:valid.shape[3] - m[1], m[2]:valid.shape[4] - m[2]]
@@ -128,7 +130,7 @@ class ClassWeights(Target):
     def _weigh(self, out: Dict[str, np.ndarray], mask: Optional[np.ndarray]) -> None:
         (weights,) = self._arrays(out)
         low, high = self.clip if self.clip is not None else (None, None)
-        _targets.balance(out[self.of], mask, self.count(self._source), low, high, self.per == "channel", weights)
+        _targets.balance(out[self.of], mask, self.count(self._bound()), low, high, self.per == "channel", weights)
 
 
 def _check_clip(clip, owner: str):
@@ -146,6 +148,8 @@ def _check_clip(clip, owner: str):
                 or not 0.0 <= float(bound) <= 1.0:
             raise refusal(f"{owner}: clip bounds must be fractions in [0, 1] or None, got {clip!r}", "clip")
         bounds.append(float(bound))
+    if bounds[1] == 0.0:  # every fraction would become 0, every weight infinite
+        raise refusal(f"{owner}: clip's high bound must be above 0, got {clip!r}", "clip")
     if None not in bounds and bounds[0] > bounds[1]:
         raise refusal(f"{owner}: clip's low bound {bounds[0]} exceeds its high bound {bounds[1]}", "clip")
     return tuple(bounds)
