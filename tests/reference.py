@@ -122,6 +122,33 @@ def seg_to_affgraph(seg, nhood):
     return aff
 
 
+def grow_boundary_reference(labels, known=None, steps=1, in_plane=False, background=0):
+    """gunpowder's ``GrowBoundary`` as documented, per patch of a (B, 1, Z, Y, X) batch: each object is eroded
+    ``steps`` times by the axis-aligned cross (in (y, x) only with ``in_plane``), the patch's outside and the voxels
+    where ``known`` is 0 counted as part of it; its voxels no erosion keeps become ``background``. Voxels where
+    ``known`` is 0 stay as they are."""
+    out = np.array(labels)
+    axes = (1, 2) if in_plane else (0, 1, 2)
+    for b in range(out.shape[0]):
+        patch = labels[b, 0]
+        counted = np.ones(patch.shape, bool) if known is None else known[b, 0] != 0
+        kept = np.zeros(patch.shape, bool)
+        for label in np.unique(patch[counted]):
+            if label == background:
+                continue
+            region = (patch == label) | ~counted
+            for _ in range(steps):
+                padded = np.pad(region, 1, constant_values=True)
+                eroded = region.copy()
+                for axis in axes:
+                    for shift in (-1, 1):
+                        eroded &= np.roll(padded, shift, axis=axis)[1:-1, 1:-1, 1:-1]
+                region = eroded
+            kept |= region & (patch == label)
+        out[b, 0][counted & (patch != background) & ~kept] = background
+    return out
+
+
 def class_weights_reference(values, mask=None, classes=2, clip=(0.05, 0.95), per_channel=False):
     """gunpowder's ``BalanceLabels`` as its documentation defines it, per example (or per channel of each): the
     voxels a mask of 0 leaves out weigh 0; among the others, each class's fraction, clipped to ``clip`` (None: not

@@ -16,8 +16,8 @@ Quick start::
             # arrays taken from a batch stay valid while you hold them; their memory is reused after
 """
 from ._version import __version__ as __version__
-from .augment import (Artifacts, Augmentation, Blur, Contrast, Elastic, Gamma, Intensity, LowContrast, Mirror,
-                      MissingSection, Noise, Rotate, Scale, Slip, Transpose)
+from .augment import (Artifacts, Augmentation, Blur, Contrast, Elastic, Gamma, GrowBoundary, Intensity, LowContrast,
+                      Mirror, MissingSection, Noise, Rotate, Scale, Slip, Transpose)
 from .io import (CorruptChunkError, DatasetNotFoundError, InputChangedError, RemoteReadError, StoreMetadataError,
                  UnfinishedOutputWarning, Volume, VolumeTooLargeError, hdf5)
 from .io import open_volume as open
@@ -53,6 +53,7 @@ __all__ = [
     "Elastic",
     "Foreground",
     "Gamma",
+    "GrowBoundary",
     "InputChangedError",
     "InputDtypeError",
     "InsufficientMemoryError",

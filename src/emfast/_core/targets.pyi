@@ -7,6 +7,7 @@ LABEL_DTYPES: Tuple[np.dtype, ...]
 LSD_CHANNELS: int
 BALANCED_DTYPES: Tuple[np.dtype, ...]
 MAX_BALANCED_CLASSES: int
+MAX_GROW_STEPS: int
 
 def output_shape(labels: np.ndarray, margin: Sequence[int], channels: int) -> Tuple[int, int, int, int, int]: ...
 def affinities(labels: np.ndarray, offsets: Sequence[Sequence[int]], margin: Sequence[int],
@@ -18,6 +19,8 @@ def classes(labels: np.ndarray, margin: Sequence[int], thickness: int, in_plane:
             values: Sequence[int], out: np.ndarray) -> np.ndarray: ...
 def balance(values: np.ndarray, mask: Optional[np.ndarray], classes: int, clip_min: Optional[float],
             clip_max: Optional[float], per_channel: bool, out: np.ndarray) -> np.ndarray: ...
+def grow_boundary(labels: np.ndarray, known: Optional[np.ndarray], steps: int, in_plane: bool,
+                  background: int) -> np.ndarray: ...
 def foreground(labels: np.ndarray, margin: Sequence[int], background: int, out: np.ndarray) -> np.ndarray: ...
 def lsd(labels: np.ndarray, margin: Sequence[int], sigma: Sequence[float], variance_floor: Sequence[float],
         background: Optional[int], ignore: Optional[int], out: np.ndarray,

@@ -43,6 +43,11 @@ cdef extern from "targets.h" nogil:
     int emf_balance(const void *values, emf_dtype dtype, const uint8_t *mask, int64_t slabs, int64_t slab_size,
                     int64_t classes, double clip_min, double clip_max, float *out, int64_t *bad)
 
+cdef extern from "grow.h" nogil:
+    int EMF_GROW_MAX_STEPS
+    int emf_grow_boundary(void *labels, int itemsize, const uint8_t *known, int64_t count, const int64_t *shape,
+                          int64_t steps, int in_plane, uint64_t background)
+
 cdef extern from "lsd.h" nogil:
     int emf_lsd(const emf_labels *labels, const double *sigma, const int64_t *radius,
                 const double *variance_floor, int has_background, uint64_t background, int has_ignore,
@@ -316,6 +321,66 @@ def foreground(labels, margin, background, out):
     return out
 
 
+
+
+#: The longest reach of :func:`grow_boundary`, in steps along the axes (its ball of offsets grows with the cube).
+MAX_GROW_STEPS = EMF_GROW_MAX_STEPS
+
+
+def grow_boundary(labels, known, steps, bint in_plane, background):
+    """Grow the boundaries between the objects of a label batch in place, without the GIL (gunpowder's
+    ``GrowBoundary``): every voxel not labelled ``background`` becomes ``background`` where a voxel at most
+    ``steps`` steps away along the axes (``|dz| + |dy| + |dx| <= steps``; dz = 0 with ``in_plane``), inside its patch,
+    has another label. Voxels where ``known`` is 0 are left as they are and count as every label.
+
+    Parameters
+    ----------
+    labels : ndarray
+        (B, 1, Z, Y, X) uint32, uint64, int64 or int32, C-contiguous, writeable; changed in place.
+    known : ndarray or None
+        Like ``labels``, uint8 (0: masked out or unknown); None: every voxel known.
+    steps : int
+        In [1, :data:`MAX_GROW_STEPS`].
+    in_plane : bool
+        Grow in (y, x) only, each section on its own.
+    background : int
+        The id boundaries are set to; it must fit the labels' dtype.
+
+    Returns
+    -------
+    labels
+    """
+    labels = _plain_labels(labels)
+    if not labels.flags.writeable:
+        raise ValueError("labels must be writeable: they are grown in place")
+    steps = _integer(steps, "steps")
+    if not 1 <= steps <= MAX_GROW_STEPS:
+        raise _refusal(f"steps must be in [1, {MAX_GROW_STEPS}], got {steps}", "steps")
+    cdef uint64_t c_background = _label_bits(background, labels.dtype, "background")
+    if known is not None:
+        known = plain_array(known, "known")
+        dtype_code(known.dtype, "known", (np.dtype(np.uint8),))
+        if known.shape != labels.shape or not known.flags.c_contiguous:
+            raise ValueError(f"known must be C-contiguous and shaped like the labels {labels.shape}, got "
+                             f"{known.shape}")
+        if np.may_share_memory(known, labels):
+            raise ValueError("known must not overlap the labels")
+    if labels.size == 0:
+        return labels
+    cdef int64_t shape[3]
+    for axis in range(3):
+        shape[axis] = labels.shape[2 + axis]
+    cdef void *c_labels = cnp.PyArray_DATA(<cnp.ndarray> labels)
+    cdef uint8_t *c_known = NULL
+    if known is not None:
+        c_known = <uint8_t *> cnp.PyArray_DATA(<cnp.ndarray> known)
+    cdef int itemsize = labels.itemsize
+    cdef int64_t count = labels.shape[0], c_steps = steps
+    cdef int status
+    with nogil:
+        status = emf_grow_boundary(c_labels, itemsize, c_known, count, shape, c_steps, in_plane, c_background)
+    check_status(status, "grow_boundary")
+    return labels
 
 #: Dtypes of the targets whose classes :func:`balance` weighs: binary maps, affinities and class maps.
 BALANCED_DTYPES = (np.dtype(np.uint8), np.dtype(np.int64), np.dtype(np.float32))

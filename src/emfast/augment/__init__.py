@@ -1,6 +1,6 @@
 """Augmentations: the protocol and its capabilities (``_base``), the 48 axis transforms (``_dihedral``), warps
 (``_warp``, with their geometry in ``_geometry`` and the warp kernels' API in ``_resample``), intensity changes
-(``_intensity``) and section defects (``_defects``).
+(``_intensity``), section defects (``_defects``) and changes of the labels (``_labels``).
 
 Every augmentation registers its name (``emfast._registry``), so the loader and configs accept it by name.
 
@@ -12,6 +12,7 @@ from ._defects import Artifacts, LowContrast, MissingSection, Slip
 from ._dihedral import Mirror, Transpose
 from ._geometry import WarpPlan
 from ._intensity import Blur, Contrast, Gamma, Intensity, Noise
+from ._labels import GrowBoundary
 from ._resample import warp_labels, warp_raw
 from ._warp import Elastic, Rotate, Scale
 
@@ -29,6 +30,7 @@ __all__ = [
     "Contrast",
     "Elastic",
     "Gamma",
+    "GrowBoundary",
     "Intensity",
     "LowContrast",
     "Mirror",

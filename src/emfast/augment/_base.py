@@ -148,6 +148,8 @@ class Augmentation:
       labels are known (``labels_valid``) and masks affinities that touch unknown ones;
     - ``moves_sections``: it moves whole z-sections of raw in y and x, and every field on raw's grid with them
       (extra channels, labels and mask), which fields delivered at their own voxel size cannot follow;
+    - ``changes_labels``: it changes the labels from their neighbours up to :meth:`label_reach` away, so the
+      loader needs labels and cuts them larger by that reach (with the mask, where ``labels_mask`` is set);
     - :meth:`bind_windows`: what it must size or check against the windows before drawing.
     """
 
@@ -157,6 +159,9 @@ class Augmentation:
     moves_voxels: ClassVar[bool] = False
     unknown_voxels: ClassVar[bool] = False
     moves_sections: ClassVar[bool] = False
+    changes_labels: ClassVar[bool] = False
+    #: Whether it reads the sample's mask wherever it reads the labels (the mask is then cut like them).
+    labels_mask: bool = False
 
     def check(self, isotropic: bool) -> None:
         """Raise if this augmentation is not allowed for the data (anisotropic unless ``isotropic``)."""
@@ -170,6 +175,13 @@ class Augmentation:
         """The axes whose voxels must be of one size in the world for this augmentation (default: those it
         exchanges, :meth:`exchanged_axes`)."""
         return self.exchanged_axes()
+
+    def label_reach(self) -> tuple[int, int, int]:
+        """How far (z, y, x) the labels it changes depend on their neighbours (default: not at all)."""
+        return (0, 0, 0)
+
+    def check_labels(self, dtype) -> None:
+        """Raise if it cannot change labels of ``dtype`` (e.g. an id out of its range; default: nothing)."""
 
     def bind_windows(self, windows: Windows) -> None:
         """Size what depends on the windows, or raise if the windows do not suit it (default: nothing)."""

@@ -100,6 +100,11 @@ def check_own(own: Sequence[str], augmentations, targets) -> None:
             with concerning(section="augment"):
                 raise ValueError(f"{moving} track which labels are known on raw's grid; labels delivered at their own "
                                  f"voxel size ({OPTION}) cannot follow them: deliver the labels on raw's grid")
+        changing = [a.name for a in augmentations if a.changes_labels]
+        if changing:
+            with concerning(section="augment"):
+                raise ValueError(f"{changing} change the labels on raw's grid; labels delivered at their own voxel "
+                                 f"size ({OPTION}) cannot follow them: deliver the labels on raw's grid")
 
 
 def common_grid(fields: Sequence[Field], sample_names: Sequence[str]) -> Optional[Tuple[np.ndarray, np.ndarray]]:

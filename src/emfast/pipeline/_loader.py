@@ -194,6 +194,12 @@ class Loader:
             _augment.check_fills(self.augmentations, self.dtype)
             for sample in self.dataset.samples:
                 _augment.check_voxel_sizes(self.augmentations, sample.raw.resolution, f"sample {sample.name!r}")
+        changing = [(index, a) for index, a in enumerate(self.augmentations) if a.changes_labels]
+        for index, augmentation in changing:
+            with concerning(section="augment", item=(index, augmentation.name)):
+                if not self.dataset.has_labels:
+                    raise ValueError(f"{type(augmentation).__name__} changes the labels, but the data has none")
+                augmentation.check_labels(self.dataset.samples[0].placed_labels.volume.dtype)
         with concerning(section="targets"):
             if self.targets and not self.dataset.has_labels:
                 raise ValueError(f"targets {[t.name for t in self.targets]} need labels, but the data has none")
@@ -204,7 +210,11 @@ class Loader:
             for index, target in enumerate(self.targets):  # Foreground(name="mask") replaced the training mask
                 _of_item(index, target.kind, target.check, self.dataset.samples[0].placed_labels.volume.dtype)
                 _of_item(index, target.kind, _check_target_fields, target)
-            self.margin = _targets.required_margin(self.targets) if self.targets else (0, 0, 0)
+            margin = _targets.required_margin(self.targets) if self.targets else (0, 0, 0)
+        # labels changed from their neighbours (GrowBoundary) are cut larger by that reach, so that those the
+        # targets and the batch see equal the whole volume's
+        reach = [a.label_reach() for _, a in changing]
+        self.margin = tuple(m + max((r[axis] for r in reach), default=0) for axis, m in enumerate(margin))
         self.keep_labels = setting("keep_labels", keep_labels)
         self.progress = setting("progress", progress)
         self.close_data = setting("close_data", close_data)
@@ -290,7 +300,7 @@ class Loader:
             fields.append(placed_field("labels", placed, placed[0].volume.dtype, label_patch,
                                        tuple(-m for m in self.margin),
                                        delivered=self.keep_labels and not any(self.margin)))
-        if self._mask_masks_targets():  # cut like the labels, delivered on the output window
+        if self._mask_cut_like_labels():  # delivered on the output window
             placed = [s.placed_mask for s in samples]
             fields.append(placed_field("mask", placed, placed[0].volume.dtype, label_patch,
                                        tuple(-m for m in self.margin), delivered=not any(self.margin)))
@@ -299,20 +309,21 @@ class Loader:
             fields.append(placed_field("mask", placed, placed[0].volume.dtype, self.patch_out, (0, 0, 0)))
         return fields
 
-    def _mask_masks_targets(self) -> bool:
-        """Whether a target masks itself with the sample's mask (``labels_mask``); refused without a mask, or
-        with one delivered at its own voxel size."""
-        masking = [(index, t) for index, t in enumerate(self.targets) if t.labels_mask]
+    def _mask_cut_like_labels(self) -> bool:
+        """Whether a target or an augmentation reads the sample's mask with the labels (``labels_mask``); refused
+        without a mask, or with one delivered at its own voxel size."""
+        masking = [("targets", index, t.kind, t) for index, t in enumerate(self.targets) if t.labels_mask] + \
+            [("augment", index, a.name, a) for index, a in enumerate(self.augmentations) if a.labels_mask]
         if not masking:
             return False
-        index, target = masking[0]
-        with concerning(section="targets", item=(index, target.kind), setting="labels_mask"):
+        section, index, name, user = masking[0]
+        with concerning(section=section, item=(index, name), setting="labels_mask"):
             if not self.dataset.has_mask:
-                raise ValueError(f"{type(target).__name__}(labels_mask=True) masks with the sample's mask, but the "
+                raise ValueError(f"{type(user).__name__}(labels_mask=True) masks with the sample's mask, but the "
                                  "data has none: give the samples a mask (Sample(raw, labels, mask=...); in a "
                                  "config, the sample's mask:)")
             if "mask" in self.dataset.samples[0].own_resolution:
-                raise ValueError(f"{type(target).__name__}(labels_mask=True) needs the mask on raw's grid, but it is "
+                raise ValueError(f"{type(user).__name__}(labels_mask=True) needs the mask on raw's grid, but it is "
                                  "delivered at its own voxel size (own_resolution): deliver it on raw's grid")
         return True
 
