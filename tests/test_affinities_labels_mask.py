@@ -54,6 +54,32 @@ def test_a_loaders_affinities_are_masked_where_the_volumes_mask_is_0():
     assert all(corner[a] >= margin[a] for corner in batch.positions for a in range(3))
 
 
+@pytest.mark.parametrize("lazy", [False, True])
+def test_windows_fit_a_mask_smaller_than_the_labels_with_the_margin(tmp_path, lazy):
+    """A review: windows were fitted inside the mask without the margin it is now cut with, so the first batch
+    near its edge failed (IndexError, or a lazy read outside the chunk grid)."""
+    raw, labels, _ = masked_volume(2)
+    corner, extent = (2, 5, 6), (14, 28, 30)
+    mask = (np.random.default_rng(4).random(extent) < 0.8).astype(np.uint8)
+    padded = np.zeros(SHAPE, np.uint8)  # gunpowder reads the mask padded with 0 beyond its box
+    padded[tuple(slice(c, c + e) for c, e in zip(corner, extent))] = mask
+    full_mask = seg_to_affgraph(padded.astype(np.int32), OFFSETS)
+    if lazy:
+        with h5py.File(tmp_path / "m.h5", "w") as f:
+            f.create_dataset("mask", data=mask, chunks=(4, 8, 8))
+        mask = ef.hdf5(tmp_path / "m.h5", "mask", in_memory=False)
+    margin = np.array((1, 3, 2))
+    with ef.Loader(ef.Sample(raw, labels, mask=mask, mask_offset=corner), patch=(4, 16, 16), batch_size=8, seed=1,
+                   augment=[], targets=[ef.Affinities(offsets=OFFSETS, labels_mask=True)]) as loader:
+        for _ in range(10):
+            batch = loader.next_batch()
+            for b, start in enumerate(batch.positions):
+                assert (start - margin >= corner).all()
+                assert (start + (4, 16, 16) + margin <= np.add(corner, extent)).all()
+                window = tuple(slice(c, c + n) for c, n in zip(start, (4, 16, 16)))
+                np.testing.assert_array_equal(batch["affinities_mask"][b], full_mask[(slice(None),) + window])
+
+
 def test_lazy_and_in_memory_loaders_give_the_same_masked_batches(tmp_path):
     raw, labels, mask = masked_volume(1)
     with h5py.File(tmp_path / "s.h5", "w") as f:

@@ -223,6 +223,7 @@ class Loader:
         self.device = "cpu" if self._backend is None else self._backend.name
 
         check_own(self.dataset.samples[0].own_resolution, self.augmentations, self.targets)
+        self._mask_with_labels = self._mask_cut_like_labels()
         fields = self._fields(normalize)
         self._own_fields = [f for f in fields if f.grids is not None]
         self._common_grid = common_grid(fields, self.dataset.names)
@@ -231,7 +232,8 @@ class Loader:
         with concerning(setting=PATCH_KEYS):
             margins = [(type(t).__name__, tuple(int(m) for m in t.margin())) for t in self.targets if any(t.margin())]
             self.regions = fitting_regions(self.dataset.samples, self.patch_in, self.patch_out, self.margin,
-                                           np.asarray(self._perms), self._own_fields, self._common_grid, margins)
+                                           np.asarray(self._perms), self._own_fields, self._common_grid, margins,
+                                           mask_margin=self._mask_with_labels)
         self._extents = np.unique(window_extents(self.patch_out, np.asarray(self._perms)), axis=0)
         with concerning(section="sampler"):
             self._bind_stream()
@@ -300,7 +302,7 @@ class Loader:
             fields.append(placed_field("labels", placed, placed[0].volume.dtype, label_patch,
                                        tuple(-m for m in self.margin),
                                        delivered=self.keep_labels and not any(self.margin)))
-        if self._mask_cut_like_labels():  # delivered on the output window
+        if self._mask_with_labels:  # cut like the labels, delivered on the output window
             placed = [s.placed_mask for s in samples]
             fields.append(placed_field("mask", placed, placed[0].volume.dtype, label_patch,
                                        tuple(-m for m in self.margin), delivered=not any(self.margin)))

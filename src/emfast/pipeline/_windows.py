@@ -70,12 +70,13 @@ def field_bounds(sample, index: int, lo: np.ndarray, hi: np.ndarray, context: np
 
 
 def fitting_regions(samples: Sequence, patch_in: tuple, patch_out: tuple, margin: tuple, perms: np.ndarray,
-                    own: Sequence, grid, margins: Sequence[Tuple[str, tuple]] = ()) -> List[Region]:
+                    own: Sequence, grid, margins: Sequence[Tuple[str, tuple]] = (),
+                    mask_margin: bool = False) -> List[Region]:
     """Per sample, the box where output windows fit with every field's window inside its volume.
 
     ``margin`` is the targets' label margin, ``own`` the fields at their own voxel size and ``grid`` the common
     grid output windows snap to (see :func:`field_bounds`); ``margins``, (name, margin) of each target needing one,
-    for the refusal of a sample too small.
+    for the refusal of a sample too small; ``mask_margin``: the mask is cut with the label margin too.
     """
     context = window_extents([(i - o) // 2 for i, o in zip(patch_in, patch_out)], perms).max(axis=0)
     label_margin = window_extents(margin, perms).max(axis=0)
@@ -87,7 +88,8 @@ def fitting_regions(samples: Sequence, patch_in: tuple, patch_out: tuple, margin
         if labels is not None:
             lo, hi = np.maximum(lo, labels.origin + label_margin), np.minimum(hi, labels.end - label_margin)
         if mask is not None:
-            lo, hi = np.maximum(lo, mask.origin), np.minimum(hi, mask.end)
+            reach = label_margin if mask_margin else 0
+            lo, hi = np.maximum(lo, mask.origin + reach), np.minimum(hi, mask.end - reach)
         lo, hi = field_bounds(sample, index, lo, hi, context, own, patch_out, perms, grid)
         for perm, extent in zip(perms, extents):
             if np.any(hi - lo < extent):

@@ -47,8 +47,9 @@ class Affinities(Target):
         Field name of the affinities; the mask is ``name + "_mask"``.
     labels_mask : bool
         The sample's mask (``Sample(mask=...)``) says where the labels may be used, as gunpowder's
-        ``AddAffinities(labels_mask=...)``: every affinity touching a voxel where it is 0 is masked too. The loader
-        then cuts the mask with the offsets' margin, as it cuts the labels, and still delivers it on the output
+        ``AddAffinities(labels_mask=...)`` with a binary mask (it compares mask values as ids): every affinity
+        touching a voxel where it is 0 is masked too. The loader then cuts the mask with the offsets' margin, as
+        it cuts the labels (windows fit inside the mask with that margin), and still delivers it on the output
         window; :func:`compute_targets` takes it as ``mask=``.
     """
 

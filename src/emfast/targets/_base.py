@@ -116,8 +116,8 @@ class Target:
 
     def mask_unknown(self, valid: np.ndarray, margin: Sequence[int], out: Dict[str, np.ndarray]) -> None:
         """Mark outputs that depend on unknown labels, given ``valid`` (B, 1, Zi, Yi, Xi) uint8 (1 where the label
-        is known) cut like the labels; with :attr:`labels_mask`, also called with the sample's mask as 0 and 1. Default: nothing, the target has no mask; the output keeps the labels'
-        value there."""
+        is known) cut like the labels; with :attr:`labels_mask`, also called with the sample's mask as 0 and 1.
+        Default: nothing, the target has no mask; the output keeps the labels' value there."""
 
     def bind_sources(self, writers: Dict[str, "Target"]) -> None:
         """Take the targets listed before this one ({field: the target writing it}) whose fields :meth:`compute`
