@@ -121,12 +121,21 @@ struct Overlap {
     }
 };
 
-/* out[i] = a[i] == b[i] (and a[i] != background), mask[i] = neither is ignore; mask untouched without kIgnore. */
-template <typename T, typename Out, bool kBackground, bool kIgnore>
-void affinity_row(const T *a, const T *b, int64_t n, T background, T ignore, Out *out, uint8_t *mask) {
+/* The ids that mask an affinity: any voxel labelled `ignore`, or both labelled `unlabelled`. */
+template <typename T>
+struct MaskIds {
+    T ignore, unlabelled;
+};
+
+/* out[i] = a[i] == b[i] (and a[i] != background), mask[i] = neither is ignore (kIgnore) and not both are unlabelled
+ * (kUnlabelled); mask untouched without either. */
+template <typename T, typename Out, bool kBackground, bool kIgnore, bool kUnlabelled>
+void affinity_row(const T *a, const T *b, int64_t n, T background, const MaskIds<T> &ids, Out *out, uint8_t *mask) {
+    constexpr bool kMask = kIgnore || kUnlabelled;
     int64_t i = 0;
 #ifdef EMF_HAVE_SSE2
-    const Four<T> bg = Four<T>::splat(background), ig = Four<T>::splat(ignore);
+    const Four<T> bg = Four<T>::splat(background), ig = Four<T>::splat(ids.ignore),
+                  un = Four<T>::splat(ids.unlabelled);
     const __m128i ones = _mm_set1_epi32(-1);
     for (; i + kStep <= n; i += kStep) {
         __m128i same[4], known[4];
@@ -134,10 +143,13 @@ void affinity_row(const T *a, const T *b, int64_t n, T background, T ignore, Out
             const Four<T> x = Four<T>::load(a + i + 4 * j), y = Four<T>::load(b + i + 4 * j);
             same[j] = x.eq(y);
             if (kBackground) same[j] = _mm_andnot_si128(x.eq(bg), same[j]);
-            if (kIgnore) known[j] = _mm_xor_si128(_mm_or_si128(x.eq(ig), y.eq(ig)), ones);
+            __m128i masked = _mm_setzero_si128();
+            if (kIgnore) masked = _mm_or_si128(x.eq(ig), y.eq(ig));
+            if (kUnlabelled) masked = _mm_or_si128(masked, _mm_and_si128(x.eq(un), y.eq(un)));
+            if (kMask) known[j] = _mm_xor_si128(masked, ones);
         }
         store_lanes(out + i, same);
-        if (kIgnore) store_bytes(mask + i, known);
+        if (kMask) store_bytes(mask + i, known);
     }
 #endif
     for (; i < n; ++i) {
@@ -145,13 +157,16 @@ void affinity_row(const T *a, const T *b, int64_t n, T background, T ignore, Out
         bool same = x == y;
         if (kBackground) same = same & (x != background);
         out[i] = static_cast<Out>(same);
-        if (kIgnore) mask[i] = static_cast<uint8_t>((x != ignore) & (y != ignore));
+        bool masked = false;
+        if (kIgnore) masked = (x == ids.ignore) | (y == ids.ignore);
+        if (kUnlabelled) masked = masked | ((x == ids.unlabelled) & (y == ids.unlabelled));
+        if (kMask) mask[i] = static_cast<uint8_t>(!masked);
     }
 }
 
-template <typename T, typename Out, bool kBackground, bool kIgnore>
-void affinities_all(const emf_labels &labels, const int64_t *offsets, int64_t channels, T background, T ignore,
-                    Out *out, uint8_t *mask) {
+template <typename T, typename Out, bool kBackground, bool kIgnore, bool kUnlabelled>
+void affinities_all(const emf_labels &labels, const int64_t *offsets, int64_t channels, T background,
+                    const MaskIds<T> &ids, Out *out, uint8_t *mask) {
     const Geometry g(labels);
     const T *data = static_cast<const T *>(labels.data);
     std::vector<Overlap> boxes;
@@ -179,29 +194,40 @@ void affinities_all(const emf_labels &labels, const int64_t *offsets, int64_t ch
                     std::memset(o + x1, 0, static_cast<size_t>(nx - x1) * sizeof(Out));
                     std::memset(m + x1, 0, static_cast<size_t>(nx - x1));
                     if (x0 == x1) continue;
-                    if (!kIgnore) std::memset(m + x0, 1, static_cast<size_t>(x1 - x0));
-                    affinity_row<T, Out, kBackground, kIgnore>(center + x0, center + x0 + steps[k], x1 - x0,
-                                                               background, ignore, o + x0, m + x0);
+                    if (!kIgnore && !kUnlabelled) std::memset(m + x0, 1, static_cast<size_t>(x1 - x0));
+                    affinity_row<T, Out, kBackground, kIgnore, kUnlabelled>(center + x0, center + x0 + steps[k],
+                                                                            x1 - x0, background, ids, o + x0, m + x0);
                 }
             }
         }
     }
 }
 
+/* affinities_all for the masking ids used, each a compile-time case: the row loops test only those. */
+template <typename T, typename Out, bool kBackground>
+void affinities_masked(const emf_labels &labels, const int64_t *offsets, int64_t channels, T background,
+                       const emf_mask_ids &mask_ids, Out *out, uint8_t *mask) {
+    const MaskIds<T> ids{static_cast<T>(mask_ids.ignore), static_cast<T>(mask_ids.unlabelled)};
+    if (mask_ids.has_ignore && mask_ids.has_unlabelled)
+        affinities_all<T, Out, kBackground, true, true>(labels, offsets, channels, background, ids, out, mask);
+    else if (mask_ids.has_ignore)
+        affinities_all<T, Out, kBackground, true, false>(labels, offsets, channels, background, ids, out, mask);
+    else if (mask_ids.has_unlabelled)
+        affinities_all<T, Out, kBackground, false, true>(labels, offsets, channels, background, ids, out, mask);
+    else
+        affinities_all<T, Out, kBackground, false, false>(labels, offsets, channels, background, ids, out, mask);
+}
+
 template <typename T, typename Out>
 int affinities_for(const emf_labels &labels, const int64_t *offsets, int64_t channels, int has_background,
-                   uint64_t background, int has_ignore, uint64_t ignore, void *out, uint8_t *mask) {
-    const T bg = static_cast<T>(background), ig = static_cast<T>(ignore);
+                   uint64_t background, const emf_mask_ids &ids, void *out, uint8_t *mask) {
+    const T bg = static_cast<T>(background);
     Out *o = static_cast<Out *>(out);
     try {
-        if (has_background && has_ignore)
-            affinities_all<T, Out, true, true>(labels, offsets, channels, bg, ig, o, mask);
-        else if (has_background)
-            affinities_all<T, Out, true, false>(labels, offsets, channels, bg, ig, o, mask);
-        else if (has_ignore)
-            affinities_all<T, Out, false, true>(labels, offsets, channels, bg, ig, o, mask);
+        if (has_background)
+            affinities_masked<T, Out, true>(labels, offsets, channels, bg, ids, o, mask);
         else
-            affinities_all<T, Out, false, false>(labels, offsets, channels, bg, ig, o, mask);
+            affinities_masked<T, Out, false>(labels, offsets, channels, bg, ids, o, mask);
     } catch (const std::bad_alloc &) {
         return EMF_NO_MEMORY;
     }
@@ -210,15 +236,12 @@ int affinities_for(const emf_labels &labels, const int64_t *offsets, int64_t cha
 
 template <typename T>
 int affinities_typed(const emf_labels &labels, const int64_t *offsets, int64_t channels, int has_background,
-                     uint64_t background, int has_ignore, uint64_t ignore, emf_dtype out_dtype, void *out,
-                     uint8_t *mask) {
+                     uint64_t background, const emf_mask_ids &ids, emf_dtype out_dtype, void *out, uint8_t *mask) {
     switch (out_dtype) {
         case EMF_UINT8:
-            return affinities_for<T, uint8_t>(labels, offsets, channels, has_background, background, has_ignore,
-                                              ignore, out, mask);
+            return affinities_for<T, uint8_t>(labels, offsets, channels, has_background, background, ids, out, mask);
         case EMF_FLOAT32:
-            return affinities_for<T, float>(labels, offsets, channels, has_background, background, has_ignore,
-                                            ignore, out, mask);
+            return affinities_for<T, float>(labels, offsets, channels, has_background, background, ids, out, mask);
         default: return EMF_BAD_DTYPE;
     }
 }
@@ -429,15 +452,14 @@ int balance_typed(const T *values, const uint8_t *mask, int64_t slabs, int64_t s
 extern "C" {
 
 int emf_affinities(const emf_labels *labels, const int64_t *offsets, int64_t channels, int has_background,
-                   uint64_t background, int has_ignore, uint64_t ignore, emf_dtype out_dtype, void *out,
-                   uint8_t *mask) {
+                   uint64_t background, const emf_mask_ids *ids, emf_dtype out_dtype, void *out, uint8_t *mask) {
     switch (labels->itemsize) {
         case 4:
-            return affinities_typed<uint32_t>(*labels, offsets, channels, has_background, background, has_ignore,
-                                              ignore, out_dtype, out, mask);
+            return affinities_typed<uint32_t>(*labels, offsets, channels, has_background, background, *ids, out_dtype,
+                                              out, mask);
         case 8:
-            return affinities_typed<uint64_t>(*labels, offsets, channels, has_background, background, has_ignore,
-                                              ignore, out_dtype, out, mask);
+            return affinities_typed<uint64_t>(*labels, offsets, channels, has_background, background, *ids, out_dtype,
+                                              out, mask);
         default: return EMF_BAD_DTYPE;
     }
 }

@@ -29,14 +29,19 @@ typedef struct {
     int itemsize;      /* 4 or 8 bytes per label */
 } emf_labels;
 
+/* The ids that mask affinities: `ignore` (either voxel), `unlabelled` (both voxels), each where has_ is set. */
+typedef struct {
+    int has_ignore, has_unlabelled;
+    uint64_t ignore, unlabelled;
+} emf_mask_ids;
+
 /* Affinities for `channels` offsets (offsets[3 k + axis], any sign, not all zero), after gunpowder's
- * seg_to_affgraph: at output voxel v (label voxel u = v + margin),
- *     out[n, k, v]  = label[u] == label[u + offset_k] and (no background or label[u] != background)
- *     mask[n, k, v] = u + offset_k inside the patch and (no ignore or neither label equals ignore)
+ * seg_to_affgraph: at output voxel v (label voxel u = v + margin), with w = u + offset_k,
+ *     out[n, k, v]  = label[u] == label[w] and (no background or label[u] != background)
+ *     mask[n, k, v] = w inside the patch and neither label is ids->ignore and not both are ids->unlabelled
  * with out forced to 0 where the neighbour is outside the patch. out_dtype: uint8 or float32 (0 / 1). */
 int emf_affinities(const emf_labels *labels, const int64_t *offsets, int64_t channels, int has_background,
-                   uint64_t background, int has_ignore, uint64_t ignore, emf_dtype out_dtype, void *out,
-                   uint8_t *mask);
+                   uint64_t background, const emf_mask_ids *ids, emf_dtype out_dtype, void *out, uint8_t *mask);
 
 /* Boundaries (one channel, uint8): out[n, 0, v] = 1 where some label voxel u + t e, e one of +-z, +-y, +-x (not
  * +-z if in_plane), 1 <= t <= thickness, lies inside the patch and has a label other than label[u]. */

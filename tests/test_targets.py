@@ -119,6 +119,38 @@ def test_affinities_equal_gunpowder_seg_to_affgraph(rng, nhood):
     assert outputs["affinities_mask"].all()
 
 
+@pytest.mark.parametrize("dtype", LABEL_DTYPES)
+@pytest.mark.parametrize("margin", MARGINS)
+@pytest.mark.parametrize("offsets", ["negative", "long-range"])
+def test_unlabelled_masks_the_affinities_between_two_unlabelled_voxels_as_gunpowder(rng, dtype, margin, offsets):
+    """gunpowder's AddAffinities(unlabelled=...): its mask times 1 - seg_to_affgraph(1 - unlabelled), here with
+    the unlabelled region given by an id."""
+    offsets = OFFSETS[offsets]
+    labels = random_labels(rng, dtype)
+    ids = [int(i) for i in IDS[dtype]]
+    inner = (slice(None), slice(None)) + tuple(slice(m, s - m) for m, s in zip(margin, labels.shape[2:]))
+    for background, ignore, unlabelled in [(ids[0], None, ids[0]), (ids[0], ids[1], ids[2]), (None, None, ids[3]),
+                                           (ids[1], ids[2], ids[2])]:
+        shape = out_shape(labels, margin, len(offsets))
+        out, mask = np.full(shape, 7, np.float32), np.full(shape, 7, np.uint8)
+        _targets.affinities(labels, offsets, margin, background, ignore, out, mask, unlabelled)
+        expected, known = affinities_reference(labels, offsets, margin, background, ignore)
+        both = np.stack([seg_to_affgraph((patch[0] == unlabelled).astype(np.int32), offsets)
+                         for patch in labels])[inner]
+        np.testing.assert_array_equal(out, expected)
+        np.testing.assert_array_equal(mask, known * (1 - both))
+        assert both.any()
+
+
+def test_an_object_next_to_the_unlabelled_region_ends_there():
+    labels = np.array([0, 0, 5, 5, 5, 0, 0], np.uint32).reshape(1, 1, 1, 1, 7)
+    out = compute_targets(labels, [Affinities(offsets=[(0, 0, -1)], unlabelled=0)])
+    assert out["affinities"].reshape(-1).tolist() == [0, 0, 0, 1, 1, 0, 0]
+    assert out["affinities_mask"].reshape(-1).tolist() == [0, 0, 1, 1, 1, 1, 0]  # 0-0 pairs (and the edge) left out
+    with pytest.raises(ValueError, match=r"unlabelled -1 cannot occur in uint32 labels"):
+        compute_targets(labels, [Affinities(unlabelled=-1)])
+
+
 def test_default_affinities_are_gunpowders_nearest_neighbours():
     assert Affinities().offsets == ((-1, 0, 0), (0, -1, 0), (0, 0, -1))
 

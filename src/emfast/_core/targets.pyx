@@ -33,9 +33,14 @@ cdef extern from "targets.h" nogil:
         int64_t margin[3]
         int itemsize
 
+    ctypedef struct emf_mask_ids:
+        int has_ignore
+        int has_unlabelled
+        uint64_t ignore
+        uint64_t unlabelled
+
     int emf_affinities(const emf_labels *labels, const int64_t *offsets, int64_t channels, int has_background,
-                       uint64_t background, int has_ignore, uint64_t ignore, emf_dtype out_dtype,
-                       void *out, uint8_t *mask)
+                       uint64_t background, const emf_mask_ids *ids, emf_dtype out_dtype, void *out, uint8_t *mask)
     int emf_boundaries(const emf_labels *labels, int64_t thickness, int in_plane, uint8_t *out)
     int emf_classes(const emf_labels *labels, int64_t thickness, int in_plane, int has_background,
                     uint64_t background, const int64_t *values, emf_dtype out_dtype, void *out)
@@ -160,13 +165,13 @@ def output_shape(labels, margin, Py_ssize_t channels):
     return _out_shape(labels, _margin(margin, labels.shape[2:]), channels)
 
 
-def affinities(labels, offsets, margin, background, ignore, out, mask):
+def affinities(labels, offsets, margin, background, ignore, out, mask, unlabelled=None):
     """Affinities of a label batch for K offsets, into ``out`` and ``mask`` (B, K, Zo, Yo, Xo), without the GIL.
 
     Convention of gunpowder's ``seg_to_affgraph``: channel k at output voxel v (label voxel u = v + margin) links
     u with its neighbour u + offsets[k]. ``out`` is 1 where both labels are equal and label[u] is not
     ``background``, else 0, and 0 where the neighbour lies outside the patch. ``mask`` is 0 where the neighbour
-    lies outside the patch or where either label equals ``ignore``, else 1.
+    lies outside the patch, where either label equals ``ignore`` or where both equal ``unlabelled``, else 1.
 
     Parameters
     ----------
@@ -183,6 +188,8 @@ def affinities(labels, offsets, margin, background, ignore, out, mask):
         (B, K, Zo, Yo, Xo) float32 or uint8, C-contiguous, written.
     mask : ndarray
         (B, K, Zo, Yo, Xo) uint8, C-contiguous, written.
+    unlabelled : int or None
+        Label id (None: none), representable in the labels' dtype.
 
     Returns
     -------
@@ -211,9 +218,12 @@ def affinities(labels, offsets, margin, background, ignore, out, mask):
         for axis in range(3):  # steps beyond the patch all land outside it: clamping changes nothing
             table[k, axis] = max(-shape[axis], min(row[axis], shape[axis]))
     cdef int has_background = background is not None
-    cdef int has_ignore = ignore is not None
     cdef uint64_t c_background = _label_bits(background, labels.dtype, "background") if has_background else 0
-    cdef uint64_t c_ignore = _label_bits(ignore, labels.dtype, "ignore") if has_ignore else 0
+    cdef emf_mask_ids ids
+    ids.has_ignore = ignore is not None
+    ids.ignore = _label_bits(ignore, labels.dtype, "ignore") if ids.has_ignore else 0
+    ids.has_unlabelled = unlabelled is not None
+    ids.unlabelled = _label_bits(unlabelled, labels.dtype, "unlabelled") if ids.has_unlabelled else 0
     out_shape = _out_shape(labels, m, len(rows))
     result = (out, mask)
     out = _plain_out(out, "out", out_shape, (np.dtype(np.float32), np.dtype(np.uint8)), labels)
@@ -231,8 +241,8 @@ def affinities(labels, offsets, margin, background, ignore, out, mask):
     cdef uint8_t *c_mask = <uint8_t *> cnp.PyArray_DATA(<cnp.ndarray> mask)
     cdef int status
     with nogil:
-        status = emf_affinities(&desc, &c_offsets[0, 0], channels, has_background, c_background, has_ignore,
-                                c_ignore, c_dtype, c_out, c_mask)
+        status = emf_affinities(&desc, &c_offsets[0, 0], channels, has_background, c_background, &ids, c_dtype,
+                                c_out, c_mask)
     check_status(status, "affinities")
     return result
 

@@ -27,8 +27,9 @@ class Affinities(Target):
     background: gunpowder also treats negative ids (int32, int64 labels) as background, emfast treats them as ordinary
     objects; map them to ``background`` first if you rely on that. gunpowder's ``AddAffinities`` also casts labels
     to int32, so there uint32/uint64 ids from 2**31 up wrap to negative ids (background) and ids equal modulo 2**32
-    merge; emfast compares the ids as stored. The mask (field ``name + "_mask"``) is 0 where the neighbour lies outside the label patch (unknown;
-    the affinity is 0 there too) or where either voxel is labelled ``ignore``, else 1.
+    merge; emfast compares the ids as stored. The mask (field ``name + "_mask"``) is 0 where the neighbour lies
+    outside the label patch (unknown; the affinity is 0 there too), where either voxel is labelled ``ignore`` or
+    both ``unlabelled``, else 1.
 
     Parameters
     ----------
@@ -40,7 +41,7 @@ class Affinities(Target):
     background : int or None
         Label id that never has affinity, not even to itself; None for no background.
     ignore : int or None
-        Label id of unlabelled voxels: every affinity touching one is masked; None for none.
+        Label id of voxels to leave out: every affinity touching one is masked; None for none.
     dtype : {"float32", "uint8"}
         Affinity dtype (values 0 and 1). The mask is always uint8.
     name : str
@@ -51,6 +52,11 @@ class Affinities(Target):
         touching a voxel where it is 0 is masked too. The loader then cuts the mask with the offsets' margin, as
         it cuts the labels (windows fit inside the mask with that margin), and still delivers it on the output
         window; :func:`compute_targets` takes it as ``mask=``.
+    unlabelled : int or None
+        Label id of the region nobody annotated, as gunpowder's ``AddAffinities(unlabelled=...)`` (with its array
+        0 where the labels hold this id; lsd's sparse training sets use ``unlabelled=0``): affinities between two
+        such voxels are masked, while those from an object into it stay 0 and are trained on (an object ends there).
+        None for none.
     """
 
     offsets: Sequence[Sequence[int]] = ((-1, 0, 0), (0, -1, 0), (0, 0, -1))
@@ -59,6 +65,7 @@ class Affinities(Target):
     dtype: str = "float32"
     name: str = "affinities"
     labels_mask: bool = False
+    unlabelled: Optional[int] = None
     kind: ClassVar[str] = "affinities"
 
     def __post_init__(self) -> None:
@@ -86,6 +93,7 @@ class Affinities(Target):
         self.offsets = tuple(offsets)
         self.background = _check_id(self.background, "background", owner, optional=True)
         self.ignore = _check_id(self.ignore, "ignore", owner, optional=True)
+        self.unlabelled = _check_id(self.unlabelled, "unlabelled", owner, optional=True)
         self.dtype = _check_dtype(self.dtype, ("float32", "uint8"), owner)
         self.name = _check_name(self.name, owner)
         self.labels_mask = _check_flag(self.labels_mask, "labels_mask", owner)
@@ -112,7 +120,8 @@ class Affinities(Target):
         return {self.name: (self.channels, np.dtype(self.dtype)), self.mask_name: (self.channels, np.dtype(np.uint8))}
 
     def check(self, label_dtype) -> None:
-        _check_label_dtype(label_dtype, {"background": self.background, "ignore": self.ignore}, "Affinities")
+        _check_label_dtype(label_dtype, {"background": self.background, "ignore": self.ignore,
+                                         "unlabelled": self.unlabelled}, "Affinities")
 
     def mask_unknown(self, valid: np.ndarray, margin: Sequence[int], out: Dict[str, np.ndarray]) -> None:
         """Mask every affinity whose voxel or neighbour is unknown (moved in from outside the data)."""
@@ -128,6 +137,7 @@ class Affinities(Target):
 
     def compute(self, labels, margin, out) -> None:
         affinities, mask = self._arrays(out)
-        _targets.affinities(labels, self.offsets, margin, self.background, self.ignore, affinities, mask)
+        _targets.affinities(labels, self.offsets, margin, self.background, self.ignore, affinities, mask,
+                            self.unlabelled)
 
 
