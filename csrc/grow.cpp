@@ -1,15 +1,25 @@
-/* Boundary growing; see grow.h for the contract. One pass per offset of the ball, over whole rows, marks the voxels
- * that see another label; a last pass sets them to background. */
+/* Boundary growing; see grow.h for the contract. Two ways to find the voxels that see another label within the
+ * ball of `steps` steps (the cross added to itself `steps` times): a small ball is walked offset by offset, one pass
+ * over the patch each, marking the voxels whose neighbour there differs; a larger one spreads the lowest and
+ * highest known label of each voxel's cross `steps` times (passes that do not grow with the ball), in place with
+ * copies of the two planes a pass still needs, and a voxel whose lowest or highest differs from its own label sees
+ * another. */
 #include "grow.h"
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <new>
 #include <vector>
 
 namespace {
+
+/* Balls of at most this many offsets are walked offset by offset (steps 1 and 2 in 3-D, up to 3 in plane): fewer
+ * passes than spreading takes for them, measured. */
+constexpr size_t kLargestWalkedBall = 24;
 
 using Offset = std::array<int64_t, 3>;
 
@@ -25,11 +35,12 @@ std::vector<Offset> ball(int64_t steps, bool in_plane) {
     return offsets;
 }
 
+/* seen[v] = 1 where a known voxel v + d, d in `offsets`, inside the patch has another label than v. */
 template <typename T>
-void grow_patch(T *labels, const uint8_t *known, const int64_t n[3], const std::vector<Offset> &offsets,
-                T background, std::vector<uint8_t> &seen) {
-    const int64_t plane = n[1] * n[2], size = n[0] * plane;
-    std::fill(seen.begin(), seen.end(), 0);
+void walk_ball(const T *labels, const uint8_t *known, const int64_t n[3], const std::vector<Offset> &offsets,
+               uint8_t *seen) {
+    const int64_t plane = n[1] * n[2];
+    std::fill(seen, seen + n[0] * plane, uint8_t(0));
     for (const Offset &d : offsets) {
         const int64_t step = d[0] * plane + d[1] * n[2] + d[2];
         const int64_t z0 = std::max<int64_t>(0, -d[0]), z1 = std::min(n[0], n[0] - d[0]);
@@ -39,7 +50,7 @@ void grow_patch(T *labels, const uint8_t *known, const int64_t n[3], const std::
             for (int64_t y = y0; y < y1; ++y) {
                 const int64_t row = z * plane + y * n[2];
                 const T *here = labels + row, *there = labels + row + step;
-                uint8_t *mark = seen.data() + row;
+                uint8_t *mark = seen + row;
                 if (known == nullptr) {
                     for (int64_t x = x0; x < x1; ++x) mark[x] |= static_cast<uint8_t>(here[x] != there[x]);
                 } else {
@@ -50,8 +61,84 @@ void grow_patch(T *labels, const uint8_t *known, const int64_t n[3], const std::
             }
         }
     }
+}
+
+/* Scratch of one patch for spreading: the lowest and highest labels seen, and copies of their previous and current
+ * planes. */
+template <typename T>
+struct Spread {
+    std::vector<T> low, high, planes;
+
+    Spread(int64_t size, int64_t plane)
+        : low(static_cast<size_t>(size)), high(static_cast<size_t>(size)), planes(static_cast<size_t>(4 * plane)) {}
+};
+
+/* The rows a voxel's cross reaches, as pointers to its element x: an absent neighbour row (outside the patch, or
+ * across z in plane) is the voxel's own row again, which changes no minimum or maximum. */
+template <typename T>
+struct CrossRows {
+    const T *here, *up, *down, *before, *after;
+};
+
+/* out[x] = the extreme (min with kLow, else max) of a row's cross at x: one loop, every neighbour read once. */
+template <typename T, bool kLow>
+inline void extreme_row(const CrossRows<T> &r, int64_t nx, T *__restrict out) {
+    auto pick = [](T a, T b) { return kLow ? std::min(a, b) : std::max(a, b); };
+    auto column = [&](int64_t x) {
+        return pick(pick(pick(r.here[x], r.up[x]), pick(r.down[x], r.before[x])), r.after[x]);
+    };
+    if (nx == 1) {
+        out[0] = column(0);
+        return;
+    }
+    out[0] = pick(column(0), r.here[1]);
+    for (int64_t x = 1; x + 1 < nx; ++x) out[x] = pick(column(x), pick(r.here[x - 1], r.here[x + 1]));
+    out[nx - 1] = pick(column(nx - 1), r.here[nx - 2]);
+}
+
+/* One pass: low[v] = min of low over v and its cross neighbours inside the patch (in plane: y and x only), high
+ * likewise with max, from the values before the pass. Planes z - 1 and z are read from copies; plane z + 1 is
+ * read where it lies, not yet changed. */
+template <typename T>
+void spread_once(Spread<T> &s, const int64_t n[3], bool in_plane) {
+    const int64_t plane = n[1] * n[2], nx = n[2];
+    T *before_low = s.planes.data(), *here_low = before_low + plane;
+    T *before_high = here_low + plane, *here_high = before_high + plane;
+    for (int64_t z = 0; z < n[0]; ++z) {
+        T *low = s.low.data() + z * plane, *high = s.high.data() + z * plane;
+        std::memcpy(here_low, low, static_cast<size_t>(plane) * sizeof(T));
+        std::memcpy(here_high, high, static_cast<size_t>(plane) * sizeof(T));
+        const bool has_before = !in_plane && z > 0, has_after = !in_plane && z + 1 < n[0];
+        for (int64_t y = 0; y < n[1]; ++y) {
+            const int64_t row = y * nx, up = y > 0 ? row - nx : row, down = y + 1 < n[1] ? row + nx : row;
+            const CrossRows<T> lows{here_low + row, here_low + up, here_low + down,
+                                    has_before ? before_low + row : here_low + row,
+                                    has_after ? low + plane + row : here_low + row};
+            const CrossRows<T> highs{here_high + row, here_high + up, here_high + down,
+                                     has_before ? before_high + row : here_high + row,
+                                     has_after ? high + plane + row : here_high + row};
+            extreme_row<T, true>(lows, nx, low + row);
+            extreme_row<T, false>(highs, nx, high + row);
+        }
+        std::swap(before_low, here_low);
+        std::swap(before_high, here_high);
+    }
+}
+
+/* seen[v] = 1 where a known voxel within `steps` steps of v has another label than v, by spreading. */
+template <typename T>
+void spread(const T *labels, const uint8_t *known, const int64_t n[3], int64_t steps, bool in_plane, Spread<T> &s,
+            uint8_t *seen) {
+    const int64_t size = n[0] * n[1] * n[2];
+    for (int64_t i = 0; i < size; ++i) { /* an unknown voxel offers nothing: the identity of min and of max */
+        const bool counted = known == nullptr || known[i];
+        s.low[static_cast<size_t>(i)] = counted ? labels[i] : std::numeric_limits<T>::max();
+        s.high[static_cast<size_t>(i)] = counted ? labels[i] : T(0);
+    }
+    for (int64_t step = 0; step < steps; ++step) spread_once(s, n, in_plane);
     for (int64_t i = 0; i < size; ++i)
-        if (seen[static_cast<size_t>(i)] && (known == nullptr || known[i])) labels[i] = background;
+        seen[i] = static_cast<uint8_t>(s.low[static_cast<size_t>(i)] != labels[i] ||
+                                       s.high[static_cast<size_t>(i)] != labels[i]);
 }
 
 template <typename T>
@@ -60,10 +147,19 @@ int grow_typed(T *labels, const uint8_t *known, int64_t count, const int64_t sha
     const int64_t size = shape[0] * shape[1] * shape[2];
     try {
         const std::vector<Offset> offsets = ball(steps, in_plane);
+        const bool walked = offsets.size() <= kLargestWalkedBall;
         std::vector<uint8_t> seen(static_cast<size_t>(size));
-        for (int64_t n = 0; n < count; ++n)
-            grow_patch(labels + n * size, known == nullptr ? nullptr : known + n * size, shape, offsets, background,
-                       seen);
+        Spread<T> scratch(walked ? 0 : size, walked ? 0 : shape[1] * shape[2]);
+        for (int64_t n = 0; n < count; ++n) {
+            T *patch = labels + n * size;
+            const uint8_t *counted = known == nullptr ? nullptr : known + n * size;
+            if (walked)
+                walk_ball(patch, counted, shape, offsets, seen.data());
+            else
+                spread(patch, counted, shape, steps, in_plane, scratch, seen.data());
+            for (int64_t i = 0; i < size; ++i)
+                if (seen[static_cast<size_t>(i)] && (counted == nullptr || counted[i])) patch[i] = background;
+        }
     } catch (const std::bad_alloc &) {
         return EMF_NO_MEMORY;
     }

@@ -14,15 +14,15 @@
 extern "C" {
 #endif
 
-/* The longest reach: the ball of offsets compared grows with its cube. */
-#define EMF_GROW_MAX_STEPS 8
+/* The longest reach (each step is a pass over the patch). */
+#define EMF_GROW_MAX_STEPS 64
 
 /* In `count` contiguous patches of shape[0] x shape[1] x shape[2] ids (itemsize 4 or 8, compared as bits), sets to
  * `background` every voxel whose label is not `background` where a voxel at most `steps` steps away along the axes
  * (|dz| + |dy| + |dx| <= steps, dz = 0 if in_plane), inside its patch, has another label: binary erosion of each
  * object by the axis-aligned cross, `steps` times, with the patch's outside counted as the object. Voxels where
  * `known` (as many uint8, or NULL for all) is 0 are neither changed nor compared with, as if of every label. Labels
- * are compared before any is changed. */
+ * are compared before any is changed. Scratch: two arrays of a patch's labels. */
 int emf_grow_boundary(void *labels, int itemsize, const uint8_t *known, int64_t count, const int64_t shape[3],
                       int64_t steps, int in_plane, uint64_t background);
 

@@ -259,7 +259,7 @@ def test_bad_datasets_fail_clearly(rng, tmp_path):
     with pytest.raises(ValueError, match=r"sample 'small'.*patch_out \(2, 4, 4\).*patch_in \(6, 8, 8\)"):
         ef.Loader(ef.Dataset([ef.Sample(raw, name="big"), ef.Sample(raw[:, :6, :6], name="small")]),
                   patch_in=(6, 8, 8), patch_out=(2, 4, 4))
-    with pytest.raises(ValueError, match=r"patch \(8, 4, 4\), grown by the targets' label margin \(1, 1, 1\) of "
+    with pytest.raises(ValueError, match=r"patch \(8, 4, 4\), grown by the labels' margin \(1, 1, 1\) of "
                                          r"Affinities does not fit"):
         ef.Loader(raw, labels, patch=(8, 4, 4), targets=["affinities"])
     with pytest.raises(ValueError, match="rank must be in"):

@@ -26,7 +26,7 @@ def test_the_kernel_matches_grow_boundary(rng, dtype):
         labels = blocky_labels(rng, shape[2:], block=1 + trial % 3, dtype=dtype)[None, None].repeat(2, 0)
         labels[1] = rng.permutation(labels[1].reshape(-1)).reshape(labels[1].shape)
         known = None if trial % 3 == 0 else (rng.random(shape) < 0.8).astype(np.uint8)
-        steps, in_plane = 1 + trial % 4, trial % 5 == 0
+        steps, in_plane = [1, 2, 3, 4, 7, 12][trial % 6], trial % 5 == 0
         background = [0, 1, -1 if np.dtype(dtype).kind == "i" else 3][trial % 3]
         expected = grow_boundary_reference(labels, known, steps, in_plane, background)
         grown = _targets.grow_boundary(labels.copy(), known, steps, in_plane, background)
@@ -99,9 +99,31 @@ def test_voxels_moved_in_from_outside_do_not_erode_their_neighbours(rng):
         assert (batch["labels"][known] == 5).all()
 
 
+def test_several_grows_add_up_their_reach(rng):
+    """A review: the labels' margin took the largest reach of several GrowBoundary entries, not their sum, so
+    the second grow saw labels cut too small (24 voxels differed in one example)."""
+    raw, labels, _ = volume(rng)
+    once = grow_boundary_reference(labels[None, None], None, 1)
+    twice = grow_boundary_reference(grow_boundary_reference(once, None, 2, True), None, 1)[0, 0]
+    augment = [ef.GrowBoundary(), ef.GrowBoundary(steps=2, in_plane=True), ef.GrowBoundary()]
+    with ef.Loader(ef.Sample(raw, labels), patch=(4, 16, 16), batch_size=4, seed=3, augment=augment) as loader:
+        assert loader.margin == (2, 4, 4)
+        batch = loader.next_batch()
+        for b, corner in enumerate(batch.positions):
+            window = tuple(slice(c, c + n) for c, n in zip(corner, (4, 16, 16)))
+            np.testing.assert_array_equal(batch["labels"][b, 0], twice[window])
+
+
+def test_a_patch_too_large_for_the_reach_names_it(rng):
+    raw, labels, _ = volume(rng)
+    with pytest.raises(ValueError, match=r"patch \(15, 16, 16\), grown by the labels' margin \(1, 1, 1\) of "
+                                         r"GrowBoundary does not fit"):
+        ef.Loader(ef.Sample(raw, labels), patch=(15, 16, 16), augment=[ef.GrowBoundary()])
+
+
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(steps=0), r"steps must be an integer in \[1, 8\]"),
-    (dict(steps=9), r"steps must be an integer in \[1, 8\]"),
+    (dict(steps=0), r"steps must be an integer in \[1, 64\]"),
+    (dict(steps=65), r"steps must be an integer in \[1, 64\]"),
     (dict(in_plane="no"), "in_plane must be True or False"),
     (dict(labels_mask=1), "labels_mask must be True or False"),
     (dict(background=0.5), "background must be an integer label id"),
@@ -124,9 +146,9 @@ def test_what_the_data_cannot_do_is_refused_when_the_loader_is_built(rng):
 
 def test_the_kernel_refuses_bad_arguments():
     labels = np.zeros((1, 1, 2, 3, 4), np.uint32)
-    with pytest.raises(ValueError, match=r"steps must be in \[1, 8\]"):
-        _targets.grow_boundary(labels, None, 9, False, 0)
-    with pytest.raises(ValueError, match="known must be C-contiguous and shaped like the labels"):
+    with pytest.raises(ValueError, match=r"steps must be in \[1, 64\]"):
+        _targets.grow_boundary(labels, None, 65, False, 0)
+    with pytest.raises(ValueError, match="known must be shaped like the labels"):
         _targets.grow_boundary(labels, np.ones((1, 1, 2, 3, 5), np.uint8), 1, False, 0)
     with pytest.raises(ValueError, match="must be writeable"):
         readonly = labels.copy()

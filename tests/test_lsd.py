@@ -281,7 +281,7 @@ def test_a_sample_too_thin_for_the_lsd_margin_names_the_lsd():
     margin (3, 30, 30)", naming no target (a review of 2-D use)."""
     volume = ef.Volume.from_array(np.zeros((1, 200, 200), np.uint8), resolution=(40, 4, 4))
     labels = ef.Volume.from_array(np.ones((1, 200, 200), np.uint32), resolution=(40, 4, 4))
-    with pytest.raises(ValueError, match=r"grown by the targets' label margin \(3, 30, 30\) \(LSD \(3, 30, 30\), "
+    with pytest.raises(ValueError, match=r"grown by the labels' margin \(3, 30, 30\) \(LSD \(3, 30, 30\), "
                                          r"Affinities \(0, 1, 1\)\) does not fit"):
         ef.Loader(ef.Sample(raw=volume, labels=labels), patch=(1, 64, 64),
                   targets=[ef.LSD(sigma=(40, 40, 40)), ef.Affinities(offsets=((0, -1, 0), (0, 0, -1)))])

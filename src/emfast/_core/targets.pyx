@@ -333,7 +333,7 @@ def foreground(labels, margin, background, out):
 
 
 
-#: The longest reach of :func:`grow_boundary`, in steps along the axes (its ball of offsets grows with the cube).
+#: The longest reach of :func:`grow_boundary`, in steps along the axes (each a pass over the labels).
 MAX_GROW_STEPS = EMF_GROW_MAX_STEPS
 
 
@@ -370,9 +370,10 @@ def grow_boundary(labels, known, steps, bint in_plane, background):
     if known is not None:
         known = plain_array(known, "known")
         dtype_code(known.dtype, "known", (np.dtype(np.uint8),))
-        if known.shape != labels.shape or not known.flags.c_contiguous:
-            raise ValueError(f"known must be C-contiguous and shaped like the labels {labels.shape}, got "
-                             f"{known.shape}")
+        if known.shape != labels.shape:
+            raise ValueError(f"known must be shaped like the labels {labels.shape}, got {known.shape}")
+        if not known.flags.c_contiguous:
+            raise ValueError("known must be C-contiguous")
         if np.may_share_memory(known, labels):
             raise ValueError("known must not overlap the labels")
     if labels.size == 0:

@@ -22,15 +22,18 @@ class GrowBoundary(Augmentation):
     times by the axis-aligned cross) has another label, background included. Networks trained on the grown
     labels learn thicker boundaries, which split touching objects more reliably.
 
-    It changes the labels of every example (no draws), where it is listed among the pixel-wise augmentations,
-    before the targets are computed; the loader cuts the labels larger by ``steps`` (z: 0 with ``in_plane``) so
-    that the labels it delivers, and the targets, equal those of the whole volume grown. Voxels whose label is
-    unknown (``labels_valid`` 0: moved in from outside the data) are not compared with, and stay as they are.
+    It changes the labels of every example (no draws) after the geometric augmentations, in the batch's axes
+    (as gunpowder's after ``SimpleAugment``: with a transpose that moves z, ``in_plane`` grows the window's y and
+    x), where it is listed among the pixel-wise ones, before the targets are computed. The loader cuts the labels
+    larger by ``steps`` (z: 0 with ``in_plane``; several entries add up), so that the labels it delivers, and the
+    targets, equal those of the whole volume grown; windows keep that far from the labels' edge. Voxels whose
+    label is unknown (``labels_valid`` 0: moved in from outside the data, or marked by an earlier
+    ``Slip(labels="mask")``) are not compared with, and stay as they are.
 
     Parameters
     ----------
     steps : int
-        How far boundaries grow into each object, in voxels along the axes, in [1, 8].
+        How far boundaries grow into each object, in voxels along the axes, in [1, 64].
     in_plane : bool
         Grow in y and x only, each section on its own (gunpowder's ``only_xy``), for anisotropic EM.
     background : int

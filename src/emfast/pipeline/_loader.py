@@ -211,10 +211,10 @@ class Loader:
                 _of_item(index, target.kind, target.check, self.dataset.samples[0].placed_labels.volume.dtype)
                 _of_item(index, target.kind, _check_target_fields, target)
             margin = _targets.required_margin(self.targets) if self.targets else (0, 0, 0)
-        # labels changed from their neighbours (GrowBoundary) are cut larger by that reach, so that those the
-        # targets and the batch see equal the whole volume's
-        reach = [a.label_reach() for _, a in changing]
-        self.margin = tuple(m + max((r[axis] for r in reach), default=0) for axis, m in enumerate(margin))
+        # labels changed from their neighbours (GrowBoundary) are cut larger by each change's reach, the changes
+        # adding up, so that those the targets and the batch see equal the whole volume's
+        self._label_reaches = [(type(a).__name__, a.label_reach()) for _, a in changing]
+        self.margin = tuple(m + sum(r[axis] for _, r in self._label_reaches) for axis, m in enumerate(margin))
         self.keep_labels = setting("keep_labels", keep_labels)
         self.progress = setting("progress", progress)
         self.close_data = setting("close_data", close_data)
@@ -231,6 +231,7 @@ class Loader:
             self._bind_augmentations(fields)
         with concerning(setting=PATCH_KEYS):
             margins = [(type(t).__name__, tuple(int(m) for m in t.margin())) for t in self.targets if any(t.margin())]
+            margins += [(name, tuple(reach)) for name, reach in self._label_reaches]
             self.regions = fitting_regions(self.dataset.samples, self.patch_in, self.patch_out, self.margin,
                                            np.asarray(self._perms), self._own_fields, self._common_grid, margins,
                                            mask_margin=self._mask_with_labels)

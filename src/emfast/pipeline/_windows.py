@@ -74,9 +74,10 @@ def fitting_regions(samples: Sequence, patch_in: tuple, patch_out: tuple, margin
                     mask_margin: bool = False) -> List[Region]:
     """Per sample, the box where output windows fit with every field's window inside its volume.
 
-    ``margin`` is the targets' label margin, ``own`` the fields at their own voxel size and ``grid`` the common
-    grid output windows snap to (see :func:`field_bounds`); ``margins``, (name, margin) of each target needing one,
-    for the refusal of a sample too small; ``mask_margin``: the mask is cut with the label margin too.
+    ``margin`` is the labels' margin (the targets', plus the reach of augmentations changing the labels), ``own``
+    the fields at their own voxel size and ``grid`` the common grid output windows snap to (see
+    :func:`field_bounds`); ``margins``, (name, margin) of each target or augmentation needing one, for the refusal
+    of a sample too small; ``mask_margin``: the mask is cut with the label margin too.
     """
     context = window_extents([(i - o) // 2 for i, o in zip(patch_in, patch_out)], perms).max(axis=0)
     label_margin = window_extents(margin, perms).max(axis=0)
@@ -113,7 +114,7 @@ def _not_fitting(sample, perm, extent, patch_in: tuple, patch_out: tuple, margin
     # named: an LSD's sigma along z was an unexplained margin on 2-D data
     owners = f" of {margins[0][0]}" if len(margins) == 1 else \
         f" ({', '.join(f'{name} {need}' for name, need in margins)})" if margins else ""
-    margin_note = (f"{' and' if grown else ', grown'} by the targets' label margin {margin}{owners}") \
+    margin_note = (f"{' and' if grown else ', grown'} by the labels' margin {margin}{owners}") \
         if any(margin) else ""
     return (f"sample {sample.name!r}: {patch_name} {patch_out}{transposed}{grown}{margin_note} does "
             f"not fit in its data (raw {sample.raw.shape}" +
