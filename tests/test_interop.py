@@ -810,15 +810,19 @@ def test_info_and_check_show_world_extents_and_partial_overlap(tmp_path, capsys)
             "[(0, 4, 0), (8, 20, 16)); only partly overlapping: 75.0% of its voxels lie in raw") in out
 
 
-def test_hdf5_and_n5_with_axes_in_another_order_are_refused_naming_them(tmp_path):
-    """HDF5 and N5 are read in stored order only: axes named in another order are refused, never transposed
-    silently."""
+def test_hdf5_with_axes_in_another_order_reads_transposed_and_n5_is_refused(tmp_path):
+    """HDF5 axes named in another order (funlib's axis_names, with the voxel size listed in that order) are read
+    transposed, lazily too; N5 is read in stored order only: such axes are refused, never transposed silently."""
+    data = random_volume(np.uint8)  # stored (x, y, z)
     with h5py.File(tmp_path / "s.h5", "w") as f:
-        f.create_dataset("raw", data=random_volume(np.uint8)).attrs["axis_names"] = ["x", "y", "z"]
-    with pytest.raises(StoreMetadataError, match=r"s.h5:raw \(attributes\): its axes are in the order it stores "
-                                                 r"them, \(x, y, z\); this format is read only with its axes in the "
-                                                 r"order \(c, z, y, x\)"):
-        ef.open(tmp_path / "s.h5/raw")
+        node = f.create_dataset("raw", data=data, chunks=(4, 5, 3))
+        node.attrs["axis_names"], node.attrs["voxel_size"], node.attrs["offset"] = ["x", "y", "z"], [4, 8, 40], \
+            [0, 16, 80]
+    for in_memory in (True, False):
+        volume = ef.open(tmp_path / "s.h5/raw", in_memory=in_memory)
+        assert volume.shape == data.shape[::-1] and volume.resolution == (40, 8, 4)
+        assert volume.offset == (80, 16, 0)
+        np.testing.assert_array_equal(volume[:, :, :][0], data.transpose())
     z5py = needs("z5py")
     dataset = z5py.File(str(tmp_path / "s.n5"), mode="a").create_dataset("raw", data=random_volume(np.uint8),
                                                                         chunks=(4, 5, 3))
@@ -860,27 +864,60 @@ def _positional(shape):
     return sum(weights[axis] * grid for axis, grid in zip(shape, grids)).astype(np.uint16)
 
 
-def test_an_ilastik_export_is_refused_by_its_axistags_not_read_transposed(tmp_path):
+def test_an_ilastik_export_is_read_in_the_order_its_axistags_give(tmp_path, capsys):
     """ilastik exports channel-last with the axis order in an ``axistags`` JSON attribute: a (z, y, x, c) export
-    was read as (c, z, y, x), z taken for channels and channels for x, silently; a 2-D (y, x, c) one as a volume
-    of z = y."""
-    def export(name, axes):
-        shape = {axis: {"c": 2, "z": 4, "y": 5, "x": 6}[axis] for axis in axes}
+    was read as (c, z, y, x), z taken for channels and channels for x, silently (then refused); it is read
+    transposed, in memory and lazily, whole and by boxes across its chunks. A 2-D (y, x, c) one is no volume."""
+    def export(name, axes, chunks=None):
+        shape = {axis: {"c": 2, "z": 9, "y": 10, "x": 11}[axis] for axis in axes}
         tags = {"axes": [{"key": key, "typeFlags": 1 if key == "c" else 2, "resolution": 0, "description": ""}
                          for key in axes]}
         with h5py.File(tmp_path / name, "w") as f:
-            f["exported_data"] = _positional(shape)
+            f.create_dataset("exported_data", data=_positional(shape), chunks=chunks, compression="gzip"
+                             if chunks else None)
             f["exported_data"].attrs["axistags"] = json.dumps(tags, indent=2)
         return tmp_path / name
 
-    for in_memory in (True, False):
-        with pytest.raises(StoreMetadataError, match=r"its axes are in the order it stores them, \(z, y, x, c\); "
-                                                     r".*np\.moveaxis\(data, -1, 0\) for a channel-last export"):
-            ef.hdf5(export("probabilities.h5", "zyxc"), "exported_data", in_memory=in_memory)
+    expected = _positional({"c": 2, "z": 9, "y": 10, "x": 11})
+    for name, axes, chunks in [("probabilities.h5", "zyxc", None), ("chunked.h5", "zyxc", (4, 4, 5, 1)),
+                               ("first.h5", "czyx", (1, 4, 4, 5)), ("xyzc.h5", "xyzc", (5, 4, 4, 2))]:
+        for in_memory in (True, False):
+            volume = ef.hdf5(export(name, axes, chunks), "exported_data", in_memory=in_memory)
+            assert volume.shape == (9, 10, 11) and volume.channels == 2, (name, in_memory)
+            np.testing.assert_array_equal(volume[:, :, :], expected)
+            np.testing.assert_array_equal(volume[3:7, 2:9, 4:11], expected[:, 3:7, 2:9, 4:11])
+            volume.close()
+    from emfast.cli import main
+
+    assert main(["info", str(tmp_path / "probabilities.h5")]) == 0
+    assert "shape=(9, 10, 11, 2) dtype=uint16 chunks=None (read as (c, z, y, x) (2, 9, 10, 11))" in \
+        capsys.readouterr().out
     with pytest.raises(StoreMetadataError, match="an image without a z axis"):
         ef.hdf5(export("image.h5", "yxc"), "exported_data")
-    volume = ef.hdf5(export("ordered.h5", "czyx"), "exported_data")  # the order emfast reads: as it is
-    assert volume.array[1, 2, 3, 4] == 1234
+
+
+def test_an_ilastik_export_trains_and_converts_as_its_reordered_array(tmp_path):
+    """An ilastik probability export as the training mask and a convert's source: the same batches as the array
+    stored (c, z, y, x), and a store written in that order."""
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 255, (12, 40, 40)).astype(np.uint8)
+    labels = rng.integers(1, 5, raw.shape).astype(np.uint64)
+    mask = (rng.random(raw.shape) < 0.8).astype(np.uint8)
+    tags = {"axes": [{"key": key, "typeFlags": 1 if key == "c" else 2, "resolution": 0, "description": ""}
+                     for key in "zyxc"]}
+    with h5py.File(tmp_path / "ilastik.h5", "w") as f:
+        f.create_dataset("exported_data", data=mask[..., np.newaxis], chunks=(4, 16, 16, 1))
+        f["exported_data"].attrs["axistags"] = json.dumps(tags)
+    kwargs = dict(patch=(4, 16, 16), batch_size=4, seed=2, augment=["mirror", "transpose"], sampler=ef.Masked())
+    exported = ef.hdf5(tmp_path / "ilastik.h5", "exported_data", in_memory=False)
+    with ef.Loader(ef.Sample(raw, labels, mask=exported), **kwargs) as theirs, \
+            ef.Loader(ef.Sample(raw, labels, mask=mask), **kwargs) as ours:
+        for _ in range(3):
+            one, two = theirs.next_batch(), ours.next_batch()
+            for name in ("raw", "labels", "mask"):
+                np.testing.assert_array_equal(one[name], two[name])
+    ef.io.convert(tmp_path / "ilastik.h5/exported_data", tmp_path / "mask.zarr/mask")
+    np.testing.assert_array_equal(ef.open(tmp_path / "mask.zarr/mask")[:, :, :], mask[np.newaxis])
 
 
 @pytest.mark.parametrize("names", [["z", "y", "x", "c"], ["x", "y", "z"], ["c", "z", "y", "x"]])

@@ -111,6 +111,10 @@ def _hdf5_datasets(file: h5py.File, container: Path, names: List[str], named: st
                 volume = None
                 if node.ndim in (3, 4):
                     summary += f" (not read as a volume: {error})"
+            if volume is not None:  # axes stored in another order (an ilastik export's): read transposed
+                read = ((volume.channels,) if node.ndim == 4 else ()) + tuple(volume.shape)
+                if read != tuple(node.shape):
+                    summary += f" (read as ({'c, ' if node.ndim == 4 else ''}z, y, x) {read})"
             yield Listed(name, summary, dict(node.attrs), volume)
 
 

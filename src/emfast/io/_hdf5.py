@@ -34,7 +34,7 @@ from . import _deflate
 from ._decode import SideBySide
 from ._filebatch import descriptor_hint
 from ._hdf5files import OPEN_FILES, close_files, most_open, open_identity
-from ._geometry import GEOMETRY_KEYS, array_geometry, check_dimensions, ilastik_axes
+from ._geometry import CANONICAL, GEOMETRY_KEYS, array_geometry, check_dimensions, ilastik_axes
 from ._metadata import parsing
 from ._outputs import OutputLock, warn_if_unfinished
 from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, VolumeSource, checked_chunk, local_path,
@@ -188,7 +188,8 @@ def _applied(node: h5py.Dataset, index: int) -> bool:
 class Hdf5Source(VolumeSource):
     """One dataset of an HDF5 file; resolution and offset from its ``resolution`` (or ``voxel_size``) and
     ``offset`` attributes, in (z, y, x) order as gunpowder and CREMI write them, with funlib's ``axis_names`` and
-    ``units`` (see :mod:`emfast.io._geometry`; axes named in another order are refused)."""
+    ``units`` (see :mod:`emfast.io._geometry`), and ilastik's ``axistags``; axes stored in another order (an
+    ilastik export's (z, y, x, c)) are read box by box through h5py and transposed, except in virtual datasets."""
 
     def __init__(self, path: Union[str, os.PathLike], dataset: str) -> None:
         if not isinstance(dataset, str):  # h5py's own TypeError named neither
@@ -225,24 +226,31 @@ class Hdf5Source(VolumeSource):
         resolved = [source.file.resolve() for source in self._sources]
         self._source_states = [opened.get(file) for file in resolved]  # None: the file itself, watched as a whole
         self._watched_elsewhere = (self._data_path,) + tuple(resolved)
-        self.full_shape = tuple(int(s) for s in node.shape)
-        self.channels = self.full_shape[0] if len(self.full_shape) == 4 else 1
-        self.dtype = np.dtype(node.dtype)
-        self.chunks = tuple(int(c) for c in node.chunks[-3:]) if node.chunks is not None else None
-        check_dimensions(len(self.full_shape), self.name)  # the shape's fault, not the attributes'
+        stored_shape = tuple(int(s) for s in node.shape)
+        check_dimensions(len(stored_shape), self.name)  # the shape's fault, not the attributes'
         where = f"{self.name} (attributes)"
         with parsing(where):  # a byte string no UTF-8 (b"\xb5m") is malformed metadata, named
             attrs = {key: plain_attribute(node.attrs[key]) for key in GEOMETRY_KEYS if key in node.attrs}
-            # ilastik's exports are channel-last, their axes named only there: read as (c, z, y, x), silently
-            # transposed (z taken for channels, channels for x)
+            # ilastik's exports are channel-last, their axes named only there (they were read as (c, z, y, x),
+            # z taken for channels and channels for x)
             tags = ilastik_axes(node.attrs.get("axistags"))
-            geometry = array_geometry(attrs, len(self.full_shape), where, dimension_names=tags,
+            geometry = array_geometry(attrs, len(stored_shape), where, dimension_names=tags,
                                       names_key="ilastik axistags")
-        geometry.require_canonical(where, "; write it in that order (e.g. np.moveaxis(data, -1, 0) for a channel-last "
-                                          "export), or pass the reordered array (ef.Volume.from_array)")
+        if self._sources:  # a virtual dataset's sources are placed in stored order
+            geometry.require_canonical(where, "; write it in that order, or pass the reordered array "
+                                              "(ef.Volume.from_array)")
+        #: Stored axes in emfast's order (c, z, y, x), as np.transpose takes them; None where stored so.
+        self._to_canonical = None if geometry.canonical else \
+            tuple(geometry.axes.index(axis) for axis in CANONICAL if axis in geometry.axes)
+        self._stored_axes = geometry.axes
+        self.full_shape = self._canonical(stored_shape)
+        self.channels = self.full_shape[0] if len(self.full_shape) == 4 else 1
+        self.dtype = np.dtype(node.dtype)
+        self.chunks = self._canonical(node.chunks)[-3:] if node.chunks is not None else None
         self.resolution, self.offset = geometry.resolution, geometry.offset
         self.translation = _binned_translation(node.attrs.get(TRANSLATION_ATTRIBUTE), self.offset)
-        self._direct = _DirectChunkReader.for_dataset(node)
+        # stored in another order: read through h5py, box by box, and transposed
+        self._direct = _DirectChunkReader.for_dataset(node) if self._to_canonical is None else None
         # HDF5 reads a whole dataset without filters faster itself; deflate goes faster through libdeflate
         self.whole_by_chunks = self._direct is not None and self._direct.inflates
         # a box's chunks decompressed side by side where that pays, as measured for this filter and chunk size
@@ -256,6 +264,15 @@ class Hdf5Source(VolumeSource):
         self._users, self._parkable, self._user_closed = 0, status is not None, False
         self._reopen_lock = threading.Lock()
         OPEN_FILES.add(self)
+
+    def _canonical(self, stored: Sequence[int]) -> Tuple[int, ...]:
+        """A shape (or chunk shape) in stored order, in emfast's order (c, z, y, x)."""
+        stored = tuple(int(n) for n in stored)
+        return stored if self._to_canonical is None else tuple(stored[i] for i in self._to_canonical)
+
+    def _stored(self, at: dict) -> tuple:
+        """One value per stored axis, in stored order, from ``at`` ({axis role: value})."""
+        return tuple(at[axis] for axis in self._stored_axes)
 
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
         with self._held():
@@ -331,7 +348,10 @@ class Hdf5Source(VolumeSource):
             return
         box = tuple(slice(c, c + e) for c, e in zip(corner, extent))
         try:
-            if self._dataset.ndim == 4:
+            if self._to_canonical is not None:
+                stored = self._dataset[self._stored(dict(zip("zyx", box), c=slice(None)))]
+                np.copyto(out, np.transpose(stored, self._to_canonical).reshape(out.shape))
+            elif self._dataset.ndim == 4:
                 self._dataset.read_direct(out, source_sel=(slice(None),) + box)
             else:
                 self._dataset.read_direct(out[0], source_sel=box)
@@ -449,10 +469,10 @@ class Hdf5Source(VolumeSource):
             with HDF5_LOCK:
                 spans = [(dataset.id.get_offset(), dataset.id.get_storage_size())]
         else:
-            channel_chunk = dataset.chunks[0] if dataset.ndim == 4 else self.channels
+            channel_chunk = self._canonical(dataset.chunks)[0] if dataset.ndim == 4 else self.channels
             spans = []
             for c0 in range(0, self.channels, channel_chunk):
-                coord = ((c0,) if dataset.ndim == 4 else ()) + where
+                coord = self._stored(dict(zip("zyx", where), c=c0))
                 try:
                     with HDF5_LOCK:
                         info = dataset.id.get_chunk_info_by_coord(coord)
