@@ -890,8 +890,15 @@ def test_an_ilastik_export_is_read_in_the_order_its_axistags_give(tmp_path, caps
     from emfast.cli import main
 
     assert main(["info", str(tmp_path / "probabilities.h5")]) == 0
-    assert "shape=(9, 10, 11, 2) dtype=uint16 chunks=None (read as (c, z, y, x) (2, 9, 10, 11))" in \
-        capsys.readouterr().out
+    assert "shape=(9, 10, 11, 2) dtype=uint16 chunks=None (axes stored (z, y, x, c), read as (c, z, y, x) " \
+           "(2, 9, 10, 11))" in capsys.readouterr().out
+    # a time axis stored last is read as a first one is (as channels), not a KeyError (a review)
+    timed = export("timed.h5", "zyxc", (4, 5, 5, 1))
+    with h5py.File(timed, "r+") as f:
+        f["exported_data"].attrs["axistags"] = json.dumps({"axes": [{"key": key} for key in "zyxt"]})
+    for in_memory in (True, False):
+        np.testing.assert_array_equal(ef.hdf5(timed, "exported_data", in_memory=in_memory)[:, :, :], expected)
+    assert main(["info", str(timed)]) == 0 and "axes stored (z, y, x, t)" in capsys.readouterr().out
     with pytest.raises(StoreMetadataError, match="an image without a z axis"):
         ef.hdf5(export("image.h5", "yxc"), "exported_data")
 

@@ -102,19 +102,21 @@ def _hdf5_datasets(file: h5py.File, container: Path, names: List[str], named: st
     with file:
         for name in names:
             node = file[name]
-            summary = dataset_summary(node)
+            summary, stored = dataset_summary(node), None
             try:
-                volume = Volume.open(Hdf5Source(container, name), in_memory=False)
+                source = Hdf5Source(container, name)
+                stored = source.stored_axes
+                volume = Volume.open(source, in_memory=False)
             except (TypeError, ValueError) as error:  # malformed geometry, a dtype volumes do not hold, a table
                 if name == named and isinstance(error, StoreMetadataError):
                     raise
                 volume = None
                 if node.ndim in (3, 4):
                     summary += f" (not read as a volume: {error})"
-            if volume is not None:  # axes stored in another order (an ilastik export's): read transposed
+            if volume is not None and stored is not None:  # axes stored in another order: read transposed
                 read = ((volume.channels,) if node.ndim == 4 else ()) + tuple(volume.shape)
-                if read != tuple(node.shape):
-                    summary += f" (read as ({'c, ' if node.ndim == 4 else ''}z, y, x) {read})"
+                summary += (f" (axes stored ({', '.join(stored)}), read as ({'c, ' if node.ndim == 4 else ''}z, y, "
+                            f"x) {read})")
             yield Listed(name, summary, dict(node.attrs), volume)
 
 

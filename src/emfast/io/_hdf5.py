@@ -37,8 +37,8 @@ from ._hdf5files import OPEN_FILES, close_files, most_open, open_identity
 from ._geometry import CANONICAL, GEOMETRY_KEYS, array_geometry, check_dimensions, ilastik_axes
 from ._metadata import parsing
 from ._outputs import OutputLock, warn_if_unfinished
-from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, VolumeSource, checked_chunk, local_path,
-                      require_kind)
+from ._source import (CorruptChunkError, DatasetNotFoundError, Stamp, StoreMetadataError, VolumeSource, checked_chunk,
+                      local_path, require_kind)
 from ._volume import Volume
 
 _DIRECT_FILTERS = {h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_DEFLATE}
@@ -236,9 +236,11 @@ class Hdf5Source(VolumeSource):
             tags = ilastik_axes(node.attrs.get("axistags"))
             geometry = array_geometry(attrs, len(stored_shape), where, dimension_names=tags,
                                       names_key="ilastik axistags")
-        if self._sources:  # a virtual dataset's sources are placed in stored order
-            geometry.require_canonical(where, "; write it in that order, or pass the reordered array "
-                                              "(ef.Volume.from_array)")
+        if self._sources and not geometry.canonical:  # a virtual dataset's sources are placed in stored order
+            raise StoreMetadataError(f"{where}: its axes are in the order it stores them, "
+                                     f"({', '.join(geometry.axes)}); a virtual HDF5 dataset is read only with its "
+                                     "axes in the order (c, z, y, x): map its sources in that order, or pass the "
+                                     "reordered array (ef.Volume.from_array)")
         #: Stored axes in emfast's order (c, z, y, x), as np.transpose takes them; None where stored so.
         self._to_canonical = None if geometry.canonical else \
             tuple(geometry.axes.index(axis) for axis in CANONICAL if axis in geometry.axes)
@@ -270,9 +272,16 @@ class Hdf5Source(VolumeSource):
         stored = tuple(int(n) for n in stored)
         return stored if self._to_canonical is None else tuple(stored[i] for i in self._to_canonical)
 
+    @property
+    def stored_axes(self) -> Optional[Tuple[str, ...]]:
+        """The stored axes' roles in stored order where they are not in emfast's order (read transposed), else
+        None."""
+        return None if self._to_canonical is None else tuple(self._stored_axes)
+
     def _stored(self, at: dict) -> tuple:
-        """One value per stored axis, in stored order, from ``at`` ({axis role: value})."""
-        return tuple(at[axis] for axis in self._stored_axes)
+        """One value per stored axis, in stored order, from ``at`` ({axis role: value}; a time axis is read as
+        channels are)."""
+        return tuple(at["c" if axis == "t" else axis] for axis in self._stored_axes)
 
     def read(self, corner: Sequence[int], extent: Sequence[int], out: np.ndarray) -> None:
         with self._held():
