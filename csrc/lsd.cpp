@@ -286,12 +286,17 @@ struct Scratch {
 struct Settings {
     int64_t shape[3], margin[3], out[3];
     double variance_floor[3];
+    bool planar; /* each section on its own: the six channels of (y, x) */
 };
+
+/* Channels written per voxel. */
+inline int64_t channels_of(const Settings &s) { return s.planar ? 6 : 10; }
 
 inline float unit(double value) { return static_cast<float>(std::min(1.0, std::max(0.0, value))); }
 
-/* The ten descriptor channels of one voxel from its moments, written with channel stride `channel`. */
-inline void finish_voxel(const double m[kMoments], const double floor[3], float *out, int64_t channel) {
+/* The descriptor channels of one voxel from its moments, written with channel stride `channel`: the ten, or in
+ * plane the six of y and x (lsds' 2-D order: mean offset y, x; variance y, x; pearson yx; size). */
+inline void finish_voxel(const double m[kMoments], const double floor[3], bool planar, float *out, int64_t channel) {
     const double inv = 1.0 / m[M0];
     const double mean[3] = {m[MZ] * inv, m[MY] * inv, m[MX] * inv};
     const double var[3] = {std::max(m[MZZ] * inv - mean[0] * mean[0], floor[0]),
@@ -301,6 +306,15 @@ inline void finish_voxel(const double m[kMoments], const double floor[3], float 
                            m[MYX] * inv - mean[1] * mean[2]};
     const double pearson[3] = {cov[0] / std::sqrt(var[0] * var[1]), cov[1] / std::sqrt(var[0] * var[2]),
                                cov[2] / std::sqrt(var[1] * var[2])};
+    if (planar) {
+        for (int a = 0; a < 2; ++a) {
+            out[a * channel] = unit(0.5 * mean[1 + a] + 0.5);
+            out[(2 + a) * channel] = unit(var[1 + a]);
+        }
+        out[4 * channel] = unit(0.5 * pearson[2] + 0.5);
+        out[5 * channel] = unit(m[M0]);
+        return;
+    }
     for (int a = 0; a < 3; ++a) {
         out[a * channel] = unit(0.5 * mean[a] + 0.5);
         out[(3 + a) * channel] = unit(var[a]);
@@ -468,7 +482,7 @@ void pass_z(const Objects &objects, const Extent &e, const Settings &s, const Ke
                 for (int64_t i = start; i < end; ++i) {
                     double m[kMoments];
                     for (int c = 0; c < kMoments; ++c) m[c] = moments[c][i];
-                    finish_voxel(m, s.variance_floor, target + i, channel);
+                    finish_voxel(m, s.variance_floor, s.planar, target + i, channel);
                 }
             }
         }
@@ -519,8 +533,8 @@ void lsd_typed(const emf_labels &labels, const Settings &s, const Kernel1d kerne
     Scratch scratch;
     for (int64_t n = 0; n < labels.count; ++n) {
         const T *patch_labels = static_cast<const T *>(labels.data) + n * patch;
-        float *patch_out = out + n * 10 * out_size;
-        std::fill(patch_out, patch_out + 10 * out_size, 0.0f);
+        float *patch_out = out + n * channels_of(s) * out_size;
+        std::fill(patch_out, patch_out + channels_of(s) * out_size, 0.0f);
         const Objects objects = find_objects(patch_labels, s.shape, has_background, background, has_ignore, ignore);
         for (const Object &object : objects.list) object_descriptors(objects, object, s, kernel, scratch, patch_out);
         object_mask(patch_labels, s, has_background, background, has_ignore, ignore, mask + n * out_size);
@@ -533,8 +547,9 @@ extern "C" {
 
 int emf_lsd(const emf_labels *labels, const double sigma[3], const int64_t radius[3],
             const double variance_floor[3], int has_background, uint64_t background, int has_ignore,
-            uint64_t ignore, float *out, uint8_t *mask) {
+            uint64_t ignore, int planar, float *out, uint8_t *mask) {
     Settings s;
+    s.planar = planar != 0;
     for (int a = 0; a < 3; ++a) {
         s.shape[a] = labels->shape[a];
         s.margin[a] = labels->margin[a];

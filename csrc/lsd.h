@@ -29,10 +29,12 @@
 extern "C" {
 #endif
 
-/* out: contiguous float32 (count, 10, Zo, Yo, Xo); mask: contiguous uint8 (count, 1, Zo, Yo, Xo). */
+/* out: contiguous float32 (count, 10, Zo, Yo, Xo); mask: contiguous uint8 (count, 1, Zo, Yo, Xo). With
+ * `planar`, each section on its own (the caller passes radius[0] = 0, so the z kernel is the section itself): out
+ * holds lsds' six 2-D channels (count, 6, Zo, Yo, Xo), channels 1, 2, 4, 5, 8, 9 of the ten. */
 int emf_lsd(const emf_labels *labels, const double sigma[3], const int64_t radius[3],
             const double variance_floor[3], int has_background, uint64_t background, int has_ignore,
-            uint64_t ignore, float *out, uint8_t *mask);
+            uint64_t ignore, int planar, float *out, uint8_t *mask);
 
 #ifdef __cplusplus
 }

@@ -47,6 +47,52 @@ def test_lsd_agrees_with_lsds(path):
     np.testing.assert_array_equal(mask[ours[9] == 0], 0)  # only background has no size
 
 
+PLANAR = sorted((pathlib.Path(__file__).parent / "reference_lsds" / "planar").glob("*.npz"))
+
+
+@pytest.mark.parametrize("path", PLANAR, ids=[path.stem for path in PLANAR])
+def test_lsd_in_plane_agrees_with_lsds_2d_descriptors_of_each_section(path):
+    """lsds describes a 2-D segmentation with six channels; LSD(in_plane=True) gives them for every section."""
+    case = load_fixture(path)
+    voxel_size, sigma = tuple(case["voxel_size"]), tuple(case["sigma"])
+    ours, mask = descriptors(case["segmentation"], (voxel_size[0] / 2,) + sigma, voxel_size, in_plane=True)
+    expected = case["lsds"].astype(np.float32)
+    assert ours.shape == expected.shape == (6,) + case["segmentation"].shape
+    error = np.abs(ours - expected).max(axis=(1, 2, 3))
+    assert np.all(error <= TOLERANCE), f"largest error per channel: {np.round(error, 4)}"
+    np.testing.assert_array_equal(mask[ours[5] == 0], 0)  # only background has no size
+
+
+def test_lsd_in_plane_needs_no_margin_along_z_and_cuts_like_the_whole_volume():
+    case = load_fixture(PLANAR[0].with_name("planar_random.npz"))
+    segmentation, voxel_size = case["segmentation"], tuple(case["voxel_size"])
+    spec = LSD(sigma=(1.0,) + tuple(case["sigma"]), voxel_size=voxel_size, in_plane=True)
+    margin = spec.margin()
+    assert margin == (0, 6, 5) and spec.outputs()["lsd"][0] == 6
+    whole = compute_targets(segmentation[None, None], [spec])["lsd"][0]
+    window = (slice(1, 4), slice(6, 8), slice(5, 12))
+    cut = segmentation[tuple(slice(w.start - m, w.stop + m) for w, m in zip(window, margin))]
+    ours = compute_targets(cut[None, None], [spec], margin)["lsd"][0]
+    np.testing.assert_array_equal(ours, whole[(slice(None),) + window])
+
+
+def test_a_loader_delivers_lsds_in_plane_on_two_dimensional_patches(tmp_path):
+    case = load_fixture(PLANAR[0].with_name("planar_random.npz"))
+    segmentation, voxel_size = case["segmentation"], tuple(case["voxel_size"])
+    raw = ef.Volume.from_array(np.zeros(segmentation.shape, np.uint8), resolution=voxel_size)
+    labels = ef.Volume.from_array(segmentation, resolution=voxel_size)
+    spec = LSD(sigma=(1.0,) + tuple(case["sigma"]), in_plane=True)
+    with ef.Loader(ef.Sample(raw, labels), patch=(1, 2, 6), batch_size=4, seed=1, augment=[],
+                   targets=[spec]) as loader:
+        batch = loader.next_batch()
+        assert batch["lsd"].shape == (4, 6, 1, 2, 6) and batch["lsd_mask"].any()
+        expected = case["lsds"].astype(np.float32)
+        for b, corner in enumerate(batch.positions):
+            window = (slice(None),) + tuple(slice(c, c + n) for c, n in zip(corner, (1, 2, 6)))
+            known = batch["lsd_mask"][b, 0].astype(bool)
+            assert np.abs(batch["lsd"][b][:, known] - expected[window][:, known]).max() <= TOLERANCE
+
+
 @pytest.mark.parametrize("dtype", [np.uint32, np.uint64, np.int64, np.int32])
 def test_lsd_depends_on_ids_only_through_equality(dtype):
     case = load_fixture(FIXTURES[0].with_name("random_isotropic.npz"))
@@ -146,6 +192,7 @@ def test_sigma_below_the_voxel_size_is_refused_at_construction():
     with pytest.raises(ValueError, match=r"along x \(3 < 4\)"):
         LSD(sigma=(40, 8, 3), voxel_size=(40, 4, 4))
     assert LSD(sigma=(40, 4, 4), voxel_size=(40, 4, 4)).margin() == (3, 3, 3)  # exactly one voxel is fine
+    assert LSD(sigma=(1, 8, 8), voxel_size=(40, 4, 4), in_plane=True).margin() == (0, 6, 6)  # z unused in plane
 
 
 @pytest.mark.parametrize("make, match", [
@@ -157,6 +204,7 @@ def test_sigma_below_the_voxel_size_is_refused_at_construction():
     (lambda: LSD(sigma=80, voxel_size="40"), r"LSD: voxel_size must be 3 finite numbers"),
     (lambda: LSD(sigma=80, background=1.5), r"LSD: background must be an integer label id or None"),
     (lambda: LSD(sigma=80, name="my lsd"), r"LSD: name must be a non-empty identifier"),
+    (lambda: LSD(sigma=80, in_plane="yes"), r"LSD: in_plane must be True or False"),
 ])
 def test_bad_specifications_are_refused(make, match):
     with pytest.raises(ValueError, match=match):

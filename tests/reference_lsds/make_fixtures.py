@@ -8,7 +8,8 @@ does not import emfast)::
 
 It writes one ``<case>.npz`` per case beside itself, holding the segmentation (uint64), the voxel size and sigma
 (world units), and ``lsds`` as float16 (10, Z, Y, X): ``get_local_shape_descriptors(segmentation, sigma,
-voxel_size=voxel_size)`` in gaussian mode over the whole array. float16 keeps the files small; its rounding
+voxel_size=voxel_size)`` in gaussian mode over the whole array; and under ``planar/`` the 2-D descriptors of each
+section (6, Z, Y, X), with sigma and the voxel size of (y, x). float16 keeps the files small; its rounding
 (<= 2.5e-4 in [0, 1]) is far below the 0.01 the tests allow.
 """
 import pathlib
@@ -66,6 +67,15 @@ CASES = {
 }
 
 
+#: Described in plane, section by section, as lsds describes a 2-D segmentation (written to planar/): sigma and
+#: voxel size of (y, x), the volume's z voxel size only placing the sections.
+PLANAR_CASES = {
+    "planar_random": (lambda rng: random_segmentation(rng, (5, 14, 17)), (1, 1, 2), (2.0, 3.0)),
+    "planar_neurites_sigma40": (lambda rng: neurite_segmentation(rng, (6, 32, 30), (40, 4, 4), 6),
+                                (40, 4, 4), (40.0, 32.0)),
+}
+
+
 def main(names):
     for number, (name, (make, voxel_size, sigma)) in enumerate(CASES.items()):
         if names and name not in names:
@@ -76,6 +86,17 @@ def main(names):
                             sigma=np.array(sigma), lsds=lsds.astype(np.float16))
         print(f"{name}: segmentation {segmentation.shape}, {len(np.unique(segmentation))} ids, "
               f"voxel size {voxel_size}, sigma {sigma}")
+    (HERE / "planar").mkdir(exist_ok=True)
+    for number, (name, (make, voxel_size, sigma)) in enumerate(PLANAR_CASES.items(), start=len(CASES)):
+        if names and name not in names:
+            continue
+        segmentation = make(np.random.default_rng(number))
+        lsds = np.stack([local_shape_descriptor.get_local_shape_descriptors(section, sigma,
+                                                                            voxel_size=voxel_size[1:])
+                         for section in segmentation], axis=1)  # (6, Z, Y, X)
+        np.savez_compressed(HERE / "planar" / f"{name}.npz", segmentation=segmentation,
+                            voxel_size=np.array(voxel_size), sigma=np.array(sigma), lsds=lsds.astype(np.float16))
+        print(f"planar/{name}: segmentation {segmentation.shape}, voxel size {voxel_size}, sigma (y, x) {sigma}")
 
 
 if __name__ == "__main__":

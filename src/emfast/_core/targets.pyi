@@ -5,6 +5,7 @@ import numpy as np
 
 LABEL_DTYPES: Tuple[np.dtype, ...]
 LSD_CHANNELS: int
+LSD_PLANAR_CHANNELS: int
 BALANCED_DTYPES: Tuple[np.dtype, ...]
 MAX_BALANCED_CLASSES: int
 MAX_GROW_STEPS: int
@@ -24,5 +25,5 @@ def grow_boundary(labels: np.ndarray, known: Optional[np.ndarray], steps: int, i
 def foreground(labels: np.ndarray, margin: Sequence[int], background: int, out: np.ndarray) -> np.ndarray: ...
 def lsd(labels: np.ndarray, margin: Sequence[int], sigma: Sequence[float], variance_floor: Sequence[float],
         background: Optional[int], ignore: Optional[int], out: np.ndarray,
-        mask: np.ndarray) -> Tuple[np.ndarray, np.ndarray]: ...
+        mask: np.ndarray, planar: bool = False) -> Tuple[np.ndarray, np.ndarray]: ...
 def lsd_radius(sigma: Sequence[float]) -> Tuple[int, ...]: ...

@@ -56,7 +56,7 @@ cdef extern from "grow.h" nogil:
 cdef extern from "lsd.h" nogil:
     int emf_lsd(const emf_labels *labels, const double *sigma, const int64_t *radius,
                 const double *variance_floor, int has_background, uint64_t background, int has_ignore,
-                uint64_t ignore, float *out, uint8_t *mask)
+                uint64_t ignore, int planar, float *out, uint8_t *mask)
 
 
 _AXES = "zyx"
@@ -471,6 +471,8 @@ def balance(values, mask, Py_ssize_t classes, clip_min, clip_max, bint per_chann
 
 #: Channels of a local shape descriptor: mean offset (z, y, x), variance (z, y, x), pearson (zy, zx, yx), size.
 LSD_CHANNELS = 10
+#: Channels of one described in plane (lsds' 2-D): mean offset (y, x), variance (y, x), pearson (yx), size.
+LSD_PLANAR_CHANNELS = 6
 
 
 def _three_numbers(values, what):
@@ -492,9 +494,9 @@ def lsd_radius(sigma):
     return tuple(int(3.0 * float(s) + 0.5) for s in sigma)
 
 
-def lsd(labels, margin, sigma, variance_floor, background, ignore, out, mask):
-    """Local shape descriptors of a label batch into ``out`` (B, 10, Zo, Yo, Xo) float32 and ``mask``
-    (B, 1, Zo, Yo, Xo) uint8, without the GIL.
+def lsd(labels, margin, sigma, variance_floor, background, ignore, out, mask, bint planar=False):
+    """Local shape descriptors of a label batch into ``out`` (B, 10, Zo, Yo, Xo) float32 (``planar``: lsds' six
+    2-D channels of each section, (B, 6, Zo, Yo, Xo)) and ``mask`` (B, 1, Zo, Yo, Xo) uint8, without the GIL.
 
     The gaussian mode of funkelab's lsds, per object (voxels of one id other than ``background`` and
     ``ignore``), with gaussians of standard deviation ``sigma`` voxels truncated at :func:`lsd_radius`; label
@@ -508,15 +510,17 @@ def lsd(labels, margin, sigma, variance_floor, background, ignore, out, mask):
     margin : (int, int, int)
         Label voxels on each side of the output region, >= 0, with 2 * margin < label extent.
     sigma : (float, float, float)
-        Standard deviation of the gaussian per axis in voxels, >= 1.
+        Standard deviation of the gaussian per axis in voxels, >= 1 (z: unused with ``planar``).
     variance_floor : (float, float, float)
         Smallest variance per axis, in units of sigma squared (lsds floors variances at 1e-3 world units squared).
     background, ignore : int or None
         Label ids without a descriptor (None: no such id); each must be representable in the labels' dtype.
     out : ndarray
-        (B, 10, Zo, Yo, Xo) float32, C-contiguous, written.
+        (B, 10, Zo, Yo, Xo) float32 (``planar``: 6 channels), C-contiguous, written.
     mask : ndarray
         (B, 1, Zo, Yo, Xo) uint8, C-contiguous, written.
+    planar : bool
+        Each section on its own, as lsds describes a 2-D segmentation.
 
     Returns
     -------
@@ -526,6 +530,8 @@ def lsd(labels, margin, sigma, variance_floor, background, ignore, out, mask):
     shape = labels.shape[2:]
     cdef tuple m = _margin(margin, shape)
     sigma = _three_numbers(sigma, "sigma")
+    if planar:  # the z kernel is the section itself
+        sigma = (1.0,) + sigma[1:]
     variance_floor = _three_numbers(variance_floor, "variance_floor")
     if not all(1.0 <= v < float("inf") for v in sigma):
         raise _refusal(f"sigma must be >= 1 voxel along each axis, got {sigma}", "sigma")
@@ -536,14 +542,15 @@ def lsd(labels, margin, sigma, variance_floor, background, ignore, out, mask):
     cdef int64_t c_radius[3]
     for axis, reach in enumerate(lsd_radius(sigma)):
         c_sigma[axis] = sigma[axis]
-        c_radius[axis] = reach
+        c_radius[axis] = 0 if planar and axis == 0 else reach
         c_floor[axis] = variance_floor[axis]
     cdef int has_background = background is not None
     cdef int has_ignore = ignore is not None
     cdef uint64_t c_background = _label_bits(background, labels.dtype, "background") if has_background else 0
     cdef uint64_t c_ignore = _label_bits(ignore, labels.dtype, "ignore") if has_ignore else 0
     result = (out, mask)
-    out = _plain_out(out, "out", _out_shape(labels, m, LSD_CHANNELS), (np.dtype(np.float32),), labels)
+    out = _plain_out(out, "out", _out_shape(labels, m, LSD_PLANAR_CHANNELS if planar else LSD_CHANNELS),
+                     (np.dtype(np.float32),), labels)
     mask = _plain_out(mask, "mask", _out_shape(labels, m, 1), (np.dtype(np.uint8),), labels)
     if np.may_share_memory(out, mask):
         raise ValueError("out and mask must not overlap")
@@ -556,6 +563,6 @@ def lsd(labels, margin, sigma, variance_floor, background, ignore, out, mask):
     cdef int status
     with nogil:
         status = emf_lsd(&desc, c_sigma, c_radius, c_floor, has_background, c_background, has_ignore, c_ignore,
-                         c_out, c_mask)
+                         planar, c_out, c_mask)
     check_status(status, "lsd")
     return result

@@ -69,6 +69,11 @@ class LSD(Target):
         voxels were not theirs. None for none.
     name : str
         Field name of the descriptors; the mask is ``name + "_mask"``.
+    in_plane : bool
+        Describe each section on its own, as lsds describes a 2-D segmentation (for networks predicting 2-D
+        descriptors of anisotropic EM): six channels, mean offset (y, x), variance (y, x), pearson (yx) and size,
+        lsds' 2-D order (channels 1, 2, 4, 5, 8 and 9 of the ten); only sigma's y and x are used, and the labels
+        need no margin along z.
     """
 
     sigma: Optional[Union[float, Sequence[float]]] = None
@@ -76,6 +81,7 @@ class LSD(Target):
     background: Optional[int] = 0
     ignore: Optional[int] = None
     name: str = "lsd"
+    in_plane: bool = False
     kind: ClassVar[str] = "lsd"
 
     def __post_init__(self) -> None:
@@ -90,17 +96,20 @@ class LSD(Target):
         self.background = _check_id(self.background, "background", owner, optional=True)
         self.ignore = _check_id(self.ignore, "ignore", owner, optional=True)
         self.name = _check_name(self.name, owner)
+        if not isinstance(self.in_plane, (bool, np.bool_)):
+            raise refusal(f"{owner}: in_plane must be True or False, got {self.in_plane!r}", "in_plane")
+        self.in_plane = bool(self.in_plane)
 
     def _check_sigma_covers_voxels(self, voxel_size: Tuple[float, float, float], what: str) -> None:
         """A gaussian narrower than a voxel sees only the voxel itself: refuse it, naming the axis and numbers."""
         for axis, (sigma, voxel) in enumerate(zip(self.sigma, voxel_size)):
-            if sigma < voxel:
+            if sigma < voxel and not (self.in_plane and axis == 0):
                 raise ValueError(f"LSD: sigma {self.sigma} is below the {what} {voxel_size} along {'zyx'[axis]} "
                                  f"({sigma:g} < {voxel:g}); sigma must be at least one voxel along each axis")
 
     @property
     def channels(self) -> int:
-        return _targets.LSD_CHANNELS
+        return _targets.LSD_PLANAR_CHANNELS if self.in_plane else _targets.LSD_CHANNELS
 
     @property
     def mask_name(self) -> str:
@@ -134,8 +143,10 @@ class LSD(Target):
         return tuple(s / v for s, v in zip(self.sigma, self._voxel_size()))
 
     def margin(self) -> Margin:
-        """The gaussian's reach in voxels, int(3 sigma + 0.5) per axis (scipy's truncation, which lsds uses)."""
-        return _targets.lsd_radius(self.sigma_voxels())
+        """The gaussian's reach in voxels, int(3 sigma + 0.5) per axis (scipy's truncation, which lsds uses); none
+        along z in plane."""
+        reach = _targets.lsd_radius(self.sigma_voxels())
+        return (0,) + reach[1:] if self.in_plane else reach
 
     def outputs(self) -> Dict[str, Tuple[int, np.dtype]]:
         return {self.name: (self.channels, np.dtype(np.float32)), self.mask_name: (1, np.dtype(np.uint8))}
@@ -147,7 +158,8 @@ class LSD(Target):
         descriptors, mask = self._arrays(out)
         # lsds floors variances at 1e-3 world units squared; the kernel works in units of sigma.
         floor = tuple(1e-3 / (s * s) for s in self.sigma)  # s ** 2 of a sigma of 1e200 raised OverflowError
-        _targets.lsd(labels, margin, self.sigma_voxels(), floor, self.background, self.ignore, descriptors, mask)
+        _targets.lsd(labels, margin, self.sigma_voxels(), floor, self.background, self.ignore, descriptors, mask,
+                     self.in_plane)
         reach = self.margin()
         for axis in range(3):  # voxels whose gaussian leaves the patch: their descriptor is not fully known
             cut = max(0, reach[axis] - int(margin[axis]))
