@@ -35,13 +35,15 @@ std::vector<Offset> ball(int64_t steps, bool in_plane) {
     return offsets;
 }
 
-/* seen[v] = 1 where a known voxel v + d, d in `offsets`, inside the patch has another label than v. */
+/* seen[v] = 1 where a known voxel v + d, d in `offsets`, inside the patch has another label than v. The ball is
+ * symmetric: each pair (v, v + d) is compared once, for the offsets d after 0 in (z, y, x) order, and marks both. */
 template <typename T>
 void walk_ball(const T *labels, const uint8_t *known, const int64_t n[3], const std::vector<Offset> &offsets,
                uint8_t *seen) {
     const int64_t plane = n[1] * n[2];
     std::fill(seen, seen + n[0] * plane, uint8_t(0));
     for (const Offset &d : offsets) {
+        if (d < Offset{0, 0, 0}) continue;  /* its pair is compared from the other end */
         const int64_t step = d[0] * plane + d[1] * n[2] + d[2];
         const int64_t z0 = std::max<int64_t>(0, -d[0]), z1 = std::min(n[0], n[0] - d[0]);
         const int64_t y0 = std::max<int64_t>(0, -d[1]), y1 = std::min(n[1], n[1] - d[1]);
@@ -50,13 +52,20 @@ void walk_ball(const T *labels, const uint8_t *known, const int64_t n[3], const 
             for (int64_t y = y0; y < y1; ++y) {
                 const int64_t row = z * plane + y * n[2];
                 const T *here = labels + row, *there = labels + row + step;
-                uint8_t *mark = seen + row;
+                uint8_t *mark = seen + row, *mark_there = seen + row + step;
                 if (known == nullptr) {
-                    for (int64_t x = x0; x < x1; ++x) mark[x] |= static_cast<uint8_t>(here[x] != there[x]);
+                    for (int64_t x = x0; x < x1; ++x) {
+                        const uint8_t other = static_cast<uint8_t>(here[x] != there[x]);
+                        mark[x] |= other;
+                        mark_there[x] |= other;
+                    }
                 } else {
-                    const uint8_t *counts = known + row + step;
-                    for (int64_t x = x0; x < x1; ++x)
-                        mark[x] |= static_cast<uint8_t>((here[x] != there[x]) & (counts[x] != 0));
+                    const uint8_t *counts = known + row, *counts_there = known + row + step;
+                    for (int64_t x = x0; x < x1; ++x) {
+                        const uint8_t other = static_cast<uint8_t>(here[x] != there[x]);
+                        mark[x] |= other & static_cast<uint8_t>(counts_there[x] != 0);
+                        mark_there[x] |= other & static_cast<uint8_t>(counts[x] != 0);
+                    }
                 }
             }
         }
