@@ -25,8 +25,9 @@ def _check_voxel_size(value, what: str) -> Tuple[float, float, float]:
 @register("target")
 @dataclass
 class LSD(Target):
-    """Local shape descriptors (Sheridan et al., Nature Methods 2023): ten float32 channels describing, around
-    each voxel, the shape of the object it belongs to, with a mask of the voxels whose descriptor is defined.
+    """Local shape descriptors (Sheridan et al., Nature Methods 2023): ten float32 channels (six in plane)
+    describing, around each voxel, the shape of the object it belongs to, with a mask of the voxels whose
+    descriptor is defined.
 
     The gaussian mode of funkelab's ``lsds`` package (``get_local_shape_descriptors``), in its channel order and
     value range: each object (the voxels of one id) is weighted by a gaussian of standard deviation ``sigma``
@@ -43,10 +44,11 @@ class LSD(Target):
     belong to no object (lsds' zero padding), so values agree with ``lsds`` run on the label patch. Differences
     from ``lsds``: moments are taken about each voxel in float32/float64 rather than from absolute coordinates in
     float32, so where an object is one voxel thick along an axis (variance near 0) the pearson channels are exact
-    here and rounding noise there; ``downsample`` and the ``sphere`` mode are not offered; ``background`` and
-    ``ignore`` may be any ids (lsds: 0 only).
+    here and rounding noise there (in plane too); ``downsample`` and the ``sphere`` mode are not offered;
+    ``background`` and ``ignore`` may be any ids (lsds: 0 only); voxel sizes are taken as given (lsds rounds them
+    down to integers, so they agree for integer voxel sizes).
 
-    The mask (field ``name + "_mask"``, one uint8 channel, broadcast over the ten) is 0 on ``background`` and
+    The mask (field ``name + "_mask"``, one uint8 channel, broadcast over the channels) is 0 on ``background`` and
     ``ignore`` voxels, on voxels whose gaussian reaches past the label patch (their descriptor depends on labels
     the patch does not hold, as at the border of :func:`compute_targets` with a margin below :meth:`margin`),
     and inside a loader on voxels whose gaussian reaches an unknown label (moved in by a warp); else 1.
