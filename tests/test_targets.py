@@ -142,6 +142,22 @@ def test_unlabelled_masks_the_affinities_between_two_unlabelled_voxels_as_gunpow
         assert both.any()
 
 
+@pytest.mark.parametrize("margin", MARGINS)
+@pytest.mark.parametrize("offsets", ["negative", "long-range"])  # gunpowder's own definition fails beyond the patch
+def test_an_unlabelled_region_given_apart_from_the_labels_masks_as_gunpowders_array(rng, margin, offsets):
+    """compute_targets(unlabelled={id: region}): the region where the labels held the id before they changed (a
+    GrowBoundary), as gunpowder's separate unlabelled array: its mask times 1 - seg_to_affgraph(region)."""
+    offsets = OFFSETS[offsets]
+    labels = random_labels(rng, np.uint64)
+    region = (rng.random(labels.shape) < 0.4).astype(np.uint8)
+    inner = (slice(None), slice(None)) + tuple(slice(m, s - m) for m, s in zip(margin, labels.shape[2:]))
+    out = compute_targets(labels, [Affinities(offsets=offsets, unlabelled=0)], margin, unlabelled={0: region})
+    expected, known = affinities_reference(labels, offsets, margin)
+    both = np.stack([seg_to_affgraph(patch[0].astype(np.int32), offsets) for patch in region])[inner]
+    np.testing.assert_array_equal(out["affinities"], expected)
+    np.testing.assert_array_equal(out["affinities_mask"], known * (1 - both))
+
+
 def test_an_object_next_to_the_unlabelled_region_ends_there():
     labels = np.array([0, 0, 5, 5, 5, 0, 0], np.uint32).reshape(1, 1, 1, 1, 7)
     out = compute_targets(labels, [Affinities(offsets=[(0, 0, -1)], unlabelled=0)])

@@ -153,6 +153,9 @@ class Gatherer:
         self.keep_labels = keep_labels
         self._by_name = {f.name: f for f in fields}
         self.track_valid = track_valid and "labels" in self._by_name
+        #: The targets' unlabelled ids, where an augmentation changes the labels they are read from.
+        self._unlabelled_ids = sorted({t.unlabelled for t in self.targets if t.unlabelled is not None}) \
+            if any(a.changes_labels for _, a in self.pixelwise) else []
         self._target_fields = {}
         for target in self.targets:
             for name, (channels, dtype) in target.outputs().items():
@@ -228,12 +231,15 @@ class Gatherer:
                 self._warp(f, plan, warp, out, valid if f.name == "labels" else None, profile)
             windows[f.name] = out
         labels = windows.get("labels")
+        unlabelled = None  # the targets' unlabelled regions as the labels held them before any change (GrowBoundary)
         if self.pixelwise:
             with profile.timer("augment"):
                 patches = Patches(raw=windows["raw"], labels=labels, labels_offset=self._offset_from_raw("labels"),
                                   labels_valid=valid, valid=plan.valid, mask=windows.get("mask"),
                                   mask_offset=self._offset_from_raw("mask"), extras=self._extras(windows))
                 for position, augmentation in self.pixelwise:
+                    if augmentation.changes_labels and unlabelled is None and self._unlabelled_ids:
+                        unlabelled = {u: np.equal(labels, u).view(np.uint8) for u in self._unlabelled_ids}
                     augmentation.process(plan.records[position], patches)
         if labels is not None and self.keep_labels and not self._by_name["labels"].delivered:
             np.copyto(arrays["labels"], self._inner(labels))
@@ -244,7 +250,8 @@ class Gatherer:
             with profile.timer("targets"):
                 compute_targets(labels, self.targets, self.margin,
                                 out={name: arrays[name] for name in self._target_fields}, valid=valid,
-                                mask=mask if any(t.labels_mask for t in self.targets) else None)
+                                mask=mask if any(t.labels_mask for t in self.targets) else None,
+                                unlabelled=unlabelled)
         if valid is not None:
             np.copyto(arrays["labels_valid"], self._inner(valid))
 

@@ -56,7 +56,8 @@ class Affinities(Target):
         Label id of the region nobody annotated, as gunpowder's ``AddAffinities(unlabelled=...)`` (with its array
         0 where the labels hold this id; lsd's sparse training sets use ``unlabelled=0``): affinities between two
         such voxels are masked, while those from an object into it stay 0 and are trained on (an object ends there).
-        None for none.
+        The region is the labels' before a :class:`~emfast.GrowBoundary` (gunpowder's unlabelled array is apart from
+        the labels it grows): voxels grown into background are still annotated. None for none.
     """
 
     offsets: Sequence[Sequence[int]] = ((-1, 0, 0), (0, -1, 0), (0, 0, -1))
@@ -135,9 +136,30 @@ class Affinities(Target):
             np.bitwise_and(mask[:, k], inner, out=mask[:, k])
             np.bitwise_and(mask[:, k], neighbour, out=mask[:, k])
 
-    def compute(self, labels, margin, out) -> None:
+    def compute(self, labels, margin, out, unlabelled: Optional[np.ndarray] = None) -> None:
+        """As :meth:`Target.compute`; ``unlabelled`` (uint8 0/1, shaped like the labels), where given, is the
+        unannotated region instead of the voxels labelled :attr:`unlabelled`."""
         affinities, mask = self._arrays(out)
         _targets.affinities(labels, self.offsets, margin, self.background, self.ignore, affinities, mask,
-                            self.unlabelled)
+                            self.unlabelled if unlabelled is None else None)
+        if unlabelled is not None:
+            self._mask_pairs(unlabelled, margin, mask)
+
+    def _mask_pairs(self, region: np.ndarray, margin: Sequence[int], mask: np.ndarray) -> None:
+        """Mask the affinities whose voxel and neighbour both lie in ``region`` (B, 1, Zi, Yi, Xi) uint8 0/1; a
+        neighbour outside the patch is masked already."""
+        extent = region.shape[2:]
+        offsets = [tuple(max(-n, min(d, n)) for d, n in zip(offset, extent)) for offset in self.offsets]
+        reach = [max(0, max(abs(o[axis]) for o in offsets) - int(margin[axis])) for axis in range(3)]
+        if any(reach):  # neighbours past the patch: none in the region (steps beyond it land outside, as clamped)
+            region = np.pad(region, [(0, 0), (0, 0)] + [(r, r) for r in reach])
+        m = [int(a) + r for a, r in zip(margin, reach)]
+        shape = region.shape[2:]
+        inner = region[:, 0, m[0]:shape[0] - m[0], m[1]:shape[1] - m[1], m[2]:shape[2] - m[2]]
+        for k, offset in enumerate(offsets):
+            neighbour = region[:, 0, m[0] + offset[0]:shape[0] - m[0] + offset[0],
+                               m[1] + offset[1]:shape[1] - m[1] + offset[1],
+                               m[2] + offset[2]:shape[2] - m[2] + offset[2]]
+            mask[:, k] &= ~(inner & neighbour) & 1
 
 

@@ -90,6 +90,9 @@ class Target:
     name: str
     #: Whether the sample's mask, cut like the labels, masks this target too (see :meth:`mask_unknown`).
     labels_mask: bool = False
+    #: The label id of the unannotated region, for targets that mask it (its :meth:`compute` then also takes
+    #: ``unlabelled=``, the region given apart from the labels).
+    unlabelled: Optional[int] = None
 
     @property
     def channels(self) -> int:

@@ -61,7 +61,8 @@ def required_margin(targets: Sequence[Target]) -> Margin:
 def compute_targets(labels: np.ndarray, targets: Union[TargetLike, Iterable[TargetLike]],
                     margin: Sequence[int] = (0, 0, 0),
                     out: Optional[Dict[str, np.ndarray]] = None,
-                    valid: Optional[np.ndarray] = None, mask: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
+                    valid: Optional[np.ndarray] = None, mask: Optional[np.ndarray] = None,
+                    unlabelled: Optional[Dict[int, np.ndarray]] = None) -> Dict[str, np.ndarray]:
     """Compute ``targets`` for a label batch, each with one kernel call that releases the GIL.
 
     Parameters
@@ -86,6 +87,10 @@ def compute_targets(labels: np.ndarray, targets: Union[TargetLike, Iterable[Targ
     mask : ndarray, optional
         (B, 1, Zi, Yi, Xi) like the labels, any dtype, non-zero where the labels may be used (the sample's mask, cut
         like them): the targets with ``labels_mask=True`` mask what touches a voxel where it is 0.
+    unlabelled : dict of int to ndarray, optional
+        {id: (B, 1, Zi, Yi, Xi), non-zero where the labels held that id before they were changed (a loader's
+        :class:`~emfast.GrowBoundary` turns objects' edges into background)}: the targets with ``unlabelled=id``
+        take the unlabelled region from here, as gunpowder's separate unlabelled array, not from ``labels``.
 
     Returns
     -------
@@ -112,7 +117,11 @@ def compute_targets(labels: np.ndarray, targets: Union[TargetLike, Iterable[Targ
         if field not in result:
             result[field] = np.empty(_targets.output_shape(labels, margin, channels), dtype=dtype)
     for target in targets:
-        target.compute(labels, margin, result)
+        region = None if unlabelled is None or target.unlabelled is None else unlabelled.get(target.unlabelled)
+        if region is None:
+            target.compute(labels, margin, result)
+        else:
+            target.compute(labels, margin, result, unlabelled=_like_labels(region, labels, "unlabelled"))
         if valid is not None:
             target.mask_unknown(valid, margin, result)
         if target.labels_mask:
