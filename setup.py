@@ -48,7 +48,7 @@ EXTENSIONS = [
     extension("common", []),
     extension("gather", ["gather.cpp"], ["gather.h", "half.h"]),
     extension("random", ["philox.cpp"], ["philox.h"]),
-    extension("targets", ["targets.cpp", "lsd.cpp", "grow.cpp"], ["targets.h", "lsd.h", "grow.h"]),
+    extension("targets", ["targets.cpp", "lsd.cpp", "grow.cpp"], ["targets.h", "lsd.h", "grow.h", "vector.h"]),
     extension("intensity", ["intensity.cpp", "philox.cpp"], ["intensity.h", "half.h", "philox.h"]),
     extension("warp", ["warp.cpp", "gather.cpp"], ["warp.h", "gather.h", "half.h", "vector.h"]),
     extension("sampling", ["sampling.cpp"], ["sampling.h"]),

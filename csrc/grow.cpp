@@ -5,6 +5,7 @@
  * copies of the two planes a pass still needs, and a voxel whose lowest or highest differs from its own label sees
  * another. */
 #include "grow.h"
+#include "vector.h"
 
 #include <algorithm>
 #include <array>
@@ -175,19 +176,49 @@ int grow_typed(T *labels, const uint8_t *known, int64_t count, const int64_t sha
     return EMF_OK;
 }
 
+/* The comparisons of 64-bit labels vectorise with AVX2 (a 64-bit compare SSE2 lacks): 1.5x on a demo window. */
+emf_vector::Avx2Switch avx2_switch;
+
+#ifdef EMF_HAVE_AVX2_BUILD
+template <typename T>
+EMF_AVX2_BUILD int grow_avx2(T *labels, const uint8_t *known, int64_t count, const int64_t shape[3], int64_t steps,
+                             bool in_plane, T background) {
+    return grow_typed(labels, known, count, shape, steps, in_plane, background);
+}
+#endif
+
+template <typename T>
+int grow_chosen(T *labels, const uint8_t *known, int64_t count, const int64_t shape[3], int64_t steps, bool in_plane,
+                T background) {
+#ifdef EMF_HAVE_AVX2_BUILD
+    if (avx2_switch.used()) return grow_avx2(labels, known, count, shape, steps, in_plane, background);
+#endif
+    return grow_typed(labels, known, count, shape, steps, in_plane, background);
+}
+
 }  // namespace
 
 extern "C" {
+
+void emf_grow_allow_avx2(int allowed) { avx2_switch.allow(allowed); }
+
+int emf_grow_uses_avx2(void) {
+#ifdef EMF_HAVE_AVX2_BUILD
+    return avx2_switch.used();
+#else
+    return 0;
+#endif
+}
 
 int emf_grow_boundary(void *labels, int itemsize, const uint8_t *known, int64_t count, const int64_t shape[3],
                       int64_t steps, int in_plane, uint64_t background) {
     switch (itemsize) {
         case 4:
-            return grow_typed(static_cast<uint32_t *>(labels), known, count, shape, steps, in_plane != 0,
-                              static_cast<uint32_t>(background));
+            return grow_chosen(static_cast<uint32_t *>(labels), known, count, shape, steps, in_plane != 0,
+                               static_cast<uint32_t>(background));
         case 8:
-            return grow_typed(static_cast<uint64_t *>(labels), known, count, shape, steps, in_plane != 0,
-                              static_cast<uint64_t>(background));
+            return grow_chosen(static_cast<uint64_t *>(labels), known, count, shape, steps, in_plane != 0,
+                               static_cast<uint64_t>(background));
         default: return EMF_BAD_DTYPE;
     }
 }

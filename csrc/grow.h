@@ -26,6 +26,10 @@ extern "C" {
 int emf_grow_boundary(void *labels, int itemsize, const uint8_t *known, int64_t count, const int64_t shape[3],
                       int64_t steps, int in_plane, uint64_t background);
 
+/* The AVX2 build of the kernel, where compiled in and the CPU has it, unless not allowed (see vector.h). */
+void emf_grow_allow_avx2(int allowed);
+int emf_grow_uses_avx2(void);
+
 #ifdef __cplusplus
 }
 #endif

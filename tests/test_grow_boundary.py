@@ -203,6 +203,27 @@ def test_a_config_names_grow_boundary(rng, tmp_path):
     assert info.value.path == "augment[0].grow_boundary.in_plane", str(info.value)
 
 
+def test_the_avx2_build_and_the_baseline_grow_the_same_labels(rng, tmp_path):
+    """The kernel runs an AVX2 build where the CPU has one; EMFAST_NO_AVX2 (read at import, so in a process of
+    its own here) runs the baseline: the same labels, for every way the kernel walks or spreads."""
+    import os
+    import subprocess
+    import sys
+
+    labels = blocky_labels(rng, (6, 40, 41), ids=6, block=2)[None, None].repeat(2, 0)
+    known = (rng.random(labels.shape) < 0.9).astype(np.uint8)
+    np.save(tmp_path / "labels.npy", labels)
+    np.save(tmp_path / "known.npy", known)
+    cases = [(steps, in_plane) for steps in (1, 2, 5) for in_plane in (False, True)]
+    script = (f"import numpy as np; from emfast._core import targets as t; assert not t.grow_uses_avx2(); "
+              f"labels, known = np.load({str(tmp_path / 'labels.npy')!r}), np.load({str(tmp_path / 'known.npy')!r}); "
+              f"np.save({str(tmp_path / 'baseline.npy')!r}, np.stack([t.grow_boundary(labels.copy(), k, s, p, 0) "
+              f"for s, p in {cases!r} for k in (None, known)]))")
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120, env=dict(os.environ, EMFAST_NO_AVX2="1"))
+    ours = np.stack([_targets.grow_boundary(labels.copy(), k, s, p, 0) for s, p in cases for k in (None, known)])
+    np.testing.assert_array_equal(ours, np.load(tmp_path / "baseline.npy"))
+
+
 def test_the_kernel_releases_the_gil(rng):
     labels = blocky_labels(rng, (32, 128, 128))[None, None].repeat(4, 0)
     assert_releases_gil(_targets.grow_boundary, labels, None, 2, False, 0)

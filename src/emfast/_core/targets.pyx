@@ -10,6 +10,7 @@ with the GIL released; kernels assume valid input, all checking is here. The use
 """
 import numbers
 import operator
+import os
 
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 
@@ -52,6 +53,8 @@ cdef extern from "grow.h" nogil:
     int EMF_GROW_MAX_STEPS
     int emf_grow_boundary(void *labels, int itemsize, const uint8_t *known, int64_t count, const int64_t *shape,
                           int64_t steps, int in_plane, uint64_t background)
+    void emf_grow_allow_avx2(int allowed)
+    int emf_grow_uses_avx2()
 
 cdef extern from "lsd.h" nogil:
     int emf_lsd(const emf_labels *labels, const double *sigma, const int64_t *radius,
@@ -566,3 +569,12 @@ def lsd(labels, margin, sigma, variance_floor, background, ignore, out, mask, bi
                          planar, c_out, c_mask)
     check_status(status, "lsd")
     return result
+
+
+def grow_uses_avx2():
+    """Whether :func:`grow_boundary` runs its AVX2 build here (the same labels; compiled in, supported by this
+    CPU, and the environment variable ``EMFAST_NO_AVX2`` unset when this module was imported)."""
+    return bool(emf_grow_uses_avx2())
+
+
+emf_grow_allow_avx2(0 if "EMFAST_NO_AVX2" in os.environ else 1)
