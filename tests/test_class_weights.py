@@ -108,7 +108,8 @@ def test_a_config_names_class_weights(tmp_path):
     config = tmp_path / "train.yaml"
     config.write_text("data:\n  samples:\n    - {name: s, file: s.h5, raw: raw, labels: labels}\n"
                       "loader: {patch: [4, 16, 16], batch_size: 2}\n"
-                      "targets:\n  - affinities\n  - class_weights: {of: affinities, per: channel, clip: [0.1, null]}\n")
+                      "targets:\n  - affinities\n"
+                      "  - class_weights: {of: affinities, per: channel, clip: [0.1, null]}\n")
     with load_config(config).loader() as loader:
         batch = loader.next_batch()
         expected = class_weights_reference(batch["affinities"], batch["affinities_mask"], clip=(0.1, None),
@@ -181,6 +182,7 @@ def test_valid_of_any_dtype_counts_non_zero_as_known(rng):
     ([ef.Affinities(), ef.ClassWeights("affinities_mask")], "does not hold class ids"),
     ([ef.Classes(), ef.ClassWeights("classes", classes=2)], r"classes \[0, 1, 2\], not all in \[0, 2\)"),
     ([ef.Classes(values=(-1, 0, 1)), ef.ClassWeights("classes")], r"negative class ids \[-1\]"),
+    ([ef.Classes(values=(0, 1, 2000000)), ef.ClassWeights("classes")], r"class ids up to 2000000, more classes"),
 ])
 def test_bad_sources_are_refused_naming_them(targets, match):
     with pytest.raises(ValueError, match=match):

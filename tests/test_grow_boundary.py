@@ -99,6 +99,19 @@ def test_the_unlabelled_region_is_the_labels_before_they_grow(rng):
                                        rtol=1e-6)
 
 
+def test_a_slip_after_the_grow_is_refused_where_the_unlabelled_region_could_not_follow(rng):
+    """A last read: the unlabelled region, kept apart from the labels before GrowBoundary, did not move with a
+    Slip listed after it (2617 affinities masked between voxels of objects in 5 batches)."""
+    raw, labels, _ = volume(rng)
+    targets = [ef.Affinities(unlabelled=0)]
+    with pytest.raises(ValueError, match=r"Slip moves sections after GrowBoundary changed the labels, .* list Slip "
+                                         r"before GrowBoundary"):
+        ef.Loader(ef.Sample(raw, labels), patch=(4, 16, 16), augment=[ef.GrowBoundary(), ef.Slip()], targets=targets)
+    for augment in ([ef.Slip(), ef.GrowBoundary()], [ef.GrowBoundary(), ef.Slip()]):  # fine: the order, no region
+        ef.Loader(ef.Sample(raw, labels), patch=(4, 16, 16), augment=augment,
+                  targets=targets if augment[0].name == "slip" else [ef.Affinities()]).close()
+
+
 def test_mirrored_and_lazy_loaders_grow_the_same_labels(rng, tmp_path):
     raw, labels, mask = volume(rng)
     with h5py.File(tmp_path / "s.h5", "w") as f:

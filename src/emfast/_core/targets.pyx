@@ -334,8 +334,6 @@ def foreground(labels, margin, background, out):
     return out
 
 
-
-
 #: The longest reach of :func:`grow_boundary`, in steps along the axes (each a pass over the labels).
 MAX_GROW_STEPS = EMF_GROW_MAX_STEPS
 
@@ -436,7 +434,7 @@ def balance(values, mask, Py_ssize_t classes, clip_min, clip_max, bint per_chann
         If a value is not an integer in [0, ``classes``), naming it and its position.
     """
     values = plain_array(values, "values")
-    dtype_code(values.dtype, "values", BALANCED_DTYPES)
+    cdef emf_dtype code = dtype_code(values.dtype, "values", BALANCED_DTYPES)
     if values.ndim != 5 or not values.flags.c_contiguous:
         raise ValueError(f"values must be a C-contiguous (B, C, Z, Y, X) array, got shape {values.shape}")
     out = _plain_out(out, "out", values.shape, (np.dtype(np.float32),), values)
@@ -455,7 +453,6 @@ def balance(values, mask, Py_ssize_t classes, clip_min, clip_max, bint per_chann
         return out
     cdef int64_t slabs = values.shape[0] * (values.shape[1] if per_channel else 1)
     cdef int64_t slab_size = values.size // slabs
-    cdef emf_dtype code = dtype_code(values.dtype, "values", BALANCED_DTYPES)
     cdef void *c_values = cnp.PyArray_DATA(<cnp.ndarray> values)
     cdef uint8_t *c_mask = NULL
     if mask is not None:

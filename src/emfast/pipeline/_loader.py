@@ -195,6 +195,7 @@ class Loader:
             for sample in self.dataset.samples:
                 _augment.check_voxel_sizes(self.augmentations, sample.raw.resolution, f"sample {sample.name!r}")
         changing = [(index, a) for index, a in enumerate(self.augmentations) if a.changes_labels]
+        _check_moves_after_changes(self.augmentations, self.targets)
         for index, augmentation in changing:
             with concerning(section="augment", item=(index, augmentation.name)):
                 if not self.dataset.has_labels:
@@ -694,6 +695,24 @@ def _check_target_fields(target) -> None:
         if name in BUILT_IN_FIELDS:
             raise refusal(f"target field {name!r} collides with the batch field of that name; give the target "
                           "another name=", "name")
+
+
+def _check_moves_after_changes(augmentations: list, targets: list) -> None:
+    """Refuse an augmentation that moves sections (Slip) after one that changes the labels (GrowBoundary) where
+    a target reads its unlabelled region from the labels as they were before the change: that region is kept
+    apart from the labels, and would not move with them."""
+    if not any(t.unlabelled is not None for t in targets):
+        return
+    changed = None
+    for index, augmentation in enumerate(augmentations):
+        if augmentation.changes_labels and changed is None:
+            changed = augmentation
+        elif augmentation.moves_sections and changed is not None:
+            with concerning(section="augment", item=(index, augmentation.name)):
+                raise ValueError(f"{type(augmentation).__name__} moves sections after {type(changed).__name__} "
+                                 "changed the labels, but the targets' unlabelled region is taken from the labels "
+                                 f"before {type(changed).__name__} and would not move with them: list "
+                                 f"{type(augmentation).__name__} before {type(changed).__name__}")
 
 
 def _of_item(index: int, name: str, call: Callable, *args):

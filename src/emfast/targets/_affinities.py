@@ -49,7 +49,7 @@ class Affinities(Target):
     labels_mask : bool
         The sample's mask (``Sample(mask=...)``) says where the labels may be used, as gunpowder's
         ``AddAffinities(labels_mask=...)`` with a binary mask (it compares mask values as ids): every affinity
-        touching a voxel where it is 0 is masked too. The loader then cuts the mask with the offsets' margin, as
+        touching a voxel where it is 0 is masked too. The loader then cuts the mask with the labels' margin, as
         it cuts the labels (windows fit inside the mask with that margin), and still delivers it on the output
         window; :func:`compute_targets` takes it as ``mask=``.
     unlabelled : int or None

@@ -74,8 +74,8 @@ class LSD(Target):
     in_plane : bool
         Describe each section on its own, as lsds describes a 2-D segmentation (for networks predicting 2-D
         descriptors of anisotropic EM): six channels, mean offset (y, x), variance (y, x), pearson (yx) and size,
-        lsds' 2-D order (channels 1, 2, 4, 5, 8 and 9 of the ten); only sigma's y and x are used, and the labels
-        need no margin along z.
+        lsds' 2-D order (channels 1, 2, 4, 5, 8 and 9 of the ten); only sigma's y and x are used (give them alone,
+        ``sigma=(y, x)``, or a z value that is ignored), and the labels need no margin along z.
     """
 
     sigma: Optional[Union[float, Sequence[float]]] = None
@@ -91,6 +91,8 @@ class LSD(Target):
         if self.sigma is None:
             raise refusal(f"{owner}: sigma is required: the gaussian's standard deviation (z, y, x) in world "
                           "units, e.g. LSD(sigma=(80, 80, 80)) for 80 nm", "sigma")
+        if self.in_plane is True and isinstance(self.sigma, (list, tuple)) and len(self.sigma) == 2:
+            self.sigma = (self.sigma[0],) + tuple(self.sigma)  # (y, x): z is unused in plane
         self.sigma = _check_voxel_size(self.sigma, f"{owner}: sigma")
         if self.voxel_size is not None:
             self.voxel_size = _check_voxel_size(self.voxel_size, f"{owner}: voxel_size")

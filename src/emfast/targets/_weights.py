@@ -91,6 +91,10 @@ class ClassWeights(Target):
             raise refusal(f"ClassWeights: {self.of!r} holds the negative class ids "
                           f"{sorted(v for v in set(values) if v < 0)}; the weights balance ids from 0 (give "
                           f"{type(source).__name__} values from 0)", "of")
+        if self.count(source) > _targets.MAX_BALANCED_CLASSES:
+            raise refusal(f"ClassWeights: {self.of!r} holds class ids up to {max(values)}, more classes than the "
+                          f"{_targets.MAX_BALANCED_CLASSES} it counts; give {type(source).__name__} smaller values",
+                          "of")
         if max(values) >= self.count(source):
             raise refusal(f"ClassWeights: {self.of!r} holds the classes {sorted(set(values))}, not all in [0, "
                           f"{self.count(source)}); classes= must exceed the largest", "classes")
