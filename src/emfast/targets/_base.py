@@ -93,6 +93,8 @@ class Target:
     #: The label id of the unannotated region, for targets that mask it (its :meth:`compute` then also takes
     #: ``unlabelled=``, the region given apart from the labels).
     unlabelled: Optional[int] = None
+    #: Whether :meth:`compute` takes ``valid=`` (which labels are known) itself, in place of :meth:`mask_unknown`.
+    reads_valid: ClassVar[bool] = False
 
     @property
     def channels(self) -> int:

@@ -118,11 +118,11 @@ def compute_targets(labels: np.ndarray, targets: Union[TargetLike, Iterable[Targ
             result[field] = np.empty(_targets.output_shape(labels, margin, channels), dtype=dtype)
     for target in targets:
         region = None if unlabelled is None or target.unlabelled is None else unlabelled.get(target.unlabelled)
-        if region is None:
-            target.compute(labels, margin, result)
-        else:
-            target.compute(labels, margin, result, unlabelled=_like_labels(region, labels, "unlabelled"))
-        if valid is not None:
+        extra = {} if region is None else {"unlabelled": _like_labels(region, labels, "unlabelled")}
+        if target.reads_valid:
+            extra["valid"] = valid
+        target.compute(labels, margin, result, **extra)
+        if valid is not None and not target.reads_valid:
             target.mask_unknown(valid, margin, result)
         if target.labels_mask:
             target.mask_unknown(mask, margin, result)

@@ -62,6 +62,7 @@ class ClassWeights(Target):
     per: str = "example"
     name: Optional[str] = None
     kind: ClassVar[str] = "class_weights"
+    reads_valid: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         owner = "ClassWeights"
@@ -118,18 +119,19 @@ class ClassWeights(Target):
     def channels(self) -> int:
         return self.outputs()[self.name][0]
 
-    def compute(self, labels, margin, out) -> None:
-        mask_field = self._bound().mask_field() if self.mask else None
-        self._weigh(out, None if mask_field is None else out[mask_field])
-
-    def mask_unknown(self, valid: np.ndarray, margin: Sequence[int], out: Dict[str, np.ndarray]) -> None:
-        """Weigh again without the unknown voxels where the balanced target has no mask of its own (boundaries,
+    def compute(self, labels, margin, out, valid: Optional[np.ndarray] = None) -> None:
+        """As :meth:`Target.compute`; ``valid`` (uint8 0/1 shaped like the labels, where the loader tracks unknown
+        labels) leaves the unknown voxels out where the balanced target has no mask of its own (boundaries,
         classes, foreground): they are not counted and weigh 0. A target's own mask already leaves them out."""
-        if not self.mask or self._bound().mask_field() is not None:
-            return
-        m = margin
-        known = valid[:, :, m[0]:valid.shape[2] - m[0], m[1]:valid.shape[3] - m[1], m[2]:valid.shape[4] - m[2]]
-        self._weigh(out, np.ascontiguousarray(known))
+        mask_field = self._bound().mask_field() if self.mask else None
+        if mask_field is not None:
+            self._weigh(out, out[mask_field])
+        elif self.mask and valid is not None:
+            m = margin
+            known = valid[:, :, m[0]:valid.shape[2] - m[0], m[1]:valid.shape[3] - m[1], m[2]:valid.shape[4] - m[2]]
+            self._weigh(out, np.ascontiguousarray(known))
+        else:
+            self._weigh(out, None)
 
     def _weigh(self, out: Dict[str, np.ndarray], mask: Optional[np.ndarray]) -> None:
         (weights,) = self._arrays(out)
