@@ -157,11 +157,11 @@ def test_info_without_a_file_describes_the_installation(capsys, monkeypatch, no_
         monkeypatch.setenv("EMFAST_NO_AVX2", "1")
         out = subprocess.run([sys.executable, "-m", "emfast", "info"], capture_output=True, text=True,
                              check=True).stdout
-        assert "AVX2 warp samplers and blending not used" in out
+        assert "AVX2 warp samplers, blending and boundary growing not used" in out
     else:
         assert main(["info"]) == 0
         out = capsys.readouterr().out
-        assert ("AVX2 warp samplers and blending in use" in out) == _warp.uses_avx2()
+        assert ("AVX2 warp samplers, blending and boundary growing in use" in out) == _warp.uses_avx2()
     assert out.startswith(f"emfast {ef.__version__} (Python ")
     reason = cuda_unavailable()
     assert ("GPU: usable" in out) if reason is None else (f"GPU: not available: {reason}" in out)

@@ -194,6 +194,7 @@ def test_sigma_below_the_voxel_size_is_refused_at_construction():
     assert LSD(sigma=(40, 4, 4), voxel_size=(40, 4, 4)).margin() == (3, 3, 3)  # exactly one voxel is fine
     assert LSD(sigma=(1, 8, 8), voxel_size=(40, 4, 4), in_plane=True).margin() == (0, 6, 6)  # z unused in plane
     assert LSD(sigma=(8, 12), voxel_size=(40, 4, 4), in_plane=True).margin() == (0, 6, 9)  # (y, x) alone
+    assert LSD(sigma=np.array([8, 12]), voxel_size=(40, 4, 4), in_plane=np.True_).margin() == (0, 6, 9)
 
 
 @pytest.mark.parametrize("make, match", [

@@ -173,18 +173,26 @@ def _format_attrs(attrs: dict) -> str:
 def installation() -> List[str]:
     """What this installation of emfast is and can use: version, CPU features, GPU."""
     from ._core import blend as _blend
+    from ._core import targets as _targets
     from ._core import warp as _warp
     from .transfer import cuda_unavailable
 
-    avx2 = [kernels for kernels, module in (("warp samplers", _warp), ("blending", _blend)) if module.uses_avx2()]
+    builds = (("warp samplers", _warp.uses_avx2), ("blending", _blend.uses_avx2),
+              ("boundary growing", _targets.grow_uses_avx2))
+    avx2 = [kernels for kernels, used in builds if used()]
     gpu = cuda_unavailable()
     h5py = metadata.version("h5py")
     return [f"emfast {__version__} (Python {sys.version.split()[0]}, NumPy {np.__version__}, h5py {h5py})",
-            "CPU: SSE2 kernels; AVX2 " + (" and ".join(avx2) + " in use" if avx2 else
-                                          "warp samplers and blending not used (CPU without AVX2, or EMFAST_NO_AVX2 "
-                                          "set)"),
+            "CPU: SSE2 kernels; AVX2 " + (_listed(avx2) + " in use" if avx2 else
+                                          _listed([kernels for kernels, _ in builds]) + " not used (CPU without "
+                                          "AVX2, or EMFAST_NO_AVX2 set)"),
             f"cores: {cores()} usable",
             "GPU: " + ("usable through pycuda (device='cuda')" if gpu is None else f"not available: {gpu}")]
+
+
+def _listed(names: list) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 #: ``emfast info`` summarises values from at most this many chunks and bytes of each volume, spread over it.

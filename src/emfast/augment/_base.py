@@ -176,6 +176,12 @@ class Augmentation:
         exchanges, :meth:`exchanged_axes`)."""
         return self.exchanged_axes()
 
+    @property
+    def moves_labels(self) -> bool:
+        """Whether it moves labels from one voxel to another (a section mover that keeps the labels in place and
+        marks them unknown does not)."""
+        return self.moves_sections
+
     def label_reach(self) -> tuple[int, int, int]:
         """How far (z, y, x) the labels it changes depend on their neighbours (default: not at all)."""
         return (0, 0, 0)

@@ -256,6 +256,10 @@ class Slip(_SectionDefect):
     _DRAWS: ClassVar[int] = 3
     _TAG: ClassVar[int] = _tag("slip")
 
+    @property
+    def moves_labels(self) -> bool:
+        return self.labels == "shift"  # "mask" leaves them and marks the moved sections unknown
+
     def __post_init__(self) -> None:
         self.p = _check_probability(self.p, "Slip")
         try:

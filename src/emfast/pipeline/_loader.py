@@ -698,7 +698,7 @@ def _check_target_fields(target) -> None:
 
 
 def _check_moves_after_changes(augmentations: list, targets: list) -> None:
-    """Refuse an augmentation that moves sections (Slip) after one that changes the labels (GrowBoundary) where
+    """Refuse an augmentation that moves labels (Slip) after one that changes them (GrowBoundary) where
     a target reads its unlabelled region from the labels as they were before the change: that region is kept
     apart from the labels, and would not move with them."""
     if not any(t.unlabelled is not None for t in targets):
@@ -707,9 +707,9 @@ def _check_moves_after_changes(augmentations: list, targets: list) -> None:
     for index, augmentation in enumerate(augmentations):
         if augmentation.changes_labels and changed is None:
             changed = augmentation
-        elif augmentation.moves_sections and changed is not None:
+        elif augmentation.moves_labels and changed is not None:
             with concerning(section="augment", item=(index, augmentation.name)):
-                raise ValueError(f"{type(augmentation).__name__} moves sections after {type(changed).__name__} "
+                raise ValueError(f"{type(augmentation).__name__} moves labels after {type(changed).__name__} "
                                  "changed the labels, but the targets' unlabelled region is taken from the labels "
                                  f"before {type(changed).__name__} and would not move with them: list "
                                  f"{type(augmentation).__name__} before {type(changed).__name__}")

@@ -91,7 +91,10 @@ class LSD(Target):
         if self.sigma is None:
             raise refusal(f"{owner}: sigma is required: the gaussian's standard deviation (z, y, x) in world "
                           "units, e.g. LSD(sigma=(80, 80, 80)) for 80 nm", "sigma")
-        if self.in_plane is True and isinstance(self.sigma, (list, tuple)) and len(self.sigma) == 2:
+        if not isinstance(self.in_plane, (bool, np.bool_)):
+            raise refusal(f"{owner}: in_plane must be True or False, got {self.in_plane!r}", "in_plane")
+        self.in_plane = bool(self.in_plane)
+        if self.in_plane and isinstance(self.sigma, (Sequence, np.ndarray)) and len(self.sigma) == 2:
             self.sigma = (self.sigma[0],) + tuple(self.sigma)  # (y, x): z is unused in plane
         self.sigma = _check_voxel_size(self.sigma, f"{owner}: sigma")
         if self.voxel_size is not None:
@@ -100,9 +103,6 @@ class LSD(Target):
         self.background = _check_id(self.background, "background", owner, optional=True)
         self.ignore = _check_id(self.ignore, "ignore", owner, optional=True)
         self.name = _check_name(self.name, owner)
-        if not isinstance(self.in_plane, (bool, np.bool_)):
-            raise refusal(f"{owner}: in_plane must be True or False, got {self.in_plane!r}", "in_plane")
-        self.in_plane = bool(self.in_plane)
 
     def _check_sigma_covers_voxels(self, voxel_size: Tuple[float, float, float], what: str) -> None:
         """A gaussian narrower than a voxel sees only the voxel itself: refuse it, naming the axis and numbers."""
