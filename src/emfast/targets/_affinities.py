@@ -126,13 +126,8 @@ class Affinities(Target):
 
     def mask_unknown(self, valid: np.ndarray, margin: Sequence[int], out: Dict[str, np.ndarray]) -> None:
         """Mask every affinity whose voxel or neighbour is unknown (moved in from outside the data)."""
-        m = margin
-        inner = valid[:, 0, m[0]:valid.shape[2] - m[0], m[1]:valid.shape[3] - m[1], m[2]:valid.shape[4] - m[2]]
         mask = out[self.mask_name]
-        for k, offset in enumerate(self.offsets):  # channel k compares v with v + offsets[k], as the kernel does
-            neighbour = valid[:, 0, m[0] + offset[0]:valid.shape[2] - m[0] + offset[0],
-                              m[1] + offset[1]:valid.shape[3] - m[1] + offset[1],
-                              m[2] + offset[2]:valid.shape[4] - m[2] + offset[2]]
+        for k, inner, neighbour in self._pairs(valid, margin):
             np.bitwise_and(mask[:, k], inner, out=mask[:, k])
             np.bitwise_and(mask[:, k], neighbour, out=mask[:, k])
 
@@ -146,20 +141,23 @@ class Affinities(Target):
             self._mask_pairs(unlabelled, margin, mask)
 
     def _mask_pairs(self, region: np.ndarray, margin: Sequence[int], mask: np.ndarray) -> None:
-        """Mask the affinities whose voxel and neighbour both lie in ``region`` (B, 1, Zi, Yi, Xi) uint8 0/1; a
-        neighbour outside the patch is masked already."""
-        extent = region.shape[2:]
-        offsets = [tuple(max(-n, min(d, n)) for d, n in zip(offset, extent)) for offset in self.offsets]
-        reach = [max(0, max(abs(o[axis]) for o in offsets) - int(margin[axis])) for axis in range(3)]
-        if any(reach):  # neighbours past the patch: none in the region (steps beyond it land outside, as clamped)
-            region = np.pad(region, [(0, 0), (0, 0)] + [(r, r) for r in reach])
-        m = [int(a) + r for a, r in zip(margin, reach)]
-        shape = region.shape[2:]
-        inner = region[:, 0, m[0]:shape[0] - m[0], m[1]:shape[1] - m[1], m[2]:shape[2] - m[2]]
-        for k, offset in enumerate(offsets):
-            neighbour = region[:, 0, m[0] + offset[0]:shape[0] - m[0] + offset[0],
-                               m[1] + offset[1]:shape[1] - m[1] + offset[1],
-                               m[2] + offset[2]:shape[2] - m[2] + offset[2]]
+        """Mask the affinities whose voxel and neighbour both lie in ``region`` (B, 1, Zi, Yi, Xi) uint8 0/1."""
+        for k, inner, neighbour in self._pairs(region, margin):
             mask[:, k] &= ~(inner & neighbour) & 1
 
-
+    def _pairs(self, flags: np.ndarray, margin: Sequence[int]):
+        """Per channel k, (k, flags at each output voxel, flags at its neighbour v + offsets[k], as the kernel
+        compares them) for ``flags`` (B, 1, Zi, Yi, Xi) cut like the labels. A neighbour past the patch reads 0:
+        its affinity is masked already (steps beyond the patch land outside it, as the kernel clamps them)."""
+        extent = flags.shape[2:]
+        offsets = [tuple(max(-n, min(d, n)) for d, n in zip(offset, extent)) for offset in self.offsets]
+        reach = [max(0, max(abs(o[axis]) for o in offsets) - int(margin[axis])) for axis in range(3)]
+        if any(reach):
+            flags = np.pad(flags, [(0, 0), (0, 0)] + [(r, r) for r in reach])
+        m = [int(a) + r for a, r in zip(margin, reach)]
+        shape = flags.shape[2:]
+        inner = flags[:, 0, m[0]:shape[0] - m[0], m[1]:shape[1] - m[1], m[2]:shape[2] - m[2]]
+        for k, offset in enumerate(offsets):
+            yield k, inner, flags[:, 0, m[0] + offset[0]:shape[0] - m[0] + offset[0],
+                                  m[1] + offset[1]:shape[1] - m[1] + offset[1],
+                                  m[2] + offset[2]:shape[2] - m[2] + offset[2]]
