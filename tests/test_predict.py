@@ -239,6 +239,23 @@ def test_no_blend_gives_each_voxel_its_nearest_tile(tmp_path):
     assert [int(np.argmax(owners == v)) for v in np.unique(owners)] == [0, 10, 18, 26, 32]
 
 
+@pytest.mark.parametrize("size, patch_out, overlap, ties", [(40, 8, 4, False), (41, 9, 3, True), (37, 10, 5, True),
+                                                             (23, 7, 2, False)])
+def test_cropped_tiles_own_the_voxels_nearest_their_middle_and_ties_go_to_the_later_tile(size, patch_out, overlap,
+                                                                                         ties):
+    plan = TilePlan((size, 8, 8), (patch_out, 8, 8), (patch_out, 8, 8), (overlap, 0, 0), (1, 1, 1), crop=True)
+    starts = plan.starts[0]
+    voxels = np.arange(size) + 0.5
+    distance = np.abs(voxels[:, None] - (starts[None, :] + patch_out / 2))  # to each tile's middle
+    inside = (voxels[:, None] >= starts[None, :]) & (voxels[:, None] < starts[None, :] + patch_out)
+    distance[~inside] = np.inf
+    # The last of the nearest tiles: argmin over the tiles in reverse order.
+    expected = len(starts) - 1 - np.argmin(distance[:, ::-1], axis=1)
+    owner = np.searchsorted(plan.cuts[0], np.arange(size), side="right") - 1
+    assert np.array_equal(owner, expected)
+    assert any(np.count_nonzero(row == row.min()) > 1 for row in distance) == ties
+
+
 def test_tile_plan_covers_the_roi_and_blocks_own_whole_chunks():
     plan = TilePlan((50, 60, 70), (12, 20, 20), (8, 16, 16), (2, 4, 4), (8, 16, 16), ((3, 5, 0), (50, 60, 33)),
                     block=(16, 32, 32))

@@ -62,7 +62,8 @@ class TilePlan:
         Block shape, a multiple of ``chunks``; default about :data:`BLOCK_EDGE` voxels per axis.
     crop : bool
         Tiles do not blend: each voxel takes the prediction of the tile whose output it is nearest the middle of
-        (overlaps are cut in half, see :attr:`cuts`), and a block computes only the tiles that own its voxels.
+        (overlaps are cut in half, see :attr:`cuts`; a voxel as near the middles of two tiles goes to the later
+        one), and a block computes only the tiles that own its voxels.
     """
 
     def __init__(self, shape: Sequence[int], patch_in, patch_out, overlap, chunks, roi=None, block=None,
