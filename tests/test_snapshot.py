@@ -365,7 +365,8 @@ def test_progress_from_a_yaml_config(tmp_path, volumes):
 def test_a_field_at_its_own_voxel_size_sits_at_its_world_box_with_its_voxel_size(tmp_path, volumes, rng):
     """A mask delivered at its own voxel size (``own_resolution``) was written with raw's voxel size and a corner
     computed from its shape in its own voxels (found by a helper reading snapshots with funlib and ome-zarr-py):
-    shown at half its size, shifted. It covers the labels' world box, at its own voxel size."""
+    shown at half its size, shifted. It covers the labels' world box, at its own voxel size, for funlib and for
+    OME-NGFF readers."""
     raw_volume, label_volume, _, _ = volumes
     mask_voxel = (40.0, 16.0, 8.0)  # twice raw's in y and x
     mask = rng.integers(0, 2, (20, 30, 35), dtype=np.uint8)
@@ -380,9 +381,16 @@ def test_a_field_at_its_own_voxel_size_sits_at_its_world_box_with_its_voxel_size
         labels, stored = group["labels/s0"], group["mask/s0"]
         assert stored.attrs["voxel_size"] == list(mask_voxel)
         assert stored.attrs["offset"] == labels.attrs["offset"]  # the same world box (no margin here)
-        transforms = group["mask"].attrs["multiscales"][0]["datasets"][0]["coordinateTransformations"]
-        assert transforms[0]["scale"] == list(mask_voxel)
-        assert transforms[1]["translation"] == labels.attrs["offset"]
+        # OME-NGFF viewers centre voxel i at translation + i * scale: the mask's voxels must span the labels'
+        # world box there too (its translation was the labels' corner, half a voxel of raw off; a helper in napari)
+        boxes = []
+        for field, array in (("labels", labels), ("mask", stored)):
+            scale, translation = (np.asarray(t[key]) for t, key in zip(
+                group[field].attrs["multiscales"][0]["datasets"][0]["coordinateTransformations"],
+                ("scale", "translation")))
+            boxes.append((translation - scale / 2, translation + (np.asarray(array.shape) - 0.5) * scale))
+        assert scale.tolist() == list(mask_voxel)
+        np.testing.assert_allclose(boxes[1], boxes[0])
         corner = (np.asarray(stored.attrs["offset"]) - OFFSET) / mask_voxel
         assert np.array_equal(corner, corner.round())
         box = tuple(slice(int(c), int(c) + s) for c, s in zip(corner, stored.shape))

@@ -24,7 +24,7 @@ from ._outputs import (REMOVING_TAIL, InputChangedError, OutputLock, UnfinishedO
                        remove_leftovers, set_aside, unfinished, unique_beside, zarr_geometry)
 from ._precomputed import PrecomputedSource, tensorstore_missing
 from ._progress import WIDTH, ProgressBar, plural
-from ._pyramid import DOWNSAMPLING
+from ._pyramid import DOWNSAMPLING, level_geometry
 from ._remote import ReadAbandoned, RemoteReadError, RemoteStore, abandoned_when, is_url
 from ._source import (CorruptChunkError, DatasetNotFoundError, LevelChoiceError, Stamp, StoreMetadataError,
                       VolumeSource, local_path)
@@ -87,6 +87,7 @@ __all__ = [
     "local_store",
     "settling_store",
     "is_url",
+    "level_geometry",
     "list_datasets",
     "local_path",
     "make_em_volume",

@@ -11,7 +11,8 @@ Each field group is an OME-NGFF image of one level (0.4, zarr v2, which neurogla
 read) whose translation is the world position (nm) of that field's window in its sample: raw and extra channels
 include the network's context, labels the targets' margin, so the layers of one example overlay voxel for voxel on
 each other and on the source (a field delivered at its own voxel size, ``own_resolution``, covers the world box of
-its window on raw's grid, at that voxel size). The arrays also carry the funlib/gunpowder attributes
+its window on raw's grid, at that voxel size, and its translation, the centre of its first voxel, moves as a
+pyramid level's does: see :mod:`emfast.io._pyramid`). The arrays also carry the funlib/gunpowder attributes
 (``voxel_size``, ``offset``, ``axis_names``). An example whose window was mirrored, transposed or warped is shown
 as the network sees it, at its window's box (a transposed window whose output extents differ, centred on it). A
 single channel is written as a (z, y, x) array, several as (c, z, y, x).
@@ -32,7 +33,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from ..io import add_ome_multiscales, format_of_suffix, import_zarr, settling_store, zarr_geometry
+from ..io import add_ome_multiscales, format_of_suffix, import_zarr, level_geometry, settling_store, zarr_geometry
 from ._windows import window_extents
 
 #: The level written in each field group (the OME-NGFF image's one dataset).
@@ -136,7 +137,10 @@ def _write_batch(root, name: str, loader, batch, arrays: Dict[str, np.ndarray]) 
                                        dimension_names=names)
             stored[...] = data
             stored.attrs.update(attributes)
-            add_ome_multiscales(root, dataset, data.ndim, resolution * ratio, offset)
+            # OME-NGFF places voxel centres: a field at its own voxel size starts where raw's grid would, so its
+            # first voxel's centre moves as a pyramid level's does
+            _, translation = level_geometry(resolution.tolist(), offset.tolist(), ratio)
+            add_ome_multiscales(root, dataset, data.ndim, resolution * ratio, translation)
 
 
 def _own_ratio(sample, field: str) -> np.ndarray:
