@@ -1,5 +1,6 @@
 """Batch lifetime as training loops really hold batches: the previous batch alive until reassigned, batches kept,
 dropped loaders. On the CPU and on the fake device, which enforces the rules of a real GPU."""
+import dataclasses
 import gc
 import os
 import pickle
@@ -18,6 +19,11 @@ import emfast as ef
 from emfast import BackPressureWarning, SlotsExhaustedError
 from emfast.transfer._fake import FakeDevice
 from threads import threads_end
+
+try:
+    from torch.utils.data import IterableDataset
+except ImportError:  # the DataLoader tests skip
+    IterableDataset = object
 
 PATCH = (4, 16, 12)
 DEVICES = ["cpu", "fake"]
@@ -330,45 +336,135 @@ def test_torch_dataloader_workers_draw_disjoint_shards(volumes, monkeypatch):
     assert started_in_worker == workers[1] and built_in_parent.shard == (1, 2)
 
 
-@pytest.mark.parametrize("sampler", ["balanced", "masked"])
-def test_dataloader_workers_reuse_the_index_their_loader_was_built_with(volumes, tmp_path, monkeypatch, sampler):
+@dataclasses.dataclass(eq=False, repr=False)
+class RecordedMasked(ef.sampling.Masked):
+    """Masked, appending the pid of each process that builds an index to the file ``builds`` (a spawned worker
+    imports this class from here)."""
+
+    builds: str = ""
+
+    def _index(self, *args):
+        with open(self.builds, "a") as out:
+            out.write(f"{os.getpid()}\n")
+        return super()._index(*args)
+
+
+@dataclasses.dataclass(eq=False, repr=False)
+class RecordedBalanced(ef.sampling.Balanced):
+    """Balanced, recording its index builds as :class:`RecordedMasked` does."""
+
+    builds: str = ""
+
+    def _count(self, *args):
+        with open(self.builds, "a") as out:
+            out.write(f"{os.getpid()}\n")
+        return super()._count(*args)
+
+
+def recorded(sampler: str, builds) -> ef.sampling.Sampler:
+    """The sampler named, recording its index builds in the file ``builds``."""
+    if sampler == "balanced":
+        return RecordedBalanced("boundary", builds=str(builds))
+    return RecordedMasked(0.5, source="labels", unlabelled=0, builds=str(builds))
+
+
+def builders(builds) -> list:
+    """The pid of each index build recorded in ``builds``."""
+    return builds.read_text().split() if builds.exists() else []
+
+
+class Digests(IterableDataset):
+    """(shard, batch index, digest of raw) for each batch of a loader, as a torch dataset (module level: a spawned
+    DataLoader worker imports it from here)."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __iter__(self):
+        for batch in self.loader:
+            yield tuple(self.loader.shard), batch.index, digest(batch["raw"])
+
+
+@pytest.mark.parametrize("sampler,context", [("balanced", "fork"), ("masked", "fork"), ("masked", "spawn")])
+def test_dataloader_workers_reuse_the_index_their_loader_was_built_with(volumes, tmp_path, sampler, context):
     """Each torch DataLoader worker binds its copy of the loader again to draw its shard, and rebuilt the
     sampler's index there: every worker, every epoch, read the labels and recounted them (15 s per worker and
-    epoch before the first batch, for one CREMI-sized sample). The workers' batches are their shards'."""
+    epoch before the first batch, for one CREMI-sized sample). A spawned worker (macOS's and Windows' default,
+    Python 3.14's forkserver on Linux) gets the loader pickled, the index with it. The workers' batches are their
+    shards'."""
     torch = pytest.importorskip("torch")
-    from emfast.sampling import _balanced, _masked
-
     builds = tmp_path / "builds"
-    owner, method = (_balanced.Balanced, "_count") if sampler == "balanced" else (_masked.Masked, "_index")
-    build = getattr(owner, method)
-
-    def recorded(self, *args):
-        with open(builds, "a") as out:  # from whichever process builds it (the workers are forked)
-            out.write(f"{os.getpid()}\n")
-        return build(self, *args)
-
-    monkeypatch.setattr(owner, method, recorded)
-    chosen = ef.sampling.Balanced("boundary") if sampler == "balanced" else \
-        ef.sampling.Masked(0.5, source="labels", unlabelled=0)
-
-    class Digests(torch.utils.data.IterableDataset):
-        def __init__(self, loader):
-            self.loader = loader
-
-        def __iter__(self):
-            for batch in self.loader:
-                yield tuple(self.loader.shard), batch.index, digest(batch["raw"])
-
+    chosen = recorded(sampler, builds)
     loader, _ = make_loader(volumes, "cpu", epoch_size=2, sampler=chosen)
-    built = builds.read_text().split()
+    built = builders(builds)
     assert built and set(built) == {str(os.getpid())}  # one index per window extent, here
-    rows = sorted(torch.utils.data.DataLoader(Digests(loader), batch_size=None, num_workers=2))
-    assert builds.read_text().split() == built
+    rows = sorted(torch.utils.data.DataLoader(Digests(loader), batch_size=None, num_workers=2,
+                                              multiprocessing_context=context))
+    assert builders(builds) == built
     for worker in range(2):
         reference, _ = make_loader(volumes, "cpu", epoch_size=2, sampler=chosen, rank=worker, world_size=2)
         with reference:
             assert [tuple(row[1:]) for row in rows if tuple(row[0]) == (worker, 2)] == \
                 [(batch.index, digest(batch["raw"])) for batch in reference]
+
+
+def _lazy_sample(directory, labels):
+    import zarr
+
+    rng = np.random.default_rng(3)
+    raw = zarr.create_array(directory / "raw.zarr", shape=labels.shape, chunks=(4, 16, 16), dtype=np.uint8)
+    raw[:] = rng.integers(0, 256, labels.shape, dtype=np.uint8)
+    zarr.create_array(directory / "labels.zarr", shape=labels.shape, chunks=(4, 16, 16), dtype=labels.dtype)[:] = labels
+    return ef.Sample(ef.open(directory / "raw.zarr", in_memory=False),
+                     labels=ef.open(directory / "labels.zarr", in_memory=False))
+
+
+@pytest.mark.parametrize("sampler", ["balanced", "masked"])
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_pickled_loader_reuses_its_samplers_index_where_its_volumes_reopen_unchanged(volumes, tmp_path, sampler,
+                                                                                     lazy):
+    """A spawned DataLoader worker (the default start method on macOS and Windows, and Python 3.14's forkserver on
+    Linux) gets the loader pickled, as its arguments: it rebuilt the sampler's index from the labels, in every
+    worker and epoch. The index travels with the loader; batches are those of the loader it was built for."""
+    builds = tmp_path / "builds"
+    chosen = recorded(sampler, builds)
+    labels = np.where(volumes[1] % 3 == 0, 0, volumes[1] % 7).astype(np.uint64)  # background and a few ids
+    data = (_lazy_sample(tmp_path, labels),) if lazy else (volumes[0], labels)
+    loader = ef.Loader(*data, patch=PATCH, batch_size=3, seed=5, threads=2, sampler=chosen, epoch_size=4)
+    built = builders(builds)
+    assert built
+    worker = pickle.loads(pickle.dumps(loader))  # as a spawned worker gets it
+    assert builders(builds) == built
+    with loader, worker:
+        assert [digest(b["raw"], b["labels"]) for b in worker] == [digest(b["raw"], b["labels"]) for b in loader]
+
+
+def test_a_pickled_loader_builds_the_index_again_where_the_labels_changed_on_disk(volumes, tmp_path):
+    """The index is reused only for volumes that reopen as they were: labels rewritten between pickling and
+    unpickling (their stamp changed) are indexed again, and the windows follow the new labels."""
+    import zarr
+
+    builds = tmp_path / "builds"
+    chosen = recorded("masked", builds)
+    labels = np.zeros(volumes[1].shape, np.uint64)
+    labels[:6] = 1  # labelled windows only in the lower half of z
+    loader = ef.Loader(_lazy_sample(tmp_path, labels), patch=PATCH, batch_size=3, seed=5, sampler=chosen,
+                       epoch_size=4, augment=())
+    carried = pickle.dumps(loader)
+    built = len(builders(builds))
+    time.sleep(0.01)  # a distinct modification time
+    zarr.create_array(tmp_path / "labels.zarr", shape=labels.shape, chunks=(4, 16, 16), dtype=labels.dtype,
+                      overwrite=True)[:] = labels[::-1]  # now only the upper half
+    worker = pickle.loads(carried)
+    assert len(builders(builds)) > built
+    with worker:
+        corners = np.concatenate([np.asarray(b.positions).reshape(-1, 3) for b in worker])
+    def covered(labelled, corner):  # the share of a window's voxels that are labelled
+        z, y, x = corner
+        return (labelled[z:z + PATCH[0], y:y + PATCH[1], x:x + PATCH[2]] != 0).mean()
+
+    assert len(corners) == 12 and all(covered(labels[::-1], corner) >= 0.5 for corner in corners)
+    assert not all(covered(labels, corner) >= 0.5 for corner in corners)
 
 
 def test_set_epoch_moves_fresh_dataloader_workers_to_that_epoch(volumes):

@@ -176,6 +176,28 @@ def test_a_loader_over_a_remote_store_makes_the_batches_of_the_local_one(request
         np.testing.assert_array_equal(have, want)
 
 
+@pytest.mark.parametrize("where", ["http", "s3"])
+def test_a_pickled_loader_over_a_remote_mask_keeps_its_samplers_index(request, written, where, monkeypatch):
+    """A spawned DataLoader worker reopens remote volumes by URL: the masked sampler's index (of a mask, here the
+    raw store) travels with the pickled loader and is reused there, the metadata being unchanged."""
+    from emfast.sampling import _masked
+
+    builds = []
+    build = _masked.Masked._index
+    monkeypatch.setattr(_masked.Masked, "_index", lambda self, *args: builds.append(1) or build(self, *args))
+    url, args = remote_url(request, where, "zarr v3")
+    sample = ef.Sample(ef.open(url, in_memory=False, **args), mask=ef.open(url, in_memory=False, **args))
+    loader = ef.Loader(sample, patch=(6, 12, 14), batch_size=2, epoch_size=2, augment=(),
+                       sampler=ef.sampling.Masked(0.5))
+    built = len(builds)
+    worker = pickle.loads(pickle.dumps(loader))
+    assert len(builds) == built > 0
+    with loader, worker:
+        assert [np.array_equal(a["raw"], b["raw"]) for a, b in zip(loader, worker)] == [True, True]
+    worker.dataset.close()
+    loader.dataset.close()
+
+
 def test_a_config_names_a_remote_store_by_url(written, served, tmp_path):
     config = tmp_path / "train.yaml"
     config.write_text(f"""

@@ -464,12 +464,17 @@ class Loader:
                 self.dataset.close()
 
     def __reduce__(self):
-        """An unstarted loader pickles as its arguments and stream position (for spawned processes)."""
+        """An unstarted loader pickles as its arguments and stream position (for spawned processes), its sampler
+        with the indexes built for it (reused where their volumes reopen unchanged)."""
         if self._pipeline is not None or self._closed:
             raise TypeError("a started or closed Loader cannot be pickled: its threads and memory stay in this "
                             "process. Pickle it before it starts (it travels as its arguments and position) and "
                             "start it where it is unpickled")
-        return _unpickled_loader, (self._arguments, self.state_dict(), self._start_epoch)
+        # The sampler travels with the indexes it built here: rebuilding them in every spawned worker and epoch
+        # would read the labels again (seconds per sample).
+        sampler = self.sampler.carry_indexes(loader_sampler(self._arguments["sampler"]))
+        arguments = dict(self._arguments, sampler=sampler)
+        return _unpickled_loader, (arguments, self.state_dict(), self._start_epoch)
 
     def __enter__(self) -> "Loader":
         return self.start()

@@ -55,6 +55,22 @@ class Region:
     mask_origin: Optional[np.ndarray] = None
 
 
+def region_signature(region: Region) -> tuple:
+    """What an index of ``region`` depends on, comparable across processes: its name and bounds, and its labels'
+    and mask's placement, shape, dtype and :class:`~emfast.io.Stamp` (where a file's data came from and how its
+    files looked when opened; a volume opened from a rewritten file has another). An in-memory array without a
+    stamp travels to the other process with its data, so its geometry stands for it."""
+    def described(volume: Optional[Volume]) -> Optional[tuple]:
+        return None if volume is None else (volume.name, volume.shape, volume.channels, str(volume.dtype),
+                                            volume.resolution, volume.offset, volume.stamp)
+
+    def plain(array: Optional[np.ndarray]) -> Optional[tuple]:
+        return None if array is None else tuple(np.ravel(array).tolist())
+
+    return (region.name, plain(region.lo), plain(region.hi), described(region.labels), plain(region.labels_origin),
+            described(region.mask), plain(region.mask_origin))
+
+
 @dataclass(frozen=True)
 class Draw:
     """A sampler's answer for one batch.
@@ -120,12 +136,29 @@ class Sampler:
         """``build()``, an index of ``region`` (``key``: what else it depends on besides the sampler's settings),
         or the same index from this sampler's previous bind: a loader binds again in each torch DataLoader worker
         to draw that worker's shard, which had every worker, every epoch, read the labels again and recount them
-        (seconds per sample). Call :meth:`_forget_previous_indexes` once the bind has its indexes."""
-        full = (id(region), self._settings(), key)
+        (seconds per sample). The previous bind's index is reused for the same region object, or, where it came
+        from another process (:meth:`carry_indexes`), for a region of the same :func:`region_signature`. Call
+        :meth:`_forget_previous_indexes` once the bind has its indexes."""
+        position = next(n for n, bound in enumerate(self.regions) if bound is region)
+        full = (position, self._settings(), key)
         kept = self._previous_indexes.pop(full, None)  # taken: what is left over is not kept long
-        index = kept[1] if kept is not None and kept[0] is region else build()
-        self._indexes[full] = (region, index)  # the region held: its id is not reused while the index is kept
+        if kept is None:
+            index = build()
+        elif isinstance(kept[0], Region):
+            index = kept[1] if kept[0] is region else build()
+        else:
+            index = kept[1] if kept[0] == region_signature(region) else build()
+        self._indexes[full] = (region, index)
         return index
+
+    def carry_indexes(self, into: "Sampler") -> "Sampler":
+        """``into`` (an unbound copy of the sampler this one was copied from) holding this bind's indexes, each
+        with its region's signature in place of the region: pickled to another process (a spawned torch
+        DataLoader worker, which gets the loader pickled), it binds there to regions reopened from the same files
+        and reuses the indexes of those whose signature is unchanged, instead of reading the labels again."""
+        into._indexes = {full: (region_signature(region), index)
+                         for full, (region, index) in getattr(self, "_indexes", {}).items()}
+        return into
 
     def _forget_previous_indexes(self) -> None:
         """Drop the previous bind's indexes not reused, and the regions (volumes) they hold."""
