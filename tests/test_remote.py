@@ -268,6 +268,32 @@ def test_predict_and_its_config_take_storage_options_for_a_remote_input(written,
         load_predict_config(config)
 
 
+@pytest.mark.parametrize("options,words", [
+    ("{endpoint_ulr: ENDPOINT}", r"an option this URL's filesystem does not take .*endpoint_ulr"),
+    ("{endpoint_url: HOSTPORT}", r"endpoint_url must be an http:// or https:// URL .*got '127\.0\.0\.1:"),
+    ("{endpoint_url: ENDPOINT, anon: 'no'}",
+     r"anon must be true or false, got 'no' \(a string: leave out the quotes\)"),
+])
+def test_mistakes_in_storage_options_are_blamed_on_them(written, s3, tmp_path, monkeypatch, options, words):
+    """A typo in an option's name was reported at the sample's raw.dataset, an endpoint without its scheme as the
+    file being unreadable, and a quoted anon: 'no' (a true string) as denied credentials (a helper's trial): each
+    is refused at storage_options, in a training config, a predict config and the Python API."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    options = options.replace("HOSTPORT", f"'{s3.split('://')[1]}'").replace("ENDPOINT", f"'{s3}'")
+    train = tmp_path / "train.yaml"
+    train.write_text(f"data:\n  samples:\n    - file: s3://{BUCKET}/v3.zarr\n      raw: ''\n"
+                     f"      storage_options: {options}\nloader: {{patch: [6, 12, 14], batch_size: 2}}\n")
+    with pytest.raises(ConfigError, match=rf"line 5: data.samples\[0\].storage_options: .*{words}"):
+        load_config(train).dataset()
+    predict = identity_config(tmp_path, monkeypatch, f"{{file: s3://{BUCKET}/v3.zarr, storage_options: {options}}}",
+                              "out.zarr/p")
+    with pytest.raises(ConfigError, match=rf"line 3: predict.input.storage_options: .*{words}"):
+        load_predict_config(predict).plan()
+    import yaml
+    with pytest.raises(ValueError, match=words):
+        ef.open(f"s3://{BUCKET}/v3.zarr", storage_options=yaml.safe_load(options))
+
+
 def test_a_missing_chunk_is_the_fill_value_where_the_format_says_so(written, served, tmp_path):
     """zarr: the array's fill value; N5 and precomputed: 0. Served from a copy with a chunk removed."""
     root, data, _ = written

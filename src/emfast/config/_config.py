@@ -116,7 +116,9 @@ class Config:
                                                              "cache_bytes)") from error
                     raise reader.error(path + ("cache_bytes",), str(error)) from error
                 except (KeyError, TypeError, ValueError) as error:
-                    raise reader.error(path + key + (_culprit(volume, error),), str(error)) from error
+                    culprit = ("storage_options",) if concerned_key(error, ("storage_options",)) else \
+                        key + (_culprit(volume, error),)
+                    raise reader.error(path + culprit, str(error)) from error
                 volumes[key] = opened[-1]
             try:
                 return Sample(volumes[("raw",)], volumes.get(("labels",)), volumes.get(("mask",)),

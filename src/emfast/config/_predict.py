@@ -242,7 +242,8 @@ class PredictSpec:
         except KeyError as error:
             raise self.error(("input", "dataset") if self.dataset else input_key, str(error).strip("'\"")) from None
         except (OSError, ValueError) as error:
-            raise self.error(input_key, str(error)) from None
+            key = ("input", "storage_options") if concerned_key(error, ("storage_options",)) else input_key
+            raise self.error(key, str(error)) from None
         try:
             check_input_dtype(volume)
             shape, chunks = volume.shape, self.options.get("chunks")

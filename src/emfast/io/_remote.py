@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 from urllib.parse import urlsplit
 
+from .._checks import refusal
 from ._rereads import ChunkDigests
 from ._source import SCHEMES, add_transfer_time
 
@@ -332,6 +333,7 @@ class RemoteStore:
         options = dict(self.storage_options)
         self.retries = _count(options.pop("retries", RETRIES), url)
         self.timeout = _seconds(options.pop("timeout", TIMEOUT_S), url)
+        _check_common_options(options, url)
         self._protocol = SCHEMES[scheme]
         self._options = options
         self._start_here()
@@ -708,10 +710,10 @@ async def retrying(request, retries: int, where: str, timeout: Optional[float] =
             if unsigned is not None:
                 raise CredentialsUnavailable(f"{where}: {unsigned} ({describe_error(error)})") from error
             if options and isinstance(error, TypeError) and "unexpected keyword argument" in str(error):
-                raise ValueError(f"{where}: storage_options hold an option this URL's filesystem does not take "
-                                 f"({describe_error(error)}); they are fsspec's options of its protocol (e.g. "
-                                 "'anon' and 'endpoint_url' are s3's), plus emfast's 'timeout' and 'retries'") \
-                    from error
+                raise refusal(f"{where}: storage_options hold an option this URL's filesystem does not take "
+                              f"({describe_error(error)}); they are fsspec's options of its protocol (e.g. 'anon' "
+                              "and 'endpoint_url' are s3's), plus emfast's 'timeout' and 'retries'",
+                              "storage_options") from error
             if _denied(error):
                 raise RemoteAccessDenied(f"{where}: access denied ({describe_error(error)}); check the credentials "
                                          "(AWS_* environment variables, ~/.aws) or pass storage_options") from error
@@ -799,11 +801,28 @@ def zarr_read(coroutine):
 
 def _count(value, url: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{url}: storage_options retries must be an integer >= 0, got {value!r}")
+        raise refusal(f"{url}: storage_options retries must be an integer >= 0, got {value!r}", "storage_options")
     return value
 
 
 def _seconds(value, url: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{url}: storage_options timeout must be a positive number of seconds, got {value!r}")
+        raise refusal(f"{url}: storage_options timeout must be a positive number of seconds, got {value!r}",
+                      "storage_options")
     return float(value)
+
+
+def _check_common_options(options: dict, url: str) -> None:
+    """Refuse the mistakes in fsspec's common options that the filesystems take silently or blame on the URL: an
+    ``anon`` that is no bool (a quoted YAML 'no' is a true string: the reads went unsigned, and were denied as if
+    the credentials were wrong) and an ``endpoint_url`` without its scheme (botocore's "Invalid endpoint" came
+    back as the URL being unreadable)."""
+    if "anon" in options and not isinstance(options["anon"], bool):
+        raise refusal(f"{url}: storage_options anon must be true or false, got {options['anon']!r}"
+                      + (" (a string: leave out the quotes)" if isinstance(options["anon"], str) else ""),
+                      "storage_options")
+    endpoint = options.get("endpoint_url")
+    if endpoint is not None and not (isinstance(endpoint, str) and urlsplit(endpoint).scheme in ("http", "https")
+                                     and urlsplit(endpoint).netloc):
+        raise refusal(f"{url}: storage_options endpoint_url must be an http:// or https:// URL (with its scheme, "
+                      f"as http://127.0.0.1:9000), got {endpoint!r}", "storage_options")
