@@ -358,6 +358,32 @@ def test_threads_far_beyond_the_cores_are_refused_by_check_as_by_predict_except_
     assert load_predict_config(_config(folder, text + "  engine: {dask: {workers: 1}}\n")).options["threads"] == 1000
 
 
+def test_a_dask_engine_with_an_hdf5_output_is_refused_by_check_as_by_predict(folder, capsys):
+    """emfast check said valid; emfast predict then refused it naming the Python argument client=, with no key or
+    line (a helper's trial)."""
+    text = PREDICT.replace("out.zarr/pred", "out.h5/pred") + "  engine: {dask: {workers: 1}}\n"
+    error = _check_and_predict_fail(_config(folder, text), capsys)
+    assert f"predict.yaml, line {_line_of(text, 'output:')}: predict.output: a Dask engine writes from many " \
+           "processes at once, which HDF5 does not allow" in error
+    assert not (folder / "out.h5").exists()
+
+
+def test_a_dask_scheduler_that_does_not_answer_is_named_at_its_address(folder, capsys):
+    """A wrong scheduler address failed after Dask's connect timeout with its bare message ("Timed out trying to
+    connect"), no key, no line (a helper's trial)."""
+    dask = pytest.importorskip("dask")
+    pytest.importorskip("distributed")
+    from remote_servers import free_port
+
+    text = PREDICT + f"  engine: {{dask: {{address: 'tcp://127.0.0.1:{free_port()}'}}}}\n"
+    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
+        assert main(["predict", str(_config(folder, text))]) == 2
+    error = capsys.readouterr().err
+    assert f"predict.yaml, line {_line_of(text, 'engine:')}: predict.engine.dask.address: no Dask scheduler " \
+           "answers at 'tcp://127.0.0.1:" in error and "Traceback" not in error
+    assert not (folder / "out.zarr").exists()
+
+
 def test_a_memory_in_scientific_notation_is_a_number_of_bytes(folder, capsys):
     """memory: 1e9 is a number in YAML 1.2 (PyYAML read the string '1e9', refused as not a number of bytes)."""
     assert main(["check", str(_config(folder, PREDICT + "  memory: 1e9\n"))]) == 0

@@ -377,7 +377,13 @@ class PredictSpec:
         from distributed import Client, LocalCluster
 
         if "address" in self.engine:
-            with Client(self.engine["address"]) as client:
+            address = self.engine["address"]
+            try:
+                client = Client(address)
+            except (OSError, ValueError) as error:  # no scheduler answered within Dask's connect timeout
+                raise self.error(("engine", "dask", "address"), f"no Dask scheduler answers at {address!r}: "
+                                                                f"{error}") from None
+            with client:
                 self._send_model_module(client)
                 return predict(model, self.input_path(cache_dir), self.output, client=client, **arguments)
         with LocalCluster(n_workers=self.engine["workers"], threads_per_worker=1, processes=True,
@@ -499,8 +505,8 @@ def predict_section(reader: Reader, value, path: Path_) -> PredictSpec:
             options["memory"] = parse_memory(section["memory"])
         except ValueError as error:
             raise reader.error(path + ("memory",), str(error)) from None
-    _check_output(reader, output, options.get("compression"), path)
     engine = _engine(reader, section.get("engine"), path + ("engine",))
+    _check_output(reader, output, options.get("compression"), engine, path)
     if engine is None and "threads" in options:  # predict's reader threads; a Dask engine starts none here
         try:
             check_threads(options["threads"])
@@ -510,12 +516,17 @@ def predict_section(reader: Reader, value, path: Path_) -> PredictSpec:
                        storage_options, engine, reader.base, reader.source, reader.marks)
 
 
-def _check_output(reader: Reader, output: Path, compression: Optional[str], path: Path_) -> None:
-    """The output names a dataset in a .zarr or .h5 container, and the compression suits that container."""
+def _check_output(reader: Reader, output: Path, compression: Optional[str], engine, path: Path_) -> None:
+    """The output names a dataset in a .zarr or .h5 container (.zarr with a Dask engine), and the compression suits
+    that container."""
     try:
         _, _, kind = parse_output(output, companions=(FLAGS_SUFFIX,))
     except ValueError as error:
         raise reader.error(path + ("output",), str(error)) from None
+    if engine is not None and kind != "zarr":  # as predict refuses it, found by emfast check too
+        raise reader.error(path + ("output",), "a Dask engine writes from many processes at once, which HDF5 does "
+                                               "not allow: write a .zarr output (emfast convert can make an HDF5 copy "
+                                               "afterwards)")
     if compression is not None:
         try:
             check_compression(compression, kind)
