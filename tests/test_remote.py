@@ -294,6 +294,26 @@ def test_mistakes_in_storage_options_are_blamed_on_them(written, s3, tmp_path, m
         ef.open(f"s3://{BUCKET}/v3.zarr", storage_options=yaml.safe_load(options))
 
 
+def test_a_prediction_stopped_by_its_remote_input_says_that_a_resume_continues(written, served, tmp_path,
+                                                                               monkeypatch, capsys):
+    """A server that fails for good mid-run: the error named the URL and chunk but not that the output was left
+    unfinished and resumable (a helper killed its server; the resume then finished the output). It says so, and
+    the resume makes the output of an uninterrupted run."""
+    from emfast.cli import main
+
+    config = identity_config(tmp_path, monkeypatch, f"{{file: {served.url}/v3.zarr, storage_options: {{retries: 0}}}}",
+                             "out.zarr/p")
+    config.write_text(config.read_text() + "  chunks: [8, 16, 16]\n  block: [8, 16, 16]\n")
+    served.faults["/v3.zarr/c/2/"] = [500] * 1000  # the last chunks along z: some blocks finish first
+    assert main(["predict", str(config)]) == 2
+    error = capsys.readouterr().err
+    assert "v3.zarr/c/2/" in error and f"(the output {tmp_path / 'out.zarr'}/p is unfinished, its finished blocks " \
+        "recorded: run again with --resume to continue)" in error, error
+    served.faults.clear()
+    assert main(["predict", str(config), "--resume"]) == 0
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "out.zarr/p"))[0], written[1] * np.float32(1 / 255))
+
+
 def test_a_missing_chunk_is_the_fill_value_where_the_format_says_so(written, served, tmp_path):
     """zarr: the array's fill value; N5 and precomputed: 0. Served from a copy with a chunk removed."""
     root, data, _ = written

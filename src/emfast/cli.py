@@ -617,7 +617,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if user_error(error):
             if argv is None:  # the command: the process ends next
                 _quiet_abandoned_reads()
-            print(f"emfast: error: {error}", file=sys.stderr)
+            notes = [note for note in getattr(error, "__notes__", ()) if isinstance(note, str)]  # what to do next
+            print(f"emfast: error: {error}" + "".join(f" ({note})" for note in notes), file=sys.stderr)
             return 2
         traceback.print_exc()
         print(f"emfast {__version__}: internal error ({type(error).__name__}): this is a bug in emfast, not in your "

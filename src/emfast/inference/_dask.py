@@ -14,6 +14,7 @@ from typing import Callable, List, Optional
 import numpy as np
 
 from .._threads import ctrl_c_held
+from ..io import option
 from ._block import BlockPredictor
 from ._local import write_block
 from ._model import model_name, sendable
@@ -70,7 +71,7 @@ def _lost(error: BaseException, killed: bool, block: Block, client) -> DaskRunLo
     """The error telling why ``block``'s task ended in ``error`` (Dask's cancellation, or its KilledWorker where
     ``killed``, which named only emfast's task key) and that a resume continues."""
     where = f"predict on Dask: block {block.index} (voxels {block.start}..{block.stop})"
-    resume = "the blocks written are recorded: run again with resume=True"
+    resume = f"the blocks written are recorded: run again with {option('resume')}"
     if killed:
         return DaskRunLostError(f"{where} ended the process of every worker that ran it ({error}): the model may "
                                 f"need more memory than a worker has, or crash its process; {resume} (with more "

@@ -10,7 +10,7 @@ import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -19,9 +19,10 @@ from .._core.common import RAW_DTYPES
 from .._core.gather import PAD_MODES
 from .._threads import ctrl_c_held, shutdown_pool
 from .._version import __version__
-from ..io import (WIDTH, CacheBudgetError, OutputLock, ProgressBar, Volume, array_fingerprint, check_free_space,
-                  check_input_unchanged, check_output_location, compared_record, fingerprints, first_non_finite,
-                  open_source, option, placement, plural, recordable, refuse_if_unfinished, stored_in_file)
+from ..io import (WIDTH, CacheBudgetError, InputChangedError, OutputLock, ProgressBar, Volume, array_fingerprint,
+                  check_free_space, check_input_unchanged, check_output_location, compared_record, fingerprints,
+                  first_non_finite, open_source, option, placement, plural, recordable, refuse_if_unfinished,
+                  stored_in_file)
 from ..pipeline import normalization
 from ..transfer import DeviceNotice, TransferBackend, cuda_ordinal, cuda_unavailable
 from ._block import BlockPredictor
@@ -612,17 +613,18 @@ def predict(model: Callable, volume, out, *, level: Optional[int] = None, resolu
                 # the kept tiles serve every resume the output accepts: keyed by what its check compares
                 predictor.cache.open(compared_record(record, PROVENANCE, "input"), store.resumed)
                 tick = _ticker(bar or progress, predictor, blocks, todo, probing)
-                try:
-                    if client is not None:
-                        run_dask(client, predictor, store, todo, tick)
-                    else:
-                        run_local(predictor, store, todo, threads, tick)
-                except BaseException:
-                    predictor.cache.spill()  # what a resume would otherwise compute again
-                    raise
-                # read while it ran: its blocks may come from two versions
-                check_input_unchanged(volume.stamp, input_files, store.path,
-                                      f"run again with {option('overwrite')} once it no longer changes")
+                with _resumable(f"{container}/{dataset}"):
+                    try:
+                        if client is not None:
+                            run_dask(client, predictor, store, todo, tick)
+                        else:
+                            run_local(predictor, store, todo, threads, tick)
+                    except BaseException:
+                        predictor.cache.spill()  # what a resume would otherwise compute again
+                        raise
+                    # read while it ran: its blocks may come from two versions
+                    check_input_unchanged(volume.stamp, input_files, store.path,
+                                          f"run again with {option('overwrite')} once it no longer changes")
                 store.finish()
                 predictor.cache.remove()
             except BaseException:
@@ -722,6 +724,20 @@ def _begun_block(existing: Optional[dict], plan: TilePlan) -> Optional[Tuple[int
     if any(int(n) % int(c) for n, c in zip(begun, plan.chunks)):
         return None
     return tuple(int(n) for n in begun)
+
+
+@contextlib.contextmanager
+def _resumable(output: str) -> Iterator[None]:
+    """Tell a run that the machine or the input stopped (an OSError: a remote store gone, a file unreadable) that
+    its output is unfinished and a resume continues it. Errors that say what to do keep their own words: those
+    naming the resume already, and an input changed while read (its output is started again, not resumed)."""
+    try:
+        yield
+    except OSError as error:
+        if not isinstance(error, InputChangedError) and option("resume") not in str(error):
+            error.add_note(f"the output {output} is unfinished, its finished blocks recorded: run again with "
+                           f"{option('resume')} to continue")
+        raise
 
 
 def _check_room_for(blocks, bytes_per_voxel: int, container) -> None:
