@@ -467,6 +467,31 @@ def test_a_pickled_loader_builds_the_index_again_where_the_labels_changed_on_dis
     assert not all(covered(labels, corner) >= 0.5 for corner in corners)
 
 
+def test_a_pickled_loader_stays_small_whatever_its_samplers_index(tmp_path):
+    """A spawned worker's pickle goes through a pipe (64 KiB) that holds the parent until the worker has imported
+    its modules: carried in the pickle, a masked sampler's 19 MB index made the two workers of each epoch start
+    one after the other (1.3 s later here). The index travels in a file, removed with the loader that wrote it;
+    a copy unpickled after that builds it again."""
+    builds = tmp_path / "builds"
+    labels = np.random.default_rng(4).integers(0, 3, (32, 192, 192)).astype(np.uint64)
+    loader = ef.Loader(_lazy_sample(tmp_path, labels), patch=PATCH, batch_size=3, seed=5, epoch_size=2,
+                       sampler=recorded("masked", builds), augment=())
+    assert loader.sampler.index_nbytes > 1 << 16
+    carried = pickle.dumps(loader)
+    assert len(carried) < 1 << 16
+    built = len(builders(builds))
+    with pickle.loads(carried) as worker, loader:
+        assert len(builders(builds)) == built
+        assert [digest(b["raw"]) for b in worker] == [digest(b["raw"]) for b in loader]
+    path = loader.sampler._carried.path
+    assert os.path.exists(path)
+    del loader
+    gc.collect()
+    assert not os.path.exists(path)
+    with pickle.loads(carried) as late:
+        assert len(builders(builds)) > built and len(list(late)) == 2
+
+
 def test_set_epoch_moves_fresh_dataloader_workers_to_that_epoch(volumes):
     """A torch DataLoader without persistent workers hands each epoch's new workers fresh copies of the loader,
     which all began at epoch 0: every epoch delivered the same batches. set_epoch(e), called in the main process

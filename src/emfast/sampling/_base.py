@@ -14,7 +14,13 @@ bounded.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
+import os
+import pickle
+import tempfile
+import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Callable, ClassVar, Dict, Optional, Sequence, Tuple
 
@@ -69,6 +75,55 @@ def region_signature(region: Region) -> tuple:
 
     return (region.name, plain(region.lo), plain(region.hi), described(region.labels), plain(region.labels_origin),
             described(region.mask), plain(region.mask_origin))
+
+
+class CarriedIndexes(Mapping):
+    """A sampler's indexes in a file, as :meth:`Sampler.carry_indexes` sends them to another process: pickled as the
+    file's path, read there when a bind first asks. A file gone (the sampler that wrote it was dropped) reads as no
+    indexes: they are built again."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._read: Optional[dict] = None
+
+    @classmethod
+    def written(cls, indexes: dict, owner: object) -> "CarriedIndexes":
+        """``indexes`` written to a new temporary file, removed when ``owner`` is garbage collected."""
+        descriptor, path = tempfile.mkstemp(prefix="emfast-sampler-indexes-", suffix=".pickle")
+        finalizer = weakref.finalize(owner, _remove_quietly, path)
+        try:
+            with os.fdopen(descriptor, "wb") as file:
+                pickle.dump(indexes, file, protocol=pickle.HIGHEST_PROTOCOL)
+        except BaseException:
+            finalizer()
+            raise
+        return cls(path)
+
+    def _indexes(self) -> dict:
+        if self._read is None:
+            try:
+                with open(self.path, "rb") as file:
+                    self._read = pickle.load(file)
+            except OSError:
+                self._read = {}
+        return self._read
+
+    def __getitem__(self, key):
+        return self._indexes()[key]
+
+    def __iter__(self):
+        return iter(self._indexes())
+
+    def __len__(self) -> int:
+        return len(self._indexes())
+
+    def __reduce__(self):
+        return CarriedIndexes, (self.path,)
+
+
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.remove(path)
 
 
 @dataclass(frozen=True)
@@ -131,6 +186,7 @@ class Sampler:
         # the indexes of the previous bind, for _indexed: copied, as a copy of the sampler shares the dict
         self._previous_indexes = dict(getattr(self, "_indexes", {}))
         self._indexes: Dict[tuple, tuple] = {}
+        self._carried = None  # this bind's indexes, once written for another process (carry_indexes)
 
     def _indexed(self, region: Region, key: tuple, build: Callable[[], object]) -> object:
         """``build()``, an index of ``region`` (``key``: what else it depends on besides the sampler's settings),
@@ -155,9 +211,20 @@ class Sampler:
         """``into`` (an unbound copy of the sampler this one was copied from) holding this bind's indexes, each
         with its region's signature in place of the region: pickled to another process (a spawned torch
         DataLoader worker, which gets the loader pickled), it binds there to regions reopened from the same files
-        and reuses the indexes of those whose signature is unchanged, instead of reading the labels again."""
-        into._indexes = {full: (region_signature(region), index)
-                         for full, (region, index) in getattr(self, "_indexes", {}).items()}
+        and reuses the indexes of those whose signature is unchanged, instead of reading the labels again.
+
+        The indexes travel in a file (:class:`CarriedIndexes`), written once and removed with this sampler: a
+        spawned process's pickle goes through a pipe that holds the parent until the child has imported its
+        modules, so carried in the pickle, megabytes of index made the workers of each epoch start one after
+        another instead of side by side."""
+        indexes = getattr(self, "_indexes", {})
+        if not indexes:
+            into._indexes = {}
+        else:
+            if getattr(self, "_carried", None) is None:
+                self._carried = CarriedIndexes.written(
+                    {full: (region_signature(region), index) for full, (region, index) in indexes.items()}, self)
+            into._indexes = self._carried
         return into
 
     def _forget_previous_indexes(self) -> None:
