@@ -8,6 +8,7 @@ import select
 import subprocess
 import sys
 import hashlib
+import tempfile
 import threading
 import time
 import warnings
@@ -490,6 +491,67 @@ def test_a_pickled_loader_stays_small_whatever_its_samplers_index(tmp_path):
     assert not os.path.exists(path)
     with pickle.loads(carried) as late:
         assert len(builders(builds)) > built and len(list(late)) == 2
+
+
+def test_the_index_file_outlives_a_forked_childs_copy_and_its_exit(volumes, tmp_path):
+    """A forked child inherits the finalizer that removes the file: dropping its copy of the loader, or exiting,
+    removed the parent's file, and later spawned workers silently built the index again (a second review)."""
+    labels = np.where(volumes[1] % 3 == 0, 0, 1).astype(np.uint64)
+    loader = ef.Loader(_lazy_sample(tmp_path, labels), patch=PATCH, batch_size=3, epoch_size=2,
+                       sampler=ef.sampling.Masked(0.5, source="labels", unlabelled=0))
+    pickle.dumps(loader)
+    path = loader.sampler._carried.path
+    pid = os.fork()
+    if pid == 0:
+        try:
+            del loader
+            gc.collect()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.path.exists(path)
+
+
+def test_indexes_that_cannot_be_written_are_built_again_where_the_loader_is_unpickled(volumes, tmp_path,
+                                                                                     monkeypatch):
+    """A full temporary disk (or a custom sampler's index that does not pickle) made pickling the loader fail,
+    where it pickled as its arguments before (a second review): the copy builds the index, as it did then."""
+    from emfast.sampling import _base
+
+    builds = tmp_path / "builds"
+    labels = np.where(volumes[1] % 3 == 0, 0, 1).astype(np.uint64)
+    loader = ef.Loader(_lazy_sample(tmp_path, labels), patch=PATCH, batch_size=3, epoch_size=2,
+                       sampler=recorded("masked", builds), augment=())
+    built = len(builders(builds))
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    def index_files():
+        return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("emfast-sampler-indexes-")}
+
+    before = index_files()
+    monkeypatch.setattr(_base.pickle, "dump", full_disk)
+    carried = pickle.dumps(loader)
+    monkeypatch.undo()
+    assert index_files() == before  # the file begun is removed
+    with pickle.loads(carried) as worker, loader:
+        assert len(builders(builds)) > built
+        assert [digest(b["raw"]) for b in worker] == [digest(b["raw"]) for b in loader]
+
+
+def test_a_region_a_custom_sampler_made_itself_is_indexed_by_the_object():
+    """A subclass indexing a region that is not one of those bound (a dataclasses.replace copy) met a bare
+    StopIteration from the lookup of its place (a second review)."""
+    import dataclasses
+
+    region = ef.sampling.Region("a", 1.0, np.zeros(3, np.int64), np.full(3, 8, np.int64))
+    sampler = ef.Uniform()
+    sampler.bind([region], np.asarray([[2, 2, 2]]), 1)
+    copy = dataclasses.replace(region)
+    assert sampler._indexed(copy, ("key",), lambda: "built") == "built"
+    sampler._previous_indexes = dict(sampler._indexes)
+    assert sampler._indexed(copy, ("key",), lambda: "again") == "built"
 
 
 def test_set_epoch_moves_fresh_dataloader_workers_to_that_epoch(volumes):

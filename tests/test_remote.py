@@ -190,6 +190,9 @@ def test_a_pickled_loader_over_a_remote_mask_keeps_its_samplers_index(request, w
     loader = ef.Loader(sample, patch=(6, 12, 14), batch_size=2, epoch_size=2, augment=(),
                        sampler=ef.sampling.Masked(0.5))
     built = len(builds)
+    reopened = pickle.loads(pickle.dumps(sample.mask))  # its own store object: the stamps compare by URL and digest
+    assert reopened.stamp == sample.mask.stamp
+    reopened.close()
     worker = pickle.loads(pickle.dumps(loader))
     assert len(builds) == built > 0
     with loader, worker:
@@ -272,7 +275,7 @@ def test_predict_and_its_config_take_storage_options_for_a_remote_input(written,
     ("{endpoint_ulr: ENDPOINT}", r"an option this URL's filesystem does not take .*endpoint_ulr"),
     ("{endpoint_url: HOSTPORT}", r"endpoint_url must be an http:// or https:// URL .*got '127\.0\.0\.1:"),
     ("{endpoint_url: ENDPOINT, anon: 'no'}",
-     r"anon must be true or false, got 'no' \(a string: leave out the quotes\)"),
+     r"anon must be true or false, got the string 'no' \(in YAML, leave out the quotes\)"),
 ])
 def test_mistakes_in_storage_options_are_blamed_on_them(written, s3, tmp_path, monkeypatch, options, words):
     """A typo in an option's name was reported at the sample's raw.dataset, an endpoint without its scheme as the
@@ -312,6 +315,31 @@ def test_a_prediction_stopped_by_its_remote_input_says_that_a_resume_continues(w
     served.faults.clear()
     assert main(["predict", str(config), "--resume"]) == 0
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "out.zarr/p"))[0], written[1] * np.float32(1 / 255))
+
+
+def test_the_resume_note_is_left_off_where_a_resume_would_not_mend_the_run():
+    """A chunk that changed while read, or a corrupt one, got the note advising a resume, which would mix the
+    store's versions or meet the same chunk again (a second review)."""
+    from emfast.inference._predict import _resumable
+    from emfast.io import ChunkChangedError, CorruptChunkError, InputChangedError
+
+    for unmended in (ChunkChangedError("changed"), CorruptChunkError("corrupt"), InputChangedError("changed")):
+        with pytest.raises(type(unmended)) as raised, _resumable("out.zarr/p"):
+            raise unmended
+        assert not getattr(raised.value, "__notes__", None)
+    with pytest.raises(RemoteReadError) as raised, _resumable("out.zarr/p"):
+        raise RemoteReadError("gone")
+    assert raised.value.__notes__ == ["the output out.zarr/p is unfinished, its finished blocks recorded: run again "
+                                      "with resume=True to continue"]
+
+
+def test_anon_is_refused_only_as_a_string():
+    """The filesystems take any value for anon's truth (NumPy's bools, 0 and 1 included); only a string, such as
+    YAML's quoted 'no', is a mistake (a second review found np.bool_ refused)."""
+    for anon in (np.True_, 0, 1, False):
+        RemoteStore("s3://bucket/data.zarr", {"anon": anon})
+    with pytest.raises(ValueError, match="anon must be true or false, got the string 'false'"):
+        RemoteStore("s3://bucket/data.zarr", {"anon": "false"})
 
 
 def test_a_missing_chunk_is_the_fill_value_where_the_format_says_so(written, served, tmp_path):

@@ -19,10 +19,10 @@ from .._core.common import RAW_DTYPES
 from .._core.gather import PAD_MODES
 from .._threads import ctrl_c_held, shutdown_pool
 from .._version import __version__
-from ..io import (WIDTH, CacheBudgetError, InputChangedError, OutputLock, ProgressBar, Volume, array_fingerprint,
-                  check_free_space, check_input_unchanged, check_output_location, compared_record, fingerprints,
-                  first_non_finite, open_source, option, placement, plural, recordable, refuse_if_unfinished,
-                  stored_in_file)
+from ..io import (WIDTH, CacheBudgetError, ChunkChangedError, CorruptChunkError, InputChangedError, OutputLock,
+                  ProgressBar, Volume, array_fingerprint, check_free_space, check_input_unchanged,
+                  check_output_location, compared_record, fingerprints, first_non_finite, open_source, option,
+                  placement, plural, recordable, refuse_if_unfinished, stored_in_file)
 from ..pipeline import normalization
 from ..transfer import DeviceNotice, TransferBackend, cuda_ordinal, cuda_unavailable
 from ._block import BlockPredictor
@@ -730,11 +730,13 @@ def _begun_block(existing: Optional[dict], plan: TilePlan) -> Optional[Tuple[int
 def _resumable(output: str) -> Iterator[None]:
     """Tell a run that the machine or the input stopped (an OSError: a remote store gone, a file unreadable) that
     its output is unfinished and a resume continues it. Errors that say what to do keep their own words: those
-    naming the resume already, and an input changed while read (its output is started again, not resumed)."""
+    naming the resume already, and an input changed while read or a corrupt chunk, which a resume would not mend
+    (the output is started again once the input is whole and still)."""
     try:
         yield
     except OSError as error:
-        if not isinstance(error, InputChangedError) and option("resume") not in str(error):
+        unmended = (InputChangedError, ChunkChangedError, CorruptChunkError)
+        if not isinstance(error, unmended) and option("resume") not in str(error):
             error.add_note(f"the output {output} is unfinished, its finished blocks recorded: run again with "
                            f"{option('resume')} to continue")
         raise

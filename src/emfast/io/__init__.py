@@ -25,7 +25,7 @@ from ._outputs import (REMOVING_TAIL, InputChangedError, OutputLock, UnfinishedO
 from ._precomputed import PrecomputedSource, tensorstore_missing
 from ._progress import WIDTH, ProgressBar, plural
 from ._pyramid import DOWNSAMPLING, level_geometry
-from ._remote import ReadAbandoned, RemoteReadError, RemoteStore, abandoned_when, is_url
+from ._remote import ChunkChangedError, ReadAbandoned, RemoteReadError, RemoteStore, abandoned_when, is_url
 from ._source import (CorruptChunkError, DatasetNotFoundError, LevelChoiceError, Stamp, StoreMetadataError,
                       VolumeSource, local_path)
 from ._volume import (ASARRAY_LIMIT_BYTES, UnsupportedDtypeError, Volume, VolumeTooLargeError, as_volume,
@@ -50,6 +50,7 @@ __all__ = [
     "COMPRESSIONS",
     "COMPRESSORS",
     "ConvertError",
+    "ChunkChangedError",
     "CorruptChunkError",
     "LABELS_DATASET",
     "RAW_DATASET",

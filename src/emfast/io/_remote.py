@@ -37,7 +37,7 @@ import threading
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
 from urllib.parse import urlsplit
 
@@ -300,7 +300,7 @@ class RemoteStamp:
     size: int
     mtime_ns: int
     digest: str
-    store: "RemoteStore"
+    store: "RemoteStore" = field(compare=False)  # how to ask again: stamps of the same metadata are equal
     marker: str
 
     def unchanged(self) -> bool:
@@ -814,13 +814,12 @@ def _seconds(value, url: str) -> float:
 
 def _check_common_options(options: dict, url: str) -> None:
     """Refuse the mistakes in fsspec's common options that the filesystems take silently or blame on the URL: an
-    ``anon`` that is no bool (a quoted YAML 'no' is a true string: the reads went unsigned, and were denied as if
-    the credentials were wrong) and an ``endpoint_url`` without its scheme (botocore's "Invalid endpoint" came
+    ``anon`` given as a string (a quoted YAML 'no' is true: the reads went unsigned, and were denied as if the
+    credentials were wrong) and an ``endpoint_url`` without its scheme (botocore's "Invalid endpoint" came
     back as the URL being unreadable)."""
-    if "anon" in options and not isinstance(options["anon"], bool):
-        raise refusal(f"{url}: storage_options anon must be true or false, got {options['anon']!r}"
-                      + (" (a string: leave out the quotes)" if isinstance(options["anon"], str) else ""),
-                      "storage_options")
+    if isinstance(options.get("anon"), str):  # the filesystems take any other value for its truth
+        raise refusal(f"{url}: storage_options anon must be true or false, got the string {options['anon']!r} "
+                      "(in YAML, leave out the quotes)", "storage_options")
     endpoint = options.get("endpoint_url")
     if endpoint is not None and not (isinstance(endpoint, str) and urlsplit(endpoint).scheme in ("http", "https")
                                      and urlsplit(endpoint).netloc):

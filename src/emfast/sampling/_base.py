@@ -64,8 +64,10 @@ class Region:
 def region_signature(region: Region) -> tuple:
     """What an index of ``region`` depends on, comparable across processes: its name and bounds, and its labels'
     and mask's placement, shape, dtype and :class:`~emfast.io.Stamp` (where a file's data came from and how its
-    files looked when opened; a volume opened from a rewritten file has another). An in-memory array without a
-    stamp travels to the other process with its data, so its geometry stands for it."""
+    marker looked when opened: an HDF5 file, a zarr or N5 array's metadata file; a volume reopened after they
+    were rewritten has another). Chunks rewritten in place under unchanged metadata are not told apart, as a
+    forked worker sharing the index does not tell them. An in-memory array without a stamp travels to the other
+    process with its data, so its geometry stands for it."""
     def described(volume: Optional[Volume]) -> Optional[tuple]:
         return None if volume is None else (volume.name, volume.shape, volume.channels, str(volume.dtype),
                                             volume.resolution, volume.offset, volume.stamp)
@@ -87,13 +89,22 @@ class CarriedIndexes(Mapping):
         self._read: Optional[dict] = None
 
     @classmethod
-    def written(cls, indexes: dict, owner: object) -> "CarriedIndexes":
-        """``indexes`` written to a new temporary file, removed when ``owner`` is garbage collected."""
-        descriptor, path = tempfile.mkstemp(prefix="emfast-sampler-indexes-", suffix=".pickle")
-        finalizer = weakref.finalize(owner, _remove_quietly, path)
+    def written(cls, indexes: dict, owner: object) -> Optional["CarriedIndexes"]:
+        """``indexes`` written to a new temporary file, removed when ``owner`` is garbage collected in this process
+        (a forked child's copy of ``owner`` leaves it be); None where they cannot be written (a full disk, an index
+        of a custom sampler that does not pickle): the other process builds them, as it did before they were
+        carried."""
+        try:
+            descriptor, path = tempfile.mkstemp(prefix="emfast-sampler-indexes-", suffix=".pickle")
+        except OSError:
+            return None
+        finalizer = weakref.finalize(owner, _remove_quietly, path, os.getpid())
         try:
             with os.fdopen(descriptor, "wb") as file:
                 pickle.dump(indexes, file, protocol=pickle.HIGHEST_PROTOCOL)
+        except (OSError, pickle.PicklingError, AttributeError, TypeError):
+            finalizer()
+            return None
         except BaseException:
             finalizer()
             raise
@@ -121,9 +132,10 @@ class CarriedIndexes(Mapping):
         return CarriedIndexes, (self.path,)
 
 
-def _remove_quietly(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.remove(path)
+def _remove_quietly(path: str, owner_pid: int) -> None:
+    if os.getpid() == owner_pid:  # a forked child ends with the parent's finalizers: the file is the parent's
+        with contextlib.suppress(OSError):
+            os.remove(path)
 
 
 @dataclass(frozen=True)
@@ -195,8 +207,10 @@ class Sampler:
         (seconds per sample). The previous bind's index is reused for the same region object, or, where it came
         from another process (:meth:`carry_indexes`), for a region of the same :func:`region_signature`. Call
         :meth:`_forget_previous_indexes` once the bind has its indexes."""
-        position = next(n for n, bound in enumerate(self.regions) if bound is region)
-        full = (position, self._settings(), key)
+        # keyed by the region's place among those bound, which a copy in another process shares; a region a
+        # subclass made itself (not one of them) by the object
+        place = next((("bound", n) for n, bound in enumerate(self.regions) if bound is region), ("object", id(region)))
+        full = (place, self._settings(), key)
         kept = self._previous_indexes.pop(full, None)  # taken: what is left over is not kept long
         if kept is None:
             index = build()
@@ -218,13 +232,10 @@ class Sampler:
         modules, so carried in the pickle, megabytes of index made the workers of each epoch start one after
         another instead of side by side."""
         indexes = getattr(self, "_indexes", {})
-        if not indexes:
-            into._indexes = {}
-        else:
-            if getattr(self, "_carried", None) is None:
-                self._carried = CarriedIndexes.written(
-                    {full: (region_signature(region), index) for full, (region, index) in indexes.items()}, self)
-            into._indexes = self._carried
+        if indexes and getattr(self, "_carried", None) is None:
+            self._carried = CarriedIndexes.written(
+                {full: (region_signature(region), index) for full, (region, index) in indexes.items()}, self)
+        into._indexes = getattr(self, "_carried", None) or {}  # none written: the other process builds them
         return into
 
     def _forget_previous_indexes(self) -> None:
