@@ -821,7 +821,7 @@ def _check_common_options(options: dict, url: str) -> None:
         raise refusal(f"{url}: storage_options anon must be true or false, got the string {options['anon']!r} "
                       "(in YAML, leave out the quotes)", "storage_options")
     endpoint = options.get("endpoint_url")
-    if endpoint is not None and not (isinstance(endpoint, str) and urlsplit(endpoint).scheme in ("http", "https")
-                                     and urlsplit(endpoint).netloc):
+    parts = urlsplit(endpoint) if isinstance(endpoint, str) else None
+    if endpoint is not None and not (parts and parts.scheme in ("http", "https") and parts.netloc):
         raise refusal(f"{url}: storage_options endpoint_url must be an http:// or https:// URL (with its scheme, "
                       f"as http://127.0.0.1:9000), got {endpoint!r}", "storage_options")
