@@ -386,6 +386,67 @@ class Digests(IterableDataset):
             yield tuple(self.loader.shard), batch.index, digest(batch["raw"])
 
 
+class Resuming(IterableDataset):
+    """Each batch of a loader as (worker, digest of raw, the loader's state after it), the loader first continued
+    from ``states[worker]`` and stopped after ``stop`` batches (module level: spawned workers import it)."""
+
+    def __init__(self, loader, states=None, stop=None):
+        self.loader, self.states, self.stop = loader, states, stop
+
+    def __iter__(self):
+        import torch
+        worker = torch.utils.data.get_worker_info().id
+        if self.states:
+            self.loader.load_state_dict(self.states[worker])
+        with self.loader:
+            for n, batch in enumerate(self.loader, start=1):
+                yield worker, digest(batch["raw"]), self.loader.state_dict()
+                if n == self.stop:
+                    return
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_workers_continue_from_the_states_they_saved(volumes, context):
+    """A loader handed to DataLoader workers took its worker's shard only when it started: a worker restoring the
+    state it saved (load_state_dict before the start, as it must be) was refused as another stream, and len()
+    there gave the main process's epoch (a helper's trial). Each worker now continues its own stream."""
+    torch = pytest.importorskip("torch")
+
+    def rows(dataset):
+        return list(torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2,
+                                                multiprocessing_context=context))
+
+    def loader():
+        return make_loader(volumes, "cpu", epoch_size=6, threads=1)[0]
+
+    whole, begun = rows(Resuming(loader())), rows(Resuming(loader(), stop=2))
+    states = {int(worker): state for worker, _, state in begun}  # each worker's last
+    rest = rows(Resuming(loader(), states=states))
+    def of(table, worker):
+        return [batch for w, batch, _ in table if int(w) == worker]
+
+    for worker in range(2):
+        assert of(begun, worker) + of(rest, worker) == of(whole, worker) and len(of(whole, worker)) == 6
+
+
+def test_a_loader_handed_to_a_worker_answers_for_the_workers_share_before_it_starts(volumes, monkeypatch):
+    """shard and len() of a loader built in the main process, asked in a DataLoader worker before it starts, are
+    the worker's (a Tiled sampler's epoch is that worker's tiles; together about the main process's len())."""
+    from emfast.pipeline import _loader
+
+    whole = len(make_loader(volumes, "cpu", sampler=ef.Tiled(), augment=())[0])
+    shares = []
+    for worker in range(2):
+        loader = make_loader(volumes, "cpu", sampler=ef.Tiled(), augment=())[0]
+        monkeypatch.setattr(_loader, "torch_worker", lambda: (worker, 2))
+        assert loader.shard == (worker, 2)
+        shares.append(len(loader))
+        with loader:
+            assert len(list(loader)) == shares[-1]
+        monkeypatch.setattr(_loader, "torch_worker", lambda: None)
+    assert whole <= sum(shares) <= whole + 2  # as the README counts a DataLoader epoch
+
+
 @pytest.mark.parametrize("sampler,context", [("balanced", "fork"), ("masked", "fork"), ("masked", "spawn")])
 def test_dataloader_workers_reuse_the_index_their_loader_was_built_with(volumes, tmp_path, sampler, context):
     """Each torch DataLoader worker binds its copy of the loader again to draw its shard, and rebuilt the

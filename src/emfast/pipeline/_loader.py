@@ -175,9 +175,7 @@ class Loader:
         self.buffers, self.max_buffers = buffer_counts(self.threads, buffers, max_buffers)
         self.rank, self.world_size = rank_and_world(rank, world_size)
         self.worker_sharding = setting("worker_sharding", worker_sharding)
-        #: (rank, world size) of this loader's share of the stream: ``rank``/``world_size``, refined by the
-        #: PyTorch DataLoader worker this loader was created or started in.
-        self.shard = self._current_shard()
+        self._shard = self._current_shard()  # see the shard property
         self.seed = setting("seed", seed)
         self.dtype = setting("dtype", dtype)
         # Copies: binding an augmentation to this loader's window sizes must not change the caller's object.
@@ -349,13 +347,13 @@ class Loader:
         """Bind the sampler to this loader's shard, and plan batches from it (``worker``: a DataLoader worker's
         shard, drawn at start: a sampler with epochs of its own, such as Tiled, has that shard's; the
         ``epoch_size`` given, checked against the whole when the loader was built, is not theirs)."""
-        self.sampler.bind(self.regions, self._extents, self.batch_size, *self.shard)
+        self.sampler.bind(self.regions, self._extents, self.batch_size, *self._shard)
         given = self._arguments["epoch_size"]
         self.epoch_size = checked_epoch_size(None if worker and self.sampler.batches_per_epoch() is not None
                                              else given, self.sampler)
         self._planner = Planner(patch=self.patch_out, batch_size=self.batch_size, sampler=self.sampler,
-                                augmentations=self.augmentations, seed=self.seed, rank=self.shard[0],
-                                world_size=self.shard[1], common_grid=self._common_grid)
+                                augmentations=self.augmentations, seed=self.seed, rank=self._shard[0],
+                                world_size=self._shard[1], common_grid=self._common_grid)
 
     def _check_resources(self) -> None:
         """Refuse thread counts far beyond the cores, and slots that do not fit in memory, before allocating."""
@@ -380,15 +378,30 @@ class Loader:
                     "a torch DataLoader worker (each worker then draws its own shard), and start it there")
             if self._closed:
                 raise RuntimeError("this loader is closed; create a new Loader")
-            if self._pipeline is None and self._current_shard() != self.shard:
-                # built in the main process, started in a torch DataLoader worker: draw this worker's shard
-                self.shard = self._current_shard()
-                self._bind_stream(worker=True)
+            self._follow_worker()
             if self._pipeline is None and self._start_epoch is not None:
                 self._consumed = self._start_epoch * self.epoch_size  # this shard's epochs
             if self._pipeline is None:
                 self._launch()
         return self
+
+    @property
+    def shard(self) -> tuple:
+        """(rank, world size) of this loader's share of the stream: ``rank``/``world_size``, refined by the PyTorch
+        DataLoader worker this loader was created, started or first asked in (a loader built in the main process
+        and handed to the workers takes its worker's share there, before ``state_dict``, ``load_state_dict`` or
+        ``len`` answer for it)."""
+        self._follow_worker()
+        return self._shard
+
+    def _follow_worker(self) -> None:
+        """Built in the main process and used, not yet started, in a torch DataLoader worker: draw this worker's
+        shard (its sampler bound to it, its epochs). It was taken at start only: a worker restoring the state its
+        own copy saved was refused as another stream, and ``len`` gave the whole stream's epoch."""
+        with self._lifecycle:
+            if self._pipeline is None and not self._closed and self._current_shard() != self._shard:
+                self._shard = self._current_shard()
+                self._bind_stream(worker=True)
 
     def _launch(self) -> None:
         """Build the pipeline and start its threads; undo all of it if anything interrupts or fails."""
@@ -506,6 +519,7 @@ class Loader:
         TypeError
             The stream is endless (no ``epoch_size`` and a sampler without epochs), so it has no length.
         """
+        self._follow_worker()
         if self.epoch_size is None:
             raise TypeError(f"len(loader): the stream of {self.sampler!r} is endless (no epoch_size), so it has no "
                             "length; pass epoch_size=N for epochs of N batches")
