@@ -925,6 +925,15 @@ def test_an_ilastik_export_trains_and_converts_as_its_reordered_array(tmp_path):
                 np.testing.assert_array_equal(one[name], two[name])
     ef.io.convert(tmp_path / "ilastik.h5/exported_data", tmp_path / "mask.zarr/mask")
     np.testing.assert_array_equal(ef.open(tmp_path / "mask.zarr/mask")[:, :, :], mask[np.newaxis])
+    # written (c, z, y, x): the source's axistags, copied, named its stored order, and an HDF5 output was read
+    # back with its channels taken from x (a helper's trial), directly and through zarr
+    ef.io.convert(tmp_path / "ilastik.h5/exported_data", tmp_path / "mask.h5/mask")
+    ef.io.convert(tmp_path / "mask.zarr/mask", tmp_path / "mask.h5/again")
+    for output in ("mask", "again"):
+        np.testing.assert_array_equal(ef.hdf5(tmp_path / "mask.h5", output)[:, :, :], mask[np.newaxis])
+        with h5py.File(tmp_path / "mask.h5", "r") as f:
+            assert f[output].shape == (1,) + mask.shape and "axistags" not in f[output].attrs
+    assert "axistags" not in zarr.open_array(str(tmp_path / "mask.zarr/mask")).attrs
 
 
 @pytest.mark.parametrize("names", [["z", "y", "x", "c"], ["x", "y", "z"], ["c", "z", "y", "x"]])

@@ -479,9 +479,10 @@ def _tiles(shape, chunks, itemsize: int, tile_bytes: int):
 
 
 #: Attributes of other conventions that name a source's axes in its stored order (xarray's zarr v2
-#: ``_ARRAY_DIMENSIONS``, N5 ``axes``): carried to a (c, z, y, x) output, they would mislabel it (xarray read a
-#: source stored (x, y, z) as converted with x and z swapped).
-SOURCE_AXES_KEYS = ("_ARRAY_DIMENSIONS", "axes")
+#: ``_ARRAY_DIMENSIONS``, N5 ``axes``, ilastik's ``axistags``): carried to a (c, z, y, x) output, they would
+#: mislabel it (xarray read a source stored (x, y, z) as converted with x and z swapped; emfast read an ilastik
+#: export's HDF5 copy with its channels taken from x).
+SOURCE_AXES_KEYS = ("_ARRAY_DIMENSIONS", "axes", "axistags")
 
 
 def _carried_attributes(source: VolumeSource) -> dict:
