@@ -4,6 +4,7 @@ FIFOs and other non-regular files, volumes too large for memory."""
 import copy
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -761,3 +762,25 @@ def test_a_zarr_array_that_is_no_volume_is_said_to_be_so_not_malformed(tmp_path,
     message = str(refused.value)
     assert f"a {len(shape)}-D array (shape {list(shape)}); emfast reads volumes: 3-D (z, y, x)" in message
     assert "image.zarr" in message and "malformed" not in message
+
+
+@pytest.mark.parametrize("zarr_format,marker", [(2, ".zarray"), (3, "zarr.json")])
+def test_info_names_a_zarr_array_whose_metadata_is_cut_off(tmp_path, capsys, zarr_format, marker):
+    """A zarr v3 array with a cut-off zarr.json was left out of `emfast info`'s listing of its store (v2's was
+    named), and asked by name gave zarr-python's bare "Expecting value: line 1 column 16", naming no file (a
+    helper's trial). Both name the array and its metadata file, as convert does."""
+    import zarr
+
+    from emfast.cli import main
+
+    group = zarr.open_group(str(tmp_path / "s.zarr"), mode="w", zarr_format=zarr_format)
+    for name in ("good", "bad"):
+        group.create_array(name, data=np.zeros((4, 4, 4), np.uint8))
+    (tmp_path / "s.zarr" / "bad" / marker).write_text('{"shape": [4, 4,')
+    assert main(["info", str(tmp_path / "s.zarr")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"bad: not read as a volume: .*s\.zarr:bad \({re.escape(marker)}\): malformed metadata: not "
+                     r"JSON", out) and "good: shape=(4, 4, 4)" in out, out
+    assert main(["info", str(tmp_path / "s.zarr" / "bad")]) == 2
+    assert re.search(rf"s\.zarr:bad \({re.escape(marker)}\): malformed metadata: not JSON",
+                     capsys.readouterr().err)

@@ -18,7 +18,7 @@ from ._precomputed import PrecomputedSource, is_precomputed
 from ._remote import RemoteStore
 from ._source import DatasetNotFoundError, StoreMetadataError, read_regular_file, unlistable
 from ._volume import UnsupportedDtypeError, Volume
-from ._zarr import (GROUP_MARKERS, ZarrSource, arrays_on_disk, import_zarr, local_store,
+from ._zarr import (GROUP_MARKERS, ZarrSource, arrays_on_disk, check_metadata_json, import_zarr, local_store,
                     refuse_special_metadata)
 
 
@@ -219,7 +219,8 @@ def _zarr_arrays(container: Path, inner: str) -> List[str]:
         found = arrays_on_disk(container)
         raise DatasetNotFoundError(f"{container} has no array {inner!r}; its arrays: {', '.join(found) or 'none'}"
                                    if inner else f"{container} holds no zarr array or group")
-    root = zarr.open(store=local_store(container), mode="r")
+    check_metadata_json(container / inner, f"{container}:{inner}" if inner else str(container))  # zarr-python's
+    root = zarr.open(store=local_store(container), mode="r")  # bare JSONDecodeError named no file
     try:
         node = root[inner] if inner else root
     except KeyError:

@@ -492,7 +492,7 @@ def arrays_on_disk(store: Path, below: str = "") -> List[str]:
     top = store / below
     found = []
     for directory, subdirectories, files in os.walk(top, onerror=unlistable()):
-        if ".zarray" in files or ("zarr.json" in files and _is_v3_array(Path(directory) / "zarr.json")):
+        if ".zarray" in files or ("zarr.json" in files and _listed_v3(Path(directory) / "zarr.json")):
             found.append(Path(directory).relative_to(top).as_posix())
             subdirectories[:] = []  # an array's subdirectories hold its chunks
         subdirectories.sort()
@@ -534,6 +534,18 @@ def _is_v3_array(metadata: Path) -> bool:
         raise PermissionError(error.errno, f"cannot read the zarr metadata {metadata}: {error.strerror}") from None
     except (OSError, ValueError, AttributeError):
         return False
+
+
+def _listed_v3(metadata: Path) -> bool:
+    """Whether a listing of arrays names the node of ``metadata``: an array, or a node whose metadata is no JSON
+    (listed, so that reading it names the file; left out, `emfast info` said nothing of a broken array)."""
+    try:
+        json.loads(read_regular_file(metadata, "zarr metadata") or b"{}")
+    except ValueError:
+        return True
+    except OSError:
+        pass
+    return _is_v3_array(metadata)
 
 
 def refuse_special_metadata(store: Path, dataset: str) -> None:
