@@ -265,7 +265,7 @@ def info(args: argparse.Namespace) -> int:
         return 0
     found = contents(args.file, args.storage_options)
     print(f"{args.file}" + (f"  [{_format_attrs(found.attributes)}]" if found.attributes else ""))
-    listed = False
+    listed, unreadable = False, 0
     for dataset in found.datasets:
         listed = True
         attrs = f"  [{_format_attrs(dataset.attributes)}]" if dataset.attributes else ""
@@ -277,9 +277,17 @@ def info(args: argparse.Namespace) -> int:
             continue
         with dataset.volume as volume:
             print(f"  {dataset.name or '.'}: {dataset.summary}{_geometry_text(volume)}{attrs}")
-            print(_values_line(volume, dataset.name))
+            try:
+                print(_values_line(volume, dataset.name))
+            except OSError as error:  # a corrupt chunk: said, and the file's other datasets still listed
+                unreadable += 1
+                print(f"    values not read: {error}")
     if not listed:
         print(f"  {found.nothing}")
+    if unreadable:
+        print(f"emfast: error: the values of {unreadable} {plural(unreadable, 'dataset')} could not be read (above)",
+              file=sys.stderr)
+        return 2
     return 0
 
 
