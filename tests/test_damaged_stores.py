@@ -764,11 +764,14 @@ def test_a_zarr_array_that_is_no_volume_is_said_to_be_so_not_malformed(tmp_path,
     assert "image.zarr" in message and "malformed" not in message
 
 
+@pytest.mark.parametrize("damage,words", [('{"shape": [4, 4,', "not JSON"), ("", "not JSON"),
+                                          ("[]", "expected a JSON object")])
 @pytest.mark.parametrize("zarr_format,marker", [(2, ".zarray"), (3, "zarr.json")])
-def test_info_names_a_zarr_array_whose_metadata_is_cut_off(tmp_path, capsys, zarr_format, marker):
-    """A zarr v3 array with a cut-off zarr.json was left out of `emfast info`'s listing of its store (v2's was
-    named), and asked by name gave zarr-python's bare "Expecting value: line 1 column 16", naming no file (a
-    helper's trial). Both name the array and its metadata file, as convert does."""
+def test_info_names_a_zarr_array_whose_metadata_is_damaged(tmp_path, capsys, zarr_format, marker, damage, words):
+    """A zarr v3 array with a cut-off, empty (a crash mid-write) or non-object zarr.json was left out of `emfast
+    info`'s listing of its store (v2's was named), and asked by name gave zarr-python's bare "Expecting value:
+    line 1 column 16", naming no file (a helper's trial, a second review). Both name the array and its metadata
+    file, as convert does."""
     import zarr
 
     from emfast.cli import main
@@ -776,14 +779,29 @@ def test_info_names_a_zarr_array_whose_metadata_is_cut_off(tmp_path, capsys, zar
     group = zarr.open_group(str(tmp_path / "s.zarr"), mode="w", zarr_format=zarr_format)
     for name in ("good", "bad"):
         group.create_array(name, data=np.zeros((4, 4, 4), np.uint8))
-    (tmp_path / "s.zarr" / "bad" / marker).write_text('{"shape": [4, 4,')
+    (tmp_path / "s.zarr" / "bad" / marker).write_text(damage)
     assert main(["info", str(tmp_path / "s.zarr")]) == 0
     out = capsys.readouterr().out
-    assert re.search(rf"bad: not read as a volume: .*s\.zarr:bad \({re.escape(marker)}\): malformed metadata: not "
-                     r"JSON", out) and "good: shape=(4, 4, 4)" in out, out
+    assert re.search(rf"bad: not read as a volume: .*s\.zarr:bad \({re.escape(marker)}\): malformed metadata: "
+                     rf".*{words}", out) and "good: shape=(4, 4, 4)" in out, out
     assert main(["info", str(tmp_path / "s.zarr" / "bad")]) == 2
-    assert re.search(rf"s\.zarr:bad \({re.escape(marker)}\): malformed metadata: not JSON",
+    assert re.search(rf"s\.zarr:bad \({re.escape(marker)}\): malformed metadata: .*{words}",
                      capsys.readouterr().err)
+
+
+def test_info_lists_the_arrays_below_a_damaged_group(tmp_path, capsys):
+    """A damaged group's zarr.json, listed as a node that cannot be read, hid the intact arrays below it (a second
+    review): they are listed too."""
+    import zarr
+
+    from emfast.cli import main
+
+    group = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
+    group.create_group("sub").create_array("b", data=np.zeros((4, 4, 4), np.uint8))
+    (tmp_path / "s.zarr" / "sub" / "zarr.json").write_text('{"node_type": "gro')
+    assert main(["info", str(tmp_path / "s.zarr")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"sub: not read as a volume: .*malformed metadata", out) and "sub/b: shape=(4, 4, 4)" in out, out
 
 
 def test_info_lists_every_dataset_of_a_file_with_a_corrupt_chunk(tmp_path, capsys):

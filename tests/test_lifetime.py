@@ -447,6 +447,57 @@ def test_a_loader_handed_to_a_worker_answers_for_the_workers_share_before_it_sta
     assert whole <= sum(shares) <= whole + 2  # as the README counts a DataLoader epoch
 
 
+def test_a_tiled_loader_in_a_worker_restores_its_state_and_reports_its_position_in_its_own_epochs(volumes,
+                                                                                                 monkeypatch):
+    """A worker's copy read its epoch size before taking its shard: with a Tiled sampler (a worker's epochs are
+    its share), load_state_dict as the first call refused the state the worker saved, and after set_epoch the
+    position it reported before starting was counted in the main process's epochs (a second review)."""
+    from emfast.pipeline import _loader
+
+    def tiled():
+        return make_loader(volumes, "cpu", sampler=ef.Tiled(), augment=())[0]
+
+    saving, restoring, epoch_set = tiled(), tiled(), tiled()  # built in the main process
+    epoch_set.set_epoch(1)
+    monkeypatch.setattr(_loader, "torch_worker", lambda: (1, 2))  # then handed to worker 1 of 2
+    with saving:
+        for _ in range(2):
+            saving.next_batch()
+        state = saving.state_dict()
+        rest = [digest(batch["raw"]) for batch in saving]
+    restoring.load_state_dict(state)
+    with restoring:
+        assert [digest(batch["raw"]) for batch in restoring] == rest
+    told = epoch_set.state_dict()
+    assert told["next_batch"] == len(epoch_set) == told["epoch_size"]
+    with epoch_set:
+        assert epoch_set.state_dict()["next_batch"] == told["next_batch"]
+
+
+def test_a_worker_copy_interrupted_while_it_takes_its_shard_takes_it_when_asked_again(volumes, monkeypatch):
+    """The shard was recorded before the sampler was bound to it: interrupted there (Ctrl-C while an index
+    builds), the copy reported the worker's shard and streamed the whole (a second review)."""
+    from emfast.pipeline import _loader
+
+    loader = make_loader(volumes, "cpu", epoch_size=3)[0]
+    monkeypatch.setattr(_loader, "torch_worker", lambda: (1, 2))
+    bind, calls = loader.sampler.bind, []
+
+    def interrupted_once(*args):
+        calls.append(args)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return bind(*args)
+
+    monkeypatch.setattr(loader.sampler, "bind", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        len(loader)
+    assert loader.shard == (1, 2) and len(calls) == 2
+    reference = make_loader(volumes, "cpu", epoch_size=3, rank=1, world_size=2, worker_sharding=False)[0]
+    with loader, reference:
+        assert [digest(b["raw"]) for b in loader] == [digest(b["raw"]) for b in reference]
+
+
 @pytest.mark.parametrize("sampler,context", [("balanced", "fork"), ("masked", "fork"), ("masked", "spawn")])
 def test_dataloader_workers_reuse_the_index_their_loader_was_built_with(volumes, tmp_path, sampler, context):
     """Each torch DataLoader worker binds its copy of the loader again to draw its shard, and rebuilt the

@@ -240,8 +240,8 @@ def _images_for_levels(root, inner: str, names: List[str]) -> List[str]:
         if group not in levels:
             try:
                 attributes = (root[group] if group else root).attrs
-            except KeyError:  # a folder with no group metadata (arrays written below it alone): no image
-                levels[group] = set()
+            except (KeyError, ValueError):  # a folder with no group metadata (arrays written below it alone), or
+                levels[group] = set()  # metadata that is no JSON (listed as such): no image
                 return levels[group]
             multiscales = attributes.get("ome", attributes).get("multiscales") or []
             levels[group] = {d.get("path") for m in multiscales if isinstance(m, dict)

@@ -492,9 +492,14 @@ def arrays_on_disk(store: Path, below: str = "") -> List[str]:
     top = store / below
     found = []
     for directory, subdirectories, files in os.walk(top, onerror=unlistable()):
-        if ".zarray" in files or ("zarr.json" in files and _listed_v3(Path(directory) / "zarr.json")):
+        kind = _v3_kind(Path(directory) / "zarr.json") if "zarr.json" in files else None
+        if ".zarray" in files or kind in ("array", "unreadable"):
             found.append(Path(directory).relative_to(top).as_posix())
-            subdirectories[:] = []  # an array's subdirectories hold its chunks
+            if kind == "unreadable":  # listed, so that reading it names the file; a group's nodes below it too
+                subdirectories[:] = [d for d in subdirectories
+                                     if any((Path(directory) / d / m).is_file() for m in METADATA_FILES)]
+            else:
+                subdirectories[:] = []  # an array's subdirectories hold its chunks
         subdirectories.sort()
     return sorted(found)
 
@@ -536,16 +541,23 @@ def _is_v3_array(metadata: Path) -> bool:
         return False
 
 
-def _listed_v3(metadata: Path) -> bool:
-    """Whether a listing of arrays names the node of ``metadata``: an array, or a node whose metadata is no JSON
-    (listed, so that reading it names the file; left out, `emfast info` said nothing of a broken array)."""
+def _v3_kind(metadata: Path) -> Optional[str]:
+    """What the zarr v3 ``metadata`` file says its node is: "array", "group", or "unreadable" where it is empty, no
+    JSON or no JSON object (what a crash mid-write leaves: left out of a listing, a broken array went unmentioned);
+    None where it cannot be read as a file."""
     try:
-        json.loads(read_regular_file(metadata, "zarr metadata") or b"{}")
-    except ValueError:
-        return True
+        text = read_regular_file(metadata, "zarr metadata")
+    except PermissionError as error:
+        raise PermissionError(error.errno, f"cannot read the zarr metadata {metadata}: {error.strerror}") from None
     except OSError:
-        pass
-    return _is_v3_array(metadata)
+        return None
+    try:
+        meta = json.loads(text or b"")
+    except ValueError:
+        return "unreadable"
+    if not isinstance(meta, dict):
+        return "unreadable"
+    return "array" if meta.get("node_type") == "array" else "group"
 
 
 def refuse_special_metadata(store: Path, dataset: str) -> None:

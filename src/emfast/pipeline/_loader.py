@@ -379,8 +379,6 @@ class Loader:
             if self._closed:
                 raise RuntimeError("this loader is closed; create a new Loader")
             self._follow_worker()
-            if self._pipeline is None and self._start_epoch is not None:
-                self._consumed = self._start_epoch * self.epoch_size  # this shard's epochs
             if self._pipeline is None:
                 self._launch()
         return self
@@ -399,9 +397,17 @@ class Loader:
         shard (its sampler bound to it, its epochs). It was taken at start only: a worker restoring the state its
         own copy saved was refused as another stream, and ``len`` gave the whole stream's epoch."""
         with self._lifecycle:
-            if self._pipeline is None and not self._closed and self._current_shard() != self._shard:
-                self._shard = self._current_shard()
-                self._bind_stream(worker=True)
+            shard = self._current_shard()
+            if self._pipeline is None and not self._closed and shard != self._shard:
+                before = self._shard
+                self._shard = shard  # what the bind reads
+                try:
+                    self._bind_stream(worker=True)
+                except BaseException:  # interrupted (Ctrl-C while an index builds): asked again, it binds again
+                    self._shard = before
+                    raise
+                if self._start_epoch is not None:  # set_epoch's epoch, in this shard's epochs
+                    self._consumed = self._start_epoch * self.epoch_size
 
     def _launch(self) -> None:
         """Build the pipeline and start its threads; undo all of it if anything interrupts or fails."""
@@ -592,7 +598,8 @@ class Loader:
         continues with the very batches this one would have delivered next, bit for bit. A batch counts as
         delivered once :meth:`next_batch` (or iteration) returned it.
         """
-        return {"version": 1, "next_batch": self._consumed, **self._stream_identity()}
+        identity = self._stream_identity()  # first: a worker's copy takes its shard, and its position in it
+        return {"version": 1, "next_batch": self._consumed, **identity}
 
     def load_state_dict(self, state: Mapping) -> None:
         """Continue the stream from ``state`` (see :meth:`state_dict`); call it before the loader starts.
@@ -644,8 +651,9 @@ class Loader:
         self._consumed = self._start_epoch * self.epoch_size
 
     def _stream_identity(self) -> Dict[str, object]:
+        self._follow_worker()  # first: a worker's shard has its own epochs
         return {"seed": self.seed, "batch_size": self.batch_size, "epoch_size": self.epoch_size,
-                "patch_in": list(self.patch_in), "patch_out": list(self.patch_out), "shard": list(self.shard)}
+                "patch_in": list(self.patch_in), "patch_out": list(self.patch_out), "shard": list(self._shard)}
 
     # -- information ------------------------------------------------------------------------------------------
 
