@@ -765,7 +765,7 @@ def test_a_zarr_array_that_is_no_volume_is_said_to_be_so_not_malformed(tmp_path,
 
 
 @pytest.mark.parametrize("damage,words", [('{"shape": [4, 4,', "not JSON"), ("", "not JSON"),
-                                          ("[]", "expected a JSON object")])
+                                          ("[]", "expected a JSON object"), ("null", "expected a JSON object")])
 @pytest.mark.parametrize("zarr_format,marker", [(2, ".zarray"), (3, "zarr.json")])
 def test_info_names_a_zarr_array_whose_metadata_is_damaged(tmp_path, capsys, zarr_format, marker, damage, words):
     """A zarr v3 array with a cut-off, empty (a crash mid-write) or non-object zarr.json was left out of `emfast
@@ -797,11 +797,32 @@ def test_info_lists_the_arrays_below_a_damaged_group(tmp_path, capsys):
     from emfast.cli import main
 
     group = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
-    group.create_group("sub").create_array("b", data=np.zeros((4, 4, 4), np.uint8))
+    sub = group.create_group("sub")
+    sub.create_array("b", data=np.zeros((4, 4, 4), np.uint8))
+    sub.create_group("mid").create_array("deep", data=np.zeros((4, 4, 4), np.uint8))
+    (tmp_path / "s.zarr" / "sub" / "mid" / "zarr.json").unlink()  # a folder with no metadata, as tensorstore's
     (tmp_path / "s.zarr" / "sub" / "zarr.json").write_text('{"node_type": "gro')
     assert main(["info", str(tmp_path / "s.zarr")]) == 0
     out = capsys.readouterr().out
     assert re.search(r"sub: not read as a volume: .*malformed metadata", out) and "sub/b: shape=(4, 4, 4)" in out, out
+    assert "sub/mid/deep: shape=(4, 4, 4)" in out, out
+
+
+def test_info_names_a_zarr_array_whose_metadata_has_no_node_type(tmp_path, capsys):
+    """A zarr.json without node_type was taken for a group: the array went unlisted (its chunk folders walked),
+    and asked by name gave zarr-python's words naming no file (a third review)."""
+    import zarr
+
+    from emfast.cli import main
+
+    group = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
+    for name in ("good", "bad"):
+        group.create_array(name, data=np.zeros((4, 4, 4), np.uint8))
+    (tmp_path / "s.zarr" / "bad" / "zarr.json").write_text('{"zarr_format": 3}')
+    assert main(["info", str(tmp_path / "s.zarr")]) == 0
+    assert re.search(r"bad: not read as a volume: .*node_type", capsys.readouterr().out)
+    assert main(["info", str(tmp_path / "s.zarr" / "bad")]) == 2
+    assert re.search(r"s\.zarr:bad: malformed metadata in .*bad.zarr\.json: .*node_type", capsys.readouterr().err)
 
 
 def test_info_lists_every_dataset_of_a_file_with_a_corrupt_chunk(tmp_path, capsys):

@@ -765,6 +765,10 @@ def test_a_tiled_loader_given_its_own_epoch_size_starts_in_a_worker_with_the_wor
     assert worker.epoch_size == reference.epoch_size < whole and got == expected
     with pytest.raises(ValueError, match=rf"epoch_size={whole + 1}, but Tiled.* has {whole} batches per epoch"):
         tiled(epoch_size=whole + 1)  # still checked when the loader is built
+    # a copy made in the worker (pickled, deep-copied) was refused there: its given epoch_size is the whole's
+    monkeypatch.setattr(_loader, "torch_worker", lambda: (1, 2))
+    for copied in (pickle.loads(pickle.dumps(tiled(epoch_size=whole))), tiled(epoch_size=whole)):
+        assert len(copied) == reference.epoch_size
 
 
 def test_a_loader_started_before_fork_fails_clearly_in_the_child(volumes):

@@ -19,7 +19,7 @@ from ._remote import RemoteStore
 from ._source import DatasetNotFoundError, StoreMetadataError, read_regular_file, unlistable
 from ._volume import UnsupportedDtypeError, Volume
 from ._zarr import (GROUP_MARKERS, ZarrSource, arrays_on_disk, check_metadata_json, import_zarr, local_store,
-                    refuse_special_metadata)
+                    refuse_special_metadata, refused_metadata)
 
 
 def not_found(container, inner: str, members: Callable[[str], Optional[List[str]]]) -> DatasetNotFoundError:
@@ -225,6 +225,9 @@ def _zarr_arrays(container: Path, inner: str) -> List[str]:
         node = root[inner] if inner else root
     except KeyError:
         raise not_found(container, inner, lambda group: _zarr_members(root, group)) from None
+    except (ValueError, TypeError) as error:  # metadata zarr-python refuses in words that name no file
+        raise refused_metadata(f"{container}:{inner}" if inner else str(container), container / inner,
+                               error) from None
     if isinstance(node, zarr.Array):
         return [inner]
     return _images_for_levels(root, inner, names)
@@ -240,8 +243,8 @@ def _images_for_levels(root, inner: str, names: List[str]) -> List[str]:
         if group not in levels:
             try:
                 attributes = (root[group] if group else root).attrs
-            except (KeyError, ValueError):  # a folder with no group metadata (arrays written below it alone), or
-                levels[group] = set()  # metadata that is no JSON (listed as such): no image
+            except (KeyError, ValueError, TypeError):  # a folder with no group metadata (arrays written below it
+                levels[group] = set()  # alone), or metadata zarr-python cannot read (listed as such): no image
                 return levels[group]
             multiscales = attributes.get("ome", attributes).get("multiscales") or []
             levels[group] = {d.get("path") for m in multiscales if isinstance(m, dict)

@@ -196,7 +196,7 @@ class ZarrSource(VolumeSource):
                 raise ValueError(f"{self.name}: the OME-NGFF multiscale names level {chosen.path!r}, which the "
                                  "store does not have") from None
             except Exception as error:
-                raise _refused(f"{path}:{level_path}", path / level_path, error) from error
+                raise refused_metadata(f"{path}:{level_path}", path / level_path, error) from error
             dataset = f"{dataset}/{chosen.path}" if dataset else chosen.path
             self.name = f"{path}:{dataset}"
             self._take_level(array, chosen)
@@ -406,7 +406,7 @@ def _open_node(zarr, path: Path, dataset: str, name: str):
     try:
         return zarr.open(store=local_store(path), path=dataset, mode="r")
     except Exception as error:  # zarr raises various types for metadata it refuses
-        raise _refused(name, node, error) from error
+        raise refused_metadata(name, node, error) from error
 
 
 #: The most bytes of a box read through zarr-python at once (see :meth:`ZarrSource.read`).
@@ -495,9 +495,9 @@ def arrays_on_disk(store: Path, below: str = "") -> List[str]:
         kind = _v3_kind(Path(directory) / "zarr.json") if "zarr.json" in files else None
         if ".zarray" in files or kind in ("array", "unreadable"):
             found.append(Path(directory).relative_to(top).as_posix())
-            if kind == "unreadable":  # listed, so that reading it names the file; a group's nodes below it too
-                subdirectories[:] = [d for d in subdirectories
-                                     if any((Path(directory) / d / m).is_file() for m in METADATA_FILES)]
+            if kind == "unreadable":  # listed, so that reading it names the file; a group's nodes below it
+                # too, but not an array's chunk folders ("c" in v3, numbers in v2's nested keys)
+                subdirectories[:] = [d for d in subdirectories if d != "c" and not d.isdigit()]
             else:
                 subdirectories[:] = []  # an array's subdirectories hold its chunks
         subdirectories.sort()
@@ -509,16 +509,20 @@ def check_metadata_json(node: Path, name: str) -> None:
     zarr-python needs to read it at all; an array emfast would not read as a volume is no error here)."""
     for marker in METADATA_FILES:
         meta = _parsed_metadata(node, marker, name)
-        if meta is not None and not isinstance(meta, dict):
+        if meta is not NO_FILE and not isinstance(meta, dict):
             raise StoreMetadataError(f"{name} ({marker}): malformed metadata: {meta!r}; expected a JSON object")
 
 
+#: What :func:`_parsed_metadata` returns for a file that is not there (None is JSON's null, which a file may hold).
+NO_FILE = object()
+
+
 def _parsed_metadata(node, marker: str, name: str):
-    """The JSON value of the metadata file ``marker`` of ``node`` (a local path or a remote store), None if there
-    is no such file; StoreMetadataError naming it where it is no JSON."""
+    """The JSON value of the metadata file ``marker`` of ``node`` (a local path or a remote store), :data:`NO_FILE`
+    if there is no such file; StoreMetadataError naming it where it is no JSON."""
     text = _read_metadata(node, marker)
     if text is None:
-        return None
+        return NO_FILE
     try:
         return json.loads(text)
     except ValueError as error:
@@ -543,8 +547,8 @@ def _is_v3_array(metadata: Path) -> bool:
 
 def _v3_kind(metadata: Path) -> Optional[str]:
     """What the zarr v3 ``metadata`` file says its node is: "array", "group", or "unreadable" where it is empty, no
-    JSON or no JSON object (what a crash mid-write leaves: left out of a listing, a broken array went unmentioned);
-    None where it cannot be read as a file."""
+    JSON, no JSON object or names no node type (what a crash mid-write leaves: left out of a listing, a broken
+    array went unmentioned); None where it cannot be read as a file."""
     try:
         text = read_regular_file(metadata, "zarr metadata")
     except PermissionError as error:
@@ -555,9 +559,8 @@ def _v3_kind(metadata: Path) -> Optional[str]:
         meta = json.loads(text or b"")
     except ValueError:
         return "unreadable"
-    if not isinstance(meta, dict):
-        return "unreadable"
-    return "array" if meta.get("node_type") == "array" else "group"
+    node_type = meta.get("node_type") if isinstance(meta, dict) else None
+    return node_type if node_type in ("array", "group") else "unreadable"  # no node type: no node zarr reads
 
 
 def refuse_special_metadata(store: Path, dataset: str) -> None:
@@ -571,7 +574,7 @@ def refuse_special_metadata(store: Path, dataset: str) -> None:
             require_kind(directory / marker, "file", "zarr metadata")
 
 
-def _refused(name: str, node: Path, error: Exception) -> StoreMetadataError:
+def refused_metadata(name: str, node: Path, error: Exception) -> StoreMetadataError:
     """zarr-python's refusal of metadata emfast's own checks let through, naming the metadata file."""
     local = not isinstance(node, RemoteStore)
     marker = next((node / m for m in ARRAY_MARKERS + GROUP_MARKERS if local and (node / m).is_file()), node)
@@ -591,7 +594,7 @@ def check_array_metadata(node: Path, name: str, ranks: Sequence[int]) -> None:
     """
     for marker, check in (("zarr.json", _check_v3), (".zarray", _check_v2)):
         meta = _parsed_metadata(node, marker, name)
-        if meta is None:
+        if meta is NO_FILE:
             continue
         if marker == "zarr.json" and isinstance(meta, dict) and meta.get("node_type") == "group":
             return

@@ -343,12 +343,14 @@ class Loader:
         return (self.rank, self.world_size) if worker is None else \
             (self.rank * worker[1] + worker[0], self.world_size * worker[1])
 
-    def _bind_stream(self, worker: bool = False) -> None:
-        """Bind the sampler to this loader's shard, and plan batches from it (``worker``: a DataLoader worker's
-        shard, drawn at start: a sampler with epochs of its own, such as Tiled, has that shard's; the
-        ``epoch_size`` given, checked against the whole when the loader was built, is not theirs)."""
+    def _bind_stream(self) -> None:
+        """Bind the sampler to this loader's shard, and plan batches from it. In a DataLoader worker's shard, a
+        sampler with epochs of its own, such as Tiled, has that shard's: the ``epoch_size`` given, the whole's
+        (checked against it where the loader was built in the main process), is not theirs; a copy made in the
+        worker (pickled, deep-copied) was refused there for it."""
         self.sampler.bind(self.regions, self._extents, self.batch_size, *self._shard)
         given = self._arguments["epoch_size"]
+        worker = self._shard != (self.rank, self.world_size)
         self.epoch_size = checked_epoch_size(None if worker and self.sampler.batches_per_epoch() is not None
                                              else given, self.sampler)
         self._planner = Planner(patch=self.patch_out, batch_size=self.batch_size, sampler=self.sampler,
@@ -402,7 +404,7 @@ class Loader:
                 before = self._shard
                 self._shard = shard  # what the bind reads
                 try:
-                    self._bind_stream(worker=True)
+                    self._bind_stream()
                 except BaseException:  # interrupted (Ctrl-C while an index builds): asked again, it binds again
                     self._shard = before
                     raise
