@@ -537,12 +537,7 @@ def is_zarr_array(node: Path) -> bool:
 def _is_v3_array(metadata: Path) -> bool:
     """Whether ``metadata`` describes an array; one that cannot be read for want of permission is an error, not
     left out of a listing that says nothing of it."""
-    try:
-        return json.loads(read_regular_file(metadata, "zarr metadata") or b"{}").get("node_type") == "array"
-    except PermissionError as error:
-        raise PermissionError(error.errno, f"cannot read the zarr metadata {metadata}: {error.strerror}") from None
-    except (OSError, ValueError, AttributeError):
-        return False
+    return _v3_kind(metadata) == "array"
 
 
 def _v3_kind(metadata: Path) -> Optional[str]:
