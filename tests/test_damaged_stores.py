@@ -847,3 +847,19 @@ def test_info_lists_every_dataset_of_a_file_with_a_corrupt_chunk(tmp_path, capsy
                      r"at \(10, 0, 10\)", out), out
     assert re.search(r"\n  b: shape=\(20, 20, 20\).*\n    values from all 8 chunks", out), out
     assert "the values of 1 dataset could not be read" in err
+
+
+def test_info_lists_arrays_linked_into_a_store_and_walks_a_link_cycle_once(tmp_path, capsys):
+    """An array linked into a store (a raw volume shared between projects) opened by its path but was not listed
+    by `emfast info` (a third review); a link back up the store is walked once, not forever."""
+    import zarr
+
+    from emfast.cli import main
+
+    zarr.open_group(str(tmp_path / "s.zarr"), mode="w").create_array("own", data=np.zeros((4, 4, 4), np.uint8))
+    zarr.create_array(str(tmp_path / "shared.zarr"), data=np.ones((4, 4, 4), np.uint8))
+    (tmp_path / "s.zarr" / "linked").symlink_to(tmp_path / "shared.zarr", target_is_directory=True)
+    (tmp_path / "s.zarr" / "loop").symlink_to(tmp_path / "s.zarr", target_is_directory=True)
+    assert main(["info", str(tmp_path / "s.zarr")]) == 0
+    out = capsys.readouterr().out
+    assert "  linked: shape=(4, 4, 4)" in out and "  own: shape=(4, 4, 4)" in out and "loop/" not in out, out

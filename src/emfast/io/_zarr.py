@@ -488,10 +488,17 @@ def codec_names(metadata) -> str:
 
 def arrays_on_disk(store: Path, below: str = "") -> List[str]:
     """Paths, relative to ``below``, of every zarr array in ``store/below``, found by their metadata files, so that
-    arrays with no group metadata above them are listed too ("." for ``below`` itself)."""
+    arrays with no group metadata above them are listed too ("." for ``below`` itself); folders linked into the
+    store are followed (an array linked in opens by its path too), each folder walked once."""
     top = store / below
     found = []
-    for directory, subdirectories, files in os.walk(top, onerror=unlistable()):
+    seen = set()  # folders reached, as real paths: a link back up (or to a folder seen) is walked once
+    for directory, subdirectories, files in os.walk(top, onerror=unlistable(), followlinks=True):
+        real = os.path.realpath(directory)
+        if real in seen:
+            subdirectories[:] = []
+            continue
+        seen.add(real)
         kind = _v3_kind(Path(directory) / "zarr.json") if "zarr.json" in files else None
         if ".zarray" in files or kind in ("array", "unreadable"):
             found.append(Path(directory).relative_to(top).as_posix())
