@@ -232,10 +232,12 @@ class Sampler:
         modules, so carried in the pickle, megabytes of index made the workers of each epoch start one after
         another instead of side by side."""
         indexes = getattr(self, "_indexes", {})
-        if indexes and getattr(self, "_carried", None) is None:
-            self._carried = CarriedIndexes.written(
+        carried = getattr(self, "_carried", None)
+        if indexes and carried is None:
+            carried = self._carried = CarriedIndexes.written(
                 {full: (region_signature(region), index) for full, (region, index) in indexes.items()}, self)
-        into._indexes = getattr(self, "_carried", None) or {}  # none written: the other process builds them
+        # "is None", not "or": a CarriedIndexes' truth is its length, which reads its whole file back here
+        into._indexes = {} if carried is None else carried  # none written: the other process builds them
         return into
 
     def _forget_previous_indexes(self) -> None:
